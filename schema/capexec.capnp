@@ -1,0 +1,373 @@
+# capexec wire protocol.
+#
+# This file is the public contract of capexec and its wire specification.
+# Every client, in any language, talks to a capexec server through the
+# interfaces below over Cap'n Proto two-party RPC (a plain byte stream:
+# Unix socket or TCP).
+#
+# Compatibility rules: fields and methods are only ever added with new
+# ordinals; nothing is renumbered, retyped or removed. A client that needs a
+# newer method must expect `unimplemented` from an older server.
+#
+# Conventions used below:
+# - "Bytes" fields (argv, environment, paths) are `Data`, not `Text`: on Unix
+#   they are arbitrary byte strings except that they may not contain NUL.
+# - Errors are Cap'n Proto exceptions. Start failures carry a machine-readable
+#   tag in their description, written `[capexec:<code>]` (see `Executor.start`),
+#   so that clients can classify them through any number of forwarding hops.
+# - Sequence numbers ("seqs") are per process, start at 1 and increase by one
+#   per event. Output chunks (stdout, stderr and pty output alike), the exit
+#   event and the close event all draw from the same counter, so one number
+#   orders everything a process produced.
+
+@0xecf2f3fe3c6551da;
+
+# ---------------------------------------------------------------------------
+# Executor
+# ---------------------------------------------------------------------------
+
+interface Executor {
+  # Starts processes. An Executor may run them locally or forward them to
+  # another executor; callers cannot tell and need not care.
+
+  start @0 (params :StartParams) -> (process :Process);
+  # Spawns `params.argv` and returns the capability that owns the new process.
+  #
+  # Ownership: holding `process` is owning the child. When the last reference
+  # to it is released (the client drops it, or the client's connection ends),
+  # the server terminates the child's whole process group (SIGTERM, then
+  # SIGKILL after a short grace), reaps it, frees its retained output and
+  # forgets it. There is no process id on the wire that could name it again.
+  #
+  # The child starts in a new session (it is session and process-group
+  # leader), with every signal at its default disposition, an empty signal
+  # mask and no file descriptors beyond 0, 1 and 2.
+  #
+  # The call returns once the child has been spawned (exec succeeded), so
+  # calls pipelined on `process` always reach a running (or already exited)
+  # process. Failures are exceptions whose description ends with a tag:
+  #   [capexec:invalid-argument]   params are malformed (empty argv, NUL bytes,
+  #                                "=" in a variable name, bad pty size...);
+  #   [capexec:program-not-found]  argv[0] does not resolve to a file (the
+  #                                `capexec run` CLI exits 127);
+  #   [capexec:permission-denied]  the program exists but cannot be executed
+  #                                (not executable, a directory, bad format;
+  #                                the CLI exits 126);
+  #   [capexec:bad-cwd]            `cwd` does not exist or is not a directory;
+  #   [capexec:unsupported]        the server cannot honour a requested
+  #                                feature;
+  #   [capexec:spawn-failed]       any other operating-system failure.
+  # A failed start leaves nothing behind: no process, no zombie, no open file.
+}
+
+struct StartParams {
+  argv @0 :List(Data);
+  # Program and arguments; must be non-empty. argv[0] is resolved through
+  # PATH of the child's environment when it contains no "/".
+
+  cwd @1 :Data;
+  # Working directory of the child. Unset or empty: the server's own working
+  # directory. A relative path is resolved against the server's.
+
+  clearEnv @2 :Bool;
+  # false: the child environment starts as a copy of the server's.
+  # true: it starts empty.
+
+  unsetEnv @3 :List(Data);
+  # Names removed from the starting environment (applied before `setEnv`).
+
+  setEnv @4 :List(EnvVar);
+  # Variables set after `unsetEnv` is applied; later entries win over earlier
+  # ones with the same name.
+
+  arg0 @5 :Data;
+  # If set, the child sees this as its argv[0] while `argv[0]` is still the
+  # program that is executed.
+
+  tty @6 :Bool;
+  # Run the child on a new pseudo-terminal instead of pipes. Output is then a
+  # single `pty` stream.
+
+  pipeStdin @7 :Bool;
+  # For non-tty processes: keep the child's stdin open as a pipe fed by
+  # `Process.write`. When false the child's stdin is /dev/null, so its first
+  # read sees end-of-file. Stdin is open iff `tty` or `pipeStdin`.
+
+  ptySize @8 :PtySize;
+  # Initial terminal size for `tty` processes; the child never sees 0x0.
+  # Unset: 24 rows, 80 columns.
+
+  flow @9 :OutputFlow;
+  # How the server treats output the client has not consumed yet.
+}
+
+struct EnvVar {
+  name @0 :Data;
+  # Non-empty, without "=" or NUL.
+  value @1 :Data;
+  # Without NUL.
+}
+
+struct PtySize {
+  rows @0 :UInt16;
+  cols @1 :UInt16;
+}
+
+enum OutputFlow {
+  retain @0;
+  # The server always drains the child's output into the retained log; the
+  # child never blocks on output. When the log is full, the oldest output is
+  # evicted and readers that had not reached it get an explicit gap.
+
+  lossless @1;
+  # When the owner has not consumed a full window of output (512 KiB), the
+  # server stops draining the child's pipes, so the child blocks in write(2)
+  # exactly as it would writing into a local pipe. Consuming output (a `read`
+  # with a later `afterSeq`, or a subscription's acknowledged `push`) resumes
+  # it. Nothing the owner has not consumed is ever evicted.
+}
+
+# ---------------------------------------------------------------------------
+# Process
+# ---------------------------------------------------------------------------
+
+interface Process {
+  # A running or finished child. All methods stay usable after the child has
+  # exited: its retained output, exit status and close event remain readable
+  # for as long as the capability is held.
+  #
+  # Retained log: the server keeps the most recent output of the process,
+  # bounded by 1 MiB of payload and 50,000 chunks, evicting the oldest output
+  # first. The exit and close events are never evicted.
+
+  read @0 (afterSeq :UInt64, maxBytes :UInt32, waitMs :UInt32) -> (result :ReadResult);
+  # Returns retained events with seq > afterSeq, in seq order.
+  #
+  # - `maxBytes` is a budget over output payload: whole chunks only, the first
+  #   output chunk is always returned even if larger, and reading stops after
+  #   the chunk that reaches or passes the budget. 0 means no budget (a
+  #   response is still bounded by the retained log, about 1 MiB).
+  # - `waitMs` > 0 long-polls: if nothing after `afterSeq` exists yet, the call
+  #   waits up to `waitMs` milliseconds and returns as soon as any event (new
+  #   output, exit or close) appears. At most 3,600,000.
+  # - If events after `afterSeq` were evicted, the result starts with a `gap`
+  #   event naming exactly the seqs that are lost: never a silent skip.
+  # - In lossless mode, a read with `afterSeq` = N tells the server that the
+  #   caller has consumed every event up to N.
+  # - `afterSeq` greater than the newest seq is an error.
+
+  write @1 (data :Data, writeId :Text) -> (status :WriteStatus);
+  # Appends `data` to the child's stdin. `writeId` is chosen by the caller and
+  # must be non-empty; a repeated id (of the last 4096 accepted per process)
+  # is answered `accepted` without writing again, so writes can be retried
+  # safely. Writes are applied in the order the calls arrive. The result
+  # comes once the bytes are in the child's stdin pipe (or pty), which gives
+  # callers backpressure. `data` is at most 4 MiB.
+
+  closeStdin @2 ();
+  # Closes the child's stdin after every earlier write, so the child reads
+  # end-of-file. Idempotent. For a tty process it sends the terminal's
+  # end-of-file character instead.
+
+  signal @3 (signal :Signal);
+  # Sends `signal` to the child's process group (for a tty process: the
+  # terminal's foreground process group). A no-op success once the process
+  # has exited. `unknown` is rejected.
+
+  terminate @4 () -> (running :Bool);
+  # SIGTERM to the process group, then SIGKILL after a short grace (2 s by
+  # default) to whatever is left of the group. Returns at once; the exit is
+  # observed through events. `running` is false if the process had already
+  # exited (then nothing is sent).
+
+  subscribe @5 (sink :EventSink, afterSeq :UInt64) -> (subscription :Subscription);
+  # Delivers every event with seq > afterSeq to `sink`: first the retained
+  # ones, then live ones, in seq order and each exactly once. Delivery ends
+  # after the `closed` event, or when `subscription` is released.
+  #
+  # Delivery is paced by the sink: `push` is a streaming call, so a slow sink
+  # slows only its own subscription. In retain mode, a subscriber that falls
+  # behind the retained log receives a `gap` event naming the lost seqs and
+  # continues with the oldest retained event; it never slows the child or
+  # other subscribers. In lossless mode, acknowledged pushes count as
+  # consumption (see `OutputFlow.lossless`).
+
+  info @6 () -> (info :ProcessInfo);
+  # A snapshot of the process and its retained log.
+
+  resize @7 (size :PtySize);
+  # Changes the terminal size of a `tty` process; the kernel sends SIGWINCH
+  # to its foreground process group. An error for pipe processes and for an
+  # empty size (0 rows or columns).
+}
+
+struct ReadResult {
+  events @0 :List(Event);
+  # Events with seq > afterSeq in seq order, possibly starting with (or, when
+  # the exit event sits among evicted output, containing) `gap` events.
+
+  nextSeq @1 :UInt64;
+  # One past the last seq this result covers: pass `nextSeq - 1` as the next
+  # `afterSeq`. When everything retained was returned, this is the seq the
+  # next event of the process will get.
+
+  closed @2 :Bool;
+  # The process has closed (exited, and every output stream reached EOF), so
+  # its close event exists; like `exit`, independent of the afterSeq window.
+
+  exit :union {
+    # The state of the process, independent of the afterSeq window.
+    running @3 :Void;
+    exited @4 :ExitStatus;
+  }
+}
+
+enum WriteStatus {
+  accepted @0;
+  # The bytes are in the child's stdin (or this writeId was accepted before).
+
+  stdinClosed @1;
+  # Stdin is not open: the process was started without `pipeStdin`, stdin was
+  # closed with `closeStdin`, or the child closed its end.
+
+  starting @2;
+  # The process is not spawned yet. capexec executors never return this: a
+  # Process capability exists only after its spawn, and calls pipelined on a
+  # pending start are queued, not refused. Kept for wire compatibility with
+  # executors that publish processes before their spawn completes.
+
+  exited @3;
+  # The process has exited; its stdin is closed.
+}
+
+# ---------------------------------------------------------------------------
+# Events
+# ---------------------------------------------------------------------------
+
+struct Event {
+  seq @0 :UInt64;
+  # For output, exited and closed: the event's own seq. For a gap: the last
+  # lost seq (`gap.fromSeq`..`seq` inclusive are lost), so the seqs of the
+  # events a consumer receives still strictly increase and cover every number
+  # exactly once.
+
+  union {
+    output @1 :Output;
+    exited @2 :ExitStatus;
+    # The child (the process that was spawned) ended. Output written later by
+    # its descendants gets seqs after this one.
+    closed @3 :Void;
+    # The last event of a process: it has exited and every output stream has
+    # reached end-of-file.
+    gap @4 :Gap;
+  }
+}
+
+struct Output {
+  stream @0 :OutputStream;
+  data @1 :Data;
+  # Exactly the bytes one read(2) returned; at most 64 KiB.
+}
+
+enum OutputStream {
+  stdout @0;
+  stderr @1;
+  pty @2;
+}
+
+struct Gap {
+  fromSeq @0 :UInt64;
+  # First lost seq. Lost seqs were evicted from the retained log before this
+  # consumer got them; they can no longer be read.
+}
+
+struct ExitStatus {
+  union {
+    code @0 :Int32;
+    # Normal exit with this code.
+
+    killed :group {
+      # Death by signal.
+      signal @1 :Signal;
+      # `unknown` when the signal has no name below; see `number`.
+      number @2 :Int32;
+      # The signal number as the server's operating system counts it.
+      coreDumped @3 :Bool;
+    }
+  }
+}
+
+enum Signal {
+  unknown @0;
+  hup @1;
+  int @2;
+  quit @3;
+  ill @4;
+  trap @5;
+  abrt @6;
+  bus @7;
+  fpe @8;
+  kill @9;
+  usr1 @10;
+  segv @11;
+  usr2 @12;
+  pipe @13;
+  alrm @14;
+  term @15;
+  chld @16;
+  cont @17;
+  stop @18;
+  tstp @19;
+  ttin @20;
+  ttou @21;
+  urg @22;
+  xcpu @23;
+  xfsz @24;
+  vtalrm @25;
+  prof @26;
+  winch @27;
+  io @28;
+  sys @29;
+}
+
+interface EventSink {
+  # Implemented by the subscriber.
+
+  push @0 (events :List(Event)) -> stream;
+  # A batch of consecutive events (at most about 64 KiB of output per call).
+  # Returning from `push` acknowledges the batch. Throwing ends the
+  # subscription.
+}
+
+interface Subscription {
+  # Releasing this capability stops delivery.
+}
+
+struct ProcessInfo {
+  pid @0 :UInt32;
+  # Operating-system process id of the child on the server's host; it is
+  # also the id of its process group and session.
+
+  tty @1 :Bool;
+  flow @2 :OutputFlow;
+  stdinOpen @3 :Bool;
+  nextSeq @4 :UInt64;
+  # The seq the next event will get.
+
+  closed @5 :Bool;
+  exit :union {
+    running @6 :Void;
+    exited @7 :ExitStatus;
+  }
+
+  retainedBytes @8 :UInt64;
+  retainedChunks @9 :UInt32;
+  peakRetainedBytes @10 :UInt64;
+  # Largest output payload held at once since the start.
+  evictedThroughSeq @11 :UInt64;
+  # Output with seq <= this has been evicted (0: nothing was evicted).
+  unconsumedBytes @12 :UInt64;
+  # Output bytes the owner has not consumed yet (see `OutputFlow.lossless`).
+  uptimeMs @13 :UInt64;
+  # Milliseconds since the spawn (frozen at exit).
+}

@@ -1,0 +1,190 @@
+//! Building and starting processes, in the spirit of `std::process::Command`.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use futures::StreamExt;
+
+use crate::capexec_capnp::executor;
+use crate::client::{Error, RemoteProcess};
+use crate::engine::StartSpec;
+use crate::model::{EventBody, ExitStatus, Flow, OutputStream, PtySize};
+use crate::rpc::convert;
+
+/// Where the child's stdin comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stdin {
+    /// /dev/null: the child reads end-of-file at once.
+    Null,
+    /// A pipe fed by [`RemoteProcess::write`].
+    Piped,
+}
+
+/// Everything a finished process wrote, and how it ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Output {
+    pub status: ExitStatus,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+/// A process to start on an executor.
+#[derive(Clone, Debug)]
+pub struct Command {
+    spec: StartSpec,
+    flow: Option<Flow>,
+}
+
+impl Command {
+    pub fn new(program: impl Into<OsString>) -> Command {
+        Command {
+            spec: StartSpec::new([program]),
+            flow: None,
+        }
+    }
+
+    pub fn arg(&mut self, arg: impl Into<OsString>) -> &mut Command {
+        self.spec.argv.push(arg.into());
+        self
+    }
+
+    pub fn args<I, S>(&mut self, args: I) -> &mut Command
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        self.spec.argv.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// Sets a variable in the child's environment.
+    pub fn env(&mut self, name: impl Into<OsString>, value: impl Into<OsString>) -> &mut Command {
+        let name = name.into();
+        self.spec.env.unset.retain(|unset| *unset != name);
+        self.spec.env.set.push((name, value.into()));
+        self
+    }
+
+    pub fn envs<I, K, V>(&mut self, vars: I) -> &mut Command
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: Into<OsString>,
+        V: Into<OsString>,
+    {
+        for (name, value) in vars {
+            self.env(name, value);
+        }
+        self
+    }
+
+    /// Removes a variable from the child's environment.
+    pub fn env_remove(&mut self, name: impl Into<OsString>) -> &mut Command {
+        let name = name.into();
+        self.spec.env.set.retain(|(set, _)| *set != name);
+        self.spec.env.unset.push(name);
+        self
+    }
+
+    /// Starts the child with an empty environment (plus what `env` sets).
+    pub fn env_clear(&mut self) -> &mut Command {
+        self.spec.env.clear = true;
+        self.spec.env.set.clear();
+        self.spec.env.unset.clear();
+        self
+    }
+
+    /// The child's working directory, as a path on the executor's host.
+    pub fn current_dir(&mut self, dir: impl Into<PathBuf>) -> &mut Command {
+        self.spec.cwd = Some(dir.into());
+        self
+    }
+
+    /// What the child sees as its argv[0].
+    pub fn arg0(&mut self, arg0: impl Into<OsString>) -> &mut Command {
+        self.spec.arg0 = Some(arg0.into());
+        self
+    }
+
+    pub fn stdin(&mut self, stdin: Stdin) -> &mut Command {
+        self.spec.pipe_stdin = stdin == Stdin::Piped;
+        self
+    }
+
+    /// Runs the child on a pseudo-terminal of the given size.
+    pub fn tty(&mut self, size: PtySize) -> &mut Command {
+        self.spec.tty = true;
+        self.spec.pty_size = size;
+        self
+    }
+
+    /// Output flow mode; `spawn` defaults to retain, `output` and `status`
+    /// to lossless.
+    pub fn flow(&mut self, flow: Flow) -> &mut Command {
+        self.flow = Some(flow);
+        self
+    }
+
+    pub fn spec(&self) -> &StartSpec {
+        &self.spec
+    }
+
+    /// Starts the process; the returned handle owns it.
+    pub async fn spawn(&self, executor: &executor::Client) -> Result<RemoteProcess, Error> {
+        self.start(executor, self.flow.unwrap_or(Flow::Retain))
+            .await
+    }
+
+    async fn start(&self, executor: &executor::Client, flow: Flow) -> Result<RemoteProcess, Error> {
+        let mut spec = self.spec.clone();
+        spec.flow = flow;
+        let mut request = executor.start_request();
+        convert::start_spec_to_wire(&spec, request.get().init_params());
+        let response = request
+            .send()
+            .promise
+            .await
+            .map_err(|error| Error::Start(convert::start_error_from_wire(&error)))?;
+        let process = response.get()?.get_process()?;
+        Ok(RemoteProcess::from_capability(process))
+    }
+
+    /// Runs the process to completion and collects its output (stdin is
+    /// /dev/null unless set to piped, in which case it is closed at once).
+    pub async fn output(&self, executor: &executor::Client) -> Result<Output, Error> {
+        let process = self
+            .start(executor, self.flow.unwrap_or(Flow::Lossless))
+            .await?;
+        if self.spec.pipe_stdin {
+            process.close_stdin().await?;
+        }
+        let mut events = process.events(0).await?;
+        let (mut stdout, mut stderr, mut status) = (Vec::new(), Vec::new(), None);
+        while let Some(event) = events.next().await {
+            match event?.body {
+                EventBody::Output { stream, data } => match stream {
+                    OutputStream::Stdout | OutputStream::Pty => stdout.extend_from_slice(&data),
+                    OutputStream::Stderr => stderr.extend_from_slice(&data),
+                },
+                EventBody::Exited(exit) => status = Some(exit),
+                EventBody::Closed => break,
+                EventBody::Gap { .. } => {}
+            }
+        }
+        Ok(Output {
+            status: status.ok_or(Error::EventsEnded)?,
+            stdout,
+            stderr,
+        })
+    }
+
+    /// Runs the process to completion, discarding its output.
+    pub async fn status(&self, executor: &executor::Client) -> Result<ExitStatus, Error> {
+        let process = self
+            .start(executor, self.flow.unwrap_or(Flow::Lossless))
+            .await?;
+        if self.spec.pipe_stdin {
+            process.close_stdin().await?;
+        }
+        process.wait().await
+    }
+}

@@ -1,0 +1,170 @@
+//! A handle on a started process, wherever it runs.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::task::JoinHandle;
+
+use crate::capexec_capnp::process;
+use crate::client::{Error, EventStream, events};
+use crate::engine::{ProcessSnapshot, ReadOutcome};
+use crate::model::{EventBody, ExitStatus, PtySize, Signal, WriteStatus};
+use crate::rpc::convert;
+
+/// Owns a process through its capability: dropping the last clone (of this
+/// handle or of the capability) terminates the process on its server.
+#[derive(Clone)]
+pub struct RemoteProcess {
+    cap: process::Client,
+}
+
+/// Sends a call on its way now. A call on an in-process capability is only
+/// dispatched when its promise is first polled; spawning every call makes
+/// them dispatch in the order they were made, as remote calls do.
+fn dispatch<T>(
+    promise: capnp::capability::Promise<T, capnp::Error>,
+) -> impl std::future::Future<Output = Result<T, capnp::Error>>
+where
+    T: 'static,
+{
+    let task = tokio::task::spawn_local(promise);
+    async move {
+        task.await
+            .unwrap_or_else(|error| Err(capnp::Error::failed(format!("call task failed: {error}"))))
+    }
+}
+
+/// A write already on its way; await it for the outcome.
+pub struct PendingWrite(JoinHandle<Result<WriteStatus, Error>>);
+
+impl PendingWrite {
+    pub async fn outcome(self) -> Result<WriteStatus, Error> {
+        match self.0.await {
+            Ok(result) => result,
+            Err(error) => Err(Error::Rpc(capnp::Error::failed(format!(
+                "write task failed: {error}"
+            )))),
+        }
+    }
+}
+
+impl RemoteProcess {
+    pub fn from_capability(cap: process::Client) -> RemoteProcess {
+        RemoteProcess { cap }
+    }
+
+    pub fn capability(&self) -> &process::Client {
+        &self.cap
+    }
+
+    /// Events after `after_seq`; waits up to `wait` for the first one.
+    pub async fn read(
+        &self,
+        after_seq: u64,
+        max_bytes: u32,
+        wait: Duration,
+    ) -> Result<ReadOutcome, Error> {
+        let mut request = self.cap.read_request();
+        request.get().set_after_seq(after_seq);
+        request.get().set_max_bytes(max_bytes);
+        request
+            .get()
+            .set_wait_ms(wait.as_millis().min(u128::from(u32::MAX)) as u32);
+        let response = dispatch(request.send().promise).await?;
+        let result = response.get()?.get_result()?;
+        let exit = match result.get_exit().which()? {
+            crate::capexec_capnp::read_result::exit::Running(()) => None,
+            crate::capexec_capnp::read_result::exit::Exited(status) => {
+                Some(convert::exit_status_from_wire(status?)?)
+            }
+        };
+        Ok(ReadOutcome {
+            events: convert::events_from_wire(result.get_events()?)?,
+            next_seq: result.get_next_seq(),
+            exit,
+            closed: result.get_closed(),
+        })
+    }
+
+    /// Writes to the child's stdin; a retry with the same `write_id` is
+    /// applied once.
+    pub async fn write(&self, data: &[u8], write_id: &str) -> Result<WriteStatus, Error> {
+        self.write_in_order(data, write_id).outcome().await
+    }
+
+    /// Sends a write now without waiting for its outcome. Writes sent this
+    /// way reach the child in the order of the calls, so several can be in
+    /// flight at once. Must be called inside a `LocalSet`.
+    pub fn write_in_order(&self, data: &[u8], write_id: &str) -> PendingWrite {
+        let mut request = self.cap.write_request();
+        request.get().set_data(data);
+        request.get().set_write_id(write_id);
+        let response = dispatch(request.send().promise);
+        PendingWrite(tokio::task::spawn_local(async move {
+            let response = response.await?;
+            Ok(convert::write_status_from_wire(
+                response.get()?.get_status()?,
+            ))
+        }))
+    }
+
+    /// End-of-file for the child after every earlier write.
+    pub async fn close_stdin(&self) -> Result<(), Error> {
+        dispatch(self.cap.close_stdin_request().send().promise).await?;
+        Ok(())
+    }
+
+    pub async fn signal(&self, signal: Signal) -> Result<(), Error> {
+        let mut request = self.cap.signal_request();
+        request.get().set_signal(convert::signal_to_wire(signal));
+        dispatch(request.send().promise).await?;
+        Ok(())
+    }
+
+    /// SIGTERM, then SIGKILL after a grace; false if it had already exited.
+    pub async fn terminate(&self) -> Result<bool, Error> {
+        let response = dispatch(self.cap.terminate_request().send().promise).await?;
+        Ok(response.get()?.get_running())
+    }
+
+    /// Changes the terminal size of a tty process.
+    pub async fn resize(&self, size: PtySize) -> Result<(), Error> {
+        let mut request = self.cap.resize_request();
+        let mut wire_size = request.get().init_size();
+        wire_size.set_rows(size.rows);
+        wire_size.set_cols(size.cols);
+        dispatch(request.send().promise).await?;
+        Ok(())
+    }
+
+    pub async fn info(&self) -> Result<ProcessSnapshot, Error> {
+        let response = dispatch(self.cap.info_request().send().promise).await?;
+        Ok(convert::snapshot_from_wire(response.get()?.get_info()?)?)
+    }
+
+    /// Every event after `after_seq`, then live ones, until `closed`.
+    pub async fn events(&self, after_seq: u64) -> Result<EventStream, Error> {
+        let (sink, batches) = events::sink();
+        let mut request = self.cap.subscribe_request();
+        request.get().set_sink(sink);
+        request.get().set_after_seq(after_seq);
+        let response = dispatch(request.send().promise).await?;
+        let subscription = response.get()?.get_subscription()?;
+        Ok(EventStream::new(batches, subscription))
+    }
+
+    /// Waits for the process to close and returns its exit status, discarding
+    /// output that was not read.
+    pub async fn wait(&self) -> Result<ExitStatus, Error> {
+        let mut events = self.events(0).await?;
+        let mut status = None;
+        while let Some(event) = events.next().await {
+            match event?.body {
+                EventBody::Exited(exit) => status = Some(exit),
+                EventBody::Closed => break,
+                _ => {}
+            }
+        }
+        status.ok_or(Error::EventsEnded)
+    }
+}

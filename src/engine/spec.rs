@@ -1,0 +1,195 @@
+//! What to start: the validated description of one process.
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+
+use crate::model::{Flow, PtySize, StartError, StartErrorKind};
+
+/// How the child's environment is built: start from the server's (or empty),
+/// remove `unset`, then apply `set` in order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EnvSpec {
+    pub clear: bool,
+    pub unset: Vec<OsString>,
+    pub set: Vec<(OsString, OsString)>,
+}
+
+/// Everything needed to start one process.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StartSpec {
+    pub argv: Vec<OsString>,
+    /// `None` (or empty): the server's working directory.
+    pub cwd: Option<PathBuf>,
+    pub env: EnvSpec,
+    /// What the child sees as argv[0], if not argv[0] itself.
+    pub arg0: Option<OsString>,
+    pub tty: bool,
+    pub pipe_stdin: bool,
+    pub pty_size: PtySize,
+    pub flow: Flow,
+}
+
+impl StartSpec {
+    pub fn new<I, S>(argv: I) -> StartSpec
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        StartSpec {
+            argv: argv.into_iter().map(Into::into).collect(),
+            ..StartSpec::default()
+        }
+    }
+
+    /// Rejects what the operating system could not take, with the reason.
+    pub fn validate(&self) -> Result<(), StartError> {
+        let invalid =
+            |message: String| Err(StartError::new(StartErrorKind::InvalidArgument, message));
+        if self.argv.is_empty() {
+            return invalid("argv must not be empty".into());
+        }
+        if self.argv[0].is_empty() {
+            return invalid("argv[0] (the program) must not be empty".into());
+        }
+        for (index, arg) in self.argv.iter().enumerate() {
+            if has_nul(arg) {
+                return invalid(format!("argv[{index}] contains a NUL byte"));
+            }
+        }
+        if let Some(arg0) = &self.arg0
+            && has_nul(arg0)
+        {
+            return invalid("arg0 contains a NUL byte".into());
+        }
+        if let Some(cwd) = &self.cwd
+            && has_nul(cwd.as_os_str())
+        {
+            return invalid("cwd contains a NUL byte".into());
+        }
+        for name in &self.env.unset {
+            check_env_name(name)?;
+        }
+        for (name, value) in &self.env.set {
+            check_env_name(name)?;
+            if has_nul(value) {
+                return invalid(format!(
+                    "the value of environment variable {} contains a NUL byte",
+                    name.to_string_lossy()
+                ));
+            }
+        }
+        if self.tty && (self.pty_size.rows == 0 || self.pty_size.cols == 0) {
+            return invalid(format!(
+                "pty size {}x{} is empty; rows and cols must be at least 1",
+                self.pty_size.rows, self.pty_size.cols
+            ));
+        }
+        Ok(())
+    }
+
+    /// The working directory to use, if not the server's.
+    pub fn effective_cwd(&self) -> Option<&PathBuf> {
+        self.cwd.as_ref().filter(|cwd| !cwd.as_os_str().is_empty())
+    }
+
+    /// The child's complete environment.
+    pub fn child_env(&self) -> Vec<(OsString, OsString)> {
+        let mut env: HashMap<OsString, OsString> = if self.env.clear {
+            HashMap::new()
+        } else {
+            std::env::vars_os().collect()
+        };
+        for name in &self.env.unset {
+            env.remove(name);
+        }
+        for (name, value) in &self.env.set {
+            env.insert(name.clone(), value.clone());
+        }
+        env.into_iter().collect()
+    }
+}
+
+fn has_nul(text: &OsStr) -> bool {
+    text.as_bytes().contains(&0)
+}
+
+fn check_env_name(name: &OsStr) -> Result<(), StartError> {
+    let problem = if name.is_empty() {
+        Some("an environment variable name is empty")
+    } else if name.as_bytes().contains(&b'=') {
+        Some("contains '='")
+    } else if has_nul(name) {
+        Some("contains a NUL byte")
+    } else {
+        None
+    };
+    match problem {
+        None => Ok(()),
+        Some(problem) if name.is_empty() => Err(StartError::new(
+            StartErrorKind::InvalidArgument,
+            problem.to_string(),
+        )),
+        Some(problem) => Err(StartError::new(
+            StartErrorKind::InvalidArgument,
+            format!(
+                "environment variable name {:?} {problem}",
+                name.to_string_lossy()
+            ),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_names_the_problem() {
+        let kind_and_message = |spec: StartSpec| {
+            let error = spec.validate().expect_err("invalid spec");
+            (error.kind, error.message)
+        };
+        assert_eq!(
+            kind_and_message(StartSpec::new(Vec::<OsString>::new())),
+            (
+                StartErrorKind::InvalidArgument,
+                "argv must not be empty".to_string()
+            )
+        );
+        assert_eq!(
+            kind_and_message(StartSpec::new(["echo", "a\0b"])).1,
+            "argv[1] contains a NUL byte"
+        );
+        let mut spec = StartSpec::new(["true"]);
+        spec.env.set.push(("A=B".into(), "x".into()));
+        assert_eq!(
+            kind_and_message(spec).1,
+            "environment variable name \"A=B\" contains '='"
+        );
+        assert!(StartSpec::new(["true"]).validate().is_ok());
+    }
+
+    #[test]
+    fn environment_is_built_by_clear_unset_then_set() {
+        let mut spec = StartSpec::new(["env"]);
+        spec.env.clear = true;
+        spec.env.set = vec![
+            ("A".into(), "1".into()),
+            ("B".into(), "2".into()),
+            ("A".into(), "3".into()),
+        ];
+        spec.env.unset = vec!["B".into()];
+        let mut env = spec.child_env();
+        env.sort();
+        assert_eq!(
+            env,
+            vec![("A".into(), "3".into()), ("B".into(), "2".into())]
+        );
+
+        let mut inherit = StartSpec::new(["env"]);
+        inherit.env.unset = vec!["PATH".into()];
+        assert!(inherit.child_env().iter().all(|(name, _)| name != "PATH"));
+    }
+}

@@ -1,0 +1,153 @@
+//! Pseudo-terminals: created by portable-pty at the requested size, read and
+//! written through a non-blocking duplicate of the master on the reactor, so
+//! no thread blocks on terminal I/O.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
+
+use portable_pty::MasterPty;
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncWrite, Interest};
+
+use crate::engine::reaper;
+use crate::model::PtySize;
+
+pub(crate) struct Terminal {
+    /// portable-pty's handle, for control operations (resize, termios).
+    control: Mutex<Box<dyn MasterPty + Send>>,
+    /// The same master, non-blocking, for output and input.
+    io: Arc<AsyncFd<OwnedFd>>,
+}
+
+impl Terminal {
+    /// Opens a terminal of `size`; returns it and its slave side for the
+    /// child. The size is set before the child exists, so it never sees 0x0.
+    pub fn open(size: PtySize) -> io::Result<(Terminal, OwnedFd)> {
+        let pair = portable_pty::native_pty_system()
+            .openpty(portable_pty::PtySize {
+                rows: size.rows,
+                cols: size.cols,
+                pixel_width: 0,
+                pixel_height: 0,
+            })
+            .map_err(|error| io::Error::other(format!("cannot open a pseudo-terminal: {error}")))?;
+        let master_fd = pair
+            .master
+            .as_raw_fd()
+            .ok_or_else(|| io::Error::other("the pseudo-terminal has no master descriptor"))?;
+        let slave_path = pair
+            .master
+            .tty_name()
+            .ok_or_else(|| io::Error::other("the pseudo-terminal has no device name"))?;
+        // Our own descriptor of the slave: portable-pty does not lend its own.
+        let slave = nix::fcntl::open(
+            &slave_path,
+            nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_NOCTTY | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(io::Error::from)?;
+        drop(pair.slave);
+
+        // SAFETY: portable-pty keeps the master open while `pair.master` lives,
+        // which outlives this borrow.
+        let borrowed = unsafe { BorrowedFd::borrow_raw(master_fd) };
+        let io_fd = borrowed.try_clone_to_owned()?;
+        set_nonblocking(&io_fd)?;
+        let io = Arc::new(reaper::register(
+            io_fd,
+            Interest::READABLE | Interest::WRITABLE,
+        )?);
+        Ok((
+            Terminal {
+                control: Mutex::new(pair.master),
+                io,
+            },
+            slave,
+        ))
+    }
+
+    pub fn io(&self) -> Arc<AsyncFd<OwnedFd>> {
+        Arc::clone(&self.io)
+    }
+
+    /// Changes the size; the kernel sends SIGWINCH to the foreground group.
+    pub fn resize(&self, size: PtySize) -> io::Result<()> {
+        self.control
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .resize(portable_pty::PtySize {
+                rows: size.rows,
+                cols: size.cols,
+                pixel_width: 0,
+                pixel_height: 0,
+            })
+            .map_err(|error| io::Error::other(error.to_string()))
+    }
+
+    /// The terminal's foreground process group, if it has one.
+    pub fn foreground_group(&self) -> Option<i32> {
+        self.control
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .process_group_leader()
+            .filter(|&pgid| pgid > 0)
+    }
+
+    /// The character that makes a canonical-mode reader see end-of-file.
+    pub fn eof_char(&self) -> u8 {
+        self.control
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .get_termios()
+            .map(|termios| termios.control_chars[libc::VEOF])
+            .unwrap_or(0x04)
+    }
+}
+
+fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
+    let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL).map_err(io::Error::from)?);
+    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK)).map_err(io::Error::from)?;
+    Ok(())
+}
+
+/// Writes to the terminal master without blocking a thread.
+pub(crate) struct TerminalWriter(pub Arc<AsyncFd<OwnedFd>>);
+
+impl AsyncWrite for TerminalWriter {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            let mut guard = ready!(self.0.poll_write_ready(cx))?;
+            let result = guard.try_io(|fd| {
+                // SAFETY: writes from `buf`, which outlives the call.
+                let n = unsafe {
+                    libc::write(fd.get_ref().as_raw_fd(), buf.as_ptr().cast(), buf.len())
+                };
+                if n < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(n as usize)
+                }
+            });
+            match result {
+                Ok(result) => return Poll::Ready(result),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}

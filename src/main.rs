@@ -1,0 +1,5 @@
+mod cli;
+
+fn main() {
+    std::process::exit(cli::main());
+}

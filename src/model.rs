@@ -1,0 +1,420 @@
+//! Plain value types shared by every layer: the engine produces them, the RPC
+//! layer converts them to and from the wire, the client hands them to users.
+
+use std::fmt;
+use std::str::FromStr;
+
+use bytes::Bytes;
+
+/// Which output stream a chunk came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
+    /// The merged output of a pseudo-terminal.
+    Pty,
+}
+
+/// What the server does with output nobody has consumed yet.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Flow {
+    /// Always drain the child; evict the oldest retained output when full.
+    #[default]
+    Retain,
+    /// Stop draining when the owner falls a window behind, so the child
+    /// blocks in write(2) exactly as with a local pipe.
+    Lossless,
+}
+
+/// Terminal size in character cells.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PtySize {
+    pub rows: u16,
+    pub cols: u16,
+}
+
+impl Default for PtySize {
+    fn default() -> Self {
+        PtySize { rows: 24, cols: 80 }
+    }
+}
+
+/// The POSIX signals capexec can send and report, by name, so that a client
+/// and a server whose operating systems number them differently agree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Signal {
+    Hup,
+    Int,
+    Quit,
+    Ill,
+    Trap,
+    Abrt,
+    Bus,
+    Fpe,
+    Kill,
+    Usr1,
+    Segv,
+    Usr2,
+    Pipe,
+    Alrm,
+    Term,
+    Chld,
+    Cont,
+    Stop,
+    Tstp,
+    Ttin,
+    Ttou,
+    Urg,
+    Xcpu,
+    Xfsz,
+    Vtalrm,
+    Prof,
+    Winch,
+    Io,
+    Sys,
+}
+
+impl Signal {
+    pub const ALL: [Signal; 29] = [
+        Signal::Hup,
+        Signal::Int,
+        Signal::Quit,
+        Signal::Ill,
+        Signal::Trap,
+        Signal::Abrt,
+        Signal::Bus,
+        Signal::Fpe,
+        Signal::Kill,
+        Signal::Usr1,
+        Signal::Segv,
+        Signal::Usr2,
+        Signal::Pipe,
+        Signal::Alrm,
+        Signal::Term,
+        Signal::Chld,
+        Signal::Cont,
+        Signal::Stop,
+        Signal::Tstp,
+        Signal::Ttin,
+        Signal::Ttou,
+        Signal::Urg,
+        Signal::Xcpu,
+        Signal::Xfsz,
+        Signal::Vtalrm,
+        Signal::Prof,
+        Signal::Winch,
+        Signal::Io,
+        Signal::Sys,
+    ];
+
+    /// The number this host's operating system uses for the signal.
+    pub fn number(self) -> i32 {
+        match self {
+            Signal::Hup => libc::SIGHUP,
+            Signal::Int => libc::SIGINT,
+            Signal::Quit => libc::SIGQUIT,
+            Signal::Ill => libc::SIGILL,
+            Signal::Trap => libc::SIGTRAP,
+            Signal::Abrt => libc::SIGABRT,
+            Signal::Bus => libc::SIGBUS,
+            Signal::Fpe => libc::SIGFPE,
+            Signal::Kill => libc::SIGKILL,
+            Signal::Usr1 => libc::SIGUSR1,
+            Signal::Segv => libc::SIGSEGV,
+            Signal::Usr2 => libc::SIGUSR2,
+            Signal::Pipe => libc::SIGPIPE,
+            Signal::Alrm => libc::SIGALRM,
+            Signal::Term => libc::SIGTERM,
+            Signal::Chld => libc::SIGCHLD,
+            Signal::Cont => libc::SIGCONT,
+            Signal::Stop => libc::SIGSTOP,
+            Signal::Tstp => libc::SIGTSTP,
+            Signal::Ttin => libc::SIGTTIN,
+            Signal::Ttou => libc::SIGTTOU,
+            Signal::Urg => libc::SIGURG,
+            Signal::Xcpu => libc::SIGXCPU,
+            Signal::Xfsz => libc::SIGXFSZ,
+            Signal::Vtalrm => libc::SIGVTALRM,
+            Signal::Prof => libc::SIGPROF,
+            Signal::Winch => libc::SIGWINCH,
+            Signal::Io => libc::SIGIO,
+            Signal::Sys => libc::SIGSYS,
+        }
+    }
+
+    /// The named signal this host numbers `number`, if any.
+    pub fn from_number(number: i32) -> Option<Signal> {
+        Signal::ALL.into_iter().find(|s| s.number() == number)
+    }
+
+    /// The conventional name without the `SIG` prefix, e.g. `INT`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Signal::Hup => "HUP",
+            Signal::Int => "INT",
+            Signal::Quit => "QUIT",
+            Signal::Ill => "ILL",
+            Signal::Trap => "TRAP",
+            Signal::Abrt => "ABRT",
+            Signal::Bus => "BUS",
+            Signal::Fpe => "FPE",
+            Signal::Kill => "KILL",
+            Signal::Usr1 => "USR1",
+            Signal::Segv => "SEGV",
+            Signal::Usr2 => "USR2",
+            Signal::Pipe => "PIPE",
+            Signal::Alrm => "ALRM",
+            Signal::Term => "TERM",
+            Signal::Chld => "CHLD",
+            Signal::Cont => "CONT",
+            Signal::Stop => "STOP",
+            Signal::Tstp => "TSTP",
+            Signal::Ttin => "TTIN",
+            Signal::Ttou => "TTOU",
+            Signal::Urg => "URG",
+            Signal::Xcpu => "XCPU",
+            Signal::Xfsz => "XFSZ",
+            Signal::Vtalrm => "VTALRM",
+            Signal::Prof => "PROF",
+            Signal::Winch => "WINCH",
+            Signal::Io => "IO",
+            Signal::Sys => "SYS",
+        }
+    }
+}
+
+impl fmt::Display for Signal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SIG{}", self.name())
+    }
+}
+
+impl FromStr for Signal {
+    type Err = String;
+
+    /// Accepts `INT`, `SIGINT`, `int` or a number of this host (`2`).
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if let Ok(number) = text.parse::<i32>() {
+            return Signal::from_number(number)
+                .ok_or_else(|| format!("unknown signal number {number}"));
+        }
+        let upper = text.to_ascii_uppercase();
+        let name = upper.strip_prefix("SIG").unwrap_or(&upper);
+        Signal::ALL
+            .into_iter()
+            .find(|s| s.name() == name)
+            .ok_or_else(|| format!("unknown signal {text:?}"))
+    }
+}
+
+/// How a process ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExitStatus {
+    /// Normal exit with this code.
+    Code(i32),
+    /// Death by signal. `signal` is `None` for signals without a name in
+    /// [`Signal`]; `number` is the server's own number for it.
+    Killed {
+        signal: Option<Signal>,
+        number: i32,
+        core_dumped: bool,
+    },
+}
+
+impl ExitStatus {
+    /// The status a shell would report: the code, or 128 + the signal number
+    /// (numbered by this host when the signal has a name).
+    pub fn shell_code(&self) -> i32 {
+        match *self {
+            ExitStatus::Code(code) => code,
+            ExitStatus::Killed { signal, number, .. } => {
+                128 + signal.map(Signal::number).unwrap_or(number)
+            }
+        }
+    }
+
+    pub fn success(&self) -> bool {
+        *self == ExitStatus::Code(0)
+    }
+}
+
+impl fmt::Display for ExitStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            ExitStatus::Code(code) => write!(f, "exit code {code}"),
+            ExitStatus::Killed {
+                signal,
+                number,
+                core_dumped,
+            } => {
+                match signal {
+                    Some(signal) => write!(f, "killed by {signal}")?,
+                    None => write!(f, "killed by signal {number}")?,
+                }
+                if core_dumped {
+                    write!(f, " (core dumped)")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Outcome of a stdin write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteStatus {
+    /// The bytes are in the child's stdin, or this write id was accepted before.
+    Accepted,
+    /// Stdin is not open (never piped, closed by the client or by the child).
+    StdinClosed,
+    /// The process is not spawned yet (never produced by capexec executors).
+    Starting,
+    /// The process has exited.
+    Exited,
+}
+
+/// One entry of a process's event sequence.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    /// The event's seq; for a gap, the last lost seq.
+    pub seq: u64,
+    pub body: EventBody,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EventBody {
+    Output {
+        stream: OutputStream,
+        data: Bytes,
+    },
+    Exited(ExitStatus),
+    Closed,
+    /// Seqs `from_seq..=seq` were evicted before this consumer received them.
+    Gap {
+        from_seq: u64,
+    },
+}
+
+/// Why a start failed, in a form that survives the wire (see the schema's
+/// `[capexec:<code>]` tags).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StartErrorKind {
+    InvalidArgument,
+    ProgramNotFound,
+    PermissionDenied,
+    BadCwd,
+    Unsupported,
+    SpawnFailed,
+}
+
+impl StartErrorKind {
+    const ALL: [StartErrorKind; 6] = [
+        StartErrorKind::InvalidArgument,
+        StartErrorKind::ProgramNotFound,
+        StartErrorKind::PermissionDenied,
+        StartErrorKind::BadCwd,
+        StartErrorKind::Unsupported,
+        StartErrorKind::SpawnFailed,
+    ];
+
+    pub fn code(self) -> &'static str {
+        match self {
+            StartErrorKind::InvalidArgument => "invalid-argument",
+            StartErrorKind::ProgramNotFound => "program-not-found",
+            StartErrorKind::PermissionDenied => "permission-denied",
+            StartErrorKind::BadCwd => "bad-cwd",
+            StartErrorKind::Unsupported => "unsupported",
+            StartErrorKind::SpawnFailed => "spawn-failed",
+        }
+    }
+
+    /// The tag written at the end of an error description.
+    pub fn tag(self) -> String {
+        format!("[capexec:{}]", self.code())
+    }
+
+    /// Finds the tag in an error description, wherever forwarding hops put it.
+    pub fn from_description(description: &str) -> Option<StartErrorKind> {
+        StartErrorKind::ALL
+            .into_iter()
+            .find(|kind| description.contains(&kind.tag()))
+    }
+
+    /// The exit status `capexec run` reports for this failure.
+    pub fn cli_exit_code(self) -> i32 {
+        match self {
+            StartErrorKind::ProgramNotFound => 127,
+            StartErrorKind::PermissionDenied => 126,
+            _ => 125,
+        }
+    }
+}
+
+/// A failed start: what went wrong, for people and for programs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StartError {
+    pub kind: StartErrorKind,
+    pub message: String,
+}
+
+impl StartError {
+    pub fn new(kind: StartErrorKind, message: impl Into<String>) -> StartError {
+        StartError {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for StartError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.message, self.kind.tag())
+    }
+}
+
+impl std::error::Error for StartError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signal_names_and_numbers_round_trip() {
+        for signal in Signal::ALL {
+            assert_eq!(Signal::from_number(signal.number()), Some(signal));
+            assert_eq!(signal.name().parse::<Signal>(), Ok(signal));
+            assert_eq!(format!("{signal}").parse::<Signal>(), Ok(signal));
+        }
+        assert_eq!("int".parse::<Signal>(), Ok(Signal::Int));
+        assert_eq!("9".parse::<Signal>(), Ok(Signal::Kill));
+        assert!("NOPE".parse::<Signal>().is_err());
+    }
+
+    #[test]
+    fn shell_codes_follow_the_128_plus_signal_rule() {
+        assert_eq!(ExitStatus::Code(7).shell_code(), 7);
+        let killed = ExitStatus::Killed {
+            signal: Some(Signal::Term),
+            number: 15,
+            core_dumped: false,
+        };
+        assert_eq!(killed.shell_code(), 128 + libc::SIGTERM);
+        let unnamed = ExitStatus::Killed {
+            signal: None,
+            number: 40,
+            core_dumped: false,
+        };
+        assert_eq!(unnamed.shell_code(), 168);
+    }
+
+    #[test]
+    fn start_error_tags_survive_prefixes() {
+        let error = StartError::new(StartErrorKind::ProgramNotFound, "no such program \"x\"");
+        let forwarded = format!("remote exception: remote exception: {error}");
+        assert_eq!(
+            StartErrorKind::from_description(&forwarded),
+            Some(StartErrorKind::ProgramNotFound)
+        );
+        assert_eq!(StartErrorKind::from_description("plain failure"), None);
+    }
+}

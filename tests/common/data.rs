@@ -1,0 +1,112 @@
+//! Deterministic test data that detects loss, duplication and reordering.
+
+use std::io::Write;
+use std::path::Path;
+
+/// An endless pseudo-random byte stream (xorshift64*), cheap to regenerate
+/// for comparison.
+pub struct Pattern {
+    state: u64,
+    word: [u8; 8],
+    used: usize,
+}
+
+impl Pattern {
+    pub fn new(seed: u64) -> Pattern {
+        Pattern {
+            state: seed | 1,
+            word: [0; 8],
+            used: 8,
+        }
+    }
+
+    pub fn fill(&mut self, out: &mut [u8]) {
+        for byte in out.iter_mut() {
+            if self.used == 8 {
+                self.state ^= self.state >> 12;
+                self.state ^= self.state << 25;
+                self.state ^= self.state >> 27;
+                self.word = self.state.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes();
+                self.used = 0;
+            }
+            *byte = self.word[self.used];
+            self.used += 1;
+        }
+    }
+
+    pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
+        let mut out = vec![0; len];
+        Pattern::new(seed).fill(&mut out);
+        out
+    }
+}
+
+/// Writes `len` pattern bytes to `path`.
+pub fn write_pattern_file(path: &Path, seed: u64, len: usize) {
+    let mut file = std::io::BufWriter::new(std::fs::File::create(path).expect("create"));
+    let mut pattern = Pattern::new(seed);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(buf.len());
+        pattern.fill(&mut buf[..n]);
+        file.write_all(&buf[..n]).expect("write");
+        left -= n;
+    }
+    file.flush().expect("flush");
+}
+
+/// Checks a stream against the pattern as it arrives.
+pub struct PatternChecker {
+    pattern: Pattern,
+    expected: Vec<u8>,
+    pub checked: u64,
+}
+
+impl PatternChecker {
+    pub fn new(seed: u64) -> PatternChecker {
+        PatternChecker {
+            pattern: Pattern::new(seed),
+            expected: Vec::new(),
+            checked: 0,
+        }
+    }
+
+    pub fn check(&mut self, data: &[u8]) {
+        self.expected.resize(data.len(), 0);
+        self.pattern.fill(&mut self.expected);
+        if let Some(at) = data.iter().zip(&self.expected).position(|(a, b)| a != b) {
+            panic!("stream differs at byte {}", self.checked + at as u64);
+        }
+        self.checked += data.len() as u64;
+    }
+}
+
+/// A fresh directory under the target dir, removed when dropped.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> TempDir {
+        let path = std::env::temp_dir().join(format!(
+            "capexec-test-{}-{}-{}",
+            name,
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        ));
+        std::fs::create_dir_all(&path).expect("create temp dir");
+        TempDir(path)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

@@ -1,0 +1,186 @@
+//! Test harness: runs one test body against each executor backend.
+#![allow(dead_code)]
+
+pub mod data;
+pub mod procfs;
+
+use std::future::Future;
+use std::sync::Once;
+use std::time::Duration;
+
+use capexec::capexec_capnp::executor;
+use capexec::client::{Command, RemoteProcess};
+use capexec::engine::{self, Engine, ReadOutcome};
+use capexec::model::{Event, EventBody, ExitStatus, OutputStream};
+use capexec::rpc;
+
+/// Upper bound for any single test, far above what a loaded machine needs.
+pub const TEST_DEADLINE: Duration = Duration::from_secs(120);
+
+/// Where the executor under test runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// The engine in this process, through local capabilities.
+    InProcess,
+}
+
+/// What a test body gets.
+pub struct Ctx {
+    pub executor: executor::Client,
+    pub backend: Backend,
+    /// The process that hosts the engine (and so parents the children).
+    pub server_pid: u32,
+}
+
+static SUBREAPER: Once = Once::new();
+
+/// Runs `body` against `backend` on a fresh runtime.
+pub fn run<F, Fut>(backend: Backend, body: F)
+where
+    F: FnOnce(Ctx) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    SUBREAPER.call_once(|| engine::become_subreaper().expect("become a subreaper"));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let local = tokio::task::LocalSet::new();
+    runtime.block_on(local.run_until(async move {
+        let ctx = match backend {
+            Backend::InProcess => Ctx {
+                executor: rpc::local_executor(Engine::default()),
+                backend,
+                server_pid: std::process::id(),
+            },
+        };
+        tokio::time::timeout(TEST_DEADLINE, body(ctx))
+            .await
+            .expect("test exceeded its deadline");
+    }));
+}
+
+/// Instantiates each named `async fn(Ctx)` once per backend.
+#[macro_export]
+macro_rules! backend_tests {
+    ($($name:ident),* $(,)?) => {
+        mod in_process {
+            $(
+                #[test]
+                fn $name() {
+                    $crate::common::run($crate::common::Backend::InProcess, super::$name);
+                }
+            )*
+        }
+    };
+}
+
+pub fn sh(script: &str) -> Command {
+    let mut command = Command::new("sh");
+    command.args(["-c", script]);
+    command
+}
+
+pub async fn spawn(ctx: &Ctx, command: &Command) -> RemoteProcess {
+    command
+        .spawn(&ctx.executor)
+        .await
+        .expect("start the process")
+}
+
+/// Reads (long-polling) until the close event, returning every event.
+pub async fn read_until_closed(process: &RemoteProcess) -> Vec<Event> {
+    read_from(process, 0).await
+}
+
+pub async fn read_from(process: &RemoteProcess, mut after: u64) -> Vec<Event> {
+    let mut events = Vec::new();
+    loop {
+        let outcome = process
+            .read(after, 0, Duration::from_secs(10))
+            .await
+            .expect("read");
+        let done = outcome
+            .events
+            .iter()
+            .any(|event| matches!(event.body, EventBody::Closed));
+        after = outcome.next_seq - 1;
+        events.extend(outcome.events);
+        if done {
+            return events;
+        }
+    }
+}
+
+/// Reads until the concatenated output contains `needle`; returns the seq
+/// of the last event read.
+pub async fn read_until_output_contains(process: &RemoteProcess, needle: &str) -> (u64, String) {
+    let mut after = 0;
+    let mut text = String::new();
+    loop {
+        let outcome: ReadOutcome = process
+            .read(after, 0, Duration::from_secs(10))
+            .await
+            .expect("read");
+        after = outcome.next_seq - 1;
+        text.push_str(&String::from_utf8_lossy(&output_bytes(
+            &outcome.events,
+            None,
+        )));
+        if text.contains(needle) {
+            return (after, text);
+        }
+        assert!(
+            !outcome.closed,
+            "closed without printing {needle:?}; got {text:?}"
+        );
+    }
+}
+
+/// Waits for the close without consuming anything (reads at the head).
+pub async fn wait_closed_at_head(process: &RemoteProcess) {
+    loop {
+        let info = process.info().await.expect("info");
+        if info.closed {
+            return;
+        }
+        process
+            .read(info.next_seq - 1, 1, Duration::from_secs(1))
+            .await
+            .expect("read");
+    }
+}
+
+/// Output payload of `events`, optionally of one stream only.
+pub fn output_bytes(events: &[Event], only: Option<OutputStream>) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for event in events {
+        if let EventBody::Output { stream, data } = &event.body
+            && only.is_none_or(|only| only == *stream)
+        {
+            bytes.extend_from_slice(data);
+        }
+    }
+    bytes
+}
+
+pub fn exit_of(events: &[Event]) -> Option<ExitStatus> {
+    events.iter().find_map(|event| match event.body {
+        EventBody::Exited(status) => Some(status),
+        _ => None,
+    })
+}
+
+/// Asserts the seqs are 1, 2, 3... with gaps covering exactly their ranges.
+pub fn assert_contiguous(events: &[Event]) {
+    let mut expected = 1;
+    for event in events {
+        let first = match event.body {
+            EventBody::Gap { from_seq } => from_seq,
+            _ => event.seq,
+        };
+        assert_eq!(first, expected, "seqs must be contiguous; at {event:?}");
+        expected = event.seq + 1;
+    }
+}
