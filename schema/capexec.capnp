@@ -266,7 +266,8 @@ struct Event {
 struct Output {
   stream @0 :OutputStream;
   data @1 :Data;
-  # Exactly the bytes one read(2) returned; at most 64 KiB.
+  # At most 64 KiB: what the child had written by the time the server
+  # read, in the order written (several small writes may share a chunk).
 }
 
 enum OutputStream {

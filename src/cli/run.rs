@@ -22,8 +22,7 @@ use capexec::rpc;
 const STDIN_WINDOW: usize = 8;
 
 pub fn main(args: RunArgs) -> i32 {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
@@ -127,29 +126,40 @@ pub async fn relay(args: RunArgs, executor: &executor::Client) -> i32 {
 
     let mut status = None;
     let mut sent_sigpipe = false;
-    while let Some(event) = events.next().await {
-        let event = match event {
-            Ok(event) => event,
-            Err(error) => {
+    let mut closed = false;
+    while !closed {
+        let batch = match events.next_batch().await {
+            Some(Ok(batch)) => batch,
+            Some(Err(error)) => {
                 output.flush().await;
                 eprintln!("capexec: lost the command: {error}");
                 return EXIT_CAPEXEC_FAILURE;
             }
+            None => break,
         };
-        match event.body {
-            EventBody::Output { stream, data } => match stream {
-                OutputStream::Stdout | OutputStream::Pty => output.stdout(data).await,
-                OutputStream::Stderr => output.stderr(data).await,
-            },
-            EventBody::Exited(exit) => status = Some(exit),
-            EventBody::Closed => break,
-            EventBody::Gap { from_seq } => {
-                eprintln!(
-                    "capexec: output lost: events {from_seq}..={} were evicted before they could be relayed",
-                    event.seq
-                );
+        let mut pieces = Vec::with_capacity(batch.len());
+        for event in batch {
+            match event.body {
+                EventBody::Output { stream, data } => pieces.push((
+                    match stream {
+                        OutputStream::Stdout | OutputStream::Pty => 1,
+                        OutputStream::Stderr => 2,
+                    },
+                    data,
+                )),
+                EventBody::Exited(exit) => status = Some(exit),
+                EventBody::Closed => closed = true,
+                EventBody::Gap { from_seq } => {
+                    output.write(std::mem::take(&mut pieces)).await;
+                    output.flush().await;
+                    eprintln!(
+                        "capexec: output lost: events {from_seq}..={} were evicted before they could be relayed",
+                        event.seq
+                    );
+                }
             }
         }
+        output.write(pieces).await;
         // Like a local pipeline: when our reader goes away, the writer gets
         // SIGPIPE.
         if output.stdout_broken() && !sent_sigpipe && status.is_none() {

@@ -3,7 +3,7 @@
 //! std's line buffering.
 
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 use std::mem::ManuallyDrop;
 use std::os::fd::FromRawFd;
 use std::sync::Arc;
@@ -15,7 +15,8 @@ use tokio::sync::{mpsc, oneshot};
 const READ_CHUNK: usize = 64 * 1024;
 
 enum Message {
-    Write { fd: i32, data: Bytes },
+    /// Consecutive pieces of output, each for fd 1 or 2, in order.
+    Write(Vec<(i32, Bytes)>),
     Flush(oneshot::Sender<()>),
 }
 
@@ -27,43 +28,24 @@ pub struct OutputWriter {
 
 impl OutputWriter {
     pub fn start() -> io::Result<OutputWriter> {
-        let (messages, mut queue) = mpsc::channel::<Message>(4);
+        let (messages, queue) = mpsc::channel::<Message>(4);
         let stdout_broken = Arc::new(AtomicBool::new(false));
         let broken = Arc::clone(&stdout_broken);
         std::thread::Builder::new()
             .name("capexec-output".into())
-            .spawn(move || {
-                while let Some(message) = queue.blocking_recv() {
-                    match message {
-                        Message::Write { fd, data } => {
-                            if fd == 1 && broken.load(Ordering::Relaxed) {
-                                continue;
-                            }
-                            if let Err(error) = write_fd(fd, &data)
-                                && fd == 1
-                                && error.kind() == io::ErrorKind::BrokenPipe
-                            {
-                                broken.store(true, Ordering::Relaxed);
-                            }
-                        }
-                        Message::Flush(done) => {
-                            let _ = done.send(());
-                        }
-                    }
-                }
-            })?;
+            .spawn(move || write_forever(queue, &broken))?;
         Ok(OutputWriter {
             messages,
             stdout_broken,
         })
     }
 
-    pub async fn stdout(&self, data: Bytes) {
-        let _ = self.messages.send(Message::Write { fd: 1, data }).await;
-    }
-
-    pub async fn stderr(&self, data: Bytes) {
-        let _ = self.messages.send(Message::Write { fd: 2, data }).await;
+    /// Queues pieces of output for fd 1 or 2; waits only when the writer is
+    /// several batches behind.
+    pub async fn write(&self, pieces: Vec<(i32, Bytes)>) {
+        if !pieces.is_empty() {
+            let _ = self.messages.send(Message::Write(pieces)).await;
+        }
     }
 
     /// Whether our stdout reader has gone away (EPIPE).
@@ -80,11 +62,62 @@ impl OutputWriter {
     }
 }
 
-fn write_fd(fd: i32, data: &[u8]) -> io::Result<()> {
+/// Writes everything queued, merging runs for the same descriptor into one
+/// writev(2) so that many small chunks cost few system calls.
+fn write_forever(mut queue: mpsc::Receiver<Message>, broken: &AtomicBool) {
+    let mut pending: Vec<(i32, Bytes)> = Vec::new();
+    let mut flushes = Vec::new();
+    while let Some(message) = queue.blocking_recv() {
+        let mut next = Some(message);
+        while let Some(message) = next.take() {
+            match message {
+                Message::Write(pieces) => pending.extend(pieces),
+                Message::Flush(done) => flushes.push(done),
+            }
+            next = queue.try_recv().ok();
+        }
+        let mut start = 0;
+        while start < pending.len() {
+            let fd = pending[start].0;
+            let end = pending[start..]
+                .iter()
+                .position(|(piece_fd, _)| *piece_fd != fd)
+                .map_or(pending.len(), |offset| start + offset);
+            if fd == 1 && broken.load(Ordering::Relaxed) {
+                start = end;
+                continue;
+            }
+            if let Err(error) = write_all_vectored(fd, &pending[start..end])
+                && fd == 1
+                && error.kind() == io::ErrorKind::BrokenPipe
+            {
+                broken.store(true, Ordering::Relaxed);
+            }
+            start = end;
+        }
+        pending.clear();
+        for done in flushes.drain(..) {
+            let _ = done.send(());
+        }
+    }
+}
+
+fn write_all_vectored(fd: i32, pieces: &[(i32, Bytes)]) -> io::Result<()> {
     // SAFETY: fd 1 and 2 stay open for the life of the process; ManuallyDrop
     // keeps this temporary File from closing them.
     let mut file = ManuallyDrop::new(unsafe { File::from_raw_fd(fd) });
-    file.write_all(data)
+    let mut slices: Vec<IoSlice<'_>> = pieces.iter().map(|(_, data)| IoSlice::new(data)).collect();
+    let mut slices = &mut slices[..];
+    IoSlice::advance_slices(&mut slices, 0);
+    while !slices.is_empty() {
+        match file.write_vectored(slices) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut slices, n),
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(())
 }
 
 /// Reads our stdin on a thread; `None` marks end-of-file.

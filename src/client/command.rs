@@ -151,12 +151,7 @@ impl Command {
     /// Runs the process to completion and collects its output (stdin is
     /// /dev/null unless set to piped, in which case it is closed at once).
     pub async fn output(&self, executor: &executor::Client) -> Result<Output, Error> {
-        let process = self
-            .start(executor, self.flow.unwrap_or(Flow::Lossless))
-            .await?;
-        if self.spec.pipe_stdin {
-            process.close_stdin().await?;
-        }
+        let process = self.start_to_completion(executor).await?;
         let mut events = process.events(0).await?;
         let (mut stdout, mut stderr, mut status) = (Vec::new(), Vec::new(), None);
         while let Some(event) = events.next().await {
@@ -179,12 +174,21 @@ impl Command {
 
     /// Runs the process to completion, discarding its output.
     pub async fn status(&self, executor: &executor::Client) -> Result<ExitStatus, Error> {
+        self.start_to_completion(executor).await?.wait().await
+    }
+
+    /// Starts for `output` and `status`: lossless unless set otherwise, and
+    /// with nothing to write, a piped stdin is closed at once.
+    async fn start_to_completion(
+        &self,
+        executor: &executor::Client,
+    ) -> Result<RemoteProcess, Error> {
         let process = self
             .start(executor, self.flow.unwrap_or(Flow::Lossless))
             .await?;
         if self.spec.pipe_stdin {
             process.close_stdin().await?;
         }
-        process.wait().await
+        Ok(process)
     }
 }

@@ -63,6 +63,41 @@ impl EventStream {
     }
 }
 
+impl EventStream {
+    /// The next batch of consecutive events as the server pushed it, for
+    /// consumers that handle many small events at once; `None` after
+    /// `closed`.
+    pub async fn next_batch(&mut self) -> Option<Result<Vec<Event>, Error>> {
+        if !self.pending.is_empty() {
+            let batch: Vec<Event> = self.pending.drain(..).collect();
+            self.note_closed(&batch);
+            return Some(Ok(batch));
+        }
+        if self.saw_closed || self.failed {
+            return None;
+        }
+        match self.batches.recv().await {
+            Some(batch) => {
+                self.note_closed(&batch);
+                Some(Ok(batch))
+            }
+            None => {
+                self.failed = true;
+                Some(Err(Error::EventsEnded))
+            }
+        }
+    }
+
+    fn note_closed(&mut self, batch: &[Event]) {
+        if batch
+            .iter()
+            .any(|event| matches!(event.body, EventBody::Closed))
+        {
+            self.saw_closed = true;
+        }
+    }
+}
+
 impl Stream for EventStream {
     type Item = Result<Event, Error>;
 

@@ -7,7 +7,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{BufMut, BytesMut};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use crate::engine::process::Shared;
 use crate::engine::reaper::ExitWait;
-use crate::model::OutputStream;
+use crate::model::{ExitStatus, OutputStream};
 
 /// Largest chunk read at once: one pipe buffer, small enough that every
 /// event stays far below Cap'n Proto's message limit.
@@ -39,6 +39,7 @@ enum Reader {
 
 impl OutputSource {
     pub fn pipe(stream: OutputStream, fd: OwnedFd) -> io::Result<OutputSource> {
+        grow_pipe(&fd);
         Ok(OutputSource {
             stream,
             reader: Reader::Pipe(pipe::Receiver::from_owned_fd(fd)?),
@@ -61,15 +62,18 @@ impl OutputSource {
         }
     }
 
-    /// Reads what is available without blocking; `Ok(0)` means EOF.
-    fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+    /// Appends what is available, at most `max` bytes, to `buf` without
+    /// blocking; `Ok(0)` means EOF.
+    fn try_read_into(&self, buf: &mut BytesMut, max: usize) -> io::Result<usize> {
+        buf.reserve(max);
         match &self.reader {
-            Reader::Pipe(pipe) => pipe.try_read(buf),
+            Reader::Pipe(pipe) => pipe.try_read_buf(&mut (&mut *buf).limit(max)),
             Reader::Terminal(master) => {
+                let spare = buf.spare_capacity_mut();
+                let want = spare.len().min(max);
                 let result = master.try_io(Interest::READABLE, |fd| {
-                    // SAFETY: reads into `buf`, which outlives the call.
-                    let n =
-                        unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+                    // SAFETY: reads at most `want` bytes into spare capacity.
+                    let n = unsafe { libc::read(fd.as_raw_fd(), spare.as_mut_ptr().cast(), want) };
                     if n < 0 {
                         Err(io::Error::last_os_error())
                     } else {
@@ -77,8 +81,14 @@ impl OutputSource {
                     }
                 });
                 match result {
+                    Ok(n) => {
+                        // SAFETY: the kernel initialised the first n bytes.
+                        unsafe { buf.set_len(buf.len() + n) };
+                        Ok(n)
+                    }
+                    // The slave side is closed for good.
                     Err(error) if error.raw_os_error() == Some(libc::EIO) => Ok(0),
-                    other => other,
+                    Err(error) => Err(error),
                 }
             }
         }
@@ -99,43 +109,57 @@ impl OutputSource {
     }
 }
 
-/// Reads one chunk from `slot`; clears the slot at EOF or on error.
-fn drain_once(shared: &Shared, slot: &mut Option<OutputSource>, buf: &mut [u8]) {
-    let Some(source) = slot.as_ref() else { return };
-    match source.try_read(buf) {
-        Ok(0) => *slot = None,
-        Ok(n) => shared.append_output(source.stream, Bytes::copy_from_slice(&buf[..n])),
-        Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
-        Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-        Err(error) => {
-            tracing::warn!(%error, stream = ?source.stream, "reading child output failed");
-            *slot = None;
-        }
-    }
+/// Output is read straight into shared buffers that chunks are split off
+/// without copying; a fresh buffer is taken when less than this is left.
+const MIN_SPARE: usize = 16 * 1024;
+
+/// Pipe capacity asked for: a fast writer can then run further ahead while
+/// the pump is busy, and the pump's reads come back fuller.
+const PIPE_CAPACITY: libc::c_int = 1 << 20;
+
+/// Grows the pipe to [`PIPE_CAPACITY`] where the system allows it; the
+/// default capacity still works, only less efficiently.
+fn grow_pipe(fd: &OwnedFd) {
+    // SAFETY: F_SETPIPE_SZ takes an int and only resizes the pipe buffer.
+    let _ = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_CAPACITY) };
 }
 
-/// Takes in what the child wrote before it exited, so that its exit event
-/// follows its output. Bounded by what was pending at the exit: descendants
-/// that keep writing cannot delay the exit event.
-fn drain_pending(shared: &Shared, slot: &mut Option<OutputSource>, buf: &mut [u8]) {
-    let Some(source) = slot.as_ref() else { return };
-    let mut remaining = source.pending_bytes();
-    while remaining > 0 {
-        let Some(source) = slot.as_ref() else { return };
-        let want = remaining.min(buf.len());
-        match source.try_read(&mut buf[..want]) {
+/// Reads one chunk from `slot`: whatever is available now, up to
+/// [`CHUNK_SIZE`], coalescing the small writes of a fast producer into one
+/// chunk without waiting for more. Clears the slot at EOF or on error.
+/// Returns the number of bytes read.
+fn drain_once(shared: &Shared, slot: &mut Option<OutputSource>, buf: &mut BytesMut) -> usize {
+    let Some(source) = slot.as_ref() else {
+        return 0;
+    };
+    if buf.capacity() - buf.len() < MIN_SPARE {
+        *buf = BytesMut::with_capacity(CHUNK_SIZE);
+    }
+    let mut ended = false;
+    while buf.len() < CHUNK_SIZE {
+        match source.try_read_into(buf, CHUNK_SIZE - buf.len()) {
             Ok(0) => {
-                *slot = None;
-                return;
+                ended = true;
+                break;
             }
-            Ok(n) => {
-                shared.append_output(source.stream, Bytes::copy_from_slice(&buf[..n]));
-                remaining = remaining.saturating_sub(n);
-            }
+            Ok(_) => {}
             Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => return,
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+            Err(error) => {
+                tracing::warn!(%error, stream = ?source.stream, "reading child output failed");
+                ended = true;
+                break;
+            }
         }
     }
+    let read = buf.len();
+    if read > 0 {
+        shared.append_output(source.stream, buf.split().freeze());
+    }
+    if ended {
+        *slot = None;
+    }
+    read
 }
 
 async fn readable(slot: &Option<OutputSource>) -> io::Result<()> {
@@ -145,47 +169,75 @@ async fn readable(slot: &Option<OutputSource>) -> io::Result<()> {
     }
 }
 
+/// An exit whose event waits until the output the child wrote before it
+/// exited has been read, so that the exit event follows that output. Only
+/// the bytes pending at the exit count: descendants that keep writing cannot
+/// hold the exit event back, and in lossless mode the draining still
+/// respects the window.
+struct PendingExit {
+    status: ExitStatus,
+    unread: [usize; 2],
+}
+
 pub(crate) async fn pump(
     shared: Arc<Shared>,
     mut sources: [Option<OutputSource>; 2],
     exit: ExitWait,
 ) {
-    let mut buf = vec![0u8; CHUNK_SIZE];
+    let mut buf = BytesMut::with_capacity(CHUNK_SIZE);
     let exit = exit.wait();
     tokio::pin!(exit);
-    let mut exited = false;
+    let mut reaped = false;
+    let mut pending_exit: Option<PendingExit> = None;
+    let mut exit_logged = false;
     let mut changes = shared.watch_changes();
     let mut abandon_at: Option<Instant> = None;
     loop {
-        if exited && sources.iter().all(Option::is_none) {
+        if let Some(pending) = &pending_exit
+            && pending.unread.iter().all(|&n| n == 0)
+        {
+            shared.record_exit(pending.status);
+            pending_exit = None;
+            exit_logged = true;
+        }
+        if exit_logged && sources.iter().all(Option::is_none) {
             shared.record_closed();
             return;
         }
         changes.borrow_and_update();
         let paused = shared.output_paused();
         let released = shared.is_released();
-        if released && exited && abandon_at.is_none() {
+        if released && reaped && abandon_at.is_none() {
             abandon_at = Some(Instant::now() + ABANDON_OUTPUT_AFTER);
         }
+        let mut read = [0usize; 2];
         tokio::select! {
             result = readable(&sources[0]), if sources[0].is_some() && !paused => {
-                if result.is_err() { sources[0] = None } else { drain_once(&shared, &mut sources[0], &mut buf) }
+                if result.is_err() { sources[0] = None } else { read[0] = drain_once(&shared, &mut sources[0], &mut buf) }
             }
             result = readable(&sources[1]), if sources[1].is_some() && !paused => {
-                if result.is_err() { sources[1] = None } else { drain_once(&shared, &mut sources[1], &mut buf) }
+                if result.is_err() { sources[1] = None } else { read[1] = drain_once(&shared, &mut sources[1], &mut buf) }
             }
-            status = &mut exit, if !exited => {
-                for slot in sources.iter_mut() {
-                    drain_pending(&shared, slot, &mut buf);
-                }
-                shared.record_exit(status);
-                exited = true;
+            status = &mut exit, if !reaped => {
+                reaped = true;
+                shared.record_reaped();
+                let unread = [0, 1].map(|i| sources[i].as_ref().map_or(0, OutputSource::pending_bytes));
+                pending_exit = Some(PendingExit { status, unread });
             }
             _ = changes.changed(), if paused => {}
             _ = shared.released.cancelled(), if !released => {}
             _ = tokio::time::sleep_until(abandon_at.unwrap_or_else(Instant::now)), if abandon_at.is_some() => {
                 tracing::debug!("abandoning output still held open after release");
                 sources = [None, None];
+            }
+        }
+        if let Some(pending) = &mut pending_exit {
+            for i in 0..2 {
+                pending.unread[i] = if sources[i].is_none() {
+                    0
+                } else {
+                    pending.unread[i].saturating_sub(read[i])
+                };
             }
         }
     }

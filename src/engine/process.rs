@@ -45,6 +45,9 @@ pub(crate) struct State {
     /// The group is empty after the child was reaped: never signal it again,
     /// since its number may be reused.
     group_gone: bool,
+    /// The child has been reaped. Its exit event may come a little later,
+    /// after the output it wrote before exiting.
+    reaped: bool,
     exited_after: Option<Duration>,
 }
 
@@ -95,6 +98,7 @@ impl Shared {
                 write_ids: WriteIds::default(),
                 terminating: false,
                 group_gone: false,
+                reaped: false,
                 exited_after: None,
             }),
             changes,
@@ -143,17 +147,30 @@ impl Shared {
         self.notify();
     }
 
-    pub(crate) fn record_exit(&self, status: ExitStatus) {
-        let uptime = self.started.elapsed();
+    /// The child is gone: stdin closes, signals become no-ops.
+    pub(crate) fn record_reaped(&self) {
         {
             let mut state = self.lock();
-            state.log.push_exit(status);
-            state.exited_after = Some(uptime);
+            state.reaped = true;
+            state.exited_after = Some(self.started.elapsed());
             if state.stdin == StdinState::Open {
                 state.stdin = StdinState::Exited;
             }
         }
         self.exited.cancel();
+        self.notify();
+    }
+
+    pub(crate) fn is_reaped(&self) -> bool {
+        self.lock().reaped
+    }
+
+    pub(crate) fn record_exit(&self, status: ExitStatus) {
+        let uptime = {
+            let mut state = self.lock();
+            state.log.push_exit(status);
+            state.exited_after.unwrap_or_else(|| self.started.elapsed())
+        };
         self.notify();
         tracing::info!(parent: &self.span, %status, duration_ms = uptime.as_millis() as u64, "process exited");
     }
@@ -190,7 +207,7 @@ impl Shared {
         match kill::signal_group(self.pid, signal) {
             Ok(true) => {}
             Ok(false) => {
-                if state.log.exit_status().is_some() {
+                if state.reaped {
                     state.group_gone = true;
                 }
             }
@@ -222,7 +239,7 @@ impl Shared {
     async fn finish_termination(&self) {
         let deadline = Instant::now() + self.limits.kill_grace;
         let mut changes = self.watch_changes();
-        while self.lock().log.exit_status().is_none() {
+        while !self.lock().reaped {
             tokio::select! {
                 _ = changes.changed() => {}
                 _ = tokio::time::sleep_until(deadline) => break,
@@ -273,7 +290,12 @@ pub struct ReadOutcome {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ReadError {
-    AfterSeqAhead { after_seq: u64, newest: u64 },
+    AfterSeqAhead {
+        after_seq: u64,
+        newest: u64,
+    },
+    /// The process state is being torn down.
+    Gone,
 }
 
 impl fmt::Display for ReadError {
@@ -283,6 +305,7 @@ impl fmt::Display for ReadError {
                 f,
                 "afterSeq {after_seq} is past the newest event of the process ({newest})"
             ),
+            ReadError::Gone => write!(f, "the process is gone"),
         }
     }
 }
@@ -433,7 +456,28 @@ impl Process {
     ) -> Result<ReadOutcome, ReadError> {
         check_after_seq(&self.shared.lock().log, after_seq)?;
         self.consume_through(after_seq);
-        let deadline = Instant::now() + wait;
+        self.collect(after_seq, max_bytes, Some(Instant::now() + wait))
+            .await
+    }
+
+    /// The next events after `after_seq`, waiting as long as it takes. An
+    /// empty batch means the process closed and nothing follows `after_seq`.
+    pub async fn next_batch(&self, after_seq: u64, max_bytes: usize) -> Result<Batch, ReadError> {
+        let outcome = self.collect(after_seq, max_bytes, None).await?;
+        Ok(Batch {
+            events: outcome.events,
+            next_seq: outcome.next_seq,
+        })
+    }
+
+    /// Events after `after_seq` as soon as there are any, the process has
+    /// closed, or `deadline` passes.
+    async fn collect(
+        &self,
+        after_seq: u64,
+        max_bytes: usize,
+        deadline: Option<Instant>,
+    ) -> Result<ReadOutcome, ReadError> {
         let mut changes = self.shared.watch_changes();
         loop {
             changes.borrow_and_update();
@@ -441,7 +485,8 @@ impl Process {
                 let state = self.shared.lock();
                 check_after_seq(&state.log, after_seq)?;
                 let batch = state.log.collect(after_seq, max_bytes);
-                if !batch.events.is_empty() || state.log.is_closed() || Instant::now() >= deadline {
+                let expired = deadline.is_some_and(|deadline| Instant::now() >= deadline);
+                if !batch.events.is_empty() || state.log.is_closed() || expired {
                     return Ok(ReadOutcome {
                         events: batch.events,
                         next_seq: batch.next_seq,
@@ -450,29 +495,12 @@ impl Process {
                     });
                 }
             }
+            let deadline = deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400));
             tokio::select! {
-                _ = changes.changed() => {}
+                changed = changes.changed() => if changed.is_err() {
+                    return Err(ReadError::Gone);
+                },
                 _ = tokio::time::sleep_until(deadline) => {}
-            }
-        }
-    }
-
-    /// The next events after `after_seq`, waiting as long as it takes. An
-    /// empty batch means the process closed and nothing follows `after_seq`.
-    pub async fn next_batch(&self, after_seq: u64, max_bytes: usize) -> Result<Batch, ReadError> {
-        let mut changes = self.shared.watch_changes();
-        loop {
-            changes.borrow_and_update();
-            {
-                let state = self.shared.lock();
-                check_after_seq(&state.log, after_seq)?;
-                let batch = state.log.collect(after_seq, max_bytes);
-                if !batch.events.is_empty() || state.log.is_closed() {
-                    return Ok(batch);
-                }
-            }
-            if changes.changed().await.is_err() {
-                return Ok(Batch::default());
             }
         }
     }
@@ -509,7 +537,7 @@ impl Process {
             return Ok(WriteTicket(TicketState::Decided(WriteStatus::Accepted)));
         }
         let refused = match state.stdin {
-            _ if state.log.exit_status().is_some() => Some(WriteStatus::Exited),
+            _ if state.reaped => Some(WriteStatus::Exited),
             StdinState::Open => None,
             StdinState::Exited => Some(WriteStatus::Exited),
             StdinState::NotPiped | StdinState::ClosedByClient | StdinState::ClosedByChild => {
@@ -560,7 +588,7 @@ impl Process {
     /// Sends `signal` to the process group (a terminal's foreground group).
     /// Nothing happens once the process has exited.
     pub fn signal(&self, signal: Signal) -> std::io::Result<()> {
-        if self.exit_status().is_some() {
+        if self.shared.is_reaped() {
             return Ok(());
         }
         let target = match &self.shared.terminal {
@@ -589,7 +617,7 @@ impl Process {
 
     /// Starts termination; false if the process had already exited.
     pub fn terminate(&self) -> bool {
-        if self.exit_status().is_some() {
+        if self.shared.is_reaped() {
             return false;
         }
         self.shared.start_termination();
@@ -622,10 +650,9 @@ impl Process {
         self.wait_until(|process| process.is_closed()).await
     }
 
-    /// Waits until the child has exited.
+    /// Waits until the child has exited and been reaped.
     pub async fn wait_exited(&self) {
-        self.wait_until(|process| process.exit_status().is_some())
-            .await
+        self.wait_until(|process| process.shared.is_reaped()).await
     }
 
     async fn wait_until(&self, done: impl Fn(&Process) -> bool) {
