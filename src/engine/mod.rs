@@ -265,3 +265,19 @@ fn abandon(pid: i32, exit: ExitWait) {
     let _ = kill::signal_group(pid, libc::SIGKILL);
     tokio::spawn(exit.wait());
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn engine_handles_are_send_and_sync() {
+        send_sync::<Engine>();
+        send_sync::<Process>();
+        send_sync::<ProcessOwner>();
+        send_sync::<WriteTicket>();
+        send_sync::<CloseTicket>();
+    }
+}
