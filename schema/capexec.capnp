@@ -23,6 +23,28 @@
 @0xecf2f3fe3c6551da;
 
 # ---------------------------------------------------------------------------
+# Bootstrap
+# ---------------------------------------------------------------------------
+#
+# What a connection's bootstrap capability is depends on the listener:
+# - a Unix socket (created mode 0600: file permissions are the
+#   authentication) bootstraps an `Executor` directly;
+# - a TCP listener bootstraps a `Gatekeeper`, so an unauthenticated peer can
+#   name nothing but `login`.
+
+interface Gatekeeper {
+  login @0 (token :Text) -> (executor :Executor);
+  # Returns the server's Executor if `token` is the server's secret. The
+  # comparison takes the same time whatever the token. Use it pipelined:
+  # `login(token).executor.start(...)` costs no extra round trip, and a wrong
+  # token makes the pipelined calls fail with the login error.
+  #
+  # A refusal is an exception whose description ends with
+  # `[capexec:unauthenticated]`. After 3 refusals on one connection the
+  # server closes it.
+}
+
+# ---------------------------------------------------------------------------
 # Executor
 # ---------------------------------------------------------------------------
 
@@ -335,7 +357,7 @@ interface EventSink {
   # Implemented by the subscriber.
 
   push @0 (events :List(Event)) -> stream;
-  # A batch of consecutive events (at most about 64 KiB of output per call).
+  # A batch of consecutive events (at most about 256 KiB of output per call).
   # Returning from `push` acknowledges the batch. Throwing ends the
   # subscription.
 }

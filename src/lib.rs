@@ -5,11 +5,13 @@
 //! - [`engine`]: the local process engine, plain tokio code;
 //! - [`rpc`]: the Cap'n Proto server objects over the engine;
 //! - [`client`]: a typed client over the Cap'n Proto capabilities;
-//! - `cli` (the binary): `capexec run`.
+//! - [`net`]: serving the Executor over Unix sockets and TCP, and connecting;
+//! - `cli` (the binary): `capexec run` and `capexec serve`.
 
 capnp::generated_code!(pub mod capexec_capnp);
 
 pub mod client;
 pub mod engine;
 pub mod model;
+pub mod net;
 pub mod rpc;

@@ -2,86 +2,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::process::ExitStatusExt;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::io::Read;
+use std::process::{Command, Stdio};
 
+use common::cli::{BIN, capexec, finish, kill, spawn_until_first_line, text, wait};
 use common::data::Pattern;
-
-const BIN: &str = env!("CARGO_BIN_EXE_capexec");
-const DEADLINE: Duration = Duration::from_secs(60);
-
-struct Finished {
-    code: i32,
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
-}
-
-fn capexec(args: &[&str]) -> Command {
-    let mut command = Command::new(BIN);
-    command.args(args);
-    command
-}
-
-/// Runs to completion, feeding `stdin` from a thread, within the deadline.
-fn finish(mut command: Command, stdin: Option<Vec<u8>>) -> Finished {
-    command
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = command.spawn().expect("run capexec");
-    let feeder = stdin.map(|data| {
-        let mut pipe = child.stdin.take().expect("stdin");
-        std::thread::spawn(move || {
-            let _ = pipe.write_all(&data);
-        })
-    });
-    let stdout = drain(child.stdout.take().expect("stdout"));
-    let stderr = drain(child.stderr.take().expect("stderr"));
-    let status = wait(&mut child);
-    if let Some(feeder) = feeder {
-        feeder.join().expect("stdin feeder");
-    }
-    Finished {
-        code: status,
-        stdout: stdout.join().expect("stdout reader"),
-        stderr: stderr.join().expect("stderr reader"),
-    }
-}
-
-fn drain(mut pipe: impl Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
-    std::thread::spawn(move || {
-        let mut bytes = Vec::new();
-        let _ = pipe.read_to_end(&mut bytes);
-        bytes
-    })
-}
-
-/// The exit code, or 128 + signal like a shell would report.
-fn wait(child: &mut Child) -> i32 {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            return status
-                .code()
-                .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("capexec did not finish within {DEADLINE:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
 
 #[test]
 fn exit_status_is_the_childs() {
@@ -211,18 +136,10 @@ fn environment_and_working_directory_options_apply() {
 /// capexec itself and returns capexec's exit status.
 fn status_after_signal(signal: libc::c_int, trap: &str) -> i32 {
     let script = format!("trap 'exit 7' {trap}; echo ready; while :; do sleep 0.01; done");
-    let mut child = capexec(&["run", "-n", "--", "sh", "-c", &script])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("run capexec");
-    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    stdout.read_line(&mut line).expect("read ready");
+    let (mut child, line) =
+        spawn_until_first_line(capexec(&["run", "-n", "--", "sh", "-c", &script]));
     assert_eq!(line, "ready\n");
-    // SAFETY: kill(2) on our own child.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+    kill(&child, signal);
     wait(&mut child)
 }
 
@@ -265,4 +182,24 @@ fn large_output_is_lossless() {
         done.stdout == Pattern::bytes(5, len),
         "output differs from the file"
     );
+}
+
+/// A capexec started with signals ignored (as under nohup or in a background
+/// job) still starts children with every signal at its default.
+#[test]
+fn children_do_not_inherit_ignored_signals() {
+    let mut command = Command::new("sh");
+    command.args([
+        "-c",
+        "trap '' HUP USR1 QUIT PIPE; exec \"$0\" run -n -- grep SigIgn /proc/self/status",
+        BIN,
+    ]);
+    let done = finish(command, None);
+    assert_eq!(done.code, 0, "{}", text(&done.stderr));
+    let line = text(&done.stdout);
+    let mask =
+        u64::from_str_radix(line.trim().trim_start_matches("SigIgn:").trim(), 16).expect("mask");
+    // glibc's posix_spawn leaves the two signals it reserves ignored.
+    let glibc_reserved = (1u64 << 31) | (1u64 << 32);
+    assert_eq!(mask & !glibc_reserved, 0, "{line}");
 }

@@ -1,6 +1,7 @@
 //! The `capexec` command line.
 
 mod run;
+mod serve;
 mod stdio;
 
 use std::ffi::OsString;
@@ -27,10 +28,33 @@ enum Command {
     /// Run a command and relay its stdin, stdout, stderr, signals and exit
     /// status, like running it directly.
     Run(RunArgs),
+    /// Serve an executor on Unix sockets and TCP.
+    Serve(ServeArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Where to listen: unix:PATH or tcp:HOST:PORT (port 0 picks a free
+    /// one); repeatable. Each resolved address is printed on stdout.
+    #[arg(long = "listen", value_name = "ADDR", required = true)]
+    listen: Vec<String>,
+    /// Login token of the TCP listeners; created (mode 0600, 256 random
+    /// bits) if the file does not exist. Default:
+    /// $XDG_CONFIG_HOME/capexec/token or ~/.config/capexec/token.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
+    /// Run on the executor served at ADDR (unix:PATH or tcp:HOST:PORT)
+    /// instead of an embedded one.
+    #[arg(long, value_name = "ADDR")]
+    connect: Option<String>,
+    /// Login token for tcp: addresses. Default: $CAPEXEC_TOKEN, then
+    /// $XDG_CONFIG_HOME/capexec/token or ~/.config/capexec/token.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<std::path::PathBuf>,
     /// Working directory of the command.
     #[arg(long, value_name = "DIR")]
     cwd: Option<OsString>,
@@ -51,6 +75,26 @@ pub struct RunArgs {
     argv: Vec<OsString>,
 }
 
+/// Runs `main` on a current-thread runtime inside a `LocalSet` (capnp-rpc
+/// is single-threaded), without waiting for blocking threads at the end
+/// (the stdin reader may be stuck in read(2)).
+fn run_local<F: std::future::Future<Output = i32>>(main: F) -> i32 {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("capexec: cannot start the runtime: {error}");
+            return EXIT_CAPEXEC_FAILURE;
+        }
+    };
+    let local = tokio::task::LocalSet::new();
+    let code = runtime.block_on(local.run_until(main));
+    runtime.shutdown_background();
+    code
+}
+
 /// Runs the command line and returns the process exit status.
 pub fn main() -> i32 {
     let cli = match Cli::try_parse() {
@@ -65,19 +109,30 @@ pub fn main() -> i32 {
             return code;
         }
     };
-    init_logging();
     match cli.command {
-        Command::Run(args) => run::main(args),
+        Command::Run(args) => {
+            init_logging(tracing::Level::WARN);
+            run::main(args)
+        }
+        Command::Serve(args) => {
+            init_logging(tracing::Level::INFO);
+            serve::main(args)
+        }
     }
 }
 
-/// Logs go to stderr only, filtered by `RUST_LOG` (warnings by default), so
-/// stdout stays the child's.
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+/// Logs go to stderr only, filtered by `RUST_LOG` (`default` otherwise), so
+/// stdout stays the child's (or the listener addresses).
+fn init_logging(default: tracing::Level) {
+    let builder = tracing_subscriber::fmt()
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    // A plain level filter unless RUST_LOG asks for more: cheaper to set up,
+    // which short commands notice.
+    match std::env::var("RUST_LOG") {
+        Ok(directives) if !directives.is_empty() => builder
+            .with_env_filter(tracing_subscriber::EnvFilter::new(directives))
+            .init(),
+        _ => builder.with_max_level(default).init(),
+    }
 }

@@ -15,6 +15,7 @@ use capexec::capexec_capnp::executor;
 use capexec::client::{Command, Error, RemoteProcess, Stdin};
 use capexec::engine::{self, Engine};
 use capexec::model::{EventBody, Flow, OutputStream, Signal, WriteStatus};
+use capexec::net::{self, Address, Token};
 use capexec::rpc;
 
 /// Stdin writes in flight at once: enough to keep the pipe busy across a
@@ -22,29 +23,65 @@ use capexec::rpc;
 const STDIN_WINDOW: usize = 8;
 
 pub fn main(args: RunArgs) -> i32 {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("capexec: cannot start the runtime: {error}");
-            return EXIT_CAPEXEC_FAILURE;
-        }
-    };
-    let local = tokio::task::LocalSet::new();
-    let code = runtime.block_on(local.run_until(run_embedded(args)));
-    // The stdin thread may be blocked in read(2); do not wait for it.
-    runtime.shutdown_background();
-    code
+    crate::cli::run_local(run_embedded(args))
 }
 
 async fn run_embedded(args: RunArgs) -> i32 {
+    if let Some(address) = args.connect.clone() {
+        return run_remote(args, &address).await;
+    }
     if let Err(error) = engine::become_subreaper() {
         tracing::warn!(%error, "cannot become a subreaper; orphaned grandchildren will not be reaped here");
     }
     let executor = rpc::local_executor(Engine::default());
     relay(args, &executor).await
+}
+
+async fn run_remote(args: RunArgs, address: &str) -> i32 {
+    let address: Address = match address.parse() {
+        Ok(address) => address,
+        Err(error) => {
+            eprintln!("capexec: --connect {error}");
+            return EXIT_CAPEXEC_FAILURE;
+        }
+    };
+    let token = if address.is_tcp() {
+        match login_token(&args) {
+            Ok(token) => token,
+            Err(message) => {
+                eprintln!("capexec: {message}");
+                return EXIT_CAPEXEC_FAILURE;
+            }
+        }
+    } else {
+        None
+    };
+    let connection = match net::connect(&address, token.as_ref()).await {
+        Ok(connection) => connection,
+        Err(error) => {
+            eprintln!("capexec: {error}");
+            return EXIT_CAPEXEC_FAILURE;
+        }
+    };
+    relay(args, &connection.executor()).await
+}
+
+/// `--token-file`, else `$CAPEXEC_TOKEN`, else the default token file if it
+/// exists.
+fn login_token(args: &RunArgs) -> Result<Option<Token>, String> {
+    if let Some(path) = &args.token_file {
+        return Token::load(path).map(Some).map_err(|e| e.to_string());
+    }
+    if let Some(secret) = std::env::var_os("CAPEXEC_TOKEN") {
+        let secret = secret.to_string_lossy().trim().to_string();
+        if !secret.is_empty() {
+            return Ok(Some(Token::new(secret)));
+        }
+    }
+    match net::default_token_path() {
+        Some(path) if path.exists() => Token::load(&path).map(Some).map_err(|e| e.to_string()),
+        _ => Ok(None),
+    }
 }
 
 fn command_from(args: &RunArgs) -> Result<Command, String> {
@@ -94,31 +131,29 @@ pub async fn relay(args: RunArgs, executor: &executor::Client) -> i32 {
             return EXIT_CAPEXEC_FAILURE;
         }
     };
-    let process = match command.spawn(executor).await {
-        Ok(process) => process,
+    // Start and subscribe in one round trip: the subscription is pipelined
+    // on the process the start is about to return.
+    let (process, started) = command.spawn_pipelined(executor);
+    let (started, events) = tokio::join!(started, process.events(0));
+    match started {
+        Ok(()) => {}
         Err(Error::Start(error)) => {
             eprintln!("capexec: {}", error.message);
             return error.kind.cli_exit_code();
         }
         Err(error) => {
-            eprintln!("capexec: cannot start the command: {error}");
+            eprintln!("capexec: {error}");
             return EXIT_CAPEXEC_FAILURE;
         }
-    };
-    let mut events = match process.events(0).await {
+    }
+    let mut events = match events {
         Ok(events) => events,
         Err(error) => {
             eprintln!("capexec: cannot follow the command: {error}");
             return EXIT_CAPEXEC_FAILURE;
         }
     };
-    let output = match OutputWriter::start() {
-        Ok(output) => output,
-        Err(error) => {
-            eprintln!("capexec: cannot start the output thread: {error}");
-            return EXIT_CAPEXEC_FAILURE;
-        }
-    };
+    let mut output = OutputWriter::new();
     if !args.no_stdin {
         tokio::task::spawn_local(forward_stdin(process.clone()));
     }

@@ -20,31 +20,45 @@ enum Message {
     Flush(oneshot::Sender<()>),
 }
 
-/// Writes child output to our stdout and stderr in arrival order.
+/// Writes child output to our stdout and stderr in arrival order, on a
+/// thread started with the first output (a command without output costs no
+/// thread).
 pub struct OutputWriter {
-    messages: mpsc::Sender<Message>,
+    messages: Option<mpsc::Sender<Message>>,
     stdout_broken: Arc<AtomicBool>,
 }
 
 impl OutputWriter {
-    pub fn start() -> io::Result<OutputWriter> {
-        let (messages, queue) = mpsc::channel::<Message>(4);
-        let stdout_broken = Arc::new(AtomicBool::new(false));
-        let broken = Arc::clone(&stdout_broken);
-        std::thread::Builder::new()
-            .name("capexec-output".into())
-            .spawn(move || write_forever(queue, &broken))?;
-        Ok(OutputWriter {
-            messages,
-            stdout_broken,
-        })
+    pub fn new() -> OutputWriter {
+        OutputWriter {
+            messages: None,
+            stdout_broken: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    fn sender(&mut self) -> Option<&mpsc::Sender<Message>> {
+        if self.messages.is_none() {
+            let (messages, queue) = mpsc::channel::<Message>(4);
+            let broken = Arc::clone(&self.stdout_broken);
+            let started = std::thread::Builder::new()
+                .name("capexec-output".into())
+                .spawn(move || write_forever(queue, &broken));
+            match started {
+                Ok(_) => self.messages = Some(messages),
+                Err(error) => tracing::error!(%error, "cannot start the output thread"),
+            }
+        }
+        self.messages.as_ref()
     }
 
     /// Queues pieces of output for fd 1 or 2; waits only when the writer is
     /// several batches behind.
-    pub async fn write(&self, pieces: Vec<(i32, Bytes)>) {
-        if !pieces.is_empty() {
-            let _ = self.messages.send(Message::Write(pieces)).await;
+    pub async fn write(&mut self, pieces: Vec<(i32, Bytes)>) {
+        if pieces.is_empty() {
+            return;
+        }
+        if let Some(messages) = self.sender() {
+            let _ = messages.send(Message::Write(pieces)).await;
         }
     }
 
@@ -55,8 +69,11 @@ impl OutputWriter {
 
     /// Waits until everything queued so far is written.
     pub async fn flush(&self) {
+        let Some(messages) = &self.messages else {
+            return;
+        };
         let (done, wait) = oneshot::channel();
-        if self.messages.send(Message::Flush(done)).await.is_ok() {
+        if messages.send(Message::Flush(done)).await.is_ok() {
             let _ = wait.await;
         }
     }

@@ -8,7 +8,7 @@ use futures::StreamExt;
 use crate::capexec_capnp::executor;
 use crate::client::{Error, RemoteProcess};
 use crate::engine::StartSpec;
-use crate::model::{EventBody, ExitStatus, Flow, OutputStream, PtySize};
+use crate::model::{EventBody, ExitStatus, Flow, OutputStream, PtySize, StartErrorKind};
 use crate::rpc::convert;
 
 /// Where the child's stdin comes from.
@@ -135,17 +135,49 @@ impl Command {
     }
 
     async fn start(&self, executor: &executor::Client, flow: Flow) -> Result<RemoteProcess, Error> {
+        let (process, started) = self.start_pipelined_with(executor, flow);
+        started.await?;
+        Ok(process)
+    }
+
+    /// Starts the process without waiting for the answer: the returned
+    /// handle can be used at once (calls on it are pipelined behind the
+    /// start, costing no extra round trip) and the future reports whether
+    /// the start succeeded. Spawn defaults apply (retain unless set).
+    pub fn spawn_pipelined(
+        &self,
+        executor: &executor::Client,
+    ) -> (
+        RemoteProcess,
+        impl std::future::Future<Output = Result<(), Error>> + 'static,
+    ) {
+        self.start_pipelined_with(executor, self.flow.unwrap_or(Flow::Retain))
+    }
+
+    fn start_pipelined_with(
+        &self,
+        executor: &executor::Client,
+        flow: Flow,
+    ) -> (
+        RemoteProcess,
+        impl std::future::Future<Output = Result<(), Error>> + 'static,
+    ) {
         let mut spec = self.spec.clone();
         spec.flow = flow;
         let mut request = executor.start_request();
         convert::start_spec_to_wire(&spec, request.get().init_params());
-        let response = request
-            .send()
-            .promise
-            .await
-            .map_err(|error| Error::Start(convert::start_error_from_wire(&error)))?;
-        let process = response.get()?.get_process()?;
-        Ok(RemoteProcess::from_capability(process))
+        let sent = request.send();
+        let process = RemoteProcess::from_capability(sent.pipeline.get_process());
+        let answer = sent.promise;
+        let started = async move {
+            answer.await.map(drop).map_err(|error| {
+                match StartErrorKind::from_description(&error.extra) {
+                    Some(_) => Error::Start(convert::start_error_from_wire(&error)),
+                    None => Error::Rpc(error),
+                }
+            })
+        };
+        (process, started)
     }
 
     /// Runs the process to completion and collects its output (stdin is

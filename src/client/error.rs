@@ -18,7 +18,7 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Start(error) => write!(f, "{}", error.message),
-            Error::Rpc(error) => write!(f, "{error}"),
+            Error::Rpc(error) => write!(f, "{}", describe(error)),
             Error::EventsEnded => write!(f, "the event stream ended before the process closed"),
         }
     }
@@ -35,5 +35,47 @@ impl From<capnp::Error> for Error {
 impl From<capnp::NotInSchema> for Error {
     fn from(error: capnp::NotInSchema) -> Error {
         Error::Rpc(capnp::Error::from(error))
+    }
+}
+
+/// A capnp error as one line for people: the peer's own words, without the
+/// "remote exception:" prefixes each hop adds or capexec's machine tags.
+pub fn describe(error: &capnp::Error) -> String {
+    let mut text = error.extra.trim();
+    while let Some(rest) = text.strip_prefix("remote exception:") {
+        text = rest.trim_start();
+    }
+    let mut text = text.to_string();
+    while let Some(start) = text.find("[capexec:") {
+        let Some(len) = text[start..].find(']') else {
+            break;
+        };
+        text.replace_range(start..start + len + 1, "");
+    }
+    let text = text.trim();
+    match error.kind {
+        capnp::ErrorKind::Disconnected if text.is_empty() => "the connection was lost".to_string(),
+        capnp::ErrorKind::Disconnected => format!("the connection was lost: {text}"),
+        _ if text.is_empty() => error.kind.to_string(),
+        _ => text.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn describe_strips_hops_and_tags() {
+        let error = capnp::Error::failed(
+            "remote exception: remote exception: login refused: wrong token [capexec:unauthenticated]"
+                .to_string(),
+        );
+        assert_eq!(describe(&error), "login refused: wrong token");
+        let lost = capnp::Error::disconnected("Peer disconnected.".to_string());
+        assert_eq!(
+            describe(&lost),
+            "the connection was lost: Peer disconnected."
+        );
     }
 }

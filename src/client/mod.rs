@@ -22,6 +22,6 @@ mod events;
 mod process;
 
 pub use self::command::{Command, Output, Stdin};
-pub use self::error::Error;
+pub use self::error::{Error, describe};
 pub use self::events::EventStream;
 pub use self::process::{PendingWrite, RemoteProcess};

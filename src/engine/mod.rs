@@ -128,13 +128,14 @@ impl Engine {
 
     fn start_on_terminal(&self, spec: &StartSpec) -> Result<ProcessOwner, StartError> {
         spec.validate()?;
-        let (terminal, slave) = Terminal::open(spec.pty_size).map_err(|error| {
+        let (terminal, slave, slave_path) = Terminal::open(spec.pty_size).map_err(|error| {
             StartError::new(
                 StartErrorKind::SpawnFailed,
                 format!("cannot open a pseudo-terminal: {error}"),
             )
         })?;
-        let child = spawn::spawn(spec, ChildStdio::Terminal(slave))?;
+        let child = spawn::spawn(spec, ChildStdio::Terminal(slave_path))?;
+        drop(slave);
         let io = terminal.io();
         Ok(self.launch(Launch {
             spec,

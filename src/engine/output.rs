@@ -231,6 +231,12 @@ pub(crate) async fn pump(
                 sources = [None, None];
             }
         }
+        if read.iter().any(|&n| n > 0 && n < CHUNK_SIZE) {
+            // A partial chunk means the producer writes in small pieces.
+            // Let the consumers of what was just read run first; meanwhile
+            // more output gathers in the pipe and the next read is fuller.
+            tokio::task::yield_now().await;
+        }
         if let Some(pending) = &mut pending_exit {
             for i in 0..2 {
                 pending.unread[i] = if sources[i].is_none() {

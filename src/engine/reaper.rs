@@ -211,6 +211,9 @@ fn wait_blocking(pid: i32) -> Option<ExitStatus> {
 
 fn reap_forever(reaper: &Subreaper) {
     loop {
+        // Read before waiting: a spawn that lands between a "no children"
+        // answer and the sleep below then still wakes this thread.
+        let seen = reaper.lock().spawn_count;
         // Peek first: a child whose exec failed belongs to std, which reaps
         // it while its spawn still holds the waiters lock.
         let mut info = zeroed_siginfo();
@@ -223,7 +226,6 @@ fn reap_forever(reaper: &Subreaper) {
                     // No children means no descendants either (orphans are
                     // reparented to us), so only a new spawn can change that.
                     let waiters = reaper.lock();
-                    let seen = waiters.spawn_count;
                     let _unused = reaper
                         .spawned
                         .wait_timeout_while(waiters, Duration::from_secs(1), |w| {

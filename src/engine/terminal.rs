@@ -4,6 +4,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
@@ -23,9 +24,11 @@ pub(crate) struct Terminal {
 }
 
 impl Terminal {
-    /// Opens a terminal of `size`; returns it and its slave side for the
-    /// child. The size is set before the child exists, so it never sees 0x0.
-    pub fn open(size: PtySize) -> io::Result<(Terminal, OwnedFd)> {
+    /// Opens a terminal of `size`; returns it, an open descriptor of its
+    /// slave side (which keeps the terminal from hanging up until the child
+    /// has opened it) and the slave's path for the child to open. The size
+    /// is set before the child exists, so it never sees 0x0.
+    pub fn open(size: PtySize) -> io::Result<(Terminal, OwnedFd, PathBuf)> {
         let pair = portable_pty::native_pty_system()
             .openpty(portable_pty::PtySize {
                 rows: size.rows,
@@ -66,6 +69,7 @@ impl Terminal {
                 io,
             },
             slave,
+            slave_path,
         ))
     }
 

@@ -1,8 +1,10 @@
 //! Test harness: runs one test body against each executor backend.
 #![allow(dead_code)]
 
+pub mod cli;
 pub mod data;
 pub mod procfs;
+pub mod server;
 
 use std::future::Future;
 use std::sync::Once;
@@ -12,6 +14,7 @@ use capexec::capexec_capnp::executor;
 use capexec::client::{Command, RemoteProcess};
 use capexec::engine::{self, Engine, ReadOutcome};
 use capexec::model::{Event, EventBody, ExitStatus, OutputStream};
+use capexec::net::{Address, Connection, Token};
 use capexec::rpc;
 
 /// Upper bound for any single test, far above what a loaded machine needs.
@@ -22,6 +25,10 @@ pub const TEST_DEADLINE: Duration = Duration::from_secs(120);
 pub enum Backend {
     /// The engine in this process, through local capabilities.
     InProcess,
+    /// A server (on its own thread of this process) over a Unix socket.
+    Unix,
+    /// The same over TCP on loopback, logged in with a token.
+    Tcp,
 }
 
 /// What a test body gets.
@@ -30,17 +37,43 @@ pub struct Ctx {
     pub backend: Backend,
     /// The process that hosts the engine (and so parents the children).
     pub server_pid: u32,
+    /// The served address, for network backends.
+    pub address: Option<Address>,
+    pub token: Option<Token>,
+    connection: Option<Connection>,
+    server: Option<server::ServerThread>,
+}
+
+impl Ctx {
+    /// A second, independent client connection to the same server.
+    pub async fn connect_again(&self) -> Option<Connection> {
+        let address = self.address.as_ref()?;
+        Some(
+            capexec::net::connect(address, self.token.as_ref())
+                .await
+                .expect("connect again"),
+        )
+    }
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        // Close the client side before stopping the server.
+        self.connection.take();
+        self.server.take();
+    }
 }
 
 static SUBREAPER: Once = Once::new();
 
-/// Runs `body` against `backend` on a fresh runtime.
-pub fn run<F, Fut>(backend: Backend, body: F)
-where
-    F: FnOnce(Ctx) -> Fut,
-    Fut: Future<Output = ()>,
-{
+pub fn init_process() {
     SUBREAPER.call_once(|| engine::become_subreaper().expect("become a subreaper"));
+}
+
+/// Runs `body` inside a `LocalSet` on a fresh two-thread runtime, within
+/// the test deadline.
+pub fn run_local<Fut: Future<Output = ()>>(body: Fut) {
+    init_process();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -48,28 +81,65 @@ where
         .expect("runtime");
     let local = tokio::task::LocalSet::new();
     runtime.block_on(local.run_until(async move {
+        tokio::time::timeout(TEST_DEADLINE, body)
+            .await
+            .expect("test exceeded its deadline")
+    }));
+}
+
+/// Runs `body` against `backend` on a fresh runtime.
+pub fn run<F, Fut>(backend: Backend, body: F)
+where
+    F: FnOnce(Ctx) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    run_local(async move {
         let ctx = match backend {
             Backend::InProcess => Ctx {
                 executor: rpc::local_executor(Engine::default()),
                 backend,
                 server_pid: std::process::id(),
+                address: None,
+                token: None,
+                connection: None,
+                server: None,
             },
+            Backend::Unix | Backend::Tcp => {
+                let server = server::ServerThread::start(backend == Backend::Tcp);
+                let address = server.address.clone();
+                let token = server.token.clone();
+                let connection = capexec::net::connect(&address, token.as_ref())
+                    .await
+                    .expect("connect to the test server");
+                Ctx {
+                    executor: connection.executor(),
+                    backend,
+                    server_pid: std::process::id(),
+                    address: Some(address),
+                    token,
+                    connection: Some(connection),
+                    server: Some(server),
+                }
+            }
         };
-        tokio::time::timeout(TEST_DEADLINE, body(ctx))
-            .await
-            .expect("test exceeded its deadline");
-    }));
+        body(ctx).await;
+    });
 }
 
 /// Instantiates each named `async fn(Ctx)` once per backend.
 #[macro_export]
 macro_rules! backend_tests {
     ($($name:ident),* $(,)?) => {
-        mod in_process {
+        $crate::backend_tests!(@backend in_process, InProcess, $($name),*);
+        $crate::backend_tests!(@backend unix, Unix, $($name),*);
+        $crate::backend_tests!(@backend tcp, Tcp, $($name),*);
+    };
+    (@backend $module:ident, $backend:ident, $($name:ident),*) => {
+        mod $module {
             $(
                 #[test]
                 fn $name() {
-                    $crate::common::run($crate::common::Backend::InProcess, super::$name);
+                    $crate::common::run($crate::common::Backend::$backend, super::$name);
                 }
             )*
         }

@@ -1,0 +1,20 @@
+//! Serving the Executor over Unix sockets and TCP, and connecting to one.
+//!
+//! A Unix socket is created mode 0600 and bootstraps the `Executor`: file
+//! permissions are the authentication. A TCP listener bootstraps a
+//! `Gatekeeper` whose `login(token)` returns the `Executor`, so an
+//! unauthenticated peer can reach nothing else.
+
+mod address;
+mod auth;
+mod connect;
+mod server;
+mod socket;
+mod token;
+mod transport;
+
+pub use self::address::Address;
+pub use self::auth::UNAUTHENTICATED_TAG;
+pub use self::connect::{ConnectError, Connection, connect};
+pub use self::server::{ServeError, Server, ServerConfig};
+pub use self::token::{Token, TokenError, default_token_path};

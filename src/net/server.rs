@@ -1,0 +1,269 @@
+//! `capexec serve`: listeners, one RpcSystem per connection, shutdown.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::future::Future;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use capnp_rpc::RpcSystem;
+use capnp_rpc::rpc_twoparty_capnp::Side;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+use crate::capexec_capnp::{executor, gatekeeper};
+use crate::engine::Engine;
+use crate::net::address::Address;
+use crate::net::auth::GatekeeperImpl;
+use crate::net::socket::{self, UnixSocketFile};
+use crate::net::token::{Token, TokenError, default_token_path};
+use crate::net::transport;
+use crate::rpc;
+
+/// What to serve.
+#[derive(Clone, Debug, Default)]
+pub struct ServerConfig {
+    pub listen: Vec<Address>,
+    /// Token of the TCP listeners; created (mode 0600, 256 random bits) if
+    /// the file does not exist. Default: [`default_token_path`].
+    pub token_file: Option<PathBuf>,
+}
+
+#[derive(Debug)]
+pub enum ServeError {
+    NoListeners,
+    Bind(Address, std::io::Error),
+    Token(TokenError),
+    NoTokenPath,
+}
+
+impl fmt::Display for ServeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ServeError::NoListeners => write!(f, "nothing to listen on: give --listen ADDR"),
+            ServeError::Bind(address, error) => write!(
+                f,
+                "cannot listen on {address}: {}",
+                crate::net::connect::os_message(error)
+            ),
+            ServeError::Token(error) => write!(f, "{error}"),
+            ServeError::NoTokenPath => write!(
+                f,
+                "tcp listeners need a token: give --token-file FILE (no HOME to find the default)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ServeError {}
+
+enum Listener {
+    Unix(UnixListener),
+    Tcp(TcpListener),
+}
+
+/// Bound listeners, ready to serve.
+pub struct Server {
+    engine: Engine,
+    listeners: Vec<(Address, Listener)>,
+    unix_files: Vec<UnixSocketFile>,
+    token: Option<Arc<Token>>,
+    token_path: Option<PathBuf>,
+}
+
+impl Server {
+    /// Binds every listener (ports chosen where 0 was given) and, if any is
+    /// TCP, loads or creates the token. Must run inside a tokio runtime.
+    pub async fn bind(config: ServerConfig, engine: Engine) -> Result<Server, ServeError> {
+        if config.listen.is_empty() {
+            return Err(ServeError::NoListeners);
+        }
+        let mut server = Server {
+            engine,
+            listeners: Vec::new(),
+            unix_files: Vec::new(),
+            token: None,
+            token_path: None,
+        };
+        if config.listen.iter().any(Address::is_tcp) {
+            let path = config
+                .token_file
+                .clone()
+                .or_else(default_token_path)
+                .ok_or(ServeError::NoTokenPath)?;
+            let (token, created) = Token::load_or_create(&path).map_err(ServeError::Token)?;
+            if created {
+                tracing::info!(path = %path.display(), "created a new token file");
+            }
+            server.token = Some(Arc::new(token));
+            server.token_path = Some(path);
+        }
+        for address in &config.listen {
+            let bound = server.bind_one(address).await;
+            if let Err(error) = bound {
+                server.remove_socket_files();
+                return Err(ServeError::Bind(address.clone(), error));
+            }
+        }
+        Ok(server)
+    }
+
+    async fn bind_one(&mut self, address: &Address) -> std::io::Result<()> {
+        match address {
+            Address::Unix(path) => {
+                let (listener, file) = socket::bind_unix(path)?;
+                self.unix_files.push(file);
+                self.listeners
+                    .push((address.clone(), Listener::Unix(listener)));
+            }
+            Address::Tcp { host, port } => {
+                let listener = TcpListener::bind((host.as_str(), *port)).await?;
+                let local = listener.local_addr()?;
+                if !local.ip().is_loopback() {
+                    tracing::warn!(
+                        address = %Address::from_socket_addr(local),
+                        "listening on a non-loopback address: the login token travels in clear \
+                         text over TCP, so anyone who can watch this network can take it"
+                    );
+                }
+                self.listeners
+                    .push((Address::from_socket_addr(local), Listener::Tcp(listener)));
+            }
+        }
+        Ok(())
+    }
+
+    /// The addresses actually listened on (with chosen ports), in order.
+    pub fn addresses(&self) -> Vec<Address> {
+        self.listeners.iter().map(|(a, _)| a.clone()).collect()
+    }
+
+    /// Where the TCP token is, if any listener needs one.
+    pub fn token_path(&self) -> Option<&PathBuf> {
+        self.token_path.as_ref()
+    }
+
+    /// Serves until `shutdown` completes, then stops accepting, terminates
+    /// every child process and removes the socket files. Must run inside a
+    /// `LocalSet`.
+    pub async fn serve_until(mut self, shutdown: impl Future<Output = ()>) {
+        let executor = rpc::local_executor(self.engine.clone());
+        let connections = Rc::new(AtomicU64::new(0));
+        let accepting: Vec<JoinHandle<()>> = std::mem::take(&mut self.listeners)
+            .into_iter()
+            .map(|(address, listener)| {
+                tokio::task::spawn_local(accept_loop(
+                    address,
+                    listener,
+                    executor.clone(),
+                    self.token.clone(),
+                    Rc::clone(&connections),
+                ))
+            })
+            .collect();
+        shutdown.await;
+        tracing::info!("shutting down: no new connections; terminating every process");
+        for task in accepting {
+            task.abort();
+        }
+        self.engine.shutdown().await;
+        self.remove_socket_files();
+        tracing::info!("shut down");
+    }
+
+    fn remove_socket_files(&mut self) {
+        for file in self.unix_files.drain(..) {
+            file.remove();
+        }
+    }
+}
+
+async fn accept_loop(
+    address: Address,
+    listener: Listener,
+    executor: executor::Client,
+    token: Option<Arc<Token>>,
+    connections: Rc<AtomicU64>,
+) {
+    tracing::info!(%address, "listening");
+    loop {
+        let accepted = match &listener {
+            Listener::Unix(listener) => listener.accept().await.map(|(stream, _)| {
+                let (reader, writer) = stream.into_split();
+                (
+                    Box::new(transport::network(reader, writer, Side::Server))
+                        as Box<dyn capnp_rpc::VatNetwork<Side>>,
+                    "unix".to_string(),
+                    None,
+                )
+            }),
+            Listener::Tcp(listener) => listener.accept().await.map(|(stream, peer)| {
+                if let Err(error) = socket::tune_tcp(&stream) {
+                    tracing::warn!(%error, %peer, "cannot tune the TCP connection");
+                }
+                let (reader, writer) = stream.into_split();
+                (
+                    Box::new(transport::network(reader, writer, Side::Server))
+                        as Box<dyn capnp_rpc::VatNetwork<Side>>,
+                    peer.to_string(),
+                    token.clone(),
+                )
+            }),
+        };
+        let (network, peer, token) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of descriptors and the like: keep serving the others.
+                tracing::warn!(%error, %address, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let id = connections.fetch_add(1, Ordering::Relaxed) + 1;
+        let span = tracing::info_span!("connection", id, peer = %peer);
+        tokio::task::spawn_local(
+            serve_connection(network, executor.clone(), token).instrument(span),
+        );
+    }
+}
+
+/// One connection: its own RpcSystem, whose bootstrap is the Executor
+/// (Unix) or a Gatekeeper (TCP). When it ends, capnp releases every
+/// capability the peer held, which kills its processes.
+async fn serve_connection(
+    network: Box<dyn capnp_rpc::VatNetwork<Side>>,
+    executor: executor::Client,
+    token: Option<Arc<Token>>,
+) {
+    let started = Instant::now();
+    tracing::info!("connected");
+    let disconnector = Rc::new(RefCell::new(None));
+    let bootstrap = match token {
+        None => executor.client,
+        Some(token) => {
+            let gatekeeper: gatekeeper::Client = capnp_rpc::new_client(GatekeeperImpl::new(
+                executor,
+                token,
+                Rc::clone(&disconnector),
+            ));
+            gatekeeper.client
+        }
+    };
+    let system = RpcSystem::new(network, Some(bootstrap));
+    *disconnector.borrow_mut() = Some(system.get_disconnector());
+    match system.await {
+        Ok(()) => tracing::info!(
+            duration_ms = started.elapsed().as_millis() as u64,
+            "disconnected"
+        ),
+        Err(error) => tracing::info!(
+            %error,
+            duration_ms = started.elapsed().as_millis() as u64,
+            "connection failed"
+        ),
+    }
+}

@@ -1,0 +1,135 @@
+//! Socket set-up: TCP tuning and dead-peer detection, and Unix socket files
+//! that are private and never clobber what is not ours.
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use socket2::{SockRef, TcpKeepalive};
+use tokio::net::{TcpStream, UnixListener};
+
+/// A peer that stops answering is detected after about
+/// `IDLE + INTERVAL * RETRIES` of silence (25 s), or once unacknowledged
+/// data has waited `USER_TIMEOUT`.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+const KEEPALIVE_RETRIES: u32 = 3;
+const USER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Low latency for small calls, and dead-peer detection.
+pub(crate) fn tune_tcp(stream: &TcpStream) -> io::Result<()> {
+    stream.set_nodelay(true)?;
+    let socket = SockRef::from(stream);
+    socket.set_tcp_keepalive(
+        &TcpKeepalive::new()
+            .with_time(KEEPALIVE_IDLE)
+            .with_interval(KEEPALIVE_INTERVAL)
+            .with_retries(KEEPALIVE_RETRIES),
+    )?;
+    socket.set_tcp_user_timeout(Some(USER_TIMEOUT))?;
+    Ok(())
+}
+
+/// A bound Unix socket file and the lock that marks it as a live capexec's.
+pub(crate) struct UnixSocketFile {
+    path: PathBuf,
+    lock_path: PathBuf,
+    _lock: File,
+}
+
+impl UnixSocketFile {
+    /// Removes the socket file and its lock file.
+    pub fn remove(self) {
+        let _ = fs::remove_file(&self.path);
+        let _ = fs::remove_file(&self.lock_path);
+    }
+}
+
+fn lock_path_of(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    PathBuf::from(name)
+}
+
+/// Binds `path` as a mode-0600 socket. A socket left there by a capexec that
+/// died is replaced; anything else at that path is left alone and reported.
+pub(crate) fn bind_unix(path: &Path) -> io::Result<(UnixListener, UnixSocketFile)> {
+    let lock_path = lock_path_of(path);
+    let lock_existed = fs::symlink_metadata(&lock_path).is_ok();
+    let lock = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&lock_path)?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!("{} is being served by another capexec", path.display()),
+        ));
+    }
+    let refuse = |why: &str| {
+        if !lock_existed {
+            let _ = fs::remove_file(&lock_path);
+        }
+        Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("{} {why}; not removing it", path.display()),
+        ))
+    };
+    match fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_symlink() => return refuse("is a symbolic link"),
+        Ok(meta) if !meta.file_type().is_socket() => return refuse("exists and is not a socket"),
+        Ok(_) if !lock_existed => return refuse("is a socket that capexec did not create"),
+        // A socket whose capexec is gone: ours to replace.
+        Ok(_) => fs::remove_file(path)?,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+        Err(error) => return Err(error),
+    }
+
+    // Bind inside a private directory, make the socket 0600, then move it
+    // into place: nobody can connect before the permissions are right.
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let staging = tempdir_in(parent)?;
+    let staged = staging.join("socket");
+    let result = (|| -> io::Result<UnixListener> {
+        let listener = UnixListener::bind(&staged)?;
+        fs::set_permissions(&staged, fs::Permissions::from_mode(0o600))?;
+        fs::rename(&staged, path)?;
+        Ok(listener)
+    })();
+    let _ = fs::remove_file(&staged);
+    let _ = fs::remove_dir(&staging);
+    let listener = result?;
+    Ok((
+        listener,
+        UnixSocketFile {
+            path: path.to_path_buf(),
+            lock_path,
+            _lock: lock,
+        },
+    ))
+}
+
+fn tempdir_in(parent: &Path) -> io::Result<PathBuf> {
+    for attempt in 0..100u32 {
+        let candidate = parent.join(format!(".capexec-bind-{}-{attempt}", std::process::id()));
+        match fs::DirBuilder::new().mode(0o700).create(&candidate) {
+            Ok(()) => return Ok(candidate),
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(error) => return Err(error),
+        }
+    }
+    Err(io::Error::other(
+        "cannot create a private directory to bind in",
+    ))
+}

@@ -1,0 +1,283 @@
+//! `capexec serve` and `capexec run --connect` as separate processes.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::cli::{BIN, finish, kill, spawn_until_first_line, text, wait};
+use common::data::{Pattern, TempDir};
+
+/// A `capexec serve` child with a Unix and a TCP listener.
+struct Served {
+    child: Child,
+    unix: String,
+    tcp: String,
+    token_file: PathBuf,
+    socket: PathBuf,
+    home: TempDir,
+}
+
+impl Served {
+    fn start() -> Served {
+        let home = TempDir::new("cli-serve");
+        let socket = home.path().join("capexec.sock");
+        let token_file = home.path().join("token");
+        let mut child = Command::new(BIN)
+            .args(["serve", "--listen"])
+            .arg(format!("unix:{}", socket.display()))
+            .args(["--listen", "tcp:127.0.0.1:0", "--token-file"])
+            .arg(&token_file)
+            .env("HOME", home.path())
+            .env_remove("XDG_CONFIG_HOME")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start capexec serve");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let unix = lines.next().expect("unix line").expect("read");
+        let tcp = lines.next().expect("tcp line").expect("read");
+        assert_eq!(unix, format!("unix:{}", socket.display()));
+        assert!(
+            tcp.starts_with("tcp:127.0.0.1:") && !tcp.ends_with(":0"),
+            "{tcp}"
+        );
+        Served {
+            child,
+            unix,
+            tcp,
+            token_file,
+            socket,
+            home,
+        }
+    }
+
+    /// `capexec run` with a clean environment that has no default token.
+    fn run(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(BIN);
+        command
+            .arg("run")
+            .args(args)
+            .env("HOME", self.home.path())
+            .env_remove("XDG_CONFIG_HOME")
+            .env_remove("CAPEXEC_TOKEN");
+        command
+    }
+
+    fn token_arg(&self) -> String {
+        self.token_file.display().to_string()
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn pid_exists(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+fn wait_gone(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while pid_exists(pid) {
+        assert!(Instant::now() < deadline, "process {pid} still exists");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn run_connect_behaves_like_the_embedded_executor_over_both_transports() {
+    let served = Served::start();
+    let script = ["--", "sh", "-c", "printf out; printf err >&2; exit 5"];
+    let token = served.token_arg();
+    let over_unix = finish(
+        served.run(&[&["--connect", &served.unix][..], &script].concat()),
+        None,
+    );
+    let over_tcp = finish(
+        served.run(
+            &[
+                &["--connect", &served.tcp, "--token-file", &token][..],
+                &script,
+            ]
+            .concat(),
+        ),
+        None,
+    );
+    for done in [&over_unix, &over_tcp] {
+        assert_eq!(done.code, 5, "{}", text(&done.stderr));
+        assert_eq!(done.stdout, b"out");
+        assert_eq!(done.stderr, b"err");
+    }
+
+    // The token may come from the environment instead.
+    let secret = std::fs::read_to_string(&served.token_file).expect("token");
+    let mut from_env = served.run(&["--connect", &served.tcp, "--", "true"]);
+    from_env.env("CAPEXEC_TOKEN", secret.trim());
+    assert_eq!(finish(from_env, None).code, 0);
+
+    // stdin goes through byte for byte, then end-of-file.
+    let data = Pattern::bytes(21, 4 << 20);
+    let echoed = finish(
+        served.run(&[
+            "--connect",
+            &served.tcp,
+            "--token-file",
+            &token,
+            "--",
+            "cat",
+        ]),
+        Some(data.clone()),
+    );
+    assert_eq!(echoed.code, 0);
+    assert!(echoed.stdout == data, "stdin altered over tcp");
+
+    // The 127/126/125 rules hold remotely.
+    let missing = finish(
+        served.run(&["--connect", &served.unix, "--", "capexec-no-such-program"]),
+        None,
+    );
+    assert_eq!(missing.code, 127);
+    assert_eq!(
+        text(&missing.stderr),
+        "capexec: program not found: capexec-no-such-program\n"
+    );
+    let bad_cwd = finish(
+        served.run(&[
+            "--connect",
+            &served.unix,
+            "--cwd",
+            "/capexec/none",
+            "--",
+            "true",
+        ]),
+        None,
+    );
+    assert_eq!(bad_cwd.code, 125);
+}
+
+#[test]
+fn signals_are_forwarded_to_a_remote_child() {
+    let served = Served::start();
+    let (mut child, line) = spawn_until_first_line(served.run(&[
+        "--connect",
+        &served.unix,
+        "-n",
+        "--",
+        "sh",
+        "-c",
+        "trap 'exit 7' TERM; echo ready; while :; do sleep 0.01; done",
+    ]));
+    assert_eq!(line, "ready\n");
+    kill(&child, libc::SIGTERM);
+    assert_eq!(wait(&mut child), 7);
+}
+
+#[test]
+fn connection_failures_and_bad_tokens_are_one_line_and_exit_125() {
+    let served = Served::start();
+    let wrong = served.home.path().join("wrong-token");
+    std::fs::write(&wrong, "nope\n").expect("write");
+    std::fs::set_permissions(&wrong, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let refused = finish(
+        served.run(&[
+            "--connect",
+            &served.tcp,
+            "--token-file",
+            &wrong.display().to_string(),
+            "--",
+            "true",
+        ]),
+        None,
+    );
+    assert_eq!(refused.code, 125);
+    assert_eq!(
+        text(&refused.stderr),
+        "capexec: login refused: wrong token\n"
+    );
+
+    let no_token = finish(served.run(&["--connect", &served.tcp, "--", "true"]), None);
+    assert_eq!(no_token.code, 125);
+    assert_eq!(
+        text(&no_token.stderr),
+        format!(
+            "capexec: {} needs a login token (--token-file FILE or CAPEXEC_TOKEN)\n",
+            served.tcp
+        )
+    );
+
+    let nowhere = served.home.path().join("nobody.sock");
+    let unreachable = finish(
+        served.run(&[
+            "--connect",
+            &format!("unix:{}", nowhere.display()),
+            "--",
+            "true",
+        ]),
+        None,
+    );
+    assert_eq!(unreachable.code, 125);
+    assert_eq!(
+        text(&unreachable.stderr),
+        format!(
+            "capexec: cannot connect to unix:{}: No such file or directory\n",
+            nowhere.display()
+        )
+    );
+    let bad_address = finish(served.run(&["--connect", "http://x", "--", "true"]), None);
+    assert_eq!(bad_address.code, 125);
+}
+
+/// A client killed mid-stream: the server notices the dead connection and
+/// kills what it had started.
+#[test]
+fn a_killed_client_gets_its_processes_killed() {
+    let served = Served::start();
+    let (mut client, line) = spawn_until_first_line(served.run(&[
+        "--connect",
+        &served.unix,
+        "-n",
+        "--",
+        "sh",
+        "-c",
+        "echo $$; while :; do echo tick; sleep 0.01; done",
+    ]));
+    let pid: u32 = line.trim().parse().expect("remote pid");
+    assert!(pid_exists(pid));
+    client.kill().expect("SIGKILL the client");
+    client.wait().expect("reap the client");
+    wait_gone(pid);
+}
+
+#[test]
+fn sigterm_stops_the_server_cleanly() {
+    let mut served = Served::start();
+    let (mut client, line) = spawn_until_first_line(served.run(&[
+        "--connect",
+        &served.unix,
+        "-n",
+        "--",
+        "sh",
+        "-c",
+        "echo $$; exec sleep 1000",
+    ]));
+    let pid: u32 = line.trim().parse().expect("remote pid");
+    kill(&served.child, libc::SIGTERM);
+    assert_eq!(wait(&mut served.child), 0);
+    wait_gone(pid);
+    assert!(!served.socket.exists(), "socket file left behind");
+    // The client learns how its command ended (SIGTERM) or that the server
+    // went away; either way it finishes.
+    let code = wait(&mut client);
+    assert!(
+        code == 128 + libc::SIGTERM || code == 125,
+        "client exited {code}"
+    );
+}

@@ -1,0 +1,102 @@
+//! Running the `capexec` binary from tests.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_capexec");
+const DEADLINE: Duration = Duration::from_secs(60);
+
+pub struct Finished {
+    pub code: i32,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+pub fn capexec(args: &[&str]) -> Command {
+    let mut command = Command::new(BIN);
+    command.args(args);
+    command
+}
+
+/// Runs to completion, feeding `stdin` from a thread, within the deadline.
+pub fn finish(mut command: Command, stdin: Option<Vec<u8>>) -> Finished {
+    command
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = command.spawn().expect("run capexec");
+    let feeder = stdin.map(|data| {
+        let mut pipe = child.stdin.take().expect("stdin");
+        std::thread::spawn(move || {
+            let _ = pipe.write_all(&data);
+        })
+    });
+    let stdout = drain(child.stdout.take().expect("stdout"));
+    let stderr = drain(child.stderr.take().expect("stderr"));
+    let code = wait(&mut child);
+    if let Some(feeder) = feeder {
+        feeder.join().expect("stdin feeder");
+    }
+    Finished {
+        code,
+        stdout: stdout.join().expect("stdout reader"),
+        stderr: stderr.join().expect("stderr reader"),
+    }
+}
+
+fn drain(mut pipe: impl Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = pipe.read_to_end(&mut bytes);
+        bytes
+    })
+}
+
+/// Waits within the deadline; the exit code, or 128 + signal like a shell.
+pub fn wait(child: &mut Child) -> i32 {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return status
+                .code()
+                .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("did not finish within {DEADLINE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Starts `command` with stdout piped and stderr discarded, and returns it
+/// once it has printed its first line.
+pub fn spawn_until_first_line(mut command: Command) -> (Child, String) {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read the first line");
+    (child, line)
+}
+
+/// Sends `signal` to a child.
+pub fn kill(child: &Child, signal: libc::c_int) {
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+}

@@ -1,0 +1,304 @@
+//! Serving over sockets: authentication, socket files, many clients,
+//! connection loss and shutdown. (The process contract itself runs against
+//! these backends in `process_contract.rs`.)
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use capnp_rpc::RpcSystem;
+use capnp_rpc::rpc_twoparty_capnp::Side;
+use capnp_rpc::twoparty::VatNetwork;
+use futures::future::join_all;
+use tokio::io::AsyncWriteExt;
+use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
+
+use capexec::capexec_capnp::{executor, gatekeeper};
+use capexec::client::{Command, Error, describe};
+use capexec::engine::Engine;
+use capexec::model::ExitStatus;
+use capexec::net::{self, Address, ConnectError, Server, ServerConfig, Token};
+use common::data::TempDir;
+use common::server::ServerThread;
+use common::{procfs, read_until_output_contains, sh};
+
+/// A raw two-party connection to `address`, bootstrapping a Gatekeeper.
+async fn raw_gatekeeper(address: &Address) -> gatekeeper::Client {
+    let Address::Tcp { host, port } = address else {
+        panic!("not tcp: {address}");
+    };
+    let stream = tokio::net::TcpStream::connect((host.as_str(), *port))
+        .await
+        .expect("connect");
+    let (reader, writer) = stream.into_split();
+    let network = VatNetwork::new(
+        futures::io::BufReader::new(reader.compat()),
+        writer.compat_write(),
+        Side::Client,
+        Default::default(),
+    );
+    let mut system = RpcSystem::new(Box::new(network), None);
+    let gatekeeper: gatekeeper::Client = system.bootstrap(Side::Server);
+    tokio::task::spawn_local(system);
+    gatekeeper
+}
+
+async fn login(gatekeeper: &gatekeeper::Client, token: &str) -> Result<(), capnp::Error> {
+    let mut request = gatekeeper.login_request();
+    request.get().set_token(token);
+    request.send().promise.await.map(drop)
+}
+
+#[test]
+fn tcp_needs_the_token_and_exposes_nothing_else() {
+    common::run_local(async {
+        let server = ServerThread::start(true);
+        let token = server.token.clone().expect("token");
+
+        let refused = net::connect(&server.address, None).await;
+        assert!(matches!(refused, Err(ConnectError::TokenRequired(_))));
+
+        let wrong = net::connect(&server.address, Some(&Token::new("not-the-token")))
+            .await
+            .expect("the connection itself succeeds");
+        match Command::new("true").spawn(&wrong.executor()).await {
+            Err(Error::Rpc(error)) => {
+                assert_eq!(describe(&error), "login refused: wrong token");
+                assert!(error.extra.contains("[capexec:unauthenticated]"), "{error}");
+            }
+            other => panic!("expected the login refusal, got {:?}", other.map(|_| ())),
+        }
+
+        // The bootstrap capability only knows `login`.
+        let gatekeeper = raw_gatekeeper(&server.address).await;
+        let as_executor: executor::Client =
+            capnp::capability::FromClientHook::new(gatekeeper.client.hook.clone());
+        let mut start = as_executor.start_request();
+        start.get().init_params().init_argv(1).set(0, b"true");
+        let error = start.send().promise.await.err().expect("not an executor");
+        assert_eq!(error.kind, capnp::ErrorKind::Unimplemented, "{error}");
+
+        // Three refusals close the connection.
+        for attempt in 1..=2 {
+            let error = login(&gatekeeper, "wrong").await.expect_err("refused");
+            assert!(
+                error.extra.contains("login refused"),
+                "attempt {attempt}: {error}"
+            );
+        }
+        let _ = login(&gatekeeper, "wrong").await;
+        let after = login(&gatekeeper, token.as_str())
+            .await
+            .expect_err("closed");
+        assert_eq!(after.kind, capnp::ErrorKind::Disconnected, "{after}");
+
+        // A fresh connection with the right token works.
+        let good = net::connect(&server.address, Some(&token))
+            .await
+            .expect("connect");
+        let status = Command::new("true")
+            .status(&good.executor())
+            .await
+            .expect("status");
+        assert_eq!(status, ExitStatus::Code(0));
+    });
+}
+
+#[test]
+fn unix_socket_is_private_and_never_clobbers_what_is_not_ours() {
+    common::run_local(async {
+        let server = ServerThread::start(false);
+        let Address::Unix(path) = &server.address else {
+            panic!("unix")
+        };
+        let mode = std::fs::metadata(path)
+            .expect("socket")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+
+        // A live server's socket is not taken over.
+        let second = Server::bind(
+            ServerConfig {
+                listen: vec![server.address.clone()],
+                token_file: None,
+            },
+            Engine::default(),
+        )
+        .await;
+        let error = second.err().expect("in use").to_string();
+        assert!(
+            error.contains("is being served by another capexec"),
+            "{error}"
+        );
+
+        let dir = TempDir::new("clobber");
+        let bind = |path: std::path::PathBuf| {
+            Server::bind(
+                ServerConfig {
+                    listen: vec![Address::Unix(path)],
+                    token_file: None,
+                },
+                Engine::default(),
+            )
+        };
+        // A regular file stays.
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"keep me").expect("write");
+        let error = bind(file.clone()).await.err().expect("refused").to_string();
+        assert!(error.contains("exists and is not a socket"), "{error}");
+        assert_eq!(std::fs::read(&file).expect("still there"), b"keep me");
+        // Someone else's socket stays.
+        let foreign = dir.path().join("foreign.sock");
+        let _foreign = std::os::unix::net::UnixListener::bind(&foreign).expect("bind");
+        let error = bind(foreign.clone())
+            .await
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(
+            error.contains("a socket that capexec did not create"),
+            "{error}"
+        );
+        assert!(foreign.exists());
+        // A socket left behind by a capexec that died is replaced.
+        let stale = dir.path().join("stale.sock");
+        drop(std::os::unix::net::UnixListener::bind(&stale).expect("bind"));
+        let mut lock = stale.as_os_str().to_owned();
+        lock.push(".lock");
+        std::fs::write(&lock, b"").expect("lock file");
+        let revived = bind(stale.clone()).await.expect("stale socket replaced");
+        assert_eq!(revived.addresses(), vec![Address::Unix(stale)]);
+    });
+}
+
+#[test]
+fn a_hundred_concurrent_clients_get_exactly_their_own_results() {
+    common::run_local(async {
+        let mut server = ServerThread::start_with(
+            TempDir::new("hundred"),
+            vec![
+                Address::Unix(
+                    std::env::temp_dir()
+                        .join(format!("capexec-hundred-{}.sock", std::process::id())),
+                ),
+                "tcp:127.0.0.1:0".parse().expect("address"),
+            ],
+        );
+        let addresses = server.addresses.clone();
+        let token = server.token.clone();
+        let clients = (0..100u32).map(|n| {
+            let address = addresses[(n % 2) as usize].clone();
+            let token = token.clone();
+            async move {
+                let connection = net::connect(&address, token.as_ref())
+                    .await
+                    .expect("connect");
+                let mut command = sh(
+                    "printf 'client-%s\\n' \"$1\"; printf 'err-%s' \"$1\" >&2; exit $(($1 % 50))",
+                );
+                command.args(["sh", &n.to_string()]);
+                let output = command
+                    .output(&connection.executor())
+                    .await
+                    .expect("output");
+                (n, output)
+            }
+        });
+        for (n, output) in join_all(clients).await {
+            assert_eq!(output.stdout, format!("client-{n}\n").into_bytes());
+            assert_eq!(output.stderr, format!("err-{n}").into_bytes());
+            assert_eq!(output.status, ExitStatus::Code((n % 50) as i32));
+        }
+        server.stop();
+    });
+}
+
+/// A client whose connection drops loses its processes; other clients keep
+/// theirs, and a stalled or garbage-sending client slows nobody.
+#[test]
+fn losing_a_connection_releases_only_that_clients_processes() {
+    common::run_local(async {
+        let server = ServerThread::start(false);
+        let doomed = net::connect(&server.address, None).await.expect("connect");
+        let survivor = net::connect(&server.address, None).await.expect("connect");
+        let sleeper = |connection: &net::Connection| {
+            let executor = connection.executor();
+            async move {
+                let process = sh("echo $$; exec sleep 1000")
+                    .spawn(&executor)
+                    .await
+                    .expect("spawn");
+                let (_, text) = read_until_output_contains(&process, "\n").await;
+                (process, text.trim().parse::<u32>().expect("pid"))
+            }
+        };
+        let (_doomed_process, doomed_pid) = sleeper(&doomed).await;
+        let (survivor_process, survivor_pid) = sleeper(&survivor).await;
+
+        // A client that sends garbage, and one whose sink never acknowledges.
+        let Address::Unix(path) = &server.address else {
+            panic!("unix")
+        };
+        let mut garbage = tokio::net::UnixStream::connect(path)
+            .await
+            .expect("connect");
+        garbage
+            .write_all(&[0xff; 4096])
+            .await
+            .expect("write garbage");
+        let stalled = net::connect(&server.address, None).await.expect("connect");
+        let noisy = Command::new("yes")
+            .spawn(&stalled.executor())
+            .await
+            .expect("spawn");
+        let _never_read = noisy.events(0).await.expect("subscribe");
+
+        drop(doomed);
+        procfs::wait_gone(doomed_pid).await;
+        assert!(
+            procfs::state(survivor_pid).is_some(),
+            "the other client's process died"
+        );
+        let output = Command::new("echo")
+            .arg("still served")
+            .output(&survivor.executor())
+            .await
+            .expect("the server still serves");
+        assert_eq!(output.stdout, b"still served\n");
+        assert!(survivor_process.terminate().await.expect("terminate"));
+    });
+}
+
+#[test]
+fn shutdown_terminates_processes_and_removes_socket_files() {
+    common::run_local(async {
+        let dir = TempDir::new("shutdown");
+        let socket_path = dir.path().join("s.sock");
+        let mut server = ServerThread::start_with(
+            TempDir::new("shutdown-server"),
+            vec![
+                Address::Unix(socket_path.clone()),
+                "tcp:127.0.0.1:0".parse().expect("address"),
+            ],
+        );
+        let connection = net::connect(&server.address, None).await.expect("connect");
+        let process = sh("trap '' TERM; echo $$; exec sleep 1000")
+            .spawn(&connection.executor())
+            .await
+            .expect("spawn");
+        let (_, text) = read_until_output_contains(&process, "\n").await;
+        let pid: u32 = text.trim().parse().expect("pid");
+        server.stop();
+        procfs::wait_gone(pid).await;
+        assert!(!socket_path.exists(), "socket file left behind");
+        let mut lock = socket_path.as_os_str().to_owned();
+        lock.push(".lock");
+        assert!(
+            !std::path::Path::new(&lock).exists(),
+            "lock file left behind"
+        );
+        let _ = tokio::time::timeout(Duration::from_secs(5), process.wait()).await;
+    });
+}
