@@ -1,17 +1,74 @@
-//! A typed client over the `Executor` and `Process` capabilities.
+//! A typed client over the `Executor` and `Process` capabilities, in the
+//! spirit of `std::process::Command`.
 //!
 //! It works the same for every executor: the in-process one from
-//! [`crate::rpc::local_executor`], a remote one over a socket, or a chain of
-//! them. Like capnp-rpc itself it is `!Send`: use it on one thread inside a
-//! tokio `LocalSet`.
+//! [`crate::rpc::local_executor`], a remote one from [`crate::net::connect`],
+//! or a chain of them. Like capnp-rpc itself it is `!Send`: use it on one
+//! thread inside a tokio `LocalSet`.
+//!
+//! Run a command to completion and collect its output:
+//!
+//! ```
+//! use capexec::client::Command;
+//! use capexec::engine::Engine;
+//!
+//! let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+//! tokio::task::LocalSet::new().block_on(&runtime, async {
+//!     let executor = capexec::rpc::local_executor(Engine::default());
+//!     let output = Command::new("sh")
+//!         .args(["-c", "echo hi; echo oops >&2; exit 3"])
+//!         .output(&executor)
+//!         .await?;
+//!     assert_eq!(output.stdout, b"hi\n");
+//!     assert_eq!(output.stderr, b"oops\n");
+//!     assert_eq!(output.status.shell_code(), 3);
+//!     Ok::<_, capexec::client::Error>(())
+//! })?;
+//! # Ok::<_, Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Drive a process: write its stdin and follow its events as a stream:
+//!
+//! ```
+//! use futures::StreamExt;
+//! use capexec::client::{Command, Stdin};
+//! use capexec::engine::Engine;
+//! use capexec::model::{EventBody, ExitStatus, WriteStatus};
+//!
+//! let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+//! tokio::task::LocalSet::new().block_on(&runtime, async {
+//!     let executor = capexec::rpc::local_executor(Engine::default());
+//!     let process = Command::new("tr").args(["a-z", "A-Z"]).stdin(Stdin::Piped).spawn(&executor).await?;
+//!     // A retried write with the same id is applied once.
+//!     assert_eq!(process.write(b"hello\n", "w1").await?, WriteStatus::Accepted);
+//!     process.close_stdin().await?;
+//!     let mut events = process.events(0).await?;
+//!     let mut output = Vec::new();
+//!     while let Some(event) = events.next().await {
+//!         match event?.body {
+//!             EventBody::Output { data, .. } => output.extend_from_slice(&data),
+//!             EventBody::Exited(status) => assert_eq!(status, ExitStatus::Code(0)),
+//!             _ => {}
+//!         }
+//!     }
+//!     assert_eq!(output, b"HELLO\n");
+//!     Ok::<_, capexec::client::Error>(())
+//! })?;
+//! # Ok::<_, Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! The same code runs against a server; only the executor changes:
 //!
 //! ```no_run
-//! # async fn demo(executor: capexec::capexec_capnp::executor::Client) -> Result<(), capexec::client::Error> {
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use capexec::client::Command;
+//! use capexec::net::{self, Token};
 //!
-//! let output = Command::new("sh").args(["-c", "echo hi; exit 3"]).output(&executor).await?;
-//! assert_eq!(output.stdout, b"hi\n");
-//! assert_eq!(output.status.shell_code(), 3);
+//! let address = "tcp:build-box:7000".parse()?;
+//! let token = Token::load(std::path::Path::new("/home/me/.config/capexec/token"))?;
+//! let connection = net::connect(&address, Some(&token)).await?;
+//! let status = Command::new("make").arg("test").status(&connection.executor()).await?;
+//! println!("make test: {status}");
 //! # Ok(())
 //! # }
 //! ```

@@ -321,6 +321,23 @@ pub fn event_to_wire(event: &Event, mut builder: wire::event::Builder<'_>) {
     }
 }
 
+/// Room for `events` in one message, so it is built in a single segment:
+/// one allocation, one write. Generous per-event overhead; the payload
+/// dominates.
+pub fn events_message_size(events: &[Event]) -> capnp::MessageSize {
+    let words: usize = events
+        .iter()
+        .map(|event| match &event.body {
+            EventBody::Output { data, .. } => 8 + data.len().div_ceil(8),
+            _ => 8,
+        })
+        .sum();
+    capnp::MessageSize {
+        word_count: (16 + words) as u64,
+        cap_count: 0,
+    }
+}
+
 pub fn events_to_wire(
     events: &[Event],
     mut list: capnp::struct_list::Builder<'_, wire::event::Owned>,

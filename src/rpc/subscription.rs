@@ -48,7 +48,12 @@ async fn deliver(process: Process, sink: event_sink::Client, mut after_seq: u64)
         };
         let last_seq = last.seq;
         let finished = matches!(last.body, EventBody::Closed);
-        let mut request = sink.push_request();
+        let mut request: capnp::capability::StreamingRequest<event_sink::push_params::Owned> =
+            sink.client.new_streaming_call(
+                <event_sink::Client as capnp::traits::HasTypeId>::TYPE_ID,
+                0,
+                Some(convert::events_message_size(&batch.events)),
+            );
         convert::events_to_wire(
             &batch.events,
             request.get().init_events(batch.events.len() as u32),
