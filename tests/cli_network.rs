@@ -2,83 +2,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::cli::{BIN, finish, kill, spawn_until_first_line, text, wait};
-use common::data::{Pattern, TempDir};
-
-/// A `capexec serve` child with a Unix and a TCP listener.
-struct Served {
-    child: Child,
-    unix: String,
-    tcp: String,
-    token_file: PathBuf,
-    socket: PathBuf,
-    home: TempDir,
-}
-
-impl Served {
-    fn start() -> Served {
-        let home = TempDir::new("cli-serve");
-        let socket = home.path().join("capexec.sock");
-        let token_file = home.path().join("token");
-        let mut child = Command::new(BIN)
-            .args(["serve", "--listen"])
-            .arg(format!("unix:{}", socket.display()))
-            .args(["--listen", "tcp:127.0.0.1:0", "--token-file"])
-            .arg(&token_file)
-            .env("HOME", home.path())
-            .env_remove("XDG_CONFIG_HOME")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start capexec serve");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let unix = lines.next().expect("unix line").expect("read");
-        let tcp = lines.next().expect("tcp line").expect("read");
-        assert_eq!(unix, format!("unix:{}", socket.display()));
-        assert!(
-            tcp.starts_with("tcp:127.0.0.1:") && !tcp.ends_with(":0"),
-            "{tcp}"
-        );
-        Served {
-            child,
-            unix,
-            tcp,
-            token_file,
-            socket,
-            home,
-        }
-    }
-
-    /// `capexec run` with a clean environment that has no default token.
-    fn run(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(BIN);
-        command
-            .arg("run")
-            .args(args)
-            .env("HOME", self.home.path())
-            .env_remove("XDG_CONFIG_HOME")
-            .env_remove("CAPEXEC_TOKEN");
-        command
-    }
-
-    fn token_arg(&self) -> String {
-        self.token_file.display().to_string()
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use common::cli::{Served, finish, kill, spawn_until_first_line, text, wait};
+use common::data::Pattern;
 
 fn pid_exists(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()

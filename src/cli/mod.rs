@@ -1,8 +1,11 @@
 //! The `capexec` command line.
 
+mod forward;
+mod relay;
 mod run;
 mod serve;
 mod stdio;
+mod terminal;
 
 use std::ffi::OsString;
 
@@ -70,6 +73,13 @@ pub struct RunArgs {
     /// Give the command an immediate end-of-file on stdin.
     #[arg(short = 'n')]
     no_stdin: bool,
+    /// Run the command on a pseudo-terminal sized like ours (or --size),
+    /// with our terminal in raw mode while it runs.
+    #[arg(short = 't')]
+    tty: bool,
+    /// Terminal size for -t, ROWSxCOLS (default: our terminal's, or 24x80).
+    #[arg(long, value_name = "ROWSxCOLS")]
+    size: Option<String>,
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, value_name = "PROGRAM")]
     argv: Vec<OsString>,

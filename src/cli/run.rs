@@ -1,69 +1,55 @@
-//! `capexec run`: start a command on an executor and relay it as if it ran
-//! here: stdin in, stdout and stderr out byte for byte, signals forwarded,
-//! the same exit status.
+//! `capexec run`: start a command on an executor (embedded, or the server
+//! given by `--connect`) and relay it as if it ran here.
 
-use std::collections::VecDeque;
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 
-use futures::StreamExt;
-use tokio::signal::unix::{SignalKind, signal};
-
-use crate::cli::stdio::{self, OutputWriter};
-use crate::cli::{EXIT_CAPEXEC_FAILURE, RunArgs};
-use capexec::capexec_capnp::executor;
-use capexec::client::{Command, Error, RemoteProcess, Stdin};
+use crate::cli::RunArgs;
+use crate::cli::relay::{self, Failure};
+use crate::cli::terminal;
+use capexec::client::{Command, Stdin};
 use capexec::engine::{self, Engine};
-use capexec::model::{EventBody, Flow, OutputStream, Signal, WriteStatus};
+use capexec::model::{Flow, PtySize};
 use capexec::net::{self, Address, Token};
 use capexec::rpc;
 
-/// Stdin writes in flight at once: enough to keep the pipe busy across a
-/// round trip, few enough to bound memory.
-const STDIN_WINDOW: usize = 8;
-
 pub fn main(args: RunArgs) -> i32 {
-    crate::cli::run_local(run_embedded(args))
-}
-
-async fn run_embedded(args: RunArgs) -> i32 {
-    if let Some(address) = args.connect.clone() {
-        return run_remote(args, &address).await;
-    }
-    if let Err(error) = engine::become_subreaper() {
-        tracing::warn!(%error, "cannot become a subreaper; orphaned grandchildren will not be reaped here");
-    }
-    let executor = rpc::local_executor(Engine::default());
-    relay(args, &executor).await
-}
-
-async fn run_remote(args: RunArgs, address: &str) -> i32 {
-    let address: Address = match address.parse() {
-        Ok(address) => address,
-        Err(error) => {
-            eprintln!("capexec: --connect {error}");
-            return EXIT_CAPEXEC_FAILURE;
-        }
-    };
-    let token = if address.is_tcp() {
-        match login_token(&args) {
-            Ok(token) => token,
-            Err(message) => {
-                eprintln!("capexec: {message}");
-                return EXIT_CAPEXEC_FAILURE;
+    crate::cli::run_local(async move {
+        match run(args).await {
+            Ok(code) => code,
+            Err(failure) => {
+                eprintln!("capexec: {}", failure.message);
+                failure.code
             }
         }
-    } else {
-        None
-    };
-    let connection = match net::connect(&address, token.as_ref()).await {
-        Ok(connection) => connection,
-        Err(error) => {
-            eprintln!("capexec: {error}");
-            return EXIT_CAPEXEC_FAILURE;
+    })
+}
+
+async fn run(args: RunArgs) -> Result<i32, Failure> {
+    let command = command_from(&args).map_err(Failure::capexec)?;
+    match &args.connect {
+        None => {
+            if let Err(error) = engine::become_subreaper() {
+                tracing::warn!(%error, "cannot become a subreaper; orphaned grandchildren will not be reaped here");
+            }
+            let executor = rpc::local_executor(Engine::default());
+            relay::relay(command, &args, &executor).await
         }
-    };
-    relay(args, &connection.executor()).await
+        Some(address) => {
+            let address: Address = address
+                .parse()
+                .map_err(|error| Failure::capexec(format!("--connect {error}")))?;
+            let token = if address.is_tcp() {
+                login_token(&args).map_err(Failure::capexec)?
+            } else {
+                None
+            };
+            let connection = net::connect(&address, token.as_ref())
+                .await
+                .map_err(|error| Failure::capexec(error.to_string()))?;
+            relay::relay(command, &args, &connection.executor()).await
+        }
+    }
 }
 
 /// `--token-file`, else `$CAPEXEC_TOKEN`, else the default token file if it
@@ -98,8 +84,8 @@ fn command_from(args: &RunArgs) -> Result<Command, String> {
         match bytes.iter().position(|&b| b == b'=') {
             Some(split) if split > 0 => {
                 command.env(
-                    OsString::from(std::ffi::OsStr::from_bytes(&bytes[..split])),
-                    OsString::from(std::ffi::OsStr::from_bytes(&bytes[split + 1..])),
+                    OsString::from(OsStr::from_bytes(&bytes[..split])),
+                    OsString::from(OsStr::from_bytes(&bytes[split + 1..])),
                 );
             }
             _ => {
@@ -113,6 +99,11 @@ fn command_from(args: &RunArgs) -> Result<Command, String> {
     if let Some(cwd) = &args.cwd {
         command.current_dir(cwd);
     }
+    if args.tty {
+        command.tty(terminal_size(args)?);
+    } else if args.size.is_some() {
+        return Err("--size needs -t".to_string());
+    }
     command.stdin(if args.no_stdin {
         Stdin::Null
     } else {
@@ -122,152 +113,10 @@ fn command_from(args: &RunArgs) -> Result<Command, String> {
     Ok(command)
 }
 
-/// Runs the command on `executor` and returns the exit status to report.
-pub async fn relay(args: RunArgs, executor: &executor::Client) -> i32 {
-    let command = match command_from(&args) {
-        Ok(command) => command,
-        Err(message) => {
-            eprintln!("capexec: {message}");
-            return EXIT_CAPEXEC_FAILURE;
-        }
-    };
-    // Start and subscribe in one round trip: the subscription is pipelined
-    // on the process the start is about to return.
-    let (process, started) = command.spawn_pipelined(executor);
-    let (started, events) = tokio::join!(started, process.events(0));
-    match started {
-        Ok(()) => {}
-        Err(Error::Start(error)) => {
-            eprintln!("capexec: {}", error.message);
-            return error.kind.cli_exit_code();
-        }
-        Err(error) => {
-            eprintln!("capexec: {error}");
-            return EXIT_CAPEXEC_FAILURE;
-        }
+/// `--size`, else the local terminal's, else 24x80.
+fn terminal_size(args: &RunArgs) -> Result<PtySize, String> {
+    match &args.size {
+        Some(text) => terminal::parse_size(text),
+        None => Ok(terminal::local_size().unwrap_or_default()),
     }
-    let mut events = match events {
-        Ok(events) => events,
-        Err(error) => {
-            eprintln!("capexec: cannot follow the command: {error}");
-            return EXIT_CAPEXEC_FAILURE;
-        }
-    };
-    let mut output = OutputWriter::new();
-    if !args.no_stdin {
-        tokio::task::spawn_local(forward_stdin(process.clone()));
-    }
-    let signals = tokio::task::spawn_local(forward_signals(process.clone()));
-
-    let mut status = None;
-    let mut sent_sigpipe = false;
-    let mut closed = false;
-    while !closed {
-        let batch = match events.next_batch().await {
-            Some(Ok(batch)) => batch,
-            Some(Err(error)) => {
-                output.flush().await;
-                eprintln!("capexec: lost the command: {error}");
-                return EXIT_CAPEXEC_FAILURE;
-            }
-            None => break,
-        };
-        let mut pieces = Vec::with_capacity(batch.len());
-        for event in batch {
-            match event.body {
-                EventBody::Output { stream, data } => pieces.push((
-                    match stream {
-                        OutputStream::Stdout | OutputStream::Pty => 1,
-                        OutputStream::Stderr => 2,
-                    },
-                    data,
-                )),
-                EventBody::Exited(exit) => status = Some(exit),
-                EventBody::Closed => closed = true,
-                EventBody::Gap { from_seq } => {
-                    output.write(std::mem::take(&mut pieces)).await;
-                    output.flush().await;
-                    eprintln!(
-                        "capexec: output lost: events {from_seq}..={} were evicted before they could be relayed",
-                        event.seq
-                    );
-                }
-            }
-        }
-        output.write(pieces).await;
-        // Like a local pipeline: when our reader goes away, the writer gets
-        // SIGPIPE.
-        if output.stdout_broken() && !sent_sigpipe && status.is_none() {
-            sent_sigpipe = true;
-            let _ = process.signal(Signal::Pipe).await;
-        }
-    }
-    signals.abort();
-    output.flush().await;
-    match status {
-        Some(status) => status.shell_code(),
-        None => {
-            eprintln!("capexec: the command closed without an exit status");
-            EXIT_CAPEXEC_FAILURE
-        }
-    }
-}
-
-/// Relays our stdin to the child until end-of-file, then closes its stdin.
-async fn forward_stdin(process: RemoteProcess) {
-    let mut chunks = stdio::read_stdin();
-    let mut in_flight = VecDeque::new();
-    let mut count: u64 = 0;
-    while let Some(Some(chunk)) = chunks.recv().await {
-        if in_flight.len() >= STDIN_WINDOW
-            && let Some(write) = in_flight.pop_front()
-            && !accepted(write).await
-        {
-            return;
-        }
-        count += 1;
-        in_flight.push_back(process.write_in_order(&chunk, &format!("stdin-{count}")));
-    }
-    for write in in_flight {
-        if !accepted(write).await {
-            return;
-        }
-    }
-    let _ = process.close_stdin().await;
-}
-
-async fn accepted(write: capexec::client::PendingWrite) -> bool {
-    matches!(write.outcome().await, Ok(WriteStatus::Accepted))
-}
-
-/// Forwards SIGINT, SIGTERM and SIGHUP to the child instead of dying of them.
-async fn forward_signals(process: RemoteProcess) {
-    let kinds = [
-        (SignalKind::interrupt(), Signal::Int),
-        (SignalKind::terminate(), Signal::Term),
-        (SignalKind::hangup(), Signal::Hup),
-    ];
-    let mut streams = Vec::new();
-    for (kind, name) in kinds {
-        match signal(kind) {
-            Ok(stream) => streams.push((stream, name)),
-            Err(error) => tracing::warn!(%error, %name, "cannot forward signal"),
-        }
-    }
-    let mut received = futures::stream::select_all(
-        streams
-            .into_iter()
-            .map(|(stream, name)| tokio_stream_from(stream).map(move |()| name)),
-    );
-    while let Some(name) = received.next().await {
-        if let Err(error) = process.signal(name).await {
-            tracing::warn!(%error, %name, "cannot forward signal");
-        }
-    }
-}
-
-fn tokio_stream_from(
-    mut stream: tokio::signal::unix::Signal,
-) -> impl futures::Stream<Item = ()> + Unpin {
-    Box::pin(futures::stream::poll_fn(move |cx| stream.poll_recv(cx)))
 }

@@ -2,8 +2,11 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use super::data::TempDir;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_capexec");
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -99,4 +102,73 @@ pub fn spawn_until_first_line(mut command: Command) -> (Child, String) {
 pub fn kill(child: &Child, signal: libc::c_int) {
     // SAFETY: kill(2) on our own child.
     assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+}
+
+/// A `capexec serve` child with a Unix and a TCP listener.
+pub struct Served {
+    pub child: Child,
+    pub unix: String,
+    pub tcp: String,
+    pub token_file: PathBuf,
+    pub socket: PathBuf,
+    pub home: TempDir,
+}
+
+impl Served {
+    pub fn start() -> Served {
+        let home = TempDir::new("cli-serve");
+        let socket = home.path().join("capexec.sock");
+        let token_file = home.path().join("token");
+        let mut child = Command::new(BIN)
+            .args(["serve", "--listen"])
+            .arg(format!("unix:{}", socket.display()))
+            .args(["--listen", "tcp:127.0.0.1:0", "--token-file"])
+            .arg(&token_file)
+            .env("HOME", home.path())
+            .env_remove("XDG_CONFIG_HOME")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start capexec serve");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let unix = lines.next().expect("unix line").expect("read");
+        let tcp = lines.next().expect("tcp line").expect("read");
+        assert_eq!(unix, format!("unix:{}", socket.display()));
+        assert!(
+            tcp.starts_with("tcp:127.0.0.1:") && !tcp.ends_with(":0"),
+            "{tcp}"
+        );
+        Served {
+            child,
+            unix,
+            tcp,
+            token_file,
+            socket,
+            home,
+        }
+    }
+
+    /// `capexec run` with a clean environment that has no default token.
+    pub fn run(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(BIN);
+        command
+            .arg("run")
+            .args(args)
+            .env("HOME", self.home.path())
+            .env_remove("XDG_CONFIG_HOME")
+            .env_remove("CAPEXEC_TOKEN");
+        command
+    }
+
+    pub fn token_arg(&self) -> String {
+        self.token_file.display().to_string()
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -1,0 +1,129 @@
+//! Relaying a started command: its output to ours, our stdin and signals to
+//! it, its exit status as ours.
+
+use capexec::capexec_capnp::executor;
+use capexec::client::{Command, Error};
+use capexec::model::{EventBody, OutputStream, Signal};
+
+use crate::cli::forward;
+use crate::cli::stdio::OutputWriter;
+use crate::cli::terminal::RawMode;
+use crate::cli::{EXIT_CAPEXEC_FAILURE, RunArgs};
+
+/// Why capexec ends without the command's own status.
+pub struct Failure {
+    pub code: i32,
+    pub message: String,
+}
+
+impl Failure {
+    /// A failure of capexec itself: exit status 125.
+    pub fn capexec(message: impl Into<String>) -> Failure {
+        Failure {
+            code: EXIT_CAPEXEC_FAILURE,
+            message: message.into(),
+        }
+    }
+}
+
+/// Runs `command` on `executor` and returns the exit status to report.
+pub async fn relay(
+    command: Command,
+    args: &RunArgs,
+    executor: &executor::Client,
+) -> Result<i32, Failure> {
+    // Keystrokes go to the remote terminal as they are typed, Ctrl-C
+    // included, as with ssh. The guard restores our terminal on every way
+    // out of here (return, error, panic), before anything is printed.
+    let raw = (args.tty && !args.no_stdin)
+        .then(RawMode::enter_stdin)
+        .flatten();
+    let result = run_to_close(command, args, executor, raw.is_some()).await;
+    drop(raw);
+    result
+}
+
+async fn run_to_close(
+    command: Command,
+    args: &RunArgs,
+    executor: &executor::Client,
+    raw: bool,
+) -> Result<i32, Failure> {
+    // Start and subscribe in one round trip: the subscription is pipelined
+    // on the process the start is about to return.
+    let (process, started) = command.spawn_pipelined(executor);
+    let (started, events) = tokio::join!(started, process.events(0));
+    match started {
+        Ok(()) => {}
+        Err(Error::Start(error)) => {
+            return Err(Failure {
+                code: error.kind.cli_exit_code(),
+                message: error.message,
+            });
+        }
+        Err(error) => return Err(Failure::capexec(error.to_string())),
+    }
+    let mut events =
+        events.map_err(|error| Failure::capexec(format!("cannot follow the command: {error}")))?;
+
+    let mut output = OutputWriter::new();
+    if !args.no_stdin {
+        tokio::task::spawn_local(forward::stdin(process.clone()));
+    }
+    let signals = tokio::task::spawn_local(forward::signals(process.clone()));
+    let resizes = (args.tty && args.size.is_none())
+        .then(|| tokio::task::spawn_local(forward::resizes(process.clone())));
+
+    let mut status = None;
+    let mut sent_sigpipe = false;
+    let mut closed = false;
+    let outcome = loop {
+        if closed {
+            break Ok(());
+        }
+        let batch = match events.next_batch().await {
+            Some(Ok(batch)) => batch,
+            Some(Err(error)) => break Err(format!("lost the command: {error}")),
+            None => break Ok(()),
+        };
+        let mut pieces = Vec::with_capacity(batch.len());
+        for event in batch {
+            match event.body {
+                EventBody::Output { stream, data } => pieces.push((
+                    match stream {
+                        OutputStream::Stdout | OutputStream::Pty => 1,
+                        OutputStream::Stderr => 2,
+                    },
+                    data,
+                )),
+                EventBody::Exited(exit) => status = Some(exit),
+                EventBody::Closed => closed = true,
+                EventBody::Gap { from_seq } => {
+                    output.write(std::mem::take(&mut pieces)).await;
+                    output.flush().await;
+                    let end = if raw { "\r\n" } else { "\n" };
+                    eprint!(
+                        "capexec: output lost: events {from_seq}..={} were evicted before they could be relayed{end}",
+                        event.seq
+                    );
+                }
+            }
+        }
+        output.write(pieces).await;
+        // Like a local pipeline: when our reader goes away, the writer gets
+        // SIGPIPE.
+        if output.stdout_broken() && !sent_sigpipe && status.is_none() {
+            sent_sigpipe = true;
+            let _ = process.signal(Signal::Pipe).await;
+        }
+    };
+    signals.abort();
+    if let Some(resizes) = resizes {
+        resizes.abort();
+    }
+    output.flush().await;
+    outcome.map_err(Failure::capexec)?;
+    status
+        .map(|status| status.shell_code())
+        .ok_or_else(|| Failure::capexec("the command closed without an exit status"))
+}

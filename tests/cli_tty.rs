@@ -1,0 +1,262 @@
+//! `capexec run -t` driven from a pseudo-terminal made by the test, as a
+//! user at a terminal would drive it.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use portable_pty::{CommandBuilder, MasterPty, PtySize, native_pty_system};
+
+use common::cli::{BIN, Served, capexec, finish, text};
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// capexec running on a terminal of ours.
+struct OnTerminal {
+    master: Box<dyn MasterPty + Send>,
+    input: Box<dyn Write + Send>,
+    output: mpsc::Receiver<Vec<u8>>,
+    seen: Vec<u8>,
+    child: Box<dyn portable_pty::Child + Send + Sync>,
+    /// The terminal's settings before capexec started.
+    initial: libc::termios,
+}
+
+impl OnTerminal {
+    fn start(rows: u16, cols: u16, args: &[&str]) -> OnTerminal {
+        let pair = native_pty_system()
+            .openpty(PtySize {
+                rows,
+                cols,
+                pixel_width: 0,
+                pixel_height: 0,
+            })
+            .expect("openpty");
+        let initial = termios_of(pair.master.as_ref());
+        let mut command = CommandBuilder::new(BIN);
+        command.args(args);
+        command.env("TERM", "xterm");
+        // capexec leads the session of this terminal, as a login shell's
+        // child would, so it gets SIGWINCH when the size changes.
+        let child = pair.slave.spawn_command(command).expect("spawn capexec");
+        drop(pair.slave);
+        let mut reader = pair.master.try_clone_reader().expect("reader");
+        let (sender, output) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = reader.read(&mut buf) {
+                if n == 0 || sender.send(buf[..n].to_vec()).is_err() {
+                    break;
+                }
+            }
+        });
+        let input = pair.master.take_writer().expect("writer");
+        OnTerminal {
+            master: pair.master,
+            input,
+            output,
+            seen: Vec::new(),
+            child,
+            initial,
+        }
+    }
+
+    /// Waits until the terminal has shown `needle`.
+    fn expect(&mut self, needle: &str) {
+        let deadline = Instant::now() + DEADLINE;
+        while !text(&self.seen).contains(needle) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.output.recv_timeout(left) {
+                Ok(bytes) => self.seen.extend(bytes),
+                Err(_) => panic!(
+                    "never saw {needle:?}; the terminal shows {:?}",
+                    text(&self.seen)
+                ),
+            }
+        }
+    }
+
+    fn type_keys(&mut self, keys: &[u8]) {
+        self.input.write_all(keys).expect("type");
+        self.input.flush().expect("flush");
+    }
+
+    fn wait(&mut self) -> u32 {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status.exit_code();
+            }
+            assert!(Instant::now() < deadline, "capexec did not exit");
+            while let Ok(bytes) = self.output.try_recv() {
+                self.seen.extend(bytes);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn settings(&self) -> libc::termios {
+        termios_of(self.master.as_ref())
+    }
+}
+
+fn termios_of(master: &dyn MasterPty) -> libc::termios {
+    let fd = master.as_raw_fd().expect("master fd");
+    // SAFETY: tcgetattr fills the zeroed termios for an open terminal.
+    unsafe {
+        let mut termios: libc::termios = std::mem::zeroed();
+        assert_eq!(libc::tcgetattr(fd, &mut termios), 0, "tcgetattr");
+        termios
+    }
+}
+
+/// The parts of the terminal settings raw mode changes.
+fn modes(termios: &libc::termios) -> (u32, u32, u32, u32, Vec<u8>) {
+    (
+        termios.c_iflag,
+        termios.c_oflag,
+        termios.c_cflag,
+        termios.c_lflag,
+        termios.c_cc.to_vec(),
+    )
+}
+
+fn ctrl_c_reaches_the_remote_command_and_the_terminal_is_restored(extra: &[&str]) {
+    let script = "stty size; trap 'echo INTERRUPTED; exit 9' INT; echo ready; \
+                  while :; do sleep 0.01; done";
+    let mut args = vec!["run"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["-t", "--", "sh", "-c", script]);
+    let mut terminal = OnTerminal::start(33, 101, &args);
+    let before = modes(&terminal.initial);
+    terminal.expect("33 101\r\n");
+    terminal.expect("ready");
+    let during = terminal.settings();
+    assert_eq!(
+        during.c_lflag & libc::ICANON,
+        0,
+        "our terminal is in raw mode while the command runs"
+    );
+    // In raw mode Ctrl-C is a byte; the remote terminal turns it into SIGINT.
+    terminal.type_keys(b"\x03");
+    terminal.expect("INTERRUPTED");
+    assert_eq!(terminal.wait(), 9);
+    assert_eq!(
+        modes(&terminal.settings()),
+        before,
+        "terminal settings restored"
+    );
+}
+
+#[test]
+fn embedded_tty_shows_the_size_passes_ctrl_c_and_restores_the_terminal() {
+    ctrl_c_reaches_the_remote_command_and_the_terminal_is_restored(&[]);
+}
+
+#[test]
+fn remote_tty_shows_the_size_passes_ctrl_c_and_restores_the_terminal() {
+    let served = Served::start();
+    ctrl_c_reaches_the_remote_command_and_the_terminal_is_restored(&["--connect", &served.unix]);
+}
+
+#[test]
+fn keystrokes_and_resizes_reach_the_remote_terminal() {
+    let script = "trap 'stty size' WINCH; echo ready; IFS= read -r line; echo \"got:$line\"; \
+                  IFS= read -r _; exit 3";
+    let mut terminal = OnTerminal::start(24, 80, &["run", "-t", "--", "sh", "-c", script]);
+    terminal.expect("ready");
+    terminal.type_keys(b"hello\r");
+    terminal.expect("got:hello");
+    terminal
+        .master
+        .resize(PtySize {
+            rows: 40,
+            cols: 120,
+            pixel_width: 0,
+            pixel_height: 0,
+        })
+        .expect("resize");
+    terminal.expect("40 120\r\n");
+    terminal.type_keys(b"\r");
+    assert_eq!(terminal.wait(), 3);
+}
+
+#[test]
+fn errors_leave_the_terminal_as_it_was() {
+    let mut terminal = OnTerminal::start(24, 80, &["run", "-t", "--", "capexec-no-such-program"]);
+    let before = modes(&terminal.initial);
+    assert_eq!(terminal.wait(), 127);
+    terminal.expect("capexec: program not found: capexec-no-such-program\r\n");
+    assert_eq!(modes(&terminal.settings()), before);
+}
+
+#[test]
+fn without_a_local_terminal_the_remote_one_is_24x80_or_given() {
+    let default = finish(capexec(&["run", "-t", "-n", "--", "stty", "size"]), None);
+    assert_eq!(default.code, 0);
+    assert_eq!(default.stdout, b"24 80\r\n");
+    let sized = finish(
+        capexec(&["run", "-t", "--size", "30x100", "-n", "--", "stty", "size"]),
+        None,
+    );
+    assert_eq!(sized.stdout, b"30 100\r\n");
+    let bad = finish(capexec(&["run", "-t", "--size", "30", "--", "true"]), None);
+    assert_eq!(bad.code, 125);
+    assert_eq!(
+        text(&bad.stderr),
+        "capexec: --size expects ROWSxCOLS (for example 24x80), got \"30\"\n"
+    );
+}
+
+#[test]
+fn a_signal_to_capexec_or_a_lost_server_also_restores_the_terminal() {
+    // SIGTERM to capexec goes to the command; capexec reports its death.
+    let mut terminal = OnTerminal::start(
+        24,
+        80,
+        &["run", "-t", "--", "sh", "-c", "echo ready; exec sleep 1000"],
+    );
+    let before = modes(&terminal.initial);
+    terminal.expect("ready");
+    let pid = terminal.child.process_id().expect("pid") as i32;
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    assert_eq!(terminal.wait(), 128 + libc::SIGTERM as u32);
+    assert_eq!(modes(&terminal.settings()), before);
+
+    // The server dies mid-run: one line, exit 125, terminal restored.
+    let mut served = Served::start();
+    let mut terminal = OnTerminal::start(
+        24,
+        80,
+        &[
+            "run",
+            "--connect",
+            &served.unix,
+            "-t",
+            "--",
+            "sh",
+            "-c",
+            "echo \"pid-$$-\"; exec sleep 1000",
+        ],
+    );
+    let before = modes(&terminal.initial);
+    terminal.expect("-\r\n");
+    let shown = text(&terminal.seen);
+    let orphan: i32 = shown
+        .rsplit("pid-")
+        .next()
+        .and_then(|rest| rest.split('-').next())
+        .and_then(|pid| pid.parse().ok())
+        .expect("remote pid");
+    served.child.kill().expect("kill the server");
+    let _ = served.child.wait();
+    assert_eq!(terminal.wait(), 125);
+    terminal.expect("capexec: lost the command");
+    assert_eq!(modes(&terminal.settings()), before);
+    // A server killed outright cannot clean up; do not leave its child.
+    // SAFETY: kill(2) on a process this test started.
+    unsafe { libc::kill(orphan, libc::SIGKILL) };
+}
