@@ -223,6 +223,41 @@ async fn exit_codes_and_signals_come_through(ctx: Ctx) {
     ));
 }
 
+/// Lossless mode holds for terminals too: 3 MiB through a raw terminal
+/// and a slow reader arrive intact.
+async fn lossless_output_through_a_terminal(ctx: Ctx) {
+    let dir = common::data::TempDir::new("tty-lossless");
+    let file = dir.path().join("data");
+    let len = 3 << 20;
+    common::data::write_pattern_file(&file, 77, len);
+    let mut command = tty("stty raw -echo; cat \"$1\"", 24, 80);
+    command
+        .arg("sh")
+        .arg(&file)
+        .flow(capexec::model::Flow::Lossless);
+    let process = command.spawn(&ctx.executor).await.expect("spawn");
+    let mut checker = common::data::PatternChecker::new(77);
+    let mut after = 0;
+    loop {
+        let outcome = process
+            .read(after, 16 * 1024, Duration::from_secs(10))
+            .await
+            .expect("read");
+        for event in &outcome.events {
+            match &event.body {
+                EventBody::Output { data, .. } => checker.check(data),
+                EventBody::Gap { .. } => panic!("lossless mode lost {event:?}"),
+                _ => {}
+            }
+        }
+        after = outcome.next_seq - 1;
+        if outcome.events.iter().any(|e| e.body == EventBody::Closed) {
+            break;
+        }
+    }
+    assert_eq!(checker.checked, len as u64);
+}
+
 backend_tests!(
     child_sees_a_terminal_of_the_start_size,
     resize_changes_the_size_and_signals_winch,
@@ -232,4 +267,5 @@ backend_tests!(
     ctrl_c_interrupts_the_foreground_job,
     dropping_the_process_kills_the_session,
     exit_codes_and_signals_come_through,
+    lossless_output_through_a_terminal,
 );
