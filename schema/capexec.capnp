@@ -78,6 +78,8 @@ interface Executor {
   #   [capexec:bad-cwd]            `cwd` does not exist or is not a directory;
   #   [capexec:unsupported]        the server cannot honour a requested
   #                                feature;
+  #   [capexec:unavailable]        the server starts nothing new (it is
+  #                                shutting down);
   #   [capexec:spawn-failed]       any other operating-system failure.
   # A failed start leaves nothing behind: no process, no zombie, no open file.
 }
@@ -144,9 +146,11 @@ enum OutputFlow {
   lossless @1;
   # When the owner has not consumed a full window of output (512 KiB), the
   # server stops draining the child's pipes, so the child blocks in write(2)
-  # exactly as it would writing into a local pipe. Consuming output (a `read`
-  # with a later `afterSeq`, or a subscription's acknowledged `push`) resumes
-  # it. Nothing the owner has not consumed is ever evicted.
+  # exactly as it would writing into a local pipe. Consuming output resumes
+  # it: a `read` with a later `afterSeq`, or a subscription's `push` once
+  # the sink's stream flow control has taken it (at most one stream window,
+  # 512 KiB, ahead of the sink's acknowledgements). Nothing the owner has not
+  # consumed is ever evicted.
 }
 
 # ---------------------------------------------------------------------------
@@ -211,8 +215,8 @@ interface Process {
   # slows only its own subscription. In retain mode, a subscriber that falls
   # behind the retained log receives a `gap` event naming the lost seqs and
   # continues with the oldest retained event; it never slows the child or
-  # other subscribers. In lossless mode, acknowledged pushes count as
-  # consumption (see `OutputFlow.lossless`).
+  # other subscribers. In lossless mode, pushes taken by the stream's flow
+  # control count as consumption (see `OutputFlow.lossless`).
 
   info @6 () -> (info :ProcessInfo);
   # A snapshot of the process and its retained log.

@@ -304,16 +304,19 @@ pub enum StartErrorKind {
     PermissionDenied,
     BadCwd,
     Unsupported,
+    /// The executor cannot start anything now (it is shutting down).
+    Unavailable,
     SpawnFailed,
 }
 
 impl StartErrorKind {
-    const ALL: [StartErrorKind; 6] = [
+    const ALL: [StartErrorKind; 7] = [
         StartErrorKind::InvalidArgument,
         StartErrorKind::ProgramNotFound,
         StartErrorKind::PermissionDenied,
         StartErrorKind::BadCwd,
         StartErrorKind::Unsupported,
+        StartErrorKind::Unavailable,
         StartErrorKind::SpawnFailed,
     ];
 
@@ -324,6 +327,7 @@ impl StartErrorKind {
             StartErrorKind::PermissionDenied => "permission-denied",
             StartErrorKind::BadCwd => "bad-cwd",
             StartErrorKind::Unsupported => "unsupported",
+            StartErrorKind::Unavailable => "unavailable",
             StartErrorKind::SpawnFailed => "spawn-failed",
         }
     }

@@ -245,12 +245,7 @@ fn a_signal_to_capexec_or_a_lost_server_also_restores_the_terminal() {
     let before = modes(&terminal.initial);
     terminal.expect("-\r\n");
     let shown = text(&terminal.seen);
-    let orphan: i32 = shown
-        .rsplit("pid-")
-        .next()
-        .and_then(|rest| rest.split('-').next())
-        .and_then(|pid| pid.parse().ok())
-        .expect("remote pid");
+    let orphan = common::pid_after(&shown, "pid-") as i32;
     served.child.kill().expect("kill the server");
     let _ = served.child.wait();
     assert_eq!(terminal.wait(), 125);

@@ -290,8 +290,17 @@ fn shutdown_terminates_processes_and_removes_socket_files() {
             .expect("spawn");
         let (_, text) = read_until_output_contains(&process, "\n").await;
         let pid: u32 = text.trim().parse().expect("pid");
+        // A finished process whose leftover ignores SIGTERM goes too.
+        let finished = sh("(trap '' TERM; exec sleep 1000) >/dev/null 2>&1 & echo $!")
+            .spawn(&connection.executor())
+            .await
+            .expect("spawn");
+        let (_, text) = read_until_output_contains(&finished, "\n").await;
+        let leftover: u32 = text.trim().parse().expect("leftover pid");
+        finished.wait().await.expect("the leader exits at once");
         server.stop();
         procfs::wait_gone(pid).await;
+        procfs::wait_gone(leftover).await;
         assert!(!socket_path.exists(), "socket file left behind");
         let mut lock = socket_path.as_os_str().to_owned();
         lock.push(".lock");

@@ -188,12 +188,7 @@ async fn dropping_the_process_kills_the_session(ctx: Ctx) {
     let shell = process.info().await.expect("info").pid;
     type_line(&process, "sleep 1000 & echo \"bg-$!-\"\n", "w1").await;
     let (_, text) = read_until_output_contains(&process, "-\r\n").await;
-    let background: u32 = text
-        .rsplit("bg-")
-        .next()
-        .and_then(|rest| rest.split('-').next())
-        .and_then(|pid| pid.parse().ok())
-        .expect("background pid");
+    let background = common::pid_after(&text, "bg-");
     let (_, _, pgrp, session, _) = stat(background).expect("background job");
     assert_eq!(session, shell as i32);
     assert_ne!(
@@ -203,6 +198,45 @@ async fn dropping_the_process_kills_the_session(ctx: Ctx) {
     drop(process);
     procfs::wait_gone(shell).await;
     procfs::wait_gone(background).await;
+}
+
+/// Releasing a terminal process ends every job of its session, also one
+/// in a group of its own that ignores SIGTERM.
+async fn dropping_the_process_kills_session_jobs_that_ignore_sigterm(ctx: Ctx) {
+    let script = "set -m; sh -c 'trap \"\" TERM; exec sleep 1000' & echo \"job-$!-\"; wait";
+    let process = tty(script, 24, 80)
+        .spawn(&ctx.executor)
+        .await
+        .expect("spawn");
+    let shell = process.info().await.expect("info").pid;
+    let (_, text) = read_until_output_contains(&process, "-\r\n").await;
+    let job = common::pid_after(&text, "job-");
+    let (_, _, pgrp, _, _) = stat(job).expect("job");
+    assert_ne!(pgrp, shell as i32, "the job has a group of its own");
+    drop(process);
+    procfs::wait_gone(shell).await;
+    procfs::wait_gone(job).await;
+}
+
+/// On a terminal too, the exit event follows the child's last output.
+async fn exit_follows_the_last_output(ctx: Ctx) {
+    for _ in 0..300 {
+        let process = tty("printf 'last words'; exit 3", 24, 80)
+            .spawn(&ctx.executor)
+            .await
+            .expect("spawn");
+        let events = read_until_closed(&process).await;
+        let kinds: Vec<&str> = events
+            .iter()
+            .map(|event| match event.body {
+                EventBody::Output { .. } => "output",
+                EventBody::Exited(_) => "exited",
+                EventBody::Closed => "closed",
+                EventBody::Gap { .. } => "gap",
+            })
+            .collect();
+        assert_eq!(kinds, ["output", "exited", "closed"], "{events:?}");
+    }
 }
 
 async fn exit_codes_and_signals_come_through(ctx: Ctx) {
@@ -268,4 +302,6 @@ backend_tests!(
     dropping_the_process_kills_the_session,
     exit_codes_and_signals_come_through,
     lossless_output_through_a_terminal,
+    dropping_the_process_kills_session_jobs_that_ignore_sigterm,
+    exit_follows_the_last_output,
 );

@@ -43,25 +43,39 @@ async fn accepted(write: PendingWrite) -> bool {
     matches!(write.outcome().await, Ok(WriteStatus::Accepted))
 }
 
-/// Forwards SIGINT, SIGTERM and SIGHUP to the command instead of dying of
-/// them.
-pub async fn signals(process: RemoteProcess) {
-    let kinds = [
-        (SignalKind::interrupt(), Signal::Int),
-        (SignalKind::terminate(), Signal::Term),
-        (SignalKind::hangup(), Signal::Hup),
-    ];
-    let mut streams = Vec::new();
-    for (kind, name) in kinds {
-        match signal(kind) {
-            Ok(stream) => streams.push(signal_stream(stream).map(move |()| name)),
-            Err(error) => tracing::warn!(%error, %name, "cannot forward signal"),
+/// SIGINT, SIGTERM and SIGHUP, caught from the moment this is created (so
+/// none of them kills capexec while the command starts) and then forwarded
+/// to the command by [`Signals::forward`].
+pub struct Signals {
+    received: futures::stream::SelectAll<std::pin::Pin<Box<dyn futures::Stream<Item = Signal>>>>,
+}
+
+impl Signals {
+    pub fn catch() -> Signals {
+        let kinds = [
+            (SignalKind::interrupt(), Signal::Int),
+            (SignalKind::terminate(), Signal::Term),
+            (SignalKind::hangup(), Signal::Hup),
+        ];
+        let mut streams: Vec<std::pin::Pin<Box<dyn futures::Stream<Item = Signal>>>> = Vec::new();
+        for (kind, name) in kinds {
+            match signal(kind) {
+                Ok(stream) => streams.push(Box::pin(signal_stream(stream).map(move |()| name))),
+                Err(error) => tracing::warn!(%error, %name, "cannot catch signal"),
+            }
+        }
+        Signals {
+            received: futures::stream::select_all(streams),
         }
     }
-    let mut received = futures::stream::select_all(streams);
-    while let Some(name) = received.next().await {
-        if let Err(error) = process.signal(name).await {
-            tracing::warn!(%error, %name, "cannot forward signal");
+
+    /// Forwards every signal caught (including any caught before) to the
+    /// command.
+    pub async fn forward(mut self, process: RemoteProcess) {
+        while let Some(name) = self.received.next().await {
+            if let Err(error) = process.signal(name).await {
+                tracing::warn!(%error, %name, "cannot forward signal");
+            }
         }
     }
 }

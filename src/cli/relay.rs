@@ -49,6 +49,7 @@ async fn run_to_close(
     executor: &executor::Client,
     raw: bool,
 ) -> Result<i32, Failure> {
+    let signals = forward::Signals::catch();
     // Start and subscribe in one round trip: the subscription is pipelined
     // on the process the start is about to return.
     let (process, started) = command.spawn_pipelined(executor);
@@ -70,7 +71,7 @@ async fn run_to_close(
     if !args.no_stdin {
         tokio::task::spawn_local(forward::stdin(process.clone()));
     }
-    let signals = tokio::task::spawn_local(forward::signals(process.clone()));
+    let signals = tokio::task::spawn_local(signals.forward(process.clone()));
     let resizes = (args.tty && args.size.is_none())
         .then(|| tokio::task::spawn_local(forward::resizes(process.clone())));
 

@@ -182,19 +182,27 @@ impl Command {
 
     /// Runs the process to completion and collects its output (stdin is
     /// /dev/null unless set to piped, in which case it is closed at once).
+    /// Lossless unless another flow was set; if output was evicted all the
+    /// same, the result is [`Error::OutputLost`], never truncated output.
     pub async fn output(&self, executor: &executor::Client) -> Result<Output, Error> {
         let process = self.start_to_completion(executor).await?;
         let mut events = process.events(0).await?;
         let (mut stdout, mut stderr, mut status) = (Vec::new(), Vec::new(), None);
         while let Some(event) = events.next().await {
-            match event?.body {
+            let event = event?;
+            match event.body {
                 EventBody::Output { stream, data } => match stream {
                     OutputStream::Stdout | OutputStream::Pty => stdout.extend_from_slice(&data),
                     OutputStream::Stderr => stderr.extend_from_slice(&data),
                 },
                 EventBody::Exited(exit) => status = Some(exit),
                 EventBody::Closed => break,
-                EventBody::Gap { .. } => {}
+                EventBody::Gap { from_seq } => {
+                    return Err(Error::OutputLost {
+                        from_seq,
+                        to_seq: event.seq,
+                    });
+                }
             }
         }
         Ok(Output {

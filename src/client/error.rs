@@ -12,6 +12,9 @@ pub enum Error {
     /// The event stream ended before the process closed (the connection or
     /// the subscription was lost).
     EventsEnded,
+    /// Output the caller asked to collect was evicted before it could be
+    /// read (retain mode): seqs `from_seq..=to_seq` are lost.
+    OutputLost { from_seq: u64, to_seq: u64 },
 }
 
 impl fmt::Display for Error {
@@ -20,6 +23,10 @@ impl fmt::Display for Error {
             Error::Start(error) => write!(f, "{}", error.message),
             Error::Rpc(error) => write!(f, "{}", describe(error)),
             Error::EventsEnded => write!(f, "the event stream ended before the process closed"),
+            Error::OutputLost { from_seq, to_seq } => write!(
+                f,
+                "output lost: events {from_seq}..={to_seq} were evicted before they were read"
+            ),
         }
     }
 }

@@ -15,13 +15,23 @@ pub(crate) fn signal_group(pgid: i32, signal: i32) -> io::Result<bool> {
     }
 }
 
-/// Whether any process (zombies included) is still in group `pgid`.
-pub(crate) fn group_exists(pgid: i32) -> bool {
+/// Whether any process (zombies included) is in group `pgid`.
+pub(crate) fn group_has_members(pgid: i32) -> bool {
     // SAFETY: signal 0 only checks that the group exists.
     if unsafe { libc::kill(-pgid, 0) } == 0 {
         return true;
     }
     io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+/// Whether any process (zombies included) belongs to session `sid`.
+pub(crate) fn session_has_members(sid: i32) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    dir.flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .any(|pid| session_of(pid) == Some(sid))
 }
 
 /// Sends `signal` to every process of session `sid`, including those a job

@@ -5,10 +5,11 @@
 //! `Send + Sync`. The RPC layer is a thin skin over [`Engine`] and
 //! [`ProcessOwner`].
 
+mod handle;
 mod kill;
 pub mod log;
 mod output;
-pub mod process;
+mod process;
 pub mod reaper;
 mod spawn;
 pub mod spec;
@@ -17,26 +18,27 @@ mod terminal;
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 
+pub use self::handle::{
+    CloseTicket, Process, ProcessOwner, ProcessSnapshot, ReadError, ReadOutcome, ResizeError,
+    WriteError, WriteTicket,
+};
 pub use self::log::{Batch, LogLimits};
 pub use self::output::CHUNK_SIZE;
-pub use self::process::{
-    CloseTicket, MAX_WRITE_BYTES, Process, ProcessLimits, ProcessOwner, ProcessSnapshot, ReadError,
-    ReadOutcome, ResizeError, WriteError, WriteTicket,
-};
+pub use self::process::{MAX_QUEUED_STDIN_BYTES, MAX_WRITE_BYTES, ProcessLimits};
 pub use self::reaper::{become_subreaper, is_subreaper};
 pub use self::spec::{EnvSpec, StartSpec};
 pub use self::stdin::REMEMBERED_WRITE_IDS;
 
 use self::output::OutputSource;
 use self::process::{Shared, SharedParts};
-use self::reaper::ExitWait;
+use self::reaper::Leader;
 use self::spawn::{ChildStdio, SpawnedChild};
 use self::stdin::StdinState;
 use self::terminal::{Terminal, TerminalWriter};
@@ -52,6 +54,7 @@ struct EngineInner {
     limits: ProcessLimits,
     live: Mutex<HashMap<u64, Weak<Shared>>>,
     next_id: AtomicU64,
+    closing: AtomicBool,
 }
 
 impl EngineInner {
@@ -75,6 +78,7 @@ impl Engine {
                 limits,
                 live: Mutex::new(HashMap::new()),
                 next_id: AtomicU64::new(1),
+                closing: AtomicBool::new(false),
             }),
         }
     }
@@ -86,6 +90,9 @@ impl Engine {
     /// Spawns a process. Must be called within a tokio runtime, which then
     /// runs the process's tasks.
     pub fn start(&self, spec: &StartSpec) -> Result<ProcessOwner, StartError> {
+        if self.inner.closing.load(Ordering::Acquire) {
+            return Err(shutting_down());
+        }
         if spec.tty {
             self.start_on_terminal(spec)
         } else {
@@ -98,32 +105,28 @@ impl Engine {
             pipe_stdin: spec.pipe_stdin,
         };
         let SpawnedChild {
-            pid,
+            leader,
             stdin,
             stdout,
             stderr,
-            exit,
         } = spawn::spawn(spec, stdio)?;
+        // The Leader owns the child: if anything fails from here on, its
+        // drop kills and reaps it.
         let attach = || -> std::io::Result<_> {
             let stdout = OutputSource::pipe(OutputStream::Stdout, required(stdout)?)?;
             let stderr = OutputSource::pipe(OutputStream::Stderr, required(stderr)?)?;
             let stdin = stdin.map(pipe::Sender::from_owned_fd).transpose()?;
             Ok((stdout, stderr, stdin))
         };
-        match attach() {
-            Ok((stdout, stderr, stdin)) => Ok(self.launch(Launch {
-                spec,
-                pid,
-                sources: [Some(stdout), Some(stderr)],
-                stdin: stdin.map(|sink| Box::new(sink) as StdinSink),
-                terminal: None,
-                exit,
-            })),
-            Err(error) => {
-                abandon(pid, exit);
-                Err(attach_failed(pid, &error))
-            }
-        }
+        let (stdout, stderr, stdin) =
+            attach().map_err(|error| attach_failed(leader.pid(), &error))?;
+        self.launch(Launch {
+            spec,
+            leader,
+            sources: [Some(stdout), Some(stderr)],
+            stdin: stdin.map(|sink| Box::new(sink) as StdinSink),
+            terminal: None,
+        })
     }
 
     fn start_on_terminal(&self, spec: &StartSpec) -> Result<ProcessOwner, StartError> {
@@ -136,27 +139,31 @@ impl Engine {
         })?;
         let child = spawn::spawn(spec, ChildStdio::Terminal(slave_path))?;
         drop(slave);
+        let leader = child.leader;
         let io = terminal.io();
-        Ok(self.launch(Launch {
+        self.launch(Launch {
             spec,
-            pid: child.pid,
+            leader,
             sources: [Some(OutputSource::terminal(Arc::clone(&io))), None],
             stdin: Some(Box::new(TerminalWriter(io))),
             terminal: Some(terminal),
-            exit: child.exit,
-        }))
+        })
     }
 
     /// Takes charge of a spawned child: shared state, stdin writer, pump.
-    fn launch(&self, launch: Launch<'_>) -> ProcessOwner {
+    fn launch(&self, launch: Launch<'_>) -> Result<ProcessOwner, StartError> {
         let Launch {
             spec,
-            pid,
+            leader,
             sources,
             stdin,
             terminal,
-            exit,
         } = launch;
+        let pid = leader.pid();
+        if self.inner.closing.load(Ordering::Acquire) {
+            // Lost the race with shutdown: the leader's drop kills the child.
+            return Err(shutting_down());
+        }
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let span = tracing::info_span!(
             "process",
@@ -174,8 +181,9 @@ impl Engine {
             None => (None, StdinState::NotPiped, None),
         };
         let engine = Arc::downgrade(&self.inner);
+        let leader = Arc::new(leader);
         let shared = Shared::new(SharedParts {
-            pid,
+            leader: Arc::clone(&leader),
             tty: spec.tty,
             flow: spec.flow,
             limits: self.inner.limits,
@@ -192,20 +200,15 @@ impl Engine {
         self.inner.live().insert(id, Arc::downgrade(&shared));
 
         if let Some((sink, queue)) = writer {
-            let weak = Arc::downgrade(&shared);
             tokio::spawn(stdin::run_writer(
                 sink,
                 queue,
                 shared.exited.clone(),
-                move || {
-                    if let Some(shared) = weak.upgrade() {
-                        shared.mark_stdin_closed_by_child();
-                    }
-                },
+                shared.stdin_events(),
             ));
         }
-        tokio::spawn(output::pump(Arc::clone(&shared), sources, exit));
-        ProcessOwner::new(shared)
+        tokio::spawn(output::pump(Arc::clone(&shared), sources, leader));
+        Ok(ProcessOwner::new(shared))
     }
 
     /// Processes whose state is still held (running, or finished but not yet
@@ -218,23 +221,24 @@ impl Engine {
             .count()
     }
 
-    /// Terminates every live process (SIGTERM, SIGKILL after the grace) and
-    /// waits until all have exited.
+    /// Refuses new processes from now on, terminates every live one (SIGTERM,
+    /// SIGKILL after the grace, then reaped; finished ones lose what is left
+    /// of their trees) and waits until that is done.
     pub async fn shutdown(&self) {
-        let live: Vec<Process> = self
+        self.inner.closing.store(true, Ordering::Release);
+        let live: Vec<Arc<Shared>> = self
             .inner
             .live()
             .values()
             .filter_map(Weak::upgrade)
-            .map(|shared| Process { shared })
             .collect();
-        for process in &live {
-            process.terminate();
+        for shared in &live {
+            shared.start_termination();
         }
-        let patience = self.inner.limits.kill_grace + Duration::from_secs(2);
-        let all_exited = futures::future::join_all(live.iter().map(Process::wait_exited));
-        if tokio::time::timeout(patience, all_exited).await.is_err() {
-            tracing::warn!("some processes did not exit during shutdown");
+        let patience = self.inner.limits.kill_grace + Duration::from_secs(3);
+        let all_done = futures::future::join_all(live.iter().map(|s| s.terminated.cancelled()));
+        if tokio::time::timeout(patience, all_done).await.is_err() {
+            tracing::warn!("some processes were still being terminated at shutdown");
         }
     }
 }
@@ -243,11 +247,17 @@ type StdinSink = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
 
 struct Launch<'a> {
     spec: &'a StartSpec,
-    pid: i32,
+    leader: Leader,
     sources: [Option<OutputSource>; 2],
     stdin: Option<StdinSink>,
     terminal: Option<Terminal>,
-    exit: ExitWait,
+}
+
+fn shutting_down() -> StartError {
+    StartError::new(
+        StartErrorKind::Unavailable,
+        "the executor is shutting down and starts nothing new",
+    )
 }
 
 fn attach_failed(pid: i32, error: &std::io::Error) -> StartError {
@@ -259,12 +269,6 @@ fn attach_failed(pid: i32, error: &std::io::Error) -> StartError {
 
 fn required(fd: Option<OwnedFd>) -> std::io::Result<OwnedFd> {
     fd.ok_or_else(|| std::io::Error::other("the child has no pipe for this stream"))
-}
-
-/// Kills a child we could not take charge of, and reaps it.
-fn abandon(pid: i32, exit: ExitWait) {
-    let _ = kill::signal_group(pid, libc::SIGKILL);
-    tokio::spawn(exit.wait());
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use tokio::net::unix::pipe;
 use tokio::time::Instant;
 
 use crate::engine::process::Shared;
-use crate::engine::reaper::ExitWait;
+use crate::engine::reaper::Leader;
 use crate::model::{ExitStatus, OutputStream};
 
 /// Largest chunk read at once: one pipe buffer, small enough that every
@@ -51,6 +51,10 @@ impl OutputSource {
             stream: OutputStream::Pty,
             reader: Reader::Terminal(master),
         }
+    }
+
+    fn is_terminal(&self) -> bool {
+        matches!(self.reader, Reader::Terminal(_))
     }
 
     async fn readable(&self) -> io::Result<()> {
@@ -176,29 +180,44 @@ async fn readable(slot: &Option<OutputSource>) -> io::Result<()> {
 /// respects the window.
 struct PendingExit {
     status: ExitStatus,
-    unread: [usize; 2],
+    /// Bytes still to read per source; `None` while a terminal settles.
+    unread: Option<[usize; 2]>,
+    /// A terminal passes the child's last writes to its master
+    /// asynchronously; until this deadline (or EOF) the count is not known.
+    settle_until: Instant,
 }
+
+/// How long a terminal's last output may take to reach its master.
+const TERMINAL_SETTLE: Duration = Duration::from_millis(50);
 
 pub(crate) async fn pump(
     shared: Arc<Shared>,
     mut sources: [Option<OutputSource>; 2],
-    exit: ExitWait,
+    leader: Arc<Leader>,
 ) {
     let mut buf = BytesMut::with_capacity(CHUNK_SIZE);
-    let exit = exit.wait();
+    let exit = leader.exited();
     tokio::pin!(exit);
-    let mut reaped = false;
+    let mut exited = false;
     let mut pending_exit: Option<PendingExit> = None;
     let mut exit_logged = false;
     let mut changes = shared.watch_changes();
     let mut abandon_at: Option<Instant> = None;
     loop {
-        if let Some(pending) = &pending_exit
-            && pending.unread.iter().all(|&n| n == 0)
-        {
-            shared.record_exit(pending.status);
-            pending_exit = None;
-            exit_logged = true;
+        if let Some(pending) = &mut pending_exit {
+            if pending.unread.is_none()
+                && (sources.iter().all(Option::is_none) || Instant::now() >= pending.settle_until)
+            {
+                pending.unread = Some(unread_now(&sources));
+            }
+            if pending
+                .unread
+                .is_some_and(|unread| unread.iter().all(|&n| n == 0))
+            {
+                shared.record_exit(pending.status);
+                pending_exit = None;
+                exit_logged = true;
+            }
         }
         if exit_logged && sources.iter().all(Option::is_none) {
             shared.record_closed();
@@ -207,9 +226,13 @@ pub(crate) async fn pump(
         changes.borrow_and_update();
         let paused = shared.output_paused();
         let released = shared.is_released();
-        if released && reaped && abandon_at.is_none() {
+        if released && exited && abandon_at.is_none() {
             abandon_at = Some(Instant::now() + ABANDON_OUTPUT_AFTER);
         }
+        let settling = pending_exit
+            .as_ref()
+            .filter(|pending| pending.unread.is_none())
+            .map(|pending| pending.settle_until);
         let mut read = [0usize; 2];
         tokio::select! {
             result = readable(&sources[0]), if sources[0].is_some() && !paused => {
@@ -218,12 +241,17 @@ pub(crate) async fn pump(
             result = readable(&sources[1]), if sources[1].is_some() && !paused => {
                 if result.is_err() { sources[1] = None } else { read[1] = drain_once(&shared, &mut sources[1], &mut buf) }
             }
-            status = &mut exit, if !reaped => {
-                reaped = true;
-                shared.record_reaped();
-                let unread = [0, 1].map(|i| sources[i].as_ref().map_or(0, OutputSource::pending_bytes));
-                pending_exit = Some(PendingExit { status, unread });
+            status = &mut exit, if !exited => {
+                exited = true;
+                shared.record_child_exited();
+                let terminal = sources.iter().flatten().any(OutputSource::is_terminal);
+                pending_exit = Some(PendingExit {
+                    status,
+                    unread: (!terminal).then(|| unread_now(&sources)),
+                    settle_until: Instant::now() + TERMINAL_SETTLE,
+                });
             }
+            _ = tokio::time::sleep_until(settling.unwrap_or_else(Instant::now)), if settling.is_some() => {}
             _ = changes.changed(), if paused => {}
             _ = shared.released.cancelled(), if !released => {}
             _ = tokio::time::sleep_until(abandon_at.unwrap_or_else(Instant::now)), if abandon_at.is_some() => {
@@ -237,14 +265,22 @@ pub(crate) async fn pump(
             // more output gathers in the pipe and the next read is fuller.
             tokio::task::yield_now().await;
         }
-        if let Some(pending) = &mut pending_exit {
+        if let Some(PendingExit {
+            unread: Some(unread),
+            ..
+        }) = &mut pending_exit
+        {
             for i in 0..2 {
-                pending.unread[i] = if sources[i].is_none() {
+                unread[i] = if sources[i].is_none() {
                     0
                 } else {
-                    pending.unread[i].saturating_sub(read[i])
+                    unread[i].saturating_sub(read[i])
                 };
             }
         }
     }
+}
+
+fn unread_now(sources: &[Option<OutputSource>; 2]) -> [usize; 2] {
+    [0, 1].map(|i| sources[i].as_ref().map_or(0, OutputSource::pending_bytes))
 }

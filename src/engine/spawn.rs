@@ -1,25 +1,30 @@
-//! Starting a child that starts clean: its own session, default signal
-//! dispositions, an empty signal mask and no inherited descriptors.
+//! Starting a child that starts clean: its own session, every signal at its
+//! default disposition, an empty signal mask and nothing open above fd 2.
 //!
-//! posix_spawn(3) does it: glibc implements it with vfork-style cloning, so
-//! the cost does not grow with the server's memory, and every piece of set-up
-//! (new session, signals, descriptors, working directory, controlling
-//! terminal) is a spawn attribute or file action rather than code running
-//! between fork and exec.
+//! The child is created with clone(2) the way posix_spawn(3) creates one
+//! (CLONE_VM | CLONE_VFORK: no copy of the server's memory, so the cost does
+//! not grow with the server's size), plus CLONE_PIDFD for a handle that names
+//! exactly this child. Between clone and exec the child runs only system
+//! calls on memory prepared beforehand; unlike glibc's posix_spawn it resets
+//! every signal, the C library's reserved ones included.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicI32, Ordering};
 
-use crate::engine::reaper::{self, ExitWait};
+use crate::engine::reaper::{self, Leader};
 use crate::engine::spec::StartSpec;
 use crate::model::{StartError, StartErrorKind};
 
 /// Where `execvp` looks when the environment has no PATH.
 const DEFAULT_PATH: &str = "/bin:/usr/bin";
 const SHELL: &str = "/bin/sh";
+/// Stack of the child between clone and exec; it only makes system calls.
+const CHILD_STACK_BYTES: usize = 64 * 1024;
 
 /// The standard descriptors a child gets.
 pub(crate) enum ChildStdio {
@@ -31,18 +36,22 @@ pub(crate) enum ChildStdio {
 }
 
 pub(crate) struct SpawnedChild {
-    pub pid: i32,
+    pub leader: Leader,
     pub stdin: Option<OwnedFd>,
     pub stdout: Option<OwnedFd>,
     pub stderr: Option<OwnedFd>,
-    pub exit: ExitWait,
 }
 
 /// Checks what can be checked first, then spawns.
 pub(crate) fn spawn(spec: &StartSpec, stdio: ChildStdio) -> Result<SpawnedChild, StartError> {
     spec.validate()?;
-    let cwd = spec.effective_cwd();
-    if let Some(cwd) = cwd {
+    // Absolute, so that resolving the program here and the child's chdir
+    // agree about relative paths.
+    let cwd = match spec.effective_cwd() {
+        Some(cwd) => Some(std::path::absolute(cwd).map_err(|error| bad_cwd(cwd, &plain(&error)))?),
+        None => None,
+    };
+    if let Some(cwd) = &cwd {
         check_cwd(cwd)?;
     }
     let env = spec.child_env();
@@ -50,8 +59,8 @@ pub(crate) fn spawn(spec: &StartSpec, stdio: ChildStdio) -> Result<SpawnedChild,
         .iter()
         .find(|(name, _)| name == "PATH")
         .map(|(_, value)| value.as_os_str());
-    let program =
-        resolve_program(&spec.argv[0], path_var, cwd).map_err(|error| classify(spec, &error))?;
+    let program = resolve_program(&spec.argv[0], path_var, cwd.as_deref())
+        .map_err(|error| classify(spec, &error))?;
 
     let arg0 = spec.arg0.as_ref().unwrap_or(&spec.argv[0]);
     let mut argv: Vec<&OsStr> = vec![arg0.as_os_str()];
@@ -66,31 +75,39 @@ pub(crate) fn spawn(spec: &StartSpec, stdio: ChildStdio) -> Result<SpawnedChild,
         })
         .collect();
 
-    let mut plan = StdioPlan::new(&stdio, cwd.map(PathBuf::as_path))
-        .map_err(|error| spawn_failed(spec, &error))?;
-    let launch = |program: &Path, argv: &[&OsStr]| {
-        reaper::spawn_child(
-            || posix_spawn(program, argv, &envp, &plan.actions),
-            |&pid| pid,
-        )
-    };
-    let spawned = match launch(&program, &argv) {
-        // execvp's rule: a file the kernel cannot execute is a shell script.
-        Err(error) if error.raw_os_error() == Some(libc::ENOEXEC) => {
-            let mut shell_argv = vec![arg0.as_os_str(), program.as_os_str()];
-            shell_argv.extend(argv[1..].iter().copied());
-            launch(Path::new(SHELL), &shell_argv)
+    let session = matches!(stdio, ChildStdio::Terminal(_));
+    let mut plan = StdioPlan::new(&stdio).map_err(|error| spawn_failed(spec, &error))?;
+    let leader = reaper::spawn_leader(session, || {
+        match launch(&program, &argv, &envp, cwd.as_deref(), &plan.actions) {
+            // execvp's rule: a file the kernel cannot execute is a script.
+            Err(error) if error.raw_os_error() == Some(libc::ENOEXEC) => {
+                let mut shell_argv = vec![arg0.as_os_str(), program.as_os_str()];
+                shell_argv.extend(argv[1..].iter().copied());
+                launch(
+                    Path::new(SHELL),
+                    &shell_argv,
+                    &envp,
+                    cwd.as_deref(),
+                    &plan.actions,
+                )
+            }
+            other => other,
         }
-        other => other,
-    };
-    let (pid, exit) = spawned.map_err(|error| classify(spec, &error))?;
+    })
+    .map_err(|error| classify(spec, &error))?;
     Ok(SpawnedChild {
-        pid,
+        leader,
         stdin: plan.parent_stdin.take(),
         stdout: plan.parent_stdout.take(),
         stderr: plan.parent_stderr.take(),
-        exit,
     })
+}
+
+fn bad_cwd(cwd: &Path, why: &str) -> StartError {
+    StartError::new(
+        StartErrorKind::BadCwd,
+        format!("working directory {}: {why}", cwd.display()),
+    )
 }
 
 fn check_cwd(cwd: &Path) -> Result<(), StartError> {
@@ -100,28 +117,25 @@ fn check_cwd(cwd: &Path) -> Result<(), StartError> {
             StartErrorKind::BadCwd,
             format!("working directory {} is not a directory", cwd.display()),
         )),
-        Err(error) => Err(StartError::new(
-            StartErrorKind::BadCwd,
-            format!("working directory {}: {}", cwd.display(), plain(&error)),
-        )),
+        Err(error) => Err(bad_cwd(cwd, &plain(&error))),
     }
 }
 
-/// `execvp`'s search: a name with a slash is used as it is; otherwise the
-/// first executable file of that name along PATH. EACCES if only
-/// non-executable candidates exist, ENOENT if none.
+/// `execvp`'s search: a name with a slash is used as it is (relative to the
+/// child's working directory); otherwise the first executable file of that
+/// name along PATH. EACCES if only non-executable candidates exist, ENOENT
+/// if none.
 fn resolve_program(
     program: &OsStr,
     path_var: Option<&OsStr>,
-    cwd: Option<&PathBuf>,
+    cwd: Option<&Path>,
 ) -> io::Result<PathBuf> {
+    let in_cwd = |path: &Path| match cwd {
+        Some(cwd) if path.is_relative() => cwd.join(path),
+        _ => path.to_path_buf(),
+    };
     if program.as_bytes().contains(&b'/') {
-        let path = PathBuf::from(program);
-        // The child resolves relative paths after its chdir; so do we.
-        return Ok(match cwd {
-            Some(cwd) if path.is_relative() => cwd.join(path),
-            _ => path,
-        });
+        return Ok(in_cwd(Path::new(program)));
     }
     let path_var = path_var.unwrap_or(OsStr::new(DEFAULT_PATH));
     let mut denied = false;
@@ -131,11 +145,7 @@ fn resolve_program(
         } else {
             Path::new(OsStr::from_bytes(dir))
         };
-        let dir = match cwd {
-            Some(cwd) if dir.is_relative() => cwd.join(dir),
-            _ => dir.to_path_buf(),
-        };
-        let candidate = dir.join(program);
+        let candidate = in_cwd(dir).join(program);
         match std::fs::metadata(&candidate) {
             Ok(meta) if meta.is_file() => {
                 if executable(&candidate) {
@@ -206,14 +216,8 @@ fn c_string(text: &OsStr) -> io::Result<CString> {
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL byte in argument"))
 }
 
-fn check(rc: libc::c_int) -> io::Result<()> {
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::from_raw_os_error(rc))
-    }
-}
-
+/// A close-on-exec pipe whose ends are above the standard descriptors, so
+/// that setting up 0, 1 and 2 in the child cannot clobber one of them.
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as RawFd; 2];
     // SAFETY: pipe2 writes two descriptors into `fds`.
@@ -221,12 +225,39 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: the kernel just returned these descriptors to us alone.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    Ok((above_stdio(read)?, above_stdio(write)?))
 }
 
-/// The child's descriptors as file actions, and the parent's ends.
+fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
+    use std::os::fd::AsRawFd;
+    if fd.as_raw_fd() > 2 {
+        return Ok(fd);
+    }
+    // SAFETY: duplicates a descriptor we own to one numbered 3 or higher.
+    let high = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
+    if high < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fcntl just returned this descriptor to us alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(high) })
+}
+
+/// One step of setting up the child's standard descriptors.
+enum StdioAction {
+    /// Make `to` a copy of `from`.
+    Dup { from: RawFd, to: RawFd },
+    /// Open `path` as `to`.
+    Open {
+        path: CString,
+        flags: libc::c_int,
+        to: RawFd,
+    },
+}
+
+/// The child's descriptors, and the parent's ends of its pipes.
 struct StdioPlan {
-    actions: FileActions,
+    actions: Vec<StdioAction>,
     parent_stdin: Option<OwnedFd>,
     parent_stdout: Option<OwnedFd>,
     parent_stderr: Option<OwnedFd>,
@@ -235,10 +266,10 @@ struct StdioPlan {
 }
 
 impl StdioPlan {
-    fn new(stdio: &ChildStdio, cwd: Option<&Path>) -> io::Result<StdioPlan> {
-        let mut actions = FileActions::new()?;
+    fn new(stdio: &ChildStdio) -> io::Result<StdioPlan> {
+        use std::os::fd::AsRawFd;
         let mut plan = StdioPlan {
-            actions: FileActions::empty(),
+            actions: Vec::new(),
             parent_stdin: None,
             parent_stdout: None,
             parent_stderr: None,
@@ -248,162 +279,71 @@ impl StdioPlan {
             ChildStdio::Pipes { pipe_stdin } => {
                 if *pipe_stdin {
                     let (read, write) = pipe()?;
-                    actions.dup2(read.as_raw_fd(), 0)?;
+                    plan.actions.push(StdioAction::Dup {
+                        from: read.as_raw_fd(),
+                        to: 0,
+                    });
                     plan.parent_stdin = Some(write);
                     plan._child_ends.push(read);
                 } else {
-                    actions.open(0, Path::new("/dev/null"), libc::O_RDONLY)?;
+                    plan.actions.push(StdioAction::Open {
+                        path: c_string(OsStr::new("/dev/null"))?,
+                        flags: libc::O_RDONLY,
+                        to: 0,
+                    });
                 }
                 let (read, write) = pipe()?;
-                actions.dup2(write.as_raw_fd(), 1)?;
+                plan.actions.push(StdioAction::Dup {
+                    from: write.as_raw_fd(),
+                    to: 1,
+                });
                 plan.parent_stdout = Some(read);
                 plan._child_ends.push(write);
                 let (read, write) = pipe()?;
-                actions.dup2(write.as_raw_fd(), 2)?;
+                plan.actions.push(StdioAction::Dup {
+                    from: write.as_raw_fd(),
+                    to: 2,
+                });
                 plan.parent_stderr = Some(read);
                 plan._child_ends.push(write);
             }
             ChildStdio::Terminal(slave) => {
-                // Opened after setsid and without O_NOCTTY: it becomes the
-                // session's controlling terminal.
-                actions.open(0, slave, libc::O_RDWR)?;
-                actions.dup2(0, 1)?;
-                actions.dup2(0, 2)?;
+                // Without O_NOCTTY: it becomes the controlling terminal of
+                // the session the child has just created.
+                plan.actions.push(StdioAction::Open {
+                    path: c_string(slave.as_os_str())?,
+                    flags: libc::O_RDWR,
+                    to: 0,
+                });
+                plan.actions.push(StdioAction::Dup { from: 0, to: 1 });
+                plan.actions.push(StdioAction::Dup { from: 0, to: 2 });
             }
         }
-        actions.close_from(3)?;
-        if let Some(cwd) = cwd {
-            actions.chdir(cwd)?;
-        }
-        plan.actions = actions;
         Ok(plan)
     }
 }
 
-/// posix_spawn file actions, with the strings they point to kept alive.
-struct FileActions {
-    raw: Option<Box<libc::posix_spawn_file_actions_t>>,
-    strings: Vec<CString>,
+/// Everything the child needs, prepared before the clone.
+struct ChildPlan<'a> {
+    program: &'a CString,
+    argv: &'a [*const libc::c_char],
+    envp: &'a [*const libc::c_char],
+    cwd: Option<&'a CString>,
+    stdio: &'a [StdioAction],
+    max_signal: libc::c_int,
+    /// Descriptors to close when close_range(2) is unavailable.
+    open_fds: Option<&'a [RawFd]>,
+    /// The errno of the step that failed; shared with the parent (CLONE_VM).
+    error: AtomicI32,
 }
 
-impl FileActions {
-    fn empty() -> FileActions {
-        FileActions {
-            raw: None,
-            strings: Vec::new(),
-        }
-    }
-
-    fn new() -> io::Result<FileActions> {
-        // SAFETY: zeroed storage is what posix_spawn_file_actions_init fills.
-        let mut raw: Box<libc::posix_spawn_file_actions_t> =
-            Box::new(unsafe { std::mem::zeroed() });
-        // SAFETY: initialises the storage above.
-        check(unsafe { libc::posix_spawn_file_actions_init(&mut *raw) })?;
-        Ok(FileActions {
-            raw: Some(raw),
-            strings: Vec::new(),
-        })
-    }
-
-    fn raw(&mut self) -> io::Result<&mut libc::posix_spawn_file_actions_t> {
-        self.raw
-            .as_deref_mut()
-            .ok_or_else(|| io::Error::other("file actions are not initialised"))
-    }
-
-    fn dup2(&mut self, from: RawFd, to: RawFd) -> io::Result<()> {
-        // SAFETY: the actions are initialised; adddup2 only records the pair.
-        check(unsafe { libc::posix_spawn_file_actions_adddup2(self.raw()?, from, to) })
-    }
-
-    fn open(&mut self, fd: RawFd, path: &Path, flags: libc::c_int) -> io::Result<()> {
-        let path = c_string(path.as_os_str())?;
-        // SAFETY: the actions are initialised and `path` is kept in
-        // `self.strings` for as long as the actions live.
-        check(unsafe {
-            libc::posix_spawn_file_actions_addopen(self.raw()?, fd, path.as_ptr(), flags, 0)
-        })?;
-        self.strings.push(path);
-        Ok(())
-    }
-
-    fn close_from(&mut self, fd: RawFd) -> io::Result<()> {
-        // SAFETY: the actions are initialised.
-        check(unsafe { libc::posix_spawn_file_actions_addclosefrom_np(self.raw()?, fd) })
-    }
-
-    fn chdir(&mut self, dir: &Path) -> io::Result<()> {
-        let dir = c_string(dir.as_os_str())?;
-        // SAFETY: as in `open`, `dir` lives as long as the actions.
-        check(unsafe { libc::posix_spawn_file_actions_addchdir_np(self.raw()?, dir.as_ptr()) })?;
-        self.strings.push(dir);
-        Ok(())
-    }
-}
-
-impl Drop for FileActions {
-    fn drop(&mut self) {
-        if let Some(raw) = self.raw.as_deref_mut() {
-            // SAFETY: destroys what init created, once.
-            unsafe { libc::posix_spawn_file_actions_destroy(raw) };
-        }
-    }
-}
-
-/// posix_spawn attributes: a new session, an empty signal mask, and every
-/// signal at its default disposition (ignored ones stay ignored across exec
-/// otherwise: nohup, background jobs). The exception is glibc's own: it
-/// leaves the two real-time signals it reserves (32 and 33) ignored in every
-/// posix_spawn child, as in children of `std::process`; programs cannot use
-/// those through the C library anyway.
-struct SpawnAttributes {
-    raw: libc::posix_spawnattr_t,
-}
-
-impl SpawnAttributes {
-    fn new() -> io::Result<SpawnAttributes> {
-        // SAFETY: zeroed storage is what posix_spawnattr_init fills; the
-        // signal sets are initialised before use.
-        unsafe {
-            let mut attributes = SpawnAttributes {
-                raw: std::mem::zeroed(),
-            };
-            check(libc::posix_spawnattr_init(&mut attributes.raw))?;
-            let mut empty: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut empty);
-            let mut all: libc::sigset_t = std::mem::zeroed();
-            libc::sigfillset(&mut all);
-            check(libc::posix_spawnattr_setsigmask(
-                &mut attributes.raw,
-                &empty,
-            ))?;
-            check(libc::posix_spawnattr_setsigdefault(
-                &mut attributes.raw,
-                &all,
-            ))?;
-            let flags = libc::POSIX_SPAWN_SETSID
-                | libc::POSIX_SPAWN_SETSIGMASK as libc::c_short
-                | libc::POSIX_SPAWN_SETSIGDEF as libc::c_short;
-            check(libc::posix_spawnattr_setflags(&mut attributes.raw, flags))?;
-            Ok(attributes)
-        }
-    }
-}
-
-impl Drop for SpawnAttributes {
-    fn drop(&mut self) {
-        // SAFETY: destroys what init created, once.
-        unsafe { libc::posix_spawnattr_destroy(&mut self.raw) };
-    }
-}
-
-fn posix_spawn(
+fn launch(
     program: &Path,
     argv: &[&OsStr],
     envp: &[OsString],
-    actions: &FileActions,
-) -> io::Result<i32> {
+    cwd: Option<&Path>,
+    stdio: &[StdioAction],
+) -> io::Result<(i32, OwnedFd)> {
     let program = c_string(program.as_os_str())?;
     let argv: Vec<CString> = argv
         .iter()
@@ -413,30 +353,199 @@ fn posix_spawn(
         .iter()
         .map(|e| c_string(e))
         .collect::<io::Result<_>>()?;
-    let mut argv_ptrs: Vec<*mut libc::c_char> =
-        argv.iter().map(|a| a.as_ptr().cast_mut()).collect();
-    argv_ptrs.push(std::ptr::null_mut());
-    let mut envp_ptrs: Vec<*mut libc::c_char> =
-        envp.iter().map(|e| e.as_ptr().cast_mut()).collect();
-    envp_ptrs.push(std::ptr::null_mut());
-    let attributes = SpawnAttributes::new()?;
-    let raw_actions = actions
-        .raw
-        .as_deref()
-        .ok_or_else(|| io::Error::other("file actions are not initialised"))?;
-    let mut pid: libc::pid_t = 0;
-    // SAFETY: every pointer refers to storage that outlives the call, and
-    // the argv and envp arrays are NULL-terminated.
-    let rc = unsafe {
-        libc::posix_spawn(
-            &mut pid,
-            program.as_ptr(),
-            raw_actions,
-            &attributes.raw,
-            argv_ptrs.as_ptr(),
-            envp_ptrs.as_ptr(),
-        )
+    let cwd = cwd.map(|cwd| c_string(cwd.as_os_str())).transpose()?;
+    let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    argv_ptrs.push(std::ptr::null());
+    let mut envp_ptrs: Vec<*const libc::c_char> = envp.iter().map(|e| e.as_ptr()).collect();
+    envp_ptrs.push(std::ptr::null());
+    let open_fds = (!close_range_works()).then(list_open_fds);
+    let plan = ChildPlan {
+        program: &program,
+        argv: &argv_ptrs,
+        envp: &envp_ptrs,
+        cwd: cwd.as_ref(),
+        stdio,
+        max_signal: libc::SIGRTMAX(),
+        open_fds: open_fds.as_deref(),
+        error: AtomicI32::new(0),
     };
-    check(rc)?;
-    Ok(pid)
+    let mut stack = vec![0u8; CHILD_STACK_BYTES];
+    // The stack grows down from its 16-byte aligned top.
+    let top = (stack.as_mut_ptr() as usize + CHILD_STACK_BYTES) & !15;
+
+    // Signals stay blocked until the child has reset every handler: a
+    // handler of ours must never run in the child, which shares our memory.
+    let mut saved: libc::sigset_t = unsafe { std::mem::zeroed() };
+    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    let mut pidfd: libc::c_int = -1;
+    // SAFETY: the child runs `child_main` on `stack`, touching only `plan`
+    // and making system calls; CLONE_VFORK suspends us until it has exec'd
+    // or exited, so everything it uses outlives it.
+    let pid = unsafe {
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
+        let pid = libc::clone(
+            child_main,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD,
+            &plan as *const ChildPlan<'_> as *mut libc::c_void,
+            &mut pidfd as *mut libc::c_int,
+        );
+        let clone_error = io::Error::last_os_error();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut());
+        if pid < 0 {
+            return Err(clone_error);
+        }
+        pid
+    };
+    drop(stack);
+    // SAFETY: CLONE_PIDFD stored a new descriptor for the child in `pidfd`.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    let failed = plan.error.load(Ordering::Acquire);
+    if failed != 0 {
+        // The child has exited; reap it before reporting why.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waits on our own pidfd into `info`.
+        unsafe {
+            use std::os::fd::AsRawFd;
+            libc::waitid(
+                3, // P_PIDFD
+                pidfd.as_raw_fd() as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::__WALL,
+            );
+        }
+        return Err(io::Error::from_raw_os_error(failed));
+    }
+    Ok((pid, pidfd))
+}
+
+/// Runs in the child between clone and exec. It shares the parent's memory
+/// and must not allocate, lock or unwind: system calls only.
+extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the parent's `ChildPlan`, alive while the parent is
+    // suspended by CLONE_VFORK; all calls are raw system calls.
+    unsafe {
+        let plan = &*(arg as *const ChildPlan<'_>);
+        let fail = |plan: &ChildPlan<'_>| -> ! {
+            plan.error
+                .store((*libc::__errno_location()).max(1), Ordering::Release);
+            libc::_exit(127)
+        };
+        // Every disposition to default, through the raw call so that the
+        // signals the C library reserves are reset too. All zeros is SIG_DFL
+        // with no flags and an empty mask in the kernel's layout.
+        let default = [0u64; 4];
+        for signal in 1..=plan.max_signal {
+            if signal != libc::SIGKILL && signal != libc::SIGSTOP {
+                libc::syscall(
+                    libc::SYS_rt_sigaction,
+                    signal,
+                    default.as_ptr(),
+                    std::ptr::null_mut::<u64>(),
+                    8usize,
+                );
+            }
+        }
+        if libc::setsid() < 0 {
+            fail(plan);
+        }
+        for action in plan.stdio {
+            match action {
+                StdioAction::Open { path, flags, to } => {
+                    let fd = libc::open(path.as_ptr(), *flags);
+                    if fd < 0 {
+                        fail(plan);
+                    }
+                    if fd != *to {
+                        if libc::dup2(fd, *to) < 0 {
+                            fail(plan);
+                        }
+                        libc::close(fd);
+                    }
+                }
+                StdioAction::Dup { from, to } => {
+                    if from == to {
+                        // A dup onto itself keeps close-on-exec; clear it.
+                        libc::fcntl(*to, libc::F_SETFD, 0);
+                    } else if libc::dup2(*from, *to) < 0 {
+                        fail(plan);
+                    }
+                }
+            }
+        }
+        match plan.open_fds {
+            None => {
+                libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+            }
+            Some(fds) => {
+                for &fd in fds {
+                    if fd > 2 {
+                        libc::close(fd);
+                    }
+                }
+            }
+        }
+        if let Some(cwd) = plan.cwd
+            && libc::chdir(cwd.as_ptr()) < 0
+        {
+            fail(plan);
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        libc::execve(
+            plan.program.as_ptr(),
+            plan.argv.as_ptr(),
+            plan.envp.as_ptr(),
+        );
+        fail(plan)
+    }
+}
+
+fn close_range_works() -> bool {
+    static WORKS: OnceLock<bool> = OnceLock::new();
+    *WORKS.get_or_init(|| {
+        // An empty range far above any open descriptor changes nothing but
+        // tells whether the kernel knows the call.
+        let probe = i32::MAX as u32;
+        // SAFETY: close_range on an empty range has no effect.
+        unsafe { libc::syscall(libc::SYS_close_range, probe, probe, 0u32) == 0 }
+    })
+}
+
+fn list_open_fds() -> Vec<RawFd> {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|dir| {
+            dir.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_programs_resolve_against_the_working_directory() {
+        let cwd = Path::new("/usr");
+        assert_eq!(
+            resolve_program(OsStr::new("./bin/env"), None, Some(cwd)).expect("found"),
+            Path::new("/usr/./bin/env")
+        );
+        assert_eq!(
+            resolve_program(OsStr::new("env"), Some(OsStr::new("bin")), Some(cwd)).expect("found"),
+            Path::new("/usr/bin/env")
+        );
+        let missing = resolve_program(
+            OsStr::new("capexec-none"),
+            Some(OsStr::new("/usr/bin")),
+            None,
+        );
+        assert_eq!(
+            missing.expect_err("missing").raw_os_error(),
+            Some(libc::ENOENT)
+        );
+    }
 }

@@ -1,15 +1,15 @@
 //! The child's stdin: an ordered queue of writes fed into the pipe (or pty) by
-//! one task, and the memory of accepted write ids that makes retries safe.
+//! one task, and the memory of write ids that makes retries safe.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::io;
 
 use bytes::Bytes;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
-/// How many accepted write ids each process remembers.
+/// How many write ids each process remembers.
 pub const REMEMBERED_WRITE_IDS: usize = 4096;
 
 /// Why stdin no longer takes writes.
@@ -31,10 +31,14 @@ pub(crate) enum WriteFailure {
     Exited,
 }
 
+/// Where a write's outcome is published: `None` while it is queued. The
+/// first write with an id and every retry of it watch the same outcome.
+pub(crate) type Outcome = watch::Receiver<Option<Result<(), WriteFailure>>>;
+
 pub(crate) enum StdinOp {
     Write {
         data: Bytes,
-        done: oneshot::Sender<Result<(), WriteFailure>>,
+        done: watch::Sender<Option<Result<(), WriteFailure>>>,
     },
     /// End-of-file after every earlier write. `eof` is written first when
     /// set (a terminal's EOF character); otherwise the pipe is closed.
@@ -44,20 +48,21 @@ pub(crate) enum StdinOp {
     },
 }
 
-/// The last [`REMEMBERED_WRITE_IDS`] accepted ids, oldest forgotten first.
+/// The outcomes of the last [`REMEMBERED_WRITE_IDS`] write ids, oldest
+/// forgotten first.
 #[derive(Default)]
 pub(crate) struct WriteIds {
     order: VecDeque<String>,
-    known: HashSet<String>,
+    known: HashMap<String, Outcome>,
 }
 
 impl WriteIds {
-    pub fn contains(&self, id: &str) -> bool {
-        self.known.contains(id)
+    pub fn get(&self, id: &str) -> Option<Outcome> {
+        self.known.get(id).cloned()
     }
 
-    pub fn insert(&mut self, id: &str) {
-        if self.known.insert(id.to_string()) {
+    pub fn insert(&mut self, id: &str, outcome: Outcome) {
+        if self.known.insert(id.to_string(), outcome).is_none() {
             self.order.push_back(id.to_string());
             if self.order.len() > REMEMBERED_WRITE_IDS
                 && let Some(oldest) = self.order.pop_front()
@@ -67,15 +72,23 @@ impl WriteIds {
         }
     }
 
-    /// Forgets an id whose write never reached the child, so that a retry is
-    /// not mistaken for a duplicate.
+    /// Forgets an id whose write never reached the child, so that a later
+    /// retry writes it.
     pub fn forget(&mut self, id: &str) {
-        if self.known.remove(id)
+        if self.known.remove(id).is_some()
             && let Some(index) = self.order.iter().rposition(|known| known == id)
         {
             self.order.remove(index);
         }
     }
+}
+
+/// What the writer task tells the process about.
+pub(crate) trait StdinEvents: Send + 'static {
+    /// `bytes` left the queue (written or dropped).
+    fn dequeued(&self, bytes: usize);
+    /// The child closed its end of stdin.
+    fn child_closed(&self);
 }
 
 /// Feeds queued writes into `sink` in order until stdin is closed, the child
@@ -84,7 +97,7 @@ pub(crate) async fn run_writer<W>(
     mut sink: W,
     mut ops: mpsc::UnboundedReceiver<StdinOp>,
     stop: CancellationToken,
-    on_child_closed: impl FnOnce(),
+    events: impl StdinEvents,
 ) where
     W: AsyncWrite + Unpin,
 {
@@ -103,10 +116,11 @@ pub(crate) async fn run_writer<W>(
                     _ = stop.cancelled() => Err(WriteFailure::Exited),
                     result = write_all(&mut sink, &data) => result.map_err(|_| WriteFailure::Closed),
                 };
+                events.dequeued(data.len());
                 if let Err(why) = written {
                     failure = Some(why);
                 }
-                let _ = done.send(written);
+                done.send_replace(Some(written));
             }
             Some(StdinOp::Close { eof, done }) => {
                 if let Some(eof) = eof {
@@ -118,7 +132,7 @@ pub(crate) async fn run_writer<W>(
         }
     }
     if failure == Some(WriteFailure::Closed) {
-        on_child_closed();
+        events.child_closed();
     }
     drop(sink);
     // Whatever is still queued can no longer be written.
@@ -126,8 +140,9 @@ pub(crate) async fn run_writer<W>(
     let answer = failure.unwrap_or(WriteFailure::Closed);
     while let Ok(op) = ops.try_recv() {
         match op {
-            StdinOp::Write { done, .. } => {
-                let _ = done.send(Err(answer));
+            StdinOp::Write { data, done } => {
+                events.dequeued(data.len());
+                done.send_replace(Some(Err(answer)));
             }
             StdinOp::Close { done, .. } => {
                 let _ = done.send(());
@@ -148,13 +163,14 @@ mod tests {
     #[test]
     fn write_ids_remember_the_most_recent_4096() {
         let mut ids = WriteIds::default();
+        let (_done, outcome) = watch::channel(None);
         for n in 0..=REMEMBERED_WRITE_IDS {
-            ids.insert(&format!("w{n}"));
+            ids.insert(&format!("w{n}"), outcome.clone());
         }
-        assert!(!ids.contains("w0"));
-        assert!(ids.contains("w1"));
-        assert!(ids.contains(&format!("w{REMEMBERED_WRITE_IDS}")));
+        assert!(ids.get("w0").is_none());
+        assert!(ids.get("w1").is_some());
+        assert!(ids.get(&format!("w{REMEMBERED_WRITE_IDS}")).is_some());
         ids.forget("w1");
-        assert!(!ids.contains("w1"));
+        assert!(ids.get("w1").is_none());
     }
 }

@@ -71,9 +71,14 @@ pub fn init_process() {
 }
 
 /// Runs `body` inside a `LocalSet` on a fresh two-thread runtime, within
-/// the test deadline.
+/// the test deadline, in a process that reaps orphans (as `capexec` does).
 pub fn run_local<Fut: Future<Output = ()>>(body: Fut) {
     init_process();
+    run_on_runtime(body);
+}
+
+/// The same, leaving the process's reaping mode alone.
+pub fn run_on_runtime<Fut: Future<Output = ()>>(body: Fut) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -253,4 +258,14 @@ pub fn assert_contiguous(events: &[Event]) {
         assert_eq!(first, expected, "seqs must be contiguous; at {event:?}");
         expected = event.seq + 1;
     }
+}
+
+/// The number printed right after `marker` and before the next `-`, as in
+/// `echo "job-$!-"`.
+pub fn pid_after(text: &str, marker: &str) -> u32 {
+    text.rsplit(marker)
+        .next()
+        .and_then(|rest| rest.split('-').next())
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("no pid after {marker:?} in {text:?}"))
 }

@@ -1,0 +1,476 @@
+//! The handles on a process: [`Process`] (reads, writes, signals; does not
+//! keep the process alive) and [`ProcessOwner`] (its drop terminates the
+//! tree).
+
+use std::fmt;
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{oneshot, watch};
+use tokio::time::Instant;
+
+use crate::engine::log::{Batch, OutputLog};
+use crate::engine::process::{MAX_QUEUED_STDIN_BYTES, MAX_WRITE_BYTES, Shared};
+use crate::engine::stdin::{Outcome, StdinOp, StdinState, WriteFailure};
+use crate::model::{Event, ExitStatus, Flow, PtySize, Signal, WriteStatus};
+
+/// What `read` returns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadOutcome {
+    pub events: Vec<Event>,
+    pub next_seq: u64,
+    pub exit: Option<ExitStatus>,
+    pub closed: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReadError {
+    AfterSeqAhead {
+        after_seq: u64,
+        newest: u64,
+    },
+    /// The process state is being torn down.
+    Gone,
+}
+
+impl fmt::Display for ReadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReadError::AfterSeqAhead { after_seq, newest } => write!(
+                f,
+                "afterSeq {after_seq} is past the newest event of the process ({newest})"
+            ),
+            ReadError::Gone => write!(f, "the process is gone"),
+        }
+    }
+}
+
+impl std::error::Error for ReadError {}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WriteError {
+    EmptyWriteId,
+    TooLarge {
+        len: usize,
+    },
+    /// Earlier writes the child has not taken yet already fill the queue.
+    QueueFull {
+        queued: usize,
+    },
+}
+
+impl fmt::Display for WriteError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WriteError::EmptyWriteId => write!(f, "writeId must not be empty"),
+            WriteError::TooLarge { len } => write!(
+                f,
+                "write of {len} bytes exceeds the limit of {MAX_WRITE_BYTES} bytes per call"
+            ),
+            WriteError::QueueFull { queued } => write!(
+                f,
+                "stdin queue full: {queued} bytes are waiting for the child to read them \
+                 (limit {MAX_QUEUED_STDIN_BYTES}); wait for earlier writes"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for WriteError {}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ResizeError {
+    NotATerminal,
+    Empty(PtySize),
+    Failed(String),
+}
+
+impl fmt::Display for ResizeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ResizeError::NotATerminal => {
+                write!(f, "resize needs a tty process; this one runs on pipes")
+            }
+            ResizeError::Empty(size) => write!(
+                f,
+                "terminal size {}x{} is empty; rows and cols must be at least 1",
+                size.rows, size.cols
+            ),
+            ResizeError::Failed(error) => write!(f, "cannot resize the terminal: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for ResizeError {}
+
+/// A write that is queued (or already decided).
+pub struct WriteTicket(TicketState);
+
+enum TicketState {
+    Decided(WriteStatus),
+    /// The first write with this id, or a retry of one: both report the
+    /// outcome of the same queued write.
+    Waiting {
+        outcome: Outcome,
+        id: String,
+        shared: Arc<Shared>,
+    },
+}
+
+impl WriteTicket {
+    pub async fn outcome(self) -> WriteStatus {
+        match self.0 {
+            TicketState::Decided(status) => status,
+            TicketState::Waiting {
+                mut outcome,
+                id,
+                shared,
+            } => {
+                let result = match outcome.wait_for(Option::is_some).await {
+                    Ok(value) => value.unwrap_or(Err(WriteFailure::Exited)),
+                    Err(_) => Err(WriteFailure::Exited),
+                };
+                let failure = match result {
+                    Ok(()) => return WriteStatus::Accepted,
+                    Err(failure) => failure,
+                };
+                // Never written: a later retry must write it.
+                shared.lock().write_ids.forget(&id);
+                match failure {
+                    WriteFailure::Closed => WriteStatus::StdinClosed,
+                    WriteFailure::Exited => WriteStatus::Exited,
+                }
+            }
+        }
+    }
+}
+
+/// A queued closeStdin.
+pub struct CloseTicket(Option<oneshot::Receiver<()>>);
+
+impl CloseTicket {
+    pub async fn done(self) {
+        if let Some(done) = self.0 {
+            let _ = done.await;
+        }
+    }
+}
+
+/// A snapshot of a process and its retained log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessSnapshot {
+    pub pid: u32,
+    pub tty: bool,
+    pub flow: Flow,
+    pub stdin_open: bool,
+    pub next_seq: u64,
+    pub closed: bool,
+    pub exit: Option<ExitStatus>,
+    pub retained_bytes: u64,
+    pub retained_chunks: u32,
+    pub peak_retained_bytes: u64,
+    pub evicted_through_seq: u64,
+    pub unconsumed_bytes: u64,
+    pub uptime: Duration,
+}
+
+/// A non-owning handle: it reads, writes and signals, but holding it does
+/// not keep the process alive.
+#[derive(Clone)]
+pub struct Process {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl Process {
+    pub fn pid(&self) -> u32 {
+        self.shared.pid() as u32
+    }
+
+    pub fn is_tty(&self) -> bool {
+        self.shared.tty
+    }
+
+    pub fn flow(&self) -> Flow {
+        self.shared.flow
+    }
+
+    pub fn exit_status(&self) -> Option<ExitStatus> {
+        self.shared.lock().log.exit_status()
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.shared.lock().log.is_closed()
+    }
+
+    /// Events after `after_seq`, waiting up to `wait` for the first one.
+    /// In lossless mode this also consumes everything up to `after_seq`.
+    pub async fn read(
+        &self,
+        after_seq: u64,
+        max_bytes: usize,
+        wait: Duration,
+    ) -> Result<ReadOutcome, ReadError> {
+        check_after_seq(&self.shared.lock().log, after_seq)?;
+        self.consume_through(after_seq);
+        self.collect(after_seq, max_bytes, Some(Instant::now() + wait))
+            .await
+    }
+
+    /// The next events after `after_seq`, waiting as long as it takes. An
+    /// empty batch means the process closed and nothing follows `after_seq`.
+    pub async fn next_batch(&self, after_seq: u64, max_bytes: usize) -> Result<Batch, ReadError> {
+        let outcome = self.collect(after_seq, max_bytes, None).await?;
+        Ok(Batch {
+            events: outcome.events,
+            next_seq: outcome.next_seq,
+        })
+    }
+
+    /// Events after `after_seq` as soon as there are any, the process has
+    /// closed, or `deadline` passes.
+    async fn collect(
+        &self,
+        after_seq: u64,
+        max_bytes: usize,
+        deadline: Option<Instant>,
+    ) -> Result<ReadOutcome, ReadError> {
+        let mut changes = self.shared.watch_changes();
+        loop {
+            changes.borrow_and_update();
+            {
+                let state = self.shared.lock();
+                check_after_seq(&state.log, after_seq)?;
+                let batch = state.log.collect(after_seq, max_bytes);
+                let expired = deadline.is_some_and(|deadline| Instant::now() >= deadline);
+                if !batch.events.is_empty() || state.log.is_closed() || expired {
+                    return Ok(ReadOutcome {
+                        events: batch.events,
+                        next_seq: batch.next_seq,
+                        exit: state.log.exit_status(),
+                        closed: state.log.is_closed(),
+                    });
+                }
+            }
+            let deadline = deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400));
+            tokio::select! {
+                changed = changes.changed() => if changed.is_err() {
+                    return Err(ReadError::Gone);
+                },
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+
+    /// Lossless mode: the owner has consumed every event up to `seq`.
+    pub fn consume_through(&self, seq: u64) {
+        if self.shared.flow != Flow::Lossless {
+            return;
+        }
+        let moved = {
+            let mut state = self.shared.lock();
+            let before = state.log.unconsumed_bytes();
+            let chunks_before = state.log.unconsumed_chunks();
+            state.log.consume_through(seq);
+            state.log.unconsumed_bytes() != before || state.log.unconsumed_chunks() != chunks_before
+        };
+        if moved {
+            self.shared.notify();
+        }
+    }
+
+    /// Queues `data` for the child's stdin. Queueing happens now, so calls
+    /// are applied in the order they are made; await the ticket for the
+    /// outcome. A retry with an id still remembered reports the outcome of
+    /// the first write with it (waiting for it if needed) and writes nothing.
+    pub fn submit_write(&self, data: Bytes, write_id: &str) -> Result<WriteTicket, WriteError> {
+        if write_id.is_empty() {
+            return Err(WriteError::EmptyWriteId);
+        }
+        if data.len() > MAX_WRITE_BYTES {
+            return Err(WriteError::TooLarge { len: data.len() });
+        }
+        let waiting = |outcome| {
+            Ok(WriteTicket(TicketState::Waiting {
+                outcome,
+                id: write_id.to_string(),
+                shared: Arc::clone(&self.shared),
+            }))
+        };
+        let mut state = self.shared.lock();
+        if let Some(outcome) = state.write_ids.get(write_id) {
+            return waiting(outcome);
+        }
+        let refused = match state.stdin {
+            _ if state.exited => Some(WriteStatus::Exited),
+            StdinState::Open => None,
+            StdinState::Exited => Some(WriteStatus::Exited),
+            StdinState::NotPiped | StdinState::ClosedByClient | StdinState::ClosedByChild => {
+                Some(WriteStatus::StdinClosed)
+            }
+        };
+        if let Some(status) = refused {
+            return Ok(WriteTicket(TicketState::Decided(status)));
+        }
+        if state.stdin_queued + data.len() > MAX_QUEUED_STDIN_BYTES {
+            return Err(WriteError::QueueFull {
+                queued: state.stdin_queued,
+            });
+        }
+        let (done, outcome) = watch::channel(None);
+        let len = data.len();
+        let queued = self
+            .shared
+            .stdin_ops
+            .as_ref()
+            .is_some_and(|ops| ops.send(StdinOp::Write { data, done }).is_ok());
+        if !queued {
+            return Ok(WriteTicket(TicketState::Decided(WriteStatus::Exited)));
+        }
+        state.stdin_queued += len;
+        state.write_ids.insert(write_id, outcome.clone());
+        waiting(outcome)
+    }
+
+    /// Queues end-of-file for the child's stdin after every earlier write.
+    pub fn submit_close_stdin(&self) -> CloseTicket {
+        let mut state = self.shared.lock();
+        if state.stdin != StdinState::Open {
+            return CloseTicket(None);
+        }
+        state.stdin = StdinState::ClosedByClient;
+        let (done, receiver) = oneshot::channel();
+        let eof = self
+            .shared
+            .terminal
+            .as_ref()
+            .map(|terminal| Bytes::copy_from_slice(&[terminal.eof_char()]));
+        match &self.shared.stdin_ops {
+            Some(ops) if ops.send(StdinOp::Close { eof, done }).is_ok() => {
+                CloseTicket(Some(receiver))
+            }
+            _ => CloseTicket(None),
+        }
+    }
+
+    /// Sends `signal` to the process group (a terminal's foreground group).
+    /// Nothing happens once the process has exited.
+    pub fn signal(&self, signal: Signal) -> std::io::Result<()> {
+        // Safe even if the child exits meanwhile: its zombie keeps the group.
+        if self.shared.has_exited() {
+            return Ok(());
+        }
+        let target = match &self.shared.terminal {
+            Some(terminal) => terminal.foreground_group().unwrap_or(self.shared.pid()),
+            None => self.shared.pid(),
+        };
+        tracing::debug!(parent: &self.shared.span, %signal, "signal");
+        self.shared.signal_group(target, signal.number())
+    }
+
+    /// Changes the terminal size of a tty process.
+    pub fn resize(&self, size: PtySize) -> Result<(), ResizeError> {
+        if size.rows == 0 || size.cols == 0 {
+            return Err(ResizeError::Empty(size));
+        }
+        let Some(terminal) = &self.shared.terminal else {
+            return Err(ResizeError::NotATerminal);
+        };
+        terminal
+            .resize(size)
+            .map_err(|error| ResizeError::Failed(error.to_string()))
+    }
+
+    /// Starts termination; false if the process had already exited.
+    pub fn terminate(&self) -> bool {
+        if self.shared.has_exited() {
+            return false;
+        }
+        self.shared.start_termination();
+        true
+    }
+
+    pub fn snapshot(&self) -> ProcessSnapshot {
+        let state = self.shared.lock();
+        ProcessSnapshot {
+            pid: self.shared.pid() as u32,
+            tty: self.shared.tty,
+            flow: self.shared.flow,
+            stdin_open: state.stdin == StdinState::Open,
+            next_seq: state.log.next_seq(),
+            closed: state.log.is_closed(),
+            exit: state.log.exit_status(),
+            retained_bytes: state.log.retained_bytes() as u64,
+            retained_chunks: state.log.retained_chunks() as u32,
+            peak_retained_bytes: state.log.peak_bytes() as u64,
+            evicted_through_seq: state.log.evicted_through(),
+            unconsumed_bytes: state.log.unconsumed_bytes(),
+            uptime: state
+                .exited_after
+                .unwrap_or_else(|| self.shared.started.elapsed()),
+        }
+    }
+
+    /// Waits until the process has closed.
+    pub async fn wait_closed(&self) {
+        self.wait_until(|process| process.is_closed()).await
+    }
+
+    /// Waits until the child has exited and been reaped.
+    pub async fn wait_exited(&self) {
+        self.wait_until(|process| process.shared.has_exited()).await
+    }
+
+    async fn wait_until(&self, done: impl Fn(&Process) -> bool) {
+        let mut changes = self.shared.watch_changes();
+        loop {
+            changes.borrow_and_update();
+            if done(self) || changes.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+fn check_after_seq(log: &OutputLog, after_seq: u64) -> Result<(), ReadError> {
+    let newest = log.next_seq() - 1;
+    if after_seq > newest {
+        return Err(ReadError::AfterSeqAhead { after_seq, newest });
+    }
+    Ok(())
+}
+
+/// The owning handle: dropping it terminates the process tree (SIGTERM,
+/// SIGKILL after the grace) and lets the engine forget the process once
+/// every other handle is gone.
+pub struct ProcessOwner {
+    process: Process,
+}
+
+impl ProcessOwner {
+    pub(crate) fn new(shared: Arc<Shared>) -> ProcessOwner {
+        ProcessOwner {
+            process: Process { shared },
+        }
+    }
+
+    /// A handle that does not keep the process alive.
+    pub fn handle(&self) -> Process {
+        self.process.clone()
+    }
+}
+
+impl Deref for ProcessOwner {
+    type Target = Process;
+
+    fn deref(&self) -> &Process {
+        &self.process
+    }
+}
+
+impl Drop for ProcessOwner {
+    fn drop(&mut self) {
+        self.process.shared.release();
+    }
+}
