@@ -12,7 +12,9 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use crate::engine::log::{Batch, OutputLog};
-use crate::engine::process::{MAX_QUEUED_STDIN_BYTES, MAX_WRITE_BYTES, Shared};
+use crate::engine::process::{
+    MAX_QUEUED_STDIN_BYTES, MAX_QUEUED_STDIN_WRITES, MAX_WRITE_BYTES, Shared,
+};
 use crate::engine::stdin::{Outcome, StdinOp, StdinState, WriteFailure};
 use crate::model::{Event, ExitStatus, Flow, PtySize, Signal, WriteStatus};
 
@@ -72,7 +74,8 @@ impl fmt::Display for WriteError {
             WriteError::QueueFull { queued } => write!(
                 f,
                 "stdin queue full: {queued} bytes are waiting for the child to read them \
-                 (limit {MAX_QUEUED_STDIN_BYTES}); wait for earlier writes"
+                 (limits: {MAX_QUEUED_STDIN_BYTES} bytes, {MAX_QUEUED_STDIN_WRITES} writes); \
+                 wait for earlier writes"
             ),
         }
     }
@@ -313,7 +316,9 @@ impl Process {
         if let Some(status) = refused {
             return Ok(WriteTicket(TicketState::Decided(status)));
         }
-        if state.stdin_queued + data.len() > MAX_QUEUED_STDIN_BYTES {
+        if state.stdin_queued + data.len() > MAX_QUEUED_STDIN_BYTES
+            || state.stdin_queued_writes >= MAX_QUEUED_STDIN_WRITES
+        {
             return Err(WriteError::QueueFull {
                 queued: state.stdin_queued,
             });
@@ -329,6 +334,7 @@ impl Process {
             return Ok(WriteTicket(TicketState::Decided(WriteStatus::Exited)));
         }
         state.stdin_queued += len;
+        state.stdin_queued_writes += 1;
         state.write_ids.insert(write_id, outcome.clone());
         waiting(outcome)
     }
@@ -357,16 +363,12 @@ impl Process {
     /// Sends `signal` to the process group (a terminal's foreground group).
     /// Nothing happens once the process has exited.
     pub fn signal(&self, signal: Signal) -> std::io::Result<()> {
-        // Safe even if the child exits meanwhile: its zombie keeps the group.
         if self.shared.has_exited() {
             return Ok(());
         }
-        let target = match &self.shared.terminal {
-            Some(terminal) => terminal.foreground_group().unwrap_or(self.shared.pid()),
-            None => self.shared.pid(),
-        };
         tracing::debug!(parent: &self.shared.span, %signal, "signal");
-        self.shared.signal_group(target, signal.number())
+        self.shared.signal_foreground(signal.number());
+        Ok(())
     }
 
     /// Changes the terminal size of a tty process.

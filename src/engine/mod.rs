@@ -31,7 +31,9 @@ pub use self::handle::{
 };
 pub use self::log::{Batch, LogLimits};
 pub use self::output::CHUNK_SIZE;
-pub use self::process::{MAX_QUEUED_STDIN_BYTES, MAX_WRITE_BYTES, ProcessLimits};
+pub use self::process::{
+    MAX_QUEUED_STDIN_BYTES, MAX_QUEUED_STDIN_WRITES, MAX_WRITE_BYTES, ProcessLimits,
+};
 pub use self::reaper::{become_subreaper, is_subreaper};
 pub use self::spec::{EnvSpec, StartSpec};
 pub use self::stdin::REMEMBERED_WRITE_IDS;
@@ -160,8 +162,12 @@ impl Engine {
             terminal,
         } = launch;
         let pid = leader.pid();
+        // Checked and registered under one lock that shutdown also takes:
+        // a process is either refused or seen by shutdown, never missed.
+        let mut live = self.inner.live();
         if self.inner.closing.load(Ordering::Acquire) {
-            // Lost the race with shutdown: the leader's drop kills the child.
+            drop(live);
+            // The leader's drop kills and reaps the child.
             return Err(shutting_down());
         }
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
@@ -197,7 +203,8 @@ impl Engine {
                 }
             }),
         });
-        self.inner.live().insert(id, Arc::downgrade(&shared));
+        live.insert(id, Arc::downgrade(&shared));
+        drop(live);
 
         if let Some((sink, queue)) = writer {
             tokio::spawn(stdin::run_writer(
@@ -225,13 +232,11 @@ impl Engine {
     /// SIGKILL after the grace, then reaped; finished ones lose what is left
     /// of their trees) and waits until that is done.
     pub async fn shutdown(&self) {
-        self.inner.closing.store(true, Ordering::Release);
-        let live: Vec<Arc<Shared>> = self
-            .inner
-            .live()
-            .values()
-            .filter_map(Weak::upgrade)
-            .collect();
+        let live: Vec<Arc<Shared>> = {
+            let live = self.inner.live();
+            self.inner.closing.store(true, Ordering::Release);
+            live.values().filter_map(Weak::upgrade).collect()
+        };
         for shared in &live {
             shared.start_termination();
         }

@@ -208,6 +208,13 @@ pub(crate) async fn pump(
             if pending.unread.is_none()
                 && (sources.iter().all(Option::is_none) || Instant::now() >= pending.settle_until)
             {
+                // A read pushes what the terminal layer still holds to the
+                // master, where the count below sees it.
+                for slot in sources.iter_mut() {
+                    if slot.as_ref().is_some_and(OutputSource::is_terminal) {
+                        drain_once(&shared, slot, &mut buf);
+                    }
+                }
                 pending.unread = Some(unread_now(&sources));
             }
             if pending

@@ -23,6 +23,10 @@ pub const MAX_WRITE_BYTES: usize = 4 << 20;
 /// child that does not read.
 pub const MAX_QUEUED_STDIN_BYTES: usize = 16 << 20;
 
+/// Most stdin writes queued at once (every one keeps its write id until it
+/// is done; see `stdin::WriteIds`).
+pub const MAX_QUEUED_STDIN_WRITES: usize = crate::engine::stdin::REMEMBERED_WRITE_IDS;
+
 /// How long the child may take to die after SIGKILL before its zombie is
 /// left for the drop of its handle to collect.
 const KILL_WAIT: Duration = Duration::from_secs(5);
@@ -48,6 +52,7 @@ pub(crate) struct State {
     pub(crate) log: OutputLog,
     pub(crate) stdin: StdinState,
     pub(crate) stdin_queued: usize,
+    pub(crate) stdin_queued_writes: usize,
     pub(crate) write_ids: WriteIds,
     /// The child has exited (it stays a zombie until it is reaped).
     pub(crate) exited: bool,
@@ -101,6 +106,7 @@ impl Shared {
                 log: OutputLog::new(parts.limits.log),
                 stdin: parts.stdin_state,
                 stdin_queued: 0,
+                stdin_queued_writes: 0,
                 write_ids: WriteIds::default(),
                 exited: false,
                 terminating: false,
@@ -200,11 +206,21 @@ impl Shared {
         self.leader.tree().signal(&lock, signal);
     }
 
-    /// Sends `signal` to group `pgid` of this tree, unless the tree's numbers
-    /// are already free.
-    pub(crate) fn signal_group(&self, pgid: i32, signal: i32) -> std::io::Result<()> {
-        let lock = reaper::lock();
-        self.leader.tree().signal_group(&lock, pgid, signal)
+    /// `signal()`: the process group of a pipe process; a terminal's
+    /// foreground job (its shell, when nothing else runs).
+    pub(crate) fn signal_foreground(&self, signal: i32) {
+        match &self.terminal {
+            None => self.kill_tree(signal),
+            Some(terminal) => {
+                // The terminal itself names its foreground group exactly.
+                if terminal.signal_foreground(signal).is_ok() {
+                    return;
+                }
+                let pgid = terminal.foreground_group().unwrap_or_else(|| self.pid());
+                let lock = reaper::lock();
+                self.leader.tree().signal_session_group(&lock, pgid, signal);
+            }
+        }
     }
 
     /// SIGTERM to the tree now; then, once the child has exited and its
@@ -278,6 +294,7 @@ impl StdinEvents for WriterEvents {
         if let Some(shared) = self.0.upgrade() {
             let mut state = shared.lock();
             state.stdin_queued = state.stdin_queued.saturating_sub(bytes);
+            state.stdin_queued_writes = state.stdin_queued_writes.saturating_sub(1);
         }
     }
 

@@ -1,24 +1,29 @@
-//! Knowing how each child ended, never leaving zombies behind, and never
-//! signalling a process group or session number after it was freed and
-//! possibly reused by an unrelated process.
+//! Knowing how each child ended, never leaving zombies behind, and
+//! signalling a child's whole tree without ever reaching an unrelated process
+//! that reused one of its numbers.
 //!
-//! Two modes, chosen once per process:
+//! Signalling: the child's process group is signalled through the child's
+//! pidfd (`PIDFD_SIGNAL_PROCESS_GROUP`, Linux 6.9), which names the group's
+//! kernel object rather than its number, so it stays exact after the child is
+//! reaped. A terminal session's other groups (job control) are reached
+//! through pidfds of its members, taken while the session's number was
+//! provably the child's (before the child was reaped).
 //!
-//! - **Per child** (the library default). The exit status is read through
-//!   the child's pidfd *without* reaping it: the zombie keeps the child's pid,
-//!   group and session numbers reserved until capexec has terminated what is
-//!   left of its tree and reaps it.
-//! - **Subreaper** ([`become_subreaper`], used by the `capexec` binary). The
+//! Reaping, in one of two modes chosen once per process:
+//!
+//! - **Per child** (the library default): the exit status is read through the
+//!   child's pidfd without reaping; the zombie is reaped once the tree has
+//!   been terminated.
+//! - **Subreaper** ([`become_subreaper`], used by the `capexec` binary): the
 //!   process becomes the reaper of orphaned descendants, so grandchildren are
-//!   reaped here rather than piling up as zombies under an init that does not
-//!   reap. One thread, woken by SIGCHLD, reaps every child. Once a group's
-//!   leader is gone, the last member of the group to die is necessarily a
-//!   child of ours (its parent died before it, so it was reparented to us);
-//!   the thread reaps it while holding [`TreeLock`] and, in the same critical
-//!   section, marks every group whose number that freed. Signalling a tree
-//!   takes the same lock and skips marked groups, so a freed number is never
-//!   signalled. That thread reaps every ordinary child of the process: a
-//!   program that enables this mode must not wait for children of its own.
+//!   reaped here instead of piling up as zombies under an init that does not
+//!   reap (common in containers). One thread, woken by SIGCHLD, reaps every
+//!   child; a program that enables this mode must not wait for children of
+//!   its own.
+//!
+//! On kernels without pidfd group signals, groups are signalled by number and
+//! a group is marked gone when the reap that frees its number happens here
+//! (best effort: a group can also empty by members leaving it).
 
 use std::collections::HashMap;
 use std::io;
@@ -36,44 +41,54 @@ use crate::model::{ExitStatus, Signal};
 /// `idtype_t` value of waitid(2) for a pidfd (Linux 5.4).
 const P_PIDFD: libc::idtype_t = 3;
 
-/// Everything that reaps children or signals trees happens under this lock.
+/// Reaping and tree signalling happen under this lock.
 static TREES: Mutex<Trees> = Mutex::new(Trees {
     subreaper: false,
     leaders: None,
-    groups: Vec::new(),
+    by_number: Vec::new(),
 });
+
+/// Set once anything was started: the reaping mode can no longer change.
+static STARTED_ANY: AtomicBool = AtomicBool::new(false);
 
 struct Trees {
     subreaper: bool,
-    /// Subreaper mode: where to send each started child's exit status.
+    /// Subreaper mode: the children the reaper thread reaps for us.
     leaders: Option<HashMap<i32, Registered>>,
-    /// Groups whose leader has been reaped but whose number may still be
-    /// held by other members.
-    groups: Vec<Weak<Tree>>,
+    /// Trees signalled by number (no pidfd group signals) whose child was
+    /// reaped: checked for emptiness after every reap.
+    by_number: Vec<Weak<Tree>>,
 }
 
-/// A started child the reaper thread will reap: where its status goes, and
-/// its tree.
+/// Where a started child's exit status goes, and its tree.
 type Registered = (oneshot::Sender<ExitStatus>, Weak<Tree>);
-
-/// The lock under which a tree may be signalled: while it is held, the
-/// reaper thread cannot free a number.
-pub(crate) struct TreeLock {
-    _held: MutexGuard<'static, Trees>,
-}
 
 fn trees() -> MutexGuard<'static, Trees> {
     TREES.lock().unwrap_or_else(|poison| poison.into_inner())
 }
 
+/// The lock under which a tree may be signalled.
+pub(crate) struct TreeLock {
+    _held: MutexGuard<'static, Trees>,
+}
+
+pub(crate) fn lock() -> TreeLock {
+    TreeLock { _held: trees() }
+}
+
 static SUBREAPER: OnceLock<()> = OnceLock::new();
 
 /// Makes this process the reaper of its orphaned descendants and starts the
-/// thread that reaps every child. Call it before starting anything; calling
-/// it again is a no-op.
+/// thread that reaps every child. It must come before the first start;
+/// calling it again is a no-op.
 pub fn become_subreaper() -> io::Result<()> {
     if SUBREAPER.get().is_some() {
         return Ok(());
+    }
+    if STARTED_ANY.load(Ordering::Acquire) {
+        return Err(io::Error::other(
+            "become_subreaper must be called before any process is started",
+        ));
     }
     // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes an integer flag only.
     if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
@@ -135,25 +150,39 @@ fn reap_forever(wake: libc::c_int) {
     }
 }
 
-/// Reaps one exited child, if any, and records what that freed.
+/// Reaps one exited child, if any, recording what that changes.
 fn reap_one() -> bool {
     let mut trees = trees();
+    // Peek first: a terminal child's session is captured while its number
+    // is still held by the zombie.
+    let Some(pid) = waitable(libc::P_ALL, 0) else {
+        return false;
+    };
+    let registered = trees.leaders.as_mut().and_then(|l| l.remove(&pid));
+    let tree = registered.as_ref().and_then(|(_, tree)| tree.upgrade());
+    if let Some(tree) = &tree {
+        tree.capture_session();
+    }
     let mut info = zeroed_siginfo();
     // SAFETY: waitid writes into `info`, which lives across the call.
-    let rc = unsafe { libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOHANG) };
-    let pid = child_pid(&info);
-    if rc != 0 || pid == 0 {
-        return false;
+    let rc = unsafe {
+        libc::waitid(
+            libc::P_PID,
+            pid as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG,
+        )
+    };
+    if let Some(tree) = &tree {
+        tree.leader_reaped.store(true, Ordering::Release);
     }
-    if let Some((sender, tree)) = trees.leaders.as_mut().and_then(|l| l.remove(&pid)) {
-        if let Some(tree) = tree.upgrade() {
-            tree.leader_reaped.store(true, Ordering::Release);
-        }
+    if let Some((sender, _)) = registered
+        && rc == 0
+        && child_pid(&info) == pid
+    {
         let _ = sender.send(decode(&info));
     }
-    // A group's number is freed when its last member is reaped, and that
-    // only happens here: find out which groups are gone now.
-    trees.groups.retain(|group| match group.upgrade() {
+    trees.by_number.retain(|tree| match tree.upgrade() {
         Some(tree) if tree.leader_reaped.load(Ordering::Acquire) => {
             if tree.is_empty() {
                 tree.gone.store(true, Ordering::Release);
@@ -168,16 +197,34 @@ fn reap_one() -> bool {
     true
 }
 
-/// The numbers of one started child: its pid is the id of its process group
-/// and session.
+/// The pid of a waitable (exited, not yet reaped) child, leaving it so.
+fn waitable(idtype: libc::idtype_t, id: libc::id_t) -> Option<i32> {
+    let mut info = zeroed_siginfo();
+    // SAFETY: waitid writes into `info`, which lives across the call.
+    let rc = unsafe {
+        libc::waitid(
+            idtype,
+            id,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        )
+    };
+    let pid = child_pid(&info);
+    (rc == 0 && pid != 0).then_some(pid)
+}
+
+/// A started child's process tree: its group, and for a terminal its
+/// session.
 pub(crate) struct Tree {
     pid: i32,
-    /// Job control (terminals) moves members into other groups of the
-    /// session: the session is what must be empty and what gets signalled.
+    pidfd: OwnedFd,
     session: bool,
+    /// The child has been reaped: its numbers are no longer held by it.
     leader_reaped: AtomicBool,
-    /// The numbers are free: never signal them again.
+    /// Signalling by number only: the group's number is free.
     gone: AtomicBool,
+    /// Terminal sessions: the members when the child was reaped.
+    members: Mutex<Vec<OwnedFd>>,
 }
 
 impl Tree {
@@ -187,37 +234,62 @@ impl Tree {
         !held
     }
 
-    /// Sends `signal` to the whole tree unless its numbers are gone.
-    pub fn signal(&self, _lock: &TreeLock, signal: i32) {
-        if self.gone.load(Ordering::Acquire) {
-            return;
-        }
+    fn capture_session(&self) {
         if self.session {
-            kill::signal_session(self.pid, signal);
+            *self.members.lock().unwrap_or_else(|p| p.into_inner()) =
+                kill::session_members(self.pid, None);
         }
-        if let Err(error) = kill::signal_group(self.pid, signal) {
+    }
+
+    /// Sends `signal` to every process of the tree.
+    pub fn signal(&self, _lock: &TreeLock, signal: i32) {
+        let by_pidfd = kill::pidfd_group_signals();
+        if self.session {
+            let signal_member = |member: &OwnedFd| {
+                kill::signal_process(member, signal);
+                if by_pidfd {
+                    // A job leader's group: its members, even later ones.
+                    let _ = kill::signal_group_by_pidfd(member, signal);
+                }
+            };
+            if self.leader_reaped.load(Ordering::Acquire) {
+                let members = self.members.lock().unwrap_or_else(|p| p.into_inner());
+                members.iter().for_each(signal_member);
+            } else {
+                // The child (alive or a zombie) still holds the session.
+                kill::session_members(self.pid, None)
+                    .iter()
+                    .for_each(signal_member);
+            }
+        }
+        let result = if by_pidfd {
+            kill::signal_group_by_pidfd(&self.pidfd, signal)
+        } else if self.gone.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            kill::signal_group(self.pid, signal).map(drop)
+        };
+        if let Err(error) = result {
             tracing::warn!(%error, signal, pid = self.pid, "cannot signal the process group");
         }
     }
-
-    /// Sends `signal` to one group of the tree (a terminal's foreground job)
-    /// unless the tree's numbers are gone.
-    pub fn signal_group(&self, _lock: &TreeLock, pgid: i32, signal: i32) -> io::Result<()> {
-        if self.gone.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        kill::signal_group(pgid, signal).map(drop)
-    }
 }
 
-/// Takes the lock under which trees are signalled.
-pub(crate) fn lock() -> TreeLock {
-    TreeLock { _held: trees() }
+impl Tree {
+    /// Sends `signal` to the processes of the session's group `pgid` (a
+    /// terminal's foreground job), if the session is still the child's.
+    pub fn signal_session_group(&self, _lock: &TreeLock, pgid: i32, signal: i32) {
+        if self.leader_reaped.load(Ordering::Acquire) {
+            return;
+        }
+        for member in kill::session_members(self.pid, Some(pgid)) {
+            kill::signal_process(&member, signal);
+        }
+    }
 }
 
 /// A started child and its tree.
 pub(crate) struct Leader {
-    pid: i32,
     tree: Arc<Tree>,
     exit: Exit,
 }
@@ -228,7 +300,7 @@ enum Exit {
         pidfd: AsyncFd<OwnedFd>,
         reaped: AtomicBool,
     },
-    /// Subreaper mode: the reaper thread sends the status.
+    /// Subreaper mode: the reaper thread reaps and sends the status.
     Sent(Mutex<Option<oneshot::Receiver<ExitStatus>>>),
 }
 
@@ -238,37 +310,57 @@ pub(crate) fn spawn_leader(
     session: bool,
     spawn: impl FnOnce() -> io::Result<(i32, OwnedFd)>,
 ) -> io::Result<Leader> {
-    let mut trees = trees();
+    STARTED_ANY.store(true, Ordering::Release);
+    // Only the reaper thread could reap the child before it is registered,
+    // and it reaps under this lock.
+    let mut held = SUBREAPER.get().map(|_| trees());
     let (pid, pidfd) = spawn()?;
+    let waiter = if held.is_some() {
+        None
+    } else {
+        match pidfd
+            .try_clone()
+            .and_then(|fd| register(fd, Interest::READABLE))
+        {
+            Ok(waiter) => Some(waiter),
+            Err(error) => {
+                kill::signal_process(&pidfd, libc::SIGKILL);
+                let _ = wait(&pidfd, 0);
+                return Err(error);
+            }
+        }
+    };
     let tree = Arc::new(Tree {
         pid,
+        pidfd,
         session,
         leader_reaped: AtomicBool::new(false),
         gone: AtomicBool::new(false),
+        members: Mutex::new(Vec::new()),
     });
-    let exit = if trees.subreaper {
-        // Registered before the lock is released, so the reaper thread
-        // (which reaps under the lock) cannot miss it.
-        let (sender, receiver) = oneshot::channel();
-        if let Some(leaders) = trees.leaders.as_mut() {
-            leaders.insert(pid, (sender, Arc::downgrade(&tree)));
+    let exit = match (held.as_mut(), waiter) {
+        (Some(trees), _) => {
+            let (sender, receiver) = oneshot::channel();
+            if let Some(leaders) = trees.leaders.as_mut() {
+                leaders.insert(pid, (sender, Arc::downgrade(&tree)));
+            }
+            if !kill::pidfd_group_signals() {
+                trees.by_number.push(Arc::downgrade(&tree));
+            }
+            Exit::Sent(Mutex::new(Some(receiver)))
         }
-        trees.groups.push(Arc::downgrade(&tree));
-        drop(pidfd);
-        Exit::Sent(Mutex::new(Some(receiver)))
-    } else {
-        drop(trees);
-        Exit::Held {
-            pidfd: register(pidfd, Interest::READABLE)?,
+        (None, Some(pidfd)) => Exit::Held {
+            pidfd,
             reaped: AtomicBool::new(false),
-        }
+        },
+        (None, None) => unreachable!("per-child mode always has a waiter"),
     };
-    Ok(Leader { pid, tree, exit })
+    Ok(Leader { tree, exit })
 }
 
 impl Leader {
     pub fn pid(&self) -> i32 {
-        self.pid
+        self.tree.pid
     }
 
     pub fn tree(&self) -> &Tree {
@@ -292,29 +384,51 @@ impl Leader {
         }
     }
 
-    /// Frees the child's numbers once its tree is terminated. In per-child
-    /// mode this reaps the zombie; in subreaper mode the reaper thread has
-    /// done that and frees the numbers when the group empties.
-    pub fn reap(&self) {
-        if let Exit::Held { pidfd, reaped } = &self.exit {
-            let _lock = lock();
-            if !reaped.swap(true, Ordering::AcqRel) {
-                let _ = wait(pidfd.get_ref(), 0);
-                self.tree.gone.store(true, Ordering::Release);
-            }
+    /// Reaps the exited child once its tree is terminated (per-child mode;
+    /// the subreaper thread does it by itself). Never blocks.
+    pub fn reap(&self) -> bool {
+        let Exit::Held { pidfd, reaped } = &self.exit else {
+            return true;
+        };
+        let _lock = lock();
+        if reaped.load(Ordering::Acquire) {
+            return true;
         }
+        if waitable_pidfd(pidfd.get_ref()) {
+            self.tree.capture_session();
+            let _ = wait(pidfd.get_ref(), libc::WNOHANG);
+            self.tree.leader_reaped.store(true, Ordering::Release);
+            reaped.store(true, Ordering::Release);
+            return true;
+        }
+        false
     }
 }
 
 impl Drop for Leader {
     fn drop(&mut self) {
-        // Dropped without a termination (the runtime went away): nothing of
-        // the tree may survive it.
+        // Dropped without a finished termination (the runtime went away):
+        // nothing of the tree may survive it, and no zombie either.
         let lock = lock();
         self.tree.signal(&lock, libc::SIGKILL);
         drop(lock);
-        self.reap();
+        if !self.reap()
+            && let Exit::Held { pidfd, .. } = &self.exit
+            && let Ok(pidfd) = pidfd.get_ref().try_clone()
+        {
+            // Dying takes a moment: reap it off this thread.
+            let _ = std::thread::Builder::new()
+                .name("capexec-reap".into())
+                .stack_size(32 * 1024)
+                .spawn(move || {
+                    let _ = wait(&pidfd, 0);
+                });
+        }
     }
+}
+
+fn waitable_pidfd(pidfd: &OwnedFd) -> bool {
+    waitable(P_PIDFD, pidfd.as_raw_fd() as libc::id_t).is_some()
 }
 
 async fn wait_held(pidfd: &AsyncFd<OwnedFd>) -> ExitStatus {

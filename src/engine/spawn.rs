@@ -173,6 +173,31 @@ fn executable(path: &Path) -> bool {
 }
 
 fn classify(spec: &StartSpec, error: &io::Error) -> StartError {
+    if let Some(failure) = error
+        .get_ref()
+        .and_then(|e| e.downcast_ref::<SetupFailure>())
+    {
+        return match failure.step {
+            Step::Chdir => StartError::new(
+                StartErrorKind::BadCwd,
+                format!(
+                    "working directory {}: {}",
+                    spec.effective_cwd()
+                        .map(|cwd| cwd.display().to_string())
+                        .unwrap_or_default(),
+                    plain(&failure.error)
+                ),
+            ),
+            Step::Setup => StartError::new(
+                StartErrorKind::SpawnFailed,
+                format!(
+                    "cannot set up {} (session or standard descriptors): {}",
+                    spec.argv[0].to_string_lossy(),
+                    plain(&failure.error)
+                ),
+            ),
+        };
+    }
     let program = spec.argv[0].to_string_lossy();
     match error.raw_os_error() {
         Some(libc::ENOENT) | Some(libc::ENOTDIR) => StartError::new(
@@ -323,6 +348,33 @@ impl StdioPlan {
     }
 }
 
+/// The child's steps before exec that can fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    /// New session, signals, standard descriptors.
+    Setup,
+    Chdir,
+}
+
+/// A failure of the child before its exec.
+#[derive(Debug)]
+struct SetupFailure {
+    step: Step,
+    error: io::Error,
+}
+
+impl std::fmt::Display for SetupFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}: {}", self.step, self.error)
+    }
+}
+
+impl std::error::Error for SetupFailure {}
+
+const FAILED_IN_SETUP: i32 = 1;
+const FAILED_IN_CHDIR: i32 = 2;
+const FAILED_IN_EXEC: i32 = 3;
+
 /// Everything the child needs, prepared before the clone.
 struct ChildPlan<'a> {
     program: &'a CString,
@@ -333,8 +385,10 @@ struct ChildPlan<'a> {
     max_signal: libc::c_int,
     /// Descriptors to close when close_range(2) is unavailable.
     open_fds: Option<&'a [RawFd]>,
-    /// The errno of the step that failed; shared with the parent (CLONE_VM).
+    /// The errno of the step that failed, and which step; shared with the
+    /// parent (CLONE_VM).
     error: AtomicI32,
+    step: AtomicI32,
 }
 
 fn launch(
@@ -368,6 +422,7 @@ fn launch(
         max_signal: libc::SIGRTMAX(),
         open_fds: open_fds.as_deref(),
         error: AtomicI32::new(0),
+        step: AtomicI32::new(0),
     };
     let mut stack = vec![0u8; CHILD_STACK_BYTES];
     // The stack grows down from its 16-byte aligned top.
@@ -375,15 +430,12 @@ fn launch(
 
     // Signals stay blocked until the child has reset every handler: a
     // handler of ours must never run in the child, which shares our memory.
-    let mut saved: libc::sigset_t = unsafe { std::mem::zeroed() };
-    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
     let mut pidfd: libc::c_int = -1;
+    let saved = block_all_signals();
     // SAFETY: the child runs `child_main` on `stack`, touching only `plan`
     // and making system calls; CLONE_VFORK suspends us until it has exec'd
     // or exited, so everything it uses outlives it.
     let pid = unsafe {
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
         let pid = libc::clone(
             child_main,
             top as *mut libc::c_void,
@@ -392,7 +444,7 @@ fn launch(
             &mut pidfd as *mut libc::c_int,
         );
         let clone_error = io::Error::last_os_error();
-        libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut());
+        restore_signals(saved);
         if pid < 0 {
             return Err(clone_error);
         }
@@ -415,91 +467,179 @@ fn launch(
                 libc::WEXITED | libc::__WALL,
             );
         }
-        return Err(io::Error::from_raw_os_error(failed));
+        let error = io::Error::from_raw_os_error(failed);
+        return Err(match plan.step.load(Ordering::Acquire) {
+            FAILED_IN_EXEC => error,
+            FAILED_IN_CHDIR => io::Error::other(SetupFailure {
+                step: Step::Chdir,
+                error,
+            }),
+            _ => io::Error::other(SetupFailure {
+                step: Step::Setup,
+                error,
+            }),
+        });
     }
     Ok((pid, pidfd))
 }
 
 /// Runs in the child between clone and exec. It shares the parent's memory
-/// and must not allocate, lock or unwind: system calls only.
+/// and thread-local storage, so it must not allocate, lock, unwind or use
+/// C library wrappers with side effects (cancellation points): raw system
+/// calls only.
 extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` is the parent's `ChildPlan`, alive while the parent is
-    // suspended by CLONE_VFORK; all calls are raw system calls.
+    // suspended by CLONE_VFORK; everything below is a raw system call.
     unsafe {
         let plan = &*(arg as *const ChildPlan<'_>);
-        let fail = |plan: &ChildPlan<'_>| -> ! {
-            plan.error
-                .store((*libc::__errno_location()).max(1), Ordering::Release);
-            libc::_exit(127)
+        let fail = |plan: &ChildPlan<'_>, step: i32, result: libc::c_long| -> ! {
+            // Raw system calls return -errno.
+            plan.error.store((-result as i32).max(1), Ordering::Release);
+            plan.step.store(step, Ordering::Release);
+            libc::syscall(libc::SYS_exit_group, 127);
+            unreachable_child()
         };
-        // Every disposition to default, through the raw call so that the
-        // signals the C library reserves are reset too. All zeros is SIG_DFL
-        // with no flags and an empty mask in the kernel's layout.
+        // Every disposition to default, including the signals the C library
+        // reserves. All zeros is SIG_DFL, no flags and an empty mask in the
+        // kernel's struct sigaction on every architecture.
         let default = [0u64; 4];
         for signal in 1..=plan.max_signal {
             if signal != libc::SIGKILL && signal != libc::SIGSTOP {
-                libc::syscall(
+                raw(libc::syscall(
                     libc::SYS_rt_sigaction,
                     signal,
                     default.as_ptr(),
                     std::ptr::null_mut::<u64>(),
-                    8usize,
-                );
+                    KERNEL_SIGSET_BYTES,
+                ));
             }
         }
-        if libc::setsid() < 0 {
-            fail(plan);
+        let result = raw(libc::syscall(libc::SYS_setsid));
+        if result < 0 {
+            fail(plan, FAILED_IN_SETUP, result);
         }
         for action in plan.stdio {
             match action {
                 StdioAction::Open { path, flags, to } => {
-                    let fd = libc::open(path.as_ptr(), *flags);
+                    let fd = raw(libc::syscall(
+                        libc::SYS_openat,
+                        libc::AT_FDCWD,
+                        path.as_ptr(),
+                        *flags,
+                        0,
+                    ));
                     if fd < 0 {
-                        fail(plan);
+                        fail(plan, FAILED_IN_SETUP, fd);
                     }
-                    if fd != *to {
-                        if libc::dup2(fd, *to) < 0 {
-                            fail(plan);
+                    if fd != libc::c_long::from(*to) {
+                        let result = raw(libc::syscall(libc::SYS_dup3, fd, *to, 0));
+                        if result < 0 {
+                            fail(plan, FAILED_IN_SETUP, result);
                         }
-                        libc::close(fd);
+                        raw(libc::syscall(libc::SYS_close, fd));
                     }
                 }
+                StdioAction::Dup { from, to } if from == to => {
+                    // A dup onto itself keeps close-on-exec; clear it.
+                    raw(libc::syscall(libc::SYS_fcntl, *to, libc::F_SETFD, 0));
+                }
                 StdioAction::Dup { from, to } => {
-                    if from == to {
-                        // A dup onto itself keeps close-on-exec; clear it.
-                        libc::fcntl(*to, libc::F_SETFD, 0);
-                    } else if libc::dup2(*from, *to) < 0 {
-                        fail(plan);
+                    let result = raw(libc::syscall(libc::SYS_dup3, *from, *to, 0));
+                    if result < 0 {
+                        fail(plan, FAILED_IN_SETUP, result);
                     }
                 }
             }
         }
         match plan.open_fds {
             None => {
-                libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+                raw(libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32));
             }
             Some(fds) => {
                 for &fd in fds {
                     if fd > 2 {
-                        libc::close(fd);
+                        raw(libc::syscall(libc::SYS_close, fd));
                     }
                 }
             }
         }
-        if let Some(cwd) = plan.cwd
-            && libc::chdir(cwd.as_ptr()) < 0
-        {
-            fail(plan);
+        if let Some(cwd) = plan.cwd {
+            let result = raw(libc::syscall(libc::SYS_chdir, cwd.as_ptr()));
+            if result < 0 {
+                fail(plan, FAILED_IN_CHDIR, result);
+            }
         }
-        let mut empty: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut empty);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-        libc::execve(
+        let empty = 0u64;
+        raw(libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &empty as *const u64,
+            std::ptr::null_mut::<u64>(),
+            KERNEL_SIGSET_BYTES,
+        ));
+        let result = raw(libc::syscall(
+            libc::SYS_execve,
             plan.program.as_ptr(),
             plan.argv.as_ptr(),
             plan.envp.as_ptr(),
+        ));
+        fail(plan, FAILED_IN_EXEC, result)
+    }
+}
+
+/// Size of the kernel's signal set (64 signals); glibc's `sigset_t` is
+/// larger. MIPS has 128 signals and is not supported.
+const KERNEL_SIGSET_BYTES: usize = 8;
+#[cfg(any(target_arch = "mips", target_arch = "mips64"))]
+compile_error!("capexec's spawn assumes a 64-signal kernel sigset");
+
+/// A raw system call's result as the kernel gives it: -errno on failure.
+/// (libc::syscall returns -1 and sets errno; errno lives in the parent's
+/// thread-local storage here, which is shared, so read it at once.)
+unsafe fn raw(result: libc::c_long) -> libc::c_long {
+    if result == -1 {
+        // SAFETY: errno of the calling thread, read right after the call.
+        -libc::c_long::from(unsafe { *libc::__errno_location() })
+    } else {
+        result
+    }
+}
+
+fn unreachable_child() -> ! {
+    loop {
+        // exit_group does not return; this only satisfies the type.
+        std::hint::spin_loop();
+    }
+}
+
+/// Blocks every signal of the calling thread (the C library's reserved ones
+/// included, which `pthread_sigmask` skips); returns the previous mask.
+fn block_all_signals() -> u64 {
+    let all = u64::MAX;
+    let mut previous = 0u64;
+    // SAFETY: rt_sigprocmask on this thread with kernel-sized sets.
+    unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &all as *const u64,
+            &mut previous as *mut u64,
+            KERNEL_SIGSET_BYTES,
         );
-        fail(plan)
+    }
+    previous
+}
+
+fn restore_signals(previous: u64) {
+    // SAFETY: as above.
+    unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &previous as *const u64,
+            std::ptr::null_mut::<u64>(),
+            KERNEL_SIGSET_BYTES,
+        );
     }
 }
 

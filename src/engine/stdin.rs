@@ -61,12 +61,22 @@ impl WriteIds {
         self.known.get(id).cloned()
     }
 
+    /// Remembers `id`, forgetting the oldest finished ids beyond
+    /// [`REMEMBERED_WRITE_IDS`]. An id whose write is still queued is never
+    /// forgotten (the queue holds at most that many writes), so a retry of
+    /// it can never write twice.
     pub fn insert(&mut self, id: &str, outcome: Outcome) {
         if self.known.insert(id.to_string(), outcome).is_none() {
             self.order.push_back(id.to_string());
-            if self.order.len() > REMEMBERED_WRITE_IDS
-                && let Some(oldest) = self.order.pop_front()
-            {
+        }
+        while self.order.len() > REMEMBERED_WRITE_IDS {
+            let finished = self.order.iter().position(|id| {
+                self.known
+                    .get(id)
+                    .is_none_or(|outcome| outcome.borrow().is_some())
+            });
+            let Some(index) = finished else { break };
+            if let Some(oldest) = self.order.remove(index) {
                 self.known.remove(&oldest);
             }
         }
@@ -85,7 +95,7 @@ impl WriteIds {
 
 /// What the writer task tells the process about.
 pub(crate) trait StdinEvents: Send + 'static {
-    /// `bytes` left the queue (written or dropped).
+    /// One write of `bytes` left the queue (written or dropped).
     fn dequeued(&self, bytes: usize);
     /// The child closed its end of stdin.
     fn child_closed(&self);
@@ -161,16 +171,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn write_ids_remember_the_most_recent_4096() {
+    fn write_ids_remember_the_most_recent_4096_finished_ones() {
         let mut ids = WriteIds::default();
-        let (_done, outcome) = watch::channel(None);
+        let (_done, finished) = watch::channel(Some(Ok(())));
         for n in 0..=REMEMBERED_WRITE_IDS {
-            ids.insert(&format!("w{n}"), outcome.clone());
+            ids.insert(&format!("w{n}"), finished.clone());
         }
         assert!(ids.get("w0").is_none());
         assert!(ids.get("w1").is_some());
         assert!(ids.get(&format!("w{REMEMBERED_WRITE_IDS}")).is_some());
         ids.forget("w1");
         assert!(ids.get("w1").is_none());
+    }
+
+    #[test]
+    fn ids_of_queued_writes_are_never_forgotten() {
+        let mut ids = WriteIds::default();
+        let (_pending_done, pending) = watch::channel(None);
+        let (_done, finished) = watch::channel(Some(Ok(())));
+        ids.insert("queued", pending);
+        for n in 0..REMEMBERED_WRITE_IDS + 10 {
+            ids.insert(&format!("w{n}"), finished.clone());
+        }
+        assert!(ids.get("queued").is_some());
+        assert!(ids.get("w0").is_none());
     }
 }

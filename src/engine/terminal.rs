@@ -100,6 +100,24 @@ impl Terminal {
             .filter(|&pgid| pgid > 0)
     }
 
+    /// Sends SIGINT, SIGQUIT or SIGTSTP to the foreground job the way typing
+    /// the character would (the kernel refuses other signals here).
+    pub fn signal_foreground(&self, signal: i32) -> io::Result<()> {
+        // SAFETY: TIOCSIG takes the signal number by value.
+        let rc = unsafe {
+            libc::ioctl(
+                self.io.get_ref().as_raw_fd(),
+                libc::TIOCSIG,
+                signal as libc::c_long,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
     /// The character that makes a canonical-mode reader see end-of-file.
     pub fn eof_char(&self) -> u8 {
         self.control

@@ -48,3 +48,25 @@ pub fn zombie_children(parent: u32) -> usize {
         })
         .count()
 }
+
+/// Polls `condition` until it holds, failing after a generous deadline.
+pub async fn wait_until(mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !condition() {
+        assert!(Instant::now() < deadline, "condition never held");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Signals queued for `pid` and not yet acted on (process- and
+/// thread-directed), from `/proc/PID/status`.
+pub fn pending_signals(pid: u32) -> u64 {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return 0;
+    };
+    status
+        .lines()
+        .filter(|line| line.starts_with("SigPnd:") || line.starts_with("ShdPnd:"))
+        .filter_map(|line| u64::from_str_radix(line.split_whitespace().nth(1)?, 16).ok())
+        .fold(0, |all, mask| all | mask)
+}
