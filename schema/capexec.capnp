@@ -80,8 +80,110 @@ interface Executor {
   #                                feature;
   #   [capexec:unavailable]        the server starts nothing new (it is
   #                                shutting down);
-  #   [capexec:spawn-failed]       any other operating-system failure.
+  #   [capexec:spawn-failed]       any other operating-system failure;
+  #   [capexec:upstream-unavailable] the start was for an upstream
+  #                                environment that cannot be reached now
+  #                                (see `environment`); nothing was started.
   # A failed start leaves nothing behind: no process, no zombie, no open file.
+  #
+  # Through a forwarding executor (`environment`, or a server whose default
+  # environment is an upstream) the call is forwarded with promise
+  # pipelining preserved: calls pipelined on `process` are sent on to the
+  # far end at once, so a chain costs one trip per hop, not one per call.
+  # Everything about the process (seqs, gaps, exit statuses, flow control,
+  # write ids, resize) is the far end's, passed through unchanged, and
+  # releasing `process` releases it at the far end. If a link of the chain
+  # breaks, the processes started through it are released at the far side
+  # of the break and calls on them fail with `disconnected`.
+
+  info @1 () -> (info :ExecutorInfo);
+  # What a client needs to adapt to this executor. Ask it instead of relying
+  # on `unimplemented` errors; a server older than this method answers
+  # `unimplemented`, which means: `start` only, no environments.
+  # Through a forwarding executor the answer describes the far end (where
+  # `start` runs), with `features` limited to what every hop supports.
+
+  environments @2 () -> (environments :List(Environment));
+  # Every environment this server offers: "local" (its own engine) first,
+  # then its upstreams in the order they were configured, each with its
+  # connection state. Through a forwarding executor, the far end's list.
+
+  environment @3 (name :Text) -> (executor :Executor);
+  # The executor of environment `name` ("local", or an upstream's name).
+  # Calls on it can be pipelined: `environment("b").start(...)` costs no
+  # extra round trip, and `environment("b").environment("c")` reaches the
+  # upstream of an upstream the same way. An upstream connects on first
+  # use and, after a failure, again on a later use once its back-off has
+  # passed (0.5 s doubling to 10 s); while it cannot be reached, `start` on
+  # it fails with `[capexec:upstream-unavailable]` and a reason, without
+  # affecting other environments. An unknown name fails with
+  # `[capexec:unknown-environment]`.
+}
+
+struct ExecutorInfo {
+  version @0 :Text;
+  # capexec version of the server that runs the processes (semver).
+
+  features @1 :List(Text);
+  # Protocol features supported end to end, as stable names:
+  #   "start", "read", "write", "write-id", "close-stdin", "signal",
+  #   "terminate", "subscribe", "lossless", "tty", "resize", "process-info",
+  #   "info", "environments".
+  # Clients must ignore names they do not know.
+
+  os @2 :Text;
+  # Operating system, as Rust's `std::env::consts::OS` ("linux").
+
+  arch @3 :Text;
+  # CPU architecture, as Rust's `std::env::consts::ARCH` ("x86_64").
+
+  hostname @4 :Text;
+
+  defaultShell @5 :Data;
+  # The server user's login shell (`$SHELL`), else "/bin/sh".
+
+  cwd @6 :Data;
+  # The server's working directory: where a start without `cwd` runs.
+
+  tempDir @7 :Data;
+  # The server's directory for temporary files (`$TMPDIR`, else "/tmp").
+
+  environment @8 :Text;
+  # Where `start` runs, seen from the executor asked: "local" for a server's
+  # own engine, else the path of environment names through the hops, such
+  # as "b" or "b/c" (that is, `environment("b").environment("c")`).
+}
+
+struct Environment {
+  name @0 :Text;
+  # "local", or an upstream's name: letters, digits, "-", "_" and ".".
+
+  address @1 :Text;
+  # The upstream's address (`unix:PATH` or `tcp:HOST:PORT`); empty for
+  # "local".
+
+  isDefault @2 :Bool;
+  # Plain `start` on this server's root executor runs here.
+
+  state :union {
+    local @3 :Void;
+    # The server's own engine: always available.
+
+    idle @4 :Void;
+    # Not connected yet; connects on first use.
+
+    connecting @5 :Void;
+
+    connected @6 :Void;
+
+    failed :group {
+      # The last attempt failed or the connection was lost.
+      reason @7 :Text;
+      retryInMs @8 :UInt32;
+      # Milliseconds until the next use may try again (0: the next use
+      # will).
+    }
+  }
 }
 
 struct StartParams {

@@ -122,7 +122,7 @@ fn unix_socket_is_private_and_never_clobbers_what_is_not_ours() {
         let second = Server::bind(
             ServerConfig {
                 listen: vec![server.address.clone()],
-                token_file: None,
+                ..ServerConfig::default()
             },
             Engine::default(),
         )
@@ -138,7 +138,7 @@ fn unix_socket_is_private_and_never_clobbers_what_is_not_ours() {
             Server::bind(
                 ServerConfig {
                     listen: vec![Address::Unix(path)],
-                    token_file: None,
+                    ..ServerConfig::default()
                 },
                 Engine::default(),
             )

@@ -1,5 +1,7 @@
 //! The `capexec` command line.
 
+mod connect;
+mod environments;
 mod forward;
 mod relay;
 mod run;
@@ -33,6 +35,34 @@ enum Command {
     Run(RunArgs),
     /// Serve an executor on Unix sockets and TCP.
     Serve(ServeArgs),
+    /// List the environments a server offers, with their states (`*`
+    /// marks the default).
+    Environments(ConnectArgs),
+    /// Show what an executor reports about itself: version, features, OS,
+    /// hostname, shell, working and temporary directories.
+    Info(InfoArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ConnectArgs {
+    /// Talk to the executor served at ADDR (unix:PATH or tcp:HOST:PORT)
+    /// instead of an embedded one.
+    #[arg(long, value_name = "ADDR")]
+    connect: Option<String>,
+    /// Login token for tcp: addresses. Default: $CAPEXEC_TOKEN, then
+    /// $XDG_CONFIG_HOME/capexec/token or ~/.config/capexec/token.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<std::path::PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct InfoArgs {
+    #[command(flatten)]
+    connect: ConnectArgs,
+    /// Ask the executor of this environment (NAME, or NAME/NAME... through
+    /// several hops).
+    #[arg(long, value_name = "NAME")]
+    environment: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -46,18 +76,28 @@ pub struct ServeArgs {
     /// $XDG_CONFIG_HOME/capexec/token or ~/.config/capexec/token.
     #[arg(long, value_name = "FILE")]
     token_file: Option<std::path::PathBuf>,
+    /// Forward to the executor at ADDR as the environment NAME
+    /// (repeatable). Connected on first use.
+    #[arg(long = "upstream", value_name = "NAME=ADDR")]
+    upstreams: Vec<String>,
+    /// Login token for the tcp: upstream NAME (repeatable). Default:
+    /// $CAPEXEC_TOKEN, then the default token file.
+    #[arg(long = "upstream-token-file", value_name = "NAME=FILE")]
+    upstream_token_files: Vec<String>,
+    /// The environment plain starts use: "local" (the default) or an
+    /// upstream's NAME.
+    #[arg(long = "default", value_name = "NAME")]
+    default_environment: Option<String>,
 }
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// Run on the executor served at ADDR (unix:PATH or tcp:HOST:PORT)
-    /// instead of an embedded one.
-    #[arg(long, value_name = "ADDR")]
-    connect: Option<String>,
-    /// Login token for tcp: addresses. Default: $CAPEXEC_TOKEN, then
-    /// $XDG_CONFIG_HOME/capexec/token or ~/.config/capexec/token.
-    #[arg(long, value_name = "FILE")]
-    token_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    connect: ConnectArgs,
+    /// Run in this environment of the server (NAME, or NAME/NAME... through
+    /// several hops) instead of its default one.
+    #[arg(long, value_name = "NAME")]
+    environment: Option<String>,
     /// Working directory of the command.
     #[arg(long, value_name = "DIR")]
     cwd: Option<OsString>,
@@ -127,6 +167,14 @@ pub fn main() -> i32 {
         Command::Serve(args) => {
             init_logging(tracing::Level::INFO);
             serve::main(args)
+        }
+        Command::Environments(args) => {
+            init_logging(tracing::Level::WARN);
+            environments::environments_main(args)
+        }
+        Command::Info(args) => {
+            init_logging(tracing::Level::WARN);
+            environments::info_main(args.connect, args.environment)
         }
     }
 }

@@ -4,14 +4,10 @@
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 
-use crate::cli::RunArgs;
 use crate::cli::relay::{self, Failure};
-use crate::cli::terminal;
-use capexec::client::{Command, Stdin};
-use capexec::engine::{self, Engine};
+use crate::cli::{RunArgs, connect, terminal};
+use capexec::client::{self, Command, Stdin};
 use capexec::model::{Flow, PtySize};
-use capexec::net::{self, Address, Token};
-use capexec::rpc;
 
 pub fn main(args: RunArgs) -> i32 {
     crate::cli::run_local(async move {
@@ -27,47 +23,14 @@ pub fn main(args: RunArgs) -> i32 {
 
 async fn run(args: RunArgs) -> Result<i32, Failure> {
     let command = command_from(&args).map_err(Failure::capexec)?;
-    match &args.connect {
-        None => {
-            if let Err(error) = engine::become_subreaper() {
-                tracing::warn!(%error, "cannot become a subreaper; orphaned grandchildren will not be reaped here");
-            }
-            let executor = rpc::local_executor(Engine::default());
-            relay::relay(command, &args, &executor).await
-        }
-        Some(address) => {
-            let address: Address = address
-                .parse()
-                .map_err(|error| Failure::capexec(format!("--connect {error}")))?;
-            let token = if address.is_tcp() {
-                login_token(&args).map_err(Failure::capexec)?
-            } else {
-                None
-            };
-            let connection = net::connect(&address, token.as_ref())
-                .await
-                .map_err(|error| Failure::capexec(error.to_string()))?;
-            relay::relay(command, &args, &connection.executor()).await
-        }
-    }
-}
-
-/// `--token-file`, else `$CAPEXEC_TOKEN`, else the default token file if it
-/// exists.
-fn login_token(args: &RunArgs) -> Result<Option<Token>, String> {
-    if let Some(path) = &args.token_file {
-        return Token::load(path).map(Some).map_err(|e| e.to_string());
-    }
-    if let Some(secret) = std::env::var_os("CAPEXEC_TOKEN") {
-        let secret = secret.to_string_lossy().trim().to_string();
-        if !secret.is_empty() {
-            return Ok(Some(Token::new(secret)));
-        }
-    }
-    match net::default_token_path() {
-        Some(path) if path.exists() => Token::load(&path).map(Some).map_err(|e| e.to_string()),
-        _ => Ok(None),
-    }
+    let target = connect::target(&args.connect)
+        .await
+        .map_err(Failure::capexec)?;
+    let executor = match &args.environment {
+        Some(path) => client::environment(&target.executor, path),
+        None => target.executor.clone(),
+    };
+    relay::relay(command, &args, &executor).await
 }
 
 fn command_from(args: &RunArgs) -> Result<Command, String> {

@@ -5,9 +5,12 @@ use std::io::Write;
 
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::cli::{EXIT_CAPEXEC_FAILURE, ServeArgs};
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use crate::cli::{EXIT_CAPEXEC_FAILURE, ServeArgs, connect};
 use capexec::engine::{self, Engine};
-use capexec::net::{Address, Server, ServerConfig};
+use capexec::net::{Address, Server, ServerConfig, Token, UpstreamConfig};
 
 pub fn main(args: ServeArgs) -> i32 {
     let mut listen = Vec::new();
@@ -20,14 +23,66 @@ pub fn main(args: ServeArgs) -> i32 {
             }
         }
     }
+    let upstreams = match upstreams(&args) {
+        Ok(upstreams) => upstreams,
+        Err(error) => {
+            eprintln!("capexec: {error}");
+            return EXIT_CAPEXEC_FAILURE;
+        }
+    };
     if let Err(error) = engine::become_subreaper() {
         tracing::warn!(%error, "cannot become a subreaper; orphaned grandchildren will not be reaped here");
     }
     let config = ServerConfig {
         listen,
         token_file: args.token_file,
+        upstreams,
+        default_environment: args.default_environment,
     };
     crate::cli::run_local(serve(config))
+}
+
+/// `--upstream NAME=ADDR` with their `--upstream-token-file NAME=FILE`.
+fn upstreams(args: &ServeArgs) -> Result<Vec<UpstreamConfig>, String> {
+    let mut token_files = HashMap::new();
+    for pair in &args.upstream_token_files {
+        let (name, file) = split_pair(pair, "--upstream-token-file", "NAME=FILE")?;
+        if token_files.insert(name, PathBuf::from(file)).is_some() {
+            return Err(format!("--upstream-token-file {name}: given twice"));
+        }
+    }
+    let mut upstreams = Vec::new();
+    for pair in &args.upstreams {
+        let (name, address) = split_pair(pair, "--upstream", "NAME=ADDR")?;
+        let address: Address = address
+            .parse()
+            .map_err(|error| format!("--upstream {name}: {error}"))?;
+        let token = match token_files.remove(name) {
+            Some(file) => Some(Token::load(&file).map_err(|e| e.to_string())?),
+            None if address.is_tcp() => Some(connect::login_token(None)?.ok_or_else(|| {
+                format!("--upstream {name} ({address}) needs a login token: give --upstream-token-file {name}=FILE")
+            })?),
+            None => None,
+        };
+        upstreams.push(UpstreamConfig {
+            name: name.to_string(),
+            address,
+            token,
+        });
+    }
+    if let Some(name) = token_files.keys().next() {
+        return Err(format!(
+            "--upstream-token-file {name}: no --upstream {name}=ADDR"
+        ));
+    }
+    Ok(upstreams)
+}
+
+fn split_pair<'a>(pair: &'a str, flag: &str, form: &str) -> Result<(&'a str, &'a str), String> {
+    match pair.split_once('=') {
+        Some((name, value)) if !name.is_empty() && !value.is_empty() => Ok((name, value)),
+        _ => Err(format!("{flag} expects {form}, got {pair:?}")),
+    }
 }
 
 async fn serve(config: ServerConfig) -> i32 {

@@ -1,6 +1,7 @@
 use std::fmt;
 
 use crate::model::StartError;
+pub use crate::rpc::convert::describe;
 
 /// What can go wrong talking to an executor.
 #[derive(Debug)]
@@ -42,29 +43,6 @@ impl From<capnp::Error> for Error {
 impl From<capnp::NotInSchema> for Error {
     fn from(error: capnp::NotInSchema) -> Error {
         Error::Rpc(capnp::Error::from(error))
-    }
-}
-
-/// A capnp error as one line for people: the peer's own words, without the
-/// "remote exception:" prefixes each hop adds or capexec's machine tags.
-pub fn describe(error: &capnp::Error) -> String {
-    let mut text = error.extra.trim();
-    while let Some(rest) = text.strip_prefix("remote exception:") {
-        text = rest.trim_start();
-    }
-    let mut text = text.to_string();
-    while let Some(start) = text.find("[capexec:") {
-        let Some(len) = text[start..].find(']') else {
-            break;
-        };
-        text.replace_range(start..start + len + 1, "");
-    }
-    let text = text.trim();
-    match error.kind {
-        capnp::ErrorKind::Disconnected if text.is_empty() => "the connection was lost".to_string(),
-        capnp::ErrorKind::Disconnected => format!("the connection was lost: {text}"),
-        _ if text.is_empty() => error.kind.to_string(),
-        _ => text.to_string(),
     }
 }
 

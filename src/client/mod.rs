@@ -76,9 +76,11 @@
 mod command;
 mod error;
 mod events;
+mod executor;
 mod process;
 
 pub use self::command::{Command, Output, Stdin};
 pub use self::error::{Error, describe};
 pub use self::events::EventStream;
+pub use self::executor::{environment, environments, info};
 pub use self::process::{PendingWrite, RemoteProcess};

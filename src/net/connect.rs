@@ -60,6 +60,8 @@ pub(crate) fn os_message(error: &std::io::Error) -> String {
 pub struct Connection {
     executor: executor::Client,
     rpc: JoinHandle<()>,
+    /// The login's outcome once known (TCP); `None` while it is pending.
+    login: Option<tokio::sync::watch::Receiver<Option<Result<(), capnp::Error>>>>,
 }
 
 impl Connection {
@@ -73,6 +75,22 @@ impl Connection {
     /// Whether the connection has ended.
     pub fn is_closed(&self) -> bool {
         self.rpc.is_finished()
+    }
+
+    /// Waits until the server has accepted the login (at once for Unix
+    /// sockets, which need none). Calls made without waiting are fine too:
+    /// they fail with the refusal if there is one.
+    pub async fn ready(&self) -> Result<(), capnp::Error> {
+        let Some(login) = &self.login else {
+            return Ok(());
+        };
+        let mut login = login.clone();
+        match login.wait_for(Option::is_some).await {
+            Ok(outcome) => outcome.clone().unwrap_or(Ok(())),
+            Err(_) => Err(capnp::Error::disconnected(
+                "the connection ended before the login was answered".to_string(),
+            )),
+        }
     }
 }
 
@@ -117,6 +135,7 @@ pub async fn connect(address: &Address, token: Option<&Token>) -> Result<Connect
         }
     };
     let mut system = RpcSystem::new(network, None);
+    let mut login_outcome = None;
     let executor = match token {
         None => system.bootstrap::<executor::Client>(Side::Server),
         Some(token) => {
@@ -128,10 +147,14 @@ pub async fn connect(address: &Address, token: Option<&Token>) -> Result<Connect
             // Keep the login question alive until it is answered; its
             // outcome reaches callers through the pipelined executor.
             let answer = login.promise;
+            let (outcome, watch) = tokio::sync::watch::channel(None);
+            login_outcome = Some(watch);
             tokio::task::spawn_local(async move {
-                if let Err(error) = answer.await {
+                let result = answer.await.map(drop);
+                if let Err(error) = &result {
                     tracing::debug!(%error, "login failed");
                 }
+                let _ = outcome.send(Some(result));
             });
             executor
         }
@@ -141,5 +164,9 @@ pub async fn connect(address: &Address, token: Option<&Token>) -> Result<Connect
             tracing::debug!(%error, "connection ended with an error");
         }
     });
-    Ok(Connection { executor, rpc })
+    Ok(Connection {
+        executor,
+        rpc,
+        login: login_outcome,
+    })
 }

@@ -12,9 +12,11 @@ mod server;
 mod socket;
 mod token;
 mod transport;
+mod upstream;
 
 pub use self::address::Address;
 pub use self::auth::UNAUTHENTICATED_TAG;
 pub use self::connect::{ConnectError, Connection, connect};
 pub use self::server::{ServeError, Server, ServerConfig};
 pub use self::token::{Token, TokenError, default_token_path};
+pub use self::upstream::UpstreamConfig;

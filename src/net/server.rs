@@ -22,7 +22,8 @@ use crate::net::auth::GatekeeperImpl;
 use crate::net::socket::{self, UnixSocketFile};
 use crate::net::token::{Token, TokenError, default_token_path};
 use crate::net::transport;
-use crate::rpc;
+use crate::net::upstream::{UpstreamConfig, UpstreamLink};
+use crate::rpc::{self, Environments, Upstream};
 
 /// What to serve.
 #[derive(Clone, Debug, Default)]
@@ -31,11 +32,17 @@ pub struct ServerConfig {
     /// Token of the TCP listeners; created (mode 0600, 256 random bits) if
     /// the file does not exist. Default: [`default_token_path`].
     pub token_file: Option<PathBuf>,
+    /// Executors to forward to, as environments named after them.
+    pub upstreams: Vec<UpstreamConfig>,
+    /// The environment plain `start` uses: "local" (the default) or an
+    /// upstream's name.
+    pub default_environment: Option<String>,
 }
 
 #[derive(Debug)]
 pub enum ServeError {
     NoListeners,
+    Environments(String),
     Bind(Address, std::io::Error),
     Token(TokenError),
     NoTokenPath,
@@ -45,6 +52,7 @@ impl fmt::Display for ServeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ServeError::NoListeners => write!(f, "nothing to listen on: give --listen ADDR"),
+            ServeError::Environments(error) => write!(f, "{error}"),
             ServeError::Bind(address, error) => write!(
                 f,
                 "cannot listen on {address}: {}",
@@ -69,6 +77,8 @@ enum Listener {
 /// Bound listeners, ready to serve.
 pub struct Server {
     engine: Engine,
+    upstreams: Vec<UpstreamConfig>,
+    default_environment: Option<String>,
     listeners: Vec<(Address, Listener)>,
     unix_files: Vec<UnixSocketFile>,
     token: Option<Arc<Token>>,
@@ -82,8 +92,14 @@ impl Server {
         if config.listen.is_empty() {
             return Err(ServeError::NoListeners);
         }
+        // Checked before anything is bound.
+        let names: Vec<&str> = config.upstreams.iter().map(|u| u.name.as_str()).collect();
+        rpc::check_environment_names(&names, config.default_environment.as_deref())
+            .map_err(ServeError::Environments)?;
         let mut server = Server {
             engine,
+            upstreams: config.upstreams.clone(),
+            default_environment: config.default_environment.clone(),
             listeners: Vec::new(),
             unix_files: Vec::new(),
             token: None,
@@ -151,7 +167,20 @@ impl Server {
     /// every child process and removes the socket files. Must run inside a
     /// `LocalSet`.
     pub async fn serve_until(mut self, shutdown: impl Future<Output = ()>) {
-        let executor = rpc::local_executor(self.engine.clone());
+        let links = self
+            .upstreams
+            .drain(..)
+            .map(|config| UpstreamLink::new(config) as Rc<dyn Upstream>)
+            .collect();
+        let environments = match Environments::new(
+            self.engine.clone(),
+            links,
+            self.default_environment.as_deref(),
+        ) {
+            Ok(environments) => Rc::new(environments),
+            Err(error) => unreachable!("checked by bind: {error}"),
+        };
+        let executor = rpc::root_executor(Rc::clone(&environments));
         let connections = Rc::new(AtomicU64::new(0));
         let accepting: Vec<JoinHandle<()>> = std::mem::take(&mut self.listeners)
             .into_iter()
@@ -170,6 +199,7 @@ impl Server {
         for task in accepting {
             task.abort();
         }
+        environments.close_upstreams();
         self.engine.shutdown().await;
         self.remove_socket_files();
         tracing::info!("shut down");

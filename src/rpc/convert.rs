@@ -41,6 +41,29 @@ pub fn start_error_from_wire(error: &Error) -> StartError {
     }
 }
 
+/// A capnp error as one line for people: the peer's own words, without the
+/// "remote exception:" prefixes each hop adds or capexec's machine tags.
+pub fn describe(error: &capnp::Error) -> String {
+    let mut text = error.extra.trim();
+    while let Some(rest) = text.strip_prefix("remote exception:") {
+        text = rest.trim_start();
+    }
+    let mut text = text.to_string();
+    while let Some(start) = text.find("[capexec:") {
+        let Some(len) = text[start..].find(']') else {
+            break;
+        };
+        text.replace_range(start..start + len + 1, "");
+    }
+    let text = text.trim();
+    match error.kind {
+        capnp::ErrorKind::Disconnected if text.is_empty() => "the connection was lost".to_string(),
+        capnp::ErrorKind::Disconnected => format!("the connection was lost: {text}"),
+        _ if text.is_empty() => error.kind.to_string(),
+        _ => text.to_string(),
+    }
+}
+
 fn invalid(what: &str, error: impl std::fmt::Display) -> StartError {
     StartError::new(
         StartErrorKind::InvalidArgument,

@@ -1,44 +1,123 @@
-//! `Executor`: starts processes on the local engine.
+//! The server's own `Executor`s: the root one (what a connection
+//! bootstraps or logs in to), whose `start` goes to the default
+//! environment, and "local", whose `start` always uses this server's engine.
 
-use capnp::capability::Rc;
+use std::rc::Rc;
+
+use capnp::capability::Rc as ServerRc;
 
 use crate::capexec_capnp::executor;
 use crate::engine::Engine;
 use crate::rpc::convert;
+use crate::rpc::environments::{Environments, Place};
+use crate::rpc::forward::{self, ForwardingExecutor, Target};
+use crate::rpc::info;
 use crate::rpc::process::ProcessImpl;
 
 pub struct ExecutorImpl {
-    engine: Engine,
+    environments: Rc<Environments>,
+    starts_at: Place,
 }
 
 impl ExecutorImpl {
-    pub fn new(engine: Engine) -> ExecutorImpl {
-        ExecutorImpl { engine }
+    /// The root executor of a server with `environments`.
+    pub fn root(environments: Rc<Environments>) -> ExecutorImpl {
+        let starts_at = environments.default_place();
+        ExecutorImpl {
+            environments,
+            starts_at,
+        }
+    }
+
+    /// A forwarder for starts (and info) that go to an upstream.
+    fn forwarder(&self) -> Option<ForwardingExecutor> {
+        match &self.starts_at {
+            Place::Local => None,
+            Place::Upstream(upstream) => Some(ForwardingExecutor::new(
+                Target::Upstream(Rc::clone(upstream)),
+                upstream.name().to_string(),
+            )),
+        }
+    }
+
+    fn engine(&self) -> &Engine {
+        self.environments.engine()
     }
 }
 
 /// The in-process executor: the same capability remote clients get, served
-/// by `engine` in this process.
+/// by `engine` in this process (its only environment is "local").
 pub fn local_executor(engine: Engine) -> executor::Client {
-    capnp_rpc::new_client(ExecutorImpl::new(engine))
+    root_executor(Rc::new(Environments::local_only(engine)))
+}
+
+/// The root executor of a server with `environments`.
+pub fn root_executor(environments: Rc<Environments>) -> executor::Client {
+    capnp_rpc::new_client(ExecutorImpl::root(environments))
 }
 
 impl executor::Server for ExecutorImpl {
     async fn start(
-        self: Rc<Self>,
+        self: ServerRc<Self>,
         params: executor::StartParams,
         mut results: executor::StartResults,
     ) -> Result<(), capnp::Error> {
+        if let Some(forwarder) = self.forwarder() {
+            return forward::start(&forwarder, params, results).await;
+        }
         let params = params.get()?.get_params()?;
         let spec = convert::start_spec_from_wire(params)
             .map_err(|error| convert::start_error_to_wire(&error))?;
         let owner = self
-            .engine
+            .engine()
             .start(&spec)
             .map_err(|error| convert::start_error_to_wire(&error))?;
         results
             .get()
             .set_process(capnp_rpc::new_client(ProcessImpl::new(owner)));
+        Ok(())
+    }
+
+    async fn info(
+        self: ServerRc<Self>,
+        _: executor::InfoParams,
+        mut results: executor::InfoResults,
+    ) -> Result<(), capnp::Error> {
+        if let Some(forwarder) = self.forwarder() {
+            return forward::info(&forwarder, results).await;
+        }
+        info::info_to_wire(&info::local_info(), results.get().init_info());
+        Ok(())
+    }
+
+    async fn environments(
+        self: ServerRc<Self>,
+        _: executor::EnvironmentsParams,
+        mut results: executor::EnvironmentsResults,
+    ) -> Result<(), capnp::Error> {
+        let statuses = self.environments.statuses();
+        let list = results.get().init_environments(statuses.len() as u32);
+        info::environments_to_wire(&statuses, list);
+        Ok(())
+    }
+
+    async fn environment(
+        self: ServerRc<Self>,
+        params: executor::EnvironmentParams,
+        mut results: executor::EnvironmentResults,
+    ) -> Result<(), capnp::Error> {
+        let name = params.get()?.get_name()?.to_str()?;
+        let executor: executor::Client = match self.environments.place(name)? {
+            Place::Local => capnp_rpc::new_client(ExecutorImpl {
+                environments: Rc::clone(&self.environments),
+                starts_at: Place::Local,
+            }),
+            Place::Upstream(upstream) => capnp_rpc::new_client(ForwardingExecutor::new(
+                Target::Upstream(Rc::clone(&upstream)),
+                upstream.name().to_string(),
+            )),
+        };
+        results.get().set_executor(executor);
         Ok(())
     }
 }

@@ -4,11 +4,15 @@
 //! tokio `LocalSet`; the engine's own tasks may run on any runtime thread.
 
 pub mod convert;
+mod environments;
 mod executor;
+mod forward;
+pub mod info;
 mod process;
 mod subscription;
 
-pub use self::executor::{ExecutorImpl, local_executor};
+pub use self::environments::{Environments, Upstream, check_names as check_environment_names};
+pub use self::executor::{ExecutorImpl, local_executor, root_executor};
 pub use self::process::{MAX_WAIT_MS, ProcessImpl};
 
 /// Output payload budget of one `EventSink.push`. A push carries whatever

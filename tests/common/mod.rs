@@ -4,6 +4,7 @@
 pub mod cli;
 pub mod data;
 pub mod procfs;
+pub mod proxy;
 pub mod server;
 
 use std::future::Future;
@@ -29,6 +30,9 @@ pub enum Backend {
     Unix,
     /// The same over TCP on loopback, logged in with a token.
     Tcp,
+    /// A Unix-socket server that forwards every start to a second one
+    /// (A -> B): processes run at B, the client talks to A.
+    Chained,
 }
 
 /// What a test body gets.
@@ -42,6 +46,8 @@ pub struct Ctx {
     pub token: Option<Token>,
     connection: Option<Connection>,
     server: Option<server::ServerThread>,
+    /// The server at the far end of a chain, stopped after `server`.
+    far_server: Option<server::ServerThread>,
 }
 
 impl Ctx {
@@ -61,6 +67,7 @@ impl Drop for Ctx {
         // Close the client side before stopping the server.
         self.connection.take();
         self.server.take();
+        self.far_server.take();
     }
 }
 
@@ -108,9 +115,15 @@ where
                 token: None,
                 connection: None,
                 server: None,
+                far_server: None,
             },
-            Backend::Unix | Backend::Tcp => {
-                let server = server::ServerThread::start(backend == Backend::Tcp);
+            Backend::Unix | Backend::Tcp | Backend::Chained => {
+                let (server, far_server) = if backend == Backend::Chained {
+                    let far = server::ServerThread::start(false);
+                    (server::ServerThread::start_in_front_of(&far), Some(far))
+                } else {
+                    (server::ServerThread::start(backend == Backend::Tcp), None)
+                };
                 let address = server.address.clone();
                 let token = server.token.clone();
                 let connection = capexec::net::connect(&address, token.as_ref())
@@ -124,6 +137,7 @@ where
                     token,
                     connection: Some(connection),
                     server: Some(server),
+                    far_server,
                 }
             }
         };
@@ -138,6 +152,7 @@ macro_rules! backend_tests {
         $crate::backend_tests!(@backend in_process, InProcess, $($name),*);
         $crate::backend_tests!(@backend unix, Unix, $($name),*);
         $crate::backend_tests!(@backend tcp, Tcp, $($name),*);
+        $crate::backend_tests!(@backend chained, Chained, $($name),*);
     };
     (@backend $module:ident, $backend:ident, $($name:ident),*) => {
         mod $module {

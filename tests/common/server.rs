@@ -4,7 +4,7 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 
 use capexec::engine::Engine;
-use capexec::net::{Address, Server, ServerConfig, Token};
+use capexec::net::{Address, Server, ServerConfig, Token, UpstreamConfig};
 use tokio::sync::oneshot;
 
 use super::data::TempDir;
@@ -15,6 +15,7 @@ pub struct ServerThread {
     /// Every address served (Unix first when both are asked for).
     pub addresses: Vec<Address>,
     pub dir: TempDir,
+    config: ServerConfig,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -32,35 +33,36 @@ impl ServerThread {
     }
 
     pub fn start_with(dir: TempDir, listen: Vec<Address>) -> ServerThread {
+        ServerThread::start_forwarding(dir, listen, Vec::new(), None)
+    }
+
+    /// A Unix-socket server that forwards plain starts to `upstream` (its
+    /// environment "b", made the default).
+    pub fn start_in_front_of(upstream: &ServerThread) -> ServerThread {
+        let dir = TempDir::new("front");
+        let listen = vec![Address::Unix(dir.path().join("capexec.sock"))];
+        let upstreams = vec![UpstreamConfig {
+            name: "b".to_string(),
+            address: upstream.address.clone(),
+            token: upstream.token.clone(),
+        }];
+        ServerThread::start_forwarding(dir, listen, upstreams, Some("b"))
+    }
+
+    pub fn start_forwarding(
+        dir: TempDir,
+        listen: Vec<Address>,
+        upstreams: Vec<UpstreamConfig>,
+        default_environment: Option<&str>,
+    ) -> ServerThread {
         let token_file = dir.path().join("token");
         let config = ServerConfig {
             listen,
             token_file: Some(token_file.clone()),
+            upstreams,
+            default_environment: default_environment.map(str::to_string),
         };
-        let (ready, addresses) = mpsc::channel();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("test-server".into())
-            .spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("server runtime");
-                let local = tokio::task::LocalSet::new();
-                local.block_on(&runtime, async move {
-                    let server = Server::bind(config, Engine::default())
-                        .await
-                        .expect("bind the test server");
-                    ready.send(server.addresses()).expect("report addresses");
-                    server
-                        .serve_until(async move {
-                            let _ = stopped.await;
-                        })
-                        .await;
-                });
-            })
-            .expect("server thread");
-        let addresses: Vec<Address> = addresses.recv().expect("server addresses");
+        let (addresses, stop, thread) = serve_on_thread(config.clone());
         let token = addresses
             .iter()
             .any(Address::is_tcp)
@@ -70,9 +72,19 @@ impl ServerThread {
             token,
             addresses,
             dir,
+            config,
             stop: Some(stop),
             thread: Some(thread),
         }
+    }
+
+    /// Starts the server again, as configured, after [`ServerThread::stop`]
+    /// (Unix sockets come back at the same paths).
+    pub fn restart(&mut self) {
+        self.stop();
+        let (_, stop, thread) = serve_on_thread(self.config.clone());
+        self.stop = Some(stop);
+        self.thread = Some(thread);
     }
 
     /// Stops the server (terminating its processes) and waits for it.
@@ -90,4 +102,34 @@ impl Drop for ServerThread {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Runs a server for `config` on a thread of its own; returns once it
+/// listens.
+fn serve_on_thread(config: ServerConfig) -> (Vec<Address>, oneshot::Sender<()>, JoinHandle<()>) {
+    let (ready, addresses) = mpsc::channel();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let thread = std::thread::Builder::new()
+        .name("test-server".into())
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("server runtime");
+            let local = tokio::task::LocalSet::new();
+            local.block_on(&runtime, async move {
+                let server = Server::bind(config, Engine::default())
+                    .await
+                    .expect("bind the test server");
+                ready.send(server.addresses()).expect("report addresses");
+                server
+                    .serve_until(async move {
+                        let _ = stopped.await;
+                    })
+                    .await;
+            });
+        })
+        .expect("server thread");
+    let addresses = addresses.recv().expect("server addresses");
+    (addresses, stop, thread)
 }

@@ -1,0 +1,61 @@
+//! `--connect ADDR [--token-file FILE]`: the executor a command talks to,
+//! embedded in this process unless an address is given.
+
+use capexec::capexec_capnp::executor;
+use capexec::engine::{self, Engine};
+use capexec::net::{self, Address, Connection, Token};
+use capexec::rpc;
+
+use crate::cli::ConnectArgs;
+
+/// An executor and, for a remote one, the connection it lives on (dropping
+/// it closes the connection).
+pub struct Target {
+    pub executor: executor::Client,
+    pub _connection: Option<Connection>,
+}
+
+/// Connects as `args` say; the embedded executor if there is no address.
+pub async fn target(args: &ConnectArgs) -> Result<Target, String> {
+    let Some(address) = &args.connect else {
+        if let Err(error) = engine::become_subreaper() {
+            tracing::warn!(%error, "cannot become a subreaper; orphaned grandchildren will not be reaped here");
+        }
+        return Ok(Target {
+            executor: rpc::local_executor(Engine::default()),
+            _connection: None,
+        });
+    };
+    let address: Address = address
+        .parse()
+        .map_err(|error| format!("--connect {error}"))?;
+    let token = if address.is_tcp() {
+        login_token(args.token_file.as_deref())?
+    } else {
+        None
+    };
+    let connection = net::connect(&address, token.as_ref())
+        .await
+        .map_err(|error| error.to_string())?;
+    Ok(Target {
+        executor: connection.executor(),
+        _connection: Some(connection),
+    })
+}
+
+/// `file`, else `$CAPEXEC_TOKEN`, else the default token file if it exists.
+pub fn login_token(file: Option<&std::path::Path>) -> Result<Option<Token>, String> {
+    if let Some(path) = file {
+        return Token::load(path).map(Some).map_err(|e| e.to_string());
+    }
+    if let Some(secret) = std::env::var_os("CAPEXEC_TOKEN") {
+        let secret = secret.to_string_lossy().trim().to_string();
+        if !secret.is_empty() {
+            return Ok(Some(Token::new(secret)));
+        }
+    }
+    match net::default_token_path() {
+        Some(path) if path.exists() => Token::load(&path).map(Some).map_err(|e| e.to_string()),
+        _ => Ok(None),
+    }
+}

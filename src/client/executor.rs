@@ -1,0 +1,34 @@
+//! Executor-level calls: choosing an environment, listing them, and asking
+//! an executor what it supports.
+
+use crate::capexec_capnp::executor;
+use crate::client::Error;
+use crate::model::{EnvironmentStatus, ExecutorInfo};
+use crate::rpc::info;
+
+/// The executor of environment `path` as seen from `executor`: a name
+/// ("build"), or names joined by "/" to go through several hops
+/// ("bastion/build"). Pipelined: it costs no round trip by itself, and a
+/// start on the result travels in the same trip. An unknown name makes calls
+/// on the result fail with [`crate::model::StartErrorKind::UnknownEnvironment`].
+pub fn environment(executor: &executor::Client, path: &str) -> executor::Client {
+    path.split('/').fold(executor.clone(), |executor, name| {
+        let mut request = executor.environment_request();
+        request.get().set_name(name);
+        request.send().pipeline.get_executor()
+    })
+}
+
+/// The environments `executor`'s server offers, with their states.
+pub async fn environments(executor: &executor::Client) -> Result<Vec<EnvironmentStatus>, Error> {
+    let response = executor.environments_request().send().promise.await?;
+    Ok(info::environments_from_wire(
+        response.get()?.get_environments()?,
+    )?)
+}
+
+/// What `executor` reports about where its processes run.
+pub async fn info(executor: &executor::Client) -> Result<ExecutorInfo, Error> {
+    let response = executor.info_request().send().promise.await?;
+    Ok(info::info_from_wire(response.get()?.get_info()?)?)
+}

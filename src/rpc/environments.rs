@@ -1,0 +1,178 @@
+//! The environments a server offers: its own engine ("local") and the
+//! upstream executors it forwards to. How an upstream is reached (sockets,
+//! logins, reconnecting) is the network layer's business; this layer only
+//! needs its executor capability and its state.
+
+use std::rc::Rc;
+
+use futures::future::LocalBoxFuture;
+
+use crate::capexec_capnp::executor;
+use crate::engine::Engine;
+use crate::model::{
+    EnvironmentState, EnvironmentStatus, LOCAL_ENVIRONMENT, StartError, StartErrorKind,
+    valid_environment_name,
+};
+use crate::rpc::convert;
+
+/// An executor on another server that this one forwards to.
+pub trait Upstream {
+    /// The environment name clients use for it.
+    fn name(&self) -> &str;
+    /// Where it is, for people (`unix:PATH`, `tcp:HOST:PORT`).
+    fn address(&self) -> String;
+    fn state(&self) -> EnvironmentState;
+    /// Its executor, connecting first if needed. A failure is an error
+    /// ready for the caller, tagged `[capexec:upstream-unavailable]`.
+    fn executor(self: Rc<Self>) -> LocalBoxFuture<'static, Result<executor::Client, capnp::Error>>;
+    /// Closes the connection, releasing what was started through it.
+    fn close(&self);
+}
+
+/// Where an executor's `start` runs.
+#[derive(Clone)]
+pub(crate) enum Place {
+    Local,
+    Upstream(Rc<dyn Upstream>),
+}
+
+/// Every environment of one server.
+pub struct Environments {
+    engine: Engine,
+    upstreams: Vec<Rc<dyn Upstream>>,
+    /// Index into `upstreams` of the default environment; `None`: local.
+    default: Option<usize>,
+}
+
+impl Environments {
+    /// Only the server's own engine.
+    pub fn local_only(engine: Engine) -> Environments {
+        Environments {
+            engine,
+            upstreams: Vec::new(),
+            default: None,
+        }
+    }
+
+    /// The engine plus `upstreams`; plain `start` goes to `default` (an
+    /// upstream's name, or "local"), or to the engine if `None`.
+    pub fn new(
+        engine: Engine,
+        upstreams: Vec<Rc<dyn Upstream>>,
+        default: Option<&str>,
+    ) -> Result<Environments, String> {
+        let names: Vec<&str> = upstreams.iter().map(|upstream| upstream.name()).collect();
+        let default = check_names(&names, default)?;
+        Ok(Environments {
+            engine,
+            upstreams,
+            default,
+        })
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Where plain `start` on the root executor runs.
+    pub(crate) fn default_place(&self) -> Place {
+        match self.default {
+            None => Place::Local,
+            Some(index) => Place::Upstream(Rc::clone(&self.upstreams[index])),
+        }
+    }
+
+    /// The environment called `name`.
+    pub(crate) fn place(&self, name: &str) -> Result<Place, capnp::Error> {
+        if name == LOCAL_ENVIRONMENT {
+            return Ok(Place::Local);
+        }
+        match self
+            .upstreams
+            .iter()
+            .find(|upstream| upstream.name() == name)
+        {
+            Some(upstream) => Ok(Place::Upstream(Rc::clone(upstream))),
+            None => {
+                let known: Vec<&str> = std::iter::once(LOCAL_ENVIRONMENT)
+                    .chain(self.upstreams.iter().map(|upstream| upstream.name()))
+                    .collect();
+                Err(convert::start_error_to_wire(&StartError::new(
+                    StartErrorKind::UnknownEnvironment,
+                    format!(
+                        "no environment named {name:?} (this server has: {})",
+                        known.join(", ")
+                    ),
+                )))
+            }
+        }
+    }
+
+    pub fn statuses(&self) -> Vec<EnvironmentStatus> {
+        let local = EnvironmentStatus {
+            name: LOCAL_ENVIRONMENT.to_string(),
+            address: String::new(),
+            is_default: self.default.is_none(),
+            state: EnvironmentState::Local,
+        };
+        let upstreams =
+            self.upstreams
+                .iter()
+                .enumerate()
+                .map(|(index, upstream)| EnvironmentStatus {
+                    name: upstream.name().to_string(),
+                    address: upstream.address(),
+                    is_default: self.default == Some(index),
+                    state: upstream.state(),
+                });
+        std::iter::once(local).chain(upstreams).collect()
+    }
+
+    /// Closes every upstream connection.
+    pub fn close_upstreams(&self) {
+        for upstream in &self.upstreams {
+            upstream.close();
+        }
+    }
+}
+
+/// Checks upstream environment names and the default's: every name valid
+/// and given once, the default one of them or "local". Returns the index of
+/// the default upstream (`None`: local).
+pub fn check_names(names: &[&str], default: Option<&str>) -> Result<Option<usize>, String> {
+    for (index, name) in names.iter().enumerate() {
+        if !valid_environment_name(name) {
+            return Err(format!(
+                "invalid environment name {name:?}: use letters, digits, '-', '_' and '.', \
+                 and not \"{LOCAL_ENVIRONMENT}\""
+            ));
+        }
+        if names[..index].contains(name) {
+            return Err(format!("environment {name:?} is given twice"));
+        }
+    }
+    match default {
+        None | Some(LOCAL_ENVIRONMENT) => Ok(None),
+        Some(name) => names
+            .iter()
+            .position(|candidate| *candidate == name)
+            .map(Some)
+            .ok_or_else(|| format!("the default environment {name:?} is not defined")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked() {
+        assert_eq!(check_names(&["b", "c"], Some("c")), Ok(Some(1)));
+        assert_eq!(check_names(&["b"], Some("local")), Ok(None));
+        assert_eq!(check_names(&[], None), Ok(None));
+        assert!(check_names(&["local"], None).is_err());
+        assert!(check_names(&["a/b"], None).is_err());
+        assert!(check_names(&["b", "b"], None).is_err());
+        assert!(check_names(&["b"], Some("x")).is_err());
+    }
+}
