@@ -116,6 +116,11 @@ pub struct Served {
 
 impl Served {
     pub fn start() -> Served {
+        Served::start_with(&[])
+    }
+
+    /// The same with `extra` arguments for `capexec serve`.
+    pub fn start_with(extra: &[&str]) -> Served {
         let home = TempDir::new("cli-serve");
         let socket = home.path().join("capexec.sock");
         let token_file = home.path().join("token");
@@ -124,6 +129,7 @@ impl Served {
             .arg(format!("unix:{}", socket.display()))
             .args(["--listen", "tcp:127.0.0.1:0", "--token-file"])
             .arg(&token_file)
+            .args(extra)
             .env("HOME", home.path())
             .env_remove("XDG_CONFIG_HOME")
             .stdin(Stdio::null())
@@ -151,9 +157,14 @@ impl Served {
 
     /// `capexec run` with a clean environment that has no default token.
     pub fn run(&self, args: &[&str]) -> Command {
+        self.command("run", args)
+    }
+
+    /// Another `capexec` subcommand, with the same clean environment.
+    pub fn command(&self, subcommand: &str, args: &[&str]) -> Command {
         let mut command = Command::new(BIN);
         command
-            .arg("run")
+            .arg(subcommand)
             .args(args)
             .env("HOME", self.home.path())
             .env_remove("XDG_CONFIG_HOME")
