@@ -69,11 +69,7 @@ async fn serve(
         listen: vec![Address::Unix(path)],
         upstreams: upstream
             .into_iter()
-            .map(|(name, address)| UpstreamConfig {
-                name: name.to_string(),
-                address,
-                token: None,
-            })
+            .map(|(name, address)| UpstreamConfig::new(name, address, None))
             .collect(),
         ..ServerConfig::default()
     };

@@ -79,7 +79,7 @@ interface Executor {
   #   [capexec:unsupported]        the server cannot honour a requested
   #                                feature;
   #   [capexec:unavailable]        the server starts nothing new (it is
-  #                                shutting down);
+  #                                shutting down), here or upstream;
   #   [capexec:spawn-failed]       any other operating-system failure;
   #   [capexec:upstream-unavailable] the start was for an upstream
   #                                environment that cannot be reached now
@@ -89,7 +89,9 @@ interface Executor {
   # Through a forwarding executor (`environment`, or a server whose default
   # environment is an upstream) the call is forwarded with promise
   # pipelining preserved: calls pipelined on `process` are sent on to the
-  # far end at once, so a chain costs one trip per hop, not one per call.
+  # far end at once, so a chain costs one trip per hop, not one per call
+  # (on links already connected: a link's first use, or first use after it
+  # broke, first connects and checks that the upstream answers).
   # Everything about the process (seqs, gaps, exit statuses, flow control,
   # write ids, resize) is the far end's, passed through unchanged, and
   # releasing `process` releases it at the far end. If a link of the chain
@@ -106,18 +108,23 @@ interface Executor {
   environments @2 () -> (environments :List(Environment));
   # Every environment this server offers: "local" (its own engine) first,
   # then its upstreams in the order they were configured, each with its
-  # connection state. Through a forwarding executor, the far end's list.
+  # connection state. A server's root executor always lists its own
+  # environments (even when its default is an upstream); the executor of an
+  # upstream environment (from `environment`) lists the upstream's.
 
   environment @3 (name :Text) -> (executor :Executor);
   # The executor of environment `name` ("local", or an upstream's name).
   # Calls on it can be pipelined: `environment("b").start(...)` costs no
   # extra round trip, and `environment("b").environment("c")` reaches the
   # upstream of an upstream the same way. An upstream connects on first
-  # use and, after a failure, again on a later use once its back-off has
-  # passed (0.5 s doubling to 10 s); while it cannot be reached, `start` on
-  # it fails with `[capexec:upstream-unavailable]` and a reason, without
-  # affecting other environments. An unknown name fails with
-  # `[capexec:unknown-environment]`.
+  # use (connecting, logging in and a first answer must take at most 10 s).
+  # After a failed attempt the next one happens on a later use once a
+  # back-off has passed (0.5 s doubling to 10 s); after a connection that
+  # was lost, on the next use. While an upstream cannot be reached, calls on
+  # it fail at once with `[capexec:upstream-unavailable]` and the reason,
+  # without affecting other environments. An executor obtained here stays
+  # valid across reconnections of the links it crosses. An unknown name
+  # fails with `[capexec:unknown-environment]`.
 }
 
 struct ExecutorInfo {
@@ -140,7 +147,7 @@ struct ExecutorInfo {
   hostname @4 :Text;
 
   defaultShell @5 :Data;
-  # The server user's login shell (`$SHELL`), else "/bin/sh".
+  # `$SHELL` of the server process, else "/bin/sh".
 
   cwd @6 :Data;
   # The server's working directory: where a start without `cwd` runs.

@@ -18,11 +18,7 @@ use common::{pid_after, procfs, read_until_output_contains, sh};
 use futures::StreamExt;
 
 fn upstream(name: &str, server: &ServerThread) -> UpstreamConfig {
-    UpstreamConfig {
-        name: name.to_string(),
-        address: server.address.clone(),
-        token: server.token.clone(),
-    }
+    UpstreamConfig::new(name, server.address.clone(), server.token.clone())
 }
 
 fn unix_server_forwarding_to(
@@ -89,11 +85,7 @@ fn proxy_to(dir: &TempDir, name: &str, server: &ServerThread) -> Proxy {
 }
 
 fn through(name: &str, proxy: &Proxy) -> UpstreamConfig {
-    UpstreamConfig {
-        name: name.to_string(),
-        address: Address::Unix(proxy.path().to_path_buf()),
-        token: None,
-    }
+    UpstreamConfig::new(name, Address::Unix(proxy.path().to_path_buf()), None)
 }
 
 /// Runs start -> write -> closeStdin -> subscribe on `executor` without
@@ -251,6 +243,8 @@ fn dropping_a_process_kills_it_at_the_end_of_a_two_hop_chain() {
         // By default A -> B -> C; by path, the same through A's and B's
         // explicit environments.
         for executor in [executor.clone(), client::environment(&executor, "b/c")] {
+            let info = client::info(&executor).await.expect("info");
+            assert_eq!(info.environment, "b/c", "starts run at C");
             let (process, pid) = sleeper(&executor).await;
             assert_eq!(process.info().await.expect("info").pid, pid);
             assert_eq!(procfs::state(pid).map(|s| s != 'Z'), Some(true));
@@ -292,15 +286,14 @@ fn killing_the_middle_server_releases_what_was_started_through_it() {
         let connection = capexec::net::connect(&Address::Unix(socket), None)
             .await
             .expect("connect to the middle server");
-        let (process, pid) = sleeper(&connection.executor()).await;
+        let (_process, pid) = sleeper(&connection.executor()).await;
+        let middle_pid = middle.id();
         middle.kill().expect("SIGKILL the middle server");
-        middle.wait().expect("reap it");
+        // This test process reaps orphans too, so its reaper thread may reap
+        // the child first: wait for it to be gone either way.
+        let _ = middle.wait();
+        procfs::wait_gone(middle_pid).await;
         procfs::wait_gone(pid).await;
-        let error = process.signal(capexec::model::Signal::Term).await;
-        assert!(
-            matches!(&error, Err(Error::Rpc(e)) if e.kind == capnp::ErrorKind::Disconnected),
-            "{error:?}"
-        );
     });
 }
 
@@ -314,16 +307,12 @@ fn unknown_names_unreachable_upstreams_and_wrong_tokens_are_clear_errors() {
         let server = unix_server_forwarding_to(
             vec![
                 upstream("good", &good),
-                UpstreamConfig {
-                    name: "gone".to_string(),
-                    address: Address::Unix(missing.clone()),
-                    token: None,
-                },
-                UpstreamConfig {
-                    name: "guarded".to_string(),
-                    address: guarded.address.clone(),
-                    token: Some(Token::new("not-the-token")),
-                },
+                UpstreamConfig::new("gone", Address::Unix(missing.clone()), None),
+                UpstreamConfig::new(
+                    "guarded",
+                    guarded.address.clone(),
+                    Some(Token::new("not-the-token")),
+                ),
             ],
             None,
         );
@@ -341,6 +330,7 @@ fn unknown_names_unreachable_upstreams_and_wrong_tokens_are_clear_errors() {
             "no environment named \"nope\" (this server has: local, good, gone, guarded)"
         );
 
+        let first_failure = Instant::now();
         let gone = start_error(
             Command::new("true")
                 .spawn(&client::environment(&executor, "gone"))
@@ -355,17 +345,21 @@ fn unknown_names_unreachable_upstreams_and_wrong_tokens_are_clear_errors() {
                 missing.display()
             )
         );
-        // Until its back-off has passed, a broken upstream fails at once.
+        // Until its back-off (0.5 s) has passed, a broken upstream fails at
+        // once, saying when it may be tried again.
         let again = start_error(
             Command::new("true")
                 .spawn(&client::environment(&executor, "gone"))
                 .await,
         );
-        assert!(
-            again.message.contains("(next attempt in "),
-            "{}",
-            again.message
-        );
+        assert_eq!(again.kind, StartErrorKind::UpstreamUnavailable);
+        if first_failure.elapsed() < Duration::from_millis(500) {
+            assert!(
+                again.message.contains("(next attempt in "),
+                "{}",
+                again.message
+            );
+        }
 
         let refused = start_error(
             Command::new("true")
@@ -447,6 +441,38 @@ fn an_upstream_that_comes_back_is_used_again() {
         }
         let environments = client::environments(&executor).await.expect("list");
         assert_eq!(environments[1].state, EnvironmentState::Connected);
+    });
+}
+
+/// An executor for a path through several hops stays usable after a link
+/// it crosses has broken and come back.
+#[test]
+fn a_held_environment_path_survives_a_reconnection() {
+    common::run_local(async {
+        let c = ServerThread::start(false);
+        let mut b = unix_server_forwarding_to(vec![upstream("c", &c)], None);
+        let a = unix_server_forwarding_to(vec![upstream("b", &b)], None);
+        let connection = connect(&a).await;
+        let far = client::environment(&connection.executor(), "b/c");
+        let status = Command::new("true").status(&far).await.expect("first run");
+        assert_eq!(status, ExitStatus::Code(0));
+
+        b.restart();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match Command::new("true").status(&far).await {
+                Ok(status) => {
+                    assert_eq!(status, ExitStatus::Code(0));
+                    break;
+                }
+                Err(Error::Start(error)) if error.kind == StartErrorKind::UpstreamUnavailable => {
+                    assert!(Instant::now() < deadline, "never reconnected: {error}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(other) => panic!("unexpected error: {other}"),
+            }
+        }
+        assert_eq!(client::info(&far).await.expect("info").environment, "b/c");
     });
 }
 

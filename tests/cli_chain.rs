@@ -133,7 +133,15 @@ fn environments_can_be_listed_chosen_and_fail_clearly() {
 
 #[test]
 fn bad_upstream_flags_are_refused_before_serving() {
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &["--upstream", "b=tcp:127.0.0.1:1"],
+            "capexec: --upstream b (tcp:127.0.0.1:1) needs a login token: give --upstream-token-file b=FILE\n",
+        ),
+        (
+            &["--upstream", "b=unix:/x", "--upstream-token-file", "b=/y"],
+            "capexec: --upstream-token-file b: unix:/x needs no token (a Unix socket is protected by its file permissions)\n",
+        ),
         (
             &["--upstream", "b"],
             "capexec: --upstream expects NAME=ADDR, got \"b\"\n",

@@ -234,7 +234,7 @@ fn losing_a_connection_releases_only_that_clients_processes() {
                 (process, text.trim().parse::<u32>().expect("pid"))
             }
         };
-        let (_doomed_process, doomed_pid) = sleeper(&doomed).await;
+        let (doomed_process, doomed_pid) = sleeper(&doomed).await;
         let (survivor_process, survivor_pid) = sleeper(&survivor).await;
 
         // A client that sends garbage, and one whose sink never acknowledges.
@@ -257,6 +257,13 @@ fn losing_a_connection_releases_only_that_clients_processes() {
 
         drop(doomed);
         procfs::wait_gone(doomed_pid).await;
+        // Capabilities still held on a dropped connection fail at once
+        // rather than wait forever.
+        let lost = doomed_process.info().await.expect_err("connection dropped");
+        assert!(
+            matches!(&lost, capexec::client::Error::Rpc(e) if e.kind == capnp::ErrorKind::Disconnected),
+            "{lost}"
+        );
         assert!(
             procfs::state(survivor_pid).is_some(),
             "the other client's process died"

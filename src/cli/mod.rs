@@ -80,8 +80,8 @@ pub struct ServeArgs {
     /// (repeatable). Connected on first use.
     #[arg(long = "upstream", value_name = "NAME=ADDR")]
     upstreams: Vec<String>,
-    /// Login token for the tcp: upstream NAME (repeatable). Default:
-    /// $CAPEXEC_TOKEN, then the default token file.
+    /// Login token for the tcp: upstream NAME (repeatable; required for
+    /// each tcp: upstream, refused for unix: ones).
     #[arg(long = "upstream-token-file", value_name = "NAME=FILE")]
     upstream_token_files: Vec<String>,
     /// The environment plain starts use: "local" (the default) or an

@@ -8,7 +8,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use crate::cli::{EXIT_CAPEXEC_FAILURE, ServeArgs, connect};
+use crate::cli::{EXIT_CAPEXEC_FAILURE, ServeArgs};
 use capexec::engine::{self, Engine};
 use capexec::net::{Address, Server, ServerConfig, Token, UpstreamConfig};
 
@@ -57,18 +57,25 @@ fn upstreams(args: &ServeArgs) -> Result<Vec<UpstreamConfig>, String> {
         let address: Address = address
             .parse()
             .map_err(|error| format!("--upstream {name}: {error}"))?;
-        let token = match token_files.remove(name) {
-            Some(file) => Some(Token::load(&file).map_err(|e| e.to_string())?),
-            None if address.is_tcp() => Some(connect::login_token(None)?.ok_or_else(|| {
-                format!("--upstream {name} ({address}) needs a login token: give --upstream-token-file {name}=FILE")
-            })?),
-            None => None,
+        // Each upstream has its own secret: never fall back to this
+        // server's own token (or anything else that could leak it).
+        let token = match (token_files.remove(name), address.is_tcp()) {
+            (Some(file), true) => Some(Token::load(&file).map_err(|e| e.to_string())?),
+            (None, true) => {
+                return Err(format!(
+                    "--upstream {name} ({address}) needs a login token: give \
+                     --upstream-token-file {name}=FILE"
+                ));
+            }
+            (Some(_), false) => {
+                return Err(format!(
+                    "--upstream-token-file {name}: {address} needs no token (a Unix socket \
+                     is protected by its file permissions)"
+                ));
+            }
+            (None, false) => None,
         };
-        upstreams.push(UpstreamConfig {
-            name: name.to_string(),
-            address,
-            token,
-        });
+        upstreams.push(UpstreamConfig::new(name, address, token));
     }
     if let Some(name) = token_files.keys().next() {
         return Err(format!(

@@ -6,6 +6,7 @@ use std::time::Duration;
 use capnp_rpc::RpcSystem;
 use capnp_rpc::rpc_twoparty_capnp::Side;
 use tokio::net::{TcpStream, UnixStream};
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::capexec_capnp::{executor, gatekeeper};
@@ -60,8 +61,9 @@ pub(crate) fn os_message(error: &std::io::Error) -> String {
 pub struct Connection {
     executor: executor::Client,
     rpc: JoinHandle<()>,
-    /// The login's outcome once known (TCP); `None` while it is pending.
-    login: Option<tokio::sync::watch::Receiver<Option<Result<(), capnp::Error>>>>,
+    /// Tells the RPC task to disconnect: capabilities still held then fail
+    /// with `disconnected` instead of waiting forever.
+    close: Option<oneshot::Sender<()>>,
 }
 
 impl Connection {
@@ -76,27 +78,13 @@ impl Connection {
     pub fn is_closed(&self) -> bool {
         self.rpc.is_finished()
     }
-
-    /// Waits until the server has accepted the login (at once for Unix
-    /// sockets, which need none). Calls made without waiting are fine too:
-    /// they fail with the refusal if there is one.
-    pub async fn ready(&self) -> Result<(), capnp::Error> {
-        let Some(login) = &self.login else {
-            return Ok(());
-        };
-        let mut login = login.clone();
-        match login.wait_for(Option::is_some).await {
-            Ok(outcome) => outcome.clone().unwrap_or(Ok(())),
-            Err(_) => Err(capnp::Error::disconnected(
-                "the connection ended before the login was answered".to_string(),
-            )),
-        }
-    }
 }
 
 impl Drop for Connection {
     fn drop(&mut self) {
-        self.rpc.abort();
+        if let Some(close) = self.close.take() {
+            let _ = close.send(());
+        }
     }
 }
 
@@ -135,7 +123,6 @@ pub async fn connect(address: &Address, token: Option<&Token>) -> Result<Connect
         }
     };
     let mut system = RpcSystem::new(network, None);
-    let mut login_outcome = None;
     let executor = match token {
         None => system.bootstrap::<executor::Client>(Side::Server),
         Some(token) => {
@@ -147,26 +134,39 @@ pub async fn connect(address: &Address, token: Option<&Token>) -> Result<Connect
             // Keep the login question alive until it is answered; its
             // outcome reaches callers through the pipelined executor.
             let answer = login.promise;
-            let (outcome, watch) = tokio::sync::watch::channel(None);
-            login_outcome = Some(watch);
             tokio::task::spawn_local(async move {
-                let result = answer.await.map(drop);
-                if let Err(error) = &result {
+                if let Err(error) = answer.await {
                     tracing::debug!(%error, "login failed");
                 }
-                let _ = outcome.send(Some(result));
             });
             executor
         }
     };
+    let disconnector = system.get_disconnector();
+    let (close, closed) = oneshot::channel::<()>();
     let rpc = tokio::task::spawn_local(async move {
-        if let Err(error) = system.await {
+        tokio::pin!(system);
+        let ended = tokio::select! {
+            ended = &mut system => ended,
+            _ = closed => {
+                // Break every capability of the connection and let the
+                // system flush its goodbye and close the socket (it drives
+                // the writes the disconnect waits for). Bounded: the peer
+                // may be gone.
+                let winding_down = futures::future::join(disconnector, &mut system);
+                match tokio::time::timeout(CONNECT_TIMEOUT, winding_down).await {
+                    Ok((_, ended)) => ended,
+                    Err(_) => Ok(()),
+                }
+            }
+        };
+        if let Err(error) = ended {
             tracing::debug!(%error, "connection ended with an error");
         }
     });
     Ok(Connection {
         executor,
         rpc,
-        login: login_outcome,
+        close: Some(close),
     })
 }

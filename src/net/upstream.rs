@@ -1,21 +1,20 @@
 //! The link from this server to an upstream executor: connected on first
 //! use, and after a failure connected again on a later use once a back-off
-//! has passed, so a broken upstream costs its callers one clear error and
-//! never a hang, and never affects the other environments.
+//! has passed, so a broken upstream costs its callers one clear error, never
+//! a hang, and never affects the other environments.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use futures::future::{LocalBoxFuture, Shared};
 
-use crate::capexec_capnp::executor;
 use crate::model::{EnvironmentState, StartError, StartErrorKind};
 use crate::net::address::Address;
-use crate::net::connect::{Connection, connect};
+use crate::net::connect::{CONNECT_TIMEOUT, Connection, connect};
 use crate::net::token::Token;
-use crate::rpc::{Upstream, convert};
+use crate::rpc::{Link, Upstream, convert};
 
 /// First wait after a failed attempt; it doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
@@ -27,14 +26,29 @@ pub struct UpstreamConfig {
     pub name: String,
     pub address: Address,
     pub token: Option<Token>,
+    /// How long connecting, logging in and the first answer may take
+    /// together before the attempt counts as failed.
+    pub connect_timeout: Duration,
 }
 
-type Attempt = Shared<LocalBoxFuture<'static, Result<executor::Client, String>>>;
+impl UpstreamConfig {
+    pub fn new(name: impl Into<String>, address: Address, token: Option<Token>) -> UpstreamConfig {
+        UpstreamConfig {
+            name: name.into(),
+            address,
+            token,
+            connect_timeout: CONNECT_TIMEOUT,
+        }
+    }
+}
+
+type Attempt = Shared<LocalBoxFuture<'static, Result<Link, String>>>;
 
 enum LinkState {
     Idle,
-    Connecting(Attempt),
-    Connected(Connection),
+    /// Attempt number `.0` is under way.
+    Connecting(u64, Attempt),
+    Connected(Connection, Link),
     Failed {
         reason: String,
         /// The next use may try again from this moment.
@@ -42,11 +56,15 @@ enum LinkState {
         /// The wait after the next failure.
         next_backoff: Duration,
     },
+    /// The server is shutting down: nothing goes upstream any more.
+    Closed,
 }
 
 pub(crate) struct UpstreamLink {
     config: UpstreamConfig,
     state: RefCell<LinkState>,
+    /// Numbers attempts; a connection's generation is its attempt's number.
+    attempts: Cell<u64>,
 }
 
 impl UpstreamLink {
@@ -54,6 +72,7 @@ impl UpstreamLink {
         Rc::new(UpstreamLink {
             config,
             state: RefCell::new(LinkState::Idle),
+            attempts: Cell::new(0),
         })
     }
 
@@ -71,7 +90,7 @@ impl UpstreamLink {
     /// first attempt after it may happen at once.
     fn notice_lost_connection(&self) {
         let mut state = self.state.borrow_mut();
-        if matches!(&*state, LinkState::Connected(connection) if connection.is_closed()) {
+        if matches!(&*state, LinkState::Connected(connection, _) if connection.is_closed()) {
             tracing::warn!(upstream = %self.config.name, "the upstream connection was lost");
             *state = LinkState::Failed {
                 reason: "the connection was lost".to_string(),
@@ -81,33 +100,42 @@ impl UpstreamLink {
         }
     }
 
-    fn attempt(self: &Rc<Self>, backoff: Duration) -> Attempt {
+    /// Connects, logs in and checks that the server answers, all within
+    /// the connect timeout; then records the outcome, unless the link was
+    /// closed or moved on meanwhile.
+    fn attempt(self: &Rc<Self>, number: u64, backoff: Duration) -> Attempt {
         let link = Rc::downgrade(self);
-        let address = self.config.address.clone();
-        let token = self.config.token.clone();
-        let name = self.config.name.clone();
+        let config = self.config.clone();
         async move {
-            tracing::info!(upstream = %name, %address, "connecting to the upstream");
-            let outcome = match connect(&address, token.as_ref()).await {
-                Ok(connection) => match connection.ready().await {
-                    Ok(()) => Ok(connection),
-                    Err(error) => Err(convert::describe(&error)),
-                },
-                Err(error) => Err(error.to_string()),
-            };
+            tracing::info!(upstream = %config.name, address = %config.address, "connecting to the upstream");
+            let outcome = tokio::time::timeout(config.connect_timeout, establish(&config))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(format!(
+                        "no answer within {:.1}s",
+                        config.connect_timeout.as_secs_f64()
+                    ))
+                });
             let Some(link) = link.upgrade() else {
                 return Err("the server is shutting down".to_string());
             };
             let mut state = link.state.borrow_mut();
+            if !matches!(&*state, LinkState::Connecting(current, _) if *current == number) {
+                // Closed meanwhile: the connection (if any) drops here.
+                return Err("the server is shutting down".to_string());
+            }
             match outcome {
                 Ok(connection) => {
-                    tracing::info!(upstream = %name, "connected to the upstream");
-                    let executor = connection.executor();
-                    *state = LinkState::Connected(connection);
-                    Ok(executor)
+                    tracing::info!(upstream = %config.name, "connected to the upstream");
+                    let ready = Link {
+                        executor: connection.executor(),
+                        generation: number,
+                    };
+                    *state = LinkState::Connected(connection, ready.clone());
+                    Ok(ready)
                 }
                 Err(reason) => {
-                    tracing::warn!(upstream = %name, %reason, "cannot reach the upstream");
+                    tracing::warn!(upstream = %config.name, %reason, "cannot reach the upstream");
                     *state = LinkState::Failed {
                         reason: reason.clone(),
                         retry_at: Instant::now() + backoff,
@@ -119,6 +147,31 @@ impl UpstreamLink {
         }
         .boxed_local()
         .shared()
+    }
+}
+
+impl UpstreamLink {
+    fn await_attempt(
+        self: Rc<Self>,
+        attempt: Attempt,
+    ) -> LocalBoxFuture<'static, Result<Link, capnp::Error>> {
+        async move { attempt.await.map_err(|reason| self.unavailable(&reason)) }.boxed_local()
+    }
+}
+
+/// A connection whose server has answered a call: a refused login, or a
+/// socket that accepts but never speaks, fails here.
+async fn establish(config: &UpstreamConfig) -> Result<Connection, String> {
+    let connection = connect(&config.address, config.token.as_ref())
+        .await
+        .map_err(|error| error.to_string())?;
+    let answer = connection.executor().info_request().send().promise.await;
+    match answer {
+        // A server older than `info` still answers.
+        Err(error) if error.kind != capnp::ErrorKind::Unimplemented => {
+            Err(convert::describe(&error))
+        }
+        _ => Ok(connection),
     }
 }
 
@@ -135,27 +188,42 @@ impl Upstream for UpstreamLink {
         self.notice_lost_connection();
         match &*self.state.borrow() {
             LinkState::Idle => EnvironmentState::Idle,
-            LinkState::Connecting(_) => EnvironmentState::Connecting,
-            LinkState::Connected(_) => EnvironmentState::Connected,
+            LinkState::Connecting(..) => EnvironmentState::Connecting,
+            LinkState::Connected(..) => EnvironmentState::Connected,
             LinkState::Failed {
                 reason, retry_at, ..
             } => EnvironmentState::Failed {
                 reason: reason.clone(),
                 retry_in: retry_at.saturating_duration_since(Instant::now()),
             },
+            LinkState::Closed => EnvironmentState::Failed {
+                reason: "the server is shutting down".to_string(),
+                retry_in: Duration::ZERO,
+            },
         }
     }
 
-    fn executor(self: Rc<Self>) -> LocalBoxFuture<'static, Result<executor::Client, capnp::Error>> {
+    fn executor(self: Rc<Self>) -> LocalBoxFuture<'static, Result<Link, capnp::Error>> {
         self.notice_lost_connection();
-        let (attempt, fresh) = {
+        let attempt = {
             let mut state = self.state.borrow_mut();
-            match &*state {
-                LinkState::Connected(connection) => {
-                    let executor = connection.executor();
-                    return async move { Ok(executor) }.boxed_local();
+            let backoff = match &*state {
+                LinkState::Connected(_, link) => {
+                    let link = link.clone();
+                    return async move { Ok(link) }.boxed_local();
                 }
-                LinkState::Connecting(attempt) => (attempt.clone(), false),
+                LinkState::Connecting(_, attempt) => {
+                    let attempt = attempt.clone();
+                    drop(state);
+                    return self.await_attempt(attempt);
+                }
+                LinkState::Closed => {
+                    let error = convert::start_error_to_wire(&StartError::new(
+                        StartErrorKind::Unavailable,
+                        "the server is shutting down",
+                    ));
+                    return async move { Err(error) }.boxed_local();
+                }
                 LinkState::Failed {
                     reason, retry_at, ..
                 } if Instant::now() < *retry_at => {
@@ -166,31 +234,143 @@ impl Upstream for UpstreamLink {
                     ));
                     return async move { Err(error) }.boxed_local();
                 }
-                LinkState::Failed { next_backoff, .. } => {
-                    let attempt = self.attempt(*next_backoff);
-                    *state = LinkState::Connecting(attempt.clone());
-                    (attempt, true)
-                }
-                LinkState::Idle => {
-                    let attempt = self.attempt(FIRST_BACKOFF);
-                    *state = LinkState::Connecting(attempt.clone());
-                    (attempt, true)
-                }
-            }
+                LinkState::Failed { next_backoff, .. } => *next_backoff,
+                LinkState::Idle => FIRST_BACKOFF,
+            };
+            let number = self.attempts.get() + 1;
+            self.attempts.set(number);
+            let attempt = self.attempt(number, backoff);
+            *state = LinkState::Connecting(number, attempt.clone());
+            attempt
         };
         // Runs to its end even if every caller gives up waiting, so the
         // state never sticks at "connecting".
-        if fresh {
-            tokio::task::spawn_local(attempt.clone().map(drop));
-        }
-        async move { attempt.await.map_err(|reason| self.unavailable(&reason)) }.boxed_local()
+        tokio::task::spawn_local(attempt.clone().map(drop));
+        self.await_attempt(attempt)
     }
 
     fn close(&self) {
-        *self.state.borrow_mut() = LinkState::Failed {
-            reason: "the server is shutting down".to_string(),
-            retry_at: Instant::now() + MAX_BACKOFF,
-            next_backoff: MAX_BACKOFF,
-        };
+        *self.state.borrow_mut() = LinkState::Closed;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::engine::Engine;
+    use crate::net::{Server, ServerConfig};
+
+    fn run(body: impl std::future::Future<Output = ()>) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        tokio::task::LocalSet::new().block_on(&runtime, body);
+    }
+
+    /// A Unix socket that accepts connections and never says a word;
+    /// returns how many it accepted.
+    fn silent_listener(path: &std::path::Path) -> Arc<AtomicUsize> {
+        let listener = tokio::net::UnixListener::bind(path).expect("bind");
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&accepted);
+        tokio::task::spawn_local(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                held.push(stream);
+            }
+        });
+        accepted
+    }
+
+    fn reason(link: &UpstreamLink) -> String {
+        match link.state() {
+            EnvironmentState::Failed { reason, .. } => reason,
+            other => panic!("expected a failure, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_silent_upstream_fails_in_bounded_time_with_one_attempt_for_all_callers() {
+        run(async {
+            let dir = tempfile::tempdir().expect("dir");
+            let path = dir.path().join("silent.sock");
+            let accepted = silent_listener(&path);
+            let mut config = UpstreamConfig::new("silent", Address::Unix(path), None);
+            config.connect_timeout = Duration::from_millis(200);
+            let link = UpstreamLink::new(config);
+            let (first, second) =
+                futures::join!(Rc::clone(&link).executor(), Rc::clone(&link).executor());
+            for outcome in [first, second] {
+                let error = outcome.err().expect("no answer");
+                assert!(
+                    error
+                        .extra
+                        .contains("is unavailable: no answer within 0.2s"),
+                    "{}",
+                    error.extra
+                );
+            }
+            assert_eq!(accepted.load(Ordering::SeqCst), 1);
+            assert_eq!(reason(&link), "no answer within 0.2s");
+        });
+    }
+
+    #[test]
+    fn closing_during_an_attempt_is_final() {
+        run(async {
+            let dir = tempfile::tempdir().expect("dir");
+            let config = ServerConfig {
+                listen: vec![Address::Unix(dir.path().join("up.sock"))],
+                ..ServerConfig::default()
+            };
+            let server = Server::bind(config, Engine::default()).await.expect("bind");
+            let address = server.addresses().remove(0);
+            tokio::task::spawn_local(server.serve_until(std::future::pending()));
+            let link = UpstreamLink::new(UpstreamConfig::new("up", address, None));
+            let pending = Rc::clone(&link).executor();
+            link.close();
+            let error = pending.await.err().expect("closed");
+            assert!(
+                error.extra.contains("the server is shutting down"),
+                "{}",
+                error.extra
+            );
+            assert_eq!(reason(&link), "the server is shutting down");
+            let later = Rc::clone(&link).executor().await.err().expect("closed");
+            assert!(
+                later.extra.contains("[capexec:unavailable]"),
+                "{}",
+                later.extra
+            );
+        });
+    }
+
+    #[test]
+    fn back_off_doubles_and_a_later_use_retries() {
+        run(async {
+            let dir = tempfile::tempdir().expect("dir");
+            let path = dir.path().join("absent.sock");
+            let link = UpstreamLink::new(UpstreamConfig::new("up", Address::Unix(path), None));
+            assert!(Rc::clone(&link).executor().await.is_err());
+            let retry_in = |link: &UpstreamLink| match link.state() {
+                EnvironmentState::Failed { retry_in, .. } => retry_in,
+                other => panic!("expected a failure, got {other:?}"),
+            };
+            assert!(retry_in(&link) <= FIRST_BACKOFF);
+            // Pretend the back-off has passed: the next use tries again and
+            // waits twice as long after failing again.
+            if let LinkState::Failed { retry_at, .. } = &mut *link.state.borrow_mut() {
+                *retry_at = Instant::now();
+            }
+            assert!(Rc::clone(&link).executor().await.is_err());
+            assert!(retry_in(&link) > FIRST_BACKOFF);
+            assert!(retry_in(&link) <= 2 * FIRST_BACKOFF);
+            assert_eq!(link.attempts.get(), 2);
+        });
     }
 }

@@ -15,6 +15,15 @@ use crate::model::{
 };
 use crate::rpc::convert;
 
+/// An upstream's executor on one connection to it.
+#[derive(Clone)]
+pub struct Link {
+    pub executor: executor::Client,
+    /// Changes with every new connection, so that capabilities obtained
+    /// through an older one can be told apart and fetched again.
+    pub generation: u64,
+}
+
 /// An executor on another server that this one forwards to.
 pub trait Upstream {
     /// The environment name clients use for it.
@@ -23,9 +32,11 @@ pub trait Upstream {
     fn address(&self) -> String;
     fn state(&self) -> EnvironmentState;
     /// Its executor, connecting first if needed. A failure is an error
-    /// ready for the caller, tagged `[capexec:upstream-unavailable]`.
-    fn executor(self: Rc<Self>) -> LocalBoxFuture<'static, Result<executor::Client, capnp::Error>>;
-    /// Closes the connection, releasing what was started through it.
+    /// ready for the caller, tagged `[capexec:upstream-unavailable]` (or
+    /// `[capexec:unavailable]` once closed).
+    fn executor(self: Rc<Self>) -> LocalBoxFuture<'static, Result<Link, capnp::Error>>;
+    /// Closes the connection for good, releasing what was started through
+    /// it; later uses fail.
     fn close(&self);
 }
 

@@ -10,7 +10,7 @@ use crate::capexec_capnp::executor;
 use crate::engine::Engine;
 use crate::rpc::convert;
 use crate::rpc::environments::{Environments, Place};
-use crate::rpc::forward::{self, ForwardingExecutor, Target};
+use crate::rpc::forward::{self, ForwardingExecutor};
 use crate::rpc::info;
 use crate::rpc::process::ProcessImpl;
 
@@ -33,10 +33,7 @@ impl ExecutorImpl {
     fn forwarder(&self) -> Option<ForwardingExecutor> {
         match &self.starts_at {
             Place::Local => None,
-            Place::Upstream(upstream) => Some(ForwardingExecutor::new(
-                Target::Upstream(Rc::clone(upstream)),
-                upstream.name().to_string(),
-            )),
+            Place::Upstream(upstream) => Some(ForwardingExecutor::new(Rc::clone(upstream))),
         }
     }
 
@@ -112,10 +109,7 @@ impl executor::Server for ExecutorImpl {
                 environments: Rc::clone(&self.environments),
                 starts_at: Place::Local,
             }),
-            Place::Upstream(upstream) => capnp_rpc::new_client(ForwardingExecutor::new(
-                Target::Upstream(Rc::clone(&upstream)),
-                upstream.name().to_string(),
-            )),
+            Place::Upstream(upstream) => capnp_rpc::new_client(ForwardingExecutor::new(upstream)),
         };
         results.get().set_executor(executor);
         Ok(())

@@ -9,6 +9,7 @@
 //! `environment(...).executor` go on to the upstream immediately, and a
 //! chain of any depth costs one trip per hop.
 
+use std::cell::RefCell;
 use std::rc::Rc;
 
 use capnp::capability::Rc as ServerRc;
@@ -16,35 +17,60 @@ use capnp::capability::Rc as ServerRc;
 use crate::capexec_capnp::executor;
 use crate::model::{StartError, StartErrorKind};
 use crate::rpc::convert;
-use crate::rpc::environments::Upstream;
+use crate::rpc::environments::{Link, Upstream};
 use crate::rpc::info;
 
-/// What a forwarder sends its calls to.
-#[derive(Clone)]
-pub(crate) enum Target {
-    /// An upstream's root executor, reached through its link.
-    Upstream(Rc<dyn Upstream>),
-    /// An executor obtained from the upstream (possibly still a promise).
-    Executor(executor::Client),
-}
-
-/// An executor whose every method runs at the far end of the link `hop`.
+/// An executor whose every method runs across the link to `upstream`: at
+/// the upstream's root executor, or at the environment `path` seen from it.
 pub(crate) struct ForwardingExecutor {
-    target: Target,
-    /// Name of the upstream whose link the calls cross.
-    hop: String,
+    upstream: Rc<dyn Upstream>,
+    path: Vec<String>,
+    /// The far executor of `path` on one connection (by generation):
+    /// fetched again, pipelined, once the link has reconnected.
+    resolved: RefCell<Option<Link>>,
 }
 
 impl ForwardingExecutor {
-    pub(crate) fn new(target: Target, hop: String) -> ForwardingExecutor {
-        ForwardingExecutor { target, hop }
+    pub(crate) fn new(upstream: Rc<dyn Upstream>) -> ForwardingExecutor {
+        ForwardingExecutor::at_path(upstream, Vec::new())
     }
 
-    async fn target(&self) -> Result<executor::Client, capnp::Error> {
-        match &self.target {
-            Target::Upstream(upstream) => Rc::clone(upstream).executor().await,
-            Target::Executor(client) => Ok(client.clone()),
+    fn at_path(upstream: Rc<dyn Upstream>, path: Vec<String>) -> ForwardingExecutor {
+        ForwardingExecutor {
+            upstream,
+            path,
+            resolved: RefCell::new(None),
         }
+    }
+
+    fn hop(&self) -> &str {
+        self.upstream.name()
+    }
+
+    /// The executor calls go to, on the link's current connection.
+    async fn target(&self) -> Result<Link, capnp::Error> {
+        let root = Rc::clone(&self.upstream).executor().await?;
+        if self.path.is_empty() {
+            return Ok(root);
+        }
+        let mut resolved = self.resolved.borrow_mut();
+        if let Some(link) = resolved
+            .as_ref()
+            .filter(|l| l.generation == root.generation)
+        {
+            return Ok(link.clone());
+        }
+        let executor = self.path.iter().fold(root.executor, |executor, name| {
+            let mut request = executor.environment_request();
+            request.get().set_name(name);
+            request.send().pipeline.get_executor()
+        });
+        let link = Link {
+            executor,
+            generation: root.generation,
+        };
+        *resolved = Some(link.clone());
+        Ok(link)
     }
 
     /// A broken link is the upstream's failure, not the caller's connection:
@@ -56,8 +82,8 @@ impl ForwardingExecutor {
         convert::start_error_to_wire(&StartError::new(
             StartErrorKind::UpstreamUnavailable,
             format!(
-                "the connection to upstream {:?} was lost: {}",
-                self.hop,
+                "the connection to upstream {:?} was lost ({})",
+                self.hop(),
                 convert::describe(&error)
             ),
         ))
@@ -71,9 +97,17 @@ pub(crate) async fn start(
     params: executor::StartParams,
     mut results: executor::StartResults,
 ) -> Result<(), capnp::Error> {
-    let upstream = forwarder.target().await?;
+    let upstream = forwarder.target().await?.executor;
     let mut request = upstream.start_request();
-    request.get().set_params(params.get()?.get_params()?)?;
+    request
+        .get()
+        .set_params(params.get()?.get_params()?)
+        .map_err(|error| {
+            convert::start_error_to_wire(&StartError::new(
+                StartErrorKind::InvalidArgument,
+                format!("malformed start parameters: {error}"),
+            ))
+        })?;
     let call = request.send();
     results.get().set_process(call.pipeline.get_process());
     results.set_pipeline()?;
@@ -87,15 +121,14 @@ pub(crate) async fn info(
     forwarder: &ForwardingExecutor,
     mut results: executor::InfoResults,
 ) -> Result<(), capnp::Error> {
-    let upstream = forwarder.target().await?;
-    let response = upstream
-        .info_request()
-        .send()
-        .promise
-        .await
-        .map_err(|error| forwarder.hop_error(error))?;
-    let far = info::info_from_wire(response.get()?.get_info()?)?;
-    let seen = info::seen_through_hop(far, &forwarder.hop);
+    let upstream = forwarder.target().await?.executor;
+    let answer = upstream.info_request().send().promise.await;
+    let far = match answer {
+        Ok(response) => info::info_from_wire(response.get()?.get_info()?)?,
+        Err(error) if error.kind == capnp::ErrorKind::Unimplemented => info::unknown_info(),
+        Err(error) => return Err(forwarder.hop_error(error)),
+    };
+    let seen = info::seen_through_hop(far, forwarder.hop());
     info::info_to_wire(&seen, results.get().init_info());
     Ok(())
 }
@@ -122,7 +155,7 @@ impl executor::Server for ForwardingExecutor {
         _: executor::EnvironmentsParams,
         mut results: executor::EnvironmentsResults,
     ) -> Result<(), capnp::Error> {
-        let upstream = self.target().await?;
+        let upstream = self.target().await?.executor;
         let response = upstream
             .environments_request()
             .send()
@@ -140,16 +173,21 @@ impl executor::Server for ForwardingExecutor {
         params: executor::EnvironmentParams,
         mut results: executor::EnvironmentResults,
     ) -> Result<(), capnp::Error> {
-        let upstream = self.target().await?;
-        let mut request = upstream.environment_request();
-        request.get().set_name(params.get()?.get_name()?);
+        let name = params.get()?.get_name()?.to_str()?.to_string();
+        let target = self.target().await?;
+        let mut request = target.executor.environment_request();
+        request.get().set_name(&name);
         let call = request.send();
         // A local forwarder, not the bare promise: starts made on it keep
-        // their pipelining across this hop too.
-        let far = ForwardingExecutor::new(
-            Target::Executor(call.pipeline.get_executor()),
-            self.hop.clone(),
-        );
+        // their pipelining across this hop, and it finds its far executor
+        // again after the link reconnects.
+        let mut path = self.path.clone();
+        path.push(name);
+        let far = ForwardingExecutor::at_path(Rc::clone(&self.upstream), path);
+        *far.resolved.borrow_mut() = Some(Link {
+            executor: call.pipeline.get_executor(),
+            generation: target.generation,
+        });
         results.get().set_executor(capnp_rpc::new_client(far));
         results.set_pipeline()?;
         call.promise.await.map_err(|error| self.hop_error(error))?;

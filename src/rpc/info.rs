@@ -46,6 +46,26 @@ pub fn local_info() -> ExecutorInfo {
     }
 }
 
+/// What is known of a server too old to answer `info`: it supports the
+/// process protocol but predates environments.
+pub fn unknown_info() -> ExecutorInfo {
+    ExecutorInfo {
+        version: String::new(),
+        features: FEATURES
+            .iter()
+            .filter(|name| !matches!(**name, "info" | "environments"))
+            .map(|name| name.to_string())
+            .collect(),
+        os: String::new(),
+        arch: String::new(),
+        hostname: String::new(),
+        default_shell: PathBuf::new(),
+        cwd: PathBuf::new(),
+        temp_dir: PathBuf::new(),
+        environment: LOCAL_ENVIRONMENT.to_string(),
+    }
+}
+
 /// The far end's answer as seen through the hop to `hop` (an environment
 /// name): its environment path gains the hop, and its features are limited
 /// to those this hop supports too.

@@ -11,7 +11,9 @@ pub mod info;
 mod process;
 mod subscription;
 
-pub use self::environments::{Environments, Upstream, check_names as check_environment_names};
+pub use self::environments::{
+    Environments, Link, Upstream, check_names as check_environment_names,
+};
 pub use self::executor::{ExecutorImpl, local_executor, root_executor};
 pub use self::process::{MAX_WAIT_MS, ProcessImpl};
 

@@ -129,6 +129,13 @@ where
                 let connection = capexec::net::connect(&address, token.as_ref())
                     .await
                     .expect("connect to the test server");
+                if backend == Backend::Chained {
+                    // Processes run at the far end, not at the front server.
+                    let info = capexec::client::info(&connection.executor())
+                        .await
+                        .expect("info");
+                    assert_eq!(info.environment, "b");
+                }
                 Ctx {
                     executor: connection.executor(),
                     backend,

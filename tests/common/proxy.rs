@@ -172,14 +172,15 @@ async fn deliver(
 ) {
     while let Some((due, message)) = queued.recv().await {
         tokio::time::sleep_until(due).await;
-        if direction == Direction::ToClient && gate.wait_for(|open| *open).await.is_err() {
-            return;
+        if direction == Direction::ToClient {
+            if gate.wait_for(|open| *open).await.is_err() {
+                return;
+            }
+            // Before the write: the client may answer before it returns.
+            counters.answered.store(true, Ordering::SeqCst);
         }
         if to.write_all(&message).await.is_err() {
             return;
-        }
-        if direction == Direction::ToClient {
-            counters.answered.store(true, Ordering::SeqCst);
         }
     }
     let _ = to.shutdown().await;

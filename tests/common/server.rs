@@ -41,11 +41,11 @@ impl ServerThread {
     pub fn start_in_front_of(upstream: &ServerThread) -> ServerThread {
         let dir = TempDir::new("front");
         let listen = vec![Address::Unix(dir.path().join("capexec.sock"))];
-        let upstreams = vec![UpstreamConfig {
-            name: "b".to_string(),
-            address: upstream.address.clone(),
-            token: upstream.token.clone(),
-        }];
+        let upstreams = vec![UpstreamConfig::new(
+            "b",
+            upstream.address.clone(),
+            upstream.token.clone(),
+        )];
         ServerThread::start_forwarding(dir, listen, upstreams, Some("b"))
     }
 
