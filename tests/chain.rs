@@ -409,6 +409,25 @@ fn unknown_names_unreachable_upstreams_and_wrong_tokens_are_clear_errors() {
     });
 }
 
+/// Runs `true` on `executor` until the links it crosses are back (starts
+/// fail as upstream-unavailable meanwhile), within a generous deadline.
+async fn run_once_reconnected(executor: &executor::Client) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match Command::new("true").status(executor).await {
+            Ok(status) => {
+                assert_eq!(status, ExitStatus::Code(0));
+                return;
+            }
+            Err(Error::Start(error)) if error.kind == StartErrorKind::UpstreamUnavailable => {
+                assert!(Instant::now() < deadline, "never reconnected: {error}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(other) => panic!("unexpected error: {other}"),
+        }
+    }
+}
+
 #[test]
 fn an_upstream_that_comes_back_is_used_again() {
     common::run_local(async {
@@ -425,20 +444,7 @@ fn an_upstream_that_comes_back_is_used_again() {
         assert_eq!(lost.kind, StartErrorKind::UpstreamUnavailable);
 
         far.restart();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            match Command::new("true").status(&executor).await {
-                Ok(status) => {
-                    assert_eq!(status, ExitStatus::Code(0));
-                    break;
-                }
-                Err(Error::Start(error)) if error.kind == StartErrorKind::UpstreamUnavailable => {
-                    assert!(Instant::now() < deadline, "never reconnected: {error}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(other) => panic!("unexpected error: {other}"),
-            }
-        }
+        run_once_reconnected(&executor).await;
         let environments = client::environments(&executor).await.expect("list");
         assert_eq!(environments[1].state, EnvironmentState::Connected);
     });
@@ -458,20 +464,7 @@ fn a_held_environment_path_survives_a_reconnection() {
         assert_eq!(status, ExitStatus::Code(0));
 
         b.restart();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            match Command::new("true").status(&far).await {
-                Ok(status) => {
-                    assert_eq!(status, ExitStatus::Code(0));
-                    break;
-                }
-                Err(Error::Start(error)) if error.kind == StartErrorKind::UpstreamUnavailable => {
-                    assert!(Instant::now() < deadline, "never reconnected: {error}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(other) => panic!("unexpected error: {other}"),
-            }
-        }
+        run_once_reconnected(&far).await;
         assert_eq!(client::info(&far).await.expect("info").environment, "b/c");
     });
 }
