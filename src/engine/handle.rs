@@ -266,13 +266,28 @@ impl Process {
         }
     }
 
-    /// Lossless mode: the owner has consumed every event up to `seq`.
+    /// Lossless mode: the owner holds every event up to `seq` (a read with
+    /// that `afterSeq`, an acknowledged push), so it may be evicted.
     pub fn consume_through(&self, seq: u64) {
+        self.advance_owner(seq, true);
+    }
+
+    /// Lossless mode: every event up to `seq` is on its way to the owner
+    /// (a push not acknowledged yet). It counts as consumed, so the child
+    /// may go on, but it stays retained in case the push is lost.
+    pub fn deliver_through(&self, seq: u64) {
+        self.advance_owner(seq, false);
+    }
+
+    fn advance_owner(&self, seq: u64, acknowledged: bool) {
         if self.shared.flow != Flow::Lossless {
             return;
         }
         let moved = {
             let mut state = self.shared.lock();
+            if acknowledged {
+                state.log.acknowledge_through(seq);
+            }
             let before = state.log.unconsumed_bytes();
             let chunks_before = state.log.unconsumed_chunks();
             state.log.consume_through(seq);

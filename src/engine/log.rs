@@ -55,10 +55,17 @@ pub struct OutputLog {
     consumed_seq: u64,
     consumed_bytes: u64,
     consumed_chunks: u64,
+    /// Lossless mode: output with a seq above this has not been
+    /// acknowledged by the owner (it may still be on its way, or lost with a
+    /// connection) and is never evicted. `None`: retain mode.
+    acknowledged_seq: Option<u64>,
 }
 
 impl OutputLog {
-    pub fn new(limits: LogLimits) -> OutputLog {
+    /// A log that evicts by `limits` alone (`keep_unacknowledged` false,
+    /// retain mode) or never evicts output the owner has not acknowledged
+    /// (lossless mode, whose pausing bounds how much that can be).
+    pub fn new(limits: LogLimits, keep_unacknowledged: bool) -> OutputLog {
         OutputLog {
             limits,
             chunks: VecDeque::new(),
@@ -73,6 +80,7 @@ impl OutputLog {
             consumed_seq: 0,
             consumed_bytes: 0,
             consumed_chunks: 0,
+            acknowledged_seq: keep_unacknowledged.then_some(0),
         }
     }
 
@@ -100,6 +108,7 @@ impl OutputLog {
         while self.chunks.len() > 1
             && (self.retained_bytes > self.limits.max_bytes
                 || self.chunks.len() > self.limits.max_chunks)
+            && self.evictable(self.chunks[0].seq)
         {
             if let Some(old) = self.chunks.pop_front() {
                 self.retained_bytes -= old.data.len();
@@ -159,8 +168,21 @@ impl OutputLog {
         self.total_chunks - self.consumed_chunks
     }
 
-    /// Records that the owner has consumed every event up to `seq`. The
-    /// cursor only moves forward.
+    fn evictable(&self, seq: u64) -> bool {
+        self.acknowledged_seq.is_none_or(|acknowledged| seq <= acknowledged)
+    }
+
+    /// Records that the owner holds every event up to `seq`, so it may be
+    /// evicted. Only moves forward.
+    pub fn acknowledge_through(&mut self, seq: u64) {
+        if let Some(acknowledged) = &mut self.acknowledged_seq {
+            *acknowledged = (*acknowledged).max(seq);
+        }
+    }
+
+    /// Records that the owner has consumed every event up to `seq` (it was
+    /// read, or handed to a subscription): lossless output resumes once the
+    /// owner is less than a window behind. The cursor only moves forward.
     pub fn consume_through(&mut self, seq: u64) {
         if seq <= self.consumed_seq {
             return;
@@ -286,7 +308,7 @@ mod tests {
 
     #[test]
     fn one_counter_orders_output_exit_and_close() {
-        let mut log = OutputLog::new(LogLimits::default());
+        let mut log = OutputLog::new(LogLimits::default(), false);
         log.push_output(OutputStream::Stdout, Bytes::from_static(b"out"));
         log.push_output(OutputStream::Stderr, Bytes::from_static(b"err"));
         log.push_exit(ExitStatus::Code(7));
@@ -319,7 +341,7 @@ mod tests {
 
     #[test]
     fn late_output_after_exit_keeps_its_place() {
-        let mut log = OutputLog::new(LogLimits::default());
+        let mut log = OutputLog::new(LogLimits::default(), false);
         assert_eq!(log.push_exit(ExitStatus::Code(0)), 1);
         assert_eq!(
             log.push_output(OutputStream::Stdout, Bytes::from_static(b"late")),
@@ -336,7 +358,7 @@ mod tests {
 
     #[test]
     fn byte_budget_counts_whole_chunks_and_always_returns_the_first() {
-        let mut log = OutputLog::new(LogLimits::default());
+        let mut log = OutputLog::new(LogLimits::default(), false);
         for _ in 0..4 {
             log.push_output(OutputStream::Stdout, Bytes::from(vec![b'x'; 10]));
         }
@@ -354,7 +376,7 @@ mod tests {
 
     #[test]
     fn chunk_limit_evicts_the_oldest_with_an_explicit_gap() {
-        let mut log = OutputLog::new(LogLimits::default());
+        let mut log = OutputLog::new(LogLimits::default(), false);
         for _ in 0..50_001 {
             log.push_output(OutputStream::Stdout, Bytes::from_static(b"x"));
         }
@@ -382,7 +404,7 @@ mod tests {
             max_bytes: 25,
             max_chunks: 100,
         };
-        let mut log = OutputLog::new(limits);
+        let mut log = OutputLog::new(limits, false);
         log.push_output(OutputStream::Stdout, Bytes::from(vec![b'a'; 10])); // 1
         log.push_exit(ExitStatus::Code(3)); // 2
         log.push_output(OutputStream::Stdout, Bytes::from(vec![b'b'; 10])); // 3
@@ -416,7 +438,7 @@ mod tests {
 
     #[test]
     fn consumption_cursor_tracks_bytes_and_chunks() {
-        let mut log = OutputLog::new(LogLimits::default());
+        let mut log = OutputLog::new(LogLimits::default(), false);
         log.push_output(OutputStream::Stdout, Bytes::from(vec![0; 100])); // 1
         log.push_output(OutputStream::Stderr, Bytes::from(vec![0; 50])); // 2
         log.push_exit(ExitStatus::Code(0)); // 3
@@ -433,5 +455,22 @@ mod tests {
         log.consume_through(4);
         assert_eq!(log.unconsumed_bytes(), 0);
         assert_eq!(log.unconsumed_chunks(), 0);
+    }
+
+    #[test]
+    fn lossless_never_evicts_what_was_not_acknowledged() {
+        let limits = LogLimits {
+            max_bytes: 100,
+            max_chunks: 10,
+        };
+        let mut log = OutputLog::new(limits, true);
+        for _ in 0..4 {
+            log.push_output(OutputStream::Stdout, Bytes::from(vec![b'x'; 40]));
+        }
+        // Over the byte limit, yet nothing was acknowledged: all kept.
+        assert_eq!((log.retained_chunks(), log.evicted_through()), (4, 0));
+        log.acknowledge_through(2);
+        log.push_output(OutputStream::Stdout, Bytes::from(vec![b'x'; 40]));
+        assert_eq!((log.retained_chunks(), log.evicted_through()), (3, 2));
     }
 }

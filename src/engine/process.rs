@@ -103,7 +103,7 @@ impl Shared {
             started: Instant::now(),
             leader: parts.leader,
             state: Mutex::new(State {
-                log: OutputLog::new(parts.limits.log),
+                log: OutputLog::new(parts.limits.log, parts.flow == Flow::Lossless),
                 stdin: parts.stdin_state,
                 stdin_queued: 0,
                 stdin_queued_writes: 0,

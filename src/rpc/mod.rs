@@ -22,3 +22,8 @@ pub use self::process::{MAX_WAIT_MS, ProcessImpl};
 /// (system calls, acknowledgements) when output streams fast, and cost
 /// nothing in latency since a push never waits to fill up.
 pub const PUSH_BUDGET_BYTES: usize = 256 * 1024;
+
+/// Unacknowledged event bytes a subscription may have on the way to its
+/// sink: two pushes of [`PUSH_BUDGET_BYTES`], one being consumed, one on the
+/// way.
+pub const SUBSCRIPTION_WINDOW_BYTES: usize = 2 * PUSH_BUDGET_BYTES;

@@ -1,11 +1,14 @@
 //! `Subscription`: delivers a process's events to a client's `EventSink`.
 
+use capnp::any_pointer;
+use futures::StreamExt;
+use futures::stream::FuturesOrdered;
 use tokio::task::AbortHandle;
 
 use crate::capexec_capnp::{event_sink, subscription};
 use crate::engine::Process;
 use crate::model::EventBody;
-use crate::rpc::{PUSH_BUDGET_BYTES, convert};
+use crate::rpc::{PUSH_BUDGET_BYTES, SUBSCRIPTION_WINDOW_BYTES, convert};
 
 /// Delivery stops when the client releases this capability.
 pub struct SubscriptionImpl {
@@ -32,40 +35,66 @@ impl Drop for SubscriptionImpl {
 impl subscription::Server for SubscriptionImpl {}
 
 /// Reads batches from the retained log at the subscriber's own cursor, so a
-/// slow sink delays only itself. `send` waits for room in the stream's flow
-/// control window, which paces delivery to the sink.
+/// slow sink delays only itself, and pushes them with at most
+/// [`SUBSCRIPTION_WINDOW_BYTES`] unacknowledged. (The sink's own `-> stream`
+/// flow control would pace it the same way, but would not say which pushes
+/// arrived: here each acknowledgement tells the engine that the events it
+/// carried are safe with the owner, so lossless output that a lost
+/// connection swallowed is still retained for a resumed subscription.)
 async fn deliver(process: Process, sink: event_sink::Client, mut after_seq: u64) {
+    let mut in_flight = FuturesOrdered::new();
+    let mut in_flight_bytes = 0usize;
+    let mut finished = false;
     loop {
-        let batch = match process.next_batch(after_seq, PUSH_BUDGET_BYTES).await {
-            Ok(batch) => batch,
-            Err(error) => {
-                tracing::debug!(%error, "subscription cursor is invalid");
-                return;
-            }
-        };
-        let Some(last) = batch.events.last() else {
-            return;
-        };
-        let last_seq = last.seq;
-        let finished = matches!(last.body, EventBody::Closed);
-        let mut request: capnp::capability::StreamingRequest<event_sink::push_params::Owned> =
-            sink.client.new_streaming_call(
-                <event_sink::Client as capnp::traits::HasTypeId>::TYPE_ID,
-                0,
-                Some(convert::events_message_size(&batch.events)),
-            );
-        convert::events_to_wire(
-            &batch.events,
-            request.get().init_events(batch.events.len() as u32),
-        );
-        if let Err(error) = request.send().await {
-            tracing::debug!(%error, "event sink failed; subscription ends");
+        if finished && in_flight.is_empty() {
             return;
         }
-        process.consume_through(last_seq);
-        after_seq = last_seq;
-        if finished {
-            return;
+        let room = !finished && in_flight_bytes < SUBSCRIPTION_WINDOW_BYTES;
+        tokio::select! {
+            biased;
+            acknowledged = in_flight.next(), if !in_flight.is_empty() => {
+                match acknowledged {
+                    Some(Ok((seq, bytes))) => {
+                        process.consume_through(seq);
+                        in_flight_bytes -= bytes;
+                    }
+                    Some(Err(error)) => {
+                        tracing::debug!(%error, "event sink failed; subscription ends");
+                        return;
+                    }
+                    None => {}
+                }
+            }
+            batch = process.next_batch(after_seq, PUSH_BUDGET_BYTES), if room => {
+                let batch = match batch {
+                    Ok(batch) => batch,
+                    Err(error) => {
+                        tracing::debug!(%error, "subscription cursor is invalid");
+                        return;
+                    }
+                };
+                let Some(last) = batch.events.last() else {
+                    return;
+                };
+                let last_seq = last.seq;
+                finished = matches!(last.body, EventBody::Closed);
+                let size = convert::events_message_size(&batch.events);
+                let mut request = sink.client.new_call::<event_sink::push_params::Owned, any_pointer::Owned>(
+                    <event_sink::Client as capnp::traits::HasTypeId>::TYPE_ID,
+                    0,
+                    Some(size),
+                );
+                convert::events_to_wire(
+                    &batch.events,
+                    request.get().init_events(batch.events.len() as u32),
+                );
+                let bytes = (size.word_count as usize) * 8;
+                let answer = request.send().promise;
+                in_flight.push_back(async move { answer.await.map(|_| (last_seq, bytes)) });
+                in_flight_bytes += bytes;
+                process.deliver_through(last_seq);
+                after_seq = last_seq;
+            }
         }
     }
 }
