@@ -81,6 +81,9 @@ interface Executor {
   #   [capexec:unavailable]        the server starts nothing new (it is
   #                                shutting down), here or upstream;
   #   [capexec:spawn-failed]       any other operating-system failure;
+  #   [capexec:unknown-token]      (`restore` only) no process has this
+  #                                restore token: it never existed, or its
+  #                                process was not restored in time;
   #   [capexec:upstream-unavailable] the start was for an upstream
   #                                environment that cannot be reached now
   #                                (see `environment`); nothing was started.
@@ -125,6 +128,16 @@ interface Executor {
   # without affecting other environments. An executor obtained here stays
   # valid across reconnections of the links it crosses. An unknown name
   # fails with `[capexec:unknown-environment]`.
+
+  restore @4 (token :Text) -> (process :Process);
+  # A new capability for the process that `Process.detachable` gave
+  # `token` to, on any connection to the same server (through a forwarding
+  # executor: to the server behind it, so use the executor the process was
+  # started on). It works whether or not the process still has other
+  # references: after a broken connection the server may not have noticed
+  # yet. Restoring ends a grace period that was running. Pipelining works as
+  # for `start`. An unknown or expired token fails with
+  # `[capexec:unknown-token]`; a token grants nothing but its one process.
 }
 
 struct ExecutorInfo {
@@ -135,7 +148,8 @@ struct ExecutorInfo {
   # Protocol features supported end to end, as stable names:
   #   "start", "read", "write", "write-id", "close-stdin", "signal",
   #   "terminate", "subscribe", "lossless", "tty", "resize", "process-info",
-  #   "info", "environments".
+  #   "info", "environments", "detach" (`Process.detachable` and
+  #   `Executor.restore`).
   # Clients must ignore names they do not know.
 
   os @2 :Text;
@@ -334,6 +348,24 @@ interface Process {
   # Changes the terminal size of a `tty` process; the kernel sends SIGWINCH
   # to its foreground process group. An error for pipe processes and for an
   # empty size (0 rows or columns).
+
+  detachable @8 (graceSecs :UInt32) -> (restoreToken :Text);
+  # Lets the process outlive the loss of every reference to it, for
+  # `graceSecs` (1 to 86,400) each time: when the last reference is
+  # released (typically because the owner's connection broke), the process
+  # keeps running and its output keeps being retained (in lossless mode the
+  # child is held back once the owner is a window behind, as always), and
+  # `Executor.restore(restoreToken)` returns it. If nobody restores it
+  # within the grace period it is terminated, unless it has finished: a
+  # finished process stays restorable, with its retained output and exit
+  # status, until the later of the grace period's end and the server's
+  # retention period (30 s by default) after the release or its close.
+  # `terminate` still ends it at once.
+  #
+  # The token is an unguessable secret (256 random bits, hex), never logged
+  # by the server; it is the same on every call (a later call only changes
+  # the grace). Processes that never call this keep the plain rule: the last
+  # release terminates them.
 }
 
 struct ReadResult {

@@ -15,3 +15,4 @@ pub mod engine;
 pub mod model;
 pub mod net;
 pub mod rpc;
+pub mod secret;

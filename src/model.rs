@@ -311,10 +311,12 @@ pub enum StartErrorKind {
     UpstreamUnavailable,
     /// No environment has the name asked for.
     UnknownEnvironment,
+    /// `restore`: no process has this token (any more).
+    UnknownToken,
 }
 
 impl StartErrorKind {
-    const ALL: [StartErrorKind; 9] = [
+    const ALL: [StartErrorKind; 10] = [
         StartErrorKind::InvalidArgument,
         StartErrorKind::ProgramNotFound,
         StartErrorKind::PermissionDenied,
@@ -324,6 +326,7 @@ impl StartErrorKind {
         StartErrorKind::SpawnFailed,
         StartErrorKind::UpstreamUnavailable,
         StartErrorKind::UnknownEnvironment,
+        StartErrorKind::UnknownToken,
     ];
 
     pub fn code(self) -> &'static str {
@@ -337,6 +340,7 @@ impl StartErrorKind {
             StartErrorKind::SpawnFailed => "spawn-failed",
             StartErrorKind::UpstreamUnavailable => "upstream-unavailable",
             StartErrorKind::UnknownEnvironment => "unknown-environment",
+            StartErrorKind::UnknownToken => "unknown-token",
         }
     }
 

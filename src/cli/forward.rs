@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use futures::StreamExt;
 use tokio::signal::unix::{SignalKind, signal};
 
-use capexec::client::{PendingWrite, RemoteProcess};
+use capexec::client::{PendingWrite, ResilientProcess};
 use capexec::model::{Signal, WriteStatus};
 
 use crate::cli::stdio;
@@ -17,7 +17,7 @@ use crate::cli::terminal;
 const STDIN_WINDOW: usize = 8;
 
 /// Relays our stdin to the command until end-of-file, then closes its stdin.
-pub async fn stdin(process: RemoteProcess) {
+pub async fn stdin(process: ResilientProcess) {
     let mut chunks = stdio::read_stdin();
     let mut in_flight = VecDeque::new();
     let mut count: u64 = 0;
@@ -71,7 +71,7 @@ impl Signals {
 
     /// Forwards every signal caught (including any caught before) to the
     /// command.
-    pub async fn forward(mut self, process: RemoteProcess) {
+    pub async fn forward(mut self, process: ResilientProcess) {
         while let Some(name) = self.received.next().await {
             if let Err(error) = process.signal(name).await {
                 tracing::warn!(%error, %name, "cannot forward signal");
@@ -81,7 +81,7 @@ impl Signals {
 }
 
 /// Follows our terminal's size (SIGWINCH) on the command's terminal.
-pub async fn resizes(process: RemoteProcess) {
+pub async fn resizes(process: ResilientProcess) {
     let mut changes = match signal(SignalKind::window_change()) {
         Ok(changes) => changes,
         Err(error) => {

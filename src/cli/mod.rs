@@ -43,7 +43,7 @@ enum Command {
     Info(InfoArgs),
 }
 
-#[derive(Args, Debug)]
+#[derive(Args, Clone, Debug)]
 pub struct ConnectArgs {
     /// Talk to the executor served at ADDR (unix:PATH or tcp:HOST:PORT)
     /// instead of an embedded one.
@@ -88,6 +88,10 @@ pub struct ServeArgs {
     /// upstream's NAME.
     #[arg(long = "default", value_name = "NAME")]
     default_environment: Option<String>,
+    /// How long a finished process whose owner was disconnected stays
+    /// restorable, in seconds (see `run --resume`).
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    retention: u64,
 }
 
 #[derive(Args, Debug)]
@@ -98,6 +102,11 @@ pub struct RunArgs {
     /// several hops) instead of its default one.
     #[arg(long, value_name = "NAME")]
     environment: Option<String>,
+    /// Survive broken connections: the command keeps running for up to
+    /// SECS without us, and we reconnect and carry on without losing or
+    /// repeating a byte (needs --connect).
+    #[arg(long, value_name = "SECS")]
+    resume: Option<u64>,
     /// Working directory of the command.
     #[arg(long, value_name = "DIR")]
     cwd: Option<OsString>,

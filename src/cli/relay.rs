@@ -1,8 +1,7 @@
 //! Relaying a started command: its output to ours, our stdin and signals to
 //! it, its exit status as ours.
 
-use capexec::capexec_capnp::executor;
-use capexec::client::{Command, Error};
+use capexec::client::{Command, Connect, Error, RecoveryNote, ResilientProcess, Session};
 use capexec::model::{EventBody, OutputStream, Signal};
 
 use crate::cli::forward;
@@ -26,11 +25,14 @@ impl Failure {
     }
 }
 
-/// Runs `command` on `executor` and returns the exit status to report.
+/// Runs `command` on `session` and returns the exit status to report.
+/// With `resume` (a way to reconnect, and the grace), the command survives
+/// broken connections.
 pub async fn relay(
     command: Command,
     args: &RunArgs,
-    executor: &executor::Client,
+    session: Session,
+    resume: Option<(Connect, std::time::Duration)>,
 ) -> Result<i32, Failure> {
     // Keystrokes go to the remote terminal as they are typed, Ctrl-C
     // included, as with ssh. The guard restores our terminal on every way
@@ -38,7 +40,7 @@ pub async fn relay(
     let raw = (args.tty && !args.no_stdin)
         .then(RawMode::enter_stdin)
         .flatten();
-    let result = run_to_close(command, args, executor, raw.is_some()).await;
+    let result = run_to_close(command, args, session, resume, raw.is_some()).await;
     drop(raw);
     result
 }
@@ -46,14 +48,26 @@ pub async fn relay(
 async fn run_to_close(
     command: Command,
     args: &RunArgs,
-    executor: &executor::Client,
+    session: Session,
+    resume: Option<(Connect, std::time::Duration)>,
     raw: bool,
 ) -> Result<i32, Failure> {
     let signals = forward::Signals::catch();
-    // Start and subscribe in one round trip: the subscription is pipelined
-    // on the process the start is about to return.
-    let (process, started) = command.spawn_pipelined(executor);
-    let (started, events) = tokio::join!(started, process.events(0));
+    // Start (made detachable when resuming) and subscribe in one round
+    // trip: the calls are pipelined on the process the start will return.
+    let (process, started) = ResilientProcess::spawn_on(&command, session, resume);
+    let end = if raw { "\r\n" } else { "\n" };
+    process.on_recovery(move |note| match note {
+        RecoveryNote::Lost { cause, grace } => eprint!(
+            "capexec: connection lost ({cause}); reconnecting for up to {}s{end}",
+            grace.as_secs()
+        ),
+        RecoveryNote::Restored => eprint!("capexec: reconnected; the command carries on{end}"),
+        RecoveryNote::Failed { .. } => {}
+    });
+    let mut events = process.events(0);
+    let (started, subscribed) = tokio::join!(started, events.subscribe_now());
+    let events = subscribed.map(|()| events);
     match started {
         Ok(()) => {}
         Err(Error::Start(error)) => {

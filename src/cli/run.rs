@@ -6,8 +6,12 @@ use std::os::unix::ffi::OsStrExt;
 
 use crate::cli::relay::{self, Failure};
 use crate::cli::{RunArgs, connect, terminal};
-use capexec::client::{self, Command, Stdin};
+use std::rc::Rc;
+use std::time::Duration;
+
+use capexec::client::{self, Command, Connect, Session, Stdin};
 use capexec::model::{Flow, PtySize};
+use capexec::rpc::MAX_GRACE;
 
 pub fn main(args: RunArgs) -> i32 {
     crate::cli::run_local(async move {
@@ -23,6 +27,22 @@ pub fn main(args: RunArgs) -> i32 {
 
 async fn run(args: RunArgs) -> Result<i32, Failure> {
     let command = command_from(&args).map_err(Failure::capexec)?;
+    let resume = match args.resume {
+        None => None,
+        Some(_) if args.connect.connect.is_none() => {
+            return Err(Failure::capexec(
+                "--resume needs --connect: an embedded command has no connection to lose",
+            ));
+        }
+        Some(0) => return Err(Failure::capexec("--resume needs at least 1 second")),
+        Some(secs) if secs > MAX_GRACE.as_secs() => {
+            return Err(Failure::capexec(format!(
+                "--resume takes at most {} seconds",
+                MAX_GRACE.as_secs()
+            )));
+        }
+        Some(secs) => Some(Duration::from_secs(secs)),
+    };
     let target = connect::target(&args.connect)
         .await
         .map_err(Failure::capexec)?;
@@ -30,7 +50,32 @@ async fn run(args: RunArgs) -> Result<i32, Failure> {
         Some(path) => client::environment(&target.executor, path),
         None => target.executor.clone(),
     };
-    relay::relay(command, &args, &executor).await
+    let session = Session::new(executor, Some(Box::new(target)));
+    let resume = match resume {
+        Some(grace) => Some((reconnect(&args).map_err(Failure::capexec)?, grace)),
+        None => None,
+    };
+    relay::relay(command, &args, session, resume).await
+}
+
+/// How `--resume` reconnects: the same address, token and environment.
+fn reconnect(args: &RunArgs) -> Result<Connect, String> {
+    let connect_args = args.connect.clone();
+    let environment = args.environment.clone();
+    Ok(Rc::new(move || {
+        let connect_args = connect_args.clone();
+        let environment = environment.clone();
+        Box::pin(async move {
+            let target = connect::target(&connect_args)
+                .await
+                .map_err(client::Error::Connect)?;
+            let executor = match &environment {
+                Some(path) => client::environment(&target.executor, path),
+                None => target.executor.clone(),
+            };
+            Ok(Session::new(executor, Some(Box::new(target))))
+        })
+    }))
 }
 
 fn command_from(args: &RunArgs) -> Result<Command, String> {

@@ -38,6 +38,7 @@ pub fn main(args: ServeArgs) -> i32 {
         token_file: args.token_file,
         upstreams,
         default_environment: args.default_environment,
+        retention: Some(std::time::Duration::from_secs(args.retention)),
     };
     crate::cli::run_local(serve(config))
 }

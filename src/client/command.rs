@@ -8,7 +8,7 @@ use futures::StreamExt;
 use crate::capexec_capnp::executor;
 use crate::client::{Error, RemoteProcess};
 use crate::engine::StartSpec;
-use crate::model::{EventBody, ExitStatus, Flow, OutputStream, PtySize, StartErrorKind};
+use crate::model::{EventBody, ExitStatus, Flow, OutputStream, PtySize};
 use crate::rpc::convert;
 
 /// Where the child's stdin comes from.
@@ -149,7 +149,7 @@ impl Command {
         executor: &executor::Client,
     ) -> (
         RemoteProcess,
-        impl std::future::Future<Output = Result<(), Error>> + 'static,
+        impl std::future::Future<Output = Result<(), Error>> + 'static + use<>,
     ) {
         self.start_pipelined_with(executor, self.flow.unwrap_or(Flow::Retain))
     }
@@ -160,7 +160,7 @@ impl Command {
         flow: Flow,
     ) -> (
         RemoteProcess,
-        impl std::future::Future<Output = Result<(), Error>> + 'static,
+        impl std::future::Future<Output = Result<(), Error>> + 'static + use<>,
     ) {
         let mut spec = self.spec.clone();
         spec.flow = flow;
@@ -169,14 +169,7 @@ impl Command {
         let sent = request.send();
         let process = RemoteProcess::from_capability(sent.pipeline.get_process());
         let answer = sent.promise;
-        let started = async move {
-            answer.await.map(drop).map_err(|error| {
-                match StartErrorKind::from_description(&error.extra) {
-                    Some(_) => Error::Start(convert::start_error_from_wire(&error)),
-                    None => Error::Rpc(error),
-                }
-            })
-        };
+        let started = async move { answer.await.map(drop).map_err(Error::from_call) };
         (process, started)
     }
 

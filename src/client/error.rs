@@ -1,6 +1,7 @@
 use std::fmt;
 
-use crate::model::StartError;
+use crate::model::{StartError, StartErrorKind};
+use crate::rpc::convert;
 pub use crate::rpc::convert::describe;
 
 /// What can go wrong talking to an executor.
@@ -16,6 +17,12 @@ pub enum Error {
     /// Output the caller asked to collect was evicted before it could be
     /// read (retain mode): seqs `from_seq..=to_seq` are lost.
     OutputLost { from_seq: u64, to_seq: u64 },
+    /// The executor could not be reached (a [`crate::client::Connect`]
+    /// attempt failed); worth trying again.
+    Connect(String),
+    /// A resilient process could not be recovered after its connection
+    /// broke: the reason, and the break that started the recovery.
+    Recovery { reason: String, cause: String },
 }
 
 impl fmt::Display for Error {
@@ -28,6 +35,10 @@ impl fmt::Display for Error {
                 f,
                 "output lost: events {from_seq}..={to_seq} were evicted before they were read"
             ),
+            Error::Connect(reason) => write!(f, "{reason}"),
+            Error::Recovery { reason, cause } => {
+                write!(f, "{cause}; could not recover the process: {reason}")
+            }
         }
     }
 }
@@ -37,6 +48,28 @@ impl std::error::Error for Error {}
 impl From<capnp::Error> for Error {
     fn from(error: capnp::Error) -> Error {
         Error::Rpc(error)
+    }
+}
+
+impl Error {
+    /// A failed call: start failures (their tags survive any number of
+    /// hops) become [`Error::Start`], anything else [`Error::Rpc`].
+    pub(crate) fn from_call(error: capnp::Error) -> Error {
+        match StartErrorKind::from_description(&error.extra) {
+            Some(_) => Error::Start(convert::start_error_from_wire(&error)),
+            None => Error::Rpc(error),
+        }
+    }
+
+    /// Whether the error means the way to the process broke (rather than
+    /// the process or the call being refused), so recovering may help.
+    pub fn is_transport_loss(&self) -> bool {
+        match self {
+            Error::Rpc(error) => error.kind == capnp::ErrorKind::Disconnected,
+            Error::Start(error) => error.kind == StartErrorKind::UpstreamUnavailable,
+            Error::EventsEnded | Error::Connect(_) => true,
+            Error::OutputLost { .. } | Error::Recovery { .. } => false,
+        }
     }
 }
 

@@ -38,6 +38,10 @@ where
 pub struct PendingWrite(JoinHandle<Result<WriteStatus, Error>>);
 
 impl PendingWrite {
+    pub(crate) fn from_outcome(outcome: JoinHandle<Result<WriteStatus, Error>>) -> PendingWrite {
+        PendingWrite(outcome)
+    }
+
     pub async fn outcome(self) -> Result<WriteStatus, Error> {
         match self.0.await {
             Ok(result) => result,
@@ -108,6 +112,16 @@ impl RemoteProcess {
         }))
     }
 
+    /// Sends end-of-file for the child now (after every write sent before
+    /// it) without waiting; the handle reports the outcome.
+    pub fn close_stdin_in_order(&self) -> JoinHandle<Result<(), Error>> {
+        let answer = dispatch(self.cap.close_stdin_request().send().promise);
+        tokio::task::spawn_local(async move {
+            answer.await?;
+            Ok(())
+        })
+    }
+
     /// End-of-file for the child after every earlier write.
     pub async fn close_stdin(&self) -> Result<(), Error> {
         dispatch(self.cap.close_stdin_request().send().promise).await?;
@@ -135,6 +149,23 @@ impl RemoteProcess {
         wire_size.set_cols(size.cols);
         dispatch(request.send().promise).await?;
         Ok(())
+    }
+
+    /// Lets the process outlive the loss of every reference to it for
+    /// `grace` (whole seconds, 1 s to a day) and returns the token that
+    /// [`restore`] takes to get it back. See [`crate::client::ResilientProcess`]
+    /// for a handle that does the recovering.
+    pub async fn detachable(&self, grace: Duration) -> Result<String, Error> {
+        let mut request = self.cap.detachable_request();
+        request
+            .get()
+            .set_grace_secs(grace.as_secs().clamp(1, u64::from(u32::MAX)) as u32);
+        let response = dispatch(request.send().promise).await?;
+        let token = response.get()?.get_restore_token()?;
+        Ok(token
+            .to_str()
+            .map_err(|_| capnp::Error::failed("the restore token is not UTF-8".to_string()))?
+            .to_string())
     }
 
     pub async fn info(&self) -> Result<ProcessSnapshot, Error> {
@@ -167,4 +198,27 @@ impl RemoteProcess {
         }
         status.ok_or(Error::EventsEnded)
     }
+}
+
+/// The process that `token` (from [`RemoteProcess::detachable`]) belongs to,
+/// on `executor` (the one it was started on, or the same server through
+/// another connection). Pipelined like [`crate::client::Command::spawn_pipelined`]:
+/// the handle can be used at once; the future says whether the restore
+/// worked ([`crate::model::StartErrorKind::UnknownToken`] if the token is
+/// unknown or expired).
+pub fn restore(
+    executor: &crate::capexec_capnp::executor::Client,
+    token: &str,
+) -> (
+    RemoteProcess,
+    impl std::future::Future<Output = Result<(), Error>> + 'static,
+) {
+    let mut request = executor.restore_request();
+    request.get().set_token(token);
+    let sent = request.send();
+    let process = RemoteProcess::from_capability(sent.pipeline.get_process());
+    let answer = sent.promise;
+    (process, async move {
+        answer.await.map(drop).map_err(Error::from_call)
+    })
 }

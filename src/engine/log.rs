@@ -169,7 +169,8 @@ impl OutputLog {
     }
 
     fn evictable(&self, seq: u64) -> bool {
-        self.acknowledged_seq.is_none_or(|acknowledged| seq <= acknowledged)
+        self.acknowledged_seq
+            .is_none_or(|acknowledged| seq <= acknowledged)
     }
 
     /// Records that the owner holds every event up to `seq`, so it may be

@@ -37,6 +37,9 @@ pub struct ServerConfig {
     /// The environment plain `start` uses: "local" (the default) or an
     /// upstream's name.
     pub default_environment: Option<String>,
+    /// How long a finished detached process stays restorable (default
+    /// [`rpc::DEFAULT_RETENTION`]).
+    pub retention: Option<std::time::Duration>,
 }
 
 #[derive(Debug)]
@@ -79,6 +82,7 @@ pub struct Server {
     engine: Engine,
     upstreams: Vec<UpstreamConfig>,
     default_environment: Option<String>,
+    retention: std::time::Duration,
     listeners: Vec<(Address, Listener)>,
     unix_files: Vec<UnixSocketFile>,
     token: Option<Arc<Token>>,
@@ -100,6 +104,7 @@ impl Server {
             engine,
             upstreams: config.upstreams.clone(),
             default_environment: config.default_environment.clone(),
+            retention: config.retention.unwrap_or(rpc::DEFAULT_RETENTION),
             listeners: Vec::new(),
             unix_files: Vec::new(),
             token: None,
@@ -176,6 +181,7 @@ impl Server {
             self.engine.clone(),
             links,
             self.default_environment.as_deref(),
+            self.retention,
         ) {
             Ok(environments) => Rc::new(environments),
             Err(error) => unreachable!("checked by bind: {error}"),

@@ -6,8 +6,6 @@ use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use sha2::{Digest, Sha256};
-
 /// A login token. Never printed: `Debug` shows nothing of it.
 #[derive(Clone)]
 pub struct Token(String);
@@ -53,8 +51,8 @@ impl Token {
     /// Compares in time independent of where (or whether) they differ, and
     /// of the candidate's length: both sides are hashed first.
     pub fn matches(&self, candidate: &str) -> bool {
-        let expected = Sha256::digest(self.0.as_bytes());
-        let given = Sha256::digest(candidate.as_bytes());
+        let expected = crate::secret::digest(&self.0);
+        let given = crate::secret::digest(candidate);
         expected
             .iter()
             .zip(given.iter())
@@ -86,7 +84,10 @@ impl Token {
         match fs::symlink_metadata(path) {
             Ok(_) => Token::load(path).map(|token| (token, false)),
             Err(error) if error.kind() == io::ErrorKind::NotFound => {
-                let token = Token(random_hex(32).map_err(|e| TokenError::Create(path.into(), e))?);
+                let token = Token(
+                    crate::secret::random_hex(32)
+                        .map_err(|e| TokenError::Create(path.into(), e))?,
+                );
                 write_new_private(path, &token.0)
                     .map_err(|e| TokenError::Create(path.into(), e))?;
                 Ok((token, true))
@@ -121,24 +122,6 @@ fn write_new_private(path: &Path, secret: &str) -> io::Result<()> {
     file.write_all(secret.as_bytes())?;
     file.write_all(b"\n")?;
     file.sync_all()
-}
-
-fn random_hex(bytes: usize) -> io::Result<String> {
-    let mut buf = vec![0u8; bytes];
-    let mut filled = 0;
-    while filled < bytes {
-        // SAFETY: getrandom writes at most `bytes - filled` bytes into buf.
-        let n = unsafe { libc::getrandom(buf[filled..].as_mut_ptr().cast(), bytes - filled, 0) };
-        if n < 0 {
-            let error = io::Error::last_os_error();
-            if error.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(error);
-        }
-        filled += n as usize;
-    }
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 #[cfg(test)]

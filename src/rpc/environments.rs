@@ -4,6 +4,7 @@
 //! needs its executor capability and its state.
 
 use std::rc::Rc;
+use std::time::Duration;
 
 use futures::future::LocalBoxFuture;
 
@@ -14,6 +15,7 @@ use crate::model::{
     valid_environment_name,
 };
 use crate::rpc::convert;
+use crate::rpc::detach::{DEFAULT_RETENTION, Detachments};
 
 /// An upstream's executor on one connection to it.
 #[derive(Clone)]
@@ -53,6 +55,7 @@ pub struct Environments {
     upstreams: Vec<Rc<dyn Upstream>>,
     /// Index into `upstreams` of the default environment; `None`: local.
     default: Option<usize>,
+    detachments: Rc<Detachments>,
 }
 
 impl Environments {
@@ -62,15 +65,18 @@ impl Environments {
             engine,
             upstreams: Vec::new(),
             default: None,
+            detachments: Detachments::new(DEFAULT_RETENTION),
         }
     }
 
     /// The engine plus `upstreams`; plain `start` goes to `default` (an
-    /// upstream's name, or "local"), or to the engine if `None`.
+    /// upstream's name, or "local"), or to the engine if `None`. Finished
+    /// detached processes stay restorable for `retention`.
     pub fn new(
         engine: Engine,
         upstreams: Vec<Rc<dyn Upstream>>,
         default: Option<&str>,
+        retention: Duration,
     ) -> Result<Environments, String> {
         let names: Vec<&str> = upstreams.iter().map(|upstream| upstream.name()).collect();
         let default = check_names(&names, default)?;
@@ -78,11 +84,17 @@ impl Environments {
             engine,
             upstreams,
             default,
+            detachments: Detachments::new(retention),
         })
     }
 
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// The processes of this server that may outlive their references.
+    pub fn detachments(&self) -> &Rc<Detachments> {
+        &self.detachments
     }
 
     /// Where plain `start` on the root executor runs.

@@ -9,6 +9,7 @@ use capnp::capability::Rc as ServerRc;
 use crate::capexec_capnp::executor;
 use crate::engine::Engine;
 use crate::rpc::convert;
+use crate::rpc::detach::Held;
 use crate::rpc::environments::{Environments, Place};
 use crate::rpc::forward::{self, ForwardingExecutor};
 use crate::rpc::info;
@@ -71,7 +72,26 @@ impl executor::Server for ExecutorImpl {
             .map_err(|error| convert::start_error_to_wire(&error))?;
         results
             .get()
-            .set_process(capnp_rpc::new_client(ProcessImpl::new(owner)));
+            .set_process(capnp_rpc::new_client(ProcessImpl::new(Held::new(
+                owner,
+                Rc::clone(self.environments.detachments()),
+            ))));
+        Ok(())
+    }
+
+    async fn restore(
+        self: ServerRc<Self>,
+        params: executor::RestoreParams,
+        mut results: executor::RestoreResults,
+    ) -> Result<(), capnp::Error> {
+        if let Some(forwarder) = self.forwarder() {
+            return forward::restore(&forwarder, params, results).await;
+        }
+        let token = params.get()?.get_token()?.to_str()?;
+        let held = self.environments.detachments().restore(token)?;
+        results
+            .get()
+            .set_process(capnp_rpc::new_client(ProcessImpl::new(held)));
         Ok(())
     }
 

@@ -117,6 +117,24 @@ pub(crate) async fn start(
     Ok(())
 }
 
+/// `restore` at the far end, pipelined like `start`.
+pub(crate) async fn restore(
+    forwarder: &ForwardingExecutor,
+    params: executor::RestoreParams,
+    mut results: executor::RestoreResults,
+) -> Result<(), capnp::Error> {
+    let upstream = forwarder.target().await?.executor;
+    let mut request = upstream.restore_request();
+    request.get().set_token(params.get()?.get_token()?);
+    let call = request.send();
+    results.get().set_process(call.pipeline.get_process());
+    results.set_pipeline()?;
+    call.promise
+        .await
+        .map_err(|error| forwarder.hop_error(error))?;
+    Ok(())
+}
+
 pub(crate) async fn info(
     forwarder: &ForwardingExecutor,
     mut results: executor::InfoResults,
@@ -148,6 +166,14 @@ impl executor::Server for ForwardingExecutor {
         results: executor::InfoResults,
     ) -> Result<(), capnp::Error> {
         info(&self, results).await
+    }
+
+    async fn restore(
+        self: ServerRc<Self>,
+        params: executor::RestoreParams,
+        results: executor::RestoreResults,
+    ) -> Result<(), capnp::Error> {
+        restore(&self, params, results).await
     }
 
     async fn environments(

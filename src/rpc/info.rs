@@ -25,6 +25,7 @@ pub const FEATURES: &[&str] = &[
     "process-info",
     "info",
     "environments",
+    "detach",
 ];
 
 /// This server's own description, as of now.
@@ -53,7 +54,7 @@ pub fn unknown_info() -> ExecutorInfo {
         version: String::new(),
         features: FEATURES
             .iter()
-            .filter(|name| !matches!(**name, "info" | "environments"))
+            .filter(|name| !matches!(**name, "info" | "environments" | "detach"))
             .map(|name| name.to_string())
             .collect(),
         os: String::new(),

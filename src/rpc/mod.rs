@@ -4,6 +4,7 @@
 //! tokio `LocalSet`; the engine's own tasks may run on any runtime thread.
 
 pub mod convert;
+mod detach;
 mod environments;
 mod executor;
 mod forward;
@@ -11,6 +12,7 @@ pub mod info;
 mod process;
 mod subscription;
 
+pub use self::detach::{DEFAULT_RETENTION, Detachments, MAX_GRACE};
 pub use self::environments::{
     Environments, Link, Upstream, check_names as check_environment_names,
 };

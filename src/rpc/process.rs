@@ -10,21 +10,34 @@ use capnp::capability::Rc;
 use crate::capexec_capnp::process;
 use crate::engine::ProcessOwner;
 use crate::rpc::convert;
+use crate::rpc::detach::Held;
 use crate::rpc::subscription::SubscriptionImpl;
 
 /// Largest accepted `read.waitMs`: one hour.
 pub const MAX_WAIT_MS: u32 = 3_600_000;
 
-/// Dropping the last reference (capnp drops the object when the last
-/// client reference is released) drops the [`ProcessOwner`], which kills the
-/// process tree.
+/// capnp drops this object when the last client reference to it is
+/// released. When the last object for a process goes, the process is
+/// terminated (its [`ProcessOwner`] drops), or parked if it is detachable.
 pub struct ProcessImpl {
-    owner: ProcessOwner,
+    held: std::rc::Rc<Held>,
 }
 
 impl ProcessImpl {
-    pub fn new(owner: ProcessOwner) -> ProcessImpl {
-        ProcessImpl { owner }
+    pub(crate) fn new(held: std::rc::Rc<Held>) -> ProcessImpl {
+        ProcessImpl { held }
+    }
+
+    fn owner(&self) -> &ProcessOwner {
+        self.held.owner()
+    }
+}
+
+impl Drop for ProcessImpl {
+    fn drop(&mut self) {
+        if std::rc::Rc::strong_count(&self.held) == 1 {
+            self.held.park_if_detachable();
+        }
     }
 }
 
@@ -42,7 +55,7 @@ impl process::Server for ProcessImpl {
             )));
         }
         // A long poll must not keep the process alive after its owner let go.
-        let handle = self.owner.handle();
+        let handle = self.owner().handle();
         drop(self);
         let outcome = handle
             .read(
@@ -80,7 +93,7 @@ impl process::Server for ProcessImpl {
                 .get_write_id()?
                 .to_str()
                 .map_err(|_| Error::failed("writeId is not valid UTF-8".to_string()))?;
-            self.owner
+            self.owner()
                 .submit_write(data, write_id)
                 .map_err(|error| Error::failed(error.to_string()))
         })();
@@ -99,7 +112,7 @@ impl process::Server for ProcessImpl {
         _: process::CloseStdinParams,
         _: process::CloseStdinResults,
     ) -> impl Future<Output = Result<(), Error>> + 'static {
-        let ticket = self.owner.submit_close_stdin();
+        let ticket = self.owner().submit_close_stdin();
         drop(self);
         async move {
             ticket.done().await;
@@ -125,7 +138,7 @@ impl process::Server for ProcessImpl {
                 "signal must name a signal, not `unknown`".to_string(),
             ));
         };
-        self.owner
+        self.owner()
             .signal(signal)
             .map_err(|error| Error::failed(format!("cannot send {signal}: {error}")))
     }
@@ -135,7 +148,7 @@ impl process::Server for ProcessImpl {
         _: process::TerminateParams,
         mut results: process::TerminateResults,
     ) -> Result<(), Error> {
-        results.get().set_running(self.owner.terminate());
+        results.get().set_running(self.owner().terminate());
         Ok(())
     }
 
@@ -147,13 +160,13 @@ impl process::Server for ProcessImpl {
         let params = params.get()?;
         let sink = params.get_sink()?;
         let after_seq = params.get_after_seq();
-        let newest = self.owner.snapshot().next_seq - 1;
+        let newest = self.owner().snapshot().next_seq - 1;
         if after_seq > newest {
             return Err(Error::failed(format!(
                 "afterSeq {after_seq} is past the newest event of the process ({newest})"
             )));
         }
-        let subscription = SubscriptionImpl::start(self.owner.handle(), sink, after_seq);
+        let subscription = SubscriptionImpl::start(self.owner().handle(), sink, after_seq);
         results
             .get()
             .set_subscription(capnp_rpc::new_client(subscription));
@@ -166,7 +179,7 @@ impl process::Server for ProcessImpl {
         _: process::ResizeResults,
     ) -> Result<(), Error> {
         let size = params.get()?.get_size()?;
-        self.owner
+        self.owner()
             .resize(crate::model::PtySize {
                 rows: size.get_rows(),
                 cols: size.get_cols(),
@@ -174,12 +187,23 @@ impl process::Server for ProcessImpl {
             .map_err(|error| Error::failed(error.to_string()))
     }
 
+    async fn detachable(
+        self: Rc<Self>,
+        params: process::DetachableParams,
+        mut results: process::DetachableResults,
+    ) -> Result<(), Error> {
+        let grace = Duration::from_secs(params.get()?.get_grace_secs().into());
+        let token = self.held.make_detachable(grace)?;
+        results.get().set_restore_token(&token);
+        Ok(())
+    }
+
     async fn info(
         self: Rc<Self>,
         _: process::InfoParams,
         mut results: process::InfoResults,
     ) -> Result<(), Error> {
-        convert::snapshot_to_wire(&self.owner.snapshot(), results.get().init_info());
+        convert::snapshot_to_wire(&self.owner().snapshot(), results.get().init_info());
         Ok(())
     }
 }

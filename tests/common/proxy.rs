@@ -1,5 +1,6 @@
-//! A Unix-socket proxy between a Cap'n Proto client and its server that
-//! counts round trips, and can delay or hold the server's answers.
+//! A proxy between a Cap'n Proto client and its server (Unix sockets or
+//! TCP) that counts round trips, can delay or hold the server's answers,
+//! and can cut every connection and refuse new ones until restored.
 //!
 //! Round trips are counted causally, not timed: a call the client sends
 //! opens a new *flight* only if the proxy has delivered something from the
@@ -10,16 +11,23 @@
 //! Shared by the tests and `examples/pipelining.rs`.
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use capexec::net::Address;
 use capnp_rpc::rpc_capnp::message;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{UnixListener, UnixStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{mpsc, watch};
+use tokio::task::AbortHandle;
 use tokio::time::Instant;
+
+type Reader = Pin<Box<dyn AsyncRead + Send>>;
+type Writer = Pin<Box<dyn AsyncWrite + Send>>;
 
 /// What the proxy has seen, over all its connections.
 #[derive(Default)]
@@ -34,33 +42,85 @@ struct Counters {
 }
 
 pub struct Proxy {
-    path: PathBuf,
+    address: Address,
     counters: Arc<Counters>,
     /// While `false`, the server's messages are held back.
     gate: watch::Sender<bool>,
+    /// While set, connections are cut and new ones refused.
+    cut: Arc<AtomicBool>,
+    /// The pumps of the live connections, so a cut can end them.
+    pumps: Arc<Mutex<Vec<AbortHandle>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
+enum Listener {
+    Unix(UnixListener),
+    Tcp(TcpListener),
+}
+
 impl Proxy {
-    /// Listens on `listen` and forwards each connection to `target`; each
-    /// message waits `delay` in each direction.
+    /// Listens on the Unix socket `listen` and forwards each connection to
+    /// the one at `target`; each message waits `delay` in each direction.
     pub fn start(listen: &Path, target: &Path, delay: Duration) -> std::io::Result<Proxy> {
-        let listener = UnixListener::bind(listen)?;
+        let listener = Listener::Unix(UnixListener::bind(listen)?);
+        let address = Address::Unix(listen.to_path_buf());
+        Ok(Proxy::serve(
+            listener,
+            address,
+            Address::Unix(target.to_path_buf()),
+            delay,
+        ))
+    }
+
+    /// A proxy in front of `target` (Unix or TCP), listening the same way
+    /// (a socket in `dir`, or loopback TCP on a free port).
+    pub async fn in_front_of(
+        target: &Address,
+        dir: &Path,
+        delay: Duration,
+    ) -> std::io::Result<Proxy> {
+        let (listener, address) = match target {
+            Address::Unix(_) => {
+                let path = dir.join("proxy.sock");
+                (
+                    Listener::Unix(UnixListener::bind(&path)?),
+                    Address::Unix(path),
+                )
+            }
+            Address::Tcp { .. } => {
+                let listener = TcpListener::bind("127.0.0.1:0").await?;
+                let local: SocketAddr = listener.local_addr()?;
+                (Listener::Tcp(listener), Address::from_socket_addr(local))
+            }
+        };
+        Ok(Proxy::serve(listener, address, target.clone(), delay))
+    }
+
+    fn serve(listener: Listener, address: Address, target: Address, delay: Duration) -> Proxy {
         let counters = Arc::new(Counters {
             answered: AtomicBool::new(true),
             ..Counters::default()
         });
         let (gate, gate_watch) = watch::channel(true);
-        let target = target.to_path_buf();
+        let cut = Arc::new(AtomicBool::new(false));
+        let pumps = Arc::new(Mutex::new(Vec::new()));
         let shared = Arc::clone(&counters);
+        let (refusing, live) = (Arc::clone(&cut), Arc::clone(&pumps));
         let task = tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let Ok(server) = UnixStream::connect(&target).await else {
+            loop {
+                let client = match accept(&listener).await {
+                    Ok(client) => client,
+                    Err(_) => return,
+                };
+                if refusing.load(Ordering::SeqCst) {
+                    continue;
+                }
+                let Ok(server) = dial(&target).await else {
                     continue;
                 };
-                let (client_read, client_write) = client.into_split();
-                let (server_read, server_write) = server.into_split();
-                tokio::spawn(pump(
+                let (client_read, client_write) = client;
+                let (server_read, server_write) = server;
+                let to_server = tokio::spawn(pump(
                     client_read,
                     server_write,
                     delay,
@@ -68,7 +128,7 @@ impl Proxy {
                     Arc::clone(&shared),
                     gate_watch.clone(),
                 ));
-                tokio::spawn(pump(
+                let to_client = tokio::spawn(pump(
                     server_read,
                     client_write,
                     delay,
@@ -76,18 +136,51 @@ impl Proxy {
                     Arc::clone(&shared),
                     gate_watch.clone(),
                 ));
+                let mut live = live.lock().unwrap_or_else(|p| p.into_inner());
+                live.push(to_server.abort_handle());
+                live.push(to_client.abort_handle());
             }
         });
-        Ok(Proxy {
-            path: listen.to_path_buf(),
+        Proxy {
+            address,
             counters,
             gate,
+            cut,
+            pumps,
             task,
-        })
+        }
+    }
+
+    /// Where clients connect.
+    pub fn address(&self) -> &Address {
+        &self.address
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
+        match &self.address {
+            Address::Unix(path) => path,
+            Address::Tcp { .. } => panic!("a TCP proxy has no path"),
+        }
+    }
+
+    /// Breaks every connection through the proxy and refuses new ones
+    /// until [`Proxy::restore`].
+    pub fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+        let live: Vec<AbortHandle> = self
+            .pumps
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+            .collect();
+        for pump in live {
+            pump.abort();
+        }
+    }
+
+    /// Accepts connections again after a [`Proxy::cut`].
+    pub fn restore(&self) {
+        self.cut.store(false, Ordering::SeqCst);
     }
 
     pub fn calls(&self) -> u64 {
@@ -114,8 +207,42 @@ impl Proxy {
 impl Drop for Proxy {
     fn drop(&mut self) {
         self.task.abort();
-        let _ = std::fs::remove_file(&self.path);
+        self.cut();
+        if let Address::Unix(path) = &self.address {
+            let _ = std::fs::remove_file(path);
+        }
     }
+}
+
+async fn accept(listener: &Listener) -> std::io::Result<(Reader, Writer)> {
+    Ok(match listener {
+        Listener::Unix(listener) => {
+            let (stream, _) = listener.accept().await?;
+            let (read, write) = stream.into_split();
+            (Box::pin(read), Box::pin(write))
+        }
+        Listener::Tcp(listener) => {
+            let (stream, _) = listener.accept().await?;
+            stream.set_nodelay(true)?;
+            let (read, write) = stream.into_split();
+            (Box::pin(read), Box::pin(write))
+        }
+    })
+}
+
+async fn dial(target: &Address) -> std::io::Result<(Reader, Writer)> {
+    Ok(match target {
+        Address::Unix(path) => {
+            let (read, write) = UnixStream::connect(path).await?.into_split();
+            (Box::pin(read), Box::pin(write))
+        }
+        Address::Tcp { host, port } => {
+            let stream = TcpStream::connect((host.as_str(), *port)).await?;
+            stream.set_nodelay(true)?;
+            let (read, write) = stream.into_split();
+            (Box::pin(read), Box::pin(write))
+        }
+    })
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -128,44 +255,47 @@ enum Direction {
 /// `to` once their delay has passed (and, toward the client, the gate is
 /// open), in order.
 async fn pump(
-    mut from: tokio::net::unix::OwnedReadHalf,
-    to: tokio::net::unix::OwnedWriteHalf,
+    mut from: Reader,
+    to: Writer,
     delay: Duration,
     direction: Direction,
     counters: Arc<Counters>,
     gate: watch::Receiver<bool>,
 ) {
     let (queue, queued) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
-    let writer = tokio::spawn(deliver(queued, to, direction, Arc::clone(&counters), gate));
-    let mut buffer = Vec::with_capacity(64 * 1024);
-    let mut chunk = vec![0u8; 64 * 1024];
-    loop {
-        let read = match from.read(&mut chunk).await {
-            Ok(0) | Err(_) => break,
-            Ok(read) => read,
-        };
-        let now = Instant::now();
-        buffer.extend_from_slice(&chunk[..read]);
-        while let Some(length) = framed_length(&buffer) {
-            let message: Vec<u8> = buffer.drain(..length).collect();
-            if direction == Direction::ToServer && is_call(&message) {
-                counters.calls.fetch_add(1, Ordering::SeqCst);
-                if counters.answered.swap(false, Ordering::SeqCst) {
-                    counters.flights.fetch_add(1, Ordering::SeqCst);
+    // Reading and delivering both belong to this task, so that aborting it
+    // (a cut) ends both and closes both sockets.
+    let writer = deliver(queued, to, direction, Arc::clone(&counters), gate);
+    let reader = async move {
+        let mut buffer = Vec::with_capacity(64 * 1024);
+        let mut chunk = vec![0u8; 64 * 1024];
+        loop {
+            let read = match from.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(read) => read,
+            };
+            let now = Instant::now();
+            buffer.extend_from_slice(&chunk[..read]);
+            while let Some(length) = framed_length(&buffer) {
+                let message: Vec<u8> = buffer.drain(..length).collect();
+                if direction == Direction::ToServer && is_call(&message) {
+                    counters.calls.fetch_add(1, Ordering::SeqCst);
+                    if counters.answered.swap(false, Ordering::SeqCst) {
+                        counters.flights.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+                if queue.send((now + delay, message)).is_err() {
+                    return;
                 }
             }
-            if queue.send((now + delay, message)).is_err() {
-                return;
-            }
         }
-    }
-    drop(queue);
-    let _ = writer.await;
+    };
+    tokio::join!(reader, writer);
 }
 
 async fn deliver(
     mut queued: mpsc::UnboundedReceiver<(Instant, Vec<u8>)>,
-    mut to: tokio::net::unix::OwnedWriteHalf,
+    mut to: Writer,
     direction: Direction,
     counters: Arc<Counters>,
     mut gate: watch::Receiver<bool>,

@@ -61,6 +61,7 @@ impl ServerThread {
             token_file: Some(token_file.clone()),
             upstreams,
             default_environment: default_environment.map(str::to_string),
+            retention: None,
         };
         let (addresses, stop, thread) = serve_on_thread(config.clone());
         let token = addresses

@@ -1,0 +1,283 @@
+//! Processes that outlive the loss of their references: `detachable` gives
+//! a process a restore token; when its last capability is released, the
+//! process is *parked* here instead of terminated, until `restore` hands it
+//! out again or its grace period ends.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::{Rc, Weak};
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::engine::{Process, ProcessOwner};
+use crate::model::{StartError, StartErrorKind};
+use crate::rpc::convert;
+
+/// Longest grace a process may ask for: a day.
+pub const MAX_GRACE: Duration = Duration::from_secs(86_400);
+/// Default time a finished, parked process stays restorable.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(30);
+
+type Key = [u8; 32];
+
+/// One process as the RPC layer owns it: every `Process` capability for it
+/// (the first one, and one per `restore`) shares this, and the process is
+/// terminated when the last share goes, unless it is parked.
+pub(crate) struct Held {
+    owner: ProcessOwner,
+    detach: RefCell<Option<Detach>>,
+    registry: Rc<Detachments>,
+}
+
+struct Detach {
+    key: Key,
+    token: String,
+    grace: Duration,
+}
+
+impl Held {
+    pub(crate) fn new(owner: ProcessOwner, registry: Rc<Detachments>) -> Rc<Held> {
+        Rc::new(Held {
+            owner,
+            detach: RefCell::new(None),
+            registry,
+        })
+    }
+
+    pub(crate) fn owner(&self) -> &ProcessOwner {
+        &self.owner
+    }
+
+    /// Makes the process detachable (or changes its grace) and returns its
+    /// restore token.
+    pub(crate) fn make_detachable(
+        self: &Rc<Self>,
+        grace: Duration,
+    ) -> Result<String, capnp::Error> {
+        if grace.is_zero() || grace > MAX_GRACE {
+            return Err(capnp::Error::failed(format!(
+                "graceSecs must be 1 to {}, got {}",
+                MAX_GRACE.as_secs(),
+                grace.as_secs()
+            )));
+        }
+        let mut detach = self.detach.borrow_mut();
+        if let Some(detach) = detach.as_mut() {
+            detach.grace = grace;
+            return Ok(detach.token.clone());
+        }
+        let token = crate::secret::random_hex(32).map_err(|error| {
+            capnp::Error::failed(format!("cannot make a restore token: {error}"))
+        })?;
+        self.registry.start_expiring();
+        let key = crate::secret::digest(&token);
+        self.registry.entries.borrow_mut().insert(
+            key,
+            Entry {
+                held: Rc::downgrade(self),
+                parked: None,
+            },
+        );
+        *detach = Some(Detach {
+            key,
+            token: token.clone(),
+            grace,
+        });
+        Ok(token)
+    }
+
+    /// Called as the last capability for the process goes: parks it if it
+    /// is detachable. Returns whether it did.
+    pub(crate) fn park_if_detachable(self: &Rc<Self>) -> bool {
+        let Some((key, grace)) = self
+            .detach
+            .borrow()
+            .as_ref()
+            .map(|detach| (detach.key, detach.grace))
+        else {
+            return false;
+        };
+        self.registry.park(key, Rc::clone(self), grace);
+        true
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(detach) = self.detach.get_mut() {
+            let entry = self.registry.entries.borrow_mut().remove(&detach.key);
+            drop(entry);
+        }
+    }
+}
+
+struct Entry {
+    held: Weak<Held>,
+    /// While parked: the only strong reference, and which park it is.
+    parked: Option<(Rc<Held>, u64)>,
+}
+
+/// A park's end: its grace, or for a finished process the retention.
+struct Expiry {
+    key: Key,
+    park: u64,
+    grace: Duration,
+    process: Process,
+}
+
+/// The detachable processes of one server, by the digest of their token.
+pub struct Detachments {
+    entries: RefCell<HashMap<Key, Entry>>,
+    retention: Duration,
+    parks: Cell<u64>,
+    /// Feeds the task that ends parks; started with the first park.
+    expiries: RefCell<Option<mpsc::UnboundedSender<Expiry>>>,
+}
+
+impl Detachments {
+    /// Finished, parked processes stay restorable for `retention` (after
+    /// their release or close, and at least for their grace).
+    pub fn new(retention: Duration) -> Rc<Detachments> {
+        Rc::new(Detachments {
+            entries: RefCell::new(HashMap::new()),
+            retention,
+            parks: Cell::new(0),
+            expiries: RefCell::new(None),
+        })
+    }
+
+    /// Processes that are parked right now.
+    pub fn parked(&self) -> usize {
+        self.entries
+            .borrow()
+            .values()
+            .filter(|entry| entry.parked.is_some())
+            .count()
+    }
+
+    fn park(self: &Rc<Self>, key: Key, held: Rc<Held>, grace: Duration) {
+        let park = self.parks.get() + 1;
+        self.parks.set(park);
+        let process = held.owner.handle();
+        {
+            let mut entries = self.entries.borrow_mut();
+            let Some(entry) = entries.get_mut(&key) else {
+                return;
+            };
+            entry.parked = Some((held, park));
+        }
+        tracing::info!(
+            pid = process.pid(),
+            grace_s = grace.as_secs(),
+            "process parked until restored"
+        );
+        let expiry = Expiry {
+            key,
+            park,
+            grace,
+            process,
+        };
+        let sent = match self.expiries.borrow().as_ref() {
+            Some(sender) => sender.send(expiry).map_err(|unsent| unsent.0),
+            None => Err(expiry),
+        };
+        if let Err(expiry) = sent {
+            // Nothing can wait for a restore (the runtime is shutting
+            // down): the process ends now.
+            self.expire(expiry.key, expiry.park);
+        }
+    }
+
+    /// Starts the task that ends parks, once. Parks happen while a
+    /// connection's capabilities are being dropped, where spawning is not
+    /// always possible, so one task, started by the first `detachable`
+    /// call, does the waiting for all of them.
+    fn start_expiring(self: &Rc<Self>) {
+        if self.expiries.borrow().is_some() {
+            return;
+        }
+        let (sender, mut receiver) = mpsc::unbounded_channel::<Expiry>();
+        *self.expiries.borrow_mut() = Some(sender);
+        let registry = Rc::downgrade(self);
+        let retention = self.retention;
+        tokio::task::spawn_local(async move {
+            let mut waiting = FuturesUnordered::new();
+            loop {
+                tokio::select! {
+                    expiry = receiver.recv() => match expiry {
+                        Some(expiry) => waiting.push(wait_out(expiry, retention)),
+                        None => return,
+                    },
+                    Some((key, park)) = waiting.next(), if !waiting.is_empty() => {
+                        match registry.upgrade() {
+                            Some(registry) => registry.expire(key, park),
+                            None => return,
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    /// Ends park number `park` of `key`, if it is still parked: the process
+    /// is terminated (or, if it has finished, forgotten).
+    fn expire(&self, key: Key, park: u64) {
+        let removed = {
+            let mut entries = self.entries.borrow_mut();
+            match entries.get(&key) {
+                Some(entry) if matches!(entry.parked, Some((_, p)) if p == park) => {
+                    entries.remove(&key)
+                }
+                _ => None,
+            }
+        };
+        if let Some(entry) = &removed
+            && let Some((held, _)) = &entry.parked
+        {
+            tracing::info!(
+                pid = held.owner.pid(),
+                "nobody restored the process in time"
+            );
+        }
+        // Dropped outside the borrow: dropping the process touches the map.
+        drop(removed);
+    }
+
+    /// The process that `token` belongs to, unparking it if it was parked.
+    pub(crate) fn restore(&self, token: &str) -> Result<Rc<Held>, capnp::Error> {
+        let key = crate::secret::digest(token);
+        let mut entries = self.entries.borrow_mut();
+        let held = entries
+            .get_mut(&key)
+            .and_then(|entry| match entry.parked.take() {
+                Some((held, _)) => Some(held),
+                None => entry.held.upgrade(),
+            });
+        held.ok_or_else(|| {
+            convert::start_error_to_wire(&StartError::new(
+                StartErrorKind::UnknownToken,
+                "no process has this restore token (it never existed, or it was not \
+                 restored within its grace period)",
+            ))
+        })
+    }
+}
+
+/// Waits until the park may end: the grace period, or for a process that
+/// finishes, the later of the grace period and the retention after it
+/// closed.
+async fn wait_out(expiry: Expiry, retention: Duration) -> (Key, u64) {
+    let grace_ends = Instant::now() + expiry.grace;
+    tokio::select! {
+        biased;
+        _ = expiry.process.wait_closed() => {
+            tokio::time::sleep_until(grace_ends.max(Instant::now() + retention)).await;
+        }
+        _ = tokio::time::sleep_until(grace_ends) => {}
+    }
+    (expiry.key, expiry.park)
+}

@@ -1,0 +1,261 @@
+//! Surviving a broken connection: detachable processes, restore, and the
+//! resilient client handle, through a proxy that cuts and restores
+//! connections. Every body runs against the Unix, TCP and chained backends.
+
+mod common;
+
+use std::path::Path;
+use std::rc::Rc;
+use std::time::Duration;
+
+use capexec::client::{self, Command, Connect, Error, ResilientProcess, Session, Stdin};
+use capexec::model::{Event, EventBody, ExitStatus, StartErrorKind, WriteStatus};
+use capexec::net::{Address, Token};
+use common::data::TempDir;
+use common::proxy::Proxy;
+use common::{Ctx, output_bytes, pid_after, procfs, read_until_output_contains, sh};
+
+const GRACE: Duration = Duration::from_secs(30);
+
+/// Connects to `address` afresh each time, as a recovering client does.
+fn connector(address: Address, token: Option<Token>) -> Connect {
+    Rc::new(move || {
+        let (address, token) = (address.clone(), token.clone());
+        Box::pin(async move {
+            let connection = capexec::net::connect(&address, token.as_ref())
+                .await
+                .map_err(|error| Error::Connect(error.to_string()))?;
+            Ok(Session::new(
+                connection.executor(),
+                Some(Box::new(connection)),
+            ))
+        })
+    })
+}
+
+async fn proxy_for(ctx: &Ctx, dir: &TempDir) -> Proxy {
+    let address = ctx.address.clone().expect("a network backend");
+    Proxy::in_front_of(&address, dir.path(), Duration::ZERO)
+        .await
+        .expect("start the proxy")
+}
+
+async fn resilient(command: &Command, connect: Connect) -> ResilientProcess {
+    let (process, started) = ResilientProcess::spawn(command, connect, GRACE)
+        .await
+        .expect("connect");
+    started.await.expect("start");
+    process
+}
+
+/// Reads (through the resilient handle) until the output contains
+/// `needle`; returns the last seq read and the text.
+async fn read_until(process: &ResilientProcess, needle: &str) -> (u64, String) {
+    let (mut after, mut text) = (0, String::new());
+    while !text.contains(needle) {
+        let outcome = process
+            .read(after, 0, Duration::from_secs(10))
+            .await
+            .expect("read");
+        assert!(!outcome.closed, "closed without {needle:?}: {text:?}");
+        after = outcome.next_seq - 1;
+        text.push_str(&String::from_utf8_lossy(&output_bytes(
+            &outcome.events,
+            None,
+        )));
+    }
+    (after, text)
+}
+
+fn wait_for_file(path: &Path) -> impl std::future::Future<Output = ()> + '_ {
+    procfs::wait_until(move || path.exists())
+}
+
+/// The reference scenario: `ready`, a cut, `during` while cut, a read that
+/// waits for the recovery, a write after it, and the rest of the events
+/// with contiguous seqs, all from the same process.
+async fn recovers_after_a_transport_disconnect(ctx: Ctx) {
+    let dir = TempDir::new("recovery");
+    let proxy = proxy_for(&ctx, &dir).await;
+    let (go, said) = (dir.path().join("go"), dir.path().join("said"));
+    let mut command = sh(&format!(
+        "echo ready:$$; while [ ! -e {go} ]; do sleep 0.01; done; echo during:$$; : > {said}; \
+         read line; echo after:$$:$line; exit 7",
+        go = go.display(),
+        said = said.display()
+    ));
+    command.stdin(Stdin::Piped);
+    let process = resilient(
+        &command,
+        connector(proxy.address().clone(), ctx.token.clone()),
+    )
+    .await;
+    let (ready_seq, text) = read_until(&process, "ready:").await;
+    let pid = text.trim().trim_start_matches("ready:").to_string();
+
+    proxy.cut();
+    std::fs::write(&go, b"").expect("let it go on");
+    wait_for_file(&said).await;
+    let reading = tokio::task::spawn_local({
+        let process = process.clone();
+        async move { process.read(ready_seq, 0, Duration::from_secs(30)).await }
+    });
+    // Not a synchronisation: with the connection cut, nothing can answer.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!reading.is_finished(), "a read answered during the outage");
+    proxy.restore();
+    let during = reading.await.expect("task").expect("read after recovery");
+    assert_eq!(during.events.len(), 1, "{:?}", during.events);
+    assert_eq!(during.events[0].seq, ready_seq + 1);
+    assert_eq!(
+        output_bytes(&during.events, None),
+        format!("during:{pid}\n").into_bytes()
+    );
+
+    assert_eq!(
+        process.write(b"hello\n", "hello-1").await.expect("write"),
+        WriteStatus::Accepted
+    );
+    let mut events = process.events(ready_seq + 1);
+    let mut rest: Vec<Event> = Vec::new();
+    while let Some(batch) = events.next_batch().await {
+        rest.extend(batch.expect("events"));
+    }
+    let seqs: Vec<u64> = rest.iter().map(|event| event.seq).collect();
+    let first = ready_seq + 2;
+    assert_eq!(seqs, (first..first + seqs.len() as u64).collect::<Vec<_>>());
+    assert_eq!(
+        output_bytes(&rest, None),
+        format!("after:{pid}:hello\n").into_bytes()
+    );
+    let tail: Vec<&EventBody> = rest.iter().rev().take(2).map(|e| &e.body).collect();
+    assert!(matches!(tail[0], EventBody::Closed), "{rest:?}");
+    assert_eq!(*tail[1], EventBody::Exited(ExitStatus::Code(7)));
+}
+
+/// A write whose answer was lost with the connection is sent again with
+/// the same id after the recovery, and applied once.
+async fn a_write_retried_after_a_cut_lands_once(ctx: Ctx) {
+    let dir = TempDir::new("retried-write");
+    let proxy = proxy_for(&ctx, &dir).await;
+    let file = dir.path().join("stdin-copy");
+    let mut command = sh(&format!("cat > {}", file.display()));
+    command.stdin(Stdin::Piped);
+    let process = resilient(
+        &command,
+        connector(proxy.address().clone(), ctx.token.clone()),
+    )
+    .await;
+    proxy.set_open(false);
+    let write = process.write_in_order(b"once\n", "once-1");
+    // Applied by the server; its answer is held in the proxy, then lost.
+    procfs::wait_until(|| std::fs::read(&file).is_ok_and(|bytes| bytes == b"once\n")).await;
+    proxy.cut();
+    proxy.set_open(true);
+    proxy.restore();
+    assert_eq!(write.outcome().await.expect("write"), WriteStatus::Accepted);
+    process.close_stdin().await.expect("close stdin");
+    let mut events = process.events(0);
+    while let Some(batch) = events.next_batch().await {
+        batch.expect("events");
+    }
+    assert_eq!(std::fs::read(&file).expect("copy"), b"once\n");
+}
+
+/// Nobody restores it: the process is terminated when the grace ends, and
+/// its token is then unknown.
+async fn the_grace_ends_and_the_process_with_it(ctx: Ctx) {
+    let address = ctx.address.clone().expect("network");
+    let connection = capexec::net::connect(&address, ctx.token.as_ref())
+        .await
+        .expect("connect");
+    let process = sh("echo pid-$$-; exec sleep 1000")
+        .spawn(&connection.executor())
+        .await
+        .expect("start");
+    let token = process
+        .detachable(Duration::from_secs(1))
+        .await
+        .expect("detachable");
+    let (_, text) = read_until_output_contains(&process, "-\n").await;
+    let pid = pid_after(&text, "pid-");
+    drop(process);
+    drop(connection);
+    procfs::wait_gone(pid).await;
+    let again = capexec::net::connect(&address, ctx.token.as_ref())
+        .await
+        .expect("connect again");
+    let (_, restored) = client::restore(&again.executor(), &token);
+    match restored.await {
+        Err(Error::Start(error)) => assert_eq!(error.kind, StartErrorKind::UnknownToken),
+        other => panic!("expected an unknown token, got {other:?}"),
+    }
+}
+
+async fn a_wrong_token_is_a_clear_error(ctx: Ctx) {
+    let (_, restored) = client::restore(&ctx.executor, "not-a-token");
+    match restored.await {
+        Err(Error::Start(error)) => {
+            assert_eq!(error.kind, StartErrorKind::UnknownToken);
+            assert_eq!(
+                error.message,
+                "no process has this restore token (it never existed, or it was not restored \
+                 within its grace period)"
+            );
+        }
+        other => panic!("expected an unknown token, got {other:?}"),
+    }
+}
+
+/// A process that finished while its owner was away is still restorable,
+/// with its output and exit status; so is one whose owner is still
+/// connected (the server may not have noticed the old connection died).
+async fn a_finished_process_is_restored_with_its_output(ctx: Ctx) {
+    let address = ctx.address.clone().expect("network");
+    let first = capexec::net::connect(&address, ctx.token.as_ref())
+        .await
+        .expect("connect");
+    let process = sh("echo done; exit 3")
+        .spawn(&first.executor())
+        .await
+        .expect("start");
+    let token = process.detachable(GRACE).await.expect("detachable");
+    common::wait_closed_at_head(&process).await;
+
+    let second = capexec::net::connect(&address, ctx.token.as_ref())
+        .await
+        .expect("connect");
+    let (shared, restored) = client::restore(&second.executor(), &token);
+    restored.await.expect("restore while still held");
+    assert_eq!(
+        shared.info().await.expect("info").pid,
+        process.info().await.expect("info").pid
+    );
+    drop((shared, process, first));
+
+    let third = capexec::net::connect(&address, ctx.token.as_ref())
+        .await
+        .expect("connect");
+    let (restored_process, restored) = client::restore(&third.executor(), &token);
+    restored.await.expect("restore after the end");
+    let events = common::read_until_closed(&restored_process).await;
+    assert_eq!(output_bytes(&events, None), b"done\n");
+    assert_eq!(common::exit_of(&events), Some(ExitStatus::Code(3)));
+    common::assert_contiguous(&events);
+}
+
+macro_rules! network_backend_tests {
+    ($($name:ident),* $(,)?) => {
+        mod unix { $( #[test] fn $name() { crate::common::run(crate::common::Backend::Unix, super::$name); } )* }
+        mod tcp { $( #[test] fn $name() { crate::common::run(crate::common::Backend::Tcp, super::$name); } )* }
+        mod chained { $( #[test] fn $name() { crate::common::run(crate::common::Backend::Chained, super::$name); } )* }
+    };
+}
+
+network_backend_tests!(
+    recovers_after_a_transport_disconnect,
+    a_write_retried_after_a_cut_lands_once,
+    the_grace_ends_and_the_process_with_it,
+    a_wrong_token_is_a_clear_error,
+    a_finished_process_is_restored_with_its_output,
+);
