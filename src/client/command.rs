@@ -99,7 +99,7 @@ impl Command {
         self
     }
 
-    /// What the child sees as its argv[0].
+    /// What the child sees as its `argv[0]`.
     pub fn arg0(&mut self, arg0: impl Into<OsString>) -> &mut Command {
         self.spec.arg0 = Some(arg0.into());
         self

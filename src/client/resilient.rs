@@ -101,6 +101,11 @@ type Observer = Box<dyn Fn(&RecoveryNote)>;
 
 /// A handle on a process that survives broken connections (see the module
 /// documentation). Clones share the process.
+///
+/// Dropping the last clone releases the process the way a broken
+/// connection would: the server keeps it for its grace period (restorable
+/// with [`ResilientProcess::token`]) and only then terminates it. To end it
+/// now, call [`ResilientProcess::terminate`] first.
 #[derive(Clone)]
 pub struct ResilientProcess {
     inner: Rc<Inner>,

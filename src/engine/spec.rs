@@ -23,7 +23,7 @@ pub struct StartSpec {
     /// `None` (or empty): the server's working directory.
     pub cwd: Option<PathBuf>,
     pub env: EnvSpec,
-    /// What the child sees as argv[0], if not argv[0] itself.
+    /// What the child sees as `argv[0]`, if not `argv[0]` itself.
     pub arg0: Option<OsString>,
     pub tty: bool,
     pub pipe_stdin: bool,
