@@ -8,7 +8,10 @@ use std::collections::HashMap;
 use std::rc::{Rc, Weak};
 use std::time::Duration;
 
+use std::future::Future;
+
 use futures::StreamExt;
+use futures::future::{AbortHandle, AbortRegistration, Abortable};
 use futures::stream::FuturesUnordered;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -117,8 +120,15 @@ impl Drop for Held {
 
 struct Entry {
     held: Weak<Held>,
-    /// While parked: the only strong reference, and which park it is.
-    parked: Option<(Rc<Held>, u64)>,
+    parked: Option<Parked>,
+}
+
+/// A parked process: the only strong reference to it, which park this is,
+/// and the handle that stops waiting for the park's end.
+struct Parked {
+    held: Rc<Held>,
+    park: u64,
+    waiting: AbortHandle,
 }
 
 /// A park's end: its grace, or for a finished process the retention.
@@ -127,6 +137,8 @@ struct Expiry {
     park: u64,
     grace: Duration,
     process: Process,
+    /// Aborted when the process is restored, so nothing is held for it.
+    restored: AbortRegistration,
 }
 
 /// The detachable processes of one server, by the digest of their token.
@@ -163,12 +175,17 @@ impl Detachments {
         let park = self.parks.get() + 1;
         self.parks.set(park);
         let process = held.owner.handle();
+        let (waiting, restored) = AbortHandle::new_pair();
         {
             let mut entries = self.entries.borrow_mut();
             let Some(entry) = entries.get_mut(&key) else {
                 return;
             };
-            entry.parked = Some((held, park));
+            entry.parked = Some(Parked {
+                held,
+                park,
+                waiting,
+            });
         }
         tracing::info!(
             pid = process.pid(),
@@ -180,6 +197,7 @@ impl Detachments {
             park,
             grace,
             process,
+            restored,
         };
         let sent = match self.expiries.borrow().as_ref() {
             Some(sender) => sender.send(expiry).map_err(|unsent| unsent.0),
@@ -212,7 +230,10 @@ impl Detachments {
                         Some(expiry) => waiting.push(wait_out(expiry, retention)),
                         None => return,
                     },
-                    Some((key, park)) = waiting.next(), if !waiting.is_empty() => {
+                    Some(ended) = waiting.next(), if !waiting.is_empty() => {
+                        let Ok((key, park)) = ended else {
+                            continue; // restored meanwhile
+                        };
                         match registry.upgrade() {
                             Some(registry) => registry.expire(key, park),
                             None => return,
@@ -229,17 +250,17 @@ impl Detachments {
         let removed = {
             let mut entries = self.entries.borrow_mut();
             match entries.get(&key) {
-                Some(entry) if matches!(entry.parked, Some((_, p)) if p == park) => {
+                Some(entry) if entry.parked.as_ref().is_some_and(|p| p.park == park) => {
                     entries.remove(&key)
                 }
                 _ => None,
             }
         };
         if let Some(entry) = &removed
-            && let Some((held, _)) = &entry.parked
+            && let Some(parked) = &entry.parked
         {
             tracing::info!(
-                pid = held.owner.pid(),
+                pid = parked.held.owner.pid(),
                 "nobody restored the process in time"
             );
         }
@@ -254,7 +275,10 @@ impl Detachments {
         let held = entries
             .get_mut(&key)
             .and_then(|entry| match entry.parked.take() {
-                Some((held, _)) => Some(held),
+                Some(parked) => {
+                    parked.waiting.abort();
+                    Some(parked.held)
+                }
                 None => entry.held.upgrade(),
             });
         held.ok_or_else(|| {
@@ -269,15 +293,33 @@ impl Detachments {
 
 /// Waits until the park may end: the grace period, or for a process that
 /// finishes, the later of the grace period and the retention after it
-/// closed.
-async fn wait_out(expiry: Expiry, retention: Duration) -> (Key, u64) {
-    let grace_ends = Instant::now() + expiry.grace;
+/// closed. Ends early, with `Aborted`, if the process is restored.
+fn wait_out(expiry: Expiry, retention: Duration) -> Abortable<impl Future<Output = (Key, u64)>> {
+    let Expiry {
+        key,
+        park,
+        grace,
+        process,
+        restored,
+    } = expiry;
+    Abortable::new(wait_park(key, park, grace, process, retention), restored)
+}
+
+async fn wait_park(
+    key: Key,
+    park: u64,
+    grace: Duration,
+    process: Process,
+    retention: Duration,
+) -> (Key, u64) {
+    let expiry = (key, park);
+    let grace_ends = Instant::now() + grace;
     tokio::select! {
         biased;
-        _ = expiry.process.wait_closed() => {
+        _ = process.wait_closed() => {
             tokio::time::sleep_until(grace_ends.max(Instant::now() + retention)).await;
         }
         _ = tokio::time::sleep_until(grace_ends) => {}
     }
-    (expiry.key, expiry.park)
+    expiry
 }
