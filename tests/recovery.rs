@@ -259,3 +259,61 @@ network_backend_tests!(
     a_wrong_token_is_a_clear_error,
     a_finished_process_is_restored_with_its_output,
 );
+
+/// The link that breaks is inside the chain (A -> B), not the client's:
+/// B parks the process, and the client restores it through A, which
+/// reconnects to B.
+#[test]
+fn a_break_inside_a_chain_is_recovered_too() {
+    common::run_local(async {
+        let dir = TempDir::new("inner-break");
+        let far = common::server::ServerThread::start(false);
+        let link = Proxy::in_front_of(&far.address, dir.path(), Duration::ZERO)
+            .await
+            .expect("proxy");
+        let front = common::server::ServerThread::start_forwarding(
+            TempDir::new("front"),
+            vec![Address::Unix(dir.path().join("front.sock"))],
+            vec![capexec::net::UpstreamConfig::new(
+                "b",
+                link.address().clone(),
+                None,
+            )],
+            Some("b"),
+        );
+        let go = dir.path().join("go");
+        let mut command = sh(&format!(
+            "echo ready:$$; while [ ! -e {} ]; do sleep 0.01; done; echo after:$$",
+            go.display()
+        ));
+        command.stdin(Stdin::Null);
+        let process = resilient(&command, connector(front.address.clone(), None)).await;
+        let (ready_seq, text) = read_until(&process, "ready:").await;
+        let pid = text.trim().trim_start_matches("ready:").to_string();
+
+        link.cut();
+        std::fs::write(&go, b"").expect("go on");
+        let rest = tokio::task::spawn_local({
+            let process = process.clone();
+            async move {
+                let mut events = process.events(ready_seq);
+                let mut all = Vec::new();
+                while let Some(batch) = events.next_batch().await {
+                    all.extend(batch.expect("events"));
+                }
+                all
+            }
+        });
+        link.restore();
+        let rest = rest.await.expect("task");
+        assert_eq!(rest[0].seq, ready_seq + 1);
+        assert_eq!(
+            output_bytes(&rest, None),
+            format!("after:{pid}\n").into_bytes()
+        );
+        assert!(matches!(
+            rest.last().map(|e| &e.body),
+            Some(EventBody::Closed)
+        ));
+    });
+}
