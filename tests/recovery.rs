@@ -192,6 +192,35 @@ async fn the_grace_ends_and_the_process_with_it(ctx: Ctx) {
     }
 }
 
+/// A server that accepts the new connection but never answers cannot hold
+/// the recovery past the grace: the handle gives up with the reason.
+async fn a_recovery_without_answers_gives_up_at_the_grace(ctx: Ctx) {
+    let dir = TempDir::new("silent-recovery");
+    let proxy = proxy_for(&ctx, &dir).await;
+    let grace = Duration::from_secs(2);
+    let (process, started) = ResilientProcess::spawn(
+        &sh("exec sleep 1000"),
+        connector(proxy.address().clone(), ctx.token.clone()),
+        grace,
+    )
+    .await
+    .expect("connect");
+    started.await.expect("start");
+    proxy.set_open(false);
+    proxy.cut();
+    proxy.restore();
+    let outcome = tokio::time::timeout(Duration::from_secs(60), process.info())
+        .await
+        .expect("the recovery gave up in bounded time");
+    match outcome {
+        Err(Error::Recovery { reason, .. }) => {
+            assert_eq!(reason, "gave up after 2s: no answer from the server");
+        }
+        other => panic!("expected a failed recovery, got {other:?}"),
+    }
+    proxy.set_open(true);
+}
+
 async fn a_wrong_token_is_a_clear_error(ctx: Ctx) {
     let (_, restored) = client::restore(&ctx.executor, "not-a-token");
     match restored.await {
@@ -256,6 +285,7 @@ network_backend_tests!(
     recovers_after_a_transport_disconnect,
     a_write_retried_after_a_cut_lands_once,
     the_grace_ends_and_the_process_with_it,
+    a_recovery_without_answers_gives_up_at_the_grace,
     a_wrong_token_is_a_clear_error,
     a_finished_process_is_restored_with_its_output,
 );

@@ -89,8 +89,9 @@ pub struct ServeArgs {
     #[arg(long = "default", value_name = "NAME")]
     default_environment: Option<String>,
     /// How long a finished process whose owner was disconnected stays
-    /// restorable, in seconds (see `run --resume`).
-    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    /// restorable, in seconds, 0 to 86400 (see `run --resume`).
+    #[arg(long, value_name = "SECS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(0..=86_400))]
     retention: u64,
 }
 

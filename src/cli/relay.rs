@@ -128,8 +128,11 @@ async fn run_to_close(
         // Like a local pipeline: when our reader goes away, the writer gets
         // SIGPIPE.
         if output.stdout_broken() && !sent_sigpipe && status.is_none() {
-            sent_sigpipe = true;
-            let _ = process.signal(Signal::Pipe).await;
+            // Sent again only if a broken connection may have eaten it.
+            sent_sigpipe = match process.signal(Signal::Pipe).await {
+                Err(error) => !error.is_transport_loss(),
+                Ok(()) => true,
+            };
         }
     };
     signals.abort();

@@ -1,5 +1,6 @@
 //! A handle on a started process, wherever it runs.
 
+use std::future::Future;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -155,17 +156,26 @@ impl RemoteProcess {
     /// `grace` (whole seconds, 1 s to a day) and returns the token that
     /// [`restore`] takes to get it back. See [`crate::client::ResilientProcess`]
     /// for a handle that does the recovering.
-    pub async fn detachable(&self, grace: Duration) -> Result<String, Error> {
+    ///
+    /// The request is sent when this is called, not when the future is
+    /// first polled, so it travels pipelined with the calls made before it.
+    pub fn detachable(
+        &self,
+        grace: Duration,
+    ) -> impl Future<Output = Result<String, Error>> + 'static + use<> {
         let mut request = self.cap.detachable_request();
         request
             .get()
             .set_grace_secs(grace.as_secs().clamp(1, u64::from(u32::MAX)) as u32);
-        let response = dispatch(request.send().promise).await?;
-        let token = response.get()?.get_restore_token()?;
-        Ok(token
-            .to_str()
-            .map_err(|_| capnp::Error::failed("the restore token is not UTF-8".to_string()))?
-            .to_string())
+        let response = dispatch(request.send().promise);
+        async move {
+            let response = response.await?;
+            let token = response.get()?.get_restore_token()?;
+            Ok(token
+                .to_str()
+                .map_err(|_| capnp::Error::failed("the restore token is not UTF-8".to_string()))?
+                .to_string())
+        }
     }
 
     pub async fn info(&self) -> Result<ProcessSnapshot, Error> {

@@ -3,11 +3,13 @@
 //! [`ResilientProcess`] makes its process detachable, and when the way to it
 //! breaks (the connection, or a link of a chain) it reconnects with back-off
 //! within the grace period, restores the process with its token and carries
-//! on where it was: calls made meanwhile wait for the recovery, reads and
-//! event streams resume after the last event they delivered (every event
-//! exactly once, or an explicit [`Error::OutputLost`] if the server no
-//! longer has it), and stdin writes in flight are sent again, in order,
-//! with their write ids, so each is applied exactly once.
+//! on where it was: calls made meanwhile wait for the recovery; event
+//! streams resume after the last event they delivered (every event exactly
+//! once, or an explicit [`Error::OutputLost`] if the server no longer has
+//! what was missed), while `read` takes `after_seq` from the caller and
+//! reports evicted events as a `gap`, as a plain read does; and stdin
+//! writes in flight are sent again, in order, with their write ids, so
+//! each is applied exactly once.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -41,7 +43,7 @@ use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::future::Future;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -95,6 +97,10 @@ pub enum RecoveryNote {
 /// Shortest and longest wait between recovery attempts.
 const FIRST_RETRY: Duration = Duration::from_millis(50);
 const MAX_RETRY: Duration = Duration::from_secs(1);
+/// Most stdin calls that may wait for an answer at once. The server
+/// remembers the last 4096 write ids of a process, so every call that is
+/// sent again after a recovery is still recognised as a repeat.
+pub const MAX_UNANSWERED_WRITES: usize = 1024;
 
 type Recovery = Shared<LocalBoxFuture<'static, Result<(), String>>>;
 type Observer = Box<dyn Fn(&RecoveryNote)>;
@@ -186,11 +192,9 @@ impl ResilientProcess {
         impl Future<Output = Result<(), Error>> + 'static + use<>,
     ) {
         let (process, started) = command.spawn_pipelined(session.executor());
-        let detached = resume.as_ref().map(|(_, grace)| {
-            let process = process.clone();
-            let grace = *grace;
-            async move { process.detachable(grace).await }
-        });
+        // Sent now, pipelined behind the start, so no output can be lost
+        // to a break between the start and the detach.
+        let detached = resume.as_ref().map(|(_, grace)| process.detachable(*grace));
         let handle = ResilientProcess {
             inner: Rc::new(Inner {
                 current: RefCell::new(Attached {
@@ -210,12 +214,14 @@ impl ResilientProcess {
                 observer: RefCell::new(None),
             }),
         };
-        let inner = Rc::clone(&handle.inner);
+        let inner = Rc::downgrade(&handle.inner);
         let ready = async move {
             started.await?;
             if let Some(detached) = detached {
                 let token = detached.await?;
-                if let Some(resume) = &inner.resume {
+                if let Some(inner) = inner.upgrade()
+                    && let Some(resume) = &inner.resume
+                {
                     *resume.token.borrow_mut() = Some(token);
                 }
             }
@@ -293,75 +299,51 @@ impl ResilientProcess {
         })
     }
 
+    /// The recovery holds the handle weakly: it is stored in the handle,
+    /// and a handle dropped during a recovery must still be freed.
     fn start_recovery(&self, cause: String) -> Recovery {
-        let handle = self.clone();
+        let inner = Rc::downgrade(&self.inner);
+        let plan = match &self.inner.resume {
+            None => Err("recovery is not enabled".to_string()),
+            Some(resume) => match resume.token.borrow().clone() {
+                None => Err("the connection broke before the process was detachable".to_string()),
+                Some(token) => Ok((Rc::clone(&resume.connect), token, resume.grace)),
+            },
+        };
         async move {
-            let outcome = handle.reattach(cause).await;
-            *handle.inner.recovery.borrow_mut() = None;
-            match &outcome {
-                Ok(()) => handle.note(&RecoveryNote::Restored),
+            let outcome = match plan {
+                Ok((connect, token, grace)) => {
+                    note(&inner, &RecoveryNote::Lost { cause, grace });
+                    reattach(&connect, &token, grace).await
+                }
+                Err(reason) => Err(reason),
+            };
+            let Some(inner) = inner.upgrade() else {
+                return Err("the process handle was dropped".to_string());
+            };
+            *inner.recovery.borrow_mut() = None;
+            match outcome {
+                Ok((process, session)) => {
+                    {
+                        let mut current = inner.current.borrow_mut();
+                        current.process = process;
+                        current._session = Some(session);
+                        current.epoch += 1;
+                    }
+                    inner.note(&RecoveryNote::Restored);
+                    Ok(())
+                }
                 Err(reason) => {
-                    *handle.inner.failed.borrow_mut() = Some(reason.clone());
-                    handle.note(&RecoveryNote::Failed {
+                    *inner.failed.borrow_mut() = Some(reason.clone());
+                    inner.note(&RecoveryNote::Failed {
                         reason: reason.clone(),
                     });
+                    Err(reason)
                 }
             }
-            outcome
         }
         .boxed_local()
         .shared()
-    }
-
-    /// Reconnects and restores until it works or the grace is over.
-    async fn reattach(&self, cause: String) -> Result<(), String> {
-        let Some(resume) = &self.inner.resume else {
-            return Err("recovery is not enabled".to_string());
-        };
-        let Some(token) = resume.token.borrow().clone() else {
-            return Err("the connection broke before the process was detachable".to_string());
-        };
-        self.note(&RecoveryNote::Lost {
-            cause,
-            grace: resume.grace,
-        });
-        let deadline = Instant::now() + resume.grace;
-        let mut wait = FIRST_RETRY;
-        loop {
-            let attempt = async {
-                let session = (resume.connect)().await?;
-                let (process, restored) = restore(session.executor(), &token);
-                restored.await?;
-                Ok::<_, Error>((process, session))
-            };
-            match attempt.await {
-                Ok((process, session)) => {
-                    let mut current = self.inner.current.borrow_mut();
-                    current.process = process;
-                    current._session = Some(session);
-                    current.epoch += 1;
-                    return Ok(());
-                }
-                Err(error) if error.is_transport_loss() && Instant::now() + wait < deadline => {
-                    tracing::debug!(%error, "cannot restore the process yet");
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(MAX_RETRY);
-                }
-                Err(error) if error.is_transport_loss() => {
-                    return Err(format!(
-                        "gave up after {}s: {error}",
-                        resume.grace.as_secs()
-                    ));
-                }
-                Err(error) => return Err(error.to_string()),
-            }
-        }
-    }
-
-    fn note(&self, note: &RecoveryNote) {
-        if let Some(observer) = self.inner.observer.borrow().as_ref() {
-            observer(note);
-        }
     }
 
     /// Events after `after_seq`; waits up to `wait` for the first one. A
@@ -441,6 +423,14 @@ impl ResilientProcess {
     }
 
     fn enqueue(&self, kind: OutgoingKind) -> PendingWrite {
+        if self.inner.outbox.borrow().len() >= MAX_UNANSWERED_WRITES {
+            return PendingWrite::from_outcome(tokio::task::spawn_local(async {
+                Err(Error::Rpc(capnp::Error::overloaded(format!(
+                    "{MAX_UNANSWERED_WRITES} stdin calls already wait for an answer; \
+                     wait for some of them before sending more"
+                ))))
+            }));
+        }
         let (reply, outcome) = oneshot::channel();
         let mut outgoing = Outgoing {
             kind,
@@ -561,6 +551,53 @@ impl ResilientProcess {
     }
 }
 
+impl Inner {
+    fn note(&self, note: &RecoveryNote) {
+        if let Some(observer) = self.observer.borrow().as_ref() {
+            observer(note);
+        }
+    }
+}
+
+fn note(inner: &Weak<Inner>, recovery_note: &RecoveryNote) {
+    if let Some(inner) = inner.upgrade() {
+        inner.note(recovery_note);
+    }
+}
+
+/// Reconnects and restores until it works or the grace is over; each
+/// attempt is bounded by what is left of the grace, so a peer that accepts
+/// but never answers cannot hold the recovery past it.
+async fn reattach(
+    connect: &Connect,
+    token: &str,
+    grace: Duration,
+) -> Result<(RemoteProcess, Session), String> {
+    let deadline = Instant::now() + grace;
+    let gave_up =
+        |error: &dyn std::fmt::Display| format!("gave up after {}s: {error}", grace.as_secs());
+    let mut wait = FIRST_RETRY;
+    loop {
+        let attempt = async {
+            let session = connect().await?;
+            let (process, restored) = restore(session.executor(), token);
+            restored.await?;
+            Ok::<_, Error>((process, session))
+        };
+        match tokio::time::timeout_at(deadline, attempt).await {
+            Ok(Ok(reattached)) => return Ok(reattached),
+            Ok(Err(error)) if error.is_transport_loss() && Instant::now() + wait < deadline => {
+                tracing::debug!(%error, "cannot restore the process yet");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(MAX_RETRY);
+            }
+            Ok(Err(error)) if error.is_transport_loss() => return Err(gave_up(&error)),
+            Ok(Err(error)) => return Err(error.to_string()),
+            Err(_elapsed) => return Err(gave_up(&"no answer from the server")),
+        }
+    }
+}
+
 fn send(process: &RemoteProcess, kind: &OutgoingKind) -> JoinHandle<Result<WriteStatus, Error>> {
     match kind {
         OutgoingKind::Write { data, write_id } => {
@@ -597,11 +634,13 @@ impl ResilientEvents {
     /// server no longer retains events that were missed while the
     /// connection was broken, [`Error::OutputLost`] says exactly which.
     pub async fn next_batch(&mut self) -> Option<Result<Vec<Event>, Error>> {
+        // Cancel-safe: the stream stays in `self` while it is awaited, and
+        // `last_seq` and `resumed` change only with what is returned.
         loop {
             if self.done {
                 return None;
             }
-            let Some((mut stream, epoch)) = self.stream.take() else {
+            let Some((stream, epoch)) = self.stream.as_mut() else {
                 let (process, epoch) = match self.process.attached() {
                     Ok(attached) => attached,
                     Err(error) => return Some(Err(error)),
@@ -617,34 +656,31 @@ impl ResilientEvents {
                 }
                 continue;
             };
+            let epoch = *epoch;
             match stream.next_batch().await {
                 Some(Ok(batch)) => {
-                    self.stream = Some((stream, epoch));
                     let fresh: Vec<Event> = batch
                         .into_iter()
                         .filter(|e| e.seq > self.last_seq)
                         .collect();
-                    if self.resumed
-                        && let Some(Event {
-                            seq,
-                            body: EventBody::Gap { from_seq },
-                        }) = fresh.first()
-                    {
-                        self.done = true;
-                        return Some(Err(Error::OutputLost {
-                            from_seq: *from_seq,
-                            to_seq: *seq,
-                        }));
-                    }
-                    let Some(last) = fresh.last() else {
+                    let Some(first) = fresh.first() else {
                         continue;
                     };
+                    if self.resumed
+                        && let Some(lost) = missed_while_away(self.last_seq, first)
+                    {
+                        self.done = true;
+                        return Some(Err(lost));
+                    }
                     self.resumed = false;
-                    self.last_seq = last.seq;
-                    self.done = matches!(last.body, EventBody::Closed);
+                    if let Some(last) = fresh.last() {
+                        self.last_seq = last.seq;
+                        self.done = matches!(last.body, EventBody::Closed);
+                    }
                     return Some(Ok(fresh));
                 }
                 Some(Err(error)) => {
+                    self.stream = None;
                     if let Err(error) = self.recover_from(epoch, error).await {
                         self.done = true;
                         return Some(Err(error));
@@ -672,8 +708,25 @@ impl ResilientEvents {
         if !error.is_transport_loss() || self.process.inner.resume.is_none() {
             return Err(error);
         }
-        self.process.recover(epoch, &error).await?;
+        // Set first: if this call is cancelled during the recovery, the
+        // next one still checks what it resubscribes to.
         self.resumed = true;
-        Ok(())
+        self.process.recover(epoch, &error).await
+    }
+}
+
+/// What the first event after a resubscription says was lost, if anything:
+/// a `gap`, or (from a server that did not say so) a jump in seqs.
+fn missed_while_away(last_seq: u64, first: &Event) -> Option<Error> {
+    match first.body {
+        EventBody::Gap { from_seq } => Some(Error::OutputLost {
+            from_seq,
+            to_seq: first.seq,
+        }),
+        _ if first.seq != last_seq + 1 => Some(Error::OutputLost {
+            from_seq: last_seq + 1,
+            to_seq: first.seq - 1,
+        }),
+        _ => None,
     }
 }

@@ -206,6 +206,7 @@ impl Server {
             task.abort();
         }
         environments.close_upstreams();
+        environments.detachments().clear();
         self.engine.shutdown().await;
         self.remove_socket_files();
         tracing::info!("shut down");

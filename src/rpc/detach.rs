@@ -33,7 +33,10 @@ type Key = [u8; 32];
 pub(crate) struct Held {
     owner: ProcessOwner,
     detach: RefCell<Option<Detach>>,
-    registry: Rc<Detachments>,
+    /// `Process` capabilities that are alive for this process.
+    attached: Cell<usize>,
+    /// Weak: the registry holds parked processes, which hold this.
+    registry: Weak<Detachments>,
 }
 
 struct Detach {
@@ -43,12 +46,28 @@ struct Detach {
 }
 
 impl Held {
-    pub(crate) fn new(owner: ProcessOwner, registry: Rc<Detachments>) -> Rc<Held> {
+    pub(crate) fn new(owner: ProcessOwner, registry: &Rc<Detachments>) -> Rc<Held> {
         Rc::new(Held {
             owner,
             detach: RefCell::new(None),
-            registry,
+            attached: Cell::new(0),
+            registry: Rc::downgrade(registry),
         })
+    }
+
+    /// A `Process` capability for this process was made.
+    pub(crate) fn attach(&self) {
+        self.attached.set(self.attached.get() + 1);
+    }
+
+    /// A `Process` capability for this process went; the last one parks a
+    /// detachable process.
+    pub(crate) fn detach_capability(self: &Rc<Self>) {
+        let attached = self.attached.get().saturating_sub(1);
+        self.attached.set(attached);
+        if attached == 0 {
+            self.park_if_detachable();
+        }
     }
 
     pub(crate) fn owner(&self) -> &ProcessOwner {
@@ -73,12 +92,17 @@ impl Held {
             detach.grace = grace;
             return Ok(detach.token.clone());
         }
+        let Some(registry) = self.registry.upgrade() else {
+            return Err(capnp::Error::failed(
+                "the server is shutting down; processes cannot be made detachable".into(),
+            ));
+        };
         let token = crate::secret::random_hex(32).map_err(|error| {
             capnp::Error::failed(format!("cannot make a restore token: {error}"))
         })?;
-        self.registry.start_expiring();
+        registry.start_expiring();
         let key = crate::secret::digest(&token);
-        self.registry.entries.borrow_mut().insert(
+        registry.entries.borrow_mut().insert(
             key,
             Entry {
                 held: Rc::downgrade(self),
@@ -93,26 +117,30 @@ impl Held {
         Ok(token)
     }
 
-    /// Called as the last capability for the process goes: parks it if it
-    /// is detachable. Returns whether it did.
-    pub(crate) fn park_if_detachable(self: &Rc<Self>) -> bool {
+    /// Parks the process if it is detachable and the server still runs.
+    fn park_if_detachable(self: &Rc<Self>) {
         let Some((key, grace)) = self
             .detach
             .borrow()
             .as_ref()
             .map(|detach| (detach.key, detach.grace))
         else {
-            return false;
+            return;
         };
-        self.registry.park(key, Rc::clone(self), grace);
-        true
+        if let Some(registry) = self.registry.upgrade() {
+            registry.park(key, Rc::clone(self), grace);
+        }
     }
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        if let Some(detach) = self.detach.get_mut() {
-            let entry = self.registry.entries.borrow_mut().remove(&detach.key);
+        if let Some(detach) = self.detach.get_mut()
+            && let Some(registry) = self.registry.upgrade()
+        {
+            // Never ours while parked (a parked entry holds us), and the
+            // registry is not borrowed while it drops a parked process.
+            let entry = registry.entries.borrow_mut().remove(&detach.key);
             drop(entry);
         }
     }
@@ -151,8 +179,8 @@ pub struct Detachments {
 }
 
 impl Detachments {
-    /// Finished, parked processes stay restorable for `retention` (after
-    /// their release or close, and at least for their grace).
+    /// Finished, parked processes stay restorable for `retention` after
+    /// their release or their close, whichever is later.
     pub fn new(retention: Duration) -> Rc<Detachments> {
         Rc::new(Detachments {
             entries: RefCell::new(HashMap::new()),
@@ -169,6 +197,14 @@ impl Detachments {
             .values()
             .filter(|entry| entry.parked.is_some())
             .count()
+    }
+
+    /// Ends every park now (the server is shutting down): the processes are
+    /// terminated as if released.
+    pub fn clear(&self) {
+        let entries: Vec<Entry> = self.entries.borrow_mut().drain().map(|(_, e)| e).collect();
+        // Dropped outside the borrow: dropping a process touches the map.
+        drop(entries);
     }
 
     fn park(self: &Rc<Self>, key: Key, held: Rc<Held>, grace: Duration) {
@@ -292,8 +328,9 @@ impl Detachments {
 }
 
 /// Waits until the park may end: the grace period, or for a process that
-/// finishes, the later of the grace period and the retention after it
-/// closed. Ends early, with `Aborted`, if the process is restored.
+/// finishes first, the retention after its close (or after the park, if it
+/// had closed before). Ends early, with `Aborted`, if the process is
+/// restored.
 fn wait_out(expiry: Expiry, retention: Duration) -> Abortable<impl Future<Output = (Key, u64)>> {
     let Expiry {
         key,
@@ -316,10 +353,78 @@ async fn wait_park(
     let grace_ends = Instant::now() + grace;
     tokio::select! {
         biased;
-        _ = process.wait_closed() => {
-            tokio::time::sleep_until(grace_ends.max(Instant::now() + retention)).await;
-        }
+        _ = process.wait_closed() => tokio::time::sleep(retention).await,
         _ = tokio::time::sleep_until(grace_ends) => {}
     }
     expiry
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{Engine, ProcessLimits, StartSpec};
+
+    fn on_local_set(body: impl Future<Output = ()>) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        tokio::task::LocalSet::new().block_on(&runtime, body);
+    }
+
+    async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out waiting until {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// A finished process is kept for the retention, not for its (long)
+    /// grace.
+    #[test]
+    fn a_finished_park_ends_after_the_retention_not_the_grace() {
+        on_local_set(async {
+            let engine = Engine::new(ProcessLimits::default());
+            let registry = Detachments::new(Duration::from_millis(50));
+            let owner = engine.start(&StartSpec::new(["true"])).expect("start");
+            let process = owner.handle();
+            let held = Held::new(owner, &registry);
+            held.attach();
+            let token = held.make_detachable(MAX_GRACE).expect("detachable");
+            process.wait_closed().await;
+            held.detach_capability();
+            drop(held);
+            assert_eq!(registry.parked(), 1);
+            eventually("the park ends", || registry.parked() == 0).await;
+            assert!(registry.restore(&token).is_err());
+        });
+    }
+
+    /// Server shutdown ends parks, and nothing keeps the registry alive.
+    #[test]
+    fn clear_ends_every_park_and_frees_the_registry() {
+        on_local_set(async {
+            let engine = Engine::new(ProcessLimits::default());
+            let registry = Detachments::new(DEFAULT_RETENTION);
+            let owner = engine
+                .start(&StartSpec::new(["sleep", "1000"]))
+                .expect("start");
+            let process = owner.handle();
+            let held = Held::new(owner, &registry);
+            held.attach();
+            held.make_detachable(MAX_GRACE).expect("detachable");
+            held.detach_capability();
+            drop(held);
+            assert_eq!(registry.parked(), 1);
+            registry.clear();
+            assert_eq!(registry.parked(), 0);
+            tokio::time::timeout(Duration::from_secs(30), process.wait_closed())
+                .await
+                .expect("the cleared process is terminated");
+            let weak = Rc::downgrade(&registry);
+            drop(registry);
+            assert!(weak.upgrade().is_none(), "a reference cycle kept it alive");
+        });
+    }
 }

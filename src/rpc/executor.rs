@@ -74,7 +74,7 @@ impl executor::Server for ExecutorImpl {
             .get()
             .set_process(capnp_rpc::new_client(ProcessImpl::new(Held::new(
                 owner,
-                Rc::clone(self.environments.detachments()),
+                self.environments.detachments(),
             ))));
         Ok(())
     }

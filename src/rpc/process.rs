@@ -25,6 +25,7 @@ pub struct ProcessImpl {
 
 impl ProcessImpl {
     pub(crate) fn new(held: std::rc::Rc<Held>) -> ProcessImpl {
+        held.attach();
         ProcessImpl { held }
     }
 
@@ -35,9 +36,7 @@ impl ProcessImpl {
 
 impl Drop for ProcessImpl {
     fn drop(&mut self) {
-        if std::rc::Rc::strong_count(&self.held) == 1 {
-            self.held.park_if_detachable();
-        }
+        self.held.detach_capability();
     }
 }
 
