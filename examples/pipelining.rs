@@ -15,16 +15,16 @@
 //! yet, so everything goes out in one flight and the flow takes about one
 //! round trip (plus the time `cat` itself needs).
 
+#[path = "support/pipelining_flows.rs"]
+mod flows;
 #[path = "../tests/common/proxy.rs"]
 mod proxy;
 
 use std::time::{Duration, Instant};
 
-use capexec::client::{Command, RemoteProcess, Stdin};
+use capexec::client::Command;
 use capexec::engine::Engine;
-use capexec::model::EventBody;
 use capexec::net::{Address, Server, ServerConfig};
-use futures::StreamExt;
 
 const DELAY: Duration = Duration::from_millis(25);
 
@@ -54,49 +54,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             DELAY.as_millis(),
             2 * DELAY.as_millis()
         );
-        let mut cat = Command::new("cat");
-        cat.stdin(Stdin::Piped);
         // The first call also sends the connection's bootstrap: warm it up.
         Command::new("true").status(&executor).await?;
 
         proxy.reset();
         let started = Instant::now();
-        let process = cat.spawn(&executor).await?;
-        process.write(b"sequential\n", "w1").await?;
-        process.close_stdin().await?;
-        let output = read_until_closed(&process).await?;
+        let output = flows::sequential(&executor, b"sequential\n").await?;
         report("sequential", started, &proxy, &output);
-        drop(process);
 
         proxy.reset();
         let started = Instant::now();
-        let (process, spawned) = cat.spawn_pipelined(&executor);
-        let write = process.write_in_order(b"pipelined\n", "w1");
-        let (spawned, closed, output) =
-            tokio::join!(spawned, process.close_stdin(), read_until_closed(&process));
-        spawned?;
-        write.outcome().await?;
-        closed?;
-        report("pipelined", started, &proxy, &output?);
+        let output = flows::pipelined(&executor, b"pipelined\n").await?;
+        report("pipelined", started, &proxy, &output);
         if proxy.flights() != 1 {
             return Err("the pipelined flow took more than one round trip".into());
         }
         Ok(())
     })
-}
-
-/// Every output byte until the `closed` event, from one subscription.
-async fn read_until_closed(process: &RemoteProcess) -> Result<String, capexec::client::Error> {
-    let mut events = process.events(0).await?;
-    let mut output = Vec::new();
-    while let Some(event) = events.next().await {
-        match event?.body {
-            EventBody::Output { data, .. } => output.extend_from_slice(&data),
-            EventBody::Closed => break,
-            _ => {}
-        }
-    }
-    Ok(String::from_utf8_lossy(&output).into_owned())
 }
 
 fn report(name: &str, started: Instant, proxy: &proxy::Proxy, output: &str) {

@@ -8,7 +8,7 @@
 //! depend on an answer. Calls sent back to back, pipelined on answers not yet
 //! received, share one flight however the scheduler interleaves them.
 //!
-//! Shared by the tests and `examples/pipelining.rs`.
+//! Shared by the tests, `examples/pipelining.rs` and the benchmarks.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;

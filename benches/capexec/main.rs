@@ -1,0 +1,138 @@
+//! capexec's cost next to the physical baseline, every case in one run so
+//! that machine noise cancels out in the ratios.
+//!
+//! ```sh
+//! cargo bench --bench capexec                       # full sizes (a few minutes)
+//! cargo bench --bench capexec -- --quick            # every case, small sizes
+//! cargo bench --bench capexec -- --svg docs/benchmarks.svg --markdown table.md
+//! cargo bench --bench capexec -- --only latency     # one section
+//! ```
+//!
+//! Servers are real `capexec serve` processes (Unix socket, TCP with a
+//! token, and a two-server chain); the clients run in this process. Cases
+//! alternate their variants round by round, so a burst of noise lands on
+//! all of them. Sections: latency, output, stdin, pipelining, scale.
+
+mod latency;
+mod output;
+mod pipelining;
+mod report;
+mod scale;
+mod servers;
+mod stdin;
+mod wall;
+
+use std::error::Error;
+
+use report::Report;
+
+/// Sizes and repetitions: full, or `--quick` for a smoke run.
+#[derive(Clone, Copy)]
+pub struct Plan {
+    pub quick: bool,
+    pub latency_runs: usize,
+    pub warmup_runs: usize,
+    pub cli_runs: usize,
+    pub output_bytes: u64,
+    pub output_rounds: usize,
+    pub stdin_bytes: u64,
+    pub stdin_rounds: usize,
+    pub pipelining_rounds: usize,
+    pub concurrent: usize,
+    pub sequential: usize,
+}
+
+impl Plan {
+    fn new(quick: bool) -> Plan {
+        if quick {
+            Plan {
+                quick,
+                latency_runs: 20,
+                warmup_runs: 5,
+                cli_runs: 5,
+                output_bytes: 16 << 20,
+                output_rounds: 1,
+                stdin_bytes: 4 << 20,
+                stdin_rounds: 1,
+                pipelining_rounds: 2,
+                concurrent: 50,
+                sequential: 200,
+            }
+        } else {
+            Plan {
+                quick,
+                latency_runs: 1000,
+                warmup_runs: 100,
+                cli_runs: 300,
+                output_bytes: 1 << 30,
+                output_rounds: 3,
+                stdin_bytes: 256 << 20,
+                stdin_rounds: 3,
+                pipelining_rounds: 10,
+                concurrent: 1000,
+                sequential: 10_000,
+            }
+        }
+    }
+}
+
+const SECTIONS: [&str; 5] = ["latency", "output", "stdin", "pipelining", "scale"];
+
+fn main() -> Result<(), Box<dyn Error>> {
+    let mut quick = false;
+    let (mut svg, mut markdown, mut only) = (None, None, Vec::new());
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--quick" => quick = true,
+            "--svg" => svg = Some(args.next().ok_or("--svg FILE")?),
+            "--markdown" => markdown = Some(args.next().ok_or("--markdown FILE")?),
+            "--only" => only.push(args.next().ok_or("--only SECTION")?),
+            // What `cargo bench` adds.
+            "--bench" => {}
+            other => return Err(format!("unknown argument {other:?}").into()),
+        }
+    }
+    if let Some(unknown) = only.iter().find(|s| !SECTIONS.contains(&s.as_str())) {
+        return Err(format!("unknown section {unknown:?}; sections: {SECTIONS:?}").into());
+    }
+    let wanted = |section: &str| only.is_empty() || only.iter().any(|s| s == section);
+    let plan = Plan::new(quick);
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let local = tokio::task::LocalSet::new();
+    let report = local.block_on(&runtime, async {
+        let mut report = Report::new(quick);
+        let servers = servers::Servers::start().await?;
+        eprintln!("servers up: {servers}");
+        if wanted("latency") {
+            latency::run(&plan, &servers, &mut report).await?;
+        }
+        if wanted("output") {
+            output::run(&plan, &servers, &mut report).await?;
+        }
+        if wanted("stdin") {
+            stdin::run(&plan, &servers, &mut report).await?;
+        }
+        if wanted("pipelining") {
+            pipelining::run(&plan, &mut report).await?;
+        }
+        if wanted("scale") {
+            scale::run(&plan, &mut report).await?;
+        }
+        Ok::<_, Box<dyn Error>>(report)
+    })?;
+
+    print!("{}", report.text());
+    if let Some(path) = markdown {
+        std::fs::write(&path, report.markdown())?;
+        eprintln!("wrote {path}");
+    }
+    if let Some(path) = svg {
+        std::fs::write(&path, report.svg())?;
+        eprintln!("wrote {path}");
+    }
+    Ok(())
+}

@@ -1,0 +1,376 @@
+//! The results: a table of timed cases against their baselines, figures
+//! that are not times, and the same as Markdown and as an SVG chart.
+
+use std::fmt::Write;
+use std::time::Duration;
+
+/// What a case must reach, as a ratio to its baseline's median.
+#[derive(Clone, Copy)]
+pub enum Target {
+    /// Takes at most this many times the baseline's time.
+    AtMost(f64),
+    /// Moves at least this share of the baseline's bytes per second.
+    AtLeastShare(f64),
+}
+
+struct Row {
+    section: &'static str,
+    name: String,
+    samples: Vec<Duration>,
+    /// Index of the baseline row; `None` for a baseline.
+    baseline: Option<usize>,
+    bytes: Option<u64>,
+    target: Option<Target>,
+    note: String,
+}
+
+struct Figure {
+    section: &'static str,
+    name: String,
+    value: String,
+    verdict: Option<(String, bool)>,
+}
+
+impl Figure {
+    fn verdict_text(&self) -> String {
+        self.verdict
+            .as_ref()
+            .map(|(target, ok)| met(*ok, target))
+            .unwrap_or_default()
+    }
+}
+
+pub struct Report {
+    quick: bool,
+    rows: Vec<Row>,
+    figures: Vec<Figure>,
+}
+
+/// A handle on a baseline row, for the rows measured against it.
+#[derive(Clone, Copy)]
+pub struct Baseline(usize);
+
+impl Report {
+    pub fn new(quick: bool) -> Report {
+        Report {
+            quick,
+            rows: Vec::new(),
+            figures: Vec::new(),
+        }
+    }
+
+    pub fn baseline(
+        &mut self,
+        section: &'static str,
+        name: impl Into<String>,
+        samples: Vec<Duration>,
+        bytes: Option<u64>,
+    ) -> Baseline {
+        self.rows.push(Row {
+            section,
+            name: name.into(),
+            samples: sorted(samples),
+            baseline: None,
+            bytes,
+            target: None,
+            note: String::new(),
+        });
+        Baseline(self.rows.len() - 1)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn case(
+        &mut self,
+        section: &'static str,
+        name: impl Into<String>,
+        samples: Vec<Duration>,
+        baseline: Baseline,
+        bytes: Option<u64>,
+        target: Option<Target>,
+        note: impl Into<String>,
+    ) {
+        self.rows.push(Row {
+            section,
+            name: name.into(),
+            samples: sorted(samples),
+            baseline: Some(baseline.0),
+            bytes,
+            target,
+            note: note.into(),
+        });
+    }
+
+    /// A figure that is not a time; `verdict` is the target and whether it
+    /// was met.
+    pub fn figure(
+        &mut self,
+        section: &'static str,
+        name: impl Into<String>,
+        value: impl Into<String>,
+        verdict: Option<(String, bool)>,
+    ) {
+        self.figures.push(Figure {
+            section,
+            name: name.into(),
+            value: value.into(),
+            verdict,
+        });
+    }
+
+    fn cells(&self, row: &Row) -> [String; 7] {
+        let median = median(&row.samples);
+        let (ratio, verdict) = match row.baseline {
+            None => ("baseline".to_string(), String::new()),
+            Some(base) => {
+                let ratio = secs(median) / secs(median_of(&self.rows[base]));
+                let shown = match row.bytes {
+                    Some(_) => format!("{ratio:.2}x ({:.0} %)", 100.0 / ratio),
+                    None => format!("{ratio:.2}x"),
+                };
+                let verdict = match row.target {
+                    Some(Target::AtMost(limit)) => met(ratio <= limit, &format!("<= {limit}x")),
+                    Some(Target::AtLeastShare(share)) => {
+                        met(1.0 / ratio >= share, &format!(">= {:.0} %", share * 100.0))
+                    }
+                    None => String::new(),
+                };
+                (shown, verdict)
+            }
+        };
+        let rate = row
+            .bytes
+            .map(|bytes| {
+                format!(
+                    "{:.0} MiB/s",
+                    bytes as f64 / (1 << 20) as f64 / secs(median)
+                )
+            })
+            .unwrap_or_default();
+        let name = if row.note.is_empty() {
+            row.name.clone()
+        } else {
+            format!("{} ({})", row.name, row.note)
+        };
+        [
+            name,
+            show(median),
+            show(row.samples[0]),
+            show(*row.samples.last().unwrap_or(&Duration::ZERO)),
+            rate,
+            ratio,
+            verdict,
+        ]
+    }
+
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        let header = [
+            "case",
+            "median",
+            "min",
+            "max",
+            "rate",
+            "vs baseline",
+            "target",
+        ];
+        let mut section = "";
+        let table: Vec<(&str, [String; 7])> = self
+            .rows
+            .iter()
+            .map(|row| (row.section, self.cells(row)))
+            .collect();
+        let mut widths = header.map(str::len);
+        for (_, cells) in &table {
+            for (width, cell) in widths.iter_mut().zip(cells) {
+                *width = (*width).max(cell.chars().count());
+            }
+        }
+        let line = |cells: &[String]| {
+            let mut text = String::new();
+            for (i, (cell, width)) in cells.iter().zip(widths).enumerate() {
+                let pad = width - cell.chars().count();
+                if i == 0 {
+                    let _ = write!(text, "{cell}{}", " ".repeat(pad));
+                } else {
+                    let _ = write!(text, "  {}{cell}", " ".repeat(pad));
+                }
+            }
+            text.trim_end().to_string()
+        };
+        let _ = writeln!(out, "{}", line(&header.map(String::from)));
+        for (row_section, cells) in &table {
+            if *row_section != section {
+                section = row_section;
+                let _ = writeln!(out, "-- {section}");
+            }
+            let _ = writeln!(out, "{}", line(cells));
+        }
+        for figure in &self.figures {
+            let _ = writeln!(
+                out,
+                "{:<11} {}: {} {}",
+                figure.section,
+                figure.name,
+                figure.value,
+                figure.verdict_text()
+            );
+        }
+        if self.quick {
+            let _ = writeln!(
+                out,
+                "(--quick: small sizes, a smoke run; figures are not meaningful)"
+            );
+        }
+        out
+    }
+
+    pub fn markdown(&self) -> String {
+        let mut out = String::from(
+            "| case | median | min | max | rate | vs baseline | target |\n\
+             |---|--:|--:|--:|--:|--:|---|\n",
+        );
+        let mut section = "";
+        for row in &self.rows {
+            if row.section != section {
+                section = row.section;
+                let _ = writeln!(out, "| **{section}** | | | | | | |");
+            }
+            let _ = writeln!(out, "| {} |", self.cells(row).join(" | "));
+        }
+        out.push_str("\n| figure | value | target |\n|---|---|---|\n");
+        for figure in &self.figures {
+            let _ = writeln!(
+                out,
+                "| {}: {} | {} | {} |",
+                figure.section,
+                figure.name,
+                figure.value,
+                figure.verdict_text()
+            );
+        }
+        out
+    }
+
+    /// A horizontal bar per case: its time as a multiple of its baseline's
+    /// (1x = as fast as running it locally), with its target marked.
+    pub fn svg(&self) -> String {
+        let cases: Vec<(&Row, f64)> = self
+            .rows
+            .iter()
+            .filter_map(|row| {
+                let base = row.baseline?;
+                let ratio = secs(median(&row.samples)) / secs(median_of(&self.rows[base]));
+                Some((row, ratio))
+            })
+            .collect();
+        let (label_width, bar_width, row_height, top) = (360.0, 420.0, 22.0, 46.0);
+        let scale_max = cases
+            .iter()
+            .map(|(_, ratio)| *ratio)
+            .fold(2.0_f64, f64::max)
+            .min(12.0)
+            .ceil();
+        let x = |ratio: f64| label_width + bar_width * ratio.min(scale_max) / scale_max;
+        let height = top + row_height * cases.len() as f64 + 30.0;
+        let width = label_width + bar_width + 90.0;
+        let mut svg = format!(
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" \
+             font-family=\"sans-serif\" font-size=\"12\">\n\
+             <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+             <text x=\"10\" y=\"20\" font-size=\"14\" font-weight=\"bold\">capexec time as a \
+             multiple of the local baseline (median; lower is better)</text>\n\
+             <text x=\"10\" y=\"36\" fill=\"#555\">| marks the target; 1x = running it locally</text>\n"
+        );
+        for tick in 0..=scale_max as u32 {
+            let tx = x(f64::from(tick));
+            let _ = writeln!(
+                svg,
+                "<line x1=\"{tx}\" y1=\"{top}\" x2=\"{tx}\" y2=\"{}\" stroke=\"#ddd\"/>\
+                 <text x=\"{tx}\" y=\"{}\" text-anchor=\"middle\" fill=\"#555\">{tick}x</text>",
+                height - 24.0,
+                height - 10.0
+            );
+        }
+        for (i, (row, ratio)) in cases.iter().enumerate() {
+            let y = top + row_height * i as f64;
+            let limit = match row.target {
+                Some(Target::AtMost(limit)) => Some(limit),
+                Some(Target::AtLeastShare(share)) => Some(1.0 / share),
+                None => None,
+            };
+            let colour = match limit {
+                Some(limit) if *ratio > limit => "#d9534f",
+                Some(_) => "#5cb85c",
+                None => "#5b8bd9",
+            };
+            let _ = writeln!(
+                svg,
+                "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\
+                 <rect x=\"{label_width}\" y=\"{}\" width=\"{:.1}\" height=\"{}\" fill=\"{colour}\"/>\
+                 <text x=\"{:.1}\" y=\"{}\">{ratio:.2}x</text>",
+                label_width - 8.0,
+                y + 15.0,
+                escape(&format!("{}: {}", row.section, row.name)),
+                y + 3.0,
+                x(*ratio) - label_width,
+                row_height - 6.0,
+                x(*ratio) + 4.0,
+                y + 15.0,
+            );
+            if let Some(limit) = limit {
+                let lx = x(limit);
+                let _ = writeln!(
+                    svg,
+                    "<line x1=\"{lx:.1}\" y1=\"{}\" x2=\"{lx:.1}\" y2=\"{}\" stroke=\"black\" \
+                     stroke-width=\"2\"/>",
+                    y + 1.0,
+                    y + row_height - 1.0
+                );
+            }
+        }
+        svg.push_str("</svg>\n");
+        svg
+    }
+}
+
+fn met(ok: bool, target: &str) -> String {
+    if ok {
+        format!("met ({target})")
+    } else {
+        format!("MISSED ({target})")
+    }
+}
+
+fn sorted(mut samples: Vec<Duration>) -> Vec<Duration> {
+    samples.sort();
+    samples
+}
+
+fn median(samples: &[Duration]) -> Duration {
+    samples.get(samples.len() / 2).copied().unwrap_or_default()
+}
+
+fn median_of(row: &Row) -> Duration {
+    median(&row.samples)
+}
+
+fn secs(duration: Duration) -> f64 {
+    duration.as_secs_f64().max(1e-9)
+}
+
+fn show(duration: Duration) -> String {
+    let micros = duration.as_secs_f64() * 1e6;
+    if micros < 10_000.0 {
+        format!("{micros:.0} µs")
+    } else if micros < 10_000_000.0 {
+        format!("{:.1} ms", micros / 1000.0)
+    } else {
+        format!("{:.2} s", micros / 1e6)
+    }
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}

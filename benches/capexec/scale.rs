@@ -1,0 +1,151 @@
+//! Scale: many concurrent idle processes on one server (start time, server
+//! memory and descriptors per process), then many short processes one
+//! after another (rate, and whether anything drifts).
+
+use std::error::Error;
+use std::time::Instant;
+
+use capexec::client::Command;
+use futures::future::join_all;
+
+use crate::Plan;
+use crate::report::Report;
+use crate::servers::{Serve, Usage};
+
+const SECTION: &str = "scale";
+/// Target: server memory per idle process, output excluded.
+const MAX_RSS_PER_PROCESS_KIB: f64 = 64.0;
+
+pub async fn run(plan: &Plan, report: &mut Report) -> Result<(), Box<dyn Error>> {
+    // A fresh server, so its figures are this section's alone.
+    let serve = Serve::start(false, &[])?;
+    let (executor, _connection) = serve.connect().await?;
+    Command::new("true").status(&executor).await?;
+    concurrent(plan, &serve, &executor, report).await?;
+    sequential(plan, &serve, &executor, report).await
+}
+
+async fn concurrent(
+    plan: &Plan,
+    serve: &Serve,
+    executor: &capexec::capexec_capnp::executor::Client,
+    report: &mut Report,
+) -> Result<(), Box<dyn Error>> {
+    let n = plan.concurrent;
+    eprintln!("scale: {n} concurrent `sleep 2`");
+    let before = serve.usage()?;
+    let mut sleep = Command::new("sleep");
+    sleep.arg("2");
+    let started = Instant::now();
+    let (processes, spawned): (Vec<_>, Vec<_>) =
+        (0..n).map(|_| sleep.spawn_pipelined(executor)).unzip();
+    for outcome in join_all(spawned).await {
+        outcome?;
+    }
+    let start_all = started.elapsed();
+    let during = serve.usage()?;
+    let per = |after: u64, before: u64| after.saturating_sub(before) as f64 / n as f64;
+    let rss_per = per(during.rss_kib, before.rss_kib);
+    report.figure(
+        SECTION,
+        format!("start {n} concurrent `sleep 2` (pipelined)"),
+        format!(
+            "{:.0} ms ({:.0} starts/s)",
+            start_all.as_secs_f64() * 1e3,
+            n as f64 / start_all.as_secs_f64()
+        ),
+        None,
+    );
+    report.figure(
+        SECTION,
+        format!("server RSS with {n} idle processes"),
+        format!(
+            "{} KiB -> {} KiB, {rss_per:.1} KiB per process",
+            before.rss_kib, during.rss_kib
+        ),
+        Some((
+            format!("< {MAX_RSS_PER_PROCESS_KIB} KiB per process"),
+            rss_per < MAX_RSS_PER_PROCESS_KIB,
+        )),
+    );
+    report.figure(
+        SECTION,
+        format!("server descriptors with {n} idle processes"),
+        format!(
+            "{} -> {}, {:.1} per process",
+            before.fds,
+            during.fds,
+            per(during.fds, before.fds)
+        ),
+        None,
+    );
+    for outcome in join_all(processes.iter().map(|process| process.wait())).await {
+        outcome?;
+    }
+    drop(processes);
+    Ok(())
+}
+
+async fn sequential(
+    plan: &Plan,
+    serve: &Serve,
+    executor: &capexec::capexec_capnp::executor::Client,
+    report: &mut Report,
+) -> Result<(), Box<dyn Error>> {
+    let n = plan.sequential;
+    eprintln!("scale: {n} sequential `true`");
+    let command = Command::new("true");
+    // Settle what the concurrent case left (released processes are reaped
+    // asynchronously), then take the before figure.
+    for _ in 0..10 {
+        command.status(executor).await?;
+    }
+    let before = settled(serve).await?;
+    let started = Instant::now();
+    for _ in 0..n {
+        let status = command.status(executor).await?;
+        if !status.success() {
+            return Err(format!("`true`: {status:?}").into());
+        }
+    }
+    let elapsed = started.elapsed();
+    let after = settled(serve).await?;
+    report.figure(
+        SECTION,
+        format!("{n} sequential `true`"),
+        format!("{:.0} processes/s", n as f64 / elapsed.as_secs_f64()),
+        None,
+    );
+    let steady = after.fds == before.fds && after.threads == before.threads && after.zombies == 0;
+    report.figure(
+        SECTION,
+        "server before -> after them",
+        format!(
+            "RSS {} -> {} KiB, fds {} -> {}, threads {} -> {}, zombies {}",
+            before.rss_kib,
+            after.rss_kib,
+            before.fds,
+            after.fds,
+            before.threads,
+            after.threads,
+            after.zombies
+        ),
+        Some(("same fds and threads, no zombies".to_string(), steady)),
+    );
+    Ok(())
+}
+
+/// The server's usage once its descriptor count stops changing (releases
+/// finish asynchronously), within a generous deadline.
+async fn settled(serve: &Serve) -> Result<Usage, Box<dyn Error>> {
+    let deadline = Instant::now() + std::time::Duration::from_secs(30);
+    let mut last = serve.usage()?;
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let now = serve.usage()?;
+        if (now.fds == last.fds && now.zombies == 0) || Instant::now() > deadline {
+            return Ok(now);
+        }
+        last = now;
+    }
+}

@@ -1,0 +1,221 @@
+//! `capexec serve` processes for the benchmarks, and what /proc says about
+//! them.
+
+use std::error::Error;
+use std::fmt;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Stdio};
+
+use capexec::capexec_capnp::executor;
+use capexec::net::{Address, Connection, Token};
+
+pub const CAPEXEC: &str = env!("CARGO_BIN_EXE_capexec");
+
+/// One `capexec serve`, stopped (SIGTERM, then waited for) on drop.
+pub struct Serve {
+    child: Child,
+    pub address: Address,
+    pub token: Option<Token>,
+    _dir: tempfile::TempDir,
+}
+
+impl Serve {
+    /// Serves a Unix socket, or TCP on loopback (with a fresh token), with
+    /// `extra` arguments.
+    pub fn start(tcp: bool, extra: &[String]) -> Result<Serve, Box<dyn Error>> {
+        let dir = tempfile::tempdir()?;
+        let token_file = dir.path().join("token");
+        let listen = if tcp {
+            "tcp:127.0.0.1:0".to_string()
+        } else {
+            format!("unix:{}", dir.path().join("capexec.sock").display())
+        };
+        let mut child = std::process::Command::new(CAPEXEC)
+            .arg("serve")
+            .args(["--listen", &listen])
+            .arg("--token-file")
+            .arg(&token_file)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .env("RUST_LOG", "warn")
+            .spawn()?;
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        let address: Address = match line.trim().parse() {
+            Ok(address) => address,
+            Err(error) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("capexec serve printed {line:?}: {error}").into());
+            }
+        };
+        let token = if tcp {
+            Some(Token::load(&token_file)?)
+        } else {
+            None
+        };
+        Ok(Serve {
+            child,
+            address,
+            token,
+            _dir: dir,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub async fn connect(&self) -> Result<(executor::Client, Connection), Box<dyn Error>> {
+        let connection = capexec::net::connect(&self.address, self.token.as_ref()).await?;
+        Ok((connection.executor(), connection))
+    }
+
+    /// `--connect ADDR` and, for TCP, the token in the environment.
+    pub fn cli_args(&self) -> (Vec<String>, Option<(&'static str, String)>) {
+        let args = vec!["--connect".to_string(), self.address.to_string()];
+        let token = self
+            .token
+            .as_ref()
+            .map(|token| ("CAPEXEC_TOKEN", token.as_str().to_string()));
+        (args, token)
+    }
+
+    /// What /proc says about the server now.
+    pub fn usage(&self) -> std::io::Result<Usage> {
+        Usage::of(self.pid())
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        // SIGTERM so the server shuts down cleanly (and removes its socket).
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
+    }
+}
+
+/// The servers every section shares: Unix, TCP, and a chain A -> B whose
+/// front forwards plain starts to B.
+pub struct Servers {
+    pub unix: Serve,
+    pub tcp: Serve,
+    pub chain_front: Serve,
+    _chain_back: Serve,
+}
+
+impl Servers {
+    pub async fn start() -> Result<Servers, Box<dyn Error>> {
+        let back = Serve::start(false, &[])?;
+        let front = Serve::start(
+            false,
+            &[
+                "--upstream".to_string(),
+                format!("b={}", back.address),
+                "--default".to_string(),
+                "b".to_string(),
+            ],
+        )?;
+        Ok(Servers {
+            unix: Serve::start(false, &[])?,
+            tcp: Serve::start(true, &[])?,
+            chain_front: front,
+            _chain_back: back,
+        })
+    }
+}
+
+/// Connections to the Unix and TCP servers, for the cases that compare
+/// the two.
+pub struct Direct {
+    pub unix: executor::Client,
+    pub tcp: executor::Client,
+    _connections: [Connection; 2],
+}
+
+impl Servers {
+    pub async fn connect_direct(&self) -> Result<Direct, Box<dyn Error>> {
+        let (unix, unix_connection) = self.unix.connect().await?;
+        let (tcp, tcp_connection) = self.tcp.connect().await?;
+        Ok(Direct {
+            unix,
+            tcp,
+            _connections: [unix_connection, tcp_connection],
+        })
+    }
+}
+
+impl fmt::Display for Servers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "unix {}, tcp {}, chain {} -> {}",
+            self.unix.address, self.tcp.address, self.chain_front.address, self._chain_back.address
+        )
+    }
+}
+
+/// Memory and descriptors of one process, and its zombie children.
+#[derive(Clone, Copy, Debug)]
+pub struct Usage {
+    pub rss_kib: u64,
+    pub fds: u64,
+    pub threads: u64,
+    pub zombies: u64,
+}
+
+impl Usage {
+    pub fn of(pid: u32) -> std::io::Result<Usage> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix(name))
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|value| value.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))?.count() as u64;
+        Ok(Usage {
+            rss_kib: field("VmRSS:"),
+            fds,
+            threads: field("Threads:"),
+            zombies: zombie_children(pid),
+        })
+    }
+}
+
+/// Children of `pid` that have exited and not been reaped.
+fn zombie_children(pid: u32) -> u64 {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|entry| {
+            let stat = entry.path().join("stat");
+            is_zombie_child_of(&stat, pid)
+        })
+        .count() as u64
+}
+
+fn is_zombie_child_of(stat: &Path, parent: u32) -> bool {
+    let Ok(text) = std::fs::read_to_string(stat) else {
+        return false;
+    };
+    // After the command name (which may hold spaces): state, then ppid.
+    let Some((_, rest)) = text.rsplit_once(')') else {
+        return false;
+    };
+    let mut fields = rest.split_whitespace();
+    let state = fields.next();
+    let ppid = fields.next().and_then(|p| p.parse::<u32>().ok());
+    state == Some("Z") && ppid == Some(parent)
+}
