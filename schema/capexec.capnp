@@ -356,11 +356,11 @@ interface Process {
   # keeps running and its output keeps being retained (in lossless mode the
   # child is held back once the owner is a window behind, as always), and
   # `Executor.restore(restoreToken)` returns it. If nobody restores it
-  # within the grace period it is terminated. A process that finishes
-  # before that stays restorable, with its retained output and exit status,
-  # for the server's retention period (30 s by default) after its close or
-  # the release, whichever is later, and is then forgotten; the grace no
-  # longer matters. `terminate` still ends it at once.
+  # within the grace period it is terminated, unless it has finished: a
+  # finished process stays restorable, with its retained output and exit
+  # status, until the later of the grace period's end and the server's
+  # retention period (30 s by default) after the release or its close.
+  # `terminate` still ends it at once.
   #
   # The token is an unguessable secret (256 random bits, hex), never logged
   # by the server; it is the same on every call (a later call only changes

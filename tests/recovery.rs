@@ -228,8 +228,9 @@ async fn a_wrong_token_is_a_clear_error(ctx: Ctx) {
             assert_eq!(error.kind, StartErrorKind::UnknownToken);
             assert_eq!(
                 error.message,
-                "no process has this restore token (it never existed, or it was not restored \
-                 within its grace period)"
+                "no process has this restore token (it never existed, it was not restored \
+                 within its grace period, or it finished longer ago than the server keeps \
+                 finished processes)"
             );
         }
         other => panic!("expected an unknown token, got {other:?}"),

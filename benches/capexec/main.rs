@@ -98,6 +98,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     }
     let wanted = |section: &str| only.is_empty() || only.iter().any(|s| s == section);
     let plan = Plan::new(quick);
+    watchdog(if quick { 300 } else { 3600 });
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -135,4 +136,14 @@ fn main() -> Result<(), Box<dyn Error>> {
         eprintln!("wrote {path}");
     }
     Ok(())
+}
+
+/// A run that hangs fails instead, after `secs` seconds (the servers die
+/// with this process: see `servers::Serve::start`).
+fn watchdog(secs: u64) {
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(secs));
+        eprintln!("benchmarks still running after {secs} s: giving up");
+        std::process::exit(3);
+    });
 }

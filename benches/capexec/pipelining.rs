@@ -84,12 +84,7 @@ pub async fn run(plan: &Plan, report: &mut Report) -> Result<(), Box<dyn Error>>
             one_trip,
             None,
         );
-        let shown = |all: &[Vec<u64>]| {
-            format!(
-                "{:?} round trips per link",
-                all.last().cloned().unwrap_or_default()
-            )
-        };
+        let shown = |all: &[Vec<u64>]| format!("round trips per link: {}", distinct(all));
         report.case(
             SECTION,
             format!("{name}: sequential"),
@@ -114,10 +109,7 @@ pub async fn run(plan: &Plan, report: &mut Report) -> Result<(), Box<dyn Error>>
         report.figure(
             SECTION,
             format!("{name}: pipelined round trips per link, every round"),
-            format!(
-                "{:?}",
-                pipelined_flights.first().cloned().unwrap_or_default()
-            ),
+            distinct(&pipelined_flights),
             Some(("1 per hop".to_string(), one_per_hop)),
         );
     }
@@ -140,4 +132,15 @@ fn expect(output: String) -> Result<(), Box<dyn Error>> {
     } else {
         Err(format!("cat answered {output:?}").into())
     }
+}
+
+/// Every different per-link count seen over the rounds, e.g. `[[1, 1]]`.
+fn distinct(all: &[Vec<u64>]) -> String {
+    let mut seen: Vec<&Vec<u64>> = Vec::new();
+    for counts in all {
+        if !seen.contains(&counts) {
+            seen.push(counts);
+        }
+    }
+    format!("{seen:?}")
 }

@@ -19,6 +19,7 @@ struct Row {
     samples: Vec<Duration>,
     /// Index of the baseline row; `None` for a baseline.
     baseline: Option<usize>,
+    /// Bytes delivered per run, for rows that move data.
     bytes: Option<u64>,
     target: Option<Target>,
     note: String,
@@ -117,12 +118,22 @@ impl Report {
         });
     }
 
+    /// The row's cost as a multiple of its baseline's: time per run, or for
+    /// rows that move bytes, time per byte delivered.
+    fn cost_ratio(&self, row: &Row) -> Option<f64> {
+        let base = &self.rows[row.baseline?];
+        let time = secs(median_of(row)) / secs(median_of(base));
+        Some(match (row.bytes, base.bytes) {
+            (Some(bytes), Some(base_bytes)) => time * base_bytes as f64 / bytes.max(1) as f64,
+            _ => time,
+        })
+    }
+
     fn cells(&self, row: &Row) -> [String; 7] {
         let median = median(&row.samples);
-        let (ratio, verdict) = match row.baseline {
+        let (ratio, verdict) = match self.cost_ratio(row) {
             None => ("baseline".to_string(), String::new()),
-            Some(base) => {
-                let ratio = secs(median) / secs(median_of(&self.rows[base]));
+            Some(ratio) => {
                 let shown = match row.bytes {
                     Some(_) => format!("{ratio:.2}x ({:.0} %)", 100.0 / ratio),
                     None => format!("{ratio:.2}x"),
@@ -257,11 +268,7 @@ impl Report {
         let cases: Vec<(&Row, f64)> = self
             .rows
             .iter()
-            .filter_map(|row| {
-                let base = row.baseline?;
-                let ratio = secs(median(&row.samples)) / secs(median_of(&self.rows[base]));
-                Some((row, ratio))
-            })
+            .filter_map(|row| Some((row, self.cost_ratio(row)?)))
             .collect();
         let (label_width, bar_width, row_height, top) = (360.0, 420.0, 22.0, 46.0);
         let scale_max = cases

@@ -44,6 +44,14 @@ async fn concurrent(
     }
     let start_all = started.elapsed();
     let during = serve.usage()?;
+    // Figures per process hold only if every process is still running.
+    if during.children < n as u64 {
+        return Err(format!(
+            "only {} of {n} processes were alive when measured (starting took {start_all:?})",
+            during.children
+        )
+        .into());
+    }
     let per = |after: u64, before: u64| after.saturating_sub(before) as f64 / n as f64;
     let rss_per = per(during.rss_kib, before.rss_kib);
     report.figure(

@@ -4,8 +4,10 @@
 use std::error::Error;
 use std::fmt;
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
 
 use capexec::capexec_capnp::executor;
 use capexec::net::{Address, Connection, Token};
@@ -31,7 +33,18 @@ impl Serve {
         } else {
             format!("unix:{}", dir.path().join("capexec.sock").display())
         };
-        let mut child = std::process::Command::new(CAPEXEC)
+        let mut command = std::process::Command::new(CAPEXEC);
+        // SAFETY: prctl is async-signal-safe; the server dies with us, even
+        // if the watchdog ends the run without dropping anything.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = command
             .arg("serve")
             .args(["--listen", &listen])
             .arg("--token-file")
@@ -42,28 +55,24 @@ impl Serve {
             .stderr(Stdio::inherit())
             .env("RUST_LOG", "warn")
             .spawn()?;
-        let stdout = child.stdout.take().ok_or("no stdout")?;
+        // Owned from here on, so every early return below stops it.
+        let mut serve = Serve {
+            child,
+            address: Address::Unix(dir.path().join("capexec.sock")),
+            token: None,
+            _dir: dir,
+        };
+        let stdout = serve.child.stdout.take().ok_or("no stdout")?;
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line)?;
-        let address: Address = match line.trim().parse() {
-            Ok(address) => address,
-            Err(error) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!("capexec serve printed {line:?}: {error}").into());
-            }
-        };
-        let token = if tcp {
-            Some(Token::load(&token_file)?)
-        } else {
-            None
-        };
-        Ok(Serve {
-            child,
-            address,
-            token,
-            _dir: dir,
-        })
+        serve.address = line
+            .trim()
+            .parse()
+            .map_err(|error| format!("capexec serve printed {line:?}: {error}"))?;
+        if tcp {
+            serve.token = Some(Token::load(&token_file)?);
+        }
+        Ok(serve)
     }
 
     pub fn pid(&self) -> u32 {
@@ -98,6 +107,11 @@ impl Drop for Serve {
             nix::unistd::Pid::from_raw(self.child.id() as i32),
             nix::sys::signal::Signal::SIGTERM,
         );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
@@ -162,12 +176,15 @@ impl fmt::Display for Servers {
     }
 }
 
-/// Memory and descriptors of one process, and its zombie children.
+/// Memory and descriptors of one process, and its children.
 #[derive(Clone, Copy, Debug)]
 pub struct Usage {
     pub rss_kib: u64,
     pub fds: u64,
     pub threads: u64,
+    /// Children that are alive, and those that exited and wait to be
+    /// reaped.
+    pub children: u64,
     pub zombies: u64,
 }
 
@@ -183,39 +200,40 @@ impl Usage {
                 .unwrap_or(0)
         };
         let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))?.count() as u64;
+        let (children, zombies) = children_of(pid);
         Ok(Usage {
             rss_kib: field("VmRSS:"),
             fds,
             threads: field("Threads:"),
-            zombies: zombie_children(pid),
+            children,
+            zombies,
         })
     }
 }
 
-/// Children of `pid` that have exited and not been reaped.
-fn zombie_children(pid: u32) -> u64 {
+/// Children of `parent`: (alive, exited but not reaped).
+fn children_of(parent: u32) -> (u64, u64) {
     let Ok(entries) = std::fs::read_dir("/proc") else {
-        return 0;
+        return (0, 0);
     };
-    entries
-        .flatten()
-        .filter(|entry| {
-            let stat = entry.path().join("stat");
-            is_zombie_child_of(&stat, pid)
-        })
-        .count() as u64
+    let (mut alive, mut zombies) = (0, 0);
+    for entry in entries.flatten() {
+        match child_state(&entry.path().join("stat"), parent) {
+            Some(true) => zombies += 1,
+            Some(false) => alive += 1,
+            None => {}
+        }
+    }
+    (alive, zombies)
 }
 
-fn is_zombie_child_of(stat: &Path, parent: u32) -> bool {
-    let Ok(text) = std::fs::read_to_string(stat) else {
-        return false;
-    };
+/// For a child of `parent`, whether it is a zombie; `None` for others.
+fn child_state(stat: &Path, parent: u32) -> Option<bool> {
+    let text = std::fs::read_to_string(stat).ok()?;
     // After the command name (which may hold spaces): state, then ppid.
-    let Some((_, rest)) = text.rsplit_once(')') else {
-        return false;
-    };
+    let (_, rest) = text.rsplit_once(')')?;
     let mut fields = rest.split_whitespace();
-    let state = fields.next();
-    let ppid = fields.next().and_then(|p| p.parse::<u32>().ok());
-    state == Some("Z") && ppid == Some(parent)
+    let state = fields.next()?;
+    let ppid = fields.next()?.parse::<u32>().ok()?;
+    (ppid == parent).then_some(state == "Z")
 }

@@ -122,25 +122,42 @@ async fn through(executor: &executor::Client, size: u64) -> Result<Duration, Box
             Err::<u64, Box<dyn Error>>("the event stream ended before `closed`".into())
         }
     });
-    let chunk = Bytes::from(vec![b'x'; CHUNK]);
-    let mut in_flight = VecDeque::new();
-    let (mut left, mut count) = (size, 0u64);
-    while left > 0 {
-        if in_flight.len() >= WINDOW
-            && let Some(write) = in_flight.pop_front()
-        {
-            capexec::client::PendingWrite::outcome(write).await?;
+    let writing = async {
+        let chunk = Bytes::from(vec![b'x'; CHUNK]);
+        let mut in_flight = VecDeque::new();
+        let (mut left, mut count) = (size, 0u64);
+        while left > 0 {
+            if in_flight.len() >= WINDOW
+                && let Some(write) = in_flight.pop_front()
+            {
+                capexec::client::PendingWrite::outcome(write).await?;
+            }
+            let n = left.min(CHUNK as u64) as usize;
+            in_flight.push_back(process.write_in_order(&chunk[..n], &format!("w{count}")));
+            left -= n as u64;
+            count += 1;
         }
-        let n = left.min(CHUNK as u64) as usize;
-        in_flight.push_back(process.write_in_order(&chunk[..n], &format!("w{count}")));
-        left -= n as u64;
-        count += 1;
+        for write in in_flight {
+            write.outcome().await?;
+        }
+        process.close_stdin().await?;
+        spawned.await?;
+        Ok::<(), Box<dyn Error>>(())
+    };
+    let mut reading = reading;
+    // A reader that fails stops consuming, and lossless output would then
+    // hold `cat`, and the writes, back for ever: stop at once instead.
+    tokio::select! {
+        written = writing => written?,
+        read = &mut reading => {
+            let why = match read {
+                Ok(Ok(total)) => format!("`closed` after {total} bytes"),
+                Ok(Err(error)) => error.to_string(),
+                Err(error) => error.to_string(),
+            };
+            return Err(format!("the reader stopped before stdin was written: {why}").into());
+        }
     }
-    for write in in_flight {
-        write.outcome().await?;
-    }
-    process.close_stdin().await?;
-    spawned.await?;
     let total = reading.await??;
     let elapsed = started.elapsed();
     if total != size {

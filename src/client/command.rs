@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use futures::StreamExt;
 
 use crate::capexec_capnp::executor;
-use crate::client::{Error, RemoteProcess};
+use crate::client::{Error, EventStream, RemoteProcess};
 use crate::engine::StartSpec;
 use crate::model::{EventBody, ExitStatus, Flow, OutputStream, PtySize};
 use crate::rpc::convert;
@@ -178,8 +178,7 @@ impl Command {
     /// Lossless unless another flow was set; if output was evicted all the
     /// same, the result is [`Error::OutputLost`], never truncated output.
     pub async fn output(&self, executor: &executor::Client) -> Result<Output, Error> {
-        let process = self.start_to_completion(executor).await?;
-        let mut events = process.events(0).await?;
+        let (_process, mut events) = self.start_to_completion(executor).await?;
         let (mut stdout, mut stderr, mut status) = (Vec::new(), Vec::new(), None);
         while let Some(event) = events.next().await {
             let event = event?;
@@ -207,21 +206,28 @@ impl Command {
 
     /// Runs the process to completion, discarding its output.
     pub async fn status(&self, executor: &executor::Client) -> Result<ExitStatus, Error> {
-        self.start_to_completion(executor).await?.wait().await
+        let (_process, events) = self.start_to_completion(executor).await?;
+        crate::client::process::exit_from(events).await
     }
 
-    /// Starts for `output` and `status`: lossless unless set otherwise, and
-    /// with nothing to write, a piped stdin is closed at once.
+    /// Starts for `output` and `status`: lossless unless set otherwise;
+    /// with nothing to write, a piped stdin is closed at once. The close and
+    /// the subscription travel pipelined behind the start, so a short
+    /// command costs one round trip; a failed start reports its own error.
     async fn start_to_completion(
         &self,
         executor: &executor::Client,
-    ) -> Result<RemoteProcess, Error> {
-        let process = self
-            .start(executor, self.flow.unwrap_or(Flow::Lossless))
-            .await?;
-        if self.spec.pipe_stdin {
-            process.close_stdin().await?;
+    ) -> Result<(RemoteProcess, EventStream), Error> {
+        let (process, started) =
+            self.start_pipelined_with(executor, self.flow.unwrap_or(Flow::Lossless));
+        let closing = self.spec.pipe_stdin.then(|| process.close_stdin_in_order());
+        let (started, events) = futures::join!(started, process.events(0));
+        started?;
+        if let Some(closing) = closing {
+            closing.await.map_err(|error| {
+                Error::Rpc(capnp::Error::failed(format!("close task failed: {error}")))
+            })??;
         }
-        Ok(process)
+        Ok((process, events?))
     }
 }

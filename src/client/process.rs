@@ -197,17 +197,21 @@ impl RemoteProcess {
     /// Waits for the process to close and returns its exit status, discarding
     /// output that was not read.
     pub async fn wait(&self) -> Result<ExitStatus, Error> {
-        let mut events = self.events(0).await?;
-        let mut status = None;
-        while let Some(event) = events.next().await {
-            match event?.body {
-                EventBody::Exited(exit) => status = Some(exit),
-                EventBody::Closed => break,
-                _ => {}
-            }
-        }
-        status.ok_or(Error::EventsEnded)
+        exit_from(self.events(0).await?).await
     }
+}
+
+/// The exit status from `events`, once they reach `closed`.
+pub(crate) async fn exit_from(mut events: EventStream) -> Result<ExitStatus, Error> {
+    let mut status = None;
+    while let Some(event) = events.next().await {
+        match event?.body {
+            EventBody::Exited(exit) => status = Some(exit),
+            EventBody::Closed => break,
+            _ => {}
+        }
+    }
+    status.ok_or(Error::EventsEnded)
 }
 
 /// The process that `token` (from [`RemoteProcess::detachable`]) belongs to,

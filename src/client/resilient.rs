@@ -124,6 +124,9 @@ struct Inner {
     /// Why recovery gave up, after which every call fails with it.
     failed: RefCell<Option<String>>,
     outbox: RefCell<VecDeque<Outgoing>>,
+    /// Why stdin refuses every further call: one was refused, and sending
+    /// later ones would leave a hole in the child's input.
+    stdin_refused: RefCell<Option<String>>,
     driver: Cell<bool>,
     observer: RefCell<Option<Observer>>,
 }
@@ -182,7 +185,8 @@ impl ResilientProcess {
 
     /// Starts `command` on `session`, recovering through `resume` (a way to
     /// reconnect, and the grace) if given; without it this is a plain
-    /// handle whose calls fail when the connection does.
+    /// handle whose calls fail when the connection does. Must be called
+    /// inside a `tokio::task::LocalSet`, like everything on capnp clients.
     pub fn spawn_on(
         command: &Command,
         session: Session,
@@ -210,20 +214,31 @@ impl ResilientProcess {
                 recovery: RefCell::new(None),
                 failed: RefCell::new(None),
                 outbox: RefCell::new(VecDeque::new()),
+                stdin_refused: RefCell::new(None),
                 driver: Cell::new(false),
                 observer: RefCell::new(None),
             }),
         };
-        let inner = Rc::downgrade(&handle.inner);
-        let ready = async move {
-            started.await?;
-            if let Some(detached) = detached {
+        // The token is recorded as soon as it arrives, whether or not the
+        // caller ever awaits `ready`: a recovery needs it.
+        let recorded = detached.map(|detached| {
+            let inner = Rc::downgrade(&handle.inner);
+            tokio::task::spawn_local(async move {
                 let token = detached.await?;
                 if let Some(inner) = inner.upgrade()
                     && let Some(resume) = &inner.resume
                 {
                     *resume.token.borrow_mut() = Some(token);
                 }
+                Ok::<(), Error>(())
+            })
+        });
+        let ready = async move {
+            started.await?;
+            if let Some(recorded) = recorded {
+                recorded.await.map_err(|error| {
+                    Error::Rpc(capnp::Error::failed(format!("detach task failed: {error}")))
+                })??;
             }
             Ok(())
         };
@@ -281,6 +296,12 @@ impl ResilientProcess {
     /// Recovers from a loss seen on `epoch` (at once if another call has
     /// recovered since). Concurrent callers share one recovery.
     async fn recover(&self, epoch: u64, cause: &Error) -> Result<(), Error> {
+        if let Some(reason) = self.inner.failed.borrow().clone() {
+            return Err(Error::Recovery {
+                reason,
+                cause: cause.to_string(),
+            });
+        }
         if self.epoch() != epoch {
             return Ok(());
         }
@@ -365,7 +386,10 @@ impl ResilientProcess {
     }
 
     /// Sends a write now without waiting for its outcome; writes reach the
-    /// child in the order of the calls, across recoveries too.
+    /// child in the order of the calls, across recoveries too. At most
+    /// [`MAX_UNANSWERED_WRITES`] may wait for an answer: past that the call
+    /// fails with `overloaded`, and so does every later stdin call, so the
+    /// child never sees a hole in its input.
     pub fn write_in_order(&self, data: &[u8], write_id: &str) -> PendingWrite {
         self.enqueue(OutgoingKind::Write {
             data: Bytes::copy_from_slice(data),
@@ -424,11 +448,15 @@ impl ResilientProcess {
 
     fn enqueue(&self, kind: OutgoingKind) -> PendingWrite {
         if self.inner.outbox.borrow().len() >= MAX_UNANSWERED_WRITES {
-            return PendingWrite::from_outcome(tokio::task::spawn_local(async {
-                Err(Error::Rpc(capnp::Error::overloaded(format!(
-                    "{MAX_UNANSWERED_WRITES} stdin calls already wait for an answer; \
-                     wait for some of them before sending more"
-                ))))
+            *self.inner.stdin_refused.borrow_mut() = Some(format!(
+                "{MAX_UNANSWERED_WRITES} stdin calls were waiting for an answer; wait for \
+                 writes before sending more (stdin now refuses every call, so the child \
+                 never sees a hole in its input)"
+            ));
+        }
+        if let Some(reason) = self.inner.stdin_refused.borrow().clone() {
+            return PendingWrite::from_outcome(tokio::task::spawn_local(async move {
+                Err(Error::Rpc(capnp::Error::overloaded(reason)))
             }));
         }
         let (reply, outcome) = oneshot::channel();
@@ -663,11 +691,11 @@ impl ResilientEvents {
                         .into_iter()
                         .filter(|e| e.seq > self.last_seq)
                         .collect();
-                    let Some(first) = fresh.first() else {
+                    if fresh.is_empty() {
                         continue;
-                    };
+                    }
                     if self.resumed
-                        && let Some(lost) = missed_while_away(self.last_seq, first)
+                        && let Some(lost) = missed_while_away(self.last_seq, &fresh)
                     {
                         self.done = true;
                         return Some(Err(lost));
@@ -715,18 +743,64 @@ impl ResilientEvents {
     }
 }
 
-/// What the first event after a resubscription says was lost, if anything:
-/// a `gap`, or (from a server that did not say so) a jump in seqs.
-fn missed_while_away(last_seq: u64, first: &Event) -> Option<Error> {
-    match first.body {
-        EventBody::Gap { from_seq } => Some(Error::OutputLost {
-            from_seq,
-            to_seq: first.seq,
-        }),
-        _ if first.seq != last_seq + 1 => Some(Error::OutputLost {
-            from_seq: last_seq + 1,
-            to_seq: first.seq - 1,
-        }),
-        _ => None,
+/// What the first batch after a resubscription says was lost, if anything:
+/// a `gap` anywhere in it (the exit event may precede one), or (from a
+/// server that did not say so) a jump in seqs.
+fn missed_while_away(last_seq: u64, fresh: &[Event]) -> Option<Error> {
+    let mut expected = last_seq + 1;
+    for event in fresh {
+        if let EventBody::Gap { from_seq } = event.body {
+            return Some(Error::OutputLost {
+                from_seq,
+                to_seq: event.seq,
+            });
+        }
+        if event.seq != expected {
+            return Some(Error::OutputLost {
+                from_seq: expected,
+                to_seq: event.seq - 1,
+            });
+        }
+        expected = event.seq + 1;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ExitStatus;
+
+    fn event(seq: u64, body: EventBody) -> Event {
+        Event { seq, body }
+    }
+
+    #[test]
+    fn a_resumed_batch_reports_a_gap_behind_the_exit_event() {
+        let batch = [
+            event(5, EventBody::Exited(ExitStatus::Code(0))),
+            event(9, EventBody::Gap { from_seq: 6 }),
+            event(10, EventBody::Closed),
+        ];
+        assert!(matches!(
+            missed_while_away(4, &batch),
+            Some(Error::OutputLost {
+                from_seq: 6,
+                to_seq: 9
+            })
+        ));
+    }
+
+    #[test]
+    fn a_resumed_batch_reports_a_jump_in_seqs() {
+        let batch = [event(7, EventBody::Closed)];
+        assert!(matches!(
+            missed_while_away(4, &batch),
+            Some(Error::OutputLost {
+                from_seq: 5,
+                to_seq: 6
+            })
+        ));
+        assert!(missed_while_away(6, &batch).is_none());
     }
 }

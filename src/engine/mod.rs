@@ -9,6 +9,7 @@ mod handle;
 mod kill;
 pub mod log;
 mod output;
+mod pipe_capacity;
 mod process;
 pub mod reaper;
 mod spawn;
@@ -126,7 +127,7 @@ impl Engine {
             spec,
             leader,
             sources: [Some(stdout), Some(stderr)],
-            stdin: stdin.map(|sink| Box::new(sink) as StdinSink),
+            stdin: stdin.map(|sink| Box::new(pipe_capacity::GrowingSender::new(sink)) as StdinSink),
             terminal: None,
         })
     }

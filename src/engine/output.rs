@@ -13,6 +13,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
 use tokio::time::Instant;
 
+use crate::engine::pipe_capacity;
 use crate::engine::process::Shared;
 use crate::engine::reaper::Leader;
 use crate::model::{ExitStatus, OutputStream};
@@ -29,6 +30,8 @@ const ABANDON_OUTPUT_AFTER: Duration = Duration::from_secs(5);
 pub(crate) struct OutputSource {
     stream: OutputStream,
     reader: Reader,
+    /// The pipe was grown (see `pipe_capacity`), or cannot be.
+    grown: bool,
 }
 
 enum Reader {
@@ -39,10 +42,10 @@ enum Reader {
 
 impl OutputSource {
     pub fn pipe(stream: OutputStream, fd: OwnedFd) -> io::Result<OutputSource> {
-        grow_pipe(&fd);
         Ok(OutputSource {
             stream,
             reader: Reader::Pipe(pipe::Receiver::from_owned_fd(fd)?),
+            grown: false,
         })
     }
 
@@ -50,6 +53,8 @@ impl OutputSource {
         OutputSource {
             stream: OutputStream::Pty,
             reader: Reader::Terminal(master),
+            // A terminal's buffer cannot be resized.
+            grown: true,
         }
     }
 
@@ -117,23 +122,12 @@ impl OutputSource {
 /// without copying; a fresh buffer is taken when less than this is left.
 const MIN_SPARE: usize = 16 * 1024;
 
-/// Pipe capacity asked for: a fast writer can then run further ahead while
-/// the pump is busy, and the pump's reads come back fuller.
-const PIPE_CAPACITY: libc::c_int = 1 << 20;
-
-/// Grows the pipe to [`PIPE_CAPACITY`] where the system allows it; the
-/// default capacity still works, only less efficiently.
-fn grow_pipe(fd: &OwnedFd) {
-    // SAFETY: F_SETPIPE_SZ takes an int and only resizes the pipe buffer.
-    let _ = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_CAPACITY) };
-}
-
 /// Reads one chunk from `slot`: whatever is available now, up to
 /// [`CHUNK_SIZE`], coalescing the small writes of a fast producer into one
 /// chunk without waiting for more. Clears the slot at EOF or on error.
 /// Returns the number of bytes read.
 fn drain_once(shared: &Shared, slot: &mut Option<OutputSource>, buf: &mut BytesMut) -> usize {
-    let Some(source) = slot.as_ref() else {
+    let Some(source) = slot.as_mut() else {
         return 0;
     };
     if buf.capacity() - buf.len() < MIN_SPARE {
@@ -157,6 +151,14 @@ fn drain_once(shared: &Shared, slot: &mut Option<OutputSource>, buf: &mut BytesM
         }
     }
     let read = buf.len();
+    if read >= pipe_capacity::DEFAULT_CAPACITY
+        && !source.grown
+        && let Reader::Pipe(pipe) = &source.reader
+    {
+        // A full pipe: the child produces in bulk.
+        source.grown = true;
+        pipe_capacity::grow(pipe.as_raw_fd());
+    }
     if read > 0 {
         shared.append_output(source.stream, buf.split().freeze());
     }

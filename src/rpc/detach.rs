@@ -92,7 +92,7 @@ impl Held {
             detach.grace = grace;
             return Ok(detach.token.clone());
         }
-        let Some(registry) = self.registry.upgrade() else {
+        let Some(registry) = self.registry.upgrade().filter(|r| !r.closed.get()) else {
             return Err(capnp::Error::failed(
                 "the server is shutting down; processes cannot be made detachable".into(),
             ));
@@ -174,18 +174,22 @@ pub struct Detachments {
     entries: RefCell<HashMap<Key, Entry>>,
     retention: Duration,
     parks: Cell<u64>,
+    /// Set by `clear`: nothing more is made detachable.
+    closed: Cell<bool>,
     /// Feeds the task that ends parks; started with the first park.
     expiries: RefCell<Option<mpsc::UnboundedSender<Expiry>>>,
 }
 
 impl Detachments {
-    /// Finished, parked processes stay restorable for `retention` after
-    /// their release or their close, whichever is later.
+    /// Finished, parked processes stay restorable at least until their
+    /// grace ends, and for `retention` after their release or their close,
+    /// whichever is later.
     pub fn new(retention: Duration) -> Rc<Detachments> {
         Rc::new(Detachments {
             entries: RefCell::new(HashMap::new()),
             retention,
             parks: Cell::new(0),
+            closed: Cell::new(false),
             expiries: RefCell::new(None),
         })
     }
@@ -199,10 +203,16 @@ impl Detachments {
             .count()
     }
 
-    /// Ends every park now (the server is shutting down): the processes are
-    /// terminated as if released.
+    /// Ends every park now and refuses new ones (the server is shutting
+    /// down): the processes are terminated as if released, and the task
+    /// that waited for the parks' ends stops.
     pub fn clear(&self) {
+        self.closed.set(true);
         let entries: Vec<Entry> = self.entries.borrow_mut().drain().map(|(_, e)| e).collect();
+        for parked in entries.iter().filter_map(|entry| entry.parked.as_ref()) {
+            parked.waiting.abort();
+        }
+        self.expiries.borrow_mut().take();
         // Dropped outside the borrow: dropping a process touches the map.
         drop(entries);
     }
@@ -320,17 +330,19 @@ impl Detachments {
         held.ok_or_else(|| {
             convert::start_error_to_wire(&StartError::new(
                 StartErrorKind::UnknownToken,
-                "no process has this restore token (it never existed, or it was not \
-                 restored within its grace period)",
+                "no process has this restore token (it never existed, it was not \
+                 restored within its grace period, or it finished longer ago than the \
+                 server keeps finished processes)",
             ))
         })
     }
 }
 
 /// Waits until the park may end: the grace period, or for a process that
-/// finishes first, the retention after its close (or after the park, if it
-/// had closed before). Ends early, with `Aborted`, if the process is
-/// restored.
+/// finishes, the later of the grace's end and the retention after its close
+/// (or after the park, if it had closed before): the client was promised
+/// the grace, and a late one still learns how the process ended. Ends
+/// early, with `Aborted`, if the process is restored.
 fn wait_out(expiry: Expiry, retention: Duration) -> Abortable<impl Future<Output = (Key, u64)>> {
     let Expiry {
         key,
@@ -353,7 +365,9 @@ async fn wait_park(
     let grace_ends = Instant::now() + grace;
     tokio::select! {
         biased;
-        _ = process.wait_closed() => tokio::time::sleep(retention).await,
+        _ = process.wait_closed() => {
+            tokio::time::sleep_until(grace_ends.max(Instant::now() + retention)).await;
+        }
         _ = tokio::time::sleep_until(grace_ends) => {}
     }
     expiry
@@ -380,10 +394,10 @@ mod tests {
         }
     }
 
-    /// A finished process is kept for the retention, not for its (long)
-    /// grace.
+    /// A finished process is forgotten once both its grace and the
+    /// retention after its close are over.
     #[test]
-    fn a_finished_park_ends_after_the_retention_not_the_grace() {
+    fn a_finished_park_ends_after_its_grace_and_the_retention() {
         on_local_set(async {
             let engine = Engine::new(ProcessLimits::default());
             let registry = Detachments::new(Duration::from_millis(50));
@@ -391,7 +405,9 @@ mod tests {
             let process = owner.handle();
             let held = Held::new(owner, &registry);
             held.attach();
-            let token = held.make_detachable(MAX_GRACE).expect("detachable");
+            let token = held
+                .make_detachable(Duration::from_secs(1))
+                .expect("detachable");
             process.wait_closed().await;
             held.detach_capability();
             drop(held);
@@ -419,6 +435,12 @@ mod tests {
             assert_eq!(registry.parked(), 1);
             registry.clear();
             assert_eq!(registry.parked(), 0);
+            let again = engine.start(&StartSpec::new(["true"])).expect("start");
+            let late = Held::new(again, &registry);
+            assert!(
+                late.make_detachable(MAX_GRACE).is_err(),
+                "detachable after clear"
+            );
             tokio::time::timeout(Duration::from_secs(30), process.wait_closed())
                 .await
                 .expect("the cleared process is terminated");
