@@ -54,15 +54,21 @@ async fn concurrent(
     }
     let per = |after: u64, before: u64| after.saturating_sub(before) as f64 / n as f64;
     let rss_per = per(during.rss_kib, before.rss_kib);
-    report.figure(
+    let direct = spawn_directly(n)?;
+    let baseline = report.baseline(
         SECTION,
-        format!("start {n} concurrent `sleep 2` (pipelined)"),
-        format!(
-            "{:.0} ms ({:.0} starts/s)",
-            start_all.as_secs_f64() * 1e3,
-            n as f64 / start_all.as_secs_f64()
-        ),
+        format!("std::process: spawn {n} `sleep 2`"),
+        vec![direct],
         None,
+    );
+    report.case(
+        SECTION,
+        format!("capexec: start {n} `sleep 2` (pipelined)"),
+        vec![start_all],
+        baseline,
+        None,
+        None,
+        format!("{:.0} starts/s", n as f64 / start_all.as_secs_f64()),
     );
     report.figure(
         SECTION,
@@ -118,11 +124,25 @@ async fn sequential(
     }
     let elapsed = started.elapsed();
     let after = settled(serve).await?;
-    report.figure(
+    let started = Instant::now();
+    for _ in 0..n {
+        crate::wall::time_process("true", &[] as &[&str], None)?;
+    }
+    let direct = started.elapsed();
+    let baseline = report.baseline(
         SECTION,
-        format!("{n} sequential `true`"),
-        format!("{:.0} processes/s", n as f64 / elapsed.as_secs_f64()),
+        format!("std::process: {n} sequential `true`"),
+        vec![direct],
         None,
+    );
+    report.case(
+        SECTION,
+        format!("capexec: {n} sequential `true`"),
+        vec![elapsed],
+        baseline,
+        None,
+        None,
+        format!("{:.0} processes/s", n as f64 / elapsed.as_secs_f64()),
     );
     let steady = after.fds == before.fds && after.threads == before.threads && after.zombies == 0;
     report.figure(
@@ -156,4 +176,23 @@ async fn settled(serve: &Serve) -> Result<Usage, Box<dyn Error>> {
         }
         last = now;
     }
+}
+
+/// The baseline: `n` children started straight from this process (and
+/// waited for afterwards, untimed).
+fn spawn_directly(n: usize) -> Result<std::time::Duration, Box<dyn Error>> {
+    let started = Instant::now();
+    let children = (0..n)
+        .map(|_| {
+            std::process::Command::new("sleep")
+                .arg("2")
+                .stdin(std::process::Stdio::null())
+                .spawn()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let elapsed = started.elapsed();
+    for mut child in children {
+        child.wait()?;
+    }
+    Ok(elapsed)
 }

@@ -14,6 +14,12 @@ use capexec::net::{Address, Connection, Token};
 
 pub const CAPEXEC: &str = env!("CARGO_BIN_EXE_capexec");
 
+/// The server binary: `$CAPEXEC_BENCH_SERVER` (for profiling a build with
+/// symbols), else the one cargo built.
+fn server_binary() -> String {
+    std::env::var("CAPEXEC_BENCH_SERVER").unwrap_or_else(|_| CAPEXEC.to_string())
+}
+
 /// One `capexec serve`, stopped (SIGTERM, then waited for) on drop.
 pub struct Serve {
     child: Child,
@@ -33,7 +39,7 @@ impl Serve {
         } else {
             format!("unix:{}", dir.path().join("capexec.sock").display())
         };
-        let mut command = std::process::Command::new(CAPEXEC);
+        let mut command = std::process::Command::new(server_binary());
         // SAFETY: prctl is async-signal-safe; the server dies with us, even
         // if the watchdog ends the run without dropping anything.
         unsafe {
