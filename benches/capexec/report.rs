@@ -246,7 +246,8 @@ impl Report {
                 section = row.section;
                 let _ = writeln!(out, "| **{section}** | | | | | | |");
             }
-            let _ = writeln!(out, "| {} |", self.cells(row).join(" | "));
+            let cells = self.cells(row).map(|cell| cell.replace('|', "\\|"));
+            let _ = writeln!(out, "| {} |", cells.join(" | "));
         }
         out.push_str("\n| figure | value | target |\n|---|---|---|\n");
         for figure in &self.figures {
@@ -292,8 +293,8 @@ impl Report {
             let tx = x(f64::from(tick));
             let _ = writeln!(
                 svg,
-                "<line x1=\"{tx}\" y1=\"{top}\" x2=\"{tx}\" y2=\"{}\" stroke=\"#ddd\"/>\
-                 <text x=\"{tx}\" y=\"{}\" text-anchor=\"middle\" fill=\"#555\">{tick}x</text>",
+                "<line x1=\"{tx:.1}\" y1=\"{top}\" x2=\"{tx:.1}\" y2=\"{}\" stroke=\"#ddd\"/>\
+                 <text x=\"{tx:.1}\" y=\"{}\" text-anchor=\"middle\" fill=\"#555\">{tick}x</text>",
                 height - 24.0,
                 height - 10.0
             );
