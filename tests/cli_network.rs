@@ -210,3 +210,95 @@ fn sigterm_stops_the_server_cleanly() {
         "client exited {code}"
     );
 }
+
+/// `serve --tls-cert/--tls-key`, `run --tls-ca` and `--tls-pin`, a
+/// forwarding server reaching a TLS upstream with `--upstream-tls-ca`, and
+/// the one-line refusals: a wrong pin, and plaintext against TLS.
+#[test]
+fn tls_through_the_cli_and_to_an_upstream() {
+    let dir = common::data::TempDir::new("cli-tls");
+    let authority = common::pki::Authority::new(dir.path(), "ca");
+    let (cert, key) = authority.server(dir.path(), "server", &["127.0.0.1"], false);
+    let (cert, key, ca) = (
+        cert.display().to_string(),
+        key.display().to_string(),
+        authority.pem.display().to_string(),
+    );
+    let far = Served::start_with(&["--tls-cert", &cert, "--tls-key", &key]);
+    let token = far.token_arg();
+    let over_tls = finish(
+        far.run(&[
+            "--connect",
+            &far.tcp,
+            "--token-file",
+            &token,
+            "--tls-ca",
+            &ca,
+            "--",
+            "echo",
+            "hi",
+        ]),
+        None,
+    );
+    assert_eq!(
+        (over_tls.code, text(&over_tls.stdout)),
+        (0, "hi\n".to_string())
+    );
+
+    let wrong_pin = "ab".repeat(32);
+    let pinned = finish(
+        far.run(&[
+            "--connect",
+            &far.tcp,
+            "--token-file",
+            &token,
+            "--tls-pin",
+            &wrong_pin,
+            "--",
+            "true",
+        ]),
+        None,
+    );
+    assert_eq!(pinned.code, 125);
+    assert_eq!(
+        text(&pinned.stderr),
+        format!(
+            "capexec: cannot connect to {}: TLS: the server's certificate does not have the \
+             pinned fingerprint\n",
+            far.tcp
+        )
+    );
+    let plaintext = finish(
+        far.run(&[
+            "--connect",
+            &far.tcp,
+            "--token-file",
+            &token,
+            "--",
+            "echo",
+            "leak",
+        ]),
+        None,
+    );
+    assert_eq!(plaintext.code, 125, "{}", text(&plaintext.stderr));
+    assert!(plaintext.stdout.is_empty());
+
+    let front = Served::start_with(&[
+        "--upstream",
+        &format!("b={}", far.tcp),
+        "--upstream-token-file",
+        &format!("b={token}"),
+        "--upstream-tls-ca",
+        &format!("b={ca}"),
+        "--default",
+        "b",
+    ]);
+    let through = finish(
+        front.run(&["--connect", &front.unix, "--", "echo", "via"]),
+        None,
+    );
+    assert_eq!(
+        (through.code, text(&through.stdout)),
+        (0, "via\n".to_string())
+    );
+}

@@ -34,13 +34,26 @@ pub async fn target(args: &ConnectArgs) -> Result<Target, String> {
     } else {
         None
     };
-    let connection = net::connect(&address, token.as_ref())
+    let tls = client_tls(args)?;
+    let connection = net::connect_with(&address, token.as_ref(), tls.as_ref())
         .await
         .map_err(|error| error.to_string())?;
     Ok(Target {
         executor: connection.executor(),
         _connection: Some(connection),
     })
+}
+
+/// `--tls-ca FILE` or `--tls-pin SHA256`, if either is given.
+fn client_tls(args: &ConnectArgs) -> Result<Option<net::TlsClient>, String> {
+    let trust = match (&args.tls_ca, &args.tls_pin) {
+        (Some(ca), _) => net::ServerTrust::Ca(ca.clone()),
+        (None, Some(pin)) => net::ServerTrust::Pin(pin.clone()),
+        (None, None) => return Ok(None),
+    };
+    net::TlsClient::new(trust)
+        .map(Some)
+        .map_err(|error| error.to_string())
 }
 
 /// `file`, else `$CAPEXEC_TOKEN`, else the default token file if it exists.

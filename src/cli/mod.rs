@@ -53,6 +53,14 @@ pub struct ConnectArgs {
     /// $XDG_CONFIG_HOME/capexec/token or ~/.config/capexec/token.
     #[arg(long, value_name = "FILE")]
     token_file: Option<std::path::PathBuf>,
+    /// Connect over TLS and trust certificates signed by the CA in this
+    /// PEM file (for the host name or IP address of --connect).
+    #[arg(long, value_name = "FILE", conflicts_with = "tls_pin")]
+    tls_ca: Option<std::path::PathBuf>,
+    /// Connect over TLS and trust exactly the certificate with this SHA-256
+    /// fingerprint (64 hex digits, colons allowed; `capexec serve` logs it).
+    #[arg(long, value_name = "SHA256")]
+    tls_pin: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -84,6 +92,21 @@ pub struct ServeArgs {
     /// each tcp: upstream, refused for unix: ones).
     #[arg(long = "upstream-token-file", value_name = "NAME=FILE")]
     upstream_token_files: Vec<String>,
+    /// Reach the tcp: upstream NAME over TLS, trusting the CA in FILE
+    /// (repeatable).
+    #[arg(long = "upstream-tls-ca", value_name = "NAME=FILE")]
+    upstream_tls_cas: Vec<String>,
+    /// Reach the tcp: upstream NAME over TLS, trusting exactly the
+    /// certificate with this SHA-256 fingerprint (repeatable).
+    #[arg(long = "upstream-tls-pin", value_name = "NAME=SHA256")]
+    upstream_tls_pins: Vec<String>,
+    /// Serve TLS on every tcp: listener with this PEM certificate chain
+    /// (the server's certificate first); needs --tls-key.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
     /// The environment plain starts use: "local" (the default) or an
     /// upstream's NAME.
     #[arg(long = "default", value_name = "NAME")]

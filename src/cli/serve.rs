@@ -10,7 +10,9 @@ use std::path::PathBuf;
 
 use crate::cli::{EXIT_CAPEXEC_FAILURE, ServeArgs};
 use capexec::engine::{self, Engine};
-use capexec::net::{Address, Server, ServerConfig, Token, UpstreamConfig};
+use capexec::net::{
+    Address, Server, ServerConfig, ServerTrust, TlsClient, TlsServer, Token, UpstreamConfig,
+};
 
 pub fn main(args: ServeArgs) -> i32 {
     let mut listen = Vec::new();
@@ -30,6 +32,26 @@ pub fn main(args: ServeArgs) -> i32 {
             return EXIT_CAPEXEC_FAILURE;
         }
     };
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => match TlsServer::from_files(cert, key) {
+            Ok(tls) => Some(tls),
+            Err(error) => {
+                eprintln!("capexec: {error}");
+                return EXIT_CAPEXEC_FAILURE;
+            }
+        },
+        _ => None,
+    };
+    if let Some(tls) = &tls {
+        if !listen.iter().any(Address::is_tcp) {
+            eprintln!("capexec: --tls-cert applies to tcp: listeners, and there is none");
+            return EXIT_CAPEXEC_FAILURE;
+        }
+        tracing::info!(
+            sha256 = tls.fingerprint(),
+            "serving TLS; clients can pin this certificate with --tls-pin"
+        );
+    }
     if let Err(error) = engine::become_subreaper() {
         tracing::warn!(%error, "cannot become a subreaper; orphaned grandchildren will not be reaped here");
     }
@@ -39,6 +61,7 @@ pub fn main(args: ServeArgs) -> i32 {
         upstreams,
         default_environment: args.default_environment,
         retention: Some(std::time::Duration::from_secs(args.retention)),
+        tls,
     };
     crate::cli::run_local(serve(config))
 }
@@ -50,6 +73,24 @@ fn upstreams(args: &ServeArgs) -> Result<Vec<UpstreamConfig>, String> {
         let (name, file) = split_pair(pair, "--upstream-token-file", "NAME=FILE")?;
         if token_files.insert(name, PathBuf::from(file)).is_some() {
             return Err(format!("--upstream-token-file {name}: given twice"));
+        }
+    }
+    let mut trusts: HashMap<&str, ServerTrust> = HashMap::new();
+    let pairs = [
+        ("--upstream-tls-ca", &args.upstream_tls_cas),
+        ("--upstream-tls-pin", &args.upstream_tls_pins),
+    ];
+    for (flag, values) in pairs {
+        for pair in values {
+            let (name, value) = split_pair(pair, flag, "NAME=VALUE")?;
+            let trust = if flag == "--upstream-tls-ca" {
+                ServerTrust::Ca(PathBuf::from(value))
+            } else {
+                ServerTrust::Pin(value.to_string())
+            };
+            if trusts.insert(name, trust).is_some() {
+                return Err(format!("{flag} {name}: TLS for {name} is given twice"));
+            }
         }
     }
     let mut upstreams = Vec::new();
@@ -76,7 +117,25 @@ fn upstreams(args: &ServeArgs) -> Result<Vec<UpstreamConfig>, String> {
             }
             (None, false) => None,
         };
-        upstreams.push(UpstreamConfig::new(name, address, token));
+        let tls = match trusts.remove(name) {
+            Some(_) if !address.is_tcp() => {
+                return Err(format!(
+                    "--upstream-tls-ca/--upstream-tls-pin {name}: TLS is for tcp: upstreams"
+                ));
+            }
+            Some(trust) => {
+                Some(TlsClient::new(trust).map_err(|e| format!("upstream {name}: {e}"))?)
+            }
+            None => None,
+        };
+        let mut upstream = UpstreamConfig::new(name, address, token);
+        upstream.tls = tls;
+        upstreams.push(upstream);
+    }
+    if let Some(name) = trusts.keys().next() {
+        return Err(format!(
+            "TLS for upstream {name}: no --upstream {name}=ADDR"
+        ));
     }
     if let Some(name) = token_files.keys().next() {
         return Err(format!(

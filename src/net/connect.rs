@@ -12,6 +12,7 @@ use tokio::task::JoinHandle;
 use crate::capexec_capnp::{executor, gatekeeper};
 use crate::net::address::Address;
 use crate::net::socket;
+use crate::net::tls::TlsClient;
 use crate::net::token::Token;
 use crate::net::transport;
 
@@ -23,6 +24,8 @@ pub enum ConnectError {
     Io(Address, std::io::Error),
     Timeout(Address),
     TokenRequired(Address),
+    /// TLS could not be set up: the reason, in the user's terms.
+    Tls(Address, String),
 }
 
 impl fmt::Display for ConnectError {
@@ -40,6 +43,7 @@ impl fmt::Display for ConnectError {
                 f,
                 "{address} needs a login token (--token-file FILE or CAPEXEC_TOKEN)"
             ),
+            ConnectError::Tls(address, why) => write!(f, "cannot connect to {address}: {why}"),
         }
     }
 }
@@ -91,9 +95,26 @@ impl Drop for Connection {
 /// Connects to `address`; TCP addresses need `token`. Must run inside a
 /// `LocalSet`.
 pub async fn connect(address: &Address, token: Option<&Token>) -> Result<Connection, ConnectError> {
+    connect_with(address, token, None).await
+}
+
+/// Connects to `address`, over TLS (TCP only) if `tls` is given; TCP
+/// addresses need `token`. Must run inside a `LocalSet`.
+pub async fn connect_with(
+    address: &Address,
+    token: Option<&Token>,
+    tls: Option<&TlsClient>,
+) -> Result<Connection, ConnectError> {
     let io = |error| ConnectError::Io(address.clone(), error);
     let timed_out = |_| ConnectError::Timeout(address.clone());
     let (network, token) = match address {
+        Address::Unix(_) if tls.is_some() => {
+            return Err(ConnectError::Tls(
+                address.clone(),
+                "TLS is for tcp: addresses; a Unix socket is protected by its file permissions"
+                    .to_string(),
+            ));
+        }
         Address::Unix(path) => {
             let stream = tokio::time::timeout(CONNECT_TIMEOUT, UnixStream::connect(path))
                 .await
@@ -114,12 +135,28 @@ pub async fn connect(address: &Address, token: Option<&Token>) -> Result<Connect
                     .map_err(timed_out)?
                     .map_err(io)?;
             socket::tune_tcp(&stream).map_err(io)?;
-            let (reader, writer) = stream.into_split();
-            (
-                Box::new(transport::network(reader, writer, Side::Client))
-                    as Box<dyn capnp_rpc::VatNetwork<Side>>,
-                Some(token.as_str().to_string()),
-            )
+            let network = match tls {
+                None => {
+                    let (reader, writer) = stream.into_split();
+                    Box::new(transport::network(reader, writer, Side::Client))
+                        as Box<dyn capnp_rpc::VatNetwork<Side>>
+                }
+                Some(tls) => {
+                    let failed = |why| ConnectError::Tls(address.clone(), why);
+                    let name = rustls::pki_types::ServerName::try_from(host.clone())
+                        .map_err(|_| failed(format!("TLS: {host:?} is not a valid server name")))?;
+                    let connector = tokio_rustls::TlsConnector::from(tls.config.clone());
+                    let stream =
+                        tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(name, stream))
+                            .await
+                            .map_err(timed_out)?
+                            .map_err(|error| failed(tls.explain(host, &error)))?;
+                    let (reader, writer) = tokio::io::split(stream);
+                    Box::new(transport::network(reader, writer, Side::Client))
+                        as Box<dyn capnp_rpc::VatNetwork<Side>>
+                }
+            };
+            (network, Some(token.as_str().to_string()))
         }
     };
     let mut system = RpcSystem::new(network, None);

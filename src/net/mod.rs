@@ -10,13 +10,15 @@ mod auth;
 mod connect;
 mod server;
 mod socket;
+mod tls;
 mod token;
 mod transport;
 mod upstream;
 
 pub use self::address::Address;
 pub use self::auth::UNAUTHENTICATED_TAG;
-pub use self::connect::{ConnectError, Connection, connect};
+pub use self::connect::{ConnectError, Connection, connect, connect_with};
 pub use self::server::{ServeError, Server, ServerConfig};
+pub use self::tls::{ServerTrust, TlsClient, TlsError, TlsServer};
 pub use self::token::{Token, TokenError, default_token_path};
 pub use self::upstream::UpstreamConfig;

@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use capnp_rpc::RpcSystem;
 use capnp_rpc::rpc_twoparty_capnp::Side;
+use futures::FutureExt;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -20,6 +21,7 @@ use crate::engine::Engine;
 use crate::net::address::Address;
 use crate::net::auth::GatekeeperImpl;
 use crate::net::socket::{self, UnixSocketFile};
+use crate::net::tls::TlsServer;
 use crate::net::token::{Token, TokenError, default_token_path};
 use crate::net::transport;
 use crate::net::upstream::{UpstreamConfig, UpstreamLink};
@@ -40,6 +42,8 @@ pub struct ServerConfig {
     /// How long a finished detached process stays restorable (default
     /// [`rpc::DEFAULT_RETENTION`]).
     pub retention: Option<std::time::Duration>,
+    /// TLS for every TCP listener (Unix sockets never use it).
+    pub tls: Option<TlsServer>,
 }
 
 #[derive(Debug)]
@@ -87,7 +91,12 @@ pub struct Server {
     unix_files: Vec<UnixSocketFile>,
     token: Option<Arc<Token>>,
     token_path: Option<PathBuf>,
+    tls: Option<TlsServer>,
 }
+
+/// How long a TLS client may take to finish its handshake; a peer that
+/// stalls is dropped without holding anything else up.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Server {
     /// Binds every listener (ports chosen where 0 was given) and, if any is
@@ -109,6 +118,7 @@ impl Server {
             unix_files: Vec::new(),
             token: None,
             token_path: None,
+            tls: config.tls.clone(),
         };
         if config.listen.iter().any(Address::is_tcp) {
             let path = config
@@ -144,11 +154,12 @@ impl Server {
             Address::Tcp { host, port } => {
                 let listener = TcpListener::bind((host.as_str(), *port)).await?;
                 let local = listener.local_addr()?;
-                if !local.ip().is_loopback() {
+                if !local.ip().is_loopback() && self.tls.is_none() {
                     tracing::warn!(
                         address = %Address::from_socket_addr(local),
                         "listening on a non-loopback address: the login token travels in clear \
-                         text over TCP, so anyone who can watch this network can take it"
+                         text over TCP, so anyone who can watch this network can take it \
+                         (use --tls-cert and --tls-key)"
                     );
                 }
                 self.listeners
@@ -196,6 +207,7 @@ impl Server {
                     listener,
                     executor.clone(),
                     self.token.clone(),
+                    self.tls.clone(),
                     Rc::clone(&connections),
                 ))
             })
@@ -219,21 +231,26 @@ impl Server {
     }
 }
 
+type Network = Box<dyn capnp_rpc::VatNetwork<Side>>;
+
 async fn accept_loop(
     address: Address,
     listener: Listener,
     executor: executor::Client,
     token: Option<Arc<Token>>,
+    tls: Option<TlsServer>,
     connections: Rc<AtomicU64>,
 ) {
-    tracing::info!(%address, "listening");
+    tracing::info!(%address, tls = tls.is_some() && address.is_tcp(), "listening");
     loop {
+        // The network comes from a future: a TLS handshake runs in the
+        // connection's own task, so a stalling peer holds up nobody else.
         let accepted = match &listener {
             Listener::Unix(listener) => listener.accept().await.map(|(stream, _)| {
                 let (reader, writer) = stream.into_split();
+                let network = Box::new(transport::network(reader, writer, Side::Server)) as Network;
                 (
-                    Box::new(transport::network(reader, writer, Side::Server))
-                        as Box<dyn capnp_rpc::VatNetwork<Side>>,
+                    futures::future::ready(Some(network)).boxed_local(),
                     "unix".to_string(),
                     None,
                 )
@@ -242,13 +259,16 @@ async fn accept_loop(
                 if let Err(error) = socket::tune_tcp(&stream) {
                     tracing::warn!(%error, %peer, "cannot tune the TCP connection");
                 }
-                let (reader, writer) = stream.into_split();
-                (
-                    Box::new(transport::network(reader, writer, Side::Server))
-                        as Box<dyn capnp_rpc::VatNetwork<Side>>,
-                    peer.to_string(),
-                    token.clone(),
-                )
+                let network = match &tls {
+                    None => {
+                        let (reader, writer) = stream.into_split();
+                        let network =
+                            Box::new(transport::network(reader, writer, Side::Server)) as Network;
+                        futures::future::ready(Some(network)).boxed_local()
+                    }
+                    Some(tls) => tls_handshake(tls.clone(), stream).boxed_local(),
+                };
+                (network, peer.to_string(), token.clone())
             }),
         };
         let (network, peer, token) = match accepted {
@@ -262,20 +282,42 @@ async fn accept_loop(
         };
         let id = connections.fetch_add(1, Ordering::Relaxed) + 1;
         let span = tracing::info_span!("connection", id, peer = %peer);
+        let executor = executor.clone();
         tokio::task::spawn_local(
-            serve_connection(network, executor.clone(), token).instrument(span),
+            async move {
+                if let Some(network) = network.await {
+                    serve_connection(network, executor, token).await;
+                }
+            }
+            .instrument(span),
         );
+    }
+}
+
+/// The server's half of a TLS handshake, bounded by [`HANDSHAKE_TIMEOUT`];
+/// `None` (logged) if it fails: a plaintext client gets nothing.
+async fn tls_handshake(tls: TlsServer, stream: tokio::net::TcpStream) -> Option<Network> {
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(&tls.config));
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => {
+            let (reader, writer) = tokio::io::split(stream);
+            Some(Box::new(transport::network(reader, writer, Side::Server)) as Network)
+        }
+        Ok(Err(error)) => {
+            tracing::info!(%error, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::info!("no TLS handshake within {}s", HANDSHAKE_TIMEOUT.as_secs());
+            None
+        }
     }
 }
 
 /// One connection: its own RpcSystem, whose bootstrap is the Executor
 /// (Unix) or a Gatekeeper (TCP). When it ends, capnp releases every
 /// capability the peer held, which kills its processes.
-async fn serve_connection(
-    network: Box<dyn capnp_rpc::VatNetwork<Side>>,
-    executor: executor::Client,
-    token: Option<Arc<Token>>,
-) {
+async fn serve_connection(network: Network, executor: executor::Client, token: Option<Arc<Token>>) {
     let started = Instant::now();
     tracing::info!("connected");
     let disconnector = Rc::new(RefCell::new(None));

@@ -12,7 +12,8 @@ use futures::future::{LocalBoxFuture, Shared};
 
 use crate::model::{EnvironmentState, StartError, StartErrorKind};
 use crate::net::address::Address;
-use crate::net::connect::{CONNECT_TIMEOUT, Connection, connect};
+use crate::net::connect::{CONNECT_TIMEOUT, Connection, connect_with};
+use crate::net::tls::TlsClient;
 use crate::net::token::Token;
 use crate::rpc::{Link, Upstream, convert};
 
@@ -26,6 +27,8 @@ pub struct UpstreamConfig {
     pub name: String,
     pub address: Address,
     pub token: Option<Token>,
+    /// TLS for a tcp: upstream.
+    pub tls: Option<TlsClient>,
     /// How long connecting, logging in and the first answer may take
     /// together before the attempt counts as failed.
     pub connect_timeout: Duration,
@@ -37,6 +40,7 @@ impl UpstreamConfig {
             name: name.into(),
             address,
             token,
+            tls: None,
             connect_timeout: CONNECT_TIMEOUT,
         }
     }
@@ -162,7 +166,7 @@ impl UpstreamLink {
 /// A connection whose server has answered a call: a refused login, or a
 /// socket that accepts but never speaks, fails here.
 async fn establish(config: &UpstreamConfig) -> Result<Connection, String> {
-    let connection = connect(&config.address, config.token.as_ref())
+    let connection = connect_with(&config.address, config.token.as_ref(), config.tls.as_ref())
         .await
         .map_err(|error| error.to_string())?;
     let answer = connection.executor().info_request().send().promise.await;

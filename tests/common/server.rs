@@ -55,14 +55,30 @@ impl ServerThread {
         upstreams: Vec<UpstreamConfig>,
         default_environment: Option<&str>,
     ) -> ServerThread {
-        let token_file = dir.path().join("token");
         let config = ServerConfig {
             listen,
-            token_file: Some(token_file.clone()),
+            token_file: Some(dir.path().join("token")),
             upstreams,
             default_environment: default_environment.map(str::to_string),
             retention: None,
+            tls: None,
         };
+        ServerThread::serve(dir, config)
+    }
+
+    /// Serves TCP on loopback over TLS, with a fresh token.
+    pub fn start_tls(dir: TempDir, tls: capexec::net::TlsServer) -> ServerThread {
+        let config = ServerConfig {
+            listen: vec!["tcp:127.0.0.1:0".parse().expect("address")],
+            token_file: Some(dir.path().join("token")),
+            tls: Some(tls),
+            ..ServerConfig::default()
+        };
+        ServerThread::serve(dir, config)
+    }
+
+    fn serve(dir: TempDir, config: ServerConfig) -> ServerThread {
+        let token_file = config.token_file.clone().expect("a token file");
         let (addresses, stop, thread) = serve_on_thread(config.clone());
         let token = addresses
             .iter()

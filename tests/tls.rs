@@ -1,0 +1,204 @@
+//! TLS on TCP: certificates made here (rcgen) for a CA, a server, an
+//! expired server and a server under another name; clients that trust a CA
+//! file or a pinned fingerprint; and the refusals, each with its reason.
+
+mod common;
+
+use std::path::PathBuf;
+
+use capexec::client::Command;
+use capexec::net::{self, Address, ServerTrust, TlsClient, TlsServer, Token};
+use common::data::TempDir;
+use common::pki::Authority;
+use common::server::ServerThread;
+
+struct Setup {
+    _dir: TempDir,
+    server: ServerThread,
+    ca: PathBuf,
+    fingerprint: String,
+}
+
+/// A TLS server on 127.0.0.1 whose certificate (from its own CA) names
+/// `names`, expired if asked.
+fn serve(names: &[&str], expired: bool) -> Setup {
+    let dir = TempDir::new("tls");
+    let authority = Authority::new(dir.path(), "ca");
+    let (cert, key) = authority.server(dir.path(), "server", names, expired);
+    let tls = TlsServer::from_files(&cert, &key).expect("server TLS");
+    let fingerprint = tls.fingerprint().to_string();
+    Setup {
+        server: ServerThread::start_tls(TempDir::new("tls-server"), tls),
+        ca: authority.pem,
+        fingerprint,
+        _dir: dir,
+    }
+}
+
+fn trusting(trust: ServerTrust) -> TlsClient {
+    TlsClient::new(trust).expect("client TLS")
+}
+
+async fn run_echo(address: &Address, token: &Token, tls: &TlsClient) -> Result<Vec<u8>, String> {
+    let connection = net::connect_with(address, Some(token), Some(tls))
+        .await
+        .map_err(|error| error.to_string())?;
+    let mut command = Command::new("echo");
+    command.arg("over tls");
+    let output = command
+        .output(&connection.executor())
+        .await
+        .map_err(|error| error.to_string())?;
+    Ok(output.stdout)
+}
+
+async fn refusal(address: &Address, token: &Token, tls: &TlsClient) -> String {
+    match net::connect_with(address, Some(token), Some(tls)).await {
+        Err(error) => error.to_string(),
+        Ok(_) => panic!("connected although the certificate is not trusted"),
+    }
+}
+
+#[test]
+fn a_client_trusting_the_ca_runs_commands() {
+    common::run_local(async {
+        let setup = serve(&["localhost", "127.0.0.1"], false);
+        let token = setup.server.token.clone().expect("token");
+        let tls = trusting(ServerTrust::Ca(setup.ca.clone()));
+        let output = run_echo(&setup.server.address, &token, &tls).await;
+        assert_eq!(output, Ok(b"over tls\n".to_vec()));
+    });
+}
+
+#[test]
+fn a_pinned_fingerprint_is_enough_and_a_wrong_one_is_refused() {
+    common::run_local(async {
+        let setup = serve(&["localhost", "127.0.0.1"], false);
+        let token = setup.server.token.clone().expect("token");
+        let pinned = trusting(ServerTrust::Pin(setup.fingerprint.clone()));
+        let output = run_echo(&setup.server.address, &token, &pinned).await;
+        assert_eq!(output, Ok(b"over tls\n".to_vec()));
+
+        let wrong = trusting(ServerTrust::Pin("00".repeat(32)));
+        assert_eq!(
+            refusal(&setup.server.address, &token, &wrong).await,
+            format!(
+                "cannot connect to {}: TLS: the server's certificate does not have the pinned \
+                 fingerprint",
+                setup.server.address
+            )
+        );
+    });
+}
+
+#[test]
+fn a_certificate_from_another_ca_is_refused() {
+    common::run_local(async {
+        let setup = serve(&["127.0.0.1"], false);
+        let token = setup.server.token.clone().expect("token");
+        let other_dir = TempDir::new("other-ca");
+        let other = Authority::new(other_dir.path(), "other");
+        let tls = trusting(ServerTrust::Ca(other.pem.clone()));
+        assert_eq!(
+            refusal(&setup.server.address, &token, &tls).await,
+            format!(
+                "cannot connect to {}: TLS: the server's certificate is not signed by the CA in {}",
+                setup.server.address,
+                other.pem.display()
+            )
+        );
+    });
+}
+
+#[test]
+fn an_expired_certificate_is_refused() {
+    common::run_local(async {
+        let setup = serve(&["127.0.0.1"], true);
+        let token = setup.server.token.clone().expect("token");
+        let tls = trusting(ServerTrust::Ca(setup.ca.clone()));
+        assert_eq!(
+            refusal(&setup.server.address, &token, &tls).await,
+            format!(
+                "cannot connect to {}: TLS: the server's certificate has expired",
+                setup.server.address
+            )
+        );
+    });
+}
+
+#[test]
+fn a_certificate_for_another_name_is_refused() {
+    common::run_local(async {
+        let setup = serve(&["build.example"], false);
+        let token = setup.server.token.clone().expect("token");
+        let tls = trusting(ServerTrust::Ca(setup.ca.clone()));
+        assert_eq!(
+            refusal(&setup.server.address, &token, &tls).await,
+            format!(
+                "cannot connect to {}: TLS: the server's certificate is not valid for 127.0.0.1",
+                setup.server.address
+            )
+        );
+    });
+}
+
+/// A plaintext client gets nothing from a TLS listener (not even a login
+/// answer), and the server goes on serving TLS clients.
+#[test]
+fn a_plaintext_client_gets_nothing_from_a_tls_listener() {
+    common::run_local(async {
+        let setup = serve(&["127.0.0.1"], false);
+        let token = setup.server.token.clone().expect("token");
+        let plain = net::connect(&setup.server.address, Some(&token))
+            .await
+            .expect("the TCP connection itself is accepted");
+        let refused = Command::new("true").status(&plain.executor()).await;
+        assert!(
+            refused.is_err(),
+            "a plaintext client was served: {refused:?}"
+        );
+
+        let tls = trusting(ServerTrust::Ca(setup.ca.clone()));
+        let output = run_echo(&setup.server.address, &token, &tls).await;
+        assert_eq!(output, Ok(b"over tls\n".to_vec()));
+    });
+}
+
+/// A TLS client against a plaintext listener fails with a reason, instead
+/// of sending its token in clear.
+#[test]
+fn a_tls_client_refuses_a_plaintext_listener() {
+    common::run_local(async {
+        let server = ServerThread::start(true);
+        let token = server.token.clone().expect("token");
+        let dir = TempDir::new("ca-only");
+        let authority = Authority::new(dir.path(), "ca");
+        let tls = trusting(ServerTrust::Ca(authority.pem.clone()));
+        let error = refusal(&server.address, &token, &tls).await;
+        assert!(
+            error.starts_with(&format!("cannot connect to {}: TLS: ", server.address)),
+            "{error}"
+        );
+    });
+}
+
+#[test]
+fn tls_is_refused_for_unix_sockets() {
+    common::run_local(async {
+        let server = ServerThread::start(false);
+        let dir = TempDir::new("ca-unix");
+        let authority = Authority::new(dir.path(), "ca");
+        let tls = trusting(ServerTrust::Ca(authority.pem.clone()));
+        match net::connect_with(&server.address, None, Some(&tls)).await {
+            Err(error) => assert_eq!(
+                error.to_string(),
+                format!(
+                    "cannot connect to {}: TLS is for tcp: addresses; a Unix socket is protected \
+                     by its file permissions",
+                    server.address
+                )
+            ),
+            Ok(_) => panic!("TLS over a Unix socket was accepted"),
+        }
+    });
+}
