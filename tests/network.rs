@@ -318,3 +318,49 @@ fn shutdown_terminates_processes_and_removes_socket_files() {
         let _ = tokio::time::timeout(Duration::from_secs(5), process.wait()).await;
     });
 }
+
+/// A client that piles up calls past the connection's limit is cut off
+/// with the reason (its processes are released with it), and the server
+/// goes on serving everyone else.
+#[test]
+fn a_flood_of_outstanding_calls_closes_that_connection_only() {
+    common::run_local(async {
+        let dir = TempDir::new("flood");
+        let config = ServerConfig {
+            listen: vec![Address::Unix(dir.path().join("capexec.sock"))],
+            call_limits: net::CallLimits {
+                max_calls: 50,
+                max_bytes: 64 << 20,
+            },
+            ..ServerConfig::default()
+        };
+        let server = ServerThread::serve(dir, config);
+        let flooder = net::connect(&server.address, None).await.expect("connect");
+        let process = sh("echo pid-$$-; exec sleep 1000")
+            .spawn(&flooder.executor())
+            .await
+            .expect("start");
+        let (seq, text) = read_until_output_contains(&process, "-\n").await;
+        let pid = common::pid_after(&text, "pid-");
+        // Long polls for what comes next: each stays outstanding.
+        let polls: Vec<_> = (0..60)
+            .map(|_| process.read(seq, 0, Duration::from_secs(600)))
+            .collect();
+        let outcomes = join_all(polls).await;
+        let refused = outcomes
+            .iter()
+            .find_map(|outcome| outcome.as_ref().err())
+            .expect("the flood was refused");
+        assert!(
+            refused
+                .to_string()
+                .contains("more than 50 calls outstanding on one connection"),
+            "{refused}"
+        );
+        procfs::wait_gone(pid).await;
+
+        let other = net::connect(&server.address, None).await.expect("connect");
+        let status = Command::new("true").status(&other.executor()).await;
+        assert_eq!(status.expect("served"), ExitStatus::Code(0));
+    });
+}

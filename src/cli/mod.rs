@@ -107,6 +107,16 @@ pub struct ServeArgs {
     /// The PEM private key of --tls-cert.
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     tls_key: Option<std::path::PathBuf>,
+    /// Calls one connection may have unanswered at once; a peer that sends
+    /// more is disconnected.
+    #[arg(long, value_name = "N", default_value_t = 8192,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    max_calls_per_connection: usize,
+    /// Memory (MiB) the unanswered calls of one connection may hold; a peer
+    /// that needs more is disconnected.
+    #[arg(long, value_name = "MIB", default_value_t = 64,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=65_536))]
+    max_call_memory_per_connection: usize,
     /// The environment plain starts use: "local" (the default) or an
     /// upstream's NAME.
     #[arg(long = "default", value_name = "NAME")]

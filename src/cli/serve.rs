@@ -11,7 +11,8 @@ use std::path::PathBuf;
 use crate::cli::{EXIT_CAPEXEC_FAILURE, ServeArgs};
 use capexec::engine::{self, Engine};
 use capexec::net::{
-    Address, Server, ServerConfig, ServerTrust, TlsClient, TlsServer, Token, UpstreamConfig,
+    Address, CallLimits, Server, ServerConfig, ServerTrust, TlsClient, TlsServer, Token,
+    UpstreamConfig,
 };
 
 pub fn main(args: ServeArgs) -> i32 {
@@ -62,6 +63,10 @@ pub fn main(args: ServeArgs) -> i32 {
         default_environment: args.default_environment,
         retention: Some(std::time::Duration::from_secs(args.retention)),
         tls,
+        call_limits: CallLimits {
+            max_calls: args.max_calls_per_connection,
+            max_bytes: args.max_call_memory_per_connection << 20,
+        },
     };
     crate::cli::run_local(serve(config))
 }

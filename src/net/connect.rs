@@ -11,6 +11,7 @@ use tokio::task::JoinHandle;
 
 use crate::capexec_capnp::{executor, gatekeeper};
 use crate::net::address::Address;
+use crate::net::guard::CallLimits;
 use crate::net::socket;
 use crate::net::tls::TlsClient;
 use crate::net::token::Token;
@@ -122,8 +123,7 @@ pub async fn connect_with(
                 .map_err(io)?;
             let (reader, writer) = stream.into_split();
             (
-                Box::new(transport::network(reader, writer, Side::Client))
-                    as Box<dyn capnp_rpc::VatNetwork<Side>>,
+                transport::network(reader, writer, Side::Client, CallLimits::default()),
                 None,
             )
         }
@@ -138,8 +138,7 @@ pub async fn connect_with(
             let network = match tls {
                 None => {
                     let (reader, writer) = stream.into_split();
-                    Box::new(transport::network(reader, writer, Side::Client))
-                        as Box<dyn capnp_rpc::VatNetwork<Side>>
+                    transport::network(reader, writer, Side::Client, CallLimits::default())
                 }
                 Some(tls) => {
                     let failed = |why| ConnectError::Tls(address.clone(), why);
@@ -152,8 +151,7 @@ pub async fn connect_with(
                             .map_err(timed_out)?
                             .map_err(|error| failed(tls.explain(host, &error)))?;
                     let (reader, writer) = tokio::io::split(stream);
-                    Box::new(transport::network(reader, writer, Side::Client))
-                        as Box<dyn capnp_rpc::VatNetwork<Side>>
+                    transport::network(reader, writer, Side::Client, CallLimits::default())
                 }
             };
             (network, Some(token.as_str().to_string()))

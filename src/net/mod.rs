@@ -8,6 +8,7 @@
 mod address;
 mod auth;
 mod connect;
+mod guard;
 mod server;
 mod socket;
 mod tls;
@@ -18,6 +19,7 @@ mod upstream;
 pub use self::address::Address;
 pub use self::auth::UNAUTHENTICATED_TAG;
 pub use self::connect::{ConnectError, Connection, connect, connect_with};
+pub use self::guard::CallLimits;
 pub use self::server::{ServeError, Server, ServerConfig};
 pub use self::tls::{ServerTrust, TlsClient, TlsError, TlsServer};
 pub use self::token::{Token, TokenError, default_token_path};

@@ -20,10 +20,11 @@ use crate::capexec_capnp::{executor, gatekeeper};
 use crate::engine::Engine;
 use crate::net::address::Address;
 use crate::net::auth::GatekeeperImpl;
+use crate::net::guard::CallLimits;
 use crate::net::socket::{self, UnixSocketFile};
 use crate::net::tls::TlsServer;
 use crate::net::token::{Token, TokenError, default_token_path};
-use crate::net::transport;
+use crate::net::transport::{self, Network};
 use crate::net::upstream::{UpstreamConfig, UpstreamLink};
 use crate::rpc::{self, Environments, Upstream};
 
@@ -44,6 +45,8 @@ pub struct ServerConfig {
     pub retention: Option<std::time::Duration>,
     /// TLS for every TCP listener (Unix sockets never use it).
     pub tls: Option<TlsServer>,
+    /// What one connection may have outstanding before it is closed.
+    pub call_limits: CallLimits,
 }
 
 #[derive(Debug)]
@@ -92,6 +95,7 @@ pub struct Server {
     token: Option<Arc<Token>>,
     token_path: Option<PathBuf>,
     tls: Option<TlsServer>,
+    call_limits: CallLimits,
 }
 
 /// How long a TLS client may take to finish its handshake; a peer that
@@ -119,6 +123,7 @@ impl Server {
             token: None,
             token_path: None,
             tls: config.tls.clone(),
+            call_limits: config.call_limits,
         };
         if config.listen.iter().any(Address::is_tcp) {
             let path = config
@@ -208,6 +213,7 @@ impl Server {
                     executor.clone(),
                     self.token.clone(),
                     self.tls.clone(),
+                    self.call_limits,
                     Rc::clone(&connections),
                 ))
             })
@@ -231,14 +237,13 @@ impl Server {
     }
 }
 
-type Network = Box<dyn capnp_rpc::VatNetwork<Side>>;
-
 async fn accept_loop(
     address: Address,
     listener: Listener,
     executor: executor::Client,
     token: Option<Arc<Token>>,
     tls: Option<TlsServer>,
+    limits: CallLimits,
     connections: Rc<AtomicU64>,
 ) {
     tracing::info!(%address, tls = tls.is_some() && address.is_tcp(), "listening");
@@ -248,7 +253,7 @@ async fn accept_loop(
         let accepted = match &listener {
             Listener::Unix(listener) => listener.accept().await.map(|(stream, _)| {
                 let (reader, writer) = stream.into_split();
-                let network = Box::new(transport::network(reader, writer, Side::Server)) as Network;
+                let network = transport::network(reader, writer, Side::Server, limits);
                 (
                     futures::future::ready(Some(network)).boxed_local(),
                     "unix".to_string(),
@@ -262,11 +267,10 @@ async fn accept_loop(
                 let network = match &tls {
                     None => {
                         let (reader, writer) = stream.into_split();
-                        let network =
-                            Box::new(transport::network(reader, writer, Side::Server)) as Network;
+                        let network = transport::network(reader, writer, Side::Server, limits);
                         futures::future::ready(Some(network)).boxed_local()
                     }
-                    Some(tls) => tls_handshake(tls.clone(), stream).boxed_local(),
+                    Some(tls) => tls_handshake(tls.clone(), stream, limits).boxed_local(),
                 };
                 (network, peer.to_string(), token.clone())
             }),
@@ -296,12 +300,16 @@ async fn accept_loop(
 
 /// The server's half of a TLS handshake, bounded by [`HANDSHAKE_TIMEOUT`];
 /// `None` (logged) if it fails: a plaintext client gets nothing.
-async fn tls_handshake(tls: TlsServer, stream: tokio::net::TcpStream) -> Option<Network> {
+async fn tls_handshake(
+    tls: TlsServer,
+    stream: tokio::net::TcpStream,
+    limits: CallLimits,
+) -> Option<Network> {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(&tls.config));
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
         Ok(Ok(stream)) => {
             let (reader, writer) = tokio::io::split(stream);
-            Some(Box::new(transport::network(reader, writer, Side::Server)) as Network)
+            Some(transport::network(reader, writer, Side::Server, limits))
         }
         Ok(Err(error)) => {
             tracing::info!(%error, "TLS handshake failed");

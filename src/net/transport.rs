@@ -4,7 +4,9 @@
 use capnp_rpc::rpc_twoparty_capnp::Side;
 use capnp_rpc::twoparty::VatNetwork;
 use futures::io::{BufReader, BufWriter};
-use tokio_util::compat::{Compat, TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
+use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
+
+use crate::net::guard::{CallLimits, GuardedNetwork};
 
 /// Largest message accepted from a peer (in 8-byte words): far above any
 /// legitimate message (a full `read` result is a few MiB) and far below
@@ -20,9 +22,11 @@ pub(crate) const STREAM_WINDOW_BYTES: usize = 512 * 1024;
 /// table and small segments go out in one write, and reads are batched.
 const IO_BUFFER_BYTES: usize = 64 * 1024;
 
-pub(crate) type Network<R> = VatNetwork<BufReader<Compat<R>>>;
+/// A connection's network, ready for an `RpcSystem`.
+pub(crate) type Network = Box<dyn capnp_rpc::VatNetwork<Side>>;
 
-pub(crate) fn network<R, W>(reader: R, writer: W, side: Side) -> Network<R>
+/// The two-party network over `reader` and `writer`, guarded by `limits`.
+pub(crate) fn network<R, W>(reader: R, writer: W, side: Side, limits: CallLimits) -> Network
 where
     R: tokio::io::AsyncRead + Unpin + 'static,
     W: tokio::io::AsyncWrite + Unpin + 'static,
@@ -36,5 +40,5 @@ where
         options,
     );
     network.set_window_size(STREAM_WINDOW_BYTES);
-    network
+    Box::new(GuardedNetwork::new(network, limits))
 }

@@ -60,8 +60,7 @@ impl ServerThread {
             token_file: Some(dir.path().join("token")),
             upstreams,
             default_environment: default_environment.map(str::to_string),
-            retention: None,
-            tls: None,
+            ..ServerConfig::default()
         };
         ServerThread::serve(dir, config)
     }
@@ -77,13 +76,13 @@ impl ServerThread {
         ServerThread::serve(dir, config)
     }
 
-    fn serve(dir: TempDir, config: ServerConfig) -> ServerThread {
-        let token_file = config.token_file.clone().expect("a token file");
+    /// Serves `config` (TCP listeners need its token file, kept in `dir`).
+    pub fn serve(dir: TempDir, config: ServerConfig) -> ServerThread {
         let (addresses, stop, thread) = serve_on_thread(config.clone());
-        let token = addresses
-            .iter()
-            .any(Address::is_tcp)
-            .then(|| Token::load(&token_file).expect("token"));
+        let token = addresses.iter().any(Address::is_tcp).then(|| {
+            let file = config.token_file.as_ref().expect("tcp needs a token file");
+            Token::load(file).expect("token")
+        });
         ServerThread {
             address: addresses[0].clone(),
             token,
