@@ -86,7 +86,16 @@ interface Executor {
   #                                process was not restored in time;
   #   [capexec:upstream-unavailable] the start was for an upstream
   #                                environment that cannot be reached now
-  #                                (see `environment`); nothing was started.
+  #                                (see `environment`); nothing was started;
+  #   [capexec:limit]              a limit of the server would be exceeded:
+  #                                argv and environment over 1 MiB, or the
+  #                                processes held by the server or by this
+  #                                connection (`capexec serve --max-processes`,
+  #                                `--max-processes-per-connection`).
+  # A connection that keeps too many calls unanswered at once (more than
+  # `--max-calls-per-connection`, or holding more than
+  # `--max-call-memory-per-connection`) is closed with an `overloaded` error
+  # that says so.
   # A failed start leaves nothing behind: no process, no zombie, no open file.
   #
   # Through a forwarding executor (`environment`, or a server whose default

@@ -313,10 +313,12 @@ pub enum StartErrorKind {
     UnknownEnvironment,
     /// `restore`: no process has this token (any more).
     UnknownToken,
+    /// A configured limit (processes, argument size) would be exceeded.
+    LimitReached,
 }
 
 impl StartErrorKind {
-    const ALL: [StartErrorKind; 10] = [
+    const ALL: [StartErrorKind; 11] = [
         StartErrorKind::InvalidArgument,
         StartErrorKind::ProgramNotFound,
         StartErrorKind::PermissionDenied,
@@ -327,6 +329,7 @@ impl StartErrorKind {
         StartErrorKind::UpstreamUnavailable,
         StartErrorKind::UnknownEnvironment,
         StartErrorKind::UnknownToken,
+        StartErrorKind::LimitReached,
     ];
 
     pub fn code(self) -> &'static str {
@@ -341,6 +344,7 @@ impl StartErrorKind {
             StartErrorKind::UpstreamUnavailable => "upstream-unavailable",
             StartErrorKind::UnknownEnvironment => "unknown-environment",
             StartErrorKind::UnknownToken => "unknown-token",
+            StartErrorKind::LimitReached => "limit",
         }
     }
 

@@ -364,3 +364,76 @@ fn a_flood_of_outstanding_calls_closes_that_connection_only() {
         assert_eq!(status.expect("served"), ExitStatus::Code(0));
     });
 }
+
+/// A connection's starts hold at most its quota of processes (another
+/// connection has its own), a released one frees its place, and the
+/// server's own limit holds across connections.
+#[test]
+fn process_limits_per_connection_and_per_server() {
+    common::run_local(async {
+        let dir = TempDir::new("quota");
+        let config = ServerConfig {
+            listen: vec![Address::Unix(dir.path().join("capexec.sock"))],
+            max_processes_per_connection: Some(2),
+            ..ServerConfig::default()
+        };
+        let server = ServerThread::serve(dir, config);
+        let first = net::connect(&server.address, None).await.expect("connect");
+        let sleep = sh("exec sleep 1000");
+        let held = [
+            sleep.spawn(&first.executor()).await.expect("first"),
+            sleep.spawn(&first.executor()).await.expect("second"),
+        ];
+        match sleep.spawn(&first.executor()).await {
+            Err(Error::Start(error)) => {
+                assert_eq!(error.kind, capexec::model::StartErrorKind::LimitReached);
+                assert_eq!(
+                    error.message,
+                    "this connection already holds its maximum of 2 processes"
+                );
+            }
+            other => panic!("a third process was started: {:?}", other.map(drop)),
+        }
+        let second = net::connect(&server.address, None).await.expect("connect");
+        let other = sleep
+            .spawn(&second.executor())
+            .await
+            .expect("its own quota");
+        drop(other);
+
+        let [one, two] = held;
+        drop(one);
+        // The release travels to the server: poll until the place is free.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let again = loop {
+            match sleep.spawn(&first.executor()).await {
+                Ok(process) => break process,
+                Err(_) if std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(error) => panic!("the released place never came back: {error}"),
+            }
+        };
+        drop((again, two));
+    });
+
+    common::run_local(async {
+        let limits = capexec::engine::ProcessLimits {
+            max_processes: Some(1),
+            ..Default::default()
+        };
+        let executor = capexec::rpc::local_executor(Engine::new(limits));
+        let sleep = sh("exec sleep 1000");
+        let _held = sleep.spawn(&executor).await.expect("first");
+        match sleep.spawn(&executor).await {
+            Err(Error::Start(error)) => {
+                assert_eq!(error.kind, capexec::model::StartErrorKind::LimitReached);
+                assert_eq!(
+                    error.message,
+                    "the executor already holds its maximum of 1 processes"
+                );
+            }
+            other => panic!("a second process was started: {:?}", other.map(drop)),
+        }
+    });
+}

@@ -117,6 +117,15 @@ pub struct ServeArgs {
     #[arg(long, value_name = "MIB", default_value_t = 64,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=65_536))]
     max_call_memory_per_connection: usize,
+    /// Most processes the server holds at once (running, or finished and
+    /// not yet released); starts beyond fail with [capexec:limit].
+    #[arg(long, value_name = "N", default_value_t = 10_000,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    max_processes: usize,
+    /// Most processes the starts of one connection hold at once.
+    #[arg(long, value_name = "N", default_value_t = 4096,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    max_processes_per_connection: usize,
     /// The environment plain starts use: "local" (the default) or an
     /// upstream's NAME.
     #[arg(long = "default", value_name = "NAME")]

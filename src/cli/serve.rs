@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use crate::cli::{EXIT_CAPEXEC_FAILURE, ServeArgs};
-use capexec::engine::{self, Engine};
+use capexec::engine::{self, Engine, ProcessLimits};
 use capexec::net::{
     Address, CallLimits, Server, ServerConfig, ServerTrust, TlsClient, TlsServer, Token,
     UpstreamConfig,
@@ -67,8 +67,14 @@ pub fn main(args: ServeArgs) -> i32 {
             max_calls: args.max_calls_per_connection,
             max_bytes: args.max_call_memory_per_connection << 20,
         },
+        max_processes_per_connection: Some(args.max_processes_per_connection),
     };
-    crate::cli::run_local(serve(config))
+    let limits = ProcessLimits {
+        max_processes: Some(args.max_processes),
+        ..ProcessLimits::default()
+    };
+    raise_descriptor_limit();
+    crate::cli::run_local(serve(config, Engine::new(limits)))
 }
 
 /// `--upstream NAME=ADDR` with their `--upstream-token-file NAME=FILE`.
@@ -157,7 +163,23 @@ fn split_pair<'a>(pair: &'a str, flag: &str, form: &str) -> Result<(&'a str, &'a
     }
 }
 
-async fn serve(config: ServerConfig) -> i32 {
+/// Every process costs the server three descriptors (its pidfd, stdout
+/// and stderr; four with stdin): lift the soft limit to the hard one so a
+/// busy server fails with [capexec:limit], not with EMFILE.
+fn raise_descriptor_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => {
+            if let Err(error) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::warn!(%error, soft, hard, "cannot raise the descriptor limit");
+            }
+        }
+        Ok(_) => {}
+        Err(error) => tracing::warn!(%error, "cannot read the descriptor limit"),
+    }
+}
+
+async fn serve(config: ServerConfig, engine: Engine) -> i32 {
     // Registered before binding, so a signal that arrives as soon as the
     // addresses are printed is not lost.
     let (mut terminate, mut interrupt) = match (
@@ -170,7 +192,7 @@ async fn serve(config: ServerConfig) -> i32 {
             return EXIT_CAPEXEC_FAILURE;
         }
     };
-    let server = match Server::bind(config, Engine::default()).await {
+    let server = match Server::bind(config, engine).await {
         Ok(server) => server,
         Err(error) => {
             eprintln!("capexec: {error}");

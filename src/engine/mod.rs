@@ -96,6 +96,14 @@ impl Engine {
         if self.inner.closing.load(Ordering::Acquire) {
             return Err(shutting_down());
         }
+        if let Some(max) = self.inner.limits.max_processes
+            && self.inner.live().len() >= max
+        {
+            return Err(StartError::new(
+                StartErrorKind::LimitReached,
+                format!("the executor already holds its maximum of {max} processes"),
+            ));
+        }
         if spec.tty {
             self.start_on_terminal(spec)
         } else {

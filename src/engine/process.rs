@@ -37,6 +37,9 @@ pub struct ProcessLimits {
     pub log: LogLimits,
     /// SIGTERM-to-SIGKILL grace of `terminate` and of release.
     pub kill_grace: Duration,
+    /// Most processes held at once (running, or finished and not yet
+    /// released); `None`: no limit.
+    pub max_processes: Option<usize>,
 }
 
 impl Default for ProcessLimits {
@@ -44,6 +47,7 @@ impl Default for ProcessLimits {
         ProcessLimits {
             log: LogLimits::default(),
             kill_grace: Duration::from_secs(2),
+            max_processes: None,
         }
     }
 }

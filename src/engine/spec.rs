@@ -31,6 +31,10 @@ pub struct StartSpec {
     pub flow: Flow,
 }
 
+/// Most bytes of argv and environment a client may send: half of Linux's
+/// usual ARG_MAX (2 MiB), which the server's own environment shares.
+pub const MAX_ARGUMENT_BYTES: usize = 1 << 20;
+
 impl StartSpec {
     pub fn new<I, S>(argv: I) -> StartSpec
     where
@@ -80,6 +84,15 @@ impl StartSpec {
                 ));
             }
         }
+        let size = self.argument_bytes();
+        if size > MAX_ARGUMENT_BYTES {
+            return Err(StartError::new(
+                StartErrorKind::LimitReached,
+                format!(
+                    "argv and environment take {size} bytes; the limit is {MAX_ARGUMENT_BYTES}"
+                ),
+            ));
+        }
         if self.tty && (self.pty_size.rows == 0 || self.pty_size.cols == 0) {
             return invalid(format!(
                 "pty size {}x{} is empty; rows and cols must be at least 1",
@@ -87,6 +100,20 @@ impl StartSpec {
             ));
         }
         Ok(())
+    }
+
+    /// What the client's argv, arg0 and environment take as the kernel
+    /// counts them (each string with its terminating NUL; `NAME=VALUE`).
+    fn argument_bytes(&self) -> usize {
+        let strings = self.argv.iter().chain(self.arg0.as_ref());
+        let args: usize = strings.map(|arg| arg.len() + 1).sum();
+        let env: usize = self
+            .env
+            .set
+            .iter()
+            .map(|(name, value)| name.len() + value.len() + 2)
+            .sum();
+        args + env
     }
 
     /// The working directory to use, if not the server's.

@@ -47,6 +47,9 @@ pub struct ServerConfig {
     pub tls: Option<TlsServer>,
     /// What one connection may have outstanding before it is closed.
     pub call_limits: CallLimits,
+    /// Most processes one connection's starts may hold at once (`None`: no
+    /// limit but the engine's own).
+    pub max_processes_per_connection: Option<usize>,
 }
 
 #[derive(Debug)]
@@ -96,7 +99,11 @@ pub struct Server {
     token_path: Option<PathBuf>,
     tls: Option<TlsServer>,
     call_limits: CallLimits,
+    max_processes_per_connection: Option<usize>,
 }
+
+/// Makes the root executor of a new connection.
+type NewExecutor = Rc<dyn Fn() -> executor::Client>;
 
 /// How long a TLS client may take to finish its handshake; a peer that
 /// stalls is dropped without holding anything else up.
@@ -124,6 +131,7 @@ impl Server {
             token_path: None,
             tls: config.tls.clone(),
             call_limits: config.call_limits,
+            max_processes_per_connection: config.max_processes_per_connection,
         };
         if config.listen.iter().any(Address::is_tcp) {
             let path = config
@@ -202,7 +210,13 @@ impl Server {
             Ok(environments) => Rc::new(environments),
             Err(error) => unreachable!("checked by bind: {error}"),
         };
-        let executor = rpc::root_executor(Rc::clone(&environments));
+        // Each connection gets its own root, so it has its own quota.
+        let per_connection = self.max_processes_per_connection;
+        let shared = Rc::clone(&environments);
+        let executor: NewExecutor = Rc::new(move || {
+            let quota = per_connection.map_or_else(rpc::Quota::unlimited, rpc::Quota::at_most);
+            rpc::root_executor(Rc::clone(&shared), quota)
+        });
         let connections = Rc::new(AtomicU64::new(0));
         let accepting: Vec<JoinHandle<()>> = std::mem::take(&mut self.listeners)
             .into_iter()
@@ -210,7 +224,7 @@ impl Server {
                 tokio::task::spawn_local(accept_loop(
                     address,
                     listener,
-                    executor.clone(),
+                    Rc::clone(&executor),
                     self.token.clone(),
                     self.tls.clone(),
                     self.call_limits,
@@ -240,7 +254,7 @@ impl Server {
 async fn accept_loop(
     address: Address,
     listener: Listener,
-    executor: executor::Client,
+    executor: NewExecutor,
     token: Option<Arc<Token>>,
     tls: Option<TlsServer>,
     limits: CallLimits,
@@ -286,7 +300,7 @@ async fn accept_loop(
         };
         let id = connections.fetch_add(1, Ordering::Relaxed) + 1;
         let span = tracing::info_span!("connection", id, peer = %peer);
-        let executor = executor.clone();
+        let executor = executor();
         tokio::task::spawn_local(
             async move {
                 if let Some(network) = network.await {

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use crate::engine::{Process, ProcessOwner};
 use crate::model::{StartError, StartErrorKind};
 use crate::rpc::convert;
+use crate::rpc::quota::Ticket;
 
 /// Longest grace a process may ask for: a day.
 pub const MAX_GRACE: Duration = Duration::from_secs(86_400);
@@ -32,6 +33,8 @@ type Key = [u8; 32];
 /// terminated when the last share goes, unless it is parked.
 pub(crate) struct Held {
     owner: ProcessOwner,
+    /// Counts the process against its connection's quota while it lives.
+    _ticket: Ticket,
     detach: RefCell<Option<Detach>>,
     /// `Process` capabilities that are alive for this process.
     attached: Cell<usize>,
@@ -46,9 +49,10 @@ struct Detach {
 }
 
 impl Held {
-    pub(crate) fn new(owner: ProcessOwner, registry: &Rc<Detachments>) -> Rc<Held> {
+    pub(crate) fn new(owner: ProcessOwner, registry: &Rc<Detachments>, ticket: Ticket) -> Rc<Held> {
         Rc::new(Held {
             owner,
+            _ticket: ticket,
             detach: RefCell::new(None),
             attached: Cell::new(0),
             registry: Rc::downgrade(registry),
@@ -377,6 +381,7 @@ async fn wait_park(
 mod tests {
     use super::*;
     use crate::engine::{Engine, ProcessLimits, StartSpec};
+    use crate::rpc::quota::Quota;
 
     fn on_local_set(body: impl Future<Output = ()>) {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -403,7 +408,11 @@ mod tests {
             let registry = Detachments::new(Duration::from_millis(50));
             let owner = engine.start(&StartSpec::new(["true"])).expect("start");
             let process = owner.handle();
-            let held = Held::new(owner, &registry);
+            let held = Held::new(
+                owner,
+                &registry,
+                Quota::unlimited().take().expect("unlimited"),
+            );
             held.attach();
             let token = held
                 .make_detachable(Duration::from_secs(1))
@@ -427,7 +436,11 @@ mod tests {
                 .start(&StartSpec::new(["sleep", "1000"]))
                 .expect("start");
             let process = owner.handle();
-            let held = Held::new(owner, &registry);
+            let held = Held::new(
+                owner,
+                &registry,
+                Quota::unlimited().take().expect("unlimited"),
+            );
             held.attach();
             held.make_detachable(MAX_GRACE).expect("detachable");
             held.detach_capability();
@@ -436,7 +449,11 @@ mod tests {
             registry.clear();
             assert_eq!(registry.parked(), 0);
             let again = engine.start(&StartSpec::new(["true"])).expect("start");
-            let late = Held::new(again, &registry);
+            let late = Held::new(
+                again,
+                &registry,
+                Quota::unlimited().take().expect("unlimited"),
+            );
             assert!(
                 late.make_detachable(MAX_GRACE).is_err(),
                 "detachable after clear"

@@ -14,19 +14,23 @@ use crate::rpc::environments::{Environments, Place};
 use crate::rpc::forward::{self, ForwardingExecutor};
 use crate::rpc::info;
 use crate::rpc::process::ProcessImpl;
+use crate::rpc::quota::Quota;
 
 pub struct ExecutorImpl {
     environments: Rc<Environments>,
     starts_at: Place,
+    quota: Quota,
 }
 
 impl ExecutorImpl {
-    /// The root executor of a server with `environments`.
-    pub fn root(environments: Rc<Environments>) -> ExecutorImpl {
+    /// The root executor of a server with `environments`, whose local starts
+    /// count against `quota`.
+    pub fn root(environments: Rc<Environments>, quota: Quota) -> ExecutorImpl {
         let starts_at = environments.default_place();
         ExecutorImpl {
             environments,
             starts_at,
+            quota,
         }
     }
 
@@ -46,12 +50,16 @@ impl ExecutorImpl {
 /// The in-process executor: the same capability remote clients get, served
 /// by `engine` in this process (its only environment is "local").
 pub fn local_executor(engine: Engine) -> executor::Client {
-    root_executor(Rc::new(Environments::local_only(engine)))
+    root_executor(
+        Rc::new(Environments::local_only(engine)),
+        Quota::unlimited(),
+    )
 }
 
-/// The root executor of a server with `environments`.
-pub fn root_executor(environments: Rc<Environments>) -> executor::Client {
-    capnp_rpc::new_client(ExecutorImpl::root(environments))
+/// The root executor of a server with `environments`, for a connection
+/// whose local starts may hold `quota` processes at once.
+pub fn root_executor(environments: Rc<Environments>, quota: Quota) -> executor::Client {
+    capnp_rpc::new_client(ExecutorImpl::root(environments, quota))
 }
 
 impl executor::Server for ExecutorImpl {
@@ -66,6 +74,10 @@ impl executor::Server for ExecutorImpl {
         let params = params.get()?.get_params()?;
         let spec = convert::start_spec_from_wire(params)
             .map_err(|error| convert::start_error_to_wire(&error))?;
+        let ticket = self
+            .quota
+            .take()
+            .map_err(|error| convert::start_error_to_wire(&error))?;
         let owner = self
             .engine()
             .start(&spec)
@@ -75,6 +87,7 @@ impl executor::Server for ExecutorImpl {
             .set_process(capnp_rpc::new_client(ProcessImpl::new(Held::new(
                 owner,
                 self.environments.detachments(),
+                ticket,
             ))));
         Ok(())
     }
@@ -128,6 +141,7 @@ impl executor::Server for ExecutorImpl {
             Place::Local => capnp_rpc::new_client(ExecutorImpl {
                 environments: Rc::clone(&self.environments),
                 starts_at: Place::Local,
+                quota: self.quota.clone(),
             }),
             Place::Upstream(upstream) => capnp_rpc::new_client(ForwardingExecutor::new(upstream)),
         };

@@ -10,6 +10,7 @@ mod executor;
 mod forward;
 pub mod info;
 mod process;
+mod quota;
 mod subscription;
 
 pub use self::detach::{DEFAULT_RETENTION, Detachments, MAX_GRACE};
@@ -18,6 +19,7 @@ pub use self::environments::{
 };
 pub use self::executor::{ExecutorImpl, local_executor, root_executor};
 pub use self::process::{MAX_WAIT_MS, ProcessImpl};
+pub use self::quota::Quota;
 
 /// Output payload budget of one `EventSink.push`. A push carries whatever
 /// has accumulated, up to this much: large batches cut the per-message cost
