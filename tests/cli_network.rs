@@ -302,3 +302,70 @@ fn tls_through_the_cli_and_to_an_upstream() {
         (0, "via\n".to_string())
     );
 }
+
+/// A server killed with SIGKILL takes its children with it (their
+/// parent-death signal), and its socket does not block the next server.
+#[test]
+fn a_killed_server_leaves_no_child_and_no_stale_socket() {
+    let mut served = Served::start();
+    let (mut client, line) = spawn_until_first_line(served.run(&[
+        "--connect",
+        &served.unix,
+        "-n",
+        "--",
+        "sh",
+        "-c",
+        "echo $$; exec sleep 1000",
+    ]));
+    let pid: u32 = line.trim().parse().expect("remote pid");
+    assert!(pid_exists(pid));
+    served.child.kill().expect("SIGKILL the server");
+    served.child.wait().expect("reap the server");
+    wait_gone(pid);
+    assert_ne!(wait(&mut client), 0, "the client noticed the server died");
+
+    let socket = format!("unix:{}", served.socket.display());
+    let (mut again, address) =
+        spawn_until_first_line(common::cli::capexec(&["serve", "--listen", &socket]));
+    assert_eq!(address.trim(), socket);
+    kill(&again, libc::SIGTERM);
+    assert_eq!(wait(&mut again), 0);
+}
+
+/// An upstream killed with SIGKILL: the client of a process on it gets
+/// the failure, its process dies with the upstream, and the middle server
+/// goes on serving its other environments.
+#[test]
+fn a_killed_upstream_fails_its_processes_and_nothing_else() {
+    let mut far = Served::start();
+    let front = Served::start_with(&["--upstream", &format!("b={}", far.unix)]);
+    let (mut client, line) = spawn_until_first_line(front.run(&[
+        "--connect",
+        &front.unix,
+        "--environment",
+        "b",
+        "-n",
+        "--",
+        "sh",
+        "-c",
+        "echo $$; exec sleep 1000",
+    ]));
+    let pid: u32 = line.trim().parse().expect("remote pid");
+    far.child.kill().expect("SIGKILL the upstream");
+    far.child.wait().expect("reap the upstream");
+    wait_gone(pid);
+    assert_eq!(
+        wait(&mut client),
+        125,
+        "the client reports the lost upstream"
+    );
+
+    let local = finish(
+        front.run(&["--connect", &front.unix, "--", "echo", "local"]),
+        None,
+    );
+    assert_eq!(
+        (local.code, text(&local.stdout)),
+        (0, "local\n".to_string())
+    );
+}

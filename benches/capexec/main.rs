@@ -16,6 +16,9 @@
 mod latency;
 mod output;
 mod pipelining;
+#[path = "../../tests/common/procfs.rs"]
+#[allow(dead_code)]
+mod procfs;
 mod report;
 mod scale;
 mod servers;

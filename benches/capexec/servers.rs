@@ -5,7 +5,6 @@ use std::error::Error;
 use std::fmt;
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
-use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -102,7 +101,7 @@ impl Serve {
 
     /// What /proc says about the server now.
     pub fn usage(&self) -> std::io::Result<Usage> {
-        Usage::of(self.pid())
+        Ok(crate::procfs::usage(self.pid()))
     }
 }
 
@@ -182,64 +181,4 @@ impl fmt::Display for Servers {
     }
 }
 
-/// Memory and descriptors of one process, and its children.
-#[derive(Clone, Copy, Debug)]
-pub struct Usage {
-    pub rss_kib: u64,
-    pub fds: u64,
-    pub threads: u64,
-    /// Children that are alive, and those that exited and wait to be
-    /// reaped.
-    pub children: u64,
-    pub zombies: u64,
-}
-
-impl Usage {
-    pub fn of(pid: u32) -> std::io::Result<Usage> {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|line| line.strip_prefix(name))
-                .and_then(|rest| rest.split_whitespace().next())
-                .and_then(|value| value.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))?.count() as u64;
-        let (children, zombies) = children_of(pid);
-        Ok(Usage {
-            rss_kib: field("VmRSS:"),
-            fds,
-            threads: field("Threads:"),
-            children,
-            zombies,
-        })
-    }
-}
-
-/// Children of `parent`: (alive, exited but not reaped).
-fn children_of(parent: u32) -> (u64, u64) {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return (0, 0);
-    };
-    let (mut alive, mut zombies) = (0, 0);
-    for entry in entries.flatten() {
-        match child_state(&entry.path().join("stat"), parent) {
-            Some(true) => zombies += 1,
-            Some(false) => alive += 1,
-            None => {}
-        }
-    }
-    (alive, zombies)
-}
-
-/// For a child of `parent`, whether it is a zombie; `None` for others.
-fn child_state(stat: &Path, parent: u32) -> Option<bool> {
-    let text = std::fs::read_to_string(stat).ok()?;
-    // After the command name (which may hold spaces): state, then ppid.
-    let (_, rest) = text.rsplit_once(')')?;
-    let mut fields = rest.split_whitespace();
-    let state = fields.next()?;
-    let ppid = fields.next()?.parse::<u32>().ok()?;
-    (ppid == parent).then_some(state == "Z")
-}
+pub use crate::procfs::Usage;

@@ -16,6 +16,17 @@ use capexec::net::{
 };
 
 pub fn main(args: ServeArgs) -> i32 {
+    // Every process starts as the server's user: a set-user-ID install (or
+    // a wrapper that changed only the effective identity) would hand its
+    // clients another user's authority without anyone asking for it.
+    let (real, effective) = (nix::unistd::getuid(), nix::unistd::geteuid());
+    if real != effective {
+        eprintln!(
+            "capexec: refusing to serve as user {effective} on behalf of user {real} \
+             (set-user-ID?); run capexec serve as the user whose processes it starts"
+        );
+        return EXIT_CAPEXEC_FAILURE;
+    }
     let mut listen = Vec::new();
     for text in &args.listen {
         match text.parse::<Address>() {
@@ -71,6 +82,9 @@ pub fn main(args: ServeArgs) -> i32 {
     };
     let limits = ProcessLimits {
         max_processes: Some(args.max_processes),
+        // Every start comes from this (the main) thread, which lives as
+        // long as the server.
+        die_with_parent: true,
         ..ProcessLimits::default()
     };
     raise_descriptor_limit();

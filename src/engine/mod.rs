@@ -120,7 +120,7 @@ impl Engine {
             stdin,
             stdout,
             stderr,
-        } = spawn::spawn(spec, stdio)?;
+        } = spawn::spawn(spec, stdio, self.inner.limits.die_with_parent)?;
         // The Leader owns the child: if anything fails from here on, its
         // drop kills and reaps it.
         let attach = || -> std::io::Result<_> {
@@ -148,7 +148,11 @@ impl Engine {
                 format!("cannot open a pseudo-terminal: {error}"),
             )
         })?;
-        let child = spawn::spawn(spec, ChildStdio::Terminal(slave_path))?;
+        let child = spawn::spawn(
+            spec,
+            ChildStdio::Terminal(slave_path),
+            self.inner.limits.die_with_parent,
+        )?;
         drop(slave);
         let leader = child.leader;
         let io = terminal.io();

@@ -40,6 +40,12 @@ pub struct ProcessLimits {
     /// Most processes held at once (running, or finished and not yet
     /// released); `None`: no limit.
     pub max_processes: Option<usize>,
+    /// Children are killed if the thread that started them dies
+    /// (PR_SET_PDEATHSIG): for a server, whose processes must not outlive
+    /// it even when it is killed with SIGKILL. Only the direct child is
+    /// covered (what it started itself is orphaned), and it must be set only
+    /// where starts come from a thread that lives as long as the engine.
+    pub die_with_parent: bool,
 }
 
 impl Default for ProcessLimits {
@@ -48,6 +54,7 @@ impl Default for ProcessLimits {
             log: LogLimits::default(),
             kill_grace: Duration::from_secs(2),
             max_processes: None,
+            die_with_parent: false,
         }
     }
 }

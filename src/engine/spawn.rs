@@ -43,7 +43,13 @@ pub(crate) struct SpawnedChild {
 }
 
 /// Checks what can be checked first, then spawns.
-pub(crate) fn spawn(spec: &StartSpec, stdio: ChildStdio) -> Result<SpawnedChild, StartError> {
+/// With `die_with_parent`, the child is killed (SIGKILL) if the thread
+/// that spawns it, and so normally the whole server, dies first.
+pub(crate) fn spawn(
+    spec: &StartSpec,
+    stdio: ChildStdio,
+    die_with_parent: bool,
+) -> Result<SpawnedChild, StartError> {
     spec.validate()?;
     // Absolute, so that resolving the program here and the child's chdir
     // agree about relative paths.
@@ -78,7 +84,20 @@ pub(crate) fn spawn(spec: &StartSpec, stdio: ChildStdio) -> Result<SpawnedChild,
     let session = matches!(stdio, ChildStdio::Terminal(_));
     let mut plan = StdioPlan::new(&stdio).map_err(|error| spawn_failed(spec, &error))?;
     let leader = reaper::spawn_leader(session, || {
-        match launch(&program, &argv, &envp, cwd.as_deref(), &plan.actions) {
+        let parent = if die_with_parent {
+            // SAFETY: getpid has no preconditions.
+            unsafe { libc::getpid() }
+        } else {
+            0
+        };
+        match launch(
+            &program,
+            &argv,
+            &envp,
+            cwd.as_deref(),
+            &plan.actions,
+            parent,
+        ) {
             // execvp's rule: a file the kernel cannot execute is a script.
             Err(error) if error.raw_os_error() == Some(libc::ENOEXEC) => {
                 let mut shell_argv = vec![arg0.as_os_str(), program.as_os_str()];
@@ -89,6 +108,7 @@ pub(crate) fn spawn(spec: &StartSpec, stdio: ChildStdio) -> Result<SpawnedChild,
                     &envp,
                     cwd.as_deref(),
                     &plan.actions,
+                    parent,
                 )
             }
             other => other,
@@ -385,6 +405,8 @@ struct ChildPlan<'a> {
     max_signal: libc::c_int,
     /// Descriptors to close when close_range(2) is unavailable.
     open_fds: Option<&'a [RawFd]>,
+    /// Our pid if the child must die with us (PR_SET_PDEATHSIG), else 0.
+    parent: libc::pid_t,
     /// The errno of the step that failed, and which step; shared with the
     /// parent (CLONE_VM).
     error: AtomicI32,
@@ -397,6 +419,7 @@ fn launch(
     envp: &[OsString],
     cwd: Option<&Path>,
     stdio: &[StdioAction],
+    parent: libc::pid_t,
 ) -> io::Result<(i32, OwnedFd)> {
     let program = c_string(program.as_os_str())?;
     let argv: Vec<CString> = argv
@@ -421,6 +444,7 @@ fn launch(
         stdio,
         max_signal: libc::SIGRTMAX(),
         open_fds: open_fds.as_deref(),
+        parent,
         error: AtomicI32::new(0),
         step: AtomicI32::new(0),
     };
@@ -517,6 +541,23 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         let result = raw(libc::syscall(libc::SYS_setsid));
         if result < 0 {
             fail(plan, FAILED_IN_SETUP, result);
+        }
+        if plan.parent != 0 {
+            let result = raw(libc::syscall(
+                libc::SYS_prctl,
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL,
+                0,
+                0,
+                0,
+            ));
+            if result < 0 {
+                fail(plan, FAILED_IN_SETUP, result);
+            }
+            // The parent may have died before the request took effect.
+            if raw(libc::syscall(libc::SYS_getppid)) != libc::c_long::from(plan.parent) {
+                fail(plan, FAILED_IN_SETUP, -libc::c_long::from(libc::ESRCH));
+            }
         }
         for action in plan.stdio {
             match action {

@@ -29,24 +29,85 @@ pub fn open_fds(pid: u32) -> usize {
 
 /// Zombie children of `parent`.
 pub fn zombie_children(parent: u32) -> usize {
+    children(parent).1
+}
+
+/// Children of `parent`: (alive, exited and not yet reaped).
+pub fn children(parent: u32) -> (usize, usize) {
     let Ok(dir) = std::fs::read_dir("/proc") else {
-        return 0;
+        return (0, 0);
     };
-    dir.flatten()
+    let (mut alive, mut zombies) = (0, 0);
+    for pid in dir
+        .flatten()
         .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| {
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-                return false;
-            };
-            let Some(close) = stat.rfind(')') else {
-                return false;
-            };
-            let mut fields = stat[close + 1..].split_whitespace();
-            let state = fields.next();
-            let ppid = fields.next().and_then(|p| p.parse::<u32>().ok());
-            state == Some("Z") && ppid == Some(parent)
-        })
-        .count()
+    {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some(close) = stat.rfind(')') else {
+            continue;
+        };
+        let mut fields = stat[close + 1..].split_whitespace();
+        let state = fields.next();
+        if fields.next().and_then(|p| p.parse::<u32>().ok()) != Some(parent) {
+            continue;
+        }
+        if state == Some("Z") {
+            zombies += 1;
+        } else {
+            alive += 1;
+        }
+    }
+    (alive, zombies)
+}
+
+/// A numeric field of /proc/PID/status (`VmRSS:` in KiB, `Threads:`...).
+pub fn status_field(pid: u32, name: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(name))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Bytes `pid` has written with write(2) and the like (`wchar`).
+pub fn bytes_written(pid: u32) -> Option<u64> {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    io.lines()
+        .find_map(|line| line.strip_prefix("wchar:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Where `pid` sleeps in the kernel (`pipe_write`...), if anywhere.
+pub fn wchan(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/wchan")).ok()
+}
+
+/// What a server's resources look like at one moment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Usage {
+    pub rss_kib: u64,
+    pub fds: u64,
+    pub threads: u64,
+    pub children: u64,
+    pub zombies: u64,
+}
+
+pub fn usage(pid: u32) -> Usage {
+    let (children, zombies) = children(pid);
+    Usage {
+        rss_kib: status_field(pid, "VmRSS:").unwrap_or(0),
+        fds: open_fds(pid) as u64,
+        threads: status_field(pid, "Threads:").unwrap_or(0),
+        children: children as u64,
+        zombies: zombies as u64,
+    }
 }
 
 /// Polls `condition` until it holds, failing after a generous deadline.
