@@ -21,6 +21,18 @@ fn wait_gone(pid: u32) {
     }
 }
 
+/// `capexec run --connect` of a shell that prints its pid and then runs
+/// `then`, through `served` (with `extra` run arguments); returns the client
+/// and the remote pid.
+fn remote_shell(served: &Served, extra: &[&str], then: &str) -> (std::process::Child, u32) {
+    let script = format!("echo $$; {then}");
+    let mut args = vec!["--connect", served.unix.as_str()];
+    args.extend_from_slice(extra);
+    args.extend(["-n", "--", "sh", "-c", &script]);
+    let (client, line) = spawn_until_first_line(served.run(&args));
+    (client, line.trim().parse().expect("remote pid"))
+}
+
 #[test]
 fn run_connect_behaves_like_the_embedded_executor_over_both_transports() {
     let served = Served::start();
@@ -169,16 +181,7 @@ fn connection_failures_and_bad_tokens_are_one_line_and_exit_125() {
 #[test]
 fn a_killed_client_gets_its_processes_killed() {
     let served = Served::start();
-    let (mut client, line) = spawn_until_first_line(served.run(&[
-        "--connect",
-        &served.unix,
-        "-n",
-        "--",
-        "sh",
-        "-c",
-        "echo $$; while :; do echo tick; sleep 0.01; done",
-    ]));
-    let pid: u32 = line.trim().parse().expect("remote pid");
+    let (mut client, pid) = remote_shell(&served, &[], "while :; do echo tick; sleep 0.01; done");
     assert!(pid_exists(pid));
     client.kill().expect("SIGKILL the client");
     client.wait().expect("reap the client");
@@ -188,16 +191,7 @@ fn a_killed_client_gets_its_processes_killed() {
 #[test]
 fn sigterm_stops_the_server_cleanly() {
     let mut served = Served::start();
-    let (mut client, line) = spawn_until_first_line(served.run(&[
-        "--connect",
-        &served.unix,
-        "-n",
-        "--",
-        "sh",
-        "-c",
-        "echo $$; exec sleep 1000",
-    ]));
-    let pid: u32 = line.trim().parse().expect("remote pid");
+    let (mut client, pid) = remote_shell(&served, &[], "exec sleep 1000");
     kill(&served.child, libc::SIGTERM);
     assert_eq!(wait(&mut served.child), 0);
     wait_gone(pid);
@@ -308,16 +302,7 @@ fn tls_through_the_cli_and_to_an_upstream() {
 #[test]
 fn a_killed_server_leaves_no_child_and_no_stale_socket() {
     let mut served = Served::start();
-    let (mut client, line) = spawn_until_first_line(served.run(&[
-        "--connect",
-        &served.unix,
-        "-n",
-        "--",
-        "sh",
-        "-c",
-        "echo $$; exec sleep 1000",
-    ]));
-    let pid: u32 = line.trim().parse().expect("remote pid");
+    let (mut client, pid) = remote_shell(&served, &[], "exec sleep 1000");
     assert!(pid_exists(pid));
     served.child.kill().expect("SIGKILL the server");
     served.child.wait().expect("reap the server");
@@ -339,18 +324,7 @@ fn a_killed_server_leaves_no_child_and_no_stale_socket() {
 fn a_killed_upstream_fails_its_processes_and_nothing_else() {
     let mut far = Served::start();
     let front = Served::start_with(&["--upstream", &format!("b={}", far.unix)]);
-    let (mut client, line) = spawn_until_first_line(front.run(&[
-        "--connect",
-        &front.unix,
-        "--environment",
-        "b",
-        "-n",
-        "--",
-        "sh",
-        "-c",
-        "echo $$; exec sleep 1000",
-    ]));
-    let pid: u32 = line.trim().parse().expect("remote pid");
+    let (mut client, pid) = remote_shell(&front, &["--environment", "b"], "exec sleep 1000");
     far.child.kill().expect("SIGKILL the upstream");
     far.child.wait().expect("reap the upstream");
     wait_gone(pid);
