@@ -20,7 +20,7 @@ pub use self::address::Address;
 pub use self::auth::UNAUTHENTICATED_TAG;
 pub use self::connect::{ConnectError, Connection, connect, connect_with};
 pub use self::guard::CallLimits;
-pub use self::server::{ServeError, Server, ServerConfig};
+pub use self::server::{ServeError, Server, ServerConfig, serve_stream};
 pub use self::tls::{ServerTrust, TlsClient, TlsError, TlsServer};
 pub use self::token::{Token, TokenError, default_token_path};
 pub use self::upstream::UpstreamConfig;

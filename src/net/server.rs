@@ -336,6 +336,24 @@ async fn tls_handshake(
     }
 }
 
+/// Serves `executor` to the peer at the other end of `reader` and `writer`
+/// (any byte stream: a pipe pair, an SSH channel, stdio) until it
+/// disconnects, with the same protections as a served Unix socket: the
+/// executor is the bootstrap, and [`CallLimits`] bound what the peer may
+/// have outstanding. Must run inside a `LocalSet`.
+pub async fn serve_stream<R, W>(
+    reader: R,
+    writer: W,
+    executor: executor::Client,
+    limits: CallLimits,
+) where
+    R: tokio::io::AsyncRead + Unpin + 'static,
+    W: tokio::io::AsyncWrite + Unpin + 'static,
+{
+    let network = transport::network(reader, writer, Side::Server, limits);
+    serve_connection(network, executor, None).await;
+}
+
 /// One connection: its own RpcSystem, whose bootstrap is the Executor
 /// (Unix) or a Gatekeeper (TCP). When it ends, capnp releases every
 /// capability the peer held, which kills its processes.
