@@ -15,11 +15,8 @@ use capexec::capexec_capnp::executor;
 use capexec::client::{Command, Stdin};
 use capexec::engine::Engine;
 use capexec::net::{CallLimits, serve_stream};
-use capnp_rpc::RpcSystem;
 use capnp_rpc::rpc_twoparty_capnp::Side;
-use capnp_rpc::twoparty::VatNetwork;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
-use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 
 const CASES: u64 = 2000;
 /// How long a connection may take to end once its input has.
@@ -45,13 +42,7 @@ impl Noise {
 /// (aborting it closes the stream).
 fn client_on(stream: DuplexStream) -> (executor::Client, tokio::task::JoinHandle<()>) {
     let (reader, writer) = tokio::io::split(stream);
-    let network = VatNetwork::new(
-        futures::io::BufReader::new(reader.compat()),
-        writer.compat_write(),
-        Side::Client,
-        Default::default(),
-    );
-    let mut system = RpcSystem::new(Box::new(network), None);
+    let mut system = common::raw_client_system(reader, writer);
     let executor: executor::Client = system.bootstrap(Side::Server);
     let task = tokio::task::spawn_local(async move {
         let _ = system.await;

@@ -7,12 +7,9 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
-use capnp_rpc::RpcSystem;
 use capnp_rpc::rpc_twoparty_capnp::Side;
-use capnp_rpc::twoparty::VatNetwork;
 use futures::future::join_all;
 use tokio::io::AsyncWriteExt;
-use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 
 use capexec::capexec_capnp::{executor, gatekeeper};
 use capexec::client::{Command, Error, describe};
@@ -32,13 +29,7 @@ async fn raw_gatekeeper(address: &Address) -> gatekeeper::Client {
         .await
         .expect("connect");
     let (reader, writer) = stream.into_split();
-    let network = VatNetwork::new(
-        futures::io::BufReader::new(reader.compat()),
-        writer.compat_write(),
-        Side::Client,
-        Default::default(),
-    );
-    let mut system = RpcSystem::new(Box::new(network), None);
+    let mut system = common::raw_client_system(reader, writer);
     let gatekeeper: gatekeeper::Client = system.bootstrap(Side::Server);
     tokio::task::spawn_local(system);
     gatekeeper

@@ -292,3 +292,23 @@ pub fn pid_after(text: &str, marker: &str) -> u32 {
         .and_then(|pid| pid.parse().ok())
         .unwrap_or_else(|| panic!("no pid after {marker:?} in {text:?}"))
 }
+
+/// A plain two-party client system over `reader` and `writer`, with none
+/// of capexec's own connection set-up (for tests that play a raw peer).
+pub fn raw_client_system<R, W>(
+    reader: R,
+    writer: W,
+) -> capnp_rpc::RpcSystem<capnp_rpc::rpc_twoparty_capnp::Side>
+where
+    R: tokio::io::AsyncRead + Unpin + 'static,
+    W: tokio::io::AsyncWrite + Unpin + 'static,
+{
+    use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
+    let network = capnp_rpc::twoparty::VatNetwork::new(
+        futures::io::BufReader::new(reader.compat()),
+        writer.compat_write(),
+        capnp_rpc::rpc_twoparty_capnp::Side::Client,
+        Default::default(),
+    );
+    capnp_rpc::RpcSystem::new(Box::new(network), None)
+}
