@@ -43,6 +43,7 @@ pub struct Plan {
     pub pipelining_rounds: usize,
     pub concurrent: usize,
     pub sequential: usize,
+    pub clients: usize,
 }
 
 impl Plan {
@@ -60,6 +61,7 @@ impl Plan {
                 pipelining_rounds: 2,
                 concurrent: 50,
                 sequential: 200,
+                clients: 10,
             }
         } else {
             Plan {
@@ -74,6 +76,7 @@ impl Plan {
                 pipelining_rounds: 10,
                 concurrent: 1000,
                 sequential: 10_000,
+                clients: 200,
             }
         }
     }

@@ -1,6 +1,7 @@
-//! Scale: many concurrent idle processes on one server (start time, server
-//! memory and descriptors per process), then many short processes one
-//! after another (rate, and whether anything drifts).
+//! Scale and soak: many concurrent idle processes on one server (start
+//! time, server memory and descriptors per process), many short processes
+//! one after another (rate), many concurrent clients; and whether anything
+//! drifts from before the sequential processes to after the clients.
 
 use std::error::Error;
 use std::time::Instant;
@@ -22,7 +23,60 @@ pub async fn run(plan: &Plan, report: &mut Report) -> Result<(), Box<dyn Error>>
     let (executor, _connection) = serve.connect().await?;
     Command::new("true").status(&executor).await?;
     concurrent(plan, &serve, &executor, report).await?;
-    sequential(plan, &serve, &executor, report).await
+    // Settle what the concurrent case left (released processes are reaped
+    // asynchronously), then take the before figure.
+    for _ in 0..10 {
+        Command::new("true").status(&executor).await?;
+    }
+    let before = settled(&serve).await?;
+    sequential(plan, &executor, report).await?;
+    clients(plan, &serve, report).await?;
+    let after = settled(&serve).await?;
+    let steady = after.fds <= before.fds && after.threads == before.threads && after.zombies == 0;
+    report.figure(
+        SECTION,
+        "server before the sequential processes -> after the clients",
+        format!(
+            "RSS {} -> {} KiB, fds {} -> {}, threads {} -> {}, zombies {}",
+            before.rss_kib,
+            after.rss_kib,
+            before.fds,
+            after.fds,
+            before.threads,
+            after.threads,
+            after.zombies
+        ),
+        Some(("no more fds, same threads, no zombies".to_string(), steady)),
+    );
+    Ok(())
+}
+
+/// Many clients at once, each connecting, running `echo` and leaving.
+async fn clients(plan: &Plan, serve: &Serve, report: &mut Report) -> Result<(), Box<dyn Error>> {
+    let n = plan.clients;
+    eprintln!("scale: {n} concurrent clients");
+    let started = Instant::now();
+    let runs = (0..n).map(|i| async move {
+        let (executor, _connection) = serve.connect().await?;
+        let mut echo = Command::new("echo");
+        echo.arg(format!("client {i}"));
+        let output = echo.output(&executor).await?;
+        if output.stdout != format!("client {i}\n").into_bytes() {
+            return Err::<(), Box<dyn Error>>(format!("client {i} got {:?}", output.stdout).into());
+        }
+        Ok(())
+    });
+    for outcome in join_all(runs).await {
+        outcome?;
+    }
+    let elapsed = started.elapsed();
+    report.figure(
+        SECTION,
+        format!("{n} concurrent clients, each connecting and running `echo`"),
+        format!("{:.0} ms, every output exact", elapsed.as_secs_f64() * 1e3),
+        None,
+    );
+    Ok(())
 }
 
 async fn concurrent(
@@ -102,19 +156,12 @@ async fn concurrent(
 
 async fn sequential(
     plan: &Plan,
-    serve: &Serve,
     executor: &capexec::capexec_capnp::executor::Client,
     report: &mut Report,
 ) -> Result<(), Box<dyn Error>> {
     let n = plan.sequential;
     eprintln!("scale: {n} sequential `true`");
     let command = Command::new("true");
-    // Settle what the concurrent case left (released processes are reaped
-    // asynchronously), then take the before figure.
-    for _ in 0..10 {
-        command.status(executor).await?;
-    }
-    let before = settled(serve).await?;
     let started = Instant::now();
     for _ in 0..n {
         let status = command.status(executor).await?;
@@ -123,7 +170,6 @@ async fn sequential(
         }
     }
     let elapsed = started.elapsed();
-    let after = settled(serve).await?;
     let started = Instant::now();
     for _ in 0..n {
         crate::wall::time_process("true", &[] as &[&str], None)?;
@@ -144,22 +190,6 @@ async fn sequential(
         None,
         format!("{:.0} processes/s", n as f64 / elapsed.as_secs_f64()),
     );
-    let steady = after.fds == before.fds && after.threads == before.threads && after.zombies == 0;
-    report.figure(
-        SECTION,
-        "server before -> after them",
-        format!(
-            "RSS {} -> {} KiB, fds {} -> {}, threads {} -> {}, zombies {}",
-            before.rss_kib,
-            after.rss_kib,
-            before.fds,
-            after.fds,
-            before.threads,
-            after.threads,
-            after.zombies
-        ),
-        Some(("same fds and threads, no zombies".to_string(), steady)),
-    );
     Ok(())
 }
 
@@ -171,7 +201,8 @@ async fn settled(serve: &Serve) -> Result<Usage, Box<dyn Error>> {
     loop {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         let now = serve.usage()?;
-        if (now.fds == last.fds && now.zombies == 0) || Instant::now() > deadline {
+        let quiet = now.fds == last.fds && now.zombies == 0 && now.children == 0;
+        if quiet || Instant::now() > deadline {
             return Ok(now);
         }
         last = now;
