@@ -31,6 +31,8 @@ pub async fn run(plan: &Plan, report: &mut Report) -> Result<(), Box<dyn Error>>
     let before = settled(&serve).await?;
     sequential(plan, &executor, report).await?;
     clients(plan, &serve, report).await?;
+    // The server hands freed memory back a second after connections close.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     let after = settled(&serve).await?;
     let steady = after.fds <= before.fds && after.threads == before.threads && after.zombies == 0;
     report.figure(

@@ -102,6 +102,38 @@ pub struct Server {
     max_processes_per_connection: Option<usize>,
 }
 
+/// Connections served so far, and whether memory is about to be returned.
+#[derive(Default)]
+struct Connections {
+    opened: AtomicU64,
+    trim_pending: std::cell::Cell<bool>,
+}
+
+/// How long after a connection closes its memory is handed back, so a
+/// burst of closes costs one trim.
+const TRIM_DELAY: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl Connections {
+    /// Hands memory freed by closed connections back to the system, once
+    /// per [`TRIM_DELAY`]. glibc keeps it otherwise, so a burst of clients
+    /// would leave the server at its peak size for good.
+    fn return_free_memory_soon(self: &Rc<Self>) {
+        if self.trim_pending.replace(true) {
+            return;
+        }
+        let connections = Rc::clone(self);
+        tokio::task::spawn_local(async move {
+            tokio::time::sleep(TRIM_DELAY).await;
+            connections.trim_pending.set(false);
+            #[cfg(target_env = "gnu")]
+            // SAFETY: malloc_trim only releases free memory of the allocator.
+            unsafe {
+                libc::malloc_trim(0);
+            }
+        });
+    }
+}
+
 /// Makes the root executor of a new connection.
 type NewExecutor = Rc<dyn Fn() -> executor::Client>;
 
@@ -217,7 +249,7 @@ impl Server {
             let quota = per_connection.map_or_else(rpc::Quota::unlimited, rpc::Quota::at_most);
             rpc::root_executor(Rc::clone(&shared), quota)
         });
-        let connections = Rc::new(AtomicU64::new(0));
+        let connections = Rc::new(Connections::default());
         let accepting: Vec<JoinHandle<()>> = std::mem::take(&mut self.listeners)
             .into_iter()
             .map(|(address, listener)| {
@@ -258,7 +290,7 @@ async fn accept_loop(
     token: Option<Arc<Token>>,
     tls: Option<TlsServer>,
     limits: CallLimits,
-    connections: Rc<AtomicU64>,
+    connections: Rc<Connections>,
 ) {
     tracing::info!(%address, tls = tls.is_some() && address.is_tcp(), "listening");
     loop {
@@ -298,14 +330,16 @@ async fn accept_loop(
                 continue;
             }
         };
-        let id = connections.fetch_add(1, Ordering::Relaxed) + 1;
+        let id = connections.opened.fetch_add(1, Ordering::Relaxed) + 1;
         let span = tracing::info_span!("connection", id, peer = %peer);
         let executor = executor();
+        let closed = Rc::clone(&connections);
         tokio::task::spawn_local(
             async move {
                 if let Some(network) = network.await {
                     serve_connection(network, executor, token).await;
                 }
+                closed.return_free_memory_soon();
             }
             .instrument(span),
         );
