@@ -86,18 +86,27 @@ impl PatternChecker {
 pub struct TempDir(pub std::path::PathBuf);
 
 impl TempDir {
+    /// A fresh directory of its own: names carry a counter, and an existing
+    /// directory is never reused (two tests may ask in the same clock tick).
     pub fn new(name: &str) -> TempDir {
-        let path = std::env::temp_dir().join(format!(
-            "capexec-test-{}-{}-{}",
-            name,
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0)
-        ));
-        std::fs::create_dir_all(&path).expect("create temp dir");
-        TempDir(path)
+        static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        loop {
+            let path = std::env::temp_dir().join(format!(
+                "capexec-test-{}-{}-{}-{}",
+                name,
+                std::process::id(),
+                MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos())
+                    .unwrap_or(0)
+            ));
+            match std::fs::create_dir(&path) {
+                Ok(()) => return TempDir(path),
+                Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(error) => panic!("create temp dir {}: {error}", path.display()),
+            }
+        }
     }
 
     pub fn path(&self) -> &Path {
