@@ -196,6 +196,19 @@ async fn process_calls_are_refused_with_their_reason(ctx: Ctx) {
     );
 
     process.terminate().await.expect("terminate");
+
+    if let (common::Backend::Tcp, Some(address)) = (ctx.backend, &ctx.address) {
+        let wrong = capexec::net::Token::new("not-the-token");
+        let connection = capexec::net::connect(address, Some(&wrong))
+            .await
+            .expect("the TCP connection itself is accepted");
+        let refused = Command::new("true").status(&connection.executor()).await;
+        assert_eq!(
+            refused.as_ref().map_err(message),
+            Err("login refused: wrong token".to_string()),
+            "wrong token"
+        );
+    }
 }
 
 backend_tests!(
