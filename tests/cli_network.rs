@@ -174,6 +174,25 @@ fn connection_failures_and_bad_tokens_are_one_line_and_exit_125() {
     );
     let bad_address = finish(served.run(&["--connect", "http://x", "--", "true"]), None);
     assert_eq!(bad_address.code, 125);
+
+    // Nothing is sent, so the address need not even exist.
+    let cleartext = finish(
+        served.run(&[
+            "--connect",
+            "tcp:192.0.2.1:7000",
+            "--token-file",
+            &served.token_arg(),
+            "--",
+            "true",
+        ]),
+        None,
+    );
+    assert_eq!(cleartext.code, 125);
+    assert_eq!(
+        text(&cleartext.stderr),
+        "capexec: refusing to send the login token in clear text to 192.0.2.1: give --tls-ca \
+         FILE or --tls-pin SHA256 (or --insecure-plaintext over a network you trust)\n"
+    );
 }
 
 /// A client killed mid-stream: the server notices the dead connection and

@@ -89,3 +89,62 @@ fn secrets_never_reach_the_log_even_at_trace_level() {
         assert!(!logged.contains(secret), "{secret:?} is in the log");
     }
 }
+
+/// The server raises its own descriptor limit, but its children start with
+/// the limit it was given (a huge soft limit slows programs that close
+/// every descriptor up to it).
+#[test]
+fn children_keep_the_descriptor_limit_the_server_was_given() {
+    use std::os::unix::process::CommandExt;
+    let dir = TempDir::new("nofile");
+    let socket = format!("unix:{}", dir.path().join("capexec.sock").display());
+    let mut serve = capexec(&["serve", "--listen", &socket]);
+    // SAFETY: setrlimit is async-signal-safe.
+    unsafe {
+        serve.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 256,
+                rlim_max: 4096,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut server = serve
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start capexec serve");
+    let mut address = String::new();
+    BufReader::new(server.stdout.take().expect("stdout"))
+        .read_line(&mut address)
+        .expect("address");
+    let server_limit = std::fs::read_to_string(format!("/proc/{}/limits", server.id()))
+        .expect("limits")
+        .lines()
+        .find(|line| line.starts_with("Max open files"))
+        .map(|line| line.split_whitespace().nth(3).unwrap_or("").to_string());
+    assert_eq!(
+        server_limit.as_deref(),
+        Some("4096"),
+        "the server raised its own"
+    );
+    let ran = finish(
+        capexec(&[
+            "run",
+            "--connect",
+            address.trim(),
+            "--",
+            "sh",
+            "-c",
+            "ulimit -n",
+        ]),
+        None,
+    );
+    assert_eq!(text(&ran.stdout), "256\n");
+    kill(&server, libc::SIGTERM);
+    assert_eq!(wait(&mut server), 0);
+}

@@ -428,3 +428,86 @@ fn process_limits_per_connection_and_per_server() {
         }
     });
 }
+
+/// A TCP peer that never logs in loses its connection at the deadline; one
+/// that logged in keeps it.
+#[test]
+fn a_connection_that_never_logs_in_is_closed_at_the_deadline() {
+    common::run_local(async {
+        let dir = TempDir::new("login-deadline");
+        let config = ServerConfig {
+            listen: vec!["tcp:127.0.0.1:0".parse().expect("address")],
+            token_file: Some(dir.path().join("token")),
+            login_deadline: Some(Duration::from_millis(300)),
+            ..ServerConfig::default()
+        };
+        let server = ServerThread::serve(dir, config);
+        let token = server.token.clone().expect("token");
+        let Address::Tcp { host, port } = &server.address else {
+            panic!("not tcp");
+        };
+        let stream = tokio::net::TcpStream::connect((host.as_str(), *port))
+            .await
+            .expect("connect");
+        let (reader, writer) = stream.into_split();
+        let mut idle = common::raw_client_system(reader, writer);
+        let _gatekeeper: gatekeeper::Client = idle.bootstrap(Side::Server);
+        let member = net::connect(&server.address, Some(&token))
+            .await
+            .expect("connect");
+        Command::new("true")
+            .status(&member.executor())
+            .await
+            .expect("logged in");
+        // The idle connection's system ends when the server closes it.
+        // Whether it ended cleanly or with an error does not matter: it ended.
+        let _ended = tokio::time::timeout(Duration::from_secs(30), idle)
+            .await
+            .expect("the idle connection was closed");
+        let still = Command::new("true").status(&member.executor()).await;
+        assert_eq!(
+            still.expect("the logged-in connection lives"),
+            ExitStatus::Code(0)
+        );
+    });
+}
+
+/// A restore counts against the restoring connection's quota; refused, it
+/// leaves the process parked for someone else to restore.
+#[test]
+fn restores_count_against_the_restoring_connection() {
+    common::run_local(async {
+        let dir = TempDir::new("restore-quota");
+        let config = ServerConfig {
+            listen: vec![Address::Unix(dir.path().join("capexec.sock"))],
+            max_processes_per_connection: Some(1),
+            ..ServerConfig::default()
+        };
+        let server = ServerThread::serve(dir, config);
+        let sleep = sh("exec sleep 1000");
+        let owner = net::connect(&server.address, None).await.expect("connect");
+        let detached = sleep.spawn(&owner.executor()).await.expect("start");
+        let token = detached
+            .detachable(Duration::from_secs(60))
+            .await
+            .expect("detachable");
+        drop((detached, owner));
+
+        let full = net::connect(&server.address, None).await.expect("connect");
+        let _held = sleep
+            .spawn(&full.executor())
+            .await
+            .expect("its one process");
+        let (_, refused) = capexec::client::restore(&full.executor(), &token);
+        match refused.await {
+            Err(Error::Start(error)) => {
+                assert_eq!(error.kind, capexec::model::StartErrorKind::LimitReached)
+            }
+            other => panic!("the restore went over the quota: {other:?}"),
+        }
+        let other = net::connect(&server.address, None).await.expect("connect");
+        let (process, restored) = capexec::client::restore(&other.executor(), &token);
+        restored.await.expect("still parked, restorable");
+        process.terminate().await.expect("terminate");
+    });
+}

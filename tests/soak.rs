@@ -3,7 +3,7 @@
 //! descriptors and threads are back where they were, with no zombie and
 //! memory within noise; and consumers that never read, which cost the
 //! server no more than the log bound. `cargo bench --bench capexec --
-//! --only soak` runs the same at full size (see docs/RELIABILITY.md).
+//! --only scale` runs the same at full size (see docs/RELIABILITY.md).
 
 mod common;
 

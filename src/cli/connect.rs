@@ -35,6 +35,16 @@ pub async fn target(args: &ConnectArgs) -> Result<Target, String> {
         None
     };
     let tls = client_tls(args)?;
+    if let Address::Tcp { host, .. } = &address
+        && tls.is_none()
+        && !args.insecure_plaintext
+        && !is_loopback(host)
+    {
+        return Err(format!(
+            "refusing to send the login token in clear text to {host}: give --tls-ca FILE or \
+             --tls-pin SHA256 (or --insecure-plaintext over a network you trust)"
+        ));
+    }
     let connection = net::connect_with(&address, token.as_ref(), tls.as_ref())
         .await
         .map_err(|error| error.to_string())?;
@@ -42,6 +52,14 @@ pub async fn target(args: &ConnectArgs) -> Result<Target, String> {
         executor: connection.executor(),
         _connection: Some(connection),
     })
+}
+
+/// Whether `host` names this machine, where a token cannot be overheard.
+pub fn is_loopback(host: &str) -> bool {
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// `--tls-ca FILE` or `--tls-pin SHA256`, if either is given.

@@ -61,6 +61,10 @@ pub struct ConnectArgs {
     /// fingerprint (64 hex digits, colons allowed; `capexec serve` logs it).
     #[arg(long, value_name = "SHA256")]
     tls_pin: Option<String>,
+    /// Send the login token to a non-loopback tcp: address without TLS
+    /// (only over a network you trust, or a tunnel).
+    #[arg(long)]
+    insecure_plaintext: bool,
 }
 
 #[derive(Args, Debug)]

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use crate::cli::{EXIT_CAPEXEC_FAILURE, ServeArgs};
-use capexec::engine::{self, Engine, ProcessLimits};
+use capexec::engine::{self, ChildSetup, Engine, ProcessLimits};
 use capexec::net::{
     Address, CallLimits, Server, ServerConfig, ServerTrust, TlsClient, TlsServer, Token,
     UpstreamConfig,
@@ -20,10 +20,12 @@ pub fn main(args: ServeArgs) -> i32 {
     // a wrapper that changed only the effective identity) would hand its
     // clients another user's authority without anyone asking for it.
     let (real, effective) = (nix::unistd::getuid(), nix::unistd::geteuid());
-    if real != effective {
+    let (real_group, effective_group) = (nix::unistd::getgid(), nix::unistd::getegid());
+    if real != effective || real_group != effective_group {
         eprintln!(
-            "capexec: refusing to serve as user {effective} on behalf of user {real} \
-             (set-user-ID?); run capexec serve as the user whose processes it starts"
+            "capexec: refusing to serve as user {effective} (group {effective_group}) on behalf \
+             of user {real} (group {real_group}): set-user-ID or set-group-ID? Run capexec \
+             serve as the user whose processes it starts"
         );
         return EXIT_CAPEXEC_FAILURE;
     }
@@ -79,15 +81,19 @@ pub fn main(args: ServeArgs) -> i32 {
             max_bytes: args.max_call_memory_per_connection << 20,
         },
         max_processes_per_connection: Some(args.max_processes_per_connection),
+        login_deadline: None,
     };
     let limits = ProcessLimits {
         max_processes: Some(args.max_processes),
-        // Every start comes from this (the main) thread, which lives as
-        // long as the server.
-        die_with_parent: true,
+        child: ChildSetup {
+            // Every start comes from this (the main) thread, which lives as
+            // long as the server.
+            die_with_parent: true,
+            descriptor_limit: raise_descriptor_limit(),
+        },
         ..ProcessLimits::default()
     };
-    raise_descriptor_limit();
+
     crate::cli::run_local(serve(config, Engine::new(limits)))
 }
 
@@ -153,6 +159,16 @@ fn upstreams(args: &ServeArgs) -> Result<Vec<UpstreamConfig>, String> {
             }
             None => None,
         };
+        if let Address::Tcp { host, .. } = &address
+            && tls.is_none()
+            && !crate::cli::connect::is_loopback(host)
+        {
+            tracing::warn!(
+                upstream = name,
+                "the login token for this upstream travels in clear text: give \
+                 --upstream-tls-ca or --upstream-tls-pin"
+            );
+        }
         let mut upstream = UpstreamConfig::new(name, address, token);
         upstream.tls = tls;
         upstreams.push(upstream);
@@ -179,17 +195,24 @@ fn split_pair<'a>(pair: &'a str, flag: &str, form: &str) -> Result<(&'a str, &'a
 
 /// Every process costs the server three descriptors (its pidfd, stdout
 /// and stderr; four with stdin): lift the soft limit to the hard one so a
-/// busy server fails with [capexec:limit], not with EMFILE.
-fn raise_descriptor_limit() {
+/// busy server fails with [capexec:limit], not with EMFILE. Returns the
+/// limit as it was, for the children: a huge soft limit slows programs that
+/// close every descriptor up to it.
+fn raise_descriptor_limit() -> Option<(u64, u64)> {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     match getrlimit(Resource::RLIMIT_NOFILE) {
-        Ok((soft, hard)) if soft < hard => {
-            if let Err(error) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => Some((soft, hard)),
+            Err(error) => {
                 tracing::warn!(%error, soft, hard, "cannot raise the descriptor limit");
+                None
             }
+        },
+        Ok(_) => None,
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the descriptor limit");
+            None
         }
-        Ok(_) => {}
-        Err(error) => tracing::warn!(%error, "cannot read the descriptor limit"),
     }
 }
 

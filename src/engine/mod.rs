@@ -36,6 +36,7 @@ pub use self::process::{
     MAX_QUEUED_STDIN_BYTES, MAX_QUEUED_STDIN_WRITES, MAX_WRITE_BYTES, ProcessLimits,
 };
 pub use self::reaper::{become_subreaper, is_subreaper};
+pub use self::spawn::ChildSetup;
 pub use self::spec::{EnvSpec, StartSpec};
 pub use self::stdin::REMEMBERED_WRITE_IDS;
 
@@ -120,7 +121,7 @@ impl Engine {
             stdin,
             stdout,
             stderr,
-        } = spawn::spawn(spec, stdio, self.inner.limits.die_with_parent)?;
+        } = spawn::spawn(spec, stdio, &self.inner.limits.child)?;
         // The Leader owns the child: if anything fails from here on, its
         // drop kills and reaps it.
         let attach = || -> std::io::Result<_> {
@@ -151,7 +152,7 @@ impl Engine {
         let child = spawn::spawn(
             spec,
             ChildStdio::Terminal(slave_path),
-            self.inner.limits.die_with_parent,
+            &self.inner.limits.child,
         )?;
         drop(slave);
         let leader = child.leader;

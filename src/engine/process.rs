@@ -40,12 +40,14 @@ pub struct ProcessLimits {
     /// Most processes held at once (running, or finished and not yet
     /// released); `None`: no limit.
     pub max_processes: Option<usize>,
-    /// Children are killed if the thread that started them dies
-    /// (PR_SET_PDEATHSIG): for a server, whose processes must not outlive
-    /// it even when it is killed with SIGKILL. Only the direct child is
-    /// covered (what it started itself is orphaned), and it must be set only
-    /// where starts come from a thread that lives as long as the engine.
-    pub die_with_parent: bool,
+    /// How children are set up: `die_with_parent` kills them if the thread
+    /// that started them dies (for a server, whose processes must not
+    /// outlive it even when killed with SIGKILL; set it only where starts
+    /// come from a thread that lives as long as the engine, and know that
+    /// the kernel drops it for set-user-ID programs and that what a child
+    /// starts itself is orphaned); `descriptor_limit` gives children the
+    /// limit a server had before it raised its own.
+    pub child: crate::engine::ChildSetup,
 }
 
 impl Default for ProcessLimits {
@@ -54,7 +56,7 @@ impl Default for ProcessLimits {
             log: LogLimits::default(),
             kill_grace: Duration::from_secs(2),
             max_processes: None,
-            die_with_parent: false,
+            child: crate::engine::ChildSetup::default(),
         }
     }
 }

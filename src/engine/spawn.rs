@@ -43,12 +43,11 @@ pub(crate) struct SpawnedChild {
 }
 
 /// Checks what can be checked first, then spawns.
-/// With `die_with_parent`, the child is killed (SIGKILL) if the thread
-/// that spawns it, and so normally the whole server, dies first.
+/// What the child gets besides its spec: see [`ChildSetup`].
 pub(crate) fn spawn(
     spec: &StartSpec,
     stdio: ChildStdio,
-    die_with_parent: bool,
+    setup: &ChildSetup,
 ) -> Result<SpawnedChild, StartError> {
     spec.validate()?;
     // Absolute, so that resolving the program here and the child's chdir
@@ -84,11 +83,17 @@ pub(crate) fn spawn(
     let session = matches!(stdio, ChildStdio::Terminal(_));
     let mut plan = StdioPlan::new(&stdio).map_err(|error| spawn_failed(spec, &error))?;
     let leader = reaper::spawn_leader(session, || {
-        let parent = if die_with_parent {
-            // SAFETY: getpid has no preconditions.
-            unsafe { libc::getpid() }
-        } else {
-            0
+        let extras = Extras {
+            parent: if setup.die_with_parent {
+                // SAFETY: getpid has no preconditions.
+                unsafe { libc::getpid() }
+            } else {
+                0
+            },
+            descriptor_limit: setup.descriptor_limit.map(|(soft, hard)| libc::rlimit64 {
+                rlim_cur: soft,
+                rlim_max: hard,
+            }),
         };
         match launch(
             &program,
@@ -96,7 +101,7 @@ pub(crate) fn spawn(
             &envp,
             cwd.as_deref(),
             &plan.actions,
-            parent,
+            &extras,
         ) {
             // execvp's rule: a file the kernel cannot execute is a script.
             Err(error) if error.raw_os_error() == Some(libc::ENOEXEC) => {
@@ -108,7 +113,7 @@ pub(crate) fn spawn(
                     &envp,
                     cwd.as_deref(),
                     &plan.actions,
-                    parent,
+                    &extras,
                 )
             }
             other => other,
@@ -405,12 +410,29 @@ struct ChildPlan<'a> {
     max_signal: libc::c_int,
     /// Descriptors to close when close_range(2) is unavailable.
     open_fds: Option<&'a [RawFd]>,
-    /// Our pid if the child must die with us (PR_SET_PDEATHSIG), else 0.
-    parent: libc::pid_t,
+    extras: &'a Extras,
     /// The errno of the step that failed, and which step; shared with the
     /// parent (CLONE_VM).
     error: AtomicI32,
     step: AtomicI32,
+}
+
+/// How every child of an engine is set up beyond its spec.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChildSetup {
+    /// Kill the child (SIGKILL) if the thread that spawned it, normally the
+    /// whole server, dies first (PR_SET_PDEATHSIG).
+    pub die_with_parent: bool,
+    /// The descriptor limit (soft, hard) the child starts with, when the
+    /// engine's own was raised: children get what the system gave us.
+    pub descriptor_limit: Option<(u64, u64)>,
+}
+
+/// [`ChildSetup`] as the child applies it.
+struct Extras {
+    /// Our pid if the child must die with us, else 0.
+    parent: libc::pid_t,
+    descriptor_limit: Option<libc::rlimit64>,
 }
 
 fn launch(
@@ -419,7 +441,7 @@ fn launch(
     envp: &[OsString],
     cwd: Option<&Path>,
     stdio: &[StdioAction],
-    parent: libc::pid_t,
+    extras: &Extras,
 ) -> io::Result<(i32, OwnedFd)> {
     let program = c_string(program.as_os_str())?;
     let argv: Vec<CString> = argv
@@ -444,7 +466,7 @@ fn launch(
         stdio,
         max_signal: libc::SIGRTMAX(),
         open_fds: open_fds.as_deref(),
-        parent,
+        extras,
         error: AtomicI32::new(0),
         step: AtomicI32::new(0),
     };
@@ -542,7 +564,20 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         if result < 0 {
             fail(plan, FAILED_IN_SETUP, result);
         }
-        if plan.parent != 0 {
+        if let Some(limit) = &plan.extras.descriptor_limit {
+            let result = raw(libc::syscall(
+                libc::SYS_prlimit64,
+                0,
+                libc::RLIMIT_NOFILE,
+                limit as *const libc::rlimit64,
+                std::ptr::null_mut::<libc::rlimit64>(),
+            ));
+            if result < 0 {
+                fail(plan, FAILED_IN_SETUP, result);
+            }
+        }
+        let parent = plan.extras.parent;
+        if parent != 0 {
             let result = raw(libc::syscall(
                 libc::SYS_prctl,
                 libc::PR_SET_PDEATHSIG,
@@ -555,7 +590,7 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
                 fail(plan, FAILED_IN_SETUP, result);
             }
             // The parent may have died before the request took effect.
-            if raw(libc::syscall(libc::SYS_getppid)) != libc::c_long::from(plan.parent) {
+            if raw(libc::syscall(libc::SYS_getppid)) != libc::c_long::from(parent) {
                 fail(plan, FAILED_IN_SETUP, -libc::c_long::from(libc::ESRCH));
             }
         }

@@ -123,7 +123,7 @@ pub async fn connect_with(
                 .map_err(io)?;
             let (reader, writer) = stream.into_split();
             (
-                transport::network(reader, writer, Side::Client, CallLimits::default()),
+                transport::network(reader, writer, Side::Client, CallLimits::unlimited()),
                 None,
             )
         }
@@ -138,7 +138,7 @@ pub async fn connect_with(
             let network = match tls {
                 None => {
                     let (reader, writer) = stream.into_split();
-                    transport::network(reader, writer, Side::Client, CallLimits::default())
+                    transport::network(reader, writer, Side::Client, CallLimits::unlimited())
                 }
                 Some(tls) => {
                     let failed = |why| ConnectError::Tls(address.clone(), why);
@@ -151,7 +151,7 @@ pub async fn connect_with(
                             .map_err(timed_out)?
                             .map_err(|error| failed(tls.explain(host, &error)))?;
                     let (reader, writer) = tokio::io::split(stream);
-                    transport::network(reader, writer, Side::Client, CallLimits::default())
+                    transport::network(reader, writer, Side::Client, CallLimits::unlimited())
                 }
             };
             (network, Some(token.as_str().to_string()))

@@ -28,6 +28,18 @@ pub struct CallLimits {
     pub max_bytes: usize,
 }
 
+impl CallLimits {
+    /// No bound: for the client side of a connection, whose peer is the
+    /// server the user chose, and whose "calls" are that server's pushes of
+    /// output, held open by the client's own flow control.
+    pub fn unlimited() -> CallLimits {
+        CallLimits {
+            max_calls: usize::MAX,
+            max_bytes: usize::MAX,
+        }
+    }
+}
+
 impl Default for CallLimits {
     fn default() -> Self {
         CallLimits {
@@ -36,6 +48,26 @@ impl Default for CallLimits {
         }
     }
 }
+
+/// What a received call holds while it is outstanding. A stdin write's
+/// data is copied into the process's own stdin queue (bounded per process)
+/// as the call is dispatched, so only the rest of it counts here.
+fn payload_bytes(
+    call: &capnp_rpc::rpc_capnp::call::Reader<'_>,
+    body: capnp::any_pointer::Reader<'_>,
+) -> capnp::Result<usize> {
+    use capnp::traits::HasTypeId;
+    let is_write = call.get_interface_id()
+        == <crate::capexec_capnp::process::Client as HasTypeId>::TYPE_ID
+        && call.get_method_id() == WRITE_METHOD;
+    if is_write {
+        return Ok(0);
+    }
+    Ok(body.target_size()?.word_count as usize * 8)
+}
+
+/// `Process.write`'s ordinal in the schema.
+const WRITE_METHOD: u16 = 1;
 
 struct Ledger {
     limits: CallLimits,
@@ -47,16 +79,20 @@ struct Ledger {
 impl Ledger {
     fn received(&mut self, incoming: &dyn IncomingMessage) -> capnp::Result<()> {
         let body = incoming.get_body()?;
-        let question = match body.get_as::<message::Reader>()?.which()? {
-            message::Call(call) => call?.get_question_id(),
-            message::Bootstrap(bootstrap) => bootstrap?.get_question_id(),
-            message::Finish(finish) => {
+        let (question, size) = match body.get_as::<message::Reader>()?.which() {
+            Ok(message::Call(call)) => {
+                let call = call?;
+                (call.get_question_id(), payload_bytes(&call, body)?)
+            }
+            Ok(message::Bootstrap(bootstrap)) => (bootstrap?.get_question_id(), 0),
+            Ok(message::Finish(finish)) => {
                 self.answered(finish?.get_question_id());
                 return Ok(());
             }
-            _ => return Ok(()),
+            // Other messages, and kinds this version does not know (which
+            // capnp-rpc answers as unimplemented), are not questions.
+            Ok(_) | Err(capnp::NotInSchema(_)) => return Ok(()),
         };
-        let size = body.target_size()?.word_count as usize * 8;
         if let Some(previous) = self.outstanding.insert(question, size) {
             self.bytes -= previous;
         }

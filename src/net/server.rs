@@ -19,7 +19,7 @@ use tracing::Instrument;
 use crate::capexec_capnp::{executor, gatekeeper};
 use crate::engine::Engine;
 use crate::net::address::Address;
-use crate::net::auth::GatekeeperImpl;
+use crate::net::auth::{GatekeeperImpl, LOGIN_DEADLINE};
 use crate::net::guard::CallLimits;
 use crate::net::socket::{self, UnixSocketFile};
 use crate::net::tls::TlsServer;
@@ -50,6 +50,8 @@ pub struct ServerConfig {
     /// Most processes one connection's starts may hold at once (`None`: no
     /// limit but the engine's own).
     pub max_processes_per_connection: Option<usize>,
+    /// How long a TCP connection may go without logging in (default 30 s).
+    pub login_deadline: Option<std::time::Duration>,
 }
 
 #[derive(Debug)]
@@ -95,11 +97,17 @@ pub struct Server {
     retention: std::time::Duration,
     listeners: Vec<(Address, Listener)>,
     unix_files: Vec<UnixSocketFile>,
-    token: Option<Arc<Token>>,
+    token: Option<Arc<Login>>,
     token_path: Option<PathBuf>,
     tls: Option<TlsServer>,
     call_limits: CallLimits,
     max_processes_per_connection: Option<usize>,
+}
+
+/// What a TCP connection must do before it gets the executor.
+struct Login {
+    token: Arc<Token>,
+    deadline: std::time::Duration,
 }
 
 /// Connections served so far, and whether memory is about to be returned.
@@ -175,7 +183,10 @@ impl Server {
             if created {
                 tracing::info!(path = %path.display(), "created a new token file");
             }
-            server.token = Some(Arc::new(token));
+            server.token = Some(Arc::new(Login {
+                token: Arc::new(token),
+                deadline: config.login_deadline.unwrap_or(LOGIN_DEADLINE),
+            }));
             server.token_path = Some(path);
         }
         for address in &config.listen {
@@ -287,7 +298,7 @@ async fn accept_loop(
     address: Address,
     listener: Listener,
     executor: NewExecutor,
-    token: Option<Arc<Token>>,
+    token: Option<Arc<Login>>,
     tls: Option<TlsServer>,
     limits: CallLimits,
     connections: Rc<Connections>,
@@ -372,9 +383,9 @@ async fn tls_handshake(
 
 /// Serves `executor` to the peer at the other end of `reader` and `writer`
 /// (any byte stream: a pipe pair, an SSH channel, stdio) until it
-/// disconnects, with the same protections as a served Unix socket: the
-/// executor is the bootstrap, and [`CallLimits`] bound what the peer may
-/// have outstanding. Must run inside a `LocalSet`.
+/// disconnects: the executor is the bootstrap, and [`CallLimits`] bound
+/// what the peer may have outstanding; process quotas are the executor's
+/// own (see `rpc::root_executor`). Must run inside a `LocalSet`.
 pub async fn serve_stream<R, W>(
     reader: R,
     writer: W,
@@ -391,17 +402,18 @@ pub async fn serve_stream<R, W>(
 /// One connection: its own RpcSystem, whose bootstrap is the Executor
 /// (Unix) or a Gatekeeper (TCP). When it ends, capnp releases every
 /// capability the peer held, which kills its processes.
-async fn serve_connection(network: Network, executor: executor::Client, token: Option<Arc<Token>>) {
+async fn serve_connection(network: Network, executor: executor::Client, login: Option<Arc<Login>>) {
     let started = Instant::now();
     tracing::info!("connected");
     let disconnector = Rc::new(RefCell::new(None));
-    let bootstrap = match token {
+    let bootstrap = match login {
         None => executor.client,
-        Some(token) => {
+        Some(login) => {
             let gatekeeper: gatekeeper::Client = capnp_rpc::new_client(GatekeeperImpl::new(
                 executor,
-                token,
+                Arc::clone(&login.token),
                 Rc::clone(&disconnector),
+                login.deadline,
             ));
             gatekeeper.client
         }

@@ -33,8 +33,9 @@ type Key = [u8; 32];
 /// terminated when the last share goes, unless it is parked.
 pub(crate) struct Held {
     owner: ProcessOwner,
-    /// Counts the process against its connection's quota while it lives.
-    _ticket: Ticket,
+    /// Counts the process against the quota of the connection that started
+    /// (or last restored) it, while it lives.
+    ticket: RefCell<Ticket>,
     detach: RefCell<Option<Detach>>,
     /// `Process` capabilities that are alive for this process.
     attached: Cell<usize>,
@@ -52,7 +53,7 @@ impl Held {
     pub(crate) fn new(owner: ProcessOwner, registry: &Rc<Detachments>, ticket: Ticket) -> Rc<Held> {
         Rc::new(Held {
             owner,
-            _ticket: ticket,
+            ticket: RefCell::new(ticket),
             detach: RefCell::new(None),
             attached: Cell::new(0),
             registry: Rc::downgrade(registry),
@@ -72,6 +73,13 @@ impl Held {
         if attached == 0 {
             self.park_if_detachable();
         }
+    }
+
+    /// The process now counts against the connection that gave `ticket`
+    /// (a restore), and no longer against the one before.
+    pub(crate) fn count_against(&self, ticket: Ticket) {
+        let previous = self.ticket.replace(ticket);
+        drop(previous);
     }
 
     pub(crate) fn owner(&self) -> &ProcessOwner {

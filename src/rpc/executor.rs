@@ -101,7 +101,13 @@ impl executor::Server for ExecutorImpl {
             return forward::restore(&forwarder, params, results).await;
         }
         let token = params.get()?.get_token()?.to_str()?;
+        // Taken first, so a refused restore leaves the process parked.
+        let ticket = self
+            .quota
+            .take()
+            .map_err(|error| convert::start_error_to_wire(&error))?;
         let held = self.environments.detachments().restore(token)?;
+        held.count_against(ticket);
         results
             .get()
             .set_process(capnp_rpc::new_client(ProcessImpl::new(held)));
