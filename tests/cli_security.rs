@@ -4,10 +4,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
-use common::cli::{capexec, finish, kill, text, wait};
+use common::cli::{
+    capexec, finish, kill, spawn_reading_first_line, spawn_until_first_line, text, wait,
+};
 use common::data::TempDir;
 
 #[test]
@@ -44,18 +45,12 @@ fn secrets_never_reach_the_log_even_at_trace_level() {
     let dir = TempDir::new("quiet-log");
     let token_file = dir.path().join("token");
     let log = dir.path().join("server.log");
-    let mut server = capexec(&["serve", "--listen", "tcp:127.0.0.1:0", "--token-file"])
+    let mut serve = capexec(&["serve", "--listen", "tcp:127.0.0.1:0", "--token-file"]);
+    serve
         .arg(&token_file)
         .env("RUST_LOG", "trace")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(std::fs::File::create(&log).expect("log file")))
-        .spawn()
-        .expect("start capexec serve");
-    let mut address = String::new();
-    BufReader::new(server.stdout.take().expect("stdout"))
-        .read_line(&mut address)
-        .expect("address");
+        .stderr(Stdio::from(std::fs::File::create(&log).expect("log file")));
+    let (mut server, address) = spawn_reading_first_line(serve);
     let token = std::fs::read_to_string(&token_file).expect("token");
     let mut run = Command::new(common::cli::BIN);
     run.args(["run", "--connect", address.trim(), "--token-file"])
@@ -112,16 +107,7 @@ fn children_keep_the_descriptor_limit_the_server_was_given() {
             Ok(())
         });
     }
-    let mut server = serve
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start capexec serve");
-    let mut address = String::new();
-    BufReader::new(server.stdout.take().expect("stdout"))
-        .read_line(&mut address)
-        .expect("address");
+    let (mut server, address) = spawn_until_first_line(serve);
     let server_limit = std::fs::read_to_string(format!("/proc/{}/limits", server.id()))
         .expect("limits")
         .lines()

@@ -85,10 +85,15 @@ pub fn text(bytes: &[u8]) -> String {
 /// Starts `command` with stdout piped and stderr discarded, and returns it
 /// once it has printed its first line.
 pub fn spawn_until_first_line(mut command: Command) -> (Child, String) {
+    command.stderr(Stdio::null());
+    spawn_reading_first_line(command)
+}
+
+/// The same, leaving stderr where `command` sends it.
+pub fn spawn_reading_first_line(mut command: Command) -> (Child, String) {
     let mut child = command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
         .spawn()
         .expect("start");
     let mut line = String::new();
