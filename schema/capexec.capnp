@@ -158,7 +158,8 @@ struct ExecutorInfo {
   #   "start", "read", "write", "write-id", "close-stdin", "signal",
   #   "terminate", "subscribe", "lossless", "tty", "resize", "process-info",
   #   "info", "environments", "detach" (`Process.detachable` and
-  #   `Executor.restore`).
+  #   `Executor.restore`), "facets" (`Process.observer` and
+  #   `Process.stdinWriter`).
   # Clients must ignore names they do not know.
 
   os @2 :Text;
@@ -375,6 +376,22 @@ interface Process {
   # by the server; it is the same on every call (a later call only changes
   # the grace). Processes that never call this keep the plain rule: the last
   # release terminates them.
+
+  observer @9 () -> (view :Process);
+  # A read-only facet of this process, to hand to someone who may watch but
+  # not act (a dashboard, a log shipper): on it `read`, `subscribe`, `info`
+  # and `observer` work as here, and every other call fails with an error
+  # tagged `[capexec:forbidden]` that names the call. A view does not keep
+  # the process alive: when the owner's capability is released, the process
+  # ends as usual and its observers see `exited` and `closed` (and can go on
+  # reading what is retained while they hold the view). Through chained
+  # executors the view is the far end's. An observer can make more observers.
+
+  stdinWriter @10 () -> (writer :Process);
+  # A facet that can only feed the process: `write`, `closeStdin` and `info`
+  # work as here, every other call fails with `[capexec:forbidden]`. Only the
+  # owner's capability can make one (a view or a writer cannot). It does not
+  # keep the process alive either.
 }
 
 struct ReadResult {

@@ -178,6 +178,21 @@ impl RemoteProcess {
         }
     }
 
+    /// A read-only view of this process to hand out (read, subscribe, info
+    /// and more views; everything else is refused with
+    /// `[capexec:forbidden]`). It does not keep the process alive. Usable at
+    /// once: pipelined on this capability.
+    pub fn observer(&self) -> RemoteProcess {
+        RemoteProcess::from_capability(self.cap.observer_request().send().pipeline.get_view())
+    }
+
+    /// A capability that may only write to and close the process's stdin
+    /// (and ask for info), for a feeder. Only the owner's capability can
+    /// make one. It does not keep the process alive. Usable at once.
+    pub fn stdin_writer(&self) -> RemoteProcess {
+        RemoteProcess::from_capability(self.cap.stdin_writer_request().send().pipeline.get_writer())
+    }
+
     pub async fn info(&self) -> Result<ProcessSnapshot, Error> {
         let response = dispatch(self.cap.info_request().send().promise).await?;
         Ok(convert::snapshot_from_wire(response.get()?.get_info()?)?)

@@ -217,6 +217,18 @@ impl Process {
     ) -> Result<ReadOutcome, ReadError> {
         check_after_seq(&self.shared.lock().log, after_seq)?;
         self.consume_through(after_seq);
+        self.watch(after_seq, max_bytes, wait).await
+    }
+
+    /// [`Process::read`] for someone other than the owner (an observer): it
+    /// consumes nothing, so in lossless mode the owner loses nothing to it.
+    pub async fn watch(
+        &self,
+        after_seq: u64,
+        max_bytes: usize,
+        wait: Duration,
+    ) -> Result<ReadOutcome, ReadError> {
+        check_after_seq(&self.shared.lock().log, after_seq)?;
         self.collect(after_seq, max_bytes, Some(Instant::now() + wait))
             .await
     }

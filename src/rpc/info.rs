@@ -26,6 +26,7 @@ pub const FEATURES: &[&str] = &[
     "info",
     "environments",
     "detach",
+    "facets",
 ];
 
 /// This server's own description, as of now.
@@ -54,7 +55,7 @@ pub fn unknown_info() -> ExecutorInfo {
         version: String::new(),
         features: FEATURES
             .iter()
-            .filter(|name| !matches!(**name, "info" | "environments" | "detach"))
+            .filter(|name| !matches!(**name, "info" | "environments" | "detach" | "facets"))
             .map(|name| name.to_string())
             .collect(),
         os: String::new(),

@@ -1,4 +1,6 @@
-//! `Process`: the capability that owns one child of the engine.
+//! `Process`: the capability that owns one child of the engine, and its
+//! attenuated facets (a read-only view, a stdin writer), which speak the
+//! same interface but may do less and do not keep the process alive.
 
 use std::future::Future;
 use std::time::Duration;
@@ -8,7 +10,7 @@ use capnp::Error;
 use capnp::capability::Rc;
 
 use crate::capexec_capnp::process;
-use crate::engine::ProcessOwner;
+use crate::engine::Process;
 use crate::rpc::convert;
 use crate::rpc::detach::Held;
 use crate::rpc::subscription::SubscriptionImpl;
@@ -17,26 +19,89 @@ use crate::rpc::subscription::SubscriptionImpl;
 pub const MAX_WAIT_MS: u32 = 3_600_000;
 
 /// capnp drops this object when the last client reference to it is
-/// released. When the last object for a process goes, the process is
-/// terminated (its [`ProcessOwner`] drops), or parked if it is detachable.
+/// released. When the last owner's object for a process goes, the process
+/// is terminated (its owner drops), or parked if it is detachable; facets
+/// never keep it alive.
 pub struct ProcessImpl {
-    held: std::rc::Rc<Held>,
+    access: Access,
+}
+
+/// What a `Process` capability may do.
+enum Access {
+    /// Everything; shares the process's ownership.
+    Owner(std::rc::Rc<Held>),
+    /// `read`, `subscribe`, `info` and `observer`.
+    Observer(Process),
+    /// `write`, `closeStdin` and `info`.
+    StdinWriter(Process),
 }
 
 impl ProcessImpl {
     pub(crate) fn new(held: std::rc::Rc<Held>) -> ProcessImpl {
         held.attach();
-        ProcessImpl { held }
+        ProcessImpl {
+            access: Access::Owner(held),
+        }
     }
 
-    fn owner(&self) -> &ProcessOwner {
-        self.held.owner()
+    /// The engine's handle, whatever the facet (does not keep the process
+    /// alive).
+    fn process(&self) -> &Process {
+        match &self.access {
+            Access::Owner(held) => held.owner(),
+            Access::Observer(process) | Access::StdinWriter(process) => process,
+        }
+    }
+
+    fn facet(&self) -> Option<&'static str> {
+        match self.access {
+            Access::Owner(_) => None,
+            Access::Observer(_) => {
+                Some("an observer, which may only read, subscribe, ask for info and make observers")
+            }
+            Access::StdinWriter(_) => {
+                Some("a stdin writer, which may only write, close stdin and ask for info")
+            }
+        }
+    }
+
+    /// The owner's share, or the refusal of `call` on a facet.
+    fn owner(&self, call: &str) -> Result<&std::rc::Rc<Held>, Error> {
+        match &self.access {
+            Access::Owner(held) => Ok(held),
+            _ => Err(self.forbidden(call)),
+        }
+    }
+
+    /// The process, if this capability may `call` reads.
+    fn reader(&self, call: &str) -> Result<&Process, Error> {
+        match &self.access {
+            Access::StdinWriter(_) => Err(self.forbidden(call)),
+            _ => Ok(self.process()),
+        }
+    }
+
+    /// The process, if this capability may `call` stdin.
+    fn feeder(&self, call: &str) -> Result<&Process, Error> {
+        match &self.access {
+            Access::Observer(_) => Err(self.forbidden(call)),
+            _ => Ok(self.process()),
+        }
+    }
+
+    fn forbidden(&self, call: &str) -> Error {
+        let facet = self.facet().unwrap_or("the owner");
+        Error::failed(format!(
+            "`{call}` is not allowed: this capability is {facet} [capexec:forbidden]"
+        ))
     }
 }
 
 impl Drop for ProcessImpl {
     fn drop(&mut self) {
-        self.held.detach_capability();
+        if let Access::Owner(held) = &self.access {
+            held.detach_capability();
+        }
     }
 }
 
@@ -54,16 +119,19 @@ impl process::Server for ProcessImpl {
             )));
         }
         // A long poll must not keep the process alive after its owner let go.
-        let handle = self.owner().handle();
+        let handle = self.reader("read")?.clone();
+        let owner = matches!(self.access, Access::Owner(_));
         drop(self);
-        let outcome = handle
-            .read(
-                params.get_after_seq(),
-                params.get_max_bytes() as usize,
-                Duration::from_millis(u64::from(wait_ms)),
-            )
-            .await
-            .map_err(|error| Error::failed(error.to_string()))?;
+        let (after_seq, max_bytes) = (params.get_after_seq(), params.get_max_bytes() as usize);
+        let wait = Duration::from_millis(u64::from(wait_ms));
+        // Only the owner's reads consume (lossless mode): an observer must
+        // not make the owner lose output.
+        let outcome = if owner {
+            handle.read(after_seq, max_bytes, wait).await
+        } else {
+            handle.watch(after_seq, max_bytes, wait).await
+        }
+        .map_err(|error| Error::failed(error.to_string()))?;
         let mut result = results.get().init_result();
         convert::events_to_wire(
             &outcome.events,
@@ -92,7 +160,7 @@ impl process::Server for ProcessImpl {
                 .get_write_id()?
                 .to_str()
                 .map_err(|_| Error::failed("writeId is not valid UTF-8".to_string()))?;
-            self.owner()
+            self.feeder("write")?
                 .submit_write(data, write_id)
                 .map_err(|error| Error::failed(error.to_string()))
         })();
@@ -111,10 +179,10 @@ impl process::Server for ProcessImpl {
         _: process::CloseStdinParams,
         _: process::CloseStdinResults,
     ) -> impl Future<Output = Result<(), Error>> + 'static {
-        let ticket = self.owner().submit_close_stdin();
+        let ticket = self.feeder("closeStdin").map(Process::submit_close_stdin);
         drop(self);
         async move {
-            ticket.done().await;
+            ticket?.done().await;
             Ok(())
         }
     }
@@ -124,6 +192,7 @@ impl process::Server for ProcessImpl {
         params: process::SignalParams,
         _: process::SignalResults,
     ) -> Result<(), Error> {
+        let owner = self.owner("signal")?;
         let signal = match params.get()?.get_signal() {
             Ok(signal) => convert::signal_from_wire(signal),
             Err(capnp::NotInSchema(ordinal)) => {
@@ -137,7 +206,8 @@ impl process::Server for ProcessImpl {
                 "signal must name a signal, not `unknown`".to_string(),
             ));
         };
-        self.owner()
+        owner
+            .owner()
             .signal(signal)
             .map_err(|error| Error::failed(format!("cannot send {signal}: {error}")))
     }
@@ -147,7 +217,9 @@ impl process::Server for ProcessImpl {
         _: process::TerminateParams,
         mut results: process::TerminateResults,
     ) -> Result<(), Error> {
-        results.get().set_running(self.owner().terminate());
+        results
+            .get()
+            .set_running(self.owner("terminate")?.owner().terminate());
         Ok(())
     }
 
@@ -156,16 +228,18 @@ impl process::Server for ProcessImpl {
         params: process::SubscribeParams,
         mut results: process::SubscribeResults,
     ) -> Result<(), Error> {
+        let process = self.reader("subscribe")?;
         let params = params.get()?;
         let sink = params.get_sink()?;
         let after_seq = params.get_after_seq();
-        let newest = self.owner().snapshot().next_seq - 1;
+        let newest = process.snapshot().next_seq - 1;
         if after_seq > newest {
             return Err(Error::failed(format!(
                 "afterSeq {after_seq} is past the newest event of the process ({newest})"
             )));
         }
-        let subscription = SubscriptionImpl::start(self.owner().handle(), sink, after_seq);
+        let owner = matches!(self.access, Access::Owner(_));
+        let subscription = SubscriptionImpl::start(process.clone(), sink, after_seq, owner);
         results
             .get()
             .set_subscription(capnp_rpc::new_client(subscription));
@@ -177,8 +251,10 @@ impl process::Server for ProcessImpl {
         params: process::ResizeParams,
         _: process::ResizeResults,
     ) -> Result<(), Error> {
+        let owner = self.owner("resize")?;
         let size = params.get()?.get_size()?;
-        self.owner()
+        owner
+            .owner()
             .resize(crate::model::PtySize {
                 rows: size.get_rows(),
                 cols: size.get_cols(),
@@ -192,7 +268,7 @@ impl process::Server for ProcessImpl {
         mut results: process::DetachableResults,
     ) -> Result<(), Error> {
         let grace = Duration::from_secs(params.get()?.get_grace_secs().into());
-        let token = self.held.make_detachable(grace)?;
+        let token = self.owner("detachable")?.make_detachable(grace)?;
         results.get().set_restore_token(&token);
         Ok(())
     }
@@ -202,7 +278,31 @@ impl process::Server for ProcessImpl {
         _: process::InfoParams,
         mut results: process::InfoResults,
     ) -> Result<(), Error> {
-        convert::snapshot_to_wire(&self.owner().snapshot(), results.get().init_info());
+        convert::snapshot_to_wire(&self.process().snapshot(), results.get().init_info());
+        Ok(())
+    }
+
+    async fn observer(
+        self: Rc<Self>,
+        _: process::ObserverParams,
+        mut results: process::ObserverResults,
+    ) -> Result<(), Error> {
+        let view = ProcessImpl {
+            access: Access::Observer(self.reader("observer")?.clone()),
+        };
+        results.get().set_view(capnp_rpc::new_client(view));
+        Ok(())
+    }
+
+    async fn stdin_writer(
+        self: Rc<Self>,
+        _: process::StdinWriterParams,
+        mut results: process::StdinWriterResults,
+    ) -> Result<(), Error> {
+        let writer = ProcessImpl {
+            access: Access::StdinWriter(self.owner("stdinWriter")?.owner().handle()),
+        };
+        results.get().set_writer(capnp_rpc::new_client(writer));
         Ok(())
     }
 }

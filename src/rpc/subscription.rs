@@ -18,8 +18,16 @@ pub struct SubscriptionImpl {
 impl SubscriptionImpl {
     /// Starts delivering events after `after_seq` to `sink`. Must run inside
     /// a `LocalSet`.
-    pub fn start(process: Process, sink: event_sink::Client, after_seq: u64) -> SubscriptionImpl {
-        let delivery = tokio::task::spawn_local(deliver(process, sink, after_seq));
+    /// Pushes the events of `process` after `after_seq` to `sink`; an
+    /// owner's subscription consumes what it delivers (lossless mode), an
+    /// observer's does not.
+    pub fn start(
+        process: Process,
+        sink: event_sink::Client,
+        after_seq: u64,
+        owner: bool,
+    ) -> SubscriptionImpl {
+        let delivery = tokio::task::spawn_local(deliver(process, sink, after_seq, owner));
         SubscriptionImpl {
             delivery: delivery.abort_handle(),
         }
@@ -41,7 +49,7 @@ impl subscription::Server for SubscriptionImpl {}
 /// arrived: here each acknowledgement tells the engine that the events it
 /// carried are safe with the owner, so lossless output that a lost
 /// connection swallowed is still retained for a resumed subscription.)
-async fn deliver(process: Process, sink: event_sink::Client, mut after_seq: u64) {
+async fn deliver(process: Process, sink: event_sink::Client, mut after_seq: u64, owner: bool) {
     let mut in_flight = FuturesOrdered::new();
     let mut in_flight_bytes = 0usize;
     let mut finished = false;
@@ -55,7 +63,9 @@ async fn deliver(process: Process, sink: event_sink::Client, mut after_seq: u64)
             acknowledged = in_flight.next(), if !in_flight.is_empty() => {
                 match acknowledged {
                     Some(Ok((seq, bytes))) => {
-                        process.consume_through(seq);
+                        if owner {
+                            process.consume_through(seq);
+                        }
                         in_flight_bytes -= bytes;
                     }
                     Some(Err(error)) => {
@@ -92,7 +102,9 @@ async fn deliver(process: Process, sink: event_sink::Client, mut after_seq: u64)
                 let answer = request.send().promise;
                 in_flight.push_back(async move { answer.await.map(|_| (last_seq, bytes)) });
                 in_flight_bytes += bytes;
-                process.deliver_through(last_seq);
+                if owner {
+                    process.deliver_through(last_seq);
+                }
                 after_seq = last_seq;
             }
         }
