@@ -349,7 +349,8 @@ interface Process {
   # behind the retained log receives a `gap` event naming the lost seqs and
   # continues with the oldest retained event; it never slows the child or
   # other subscribers. In lossless mode, pushes taken by the stream's flow
-  # control count as consumption (see `OutputFlow.lossless`).
+  # control count as consumption (see `OutputFlow.lossless`); through an
+  # `observer` view, reads and subscriptions consume nothing.
 
   info @6 () -> (info :ProcessInfo);
   # A snapshot of the process and its retained log.
