@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""A capexec client in Python (pycapnp), straight from the schema.
+
+Connects to a capexec server (unix:PATH, or tcp:HOST:PORT with a token
+file), starts a command with its subscription pipelined on the start,
+streams the output through an EventSink, prints the exit status and exits 0
+only if everything worked and the command exited 0.
+
+    pip install pycapnp
+    python3 examples/python/capexec_client.py ADDRESS [TOKEN_FILE] [-- PROGRAM ARGS...]
+
+Without a program it runs `sh -c 'echo hello from python; echo to stderr >&2; exit 3'`
+and expects exit code 3 (so the script tests what it shows).
+"""
+
+import asyncio
+import os
+import sys
+
+import capnp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCHEMA = os.path.join(HERE, "..", "..", "schema", "capexec.capnp")
+# pycapnp ships /capnp/stream.capnp inside its package: import from its parent.
+capexec = capnp.load(SCHEMA, imports=[os.path.dirname(os.path.dirname(capnp.__file__))])
+
+DEFAULT = [b"sh", b"-c", b"echo hello from python; echo to stderr >&2; exit 3"]
+
+
+class Sink(capexec.EventSink.Server):
+    """Receives pushed events in seq order; resolves `done` at `closed`."""
+
+    def __init__(self):
+        self.done = asyncio.get_running_loop().create_future()
+        self.exit = None
+        self.next_seq = 1
+
+    async def push(self, events, **kwargs):
+        for event in events:
+            if event.seq != self.next_seq and event.which() != "gap":
+                raise ValueError(f"seq {event.seq} after {self.next_seq - 1}")
+            self.next_seq = event.seq + 1
+            kind = event.which()
+            if kind == "output":
+                out = sys.stderr if event.output.stream == "stderr" else sys.stdout
+                out.buffer.write(event.output.data)
+                out.flush()
+            elif kind == "exited":
+                self.exit = event.exited
+            elif kind == "gap":
+                raise ValueError(f"output lost: seqs {event.gap.fromSeq}..{event.seq}")
+            elif kind == "closed" and not self.done.done():
+                self.done.set_result(self.exit)
+
+
+async def connect(address, token_file):
+    if address.startswith("unix:"):
+        stream = await capnp.AsyncIoStream.create_unix_connection(path=address[len("unix:"):])
+        client = capnp.TwoPartyClient(stream)
+        return client, client.bootstrap().cast_as(capexec.Executor)
+    if address.startswith("tcp:"):
+        host, port = address[len("tcp:"):].rsplit(":", 1)
+        stream = await capnp.AsyncIoStream.create_connection(host=host.strip("[]"), port=int(port))
+        client = capnp.TwoPartyClient(stream)
+        if not token_file:
+            raise SystemExit("tcp: addresses need a token file")
+        with open(token_file) as file:
+            token = file.read().strip()
+        gatekeeper = client.bootstrap().cast_as(capexec.Gatekeeper)
+        # Pipelined: the executor is usable before the login answers.
+        return client, gatekeeper.login(token).executor
+    raise SystemExit(f"{address!r}: expected unix:PATH or tcp:HOST:PORT")
+
+
+def describe(status):
+    if status.which() == "code":
+        return f"exit code {status.code}"
+    return f"killed by signal {status.killed.number}"
+
+
+async def main(argv):
+    address, rest = argv[0], argv[1:]
+    token_file = rest.pop(0) if rest and rest[0] != "--" else None
+    program = [arg.encode() for arg in rest[1:]] if rest[:1] == ["--"] else DEFAULT
+    client, executor = await connect(address, token_file)
+
+    # start and subscribe go out together: the subscription is pipelined on
+    # the process the start has not returned yet.
+    process = executor.start(params={"argv": program, "flow": "lossless"}).process
+    sink = Sink()
+    subscribed = process.subscribe(sink=sink, afterSeq=0)
+    subscription = (await subscribed).subscription
+    status = await asyncio.wait_for(sink.done, timeout=60)
+    print(describe(status), file=sys.stderr)
+    del subscription, process
+    expected = 3 if program == DEFAULT else 0
+    if status.which() != "code" or status.code != expected:
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        raise SystemExit(__doc__)
+    sys.exit(asyncio.run(capnp.run(main(sys.argv[1:]))))
