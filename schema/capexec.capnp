@@ -159,7 +159,7 @@ struct ExecutorInfo {
   #   "terminate", "subscribe", "lossless", "tty", "resize", "process-info",
   #   "info", "environments", "detach" (`Process.detachable` and
   #   `Executor.restore`), "facets" (`Process.observer` and
-  #   `Process.stdinWriter`).
+  #   `Process.stdinWriter`), "timeout" (`StartParams.timeoutMs`).
   # Clients must ignore names they do not know.
 
   os @2 :Text;
@@ -256,6 +256,11 @@ struct StartParams {
 
   flow @9 :OutputFlow;
   # How the server treats output the client has not consumed yet.
+
+  timeoutMs @10 :UInt64;
+  # 0: no limit. Otherwise, if the child has not exited this many
+  # milliseconds after its spawn, its process group is terminated (SIGTERM,
+  # then SIGKILL after the grace) and its exit status says `timedOut`.
 }
 
 struct EnvVar {
@@ -490,6 +495,11 @@ struct ExitStatus {
       coreDumped @3 :Bool;
     }
   }
+
+  timedOut @4 :Bool;
+  # The process was ended by its `StartParams.timeoutMs` (it then usually
+  # dies by SIGTERM or SIGKILL, but may exit with a code of its own choosing
+  # when it handles SIGTERM).
 }
 
 enum Signal {
@@ -565,4 +575,8 @@ struct ProcessInfo {
   # Output bytes the owner has not consumed yet (see `OutputFlow.lossless`).
   uptimeMs @13 :UInt64;
   # Milliseconds since the spawn (frozen at exit).
+
+  timedOut @14 :Bool;
+  # The process's `timeoutMs` expired before it exited, and it was
+  # terminated for it (the same as `exit.exited.timedOut` once it exited).
 }

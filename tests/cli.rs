@@ -224,3 +224,21 @@ fn relative_cwd_and_relative_program_agree() {
     let canonical = std::fs::canonicalize(&sub).expect("canonical");
     assert_eq!(text(&done.stdout).trim(), canonical.display().to_string());
 }
+
+#[test]
+fn run_timeout_ends_the_command_and_exits_124() {
+    let timed_out = finish(
+        capexec(&["run", "--timeout", "1", "--", "sleep", "100"]),
+        None,
+    );
+    assert_eq!(timed_out.code, 124);
+    assert_eq!(
+        text(&timed_out.stderr),
+        "capexec: the command timed out after 1 s\n"
+    );
+    let in_time = finish(
+        capexec(&["run", "--timeout", "60", "--", "sh", "-c", "exit 3"]),
+        None,
+    );
+    assert_eq!(in_time.code, 3);
+}

@@ -16,6 +16,8 @@ use clap::{Args, Parser, Subcommand};
 /// Exit status for failures of capexec itself (bad arguments, bad cwd,
 /// lost connection), as opposed to the child's own status.
 pub const EXIT_CAPEXEC_FAILURE: i32 = 125;
+/// `capexec run --timeout` ended the command (as timeout(1) reports it).
+pub const EXIT_TIMED_OUT: i32 = 124;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -166,6 +168,11 @@ pub struct RunArgs {
     /// Start from an empty environment instead of capexec's own.
     #[arg(long)]
     clear_env: bool,
+    /// End the command (its process group: SIGTERM, then SIGKILL) if it has
+    /// not finished after SECS seconds; capexec then exits 124.
+    #[arg(long, value_name = "SECS",
+          value_parser = clap::value_parser!(u64).range(1..=31_536_000))]
+    timeout: Option<u64>,
     /// Give the command an immediate end-of-file on stdin.
     #[arg(short = 'n')]
     no_stdin: bool,

@@ -1,6 +1,7 @@
 //! Relaying a started command: its output to ours, our stdin and signals to
 //! it, its exit status as ours.
 
+use crate::cli::EXIT_TIMED_OUT;
 use capexec::client::{Command, Connect, Error, RecoveryNote, ResilientProcess, Session};
 use capexec::model::{EventBody, OutputStream, Signal};
 
@@ -141,7 +142,18 @@ async fn run_to_close(
     }
     output.flush().await;
     outcome.map_err(Failure::capexec)?;
-    status
-        .map(|status| status.shell_code())
-        .ok_or_else(|| Failure::capexec("the command closed without an exit status"))
+    let status =
+        status.ok_or_else(|| Failure::capexec("the command closed without an exit status"))?;
+    // Like timeout(1): 124 when the time limit ended the command.
+    if args.timeout.is_some()
+        && let Ok(info) = process.info().await
+        && info.timed_out
+    {
+        eprintln!(
+            "capexec: the command timed out after {} s",
+            args.timeout.unwrap_or_default()
+        );
+        return Ok(EXIT_TIMED_OUT);
+    }
+    Ok(status.shell_code())
 }

@@ -81,6 +81,9 @@ fn reconnect(args: &RunArgs) -> Result<Connect, String> {
 fn command_from(args: &RunArgs) -> Result<Command, String> {
     let mut command = Command::new(&args.argv[0]);
     command.args(&args.argv[1..]);
+    if let Some(secs) = args.timeout {
+        command.timeout(std::time::Duration::from_secs(secs));
+    }
     if args.clear_env {
         command.env_clear();
     }

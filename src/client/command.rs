@@ -124,6 +124,13 @@ impl Command {
         self
     }
 
+    /// Terminates the process group if the child has not exited `timeout`
+    /// after its spawn; its `info().timed_out` then says so.
+    pub fn timeout(&mut self, timeout: std::time::Duration) -> &mut Command {
+        self.spec.timeout = Some(timeout);
+        self
+    }
+
     pub fn spec(&self) -> &StartSpec {
         &self.spec
     }

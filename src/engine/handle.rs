@@ -177,6 +177,8 @@ pub struct ProcessSnapshot {
     pub evicted_through_seq: u64,
     pub unconsumed_bytes: u64,
     pub uptime: Duration,
+    /// Its `timeout` expired and the process was terminated for it.
+    pub timed_out: bool,
 }
 
 /// A non-owning handle: it reads, writes and signals, but holding it does
@@ -420,6 +422,13 @@ impl Process {
         true
     }
 
+    /// Whether the start's timeout ended the process.
+    pub fn timed_out(&self) -> bool {
+        self.shared
+            .timed_out
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
     pub fn snapshot(&self) -> ProcessSnapshot {
         let state = self.shared.lock();
         ProcessSnapshot {
@@ -438,6 +447,7 @@ impl Process {
             uptime: state
                 .exited_after
                 .unwrap_or_else(|| self.shared.started.elapsed()),
+            timed_out: self.timed_out(),
         }
     }
 

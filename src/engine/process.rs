@@ -84,6 +84,8 @@ pub(crate) struct Shared {
     pub(crate) stdin_ops: Option<mpsc::UnboundedSender<StdinOp>>,
     /// Fired when the child exits: the stdin writer stops.
     pub(crate) exited: CancellationToken,
+    /// The start's timeout expired before the child exited.
+    pub(crate) timed_out: std::sync::atomic::AtomicBool,
     /// Fired when the owner releases the process.
     pub(crate) released: CancellationToken,
     /// Fired once the tree is terminated and the child reaped.
@@ -128,6 +130,7 @@ impl Shared {
             changes,
             stdin_ops: parts.stdin_ops,
             exited: CancellationToken::new(),
+            timed_out: std::sync::atomic::AtomicBool::new(false),
             released: CancellationToken::new(),
             terminated: CancellationToken::new(),
             terminal: parts.terminal,

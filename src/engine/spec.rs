@@ -29,6 +29,9 @@ pub struct StartSpec {
     pub pipe_stdin: bool,
     pub pty_size: PtySize,
     pub flow: Flow,
+    /// Terminate the process group if the child has not exited this long
+    /// after its spawn.
+    pub timeout: Option<std::time::Duration>,
 }
 
 /// Most bytes of argv and environment a client may send: half of Linux's

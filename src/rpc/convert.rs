@@ -138,6 +138,10 @@ pub fn start_spec_from_wire(
         pipe_stdin: params.get_pipe_stdin(),
         pty_size,
         flow,
+        timeout: match params.get_timeout_ms() {
+            0 => None,
+            ms => Some(std::time::Duration::from_millis(ms)),
+        },
     })
 }
 
@@ -179,6 +183,10 @@ pub fn start_spec_to_wire(spec: &StartSpec, mut params: wire::start_params::Buil
         size.set_cols(spec.pty_size.cols);
     }
     params.set_flow(flow_to_wire(spec.flow));
+    params.set_timeout_ms(
+        spec.timeout
+            .map_or(0, |t| t.as_millis().clamp(1, u128::from(u64::MAX)) as u64),
+    );
 }
 
 pub fn flow_to_wire(flow: Flow) -> wire::OutputFlow {
@@ -330,7 +338,8 @@ pub fn exit_status_from_wire(reader: wire::exit_status::Reader<'_>) -> capnp::Re
     })
 }
 
-pub fn event_to_wire(event: &Event, mut builder: wire::event::Builder<'_>) {
+/// `timed_out`: the process's timeout ended it (said on its exit event).
+pub fn event_to_wire(event: &Event, mut builder: wire::event::Builder<'_>, timed_out: bool) {
     builder.set_seq(event.seq);
     match &event.body {
         EventBody::Output { stream, data } => {
@@ -338,7 +347,11 @@ pub fn event_to_wire(event: &Event, mut builder: wire::event::Builder<'_>) {
             output.set_stream(stream_to_wire(*stream));
             output.set_data(data);
         }
-        EventBody::Exited(status) => exit_status_to_wire(status, builder.init_exited()),
+        EventBody::Exited(status) => {
+            let mut exited = builder.init_exited();
+            exit_status_to_wire(status, exited.reborrow());
+            exited.set_timed_out(timed_out);
+        }
         EventBody::Closed => builder.set_closed(()),
         EventBody::Gap { from_seq } => builder.init_gap().set_from_seq(*from_seq),
     }
@@ -364,9 +377,10 @@ pub fn events_message_size(events: &[Event]) -> capnp::MessageSize {
 pub fn events_to_wire(
     events: &[Event],
     mut list: capnp::struct_list::Builder<'_, wire::event::Owned>,
+    timed_out: bool,
 ) {
     for (index, event) in events.iter().enumerate() {
-        event_to_wire(event, list.reborrow().get(index as u32));
+        event_to_wire(event, list.reborrow().get(index as u32), timed_out);
     }
 }
 
@@ -414,6 +428,12 @@ pub fn snapshot_to_wire(snapshot: &ProcessSnapshot, mut info: wire::process_info
     info.set_evicted_through_seq(snapshot.evicted_through_seq);
     info.set_unconsumed_bytes(snapshot.unconsumed_bytes);
     info.set_uptime_ms(snapshot.uptime.as_millis() as u64);
+    info.set_timed_out(snapshot.timed_out);
+    if snapshot.timed_out
+        && let Ok(wire::process_info::exit::Exited(Ok(mut exited))) = info.get_exit().which()
+    {
+        exited.set_timed_out(true);
+    }
 }
 
 pub fn snapshot_from_wire(info: wire::process_info::Reader<'_>) -> capnp::Result<ProcessSnapshot> {
@@ -435,5 +455,6 @@ pub fn snapshot_from_wire(info: wire::process_info::Reader<'_>) -> capnp::Result
         evicted_through_seq: info.get_evicted_through_seq(),
         unconsumed_bytes: info.get_unconsumed_bytes(),
         uptime: std::time::Duration::from_millis(info.get_uptime_ms()),
+        timed_out: info.get_timed_out(),
     })
 }

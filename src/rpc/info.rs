@@ -27,6 +27,7 @@ pub const FEATURES: &[&str] = &[
     "environments",
     "detach",
     "facets",
+    "timeout",
 ];
 
 /// This server's own description, as of now.
@@ -55,7 +56,12 @@ pub fn unknown_info() -> ExecutorInfo {
         version: String::new(),
         features: FEATURES
             .iter()
-            .filter(|name| !matches!(**name, "info" | "environments" | "detach" | "facets"))
+            .filter(|name| {
+                !matches!(
+                    **name,
+                    "info" | "environments" | "detach" | "facets" | "timeout"
+                )
+            })
             .map(|name| name.to_string())
             .collect(),
         os: String::new(),
