@@ -390,14 +390,20 @@ interface Process {
   # tagged `[capexec:forbidden]` that names the call. A view does not keep
   # the process alive: when the owner's capability is released, the process
   # ends as usual and its observers see `exited` and `closed` (and can go on
-  # reading what is retained while they hold the view). Through chained
-  # executors the view is the far end's. An observer can make more observers.
+  # reading what is retained while they hold the view; the process's record
+  # and its place in its connection's quota stay taken until the last view
+  # goes). Through chained executors the view is the far end's. An observer
+  # can make more observers.
 
   stdinWriter @10 () -> (writer :Process);
   # A facet that can only feed the process: `write`, `closeStdin` and `info`
   # work as here, every other call fails with `[capexec:forbidden]`. Only the
   # owner's capability can make one (a view or a writer cannot). It does not
-  # keep the process alive either.
+  # keep the process alive either. Its write ids are its own (they never
+  # count as repeats of the owner's or another writer's). On a `tty` process
+  # the writer types into the terminal, so it can send the terminal's
+  # interrupt, quit and suspend characters: hand one out only where that is
+  # meant.
 }
 
 struct ReadResult {

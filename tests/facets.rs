@@ -204,7 +204,30 @@ async fn an_observer_consumes_nothing_in_lossless_mode(ctx: Ctx) {
     watching.await.expect("the observer saw the end");
 }
 
+/// A writer's write ids are its own: the same id from the owner is a new
+/// write, not a repeat.
+async fn a_stdin_writer_has_its_own_write_ids(ctx: Ctx) {
+    let process = spawn_cat(&ctx).await;
+    let writer = process.stdin_writer();
+    writer
+        .write(b"from the writer\n", "stdin-1")
+        .await
+        .expect("write");
+    process
+        .write(b"from the owner\n", "stdin-1")
+        .await
+        .expect("write");
+    process.close_stdin().await.expect("close");
+    let events = common::read_until_closed(&process).await;
+    assert!(
+        output_bytes(&events, None).ends_with(b"from the writer\nfrom the owner\n"),
+        "{:?}",
+        String::from_utf8_lossy(&output_bytes(&events, None))
+    );
+}
+
 backend_tests!(
+    a_stdin_writer_has_its_own_write_ids,
     an_observer_consumes_nothing_in_lossless_mode,
     an_observer_reads_but_cannot_act,
     an_observer_does_not_keep_the_process_alive,

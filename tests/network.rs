@@ -316,16 +316,16 @@ fn shutdown_terminates_processes_and_removes_socket_files() {
 #[test]
 fn a_flood_of_outstanding_calls_closes_that_connection_only() {
     common::run_local(async {
-        let dir = TempDir::new("flood");
-        let config = ServerConfig {
-            listen: vec![Address::Unix(dir.path().join("capexec.sock"))],
-            call_limits: net::CallLimits {
-                max_calls: 50,
-                max_bytes: 64 << 20,
+        let server = unix_server(
+            "flood",
+            ServerConfig {
+                call_limits: net::CallLimits {
+                    max_calls: 50,
+                    max_bytes: 64 << 20,
+                },
+                ..ServerConfig::default()
             },
-            ..ServerConfig::default()
-        };
-        let server = ServerThread::serve(dir, config);
+        );
         let flooder = net::connect(&server.address, None).await.expect("connect");
         let process = sh("echo pid-$$-; exec sleep 1000")
             .spawn(&flooder.executor())
@@ -362,13 +362,13 @@ fn a_flood_of_outstanding_calls_closes_that_connection_only() {
 #[test]
 fn process_limits_per_connection_and_per_server() {
     common::run_local(async {
-        let dir = TempDir::new("quota");
-        let config = ServerConfig {
-            listen: vec![Address::Unix(dir.path().join("capexec.sock"))],
-            max_processes_per_connection: Some(2),
-            ..ServerConfig::default()
-        };
-        let server = ServerThread::serve(dir, config);
+        let server = unix_server(
+            "quota",
+            ServerConfig {
+                max_processes_per_connection: Some(2),
+                ..ServerConfig::default()
+            },
+        );
         let first = net::connect(&server.address, None).await.expect("connect");
         let sleep = sh("exec sleep 1000");
         let held = [
@@ -395,16 +395,7 @@ fn process_limits_per_connection_and_per_server() {
         let [one, two] = held;
         drop(one);
         // The release travels to the server: poll until the place is free.
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        let again = loop {
-            match sleep.spawn(&first.executor()).await {
-                Ok(process) => break process,
-                Err(_) if std::time::Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                Err(error) => panic!("the released place never came back: {error}"),
-            }
-        };
+        let again = spawn_when_there_is_room(&sleep, &first.executor()).await;
         drop((again, two));
     });
 
@@ -477,13 +468,13 @@ fn a_connection_that_never_logs_in_is_closed_at_the_deadline() {
 #[test]
 fn restores_count_against_the_restoring_connection() {
     common::run_local(async {
-        let dir = TempDir::new("restore-quota");
-        let config = ServerConfig {
-            listen: vec![Address::Unix(dir.path().join("capexec.sock"))],
-            max_processes_per_connection: Some(1),
-            ..ServerConfig::default()
-        };
-        let server = ServerThread::serve(dir, config);
+        let server = unix_server(
+            "restore-quota",
+            ServerConfig {
+                max_processes_per_connection: Some(1),
+                ..ServerConfig::default()
+            },
+        );
         let sleep = sh("exec sleep 1000");
         let owner = net::connect(&server.address, None).await.expect("connect");
         let detached = sleep.spawn(&owner.executor()).await.expect("start");
@@ -510,4 +501,57 @@ fn restores_count_against_the_restoring_connection() {
         restored.await.expect("still parked, restorable");
         process.terminate().await.expect("terminate");
     });
+}
+
+/// A view keeps the process's record, so it keeps the process's place in
+/// its connection's quota until the view goes too.
+#[test]
+fn a_view_keeps_its_process_counted() {
+    common::run_local(async {
+        let server = unix_server(
+            "view-quota",
+            ServerConfig {
+                max_processes_per_connection: Some(1),
+                ..ServerConfig::default()
+            },
+        );
+        let connection = net::connect(&server.address, None).await.expect("connect");
+        let sleep = sh("exec sleep 1000");
+        let process = sleep.spawn(&connection.executor()).await.expect("start");
+        let view = process.observer();
+        view.info().await.expect("the view works");
+        drop(process);
+        common::wait_closed_at_head(&view).await;
+        assert!(matches!(
+            sleep.spawn(&connection.executor()).await,
+            Err(Error::Start(error)) if error.kind == capexec::model::StartErrorKind::LimitReached
+        ));
+        drop(view);
+        spawn_when_there_is_room(&sleep, &connection.executor()).await;
+    });
+}
+
+/// A Unix-socket server with `config` (its listener filled in).
+fn unix_server(name: &str, mut config: ServerConfig) -> ServerThread {
+    let dir = TempDir::new(name);
+    config.listen = vec![Address::Unix(dir.path().join("capexec.sock"))];
+    ServerThread::serve(dir, config)
+}
+
+/// Starts `command` once a released process's place has come back (the
+/// release travels to the server), within a generous deadline.
+async fn spawn_when_there_is_room(
+    command: &Command,
+    executor: &executor::Client,
+) -> capexec::client::RemoteProcess {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match command.spawn(executor).await {
+            Ok(process) => return process,
+            Err(_) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(error) => panic!("the released place never came back: {error}"),
+        }
+    }
 }

@@ -35,20 +35,33 @@ class Sink(capexec.EventSink.Server):
         self.exit = None
         self.next_seq = 1
 
+    def fail(self, reason):
+        """Ends the wait with `reason`, then refuses the push (which ends
+        the subscription on the server)."""
+        if not self.done.done():
+            self.done.set_exception(RuntimeError(reason))
+        raise ValueError(reason)
+
     async def push(self, events, **kwargs):
         for event in events:
-            if event.seq != self.next_seq and event.which() != "gap":
-                raise ValueError(f"seq {event.seq} after {self.next_seq - 1}")
-            self.next_seq = event.seq + 1
             kind = event.which()
+            first = event.gap.fromSeq if kind == "gap" else event.seq
+            if first != self.next_seq:
+                self.fail(f"event {first} after {self.next_seq - 1}")
+            self.next_seq = event.seq + 1
             if kind == "output":
                 out = sys.stderr if event.output.stream == "stderr" else sys.stdout
                 out.buffer.write(event.output.data)
                 out.flush()
             elif kind == "exited":
-                self.exit = event.exited
+                # Copied out: the message is not ours after push returns.
+                status = event.exited
+                if status.which() == "code":
+                    self.exit = ("code", status.code)
+                else:
+                    self.exit = ("signal", status.killed.number)
             elif kind == "gap":
-                raise ValueError(f"output lost: seqs {event.gap.fromSeq}..{event.seq}")
+                self.fail(f"output lost: seqs {event.gap.fromSeq}..{event.seq}")
             elif kind == "closed" and not self.done.done():
                 self.done.set_result(self.exit)
 
@@ -73,9 +86,8 @@ async def connect(address, token_file):
 
 
 def describe(status):
-    if status.which() == "code":
-        return f"exit code {status.code}"
-    return f"killed by signal {status.killed.number}"
+    kind, number = status
+    return f"exit code {number}" if kind == "code" else f"killed by signal {number}"
 
 
 async def main(argv):
@@ -90,13 +102,14 @@ async def main(argv):
     sink = Sink()
     subscribed = process.subscribe(sink=sink, afterSeq=0)
     subscription = (await subscribed).subscription
-    status = await asyncio.wait_for(sink.done, timeout=60)
+    # The demo has a deadline so CI cannot hang; a command given by the
+    # caller runs as long as it takes.
+    waiting = sink.done if program != DEFAULT else asyncio.wait_for(sink.done, timeout=60)
+    status = await waiting
     print(describe(status), file=sys.stderr)
     del subscription, process
-    expected = 3 if program == DEFAULT else 0
-    if status.which() != "code" or status.code != expected:
-        return 1
-    return 0
+    expected = ("code", 3 if program == DEFAULT else 0)
+    return 0 if status == expected else 1
 
 
 if __name__ == "__main__":

@@ -144,9 +144,13 @@ async fn run_to_close(
     outcome.map_err(Failure::capexec)?;
     let status =
         status.ok_or_else(|| Failure::capexec("the command closed without an exit status"))?;
-    // Like timeout(1): 124 when the time limit ended the command.
+    // Like timeout(1): 124 when the time limit ended the command. Asked
+    // once, on the capability in hand: the command has finished, so this
+    // is no reason to reconnect.
+    let current = process.current();
+    let asked = tokio::time::timeout(std::time::Duration::from_secs(5), current.info());
     if args.timeout.is_some()
-        && let Ok(info) = process.info().await
+        && let Ok(Ok(info)) = asked.await
         && info.timed_out
     {
         eprintln!(

@@ -50,6 +50,17 @@ async fn run(args: RunArgs) -> Result<i32, Failure> {
         Some(path) => client::environment(&target.executor, path),
         None => target.executor.clone(),
     };
+    if args.timeout.is_some() {
+        // An older server would ignore the limit without a word.
+        let info = client::info(&executor)
+            .await
+            .map_err(|error| Failure::capexec(error.to_string()))?;
+        if !info.features.iter().any(|feature| feature == "timeout") {
+            return Err(Failure::capexec(
+                "the executor does not support --timeout (it is older than capexec's timeouts)",
+            ));
+        }
+    }
     let session = Session::new(executor, Some(Box::new(target)));
     let resume = match resume {
         Some(grace) => Some((reconnect(&args).map_err(Failure::capexec)?, grace)),

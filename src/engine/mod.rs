@@ -230,7 +230,8 @@ impl Engine {
         }
         tokio::spawn(output::pump(Arc::clone(&shared), sources, leader));
         if let Some(timeout) = spec.timeout {
-            tokio::spawn(expire_after(Arc::downgrade(&shared), timeout));
+            let deadline = tokio::time::Instant::now() + timeout;
+            tokio::spawn(expire_at(Arc::downgrade(&shared), deadline, timeout));
         }
         Ok(ProcessOwner::new(shared))
     }
@@ -275,22 +276,27 @@ struct Launch<'a> {
     terminal: Option<Terminal>,
 }
 
-/// Terminates the process if it has not exited `timeout` after its spawn,
-/// noting why first so its exit status can say so. Holds the process only
-/// weakly: a released process needs no timeout.
-async fn expire_after(shared: Weak<Shared>, timeout: std::time::Duration) {
+/// Terminates the process if it has not exited by `deadline` (its spawn
+/// plus `timeout`), marking it timed out so its exit status can say so.
+/// Holds the process only weakly: a released process needs no timeout.
+async fn expire_at(
+    shared: Weak<Shared>,
+    deadline: tokio::time::Instant,
+    timeout: std::time::Duration,
+) {
     let Some(exited) = shared.upgrade().map(|shared| shared.exited.clone()) else {
         return;
     };
     tokio::select! {
         _ = exited.cancelled() => {}
-        _ = tokio::time::sleep(timeout) => {
-            if let Some(shared) = shared.upgrade()
-                && !shared.exited.is_cancelled()
-            {
-                shared.timed_out.store(true, Ordering::Release);
-                tracing::info!(parent: &shared.span, timeout_ms = timeout.as_millis() as u64, "timed out; terminating");
-                Process { shared }.terminate();
+        _ = tokio::time::sleep_until(deadline) => {
+            if let Some(shared) = shared.upgrade() {
+                tracing::info!(
+                    parent: &shared.span,
+                    timeout_ms = timeout.as_millis() as u64,
+                    "timeout expired"
+                );
+                shared.time_out();
             }
         }
     }

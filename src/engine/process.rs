@@ -243,9 +243,28 @@ impl Shared {
     /// output is closed (or the grace is over), SIGKILL to whatever is left
     /// and the child is reaped.
     pub(crate) fn start_termination(self: &Arc<Self>) {
+        self.terminate_if(|_| true);
+    }
+
+    /// The start's timeout expired: terminates the process and marks it
+    /// timed out, unless it has exited or is being terminated already.
+    pub(crate) fn time_out(self: &Arc<Self>) {
+        self.terminate_if(|state| {
+            let running = !state.exited;
+            if running {
+                self.timed_out
+                    .store(true, std::sync::atomic::Ordering::Release);
+            }
+            running
+        });
+    }
+
+    /// Starts the termination if `decide`, asked under the state lock (and
+    /// only if no termination has started), agrees.
+    fn terminate_if(self: &Arc<Self>, decide: impl FnOnce(&State) -> bool) {
         {
             let mut state = self.lock();
-            if state.terminating {
+            if state.terminating || !decide(&state) {
                 return;
             }
             state.terminating = true;

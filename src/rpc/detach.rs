@@ -35,7 +35,7 @@ pub(crate) struct Held {
     owner: ProcessOwner,
     /// Counts the process against the quota of the connection that started
     /// (or last restored) it, while it lives.
-    ticket: RefCell<Ticket>,
+    ticket: RefCell<std::rc::Rc<Ticket>>,
     detach: RefCell<Option<Detach>>,
     /// `Process` capabilities that are alive for this process.
     attached: Cell<usize>,
@@ -53,7 +53,7 @@ impl Held {
     pub(crate) fn new(owner: ProcessOwner, registry: &Rc<Detachments>, ticket: Ticket) -> Rc<Held> {
         Rc::new(Held {
             owner,
-            ticket: RefCell::new(ticket),
+            ticket: RefCell::new(std::rc::Rc::new(ticket)),
             detach: RefCell::new(None),
             attached: Cell::new(0),
             registry: Rc::downgrade(registry),
@@ -78,8 +78,15 @@ impl Held {
     /// The process now counts against the connection that gave `ticket`
     /// (a restore), and no longer against the one before.
     pub(crate) fn count_against(&self, ticket: Ticket) {
-        let previous = self.ticket.replace(ticket);
+        let previous = self.ticket.replace(std::rc::Rc::new(ticket));
         drop(previous);
+    }
+
+    /// A share of the process's place in its connection's quota, for a
+    /// facet: while a facet holds the process's record, the place stays
+    /// taken.
+    pub(crate) fn quota_share(&self) -> std::rc::Rc<Ticket> {
+        std::rc::Rc::clone(&self.ticket.borrow())
     }
 
     pub(crate) fn owner(&self) -> &ProcessOwner {

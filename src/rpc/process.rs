@@ -13,6 +13,7 @@ use crate::capexec_capnp::process;
 use crate::engine::Process;
 use crate::rpc::convert;
 use crate::rpc::detach::Held;
+use crate::rpc::quota::Ticket;
 use crate::rpc::subscription::SubscriptionImpl;
 
 /// Largest accepted `read.waitMs`: one hour.
@@ -31,10 +32,22 @@ enum Access {
     /// Everything; shares the process's ownership.
     Owner(std::rc::Rc<Held>),
     /// `read`, `subscribe`, `info` and `observer`.
-    Observer(Process),
-    /// `write`, `closeStdin` and `info`.
-    StdinWriter(Process),
+    Observer(Facet),
+    /// `write`, `closeStdin` and `info`; its write ids are its own.
+    StdinWriter(Facet, u64),
 }
+
+/// What a facet holds: the engine's non-owning handle (which keeps the
+/// process's record, not the process), and the owner's place in its
+/// connection's quota, so records kept by facets still count there.
+struct Facet {
+    process: Process,
+    quota: std::rc::Rc<Ticket>,
+}
+
+/// Numbers stdin writers, so their write ids never meet the owner's or
+/// each other's.
+static WRITERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl ProcessImpl {
     pub(crate) fn new(held: std::rc::Rc<Held>) -> ProcessImpl {
@@ -49,7 +62,7 @@ impl ProcessImpl {
     fn process(&self) -> &Process {
         match &self.access {
             Access::Owner(held) => held.owner(),
-            Access::Observer(process) | Access::StdinWriter(process) => process,
+            Access::Observer(facet) | Access::StdinWriter(facet, _) => &facet.process,
         }
     }
 
@@ -59,7 +72,7 @@ impl ProcessImpl {
             Access::Observer(_) => {
                 Some("an observer, which may only read, subscribe, ask for info and make observers")
             }
-            Access::StdinWriter(_) => {
+            Access::StdinWriter(..) => {
                 Some("a stdin writer, which may only write, close stdin and ask for info")
             }
         }
@@ -76,7 +89,7 @@ impl ProcessImpl {
     /// The process, if this capability may `call` reads.
     fn reader(&self, call: &str) -> Result<&Process, Error> {
         match &self.access {
-            Access::StdinWriter(_) => Err(self.forbidden(call)),
+            Access::StdinWriter(..) => Err(self.forbidden(call)),
             _ => Ok(self.process()),
         }
     }
@@ -86,6 +99,16 @@ impl ProcessImpl {
         match &self.access {
             Access::Observer(_) => Err(self.forbidden(call)),
             _ => Ok(self.process()),
+        }
+    }
+
+    /// The quota place this capability's process holds.
+    fn quota_share(&self) -> std::rc::Rc<Ticket> {
+        match &self.access {
+            Access::Owner(held) => held.quota_share(),
+            Access::Observer(facet) | Access::StdinWriter(facet, _) => {
+                std::rc::Rc::clone(&facet.quota)
+            }
         }
     }
 
@@ -166,8 +189,19 @@ impl process::Server for ProcessImpl {
                 .get_write_id()?
                 .to_str()
                 .map_err(|_| Error::failed("writeId is not valid UTF-8".to_string()))?;
+            // Each capability has its own write ids: a writer cannot make the
+            // owner's writes (or another writer's) look like repeats.
+            if write_id.is_empty() {
+                return Err(Error::failed(
+                    crate::engine::WriteError::EmptyWriteId.to_string(),
+                ));
+            }
+            let write_id = match &self.access {
+                Access::StdinWriter(_, number) => format!("w{number}:{write_id}"),
+                _ => format!("o:{write_id}"),
+            };
             self.feeder("write")?
-                .submit_write(data, write_id)
+                .submit_write(data, &write_id)
                 .map_err(|error| Error::failed(error.to_string()))
         })();
         drop(self);
@@ -293,8 +327,12 @@ impl process::Server for ProcessImpl {
         _: process::ObserverParams,
         mut results: process::ObserverResults,
     ) -> Result<(), Error> {
+        let facet = Facet {
+            process: self.reader("observer")?.clone(),
+            quota: self.quota_share(),
+        };
         let view = ProcessImpl {
-            access: Access::Observer(self.reader("observer")?.clone()),
+            access: Access::Observer(facet),
         };
         results.get().set_view(capnp_rpc::new_client(view));
         Ok(())
@@ -305,8 +343,14 @@ impl process::Server for ProcessImpl {
         _: process::StdinWriterParams,
         mut results: process::StdinWriterResults,
     ) -> Result<(), Error> {
+        let owner = self.owner("stdinWriter")?;
+        let facet = Facet {
+            process: owner.owner().handle(),
+            quota: owner.quota_share(),
+        };
+        let number = WRITERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let writer = ProcessImpl {
-            access: Access::StdinWriter(self.owner("stdinWriter")?.owner().handle()),
+            access: Access::StdinWriter(facet, number),
         };
         results.get().set_writer(capnp_rpc::new_client(writer));
         Ok(())
