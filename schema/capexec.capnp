@@ -506,6 +506,33 @@ struct ExitStatus {
   # The process was ended by its `StartParams.timeoutMs` (it then usually
   # dies by SIGTERM or SIGKILL, but may exit with a code of its own choosing
   # when it handles SIGTERM).
+
+  usage @5 :ResourceUsage;
+  # What the process tree used. Null when the server does not report it
+  # (servers without the "usage" feature, or when waiting for the child
+  # failed).
+}
+
+struct ResourceUsage {
+  # Resource usage as the kernel accounts it when the child is waited for:
+  # the child itself plus every descendant the child waited for itself (the
+  # figures a shell's `time` reports). Descendants still running when the
+  # child exits, or orphaned before they ended, are not included.
+
+  userCpuMicros @0 :UInt64;
+  # CPU time spent in user mode, in microseconds.
+
+  systemCpuMicros @1 :UInt64;
+  # CPU time spent in the kernel on the tree's behalf, in microseconds.
+
+  peakRssBytes @2 :UInt64;
+  # The largest resident set any single accounted process reached, in
+  # bytes (resident sets are not summed across processes). It is the
+  # kernel's `ru_maxrss`, which counts for each process the memory it had
+  # before executing its program too: a child the server starts vfork-style
+  # shares the server's memory until it executes, so this is never below
+  # the server's own peak resident set at that moment (a few MiB), however
+  # small the program.
 }
 
 enum Signal {

@@ -207,6 +207,38 @@ impl FromStr for Signal {
     }
 }
 
+/// What a process tree used, as the kernel accounts it when the child is
+/// waited for: the child itself plus every descendant it waited for
+/// itself (the same figures a shell's `time` reports). Descendants still
+/// running when the child exits, or orphaned before they ended, are not
+/// included.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ResourceUsage {
+    /// CPU time spent in user mode.
+    pub user_cpu: std::time::Duration,
+    /// CPU time spent in the kernel on the tree's behalf.
+    pub system_cpu: std::time::Duration,
+    /// The largest resident set any single process of the accounted tree
+    /// reached (the kernel's `ru_maxrss`; resident sets are not summed
+    /// across processes). The kernel counts a process's memory from before
+    /// it executed its program too, and children are started vfork-style,
+    /// sharing the starting process's memory until they execute: the figure
+    /// is never below that process's own peak at the time (a few MiB).
+    pub peak_rss_bytes: u64,
+}
+
+impl fmt::Display for ResourceUsage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "user {:.3}s, system {:.3}s, peak RSS {} KiB",
+            self.user_cpu.as_secs_f64(),
+            self.system_cpu.as_secs_f64(),
+            self.peak_rss_bytes / 1024
+        )
+    }
+}
+
 /// How a process ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExitStatus {

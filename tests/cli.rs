@@ -242,3 +242,29 @@ fn run_timeout_ends_the_command_and_exits_124() {
     );
     assert_eq!(in_time.code, 3);
 }
+
+#[test]
+fn run_usage_reports_cpu_time_and_peak_memory_on_stderr() {
+    // The shell holds a 30 MB string and spins until it has used 0.2 s of
+    // user CPU time itself.
+    let script = "x=$(head -c 30000000 /dev/zero | tr '\\0' a); \
+         while :; do i=0; while [ $i -lt 5000 ]; do i=$((i+1)); done; \
+         read -r _ _ _ _ _ _ _ _ _ _ _ _ _ utime _ < /proc/$$/stat; \
+         [ \"$utime\" -ge 20 ] && exit 4; done";
+    let done = finish(capexec(&["run", "--usage", "--", "sh", "-c", script]), None);
+    assert_eq!(done.code, 4);
+    assert!(done.stdout.is_empty());
+    let line = text(&done.stderr);
+    let figures: Vec<f64> = line
+        .strip_prefix("capexec: user ")
+        .and_then(|rest| rest.strip_suffix(" KiB\n"))
+        .map(|rest| {
+            rest.split(['s', ',', ' '])
+                .filter_map(|piece| piece.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(figures.len(), 3, "unexpected usage line {line:?}");
+    assert!(figures[0] >= 0.2, "user CPU in {line:?}");
+    assert!(figures[2] >= 30_000_000.0 / 1024.0, "peak RSS in {line:?}");
+}

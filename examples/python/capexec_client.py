@@ -33,6 +33,7 @@ class Sink(capexec.EventSink.Server):
     def __init__(self):
         self.done = asyncio.get_running_loop().create_future()
         self.exit = None
+        self.usage = None
         self.next_seq = 1
 
     def fail(self, reason):
@@ -60,6 +61,10 @@ class Sink(capexec.EventSink.Server):
                     self.exit = ("code", status.code)
                 else:
                     self.exit = ("signal", status.killed.number)
+                # Servers with the "usage" feature say what the tree used.
+                if status._has("usage"):
+                    usage = status.usage
+                    self.usage = (usage.userCpuMicros, usage.systemCpuMicros, usage.peakRssBytes)
             elif kind == "gap":
                 self.fail(f"output lost: seqs {event.gap.fromSeq}..{event.seq}")
             elif kind == "closed" and not self.done.done():
@@ -107,6 +112,12 @@ async def main(argv):
     waiting = sink.done if program != DEFAULT else asyncio.wait_for(sink.done, timeout=60)
     status = await waiting
     print(describe(status), file=sys.stderr)
+    if sink.usage:
+        user, system, peak_rss = sink.usage
+        print(
+            f"used {user / 1e6:.3f}s user, {system / 1e6:.3f}s system CPU, peak RSS {peak_rss // 1024} KiB",
+            file=sys.stderr,
+        )
     del subscription, process
     expected = ("code", 3 if program == DEFAULT else 0)
     return 0 if status == expected else 1

@@ -173,6 +173,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "SECS",
           value_parser = clap::value_parser!(u64).range(1..=31_536_000))]
     timeout: Option<u64>,
+    /// When the command has finished, print on stderr the CPU time and peak
+    /// memory its process tree used (like time(1)).
+    #[arg(long)]
+    usage: bool,
     /// Give the command an immediate end-of-file on stdin.
     #[arg(short = 'n')]
     no_stdin: bool,

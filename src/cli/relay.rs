@@ -144,15 +144,26 @@ async fn run_to_close(
     outcome.map_err(Failure::capexec)?;
     let status =
         status.ok_or_else(|| Failure::capexec("the command closed without an exit status"))?;
-    // Like timeout(1): 124 when the time limit ended the command. Asked
-    // once, on the capability in hand: the command has finished, so this
-    // is no reason to reconnect.
-    let current = process.current();
-    let asked = tokio::time::timeout(std::time::Duration::from_secs(5), current.info());
-    if args.timeout.is_some()
-        && let Ok(Ok(info)) = asked.await
-        && info.timed_out
-    {
+    // Asked once, on the capability in hand: the command has finished, so
+    // this is no reason to reconnect.
+    let info = if args.timeout.is_some() || args.usage {
+        let current = process.current();
+        tokio::time::timeout(std::time::Duration::from_secs(5), current.info())
+            .await
+            .ok()
+            .and_then(Result::ok)
+    } else {
+        None
+    };
+    if args.usage {
+        let end = if raw { "\r\n" } else { "\n" };
+        match info.as_ref().and_then(|info| info.usage) {
+            Some(usage) => eprint!("capexec: {usage}{end}"),
+            None => eprint!("capexec: the executor did not report resource usage{end}"),
+        }
+    }
+    // Like timeout(1): 124 when the time limit ended the command.
+    if args.timeout.is_some() && info.is_some_and(|info| info.timed_out) {
         eprintln!(
             "capexec: the command timed out after {} s",
             args.timeout.unwrap_or_default()

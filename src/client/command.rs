@@ -8,7 +8,7 @@ use futures::StreamExt;
 use crate::capexec_capnp::executor;
 use crate::client::{Error, EventStream, RemoteProcess};
 use crate::engine::StartSpec;
-use crate::model::{EventBody, ExitStatus, Flow, OutputStream, PtySize};
+use crate::model::{EventBody, ExitStatus, Flow, OutputStream, PtySize, ResourceUsage};
 use crate::rpc::convert;
 
 /// Where the child's stdin comes from.
@@ -26,6 +26,11 @@ pub struct Output {
     pub status: ExitStatus,
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
+    /// The start's timeout ended the process.
+    pub timed_out: bool,
+    /// What the process tree used; `None` from servers that do not report
+    /// it (without the "usage" feature).
+    pub usage: Option<ResourceUsage>,
 }
 
 /// A process to start on an executor.
@@ -204,10 +209,13 @@ impl Command {
                 }
             }
         }
+        let details = events.exit_details().unwrap_or_default();
         Ok(Output {
             status: status.ok_or(Error::EventsEnded)?,
             stdout,
             stderr,
+            timed_out: details.timed_out,
+            usage: details.usage,
         })
     }
 

@@ -1,17 +1,19 @@
 //! Subscriptions as a `futures::Stream` of events.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::pin::Pin;
+use std::rc::Rc as SharedCell;
 use std::task::{Context, Poll};
 
 use capnp::capability::Rc;
 use futures::Stream;
 use tokio::sync::mpsc;
 
-use crate::capexec_capnp::{event_sink, subscription};
+use crate::capexec_capnp::{event, event_sink, subscription};
 use crate::client::Error;
 use crate::model::{Event, EventBody};
-use crate::rpc::convert;
+use crate::rpc::convert::{self, ExitDetails};
 
 /// Batches buffered between the sink and the consumer. Small on purpose: a
 /// consumer that stops reading stops acknowledging pushes, which slows the
@@ -20,11 +22,19 @@ const BUFFERED_BATCHES: usize = 4;
 
 struct SinkImpl {
     batches: mpsc::Sender<Vec<Event>>,
+    exit_details: SharedCell<Cell<Option<ExitDetails>>>,
 }
 
 impl event_sink::Server for SinkImpl {
     async fn push(self: Rc<Self>, params: event_sink::PushParams) -> Result<(), capnp::Error> {
-        let events = convert::events_from_wire(params.get()?.get_events()?)?;
+        let wire_events = params.get()?.get_events()?;
+        for event in wire_events.iter() {
+            if let event::Exited(status) = event.which()? {
+                self.exit_details
+                    .set(Some(convert::exit_details_from_wire(status?)?));
+            }
+        }
+        let events = convert::events_from_wire(wire_events)?;
         self.batches
             .send(events)
             .await
@@ -32,16 +42,32 @@ impl event_sink::Server for SinkImpl {
     }
 }
 
-/// Creates the sink to pass to `Process.subscribe` and the stream it feeds.
-pub(crate) fn sink() -> (event_sink::Client, mpsc::Receiver<Vec<Event>>) {
+/// What a sink hands to the [`EventStream`] it feeds.
+pub(crate) struct Feed {
+    batches: mpsc::Receiver<Vec<Event>>,
+    exit_details: SharedCell<Cell<Option<ExitDetails>>>,
+}
+
+/// Creates the sink to pass to `Process.subscribe` and the feed of its stream.
+pub(crate) fn sink() -> (event_sink::Client, Feed) {
     let (batches, receiver) = mpsc::channel(BUFFERED_BATCHES);
-    (capnp_rpc::new_client(SinkImpl { batches }), receiver)
+    let exit_details = SharedCell::new(Cell::new(None));
+    let sink = SinkImpl {
+        batches,
+        exit_details: exit_details.clone(),
+    };
+    let feed = Feed {
+        batches: receiver,
+        exit_details,
+    };
+    (capnp_rpc::new_client(sink), feed)
 }
 
 /// The events of a process in seq order, ending after `closed`. Dropping it
 /// ends the subscription.
 pub struct EventStream {
     batches: mpsc::Receiver<Vec<Event>>,
+    exit_details: SharedCell<Cell<Option<ExitDetails>>>,
     pending: VecDeque<Event>,
     saw_closed: bool,
     failed: bool,
@@ -49,12 +75,10 @@ pub struct EventStream {
 }
 
 impl EventStream {
-    pub(crate) fn new(
-        batches: mpsc::Receiver<Vec<Event>>,
-        subscription: subscription::Client,
-    ) -> EventStream {
+    pub(crate) fn new(feed: Feed, subscription: subscription::Client) -> EventStream {
         EventStream {
-            batches,
+            batches: feed.batches,
+            exit_details: feed.exit_details,
             pending: VecDeque::new(),
             saw_closed: false,
             failed: false,
@@ -64,6 +88,12 @@ impl EventStream {
 }
 
 impl EventStream {
+    /// What the `exited` event said beyond the status (timed out, resource
+    /// usage), once that event has arrived.
+    pub fn exit_details(&self) -> Option<ExitDetails> {
+        self.exit_details.get()
+    }
+
     /// The next batch of consecutive events as the server pushed it, for
     /// consumers that handle many small events at once; `None` after
     /// `closed`.

@@ -200,13 +200,13 @@ impl RemoteProcess {
 
     /// Every event after `after_seq`, then live ones, until `closed`.
     pub async fn events(&self, after_seq: u64) -> Result<EventStream, Error> {
-        let (sink, batches) = events::sink();
+        let (sink, feed) = events::sink();
         let mut request = self.cap.subscribe_request();
         request.get().set_sink(sink);
         request.get().set_after_seq(after_seq);
         let response = dispatch(request.send().promise).await?;
         let subscription = response.get()?.get_subscription()?;
-        Ok(EventStream::new(batches, subscription))
+        Ok(EventStream::new(feed, subscription))
     }
 
     /// Waits for the process to close and returns its exit status, discarding

@@ -16,7 +16,7 @@ use crate::engine::process::{
     MAX_QUEUED_STDIN_BYTES, MAX_QUEUED_STDIN_WRITES, MAX_WRITE_BYTES, Shared,
 };
 use crate::engine::stdin::{Outcome, StdinOp, StdinState, WriteFailure};
-use crate::model::{Event, ExitStatus, Flow, PtySize, Signal, WriteStatus};
+use crate::model::{Event, ExitStatus, Flow, PtySize, ResourceUsage, Signal, WriteStatus};
 
 /// What `read` returns.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -179,6 +179,9 @@ pub struct ProcessSnapshot {
     pub uptime: Duration,
     /// Its `timeout` expired and the process was terminated for it.
     pub timed_out: bool,
+    /// What the tree used (see [`ResourceUsage`]); `None` until the child
+    /// exited, or when the server did not report it.
+    pub usage: Option<ResourceUsage>,
 }
 
 /// A non-owning handle: it reads, writes and signals, but holding it does
@@ -422,6 +425,11 @@ impl Process {
         true
     }
 
+    /// What the tree used, once the child has exited.
+    pub fn resource_usage(&self) -> Option<ResourceUsage> {
+        self.shared.lock().usage
+    }
+
     /// Whether the start's timeout ended the process.
     pub fn timed_out(&self) -> bool {
         self.shared
@@ -448,6 +456,7 @@ impl Process {
                 .exited_after
                 .unwrap_or_else(|| self.shared.started.elapsed()),
             timed_out: self.timed_out(),
+            usage: state.usage,
         }
     }
 

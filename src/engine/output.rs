@@ -250,12 +250,12 @@ pub(crate) async fn pump(
             result = readable(&sources[1]), if sources[1].is_some() && !paused => {
                 if result.is_err() { sources[1] = None } else { read[1] = drain_once(&shared, &mut sources[1], &mut buf) }
             }
-            status = &mut exit, if !exited => {
+            ended = &mut exit, if !exited => {
                 exited = true;
-                shared.record_child_exited();
+                shared.record_child_exited(ended.usage);
                 let terminal = sources.iter().flatten().any(OutputSource::is_terminal);
                 pending_exit = Some(PendingExit {
-                    status,
+                    status: ended.status,
                     unread: (!terminal).then(|| unread_now(&sources)),
                     settle_until: Instant::now() + TERMINAL_SETTLE,
                 });

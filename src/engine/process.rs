@@ -13,7 +13,7 @@ use crate::engine::log::{LogLimits, OutputLog};
 use crate::engine::reaper::{self, Leader};
 use crate::engine::stdin::{StdinEvents, StdinOp, StdinState, WriteIds};
 use crate::engine::terminal::Terminal;
-use crate::model::{ExitStatus, Flow, OutputStream};
+use crate::model::{ExitStatus, Flow, OutputStream, ResourceUsage};
 
 /// Largest accepted stdin write.
 pub const MAX_WRITE_BYTES: usize = 4 << 20;
@@ -71,6 +71,8 @@ pub(crate) struct State {
     pub(crate) exited: bool,
     terminating: bool,
     pub(crate) exited_after: Option<Duration>,
+    /// What the tree used, known from the child's exit on.
+    pub(crate) usage: Option<ResourceUsage>,
 }
 
 pub(crate) struct Shared {
@@ -126,6 +128,7 @@ impl Shared {
                 exited: false,
                 terminating: false,
                 exited_after: None,
+                usage: None,
             }),
             changes,
             stdin_ops: parts.stdin_ops,
@@ -180,10 +183,11 @@ impl Shared {
     }
 
     /// The child has exited: stdin closes, signals become no-ops.
-    pub(crate) fn record_child_exited(&self) {
+    pub(crate) fn record_child_exited(&self, usage: Option<ResourceUsage>) {
         {
             let mut state = self.lock();
             state.exited = true;
+            state.usage = usage;
             state.exited_after = Some(self.started.elapsed());
             if state.stdin == StdinState::Open {
                 state.stdin = StdinState::Exited;

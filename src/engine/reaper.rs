@@ -36,7 +36,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
 
 use crate::engine::kill;
-use crate::model::{ExitStatus, Signal};
+use crate::model::{ExitStatus, ResourceUsage, Signal};
 
 /// `idtype_t` value of waitid(2) for a pidfd (Linux 5.4).
 const P_PIDFD: libc::idtype_t = 3;
@@ -61,7 +61,15 @@ struct Trees {
 }
 
 /// Where a started child's exit status goes, and its tree.
-type Registered = (oneshot::Sender<ExitStatus>, Weak<Tree>);
+type Registered = (oneshot::Sender<Ended>, Weak<Tree>);
+
+/// How a child ended and what its tree used.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ended {
+    pub status: ExitStatus,
+    /// `None` when waiting itself failed.
+    pub usage: Option<ResourceUsage>,
+}
 
 fn trees() -> MutexGuard<'static, Trees> {
     TREES.lock().unwrap_or_else(|poison| poison.into_inner())
@@ -164,15 +172,14 @@ fn reap_one() -> bool {
         tree.capture_session();
     }
     let mut info = zeroed_siginfo();
-    // SAFETY: waitid writes into `info`, which lives across the call.
-    let rc = unsafe {
-        libc::waitid(
-            libc::P_PID,
-            pid as libc::id_t,
-            &mut info,
-            libc::WEXITED | libc::WNOHANG,
-        )
-    };
+    let mut usage = zeroed_rusage();
+    let rc = waitid_with_usage(
+        libc::P_PID,
+        pid as libc::id_t,
+        &mut info,
+        libc::WEXITED | libc::WNOHANG,
+        &mut usage,
+    );
     if let Some(tree) = &tree {
         tree.leader_reaped.store(true, Ordering::Release);
     }
@@ -180,7 +187,10 @@ fn reap_one() -> bool {
         && rc == 0
         && child_pid(&info) == pid
     {
-        let _ = sender.send(decode(&info));
+        let _ = sender.send(Ended {
+            status: decode(&info),
+            usage: Some(usage_from(&usage)),
+        });
     }
     trees.by_number.retain(|tree| match tree.upgrade() {
         Some(tree) if tree.leader_reaped.load(Ordering::Acquire) => {
@@ -301,7 +311,7 @@ enum Exit {
         reaped: AtomicBool,
     },
     /// Subreaper mode: the reaper thread reaps and sends the status.
-    Sent(Mutex<Option<oneshot::Receiver<ExitStatus>>>),
+    Sent(Mutex<Option<oneshot::Receiver<Ended>>>),
 }
 
 /// Runs `spawn` (which creates the child and returns its pid and pidfd) so
@@ -367,8 +377,8 @@ impl Leader {
         &self.tree
     }
 
-    /// Waits for the exit and returns its status.
-    pub async fn exited(&self) -> ExitStatus {
+    /// Waits for the exit and returns its status and usage.
+    pub async fn exited(&self) -> Ended {
         match &self.exit {
             Exit::Held { pidfd, .. } => wait_held(pidfd).await,
             Exit::Sent(receiver) => {
@@ -377,8 +387,8 @@ impl Leader {
                     .unwrap_or_else(|poison| poison.into_inner())
                     .take();
                 match receiver {
-                    Some(receiver) => receiver.await.unwrap_or(LOST_STATUS),
-                    None => LOST_STATUS,
+                    Some(receiver) => receiver.await.unwrap_or(LOST),
+                    None => LOST,
                 }
             }
         }
@@ -431,13 +441,13 @@ fn waitable_pidfd(pidfd: &OwnedFd) -> bool {
     waitable(P_PIDFD, pidfd.as_raw_fd() as libc::id_t).is_some()
 }
 
-async fn wait_held(pidfd: &AsyncFd<OwnedFd>) -> ExitStatus {
+async fn wait_held(pidfd: &AsyncFd<OwnedFd>) -> Ended {
     loop {
         let mut guard = match pidfd.readable().await {
             Ok(guard) => guard,
             Err(error) => {
                 tracing::error!(%error, "waiting on a pidfd failed");
-                return LOST_STATUS;
+                return LOST;
             }
         };
         match wait(pidfd.get_ref(), libc::WNOHANG | libc::WNOWAIT) {
@@ -445,26 +455,28 @@ async fn wait_held(pidfd: &AsyncFd<OwnedFd>) -> ExitStatus {
             Ok(None) => guard.clear_ready(),
             Err(error) => {
                 tracing::error!(%error, "waitid on a pidfd failed");
-                return LOST_STATUS;
+                return LOST;
             }
         }
     }
 }
 
-fn wait(pidfd: &OwnedFd, flags: libc::c_int) -> io::Result<Option<ExitStatus>> {
+fn wait(pidfd: &OwnedFd, flags: libc::c_int) -> io::Result<Option<Ended>> {
     loop {
         let mut info = zeroed_siginfo();
-        // SAFETY: waitid writes into `info`, which lives across the call.
-        let rc = unsafe {
-            libc::waitid(
-                P_PIDFD,
-                pidfd.as_raw_fd() as libc::id_t,
-                &mut info,
-                libc::WEXITED | flags,
-            )
-        };
+        let mut usage = zeroed_rusage();
+        let rc = waitid_with_usage(
+            P_PIDFD,
+            pidfd.as_raw_fd() as libc::id_t,
+            &mut info,
+            libc::WEXITED | flags,
+            &mut usage,
+        );
         if rc == 0 {
-            return Ok((child_pid(&info) != 0).then(|| decode(&info)));
+            return Ok((child_pid(&info) != 0).then(|| Ended {
+                status: decode(&info),
+                usage: Some(usage_from(&usage)),
+            }));
         }
         let error = io::Error::last_os_error();
         if error.kind() != io::ErrorKind::Interrupted {
@@ -475,11 +487,57 @@ fn wait(pidfd: &OwnedFd, flags: libc::c_int) -> io::Result<Option<ExitStatus>> {
 
 /// Reported when waiting itself fails, which only happens when the process
 /// is being torn down.
-const LOST_STATUS: ExitStatus = ExitStatus::Killed {
-    signal: Some(Signal::Kill),
-    number: libc::SIGKILL,
-    core_dumped: false,
+const LOST: Ended = Ended {
+    status: ExitStatus::Killed {
+        signal: Some(Signal::Kill),
+        number: libc::SIGKILL,
+        core_dumped: false,
+    },
+    usage: None,
 };
+
+/// waitid(2) as the kernel offers it, with the fifth argument glibc's
+/// wrapper leaves out: the resource usage of the child and of the
+/// descendants it waited for (filled with `WNOWAIT` too, since Linux 2.6.x).
+fn waitid_with_usage(
+    idtype: libc::idtype_t,
+    id: libc::id_t,
+    info: &mut libc::siginfo_t,
+    options: libc::c_int,
+    usage: &mut libc::rusage,
+) -> libc::c_int {
+    // SAFETY: the kernel writes into `info` and `usage`, which live across
+    // the call; the other arguments are plain integers.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_waitid,
+            idtype,
+            id,
+            info as *mut libc::siginfo_t,
+            options,
+            usage as *mut libc::rusage,
+        )
+    };
+    rc as libc::c_int
+}
+
+fn zeroed_rusage() -> libc::rusage {
+    // SAFETY: rusage is plain old data; all-zero is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+fn usage_from(usage: &libc::rusage) -> ResourceUsage {
+    let time = |t: libc::timeval| {
+        std::time::Duration::from_secs(t.tv_sec.max(0) as u64)
+            + std::time::Duration::from_micros(t.tv_usec.clamp(0, 999_999) as u64)
+    };
+    ResourceUsage {
+        user_cpu: time(usage.ru_utime),
+        system_cpu: time(usage.ru_stime),
+        // Linux counts it in KiB.
+        peak_rss_bytes: (usage.ru_maxrss.max(0) as u64).saturating_mul(1024),
+    }
+}
 
 /// Registers an owned descriptor with the tokio reactor.
 pub(crate) fn register(fd: OwnedFd, interest: Interest) -> io::Result<AsyncFd<OwnedFd>> {

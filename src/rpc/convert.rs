@@ -10,10 +10,10 @@ use bytes::Bytes;
 use capnp::Error;
 
 use crate::capexec_capnp as wire;
-use crate::engine::{ProcessSnapshot, StartSpec};
+use crate::engine::{Process, ProcessSnapshot, StartSpec};
 use crate::model::{
-    Event, EventBody, ExitStatus, Flow, OutputStream, PtySize, Signal, StartError, StartErrorKind,
-    WriteStatus,
+    Event, EventBody, ExitStatus, Flow, OutputStream, PtySize, ResourceUsage, Signal, StartError,
+    StartErrorKind, WriteStatus,
 };
 
 /// A start failure as an exception whose description carries its tag.
@@ -307,7 +307,66 @@ fn stream_from_wire(stream: wire::OutputStream) -> OutputStream {
     }
 }
 
-pub fn exit_status_to_wire(status: &ExitStatus, mut builder: wire::exit_status::Builder<'_>) {
+/// What an exit status says beyond how the child ended.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ExitDetails {
+    /// The process's timeout ended it.
+    pub timed_out: bool,
+    pub usage: Option<ResourceUsage>,
+}
+
+impl ExitDetails {
+    pub fn of(process: &Process) -> Self {
+        ExitDetails {
+            timed_out: process.timed_out(),
+            usage: process.resource_usage(),
+        }
+    }
+}
+
+/// An exit status with its details.
+pub fn exit_to_wire(
+    status: &ExitStatus,
+    details: ExitDetails,
+    mut builder: wire::exit_status::Builder<'_>,
+) {
+    exit_status_to_wire(status, builder.reborrow());
+    builder.set_timed_out(details.timed_out);
+    if let Some(usage) = details.usage {
+        usage_to_wire(&usage, builder.init_usage());
+    }
+}
+
+fn usage_to_wire(usage: &ResourceUsage, mut builder: wire::resource_usage::Builder<'_>) {
+    builder.set_user_cpu_micros(usage.user_cpu.as_micros() as u64);
+    builder.set_system_cpu_micros(usage.system_cpu.as_micros() as u64);
+    builder.set_peak_rss_bytes(usage.peak_rss_bytes);
+}
+
+/// The details an exit status carries.
+pub fn exit_details_from_wire(status: wire::exit_status::Reader<'_>) -> capnp::Result<ExitDetails> {
+    Ok(ExitDetails {
+        timed_out: status.get_timed_out(),
+        usage: usage_from_wire(status)?,
+    })
+}
+
+/// The resource usage an exit status carries, if any.
+pub fn usage_from_wire(
+    status: wire::exit_status::Reader<'_>,
+) -> capnp::Result<Option<ResourceUsage>> {
+    if !status.has_usage() {
+        return Ok(None);
+    }
+    let usage = status.get_usage()?;
+    Ok(Some(ResourceUsage {
+        user_cpu: std::time::Duration::from_micros(usage.get_user_cpu_micros()),
+        system_cpu: std::time::Duration::from_micros(usage.get_system_cpu_micros()),
+        peak_rss_bytes: usage.get_peak_rss_bytes(),
+    }))
+}
+
+fn exit_status_to_wire(status: &ExitStatus, mut builder: wire::exit_status::Builder<'_>) {
     match *status {
         ExitStatus::Code(code) => builder.set_code(code),
         ExitStatus::Killed {
@@ -338,8 +397,8 @@ pub fn exit_status_from_wire(reader: wire::exit_status::Reader<'_>) -> capnp::Re
     })
 }
 
-/// `timed_out`: the process's timeout ended it (said on its exit event).
-pub fn event_to_wire(event: &Event, mut builder: wire::event::Builder<'_>, timed_out: bool) {
+/// `details`: said on the exit event.
+pub fn event_to_wire(event: &Event, mut builder: wire::event::Builder<'_>, details: ExitDetails) {
     builder.set_seq(event.seq);
     match &event.body {
         EventBody::Output { stream, data } => {
@@ -348,9 +407,7 @@ pub fn event_to_wire(event: &Event, mut builder: wire::event::Builder<'_>, timed
             output.set_data(data);
         }
         EventBody::Exited(status) => {
-            let mut exited = builder.init_exited();
-            exit_status_to_wire(status, exited.reborrow());
-            exited.set_timed_out(timed_out);
+            exit_to_wire(status, details, builder.init_exited());
         }
         EventBody::Closed => builder.set_closed(()),
         EventBody::Gap { from_seq } => builder.init_gap().set_from_seq(*from_seq),
@@ -377,10 +434,10 @@ pub fn events_message_size(events: &[Event]) -> capnp::MessageSize {
 pub fn events_to_wire(
     events: &[Event],
     mut list: capnp::struct_list::Builder<'_, wire::event::Owned>,
-    timed_out: bool,
+    details: ExitDetails,
 ) {
     for (index, event) in events.iter().enumerate() {
-        event_to_wire(event, list.reborrow().get(index as u32), timed_out);
+        event_to_wire(event, list.reborrow().get(index as u32), details);
     }
 }
 
@@ -419,7 +476,14 @@ pub fn snapshot_to_wire(snapshot: &ProcessSnapshot, mut info: wire::process_info
     info.set_next_seq(snapshot.next_seq);
     info.set_closed(snapshot.closed);
     match &snapshot.exit {
-        Some(status) => exit_status_to_wire(status, info.reborrow().get_exit().init_exited()),
+        Some(status) => exit_to_wire(
+            status,
+            ExitDetails {
+                timed_out: snapshot.timed_out,
+                usage: snapshot.usage,
+            },
+            info.reborrow().get_exit().init_exited(),
+        ),
         None => info.reborrow().get_exit().set_running(()),
     }
     info.set_retained_bytes(snapshot.retained_bytes);
@@ -429,17 +493,18 @@ pub fn snapshot_to_wire(snapshot: &ProcessSnapshot, mut info: wire::process_info
     info.set_unconsumed_bytes(snapshot.unconsumed_bytes);
     info.set_uptime_ms(snapshot.uptime.as_millis() as u64);
     info.set_timed_out(snapshot.timed_out);
-    if snapshot.timed_out
-        && let Ok(wire::process_info::exit::Exited(Ok(mut exited))) = info.get_exit().which()
-    {
-        exited.set_timed_out(true);
-    }
 }
 
 pub fn snapshot_from_wire(info: wire::process_info::Reader<'_>) -> capnp::Result<ProcessSnapshot> {
-    let exit = match info.get_exit().which()? {
-        wire::process_info::exit::Running(()) => None,
-        wire::process_info::exit::Exited(status) => Some(exit_status_from_wire(status?)?),
+    let (exit, usage) = match info.get_exit().which()? {
+        wire::process_info::exit::Running(()) => (None, None),
+        wire::process_info::exit::Exited(status) => {
+            let status = status?;
+            (
+                Some(exit_status_from_wire(status)?),
+                usage_from_wire(status)?,
+            )
+        }
     };
     Ok(ProcessSnapshot {
         pid: info.get_pid(),
@@ -456,5 +521,6 @@ pub fn snapshot_from_wire(info: wire::process_info::Reader<'_>) -> capnp::Result
         unconsumed_bytes: info.get_unconsumed_bytes(),
         uptime: std::time::Duration::from_millis(info.get_uptime_ms()),
         timed_out: info.get_timed_out(),
+        usage,
     })
 }

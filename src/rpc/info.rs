@@ -28,6 +28,7 @@ pub const FEATURES: &[&str] = &[
     "detach",
     "facets",
     "timeout",
+    "usage",
 ];
 
 /// This server's own description, as of now.

@@ -155,20 +155,18 @@ impl process::Server for ProcessImpl {
             handle.watch(after_seq, max_bytes, wait).await
         }
         .map_err(|error| Error::failed(error.to_string()))?;
-        let timed_out = handle.timed_out();
+        let details = convert::ExitDetails::of(&handle);
         let mut result = results.get().init_result();
         convert::events_to_wire(
             &outcome.events,
             result.reborrow().init_events(outcome.events.len() as u32),
-            timed_out,
+            details,
         );
         result.set_next_seq(outcome.next_seq);
         result.set_closed(outcome.closed);
         match &outcome.exit {
             Some(status) => {
-                let mut exited = result.get_exit().init_exited();
-                convert::exit_status_to_wire(status, exited.reborrow());
-                exited.set_timed_out(timed_out);
+                convert::exit_to_wire(status, details, result.get_exit().init_exited());
             }
             None => result.get_exit().set_running(()),
         }

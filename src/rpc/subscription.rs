@@ -97,7 +97,7 @@ async fn deliver(process: Process, sink: event_sink::Client, mut after_seq: u64,
                 convert::events_to_wire(
                     &batch.events,
                     request.get().init_events(batch.events.len() as u32),
-                    process.timed_out(),
+                    convert::ExitDetails::of(&process),
                 );
                 let bytes = (size.word_count as usize) * 8;
                 let answer = request.send().promise;
