@@ -87,6 +87,9 @@ interface Executor {
   #   [capexec:upstream-unavailable] the start was for an upstream
   #                                environment that cannot be reached now
   #                                (see `environment`); nothing was started;
+  #   [capexec:not-allowed]        the start breaks a rule of a restricted
+  #                                executor (see `restrict`); the
+  #                                description names the rule;
   #   [capexec:limit]              a limit of the server would be exceeded:
   #                                argv and environment over 1 MiB, or the
   #                                processes held by the server or by this
@@ -147,6 +150,96 @@ interface Executor {
   # yet. Restoring ends a grace period that was running. Pipelining works as
   # for `start`. An unknown or expired token fails with
   # `[capexec:unknown-token]`; a token grants nothing but its one process.
+
+  restrict @5 (policy :Policy) -> (executor :Executor);
+  # An executor that can do less: its starts must satisfy `policy` as well
+  # as every policy of this executor (restricting a restricted executor only
+  # narrows it). Hand it to a party that should run only some programs, in
+  # some directories. A start that breaks a rule fails with
+  # `[capexec:not-allowed]` and a description that names the rule by its
+  # field name (`programs`, `cwdRoots`, `environment`, `settableEnv`,
+  # `forbidTty`, `maxProcesses`); nothing is started.
+  #
+  # The policy is resolved when `restrict` is called, on the server that
+  # runs the processes (through a forwarding executor the call is forwarded,
+  # pipelined, like `start`): program names are looked up on that server's
+  # PATH and every path has its symlinks resolved. `restrict` fails with
+  # `[capexec:invalid-argument]` for a policy that cannot be resolved (a
+  # program or root that does not exist, a relative path) and with
+  # `[capexec:not-allowed]` for one that asks for more than this executor
+  # allows (a program it does not allow, a root outside its roots, an
+  # environment its `settableEnv` forbids).
+  #
+  # The policy lists take at most 1,024 entries each, and an executor can be
+  # restricted at most 64 times over. Through a forwarding executor the
+  # restriction is asked for again (and resolved again) when a broken link
+  # reconnects; processes still running from before the break are then not
+  # counted by the new `maxProcesses`.
+  #
+  # A restricted executor offers no other environments: `environment`
+  # answers only "local" (itself), `environments` lists only "local", and
+  # `restrict` narrows further. `restore` works as on the executor it came
+  # from (a restore token is authority of its own). `info` describes the
+  # server, with "restricted" among the features.
+  #
+  # It is not a sandbox: an allowed program can still read and write what
+  # the server's user can, change its own directory, and run other programs
+  # if its arguments tell it to (`sh -c`, `git -c core.pager=...`). Allow
+  # programs with that in mind.
+}
+
+struct Policy {
+  # Rules for starts. A field left null (or zero / false) adds no rule; the
+  # rules of the executor being restricted always apply as well.
+
+  programs @0 :List(Data);
+  # The programs a start may run: absolute paths, or names looked up on the
+  # server's PATH when `restrict` is called. Symlinks in their directories
+  # are resolved (where /bin links to /usr/bin, "/bin/true" and
+  # "/usr/bin/true" are one program) but not the file name itself:
+  # multi-call programs such as busybox act by the name they are run as, so
+  # allowing "ls" must not allow "sh". A start's argv[0] is resolved as it
+  # would be executed (along the PATH of the environment the child would
+  # get, relative to its working directory), must be one of these programs,
+  # and that path is what is executed (argv[0] as the child sees it stays
+  # what the start said; `arg0` must be unset or equal to argv[0]). Null:
+  # any program. An empty list allows none. See `settableEnv` for the
+  # environment of restricted programs: a variable allowed there can still
+  # make an allowed program run something else.
+
+  cwdRoots @1 :List(Data);
+  # Absolute directories: a start's working directory (its `cwd`, else the
+  # server's) must be one of them or below one, after resolving `..` and
+  # symlinks; the child starts in that resolved directory. Null: any.
+
+  environment @2 :List(EnvVar);
+  # The fixed environment every start gets, instead of the server's: the
+  # child has exactly these variables, plus what the start sets in
+  # `settableEnv` (minus what it unsets there). Null: the environment of
+  # the executor being restricted (for an unrestricted one, the server's).
+
+  settableEnv @3 :List(Data);
+  # The only variable names a start may set or unset; a start that sets,
+  # unsets or clears anything else is refused. An empty list forbids every
+  # change. Null: any change, unless `programs` is restricted (by this
+  # policy or an earlier one): then none, since programs take orders from
+  # their environment (LD_PRELOAD, GIT_SSH_COMMAND, PAGER...).
+
+  forbidTty @4 :Bool;
+  # Starts may not ask for a terminal (`StartParams.tty`).
+
+  maxProcesses @5 :UInt32;
+  # At most this many processes started through this executor (and the
+  # executors restricted from it) may be running at once; a process counts
+  # from its start until its child exits, whether or not it is still held,
+  # or, if the child left processes of its session running, until those are
+  # ended (by the release, or the run-time limit). 0: no limit of its own.
+
+  maxRunTimeMs @6 :UInt64;
+  # Every process started through this executor is ended (as by
+  # `StartParams.timeoutMs`, which it caps) this long after its start: a
+  # start without a timeout, or with a longer one, gets this one. 0: no
+  # limit of its own.
 }
 
 struct ExecutorInfo {
@@ -159,7 +252,9 @@ struct ExecutorInfo {
   #   "terminate", "subscribe", "lossless", "tty", "resize", "process-info",
   #   "info", "environments", "detach" (`Process.detachable` and
   #   `Executor.restore`), "facets" (`Process.observer` and
-  #   `Process.stdinWriter`), "timeout" (`StartParams.timeoutMs`).
+  #   `Process.stdinWriter`), "timeout" (`StartParams.timeoutMs`), "usage"
+  #   (`ExitStatus.usage`), "restrict" (`Executor.restrict`; listed by a
+  #   restricted executor as "restricted" too).
   # Clients must ignore names they do not know.
 
   os @2 :Text;
@@ -260,7 +355,10 @@ struct StartParams {
   timeoutMs @10 :UInt64;
   # 0: no limit. Otherwise, if the child has not exited this many
   # milliseconds after its spawn, its process group is terminated (SIGTERM,
-  # then SIGKILL after the grace) and its exit status says `timedOut`.
+  # then SIGKILL after the grace) and its exit status says `timedOut`. A
+  # child that exits in time but leaves processes of its session running
+  # has them terminated at that moment all the same (its exit status stays
+  # its own).
 }
 
 struct EnvVar {

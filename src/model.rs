@@ -347,10 +347,12 @@ pub enum StartErrorKind {
     UnknownToken,
     /// A configured limit (processes, argument size) would be exceeded.
     LimitReached,
+    /// A rule of a restricted executor forbids it.
+    NotAllowed,
 }
 
 impl StartErrorKind {
-    const ALL: [StartErrorKind; 11] = [
+    const ALL: [StartErrorKind; 12] = [
         StartErrorKind::InvalidArgument,
         StartErrorKind::ProgramNotFound,
         StartErrorKind::PermissionDenied,
@@ -362,6 +364,7 @@ impl StartErrorKind {
         StartErrorKind::UnknownEnvironment,
         StartErrorKind::UnknownToken,
         StartErrorKind::LimitReached,
+        StartErrorKind::NotAllowed,
     ];
 
     pub fn code(self) -> &'static str {
@@ -377,6 +380,7 @@ impl StartErrorKind {
             StartErrorKind::UnknownEnvironment => "unknown-environment",
             StartErrorKind::UnknownToken => "unknown-token",
             StartErrorKind::LimitReached => "limit",
+            StartErrorKind::NotAllowed => "not-allowed",
         }
     }
 

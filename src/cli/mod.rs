@@ -4,6 +4,7 @@ mod connect;
 mod environments;
 mod forward;
 mod relay;
+mod restrictions;
 mod run;
 mod serve;
 mod stdio;
@@ -141,6 +142,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SECS", default_value_t = 30,
           value_parser = clap::value_parser!(u64).range(0..=86_400))]
     retention: u64,
+    #[command(flatten)]
+    restrictions: restrictions::RestrictionArgs,
 }
 
 #[derive(Args, Debug)]

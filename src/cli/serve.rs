@@ -46,6 +46,13 @@ pub fn main(args: ServeArgs) -> i32 {
             return EXIT_CAPEXEC_FAILURE;
         }
     };
+    let policy = match args.restrictions.policy() {
+        Ok(policy) => policy,
+        Err(error) => {
+            eprintln!("capexec: {error}");
+            return EXIT_CAPEXEC_FAILURE;
+        }
+    };
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => match TlsServer::from_files(cert, key) {
             Ok(tls) => Some(tls),
@@ -82,6 +89,7 @@ pub fn main(args: ServeArgs) -> i32 {
         },
         max_processes_per_connection: Some(args.max_processes_per_connection),
         login_deadline: None,
+        policy,
     };
     let limits = ProcessLimits {
         max_processes: Some(args.max_processes),

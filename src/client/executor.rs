@@ -1,10 +1,12 @@
-//! Executor-level calls: choosing an environment, listing them, and asking
-//! an executor what it supports.
+//! Executor-level calls: choosing an environment, listing them, asking
+//! an executor what it supports, and restricting one.
 
 use crate::capexec_capnp::executor;
 use crate::client::Error;
+use crate::engine::Policy;
 use crate::model::{EnvironmentStatus, ExecutorInfo};
 use crate::rpc::info;
+use crate::rpc::policy::policy_to_wire;
 
 /// The executor of environment `path` as seen from `executor`: a name
 /// ("build"), or names joined by "/" to go through several hops
@@ -31,4 +33,17 @@ pub async fn environments(executor: &executor::Client) -> Result<Vec<Environment
 pub async fn info(executor: &executor::Client) -> Result<ExecutorInfo, Error> {
     let response = executor.info_request().send().promise.await?;
     Ok(info::info_from_wire(response.get()?.get_info()?)?)
+}
+
+/// An executor that can only do what `policy` allows, on top of what
+/// `executor` allows (see [`crate::engine::Policy`] and the schema's
+/// `Executor.restrict`). Pipelined like [`environment`]: a policy the server
+/// refuses makes calls on the result fail with that error
+/// ([`crate::model::StartErrorKind::NotAllowed`] or
+/// [`crate::model::StartErrorKind::InvalidArgument`]); call [`info`] on it to
+/// find out at once.
+pub fn restrict(executor: &executor::Client, policy: &Policy) -> executor::Client {
+    let mut request = executor.restrict_request();
+    policy_to_wire(policy, request.get().init_policy());
+    request.send().pipeline.get_executor()
 }

@@ -83,6 +83,6 @@ mod resilient;
 pub use self::command::{Command, Output, Stdin};
 pub use self::error::{Error, describe};
 pub use self::events::EventStream;
-pub use self::executor::{environment, environments, info};
+pub use self::executor::{environment, environments, info, restrict};
 pub use self::process::{PendingWrite, RemoteProcess, restore};
 pub use self::resilient::{Connect, RecoveryNote, ResilientEvents, ResilientProcess, Session};

@@ -425,6 +425,18 @@ impl Process {
         true
     }
 
+    /// Keeps `value` while the process runs, for what counts running
+    /// processes: until the child exits if it leaves nothing of its tree
+    /// running, else until the tree is terminated (by the release or the
+    /// timeout). Dropped at once if that has already happened.
+    pub fn hold_while_running(&self, value: impl std::any::Any + Send) {
+        let mut state = self.shared.lock();
+        let ended = state.tree_ended || (state.exited && !self.shared.tree_outlives_child());
+        if !ended {
+            state.while_running.push(Box::new(value));
+        }
+    }
+
     /// What the tree used, once the child has exited.
     pub fn resource_usage(&self) -> Option<ResourceUsage> {
         self.shared.lock().usage

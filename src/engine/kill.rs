@@ -122,6 +122,18 @@ pub(crate) fn session_has_members(sid: i32) -> bool {
         .any(|pid| identity(pid).is_some_and(|identity| identity.session == sid))
 }
 
+/// Whether any process but its leader (zombies included) belongs to
+/// session `sid`: what a child that exited left running.
+pub(crate) fn session_has_other_members(sid: i32) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    dir.flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| pid != sid)
+        .any(|pid| identity(pid).is_some_and(|identity| identity.session == sid))
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct Identity {
     group: i32,

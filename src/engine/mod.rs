@@ -10,6 +10,7 @@ mod kill;
 pub mod log;
 mod output;
 mod pipe_capacity;
+pub mod policy;
 mod process;
 pub mod reaper;
 mod spawn;
@@ -32,6 +33,7 @@ pub use self::handle::{
 };
 pub use self::log::{Batch, LogLimits};
 pub use self::output::CHUNK_SIZE;
+pub use self::policy::{Admission, Policy, Rules};
 pub use self::process::{
     MAX_QUEUED_STDIN_BYTES, MAX_QUEUED_STDIN_WRITES, MAX_WRITE_BYTES, ProcessLimits,
 };
@@ -277,8 +279,10 @@ struct Launch<'a> {
 }
 
 /// Terminates the process if it has not exited by `deadline` (its spawn
-/// plus `timeout`), marking it timed out so its exit status can say so.
-/// Holds the process only weakly: a released process needs no timeout.
+/// plus `timeout`), marking it timed out so its exit status can say so; a
+/// child that exited in time but left processes running has them ended at
+/// the deadline. Holds the process only weakly: a released process needs
+/// no timeout.
 async fn expire_at(
     shared: Weak<Shared>,
     deadline: tokio::time::Instant,
@@ -287,17 +291,36 @@ async fn expire_at(
     let Some(exited) = shared.upgrade().map(|shared| shared.exited.clone()) else {
         return;
     };
-    tokio::select! {
-        _ = exited.cancelled() => {}
-        _ = tokio::time::sleep_until(deadline) => {
-            if let Some(shared) = shared.upgrade() {
-                tracing::info!(
-                    parent: &shared.span,
-                    timeout_ms = timeout.as_millis() as u64,
-                    "timeout expired"
-                );
-                shared.time_out();
-            }
+    let exited_in_time = tokio::select! {
+        _ = exited.cancelled() => true,
+        _ = tokio::time::sleep_until(deadline) => false,
+    };
+    if exited_in_time {
+        let Some(strong) = shared.upgrade() else {
+            return;
+        };
+        if !strong.tree_outlives_child() {
+            return;
+        }
+        let terminated = strong.terminated.clone();
+        drop(strong);
+        tokio::select! {
+            _ = terminated.cancelled() => return,
+            _ = tokio::time::sleep_until(deadline) => {}
+        }
+    }
+    if let Some(shared) = shared.upgrade() {
+        tracing::info!(
+            parent: &shared.span,
+            timeout_ms = timeout.as_millis() as u64,
+            child_exited = exited_in_time,
+            "timeout expired"
+        );
+        if exited_in_time {
+            // What the child left running; its exit status stays its own.
+            shared.start_termination();
+        } else {
+            shared.time_out();
         }
     }
 }

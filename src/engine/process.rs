@@ -73,6 +73,10 @@ pub(crate) struct State {
     pub(crate) exited_after: Option<Duration>,
     /// What the tree used, known from the child's exit on.
     pub(crate) usage: Option<ResourceUsage>,
+    /// Held while the tree runs (see `Process::hold_while_running`).
+    pub(crate) while_running: Vec<Box<dyn std::any::Any + Send>>,
+    /// The tree was terminated: nothing is held for it any more.
+    pub(crate) tree_ended: bool,
 }
 
 pub(crate) struct Shared {
@@ -129,6 +133,8 @@ impl Shared {
                 terminating: false,
                 exited_after: None,
                 usage: None,
+                while_running: Vec::new(),
+                tree_ended: false,
             }),
             changes,
             stdin_ops: parts.stdin_ops,
@@ -184,7 +190,7 @@ impl Shared {
 
     /// The child has exited: stdin closes, signals become no-ops.
     pub(crate) fn record_child_exited(&self, usage: Option<ResourceUsage>) {
-        {
+        let held = {
             let mut state = self.lock();
             state.exited = true;
             state.usage = usage;
@@ -192,9 +198,24 @@ impl Shared {
             if state.stdin == StdinState::Open {
                 state.stdin = StdinState::Exited;
             }
-        }
+            // Looked at only when something waits for the tree to end.
+            if state.while_running.is_empty() || self.tree_outlives_child() {
+                Vec::new()
+            } else {
+                std::mem::take(&mut state.while_running)
+            }
+        };
+        // Outside the lock: what was held may do anything when dropped.
+        drop(held);
         self.exited.cancel();
         self.notify();
+    }
+
+    /// Whether processes the child started are still running after it
+    /// exited: its session (every child leads one) has other members. A
+    /// member that started a session of its own is not seen.
+    pub(crate) fn tree_outlives_child(&self) -> bool {
+        crate::engine::kill::session_has_other_members(self.pid())
     }
 
     pub(crate) fn has_exited(&self) -> bool {
@@ -293,6 +314,12 @@ impl Shared {
             self.leader.reap();
             tracing::debug!(parent: &self.span, "process tree terminated");
         }
+        let held = {
+            let mut state = self.lock();
+            state.tree_ended = true;
+            std::mem::take(&mut state.while_running)
+        };
+        drop(held);
         self.terminated.cancel();
     }
 

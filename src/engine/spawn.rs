@@ -128,6 +128,27 @@ pub(crate) fn spawn(
     })
 }
 
+/// The file `spec` would execute: its program resolved as the spawn
+/// resolves it (the child's PATH, relative to its working directory).
+pub(crate) fn program_path(spec: &StartSpec) -> Result<PathBuf, StartError> {
+    let cwd = match spec.effective_cwd() {
+        Some(cwd) => Some(std::path::absolute(cwd).map_err(|error| bad_cwd(cwd, &plain(&error)))?),
+        None => None,
+    };
+    let env = spec.child_env();
+    let path_var = env
+        .iter()
+        .find(|(name, _)| name == "PATH")
+        .map(|(_, value)| value.as_os_str());
+    resolve_program(&spec.argv[0], path_var, cwd.as_deref()).map_err(|error| classify(spec, &error))
+}
+
+/// A program name looked up on this process's own PATH, as `execvp` would.
+pub(crate) fn program_on_own_path(name: &OsStr) -> io::Result<PathBuf> {
+    let path_var = std::env::var_os("PATH");
+    resolve_program(name, path_var.as_deref(), None)
+}
+
 fn bad_cwd(cwd: &Path, why: &str) -> StartError {
     StartError::new(
         StartErrorKind::BadCwd,

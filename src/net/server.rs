@@ -52,6 +52,9 @@ pub struct ServerConfig {
     pub max_processes_per_connection: Option<usize>,
     /// How long a TCP connection may go without logging in (default 30 s).
     pub login_deadline: Option<std::time::Duration>,
+    /// Rules every start must satisfy, on every connection (the root
+    /// executor is restricted by it); not with upstreams.
+    pub policy: Option<crate::engine::Policy>,
 }
 
 #[derive(Debug)]
@@ -61,6 +64,7 @@ pub enum ServeError {
     Bind(Address, std::io::Error),
     Token(TokenError),
     NoTokenPath,
+    Policy(String),
 }
 
 impl fmt::Display for ServeError {
@@ -78,6 +82,7 @@ impl fmt::Display for ServeError {
                 f,
                 "tcp listeners need a token: give --token-file FILE (no HOME to find the default)"
             ),
+            ServeError::Policy(error) => write!(f, "{error}"),
         }
     }
 }
@@ -102,6 +107,7 @@ pub struct Server {
     tls: Option<TlsServer>,
     call_limits: CallLimits,
     max_processes_per_connection: Option<usize>,
+    rules: Option<crate::engine::Rules>,
 }
 
 /// What a TCP connection must do before it gets the executor.
@@ -160,6 +166,21 @@ impl Server {
         let names: Vec<&str> = config.upstreams.iter().map(|u| u.name.as_str()).collect();
         rpc::check_environment_names(&names, config.default_environment.as_deref())
             .map_err(ServeError::Environments)?;
+        let rules = match &config.policy {
+            Some(_) if !config.upstreams.is_empty() => {
+                return Err(ServeError::Policy(
+                    "a restricted server runs only its own processes: restrictions cannot be \
+                     combined with upstreams"
+                        .into(),
+                ));
+            }
+            Some(policy) => Some(
+                crate::engine::Rules::unrestricted()
+                    .narrowed(policy)
+                    .map_err(|error| ServeError::Policy(error.message))?,
+            ),
+            None => None,
+        };
         let mut server = Server {
             engine,
             upstreams: config.upstreams.clone(),
@@ -172,6 +193,7 @@ impl Server {
             tls: config.tls.clone(),
             call_limits: config.call_limits,
             max_processes_per_connection: config.max_processes_per_connection,
+            rules,
         };
         if config.listen.iter().any(Address::is_tcp) {
             let path = config
@@ -256,9 +278,17 @@ impl Server {
         // Each connection gets its own root, so it has its own quota.
         let per_connection = self.max_processes_per_connection;
         let shared = Rc::clone(&environments);
+        // One set of rules for every connection: its process counts are
+        // the server's.
+        let rules = self.rules.take().map(Rc::new);
         let executor: NewExecutor = Rc::new(move || {
             let quota = per_connection.map_or_else(rpc::Quota::unlimited, rpc::Quota::at_most);
-            rpc::root_executor(Rc::clone(&shared), quota)
+            match &rules {
+                Some(rules) => {
+                    rpc::restricted_root_executor(Rc::clone(&shared), quota, Rc::clone(rules))
+                }
+                None => rpc::root_executor(Rc::clone(&shared), quota),
+            }
         });
         let connections = Rc::new(Connections::default());
         let accepting: Vec<JoinHandle<()>> = std::mem::take(&mut self.listeners)

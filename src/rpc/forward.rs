@@ -14,17 +14,28 @@ use std::rc::Rc;
 
 use capnp::capability::Rc as ServerRc;
 
-use crate::capexec_capnp::executor;
+use crate::capexec_capnp::{executor, policy};
 use crate::model::{StartError, StartErrorKind};
 use crate::rpc::convert;
 use crate::rpc::environments::{Link, Upstream};
 use crate::rpc::info;
 
+/// One step from the upstream's root executor to the one calls go to.
+#[derive(Clone)]
+enum Step {
+    /// `environment(name)`.
+    Environment(String),
+    /// `restrict(policy)`, the policy as it came: fields this server does
+    /// not know of yet reach the far end all the same.
+    Restrict(Rc<capnp::message::Builder<capnp::message::HeapAllocator>>),
+}
+
 /// An executor whose every method runs across the link to `upstream`: at
-/// the upstream's root executor, or at the environment `path` seen from it.
+/// the upstream's root executor, or at the executor `path` leads to from
+/// it (environments and restrictions).
 pub(crate) struct ForwardingExecutor {
     upstream: Rc<dyn Upstream>,
-    path: Vec<String>,
+    path: Vec<Step>,
     /// The far executor of `path` on one connection (by generation):
     /// fetched again, pipelined, once the link has reconnected.
     resolved: RefCell<Option<Link>>,
@@ -35,7 +46,7 @@ impl ForwardingExecutor {
         ForwardingExecutor::at_path(upstream, Vec::new())
     }
 
-    fn at_path(upstream: Rc<dyn Upstream>, path: Vec<String>) -> ForwardingExecutor {
+    fn at_path(upstream: Rc<dyn Upstream>, path: Vec<Step>) -> ForwardingExecutor {
         ForwardingExecutor {
             upstream,
             path,
@@ -60,11 +71,30 @@ impl ForwardingExecutor {
         {
             return Ok(link.clone());
         }
-        let executor = self.path.iter().fold(root.executor, |executor, name| {
-            let mut request = executor.environment_request();
-            request.get().set_name(name);
-            request.send().pipeline.get_executor()
-        });
+        let executor =
+            self.path
+                .iter()
+                .fold(root.executor, |executor, step| match step {
+                    Step::Environment(name) => {
+                        let mut request = executor.environment_request();
+                        request.get().set_name(name);
+                        request.send().pipeline.get_executor()
+                    }
+                    Step::Restrict(policy) => {
+                        let mut request = executor.restrict_request();
+                        // A copy this server already read once; should it fail
+                        // now, the executor fails rather than go unrestricted.
+                        let copied = policy
+                            .get_root_as_reader::<policy::Reader<'_>>()
+                            .and_then(|policy| request.get().set_policy(policy));
+                        match copied {
+                            Ok(()) => request.send().pipeline.get_executor(),
+                            Err(error) => capnp_rpc::new_future_client(async move {
+                                Err(malformed_policy(&error))
+                            }),
+                        }
+                    }
+                });
         let link = Link {
             executor,
             generation: root.generation,
@@ -115,6 +145,13 @@ pub(crate) async fn start(
         .await
         .map_err(|error| forwarder.hop_error(error))?;
     Ok(())
+}
+
+fn malformed_policy(error: &capnp::Error) -> capnp::Error {
+    convert::start_error_to_wire(&StartError::new(
+        StartErrorKind::InvalidArgument,
+        format!("malformed policy: {error}"),
+    ))
 }
 
 /// `restore` at the far end, pipelined like `start`.
@@ -204,19 +241,72 @@ impl executor::Server for ForwardingExecutor {
         let mut request = target.executor.environment_request();
         request.get().set_name(&name);
         let call = request.send();
-        // A local forwarder, not the bare promise: starts made on it keep
-        // their pipelining across this hop, and it finds its far executor
-        // again after the link reconnects.
-        let mut path = self.path.clone();
-        path.push(name);
-        let far = ForwardingExecutor::at_path(Rc::clone(&self.upstream), path);
-        *far.resolved.borrow_mut() = Some(Link {
-            executor: call.pipeline.get_executor(),
-            generation: target.generation,
-        });
+        let far = self.step(
+            Step::Environment(name),
+            call.pipeline.get_executor(),
+            target.generation,
+        );
         results.get().set_executor(capnp_rpc::new_client(far));
         results.set_pipeline()?;
         call.promise.await.map_err(|error| self.hop_error(error))?;
         Ok(())
     }
+
+    async fn restrict(
+        self: ServerRc<Self>,
+        params: executor::RestrictParams,
+        results: executor::RestrictResults,
+    ) -> Result<(), capnp::Error> {
+        restrict(&self, params, results).await
+    }
+}
+
+impl ForwardingExecutor {
+    /// A local forwarder one step further, not the bare promise: starts
+    /// made on it keep their pipelining across this hop, and it finds its
+    /// far executor again (taking the same steps) after the link
+    /// reconnects.
+    fn step(&self, step: Step, far: executor::Client, generation: u64) -> ForwardingExecutor {
+        let mut path = self.path.clone();
+        path.push(step);
+        let forwarder = ForwardingExecutor::at_path(Rc::clone(&self.upstream), path);
+        *forwarder.resolved.borrow_mut() = Some(Link {
+            executor: far,
+            generation,
+        });
+        forwarder
+    }
+}
+
+/// `restrict` at the far end, where the processes run and the policy is
+/// resolved, pipelined like `environment`.
+pub(crate) async fn restrict(
+    forwarder: &ForwardingExecutor,
+    params: executor::RestrictParams,
+    mut results: executor::RestrictResults,
+) -> Result<(), capnp::Error> {
+    // Kept whole: the same restriction is asked for again on a new
+    // connection after the link reconnects.
+    let mut policy = capnp::message::Builder::new_default();
+    policy
+        .set_root(params.get()?.get_policy()?)
+        .map_err(|error| malformed_policy(&error))?;
+    let target = forwarder.target().await?;
+    let mut request = target.executor.restrict_request();
+    request
+        .get()
+        .set_policy(policy.get_root_as_reader::<policy::Reader<'_>>()?)
+        .map_err(|error| malformed_policy(&error))?;
+    let call = request.send();
+    let far = forwarder.step(
+        Step::Restrict(Rc::new(policy)),
+        call.pipeline.get_executor(),
+        target.generation,
+    );
+    results.get().set_executor(capnp_rpc::new_client(far));
+    results.set_pipeline()?;
+    call.promise
+        .await
+        .map_err(|error| forwarder.hop_error(error))?;
+    Ok(())
 }

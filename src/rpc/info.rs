@@ -29,7 +29,11 @@ pub const FEATURES: &[&str] = &[
     "facets",
     "timeout",
     "usage",
+    "restrict",
 ];
+
+/// Listed, besides [`FEATURES`], by the `info` of a restricted executor.
+pub const RESTRICTED_FEATURE: &str = "restricted";
 
 /// This server's own description, as of now.
 pub fn local_info() -> ExecutorInfo {
@@ -84,8 +88,9 @@ pub fn seen_through_hop(mut info: ExecutorInfo, hop: &str) -> ExecutorInfo {
     } else {
         format!("{hop}/{}", info.environment)
     };
+    // "restricted" describes the far executor, not a protocol feature.
     info.features
-        .retain(|feature| FEATURES.contains(&feature.as_str()));
+        .retain(|feature| FEATURES.contains(&feature.as_str()) || feature == RESTRICTED_FEATURE);
     info
 }
 

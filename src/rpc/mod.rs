@@ -9,6 +9,7 @@ mod environments;
 mod executor;
 mod forward;
 pub mod info;
+pub mod policy;
 mod process;
 mod quota;
 mod subscription;
@@ -17,7 +18,7 @@ pub use self::detach::{DEFAULT_RETENTION, Detachments, MAX_GRACE};
 pub use self::environments::{
     Environments, Link, Upstream, check_names as check_environment_names,
 };
-pub use self::executor::{ExecutorImpl, local_executor, root_executor};
+pub use self::executor::{ExecutorImpl, local_executor, restricted_root_executor, root_executor};
 pub use self::process::{MAX_WAIT_MS, ProcessImpl};
 pub use self::quota::Quota;
 

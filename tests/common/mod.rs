@@ -263,6 +263,23 @@ pub fn output_bytes(events: &[Event], only: Option<OutputStream>) -> Vec<u8> {
     bytes
 }
 
+/// Reads until the close, asserting that the process's timeout ended it:
+/// SIGTERM, and `timed_out` in its info.
+pub async fn read_until_timed_out(process: &RemoteProcess) {
+    let events = read_until_closed(process).await;
+    assert!(
+        matches!(
+            exit_of(&events),
+            Some(ExitStatus::Killed {
+                signal: Some(capexec::model::Signal::Term),
+                ..
+            })
+        ),
+        "{events:?}"
+    );
+    assert!(process.info().await.expect("info").timed_out);
+}
+
 pub fn exit_of(events: &[Event]) -> Option<ExitStatus> {
     events.iter().find_map(|event| match event.body {
         EventBody::Exited(status) => Some(status),

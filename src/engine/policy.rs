@@ -1,0 +1,676 @@
+//! Restricted executors' rules: which programs, where, with what
+//! environment, how many at once and for how long. A [`Policy`] is what a
+//! client asks for; [`Rules`] is a policy resolved on this server (program
+//! names looked up, symlinks resolved) and narrowed by every policy before
+//! it. Plain logic over [`StartSpec`]s: the RPC layer only carries them.
+
+use std::collections::BTreeSet;
+use std::ffi::{OsStr, OsString};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use crate::engine::spawn;
+use crate::engine::spec::StartSpec;
+use crate::model::{StartError, StartErrorKind};
+
+/// What a restriction asks for; `None` fields add no rule (see the
+/// schema's `Policy` for each rule's exact meaning).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Policy {
+    /// Absolute paths, or names looked up on the server's PATH.
+    pub programs: Option<Vec<OsString>>,
+    /// Absolute directories the working directory must be in or below.
+    pub cwd_roots: Option<Vec<PathBuf>>,
+    /// The fixed environment of every start.
+    pub environment: Option<Vec<(OsString, OsString)>>,
+    /// The only names a start may set or unset.
+    pub settable_env: Option<Vec<OsString>>,
+    pub forbid_tty: bool,
+    /// Most processes of this executor running at once.
+    pub max_processes: Option<u32>,
+    /// Longest run time of each process.
+    pub max_run_time: Option<Duration>,
+}
+
+/// Most entries of each list of a policy: resolving them blocks the thread
+/// that serves the connection.
+pub const MAX_POLICY_ENTRIES: usize = 1024;
+
+/// Most policies one executor may be restricted by, one on another.
+pub const MAX_RESTRICTION_DEPTH: usize = 64;
+
+/// The rules a start must satisfy: one policy after another, each
+/// resolved when it was added.
+#[derive(Clone, Debug, Default)]
+pub struct Rules {
+    /// How many policies these rules combine.
+    depth: usize,
+    /// The allowed programs, as [`program_identity`] names them.
+    programs: Option<BTreeSet<PathBuf>>,
+    /// Canonical roots.
+    cwd_roots: Option<Vec<PathBuf>>,
+    environment: Option<Vec<(OsString, OsString)>>,
+    settable_env: Option<BTreeSet<OsString>>,
+    forbid_tty: bool,
+    max_run_time: Option<Duration>,
+    /// One counter per policy with a `max_processes`, oldest first.
+    counters: Vec<Arc<Counter>>,
+}
+
+#[derive(Debug)]
+struct Counter {
+    running: AtomicUsize,
+    max: usize,
+}
+
+/// Places taken in the process counters of a start's rules; dropping it
+/// gives them back (when the child exits).
+#[derive(Debug)]
+pub struct Admission {
+    counters: Vec<Arc<Counter>>,
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        for counter in &self.counters {
+            counter.running.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+fn not_allowed(rule: &str, message: String) -> StartError {
+    StartError::new(
+        StartErrorKind::NotAllowed,
+        format!("policy rule `{rule}`: {message}"),
+    )
+}
+
+fn invalid(rule: &str, message: String) -> StartError {
+    StartError::new(
+        StartErrorKind::InvalidArgument,
+        format!("policy rule `{rule}`: {message}"),
+    )
+}
+
+fn shown(path: &Path) -> String {
+    format!("{:?}", path.display().to_string())
+}
+
+fn listed<'a>(items: impl IntoIterator<Item = &'a Path>) -> String {
+    let names: Vec<String> = items.into_iter().map(shown).collect();
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names.join(", ")
+    }
+}
+
+fn names_listed<'a>(names: impl IntoIterator<Item = &'a OsString>) -> String {
+    let names: Vec<String> = names
+        .into_iter()
+        .map(|name| name.to_string_lossy().into_owned())
+        .collect();
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names.join(", ")
+    }
+}
+
+impl Rules {
+    /// No rules: what an unrestricted executor allows.
+    pub fn unrestricted() -> Rules {
+        Rules::default()
+    }
+
+    /// These rules narrowed by `policy`, which is resolved now. Refuses a
+    /// policy that cannot be resolved, or that asks for more than these
+    /// rules allow, rather than silently allowing less than it says.
+    pub fn narrowed(&self, policy: &Policy) -> Result<Rules, StartError> {
+        if self.depth >= MAX_RESTRICTION_DEPTH {
+            return Err(StartError::new(
+                StartErrorKind::LimitReached,
+                format!("an executor can be restricted at most {MAX_RESTRICTION_DEPTH} times over"),
+            ));
+        }
+        let lengths = [
+            ("programs", policy.programs.as_ref().map_or(0, Vec::len)),
+            ("cwdRoots", policy.cwd_roots.as_ref().map_or(0, Vec::len)),
+            (
+                "environment",
+                policy.environment.as_ref().map_or(0, Vec::len),
+            ),
+            (
+                "settableEnv",
+                policy.settable_env.as_ref().map_or(0, Vec::len),
+            ),
+        ];
+        for (rule, length) in lengths {
+            if length > MAX_POLICY_ENTRIES {
+                return Err(invalid(
+                    rule,
+                    format!("{length} entries; at most {MAX_POLICY_ENTRIES}"),
+                ));
+            }
+        }
+        let mut rules = self.clone();
+        rules.depth += 1;
+        if let Some(programs) = &policy.programs {
+            rules.programs = Some(self.narrowed_programs(programs)?);
+        }
+        if let Some(roots) = &policy.cwd_roots {
+            rules.cwd_roots = Some(self.narrowed_roots(roots)?);
+        }
+        if let Some(environment) = &policy.environment {
+            self.check_fixed_environment(environment)?;
+            rules.environment = Some(environment.clone());
+        }
+        if let Some(settable) = &policy.settable_env {
+            let asked: BTreeSet<OsString> = settable.iter().cloned().collect();
+            if let Some(allowed) = &self.settable_env
+                && let Some(name) = asked.difference(allowed).next()
+            {
+                return Err(not_allowed(
+                    "settableEnv",
+                    format!(
+                        "{:?} is not settable on this executor (settable: {})",
+                        name.to_string_lossy(),
+                        names_listed(allowed)
+                    ),
+                ));
+            }
+            rules.settable_env = Some(asked);
+        } else if rules.programs.is_some() && rules.settable_env.is_none() {
+            // Programs take orders from their environment (LD_PRELOAD,
+            // GIT_SSH_COMMAND, PAGER...): with programs restricted, only
+            // changes allowed by name keep the allowed ones what they are.
+            rules.settable_env = Some(BTreeSet::new());
+        }
+        rules.forbid_tty |= policy.forbid_tty;
+        if let Some(max) = policy.max_run_time.filter(|max| !max.is_zero()) {
+            rules.max_run_time = Some(self.max_run_time.map_or(max, |old| old.min(max)));
+        }
+        if let Some(max) = policy.max_processes.filter(|&max| max > 0) {
+            rules.counters.push(Arc::new(Counter {
+                running: AtomicUsize::new(0),
+                max: max as usize,
+            }));
+        }
+        Ok(rules)
+    }
+
+    fn narrowed_programs(&self, programs: &[OsString]) -> Result<BTreeSet<PathBuf>, StartError> {
+        let mut resolved = BTreeSet::new();
+        for program in programs {
+            let path = resolve_allowed_program(program)?;
+            if let Some(allowed) = &self.programs
+                && !allowed.contains(&path)
+            {
+                return Err(not_allowed(
+                    "programs",
+                    format!(
+                        "{} ({}) is not allowed on this executor (allowed: {})",
+                        shown(Path::new(program)),
+                        shown(&path),
+                        listed(allowed.iter().map(PathBuf::as_path))
+                    ),
+                ));
+            }
+            resolved.insert(path);
+        }
+        Ok(resolved)
+    }
+
+    fn narrowed_roots(&self, roots: &[PathBuf]) -> Result<Vec<PathBuf>, StartError> {
+        let mut resolved = Vec::new();
+        for root in roots {
+            if !root.is_absolute() {
+                return Err(invalid(
+                    "cwdRoots",
+                    format!("{} is not an absolute path", shown(root)),
+                ));
+            }
+            let canonical = std::fs::canonicalize(root)
+                .map_err(|error| invalid("cwdRoots", format!("{}: {error}", shown(root))))?;
+            if !canonical.is_dir() {
+                return Err(invalid(
+                    "cwdRoots",
+                    format!("{} is not a directory", shown(root)),
+                ));
+            }
+            if let Some(allowed) = &self.cwd_roots
+                && !allowed.iter().any(|outer| canonical.starts_with(outer))
+            {
+                return Err(not_allowed(
+                    "cwdRoots",
+                    format!(
+                        "{} ({}) is outside this executor's roots ({})",
+                        shown(root),
+                        shown(&canonical),
+                        listed(allowed.iter().map(PathBuf::as_path))
+                    ),
+                ));
+            }
+            resolved.push(canonical);
+        }
+        Ok(resolved)
+    }
+
+    /// A new fixed environment replaces what starts would otherwise get,
+    /// which is a change these rules must allow.
+    fn check_fixed_environment(&self, wanted: &[(OsString, OsString)]) -> Result<(), StartError> {
+        for (name, value) in wanted {
+            let bad_name = name.is_empty()
+                || name.as_encoded_bytes().contains(&b'=')
+                || name.as_encoded_bytes().contains(&0);
+            if bad_name || value.as_encoded_bytes().contains(&0) {
+                return Err(invalid(
+                    "environment",
+                    format!(
+                        "{:?} is not a valid variable (names are non-empty, without '=' or NUL)",
+                        name.to_string_lossy()
+                    ),
+                ));
+            }
+        }
+        let Some(settable) = &self.settable_env else {
+            return Ok(());
+        };
+        let Some(current) = &self.environment else {
+            return Err(not_allowed(
+                "environment",
+                format!(
+                    "this executor lets starts change only {}; a fixed environment would replace all of it",
+                    names_listed(settable)
+                ),
+            ));
+        };
+        let value_of = |env: &[(OsString, OsString)], name: &OsStr| {
+            env.iter()
+                .rev()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.clone())
+        };
+        let names: BTreeSet<&OsString> = current
+            .iter()
+            .chain(wanted.iter())
+            .map(|(name, _)| name)
+            .collect();
+        for name in names {
+            if value_of(current, name) != value_of(wanted, name) && !settable.contains(name) {
+                return Err(not_allowed(
+                    "environment",
+                    format!(
+                        "{:?} differs from this executor's fixed environment and is not settable (settable: {})",
+                        name.to_string_lossy(),
+                        names_listed(settable)
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks `spec` against every rule and returns what to start instead:
+    /// the resolved program and directory, the fixed environment applied,
+    /// the run time capped. The admission holds the start's places in the
+    /// process counters until it is dropped.
+    pub fn admit(&self, spec: &StartSpec) -> Result<(StartSpec, Admission), StartError> {
+        spec.validate()?;
+        let mut admitted = spec.clone();
+        if self.forbid_tty && spec.tty {
+            return Err(not_allowed(
+                "forbidTty",
+                "this executor does not allow terminals".into(),
+            ));
+        }
+        self.admit_environment(&mut admitted)?;
+        self.admit_cwd(&mut admitted)?;
+        self.admit_program(&mut admitted)?;
+        if let Some(max) = self.max_run_time {
+            admitted.timeout = Some(admitted.timeout.map_or(max, |asked| asked.min(max)));
+        }
+        let admission = self.take_places()?;
+        Ok((admitted, admission))
+    }
+
+    fn admit_environment(&self, spec: &mut StartSpec) -> Result<(), StartError> {
+        if let Some(settable) = &self.settable_env {
+            if spec.env.clear {
+                return Err(not_allowed(
+                    "settableEnv",
+                    format!(
+                        "starts may not clear the environment; they may change only {}",
+                        names_listed(settable)
+                    ),
+                ));
+            }
+            let changed = spec
+                .env
+                .unset
+                .iter()
+                .chain(spec.env.set.iter().map(|(name, _)| name));
+            for name in changed {
+                if !settable.contains(name) {
+                    return Err(not_allowed(
+                        "settableEnv",
+                        format!(
+                            "{:?} may not be set or unset (settable: {})",
+                            name.to_string_lossy(),
+                            names_listed(settable)
+                        ),
+                    ));
+                }
+            }
+        }
+        if let Some(fixed) = &self.environment {
+            let mut set: Vec<(OsString, OsString)> = if spec.env.clear {
+                Vec::new()
+            } else {
+                fixed
+                    .iter()
+                    .filter(|(name, _)| !spec.env.unset.contains(name))
+                    .cloned()
+                    .collect()
+            };
+            set.append(&mut spec.env.set);
+            spec.env.clear = true;
+            spec.env.unset.clear();
+            spec.env.set = set;
+        }
+        Ok(())
+    }
+
+    fn admit_cwd(&self, spec: &mut StartSpec) -> Result<(), StartError> {
+        let Some(roots) = &self.cwd_roots else {
+            return Ok(());
+        };
+        let asked = match spec.effective_cwd() {
+            Some(cwd) => cwd.clone(),
+            None => std::env::current_dir().map_err(|error| {
+                StartError::new(
+                    StartErrorKind::BadCwd,
+                    format!("the server's working directory: {error}"),
+                )
+            })?,
+        };
+        let canonical = std::fs::canonicalize(&asked).map_err(|error| {
+            StartError::new(
+                StartErrorKind::BadCwd,
+                format!("working directory {}: {error}", asked.display()),
+            )
+        })?;
+        if !roots.iter().any(|root| canonical.starts_with(root)) {
+            let resolved = if canonical == asked {
+                String::new()
+            } else {
+                format!(" (resolved: {})", shown(&canonical))
+            };
+            return Err(not_allowed(
+                "cwdRoots",
+                format!(
+                    "working directory {}{resolved} is outside the allowed roots ({})",
+                    shown(&asked),
+                    listed(roots.iter().map(PathBuf::as_path))
+                ),
+            ));
+        }
+        spec.cwd = Some(canonical);
+        Ok(())
+    }
+
+    fn admit_program(&self, spec: &mut StartSpec) -> Result<(), StartError> {
+        let Some(programs) = &self.programs else {
+            return Ok(());
+        };
+        // A multi-call program (busybox) picks what it does by the name it
+        // sees: it must be the name that was checked.
+        if let Some(arg0) = &spec.arg0
+            && arg0 != &spec.argv[0]
+        {
+            return Err(not_allowed(
+                "programs",
+                format!(
+                    "arg0 {:?} differs from the program {:?}; a restricted executor runs programs \
+                     under their own names",
+                    arg0.to_string_lossy(),
+                    spec.argv[0].to_string_lossy()
+                ),
+            ));
+        }
+        if let Some(cwd) = spec.effective_cwd()
+            && !cwd.is_dir()
+        {
+            // The engine's own error, not a missing program.
+            return Err(StartError::new(
+                StartErrorKind::BadCwd,
+                format!(
+                    "working directory {}: not an existing directory",
+                    cwd.display()
+                ),
+            ));
+        }
+        let found = spawn::program_path(spec)?;
+        let canonical = program_identity(&found).map_err(|error| {
+            StartError::new(
+                StartErrorKind::ProgramNotFound,
+                format!("program {}: {error}", shown(&found)),
+            )
+        })?;
+        if !programs.contains(&canonical) {
+            return Err(not_allowed(
+                "programs",
+                format!(
+                    "{} ({}) is not one of the allowed programs ({})",
+                    shown(Path::new(&spec.argv[0])),
+                    shown(&canonical),
+                    listed(programs.iter().map(PathBuf::as_path))
+                ),
+            ));
+        }
+        // What was checked is what runs, whatever PATH says by the time of
+        // the exec; the child still sees its argv[0].
+        if spec.arg0.is_none() {
+            spec.arg0 = Some(spec.argv[0].clone());
+        }
+        spec.argv[0] = canonical.into_os_string();
+        Ok(())
+    }
+
+    fn take_places(&self) -> Result<Admission, StartError> {
+        let mut admission = Admission {
+            counters: Vec::with_capacity(self.counters.len()),
+        };
+        for counter in &self.counters {
+            let taken =
+                counter
+                    .running
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |running| {
+                        (running < counter.max).then_some(running + 1)
+                    });
+            if taken.is_err() {
+                // Dropping the admission gives back the places taken so far.
+                return Err(not_allowed(
+                    "maxProcesses",
+                    format!(
+                        "the limit of {} running processes is reached (it counts what was started \
+                         through the executor that set it and the executors restricted from it)",
+                        counter.max
+                    ),
+                ));
+            }
+            admission.counters.push(Arc::clone(counter));
+        }
+        Ok(admission)
+    }
+}
+
+/// A policy's program: an absolute path or a name on the server's PATH,
+/// symlinks resolved.
+fn resolve_allowed_program(program: &OsStr) -> Result<PathBuf, StartError> {
+    let path = Path::new(program);
+    let found = if program.as_encoded_bytes().contains(&b'/') {
+        if !path.is_absolute() {
+            return Err(invalid(
+                "programs",
+                format!(
+                    "{} is neither an absolute path nor a name to look up on PATH",
+                    shown(path)
+                ),
+            ));
+        }
+        path.to_path_buf()
+    } else if program.is_empty() {
+        return Err(invalid("programs", "a program name is empty".into()));
+    } else {
+        spawn::program_on_own_path(program).map_err(|error| {
+            invalid(
+                "programs",
+                format!("{} is not on the server's PATH ({error})", shown(path)),
+            )
+        })?
+    };
+    let identity = program_identity(&found)
+        .map_err(|error| invalid("programs", format!("{}: {error}", shown(&found))))?;
+    if !identity.is_file() {
+        return Err(invalid(
+            "programs",
+            format!("{} is not a file", shown(&found)),
+        ));
+    }
+    Ok(identity)
+}
+
+/// How a program is named for the `programs` rule: its directory with every
+/// symlink resolved, and its own file name as it is. `/bin/true` and
+/// `/usr/bin/true` are one program where /bin links to /usr/bin, but a
+/// link `sh -> busybox` stays `sh`: multi-call programs do what their name
+/// says, so allowing `ls` must not allow `sh`.
+fn program_identity(path: &Path) -> std::io::Result<PathBuf> {
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a path to a file",
+        ));
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    Ok(std::fs::canonicalize(parent)?.join(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(OsString, OsString)> {
+        pairs
+            .iter()
+            .map(|(name, value)| (name.into(), value.into()))
+            .collect()
+    }
+
+    #[test]
+    fn a_fixed_environment_is_the_base_and_settable_names_apply_on_top() {
+        let rules = Rules::unrestricted()
+            .narrowed(&Policy {
+                environment: Some(env(&[("PATH", "/usr/bin:/bin"), ("LANG", "C")])),
+                settable_env: Some(vec!["LANG".into(), "EXTRA".into()]),
+                ..Policy::default()
+            })
+            .expect("narrow");
+        let mut spec = StartSpec::new(["env"]);
+        spec.env.set = env(&[("EXTRA", "1")]);
+        spec.env.unset = vec!["LANG".into()];
+        let (admitted, _admission) = rules.admit(&spec).expect("admit");
+        let mut child_env = admitted.child_env();
+        child_env.sort();
+        assert_eq!(child_env, env(&[("EXTRA", "1"), ("PATH", "/usr/bin:/bin")]));
+
+        spec.env.set = env(&[("PATH", "/tmp")]);
+        let error = rules.admit(&spec).expect_err("PATH is not settable");
+        assert_eq!(error.kind, StartErrorKind::NotAllowed);
+        assert!(error.message.contains("`settableEnv`"), "{error}");
+    }
+
+    #[test]
+    fn narrowing_a_fixed_environment_may_change_only_settable_names() {
+        let rules = Rules::unrestricted()
+            .narrowed(&Policy {
+                environment: Some(env(&[("A", "1"), ("B", "2")])),
+                settable_env: Some(vec!["B".into()]),
+                ..Policy::default()
+            })
+            .expect("narrow");
+        let fine = Policy {
+            environment: Some(env(&[("A", "1"), ("B", "3")])),
+            ..Policy::default()
+        };
+        assert!(rules.narrowed(&fine).is_ok());
+        let wider = Policy {
+            environment: Some(env(&[("A", "9")])),
+            ..Policy::default()
+        };
+        let error = rules.narrowed(&wider).expect_err("A is fixed");
+        assert_eq!(error.kind, StartErrorKind::NotAllowed);
+        assert!(error.message.contains("\"A\""), "{error}");
+        let more_settable = Policy {
+            settable_env: Some(vec!["A".into()]),
+            ..Policy::default()
+        };
+        assert!(rules.narrowed(&more_settable).is_err());
+    }
+
+    #[test]
+    fn counters_of_every_policy_apply_and_are_given_back() {
+        let outer = Rules::unrestricted()
+            .narrowed(&Policy {
+                max_processes: Some(2),
+                ..Policy::default()
+            })
+            .expect("narrow");
+        let inner = outer
+            .narrowed(&Policy {
+                max_processes: Some(5),
+                ..Policy::default()
+            })
+            .expect("narrow");
+        let spec = StartSpec::new(["true"]);
+        let first = inner.admit(&spec).expect("first");
+        let _second = outer.admit(&spec).expect("second");
+        let error = inner.admit(&spec).expect_err("the outer limit holds");
+        assert!(error.message.contains("`maxProcesses`"), "{error}");
+        drop(first);
+        let _third = inner.admit(&spec).expect("a place was given back");
+    }
+
+    #[test]
+    fn the_shortest_run_time_wins() {
+        let rules = Rules::unrestricted()
+            .narrowed(&Policy {
+                max_run_time: Some(Duration::from_secs(10)),
+                ..Policy::default()
+            })
+            .and_then(|rules| {
+                rules.narrowed(&Policy {
+                    max_run_time: Some(Duration::from_secs(60)),
+                    ..Policy::default()
+                })
+            })
+            .expect("narrow");
+        let mut spec = StartSpec::new(["true"]);
+        assert_eq!(
+            rules.admit(&spec).expect("admit").0.timeout,
+            Some(Duration::from_secs(10))
+        );
+        spec.timeout = Some(Duration::from_secs(3));
+        assert_eq!(
+            rules.admit(&spec).expect("admit").0.timeout,
+            Some(Duration::from_secs(3))
+        );
+    }
+}

@@ -1,0 +1,157 @@
+//! `capexec serve` with restriction flags: every connection gets a
+//! restricted executor, refusals reach `capexec run` as one line and exit
+//! 125, and flags that cannot be resolved stop the server before it
+//! listens.
+
+mod common;
+
+use common::cli::{Served, capexec, finish, text};
+use common::data::TempDir;
+
+#[test]
+fn a_restricted_server_runs_only_what_its_flags_allow() {
+    let root = TempDir::new("cli-restricted");
+    let root_arg = root.path().display().to_string();
+    let served = Served::start_with(&[
+        "--allow-program",
+        "sh",
+        "--allow-cwd",
+        &root_arg,
+        "--fixed-env",
+        "PATH=/usr/bin:/bin",
+        "--fixed-env",
+        "GREETING=hi",
+        "--settable-env",
+        "NAME",
+        "--max-run-time",
+        "1",
+    ]);
+    let canonical_root = std::fs::canonicalize(root.path()).expect("canonical root");
+    let token = served.token_arg();
+
+    // In policy, over both transports: the fixed environment, the settable
+    // name, the working directory.
+    let script = "echo \"$GREETING $NAME\"; pwd; exit 3";
+    for connect in [
+        vec!["--connect", served.unix.as_str()],
+        vec!["--connect", served.tcp.as_str(), "--token-file", &token],
+    ] {
+        let mut args = connect.clone();
+        args.extend([
+            "--cwd", &root_arg, "--env", "NAME=you", "-n", "--", "sh", "-c", script,
+        ]);
+        let done = finish(served.run(&args), None);
+        assert_eq!(done.code, 3, "{}", text(&done.stderr));
+        assert_eq!(
+            text(&done.stdout),
+            format!("hi you\n{}\n", canonical_root.display())
+        );
+    }
+
+    // Each rule's refusal: one line naming the rule, exit 125.
+    let refused = |args: &[&str], rule: &str| {
+        let mut all = vec!["--connect", served.unix.as_str()];
+        all.extend_from_slice(args);
+        let done = finish(served.run(&all), None);
+        assert_eq!(done.code, 125, "{}", text(&done.stderr));
+        let stderr = text(&done.stderr);
+        assert!(
+            stderr.starts_with(&format!("capexec: policy rule `{rule}`: "))
+                && stderr.ends_with('\n')
+                && stderr.lines().count() == 1,
+            "expected one line naming `{rule}`, got {stderr:?}"
+        );
+    };
+    refused(&["--cwd", &root_arg, "-n", "--", "true"], "programs");
+    refused(&["--cwd", "/", "-n", "--", "sh", "-c", "true"], "cwdRoots");
+    refused(
+        &[
+            "--cwd",
+            &root_arg,
+            "--env",
+            "PATH=/tmp",
+            "-n",
+            "--",
+            "sh",
+            "-c",
+            "true",
+        ],
+        "settableEnv",
+    );
+
+    // The run-time limit ends what runs too long.
+    let done = finish(
+        served.run(&[
+            "--connect",
+            &served.unix,
+            "--cwd",
+            &root_arg,
+            "-n",
+            "--",
+            "sh",
+            "-c",
+            "exec sleep 100",
+        ]),
+        None,
+    );
+    assert_eq!(done.code, 128 + libc::SIGTERM, "{}", text(&done.stderr));
+
+    // Clients can tell.
+    let info = finish(served.command("info", &["--connect", &served.unix]), None);
+    assert_eq!(info.code, 0, "{}", text(&info.stderr));
+    assert!(
+        text(&info.stdout).contains("restricted"),
+        "{}",
+        text(&info.stdout)
+    );
+}
+
+#[test]
+fn restriction_flags_that_cannot_be_resolved_stop_the_server() {
+    let dir = TempDir::new("cli-restricted-bad");
+    let socket = format!("unix:{}", dir.path().join("s.sock").display());
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &["--allow-program", "no-such-program-anywhere"],
+            "capexec: policy rule `programs`: \"no-such-program-anywhere\" is not on the server's PATH",
+        ),
+        (
+            &["--allow-cwd", "/no/such/directory"],
+            "capexec: policy rule `cwdRoots`: \"/no/such/directory\": No such file or directory",
+        ),
+        (
+            &["--fixed-env", "NOVALUE"],
+            "capexec: --fixed-env expects KEY=VALUE, got \"NOVALUE\"",
+        ),
+    ];
+    for (flags, expected) in cases {
+        let mut args = vec!["serve", "--listen", socket.as_str()];
+        args.extend_from_slice(flags);
+        let done = finish(capexec(&args), None);
+        assert_eq!(done.code, 125, "{flags:?}: {}", text(&done.stderr));
+        assert!(done.stdout.is_empty(), "nothing was listened on");
+        assert!(
+            text(&done.stderr).starts_with(expected),
+            "{flags:?}: expected {expected:?}, got {:?}",
+            text(&done.stderr)
+        );
+    }
+    let with_upstream = finish(
+        capexec(&[
+            "serve",
+            "--listen",
+            &socket,
+            "--upstream",
+            "b=unix:/nonexistent.sock",
+            "--allow-program",
+            "sh",
+        ]),
+        None,
+    );
+    assert_eq!(with_upstream.code, 125);
+    assert!(
+        text(&with_upstream.stderr).contains("cannot be combined with upstreams"),
+        "{}",
+        text(&with_upstream.stderr)
+    );
+}
