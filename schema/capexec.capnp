@@ -185,7 +185,10 @@ interface Executor {
   # It is not a sandbox: an allowed program can still read and write what
   # the server's user can, change its own directory, and run other programs
   # if its arguments tell it to (`sh -c`, `git -c core.pager=...`). Allow
-  # programs with that in mind.
+  # programs with that in mind. Programs and directories are checked by
+  # path and then used by path, so whoever can change the file system under
+  # them at that moment can race the check, and an allowed program in a
+  # writable directory can be rewritten.
 }
 
 struct Policy {

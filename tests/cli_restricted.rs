@@ -79,7 +79,8 @@ fn a_restricted_server_runs_only_what_its_flags_allow() {
         "settableEnv",
     );
 
-    // The run-time limit ends what runs too long.
+    // The run-time limit ends what runs too long, and `run` says so as
+    // timeout(1) would.
     let done = finish(
         served.run(&[
             "--connect",
@@ -94,7 +95,11 @@ fn a_restricted_server_runs_only_what_its_flags_allow() {
         ]),
         None,
     );
-    assert_eq!(done.code, 128 + libc::SIGTERM, "{}", text(&done.stderr));
+    assert_eq!(done.code, 124, "{}", text(&done.stderr));
+    assert_eq!(
+        text(&done.stderr),
+        "capexec: the command timed out (the executor's time limit)\n"
+    );
 
     // Clients can tell.
     let info = finish(served.command("info", &["--connect", &served.unix]), None);

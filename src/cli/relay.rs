@@ -144,30 +144,23 @@ async fn run_to_close(
     outcome.map_err(Failure::capexec)?;
     let status =
         status.ok_or_else(|| Failure::capexec("the command closed without an exit status"))?;
-    // Asked once, on the capability in hand: the command has finished, so
-    // this is no reason to reconnect.
-    let info = if args.timeout.is_some() || args.usage {
-        let current = process.current();
-        tokio::time::timeout(std::time::Duration::from_secs(5), current.info())
-            .await
-            .ok()
-            .and_then(Result::ok)
-    } else {
-        None
-    };
+    // The exit event says whether a time limit ended the command and what
+    // it used; no further round trip.
+    let details = events.exit_details().unwrap_or_default();
+    let end = if raw { "\r\n" } else { "\n" };
     if args.usage {
-        let end = if raw { "\r\n" } else { "\n" };
-        match info.as_ref().and_then(|info| info.usage) {
+        match details.usage {
             Some(usage) => eprint!("capexec: {usage}{end}"),
             None => eprint!("capexec: the executor did not report resource usage{end}"),
         }
     }
-    // Like timeout(1): 124 when the time limit ended the command.
-    if args.timeout.is_some() && info.is_some_and(|info| info.timed_out) {
-        eprintln!(
-            "capexec: the command timed out after {} s",
-            args.timeout.unwrap_or_default()
-        );
+    // Like timeout(1): 124 when a time limit ended the command, ours or
+    // the executor's (a restricted server's --max-run-time).
+    if details.timed_out {
+        match args.timeout {
+            Some(secs) => eprint!("capexec: the command timed out after {secs} s{end}"),
+            None => eprint!("capexec: the command timed out (the executor's time limit){end}"),
+        }
         return Ok(EXIT_TIMED_OUT);
     }
     Ok(status.shell_code())

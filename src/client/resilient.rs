@@ -443,6 +443,7 @@ impl ResilientProcess {
             last_seq: after_seq,
             resumed: false,
             done: false,
+            exit_details: None,
         }
     }
 
@@ -655,9 +656,17 @@ pub struct ResilientEvents {
     /// The stream was just resubscribed after a recovery.
     resumed: bool,
     done: bool,
+    /// What the `exited` event said beyond the status, once delivered.
+    exit_details: Option<crate::rpc::convert::ExitDetails>,
 }
 
 impl ResilientEvents {
+    /// What the `exited` event said beyond the status (timed out, resource
+    /// usage), once that event has been returned.
+    pub fn exit_details(&self) -> Option<crate::rpc::convert::ExitDetails> {
+        self.exit_details
+    }
+
     /// The next batch of consecutive events; `None` after `closed`. If the
     /// server no longer retains events that were missed while the
     /// connection was broken, [`Error::OutputLost`] says exactly which.
@@ -701,6 +710,12 @@ impl ResilientEvents {
                         return Some(Err(lost));
                     }
                     self.resumed = false;
+                    if fresh
+                        .iter()
+                        .any(|event| matches!(event.body, EventBody::Exited(_)))
+                    {
+                        self.exit_details = stream.exit_details();
+                    }
                     if let Some(last) = fresh.last() {
                         self.last_seq = last.seq;
                         self.done = matches!(last.body, EventBody::Closed);
