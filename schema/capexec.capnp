@@ -224,9 +224,10 @@ struct Policy {
   settableEnv @3 :List(Data);
   # The only variable names a start may set or unset; a start that sets,
   # unsets or clears anything else is refused. An empty list forbids every
-  # change. Null: any change, unless `programs` is restricted (by this
-  # policy or an earlier one): then none, since programs take orders from
-  # their environment (LD_PRELOAD, GIT_SSH_COMMAND, PAGER...).
+  # change. Null: what the executor being restricted allows (for an
+  # unrestricted one, any change), except in a policy that restricts
+  # `programs`: then none, since programs take orders from their
+  # environment (LD_PRELOAD, GIT_SSH_COMMAND, PAGER...).
 
   forbidTty @4 :Bool;
   # Starts may not ask for a terminal (`StartParams.tty`).
@@ -235,8 +236,10 @@ struct Policy {
   # At most this many processes started through this executor (and the
   # executors restricted from it) may be running at once; a process counts
   # from its start until its child exits, whether or not it is still held,
-  # or, if the child left processes of its session running, until those are
-  # ended (by the release, or the run-time limit). 0: no limit of its own.
+  # or, if the child left processes of its group running (for a terminal,
+  # of its session), until those end or are ended (by the release, or the
+  # run-time limit). A process that leaves its group and session (setsid,
+  # setpgid) is not seen, nor ended. 0: no limit of its own.
 
   maxRunTimeMs @6 :UInt64;
   # Every process started through this executor is ended (as by
@@ -361,7 +364,8 @@ struct StartParams {
   # then SIGKILL after the grace) and its exit status says `timedOut`. A
   # child that exits in time but leaves processes of its session running
   # has them terminated at that moment all the same (its exit status stays
-  # its own).
+  # its own): what it left in its process group (for a terminal, in its
+  # session).
 }
 
 struct EnvVar {

@@ -316,9 +316,23 @@ async fn what_a_child_leaves_running_still_counts(ctx: Ctx) {
     // Releasing the process ends the job and gives the place back.
     drop(process);
     wait_dead(job).await;
+    start_once_a_place_is_free(&executor).await;
+
+    // So does the job ending by itself, the process still held.
+    let (process, job) = start_job_and_exit(&executor).await;
+    assert_refused_by(&refusal(&executor, &sh("exit 0")).await, "maxProcesses");
+    // SAFETY: kill(2) on the job this test started, known to be alive.
+    assert_eq!(unsafe { libc::kill(job as i32, libc::SIGKILL) }, 0);
+    start_once_a_place_is_free(&executor).await;
+    drop(process);
+}
+
+/// Starts `exit 0` once the executor admits it (a place given back is
+/// noticed within a second or so), and waits for it to close.
+async fn start_once_a_place_is_free(executor: &executor::Client) {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let next = loop {
-        match sh("exit 0").spawn(&executor).await {
+        match sh("exit 0").spawn(executor).await {
             Ok(next) => break next,
             Err(Error::Start(error)) if error.kind == StartErrorKind::NotAllowed => {
                 assert!(

@@ -54,6 +54,7 @@ async fn run_to_close(
     raw: bool,
 ) -> Result<i32, Failure> {
     let signals = forward::Signals::catch();
+    let began = std::time::Instant::now();
     // Start (made detachable when resuming) and subscribe in one round
     // trip: the calls are pipelined on the process the start will return.
     let (process, started) = ResilientProcess::spawn_on(&command, session, resume);
@@ -157,7 +158,11 @@ async fn run_to_close(
     // Like timeout(1): 124 when a time limit ended the command, ours or
     // the executor's (a restricted server's --max-run-time).
     if details.timed_out {
-        match args.timeout {
+        // Ours, unless it ended sooner than ours could have.
+        match args
+            .timeout
+            .filter(|&secs| began.elapsed().as_secs() >= secs)
+        {
             Some(secs) => eprint!("capexec: the command timed out after {secs} s{end}"),
             None => eprint!("capexec: the command timed out (the executor's time limit){end}"),
         }

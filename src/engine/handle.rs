@@ -426,14 +426,22 @@ impl Process {
     }
 
     /// Keeps `value` while the process runs, for what counts running
-    /// processes: until the child exits if it leaves nothing of its tree
-    /// running, else until the tree is terminated (by the release or the
-    /// timeout). Dropped at once if that has already happened.
+    /// processes: until the child exits if it leaves nothing of its process
+    /// group (a terminal: its session) running, else until what it left
+    /// ends by itself or is terminated (by the release or the timeout).
+    /// Dropped at once if that has already happened.
     pub fn hold_while_running(&self, value: impl std::any::Any + Send) {
-        let mut state = self.shared.lock();
-        let ended = state.tree_ended || (state.exited && !self.shared.tree_outlives_child());
-        if !ended {
+        let exited = {
+            let mut state = self.shared.lock();
+            if state.tree_ended {
+                return;
+            }
             state.while_running.push(Box::new(value));
+            state.exited
+        };
+        if exited {
+            // Missed the exit's own look at the tree.
+            self.shared.give_back_when_tree_ends();
         }
     }
 

@@ -122,16 +122,25 @@ pub(crate) fn session_has_members(sid: i32) -> bool {
         .any(|pid| identity(pid).is_some_and(|identity| identity.session == sid))
 }
 
-/// Whether any process but its leader (zombies included) belongs to
-/// session `sid`: what a child that exited left running.
-pub(crate) fn session_has_other_members(sid: i32) -> bool {
+/// Whether any live process (not a zombie) but `leader` itself belongs to
+/// its session (`session`) or else its process group: what a child that
+/// exited left running.
+pub(crate) fn others_led_by(leader: i32, session: bool) -> bool {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return true;
     };
+    let led = |pid: i32| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // "pid (comm) state ppid pgrp session ..."; comm may hold ')'.
+        let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+        let alive = *fields.first()? != "Z";
+        let id: i32 = fields.get(if session { 3 } else { 2 })?.parse().ok()?;
+        Some(alive && id == leader)
+    };
     dir.flatten()
         .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|&pid| pid != sid)
-        .any(|pid| identity(pid).is_some_and(|identity| identity.session == sid))
+        .filter(|&pid| pid != leader)
+        .any(|pid| led(pid).unwrap_or(false))
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -299,7 +299,7 @@ async fn expire_at(
         let Some(strong) = shared.upgrade() else {
             return;
         };
-        if !strong.tree_outlives_child() {
+        if !strong.tree_outlives_child_off_thread().await {
             return;
         }
         let terminated = strong.terminated.clone();

@@ -66,7 +66,8 @@ struct Counter {
 }
 
 /// Places taken in the process counters of a start's rules; dropping it
-/// gives them back (when the child exits).
+/// gives them back (the engine holds it while the process runs: see
+/// `Process::hold_while_running`).
 #[derive(Debug)]
 pub struct Admission {
     counters: Vec<Arc<Counter>>,
@@ -182,10 +183,10 @@ impl Rules {
                 ));
             }
             rules.settable_env = Some(asked);
-        } else if rules.programs.is_some() && rules.settable_env.is_none() {
+        } else if policy.programs.is_some() {
             // Programs take orders from their environment (LD_PRELOAD,
-            // GIT_SSH_COMMAND, PAGER...): with programs restricted, only
-            // changes allowed by name keep the allowed ones what they are.
+            // GIT_SSH_COMMAND, PAGER...): a policy that restricts programs
+            // allows only the changes it names, whatever came before.
             rules.settable_env = Some(BTreeSet::new());
         }
         rules.forbid_tty |= policy.forbid_tty;
@@ -623,6 +624,27 @@ mod tests {
             ..Policy::default()
         };
         assert!(rules.narrowed(&more_settable).is_err());
+    }
+
+    #[test]
+    fn restricting_programs_allows_no_environment_change_it_does_not_name() {
+        let outer = Rules::unrestricted()
+            .narrowed(&Policy {
+                settable_env: Some(vec!["LD_PRELOAD".into()]),
+                ..Policy::default()
+            })
+            .expect("narrow");
+        let inner = outer
+            .narrowed(&Policy {
+                programs: Some(vec!["true".into()]),
+                ..Policy::default()
+            })
+            .expect("narrow");
+        let mut spec = StartSpec::new(["true"]);
+        spec.env.set = env(&[("LD_PRELOAD", "/tmp/x.so")]);
+        assert!(outer.admit(&spec).is_ok());
+        let error = inner.admit(&spec).expect_err("LD_PRELOAD is not named");
+        assert!(error.message.contains("`settableEnv`"), "{error}");
     }
 
     #[test]

@@ -27,6 +27,10 @@ pub const MAX_QUEUED_STDIN_BYTES: usize = 16 << 20;
 /// is done; see `stdin::WriteIds`).
 pub const MAX_QUEUED_STDIN_WRITES: usize = crate::engine::stdin::REMEMBERED_WRITE_IDS;
 
+/// How often to look whether what an exited child left running has ended,
+/// while something waits for it (a restricted executor's process count).
+const LEFTOVER_POLL: Duration = Duration::from_millis(500);
+
 /// How long the child may take to die after SIGKILL before its zombie is
 /// left for the drop of its handle to collect.
 const KILL_WAIT: Duration = Duration::from_secs(5);
@@ -189,8 +193,8 @@ impl Shared {
     }
 
     /// The child has exited: stdin closes, signals become no-ops.
-    pub(crate) fn record_child_exited(&self, usage: Option<ResourceUsage>) {
-        let held = {
+    pub(crate) fn record_child_exited(self: &Arc<Self>, usage: Option<ResourceUsage>) {
+        let holding = {
             let mut state = self.lock();
             state.exited = true;
             state.usage = usage;
@@ -198,24 +202,65 @@ impl Shared {
             if state.stdin == StdinState::Open {
                 state.stdin = StdinState::Exited;
             }
-            // Looked at only when something waits for the tree to end.
-            if state.while_running.is_empty() || self.tree_outlives_child() {
-                Vec::new()
-            } else {
-                std::mem::take(&mut state.while_running)
-            }
+            !state.while_running.is_empty()
         };
-        // Outside the lock: what was held may do anything when dropped.
-        drop(held);
+        if holding {
+            // Before the exit event: whoever saw the process end can start
+            // the next one in its place.
+            self.give_back_when_tree_ends();
+        }
         self.exited.cancel();
         self.notify();
     }
 
-    /// Whether processes the child started are still running after it
-    /// exited: its session (every child leads one) has other members. A
-    /// member that started a session of its own is not seen.
+    /// Whether processes the exited child started are still running: what
+    /// its termination reaches (its process group, or for a terminal its
+    /// session) has members besides the child. A process that left them
+    /// (setsid, setpgid) is not seen, nor reached.
+    /// A /proc scan (about a millisecond): done inline only where something
+    /// waits for the answer.
     pub(crate) fn tree_outlives_child(&self) -> bool {
-        crate::engine::kill::session_has_other_members(self.pid())
+        crate::engine::kill::others_led_by(self.pid(), self.terminal.is_some())
+    }
+
+    /// [`Self::tree_outlives_child`] on a blocking thread, for tasks.
+    pub(crate) async fn tree_outlives_child_off_thread(self: &Arc<Self>) -> bool {
+        let shared = Arc::clone(self);
+        tokio::task::spawn_blocking(move || shared.tree_outlives_child())
+            .await
+            .unwrap_or(true)
+    }
+
+    /// Drops what is held while the tree runs (after the child's exit) once
+    /// nothing of the tree is left: now if the child left nothing running,
+    /// else when what it left ends by itself (looked at every half second)
+    /// or is terminated.
+    pub(crate) fn give_back_when_tree_ends(self: &Arc<Self>) {
+        if !self.tree_outlives_child() {
+            let held = std::mem::take(&mut self.lock().while_running);
+            drop(held);
+            return;
+        }
+        let shared = Arc::downgrade(self);
+        self.runtime.spawn(async move {
+            loop {
+                let Some(terminated) = shared.upgrade().map(|s| s.terminated.clone()) else {
+                    return;
+                };
+                tokio::select! {
+                    _ = terminated.cancelled() => return,
+                    _ = tokio::time::sleep(LEFTOVER_POLL) => {}
+                }
+                let Some(strong) = shared.upgrade() else {
+                    return;
+                };
+                if !strong.tree_outlives_child_off_thread().await {
+                    let held = std::mem::take(&mut strong.lock().while_running);
+                    drop(held);
+                    return;
+                }
+            }
+        });
     }
 
     pub(crate) fn has_exited(&self) -> bool {

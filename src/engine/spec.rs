@@ -30,7 +30,8 @@ pub struct StartSpec {
     pub pty_size: PtySize,
     pub flow: Flow,
     /// Terminate the process group if the child has not exited this long
-    /// after its spawn.
+    /// after its spawn; what an exited child left running in its group
+    /// (a terminal: its session) is terminated then too.
     pub timeout: Option<std::time::Duration>,
 }
 
