@@ -217,6 +217,7 @@ impl Shared {
     /// its termination reaches (its process group, or for a terminal its
     /// session) has members besides the child. A process that left them
     /// (setsid, setpgid) is not seen, nor reached.
+    ///
     /// A /proc scan (about a millisecond): done inline only where something
     /// waits for the answer.
     pub(crate) fn tree_outlives_child(&self) -> bool {
