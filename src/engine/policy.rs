@@ -99,25 +99,26 @@ fn shown(path: &Path) -> String {
     format!("{:?}", path.display().to_string())
 }
 
-fn listed<'a>(items: impl IntoIterator<Item = &'a Path>) -> String {
-    let names: Vec<String> = items.into_iter().map(shown).collect();
-    if names.is_empty() {
+/// Items for a message: comma-separated, or "none".
+fn joined(items: impl Iterator<Item = String>) -> String {
+    let items: Vec<String> = items.collect();
+    if items.is_empty() {
         "none".into()
     } else {
-        names.join(", ")
+        items.join(", ")
     }
 }
 
+fn listed<'a>(paths: impl IntoIterator<Item = &'a PathBuf>) -> String {
+    joined(paths.into_iter().map(|path| shown(path)))
+}
+
 fn names_listed<'a>(names: impl IntoIterator<Item = &'a OsString>) -> String {
-    let names: Vec<String> = names
-        .into_iter()
-        .map(|name| name.to_string_lossy().into_owned())
-        .collect();
-    if names.is_empty() {
-        "none".into()
-    } else {
-        names.join(", ")
-    }
+    joined(
+        names
+            .into_iter()
+            .map(|name| name.to_string_lossy().into_owned()),
+    )
 }
 
 impl Rules {
@@ -215,7 +216,7 @@ impl Rules {
                         "{} ({}) is not allowed on this executor (allowed: {})",
                         shown(Path::new(program)),
                         shown(&path),
-                        listed(allowed.iter().map(PathBuf::as_path))
+                        listed(allowed)
                     ),
                 ));
             }
@@ -250,7 +251,7 @@ impl Rules {
                         "{} ({}) is outside this executor's roots ({})",
                         shown(root),
                         shown(&canonical),
-                        listed(allowed.iter().map(PathBuf::as_path))
+                        listed(allowed)
                     ),
                 ));
             }
@@ -414,7 +415,7 @@ impl Rules {
                 format!(
                     "working directory {}{resolved} is outside the allowed roots ({})",
                     shown(&asked),
-                    listed(roots.iter().map(PathBuf::as_path))
+                    listed(roots)
                 ),
             ));
         }
@@ -467,7 +468,7 @@ impl Rules {
                     "{} ({}) is not one of the allowed programs ({})",
                     shown(Path::new(&spec.argv[0])),
                     shown(&canonical),
-                    listed(programs.iter().map(PathBuf::as_path))
+                    listed(programs)
                 ),
             ));
         }
