@@ -140,10 +140,11 @@ impl WriteTicket {
                     Err(failure) => failure,
                 };
                 // Never written: a later retry must write it.
-                shared.lock().write_ids.forget(&id);
+                let mut state = shared.lock();
+                state.write_ids.forget(&id);
                 match failure {
-                    WriteFailure::Closed => WriteStatus::StdinClosed,
-                    WriteFailure::Exited => WriteStatus::Exited,
+                    WriteFailure::Closed if !shared.child_gone(&state) => WriteStatus::StdinClosed,
+                    WriteFailure::Closed | WriteFailure::Exited => WriteStatus::Exited,
                 }
             }
         }
@@ -341,6 +342,9 @@ impl Process {
             _ if state.exited => Some(WriteStatus::Exited),
             StdinState::Open => None,
             StdinState::Exited => Some(WriteStatus::Exited),
+            // Exit takes precedence, also before it is recorded (a dying
+            // child's stdin closes first).
+            _ if self.shared.child_gone(&state) => Some(WriteStatus::Exited),
             StdinState::NotPiped | StdinState::ClosedByClient | StdinState::ClosedByChild => {
                 Some(WriteStatus::StdinClosed)
             }

@@ -268,6 +268,12 @@ impl Shared {
         self.lock().exited
     }
 
+    /// Whether the child is gone even if its exit is not recorded yet: a
+    /// write that finds stdin closed says `exited` when that is the reason.
+    pub(crate) fn child_gone(&self, state: &State) -> bool {
+        state.exited || self.leader.has_exited_now()
+    }
+
     pub(crate) fn record_exit(&self, status: ExitStatus) {
         let uptime = {
             let mut state = self.lock();

@@ -377,6 +377,20 @@ impl Leader {
         &self.tree
     }
 
+    /// Whether the child has exited, as the kernel knows it now (its pidfd
+    /// is readable from the exit on, reaped or not): ahead of the exit's
+    /// bookkeeping, which follows asynchronously.
+    pub fn has_exited_now(&self) -> bool {
+        let mut pollfd = libc::pollfd {
+            fd: self.tree.pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll on one descriptor we own, without waiting.
+        let ready = unsafe { libc::poll(&mut pollfd, 1, 0) };
+        ready > 0 && pollfd.revents & libc::POLLIN != 0
+    }
+
     /// Waits for the exit and returns its status and usage.
     pub async fn exited(&self) -> Ended {
         match &self.exit {
