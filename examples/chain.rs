@@ -39,8 +39,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         print!("output: {}", String::from_utf8_lossy(&output.stdout));
         println!(
             "status: {} (shell code {})",
-            output.status,
-            output.status.shell_code()
+            output.exit.status,
+            output.exit.status.shell_code()
         );
 
         let process = Command::new("sleep").arg("1000").spawn(&on_c).await?;

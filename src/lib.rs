@@ -1,8 +1,11 @@
 //! capexec: an exec server on Cap'n Proto capabilities.
 //!
-//! Layers, each depending only on the ones below it:
-//! - [`model`]: plain value types (signals, exit statuses, events);
-//! - [`engine`]: the local process engine, plain tokio code;
+//! Layers, each depending only on the ones below it (see
+//! docs/ARCHITECTURE.md):
+//! - [`model`]: the values every layer speaks (specs, policies, events,
+//!   exits, signals, the tagged [`model::Refusal`]); depends on nothing else;
+//! - [`engine`]: the local process engine, plain tokio code over the model;
+//! - [`wire`]: conversions between the model and the Cap'n Proto types;
 //! - [`rpc`]: the Cap'n Proto server objects over the engine;
 //! - [`client`]: a typed client over the Cap'n Proto capabilities;
 //! - [`net`]: serving the Executor over Unix sockets and TCP, and connecting;
@@ -16,3 +19,4 @@ pub mod model;
 pub mod net;
 pub mod rpc;
 pub mod secret;
+pub mod wire;

@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use capexec::capexec_capnp::Signal as WireSignal;
 use capexec::client::{self, Command, Error, RemoteProcess, Stdin};
-use capexec::model::{ExitStatus, PtySize, StartErrorKind, WriteStatus};
+use capexec::model::{ExitStatus, PtySize, RefusalKind, WriteStatus};
 use common::{Ctx, sh};
 
 /// The start's structured failure.
-async fn start_error(ctx: &Ctx, command: &Command) -> (StartErrorKind, String) {
+async fn start_error(ctx: &Ctx, command: &Command) -> (RefusalKind, String) {
     match command.spawn(&ctx.executor).await {
-        Err(Error::Start(error)) => (error.kind, error.message),
+        Err(Error::Refused(error)) => (error.kind, error.message),
         Err(other) => panic!("expected a start error, got {other}"),
         Ok(_) => panic!("the start succeeded"),
     }
@@ -56,35 +56,35 @@ async fn starts_are_refused_with_their_reason(ctx: Ctx) {
     let mut empty_pty = Command::new("true");
     empty_pty.tty(PtySize { rows: 0, cols: 80 });
 
-    let cases: Vec<(&str, Command, StartErrorKind, String)> = vec![
+    let cases: Vec<(&str, Command, RefusalKind, String)> = vec![
         (
             "empty argv",
             Command::new(""),
-            StartErrorKind::InvalidArgument,
+            RefusalKind::InvalidArgument,
             "argv[0] (the program) must not be empty".into(),
         ),
         (
             "NUL in argv",
             nul_arg,
-            StartErrorKind::InvalidArgument,
+            RefusalKind::InvalidArgument,
             "argv[1] contains a NUL byte".into(),
         ),
         (
             "NUL in an environment value",
             nul_env,
-            StartErrorKind::InvalidArgument,
+            RefusalKind::InvalidArgument,
             "the value of environment variable CAPEXEC_BAD contains a NUL byte".into(),
         ),
         (
             "= in an environment name",
             bad_name,
-            StartErrorKind::InvalidArgument,
+            RefusalKind::InvalidArgument,
             "environment variable name \"A=B\" contains '='".into(),
         ),
         (
             "a cwd that does not exist",
             missing_cwd,
-            StartErrorKind::BadCwd,
+            RefusalKind::BadCwd,
             format!(
                 "working directory {}: No such file or directory",
                 missing.display()
@@ -93,13 +93,13 @@ async fn starts_are_refused_with_their_reason(ctx: Ctx) {
         (
             "a cwd that is a file",
             file_cwd,
-            StartErrorKind::BadCwd,
+            RefusalKind::BadCwd,
             format!("working directory {} is not a directory", file.display()),
         ),
         (
             "argv and environment over the limit",
             huge_env,
-            StartErrorKind::LimitReached,
+            RefusalKind::LimitReached,
             format!(
                 "argv and environment take {} bytes; the limit is 1048576",
                 5 + "CAPEXEC_HUGE".len() + (1 << 20) + 2
@@ -108,13 +108,13 @@ async fn starts_are_refused_with_their_reason(ctx: Ctx) {
         (
             "an empty terminal",
             empty_pty,
-            StartErrorKind::InvalidArgument,
+            RefusalKind::InvalidArgument,
             "pty size 0x80 is empty; rows and cols must be at least 1".into(),
         ),
         (
             "a program that does not exist",
             Command::new("/nonexistent/capexec-program"),
-            StartErrorKind::ProgramNotFound,
+            RefusalKind::ProgramNotFound,
             "program not found: /nonexistent/capexec-program".into(),
         ),
     ];
@@ -180,7 +180,7 @@ async fn process_calls_are_refused_with_their_reason(ctx: Ctx) {
 
     let (_, forged) = client::restore(&ctx.executor, &"0".repeat(64));
     match forged.await {
-        Err(Error::Start(error)) => assert_eq!(error.kind, StartErrorKind::UnknownToken),
+        Err(Error::Refused(error)) => assert_eq!(error.kind, RefusalKind::UnknownToken),
         other => panic!("a forged restore token was accepted: {other:?}"),
     }
 

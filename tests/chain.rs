@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use capexec::capexec_capnp::executor;
 use capexec::client::{self, Command, Error, Stdin};
-use capexec::model::{EnvironmentState, EventBody, ExitStatus, StartErrorKind, WriteStatus};
+use capexec::model::{EnvironmentState, EventBody, ExitStatus, RefusalKind, WriteStatus};
 use capexec::net::{Address, Token, UpstreamConfig};
 use common::data::TempDir;
 use common::proxy::Proxy;
@@ -46,9 +46,9 @@ async fn sleeper(executor: &executor::Client) -> (client::RemoteProcess, u32) {
     (process, pid_after(&text, "pid-"))
 }
 
-fn start_error(result: Result<client::RemoteProcess, Error>) -> capexec::model::StartError {
+fn start_error(result: Result<client::RemoteProcess, Error>) -> capexec::model::Refusal {
     match result {
-        Err(Error::Start(error)) => error,
+        Err(Error::Refused(error)) => error,
         Err(other) => panic!("expected a start error, got {other}"),
         Ok(_) => panic!("expected the start to fail"),
     }
@@ -229,7 +229,7 @@ async fn collect(process: &client::RemoteProcess) -> (ExitStatus, Vec<u8>) {
             EventBody::Gap { .. } => panic!("lossless output had a gap"),
         }
     }
-    (status.expect("exit status"), output)
+    (status.expect("exit status").status, output)
 }
 
 #[test]
@@ -324,7 +324,7 @@ fn unknown_names_unreachable_upstreams_and_wrong_tokens_are_clear_errors() {
                 .spawn(&client::environment(&executor, "nope"))
                 .await,
         );
-        assert_eq!(unknown.kind, StartErrorKind::UnknownEnvironment);
+        assert_eq!(unknown.kind, RefusalKind::UnknownEnvironment);
         assert_eq!(
             unknown.message,
             "no environment named \"nope\" (this server has: local, good, gone, guarded)"
@@ -336,7 +336,7 @@ fn unknown_names_unreachable_upstreams_and_wrong_tokens_are_clear_errors() {
                 .spawn(&client::environment(&executor, "gone"))
                 .await,
         );
-        assert_eq!(gone.kind, StartErrorKind::UpstreamUnavailable);
+        assert_eq!(gone.kind, RefusalKind::UpstreamUnavailable);
         assert_eq!(
             gone.message,
             format!(
@@ -352,7 +352,7 @@ fn unknown_names_unreachable_upstreams_and_wrong_tokens_are_clear_errors() {
                 .spawn(&client::environment(&executor, "gone"))
                 .await,
         );
-        assert_eq!(again.kind, StartErrorKind::UpstreamUnavailable);
+        assert_eq!(again.kind, RefusalKind::UpstreamUnavailable);
         if first_failure.elapsed() < Duration::from_millis(500) {
             assert!(
                 again.message.contains("(next attempt in "),
@@ -366,7 +366,7 @@ fn unknown_names_unreachable_upstreams_and_wrong_tokens_are_clear_errors() {
                 .spawn(&client::environment(&executor, "guarded"))
                 .await,
         );
-        assert_eq!(refused.kind, StartErrorKind::UpstreamUnavailable);
+        assert_eq!(refused.kind, RefusalKind::UpstreamUnavailable);
         assert!(
             refused.message.starts_with(&format!(
                 "upstream \"guarded\" ({}) is unavailable: login refused",
@@ -419,7 +419,7 @@ async fn run_once_reconnected(executor: &executor::Client) {
                 assert_eq!(status, ExitStatus::Code(0));
                 return;
             }
-            Err(Error::Start(error)) if error.kind == StartErrorKind::UpstreamUnavailable => {
+            Err(Error::Refused(error)) if error.kind == RefusalKind::UpstreamUnavailable => {
                 assert!(Instant::now() < deadline, "never reconnected: {error}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -441,7 +441,7 @@ fn an_upstream_that_comes_back_is_used_again() {
         procfs::wait_gone(pid).await;
         assert!(process.info().await.is_err(), "the far process is gone");
         let lost = start_error(Command::new("true").spawn(&executor).await);
-        assert_eq!(lost.kind, StartErrorKind::UpstreamUnavailable);
+        assert_eq!(lost.kind, RefusalKind::UpstreamUnavailable);
 
         far.restart();
         run_once_reconnected(&executor).await;

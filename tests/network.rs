@@ -12,9 +12,9 @@ use futures::future::join_all;
 use tokio::io::AsyncWriteExt;
 
 use capexec::capexec_capnp::{executor, gatekeeper};
-use capexec::client::{Command, Error, describe};
+use capexec::client::{Command, Error};
 use capexec::engine::Engine;
-use capexec::model::ExitStatus;
+use capexec::model::{ExitStatus, RefusalKind};
 use capexec::net::{self, Address, ConnectError, Server, ServerConfig, Token};
 use common::data::TempDir;
 use common::server::ServerThread;
@@ -54,9 +54,9 @@ fn tcp_needs_the_token_and_exposes_nothing_else() {
             .await
             .expect("the connection itself succeeds");
         match Command::new("true").spawn(&wrong.executor()).await {
-            Err(Error::Rpc(error)) => {
-                assert_eq!(describe(&error), "login refused: wrong token");
-                assert!(error.extra.contains("[capexec:unauthenticated]"), "{error}");
+            Err(Error::Refused(refusal)) => {
+                assert_eq!(refusal.message, "login refused: wrong token");
+                assert_eq!(refusal.kind, RefusalKind::Unauthenticated);
             }
             other => panic!("expected the login refusal, got {:?}", other.map(|_| ())),
         }
@@ -200,7 +200,7 @@ fn a_hundred_concurrent_clients_get_exactly_their_own_results() {
         for (n, output) in join_all(clients).await {
             assert_eq!(output.stdout, format!("client-{n}\n").into_bytes());
             assert_eq!(output.stderr, format!("err-{n}").into_bytes());
-            assert_eq!(output.status, ExitStatus::Code((n % 50) as i32));
+            assert_eq!(output.exit.status, ExitStatus::Code((n % 50) as i32));
         }
         server.stop();
     });
@@ -376,8 +376,8 @@ fn process_limits_per_connection_and_per_server() {
             sleep.spawn(&first.executor()).await.expect("second"),
         ];
         match sleep.spawn(&first.executor()).await {
-            Err(Error::Start(error)) => {
-                assert_eq!(error.kind, capexec::model::StartErrorKind::LimitReached);
+            Err(Error::Refused(error)) => {
+                assert_eq!(error.kind, capexec::model::RefusalKind::LimitReached);
                 assert_eq!(
                     error.message,
                     "this connection already holds its maximum of 2 processes"
@@ -408,8 +408,8 @@ fn process_limits_per_connection_and_per_server() {
         let sleep = sh("exec sleep 1000");
         let _held = sleep.spawn(&executor).await.expect("first");
         match sleep.spawn(&executor).await {
-            Err(Error::Start(error)) => {
-                assert_eq!(error.kind, capexec::model::StartErrorKind::LimitReached);
+            Err(Error::Refused(error)) => {
+                assert_eq!(error.kind, capexec::model::RefusalKind::LimitReached);
                 assert_eq!(
                     error.message,
                     "the executor already holds its maximum of 1 processes"
@@ -491,8 +491,8 @@ fn restores_count_against_the_restoring_connection() {
             .expect("its one process");
         let (_, refused) = capexec::client::restore(&full.executor(), &token);
         match refused.await {
-            Err(Error::Start(error)) => {
-                assert_eq!(error.kind, capexec::model::StartErrorKind::LimitReached)
+            Err(Error::Refused(error)) => {
+                assert_eq!(error.kind, capexec::model::RefusalKind::LimitReached)
             }
             other => panic!("the restore went over the quota: {other:?}"),
         }
@@ -524,7 +524,7 @@ fn a_view_keeps_its_process_counted() {
         common::wait_closed_at_head(&view).await;
         assert!(matches!(
             sleep.spawn(&connection.executor()).await,
-            Err(Error::Start(error)) if error.kind == capexec::model::StartErrorKind::LimitReached
+            Err(Error::Refused(error)) if error.kind == capexec::model::RefusalKind::LimitReached
         ));
         drop(view);
         spawn_when_there_is_room(&sleep, &connection.executor()).await;

@@ -10,11 +10,11 @@ use futures::StreamExt;
 
 use capexec::client::{Command, Error, Stdin};
 use capexec::model::{
-    Event, EventBody, ExitStatus, Flow, OutputStream, Signal, StartErrorKind, WriteStatus,
+    Event, EventBody, ExitStatus, Flow, OutputStream, Signal, RefusalKind, WriteStatus,
 };
 use common::data::{PatternChecker, TempDir, write_pattern_file};
 use common::{
-    Ctx, assert_contiguous, exit_of, output_bytes, procfs, read_from, read_until_closed,
+    Ctx, assert_contiguous, exit_of, output_bytes, procfs, read_from, read_until_closed, without_usage,
     read_until_output_contains, sh, spawn, wait_closed_at_head,
 };
 
@@ -32,11 +32,11 @@ async fn starts_and_exits_zero(ctx: Ctx) {
     let process = spawn(&ctx, &Command::new("true")).await;
     let events = read_until_closed(&process).await;
     assert_eq!(
-        events,
+        without_usage(events),
         vec![
             Event {
                 seq: 1,
-                body: EventBody::Exited(ExitStatus::Code(0))
+                body: EventBody::Exited(ExitStatus::Code(0).into())
             },
             Event {
                 seq: 2,
@@ -74,12 +74,12 @@ async fn events_arrive_in_exact_order(ctx: Ctx) {
         rest.push(event.expect("event"));
     }
     assert_eq!(
-        rest,
+        without_usage(rest),
         vec![
             output(2, OutputStream::Stderr, "err"),
             Event {
                 seq: 3,
-                body: EventBody::Exited(ExitStatus::Code(7))
+                body: EventBody::Exited(ExitStatus::Code(7).into())
             },
             Event {
                 seq: 4,
@@ -135,13 +135,13 @@ async fn output_after_exit_is_kept_until_streams_close(ctx: Ctx) {
         .await
         .expect("read");
     assert_eq!(
-        first.events,
+        without_usage(first.events),
         vec![Event {
             seq: 1,
-            body: EventBody::Exited(ExitStatus::Code(0))
+            body: EventBody::Exited(ExitStatus::Code(0).into())
         }]
     );
-    assert_eq!(first.exit, Some(ExitStatus::Code(0)));
+    assert_eq!(first.exit.map(|exit| exit.status), Some(ExitStatus::Code(0)));
     assert!(!first.closed, "the grandchild still holds stdout");
     let quiet = process
         .read(1, 0, Duration::from_millis(50))
@@ -476,7 +476,7 @@ async fn lossless_keeps_every_byte_with_a_slow_reader(ctx: Ctx) {
             match &event.body {
                 EventBody::Output { data, .. } => checker.check(data),
                 EventBody::Gap { .. } => panic!("lossless mode lost {event:?}"),
-                EventBody::Exited(status) => assert_eq!(*status, ExitStatus::Code(0)),
+                EventBody::Exited(exit) => assert_eq!(exit.status, ExitStatus::Code(0)),
                 EventBody::Closed => closed = true,
             }
         }
@@ -571,8 +571,8 @@ async fn start_failures_are_clear_and_leave_nothing_behind(ctx: Ctx) {
             .spawn(&ctx.executor)
             .await;
         match missing {
-            Err(Error::Start(error)) => {
-                assert_eq!(error.kind, StartErrorKind::ProgramNotFound);
+            Err(Error::Refused(error)) => {
+                assert_eq!(error.kind, RefusalKind::ProgramNotFound);
                 assert_eq!(error.message, "program not found: capexec-no-such-program");
             }
             other => panic!("expected a start error, got {:?}", other.map(|_| ())),
@@ -580,8 +580,8 @@ async fn start_failures_are_clear_and_leave_nothing_behind(ctx: Ctx) {
         let mut bad_cwd = Command::new("true");
         bad_cwd.current_dir("/capexec/no/such/dir");
         match bad_cwd.spawn(&ctx.executor).await {
-            Err(Error::Start(error)) => {
-                assert_eq!(error.kind, StartErrorKind::BadCwd);
+            Err(Error::Refused(error)) => {
+                assert_eq!(error.kind, RefusalKind::BadCwd);
                 assert_eq!(
                     error.message,
                     "working directory /capexec/no/such/dir: No such file or directory"
@@ -600,7 +600,7 @@ async fn start_failures_are_clear_and_leave_nothing_behind(ctx: Ctx) {
         );
         let not_executable = Command::new("/etc/passwd").spawn(&ctx.executor).await;
         match not_executable {
-            Err(Error::Start(error)) => assert_eq!(error.kind, StartErrorKind::PermissionDenied),
+            Err(Error::Refused(error)) => assert_eq!(error.kind, RefusalKind::PermissionDenied),
             other => panic!("expected a start error, got {:?}", other.map(|_| ())),
         }
     }

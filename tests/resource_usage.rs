@@ -21,8 +21,8 @@ async fn a_cpu_burning_child_reports_its_cpu_time(ctx: Ctx) {
         .output(&ctx.executor)
         .await
         .expect("run the burner");
-    assert_eq!(output.status, ExitStatus::Code(3));
-    let usage = output.usage.expect("the exit event carries usage");
+    assert_eq!(output.exit.status, ExitStatus::Code(3));
+    let usage = output.exit.usage.expect("the exit event carries usage");
     assert!(
         usage.user_cpu >= Duration::from_millis(300),
         "user CPU {:?} should cover the 0.3 s the shell burned",
@@ -33,7 +33,7 @@ async fn a_cpu_burning_child_reports_its_cpu_time(ctx: Ctx) {
         "implausible: {usage:?}"
     );
     assert!(usage.peak_rss_bytes > 0, "{usage:?}");
-    assert!(!output.timed_out);
+    assert!(!output.exit.timed_out);
 }
 
 async fn peak_memory_covers_what_the_child_held(ctx: Ctx) {
@@ -50,7 +50,10 @@ async fn peak_memory_covers_what_the_child_held(ctx: Ctx) {
     );
     assert_eq!(common::exit_of(&events), Some(ExitStatus::Code(0)));
     let info = process.info().await.expect("info");
-    let usage = info.usage.expect("process info carries usage");
+    let usage = info
+        .exit
+        .and_then(|exit| exit.usage)
+        .expect("process info carries usage");
     assert!(
         usage.peak_rss_bytes >= 30_000_000,
         "peak RSS {} bytes, below the 30 MB the shell held",
@@ -63,7 +66,6 @@ async fn a_running_process_has_no_usage_yet(ctx: Ctx) {
     let process = common::spawn(&ctx, &sh("exec sleep 1000")).await;
     let info = process.info().await.expect("info");
     assert_eq!(info.exit, None);
-    assert_eq!(info.usage, None);
     assert!(process.terminate().await.expect("terminate"));
 }
 

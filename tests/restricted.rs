@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use capexec::capexec_capnp::executor;
 use capexec::client::{self, Command, Error, RemoteProcess};
-use capexec::engine::Policy;
-use capexec::model::{ExitStatus, PtySize, StartErrorKind};
+use capexec::model::Policy;
+use capexec::model::{ExitStatus, PtySize, RefusalKind};
 use common::data::TempDir;
 use common::{Ctx, sh};
 
@@ -26,16 +26,16 @@ fn programs(names: &[&str]) -> Option<Vec<OsString>> {
 }
 
 /// The start's structured refusal.
-async fn refusal(executor: &executor::Client, command: &Command) -> (StartErrorKind, String) {
+async fn refusal(executor: &executor::Client, command: &Command) -> (RefusalKind, String) {
     match command.spawn(executor).await {
-        Err(Error::Start(error)) => (error.kind, error.message),
+        Err(Error::Refused(error)) => (error.kind, error.message),
         Err(other) => panic!("expected a start error, got {other}"),
         Ok(_) => panic!("the start succeeded"),
     }
 }
 
-fn assert_refused_by(refused: &(StartErrorKind, String), rule: &str) {
-    assert_eq!(refused.0, StartErrorKind::NotAllowed, "{}", refused.1);
+fn assert_refused_by(refused: &(RefusalKind, String), rule: &str) {
+    assert_eq!(refused.0, RefusalKind::NotAllowed, "{}", refused.1);
     assert!(
         refused.1.contains(&format!("policy rule `{rule}`")),
         "the error should name the rule `{rule}`: {}",
@@ -44,14 +44,10 @@ fn assert_refused_by(refused: &(StartErrorKind, String), rule: &str) {
 }
 
 /// The refusal of a `restrict` call, seen on the executor it returned.
-async fn restrict_refusal(executor: &executor::Client) -> (Option<StartErrorKind>, String) {
+async fn restrict_refusal(executor: &executor::Client) -> (Option<RefusalKind>, String) {
     match client::info(executor).await {
         Ok(_) => panic!("the restriction was accepted"),
-        Err(Error::Rpc(error)) => {
-            let refused = capexec::rpc::convert::start_error_from_wire(&error);
-            (Some(refused.kind), refused.message)
-        }
-        Err(Error::Start(refused)) => (Some(refused.kind), refused.message),
+        Err(Error::Refused(refused)) => (Some(refused.kind), refused.message),
         Err(other) => (None, other.to_string()),
     }
 }
@@ -59,7 +55,7 @@ async fn restrict_refusal(executor: &executor::Client) -> (Option<StartErrorKind
 async fn stdout(executor: &executor::Client, command: &Command) -> (ExitStatus, String) {
     let output = command.output(executor).await.expect("run");
     (
-        output.status,
+        output.exit.status,
         String::from_utf8_lossy(&output.stdout).into_owned(),
     )
 }
@@ -104,7 +100,7 @@ async fn only_allowed_programs_run(ctx: Ctx) {
     assert_refused_by(&refusal(&executor, &command).await, "programs");
     // Nor is a missing program anything but missing.
     let (kind, _) = refusal(&executor, &Command::new("no-such-program-here")).await;
-    assert_eq!(kind, StartErrorKind::ProgramNotFound);
+    assert_eq!(kind, RefusalKind::ProgramNotFound);
 
     // With programs restricted and nothing said about the environment, no
     // variable may change: LD_PRELOAD would make any program of them run
@@ -267,7 +263,7 @@ async fn running_processes_are_counted_until_they_exit(ctx: Ctx) {
     // A start that fails after passing the rules takes no place.
     for _ in 0..3 {
         let (kind, _) = refusal(&executor, &Command::new("no-such-program-here")).await;
-        assert_eq!(kind, StartErrorKind::ProgramNotFound);
+        assert_eq!(kind, RefusalKind::ProgramNotFound);
     }
     let first = sleeper.spawn(&executor).await.expect("first");
     let second = sleeper.spawn(&executor).await.expect("second");
@@ -334,7 +330,7 @@ async fn start_once_a_place_is_free(executor: &executor::Client) {
     let next = loop {
         match sh("exit 0").spawn(executor).await {
             Ok(next) => break next,
-            Err(Error::Start(error)) if error.kind == StartErrorKind::NotAllowed => {
+            Err(Error::Refused(error)) if error.kind == RefusalKind::NotAllowed => {
                 assert!(
                     std::time::Instant::now() < deadline,
                     "the place was not given back: {error}"
@@ -437,7 +433,7 @@ async fn restricting_again_only_narrows(ctx: Ctx) {
         },
     );
     let (kind, text) = restrict_refusal(&wider_program).await;
-    assert_eq!(kind, Some(StartErrorKind::NotAllowed), "{text}");
+    assert_eq!(kind, Some(RefusalKind::NotAllowed), "{text}");
     assert!(text.contains("policy rule `programs`"), "{text}");
     let wider_root = client::restrict(
         &inner,
@@ -447,7 +443,7 @@ async fn restricting_again_only_narrows(ctx: Ctx) {
         },
     );
     let (kind, text) = restrict_refusal(&wider_root).await;
-    assert_eq!(kind, Some(StartErrorKind::NotAllowed), "{text}");
+    assert_eq!(kind, Some(RefusalKind::NotAllowed), "{text}");
     assert!(text.contains("policy rule `cwdRoots`"), "{text}");
 }
 
@@ -484,7 +480,7 @@ async fn policies_that_cannot_be_resolved_are_refused(ctx: Ctx) {
     ];
     for (policy, expected) in cases {
         let (kind, text) = restrict_refusal(&restricted(&ctx, policy)).await;
-        assert_eq!(kind, Some(StartErrorKind::InvalidArgument), "{text}");
+        assert_eq!(kind, Some(RefusalKind::InvalidArgument), "{text}");
         assert!(text.contains(expected), "expected {expected:?} in {text:?}");
     }
     // The server goes on serving.
@@ -510,13 +506,13 @@ async fn a_restricted_executor_offers_no_other_environment(ctx: Ctx) {
     assert_refused_by(&refusal(&local, &Command::new("true")).await, "programs");
     let elsewhere = client::environment(&executor, "b");
     let (kind, text) = restrict_refusal(&elsewhere).await;
-    assert_eq!(kind, Some(StartErrorKind::NotAllowed), "{text}");
+    assert_eq!(kind, Some(RefusalKind::NotAllowed), "{text}");
     // What it allows works, with output and exit status as usual.
     let output = sh("echo out; echo err >&2; exit 3")
         .output(&executor)
         .await
         .expect("run");
-    assert_eq!(output.status, ExitStatus::Code(3));
+    assert_eq!(output.exit.status, ExitStatus::Code(3));
     assert_eq!(output.stdout, b"out\n");
     assert_eq!(output.stderr, b"err\n");
 }
@@ -609,11 +605,11 @@ fn a_restriction_through_a_chain_survives_a_broken_link() {
         loop {
             match Command::new("true").output(&executor).await {
                 Ok(output) => {
-                    assert_eq!(output.status, ExitStatus::Code(0));
+                    assert_eq!(output.exit.status, ExitStatus::Code(0));
                     break;
                 }
-                Err(Error::Start(error))
-                    if error.kind == StartErrorKind::UpstreamUnavailable
+                Err(Error::Refused(error))
+                    if error.kind == RefusalKind::UpstreamUnavailable
                         && std::time::Instant::now() < deadline =>
                 {
                     tokio::time::sleep(Duration::from_millis(50)).await;

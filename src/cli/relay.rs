@@ -72,7 +72,7 @@ async fn run_to_close(
     let events = subscribed.map(|()| events);
     match started {
         Ok(()) => {}
-        Err(Error::Start(error)) => {
+        Err(Error::Refused(error)) => {
             return Err(Failure {
                 code: error.kind.cli_exit_code(),
                 message: error.message,
@@ -143,21 +143,20 @@ async fn run_to_close(
     }
     output.flush().await;
     outcome.map_err(Failure::capexec)?;
-    let status =
-        status.ok_or_else(|| Failure::capexec("the command closed without an exit status"))?;
     // The exit event says whether a time limit ended the command and what
     // it used; no further round trip.
-    let details = events.exit_details().unwrap_or_default();
+    let exit =
+        status.ok_or_else(|| Failure::capexec("the command closed without an exit status"))?;
     let end = if raw { "\r\n" } else { "\n" };
     if args.usage {
-        match details.usage {
+        match exit.usage {
             Some(usage) => eprint!("capexec: {usage}{end}"),
             None => eprint!("capexec: the executor did not report resource usage{end}"),
         }
     }
     // Like timeout(1): 124 when a time limit ended the command, ours or
     // the executor's (a restricted server's --max-run-time).
-    if details.timed_out {
+    if exit.timed_out {
         // Ours, unless it ended sooner than ours could have.
         match args
             .timeout
@@ -168,5 +167,5 @@ async fn run_to_close(
         }
         return Ok(EXIT_TIMED_OUT);
     }
-    Ok(status.shell_code())
+    Ok(exit.status.shell_code())
 }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use capexec::engine::Policy;
+use capexec::model::Policy;
 
 #[derive(Args, Debug, Default)]
 #[command(next_help_heading = "Restrictions (every start on every connection)")]

@@ -7,9 +7,8 @@ use futures::StreamExt;
 
 use crate::capexec_capnp::executor;
 use crate::client::{Error, EventStream, RemoteProcess};
-use crate::engine::StartSpec;
-use crate::model::{EventBody, ExitStatus, Flow, OutputStream, PtySize, ResourceUsage};
-use crate::rpc::convert;
+use crate::model::{EventBody, Exit, ExitStatus, Flow, OutputStream, PtySize, StartSpec};
+use crate::wire;
 
 /// Where the child's stdin comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,14 +22,11 @@ pub enum Stdin {
 /// Everything a finished process wrote, and how it ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Output {
-    pub status: ExitStatus,
+    /// Its status, whether its timeout ended it, and what the tree used
+    /// (`None` from servers without the "usage" feature).
+    pub exit: Exit,
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
-    /// The start's timeout ended the process.
-    pub timed_out: bool,
-    /// What the process tree used; `None` from servers that do not report
-    /// it (without the "usage" feature).
-    pub usage: Option<ResourceUsage>,
 }
 
 /// A process to start on an executor.
@@ -177,11 +173,11 @@ impl Command {
         let mut spec = self.spec.clone();
         spec.flow = flow;
         let mut request = executor.start_request();
-        convert::start_spec_to_wire(&spec, request.get().init_params());
+        wire::start_spec_to_wire(&spec, request.get().init_params());
         let sent = request.send();
         let process = RemoteProcess::from_capability(sent.pipeline.get_process());
         let answer = sent.promise;
-        let started = async move { answer.await.map(drop).map_err(Error::from_call) };
+        let started = async move { answer.await.map(drop).map_err(Error::from) };
         (process, started)
     }
 
@@ -191,7 +187,7 @@ impl Command {
     /// same, the result is [`Error::OutputLost`], never truncated output.
     pub async fn output(&self, executor: &executor::Client) -> Result<Output, Error> {
         let (_process, mut events) = self.start_to_completion(executor).await?;
-        let (mut stdout, mut stderr, mut status) = (Vec::new(), Vec::new(), None);
+        let (mut stdout, mut stderr, mut exit) = (Vec::new(), Vec::new(), None);
         while let Some(event) = events.next().await {
             let event = event?;
             match event.body {
@@ -199,7 +195,7 @@ impl Command {
                     OutputStream::Stdout | OutputStream::Pty => stdout.extend_from_slice(&data),
                     OutputStream::Stderr => stderr.extend_from_slice(&data),
                 },
-                EventBody::Exited(exit) => status = Some(exit),
+                EventBody::Exited(ended) => exit = Some(ended),
                 EventBody::Closed => break,
                 EventBody::Gap { from_seq } => {
                     return Err(Error::OutputLost {
@@ -209,13 +205,10 @@ impl Command {
                 }
             }
         }
-        let details = events.exit_details().unwrap_or_default();
         Ok(Output {
-            status: status.ok_or(Error::EventsEnded)?,
+            exit: exit.ok_or(Error::EventsEnded)?,
             stdout,
             stderr,
-            timed_out: details.timed_out,
-            usage: details.usage,
         })
     }
 
@@ -239,9 +232,7 @@ impl Command {
         let (started, events) = futures::join!(started, process.events(0));
         started?;
         if let Some(closing) = closing {
-            closing.await.map_err(|error| {
-                Error::Rpc(capnp::Error::failed(format!("close task failed: {error}")))
-            })??;
+            closing.await??;
         }
         Ok((process, events?))
     }

@@ -1,15 +1,18 @@
 use std::fmt;
 
-use crate::model::{StartError, StartErrorKind};
-use crate::rpc::convert;
-pub use crate::rpc::convert::describe;
+use crate::model::{Refusal, RefusalKind};
+pub use crate::wire::describe;
 
 /// What can go wrong talking to an executor.
 #[derive(Debug)]
 pub enum Error {
-    /// The executor could not start the process.
-    Start(StartError),
-    /// A call failed: the server refused it or the connection is gone.
+    /// The executor refused the call or could not do it, for a reason its
+    /// tag names (see [`RefusalKind`]): a start that failed, a facet's
+    /// forbidden call, a limit, a refused login... wherever along a chain
+    /// of executors it was raised.
+    Refused(Refusal),
+    /// A call failed otherwise: the connection is gone, or the peer failed
+    /// without saying why in capexec's terms.
     Rpc(capnp::Error),
     /// The event stream ended before the process closed (the connection or
     /// the subscription was lost).
@@ -28,7 +31,7 @@ pub enum Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Start(error) => write!(f, "{}", error.message),
+            Error::Refused(error) => write!(f, "{}", error.message),
             Error::Rpc(error) => write!(f, "{}", describe(error)),
             Error::EventsEnded => write!(f, "the event stream ended before the process closed"),
             Error::OutputLost { from_seq, to_seq } => write!(
@@ -45,30 +48,13 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+/// A failed call: a tagged refusal (its tag survives any number of hops)
+/// becomes [`Error::Refused`], anything else [`Error::Rpc`].
 impl From<capnp::Error> for Error {
     fn from(error: capnp::Error) -> Error {
-        Error::Rpc(error)
-    }
-}
-
-impl Error {
-    /// A failed call: start failures (their tags survive any number of
-    /// hops) become [`Error::Start`], anything else [`Error::Rpc`].
-    pub(crate) fn from_call(error: capnp::Error) -> Error {
-        match StartErrorKind::from_description(&error.extra) {
-            Some(_) => Error::Start(convert::start_error_from_wire(&error)),
+        match crate::wire::refusal_of(&error) {
+            Some(refusal) => Error::Refused(refusal),
             None => Error::Rpc(error),
-        }
-    }
-
-    /// Whether the error means the way to the process broke (rather than
-    /// the process or the call being refused), so recovering may help.
-    pub fn is_transport_loss(&self) -> bool {
-        match self {
-            Error::Rpc(error) => error.kind == capnp::ErrorKind::Disconnected,
-            Error::Start(error) => error.kind == StartErrorKind::UpstreamUnavailable,
-            Error::EventsEnded | Error::Connect(_) => true,
-            Error::OutputLost { .. } | Error::Recovery { .. } => false,
         }
     }
 }
@@ -79,21 +65,52 @@ impl From<capnp::NotInSchema> for Error {
     }
 }
 
+impl From<tokio::task::JoinError> for Error {
+    fn from(error: tokio::task::JoinError) -> Error {
+        Error::Rpc(capnp::Error::failed(format!("a call's task failed: {error}")))
+    }
+}
+
+impl Error {
+    /// The kind of refusal, if the executor refused.
+    pub fn refusal_kind(&self) -> Option<RefusalKind> {
+        match self {
+            Error::Refused(refusal) => Some(refusal.kind),
+            _ => None,
+        }
+    }
+
+    /// Whether the error means the way to the process broke (rather than
+    /// the process or the call being refused), so recovering may help.
+    pub fn is_transport_loss(&self) -> bool {
+        match self {
+            Error::Rpc(error) => error.kind == capnp::ErrorKind::Disconnected,
+            Error::Refused(error) => error.kind == RefusalKind::UpstreamUnavailable,
+            Error::EventsEnded | Error::Connect(_) => true,
+            Error::OutputLost { .. } | Error::Recovery { .. } => false,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn describe_strips_hops_and_tags() {
-        let error = capnp::Error::failed(
-            "remote exception: remote exception: login refused: wrong token [capexec:unauthenticated]"
-                .to_string(),
-        );
-        assert_eq!(describe(&error), "login refused: wrong token");
-        let lost = capnp::Error::disconnected("Peer disconnected.".to_string());
-        assert_eq!(
-            describe(&lost),
-            "the connection was lost: Peer disconnected."
-        );
+    fn refusals_are_classified_through_any_number_of_hops() {
+        let forwarded = capnp::Error::failed(format!(
+            "remote exception: remote exception: {}",
+            Refusal::new(RefusalKind::Forbidden, "`signal` is not allowed")
+        ));
+        match Error::from(forwarded) {
+            Error::Refused(refusal) => {
+                assert_eq!(refusal.kind, RefusalKind::Forbidden);
+                assert_eq!(refusal.message, "`signal` is not allowed");
+            }
+            other => panic!("not classified: {other:?}"),
+        }
+        let lost = Error::from(capnp::Error::disconnected("Peer disconnected.".into()));
+        assert!(matches!(lost, Error::Rpc(_)));
+        assert!(lost.is_transport_loss());
     }
 }

@@ -1,19 +1,17 @@
 //! Subscriptions as a `futures::Stream` of events.
 
-use std::cell::Cell;
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::rc::Rc as SharedCell;
+use std::rc::Rc;
 use std::task::{Context, Poll};
 
-use capnp::capability::Rc;
 use futures::Stream;
 use tokio::sync::mpsc;
 
-use crate::capexec_capnp::{event, event_sink, subscription};
+use crate::capexec_capnp::{event_sink, subscription};
 use crate::client::Error;
 use crate::model::{Event, EventBody};
-use crate::rpc::convert::{self, ExitDetails};
+use crate::wire;
 
 /// Batches buffered between the sink and the consumer. Small on purpose: a
 /// consumer that stops reading stops acknowledging pushes, which slows the
@@ -22,19 +20,11 @@ const BUFFERED_BATCHES: usize = 4;
 
 struct SinkImpl {
     batches: mpsc::Sender<Vec<Event>>,
-    exit_details: SharedCell<Cell<Option<ExitDetails>>>,
 }
 
 impl event_sink::Server for SinkImpl {
     async fn push(self: Rc<Self>, params: event_sink::PushParams) -> Result<(), capnp::Error> {
-        let wire_events = params.get()?.get_events()?;
-        for event in wire_events.iter() {
-            if let event::Exited(status) = event.which()? {
-                self.exit_details
-                    .set(Some(convert::exit_details_from_wire(status?)?));
-            }
-        }
-        let events = convert::events_from_wire(wire_events)?;
+        let events = wire::events_from_wire(params.get()?.get_events()?)?;
         self.batches
             .send(events)
             .await
@@ -45,29 +35,19 @@ impl event_sink::Server for SinkImpl {
 /// What a sink hands to the [`EventStream`] it feeds.
 pub(crate) struct Feed {
     batches: mpsc::Receiver<Vec<Event>>,
-    exit_details: SharedCell<Cell<Option<ExitDetails>>>,
 }
 
 /// Creates the sink to pass to `Process.subscribe` and the feed of its stream.
 pub(crate) fn sink() -> (event_sink::Client, Feed) {
     let (batches, receiver) = mpsc::channel(BUFFERED_BATCHES);
-    let exit_details = SharedCell::new(Cell::new(None));
-    let sink = SinkImpl {
-        batches,
-        exit_details: exit_details.clone(),
-    };
-    let feed = Feed {
-        batches: receiver,
-        exit_details,
-    };
-    (capnp_rpc::new_client(sink), feed)
+    let feed = Feed { batches: receiver };
+    (capnp_rpc::new_client(SinkImpl { batches }), feed)
 }
 
 /// The events of a process in seq order, ending after `closed`. Dropping it
 /// ends the subscription.
 pub struct EventStream {
     batches: mpsc::Receiver<Vec<Event>>,
-    exit_details: SharedCell<Cell<Option<ExitDetails>>>,
     pending: VecDeque<Event>,
     saw_closed: bool,
     failed: bool,
@@ -78,7 +58,6 @@ impl EventStream {
     pub(crate) fn new(feed: Feed, subscription: subscription::Client) -> EventStream {
         EventStream {
             batches: feed.batches,
-            exit_details: feed.exit_details,
             pending: VecDeque::new(),
             saw_closed: false,
             failed: false,
@@ -88,12 +67,6 @@ impl EventStream {
 }
 
 impl EventStream {
-    /// What the `exited` event said beyond the status (timed out, resource
-    /// usage), once that event has arrived.
-    pub fn exit_details(&self) -> Option<ExitDetails> {
-        self.exit_details.get()
-    }
-
     /// The next batch of consecutive events as the server pushed it, for
     /// consumers that handle many small events at once; `None` after
     /// `closed`.

@@ -3,16 +3,14 @@
 
 use crate::capexec_capnp::executor;
 use crate::client::Error;
-use crate::engine::Policy;
-use crate::model::{EnvironmentStatus, ExecutorInfo};
-use crate::rpc::info;
-use crate::rpc::policy::policy_to_wire;
+use crate::model::{EnvironmentStatus, ExecutorInfo, Policy};
+use crate::wire;
 
 /// The executor of environment `path` as seen from `executor`: a name
 /// ("build"), or names joined by "/" to go through several hops
 /// ("bastion/build"). Pipelined: it costs no round trip by itself, and a
 /// start on the result travels in the same trip. An unknown name makes calls
-/// on the result fail with [`crate::model::StartErrorKind::UnknownEnvironment`].
+/// on the result fail with [`crate::model::RefusalKind::UnknownEnvironment`].
 pub fn environment(executor: &executor::Client, path: &str) -> executor::Client {
     path.split('/').fold(executor.clone(), |executor, name| {
         let mut request = executor.environment_request();
@@ -24,7 +22,7 @@ pub fn environment(executor: &executor::Client, path: &str) -> executor::Client 
 /// The environments `executor`'s server offers, with their states.
 pub async fn environments(executor: &executor::Client) -> Result<Vec<EnvironmentStatus>, Error> {
     let response = executor.environments_request().send().promise.await?;
-    Ok(info::environments_from_wire(
+    Ok(wire::environments_from_wire(
         response.get()?.get_environments()?,
     )?)
 }
@@ -32,18 +30,18 @@ pub async fn environments(executor: &executor::Client) -> Result<Vec<Environment
 /// What `executor` reports about where its processes run.
 pub async fn info(executor: &executor::Client) -> Result<ExecutorInfo, Error> {
     let response = executor.info_request().send().promise.await?;
-    Ok(info::info_from_wire(response.get()?.get_info()?)?)
+    Ok(wire::info_from_wire(response.get()?.get_info()?)?)
 }
 
 /// An executor that can only do what `policy` allows, on top of what
-/// `executor` allows (see [`crate::engine::Policy`] and the schema's
+/// `executor` allows (see [`crate::model::Policy`] and the schema's
 /// `Executor.restrict`). Pipelined like [`environment`]: a policy the server
 /// refuses makes calls on the result fail with that error
-/// ([`crate::model::StartErrorKind::NotAllowed`] or
-/// [`crate::model::StartErrorKind::InvalidArgument`]); call [`info`] on it to
+/// ([`crate::model::RefusalKind::NotAllowed`] or
+/// [`crate::model::RefusalKind::InvalidArgument`]); call [`info`] on it to
 /// find out at once.
 pub fn restrict(executor: &executor::Client, policy: &Policy) -> executor::Client {
     let mut request = executor.restrict_request();
-    policy_to_wire(policy, request.get().init_policy());
+    wire::policy_to_wire(policy, request.get().init_policy());
     request.send().pipeline.get_executor()
 }

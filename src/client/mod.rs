@@ -21,7 +21,7 @@
 //!         .await?;
 //!     assert_eq!(output.stdout, b"hi\n");
 //!     assert_eq!(output.stderr, b"oops\n");
-//!     assert_eq!(output.status.shell_code(), 3);
+//!     assert_eq!(output.exit.status.shell_code(), 3);
 //!     Ok::<_, capexec::client::Error>(())
 //! })?;
 //! # Ok::<_, Box<dyn std::error::Error>>(())
@@ -47,7 +47,7 @@
 //!     while let Some(event) = events.next().await {
 //!         match event?.body {
 //!             EventBody::Output { data, .. } => output.extend_from_slice(&data),
-//!             EventBody::Exited(status) => assert_eq!(status, ExitStatus::Code(0)),
+//!             EventBody::Exited(exit) => assert_eq!(exit.status, ExitStatus::Code(0)),
 //!             _ => {}
 //!         }
 //!     }

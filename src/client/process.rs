@@ -8,9 +8,8 @@ use tokio::task::JoinHandle;
 
 use crate::capexec_capnp::process;
 use crate::client::{Error, EventStream, events};
-use crate::engine::{ProcessSnapshot, ReadOutcome};
-use crate::model::{EventBody, ExitStatus, PtySize, Signal, WriteStatus};
-use crate::rpc::convert;
+use crate::model::{EventBody, ExitStatus, ProcessSnapshot, PtySize, ReadOutcome, Signal, WriteStatus};
+use crate::wire;
 
 /// Owns a process through its capability: dropping the last clone (of this
 /// handle or of the capability) terminates the process on its server.
@@ -31,7 +30,7 @@ where
     let task = tokio::task::spawn_local(promise);
     async move {
         task.await
-            .unwrap_or_else(|error| Err(capnp::Error::failed(format!("call task failed: {error}"))))
+            .unwrap_or_else(|error| Err(capnp::Error::failed(format!("a call's task failed: {error}"))))
     }
 }
 
@@ -44,12 +43,7 @@ impl PendingWrite {
     }
 
     pub async fn outcome(self) -> Result<WriteStatus, Error> {
-        match self.0.await {
-            Ok(result) => result,
-            Err(error) => Err(Error::Rpc(capnp::Error::failed(format!(
-                "write task failed: {error}"
-            )))),
-        }
+        self.0.await?
     }
 }
 
@@ -72,23 +66,9 @@ impl RemoteProcess {
         let mut request = self.cap.read_request();
         request.get().set_after_seq(after_seq);
         request.get().set_max_bytes(max_bytes);
-        request
-            .get()
-            .set_wait_ms(wait.as_millis().min(u128::from(u32::MAX)) as u32);
+        request.get().set_wait_ms(wire::millis_u32(wait));
         let response = dispatch(request.send().promise).await?;
-        let result = response.get()?.get_result()?;
-        let exit = match result.get_exit().which()? {
-            crate::capexec_capnp::read_result::exit::Running(()) => None,
-            crate::capexec_capnp::read_result::exit::Exited(status) => {
-                Some(convert::exit_status_from_wire(status?)?)
-            }
-        };
-        Ok(ReadOutcome {
-            events: convert::events_from_wire(result.get_events()?)?,
-            next_seq: result.get_next_seq(),
-            exit,
-            closed: result.get_closed(),
-        })
+        Ok(wire::read_outcome_from_wire(response.get()?.get_result()?)?)
     }
 
     /// Writes to the child's stdin; a retry with the same `write_id` is
@@ -107,9 +87,7 @@ impl RemoteProcess {
         let response = dispatch(request.send().promise);
         PendingWrite(tokio::task::spawn_local(async move {
             let response = response.await?;
-            Ok(convert::write_status_from_wire(
-                response.get()?.get_status()?,
-            ))
+            Ok(wire::write_status_from_wire(response.get()?.get_status()?))
         }))
     }
 
@@ -131,7 +109,7 @@ impl RemoteProcess {
 
     pub async fn signal(&self, signal: Signal) -> Result<(), Error> {
         let mut request = self.cap.signal_request();
-        request.get().set_signal(convert::signal_to_wire(signal));
+        request.get().set_signal(wire::signal_to_wire(signal));
         dispatch(request.send().promise).await?;
         Ok(())
     }
@@ -145,9 +123,7 @@ impl RemoteProcess {
     /// Changes the terminal size of a tty process.
     pub async fn resize(&self, size: PtySize) -> Result<(), Error> {
         let mut request = self.cap.resize_request();
-        let mut wire_size = request.get().init_size();
-        wire_size.set_rows(size.rows);
-        wire_size.set_cols(size.cols);
+        wire::pty_size_to_wire(size, request.get().init_size());
         dispatch(request.send().promise).await?;
         Ok(())
     }
@@ -195,7 +171,7 @@ impl RemoteProcess {
 
     pub async fn info(&self) -> Result<ProcessSnapshot, Error> {
         let response = dispatch(self.cap.info_request().send().promise).await?;
-        Ok(convert::snapshot_from_wire(response.get()?.get_info()?)?)
+        Ok(wire::snapshot_from_wire(response.get()?.get_info()?)?)
     }
 
     /// Every event after `after_seq`, then live ones, until `closed`.
@@ -221,7 +197,7 @@ pub(crate) async fn exit_from(mut events: EventStream) -> Result<ExitStatus, Err
     let mut status = None;
     while let Some(event) = events.next().await {
         match event?.body {
-            EventBody::Exited(exit) => status = Some(exit),
+            EventBody::Exited(exit) => status = Some(exit.status),
             EventBody::Closed => break,
             _ => {}
         }
@@ -233,7 +209,7 @@ pub(crate) async fn exit_from(mut events: EventStream) -> Result<ExitStatus, Err
 /// on `executor` (the one it was started on, or the same server through
 /// another connection). Pipelined like [`crate::client::Command::spawn_pipelined`]:
 /// the handle can be used at once; the future says whether the restore
-/// worked ([`crate::model::StartErrorKind::UnknownToken`] if the token is
+/// worked ([`crate::model::RefusalKind::UnknownToken`] if the token is
 /// unknown or expired).
 pub fn restore(
     executor: &crate::capexec_capnp::executor::Client,
@@ -248,6 +224,6 @@ pub fn restore(
     let process = RemoteProcess::from_capability(sent.pipeline.get_process());
     let answer = sent.promise;
     (process, async move {
-        answer.await.map(drop).map_err(Error::from_call)
+        answer.await.map(drop).map_err(Error::from)
     })
 }

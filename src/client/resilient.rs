@@ -55,8 +55,7 @@ use tokio::time::Instant;
 
 use crate::capexec_capnp::executor;
 use crate::client::{Command, Error, EventStream, PendingWrite, RemoteProcess, restore};
-use crate::engine::{ProcessSnapshot, ReadOutcome};
-use crate::model::{Event, EventBody, PtySize, Signal, WriteStatus};
+use crate::model::{Event, EventBody, ProcessSnapshot, PtySize, ReadOutcome, Signal, WriteStatus};
 
 /// An executor, and whatever must stay alive for it to work (typically the
 /// `net::Connection` it came from).
@@ -236,9 +235,7 @@ impl ResilientProcess {
         let ready = async move {
             started.await?;
             if let Some(recorded) = recorded {
-                recorded.await.map_err(|error| {
-                    Error::Rpc(capnp::Error::failed(format!("detach task failed: {error}")))
-                })??;
+                recorded.await??;
             }
             Ok(())
         };
@@ -443,7 +440,6 @@ impl ResilientProcess {
             last_seq: after_seq,
             resumed: false,
             done: false,
-            exit_details: None,
         }
     }
 
@@ -524,11 +520,7 @@ impl ResilientProcess {
                 self.send_again();
                 continue;
             };
-            let result = answer.await.unwrap_or_else(|error| {
-                Err(Error::Rpc(capnp::Error::failed(format!(
-                    "write task failed: {error}"
-                ))))
-            });
+            let result = answer.await.unwrap_or_else(|error| Err(Error::from(error)));
             match result {
                 Err(error) if error.is_transport_loss() && self.inner.resume.is_some() => {
                     if let Err(error) = self.recover(epoch, &error).await {
@@ -636,12 +628,7 @@ fn send(process: &RemoteProcess, kind: &OutgoingKind) -> JoinHandle<Result<Write
         OutgoingKind::CloseStdin => {
             let closing = process.close_stdin_in_order();
             tokio::task::spawn_local(async move {
-                match closing.await {
-                    Ok(result) => result.map(|()| WriteStatus::Accepted),
-                    Err(error) => Err(Error::Rpc(capnp::Error::failed(format!(
-                        "close task failed: {error}"
-                    )))),
-                }
+                closing.await?.map(|()| WriteStatus::Accepted)
             })
         }
     }
@@ -656,17 +643,9 @@ pub struct ResilientEvents {
     /// The stream was just resubscribed after a recovery.
     resumed: bool,
     done: bool,
-    /// What the `exited` event said beyond the status, once delivered.
-    exit_details: Option<crate::rpc::convert::ExitDetails>,
 }
 
 impl ResilientEvents {
-    /// What the `exited` event said beyond the status (timed out, resource
-    /// usage), once that event has been returned.
-    pub fn exit_details(&self) -> Option<crate::rpc::convert::ExitDetails> {
-        self.exit_details
-    }
-
     /// The next batch of consecutive events; `None` after `closed`. If the
     /// server no longer retains events that were missed while the
     /// connection was broken, [`Error::OutputLost`] says exactly which.
@@ -710,12 +689,6 @@ impl ResilientEvents {
                         return Some(Err(lost));
                     }
                     self.resumed = false;
-                    if fresh
-                        .iter()
-                        .any(|event| matches!(event.body, EventBody::Exited(_)))
-                    {
-                        self.exit_details = stream.exit_details();
-                    }
                     if let Some(last) = fresh.last() {
                         self.last_seq = last.seq;
                         self.done = matches!(last.body, EventBody::Closed);
@@ -793,7 +766,7 @@ mod tests {
     #[test]
     fn a_resumed_batch_reports_a_gap_behind_the_exit_event() {
         let batch = [
-            event(5, EventBody::Exited(ExitStatus::Code(0))),
+            event(5, EventBody::Exited(ExitStatus::Code(0).into())),
             event(9, EventBody::Gap { from_seq: 6 }),
             event(10, EventBody::Closed),
         ];

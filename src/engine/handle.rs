@@ -12,20 +12,13 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use crate::engine::log::{Batch, OutputLog};
-use crate::engine::process::{
+use crate::engine::shared::{
     MAX_QUEUED_STDIN_BYTES, MAX_QUEUED_STDIN_WRITES, MAX_WRITE_BYTES, Shared,
 };
 use crate::engine::stdin::{Outcome, StdinOp, StdinState, WriteFailure};
-use crate::model::{Event, ExitStatus, Flow, PtySize, ResourceUsage, Signal, WriteStatus};
-
-/// What `read` returns.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReadOutcome {
-    pub events: Vec<Event>,
-    pub next_seq: u64,
-    pub exit: Option<ExitStatus>,
-    pub closed: bool,
-}
+use crate::model::{
+    Exit, Flow, ProcessSnapshot, PtySize, ReadOutcome, Refusal, RefusalKind, Signal, WriteStatus,
+};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ReadError {
@@ -108,6 +101,36 @@ impl fmt::Display for ResizeError {
 
 impl std::error::Error for ResizeError {}
 
+impl From<ReadError> for Refusal {
+    fn from(error: ReadError) -> Refusal {
+        let kind = match error {
+            ReadError::AfterSeqAhead { .. } => RefusalKind::InvalidArgument,
+            ReadError::Gone => RefusalKind::Unavailable,
+        };
+        Refusal::new(kind, error.to_string())
+    }
+}
+
+impl From<WriteError> for Refusal {
+    fn from(error: WriteError) -> Refusal {
+        let kind = match error {
+            WriteError::EmptyWriteId | WriteError::TooLarge { .. } => RefusalKind::InvalidArgument,
+            WriteError::QueueFull { .. } => RefusalKind::LimitReached,
+        };
+        Refusal::new(kind, error.to_string())
+    }
+}
+
+impl From<ResizeError> for Refusal {
+    fn from(error: ResizeError) -> Refusal {
+        let kind = match error {
+            ResizeError::NotATerminal | ResizeError::Empty(_) => RefusalKind::InvalidArgument,
+            ResizeError::Failed(_) => RefusalKind::Internal,
+        };
+        Refusal::new(kind, error.to_string())
+    }
+}
+
 /// A write that is queued (or already decided).
 pub struct WriteTicket(TicketState);
 
@@ -162,29 +185,6 @@ impl CloseTicket {
     }
 }
 
-/// A snapshot of a process and its retained log.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProcessSnapshot {
-    pub pid: u32,
-    pub tty: bool,
-    pub flow: Flow,
-    pub stdin_open: bool,
-    pub next_seq: u64,
-    pub closed: bool,
-    pub exit: Option<ExitStatus>,
-    pub retained_bytes: u64,
-    pub retained_chunks: u32,
-    pub peak_retained_bytes: u64,
-    pub evicted_through_seq: u64,
-    pub unconsumed_bytes: u64,
-    pub uptime: Duration,
-    /// Its `timeout` expired and the process was terminated for it.
-    pub timed_out: bool,
-    /// What the tree used (see [`ResourceUsage`]); `None` until the child
-    /// exited, or when the server did not report it.
-    pub usage: Option<ResourceUsage>,
-}
-
 /// A non-owning handle: it reads, writes and signals, but holding it does
 /// not keep the process alive.
 #[derive(Clone)]
@@ -205,8 +205,9 @@ impl Process {
         self.shared.flow
     }
 
-    pub fn exit_status(&self) -> Option<ExitStatus> {
-        self.shared.lock().log.exit_status()
+    /// How the process ended, once its exit event is logged.
+    pub fn exit(&self) -> Option<Exit> {
+        self.shared.lock().log.exit()
     }
 
     pub fn is_closed(&self) -> bool {
@@ -269,7 +270,7 @@ impl Process {
                     return Ok(ReadOutcome {
                         events: batch.events,
                         next_seq: batch.next_seq,
-                        exit: state.log.exit_status(),
+                        exit: state.log.exit(),
                         closed: state.log.is_closed(),
                     });
                 }
@@ -339,7 +340,7 @@ impl Process {
             return waiting(outcome);
         }
         let refused = match state.stdin {
-            _ if state.exited => Some(WriteStatus::Exited),
+            _ if state.life.child_exited() => Some(WriteStatus::Exited),
             StdinState::Open => None,
             StdinState::Exited => Some(WriteStatus::Exited),
             // Exit takes precedence, also before it is recorded (a dying
@@ -437,28 +438,16 @@ impl Process {
     pub fn hold_while_running(&self, value: impl std::any::Any + Send) {
         let exited = {
             let mut state = self.shared.lock();
-            if state.tree_ended {
+            if state.life.tree_ended() {
                 return;
             }
             state.while_running.push(Box::new(value));
-            state.exited
+            state.life.child_exited()
         };
         if exited {
             // Missed the exit's own look at the tree.
             self.shared.give_back_when_tree_ends();
         }
-    }
-
-    /// What the tree used, once the child has exited.
-    pub fn resource_usage(&self) -> Option<ResourceUsage> {
-        self.shared.lock().usage
-    }
-
-    /// Whether the start's timeout ended the process.
-    pub fn timed_out(&self) -> bool {
-        self.shared
-            .timed_out
-            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     pub fn snapshot(&self) -> ProcessSnapshot {
@@ -470,17 +459,14 @@ impl Process {
             stdin_open: state.stdin == StdinState::Open,
             next_seq: state.log.next_seq(),
             closed: state.log.is_closed(),
-            exit: state.log.exit_status(),
+            exit: state.log.exit(),
             retained_bytes: state.log.retained_bytes() as u64,
             retained_chunks: state.log.retained_chunks() as u32,
             peak_retained_bytes: state.log.peak_bytes() as u64,
             evicted_through_seq: state.log.evicted_through(),
             unconsumed_bytes: state.log.unconsumed_bytes(),
-            uptime: state
-                .exited_after
-                .unwrap_or_else(|| self.shared.started.elapsed()),
-            timed_out: self.timed_out(),
-            usage: state.usage,
+            uptime: self.shared.uptime(&state.life),
+            timed_out: state.life.timed_out(),
         }
     }
 
@@ -502,6 +488,13 @@ impl Process {
                 return;
             }
         }
+    }
+}
+
+impl Process {
+    /// Refuses a cursor past the newest event (reads and subscriptions).
+    pub fn check_after_seq(&self, after_seq: u64) -> Result<(), ReadError> {
+        check_after_seq(&self.shared.lock().log, after_seq)
     }
 }
 

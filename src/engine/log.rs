@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 
-use crate::model::{Event, EventBody, ExitStatus, OutputStream};
+use crate::model::{Event, EventBody, Exit, OutputStream};
 
 /// Bounds of the retained output. Exit and close events are never evicted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,7 +48,7 @@ pub struct OutputLog {
     peak_bytes: usize,
     next_seq: u64,
     evicted_through: u64,
-    exit: Option<(u64, ExitStatus)>,
+    exit: Option<(u64, Exit)>,
     closed: Option<u64>,
     total_bytes: u64,
     total_chunks: u64,
@@ -118,9 +118,9 @@ impl OutputLog {
         seq
     }
 
-    pub fn push_exit(&mut self, status: ExitStatus) -> u64 {
+    pub fn push_exit(&mut self, exit: Exit) -> u64 {
         let seq = self.take_seq();
-        self.exit = Some((seq, status));
+        self.exit = Some((seq, exit));
         seq
     }
 
@@ -134,8 +134,8 @@ impl OutputLog {
         self.next_seq
     }
 
-    pub fn exit_status(&self) -> Option<ExitStatus> {
-        self.exit.map(|(_, status)| status)
+    pub fn exit(&self) -> Option<Exit> {
+        self.exit.map(|(_, exit)| exit)
     }
 
     pub fn is_closed(&self) -> bool {
@@ -274,10 +274,10 @@ impl OutputLog {
     }
 
     fn exit_event(&self) -> Event {
-        let (seq, status) = self.exit.expect("only called when the exit is logged");
+        let (seq, exit) = self.exit.expect("only called when the exit is logged");
         Event {
             seq,
-            body: EventBody::Exited(status),
+            body: EventBody::Exited(exit),
         }
     }
 }
@@ -292,6 +292,7 @@ fn gap(from_seq: u64, through: u64) -> Event {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::ExitStatus;
 
     fn output(seq: u64, stream: OutputStream, data: &'static [u8]) -> Event {
         Event {
@@ -312,7 +313,7 @@ mod tests {
         let mut log = OutputLog::new(LogLimits::default(), false);
         log.push_output(OutputStream::Stdout, Bytes::from_static(b"out"));
         log.push_output(OutputStream::Stderr, Bytes::from_static(b"err"));
-        log.push_exit(ExitStatus::Code(7));
+        log.push_exit(ExitStatus::Code(7).into());
         log.push_closed();
         let batch = log.collect(0, 0);
         assert_eq!(
@@ -322,7 +323,7 @@ mod tests {
                 output(2, OutputStream::Stderr, b"err"),
                 Event {
                     seq: 3,
-                    body: EventBody::Exited(ExitStatus::Code(7))
+                    body: EventBody::Exited(ExitStatus::Code(7).into())
                 },
                 Event {
                     seq: 4,
@@ -343,7 +344,7 @@ mod tests {
     #[test]
     fn late_output_after_exit_keeps_its_place() {
         let mut log = OutputLog::new(LogLimits::default(), false);
-        assert_eq!(log.push_exit(ExitStatus::Code(0)), 1);
+        assert_eq!(log.push_exit(ExitStatus::Code(0).into()), 1);
         assert_eq!(
             log.push_output(OutputStream::Stdout, Bytes::from_static(b"late")),
             2
@@ -363,7 +364,7 @@ mod tests {
         for _ in 0..4 {
             log.push_output(OutputStream::Stdout, Bytes::from(vec![b'x'; 10]));
         }
-        log.push_exit(ExitStatus::Code(0));
+        log.push_exit(ExitStatus::Code(0).into());
         let first = log.collect(0, 5);
         assert_eq!(seqs(&first), vec![1]);
         assert_eq!(first.next_seq, 2);
@@ -407,7 +408,7 @@ mod tests {
         };
         let mut log = OutputLog::new(limits, false);
         log.push_output(OutputStream::Stdout, Bytes::from(vec![b'a'; 10])); // 1
-        log.push_exit(ExitStatus::Code(3)); // 2
+        log.push_exit(ExitStatus::Code(3).into()); // 2
         log.push_output(OutputStream::Stdout, Bytes::from(vec![b'b'; 10])); // 3
         log.push_output(OutputStream::Stdout, Bytes::from(vec![b'c'; 10])); // 4
         log.push_output(OutputStream::Stdout, Bytes::from(vec![b'd'; 10])); // 5
@@ -424,7 +425,7 @@ mod tests {
                 },
                 Event {
                     seq: 2,
-                    body: EventBody::Exited(ExitStatus::Code(3))
+                    body: EventBody::Exited(ExitStatus::Code(3).into())
                 },
                 Event {
                     seq: 3,
@@ -442,7 +443,7 @@ mod tests {
         let mut log = OutputLog::new(LogLimits::default(), false);
         log.push_output(OutputStream::Stdout, Bytes::from(vec![0; 100])); // 1
         log.push_output(OutputStream::Stderr, Bytes::from(vec![0; 50])); // 2
-        log.push_exit(ExitStatus::Code(0)); // 3
+        log.push_exit(ExitStatus::Code(0).into()); // 3
         log.push_output(OutputStream::Stdout, Bytes::from(vec![0; 25])); // 4
         assert_eq!(log.unconsumed_bytes(), 175);
         assert_eq!(log.unconsumed_chunks(), 3);

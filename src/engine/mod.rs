@@ -7,14 +7,13 @@
 
 mod handle;
 mod kill;
-pub mod log;
+mod log;
 mod output;
 mod pipe_capacity;
-pub mod policy;
-mod process;
-pub mod reaper;
+mod policy;
+mod reaper;
+mod shared;
 mod spawn;
-pub mod spec;
 mod stdin;
 mod terminal;
 
@@ -28,27 +27,25 @@ use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 
 pub use self::handle::{
-    CloseTicket, Process, ProcessOwner, ProcessSnapshot, ReadError, ReadOutcome, ResizeError,
-    WriteError, WriteTicket,
+    CloseTicket, Process, ProcessOwner, ReadError, ResizeError, WriteError, WriteTicket,
 };
 pub use self::log::{Batch, LogLimits};
 pub use self::output::CHUNK_SIZE;
-pub use self::policy::{Admission, Policy, Rules};
-pub use self::process::{
+pub use self::policy::{Admission, Rules};
+pub use self::shared::{
     MAX_QUEUED_STDIN_BYTES, MAX_QUEUED_STDIN_WRITES, MAX_WRITE_BYTES, ProcessLimits,
 };
 pub use self::reaper::{become_subreaper, is_subreaper};
 pub use self::spawn::ChildSetup;
-pub use self::spec::{EnvSpec, StartSpec};
 pub use self::stdin::REMEMBERED_WRITE_IDS;
 
 use self::output::OutputSource;
-use self::process::{Shared, SharedParts};
+use self::shared::{Shared, SharedParts};
 use self::reaper::Leader;
 use self::spawn::{ChildStdio, SpawnedChild};
 use self::stdin::StdinState;
 use self::terminal::{Terminal, TerminalWriter};
-use crate::model::{OutputStream, StartError, StartErrorKind};
+use crate::model::{OutputStream, Refusal, RefusalKind, StartSpec};
 
 /// Starts processes and keeps track of the live ones.
 #[derive(Clone)]
@@ -95,15 +92,15 @@ impl Engine {
 
     /// Spawns a process. Must be called within a tokio runtime, which then
     /// runs the process's tasks.
-    pub fn start(&self, spec: &StartSpec) -> Result<ProcessOwner, StartError> {
+    pub fn start(&self, spec: &StartSpec) -> Result<ProcessOwner, Refusal> {
         if self.inner.closing.load(Ordering::Acquire) {
             return Err(shutting_down());
         }
         if let Some(max) = self.inner.limits.max_processes
             && self.inner.live().len() >= max
         {
-            return Err(StartError::new(
-                StartErrorKind::LimitReached,
+            return Err(Refusal::new(
+                RefusalKind::LimitReached,
                 format!("the executor already holds its maximum of {max} processes"),
             ));
         }
@@ -114,7 +111,7 @@ impl Engine {
         }
     }
 
-    fn start_on_pipes(&self, spec: &StartSpec) -> Result<ProcessOwner, StartError> {
+    fn start_on_pipes(&self, spec: &StartSpec) -> Result<ProcessOwner, Refusal> {
         let stdio = ChildStdio::Pipes {
             pipe_stdin: spec.pipe_stdin,
         };
@@ -143,11 +140,11 @@ impl Engine {
         })
     }
 
-    fn start_on_terminal(&self, spec: &StartSpec) -> Result<ProcessOwner, StartError> {
+    fn start_on_terminal(&self, spec: &StartSpec) -> Result<ProcessOwner, Refusal> {
         spec.validate()?;
         let (terminal, slave, slave_path) = Terminal::open(spec.pty_size).map_err(|error| {
-            StartError::new(
-                StartErrorKind::SpawnFailed,
+            Refusal::new(
+                RefusalKind::SpawnFailed,
                 format!("cannot open a pseudo-terminal: {error}"),
             )
         })?;
@@ -169,7 +166,7 @@ impl Engine {
     }
 
     /// Takes charge of a spawned child: shared state, stdin writer, pump.
-    fn launch(&self, launch: Launch<'_>) -> Result<ProcessOwner, StartError> {
+    fn launch(&self, launch: Launch<'_>) -> Result<ProcessOwner, Refusal> {
         let Launch {
             spec,
             leader,
@@ -226,7 +223,7 @@ impl Engine {
             tokio::spawn(stdin::run_writer(
                 sink,
                 queue,
-                shared.exited.clone(),
+                shared.child_exited.clone(),
                 shared.stdin_events(),
             ));
         }
@@ -261,7 +258,7 @@ impl Engine {
             shared.start_termination();
         }
         let patience = self.inner.limits.kill_grace + Duration::from_secs(3);
-        let all_done = futures::future::join_all(live.iter().map(|s| s.terminated.cancelled()));
+        let all_done = futures::future::join_all(live.iter().map(|s| s.tree_ended.cancelled()));
         if tokio::time::timeout(patience, all_done).await.is_err() {
             tracing::warn!("some processes were still being terminated at shutdown");
         }
@@ -288,7 +285,7 @@ async fn expire_at(
     deadline: tokio::time::Instant,
     timeout: std::time::Duration,
 ) {
-    let Some(exited) = shared.upgrade().map(|shared| shared.exited.clone()) else {
+    let Some(exited) = shared.upgrade().map(|shared| shared.child_exited.clone()) else {
         return;
     };
     let exited_in_time = tokio::select! {
@@ -302,10 +299,10 @@ async fn expire_at(
         if !strong.tree_outlives_child_off_thread().await {
             return;
         }
-        let terminated = strong.terminated.clone();
+        let tree_ended = strong.tree_ended.clone();
         drop(strong);
         tokio::select! {
-            _ = terminated.cancelled() => return,
+            _ = tree_ended.cancelled() => return,
             _ = tokio::time::sleep_until(deadline) => {}
         }
     }
@@ -325,16 +322,16 @@ async fn expire_at(
     }
 }
 
-fn shutting_down() -> StartError {
-    StartError::new(
-        StartErrorKind::Unavailable,
+fn shutting_down() -> Refusal {
+    Refusal::new(
+        RefusalKind::Unavailable,
         "the executor is shutting down and starts nothing new",
     )
 }
 
-fn attach_failed(pid: i32, error: &std::io::Error) -> StartError {
-    StartError::new(
-        StartErrorKind::SpawnFailed,
+fn attach_failed(pid: i32, error: &std::io::Error) -> Refusal {
+    Refusal::new(
+        RefusalKind::SpawnFailed,
         format!("cannot attach to the new process {pid}: {error}"),
     )
 }

@@ -14,7 +14,7 @@ use tokio::net::unix::pipe;
 use tokio::time::Instant;
 
 use crate::engine::pipe_capacity;
-use crate::engine::process::Shared;
+use crate::engine::shared::Shared;
 use crate::engine::reaper::Leader;
 use crate::model::{ExitStatus, OutputStream};
 
@@ -223,13 +223,13 @@ pub(crate) async fn pump(
                 .unread
                 .is_some_and(|unread| unread.iter().all(|&n| n == 0))
             {
-                shared.record_exit(pending.status);
+                shared.log_exit_event(pending.status);
                 pending_exit = None;
                 exit_logged = true;
             }
         }
         if exit_logged && sources.iter().all(Option::is_none) {
-            shared.record_closed();
+            shared.log_closed_event();
             return;
         }
         changes.borrow_and_update();
@@ -262,7 +262,7 @@ pub(crate) async fn pump(
             }
             _ = tokio::time::sleep_until(settling.unwrap_or_else(Instant::now)), if settling.is_some() => {}
             _ = changes.changed(), if paused => {}
-            _ = shared.released.cancelled(), if !released => {}
+            _ = shared.owner_released.cancelled(), if !released => {}
             _ = tokio::time::sleep_until(abandon_at.unwrap_or_else(Instant::now)), if abandon_at.is_some() => {
                 tracing::debug!("abandoning output still held open after release");
                 sources = [None, None];

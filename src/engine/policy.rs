@@ -12,27 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::engine::spawn;
-use crate::engine::spec::StartSpec;
-use crate::model::{StartError, StartErrorKind};
-
-/// What a restriction asks for; `None` fields add no rule (see the
-/// schema's `Policy` for each rule's exact meaning).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Policy {
-    /// Absolute paths, or names looked up on the server's PATH.
-    pub programs: Option<Vec<OsString>>,
-    /// Absolute directories the working directory must be in or below.
-    pub cwd_roots: Option<Vec<PathBuf>>,
-    /// The fixed environment of every start.
-    pub environment: Option<Vec<(OsString, OsString)>>,
-    /// The only names a start may set or unset.
-    pub settable_env: Option<Vec<OsString>>,
-    pub forbid_tty: bool,
-    /// Most processes of this executor running at once.
-    pub max_processes: Option<u32>,
-    /// Longest run time of each process.
-    pub max_run_time: Option<Duration>,
-}
+use crate::model::{Policy, Refusal, RefusalKind, StartSpec, env_name_problem};
 
 /// Most entries of each list of a policy: resolving them blocks the thread
 /// that serves the connection.
@@ -81,16 +61,16 @@ impl Drop for Admission {
     }
 }
 
-fn not_allowed(rule: &str, message: String) -> StartError {
-    StartError::new(
-        StartErrorKind::NotAllowed,
+fn not_allowed(rule: &str, message: String) -> Refusal {
+    Refusal::new(
+        RefusalKind::NotAllowed,
         format!("policy rule `{rule}`: {message}"),
     )
 }
 
-fn invalid(rule: &str, message: String) -> StartError {
-    StartError::new(
-        StartErrorKind::InvalidArgument,
+fn invalid(rule: &str, message: String) -> Refusal {
+    Refusal::new(
+        RefusalKind::InvalidArgument,
         format!("policy rule `{rule}`: {message}"),
     )
 }
@@ -130,10 +110,10 @@ impl Rules {
     /// These rules narrowed by `policy`, which is resolved now. Refuses a
     /// policy that cannot be resolved, or that asks for more than these
     /// rules allow, rather than silently allowing less than it says.
-    pub fn narrowed(&self, policy: &Policy) -> Result<Rules, StartError> {
+    pub fn narrowed(&self, policy: &Policy) -> Result<Rules, Refusal> {
         if self.depth >= MAX_RESTRICTION_DEPTH {
-            return Err(StartError::new(
-                StartErrorKind::LimitReached,
+            return Err(Refusal::new(
+                RefusalKind::LimitReached,
                 format!("an executor can be restricted at most {MAX_RESTRICTION_DEPTH} times over"),
             ));
         }
@@ -203,7 +183,7 @@ impl Rules {
         Ok(rules)
     }
 
-    fn narrowed_programs(&self, programs: &[OsString]) -> Result<BTreeSet<PathBuf>, StartError> {
+    fn narrowed_programs(&self, programs: &[OsString]) -> Result<BTreeSet<PathBuf>, Refusal> {
         let mut resolved = BTreeSet::new();
         for program in programs {
             let path = resolve_allowed_program(program)?;
@@ -225,7 +205,7 @@ impl Rules {
         Ok(resolved)
     }
 
-    fn narrowed_roots(&self, roots: &[PathBuf]) -> Result<Vec<PathBuf>, StartError> {
+    fn narrowed_roots(&self, roots: &[PathBuf]) -> Result<Vec<PathBuf>, Refusal> {
         let mut resolved = Vec::new();
         for root in roots {
             if !root.is_absolute() {
@@ -262,12 +242,9 @@ impl Rules {
 
     /// A new fixed environment replaces what starts would otherwise get,
     /// which is a change these rules must allow.
-    fn check_fixed_environment(&self, wanted: &[(OsString, OsString)]) -> Result<(), StartError> {
+    fn check_fixed_environment(&self, wanted: &[(OsString, OsString)]) -> Result<(), Refusal> {
         for (name, value) in wanted {
-            let bad_name = name.is_empty()
-                || name.as_encoded_bytes().contains(&b'=')
-                || name.as_encoded_bytes().contains(&0);
-            if bad_name || value.as_encoded_bytes().contains(&0) {
+            if env_name_problem(name).is_some() || value.as_encoded_bytes().contains(&0) {
                 return Err(invalid(
                     "environment",
                     format!(
@@ -319,7 +296,7 @@ impl Rules {
     /// the resolved program and directory, the fixed environment applied,
     /// the run time capped. The admission holds the start's places in the
     /// process counters until it is dropped.
-    pub fn admit(&self, spec: &StartSpec) -> Result<(StartSpec, Admission), StartError> {
+    pub fn admit(&self, spec: &StartSpec) -> Result<(StartSpec, Admission), Refusal> {
         spec.validate()?;
         let mut admitted = spec.clone();
         if self.forbid_tty && spec.tty {
@@ -338,7 +315,7 @@ impl Rules {
         Ok((admitted, admission))
     }
 
-    fn admit_environment(&self, spec: &mut StartSpec) -> Result<(), StartError> {
+    fn admit_environment(&self, spec: &mut StartSpec) -> Result<(), Refusal> {
         if let Some(settable) = &self.settable_env {
             if spec.env.clear {
                 return Err(not_allowed(
@@ -385,22 +362,22 @@ impl Rules {
         Ok(())
     }
 
-    fn admit_cwd(&self, spec: &mut StartSpec) -> Result<(), StartError> {
+    fn admit_cwd(&self, spec: &mut StartSpec) -> Result<(), Refusal> {
         let Some(roots) = &self.cwd_roots else {
             return Ok(());
         };
         let asked = match spec.effective_cwd() {
             Some(cwd) => cwd.clone(),
             None => std::env::current_dir().map_err(|error| {
-                StartError::new(
-                    StartErrorKind::BadCwd,
+                Refusal::new(
+                    RefusalKind::BadCwd,
                     format!("the server's working directory: {error}"),
                 )
             })?,
         };
         let canonical = std::fs::canonicalize(&asked).map_err(|error| {
-            StartError::new(
-                StartErrorKind::BadCwd,
+            Refusal::new(
+                RefusalKind::BadCwd,
                 format!("working directory {}: {error}", asked.display()),
             )
         })?;
@@ -423,7 +400,7 @@ impl Rules {
         Ok(())
     }
 
-    fn admit_program(&self, spec: &mut StartSpec) -> Result<(), StartError> {
+    fn admit_program(&self, spec: &mut StartSpec) -> Result<(), Refusal> {
         let Some(programs) = &self.programs else {
             return Ok(());
         };
@@ -446,8 +423,8 @@ impl Rules {
             && !cwd.is_dir()
         {
             // The engine's own error, not a missing program.
-            return Err(StartError::new(
-                StartErrorKind::BadCwd,
+            return Err(Refusal::new(
+                RefusalKind::BadCwd,
                 format!(
                     "working directory {}: not an existing directory",
                     cwd.display()
@@ -456,8 +433,8 @@ impl Rules {
         }
         let found = spawn::program_path(spec)?;
         let canonical = program_identity(&found).map_err(|error| {
-            StartError::new(
-                StartErrorKind::ProgramNotFound,
+            Refusal::new(
+                RefusalKind::ProgramNotFound,
                 format!("program {}: {error}", shown(&found)),
             )
         })?;
@@ -481,7 +458,7 @@ impl Rules {
         Ok(())
     }
 
-    fn take_places(&self) -> Result<Admission, StartError> {
+    fn take_places(&self) -> Result<Admission, Refusal> {
         let mut admission = Admission {
             counters: Vec::with_capacity(self.counters.len()),
         };
@@ -511,7 +488,7 @@ impl Rules {
 
 /// A policy's program: an absolute path or a name on the server's PATH,
 /// symlinks resolved.
-fn resolve_allowed_program(program: &OsStr) -> Result<PathBuf, StartError> {
+fn resolve_allowed_program(program: &OsStr) -> Result<PathBuf, Refusal> {
     let path = Path::new(program);
     let found = if program.as_encoded_bytes().contains(&b'/') {
         if !path.is_absolute() {
@@ -589,13 +566,13 @@ mod tests {
         spec.env.set = env(&[("EXTRA", "1")]);
         spec.env.unset = vec!["LANG".into()];
         let (admitted, _admission) = rules.admit(&spec).expect("admit");
-        let mut child_env = admitted.child_env();
+        let mut child_env = spawn::child_env(&admitted);
         child_env.sort();
         assert_eq!(child_env, env(&[("EXTRA", "1"), ("PATH", "/usr/bin:/bin")]));
 
         spec.env.set = env(&[("PATH", "/tmp")]);
         let error = rules.admit(&spec).expect_err("PATH is not settable");
-        assert_eq!(error.kind, StartErrorKind::NotAllowed);
+        assert_eq!(error.kind, RefusalKind::NotAllowed);
         assert!(error.message.contains("`settableEnv`"), "{error}");
     }
 
@@ -618,7 +595,7 @@ mod tests {
             ..Policy::default()
         };
         let error = rules.narrowed(&wider).expect_err("A is fixed");
-        assert_eq!(error.kind, StartErrorKind::NotAllowed);
+        assert_eq!(error.kind, RefusalKind::NotAllowed);
         assert!(error.message.contains("\"A\""), "{error}");
         let more_settable = Policy {
             settable_env: Some(vec!["A".into()]),

@@ -8,6 +8,7 @@
 //! calls on memory prepared beforehand; unlike glibc's posix_spawn it resets
 //! every signal, the C library's reserved ones included.
 
+use std::collections::HashMap;
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
@@ -17,8 +18,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use crate::engine::reaper::{self, Leader};
-use crate::engine::spec::StartSpec;
-use crate::model::{StartError, StartErrorKind};
+use crate::model::{Refusal, RefusalKind, StartSpec, io_message};
 
 /// Where `execvp` looks when the environment has no PATH.
 const DEFAULT_PATH: &str = "/bin:/usr/bin";
@@ -48,24 +48,12 @@ pub(crate) fn spawn(
     spec: &StartSpec,
     stdio: ChildStdio,
     setup: &ChildSetup,
-) -> Result<SpawnedChild, StartError> {
+) -> Result<SpawnedChild, Refusal> {
     spec.validate()?;
-    // Absolute, so that resolving the program here and the child's chdir
-    // agree about relative paths.
-    let cwd = match spec.effective_cwd() {
-        Some(cwd) => Some(std::path::absolute(cwd).map_err(|error| bad_cwd(cwd, &plain(&error)))?),
-        None => None,
-    };
+    let Resolved { cwd, env, program } = resolve(spec)?;
     if let Some(cwd) = &cwd {
         check_cwd(cwd)?;
     }
-    let env = spec.child_env();
-    let path_var = env
-        .iter()
-        .find(|(name, _)| name == "PATH")
-        .map(|(_, value)| value.as_os_str());
-    let program = resolve_program(&spec.argv[0], path_var, cwd.as_deref())
-        .map_err(|error| classify(spec, &error))?;
 
     let arg0 = spec.arg0.as_ref().unwrap_or(&spec.argv[0]);
     let mut argv: Vec<&OsStr> = vec![arg0.as_os_str()];
@@ -128,19 +116,53 @@ pub(crate) fn spawn(
     })
 }
 
-/// The file `spec` would execute: its program resolved as the spawn
-/// resolves it (the child's PATH, relative to its working directory).
-pub(crate) fn program_path(spec: &StartSpec) -> Result<PathBuf, StartError> {
+/// What a spec resolves to on this host.
+struct Resolved {
+    /// Absolute, so that resolving the program here and the child's chdir
+    /// agree about relative paths.
+    cwd: Option<PathBuf>,
+    env: Vec<(OsString, OsString)>,
+    program: PathBuf,
+}
+
+fn resolve(spec: &StartSpec) -> Result<Resolved, Refusal> {
     let cwd = match spec.effective_cwd() {
-        Some(cwd) => Some(std::path::absolute(cwd).map_err(|error| bad_cwd(cwd, &plain(&error)))?),
+        Some(cwd) => {
+            Some(std::path::absolute(cwd).map_err(|error| bad_cwd(cwd, &io_message(&error)))?)
+        }
         None => None,
     };
-    let env = spec.child_env();
+    let env = child_env(spec);
     let path_var = env
         .iter()
         .find(|(name, _)| name == "PATH")
         .map(|(_, value)| value.as_os_str());
-    resolve_program(&spec.argv[0], path_var, cwd.as_deref()).map_err(|error| classify(spec, &error))
+    let program = resolve_program(&spec.argv[0], path_var, cwd.as_deref())
+        .map_err(|error| classify(spec, &error))?;
+    Ok(Resolved { cwd, env, program })
+}
+
+/// The file `spec` would execute: its program resolved as the spawn
+/// resolves it (the child's PATH, relative to its working directory).
+pub(crate) fn program_path(spec: &StartSpec) -> Result<PathBuf, Refusal> {
+    resolve(spec).map(|resolved| resolved.program)
+}
+
+/// The child's complete environment: the server's (or none), without the
+/// spec's `unset`, with its `set` applied in order.
+pub(crate) fn child_env(spec: &StartSpec) -> Vec<(OsString, OsString)> {
+    let mut env: HashMap<OsString, OsString> = if spec.env.clear {
+        HashMap::new()
+    } else {
+        std::env::vars_os().collect()
+    };
+    for name in &spec.env.unset {
+        env.remove(name);
+    }
+    for (name, value) in &spec.env.set {
+        env.insert(name.clone(), value.clone());
+    }
+    env.into_iter().collect()
 }
 
 /// A program name looked up on this process's own PATH, as `execvp` would.
@@ -149,21 +171,21 @@ pub(crate) fn program_on_own_path(name: &OsStr) -> io::Result<PathBuf> {
     resolve_program(name, path_var.as_deref(), None)
 }
 
-fn bad_cwd(cwd: &Path, why: &str) -> StartError {
-    StartError::new(
-        StartErrorKind::BadCwd,
+fn bad_cwd(cwd: &Path, why: &str) -> Refusal {
+    Refusal::new(
+        RefusalKind::BadCwd,
         format!("working directory {}: {why}", cwd.display()),
     )
 }
 
-fn check_cwd(cwd: &Path) -> Result<(), StartError> {
+fn check_cwd(cwd: &Path) -> Result<(), Refusal> {
     match std::fs::metadata(cwd) {
         Ok(meta) if meta.is_dir() => Ok(()),
-        Ok(_) => Err(StartError::new(
-            StartErrorKind::BadCwd,
+        Ok(_) => Err(Refusal::new(
+            RefusalKind::BadCwd,
             format!("working directory {} is not a directory", cwd.display()),
         )),
-        Err(error) => Err(bad_cwd(cwd, &plain(&error))),
+        Err(error) => Err(bad_cwd(cwd, &io_message(&error))),
     }
 }
 
@@ -218,68 +240,59 @@ fn executable(path: &Path) -> bool {
     unsafe { libc::access(path.as_ptr(), libc::X_OK) == 0 }
 }
 
-fn classify(spec: &StartSpec, error: &io::Error) -> StartError {
+fn classify(spec: &StartSpec, error: &io::Error) -> Refusal {
     if let Some(failure) = error
         .get_ref()
         .and_then(|e| e.downcast_ref::<SetupFailure>())
     {
         return match failure.step {
-            Step::Chdir => StartError::new(
-                StartErrorKind::BadCwd,
+            Step::Chdir => Refusal::new(
+                RefusalKind::BadCwd,
                 format!(
                     "working directory {}: {}",
                     spec.effective_cwd()
                         .map(|cwd| cwd.display().to_string())
                         .unwrap_or_default(),
-                    plain(&failure.error)
+                    io_message(&failure.error)
                 ),
             ),
-            Step::Setup => StartError::new(
-                StartErrorKind::SpawnFailed,
+            Step::Setup => Refusal::new(
+                RefusalKind::SpawnFailed,
                 format!(
                     "cannot set up {} (session or standard descriptors): {}",
                     spec.argv[0].to_string_lossy(),
-                    plain(&failure.error)
+                    io_message(&failure.error)
                 ),
             ),
         };
     }
     let program = spec.argv[0].to_string_lossy();
     match error.raw_os_error() {
-        Some(libc::ENOENT) | Some(libc::ENOTDIR) => StartError::new(
-            StartErrorKind::ProgramNotFound,
+        Some(libc::ENOENT) | Some(libc::ENOTDIR) => Refusal::new(
+            RefusalKind::ProgramNotFound,
             format!("program not found: {program}"),
         ),
-        Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EISDIR) => StartError::new(
-            StartErrorKind::PermissionDenied,
-            format!("cannot execute {program}: {}", plain(error)),
+        Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EISDIR) => Refusal::new(
+            RefusalKind::PermissionDenied,
+            format!("cannot execute {program}: {}", io_message(error)),
         ),
-        Some(libc::ENOEXEC) => StartError::new(
-            StartErrorKind::PermissionDenied,
+        Some(libc::ENOEXEC) => Refusal::new(
+            RefusalKind::PermissionDenied,
             format!("cannot execute {program}: not an executable format"),
         ),
         _ => spawn_failed(spec, error),
     }
 }
 
-fn spawn_failed(spec: &StartSpec, error: &io::Error) -> StartError {
-    StartError::new(
-        StartErrorKind::SpawnFailed,
+fn spawn_failed(spec: &StartSpec, error: &io::Error) -> Refusal {
+    Refusal::new(
+        RefusalKind::SpawnFailed,
         format!(
             "cannot start {}: {}",
             spec.argv[0].to_string_lossy(),
-            plain(error)
+            io_message(error)
         ),
     )
-}
-
-/// An OS error's text without Rust's " (os error N)" suffix.
-fn plain(error: &io::Error) -> String {
-    let text = error.to_string();
-    match text.find(" (os error ") {
-        Some(index) => text[..index].to_string(),
-        None => text,
-    }
 }
 
 fn c_string(text: &OsStr) -> io::Result<CString> {

@@ -54,7 +54,7 @@ pub struct ServerConfig {
     pub login_deadline: Option<std::time::Duration>,
     /// Rules every start must satisfy, on every connection (the root
     /// executor is restricted by it); not with upstreams.
-    pub policy: Option<crate::engine::Policy>,
+    pub policy: Option<crate::model::Policy>,
 }
 
 #[derive(Debug)]

@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 use futures::FutureExt;
 use futures::future::{LocalBoxFuture, Shared};
 
-use crate::model::{EnvironmentState, StartError, StartErrorKind};
+use crate::model::{EnvironmentState, Refusal, RefusalKind};
 use crate::net::address::Address;
 use crate::net::connect::{CONNECT_TIMEOUT, Connection, connect_with};
 use crate::net::tls::TlsClient;
 use crate::net::token::Token;
-use crate::rpc::{Link, Upstream, convert};
+use crate::rpc::{Link, Upstream};
 
 /// First wait after a failed attempt; it doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
@@ -81,8 +81,8 @@ impl UpstreamLink {
     }
 
     fn unavailable(&self, reason: &str) -> capnp::Error {
-        convert::start_error_to_wire(&StartError::new(
-            StartErrorKind::UpstreamUnavailable,
+        capnp::Error::from(Refusal::new(
+            RefusalKind::UpstreamUnavailable,
             format!(
                 "upstream {:?} ({}) is unavailable: {reason}",
                 self.config.name, self.config.address
@@ -173,7 +173,7 @@ async fn establish(config: &UpstreamConfig) -> Result<Connection, String> {
     match answer {
         // A server older than `info` still answers.
         Err(error) if error.kind != capnp::ErrorKind::Unimplemented => {
-            Err(convert::describe(&error))
+            Err(crate::wire::describe(&error))
         }
         _ => Ok(connection),
     }
@@ -222,8 +222,8 @@ impl Upstream for UpstreamLink {
                     return self.await_attempt(attempt);
                 }
                 LinkState::Closed => {
-                    let error = convert::start_error_to_wire(&StartError::new(
-                        StartErrorKind::Unavailable,
+                    let error = capnp::Error::from(Refusal::new(
+                        RefusalKind::Unavailable,
                         "the server is shutting down",
                     ));
                     return async move { Err(error) }.boxed_local();

@@ -17,8 +17,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::engine::{Process, ProcessOwner};
-use crate::model::{StartError, StartErrorKind};
-use crate::rpc::convert;
+use crate::model::{Refusal, RefusalKind};
 use crate::rpc::quota::Ticket;
 
 /// Longest grace a process may ask for: a day.
@@ -98,13 +97,16 @@ impl Held {
     pub(crate) fn make_detachable(
         self: &Rc<Self>,
         grace: Duration,
-    ) -> Result<String, capnp::Error> {
+    ) -> Result<String, Refusal> {
         if grace.is_zero() || grace > MAX_GRACE {
-            return Err(capnp::Error::failed(format!(
-                "graceSecs must be 1 to {}, got {}",
-                MAX_GRACE.as_secs(),
-                grace.as_secs()
-            )));
+            return Err(Refusal::new(
+                RefusalKind::InvalidArgument,
+                format!(
+                    "graceSecs must be 1 to {}, got {}",
+                    MAX_GRACE.as_secs(),
+                    grace.as_secs()
+                ),
+            ));
         }
         let mut detach = self.detach.borrow_mut();
         if let Some(detach) = detach.as_mut() {
@@ -112,12 +114,16 @@ impl Held {
             return Ok(detach.token.clone());
         }
         let Some(registry) = self.registry.upgrade().filter(|r| !r.closed.get()) else {
-            return Err(capnp::Error::failed(
-                "the server is shutting down; processes cannot be made detachable".into(),
+            return Err(Refusal::new(
+                RefusalKind::Unavailable,
+                "the server is shutting down; processes cannot be made detachable",
             ));
         };
         let token = crate::secret::random_hex(32).map_err(|error| {
-            capnp::Error::failed(format!("cannot make a restore token: {error}"))
+            Refusal::new(
+                RefusalKind::Internal,
+                format!("cannot make a restore token: {error}"),
+            )
         })?;
         registry.start_expiring();
         let key = crate::secret::digest(&token);
@@ -347,8 +353,8 @@ impl Detachments {
                 None => entry.held.upgrade(),
             });
         held.ok_or_else(|| {
-            convert::start_error_to_wire(&StartError::new(
-                StartErrorKind::UnknownToken,
+            capnp::Error::from(Refusal::new(
+                RefusalKind::UnknownToken,
                 "no process has this restore token (it never existed, it was not \
                  restored within its grace period, or it finished longer ago than the \
                  server keeps finished processes)",
@@ -395,7 +401,8 @@ async fn wait_park(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{Engine, ProcessLimits, StartSpec};
+    use crate::engine::{Engine, ProcessLimits};
+    use crate::model::StartSpec;
     use crate::rpc::quota::Quota;
 
     fn on_local_set(body: impl Future<Output = ()>) {

@@ -11,10 +11,9 @@ use futures::future::LocalBoxFuture;
 use crate::capexec_capnp::executor;
 use crate::engine::Engine;
 use crate::model::{
-    EnvironmentState, EnvironmentStatus, LOCAL_ENVIRONMENT, StartError, StartErrorKind,
+    EnvironmentState, EnvironmentStatus, LOCAL_ENVIRONMENT, Refusal, RefusalKind,
     valid_environment_name,
 };
-use crate::rpc::convert;
 use crate::rpc::detach::{DEFAULT_RETENTION, Detachments};
 
 /// An upstream's executor on one connection to it.
@@ -106,7 +105,7 @@ impl Environments {
     }
 
     /// The environment called `name`.
-    pub(crate) fn place(&self, name: &str) -> Result<Place, capnp::Error> {
+    pub(crate) fn place(&self, name: &str) -> Result<Place, Refusal> {
         if name == LOCAL_ENVIRONMENT {
             return Ok(Place::Local);
         }
@@ -120,13 +119,13 @@ impl Environments {
                 let known: Vec<&str> = std::iter::once(LOCAL_ENVIRONMENT)
                     .chain(self.upstreams.iter().map(|upstream| upstream.name()))
                     .collect();
-                Err(convert::start_error_to_wire(&StartError::new(
-                    StartErrorKind::UnknownEnvironment,
+                Err(Refusal::new(
+                    RefusalKind::UnknownEnvironment,
                     format!(
                         "no environment named {name:?} (this server has: {})",
                         known.join(", ")
                     ),
-                )))
+                ))
             }
         }
     }

@@ -1,7 +1,8 @@
-//! The server's own `Executor`s: the root one (what a connection
-//! bootstraps or logs in to), whose `start` goes to the default
-//! environment; "local", whose `start` always uses this server's engine;
-//! and restricted ones, "local" with rules every start must satisfy.
+//! The server's own `Executor`s, whose starts run on this server's engine:
+//! "local", and restricted ones (local with rules every start must
+//! satisfy). A server whose default environment is an upstream has a
+//! forwarding root instead (`rpc/forward.rs`); both find the server's
+//! environments through [`Environments`].
 
 use std::rc::Rc;
 
@@ -9,51 +10,28 @@ use capnp::capability::Rc as ServerRc;
 
 use crate::capexec_capnp::executor;
 use crate::engine::{Engine, Rules};
-use crate::model::{LOCAL_ENVIRONMENT, StartError, StartErrorKind};
-use crate::rpc::convert;
+use crate::model::{LOCAL_ENVIRONMENT, Refusal, RefusalKind};
 use crate::rpc::detach::Held;
 use crate::rpc::environments::{Environments, Place};
-use crate::rpc::forward::{self, ForwardingExecutor};
+use crate::rpc::forward::ForwardingExecutor;
 use crate::rpc::info;
-use crate::rpc::policy::policy_from_wire;
 use crate::rpc::process::ProcessImpl;
 use crate::rpc::quota::Quota;
+use crate::wire;
 
 pub struct ExecutorImpl {
     environments: Rc<Environments>,
-    starts_at: Place,
     quota: Quota,
-    /// Restricted executors (always local): what every start must satisfy.
+    /// Restricted executors: what every start must satisfy.
     rules: Option<Rc<Rules>>,
 }
 
 impl ExecutorImpl {
-    /// The root executor of a server with `environments`, whose local starts
-    /// count against `quota`.
-    pub fn root(environments: Rc<Environments>, quota: Quota) -> ExecutorImpl {
-        let starts_at = environments.default_place();
+    fn new(environments: Rc<Environments>, quota: Quota, rules: Option<Rc<Rules>>) -> Self {
         ExecutorImpl {
             environments,
-            starts_at,
             quota,
-            rules: None,
-        }
-    }
-
-    fn local(&self, rules: Option<Rc<Rules>>) -> ExecutorImpl {
-        ExecutorImpl {
-            environments: Rc::clone(&self.environments),
-            starts_at: Place::Local,
-            quota: self.quota.clone(),
             rules,
-        }
-    }
-
-    /// A forwarder for starts (and info) that go to an upstream.
-    fn forwarder(&self) -> Option<ForwardingExecutor> {
-        match &self.starts_at {
-            Place::Local => None,
-            Place::Upstream(upstream) => Some(ForwardingExecutor::new(Rc::clone(upstream))),
         }
     }
 
@@ -79,18 +57,36 @@ pub fn restricted_root_executor(
     quota: Quota,
     rules: Rc<Rules>,
 ) -> executor::Client {
-    capnp_rpc::new_client(ExecutorImpl {
-        environments,
-        starts_at: Place::Local,
-        quota,
-        rules: Some(rules),
-    })
+    capnp_rpc::new_client(ExecutorImpl::new(environments, quota, Some(rules)))
 }
 
 /// The root executor of a server with `environments`, for a connection
-/// whose local starts may hold `quota` processes at once.
+/// whose local starts may hold `quota` processes at once: its `start`
+/// goes to the default environment.
 pub fn root_executor(environments: Rc<Environments>, quota: Quota) -> executor::Client {
-    capnp_rpc::new_client(ExecutorImpl::root(environments, quota))
+    match environments.default_place() {
+        Place::Local => capnp_rpc::new_client(ExecutorImpl::new(environments, quota, None)),
+        Place::Upstream(upstream) => {
+            capnp_rpc::new_client(ForwardingExecutor::root(upstream, environments, quota))
+        }
+    }
+}
+
+/// `Executor.environment(name)` of a server's own (unrestricted) executors:
+/// "local" counts against the connection's `quota` like the root does.
+pub(crate) fn environment(
+    environments: &Rc<Environments>,
+    quota: &Quota,
+    name: &str,
+) -> Result<executor::Client, Refusal> {
+    Ok(match environments.place(name)? {
+        Place::Local => capnp_rpc::new_client(ExecutorImpl::new(
+            Rc::clone(environments),
+            quota.clone(),
+            None,
+        )),
+        Place::Upstream(upstream) => capnp_rpc::new_client(ForwardingExecutor::new(upstream)),
+    })
 }
 
 impl executor::Server for ExecutorImpl {
@@ -99,29 +95,16 @@ impl executor::Server for ExecutorImpl {
         params: executor::StartParams,
         mut results: executor::StartResults,
     ) -> Result<(), capnp::Error> {
-        if let Some(forwarder) = self.forwarder() {
-            return forward::start(&forwarder, params, results).await;
-        }
-        let params = params.get()?.get_params()?;
-        let spec = convert::start_spec_from_wire(params)
-            .map_err(|error| convert::start_error_to_wire(&error))?;
+        let spec = wire::start_spec_from_wire(params.get()?.get_params()?)?;
         let (spec, admission) = match &self.rules {
             Some(rules) => {
-                let (spec, admission) = rules
-                    .admit(&spec)
-                    .map_err(|error| convert::start_error_to_wire(&error))?;
+                let (spec, admission) = rules.admit(&spec)?;
                 (spec, Some(admission))
             }
             None => (spec, None),
         };
-        let ticket = self
-            .quota
-            .take()
-            .map_err(|error| convert::start_error_to_wire(&error))?;
-        let owner = self
-            .engine()
-            .start(&spec)
-            .map_err(|error| convert::start_error_to_wire(&error))?;
+        let ticket = self.quota.take()?;
+        let owner = self.engine().start(&spec)?;
         if let Some(admission) = admission {
             owner.handle().hold_while_running(admission);
         }
@@ -140,15 +123,9 @@ impl executor::Server for ExecutorImpl {
         params: executor::RestoreParams,
         mut results: executor::RestoreResults,
     ) -> Result<(), capnp::Error> {
-        if let Some(forwarder) = self.forwarder() {
-            return forward::restore(&forwarder, params, results).await;
-        }
         let token = params.get()?.get_token()?.to_str()?;
         // Taken first, so a refused restore leaves the process parked.
-        let ticket = self
-            .quota
-            .take()
-            .map_err(|error| convert::start_error_to_wire(&error))?;
+        let ticket = self.quota.take()?;
         let held = self.environments.detachments().restore(token)?;
         held.count_against(ticket);
         results
@@ -162,14 +139,11 @@ impl executor::Server for ExecutorImpl {
         _: executor::InfoParams,
         mut results: executor::InfoResults,
     ) -> Result<(), capnp::Error> {
-        if let Some(forwarder) = self.forwarder() {
-            return forward::info(&forwarder, results).await;
-        }
         let mut info = info::local_info();
         if self.rules.is_some() {
             info.features.push(info::RESTRICTED_FEATURE.to_string());
         }
-        info::info_to_wire(&info, results.get().init_info());
+        wire::info_to_wire(&info, results.get().init_info());
         Ok(())
     }
 
@@ -187,7 +161,7 @@ impl executor::Server for ExecutorImpl {
             }
         }
         let list = results.get().init_environments(statuses.len() as u32);
-        info::environments_to_wire(&statuses, list);
+        wire::environments_to_wire(&statuses, list);
         Ok(())
     }
 
@@ -197,24 +171,24 @@ impl executor::Server for ExecutorImpl {
         mut results: executor::EnvironmentResults,
     ) -> Result<(), capnp::Error> {
         let name = params.get()?.get_name()?.to_str()?;
-        if let Some(rules) = &self.rules {
+        let executor = match &self.rules {
+            None => environment(&self.environments, &self.quota, name)?,
             // Nothing but itself: other environments are not its to give.
-            if name != LOCAL_ENVIRONMENT {
-                return Err(convert::start_error_to_wire(&StartError::new(
-                    StartErrorKind::NotAllowed,
+            Some(_) if name != LOCAL_ENVIRONMENT => {
+                return Err(Refusal::new(
+                    RefusalKind::NotAllowed,
                     format!(
-                        "a restricted executor offers no environment but {:?} (asked for {name:?})",
-                        LOCAL_ENVIRONMENT
+                        "a restricted executor offers no environment but {LOCAL_ENVIRONMENT:?} \
+                         (asked for {name:?})"
                     ),
-                )));
+                )
+                .into());
             }
-            let itself = self.local(Some(Rc::clone(rules)));
-            results.get().set_executor(capnp_rpc::new_client(itself));
-            return Ok(());
-        }
-        let executor: executor::Client = match self.environments.place(name)? {
-            Place::Local => capnp_rpc::new_client(self.local(None)),
-            Place::Upstream(upstream) => capnp_rpc::new_client(ForwardingExecutor::new(upstream)),
+            Some(rules) => capnp_rpc::new_client(ExecutorImpl::new(
+                Rc::clone(&self.environments),
+                self.quota.clone(),
+                Some(Rc::clone(rules)),
+            )),
         };
         results.get().set_executor(executor);
         Ok(())
@@ -223,21 +197,16 @@ impl executor::Server for ExecutorImpl {
     async fn restrict(
         self: ServerRc<Self>,
         params: executor::RestrictParams,
-        results: executor::RestrictResults,
+        mut results: executor::RestrictResults,
     ) -> Result<(), capnp::Error> {
-        if let Some(forwarder) = self.forwarder() {
-            return forward::restrict(&forwarder, params, results).await;
-        }
-        let policy = policy_from_wire(params.get()?.get_policy()?)
-            .map_err(|error| convert::start_error_to_wire(&error))?;
+        let policy = wire::policy_from_wire(params.get()?.get_policy()?)?;
         let current = self.rules.as_deref().cloned().unwrap_or_default();
-        let rules = current
-            .narrowed(&policy)
-            .map_err(|error| convert::start_error_to_wire(&error))?;
-        let mut results = results;
-        results
-            .get()
-            .set_executor(capnp_rpc::new_client(self.local(Some(Rc::new(rules)))));
+        let rules = current.narrowed(&policy)?;
+        results.get().set_executor(capnp_rpc::new_client(ExecutorImpl::new(
+            Rc::clone(&self.environments),
+            self.quota.clone(),
+            Some(Rc::new(rules)),
+        )));
         Ok(())
     }
 }

@@ -8,6 +8,11 @@
 //! answer: calls pipelined on `start(...).process` or
 //! `environment(...).executor` go on to the upstream immediately, and a
 //! chain of any depth costs one trip per hop.
+//!
+//! Every `Executor` method is forwarded here once, in the
+//! `executor::Server` impl; a server's root executor whose default
+//! environment is an upstream is a forwarder too (with the server's own
+//! environments for `environments` and `environment`).
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -15,10 +20,11 @@ use std::rc::Rc;
 use capnp::capability::Rc as ServerRc;
 
 use crate::capexec_capnp::{executor, policy};
-use crate::model::{StartError, StartErrorKind};
-use crate::rpc::convert;
-use crate::rpc::environments::{Link, Upstream};
+use crate::model::{Refusal, RefusalKind};
+use crate::rpc::environments::{Environments, Link, Upstream};
 use crate::rpc::info;
+use crate::rpc::quota::Quota;
+use crate::wire;
 
 /// One step from the upstream's root executor to the one calls go to.
 #[derive(Clone)]
@@ -39,6 +45,16 @@ pub(crate) struct ForwardingExecutor {
     /// The far executor of `path` on one connection (by generation):
     /// fetched again, pipelined, once the link has reconnected.
     resolved: RefCell<Option<Link>>,
+    /// Set for a server's root executor whose default environment is the
+    /// upstream: `environments` and `environment` describe this server.
+    root: Option<Root>,
+}
+
+/// What a forwarding root executor answers itself.
+struct Root {
+    environments: Rc<Environments>,
+    /// The connection's allowance for processes of the "local" environment.
+    quota: Quota,
 }
 
 impl ForwardingExecutor {
@@ -46,11 +62,28 @@ impl ForwardingExecutor {
         ForwardingExecutor::at_path(upstream, Vec::new())
     }
 
+    /// The root executor of a server whose default environment is
+    /// `upstream`.
+    pub(crate) fn root(
+        upstream: Rc<dyn Upstream>,
+        environments: Rc<Environments>,
+        quota: Quota,
+    ) -> ForwardingExecutor {
+        ForwardingExecutor {
+            root: Some(Root {
+                environments,
+                quota,
+            }),
+            ..ForwardingExecutor::new(upstream)
+        }
+    }
+
     fn at_path(upstream: Rc<dyn Upstream>, path: Vec<Step>) -> ForwardingExecutor {
         ForwardingExecutor {
             upstream,
             path,
             resolved: RefCell::new(None),
+            root: None,
         }
     }
 
@@ -89,9 +122,9 @@ impl ForwardingExecutor {
                             .and_then(|policy| request.get().set_policy(policy));
                         match copied {
                             Ok(()) => request.send().pipeline.get_executor(),
-                            Err(error) => capnp_rpc::new_future_client(async move {
-                                Err(malformed_policy(&error))
-                            }),
+                            Err(error) => executor::Client {
+                                client: capnp_rpc::new_broken_cap(malformed_policy(&error)),
+                            },
                         }
                     }
                 });
@@ -109,108 +142,98 @@ impl ForwardingExecutor {
         if error.kind != capnp::ErrorKind::Disconnected {
             return error;
         }
-        convert::start_error_to_wire(&StartError::new(
-            StartErrorKind::UpstreamUnavailable,
+        Refusal::new(
+            RefusalKind::UpstreamUnavailable,
             format!(
                 "the connection to upstream {:?} was lost ({})",
                 self.hop(),
-                convert::describe(&error)
+                wire::describe(&error)
             ),
-        ))
+        )
+        .into()
+    }
+
+    /// A local forwarder one step further, not the bare promise: starts
+    /// made on it keep their pipelining across this hop, and it finds its
+    /// far executor again (taking the same steps) after the link
+    /// reconnects.
+    fn step(&self, step: Step, far: executor::Client, generation: u64) -> ForwardingExecutor {
+        let mut path = self.path.clone();
+        path.push(step);
+        let forwarder = ForwardingExecutor::at_path(Rc::clone(&self.upstream), path);
+        *forwarder.resolved.borrow_mut() = Some(Link {
+            executor: far,
+            generation,
+        });
+        forwarder
     }
 }
 
-/// `start` at the far end of `forwarder`, with calls pipelined on the new
-/// process forwarded before the upstream answers.
-pub(crate) async fn start(
-    forwarder: &ForwardingExecutor,
-    params: executor::StartParams,
-    mut results: executor::StartResults,
-) -> Result<(), capnp::Error> {
-    let upstream = forwarder.target().await?.executor;
-    let mut request = upstream.start_request();
-    request
-        .get()
-        .set_params(params.get()?.get_params()?)
-        .map_err(|error| {
-            convert::start_error_to_wire(&StartError::new(
-                StartErrorKind::InvalidArgument,
-                format!("malformed start parameters: {error}"),
-            ))
-        })?;
-    let call = request.send();
-    results.get().set_process(call.pipeline.get_process());
-    results.set_pipeline()?;
-    call.promise
-        .await
-        .map_err(|error| forwarder.hop_error(error))?;
-    Ok(())
-}
-
 fn malformed_policy(error: &capnp::Error) -> capnp::Error {
-    convert::start_error_to_wire(&StartError::new(
-        StartErrorKind::InvalidArgument,
+    Refusal::new(
+        RefusalKind::InvalidArgument,
         format!("malformed policy: {error}"),
-    ))
-}
-
-/// `restore` at the far end, pipelined like `start`.
-pub(crate) async fn restore(
-    forwarder: &ForwardingExecutor,
-    params: executor::RestoreParams,
-    mut results: executor::RestoreResults,
-) -> Result<(), capnp::Error> {
-    let upstream = forwarder.target().await?.executor;
-    let mut request = upstream.restore_request();
-    request.get().set_token(params.get()?.get_token()?);
-    let call = request.send();
-    results.get().set_process(call.pipeline.get_process());
-    results.set_pipeline()?;
-    call.promise
-        .await
-        .map_err(|error| forwarder.hop_error(error))?;
-    Ok(())
-}
-
-pub(crate) async fn info(
-    forwarder: &ForwardingExecutor,
-    mut results: executor::InfoResults,
-) -> Result<(), capnp::Error> {
-    let upstream = forwarder.target().await?.executor;
-    let answer = upstream.info_request().send().promise.await;
-    let far = match answer {
-        Ok(response) => info::info_from_wire(response.get()?.get_info()?)?,
-        Err(error) if error.kind == capnp::ErrorKind::Unimplemented => info::unknown_info(),
-        Err(error) => return Err(forwarder.hop_error(error)),
-    };
-    let seen = info::seen_through_hop(far, forwarder.hop());
-    info::info_to_wire(&seen, results.get().init_info());
-    Ok(())
+    )
+    .into()
 }
 
 impl executor::Server for ForwardingExecutor {
+    /// `start` at the far end, with calls pipelined on the new process
+    /// forwarded before the upstream answers.
     async fn start(
         self: ServerRc<Self>,
         params: executor::StartParams,
-        results: executor::StartResults,
+        mut results: executor::StartResults,
     ) -> Result<(), capnp::Error> {
-        start(&self, params, results).await
+        let upstream = self.target().await?.executor;
+        let mut request = upstream.start_request();
+        request
+            .get()
+            .set_params(params.get()?.get_params()?)
+            .map_err(|error| {
+                Refusal::new(
+                    RefusalKind::InvalidArgument,
+                    format!("malformed start parameters: {error}"),
+                )
+            })?;
+        let call = request.send();
+        results.get().set_process(call.pipeline.get_process());
+        results.set_pipeline()?;
+        call.promise.await.map_err(|error| self.hop_error(error))?;
+        Ok(())
+    }
+
+    /// `restore` at the far end, pipelined like `start`.
+    async fn restore(
+        self: ServerRc<Self>,
+        params: executor::RestoreParams,
+        mut results: executor::RestoreResults,
+    ) -> Result<(), capnp::Error> {
+        let upstream = self.target().await?.executor;
+        let mut request = upstream.restore_request();
+        request.get().set_token(params.get()?.get_token()?);
+        let call = request.send();
+        results.get().set_process(call.pipeline.get_process());
+        results.set_pipeline()?;
+        call.promise.await.map_err(|error| self.hop_error(error))?;
+        Ok(())
     }
 
     async fn info(
         self: ServerRc<Self>,
         _: executor::InfoParams,
-        results: executor::InfoResults,
+        mut results: executor::InfoResults,
     ) -> Result<(), capnp::Error> {
-        info(&self, results).await
-    }
-
-    async fn restore(
-        self: ServerRc<Self>,
-        params: executor::RestoreParams,
-        results: executor::RestoreResults,
-    ) -> Result<(), capnp::Error> {
-        restore(&self, params, results).await
+        let upstream = self.target().await?.executor;
+        let answer = upstream.info_request().send().promise.await;
+        let far = match answer {
+            Ok(response) => wire::info_from_wire(response.get()?.get_info()?)?,
+            Err(error) if error.kind == capnp::ErrorKind::Unimplemented => info::unknown_info(),
+            Err(error) => return Err(self.hop_error(error)),
+        };
+        let seen = info::seen_through_hop(far, self.hop());
+        wire::info_to_wire(&seen, results.get().init_info());
+        Ok(())
     }
 
     async fn environments(
@@ -218,6 +241,12 @@ impl executor::Server for ForwardingExecutor {
         _: executor::EnvironmentsParams,
         mut results: executor::EnvironmentsResults,
     ) -> Result<(), capnp::Error> {
+        if let Some(root) = &self.root {
+            let statuses = root.environments.statuses();
+            let list = results.get().init_environments(statuses.len() as u32);
+            wire::environments_to_wire(&statuses, list);
+            return Ok(());
+        }
         let upstream = self.target().await?.executor;
         let response = upstream
             .environments_request()
@@ -237,6 +266,11 @@ impl executor::Server for ForwardingExecutor {
         mut results: executor::EnvironmentResults,
     ) -> Result<(), capnp::Error> {
         let name = params.get()?.get_name()?.to_str()?.to_string();
+        if let Some(root) = &self.root {
+            let executor = crate::rpc::executor::environment(&root.environments, &root.quota, &name)?;
+            results.get().set_executor(executor);
+            return Ok(());
+        }
         let target = self.target().await?;
         let mut request = target.executor.environment_request();
         request.get().set_name(&name);
@@ -252,61 +286,34 @@ impl executor::Server for ForwardingExecutor {
         Ok(())
     }
 
+    /// `restrict` at the far end, where the processes run and the policy is
+    /// resolved, pipelined like `environment`.
     async fn restrict(
         self: ServerRc<Self>,
         params: executor::RestrictParams,
-        results: executor::RestrictResults,
+        mut results: executor::RestrictResults,
     ) -> Result<(), capnp::Error> {
-        restrict(&self, params, results).await
+        // Kept whole: the same restriction is asked for again on a new
+        // connection after the link reconnects.
+        let mut policy = capnp::message::Builder::new_default();
+        policy
+            .set_root(params.get()?.get_policy()?)
+            .map_err(|error| malformed_policy(&error))?;
+        let target = self.target().await?;
+        let mut request = target.executor.restrict_request();
+        request
+            .get()
+            .set_policy(policy.get_root_as_reader::<policy::Reader<'_>>()?)
+            .map_err(|error| malformed_policy(&error))?;
+        let call = request.send();
+        let far = self.step(
+            Step::Restrict(Rc::new(policy)),
+            call.pipeline.get_executor(),
+            target.generation,
+        );
+        results.get().set_executor(capnp_rpc::new_client(far));
+        results.set_pipeline()?;
+        call.promise.await.map_err(|error| self.hop_error(error))?;
+        Ok(())
     }
-}
-
-impl ForwardingExecutor {
-    /// A local forwarder one step further, not the bare promise: starts
-    /// made on it keep their pipelining across this hop, and it finds its
-    /// far executor again (taking the same steps) after the link
-    /// reconnects.
-    fn step(&self, step: Step, far: executor::Client, generation: u64) -> ForwardingExecutor {
-        let mut path = self.path.clone();
-        path.push(step);
-        let forwarder = ForwardingExecutor::at_path(Rc::clone(&self.upstream), path);
-        *forwarder.resolved.borrow_mut() = Some(Link {
-            executor: far,
-            generation,
-        });
-        forwarder
-    }
-}
-
-/// `restrict` at the far end, where the processes run and the policy is
-/// resolved, pipelined like `environment`.
-pub(crate) async fn restrict(
-    forwarder: &ForwardingExecutor,
-    params: executor::RestrictParams,
-    mut results: executor::RestrictResults,
-) -> Result<(), capnp::Error> {
-    // Kept whole: the same restriction is asked for again on a new
-    // connection after the link reconnects.
-    let mut policy = capnp::message::Builder::new_default();
-    policy
-        .set_root(params.get()?.get_policy()?)
-        .map_err(|error| malformed_policy(&error))?;
-    let target = forwarder.target().await?;
-    let mut request = target.executor.restrict_request();
-    request
-        .get()
-        .set_policy(policy.get_root_as_reader::<policy::Reader<'_>>()?)
-        .map_err(|error| malformed_policy(&error))?;
-    let call = request.send();
-    let far = forwarder.step(
-        Step::Restrict(Rc::new(policy)),
-        call.pipeline.get_executor(),
-        target.generation,
-    );
-    results.get().set_executor(capnp_rpc::new_client(far));
-    results.set_pipeline()?;
-    call.promise
-        .await
-        .map_err(|error| forwarder.hop_error(error))?;
-    Ok(())
 }

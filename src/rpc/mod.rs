@@ -3,13 +3,11 @@
 //! capnp-rpc is `!Send`, so everything here runs on one thread inside a
 //! tokio `LocalSet`; the engine's own tasks may run on any runtime thread.
 
-pub mod convert;
 mod detach;
 mod environments;
 mod executor;
 mod forward;
-pub mod info;
-pub mod policy;
+mod info;
 mod process;
 mod quota;
 mod subscription;

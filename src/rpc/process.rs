@@ -5,16 +5,18 @@
 use std::future::Future;
 use std::time::Duration;
 
+use std::rc::Rc;
+
 use bytes::Bytes;
 use capnp::Error;
-use capnp::capability::Rc;
 
 use crate::capexec_capnp::process;
 use crate::engine::Process;
-use crate::rpc::convert;
+use crate::model::{PtySize, Refusal, RefusalKind};
 use crate::rpc::detach::Held;
 use crate::rpc::quota::Ticket;
 use crate::rpc::subscription::SubscriptionImpl;
+use crate::wire;
 
 /// Largest accepted `read.waitMs`: one hour.
 pub const MAX_WAIT_MS: u32 = 3_600_000;
@@ -30,11 +32,35 @@ pub struct ProcessImpl {
 /// What a `Process` capability may do.
 enum Access {
     /// Everything; shares the process's ownership.
-    Owner(std::rc::Rc<Held>),
-    /// `read`, `subscribe`, `info` and `observer`.
+    Owner(Rc<Held>),
+    /// [`OBSERVER_CALLS`].
     Observer(Facet),
-    /// `write`, `closeStdin` and `info`; its write ids are its own.
+    /// [`STDIN_WRITER_CALLS`]; its write ids are its own.
     StdinWriter(Facet, u64),
+}
+
+/// What an observer may call (the schema's `Process.observer`).
+const OBSERVER_CALLS: &[&str] = &["read", "subscribe", "info", "observer"];
+/// What a stdin writer may call (the schema's `Process.stdinWriter`).
+const STDIN_WRITER_CALLS: &[&str] = &["write", "closeStdin", "info"];
+
+/// A call as a refusal names it, for people.
+fn call_in_words(call: &str) -> &str {
+    match call {
+        "info" => "ask for info",
+        "observer" => "make observers",
+        "closeStdin" => "close stdin",
+        other => other,
+    }
+}
+
+/// "a, b and c".
+fn in_words(calls: &[&str]) -> String {
+    let words: Vec<&str> = calls.iter().map(|call| call_in_words(call)).collect();
+    match words.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => words.join(""),
+    }
 }
 
 /// What a facet holds: the engine's non-owning handle (which keeps the
@@ -42,7 +68,7 @@ enum Access {
 /// connection's quota, so records kept by facets still count there.
 struct Facet {
     process: Process,
-    quota: std::rc::Rc<Ticket>,
+    quota: Rc<Ticket>,
 }
 
 /// Numbers stdin writers, so their write ids never meet the owner's or
@@ -50,7 +76,7 @@ struct Facet {
 static WRITERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl ProcessImpl {
-    pub(crate) fn new(held: std::rc::Rc<Held>) -> ProcessImpl {
+    pub(crate) fn new(held: Rc<Held>) -> ProcessImpl {
         held.attach();
         ProcessImpl {
             access: Access::Owner(held),
@@ -66,58 +92,51 @@ impl ProcessImpl {
         }
     }
 
-    fn facet(&self) -> Option<&'static str> {
-        match self.access {
-            Access::Owner(_) => None,
-            Access::Observer(_) => {
-                Some("an observer, which may only read, subscribe, ask for info and make observers")
-            }
-            Access::StdinWriter(..) => {
-                Some("a stdin writer, which may only write, close stdin and ask for info")
-            }
+    /// The refusal of `call` if this capability may not make it.
+    fn check(&self, call: &str) -> Result<(), Refusal> {
+        let (facet, allowed) = match &self.access {
+            Access::Owner(_) => return Ok(()),
+            Access::Observer(_) => ("an observer", OBSERVER_CALLS),
+            Access::StdinWriter(..) => ("a stdin writer", STDIN_WRITER_CALLS),
+        };
+        if allowed.contains(&call) {
+            return Ok(());
         }
+        Err(Refusal::new(
+            RefusalKind::Forbidden,
+            format!(
+                "`{call}` is not allowed: this capability is {facet}, which may only {}",
+                in_words(allowed)
+            ),
+        ))
     }
 
-    /// The owner's share, or the refusal of `call` on a facet.
-    fn owner(&self, call: &str) -> Result<&std::rc::Rc<Held>, Error> {
+    /// The owner's share, if this capability may make `call`.
+    fn owner(&self, call: &str) -> Result<&Rc<Held>, Refusal> {
+        self.check(call)?;
         match &self.access {
             Access::Owner(held) => Ok(held),
-            _ => Err(self.forbidden(call)),
+            _ => unreachable!("only owners may make calls beyond the facets'"),
         }
     }
 
-    /// The process, if this capability may `call` reads.
-    fn reader(&self, call: &str) -> Result<&Process, Error> {
-        match &self.access {
-            Access::StdinWriter(..) => Err(self.forbidden(call)),
-            _ => Ok(self.process()),
-        }
-    }
-
-    /// The process, if this capability may `call` stdin.
-    fn feeder(&self, call: &str) -> Result<&Process, Error> {
-        match &self.access {
-            Access::Observer(_) => Err(self.forbidden(call)),
-            _ => Ok(self.process()),
-        }
+    /// The process, if this capability may make `call`.
+    fn allowed(&self, call: &str) -> Result<&Process, Refusal> {
+        self.check(call)?;
+        Ok(self.process())
     }
 
     /// The quota place this capability's process holds.
-    fn quota_share(&self) -> std::rc::Rc<Ticket> {
+    fn quota_share(&self) -> Rc<Ticket> {
         match &self.access {
             Access::Owner(held) => held.quota_share(),
-            Access::Observer(facet) | Access::StdinWriter(facet, _) => {
-                std::rc::Rc::clone(&facet.quota)
-            }
+            Access::Observer(facet) | Access::StdinWriter(facet, _) => Rc::clone(&facet.quota),
         }
     }
+}
 
-    fn forbidden(&self, call: &str) -> Error {
-        let facet = self.facet().unwrap_or("the owner");
-        Error::failed(format!(
-            "`{call}` is not allowed: this capability is {facet} [capexec:forbidden]"
-        ))
-    }
+fn invalid(message: String) -> Refusal {
+    Refusal::new(RefusalKind::InvalidArgument, message)
 }
 
 impl Drop for ProcessImpl {
@@ -137,12 +156,13 @@ impl process::Server for ProcessImpl {
         let params = params.get()?;
         let wait_ms = params.get_wait_ms();
         if wait_ms > MAX_WAIT_MS {
-            return Err(Error::failed(format!(
+            return Err(invalid(format!(
                 "waitMs {wait_ms} exceeds the maximum of {MAX_WAIT_MS}"
-            )));
+            ))
+            .into());
         }
         // A long poll must not keep the process alive after its owner let go.
-        let handle = self.reader("read")?.clone();
+        let handle = self.allowed("read")?.clone();
         let owner = matches!(self.access, Access::Owner(_));
         drop(self);
         let (after_seq, max_bytes) = (params.get_after_seq(), params.get_max_bytes() as usize);
@@ -154,22 +174,8 @@ impl process::Server for ProcessImpl {
         } else {
             handle.watch(after_seq, max_bytes, wait).await
         }
-        .map_err(|error| Error::failed(error.to_string()))?;
-        let details = convert::ExitDetails::of(&handle);
-        let mut result = results.get().init_result();
-        convert::events_to_wire(
-            &outcome.events,
-            result.reborrow().init_events(outcome.events.len() as u32),
-            details,
-        );
-        result.set_next_seq(outcome.next_seq);
-        result.set_closed(outcome.closed);
-        match &outcome.exit {
-            Some(status) => {
-                convert::exit_to_wire(status, details, result.get_exit().init_exited());
-            }
-            None => result.get_exit().set_running(()),
-        }
+        .map_err(Refusal::from)?;
+        wire::read_outcome_to_wire(&outcome, results.get().init_result());
         Ok(())
     }
 
@@ -180,34 +186,33 @@ impl process::Server for ProcessImpl {
         params: process::WriteParams,
         mut results: process::WriteResults,
     ) -> impl Future<Output = Result<(), Error>> + 'static {
-        let ticket = (|| {
+        let ticket = (|| -> Result<_, Error> {
+            let process = self.allowed("write")?;
             let params = params.get()?;
             let data = Bytes::copy_from_slice(params.get_data()?);
             let write_id = params
                 .get_write_id()?
                 .to_str()
-                .map_err(|_| Error::failed("writeId is not valid UTF-8".to_string()))?;
+                .map_err(|_| invalid("writeId is not valid UTF-8".to_string()))?;
             // Each capability has its own write ids: a writer cannot make the
             // owner's writes (or another writer's) look like repeats.
             if write_id.is_empty() {
-                return Err(Error::failed(
-                    crate::engine::WriteError::EmptyWriteId.to_string(),
-                ));
+                return Err(Refusal::from(crate::engine::WriteError::EmptyWriteId).into());
             }
             let write_id = match &self.access {
                 Access::StdinWriter(_, number) => format!("w{number}:{write_id}"),
                 _ => format!("o:{write_id}"),
             };
-            self.feeder("write")?
+            Ok(process
                 .submit_write(data, &write_id)
-                .map_err(|error| Error::failed(error.to_string()))
+                .map_err(Refusal::from)?)
         })();
         drop(self);
         async move {
             let status = ticket?.outcome().await;
             results
                 .get()
-                .set_status(convert::write_status_to_wire(status));
+                .set_status(wire::write_status_to_wire(status));
             Ok(())
         }
     }
@@ -217,7 +222,7 @@ impl process::Server for ProcessImpl {
         _: process::CloseStdinParams,
         _: process::CloseStdinResults,
     ) -> impl Future<Output = Result<(), Error>> + 'static {
-        let ticket = self.feeder("closeStdin").map(Process::submit_close_stdin);
+        let ticket = self.allowed("closeStdin").map(Process::submit_close_stdin);
         drop(self);
         async move {
             ticket?.done().await;
@@ -232,22 +237,24 @@ impl process::Server for ProcessImpl {
     ) -> Result<(), Error> {
         let owner = self.owner("signal")?;
         let signal = match params.get()?.get_signal() {
-            Ok(signal) => convert::signal_from_wire(signal),
+            Ok(signal) => wire::signal_from_wire(signal),
             Err(capnp::NotInSchema(ordinal)) => {
-                return Err(Error::failed(format!(
+                return Err(invalid(format!(
                     "unknown signal (ordinal {ordinal} is not in this server's schema)"
-                )));
+                ))
+                .into());
             }
         };
         let Some(signal) = signal else {
-            return Err(Error::failed(
-                "signal must name a signal, not `unknown`".to_string(),
-            ));
+            return Err(invalid("signal must name a signal, not `unknown`".to_string()).into());
         };
-        owner
-            .owner()
-            .signal(signal)
-            .map_err(|error| Error::failed(format!("cannot send {signal}: {error}")))
+        owner.owner().signal(signal).map_err(|error| {
+            Refusal::new(
+                RefusalKind::Internal,
+                format!("cannot send {signal}: {error}"),
+            )
+            .into()
+        })
     }
 
     async fn terminate(
@@ -266,16 +273,11 @@ impl process::Server for ProcessImpl {
         params: process::SubscribeParams,
         mut results: process::SubscribeResults,
     ) -> Result<(), Error> {
-        let process = self.reader("subscribe")?;
+        let process = self.allowed("subscribe")?;
         let params = params.get()?;
         let sink = params.get_sink()?;
         let after_seq = params.get_after_seq();
-        let newest = process.snapshot().next_seq - 1;
-        if after_seq > newest {
-            return Err(Error::failed(format!(
-                "afterSeq {after_seq} is past the newest event of the process ({newest})"
-            )));
-        }
+        process.check_after_seq(after_seq).map_err(Refusal::from)?;
         let owner = matches!(self.access, Access::Owner(_));
         let subscription = SubscriptionImpl::start(process.clone(), sink, after_seq, owner);
         results
@@ -290,14 +292,8 @@ impl process::Server for ProcessImpl {
         _: process::ResizeResults,
     ) -> Result<(), Error> {
         let owner = self.owner("resize")?;
-        let size = params.get()?.get_size()?;
-        owner
-            .owner()
-            .resize(crate::model::PtySize {
-                rows: size.get_rows(),
-                cols: size.get_cols(),
-            })
-            .map_err(|error| Error::failed(error.to_string()))
+        let size: PtySize = wire::pty_size_from_wire(params.get()?.get_size()?);
+        Ok(owner.owner().resize(size).map_err(Refusal::from)?)
     }
 
     async fn detachable(
@@ -316,7 +312,8 @@ impl process::Server for ProcessImpl {
         _: process::InfoParams,
         mut results: process::InfoResults,
     ) -> Result<(), Error> {
-        convert::snapshot_to_wire(&self.process().snapshot(), results.get().init_info());
+        let process = self.allowed("info")?;
+        wire::snapshot_to_wire(&process.snapshot(), results.get().init_info());
         Ok(())
     }
 
@@ -326,7 +323,7 @@ impl process::Server for ProcessImpl {
         mut results: process::ObserverResults,
     ) -> Result<(), Error> {
         let facet = Facet {
-            process: self.reader("observer")?.clone(),
+            process: self.allowed("observer")?.clone(),
             quota: self.quota_share(),
         };
         let view = ProcessImpl {

@@ -3,7 +3,7 @@
 use std::cell::Cell;
 use std::rc::Rc;
 
-use crate::model::{StartError, StartErrorKind};
+use crate::model::{Refusal, RefusalKind};
 
 /// A connection's allowance of live processes, shared by every executor
 /// reached from its root (the "local" environment included).
@@ -33,13 +33,13 @@ impl Quota {
 
     /// One more process, or the limit's error; the ticket gives it back when
     /// it drops (with the process's last share).
-    pub(crate) fn take(&self) -> Result<Ticket, StartError> {
+    pub(crate) fn take(&self) -> Result<Ticket, Refusal> {
         let held = self.0.held.get();
         if let Some(max) = self.0.max
             && held >= max
         {
-            return Err(StartError::new(
-                StartErrorKind::LimitReached,
+            return Err(Refusal::new(
+                RefusalKind::LimitReached,
                 format!("this connection already holds its maximum of {max} processes"),
             ));
         }

@@ -8,7 +8,8 @@ use tokio::task::AbortHandle;
 use crate::capexec_capnp::{event_sink, subscription};
 use crate::engine::Process;
 use crate::model::EventBody;
-use crate::rpc::{PUSH_BUDGET_BYTES, SUBSCRIPTION_WINDOW_BYTES, convert};
+use crate::rpc::{PUSH_BUDGET_BYTES, SUBSCRIPTION_WINDOW_BYTES};
+use crate::wire;
 
 /// Delivery stops when the client releases this capability.
 pub struct SubscriptionImpl {
@@ -16,11 +17,9 @@ pub struct SubscriptionImpl {
 }
 
 impl SubscriptionImpl {
-    /// Starts delivering events after `after_seq` to `sink`. Must run inside
-    /// a `LocalSet`.
     /// Pushes the events of `process` after `after_seq` to `sink`; an
     /// owner's subscription consumes what it delivers (lossless mode), an
-    /// observer's does not.
+    /// observer's does not. Must run inside a `LocalSet`.
     pub fn start(
         process: Process,
         sink: event_sink::Client,
@@ -88,16 +87,15 @@ async fn deliver(process: Process, sink: event_sink::Client, mut after_seq: u64,
                 };
                 let last_seq = last.seq;
                 finished = matches!(last.body, EventBody::Closed);
-                let size = convert::events_message_size(&batch.events);
+                let size = wire::events_message_size(&batch.events);
                 let mut request = sink.client.new_call::<event_sink::push_params::Owned, any_pointer::Owned>(
                     <event_sink::Client as capnp::traits::HasTypeId>::TYPE_ID,
                     0,
                     Some(size),
                 );
-                convert::events_to_wire(
+                wire::events_to_wire(
                     &batch.events,
                     request.get().init_events(batch.events.len() as u32),
-                    convert::ExitDetails::of(&process),
                 );
                 let bytes = (size.word_count as usize) * 8;
                 let answer = request.send().promise;

@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use capexec::capexec_capnp::executor;
 use capexec::client::{Command, RemoteProcess};
-use capexec::engine::{self, Engine, ReadOutcome};
+use capexec::engine::{self, Engine};
+use capexec::model::ReadOutcome;
 use capexec::model::{Event, EventBody, ExitStatus, OutputStream};
 use capexec::net::{Address, Connection, Token};
 use capexec::rpc;
@@ -280,9 +281,23 @@ pub async fn read_until_timed_out(process: &RemoteProcess) {
     assert!(process.info().await.expect("info").timed_out);
 }
 
+/// `events` with the resource usage of their exit events cleared, for
+/// comparing whole event sequences (usage differs from run to run).
+pub fn without_usage(events: impl IntoIterator<Item = Event>) -> Vec<Event> {
+    events
+        .into_iter()
+        .map(|mut event| {
+            if let EventBody::Exited(exit) = &mut event.body {
+                exit.usage = None;
+            }
+            event
+        })
+        .collect()
+}
+
 pub fn exit_of(events: &[Event]) -> Option<ExitStatus> {
     events.iter().find_map(|event| match event.body {
-        EventBody::Exited(status) => Some(status),
+        EventBody::Exited(exit) => Some(exit.status),
         _ => None,
     })
 }

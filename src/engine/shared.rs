@@ -1,5 +1,5 @@
 //! The state of one process shared by its handles, its output pump and its
-//! stdin writer, and the termination of its tree.
+//! stdin writer; its lifecycle ([`Life`]); and the termination of its tree.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -13,7 +13,7 @@ use crate::engine::log::{LogLimits, OutputLog};
 use crate::engine::reaper::{self, Leader};
 use crate::engine::stdin::{StdinEvents, StdinOp, StdinState, WriteIds};
 use crate::engine::terminal::Terminal;
-use crate::model::{ExitStatus, Flow, OutputStream, ResourceUsage};
+use crate::model::{Exit, ExitStatus, Flow, OutputStream, ResourceUsage};
 
 /// Largest accepted stdin write.
 pub const MAX_WRITE_BYTES: usize = 4 << 20;
@@ -65,22 +65,75 @@ impl Default for ProcessLimits {
     }
 }
 
+/// Where one process is in its life. The moments come in this order (see
+/// docs/ARCHITECTURE.md, "Life of one process"): spawned; the child exits
+/// (the reaper says so); its exit event is logged once the output it wrote
+/// before is read, and `closed` once every output stream ended (both in the
+/// log); the owner releases it; the tree's termination starts and ends.
+/// Release and termination may come at any point after the spawn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Life {
+    pub(crate) child: Child,
+    pub(crate) termination: Termination,
+}
+
+/// The child itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Child {
+    Running,
+    /// The reaper reported its exit (it may stay a zombie until the tree is
+    /// terminated): this long after the spawn, having used this much.
+    Exited {
+        after: Duration,
+        usage: Option<ResourceUsage>,
+    },
+}
+
+/// The termination of the whole tree (SIGTERM, then SIGKILL and the reap).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Termination {
+    NotStarted,
+    Started(Cause),
+    /// The tree was killed and the child reaped: nothing is held for it any
+    /// more.
+    Ended(Cause),
+}
+
+/// Why the tree was terminated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Cause {
+    /// `terminate`, the owner's release or the engine's shutdown.
+    Asked,
+    /// The start's timeout expired before the child exited.
+    Timeout,
+}
+
+impl Life {
+    pub(crate) fn child_exited(&self) -> bool {
+        matches!(self.child, Child::Exited { .. })
+    }
+
+    pub(crate) fn tree_ended(&self) -> bool {
+        matches!(self.termination, Termination::Ended(_))
+    }
+
+    pub(crate) fn timed_out(&self) -> bool {
+        matches!(
+            self.termination,
+            Termination::Started(Cause::Timeout) | Termination::Ended(Cause::Timeout)
+        )
+    }
+}
+
 pub(crate) struct State {
     pub(crate) log: OutputLog,
     pub(crate) stdin: StdinState,
     pub(crate) stdin_queued: usize,
     pub(crate) stdin_queued_writes: usize,
     pub(crate) write_ids: WriteIds,
-    /// The child has exited (it stays a zombie until it is reaped).
-    pub(crate) exited: bool,
-    terminating: bool,
-    pub(crate) exited_after: Option<Duration>,
-    /// What the tree used, known from the child's exit on.
-    pub(crate) usage: Option<ResourceUsage>,
+    pub(crate) life: Life,
     /// Held while the tree runs (see `Process::hold_while_running`).
     pub(crate) while_running: Vec<Box<dyn std::any::Any + Send>>,
-    /// The tree was terminated: nothing is held for it any more.
-    pub(crate) tree_ended: bool,
 }
 
 pub(crate) struct Shared {
@@ -92,14 +145,12 @@ pub(crate) struct Shared {
     state: Mutex<State>,
     changes: watch::Sender<u64>,
     pub(crate) stdin_ops: Option<mpsc::UnboundedSender<StdinOp>>,
-    /// Fired when the child exits: the stdin writer stops.
-    pub(crate) exited: CancellationToken,
-    /// The start's timeout expired before the child exited.
-    pub(crate) timed_out: std::sync::atomic::AtomicBool,
+    /// Fired when the child exits (`Child::Exited`): the stdin writer stops.
+    pub(crate) child_exited: CancellationToken,
     /// Fired when the owner releases the process.
-    pub(crate) released: CancellationToken,
-    /// Fired once the tree is terminated and the child reaped.
-    pub(crate) terminated: CancellationToken,
+    pub(crate) owner_released: CancellationToken,
+    /// Fired when the tree's termination ends (`Termination::Ended`).
+    pub(crate) tree_ended: CancellationToken,
     pub(crate) terminal: Option<Terminal>,
     runtime: tokio::runtime::Handle,
     pub(crate) span: tracing::Span,
@@ -133,19 +184,17 @@ impl Shared {
                 stdin_queued: 0,
                 stdin_queued_writes: 0,
                 write_ids: WriteIds::default(),
-                exited: false,
-                terminating: false,
-                exited_after: None,
-                usage: None,
+                life: Life {
+                    child: Child::Running,
+                    termination: Termination::NotStarted,
+                },
                 while_running: Vec::new(),
-                tree_ended: false,
             }),
             changes,
             stdin_ops: parts.stdin_ops,
-            exited: CancellationToken::new(),
-            timed_out: std::sync::atomic::AtomicBool::new(false),
-            released: CancellationToken::new(),
-            terminated: CancellationToken::new(),
+            child_exited: CancellationToken::new(),
+            owner_released: CancellationToken::new(),
+            tree_ended: CancellationToken::new(),
             terminal: parts.terminal,
             runtime: tokio::runtime::Handle::current(),
             span: parts.span,
@@ -173,7 +222,7 @@ impl Shared {
     }
 
     pub(crate) fn is_released(&self) -> bool {
-        self.released.is_cancelled()
+        self.owner_released.is_cancelled()
     }
 
     /// Lossless mode holds the child back while the owner is a window behind.
@@ -192,13 +241,15 @@ impl Shared {
         self.notify();
     }
 
-    /// The child has exited: stdin closes, signals become no-ops.
+    /// The reaper says the child has exited: stdin closes, signals become
+    /// no-ops. (Its exit event comes later: [`Self::log_exit_event`].)
     pub(crate) fn record_child_exited(self: &Arc<Self>, usage: Option<ResourceUsage>) {
         let holding = {
             let mut state = self.lock();
-            state.exited = true;
-            state.usage = usage;
-            state.exited_after = Some(self.started.elapsed());
+            state.life.child = Child::Exited {
+                after: self.started.elapsed(),
+                usage,
+            };
             if state.stdin == StdinState::Open {
                 state.stdin = StdinState::Exited;
             }
@@ -209,7 +260,7 @@ impl Shared {
             // the next one in its place.
             self.give_back_when_tree_ends();
         }
-        self.exited.cancel();
+        self.child_exited.cancel();
         self.notify();
     }
 
@@ -245,11 +296,11 @@ impl Shared {
         let shared = Arc::downgrade(self);
         self.runtime.spawn(async move {
             loop {
-                let Some(terminated) = shared.upgrade().map(|s| s.terminated.clone()) else {
+                let Some(tree_ended) = shared.upgrade().map(|s| s.tree_ended.clone()) else {
                     return;
                 };
                 tokio::select! {
-                    _ = terminated.cancelled() => return,
+                    _ = tree_ended.cancelled() => return,
                     _ = tokio::time::sleep(LEFTOVER_POLL) => {}
                 }
                 let Some(strong) = shared.upgrade() else {
@@ -265,26 +316,46 @@ impl Shared {
     }
 
     pub(crate) fn has_exited(&self) -> bool {
-        self.lock().exited
+        self.lock().life.child_exited()
     }
 
     /// Whether the child is gone even if its exit is not recorded yet: a
     /// write that finds stdin closed says `exited` when that is the reason.
     pub(crate) fn child_gone(&self, state: &State) -> bool {
-        state.exited || self.leader.has_exited_now()
+        state.life.child_exited() || self.leader.has_exited_now()
     }
 
-    pub(crate) fn record_exit(&self, status: ExitStatus) {
+    /// How long the process ran: until its child exited, or until now.
+    pub(crate) fn uptime(&self, life: &Life) -> Duration {
+        match life.child {
+            Child::Exited { after, .. } => after,
+            Child::Running => self.started.elapsed(),
+        }
+    }
+
+    /// Logs the exit event (once the output the child wrote before it
+    /// exited has been read), saying all that is known of the exit.
+    pub(crate) fn log_exit_event(&self, status: ExitStatus) {
         let uptime = {
             let mut state = self.lock();
-            state.log.push_exit(status);
-            state.exited_after.unwrap_or_else(|| self.started.elapsed())
+            let usage = match state.life.child {
+                Child::Exited { usage, .. } => usage,
+                Child::Running => None,
+            };
+            let exit = Exit {
+                status,
+                timed_out: state.life.timed_out(),
+                usage,
+            };
+            state.log.push_exit(exit);
+            self.uptime(&state.life)
         };
         self.notify();
         tracing::info!(parent: &self.span, %status, duration_ms = uptime.as_millis() as u64, "process exited");
     }
 
-    pub(crate) fn record_closed(&self) {
+    /// Logs `closed`: every output stream has ended after the exit.
+    pub(crate) fn log_closed_event(&self) {
         self.lock().log.push_closed();
         self.notify();
         tracing::debug!(parent: &self.span, "process closed");
@@ -320,31 +391,25 @@ impl Shared {
     /// output is closed (or the grace is over), SIGKILL to whatever is left
     /// and the child is reaped.
     pub(crate) fn start_termination(self: &Arc<Self>) {
-        self.terminate_if(|_| true);
+        self.terminate_if(Cause::Asked, |_| true);
     }
 
-    /// The start's timeout expired: terminates the process and marks it
-    /// timed out, unless it has exited or is being terminated already.
+    /// The start's timeout expired: terminates the process for it (so that
+    /// its exit says it timed out), unless it has exited or is being
+    /// terminated already.
     pub(crate) fn time_out(self: &Arc<Self>) {
-        self.terminate_if(|state| {
-            let running = !state.exited;
-            if running {
-                self.timed_out
-                    .store(true, std::sync::atomic::Ordering::Release);
-            }
-            running
-        });
+        self.terminate_if(Cause::Timeout, |life| !life.child_exited());
     }
 
-    /// Starts the termination if `decide`, asked under the state lock (and
-    /// only if no termination has started), agrees.
-    fn terminate_if(self: &Arc<Self>, decide: impl FnOnce(&State) -> bool) {
+    /// Starts the termination for `cause` if none has started and `decide`,
+    /// asked under the state lock, agrees.
+    fn terminate_if(self: &Arc<Self>, cause: Cause, decide: impl FnOnce(&Life) -> bool) {
         {
             let mut state = self.lock();
-            if state.terminating || !decide(&state) {
+            if state.life.termination != Termination::NotStarted || !decide(&state.life) {
                 return;
             }
-            state.terminating = true;
+            state.life.termination = Termination::Started(cause);
         }
         self.kill_tree(libc::SIGTERM);
         let shared = Arc::clone(self);
@@ -356,11 +421,13 @@ impl Shared {
         let deadline = Instant::now() + self.limits.kill_grace;
         // Nothing holding the output open after the exit means nothing of
         // the tree is left, as a rule; otherwise the grace runs out.
-        self.wait_until(deadline, |state| state.exited && state.log.is_closed())
-            .await;
+        self.wait_until(deadline, |state| {
+            state.life.child_exited() && state.log.is_closed()
+        })
+        .await;
         self.kill_tree(libc::SIGKILL);
         let dead = self
-            .wait_until(Instant::now() + KILL_WAIT, |state| state.exited)
+            .wait_until(Instant::now() + KILL_WAIT, |state| state.life.child_exited())
             .await;
         if dead {
             self.leader.reap();
@@ -368,11 +435,13 @@ impl Shared {
         }
         let held = {
             let mut state = self.lock();
-            state.tree_ended = true;
+            if let Termination::Started(cause) = state.life.termination {
+                state.life.termination = Termination::Ended(cause);
+            }
             std::mem::take(&mut state.while_running)
         };
         drop(held);
-        self.terminated.cancel();
+        self.tree_ended.cancel();
     }
 
     /// Waits until `done` holds or `deadline` passes; says which.
@@ -391,10 +460,10 @@ impl Shared {
     }
 
     pub(crate) fn release(self: &Arc<Self>) {
-        if self.released.is_cancelled() {
+        if self.owner_released.is_cancelled() {
             return;
         }
-        self.released.cancel();
+        self.owner_released.cancel();
         self.notify();
         tracing::debug!(parent: &self.span, "process released");
         self.start_termination();

@@ -1,11 +1,10 @@
 //! What to start: the validated description of one process.
 
-use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
-use crate::model::{Flow, PtySize, StartError, StartErrorKind};
+use crate::model::{Flow, PtySize, Refusal, RefusalKind};
 
 /// How the child's environment is built: start from the server's (or empty),
 /// remove `unset`, then apply `set` in order.
@@ -52,9 +51,9 @@ impl StartSpec {
     }
 
     /// Rejects what the operating system could not take, with the reason.
-    pub fn validate(&self) -> Result<(), StartError> {
+    pub fn validate(&self) -> Result<(), Refusal> {
         let invalid =
-            |message: String| Err(StartError::new(StartErrorKind::InvalidArgument, message));
+            |message: String| Err(Refusal::new(RefusalKind::InvalidArgument, message));
         if self.argv.is_empty() {
             return invalid("argv must not be empty".into());
         }
@@ -90,8 +89,8 @@ impl StartSpec {
         }
         let size = self.argument_bytes();
         if size > MAX_ARGUMENT_BYTES {
-            return Err(StartError::new(
-                StartErrorKind::LimitReached,
+            return Err(Refusal::new(
+                RefusalKind::LimitReached,
                 format!(
                     "argv and environment take {size} bytes; the limit is {MAX_ARGUMENT_BYTES}"
                 ),
@@ -124,30 +123,15 @@ impl StartSpec {
     pub fn effective_cwd(&self) -> Option<&PathBuf> {
         self.cwd.as_ref().filter(|cwd| !cwd.as_os_str().is_empty())
     }
-
-    /// The child's complete environment.
-    pub fn child_env(&self) -> Vec<(OsString, OsString)> {
-        let mut env: HashMap<OsString, OsString> = if self.env.clear {
-            HashMap::new()
-        } else {
-            std::env::vars_os().collect()
-        };
-        for name in &self.env.unset {
-            env.remove(name);
-        }
-        for (name, value) in &self.env.set {
-            env.insert(name.clone(), value.clone());
-        }
-        env.into_iter().collect()
-    }
 }
 
 fn has_nul(text: &OsStr) -> bool {
     text.as_bytes().contains(&0)
 }
 
-fn check_env_name(name: &OsStr) -> Result<(), StartError> {
-    let problem = if name.is_empty() {
+/// What is wrong with `name` as an environment variable name, if anything.
+pub(crate) fn env_name_problem(name: &OsStr) -> Option<&'static str> {
+    if name.is_empty() {
         Some("an environment variable name is empty")
     } else if name.as_bytes().contains(&b'=') {
         Some("contains '='")
@@ -155,15 +139,18 @@ fn check_env_name(name: &OsStr) -> Result<(), StartError> {
         Some("contains a NUL byte")
     } else {
         None
-    };
-    match problem {
+    }
+}
+
+fn check_env_name(name: &OsStr) -> Result<(), Refusal> {
+    match env_name_problem(name) {
         None => Ok(()),
-        Some(problem) if name.is_empty() => Err(StartError::new(
-            StartErrorKind::InvalidArgument,
+        Some(problem) if name.is_empty() => Err(Refusal::new(
+            RefusalKind::InvalidArgument,
             problem.to_string(),
         )),
-        Some(problem) => Err(StartError::new(
-            StartErrorKind::InvalidArgument,
+        Some(problem) => Err(Refusal::new(
+            RefusalKind::InvalidArgument,
             format!(
                 "environment variable name {:?} {problem}",
                 name.to_string_lossy()
@@ -185,7 +172,7 @@ mod tests {
         assert_eq!(
             kind_and_message(StartSpec::new(Vec::<OsString>::new())),
             (
-                StartErrorKind::InvalidArgument,
+                RefusalKind::InvalidArgument,
                 "argv must not be empty".to_string()
             )
         );
@@ -200,27 +187,5 @@ mod tests {
             "environment variable name \"A=B\" contains '='"
         );
         assert!(StartSpec::new(["true"]).validate().is_ok());
-    }
-
-    #[test]
-    fn environment_is_built_by_clear_unset_then_set() {
-        let mut spec = StartSpec::new(["env"]);
-        spec.env.clear = true;
-        spec.env.set = vec![
-            ("A".into(), "1".into()),
-            ("B".into(), "2".into()),
-            ("A".into(), "3".into()),
-        ];
-        spec.env.unset = vec!["B".into()];
-        let mut env = spec.child_env();
-        env.sort();
-        assert_eq!(
-            env,
-            vec![("A".into(), "3".into()), ("B".into(), "2".into())]
-        );
-
-        let mut inherit = StartSpec::new(["env"]);
-        inherit.env.unset = vec!["PATH".into()];
-        assert!(inherit.child_env().iter().all(|(name, _)| name != "PATH"));
     }
 }

@@ -1,0 +1,118 @@
+//! `Policy`, both directions.
+
+use std::path::PathBuf;
+
+use crate::capexec_capnp::policy;
+use crate::model::{Policy, Refusal, RefusalKind};
+use crate::wire::lists::{
+    byte_strings, env_vars, limit_from_millis, limit_millis, set_byte_strings, set_env_vars,
+};
+
+fn malformed(field: &str, error: capnp::Error) -> Refusal {
+    Refusal::new(
+        RefusalKind::InvalidArgument,
+        format!("malformed policy ({field}): {error}"),
+    )
+}
+
+pub fn policy_from_wire(reader: policy::Reader<'_>) -> Result<Policy, Refusal> {
+    let programs = reader
+        .has_programs()
+        .then(|| reader.get_programs().and_then(byte_strings))
+        .transpose()
+        .map_err(|error| malformed("programs", error))?;
+    let cwd_roots = reader
+        .has_cwd_roots()
+        .then(|| reader.get_cwd_roots().and_then(byte_strings))
+        .transpose()
+        .map_err(|error| malformed("cwdRoots", error))?
+        .map(|roots| roots.into_iter().map(PathBuf::from).collect());
+    let environment = reader
+        .has_environment()
+        .then(|| reader.get_environment().and_then(env_vars))
+        .transpose()
+        .map_err(|error| malformed("environment", error))?;
+    let settable_env = reader
+        .has_settable_env()
+        .then(|| reader.get_settable_env().and_then(byte_strings))
+        .transpose()
+        .map_err(|error| malformed("settableEnv", error))?;
+    Ok(Policy {
+        programs,
+        cwd_roots,
+        environment,
+        settable_env,
+        forbid_tty: reader.get_forbid_tty(),
+        max_processes: Some(reader.get_max_processes()).filter(|&max| max > 0),
+        max_run_time: limit_from_millis(reader.get_max_run_time_ms()),
+    })
+}
+
+pub fn policy_to_wire(policy: &Policy, mut builder: policy::Builder<'_>) {
+    if let Some(programs) = &policy.programs {
+        set_byte_strings(
+            builder.reborrow().init_programs(programs.len() as u32),
+            programs,
+        );
+    }
+    if let Some(roots) = &policy.cwd_roots {
+        set_byte_strings(builder.reborrow().init_cwd_roots(roots.len() as u32), roots);
+    }
+    if let Some(environment) = &policy.environment {
+        set_env_vars(
+            builder
+                .reborrow()
+                .init_environment(environment.len() as u32),
+            environment,
+        );
+    }
+    if let Some(names) = &policy.settable_env {
+        set_byte_strings(
+            builder.reborrow().init_settable_env(names.len() as u32),
+            names,
+        );
+    }
+    builder.set_forbid_tty(policy.forbid_tty);
+    builder.set_max_processes(policy.max_processes.unwrap_or(0));
+    builder.set_max_run_time_ms(limit_millis(policy.max_run_time));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn round_trip(policy: &Policy) -> Policy {
+        let mut message = capnp::message::Builder::new_default();
+        policy_to_wire(policy, message.init_root());
+        let reader = message
+            .get_root_as_reader::<policy::Reader<'_>>()
+            .expect("root");
+        policy_from_wire(reader).expect("decode")
+    }
+
+    #[test]
+    fn every_rule_survives_the_wire() {
+        let policy = Policy {
+            programs: Some(vec!["sh".into(), "/usr/bin/env".into()]),
+            cwd_roots: Some(vec!["/srv/a".into(), "/srv/b".into()]),
+            environment: Some(vec![("PATH".into(), "/usr/bin".into())]),
+            settable_env: Some(vec!["LANG".into()]),
+            forbid_tty: true,
+            max_processes: Some(3),
+            max_run_time: Some(Duration::from_millis(1500)),
+        };
+        assert_eq!(round_trip(&policy), policy);
+    }
+
+    #[test]
+    fn absent_and_empty_rules_stay_apart() {
+        assert_eq!(round_trip(&Policy::default()), Policy::default());
+        let empty = Policy {
+            programs: Some(Vec::new()),
+            settable_env: Some(Vec::new()),
+            ..Policy::default()
+        };
+        assert_eq!(round_trip(&empty), empty);
+    }
+}
