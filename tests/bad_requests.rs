@@ -19,14 +19,16 @@ async fn start_error(ctx: &Ctx, command: &Command) -> (RefusalKind, String) {
     }
 }
 
-/// The text of a failed call's error, without capnp's "remote exception: "
-/// prefixes that forwarding hops add.
-fn message(error: &Error) -> String {
-    let text = error.to_string();
-    text.rsplit("remote exception: ")
-        .next()
-        .unwrap_or(&text)
-        .to_string()
+/// A refused call's kind and message: every refusal carries its tag.
+fn refused<T: std::fmt::Debug>(outcome: Result<T, Error>) -> (RefusalKind, String) {
+    match outcome.expect_err("the call was accepted") {
+        Error::Refused(refusal) => (refusal.kind, refusal.message),
+        other => panic!("an untagged error: {other:?}"),
+    }
+}
+
+fn invalid(message: &str) -> (RefusalKind, String) {
+    (RefusalKind::InvalidArgument, message.to_string())
 }
 
 async fn running(ctx: &Ctx, script: &str, stdin: Stdin) -> RemoteProcess {
@@ -134,25 +136,36 @@ async fn process_calls_are_refused_with_their_reason(ctx: Ctx) {
 
     let mut unknown = process.capability().signal_request();
     unknown.get().set_signal(WireSignal::Unknown);
-    let refused = unknown.send().promise.await.map(drop).map_err(Error::Rpc);
     assert_eq!(
-        refused.as_ref().map_err(message),
-        Err("signal must name a signal, not `unknown`".to_string()),
+        refused(unknown.send().promise.await.map(drop).map_err(Error::from)),
+        invalid("signal must name a signal, not `unknown`"),
         "unknown signal"
     );
 
-    let resized = process.resize(PtySize { rows: 24, cols: 80 }).await;
     assert_eq!(
-        resized.as_ref().map_err(message),
-        Err("resize needs a tty process; this one runs on pipes".to_string()),
+        refused(process.resize(PtySize { rows: 24, cols: 80 }).await),
+        invalid("resize needs a tty process; this one runs on pipes"),
         "resize without a terminal"
     );
 
-    let absurd_wait = process.read(0, 0, Duration::from_millis(3_600_001)).await;
     assert_eq!(
-        absurd_wait.as_ref().map(drop).map_err(message),
-        Err("waitMs 3600001 exceeds the maximum of 3600000".to_string()),
+        refused(process.read(0, 0, Duration::from_millis(3_600_001)).await),
+        invalid("waitMs 3600001 exceeds the maximum of 3600000"),
         "absurd waitMs"
+    );
+
+    let newest = process.info().await.expect("info").next_seq - 1;
+    let past = newest + 5;
+    let ahead = format!("afterSeq {past} is past the newest event of the process ({newest})");
+    assert_eq!(
+        refused(process.read(past, 0, Duration::ZERO).await),
+        invalid(&ahead),
+        "read past the newest event"
+    );
+    assert_eq!(
+        refused(process.events(past).await.map(drop)),
+        invalid(&ahead),
+        "subscribe past the newest event"
     );
 
     let huge_budget = process.read(0, u32::MAX, Duration::ZERO).await;
@@ -161,12 +174,27 @@ async fn process_calls_are_refused_with_their_reason(ctx: Ctx) {
         "a huge maxBytes is only a budget: {huge_budget:?}"
     );
 
-    let oversized = process.write(&vec![b'x'; (4 << 20) + 1], "big").await;
     assert_eq!(
-        oversized.as_ref().map_err(message),
-        Err("write of 4194305 bytes exceeds the limit of 4194304 bytes per call".to_string()),
+        refused(process.write(&vec![b'x'; (4 << 20) + 1], "big").await),
+        invalid("write of 4194305 bytes exceeds the limit of 4194304 bytes per call"),
         "oversized chunk"
     );
+    assert_eq!(
+        refused(process.write(b"x", "").await),
+        invalid("writeId must not be empty"),
+        "empty write id"
+    );
+
+    // The client library rounds a zero grace up; the wire takes any.
+    for grace in [0, 86_401] {
+        let mut request = process.capability().detachable_request();
+        request.get().set_grace_secs(grace);
+        assert_eq!(
+            refused(request.send().promise.await.map(drop).map_err(Error::from)),
+            invalid(&format!("graceSecs must be 1 to 86400, got {grace}")),
+            "graceSecs {grace}"
+        );
+    }
 
     process.close_stdin().await.expect("close stdin");
     assert_eq!(
@@ -179,33 +207,49 @@ async fn process_calls_are_refused_with_their_reason(ctx: Ctx) {
     );
 
     let (_, forged) = client::restore(&ctx.executor, &"0".repeat(64));
-    match forged.await {
-        Err(Error::Refused(error)) => assert_eq!(error.kind, RefusalKind::UnknownToken),
-        other => panic!("a forged restore token was accepted: {other:?}"),
-    }
+    assert_eq!(
+        refused(forged.await).0,
+        RefusalKind::UnknownToken,
+        "a forged restore token"
+    );
 
     // Calls pipelined on a start that failed carry the start's failure.
     let (doomed, started) =
         Command::new("/nonexistent/capexec-program").spawn_pipelined(&ctx.executor);
     let info = doomed.info().await;
     assert!(started.await.is_err());
-    let info_error = info.expect_err("info on a failed start");
-    assert!(
-        message(&info_error).contains("program not found: /nonexistent/capexec-program"),
-        "{info_error}"
+    assert_eq!(
+        refused(info),
+        (
+            RefusalKind::ProgramNotFound,
+            "program not found: /nonexistent/capexec-program".to_string()
+        ),
+        "info on a failed start"
     );
 
     process.terminate().await.expect("terminate");
+
+    let mut tty = Command::new("sleep");
+    tty.arg("1000").tty(PtySize { rows: 24, cols: 80 });
+    let on_terminal = tty.spawn(&ctx.executor).await.expect("start on a terminal");
+    assert_eq!(
+        refused(on_terminal.resize(PtySize { rows: 0, cols: 0 }).await),
+        invalid("terminal size 0x0 is empty; rows and cols must be at least 1"),
+        "a 0x0 terminal"
+    );
+    on_terminal.terminate().await.expect("terminate");
 
     if let (common::Backend::Tcp, Some(address)) = (ctx.backend, &ctx.address) {
         let wrong = capexec::net::Token::new("not-the-token");
         let connection = capexec::net::connect(address, Some(&wrong))
             .await
             .expect("the TCP connection itself is accepted");
-        let refused = Command::new("true").status(&connection.executor()).await;
         assert_eq!(
-            refused.as_ref().map_err(message),
-            Err("login refused: wrong token".to_string()),
+            refused(Command::new("true").status(&connection.executor()).await),
+            (
+                RefusalKind::Unauthenticated,
+                "login refused: wrong token".to_string()
+            ),
             "wrong token"
         );
     }

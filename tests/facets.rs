@@ -8,25 +8,25 @@ mod common;
 use std::time::Duration;
 
 use capexec::client::{Error, RemoteProcess, Stdin};
-use capexec::model::{EventBody, ExitStatus, PtySize, Signal, WriteStatus};
+use capexec::model::{EventBody, ExitStatus, PtySize, RefusalKind, Signal, WriteStatus};
 use common::{Ctx, output_bytes, procfs, read_until_output_contains, sh};
 
 const OBSERVER: &str =
     "an observer, which may only read, subscribe, ask for info and make observers";
 const WRITER: &str = "a stdin writer, which may only write, close stdin and ask for info";
 
-/// The refusal's text, without the prefixes forwarding hops add.
+/// The refusal's message, which must be tagged `forbidden`.
 fn refusal<T: std::fmt::Debug>(outcome: Result<T, Error>) -> String {
-    let error = outcome.expect_err("the call was allowed");
-    let text = error.to_string();
-    text.rsplit("remote exception: ")
-        .next()
-        .unwrap_or(&text)
-        .to_string()
+    match outcome.expect_err("the call was allowed") {
+        Error::Refused(refusal) => {
+            assert_eq!(refusal.kind, RefusalKind::Forbidden, "{refusal:?}");
+            refusal.message
+        }
+        other => panic!("not a tagged refusal: {other:?}"),
+    }
 }
 
-/// The refusal as a client shows it (the `[capexec:forbidden]` tag on the
-/// wire is stripped by the client's error text).
+/// The refusal's message (its `[capexec:forbidden]` tag is its kind).
 fn forbidden(call: &str, facet: &str) -> String {
     format!("`{call}` is not allowed: this capability is {facet}")
 }

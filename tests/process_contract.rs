@@ -10,12 +10,12 @@ use futures::StreamExt;
 
 use capexec::client::{Command, Error, Stdin};
 use capexec::model::{
-    Event, EventBody, ExitStatus, Flow, OutputStream, Signal, RefusalKind, WriteStatus,
+    Event, EventBody, ExitStatus, Flow, OutputStream, RefusalKind, Signal, WriteStatus,
 };
 use common::data::{PatternChecker, TempDir, write_pattern_file};
 use common::{
-    Ctx, assert_contiguous, exit_of, output_bytes, procfs, read_from, read_until_closed, without_usage,
-    read_until_output_contains, sh, spawn, wait_closed_at_head,
+    Ctx, assert_contiguous, exit_of, output_bytes, procfs, read_from, read_until_closed,
+    read_until_output_contains, sh, spawn, wait_closed_at_head, without_usage,
 };
 
 fn output(seq: u64, stream: OutputStream, data: &'static str) -> Event {
@@ -141,7 +141,10 @@ async fn output_after_exit_is_kept_until_streams_close(ctx: Ctx) {
             body: EventBody::Exited(ExitStatus::Code(0).into())
         }]
     );
-    assert_eq!(first.exit.map(|exit| exit.status), Some(ExitStatus::Code(0)));
+    assert_eq!(
+        first.exit.map(|exit| exit.status),
+        Some(ExitStatus::Code(0))
+    );
     assert!(!first.closed, "the grandchild still holds stdout");
     let quiet = process
         .read(1, 0, Duration::from_millis(50))

@@ -67,7 +67,9 @@ impl From<capnp::NotInSchema> for Error {
 
 impl From<tokio::task::JoinError> for Error {
     fn from(error: tokio::task::JoinError) -> Error {
-        Error::Rpc(capnp::Error::failed(format!("a call's task failed: {error}")))
+        Error::Rpc(capnp::Error::failed(format!(
+            "a call's task failed: {error}"
+        )))
     }
 }
 

@@ -8,7 +8,9 @@ use tokio::task::JoinHandle;
 
 use crate::capexec_capnp::process;
 use crate::client::{Error, EventStream, events};
-use crate::model::{EventBody, ExitStatus, ProcessSnapshot, PtySize, ReadOutcome, Signal, WriteStatus};
+use crate::model::{
+    EventBody, ExitStatus, ProcessSnapshot, PtySize, ReadOutcome, Signal, WriteStatus,
+};
 use crate::wire;
 
 /// Owns a process through its capability: dropping the last clone (of this
@@ -29,8 +31,11 @@ where
 {
     let task = tokio::task::spawn_local(promise);
     async move {
-        task.await
-            .unwrap_or_else(|error| Err(capnp::Error::failed(format!("a call's task failed: {error}"))))
+        task.await.unwrap_or_else(|error| {
+            Err(capnp::Error::failed(format!(
+                "a call's task failed: {error}"
+            )))
+        })
     }
 }
 

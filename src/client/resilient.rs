@@ -627,9 +627,7 @@ fn send(process: &RemoteProcess, kind: &OutgoingKind) -> JoinHandle<Result<Write
         }
         OutgoingKind::CloseStdin => {
             let closing = process.close_stdin_in_order();
-            tokio::task::spawn_local(async move {
-                closing.await?.map(|()| WriteStatus::Accepted)
-            })
+            tokio::task::spawn_local(async move { closing.await?.map(|()| WriteStatus::Accepted) })
         }
     }
 }

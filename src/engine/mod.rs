@@ -32,16 +32,16 @@ pub use self::handle::{
 pub use self::log::{Batch, LogLimits};
 pub use self::output::CHUNK_SIZE;
 pub use self::policy::{Admission, Rules};
+pub use self::reaper::{become_subreaper, is_subreaper};
 pub use self::shared::{
     MAX_QUEUED_STDIN_BYTES, MAX_QUEUED_STDIN_WRITES, MAX_WRITE_BYTES, ProcessLimits,
 };
-pub use self::reaper::{become_subreaper, is_subreaper};
 pub use self::spawn::ChildSetup;
 pub use self::stdin::REMEMBERED_WRITE_IDS;
 
 use self::output::OutputSource;
-use self::shared::{Shared, SharedParts};
 use self::reaper::Leader;
+use self::shared::{Shared, SharedParts};
 use self::spawn::{ChildStdio, SpawnedChild};
 use self::stdin::StdinState;
 use self::terminal::{Terminal, TerminalWriter};

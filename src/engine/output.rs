@@ -14,8 +14,8 @@ use tokio::net::unix::pipe;
 use tokio::time::Instant;
 
 use crate::engine::pipe_capacity;
-use crate::engine::shared::Shared;
 use crate::engine::reaper::Leader;
+use crate::engine::shared::Shared;
 use crate::model::{ExitStatus, OutputStream};
 
 /// Largest chunk read at once: one pipe buffer, small enough that every

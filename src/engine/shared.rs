@@ -427,7 +427,9 @@ impl Shared {
         .await;
         self.kill_tree(libc::SIGKILL);
         let dead = self
-            .wait_until(Instant::now() + KILL_WAIT, |state| state.life.child_exited())
+            .wait_until(Instant::now() + KILL_WAIT, |state| {
+                state.life.child_exited()
+            })
             .await;
         if dead {
             self.leader.reap();

@@ -19,7 +19,7 @@ pub use self::policy::Policy;
 pub use self::process::{
     Event, EventBody, Flow, OutputStream, ProcessSnapshot, PtySize, ReadOutcome, WriteStatus,
 };
-pub(crate) use self::signal::signal_table;
 pub use self::signal::Signal;
+pub(crate) use self::signal::signal_table;
 pub(crate) use self::spec::env_name_problem;
 pub use self::spec::{EnvSpec, MAX_ARGUMENT_BYTES, StartSpec};

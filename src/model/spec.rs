@@ -52,8 +52,7 @@ impl StartSpec {
 
     /// Rejects what the operating system could not take, with the reason.
     pub fn validate(&self) -> Result<(), Refusal> {
-        let invalid =
-            |message: String| Err(Refusal::new(RefusalKind::InvalidArgument, message));
+        let invalid = |message: String| Err(Refusal::new(RefusalKind::InvalidArgument, message));
         if self.argv.is_empty() {
             return invalid("argv must not be empty".into());
         }

@@ -94,10 +94,7 @@ impl Held {
 
     /// Makes the process detachable (or changes its grace) and returns its
     /// restore token.
-    pub(crate) fn make_detachable(
-        self: &Rc<Self>,
-        grace: Duration,
-    ) -> Result<String, Refusal> {
+    pub(crate) fn make_detachable(self: &Rc<Self>, grace: Duration) -> Result<String, Refusal> {
         if grace.is_zero() || grace > MAX_GRACE {
             return Err(Refusal::new(
                 RefusalKind::InvalidArgument,

@@ -202,11 +202,13 @@ impl executor::Server for ExecutorImpl {
         let policy = wire::policy_from_wire(params.get()?.get_policy()?)?;
         let current = self.rules.as_deref().cloned().unwrap_or_default();
         let rules = current.narrowed(&policy)?;
-        results.get().set_executor(capnp_rpc::new_client(ExecutorImpl::new(
-            Rc::clone(&self.environments),
-            self.quota.clone(),
-            Some(Rc::new(rules)),
-        )));
+        results
+            .get()
+            .set_executor(capnp_rpc::new_client(ExecutorImpl::new(
+                Rc::clone(&self.environments),
+                self.quota.clone(),
+                Some(Rc::new(rules)),
+            )));
         Ok(())
     }
 }

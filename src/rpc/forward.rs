@@ -104,30 +104,30 @@ impl ForwardingExecutor {
         {
             return Ok(link.clone());
         }
-        let executor =
-            self.path
-                .iter()
-                .fold(root.executor, |executor, step| match step {
-                    Step::Environment(name) => {
-                        let mut request = executor.environment_request();
-                        request.get().set_name(name);
-                        request.send().pipeline.get_executor()
+        let executor = self
+            .path
+            .iter()
+            .fold(root.executor, |executor, step| match step {
+                Step::Environment(name) => {
+                    let mut request = executor.environment_request();
+                    request.get().set_name(name);
+                    request.send().pipeline.get_executor()
+                }
+                Step::Restrict(policy) => {
+                    let mut request = executor.restrict_request();
+                    // A copy this server already read once; should it fail
+                    // now, the executor fails rather than go unrestricted.
+                    let copied = policy
+                        .get_root_as_reader::<policy::Reader<'_>>()
+                        .and_then(|policy| request.get().set_policy(policy));
+                    match copied {
+                        Ok(()) => request.send().pipeline.get_executor(),
+                        Err(error) => executor::Client {
+                            client: capnp_rpc::new_broken_cap(malformed_policy(&error)),
+                        },
                     }
-                    Step::Restrict(policy) => {
-                        let mut request = executor.restrict_request();
-                        // A copy this server already read once; should it fail
-                        // now, the executor fails rather than go unrestricted.
-                        let copied = policy
-                            .get_root_as_reader::<policy::Reader<'_>>()
-                            .and_then(|policy| request.get().set_policy(policy));
-                        match copied {
-                            Ok(()) => request.send().pipeline.get_executor(),
-                            Err(error) => executor::Client {
-                                client: capnp_rpc::new_broken_cap(malformed_policy(&error)),
-                            },
-                        }
-                    }
-                });
+                }
+            });
         let link = Link {
             executor,
             generation: root.generation,
@@ -267,7 +267,8 @@ impl executor::Server for ForwardingExecutor {
     ) -> Result<(), capnp::Error> {
         let name = params.get()?.get_name()?.to_str()?.to_string();
         if let Some(root) = &self.root {
-            let executor = crate::rpc::executor::environment(&root.environments, &root.quota, &name)?;
+            let executor =
+                crate::rpc::executor::environment(&root.environments, &root.quota, &name)?;
             results.get().set_executor(executor);
             return Ok(());
         }

@@ -210,9 +210,7 @@ impl process::Server for ProcessImpl {
         drop(self);
         async move {
             let status = ticket?.outcome().await;
-            results
-                .get()
-                .set_status(wire::write_status_to_wire(status));
+            results.get().set_status(wire::write_status_to_wire(status));
             Ok(())
         }
     }

@@ -211,9 +211,8 @@ mod tests {
     fn every_kind_of_event_survives_the_wire() {
         let events = every_kind_of_event();
         let mut message = capnp::message::Builder::new_default();
-        let list = message.initn_root::<capnp::struct_list::Builder<'_, event::Owned>>(
-            events.len() as u32,
-        );
+        let list = message
+            .initn_root::<capnp::struct_list::Builder<'_, event::Owned>>(events.len() as u32);
         events_to_wire(&events, list);
         let reader = message
             .get_root_as_reader::<capnp::struct_list::Reader<'_, event::Owned>>()

@@ -94,7 +94,6 @@ pub fn environments_from_wire(
         .collect()
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,6 +149,9 @@ mod tests {
         let reader = message
             .get_root_as_reader::<capnp::struct_list::Reader<'_, wire::environment::Owned>>()
             .expect("root");
-        assert_eq!(environments_from_wire(reader).expect("decode"), environments);
+        assert_eq!(
+            environments_from_wire(reader).expect("decode"),
+            environments
+        );
     }
 }

@@ -53,11 +53,9 @@ pub fn set_env_vars(
 /// A time limit in whole milliseconds, 0 for none; a limit below a
 /// millisecond is rounded up, so that it stays a limit.
 pub fn limit_millis(limit: Option<Duration>) -> u64 {
-    limit
-        .filter(|limit| !limit.is_zero())
-        .map_or(0, |limit| {
-            limit.as_millis().clamp(1, u128::from(u64::MAX)) as u64
-        })
+    limit.filter(|limit| !limit.is_zero()).map_or(0, |limit| {
+        limit.as_millis().clamp(1, u128::from(u64::MAX)) as u64
+    })
 }
 
 /// The time limit of [`limit_millis`].

@@ -23,8 +23,8 @@ pub use self::executor::{
 pub use self::lists::{millis_u32, pty_size_from_wire, pty_size_to_wire};
 pub use self::policy::{policy_from_wire, policy_to_wire};
 pub use self::process::{
-    flow_from_wire, flow_to_wire, read_outcome_from_wire, read_outcome_to_wire,
-    snapshot_from_wire, snapshot_to_wire, write_status_from_wire, write_status_to_wire,
+    flow_from_wire, flow_to_wire, read_outcome_from_wire, read_outcome_to_wire, snapshot_from_wire,
+    snapshot_to_wire, write_status_from_wire, write_status_to_wire,
 };
 pub use self::signal::{signal_from_wire, signal_to_wire};
 pub use self::start::{start_spec_from_wire, start_spec_to_wire};

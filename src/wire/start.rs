@@ -123,7 +123,10 @@ mod tests {
             arg0: Some("-sh".into()),
             tty: true,
             pipe_stdin: true,
-            pty_size: PtySize { rows: 40, cols: 132 },
+            pty_size: PtySize {
+                rows: 40,
+                cols: 132,
+            },
             flow: Flow::Lossless,
             timeout: Some(std::time::Duration::from_millis(2500)),
         };
