@@ -12,9 +12,26 @@
 # Conventions used below:
 # - "Bytes" fields (argv, environment, paths) are `Data`, not `Text`: on Unix
 #   they are arbitrary byte strings except that they may not contain NUL.
-# - Errors are Cap'n Proto exceptions. Start failures carry a machine-readable
-#   tag in their description, written `[capexec:<code>]` (see `Executor.start`),
-#   so that clients can classify them through any number of forwarding hops.
+# - Errors are Cap'n Proto exceptions. Every error a capexec server raises
+#   carries a machine-readable tag at the end of its description, written
+#   `[capexec:<code>]`, so that clients can classify it through any number of
+#   forwarding hops (each hop prefixes the description with "remote
+#   exception: "; the tag stays). The codes:
+#     invalid-argument, program-not-found, permission-denied, bad-cwd,
+#     unsupported, unavailable, spawn-failed, unknown-token,
+#     upstream-unavailable, unknown-environment, not-allowed, limit
+#     (see `Executor.start`, which can raise most of them);
+#     forbidden        an attenuated capability may not make this call
+#                      (see `Process.observer`);
+#     unauthenticated  a refused login (see `Gatekeeper.login`);
+#     internal         the server failed in a way the request could not
+#                      have avoided (an operating-system failure outside a
+#                      start, such as a terminal that cannot be resized).
+#   Each method below says which codes it raises. Errors without a tag come
+#   from the RPC system itself: `disconnected` (the connection or a link of a
+#   chain broke), `overloaded` (the connection was closed for exceeding a
+#   limit; the description names it), `unimplemented` (an older server), and
+#   malformed messages.
 # - Sequence numbers ("seqs") are per process, start at 1 and increase by one
 #   per event. Output chunks (stdout, stderr and pty output alike), the exit
 #   event and the close event all draw from the same counter, so one number
@@ -177,7 +194,8 @@ interface Executor {
   # counted by the new `maxProcesses`.
   #
   # A restricted executor offers no other environments: `environment`
-  # answers only "local" (itself), `environments` lists only "local", and
+  # answers only "local" (itself; any other name fails with
+  # `[capexec:not-allowed]`), `environments` lists only "local", and
   # `restrict` narrows further. `restore` works as on the executor it came
   # from (a restore token is authority of its own). `info` describes the
   # server, with "restricted" among the features.
@@ -424,6 +442,9 @@ interface Process {
   # - In lossless mode, a read with `afterSeq` = N tells the server that the
   #   caller has consumed every event up to N.
   # - `afterSeq` greater than the newest seq is an error.
+  #
+  # Errors: `[capexec:invalid-argument]` for `afterSeq` past the newest event
+  # or `waitMs` over the maximum; `[capexec:forbidden]` on a stdin writer.
 
   write @1 (data :Data, writeId :Text) -> (status :WriteStatus);
   # Appends `data` to the child's stdin. `writeId` is chosen by the caller and
@@ -432,22 +453,31 @@ interface Process {
   # safely. Writes are applied in the order the calls arrive. The result
   # comes once the bytes are in the child's stdin pipe (or pty), which gives
   # callers backpressure. `data` is at most 4 MiB.
+  #
+  # Errors: `[capexec:invalid-argument]` for an empty or non-UTF-8 `writeId`
+  # or `data` over 4 MiB; `[capexec:limit]` when earlier writes the child has
+  # not read yet already hold 16 MiB or 4096 writes (wait for their answers);
+  # `[capexec:forbidden]` on an observer. A closed stdin or an exited child
+  # is not an error but a `status`.
 
   closeStdin @2 ();
   # Closes the child's stdin after every earlier write, so the child reads
   # end-of-file. Idempotent. For a tty process it sends the terminal's
-  # end-of-file character instead.
+  # end-of-file character instead. Errors: `[capexec:forbidden]` on an
+  # observer.
 
   signal @3 (signal :Signal);
   # Sends `signal` to the child's process group (for a tty process: the
   # terminal's foreground process group). A no-op success once the process
-  # has exited. `unknown` is rejected.
+  # has exited. Errors: `[capexec:invalid-argument]` for `unknown` or a
+  # signal this server's schema does not know; `[capexec:forbidden]` on a
+  # facet.
 
   terminate @4 () -> (running :Bool);
   # SIGTERM to the process group, then SIGKILL after a short grace (2 s by
   # default) to whatever is left of the group. Returns at once; the exit is
   # observed through events. `running` is false if the process had already
-  # exited (then nothing is sent).
+  # exited (then nothing is sent). Errors: `[capexec:forbidden]` on a facet.
 
   subscribe @5 (sink :EventSink, afterSeq :UInt64) -> (subscription :Subscription);
   # Delivers every event with seq > afterSeq to `sink`: first the retained
@@ -461,14 +491,19 @@ interface Process {
   # other subscribers. In lossless mode, pushes taken by the stream's flow
   # control count as consumption (see `OutputFlow.lossless`); through an
   # `observer` view, reads and subscriptions consume nothing.
+  #
+  # Errors: `[capexec:invalid-argument]` for `afterSeq` past the newest
+  # event; `[capexec:forbidden]` on a stdin writer.
 
   info @6 () -> (info :ProcessInfo);
   # A snapshot of the process and its retained log.
 
   resize @7 (size :PtySize);
   # Changes the terminal size of a `tty` process; the kernel sends SIGWINCH
-  # to its foreground process group. An error for pipe processes and for an
-  # empty size (0 rows or columns).
+  # to its foreground process group. Errors: `[capexec:invalid-argument]` for
+  # a pipe process or an empty size (0 rows or columns);
+  # `[capexec:internal]` if the kernel refuses; `[capexec:forbidden]` on a
+  # facet.
 
   detachable @8 (graceSecs :UInt32) -> (restoreToken :Text);
   # Lets the process outlive the loss of every reference to it, for
@@ -487,6 +522,10 @@ interface Process {
   # by the server; it is the same on every call (a later call only changes
   # the grace). Processes that never call this keep the plain rule: the last
   # release terminates them.
+  #
+  # Errors: `[capexec:invalid-argument]` for `graceSecs` outside 1 to
+  # 86,400; `[capexec:unavailable]` while the server shuts down;
+  # `[capexec:forbidden]` on a facet.
 
   observer @9 () -> (view :Process);
   # A read-only facet of this process, to hand to someone who may watch but

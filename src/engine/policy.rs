@@ -101,6 +101,15 @@ fn names_listed<'a>(names: impl IntoIterator<Item = &'a OsString>) -> String {
     )
 }
 
+/// What starts may change of their environment, as a sentence's object.
+fn changeable(settable: &BTreeSet<OsString>) -> String {
+    if settable.is_empty() {
+        "no variable".to_string()
+    } else {
+        format!("only {}", names_listed(settable))
+    }
+}
+
 impl Rules {
     /// No rules: what an unrestricted executor allows.
     pub fn unrestricted() -> Rules {
@@ -261,8 +270,8 @@ impl Rules {
             return Err(not_allowed(
                 "environment",
                 format!(
-                    "this executor lets starts change only {}; a fixed environment would replace all of it",
-                    names_listed(settable)
+                    "this executor lets starts change {}; a fixed environment would replace all of it",
+                    changeable(settable)
                 ),
             ));
         };
@@ -321,8 +330,8 @@ impl Rules {
                 return Err(not_allowed(
                     "settableEnv",
                     format!(
-                        "starts may not clear the environment; they may change only {}",
-                        names_listed(settable)
+                        "starts may not clear the environment; they may change {}",
+                        changeable(settable)
                     ),
                 ));
             }
