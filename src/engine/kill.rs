@@ -6,6 +6,8 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::OnceLock;
 
+use crate::engine::os;
+
 /// pidfd_send_signal(2) flag (Linux 6.9): signal the process group whose id
 /// *is* the pidfd's process (its kernel object, even after it was reaped).
 const PIDFD_SIGNAL_PROCESS_GROUP: libc::c_uint = 1 << 2;
@@ -65,7 +67,7 @@ pub(crate) fn signal_process(pidfd: &OwnedFd, signal: i32) {
 
 fn pidfd_signal(pidfd: &OwnedFd, signal: i32, flags: libc::c_uint) -> io::Result<()> {
     // SAFETY: pidfd_send_signal on a pidfd we own, without siginfo.
-    let rc = unsafe {
+    os::cvt(unsafe {
         libc::syscall(
             libc::SYS_pidfd_send_signal,
             pidfd.as_raw_fd(),
@@ -73,20 +75,13 @@ fn pidfd_signal(pidfd: &OwnedFd, signal: i32, flags: libc::c_uint) -> io::Result
             std::ptr::null::<libc::siginfo_t>(),
             flags,
         )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    })
+    .map(drop)
 }
 
 pub(crate) fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
     // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let fd = os::cvt(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) })?;
     // SAFETY: the kernel just returned this descriptor to us alone.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }

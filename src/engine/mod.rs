@@ -8,6 +8,7 @@
 mod handle;
 mod kill;
 mod log;
+mod os;
 mod output;
 mod pipe_capacity;
 mod policy;

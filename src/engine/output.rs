@@ -13,9 +13,9 @@ use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
 use tokio::time::Instant;
 
-use crate::engine::pipe_capacity;
 use crate::engine::reaper::Leader;
 use crate::engine::shared::Shared;
+use crate::engine::{os, pipe_capacity};
 use crate::model::{ExitStatus, OutputStream};
 
 /// Largest chunk read at once: one pipe buffer, small enough that every
@@ -81,13 +81,7 @@ impl OutputSource {
                 let spare = buf.spare_capacity_mut();
                 let want = spare.len().min(max);
                 let result = master.try_io(Interest::READABLE, |fd| {
-                    // SAFETY: reads at most `want` bytes into spare capacity.
-                    let n = unsafe { libc::read(fd.as_raw_fd(), spare.as_mut_ptr().cast(), want) };
-                    if n < 0 {
-                        Err(io::Error::last_os_error())
-                    } else {
-                        Ok(n as usize)
-                    }
+                    os::read(fd.as_raw_fd(), &mut spare[..want])
                 });
                 match result {
                     Ok(n) => {

@@ -35,7 +35,7 @@ use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
 
-use crate::engine::kill;
+use crate::engine::{kill, os};
 use crate::model::{ExitStatus, ResourceUsage, Signal};
 
 /// `idtype_t` value of waitid(2) for a pidfd (Linux 5.4).
@@ -99,9 +99,7 @@ pub fn become_subreaper() -> io::Result<()> {
         ));
     }
     // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes an integer flag only.
-    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    os::cvt(unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) })?;
     let mut result = Ok(());
     SUBREAPER.get_or_init(|| {
         {
@@ -122,9 +120,7 @@ pub fn is_subreaper() -> bool {
 fn start_reaper_thread() -> io::Result<()> {
     let mut fds = [0; 2];
     // SAFETY: pipe2 writes two new descriptors into `fds`.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    os::cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) })?;
     let (wake_read, wake_write) = (fds[0], fds[1]);
     // SAFETY: the handler only calls write(2), which is async-signal-safe,
     // on a descriptor that stays open for the life of the process.

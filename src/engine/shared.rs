@@ -44,13 +44,7 @@ pub struct ProcessLimits {
     /// Most processes held at once (running, or finished and not yet
     /// released); `None`: no limit.
     pub max_processes: Option<usize>,
-    /// How children are set up: `die_with_parent` kills them if the thread
-    /// that started them dies (for a server, whose processes must not
-    /// outlive it even when killed with SIGKILL; set it only where starts
-    /// come from a thread that lives as long as the engine, and know that
-    /// the kernel drops it for set-user-ID programs and that what a child
-    /// starts itself is orphaned); `descriptor_limit` gives children the
-    /// limit a server had before it raised its own.
+    /// How children are set up beyond their spec.
     pub child: crate::engine::ChildSetup,
 }
 

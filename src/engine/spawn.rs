@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicI32, Ordering};
 
+use crate::engine::os;
 use crate::engine::reaper::{self, Leader};
 use crate::model::{Refusal, RefusalKind, StartSpec, io_message};
 
@@ -42,8 +43,9 @@ pub(crate) struct SpawnedChild {
     pub stderr: Option<OwnedFd>,
 }
 
-/// Checks what can be checked first, then spawns.
-/// What the child gets besides its spec: see [`ChildSetup`].
+/// Spawns `spec` after checking what can be checked first (the spec, the
+/// working directory, the program); what the child gets besides its spec is
+/// `setup` (see [`ChildSetup`]).
 pub(crate) fn spawn(
     spec: &StartSpec,
     stdio: ChildStdio,
@@ -305,9 +307,7 @@ fn c_string(text: &OsStr) -> io::Result<CString> {
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as RawFd; 2];
     // SAFETY: pipe2 writes two descriptors into `fds`.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    os::cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
     // SAFETY: the kernel just returned these descriptors to us alone.
     let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     Ok((above_stdio(read)?, above_stdio(write)?))
@@ -319,12 +319,9 @@ fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
         return Ok(fd);
     }
     // SAFETY: duplicates a descriptor we own to one numbered 3 or higher.
-    let high = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
-    if high < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let high = os::cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) })?;
     // SAFETY: fcntl just returned this descriptor to us alone.
-    Ok(unsafe { OwnedFd::from_raw_fd(high) })
+    Ok(unsafe { OwnedFd::from_raw_fd(high as RawFd) })
 }
 
 /// One step of setting up the child's standard descriptors.
@@ -455,7 +452,11 @@ struct ChildPlan<'a> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ChildSetup {
     /// Kill the child (SIGKILL) if the thread that spawned it, normally the
-    /// whole server, dies first (PR_SET_PDEATHSIG).
+    /// whole server, dies first (PR_SET_PDEATHSIG): for a server, whose
+    /// processes must not outlive it even when killed with SIGKILL. Set it
+    /// only where starts come from a thread that lives as long as the
+    /// engine; the kernel drops it for set-user-ID programs, and what a
+    /// child starts itself is orphaned, not killed.
     pub die_with_parent: bool,
     /// The descriptor limit (soft, hard) the child starts with, when the
     /// engine's own was raised: children get what the system gave us.

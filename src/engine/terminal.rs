@@ -13,7 +13,7 @@ use portable_pty::MasterPty;
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncWrite, Interest};
 
-use crate::engine::reaper;
+use crate::engine::{os, reaper};
 use crate::model::PtySize;
 
 pub(crate) struct Terminal {
@@ -104,18 +104,14 @@ impl Terminal {
     /// the character would (the kernel refuses other signals here).
     pub fn signal_foreground(&self, signal: i32) -> io::Result<()> {
         // SAFETY: TIOCSIG takes the signal number by value.
-        let rc = unsafe {
+        os::cvt(unsafe {
             libc::ioctl(
                 self.io.get_ref().as_raw_fd(),
                 libc::TIOCSIG,
                 signal as libc::c_long,
             )
-        };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
+        })
+        .map(drop)
     }
 
     /// The character that makes a canonical-mode reader see end-of-file.
@@ -147,17 +143,7 @@ impl AsyncWrite for TerminalWriter {
     ) -> Poll<io::Result<usize>> {
         loop {
             let mut guard = ready!(self.0.poll_write_ready(cx))?;
-            let result = guard.try_io(|fd| {
-                // SAFETY: writes from `buf`, which outlives the call.
-                let n = unsafe {
-                    libc::write(fd.get_ref().as_raw_fd(), buf.as_ptr().cast(), buf.len())
-                };
-                if n < 0 {
-                    Err(io::Error::last_os_error())
-                } else {
-                    Ok(n as usize)
-                }
-            });
+            let result = guard.try_io(|fd| os::write(fd.get_ref().as_raw_fd(), buf));
             match result {
                 Ok(result) => return Poll::Ready(result),
                 Err(_would_block) => continue,
