@@ -37,7 +37,7 @@ pub(crate) struct Held {
     ticket: RefCell<std::rc::Rc<Ticket>>,
     detach: RefCell<Option<Detach>>,
     /// `Process` capabilities that are alive for this process.
-    attached: Cell<usize>,
+    capabilities: Cell<usize>,
     /// Weak: the registry holds parked processes, which hold this.
     registry: Weak<Detachments>,
 }
@@ -54,22 +54,22 @@ impl Held {
             owner,
             ticket: RefCell::new(std::rc::Rc::new(ticket)),
             detach: RefCell::new(None),
-            attached: Cell::new(0),
+            capabilities: Cell::new(0),
             registry: Rc::downgrade(registry),
         })
     }
 
     /// A `Process` capability for this process was made.
-    pub(crate) fn attach(&self) {
-        self.attached.set(self.attached.get() + 1);
+    pub(crate) fn capability_made(&self) {
+        self.capabilities.set(self.capabilities.get() + 1);
     }
 
     /// A `Process` capability for this process went; the last one parks a
     /// detachable process.
-    pub(crate) fn detach_capability(self: &Rc<Self>) {
-        let attached = self.attached.get().saturating_sub(1);
-        self.attached.set(attached);
-        if attached == 0 {
+    pub(crate) fn capability_released(self: &Rc<Self>) {
+        let capabilities = self.capabilities.get().saturating_sub(1);
+        self.capabilities.set(capabilities);
+        if capabilities == 0 {
             self.park_if_detachable();
         }
     }
@@ -432,12 +432,12 @@ mod tests {
                 &registry,
                 Quota::unlimited().take().expect("unlimited"),
             );
-            held.attach();
+            held.capability_made();
             let token = held
                 .make_detachable(Duration::from_secs(1))
                 .expect("detachable");
             process.wait_closed().await;
-            held.detach_capability();
+            held.capability_released();
             drop(held);
             assert_eq!(registry.parked(), 1);
             eventually("the park ends", || registry.parked() == 0).await;
@@ -460,9 +460,9 @@ mod tests {
                 &registry,
                 Quota::unlimited().take().expect("unlimited"),
             );
-            held.attach();
+            held.capability_made();
             held.make_detachable(MAX_GRACE).expect("detachable");
-            held.detach_capability();
+            held.capability_released();
             drop(held);
             assert_eq!(registry.parked(), 1);
             registry.clear();

@@ -77,7 +77,7 @@ static WRITERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new
 
 impl ProcessImpl {
     pub(crate) fn new(held: Rc<Held>) -> ProcessImpl {
-        held.attach();
+        held.capability_made();
         ProcessImpl {
             access: Access::Owner(held),
         }
@@ -142,7 +142,7 @@ fn invalid(message: String) -> Refusal {
 impl Drop for ProcessImpl {
     fn drop(&mut self) {
         if let Access::Owner(held) = &self.access {
-            held.detach_capability();
+            held.capability_released();
         }
     }
 }
