@@ -154,24 +154,36 @@ where
     });
 }
 
-/// Instantiates each named `async fn(Ctx)` once per backend.
+/// The backends by the names of the test modules that run on them.
+#[allow(non_upper_case_globals)]
+pub mod backend {
+    use super::Backend;
+    pub const in_process: Backend = Backend::InProcess;
+    pub const unix: Backend = Backend::Unix;
+    pub const tcp: Backend = Backend::Tcp;
+    pub const chained: Backend = Backend::Chained;
+}
+
+/// Instantiates each named `async fn(Ctx)` once per backend: every backend
+/// (`backend_tests!(a, b)`), or those listed
+/// (`backend_tests!(on [unix, tcp]: a, b)`), each in a module named after
+/// it, so that a test reads `unix::a_write_retried_after_a_cut_lands_once`.
 #[macro_export]
 macro_rules! backend_tests {
-    ($($name:ident),* $(,)?) => {
-        $crate::backend_tests!(@backend in_process, InProcess, $($name),*);
-        $crate::backend_tests!(@backend unix, Unix, $($name),*);
-        $crate::backend_tests!(@backend tcp, Tcp, $($name),*);
-        $crate::backend_tests!(@backend chained, Chained, $($name),*);
-    };
-    (@backend $module:ident, $backend:ident, $($name:ident),*) => {
-        mod $module {
+    (on [$backend:ident $(, $rest:ident)* $(,)?]: $($name:ident),* $(,)?) => {
+        mod $backend {
             $(
                 #[test]
                 fn $name() {
-                    $crate::common::run($crate::common::Backend::$backend, super::$name);
+                    $crate::common::run($crate::common::backend::$backend, super::$name);
                 }
             )*
         }
+        $crate::backend_tests!(on [$($rest),*]: $($name),*);
+    };
+    (on []: $($name:ident),* $(,)?) => {};
+    ($($name:ident),* $(,)?) => {
+        $crate::backend_tests!(on [in_process, unix, tcp, chained]: $($name),*);
     };
 }
 

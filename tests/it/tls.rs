@@ -2,7 +2,7 @@
 //! expired server and a server under another name; clients that trust a CA
 //! file or a pinned fingerprint; and the refusals, each with its reason.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

@@ -3,7 +3,7 @@
 //! restricting again only narrows. Every backend (through the chain the
 //! policy is resolved and enforced at the far end).
 
-mod common;
+use crate::common;
 
 use std::ffi::OsString;
 use std::os::unix::fs::symlink;

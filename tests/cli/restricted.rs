@@ -3,7 +3,7 @@
 //! 125, and flags that cannot be resolved stop the server before it
 //! listens.
 
-mod common;
+use crate::common;
 
 use common::cli::{Served, capexec, finish, text};
 use common::data::TempDir;

@@ -5,7 +5,7 @@
 //! server no more than the log bound. `cargo bench --bench capexec --
 //! --only scale` runs the same at full size (see docs/RELIABILITY.md).
 
-mod common;
+use crate::common;
 
 use capexec::client::Command;
 use capexec::model::{ExitStatus, Flow};

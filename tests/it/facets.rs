@@ -3,7 +3,7 @@
 //! process alive, and an observer sees the end when the owner lets go. The
 //! same bodies run on every backend.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

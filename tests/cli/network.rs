@@ -1,6 +1,6 @@
 //! `capexec serve` and `capexec run --connect` as separate processes.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

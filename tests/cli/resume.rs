@@ -2,7 +2,7 @@
 //! nothing the user relies on (output bytes, stdin, exit status), apart
 //! from a note on stderr.
 
-mod common;
+use crate::common;
 
 use std::io::Read;
 use std::process::Stdio;

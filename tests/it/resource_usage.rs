@@ -2,7 +2,7 @@
 //! resident memory, through every backend, on the exit event and in the
 //! process's info.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! resilient client handle, through a proxy that cuts and restores
 //! connections. Every body runs against the Unix, TCP and chained backends.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::rc::Rc;
@@ -277,15 +277,8 @@ async fn a_finished_process_is_restored_with_its_output(ctx: Ctx) {
     common::assert_contiguous(&events);
 }
 
-macro_rules! network_backend_tests {
-    ($($name:ident),* $(,)?) => {
-        mod unix { $( #[test] fn $name() { crate::common::run(crate::common::Backend::Unix, super::$name); } )* }
-        mod tcp { $( #[test] fn $name() { crate::common::run(crate::common::Backend::Tcp, super::$name); } )* }
-        mod chained { $( #[test] fn $name() { crate::common::run(crate::common::Backend::Chained, super::$name); } )* }
-    };
-}
-
-network_backend_tests!(
+backend_tests!(
+    on [unix, tcp, chained]:
     recovers_after_a_transport_disconnect,
     a_write_retried_after_a_cut_lands_once,
     the_grace_ends_and_the_process_with_it,

@@ -2,7 +2,7 @@
 //! terminated with its group, and says it timed out; one that finishes in
 //! time does not. Every backend.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! closeStdin), so many of them get past the framing into the RPC layer.
 //! `fuzz/` holds the cargo-fuzz target that does the same without bound.
 
-mod common;
+use crate::common;
 
 use std::cell::RefCell;
 use std::rc::Rc;

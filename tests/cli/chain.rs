@@ -1,7 +1,7 @@
 //! `capexec serve --upstream`, `capexec run --environment`, `capexec
 //! environments` and `capexec info`, end to end.
 
-mod common;
+use crate::common;
 
 use common::cli::{Served, capexec, finish, text};
 use common::data::TempDir;

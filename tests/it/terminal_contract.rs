@@ -1,7 +1,7 @@
 //! Terminal processes: the process contract on a pseudo-terminal, for every
 //! backend.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! The process contract: every test body here runs against every executor
 //! backend (see `backend_tests!` at the bottom).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! socket should be, or write secrets (tokens, stdin, output, environment
 //! values) to its log, even at the most verbose level.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 

@@ -1,7 +1,7 @@
 //! Bad requests, each with the exact error a client gets, against every
 //! backend; the server goes on serving after each.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! `capexec run` end to end: the binary, its streams, exit codes and signals.
 
-mod common;
+use crate::common;
 
 use std::io::Read;
 use std::process::{Command, Stdio};

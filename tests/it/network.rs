@@ -2,7 +2,7 @@
 //! connection loss and shutdown. (The process contract itself runs against
 //! these backends in `process_contract.rs`.)
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! `capexec run -t` driven from a pseudo-terminal made by the test, as a
 //! user at a terminal would drive it.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::sync::mpsc;

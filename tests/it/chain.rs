@@ -3,7 +3,7 @@
 //! process contract also runs through a chain: see the `chained` backend of
 //! `process_contract.rs` and `terminal_contract.rs`.)
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,0 +1,17 @@
+//! The command line, as one binary: `capexec run`, `serve` and the other
+//! subcommands driven as a user drives them (real processes, real sockets,
+//! terminals), each area in a module of its own. This process waits for
+//! the children it starts, so it never becomes a subreaper (unlike
+//! `tests/it/`).
+
+#[macro_use]
+#[path = "../common/mod.rs"]
+mod common;
+
+mod chain;
+mod network;
+mod restricted;
+mod resume;
+mod run;
+mod security;
+mod tty;

@@ -1,0 +1,24 @@
+//! The integration tests of the library and the server, as one binary:
+//! every area of the contract in a module of its own, most of them run
+//! against every backend (see `common::backend_tests!`). The process is a
+//! subreaper, as `capexec` is, so tests that wait for child processes of
+//! their own are elsewhere: `tests/cli/` (the command line), and
+//! `tests/pid_reuse.rs` and `tests/per_child_mode.rs` (other reaping modes).
+
+#[macro_use]
+#[path = "../common/mod.rs"]
+mod common;
+
+mod bad_requests;
+mod chain;
+mod facets;
+mod hostile_bytes;
+mod network;
+mod process_contract;
+mod recovery;
+mod resource_usage;
+mod restricted;
+mod soak;
+mod terminal_contract;
+mod timeouts;
+mod tls;
