@@ -26,6 +26,9 @@ pub struct StartSpec {
     /// What the child sees as `argv[0]`, if not `argv[0]` itself.
     pub arg0: Option<OsString>,
     pub tty: bool,
+    /// The terminal's type for a `tty` child: its `TERM`, unless `env`
+    /// sets one. Ignored without `tty`.
+    pub term: Option<OsString>,
     pub pipe_stdin: bool,
     pub pty_size: PtySize,
     pub flow: Flow,
@@ -97,6 +100,14 @@ impl StartSpec {
                 ),
             ));
         }
+        if let Some(term) = &self.term
+            && let Some(problem) = term_problem(term)
+        {
+            return invalid(format!(
+                "terminal type {:?} {problem}",
+                term.to_string_lossy()
+            ));
+        }
         if self.tty && (self.pty_size.rows == 0 || self.pty_size.cols == 0) {
             return invalid(format!(
                 "pty size {}x{} is empty; rows and cols must be at least 1",
@@ -135,10 +146,37 @@ impl StartSpec {
         for name in &self.env.unset {
             env.remove(name);
         }
+        if self.tty
+            && let Some(term) = &self.term
+            && !self.env.set.iter().any(|(name, _)| name == "TERM")
+        {
+            env.insert("TERM".into(), term.clone());
+        }
         for (name, value) in &self.env.set {
             env.insert(name.clone(), value.clone());
         }
         env.into_iter().collect()
+    }
+}
+
+/// Longest terminal type accepted; terminfo names are short.
+const MAX_TERM_BYTES: usize = 128;
+
+/// What makes `term` unusable as a terminal type, if anything: terminfo
+/// looks names up as file names, so no `/`, and nothing unprintable.
+fn term_problem(term: &OsStr) -> Option<&'static str> {
+    let bytes = term.as_bytes();
+    if bytes.is_empty() {
+        Some("is empty")
+    } else if bytes.len() > MAX_TERM_BYTES {
+        Some("is too long (at most 128 bytes)")
+    } else if !bytes
+        .iter()
+        .all(|b| b.is_ascii_graphic() && !matches!(b, b'/' | b'\\' | b'='))
+    {
+        Some("may hold only printable ASCII, without '/', '\\' or '='")
+    } else {
+        None
     }
 }
 
@@ -200,6 +238,25 @@ mod tests {
             "environment variable name \"A=B\" contains '='"
         );
         assert!(StartSpec::new(["true"]).validate().is_ok());
+    }
+
+    #[test]
+    fn a_terminal_gets_its_type_unless_the_start_sets_term() {
+        let mut spec = StartSpec::new(["sh"]);
+        spec.env.clear = true;
+        spec.term = Some("xterm-kitty".into());
+        assert!(spec.child_env().is_empty(), "no terminal, no TERM");
+        spec.tty = true;
+        assert_eq!(
+            spec.child_env(),
+            vec![("TERM".into(), "xterm-kitty".into())]
+        );
+        spec.env.set = vec![("TERM".into(), "dumb".into())];
+        assert_eq!(spec.child_env(), vec![("TERM".into(), "dumb".into())]);
+        for bad in ["", "../../x", "a b", "x=y"] {
+            spec.term = Some(bad.into());
+            assert!(spec.validate().is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -120,6 +120,12 @@ pub fn start_spec_from_wire(
     } else {
         PtySize::default()
     };
+    let term = if params.has_term() {
+        let term = params.get_term().map_err(|e| invalid("term", e))?;
+        (!term.is_empty()).then(|| os_string(term))
+    } else {
+        None
+    };
     let flow = match params.get_flow() {
         Ok(wire::OutputFlow::Retain) => Flow::Retain,
         Ok(wire::OutputFlow::Lossless) => Flow::Lossless,
@@ -135,6 +141,7 @@ pub fn start_spec_from_wire(
         },
         arg0,
         tty: params.get_tty(),
+        term,
         pipe_stdin: params.get_pipe_stdin(),
         pty_size,
         flow,
@@ -176,6 +183,9 @@ pub fn start_spec_to_wire(spec: &StartSpec, mut params: wire::start_params::Buil
         params.set_arg0(arg0.as_bytes());
     }
     params.set_tty(spec.tty);
+    if let Some(term) = &spec.term {
+        params.set_term(term.as_bytes());
+    }
     params.set_pipe_stdin(spec.pipe_stdin);
     {
         let mut size = params.reborrow().init_pty_size();
