@@ -33,7 +33,7 @@ pub use self::handle::{
 };
 pub use self::log::{Batch, LogLimits};
 pub use self::output::CHUNK_SIZE;
-pub use self::policy::{Admission, Policy, Rules};
+pub use self::policy::{Admission, Policy, RuleNames, Rules};
 pub use self::process::{
     MAX_QUEUED_STDIN_BYTES, MAX_QUEUED_STDIN_WRITES, MAX_WRITE_BYTES, ProcessLimits,
 };

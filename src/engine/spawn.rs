@@ -250,10 +250,19 @@ fn classify(spec: &StartSpec, error: &io::Error) -> StartError {
             StartErrorKind::ProgramNotFound,
             format!("program not found: {program}"),
         ),
-        Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EISDIR) => StartError::new(
-            StartErrorKind::PermissionDenied,
-            format!("cannot execute {program}: {}", plain(error)),
-        ),
+        Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EISDIR) => {
+            // The kernel says "Permission denied" for a directory too.
+            let directory = program_path(spec).is_ok_and(|path| path.is_dir());
+            let why = if directory {
+                "it is a directory".to_string()
+            } else {
+                plain(error)
+            };
+            StartError::new(
+                StartErrorKind::PermissionDenied,
+                format!("cannot execute {program}: {why}"),
+            )
+        }
         Some(libc::ENOEXEC) => StartError::new(
             StartErrorKind::PermissionDenied,
             format!("cannot execute {program}: not an executable format"),
@@ -274,7 +283,8 @@ fn spawn_failed(spec: &StartSpec, error: &io::Error) -> StartError {
 }
 
 /// An OS error's text without Rust's " (os error N)" suffix.
-fn plain(error: &io::Error) -> String {
+/// An I/O error's text without Rust's " (os error N)" suffix.
+pub(crate) fn plain(error: &io::Error) -> String {
     let text = error.to_string();
     match text.find(" (os error ") {
         Some(index) => text[..index].to_string(),

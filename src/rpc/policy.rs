@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::capexec_capnp::policy;
-use crate::engine::Policy;
+use crate::engine::{Policy, RuleNames};
 use crate::model::{StartError, StartErrorKind};
 
 fn malformed(field: &str, error: capnp::Error) -> StartError {
@@ -72,6 +72,7 @@ pub fn policy_from_wire(reader: policy::Reader<'_>) -> Result<Policy, StartError
         max_run_time: Some(reader.get_max_run_time_ms())
             .filter(|&ms| ms > 0)
             .map(Duration::from_millis),
+        rule_names: RuleNames::Schema,
     })
 }
 
