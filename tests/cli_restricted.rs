@@ -163,3 +163,59 @@ fn restriction_flags_that_cannot_be_resolved_stop_the_server() {
         text(&with_upstream.stderr)
     );
 }
+
+/// Refusals name the `capexec serve` flag that set the rule, and say why
+/// a list nobody gave is empty.
+#[test]
+fn refusals_name_the_serve_flags() {
+    let served = Served::start_with(&[
+        "--allow-program",
+        "sh",
+        "--forbid-tty",
+        "--max-running",
+        "1",
+    ]);
+    let refused = |args: &[&str]| {
+        let mut all = vec!["--connect", served.unix.as_str()];
+        all.extend_from_slice(args);
+        let done = finish(served.run(&all), None);
+        (done.code, text(&done.stderr))
+    };
+    assert_eq!(
+        refused(&["-e", "X=1", "-n", "--", "sh", "-c", "true"]),
+        (
+            125,
+            "capexec: the server's --settable-env (none by default with --allow-program): \"X\" \
+             may not be set or unset (settable: none)\n"
+                .to_string()
+        )
+    );
+    assert_eq!(
+        refused(&["-t", "-n", "--", "sh", "-c", "true"]),
+        (
+            125,
+            "capexec: the server's --forbid-tty: this executor does not allow terminals\n"
+                .to_string()
+        )
+    );
+    let busy = common::cli::Watched::spawn(served.run(&[
+        "--connect",
+        &served.unix,
+        "-n",
+        "--",
+        "sh",
+        "-c",
+        "echo busy; exec sleep 1000",
+    ]));
+    busy.wait_for_stdout("busy\n");
+    let (code, stderr) = refused(&["-n", "--", "sh", "-c", "true"]);
+    assert_eq!(code, 125);
+    assert!(
+        stderr.starts_with(
+            "capexec: the server's --max-running: the limit of 1 running processes is reached"
+        ),
+        "{stderr}"
+    );
+    common::cli::kill(&busy.child, libc::SIGTERM);
+    busy.finish();
+}

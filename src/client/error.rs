@@ -61,6 +61,22 @@ impl Error {
         }
     }
 
+    /// Why the way to the process broke, for a note such as `connection
+    /// lost: REASON`: the server closed the connection, no answer for a
+    /// while, a reset...
+    pub fn loss_reason(&self) -> String {
+        match self {
+            Error::EventsEnded => "the server stopped sending the command's events".to_string(),
+            other => {
+                let text = other.to_string();
+                match text.strip_prefix(convert::LOST_CONNECTION_PREFIX) {
+                    Some(reason) => reason.to_string(),
+                    None => text,
+                }
+            }
+        }
+    }
+
     /// Whether the error means the way to the process broke (rather than
     /// the process or the call being refused), so recovering may help.
     pub fn is_transport_loss(&self) -> bool {
@@ -90,10 +106,19 @@ mod tests {
                 .to_string(),
         );
         assert_eq!(describe(&error), "login refused: wrong token");
-        let lost = capnp::Error::disconnected("Peer disconnected.".to_string());
+        let closed = capnp::Error::disconnected("Peer disconnected.".to_string());
+        assert_eq!(describe(&closed), "the server closed the connection");
+        let reset =
+            capnp::Error::disconnected("Connection reset by peer (os error 104)".to_string());
+        assert_eq!(describe(&reset), "the server closed the connection");
+        let silent = capnp::Error::disconnected("no answer from the server for 15 s".to_string());
         assert_eq!(
-            describe(&lost),
-            "the connection was lost: Peer disconnected."
+            describe(&silent),
+            "the connection was lost: no answer from the server for 15 s"
+        );
+        assert_eq!(
+            Error::Rpc(silent).loss_reason(),
+            "no answer from the server for 15 s"
         );
     }
 }

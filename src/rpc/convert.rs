@@ -41,6 +41,9 @@ pub fn start_error_from_wire(error: &Error) -> StartError {
     }
 }
 
+/// How [`describe`] begins the description of a lost connection.
+pub const LOST_CONNECTION_PREFIX: &str = "the connection was lost: ";
+
 /// A capnp error as one line for people: the peer's own words, without the
 /// "remote exception:" prefixes each hop adds or capexec's machine tags.
 pub fn describe(error: &capnp::Error) -> String {
@@ -56,9 +59,24 @@ pub fn describe(error: &capnp::Error) -> String {
         text.replace_range(start..start + len + 1, "");
     }
     let text = text.trim();
+    let text = match text.find(" (os error ") {
+        Some(at) if text.ends_with(')') => &text[..at],
+        _ => text,
+    };
     match error.kind {
         capnp::ErrorKind::Disconnected if text.is_empty() => "the connection was lost".to_string(),
-        capnp::ErrorKind::Disconnected => format!("the connection was lost: {text}"),
+        // What capnp-rpc and the kernel say when the peer closed the
+        // connection, cleanly or not (a process killed with unread data
+        // resets it).
+        capnp::ErrorKind::Disconnected
+            if matches!(
+                text,
+                "Peer disconnected." | "Connection reset by peer" | "Broken pipe"
+            ) =>
+        {
+            "the server closed the connection".to_string()
+        }
+        capnp::ErrorKind::Disconnected => format!("{LOST_CONNECTION_PREFIX}{text}"),
         _ if text.is_empty() => error.kind.to_string(),
         _ => text.to_string(),
     }
