@@ -384,6 +384,18 @@ struct StartParams {
   # has them terminated at that moment all the same (its exit status stays
   # its own): what it left in its process group (for a terminal, in its
   # session).
+
+  term @11 :Data;
+  # For `tty` starts: the terminal's type, as the client's TERM names it
+  # (such as "xterm-256color"), which the child gets as its TERM, as ssh
+  # sends it with its terminal request. `setEnv` setting TERM wins over it;
+  # so does a TERM in a restricted executor's fixed `environment`; it is
+  # not an environment change that `settableEnv` governs. Ignored without
+  # `tty`. Unset or empty: the child's TERM is whatever its environment has
+  # (the server's, or none). At most 128 bytes of printable ASCII without
+  # "/", "\" or "=" (terminfo looks it up as a file name); anything else
+  # fails the start with [capexec:invalid-argument]. Servers older than
+  # this field ignore it.
 }
 
 struct EnvVar {

@@ -1,17 +1,15 @@
 //! `capexec environments` and `capexec info`: what a server offers.
 
-use std::io::Write;
-
 use capexec::client::{self, Error};
 use capexec::model::{EnvironmentState, EnvironmentStatus, ExecutorInfo};
 
-use crate::cli::connect;
 use crate::cli::{ConnectArgs, EXIT_CAPEXEC_FAILURE};
+use crate::cli::{connect, stdio};
 
 pub fn environments_main(args: ConnectArgs) -> i32 {
     crate::cli::run_local(async move {
         let listed = async {
-            let target = connect::target(&args).await?;
+            let target = connect::established_target(&args).await?;
             client::environments(&target.executor)
                 .await
                 .map_err(|error| describe(&error))
@@ -26,7 +24,7 @@ pub fn environments_main(args: ConnectArgs) -> i32 {
 pub fn info_main(args: ConnectArgs, environment: Option<String>) -> i32 {
     crate::cli::run_local(async move {
         let answered = async {
-            let target = connect::target(&args).await?;
+            let target = connect::established_target(&args).await?;
             let executor = match &environment {
                 Some(path) => client::environment(&target.executor, path),
                 None => target.executor.clone(),
@@ -52,18 +50,17 @@ fn describe(error: &Error) -> String {
 }
 
 fn print(text: &str) -> i32 {
-    let mut stdout = std::io::stdout().lock();
-    match stdout
-        .write_all(text.as_bytes())
-        .and_then(|()| stdout.flush())
-    {
+    match stdio::write_answer(text) {
         Ok(()) => 0,
-        Err(error) => fail(&format!("cannot write the answer: {error}")),
+        Err(error) => fail(&format!(
+            "cannot write the answer: {}",
+            capexec::net::os_message(&error)
+        )),
     }
 }
 
 fn fail(message: &str) -> i32 {
-    eprintln!("capexec: {message}");
+    stdio::note(message);
     EXIT_CAPEXEC_FAILURE
 }
 

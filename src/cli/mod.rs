@@ -1,13 +1,17 @@
 //! The `capexec` command line.
 
+mod argument_error;
 mod connect;
+mod duration;
 mod environments;
 mod forward;
+mod logging;
 mod relay;
 mod restrictions;
 mod run;
 mod serve;
-mod stdio;
+mod signals;
+pub(crate) mod stdio;
 mod terminal;
 
 use std::ffi::OsString;
@@ -34,8 +38,32 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a command and relay its stdin, stdout, stderr, signals and exit
-    /// status, like running it directly.
+    /// status, as if it ran here.
+    ///
+    /// It runs where the executor is: with --connect, on the server's
+    /// machine, in the server's working directory and with the server's
+    /// environment (not ours), as changed by -w, -e, --unset-env and
+    /// --clear-env. What it starts in the background ends with it: when
+    /// the command's capability is released (capexec ends, or its
+    /// connection does), the server terminates the whole process tree,
+    /// unlike ssh, which leaves nohup'd jobs running.
+    ///
+    /// SIGINT, SIGTERM and SIGHUP go to the command while the connection
+    /// works; if the server does not answer within 1 s, or on a second
+    /// signal, capexec ends on its own (exit 128+N) and says what it left
+    /// behind. Ctrl-Z stops the command too. A write error on our stdout or
+    /// stderr ends the run (exit 125).
+    ///
+    /// Exit status: the command's; 128+N if it died of signal N; 124 if
+    /// --timeout ended it; 127 if the program was not found, 126 if it
+    /// could not be executed; 125 for failures of capexec itself.
     Run(RunArgs),
+    /// Start the executor's shell, as `ssh HOST` does.
+    ///
+    /// The shell is the server's $SHELL (else /bin/sh), on a terminal if
+    /// our stdin is one (reading commands from stdin otherwise); the same
+    /// as `capexec run` without a program.
+    Shell(SessionArgs),
     /// Serve an executor on Unix sockets and TCP.
     Serve(ServeArgs),
     /// List the environments a server offers, with their states (`*`
@@ -52,22 +80,34 @@ pub struct ConnectArgs {
     /// instead of an embedded one.
     #[arg(long, value_name = "ADDR")]
     connect: Option<String>,
-    /// Login token for tcp: addresses. Default: $CAPEXEC_TOKEN, then
+    /// Read the login token for tcp: addresses from FILE. Default: the
+    /// token itself in $CAPEXEC_TOKEN, else the file
     /// $XDG_CONFIG_HOME/capexec/token or ~/.config/capexec/token.
     #[arg(long, value_name = "FILE")]
     token_file: Option<std::path::PathBuf>,
     /// Connect over TLS and trust certificates signed by the CA in this
     /// PEM file (for the host name or IP address of --connect).
-    #[arg(long, value_name = "FILE", conflicts_with = "tls_pin")]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["tls_pin", "insecure_plaintext"])]
     tls_ca: Option<std::path::PathBuf>,
     /// Connect over TLS and trust exactly the certificate with this SHA-256
-    /// fingerprint (64 hex digits, colons allowed; `capexec serve` logs it).
-    #[arg(long, value_name = "SHA256")]
+    /// fingerprint, as `capexec serve` logs it or openssl prints it (hex,
+    /// with or without colons, `sha256:` or `SHA256 Fingerprint=`).
+    #[arg(long, value_name = "SHA256", conflicts_with = "insecure_plaintext")]
     tls_pin: Option<String>,
     /// Send the login token to a non-loopback tcp: address without TLS
     /// (only over a network you trust, or a tunnel).
     #[arg(long)]
     insecure_plaintext: bool,
+    /// Give up if connecting and logging in take longer than SECS (or
+    /// 0.5, 90s, 5m...). Default: 10.
+    #[arg(long, value_name = "SECS", value_parser = duration::parse_positive)]
+    connect_timeout: Option<std::time::Duration>,
+    /// Treat the connection as lost (and with --resume, reconnect) when
+    /// the server has sent nothing for SECS (or 90s, 5m...): a quiet
+    /// connection is probed every fifth of it, so a silent path is noticed
+    /// within 1.2 times SECS. 0 turns it off. Default: 15.
+    #[arg(long, value_name = "SECS", value_parser = duration::parse)]
+    keepalive: Option<std::time::Duration>,
 }
 
 #[derive(Args, Debug)]
@@ -83,7 +123,8 @@ pub struct InfoArgs {
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     /// Where to listen: unix:PATH or tcp:HOST:PORT (port 0 picks a free
-    /// one); repeatable. Each resolved address is printed on stdout.
+    /// one); repeatable. Each resolved address (port chosen, path made
+    /// absolute) is printed on stdout.
     #[arg(long = "listen", value_name = "ADDR", required = true)]
     listen: Vec<String>,
     /// Login token of the TCP listeners; created (mode 0600, 256 random
@@ -108,7 +149,8 @@ pub struct ServeArgs {
     #[arg(long = "upstream-tls-pin", value_name = "NAME=SHA256")]
     upstream_tls_pins: Vec<String>,
     /// Serve TLS on every tcp: listener with this PEM certificate chain
-    /// (the server's certificate first); needs --tls-key.
+    /// (the server's certificate first); needs --tls-key. A certificate
+    /// that has expired, or will within 14 days, is warned about at start.
     #[arg(long, value_name = "FILE", requires = "tls_key")]
     tls_cert: Option<std::path::PathBuf>,
     /// The PEM private key of --tls-cert.
@@ -146,8 +188,10 @@ pub struct ServeArgs {
     restrictions: restrictions::RestrictionArgs,
 }
 
+/// How to run a command: where, in what environment, with what
+/// terminal; shared by `run` and `shell`.
 #[derive(Args, Debug)]
-pub struct RunArgs {
+pub struct SessionArgs {
     #[command(flatten)]
     connect: ConnectArgs,
     /// Run in this environment of the server (NAME, or NAME/NAME... through
@@ -155,43 +199,58 @@ pub struct RunArgs {
     #[arg(long, value_name = "NAME")]
     environment: Option<String>,
     /// Survive broken connections: the command keeps running for up to
-    /// SECS without us, and we reconnect and carry on without losing or
-    /// repeating a byte (needs --connect).
-    #[arg(long, value_name = "SECS")]
-    resume: Option<u64>,
-    /// Working directory of the command.
-    #[arg(long, value_name = "DIR")]
+    /// SECS (or 90s, 5m...) without us, and we reconnect and carry on
+    /// without losing or repeating a byte (needs --connect).
+    #[arg(long, value_name = "SECS", value_parser = duration::parse)]
+    resume: Option<std::time::Duration>,
+    /// Working directory of the command, on the executor's machine.
+    /// Default: the server's own working directory (with --connect), or
+    /// ours (embedded).
+    #[arg(short = 'w', long, value_name = "DIR")]
     cwd: Option<OsString>,
     /// Set an environment variable (repeatable).
-    #[arg(long = "env", value_name = "KEY=VALUE")]
+    #[arg(short = 'e', long = "env", value_name = "KEY=VALUE")]
     env: Vec<OsString>,
     /// Remove an environment variable (repeatable).
     #[arg(long = "unset-env", value_name = "KEY")]
     unset_env: Vec<OsString>,
-    /// Start from an empty environment instead of capexec's own.
+    /// Start from an empty environment instead of the executor's (the
+    /// server's with --connect, ours when embedded; ours is never sent).
     #[arg(long)]
     clear_env: bool,
     /// End the command (its process group: SIGTERM, then SIGKILL) if it has
-    /// not finished after SECS seconds; capexec then exits 124.
-    #[arg(long, value_name = "SECS",
-          value_parser = clap::value_parser!(u64).range(1..=31_536_000))]
-    timeout: Option<u64>,
+    /// not finished after SECS (or 0.5, 90s, 5m...; 0: no limit); capexec
+    /// then exits 124.
+    #[arg(long, value_name = "SECS", value_parser = duration::parse)]
+    timeout: Option<std::time::Duration>,
     /// When the command has finished, print on stderr the CPU time and peak
     /// memory its process tree used (like time(1)).
     #[arg(long)]
     usage: bool,
     /// Give the command an immediate end-of-file on stdin.
-    #[arg(short = 'n')]
+    #[arg(short = 'n', conflicts_with = "interactive")]
     no_stdin: bool,
+    /// Keep stdin open for the command (it always is unless -n): accepted
+    /// so that `-it` works as with docker and kubectl.
+    #[arg(short = 'i')]
+    interactive: bool,
     /// Run the command on a pseudo-terminal sized like ours (or --size),
-    /// with our terminal in raw mode while it runs.
+    /// with our terminal in raw mode while it runs and our TERM sent with
+    /// it. `~.` after a newline ends the session, `~~` sends one `~`.
     #[arg(short = 't')]
     tty: bool,
     /// Terminal size for -t, ROWSxCOLS (default: our terminal's, or 24x80).
     #[arg(long, value_name = "ROWSxCOLS")]
     size: Option<String>,
-    /// The program and its arguments.
-    #[arg(required = true, trailing_var_arg = true, value_name = "PROGRAM")]
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    session: SessionArgs,
+    /// The program and its arguments, looked up on the executor's PATH.
+    /// None: the executor's shell, as `capexec shell` starts it.
+    #[arg(trailing_var_arg = true, value_name = "PROGRAM")]
     argv: Vec<OsString>,
 }
 
@@ -219,48 +278,45 @@ fn run_local<F: std::future::Future<Output = i32>>(main: F) -> i32 {
 pub fn main() -> i32 {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(error) => {
-            let code = if error.use_stderr() {
-                EXIT_CAPEXEC_FAILURE
-            } else {
-                0
-            };
-            let _ = error.print();
-            return code;
-        }
+        Err(error) => return argument_failure(&error),
     };
     match cli.command {
         Command::Run(args) => {
-            init_logging(tracing::Level::WARN);
-            run::main(args)
+            logging::init(tracing::Level::WARN, logging::Style::Client);
+            run::main(args.session, args.argv)
+        }
+        Command::Shell(args) => {
+            logging::init(tracing::Level::WARN, logging::Style::Client);
+            run::main(args, Vec::new())
         }
         Command::Serve(args) => {
-            init_logging(tracing::Level::INFO);
+            logging::init(tracing::Level::INFO, logging::Style::Server);
             serve::main(args)
         }
         Command::Environments(args) => {
-            init_logging(tracing::Level::WARN);
+            logging::init(tracing::Level::WARN, logging::Style::Client);
             environments::environments_main(args)
         }
         Command::Info(args) => {
-            init_logging(tracing::Level::WARN);
+            logging::init(tracing::Level::WARN, logging::Style::Client);
             environments::info_main(args.connect, args.environment)
         }
     }
 }
 
-/// Logs go to stderr only, filtered by `RUST_LOG` (`default` otherwise), so
-/// stdout stays the child's (or the listener addresses).
-fn init_logging(default: tracing::Level) {
-    let builder = tracing_subscriber::fmt()
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    // A plain level filter unless RUST_LOG asks for more: cheaper to set up,
-    // which short commands notice.
-    match std::env::var("RUST_LOG") {
-        Ok(directives) if !directives.is_empty() => builder
-            .with_env_filter(tracing_subscriber::EnvFilter::new(directives))
-            .init(),
-        _ => builder.with_max_level(default).init(),
+/// Help and version go to stdout as clap writes them; errors become one
+/// line and exit 125.
+fn argument_failure(error: &clap::Error) -> i32 {
+    if !error.use_stderr() {
+        let _ = error.print();
+        return 0;
     }
+    let subcommand = std::env::args()
+        .nth(1)
+        .filter(|name| ["run", "shell", "serve", "environments", "info"].contains(&name.as_str()));
+    eprintln!(
+        "capexec: {}",
+        argument_error::one_line(error, subcommand.as_deref())
+    );
+    EXIT_CAPEXEC_FAILURE
 }

@@ -1,19 +1,35 @@
 //! Relaying a started command: its output to ours, our stdin and signals to
 //! it, its exit status as ours.
 
-use crate::cli::EXIT_TIMED_OUT;
-use capexec::client::{Command, Connect, Error, RecoveryNote, ResilientProcess, Session};
-use capexec::model::{EventBody, OutputStream, Signal};
+use std::cell::OnceCell;
+use std::future::Future;
+use std::rc::Rc;
+use std::time::Duration;
 
-use crate::cli::forward;
-use crate::cli::stdio::OutputWriter;
+use tokio::task::JoinHandle;
+
+use capexec::client::{Command, Connect, Error, RecoveryNote, ResilientProcess, Session};
+use capexec::model::{EventBody, OutputStream, RefusalKind, Signal, show_duration};
+
+use crate::cli::signals::Interrupted;
+use crate::cli::stdio::{self, OutputWriter};
 use crate::cli::terminal::RawMode;
-use crate::cli::{EXIT_CAPEXEC_FAILURE, RunArgs};
+use crate::cli::{EXIT_CAPEXEC_FAILURE, EXIT_TIMED_OUT, SessionArgs, forward};
+
+/// How long capexec waits for the server to terminate the command when
+/// it ends without the command's status (an error of ours, a signal).
+const TERMINATE_WAIT: Duration = Duration::from_secs(1);
 
 /// Why capexec ends without the command's own status.
 pub struct Failure {
     pub code: i32,
     pub message: String,
+    /// A start refused by the executor: its kind, for the caller to add
+    /// what it knows (the environment path, a shell hint).
+    pub start_error: Option<RefusalKind>,
+    /// capexec ended the run itself (a signal, `~.`, output it could not
+    /// write): the connection's state explains nothing.
+    pub ours: bool,
 }
 
 impl Failure {
@@ -22,8 +38,27 @@ impl Failure {
         Failure {
             code: EXIT_CAPEXEC_FAILURE,
             message: message.into(),
+            start_error: None,
+            ours: false,
         }
     }
+
+    /// A failure capexec decided on (see [`Failure::ours`]).
+    pub fn ours(code: i32, message: impl Into<String>) -> Failure {
+        Failure {
+            code,
+            message: message.into(),
+            start_error: None,
+            ours: true,
+        }
+    }
+}
+
+/// What ends a run early, on our side.
+enum Ending {
+    Signal(Interrupted),
+    /// `~.` typed after a newline under `-t`.
+    Escape,
 }
 
 /// Runs `command` on `session` and returns the exit status to report.
@@ -31,9 +66,10 @@ impl Failure {
 /// broken connections.
 pub async fn relay(
     command: Command,
-    args: &RunArgs,
+    args: &SessionArgs,
     session: Session,
-    resume: Option<(Connect, std::time::Duration)>,
+    resume: Option<(Connect, Duration)>,
+    signals: Watched<'_>,
 ) -> Result<i32, Failure> {
     // Keystrokes go to the remote terminal as they are typed, Ctrl-C
     // included, as with ssh. The guard restores our terminal on every way
@@ -41,53 +77,89 @@ pub async fn relay(
     let raw = (args.tty && !args.no_stdin)
         .then(RawMode::enter_stdin)
         .flatten();
-    let result = run_to_close(command, args, session, resume, raw.is_some()).await;
+    let result = run_to_close(command, args, session, resume, signals, raw.is_some()).await;
     drop(raw);
     result
 }
 
+/// The signal watcher of a run (see `signals::Signals::watch`): where to
+/// tell it the process, and its verdict.
+pub struct Watched<'a> {
+    pub process: Rc<OnceCell<ResilientProcess>>,
+    pub interrupted: &'a mut JoinHandle<Interrupted>,
+}
+
 async fn run_to_close(
     command: Command,
-    args: &RunArgs,
+    args: &SessionArgs,
     session: Session,
-    resume: Option<(Connect, std::time::Duration)>,
+    resume: Option<(Connect, Duration)>,
+    signals: Watched<'_>,
     raw: bool,
 ) -> Result<i32, Failure> {
-    let signals = forward::Signals::catch();
     let began = std::time::Instant::now();
     // Start (made detachable when resuming) and subscribe in one round
     // trip: the calls are pipelined on the process the start will return.
     let (process, started) = ResilientProcess::spawn_on(&command, session, resume);
-    let end = if raw { "\r\n" } else { "\n" };
-    process.on_recovery(move |note| match note {
-        RecoveryNote::Lost { cause, grace } => eprint!(
-            "capexec: connection lost ({cause}); reconnecting for up to {}s{end}",
-            grace.as_secs()
-        ),
-        RecoveryNote::Restored => eprint!("capexec: reconnected; the command carries on{end}"),
+    process.on_recovery(|note| match note {
+        RecoveryNote::Lost { cause, grace } => stdio::note(&format!(
+            "connection lost: {cause}; reconnecting for up to {}",
+            show_duration(*grace)
+        )),
+        RecoveryNote::Restored => stdio::note("reconnected; the command carries on"),
         RecoveryNote::Failed { .. } => {}
     });
+    let interrupted = signals.interrupted;
+    let (escape, escaped) = tokio::sync::oneshot::channel();
+    let ending = async move {
+        let escaped = async {
+            match escaped.await {
+                Ok(()) => Ending::Escape,
+                // Stdin ended without `~.`.
+                Err(_) => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            interrupted = interrupted => match interrupted {
+                Ok(interrupted) => Ending::Signal(interrupted),
+                Err(_) => std::future::pending().await,
+            },
+            ending = escaped => ending,
+        }
+    };
+    let mut ending = std::pin::pin!(ending);
+
     let mut events = process.events(0);
-    let (started, subscribed) = tokio::join!(started, events.subscribe_now());
-    let events = subscribed.map(|()| events);
+    let startup = async {
+        let (started, subscribed) = tokio::join!(started, events.subscribe_now());
+        (started, subscribed)
+    };
+    let (started, subscribed) = match until(&mut ending, startup).await {
+        Ok(startup) => startup,
+        Err(ending) => return Err(end_early(ending, &process, false).await),
+    };
     match started {
-        Ok(()) => {}
+        // From now on signals are forwarded to the command.
+        Ok(()) => {
+            let _ = signals.process.set(process.clone());
+        }
         Err(Error::Refused(error)) => {
             return Err(Failure {
                 code: error.kind.cli_exit_code(),
                 message: error.message,
+                start_error: Some(error.kind),
+                ours: false,
             });
         }
         Err(error) => return Err(Failure::capexec(error.to_string())),
     }
-    let mut events =
-        events.map_err(|error| Failure::capexec(format!("cannot follow the command: {error}")))?;
+    subscribed.map_err(|error| Failure::capexec(format!("cannot follow the command: {error}")))?;
 
     let mut output = OutputWriter::new();
     if !args.no_stdin {
-        tokio::task::spawn_local(forward::stdin(process.clone()));
+        let escape = (args.tty && raw).then_some(escape);
+        tokio::task::spawn_local(forward::stdin(process.clone(), escape));
     }
-    let signals = tokio::task::spawn_local(signals.forward(process.clone()));
     let resizes = (args.tty && args.size.is_none())
         .then(|| tokio::task::spawn_local(forward::resizes(process.clone())));
 
@@ -98,10 +170,11 @@ async fn run_to_close(
         if closed {
             break Ok(());
         }
-        let batch = match events.next_batch().await {
-            Some(Ok(batch)) => batch,
-            Some(Err(error)) => break Err(format!("lost the command: {error}")),
-            None => break Ok(()),
+        let batch = match until(&mut ending, events.next_batch()).await {
+            Err(ending) => return Err(end_early(ending, &process, true).await),
+            Ok(Some(Ok(batch))) => batch,
+            Ok(Some(Err(error))) => break Err(lost(&error)),
+            Ok(None) => break Ok(()),
         };
         let mut pieces = Vec::with_capacity(batch.len());
         for event in batch {
@@ -116,17 +189,26 @@ async fn run_to_close(
                 EventBody::Exited(exit) => status = Some(exit),
                 EventBody::Closed => closed = true,
                 EventBody::Gap { from_seq } => {
-                    output.write(std::mem::take(&mut pieces)).await;
-                    output.flush().await;
-                    let end = if raw { "\r\n" } else { "\n" };
-                    eprint!(
-                        "capexec: output lost: events {from_seq}..={} were evicted before they could be relayed{end}",
+                    let written = async {
+                        output.write(std::mem::take(&mut pieces)).await;
+                        output.flush().await;
+                    };
+                    if let Err(ending) = until(&mut ending, written).await {
+                        return Err(end_early(ending, &process, true).await);
+                    }
+                    stdio::note(&format!(
+                        "output lost: events {from_seq}..={} were evicted before they could be relayed",
                         event.seq
-                    );
+                    ));
                 }
             }
         }
-        output.write(pieces).await;
+        if let Err(ending) = until(&mut ending, output.write(pieces)).await {
+            return Err(end_early(ending, &process, true).await);
+        }
+        if let Some(error) = output.failure() {
+            return Err(cannot_write(&error, &process).await);
+        }
         // Like a local pipeline: when our reader goes away, the writer gets
         // SIGPIPE.
         if output.stdout_broken() && !sent_sigpipe && status.is_none() {
@@ -137,21 +219,24 @@ async fn run_to_close(
             };
         }
     };
-    signals.abort();
     if let Some(resizes) = resizes {
         resizes.abort();
     }
-    output.flush().await;
+    if let Err(ending) = until(&mut ending, output.flush()).await {
+        return Err(end_early(ending, &process, true).await);
+    }
+    if let Some(error) = output.failure() {
+        return Err(cannot_write(&error, &process).await);
+    }
     outcome.map_err(Failure::capexec)?;
     // The exit event says whether a time limit ended the command and what
     // it used; no further round trip.
     let exit =
         status.ok_or_else(|| Failure::capexec("the command closed without an exit status"))?;
-    let end = if raw { "\r\n" } else { "\n" };
     if args.usage {
         match exit.usage {
-            Some(usage) => eprint!("capexec: {usage}{end}"),
-            None => eprint!("capexec: the executor did not report resource usage{end}"),
+            Some(usage) => stdio::note(&usage.to_string()),
+            None => stdio::note("the executor did not report resource usage"),
         }
     }
     // Like timeout(1): 124 when a time limit ended the command, ours or
@@ -160,12 +245,96 @@ async fn run_to_close(
         // Ours, unless it ended sooner than ours could have.
         match args
             .timeout
-            .filter(|&secs| began.elapsed().as_secs() >= secs)
+            .filter(|limit| !limit.is_zero() && began.elapsed() >= *limit)
         {
-            Some(secs) => eprint!("capexec: the command timed out after {secs} s{end}"),
-            None => eprint!("capexec: the command timed out (the executor's time limit){end}"),
+            Some(limit) => stdio::note(&format!(
+                "the command timed out after {}",
+                show_duration(limit)
+            )),
+            None => stdio::note("the command timed out (the executor's time limit)"),
         }
         return Ok(EXIT_TIMED_OUT);
     }
     Ok(exit.status.shell_code())
+}
+
+/// `work`, unless `ending` comes first.
+async fn until<T>(
+    ending: &mut std::pin::Pin<&mut impl Future<Output = Ending>>,
+    work: impl Future<Output = T>,
+) -> Result<T, Ending> {
+    tokio::select! {
+        biased;
+        ending = ending.as_mut() => Err(ending),
+        done = work => Ok(done),
+    }
+}
+
+/// The one line for a run whose events stopped before the command closed.
+fn lost(error: &Error) -> String {
+    match error {
+        Error::Recovery { reason, .. } => {
+            format!("lost the command: could not reconnect: {reason}")
+        }
+        error if error.is_transport_loss() => {
+            format!("lost the command: {}", error.loss_reason())
+        }
+        error => format!("lost the command: {error}"),
+    }
+}
+
+/// Output could not be written: the command is ended, as it would be by
+/// SIGPIPE in a local pipeline, and the run fails.
+async fn cannot_write(error: &str, process: &ResilientProcess) -> Failure {
+    let _ = tokio::time::timeout(TERMINATE_WAIT, process.current().terminate()).await;
+    Failure::ours(
+        EXIT_CAPEXEC_FAILURE,
+        format!("cannot write the command's output: {error}"),
+    )
+}
+
+/// Ends the run on our side: asks the server (briefly) to terminate the
+/// command, and says what was left behind.
+async fn end_early(ending: Ending, process: &ResilientProcess, started: bool) -> Failure {
+    let (code, what, unreachable) = match ending {
+        // The same line whether connecting or starting: nothing is known
+        // to run yet, and nothing is waited for.
+        Ending::Signal(interrupted) if !started => {
+            return Failure::ours(
+                interrupted.exit_code(),
+                format!("{}: stopped before the command started", interrupted.why),
+            );
+        }
+        Ending::Signal(interrupted) => (
+            interrupted.exit_code(),
+            format!("{}: stopped waiting for the command", interrupted.why),
+            interrupted.unreachable,
+        ),
+        Ending::Escape => (
+            EXIT_CAPEXEC_FAILURE,
+            "~.: ended the session".to_string(),
+            false,
+        ),
+    };
+    let terminated = if unreachable {
+        None
+    } else {
+        tokio::time::timeout(TERMINATE_WAIT, process.current().terminate())
+            .await
+            .ok()
+            .and_then(Result::ok)
+    };
+    let left = match (terminated, process.grace()) {
+        (Some(true), _) => "the command was terminated".to_string(),
+        (Some(false), _) => "the command had already exited".to_string(),
+        (None, Some(grace)) => format!(
+            "the command may run on without us for up to {} (--resume), then the server \
+             terminates it",
+            show_duration(grace)
+        ),
+        (None, None) => "the command may run on until the server notices that the connection \
+                         is gone, then it is terminated"
+            .to_string(),
+    };
+    Failure::ours(code, format!("{what}; {left}"))
 }

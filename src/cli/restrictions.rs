@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use capexec::model::Policy;
+use capexec::model::{Policy, RuleNames};
 
 #[derive(Args, Debug, Default)]
 #[command(next_help_heading = "Restrictions (every start on every connection)")]
@@ -93,7 +93,15 @@ impl RestrictionArgs {
             forbid_tty: self.forbid_tty,
             max_processes: self.max_running,
             max_run_time: self.max_run_time.map(std::time::Duration::from_secs),
+            rule_names: RuleNames::Schema,
         };
-        Ok((policy != Policy::default()).then_some(policy))
+        if policy == Policy::default() {
+            return Ok(None);
+        }
+        // Refusals name these flags, not the schema's fields.
+        Ok(Some(Policy {
+            rule_names: RuleNames::ServeFlags,
+            ..policy
+        }))
     }
 }

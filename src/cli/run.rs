@@ -1,99 +1,284 @@
-//! `capexec run`: start a command on an executor (embedded, or the server
-//! given by `--connect`) and relay it as if it ran here.
+//! `capexec run` and `capexec shell`: start a command on an executor
+//! (embedded, or the server given by `--connect`) and relay it as if it ran
+//! here.
 
 use std::ffi::{OsStr, OsString};
+use std::io::IsTerminal;
 use std::os::unix::ffi::OsStrExt;
-
-use crate::cli::relay::{self, Failure};
-use crate::cli::{RunArgs, connect, terminal};
 use std::rc::Rc;
 use std::time::Duration;
 
+use capexec::capexec_capnp::executor;
 use capexec::client::{self, Command, Connect, Session, Stdin};
-use capexec::model::{Flow, PtySize};
+use capexec::model::{Flow, PtySize, RefusalKind};
 use capexec::rpc::MAX_GRACE;
 
-pub fn main(args: RunArgs) -> i32 {
+use tokio::task::JoinHandle;
+
+use crate::cli::relay::{self, Failure};
+use crate::cli::signals::{Interrupted, Signals};
+use crate::cli::{SessionArgs, connect, stdio, terminal};
+
+/// `capexec run -- ARGV` (`capexec shell` when `argv` is empty).
+pub fn main(args: SessionArgs, argv: Vec<OsString>) -> i32 {
     crate::cli::run_local(async move {
-        match run(args).await {
+        match run(args, argv).await {
             Ok(code) => code,
             Err(failure) => {
-                eprintln!("capexec: {}", failure.message);
+                stdio::note(&failure.message);
                 failure.code
             }
         }
     })
 }
 
-async fn run(args: RunArgs) -> Result<i32, Failure> {
-    let command = command_from(&args).map_err(Failure::capexec)?;
-    let resume = match args.resume {
-        None => None,
-        Some(_) if args.connect.connect.is_none() => {
-            return Err(Failure::capexec(
-                "--resume needs --connect: an embedded command has no connection to lose",
-            ));
-        }
-        Some(0) => return Err(Failure::capexec("--resume needs at least 1 second")),
-        Some(secs) if secs > MAX_GRACE.as_secs() => {
-            return Err(Failure::capexec(format!(
-                "--resume takes at most {} seconds",
-                MAX_GRACE.as_secs()
-            )));
-        }
-        Some(secs) => Some(Duration::from_secs(secs)),
-    };
-    let target = connect::target(&args.connect)
-        .await
+async fn run(mut args: SessionArgs, argv: Vec<OsString>) -> Result<i32, Failure> {
+    let resume = resume_grace(&args)?;
+    // No program: the executor's shell, on a terminal if ours is one, as
+    // `ssh HOST` does.
+    let shell = argv.is_empty();
+    if shell && std::io::stdin().is_terminal() && !args.no_stdin {
+        args.tty = true;
+    }
+    let mut command = command_from(&args, argv.first().cloned().unwrap_or_default(), &argv)
         .map_err(Failure::capexec)?;
-    let executor = match &args.environment {
-        Some(path) => client::environment(&target.executor, path),
-        None => target.executor.clone(),
+    // Caught before anything can hang (connecting, the login): from now
+    // on a signal always ends capexec within about a second.
+    let (process, mut interrupted) = Signals::catch(args.tty).watch();
+    let target = until_interrupted(&mut interrupted, connect::target(&args.connect))
+        .await?
+        .map_err(Failure::capexec)?;
+    let root = target.executor.clone();
+    let established = target.established();
+    let established_again = target.established();
+    // Kept until the end: explaining a failure may ask the server.
+    let target = Rc::new(target);
+    let connection = Rc::clone(&target);
+    let work = async {
+        let executor = match &args.environment {
+            Some(path) => client::environment(&target.executor, path),
+            None => target.executor.clone(),
+        };
+        let timeout = args.timeout.is_some_and(|limit| !limit.is_zero());
+        if shell || timeout {
+            let info = until_interrupted(&mut interrupted, client::info(&executor))
+                .await?
+                .map_err(|error| Failure::capexec(error.to_string()))?;
+            // An older server would ignore the limit without a word.
+            if timeout && !info.features.iter().any(|f| f == "timeout") {
+                return Err(Failure::capexec(
+                    "the executor does not support --timeout (it is older than capexec's \
+                     timeouts)",
+                ));
+            }
+            if shell {
+                command = shell_command(&command, info.default_shell.into_os_string());
+            }
+        }
+        let session = Session::new(executor, Some(Box::new(target)));
+        let resume = resume.map(|grace| (reconnect(&args), grace));
+        let signals = relay::Watched {
+            process,
+            interrupted: &mut interrupted,
+        };
+        relay::relay(command.clone(), &args, session, resume, signals).await
     };
-    if args.timeout.is_some() {
-        // An older server would ignore the limit without a word.
-        let info = client::info(&executor)
-            .await
-            .map_err(|error| Failure::capexec(error.to_string()))?;
-        if !info.features.iter().any(|feature| feature == "timeout") {
-            return Err(Failure::capexec(
-                "the executor does not support --timeout (it is older than capexec's timeouts)",
-            ));
+    // The login travels with the start: nothing waits for it, but a
+    // server that never answers (or refuses) ends the run.
+    let failed = async {
+        match established.await {
+            Ok(()) => std::future::pending().await,
+            Err(message) => Failure::capexec(message),
+        }
+    };
+    let outcome = tokio::select! {
+        biased;
+        failure = failed => Err(failure),
+        outcome = work => outcome,
+    };
+    let Err(failure) = outcome else {
+        return outcome;
+    };
+    if failure.start_error.is_none() && !failure.ours {
+        // A run that failed because the connection did: the connection's
+        // own reason (no answer, TLS expected, refused login) says more.
+        let settled = tokio::time::timeout(SETTLE_WAIT, established_again).await;
+        if let Ok(Err(message)) = settled {
+            return Err(Failure::capexec(message));
         }
     }
-    let session = Session::new(executor, Some(Box::new(target)));
-    let resume = match resume {
-        Some(grace) => Some((reconnect(&args).map_err(Failure::capexec)?, grace)),
-        None => None,
-    };
-    relay::relay(command, &args, session, resume).await
+    let failure = explained(failure, &args, &command, &root).await;
+    drop(connection);
+    Err(failure)
 }
 
-/// How `--resume` reconnects: the same address, token and environment.
-fn reconnect(args: &RunArgs) -> Result<Connect, String> {
+/// How long a failed run waits to learn whether its connection failed too.
+const SETTLE_WAIT: Duration = Duration::from_secs(1);
+
+/// `work`, unless a signal ends capexec first (before the command runs,
+/// any signal does).
+async fn until_interrupted<T>(
+    interrupted: &mut JoinHandle<Interrupted>,
+    work: impl std::future::Future<Output = T>,
+) -> Result<T, Failure> {
+    let interrupted = async {
+        match interrupted.await {
+            Ok(interrupted) => interrupted,
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        biased;
+        interrupted = interrupted => Err(Failure::ours(
+            interrupted.exit_code(),
+            format!("{}: stopped before the command started", interrupted.why),
+        )),
+        done = work => Ok(done),
+    }
+}
+
+/// `--resume`'s grace, checked.
+fn resume_grace(args: &SessionArgs) -> Result<Option<Duration>, Failure> {
+    match args.resume {
+        None => Ok(None),
+        Some(_) if args.connect.connect.is_none() => Err(Failure::capexec(
+            "--resume needs --connect: an embedded command has no connection to lose",
+        )),
+        Some(Duration::ZERO) => Err(Failure::capexec(
+            "--resume needs a time above 0 (such as 30, 90s or 5m)",
+        )),
+        Some(grace) if grace > MAX_GRACE => Err(Failure::capexec(format!(
+            "--resume takes at most {}",
+            capexec::model::show_duration(MAX_GRACE)
+        ))),
+        Some(grace) => Ok(Some(grace)),
+    }
+}
+
+/// How `--resume` reconnects: the same address, token and environment,
+/// once the server has answered (a silent one fails the attempt, and the
+/// next one follows).
+fn reconnect(args: &SessionArgs) -> Connect {
     let connect_args = args.connect.clone();
     let environment = args.environment.clone();
-    Ok(Rc::new(move || {
+    Rc::new(move || {
         let connect_args = connect_args.clone();
         let environment = environment.clone();
         Box::pin(async move {
             let target = connect::target(&connect_args)
                 .await
                 .map_err(client::Error::Connect)?;
+            if let Some(connection) = &target.connection
+                && let Err(error) = connection.established().await
+            {
+                return Err(if connect::worth_retrying(&error) {
+                    client::Error::Connect(error.to_string())
+                } else {
+                    client::Error::Rpc(capnp::Error::failed(error.to_string()))
+                });
+            }
             let executor = match &environment {
                 Some(path) => client::environment(&target.executor, path),
                 None => target.executor.clone(),
             };
             Ok(Session::new(executor, Some(Box::new(target))))
         })
-    }))
+    })
 }
 
-fn command_from(args: &RunArgs) -> Result<Command, String> {
-    let mut command = Command::new(&args.argv[0]);
-    command.args(&args.argv[1..]);
-    if let Some(secs) = args.timeout {
-        command.timeout(std::time::Duration::from_secs(secs));
+/// Adds what only the command line knows to a failed start: which hop of
+/// `--environment` lacks the name, and how to run a shell command line.
+async fn explained(
+    mut failure: Failure,
+    args: &SessionArgs,
+    command: &Command,
+    root: &executor::Client,
+) -> Failure {
+    match failure.start_error {
+        Some(RefusalKind::UnknownEnvironment) => {
+            if let Some(path) = &args.environment
+                && let Some(message) = missing_hop(root, path, args.connect.connect.is_some()).await
+            {
+                failure.message = message;
+            }
+        }
+        Some(RefusalKind::ProgramNotFound) => {
+            let argv = &command.spec().argv;
+            if looks_like_a_shell_line(&argv[0]) {
+                let line = argv
+                    .iter()
+                    .map(|arg| arg.to_string_lossy())
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                let quoted = if line.contains('\'') {
+                    "...".to_string()
+                } else {
+                    line
+                };
+                failure.message = format!(
+                    "{} (to run a shell command line, use: sh -c '{quoted}')",
+                    failure.message
+                );
+            }
+        }
+        _ => {}
+    }
+    failure
+}
+
+/// Whether a program name that was not found is really a line for a shell
+/// (`capexec run -- "make && make install"`).
+fn looks_like_a_shell_line(program: &OsStr) -> bool {
+    program
+        .as_bytes()
+        .iter()
+        .any(|b| b" \t;|&<>()$`\\\"'*?[]{}~#=".contains(b))
+}
+
+/// `--environment A/B/C` failed for an unknown name: which hop lacks which
+/// name, and what that hop has.
+async fn missing_hop(root: &executor::Client, path: &str, remote: bool) -> Option<String> {
+    let names: Vec<&str> = path.split('/').collect();
+    let mut executor = root.clone();
+    for (depth, name) in names.iter().enumerate() {
+        let offered = client::environments(&executor).await.ok()?;
+        if !offered.iter().any(|environment| environment.name == *name) {
+            let known: Vec<&str> = offered.iter().map(|e| e.name.as_str()).collect();
+            let place = if depth > 0 {
+                format!("environment {:?}", names[..depth].join("/"))
+            } else if remote {
+                "the server".to_string()
+            } else {
+                "the embedded executor".to_string()
+            };
+            return Some(format!(
+                "--environment {path}: {place} has no environment named {name:?} (it has: {})",
+                known.join(", ")
+            ));
+        }
+        executor = client::environment(&executor, name);
+    }
+    None
+}
+
+/// The command with the executor's shell as its program.
+fn shell_command(template: &Command, shell: OsString) -> Command {
+    let mut command = template.clone();
+    command.set_program(shell);
+    command
+}
+
+fn command_from(
+    args: &SessionArgs,
+    program: OsString,
+    argv: &[OsString],
+) -> Result<Command, String> {
+    let mut command = Command::new(program);
+    if let Some(rest) = argv.get(1..) {
+        command.args(rest);
+    }
+    if let Some(limit) = args.timeout.filter(|limit| !limit.is_zero()) {
+        command.timeout(limit);
     }
     if args.clear_env {
         command.env_clear();
@@ -123,6 +308,10 @@ fn command_from(args: &RunArgs) -> Result<Command, String> {
     }
     if args.tty {
         command.tty(terminal_size(args)?);
+        // As ssh sends it with its terminal request.
+        if let Some(term) = std::env::var_os("TERM").filter(|term| !term.is_empty()) {
+            command.terminal_type(term);
+        }
     } else if args.size.is_some() {
         return Err("--size needs -t".to_string());
     }
@@ -136,9 +325,30 @@ fn command_from(args: &RunArgs) -> Result<Command, String> {
 }
 
 /// `--size`, else the local terminal's, else 24x80.
-fn terminal_size(args: &RunArgs) -> Result<PtySize, String> {
+fn terminal_size(args: &SessionArgs) -> Result<PtySize, String> {
     match &args.size {
         Some(text) => terminal::parse_size(text),
         None => Ok(terminal::local_size().unwrap_or_default()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shell_lines_are_told_from_program_names() {
+        for line in [
+            "echo hi; ls",
+            "make && make install",
+            "ls *.rs",
+            "a|b",
+            "x=1 y",
+        ] {
+            assert!(looks_like_a_shell_line(OsStr::new(line)), "{line}");
+        }
+        for name in ["ls", "/usr/bin/env", "./build.sh", "gcc-13", "a.out", "c++"] {
+            assert!(!looks_like_a_shell_line(OsStr::new(name)), "{name}");
+        }
     }
 }

@@ -8,12 +8,13 @@ use tokio::signal::unix::{SignalKind, signal};
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use crate::cli::{EXIT_CAPEXEC_FAILURE, ServeArgs};
+use crate::cli::{EXIT_CAPEXEC_FAILURE, ServeArgs, connect};
 use capexec::engine::{self, ChildSetup, Engine, ProcessLimits};
 use capexec::net::{
-    Address, CallLimits, Server, ServerConfig, ServerTrust, TlsClient, TlsServer, Token,
+    self, Address, CallLimits, Server, ServerConfig, ServerTrust, TlsClient, TlsServer, Token,
     UpstreamConfig,
 };
+use std::time::{Duration, SystemTime};
 
 pub fn main(args: ServeArgs) -> i32 {
     // Every process starts as the server's user: a set-user-ID install (or
@@ -32,6 +33,15 @@ pub fn main(args: ServeArgs) -> i32 {
     let mut listen = Vec::new();
     for text in &args.listen {
         match text.parse::<Address>() {
+            // Printed as resolved: a relative path means nothing to a
+            // client started elsewhere.
+            Ok(Address::Unix(path)) => match std::path::absolute(&path) {
+                Ok(path) => listen.push(Address::Unix(path)),
+                Err(error) => {
+                    eprintln!("capexec: --listen {text}: {}", net::os_message(&error));
+                    return EXIT_CAPEXEC_FAILURE;
+                }
+            },
             Ok(address) => listen.push(address),
             Err(error) => {
                 eprintln!("capexec: --listen {error}");
@@ -72,6 +82,9 @@ pub fn main(args: ServeArgs) -> i32 {
             sha256 = tls.fingerprint(),
             "serving TLS; clients can pin this certificate with --tls-pin"
         );
+        if let (Some(expires), Some(cert)) = (tls.expires(), &args.tls_cert) {
+            warn_about_expiry(cert, expires, std::time::SystemTime::now());
+        }
     }
     if let Err(error) = engine::become_subreaper() {
         tracing::warn!(%error, "cannot become a subreaper; orphaned grandchildren will not be reaped here");
@@ -103,6 +116,47 @@ pub fn main(args: ServeArgs) -> i32 {
     };
 
     crate::cli::run_local(serve(config, Engine::new(limits)))
+}
+
+/// Clients refuse an expired certificate: say so at start, and two weeks
+/// ahead.
+fn warn_about_expiry(cert: &std::path::Path, expires: SystemTime, now: SystemTime) {
+    match expiry_warning(expires, now) {
+        Some(Expiry::Expired(days)) => tracing::warn!(
+            certificate = %cert.display(),
+            "the TLS certificate expired {days} ago: clients will refuse it; renew it"
+        ),
+        Some(Expiry::Soon(days)) => tracing::warn!(
+            certificate = %cert.display(),
+            "the TLS certificate expires in {days}: renew it before clients refuse it"
+        ),
+        None => {}
+    }
+}
+
+/// How close to expiry a certificate is, if within [`EXPIRY_WARNING`].
+#[derive(Debug, PartialEq, Eq)]
+enum Expiry {
+    /// Expired this long ago ("3 days", "less than a day").
+    Expired(String),
+    /// Expires within this.
+    Soon(String),
+}
+
+/// Warn about certificates that expire within this.
+const EXPIRY_WARNING: Duration = Duration::from_secs(14 * 24 * 3600);
+
+fn expiry_warning(expires: SystemTime, now: SystemTime) -> Option<Expiry> {
+    let days = |span: Duration| match span.as_secs() / 86_400 {
+        0 => "less than a day".to_string(),
+        1 => "1 day".to_string(),
+        n => format!("{n} days"),
+    };
+    match expires.duration_since(now) {
+        Err(past) => Some(Expiry::Expired(days(past.duration()))),
+        Ok(left) if left <= EXPIRY_WARNING => Some(Expiry::Soon(days(left))),
+        Ok(_) => None,
+    }
 }
 
 /// `--upstream NAME=ADDR` with their `--upstream-token-file NAME=FILE`.
@@ -141,7 +195,9 @@ fn upstreams(args: &ServeArgs) -> Result<Vec<UpstreamConfig>, String> {
         // Each upstream has its own secret: never fall back to this
         // server's own token (or anything else that could leak it).
         let token = match (token_files.remove(name), address.is_tcp()) {
-            (Some(file), true) => Some(Token::load(&file).map_err(|e| e.to_string())?),
+            (Some(file), true) => Some(Token::load(&file).map_err(|error| {
+                connect::token_problem(&format!("--upstream-token-file {name}="), &error)
+            })?),
             (None, true) => {
                 return Err(format!(
                     "--upstream {name} ({address}) needs a login token: give \
@@ -163,13 +219,17 @@ fn upstreams(args: &ServeArgs) -> Result<Vec<UpstreamConfig>, String> {
                 ));
             }
             Some(trust) => {
-                Some(TlsClient::new(trust).map_err(|e| format!("upstream {name}: {e}"))?)
+                let flag = match trust {
+                    ServerTrust::Ca(_) => "--upstream-tls-ca",
+                    ServerTrust::Pin(_) => "--upstream-tls-pin",
+                };
+                Some(TlsClient::new(trust).map_err(|e| format!("{flag} {name}={e}"))?)
             }
             None => None,
         };
         if let Address::Tcp { host, .. } = &address
             && tls.is_none()
-            && !crate::cli::connect::is_loopback(host)
+            && !resolves_to_loopback(host)
         {
             tracing::warn!(
                 upstream = name,
@@ -192,6 +252,15 @@ fn upstreams(args: &ServeArgs) -> Result<Vec<UpstreamConfig>, String> {
         ));
     }
     Ok(upstreams)
+}
+
+/// Whether `host` names only loopback addresses (a name is resolved).
+fn resolves_to_loopback(host: &str) -> bool {
+    use std::net::ToSocketAddrs;
+    (host, 0)
+        .to_socket_addrs()
+        .map(|mut addresses| addresses.all(|address| address.ip().is_loopback()))
+        .unwrap_or(false)
 }
 
 fn split_pair<'a>(pair: &'a str, flag: &str, form: &str) -> Result<(&'a str, &'a str), String> {
@@ -262,4 +331,32 @@ async fn serve(config: ServerConfig, engine: Engine) -> i32 {
         })
         .await;
     0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn certificates_near_or_past_expiry_are_warned_about() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+        let day = Duration::from_secs(86_400);
+        assert_eq!(expiry_warning(now + 30 * day, now), None);
+        assert_eq!(
+            expiry_warning(now + 14 * day, now),
+            Some(Expiry::Soon("14 days".into()))
+        );
+        assert_eq!(
+            expiry_warning(now + day + day / 2, now),
+            Some(Expiry::Soon("1 day".into()))
+        );
+        assert_eq!(
+            expiry_warning(now - 3 * day, now),
+            Some(Expiry::Expired("3 days".into()))
+        );
+        assert_eq!(
+            expiry_warning(now - day / 3, now),
+            Some(Expiry::Expired("less than a day".into()))
+        );
+    }
 }

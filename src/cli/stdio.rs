@@ -3,16 +3,54 @@
 //! std's line buffering.
 
 use std::fs::File;
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, IoSlice, IsTerminal, Read, Write};
 use std::mem::ManuallyDrop;
 use std::os::fd::FromRawFd;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
 const READ_CHUNK: usize = 64 * 1024;
+
+/// Which of fds 0, 1 and 2 were closed when capexec started (Rust's
+/// runtime has put /dev/null there since: see `main.rs`).
+static CLOSED_AT_START: [AtomicBool; 3] = [
+    AtomicBool::new(false),
+    AtomicBool::new(false),
+    AtomicBool::new(false),
+];
+
+/// Records that `fd` was closed when capexec started. Called before `main`.
+pub fn note_closed_at_start(fd: i32) {
+    if let Some(closed) = usize::try_from(fd)
+        .ok()
+        .and_then(|fd| CLOSED_AT_START.get(fd))
+    {
+        closed.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Whether the caller left `fd` closed: writing to it is an error, as it
+/// would have been had the runtime not filled it with /dev/null.
+pub fn closed_at_start(fd: i32) -> bool {
+    usize::try_from(fd)
+        .ok()
+        .and_then(|fd| CLOSED_AT_START.get(fd))
+        .is_some_and(|closed| closed.load(Ordering::Relaxed))
+}
+
+/// Writes `text` to our stdout as a command's answer (`capexec info`):
+/// a failed write, or a stdout the caller closed, is an error.
+pub fn write_answer(text: &str) -> io::Result<()> {
+    if closed_at_start(1) {
+        return Err(io::Error::from_raw_os_error(libc::EBADF));
+    }
+    let mut stdout = io::stdout().lock();
+    stdout.write_all(text.as_bytes())?;
+    stdout.flush()
+}
 
 enum Message {
     /// Consecutive pieces of output, each for fd 1 or 2, in order.
@@ -25,14 +63,42 @@ enum Message {
 /// thread).
 pub struct OutputWriter {
     messages: Option<mpsc::Sender<Message>>,
-    stdout_broken: Arc<AtomicBool>,
+    state: Arc<WriterState>,
+}
+
+/// What the writer thread tells the relay.
+#[derive(Default)]
+struct WriterState {
+    /// A reader of ours went away (EPIPE).
+    broken: AtomicBool,
+    /// The first other write error: output was lost.
+    failed: Mutex<Option<io::Error>>,
+}
+
+/// The last byte written to stdout ended a line (or nothing was written),
+/// so a note printed now on the same terminal starts on a fresh line.
+static STDOUT_AT_LINE_START: AtomicBool = AtomicBool::new(true);
+
+/// Prints `capexec: TEXT` on stderr as one line of its own: on a fresh
+/// line if the command's output on the same terminal stopped mid-line (a
+/// shell prompt), with the line ending the terminal's mode needs.
+pub fn note(text: &str) {
+    let fresh = !STDOUT_AT_LINE_START.load(Ordering::Relaxed)
+        && io::stdout().is_terminal()
+        && io::stderr().is_terminal();
+    let end = crate::cli::terminal::line_end();
+    let start = if fresh { end } else { "" };
+    let _ = write!(io::stderr().lock(), "{start}capexec: {text}{end}");
+    if fresh {
+        STDOUT_AT_LINE_START.store(true, Ordering::Relaxed);
+    }
 }
 
 impl OutputWriter {
     pub fn new() -> OutputWriter {
         OutputWriter {
             messages: None,
-            stdout_broken: Arc::new(AtomicBool::new(false)),
+            state: Arc::new(WriterState::default()),
         }
     }
 
@@ -41,10 +107,10 @@ impl OutputWriter {
             grow_pipe(1);
             grow_pipe(2);
             let (messages, queue) = mpsc::channel::<Message>(4);
-            let broken = Arc::clone(&self.stdout_broken);
+            let state = Arc::clone(&self.state);
             let started = std::thread::Builder::new()
                 .name("capexec-output".into())
-                .spawn(move || write_forever(queue, &broken));
+                .spawn(move || write_forever(queue, &state));
             match started {
                 Ok(_) => self.messages = Some(messages),
                 Err(error) => tracing::error!(%error, "cannot start the output thread"),
@@ -64,9 +130,16 @@ impl OutputWriter {
         }
     }
 
-    /// Whether our stdout reader has gone away (EPIPE).
+    /// Whether our stdout's (or stderr's) reader has gone away (EPIPE).
     pub fn stdout_broken(&self) -> bool {
-        self.stdout_broken.load(Ordering::Relaxed)
+        self.state.broken.load(Ordering::Relaxed)
+    }
+
+    /// The first write error other than a reader going away: output that
+    /// could not be written (a full disk, a closed descriptor).
+    pub fn failure(&self) -> Option<String> {
+        let failed = self.state.failed.lock().unwrap_or_else(|p| p.into_inner());
+        failed.as_ref().map(capexec::net::os_message)
     }
 
     /// Waits until everything queued so far is written.
@@ -82,10 +155,13 @@ impl OutputWriter {
 }
 
 /// Writes everything queued, merging runs for the same descriptor into one
-/// writev(2) so that many small chunks cost few system calls.
-fn write_forever(mut queue: mpsc::Receiver<Message>, broken: &AtomicBool) {
+/// writev(2) so that many small chunks cost few system calls. After an
+/// error on a descriptor, what is queued for it is dropped: the relay ends
+/// the run.
+fn write_forever(mut queue: mpsc::Receiver<Message>, state: &WriterState) {
     let mut pending: Vec<(i32, Bytes)> = Vec::new();
     let mut flushes = Vec::new();
+    let mut dead = [false; 3];
     while let Some(message) = queue.blocking_recv() {
         let mut next = Some(message);
         while let Some(message) = next.take() {
@@ -102,15 +178,34 @@ fn write_forever(mut queue: mpsc::Receiver<Message>, broken: &AtomicBool) {
                 .iter()
                 .position(|(piece_fd, _)| *piece_fd != fd)
                 .map_or(pending.len(), |offset| start + offset);
-            if fd == 1 && broken.load(Ordering::Relaxed) {
-                start = end;
-                continue;
-            }
-            if let Err(error) = write_all_vectored(fd, &pending[start..end])
-                && fd == 1
-                && error.kind() == io::ErrorKind::BrokenPipe
-            {
-                broken.store(true, Ordering::Relaxed);
+            let slot = usize::try_from(fd).unwrap_or(0).min(2);
+            if !dead[slot] {
+                let written = if closed_at_start(fd) {
+                    Err(io::Error::from_raw_os_error(libc::EBADF))
+                } else {
+                    write_all_vectored(fd, &pending[start..end])
+                };
+                match written {
+                    Ok(()) if fd == 1 => {
+                        let last = pending[start..end]
+                            .iter()
+                            .rev()
+                            .find_map(|(_, data)| data.last());
+                        if let Some(&last) = last {
+                            STDOUT_AT_LINE_START.store(last == b'\n', Ordering::Relaxed);
+                        }
+                    }
+                    Ok(()) => {}
+                    Err(error) => {
+                        dead[slot] = true;
+                        if error.kind() == io::ErrorKind::BrokenPipe {
+                            state.broken.store(true, Ordering::Relaxed);
+                        } else {
+                            let mut failed = state.failed.lock().unwrap_or_else(|p| p.into_inner());
+                            failed.get_or_insert(error);
+                        }
+                    }
+                }
             }
             start = end;
         }

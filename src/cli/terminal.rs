@@ -3,6 +3,7 @@
 
 use std::io::IsTerminal;
 use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use nix::sys::termios::{self, SetArg, Termios};
 
@@ -33,6 +34,19 @@ pub fn parse_size(text: &str) -> Result<PtySize, String> {
     Ok(PtySize { rows, cols })
 }
 
+/// Whether our terminal is in raw mode now: lines we print then end with
+/// CR LF, as the terminal no longer adds the CR.
+static RAW: AtomicBool = AtomicBool::new(false);
+
+/// The end of a line we print on the terminal now.
+pub fn line_end() -> &'static str {
+    if RAW.load(Ordering::Relaxed) {
+        "\r\n"
+    } else {
+        "\n"
+    }
+}
+
 /// Our stdin terminal in raw mode; the previous settings come back on drop.
 pub struct RawMode {
     saved: Termios,
@@ -59,6 +73,7 @@ impl RawMode {
             tracing::warn!(%error, "cannot put the terminal in raw mode");
             return None;
         }
+        RAW.store(true, Ordering::Relaxed);
         Some(RawMode { saved })
     }
 }
@@ -68,6 +83,7 @@ impl Drop for RawMode {
         // SAFETY: fd 0 stays open for the life of the process.
         let fd = unsafe { BorrowedFd::borrow_raw(0) };
         let _ = termios::tcsetattr(fd, SetArg::TCSADRAIN, &self.saved);
+        RAW.store(false, Ordering::Relaxed);
     }
 }
 

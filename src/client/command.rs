@@ -118,6 +118,24 @@ impl Command {
         self
     }
 
+    /// The terminal's type (the client's `TERM`, such as `xterm-256color`),
+    /// which the child of a [`Command::tty`] start gets as `TERM` unless
+    /// [`Command::env`] sets one. Servers older than this field ignore it.
+    pub fn terminal_type(&mut self, term: impl Into<OsString>) -> &mut Command {
+        self.spec.term = Some(term.into());
+        self
+    }
+
+    /// Replaces the program (`argv[0]`), keeping the arguments.
+    pub fn set_program(&mut self, program: impl Into<OsString>) -> &mut Command {
+        let program = program.into();
+        match self.spec.argv.first_mut() {
+            Some(first) => *first = program,
+            None => self.spec.argv.push(program),
+        }
+        self
+    }
+
     /// Output flow mode; `spawn` defaults to retain, `output` and `status`
     /// to lossless.
     pub fn flow(&mut self, flow: Flow) -> &mut Command {

@@ -82,6 +82,22 @@ impl Error {
         }
     }
 
+    /// Why the way to the process broke, for a note such as `connection
+    /// lost: REASON`: the server closed the connection, no answer for a
+    /// while, a reset...
+    pub fn loss_reason(&self) -> String {
+        match self {
+            Error::EventsEnded => "the server stopped sending the command's events".to_string(),
+            other => {
+                let text = other.to_string();
+                match text.strip_prefix(crate::wire::LOST_CONNECTION_PREFIX) {
+                    Some(reason) => reason.to_string(),
+                    None => text,
+                }
+            }
+        }
+    }
+
     /// Whether the error means the way to the process broke (rather than
     /// the process or the call being refused), so recovering may help.
     pub fn is_transport_loss(&self) -> bool {
@@ -114,5 +130,10 @@ mod tests {
         let lost = Error::from(capnp::Error::disconnected("Peer disconnected.".into()));
         assert!(matches!(lost, Error::Rpc(_)));
         assert!(lost.is_transport_loss());
+        let silent = capnp::Error::disconnected("no answer from the server for 15 s".to_string());
+        assert_eq!(
+            Error::Rpc(silent).loss_reason(),
+            "no answer from the server for 15 s"
+        );
     }
 }

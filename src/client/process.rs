@@ -134,7 +134,7 @@ impl RemoteProcess {
     }
 
     /// Lets the process outlive the loss of every reference to it for
-    /// `grace` (whole seconds, 1 s to a day) and returns the token that
+    /// `grace` (rounded up to whole seconds, 1 s to a day) and returns the token that
     /// [`restore`] takes to get it back. See [`crate::client::ResilientProcess`]
     /// for a handle that does the recovering.
     ///
@@ -147,7 +147,7 @@ impl RemoteProcess {
         let mut request = self.cap.detachable_request();
         request
             .get()
-            .set_grace_secs(grace.as_secs().clamp(1, u64::from(u32::MAX)) as u32);
+            .set_grace_secs(grace.as_secs_f64().ceil().clamp(1.0, f64::from(u32::MAX)) as u32);
         let response = dispatch(request.send().promise);
         async move {
             let response = response.await?;

@@ -93,6 +93,8 @@ pub enum RecoveryNote {
     Failed { reason: String },
 }
 
+/// How long to wait for the call that asks why an event stream ended.
+const PROBE_WAIT: Duration = Duration::from_secs(5);
 /// Shortest and longest wait between recovery attempts.
 const FIRST_RETRY: Duration = Duration::from_millis(50);
 const MAX_RETRY: Duration = Duration::from_secs(1);
@@ -252,6 +254,17 @@ impl ResilientProcess {
         self.inner.resume.as_ref()?.token.borrow().clone()
     }
 
+    /// Whether the way to the process is broken and being restored now.
+    pub fn is_recovering(&self) -> bool {
+        self.inner.recovery.borrow().is_some() || self.inner.failed.borrow().is_some()
+    }
+
+    /// How long the server keeps the process without a connection, if it
+    /// was made detachable.
+    pub fn grace(&self) -> Option<Duration> {
+        self.inner.resume.as_ref().map(|resume| resume.grace)
+    }
+
     /// The process capability in use now (it changes with every restore).
     pub fn current(&self) -> RemoteProcess {
         self.inner.current.borrow().process.clone()
@@ -306,7 +319,7 @@ impl ResilientProcess {
         let recovery = match recovery {
             Some(recovery) => recovery,
             None => {
-                let recovery = self.start_recovery(cause.to_string());
+                let recovery = self.start_recovery(cause.loss_reason());
                 *self.inner.recovery.borrow_mut() = Some(recovery.clone());
                 recovery
             }
@@ -595,8 +608,12 @@ async fn reattach(
     grace: Duration,
 ) -> Result<(RemoteProcess, Session), String> {
     let deadline = Instant::now() + grace;
-    let gave_up =
-        |error: &dyn std::fmt::Display| format!("gave up after {}s: {error}", grace.as_secs());
+    let gave_up = |error: &dyn std::fmt::Display| {
+        format!(
+            "gave up after {}: {error}",
+            crate::model::show_duration(grace)
+        )
+    };
     let mut wait = FIRST_RETRY;
     loop {
         let attempt = async {
@@ -695,6 +712,10 @@ impl ResilientEvents {
                 }
                 Some(Err(error)) => {
                     self.stream = None;
+                    let error = match error {
+                        Error::EventsEnded => self.why_events_ended(epoch).await,
+                        other => other,
+                    };
                     if let Err(error) = self.recover_from(epoch, error).await {
                         self.done = true;
                         return Some(Err(error));
@@ -716,6 +737,22 @@ impl ResilientEvents {
         let stream = process.events(self.last_seq).await?;
         self.stream = Some((stream, epoch));
         Ok(())
+    }
+
+    /// Why a subscription ended early: a cheap call on the same
+    /// capability fails with the connection's own reason (closed by the
+    /// server, lost, silent), which says more than the end of a stream.
+    async fn why_events_ended(&self, epoch: u64) -> Error {
+        let Ok((process, current)) = self.process.attached() else {
+            return Error::EventsEnded;
+        };
+        if current != epoch {
+            return Error::EventsEnded;
+        }
+        match tokio::time::timeout(PROBE_WAIT, process.info()).await {
+            Ok(Err(error)) if error.is_transport_loss() => error,
+            _ => Error::EventsEnded,
+        }
     }
 
     async fn recover_from(&mut self, epoch: u64, error: Error) -> Result<(), Error> {

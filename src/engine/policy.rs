@@ -12,7 +12,21 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::engine::spawn;
-use crate::model::{Policy, Refusal, RefusalKind, StartSpec, env_name_problem};
+use crate::model::{
+    Policy, Refusal, RefusalKind, RuleNames, StartSpec, env_name_problem, io_message,
+};
+
+/// Where each rule of [`Rules`] came from, for its refusals.
+#[derive(Clone, Copy, Debug, Default)]
+struct Labels {
+    programs: RuleNames,
+    cwd_roots: RuleNames,
+    settable_env: RuleNames,
+    /// The settable names are none because programs are restricted, not
+    /// because a policy listed them.
+    settable_env_implied: bool,
+    forbid_tty: RuleNames,
+}
 
 /// Most entries of each list of a policy: resolving them blocks the thread
 /// that serves the connection.
@@ -37,12 +51,14 @@ pub struct Rules {
     max_run_time: Option<Duration>,
     /// One counter per policy with a `max_processes`, oldest first.
     counters: Vec<Arc<Counter>>,
+    labels: Labels,
 }
 
 #[derive(Debug)]
 struct Counter {
     running: AtomicUsize,
     max: usize,
+    names: RuleNames,
 }
 
 /// Places taken in the process counters of a start's rules; dropping it
@@ -61,18 +77,15 @@ impl Drop for Admission {
     }
 }
 
+/// A start or a policy refused by a rule; `rule` names it (see
+/// [`RuleNames`]).
 fn not_allowed(rule: &str, message: String) -> Refusal {
-    Refusal::new(
-        RefusalKind::NotAllowed,
-        format!("policy rule `{rule}`: {message}"),
-    )
+    Refusal::new(RefusalKind::NotAllowed, format!("{rule}: {message}"))
 }
 
+/// A policy that cannot be resolved.
 fn invalid(rule: &str, message: String) -> Refusal {
-    Refusal::new(
-        RefusalKind::InvalidArgument,
-        format!("policy rule `{rule}`: {message}"),
-    )
+    Refusal::new(RefusalKind::InvalidArgument, format!("{rule}: {message}"))
 }
 
 fn shown(path: &Path) -> String {
@@ -138,10 +151,11 @@ impl Rules {
                 policy.settable_env.as_ref().map_or(0, Vec::len),
             ),
         ];
+        let names = policy.rule_names;
         for (rule, length) in lengths {
             if length > MAX_POLICY_ENTRIES {
                 return Err(invalid(
-                    rule,
+                    &names.setup(rule),
                     format!("{length} entries; at most {MAX_POLICY_ENTRIES}"),
                 ));
             }
@@ -149,13 +163,15 @@ impl Rules {
         let mut rules = self.clone();
         rules.depth += 1;
         if let Some(programs) = &policy.programs {
-            rules.programs = Some(self.narrowed_programs(programs)?);
+            rules.programs = Some(self.narrowed_programs(programs, names)?);
+            rules.labels.programs = names;
         }
         if let Some(roots) = &policy.cwd_roots {
-            rules.cwd_roots = Some(self.narrowed_roots(roots)?);
+            rules.cwd_roots = Some(self.narrowed_roots(roots, names)?);
+            rules.labels.cwd_roots = names;
         }
         if let Some(environment) = &policy.environment {
-            self.check_fixed_environment(environment)?;
+            self.check_fixed_environment(environment, names)?;
             rules.environment = Some(environment.clone());
         }
         if let Some(settable) = &policy.settable_env {
@@ -164,7 +180,7 @@ impl Rules {
                 && let Some(name) = asked.difference(allowed).next()
             {
                 return Err(not_allowed(
-                    "settableEnv",
+                    &names.setup("settableEnv"),
                     format!(
                         "{:?} is not settable on this executor (settable: {})",
                         name.to_string_lossy(),
@@ -173,11 +189,18 @@ impl Rules {
                 ));
             }
             rules.settable_env = Some(asked);
+            rules.labels.settable_env = names;
+            rules.labels.settable_env_implied = false;
         } else if policy.programs.is_some() {
             // Programs take orders from their environment (LD_PRELOAD,
             // GIT_SSH_COMMAND, PAGER...): a policy that restricts programs
             // allows only the changes it names, whatever came before.
             rules.settable_env = Some(BTreeSet::new());
+            rules.labels.settable_env = names;
+            rules.labels.settable_env_implied = true;
+        }
+        if policy.forbid_tty && !rules.forbid_tty {
+            rules.labels.forbid_tty = names;
         }
         rules.forbid_tty |= policy.forbid_tty;
         if let Some(max) = policy.max_run_time.filter(|max| !max.is_zero()) {
@@ -187,20 +210,25 @@ impl Rules {
             rules.counters.push(Arc::new(Counter {
                 running: AtomicUsize::new(0),
                 max: max as usize,
+                names,
             }));
         }
         Ok(rules)
     }
 
-    fn narrowed_programs(&self, programs: &[OsString]) -> Result<BTreeSet<PathBuf>, Refusal> {
+    fn narrowed_programs(
+        &self,
+        programs: &[OsString],
+        names: RuleNames,
+    ) -> Result<BTreeSet<PathBuf>, Refusal> {
         let mut resolved = BTreeSet::new();
         for program in programs {
-            let path = resolve_allowed_program(program)?;
+            let path = resolve_allowed_program(program, &names.setup("programs"))?;
             if let Some(allowed) = &self.programs
                 && !allowed.contains(&path)
             {
                 return Err(not_allowed(
-                    "programs",
+                    &names.setup("programs"),
                     format!(
                         "{} ({}) is not allowed on this executor (allowed: {})",
                         shown(Path::new(program)),
@@ -214,20 +242,22 @@ impl Rules {
         Ok(resolved)
     }
 
-    fn narrowed_roots(&self, roots: &[PathBuf]) -> Result<Vec<PathBuf>, Refusal> {
+    fn narrowed_roots(&self, roots: &[PathBuf], names: RuleNames) -> Result<Vec<PathBuf>, Refusal> {
+        let rule = names.setup("cwdRoots");
         let mut resolved = Vec::new();
         for root in roots {
             if !root.is_absolute() {
                 return Err(invalid(
-                    "cwdRoots",
+                    &rule,
                     format!("{} is not an absolute path", shown(root)),
                 ));
             }
-            let canonical = std::fs::canonicalize(root)
-                .map_err(|error| invalid("cwdRoots", format!("{}: {error}", shown(root))))?;
+            let canonical = std::fs::canonicalize(root).map_err(|error| {
+                invalid(&rule, format!("{}: {}", shown(root), io_message(&error)))
+            })?;
             if !canonical.is_dir() {
                 return Err(invalid(
-                    "cwdRoots",
+                    &rule,
                     format!("{} is not a directory", shown(root)),
                 ));
             }
@@ -235,7 +265,7 @@ impl Rules {
                 && !allowed.iter().any(|outer| canonical.starts_with(outer))
             {
                 return Err(not_allowed(
-                    "cwdRoots",
+                    &rule,
                     format!(
                         "{} ({}) is outside this executor's roots ({})",
                         shown(root),
@@ -251,11 +281,16 @@ impl Rules {
 
     /// A new fixed environment replaces what starts would otherwise get,
     /// which is a change these rules must allow.
-    fn check_fixed_environment(&self, wanted: &[(OsString, OsString)]) -> Result<(), Refusal> {
+    fn check_fixed_environment(
+        &self,
+        wanted: &[(OsString, OsString)],
+        names: RuleNames,
+    ) -> Result<(), Refusal> {
+        let rule = names.setup("environment");
         for (name, value) in wanted {
             if env_name_problem(name).is_some() || value.as_encoded_bytes().contains(&0) {
                 return Err(invalid(
-                    "environment",
+                    &rule,
                     format!(
                         "{:?} is not a valid variable (names are non-empty, without '=' or NUL)",
                         name.to_string_lossy()
@@ -268,7 +303,7 @@ impl Rules {
         };
         let Some(current) = &self.environment else {
             return Err(not_allowed(
-                "environment",
+                &rule,
                 format!(
                     "this executor lets starts change {}; a fixed environment would replace all of it",
                     changeable(settable)
@@ -281,15 +316,15 @@ impl Rules {
                 .find(|(n, _)| n == name)
                 .map(|(_, v)| v.clone())
         };
-        let names: BTreeSet<&OsString> = current
+        let changed: BTreeSet<&OsString> = current
             .iter()
             .chain(wanted.iter())
             .map(|(name, _)| name)
             .collect();
-        for name in names {
+        for name in changed {
             if value_of(current, name) != value_of(wanted, name) && !settable.contains(name) {
                 return Err(not_allowed(
-                    "environment",
+                    &rule,
                     format!(
                         "{:?} differs from this executor's fixed environment and is not settable (settable: {})",
                         name.to_string_lossy(),
@@ -310,7 +345,7 @@ impl Rules {
         let mut admitted = spec.clone();
         if self.forbid_tty && spec.tty {
             return Err(not_allowed(
-                "forbidTty",
+                &self.labels.forbid_tty.refusal("forbidTty"),
                 "this executor does not allow terminals".into(),
             ));
         }
@@ -326,9 +361,10 @@ impl Rules {
 
     fn admit_environment(&self, spec: &mut StartSpec) -> Result<(), Refusal> {
         if let Some(settable) = &self.settable_env {
+            let rule = self.settable_rule();
             if spec.env.clear {
                 return Err(not_allowed(
-                    "settableEnv",
+                    &rule,
                     format!(
                         "starts may not clear the environment; they may change {}",
                         changeable(settable)
@@ -343,7 +379,7 @@ impl Rules {
             for name in changed {
                 if !settable.contains(name) {
                     return Err(not_allowed(
-                        "settableEnv",
+                        &rule,
                         format!(
                             "{:?} may not be set or unset (settable: {})",
                             name.to_string_lossy(),
@@ -380,14 +416,18 @@ impl Rules {
             None => std::env::current_dir().map_err(|error| {
                 Refusal::new(
                     RefusalKind::BadCwd,
-                    format!("the server's working directory: {error}"),
+                    format!("the server's working directory: {}", io_message(&error)),
                 )
             })?,
         };
         let canonical = std::fs::canonicalize(&asked).map_err(|error| {
             Refusal::new(
                 RefusalKind::BadCwd,
-                format!("working directory {}: {error}", asked.display()),
+                format!(
+                    "working directory {}: {}",
+                    asked.display(),
+                    io_message(&error)
+                ),
             )
         })?;
         if !roots.iter().any(|root| canonical.starts_with(root)) {
@@ -397,7 +437,7 @@ impl Rules {
                 format!(" (resolved: {})", shown(&canonical))
             };
             return Err(not_allowed(
-                "cwdRoots",
+                &self.labels.cwd_roots.refusal("cwdRoots"),
                 format!(
                     "working directory {}{resolved} is outside the allowed roots ({})",
                     shown(&asked),
@@ -413,13 +453,14 @@ impl Rules {
         let Some(programs) = &self.programs else {
             return Ok(());
         };
+        let rule = self.labels.programs.refusal("programs");
         // A multi-call program (busybox) picks what it does by the name it
         // sees: it must be the name that was checked.
         if let Some(arg0) = &spec.arg0
             && arg0 != &spec.argv[0]
         {
             return Err(not_allowed(
-                "programs",
+                &rule,
                 format!(
                     "arg0 {:?} differs from the program {:?}; a restricted executor runs programs \
                      under their own names",
@@ -444,12 +485,12 @@ impl Rules {
         let canonical = program_identity(&found).map_err(|error| {
             Refusal::new(
                 RefusalKind::ProgramNotFound,
-                format!("program {}: {error}", shown(&found)),
+                format!("program {}: {}", shown(&found), io_message(&error)),
             )
         })?;
         if !programs.contains(&canonical) {
             return Err(not_allowed(
-                "programs",
+                &rule,
                 format!(
                     "{} ({}) is not one of the allowed programs ({})",
                     shown(Path::new(&spec.argv[0])),
@@ -467,6 +508,20 @@ impl Rules {
         Ok(())
     }
 
+    /// How refusals of the settable names name their rule: saying why the
+    /// list is empty when no flag set it.
+    fn settable_rule(&self) -> String {
+        let names = self.labels.settable_env;
+        if self.labels.settable_env_implied && names == RuleNames::ServeFlags {
+            format!(
+                "{} (none by default with --allow-program)",
+                names.refusal("settableEnv")
+            )
+        } else {
+            names.refusal("settableEnv")
+        }
+    }
+
     fn take_places(&self) -> Result<Admission, Refusal> {
         let mut admission = Admission {
             counters: Vec::with_capacity(self.counters.len()),
@@ -481,7 +536,7 @@ impl Rules {
             if taken.is_err() {
                 // Dropping the admission gives back the places taken so far.
                 return Err(not_allowed(
-                    "maxProcesses",
+                    &counter.names.refusal("maxProcesses"),
                     format!(
                         "the limit of {} running processes is reached (it counts what was started \
                          through the executor that set it and the executors restricted from it)",
@@ -497,12 +552,12 @@ impl Rules {
 
 /// A policy's program: an absolute path or a name on the server's PATH,
 /// symlinks resolved.
-fn resolve_allowed_program(program: &OsStr) -> Result<PathBuf, Refusal> {
+fn resolve_allowed_program(program: &OsStr, rule: &str) -> Result<PathBuf, Refusal> {
     let path = Path::new(program);
     let found = if program.as_encoded_bytes().contains(&b'/') {
         if !path.is_absolute() {
             return Err(invalid(
-                "programs",
+                rule,
                 format!(
                     "{} is neither an absolute path nor a name to look up on PATH",
                     shown(path)
@@ -511,22 +566,23 @@ fn resolve_allowed_program(program: &OsStr) -> Result<PathBuf, Refusal> {
         }
         path.to_path_buf()
     } else if program.is_empty() {
-        return Err(invalid("programs", "a program name is empty".into()));
+        return Err(invalid(rule, "a program name is empty".into()));
     } else {
         spawn::program_on_own_path(program).map_err(|error| {
+            let why = match error.kind() {
+                std::io::ErrorKind::NotFound => String::new(),
+                _ => format!(" ({})", io_message(&error)),
+            };
             invalid(
-                "programs",
-                format!("{} is not on the server's PATH ({error})", shown(path)),
+                rule,
+                format!("{} is not on the server's PATH{why}", shown(path)),
             )
         })?
     };
     let identity = program_identity(&found)
-        .map_err(|error| invalid("programs", format!("{}: {error}", shown(&found))))?;
+        .map_err(|error| invalid(rule, format!("{}: {}", shown(&found), io_message(&error))))?;
     if !identity.is_file() {
-        return Err(invalid(
-            "programs",
-            format!("{} is not a file", shown(&found)),
-        ));
+        return Err(invalid(rule, format!("{} is not a file", shown(&found))));
     }
     Ok(identity)
 }

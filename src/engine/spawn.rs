@@ -161,6 +161,12 @@ pub(crate) fn child_env(spec: &StartSpec) -> Vec<(OsString, OsString)> {
     for name in &spec.env.unset {
         env.remove(name);
     }
+    if spec.tty
+        && let Some(term) = &spec.term
+        && !spec.env.set.iter().any(|(name, _)| name == "TERM")
+    {
+        env.insert("TERM".into(), term.clone());
+    }
     for (name, value) in &spec.env.set {
         env.insert(name.clone(), value.clone());
     }
@@ -274,10 +280,19 @@ fn classify(spec: &StartSpec, error: &io::Error) -> Refusal {
             RefusalKind::ProgramNotFound,
             format!("program not found: {program}"),
         ),
-        Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EISDIR) => Refusal::new(
-            RefusalKind::PermissionDenied,
-            format!("cannot execute {program}: {}", io_message(error)),
-        ),
+        Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EISDIR) => {
+            // The kernel says "Permission denied" for a directory too.
+            let directory = program_path(spec).is_ok_and(|path| path.is_dir());
+            let why = if directory {
+                "it is a directory".to_string()
+            } else {
+                io_message(error)
+            };
+            Refusal::new(
+                RefusalKind::PermissionDenied,
+                format!("cannot execute {program}: {why}"),
+            )
+        }
         Some(libc::ENOEXEC) => Refusal::new(
             RefusalKind::PermissionDenied,
             format!("cannot execute {program}: not an executable format"),
@@ -798,5 +813,46 @@ mod tests {
             missing.expect_err("missing").raw_os_error(),
             Some(libc::ENOENT)
         );
+    }
+
+    #[test]
+    fn a_terminal_gets_its_type_unless_the_start_sets_term() {
+        let mut spec = StartSpec::new(["sh"]);
+        spec.env.clear = true;
+        spec.term = Some("xterm-kitty".into());
+        assert!(child_env(&spec).is_empty(), "no terminal, no TERM");
+        spec.tty = true;
+        assert_eq!(
+            child_env(&spec),
+            vec![("TERM".into(), "xterm-kitty".into())]
+        );
+        spec.env.set = vec![("TERM".into(), "dumb".into())];
+        assert_eq!(child_env(&spec), vec![("TERM".into(), "dumb".into())]);
+        for bad in ["", "../../x", "a b", "x=y"] {
+            spec.term = Some(bad.into());
+            assert!(spec.validate().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn environment_is_built_by_clear_unset_then_set() {
+        let mut spec = StartSpec::new(["env"]);
+        spec.env.clear = true;
+        spec.env.set = vec![
+            ("A".into(), "1".into()),
+            ("B".into(), "2".into()),
+            ("A".into(), "3".into()),
+        ];
+        spec.env.unset = vec!["B".into()];
+        let mut env = child_env(&spec);
+        env.sort();
+        assert_eq!(
+            env,
+            vec![("A".into(), "3".into()), ("B".into(), "2".into())]
+        );
+
+        let mut inherit = StartSpec::new(["env"]);
+        inherit.env.unset = vec!["PATH".into()];
+        assert!(child_env(&inherit).iter().all(|(name, _)| name != "PATH"));
     }
 }

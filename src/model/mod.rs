@@ -10,12 +10,12 @@ mod process;
 mod signal;
 mod spec;
 
-pub use self::error::{Refusal, RefusalKind, human_description, io_message};
+pub use self::error::{Refusal, RefusalKind, human_description, io_message, show_duration};
 pub use self::executor::{
     EnvironmentState, EnvironmentStatus, ExecutorInfo, LOCAL_ENVIRONMENT, valid_environment_name,
 };
 pub use self::exit::{Exit, ExitStatus, ResourceUsage};
-pub use self::policy::Policy;
+pub use self::policy::{Policy, RuleNames};
 pub use self::process::{
     Event, EventBody, Flow, OutputStream, ProcessSnapshot, PtySize, ReadOutcome, WriteStatus,
 };

@@ -22,4 +22,50 @@ pub struct Policy {
     pub max_processes: Option<u32>,
     /// Longest run time of each process.
     pub max_run_time: Option<Duration>,
+    /// What refusals call these rules (not on the wire).
+    pub rule_names: RuleNames,
+}
+
+/// What messages call a policy's rules: the schema's field names (a
+/// client's `Executor.restrict`), or the `capexec serve` flags that set
+/// them, so that whoever reads a refusal knows what to change.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RuleNames {
+    #[default]
+    Schema,
+    ServeFlags,
+}
+
+impl RuleNames {
+    /// The name of the rule `field` (a schema field name) in a refusal.
+    pub(crate) fn refusal(self, field: &str) -> String {
+        match self.flag(field) {
+            Some(flag) => format!("the server's {flag}"),
+            None => format!("policy rule `{field}`"),
+        }
+    }
+
+    /// The name of the rule `field` in an error about the policy itself.
+    pub(crate) fn setup(self, field: &str) -> String {
+        match self.flag(field) {
+            Some(flag) => flag.to_string(),
+            None => format!("policy rule `{field}`"),
+        }
+    }
+
+    fn flag(self, field: &str) -> Option<&'static str> {
+        if self == RuleNames::Schema {
+            return None;
+        }
+        Some(match field {
+            "programs" => "--allow-program",
+            "cwdRoots" => "--allow-cwd",
+            "environment" => "--fixed-env",
+            "settableEnv" => "--settable-env",
+            "forbidTty" => "--forbid-tty",
+            "maxProcesses" => "--max-running",
+            "maxRunTime" => "--max-run-time",
+            _ => return None,
+        })
+    }
 }

@@ -25,6 +25,9 @@ pub struct StartSpec {
     /// What the child sees as `argv[0]`, if not `argv[0]` itself.
     pub arg0: Option<OsString>,
     pub tty: bool,
+    /// The terminal's type for a `tty` child: its `TERM`, unless `env`
+    /// sets one. Ignored without `tty`.
+    pub term: Option<OsString>,
     pub pipe_stdin: bool,
     pub pty_size: PtySize,
     pub flow: Flow,
@@ -95,6 +98,14 @@ impl StartSpec {
                 ),
             ));
         }
+        if let Some(term) = &self.term
+            && let Some(problem) = term_problem(term)
+        {
+            return invalid(format!(
+                "terminal type {:?} {problem}",
+                term.to_string_lossy()
+            ));
+        }
         if self.tty && (self.pty_size.rows == 0 || self.pty_size.cols == 0) {
             return invalid(format!(
                 "pty size {}x{} is empty; rows and cols must be at least 1",
@@ -121,6 +132,27 @@ impl StartSpec {
     /// The working directory to use, if not the server's.
     pub fn effective_cwd(&self) -> Option<&PathBuf> {
         self.cwd.as_ref().filter(|cwd| !cwd.as_os_str().is_empty())
+    }
+}
+
+/// Longest terminal type accepted; terminfo names are short.
+const MAX_TERM_BYTES: usize = 128;
+
+/// What makes `term` unusable as a terminal type, if anything: terminfo
+/// looks names up as file names, so no `/`, and nothing unprintable.
+fn term_problem(term: &OsStr) -> Option<&'static str> {
+    let bytes = term.as_bytes();
+    if bytes.is_empty() {
+        Some("is empty")
+    } else if bytes.len() > MAX_TERM_BYTES {
+        Some("is too long (at most 128 bytes)")
+    } else if !bytes
+        .iter()
+        .all(|b| b.is_ascii_graphic() && !matches!(b, b'/' | b'\\' | b'='))
+    {
+        Some("may hold only printable ASCII, without '/', '\\' or '='")
+    } else {
+        None
     }
 }
 

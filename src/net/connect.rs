@@ -1,62 +1,62 @@
 //! Connecting to a served Executor.
 
-use std::fmt;
+use std::cell::Cell;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::rc::Rc;
 use std::time::Duration;
 
 use capnp_rpc::RpcSystem;
 use capnp_rpc::rpc_twoparty_capnp::Side;
+use futures::FutureExt;
+use futures::future::{LocalBoxFuture, Shared};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::capexec_capnp::{executor, gatekeeper};
 use crate::net::address::Address;
+pub use crate::net::connect_error::{ConnectError, os_message};
 use crate::net::guard::CallLimits;
+use crate::net::liveness::{self, Watch, Watched};
 use crate::net::socket;
-use crate::net::tls::TlsClient;
+use crate::net::tls::{self, TlsClient};
 use crate::net::token::Token;
 use crate::net::transport;
 
-/// How long establishing a connection may take.
+/// How long establishing a connection may take by default.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-#[derive(Debug)]
-pub enum ConnectError {
-    Io(Address, std::io::Error),
-    Timeout(Address),
-    TokenRequired(Address),
-    /// TLS could not be set up: the reason, in the user's terms.
-    Tls(Address, String),
+/// How to connect: over TLS or not, how long it may take, whether to watch
+/// for a silent server.
+#[derive(Clone, Debug)]
+pub struct ConnectOptions {
+    /// TLS for a `tcp:` address.
+    pub tls: Option<TlsClient>,
+    /// Connecting, the TLS handshake and the server's first answer (to the
+    /// login, or for a Unix socket to the bootstrap) must all happen within
+    /// this; see [`Connection::established`].
+    pub deadline: Duration,
+    /// Treat the connection as lost when nothing has arrived from the
+    /// server for this long (a quiet connection is probed with a cheap call
+    /// every fifth of it, so a silent path is noticed within 1.2 times it).
+    /// `None`: never (TCP keepalive only).
+    pub keepalive: Option<Duration>,
+    /// Refuse to send the login token without TLS to a host that does not
+    /// resolve to loopback addresses only.
+    pub plaintext_only_to_loopback: bool,
 }
 
-impl fmt::Display for ConnectError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ConnectError::Io(address, error) => {
-                write!(f, "cannot connect to {address}: {}", os_message(error))
-            }
-            ConnectError::Timeout(address) => write!(
-                f,
-                "cannot connect to {address}: no answer within {}s",
-                CONNECT_TIMEOUT.as_secs()
-            ),
-            ConnectError::TokenRequired(address) => write!(
-                f,
-                "{address} needs a login token (--token-file FILE or CAPEXEC_TOKEN)"
-            ),
-            ConnectError::Tls(address, why) => write!(f, "cannot connect to {address}: {why}"),
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            tls: None,
+            deadline: CONNECT_TIMEOUT,
+            keepalive: None,
+            plaintext_only_to_loopback: false,
         }
-    }
-}
-
-impl std::error::Error for ConnectError {}
-
-/// An I/O error's text without Rust's " (os error N)" suffix.
-pub(crate) fn os_message(error: &std::io::Error) -> String {
-    let text = error.to_string();
-    match text.find(" (os error ") {
-        Some(index) => text[..index].to_string(),
-        None => text,
     }
 }
 
@@ -69,7 +69,15 @@ pub struct Connection {
     /// Tells the RPC task to disconnect: capabilities still held then fail
     /// with `disconnected` instead of waiting forever.
     close: Option<oneshot::Sender<()>>,
+    established: Established,
+    watchdog: Option<JoinHandle<()>>,
+    /// Set when this side closes the connection, so that its end is not
+    /// taken for the server's doing.
+    closing: Rc<Cell<bool>>,
 }
+
+/// The server's first answer, raced against the connect deadline.
+type Established = Shared<LocalBoxFuture<'static, Result<(), Rc<ConnectError>>>>;
 
 impl Connection {
     /// The server's Executor. Over TCP it is the pipelined result of the
@@ -83,10 +91,26 @@ impl Connection {
     pub fn is_closed(&self) -> bool {
         self.rpc.is_finished()
     }
+
+    /// Resolves once the server has answered (the login over TCP, a cheap
+    /// call over a Unix socket), or fails if it has not within the
+    /// connect deadline, refused the login, or closed the connection first.
+    /// Calls made on [`Connection::executor`] meanwhile travel pipelined, so
+    /// racing them against this costs no round trip. Owns what it needs:
+    /// it may outlive the connection.
+    pub fn established(
+        &self,
+    ) -> impl Future<Output = Result<(), Rc<ConnectError>>> + 'static + use<> {
+        self.established.clone()
+    }
 }
 
 impl Drop for Connection {
     fn drop(&mut self) {
+        self.closing.set(true);
+        if let Some(watchdog) = self.watchdog.take() {
+            watchdog.abort();
+        }
         if let Some(close) = self.close.take() {
             let _ = close.send(());
         }
@@ -96,7 +120,7 @@ impl Drop for Connection {
 /// Connects to `address`; TCP addresses need `token`. Must run inside a
 /// `LocalSet`.
 pub async fn connect(address: &Address, token: Option<&Token>) -> Result<Connection, ConnectError> {
-    connect_with(address, token, None).await
+    connect_to(address, token, &ConnectOptions::default()).await
 }
 
 /// Connects to `address`, over TLS (TCP only) if `tls` is given; TCP
@@ -106,77 +130,106 @@ pub async fn connect_with(
     token: Option<&Token>,
     tls: Option<&TlsClient>,
 ) -> Result<Connection, ConnectError> {
-    let io = |error| ConnectError::Io(address.clone(), error);
-    let timed_out = |_| ConnectError::Timeout(address.clone());
-    let (network, token) = match address {
-        Address::Unix(_) if tls.is_some() => {
-            return Err(ConnectError::Tls(
-                address.clone(),
-                "TLS is for tcp: addresses; a Unix socket is protected by its file permissions"
-                    .to_string(),
-            ));
-        }
-        Address::Unix(path) => {
-            let stream = tokio::time::timeout(CONNECT_TIMEOUT, UnixStream::connect(path))
-                .await
-                .map_err(timed_out)?
-                .map_err(io)?;
-            let (reader, writer) = stream.into_split();
-            (
-                transport::network(reader, writer, Side::Client, CallLimits::unlimited()),
-                None,
-            )
-        }
-        Address::Tcp { host, port } => {
-            let token = token.ok_or_else(|| ConnectError::TokenRequired(address.clone()))?;
-            let stream =
-                tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect((host.as_str(), *port)))
-                    .await
-                    .map_err(timed_out)?
-                    .map_err(io)?;
-            socket::tune_tcp(&stream).map_err(io)?;
-            let network = match tls {
-                None => {
-                    let (reader, writer) = stream.into_split();
-                    transport::network(reader, writer, Side::Client, CallLimits::unlimited())
-                }
-                Some(tls) => {
-                    let failed = |why| ConnectError::Tls(address.clone(), why);
-                    let name = rustls::pki_types::ServerName::try_from(host.clone())
-                        .map_err(|_| failed(format!("TLS: {host:?} is not a valid server name")))?;
-                    let connector = tokio_rustls::TlsConnector::from(tls.config.clone());
-                    let stream =
-                        tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(name, stream))
-                            .await
-                            .map_err(timed_out)?
-                            .map_err(|error| failed(tls.explain(host, &error)))?;
-                    let (reader, writer) = tokio::io::split(stream);
-                    transport::network(reader, writer, Side::Client, CallLimits::unlimited())
-                }
-            };
-            (network, Some(token.as_str().to_string()))
-        }
+    let options = ConnectOptions {
+        tls: tls.cloned(),
+        ..ConnectOptions::default()
     };
-    let mut system = RpcSystem::new(network, None);
-    let executor = match token {
-        None => system.bootstrap::<executor::Client>(Side::Server),
-        Some(token) => {
-            let gatekeeper: gatekeeper::Client = system.bootstrap(Side::Server);
-            let mut login = gatekeeper.login_request();
-            login.get().set_token(token.as_str());
-            let login = login.send();
-            let executor = login.pipeline.get_executor();
-            // Keep the login question alive until it is answered; its
-            // outcome reaches callers through the pipelined executor.
-            let answer = login.promise;
-            tokio::task::spawn_local(async move {
-                if let Err(error) = answer.await {
-                    tracing::debug!(%error, "login failed");
-                }
-            });
-            executor
-        }
-    };
+    connect_to(address, token, &options).await
+}
+
+/// A byte stream to the server, before capnp-rpc takes it over.
+struct Stream {
+    network: transport::Network,
+    /// Counts what the server sends, for the liveness check and to tell a
+    /// server that never spoke from one that did.
+    watch: Rc<Watch>,
+    /// The resolved addresses of a plaintext TCP connection, to probe for
+    /// TLS if the server closes without a word.
+    plaintext_tcp: Option<(String, Vec<SocketAddr>)>,
+}
+
+/// Connects to `address` as `options` say; TCP addresses need `token`.
+/// Returns as soon as the transport is up: the login travels pipelined
+/// with the first calls (see [`Connection::established`]). Must run inside
+/// a `LocalSet`.
+pub async fn connect_to(
+    address: &Address,
+    token: Option<&Token>,
+    options: &ConnectOptions,
+) -> Result<Connection, ConnectError> {
+    let deadline = Instant::now() + options.deadline;
+    let timed_out = |_| ConnectError::Timeout(address.clone(), options.deadline);
+    let (stream, token) = tokio::time::timeout_at(deadline, open(address, token, options))
+        .await
+        .map_err(timed_out)??;
+    let mut system = RpcSystem::new(stream.network, None);
+    let (executor, answer): (executor::Client, LocalBoxFuture<'static, capnp::Result<()>>) =
+        match token {
+            None => {
+                let executor = system.bootstrap::<executor::Client>(Side::Server);
+                // A cheap call sent along with the caller's first ones,
+                // which the server answers itself (`info` would go on to the
+                // default environment's upstream): any answer, even
+                // "unimplemented" from an old server, shows a server is there.
+                let answer = executor.environments_request().send().promise;
+                let answered = async move {
+                    match answer.await {
+                        Err(error) if error.kind == capnp::ErrorKind::Disconnected => Err(error),
+                        _ => Ok(()),
+                    }
+                };
+                (executor, answered.boxed_local())
+            }
+            Some(token) => {
+                let gatekeeper: gatekeeper::Client = system.bootstrap(Side::Server);
+                let mut login = gatekeeper.login_request();
+                login.get().set_token(token.as_str());
+                let login = login.send();
+                let executor = login.pipeline.get_executor();
+                // Its outcome also reaches callers through the pipelined
+                // executor.
+                let answer = login.promise;
+                (
+                    executor,
+                    async move { answer.await.map(drop) }.boxed_local(),
+                )
+            }
+        };
+    // Awaited here whether or not anyone asks, so the question lives until
+    // it is answered.
+    let (answered, first_answer) = futures::channel::oneshot::channel();
+    tokio::task::spawn_local(async move {
+        let _ = answered.send(answer.await);
+    });
+    let first_answer = capnp::capability::Promise::from_future(async move {
+        first_answer.await.unwrap_or_else(|_| {
+            Err(capnp::Error::disconnected(
+                "the connection was closed".to_string(),
+            ))
+        })
+    });
+    let closing = Rc::new(Cell::new(false));
+    let established = establish(
+        address.clone(),
+        first_answer,
+        Deadline {
+            at: deadline,
+            allowed: options.deadline,
+        },
+        Rc::clone(&stream.watch),
+        stream.plaintext_tcp,
+        Rc::clone(&closing),
+    );
+    let watchdog = options
+        .keepalive
+        .filter(|limit| !limit.is_zero())
+        .map(|limit| {
+            tokio::task::spawn_local(liveness::watch(
+                Rc::clone(&stream.watch),
+                executor.clone(),
+                limit,
+            ))
+        });
     let disconnector = system.get_disconnector();
     let (close, closed) = oneshot::channel::<()>();
     let rpc = tokio::task::spawn_local(async move {
@@ -203,5 +256,185 @@ pub async fn connect_with(
         executor,
         rpc,
         close: Some(close),
+        established,
+        watchdog,
+        closing,
     })
+}
+
+/// When the server must have answered, and the allowance it came from.
+struct Deadline {
+    at: Instant,
+    allowed: Duration,
+}
+
+/// The first answer within the deadline, or why not.
+fn establish(
+    address: Address,
+    first_answer: capnp::capability::Promise<(), capnp::Error>,
+    deadline: Deadline,
+    watch: Rc<Watch>,
+    plaintext_tcp: Option<(String, Vec<SocketAddr>)>,
+    closing: Rc<Cell<bool>>,
+) -> Established {
+    async move {
+        let answer = match tokio::time::timeout_at(deadline.at, first_answer).await {
+            Ok(answer) => answer,
+            Err(_) => return Err(Rc::new(ConnectError::Timeout(address, deadline.allowed))),
+        };
+        let Err(error) = answer else {
+            return Ok(());
+        };
+        if closing.get() {
+            return Err(Rc::new(ConnectError::Closed(
+                address,
+                "the connection was closed before the server answered".to_string(),
+            )));
+        }
+        // A TLS server drops a plaintext client with an alert, or without a
+        // word: ask it for a handshake to be sure.
+        if let Some((host, resolved)) = plaintext_tcp
+            && (watch.first_bytes_look_like_tls()
+                || (watch.received() == 0 && tls::speaks_tls(&host, &resolved, deadline.at).await))
+        {
+            return Err(Rc::new(ConnectError::SpeaksTls(address)));
+        }
+        let error = match error.kind {
+            capnp::ErrorKind::Disconnected | capnp::ErrorKind::PrematureEndOfFile
+                if watch.received() == 0 =>
+            {
+                ConnectError::Closed(
+                    address,
+                    "the server closed the connection before answering".to_string(),
+                )
+            }
+            capnp::ErrorKind::Disconnected => {
+                ConnectError::Closed(address, crate::wire::describe(&error))
+            }
+            _ => ConnectError::Refused(address, crate::wire::describe(&error)),
+        };
+        Err(Rc::new(error))
+    }
+    .boxed_local()
+    .shared()
+}
+
+/// The transport to `address`, and the token to log in with (TCP only).
+async fn open(
+    address: &Address,
+    token: Option<&Token>,
+    options: &ConnectOptions,
+) -> Result<(Stream, Option<String>), ConnectError> {
+    let io = |error| ConnectError::Io(address.clone(), error);
+    let watch = Watch::new();
+    match address {
+        Address::Unix(_) if options.tls.is_some() => Err(ConnectError::Tls(
+            address.clone(),
+            "TLS is for tcp: addresses; a Unix socket is protected by its file permissions"
+                .to_string(),
+        )),
+        Address::Unix(path) => {
+            let stream = UnixStream::connect(path)
+                .await
+                .map_err(|error| unix_error(address, path, error))?;
+            let (reader, writer) = stream.into_split();
+            let reader = Watched::new(reader, Rc::clone(&watch));
+            let network = transport::network(reader, writer, Side::Client, CallLimits::unlimited());
+            Ok((
+                Stream {
+                    network,
+                    watch,
+                    plaintext_tcp: None,
+                },
+                None,
+            ))
+        }
+        Address::Tcp { host, port } => {
+            let token = token.ok_or_else(|| ConnectError::TokenRequired(address.clone()))?;
+            let resolved: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), *port))
+                .await
+                .map_err(io)?
+                .collect();
+            // Checked on the addresses connected to, not on the name: a
+            // name that resolves to loopback is as safe as `localhost`, and
+            // one that does not is refused whatever it is called.
+            let loopback = !resolved.is_empty() && resolved.iter().all(|a| a.ip().is_loopback());
+            if options.tls.is_none() && options.plaintext_only_to_loopback && !loopback {
+                return Err(ConnectError::ClearText(host.clone()));
+            }
+            let stream = connect_tcp(&resolved).await.map_err(io)?;
+            socket::tune_tcp(&stream).map_err(io)?;
+            let (network, plaintext_tcp) = match &options.tls {
+                None => {
+                    let (reader, writer) = stream.into_split();
+                    let reader = Watched::new(reader, Rc::clone(&watch));
+                    let network =
+                        transport::network(reader, writer, Side::Client, CallLimits::unlimited());
+                    (network, Some((host.clone(), resolved)))
+                }
+                Some(tls) => {
+                    let stream =
+                        tls.handshake(host, stream)
+                            .await
+                            .map_err(|failure| match failure {
+                                tls::Failure::NotTls => ConnectError::NoTls(address.clone()),
+                                tls::Failure::Refused(why) => {
+                                    ConnectError::Tls(address.clone(), why)
+                                }
+                            })?;
+                    let (reader, writer) = tokio::io::split(stream);
+                    let reader = Watched::new(reader, Rc::clone(&watch));
+                    let network =
+                        transport::network(reader, writer, Side::Client, CallLimits::unlimited());
+                    (network, None)
+                }
+            };
+            Ok((
+                Stream {
+                    network,
+                    watch,
+                    plaintext_tcp,
+                },
+                Some(token.as_str().to_string()),
+            ))
+        }
+    }
+}
+
+/// Each resolved address in turn, as `TcpStream::connect` would try them.
+async fn connect_tcp(resolved: &[SocketAddr]) -> std::io::Result<TcpStream> {
+    let mut last = None;
+    for address in resolved {
+        match TcpStream::connect(address).await {
+            Ok(stream) => return Ok(stream),
+            Err(error) => last = Some(error),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "the name resolves to no address",
+        )
+    }))
+}
+
+/// Why a Unix socket could not be reached, naming what is at the path when
+/// that is the problem (connecting to a directory says "Connection
+/// refused", which misleads).
+fn unix_error(address: &Address, path: &Path, error: std::io::Error) -> ConnectError {
+    if error.kind() != std::io::ErrorKind::ConnectionRefused {
+        return ConnectError::Io(address.clone(), error);
+    }
+    use std::os::unix::fs::FileTypeExt;
+    let why = match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => format!("{} is a directory, not a socket", path.display()),
+        Ok(meta) if !meta.file_type().is_socket() => {
+            format!("{} is not a socket", path.display())
+        }
+        _ => format!(
+            "nothing is listening on {} (the server is gone; the socket file was left behind)",
+            path.display()
+        ),
+    };
+    ConnectError::NotASocket(address.clone(), why)
 }

@@ -7,8 +7,11 @@
 
 mod address;
 mod auth;
+mod certificate;
 mod connect;
+mod connect_error;
 mod guard;
+mod liveness;
 mod server;
 mod socket;
 mod tls;
@@ -18,9 +21,12 @@ mod upstream;
 
 pub use self::address::Address;
 pub use self::auth::UNAUTHENTICATED_TAG;
-pub use self::connect::{ConnectError, Connection, connect, connect_with};
+pub use self::connect::{
+    CONNECT_TIMEOUT, ConnectError, ConnectOptions, Connection, connect, connect_to, connect_with,
+    os_message,
+};
 pub use self::guard::CallLimits;
 pub use self::server::{ServeError, Server, ServerConfig, serve_stream};
-pub use self::tls::{ServerTrust, TlsClient, TlsError, TlsServer};
+pub use self::tls::{ServerTrust, TlsClient, TlsError, TlsServer, parse_fingerprint};
 pub use self::token::{Token, TokenError, default_token_path};
 pub use self::upstream::UpstreamConfig;

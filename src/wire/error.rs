@@ -14,15 +14,34 @@ pub fn refusal_of(error: &capnp::Error) -> Option<Refusal> {
     Refusal::from_description(&error.extra)
 }
 
+/// How [`describe`] begins the description of a lost connection.
+pub const LOST_CONNECTION_PREFIX: &str = "the connection was lost: ";
+
 /// A capnp error as one line for people: the peer's own words, without the
-/// "remote exception:" prefixes each hop adds or capexec's machine tags.
+/// "remote exception:" prefixes each hop adds, capexec's machine tags or
+/// Rust's " (os error N)".
 pub fn describe(error: &capnp::Error) -> String {
     let text = human_description(&error.extra);
+    let text = match text.find(" (os error ") {
+        Some(at) if text.ends_with(')') => &text[..at],
+        _ => text.as_str(),
+    };
     match error.kind {
         capnp::ErrorKind::Disconnected if text.is_empty() => "the connection was lost".to_string(),
-        capnp::ErrorKind::Disconnected => format!("the connection was lost: {text}"),
+        // What capnp-rpc and the kernel say when the peer closed the
+        // connection, cleanly or not (a process killed with unread data
+        // resets it).
+        capnp::ErrorKind::Disconnected
+            if matches!(
+                text,
+                "Peer disconnected." | "Connection reset by peer" | "Broken pipe"
+            ) =>
+        {
+            "the server closed the connection".to_string()
+        }
+        capnp::ErrorKind::Disconnected => format!("{LOST_CONNECTION_PREFIX}{text}"),
         _ if text.is_empty() => error.kind.to_string(),
-        _ => text,
+        _ => text.to_string(),
     }
 }
 
@@ -49,10 +68,15 @@ mod tests {
                 .to_string(),
         );
         assert_eq!(describe(&error), "login refused: wrong token");
-        let lost = capnp::Error::disconnected("Peer disconnected.".to_string());
+        let closed = capnp::Error::disconnected("Peer disconnected.".to_string());
+        assert_eq!(describe(&closed), "the server closed the connection");
+        let reset =
+            capnp::Error::disconnected("Connection reset by peer (os error 104)".to_string());
+        assert_eq!(describe(&reset), "the server closed the connection");
+        let silent = capnp::Error::disconnected("no answer from the server for 15 s".to_string());
         assert_eq!(
-            describe(&lost),
-            "the connection was lost: Peer disconnected."
+            describe(&silent),
+            "the connection was lost: no answer from the server for 15 s"
         );
     }
 }

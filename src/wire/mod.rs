@@ -12,7 +12,7 @@ mod process;
 mod signal;
 mod start;
 
-pub use self::error::{describe, refusal_of};
+pub use self::error::{LOST_CONNECTION_PREFIX, describe, refusal_of};
 pub use self::event::{
     event_from_wire, event_to_wire, events_from_wire, events_message_size, events_to_wire,
     exit_from_wire, exit_to_wire,

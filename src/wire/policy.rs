@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use crate::capexec_capnp::policy;
-use crate::model::{Policy, Refusal, RefusalKind};
+use crate::model::{Policy, Refusal, RefusalKind, RuleNames};
 use crate::wire::lists::{
     byte_strings, env_vars, limit_from_millis, limit_millis, set_byte_strings, set_env_vars,
 };
@@ -45,6 +45,7 @@ pub fn policy_from_wire(reader: policy::Reader<'_>) -> Result<Policy, Refusal> {
         forbid_tty: reader.get_forbid_tty(),
         max_processes: Some(reader.get_max_processes()).filter(|&max| max > 0),
         max_run_time: limit_from_millis(reader.get_max_run_time_ms()),
+        rule_names: RuleNames::Schema,
     })
 }
 
@@ -101,6 +102,7 @@ mod tests {
             forbid_tty: true,
             max_processes: Some(3),
             max_run_time: Some(Duration::from_millis(1500)),
+            rule_names: RuleNames::Schema,
         };
         assert_eq!(round_trip(&policy), policy);
     }

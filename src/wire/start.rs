@@ -49,6 +49,12 @@ pub fn start_spec_from_wire(params: start_params::Reader<'_>) -> Result<StartSpe
     } else {
         PtySize::default()
     };
+    let term = if params.has_term() {
+        let term = params.get_term().map_err(|e| malformed("term", e))?;
+        (!term.is_empty()).then(|| os_string(term))
+    } else {
+        None
+    };
     let flow = flow_from_wire(params.get_flow().map_err(|e| malformed("flow", e))?);
     Ok(StartSpec {
         argv,
@@ -60,6 +66,7 @@ pub fn start_spec_from_wire(params: start_params::Reader<'_>) -> Result<StartSpe
         },
         arg0,
         tty: params.get_tty(),
+        term,
         pipe_stdin: params.get_pipe_stdin(),
         pty_size,
         flow,
@@ -90,6 +97,9 @@ pub fn start_spec_to_wire(spec: &StartSpec, mut params: start_params::Builder<'_
         params.set_arg0(arg0.as_bytes());
     }
     params.set_tty(spec.tty);
+    if let Some(term) = &spec.term {
+        params.set_term(term.as_bytes());
+    }
     params.set_pipe_stdin(spec.pipe_stdin);
     pty_size_to_wire(spec.pty_size, params.reborrow().init_pty_size());
     params.set_flow(flow_to_wire(spec.flow));
@@ -122,6 +132,7 @@ mod tests {
             },
             arg0: Some("-sh".into()),
             tty: true,
+            term: Some("xterm-256color".into()),
             pipe_stdin: true,
             pty_size: PtySize {
                 rows: 40,

@@ -112,7 +112,28 @@ fn environments_can_be_listed_chosen_and_fail_clearly() {
     assert_eq!(unknown.code, 125);
     assert_eq!(
         text(&unknown.stderr),
-        "capexec: no environment named \"nope\" (this server has: local, c, gone)\n"
+        "capexec: --environment nope: the server has no environment named \"nope\" (it has: \
+         local, c, gone)\n"
+    );
+    // A name missing further down the path: the hop that lacks it says
+    // what it has.
+    let unknown_far = finish(
+        front.run(&[
+            "--connect",
+            &front.unix,
+            "--environment",
+            "c/nope",
+            "-n",
+            "--",
+            "true",
+        ]),
+        None,
+    );
+    assert_eq!(unknown_far.code, 125);
+    assert_eq!(
+        text(&unknown_far.stderr),
+        "capexec: --environment c/nope: environment \"c\" has no environment named \"nope\" \
+         (it has: local)\n"
     );
 
     let listed = finish(
@@ -187,6 +208,7 @@ fn the_embedded_executor_has_only_the_local_environment() {
     assert_eq!(unknown.code, 125);
     assert_eq!(
         text(&unknown.stderr),
-        "capexec: no environment named \"far\" (this server has: local)\n"
+        "capexec: --environment far: the embedded executor has no environment named \"far\" \
+         (it has: local)\n"
     );
 }

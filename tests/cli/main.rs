@@ -9,7 +9,11 @@
 mod common;
 
 mod chain;
+mod deadlines;
+mod errors;
+mod habits;
 mod network;
+mod output;
 mod restricted;
 mod resume;
 mod run;

@@ -273,11 +273,15 @@ fn tls_through_the_cli_and_to_an_upstream() {
         None,
     );
     assert_eq!(pinned.code, 125);
+    let offered = capexec::net::TlsServer::from_files(cert.as_ref(), key.as_ref())
+        .expect("TLS")
+        .fingerprint()
+        .to_string();
     assert_eq!(
         text(&pinned.stderr),
         format!(
             "capexec: cannot connect to {}: TLS: the server's certificate does not have the \
-             pinned fingerprint\n",
+             pinned fingerprint (it offered {offered})\n",
             far.tcp
         )
     );
@@ -293,7 +297,16 @@ fn tls_through_the_cli_and_to_an_upstream() {
         ]),
         None,
     );
-    assert_eq!(plaintext.code, 125, "{}", text(&plaintext.stderr));
+    assert_eq!(
+        (plaintext.code, text(&plaintext.stderr)),
+        (
+            125,
+            format!(
+                "capexec: the server at {} speaks TLS: add --tls-ca or --tls-pin\n",
+                far.tcp
+            )
+        )
+    );
     assert!(plaintext.stdout.is_empty());
 
     let front = Served::start_with(&[

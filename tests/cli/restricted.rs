@@ -48,22 +48,25 @@ fn a_restricted_server_runs_only_what_its_flags_allow() {
         );
     }
 
-    // Each rule's refusal: one line naming the rule, exit 125.
-    let refused = |args: &[&str], rule: &str| {
+    // Each rule's refusal: one line naming the flag that set it, exit 125.
+    let refused = |args: &[&str], flag: &str| {
         let mut all = vec!["--connect", served.unix.as_str()];
         all.extend_from_slice(args);
         let done = finish(served.run(&all), None);
         assert_eq!(done.code, 125, "{}", text(&done.stderr));
         let stderr = text(&done.stderr);
         assert!(
-            stderr.starts_with(&format!("capexec: policy rule `{rule}`: "))
+            stderr.starts_with(&format!("capexec: the server's {flag}: "))
                 && stderr.ends_with('\n')
                 && stderr.lines().count() == 1,
-            "expected one line naming `{rule}`, got {stderr:?}"
+            "expected one line naming {flag}, got {stderr:?}"
         );
     };
-    refused(&["--cwd", &root_arg, "-n", "--", "true"], "programs");
-    refused(&["--cwd", "/", "-n", "--", "sh", "-c", "true"], "cwdRoots");
+    refused(&["--cwd", &root_arg, "-n", "--", "true"], "--allow-program");
+    refused(
+        &["--cwd", "/", "-n", "--", "sh", "-c", "true"],
+        "--allow-cwd",
+    );
     refused(
         &[
             "--cwd",
@@ -76,7 +79,7 @@ fn a_restricted_server_runs_only_what_its_flags_allow() {
             "-c",
             "true",
         ],
-        "settableEnv",
+        "--settable-env",
     );
 
     // The run-time limit ends what runs too long, and `run` says so as
@@ -118,11 +121,11 @@ fn restriction_flags_that_cannot_be_resolved_stop_the_server() {
     let cases: [(&[&str], &str); 3] = [
         (
             &["--allow-program", "no-such-program-anywhere"],
-            "capexec: policy rule `programs`: \"no-such-program-anywhere\" is not on the server's PATH",
+            "capexec: --allow-program: \"no-such-program-anywhere\" is not on the server's PATH\n",
         ),
         (
             &["--allow-cwd", "/no/such/directory"],
-            "capexec: policy rule `cwdRoots`: \"/no/such/directory\": No such file or directory",
+            "capexec: --allow-cwd: \"/no/such/directory\": No such file or directory\n",
         ),
         (
             &["--fixed-env", "NOVALUE"],
@@ -159,4 +162,60 @@ fn restriction_flags_that_cannot_be_resolved_stop_the_server() {
         "{}",
         text(&with_upstream.stderr)
     );
+}
+
+/// Refusals name the `capexec serve` flag that set the rule, and say why
+/// a list nobody gave is empty.
+#[test]
+fn refusals_name_the_serve_flags() {
+    let served = Served::start_with(&[
+        "--allow-program",
+        "sh",
+        "--forbid-tty",
+        "--max-running",
+        "1",
+    ]);
+    let refused = |args: &[&str]| {
+        let mut all = vec!["--connect", served.unix.as_str()];
+        all.extend_from_slice(args);
+        let done = finish(served.run(&all), None);
+        (done.code, text(&done.stderr))
+    };
+    assert_eq!(
+        refused(&["-e", "X=1", "-n", "--", "sh", "-c", "true"]),
+        (
+            125,
+            "capexec: the server's --settable-env (none by default with --allow-program): \"X\" \
+             may not be set or unset (settable: none)\n"
+                .to_string()
+        )
+    );
+    assert_eq!(
+        refused(&["-t", "-n", "--", "sh", "-c", "true"]),
+        (
+            125,
+            "capexec: the server's --forbid-tty: this executor does not allow terminals\n"
+                .to_string()
+        )
+    );
+    let busy = common::cli::Watched::spawn(served.run(&[
+        "--connect",
+        &served.unix,
+        "-n",
+        "--",
+        "sh",
+        "-c",
+        "echo busy; exec sleep 1000",
+    ]));
+    busy.wait_for_stdout("busy\n");
+    let (code, stderr) = refused(&["-n", "--", "sh", "-c", "true"]);
+    assert_eq!(code, 125);
+    assert!(
+        stderr.starts_with(
+            "capexec: the server's --max-running: the limit of 1 running processes is reached"
+        ),
+        "{stderr}"
+    );
+    common::cli::kill(&busy.child, libc::SIGTERM);
+    busy.finish();
 }

@@ -26,6 +26,11 @@ struct OnTerminal {
 
 impl OnTerminal {
     fn start(rows: u16, cols: u16, args: &[&str]) -> OnTerminal {
+        OnTerminal::start_with_term(rows, cols, args, "xterm")
+    }
+
+    /// The same on a terminal of type `term` (capexec's TERM).
+    fn start_with_term(rows: u16, cols: u16, args: &[&str], term: &str) -> OnTerminal {
         let pair = native_pty_system()
             .openpty(PtySize {
                 rows,
@@ -37,7 +42,7 @@ impl OnTerminal {
         let initial = termios_of(pair.master.as_ref());
         let mut command = CommandBuilder::new(BIN);
         command.args(args);
-        command.env("TERM", "xterm");
+        command.env("TERM", term);
         // capexec leads the session of this terminal, as a login shell's
         // child would, so it gets SIGWINCH when the size changes.
         let child = pair.slave.spawn_command(command).expect("spawn capexec");
@@ -228,20 +233,7 @@ fn a_signal_to_capexec_or_a_lost_server_also_restores_the_terminal() {
 
     // The server dies mid-run: one line, exit 125, terminal restored.
     let mut served = Served::start();
-    let mut terminal = OnTerminal::start(
-        24,
-        80,
-        &[
-            "run",
-            "--connect",
-            &served.unix,
-            "-t",
-            "--",
-            "sh",
-            "-c",
-            "echo \"pid-$$-\"; exec sleep 1000",
-        ],
-    );
+    let mut terminal = remote_terminal(&served, "echo \"pid-$$-\"; exec sleep 1000");
     let before = modes(&terminal.initial);
     terminal.expect("-\r\n");
     let shown = text(&terminal.seen);
@@ -254,4 +246,157 @@ fn a_signal_to_capexec_or_a_lost_server_also_restores_the_terminal() {
     // A server killed outright cannot clean up; do not leave its child.
     // SAFETY: kill(2) on a process this test started.
     unsafe { libc::kill(orphan, libc::SIGKILL) };
+}
+
+/// Like `ssh -t`, the remote command gets our terminal's type, not the
+/// server's (capexec serve runs here with another TERM).
+#[test]
+fn the_terminal_type_is_ours() {
+    let served = Served::start();
+    let mut terminal = OnTerminal::start_with_term(
+        24,
+        80,
+        &[
+            "run",
+            "--connect",
+            &served.unix,
+            "-t",
+            "--",
+            "sh",
+            "-c",
+            "echo \"term=$TERM.\"",
+        ],
+        "capexec-test-term",
+    );
+    assert_eq!(terminal.wait(), 0);
+    terminal.expect("term=capexec-test-term.\r\n");
+    // An explicit -e TERM=... wins, as it would locally.
+    let mut terminal = OnTerminal::start_with_term(
+        24,
+        80,
+        &[
+            "run",
+            "-t",
+            "-e",
+            "TERM=dumb",
+            "--",
+            "sh",
+            "-c",
+            "echo \"term=$TERM.\"",
+        ],
+        "capexec-test-term",
+    );
+    assert_eq!(terminal.wait(), 0);
+    terminal.expect("term=dumb.\r\n");
+}
+
+/// The remote pid a script printed as `pid-N-`.
+fn remote_pid(terminal: &mut OnTerminal) -> u32 {
+    terminal.expect("-\r\n");
+    common::pid_after(&text(&terminal.seen), "pid-")
+}
+
+/// `capexec run -t` of a shell `script` on `served`, on a terminal of ours.
+fn remote_terminal(served: &Served, script: &str) -> OnTerminal {
+    OnTerminal::start(
+        24,
+        80,
+        &[
+            "run",
+            "--connect",
+            &served.unix,
+            "-t",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+    )
+}
+
+/// `~.` after a newline ends a session whatever the command does, as in
+/// ssh; the command is terminated and the terminal restored.
+#[test]
+fn tilde_dot_ends_the_session() {
+    let served = Served::start();
+    let mut terminal = remote_terminal(&served, "echo \"pid-$$-\"; exec sleep 1000");
+    let before = modes(&terminal.initial);
+    let pid = remote_pid(&mut terminal);
+    terminal.type_keys(b"\r~.");
+    assert_eq!(terminal.wait(), 125);
+    terminal.expect("capexec: ~.: ended the session; the command was terminated\r\n");
+    assert_eq!(modes(&terminal.settings()), before);
+    common::run_on_runtime(common::procfs::wait_gone(pid));
+}
+
+/// SIGTERM to capexec ends a `-t` session even when the command ignores
+/// SIGTERM (an interactive shell does), as closing ssh's terminal would.
+#[test]
+fn sigterm_ends_a_terminal_session_whose_command_ignores_it() {
+    let served = Served::start();
+    let mut terminal = remote_terminal(
+        &served,
+        "trap '' TERM; echo \"pid-$$-\"; while :; do sleep 0.05; done",
+    );
+    let before = modes(&terminal.initial);
+    let pid = remote_pid(&mut terminal);
+    let capexec = terminal.child.process_id().expect("pid") as i32;
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(capexec, libc::SIGTERM) }, 0);
+    assert_eq!(terminal.wait(), 128 + libc::SIGTERM as u32);
+    terminal.expect(
+        "capexec: SIGTERM received: stopped waiting for the command; the command was \
+         terminated\r\n",
+    );
+    assert_eq!(modes(&terminal.settings()), before);
+    common::run_on_runtime(common::procfs::wait_gone(pid));
+}
+
+/// A note printed while the command's output stopped mid-line (a shell
+/// prompt) starts on a line of its own.
+#[test]
+fn notes_start_on_a_fresh_line() {
+    let mut served = Served::start();
+    let mut terminal = remote_terminal(&served, "printf 'prompt$ '; exec sleep 1000");
+    terminal.expect("prompt$ ");
+    served.child.kill().expect("kill the server");
+    let _ = served.child.wait();
+    assert_eq!(terminal.wait(), 125);
+    terminal.expect("prompt$ \r\ncapexec: lost the command: the server closed the connection\r\n");
+}
+
+/// `capexec shell` (and `run` with no program) starts the executor's
+/// shell on a terminal, as `ssh HOST` does.
+#[test]
+fn shell_starts_the_executors_shell_on_a_terminal() {
+    let served = Served::start();
+    for args in [
+        vec!["shell", "--connect", served.unix.as_str()],
+        vec!["run", "--connect", served.unix.as_str()],
+    ] {
+        let mut terminal = OnTerminal::start(24, 80, &args);
+        terminal.type_keys(b"test -t 0 && echo on-a-tty-$((40+2))\r");
+        terminal.expect("on-a-tty-42");
+        terminal.type_keys(b"exit 3\r");
+        assert_eq!(terminal.wait(), 3);
+    }
+}
+
+/// `-it`, as docker and kubectl users type it.
+#[test]
+fn dash_it_runs_on_a_terminal() {
+    let mut terminal = OnTerminal::start(
+        24,
+        80,
+        &[
+            "run",
+            "-it",
+            "--",
+            "sh",
+            "-c",
+            "test -t 0 && echo interactive-tty",
+        ],
+    );
+    assert_eq!(terminal.wait(), 0);
+    terminal.expect("interactive-tty\r\n");
 }

@@ -188,3 +188,171 @@ impl Drop for Served {
         let _ = self.child.wait();
     }
 }
+
+/// A `capexec` child whose stdout and stderr are collected as they come,
+/// so that a test can wait for what it prints, then for its end.
+pub struct Watched {
+    pub child: Child,
+    pub stdin: Option<std::process::ChildStdin>,
+    stdout: Collected,
+    stderr: Collected,
+}
+
+type Collected = (
+    std::sync::Arc<(std::sync::Mutex<Vec<u8>>, std::sync::Condvar)>,
+    std::thread::JoinHandle<()>,
+);
+
+fn collect(mut pipe: impl Read + Send + 'static) -> Collected {
+    let shared =
+        std::sync::Arc::new((std::sync::Mutex::new(Vec::new()), std::sync::Condvar::new()));
+    let writer = std::sync::Arc::clone(&shared);
+    let thread = std::thread::spawn(move || {
+        let mut buf = [0u8; 65536];
+        loop {
+            let n = match pipe.read(&mut buf) {
+                Ok(0) | Err(_) => 0,
+                Ok(n) => n,
+            };
+            let (bytes, changed) = &*writer;
+            bytes.lock().expect("lock").extend_from_slice(&buf[..n]);
+            changed.notify_all();
+            if n == 0 {
+                return;
+            }
+        }
+    });
+    (shared, thread)
+}
+
+fn wait_for_text(collected: &Collected, needle: &str, what: &str) {
+    let (bytes, changed) = &*collected.0;
+    let deadline = Instant::now() + DEADLINE;
+    let mut seen = bytes.lock().expect("lock");
+    while !text(&seen).contains(needle) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            !left.is_zero(),
+            "{what} never showed {needle:?}: {:?}",
+            text(&seen)
+        );
+        seen = changed.wait_timeout(seen, left).expect("wait").0;
+    }
+}
+
+impl Watched {
+    /// Starts `command` with every standard stream piped.
+    pub fn spawn(mut command: Command) -> Watched {
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start capexec");
+        let stdin = child.stdin.take();
+        let stdout = collect(child.stdout.take().expect("stdout"));
+        let stderr = collect(child.stderr.take().expect("stderr"));
+        Watched {
+            child,
+            stdin,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// Waits until stdout has shown `needle`.
+    pub fn wait_for_stdout(&self, needle: &str) {
+        wait_for_text(&self.stdout, needle, "stdout");
+    }
+
+    /// Waits until stderr has shown `needle`.
+    pub fn wait_for_stderr(&self, needle: &str) {
+        wait_for_text(&self.stderr, needle, "stderr");
+    }
+
+    pub fn stdout_text(&self) -> String {
+        text(&self.stdout.0.0.lock().expect("lock"))
+    }
+
+    /// Waits for the end (within the deadline) and returns everything.
+    pub fn finish(mut self) -> Finished {
+        drop(self.stdin.take());
+        let code = wait(&mut self.child);
+        let (stdout, stdout_reader) = self.stdout;
+        let (stderr, stderr_reader) = self.stderr;
+        stdout_reader.join().expect("stdout reader");
+        stderr_reader.join().expect("stderr reader");
+        let bytes = |shared: std::sync::Arc<(std::sync::Mutex<Vec<u8>>, std::sync::Condvar)>| {
+            std::mem::take(&mut *shared.0.lock().expect("lock"))
+        };
+        Finished {
+            code,
+            stdout: bytes(stdout),
+            stderr: bytes(stderr),
+        }
+    }
+}
+
+/// Listeners that accept connections and never say a word: a server that
+/// hangs, or something that is not a capexec server at all.
+pub struct Silent {
+    pub tcp: String,
+    pub unix: String,
+    accepted: std::sync::mpsc::Receiver<()>,
+    _dir: TempDir,
+}
+
+impl Silent {
+    pub fn start() -> Silent {
+        let dir = TempDir::new("silent");
+        let socket = dir.path().join("silent.sock");
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("bind tcp");
+        let unix = std::os::unix::net::UnixListener::bind(&socket).expect("bind unix");
+        let addresses = (
+            format!("tcp:{}", tcp.local_addr().expect("address")),
+            format!("unix:{}", socket.display()),
+        );
+        let (told, accepted) = std::sync::mpsc::channel();
+        let told_too = told.clone();
+        // The accepted sockets are kept (never read, never closed) for as
+        // long as the test runs.
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for stream in tcp.incoming().flatten() {
+                held.push(stream);
+                let _ = told.send(());
+            }
+        });
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for stream in unix.incoming().flatten() {
+                held.push(stream);
+                let _ = told_too.send(());
+            }
+        });
+        Silent {
+            tcp: addresses.0,
+            unix: addresses.1,
+            accepted,
+            _dir: dir,
+        }
+    }
+
+    /// Waits until a connection has been accepted.
+    pub fn wait_accepted(&self) {
+        self.accepted
+            .recv_timeout(DEADLINE)
+            .expect("a connection was accepted");
+    }
+}
+
+/// Asserts that `done` exited `code` having printed exactly `stdout`
+/// (stderr and `context` shown otherwise).
+pub fn assert_printed(done: &Finished, code: i32, stdout: &str, context: &str) {
+    assert_eq!(
+        (done.code, text(&done.stdout)),
+        (code, stdout.to_string()),
+        "{context}: {}",
+        text(&done.stderr)
+    );
+}

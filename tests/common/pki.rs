@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, date_time_ymd,
@@ -36,12 +37,38 @@ impl Authority {
         names: &[&str],
         expired: bool,
     ) -> (PathBuf, PathBuf) {
+        self.server_with(dir, file, names, |params| {
+            if expired {
+                params.not_before = date_time_ymd(2000, 1, 1);
+                params.not_after = date_time_ymd(2001, 1, 1);
+            }
+        })
+    }
+
+    /// A server certificate for `names` that stops being valid at `until`.
+    pub fn server_valid_until(
+        &self,
+        dir: &Path,
+        file: &str,
+        names: &[&str],
+        until: SystemTime,
+    ) -> (PathBuf, PathBuf) {
+        self.server_with(dir, file, names, |params| {
+            params.not_before = (until - Duration::from_secs(365 * 86_400)).into();
+            params.not_after = until.into();
+        })
+    }
+
+    fn server_with(
+        &self,
+        dir: &Path,
+        file: &str,
+        names: &[&str],
+        validity: impl FnOnce(&mut CertificateParams),
+    ) -> (PathBuf, PathBuf) {
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
         let mut params = CertificateParams::new(names).expect("params");
-        if expired {
-            params.not_before = date_time_ymd(2000, 1, 1);
-            params.not_after = date_time_ymd(2001, 1, 1);
-        }
+        validity(&mut params);
         let key = KeyPair::generate().expect("key");
         let certificate = params.signed_by(&key, &self.issuer).expect("sign");
         let (cert, key_file) = (
@@ -51,5 +78,13 @@ impl Authority {
         std::fs::write(&cert, certificate.pem()).expect("write cert");
         std::fs::write(&key_file, key.serialize_pem()).expect("write key");
         (cert, key_file)
+    }
+
+    /// A key that belongs to no certificate, for mismatched pairs.
+    pub fn stray_key(dir: &Path, file: &str) -> PathBuf {
+        let path = dir.join(format!("{file}.key"));
+        let key = KeyPair::generate().expect("key");
+        std::fs::write(&path, key.serialize_pem()).expect("write key");
+        path
     }
 }

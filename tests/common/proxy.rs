@@ -1,6 +1,9 @@
 //! A proxy between a Cap'n Proto client and its server (Unix sockets or
 //! TCP) that counts round trips, can delay or hold the server's answers,
-//! and can cut every connection and refuse new ones until restored.
+//! can freeze the path (both sockets stay open, nothing is forwarded
+//! either way, as on a network path that went silent behind a box that
+//! answers TCP keepalives), and can cut every connection and refuse new
+//! ones until restored.
 //!
 //! Round trips are counted causally, not timed: a call the client sends
 //! opens a new *flight* only if the proxy has delivered something from the
@@ -46,6 +49,8 @@ pub struct Proxy {
     counters: Arc<Counters>,
     /// While `false`, the server's messages are held back.
     gate: watch::Sender<bool>,
+    /// While `false`, the client's messages are held back.
+    upload_gate: watch::Sender<bool>,
     /// While set, connections are cut and new ones refused.
     cut: Arc<AtomicBool>,
     /// The pumps of the live connections, so a cut can end them.
@@ -102,6 +107,7 @@ impl Proxy {
             ..Counters::default()
         });
         let (gate, gate_watch) = watch::channel(true);
+        let (upload_gate, upload_watch) = watch::channel(true);
         let cut = Arc::new(AtomicBool::new(false));
         let pumps = Arc::new(Mutex::new(Vec::new()));
         let shared = Arc::clone(&counters);
@@ -126,7 +132,7 @@ impl Proxy {
                     delay,
                     Direction::ToServer,
                     Arc::clone(&shared),
-                    gate_watch.clone(),
+                    upload_watch.clone(),
                 ));
                 let to_client = tokio::spawn(pump(
                     server_read,
@@ -145,6 +151,7 @@ impl Proxy {
             address,
             counters,
             gate,
+            upload_gate,
             cut,
             pumps,
             task,
@@ -202,6 +209,14 @@ impl Proxy {
     pub fn set_open(&self, open: bool) {
         self.gate.send_replace(open);
     }
+
+    /// Freezes (`true`) or thaws (`false`) the path: while frozen, nothing
+    /// is forwarded in either direction, on live connections or new ones,
+    /// and every socket stays open. What was held is delivered on thawing.
+    pub fn set_frozen(&self, frozen: bool) {
+        self.gate.send_replace(!frozen);
+        self.upload_gate.send_replace(!frozen);
+    }
 }
 
 impl Drop for Proxy {
@@ -252,8 +267,8 @@ enum Direction {
 }
 
 /// Reads whole messages from `from`, notes them, and has them written to
-/// `to` once their delay has passed (and, toward the client, the gate is
-/// open), in order.
+/// `to` once their delay has passed and the gate of their direction is
+/// open, in order.
 async fn pump(
     mut from: Reader,
     to: Writer,
@@ -302,10 +317,10 @@ async fn deliver(
 ) {
     while let Some((due, message)) = queued.recv().await {
         tokio::time::sleep_until(due).await;
+        if gate.wait_for(|open| *open).await.is_err() {
+            return;
+        }
         if direction == Direction::ToClient {
-            if gate.wait_for(|open| *open).await.is_err() {
-                return;
-            }
             // Before the write: the client may answer before it returns.
             counters.answered.store(true, Ordering::SeqCst);
         }

@@ -1,0 +1,375 @@
+//! Every error of the client is one line, starting `capexec:`, in words
+//! (no Debug output, no "(os error N)"), naming the flag or file involved,
+//! with exit status 125 (127 and 126 for programs not found or not
+//! executable).
+
+use crate::common;
+
+use std::os::unix::fs::PermissionsExt;
+
+use common::cli::{Served, Watched, capexec, finish, text};
+use common::data::TempDir;
+use common::pki::Authority;
+
+/// Runs `args`, and returns the exit status and stderr.
+fn failing(command: std::process::Command) -> (i32, String) {
+    let done = finish(command, None);
+    assert!(done.stdout.is_empty(), "{}", text(&done.stdout));
+    (done.code, text(&done.stderr))
+}
+
+#[test]
+fn argument_errors_are_one_line_and_say_where_to_look() {
+    let cases: [(&[&str], &str); 7] = [
+        (
+            &["run", "--no-such-flag", "--", "true"],
+            "capexec: unknown option --no-such-flag (see capexec run --help)\n",
+        ),
+        (
+            &["run", "--envv", "A=1", "--", "true"],
+            "capexec: unknown option --envv (did you mean --env?) (see capexec run --help)\n",
+        ),
+        (
+            &["run", "--timeout", "soon", "--", "true"],
+            "capexec: --timeout expects a duration such as 10, 0.5, 90s, 5m or 1h, got \
+             \"soon\" (see capexec run --help)\n",
+        ),
+        (
+            &["rum", "--", "true"],
+            "capexec: unknown command \"rum\" (did you mean run?) (see capexec --help)\n",
+        ),
+        (
+            &["serve"],
+            "capexec: missing --listen (see capexec serve --help)\n",
+        ),
+        (
+            &[],
+            "capexec: give a command: run, shell, serve, environments or info (see capexec \
+             --help)\n",
+        ),
+        (
+            &[
+                "run",
+                "--tls-ca",
+                "ca.pem",
+                "--insecure-plaintext",
+                "--",
+                "true",
+            ],
+            "capexec: --tls-ca cannot be used with --insecure-plaintext (see capexec run \
+             --help)\n",
+        ),
+    ];
+    for (args, expected) in cases {
+        assert_eq!(
+            failing(capexec(args)),
+            (125, expected.to_string()),
+            "{args:?}"
+        );
+    }
+    // Help is not an error.
+    let help = finish(capexec(&["run", "--help"]), None);
+    assert_eq!(help.code, 0);
+    assert!(text(&help.stdout).contains("--connect <ADDR>"));
+}
+
+/// Options that only mean something with `--connect` (or a `tcp:` one)
+/// are refused rather than silently ignored.
+#[test]
+fn connection_options_without_a_connection_are_refused() {
+    let served = Served::start();
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["--tls-pin", "ab", "--", "true"],
+            "capexec: --tls-pin needs --connect ADDR: the embedded executor has no connection\n",
+        ),
+        (
+            &["--token-file", "token", "--", "true"],
+            "capexec: --token-file needs --connect ADDR: the embedded executor has no \
+             connection\n",
+        ),
+        (
+            &["--keepalive", "5", "--", "true"],
+            "capexec: --keepalive needs --connect ADDR: the embedded executor has no \
+             connection\n",
+        ),
+        (
+            &[
+                "--connect",
+                &served.unix,
+                "--token-file",
+                "token",
+                "--",
+                "true",
+            ],
+            "capexec: --token-file is for tcp: addresses: a Unix socket needs no token and no \
+             TLS (its file permissions protect it)\n",
+        ),
+    ];
+    for (args, expected) in cases {
+        assert_eq!(
+            failing(served.run(args)),
+            (125, expected.to_string()),
+            "{args:?}"
+        );
+    }
+}
+
+/// Plaintext against TLS and the reverse say exactly that.
+#[test]
+fn tls_and_plaintext_mismatches_say_so() {
+    let dir = TempDir::new("mismatch");
+    let authority = Authority::new(dir.path(), "ca");
+    let (cert, key) = authority.server(dir.path(), "server", &["127.0.0.1"], false);
+    let tls = Served::start_with(&[
+        "--tls-cert",
+        &cert.display().to_string(),
+        "--tls-key",
+        &key.display().to_string(),
+    ]);
+    let plain = Served::start();
+    let ca = authority.pem.display().to_string();
+    assert_eq!(
+        failing(tls.run(&[
+            "--connect",
+            &tls.tcp,
+            "--token-file",
+            &tls.token_arg(),
+            "--",
+            "true",
+        ])),
+        (
+            125,
+            format!(
+                "capexec: the server at {} speaks TLS: add --tls-ca or --tls-pin\n",
+                tls.tcp
+            )
+        )
+    );
+    assert_eq!(
+        failing(plain.run(&[
+            "--connect",
+            &plain.tcp,
+            "--token-file",
+            &plain.token_arg(),
+            "--tls-ca",
+            &ca,
+            "--",
+            "true",
+        ])),
+        (
+            125,
+            format!(
+                "capexec: the server at {} does not speak TLS: remove --tls-ca or --tls-pin\n",
+                plain.tcp
+            )
+        )
+    );
+}
+
+/// Files that are missing or wrong are named with their flag.
+#[test]
+fn bad_files_are_named_with_their_flag() {
+    let dir = TempDir::new("bad-files");
+    let authority = Authority::new(dir.path(), "ca");
+    let (cert, _) = authority.server(dir.path(), "server", &["127.0.0.1"], false);
+    let stray = Authority::stray_key(dir.path(), "stray");
+    let missing = dir.path().join("missing.pem");
+    let (cert, stray, missing) = (
+        cert.display().to_string(),
+        stray.display().to_string(),
+        missing.display().to_string(),
+    );
+    let listen = ["serve", "--listen", "tcp:127.0.0.1:0"];
+    let serve = |extra: &[&str]| {
+        let mut command = capexec(&listen);
+        command.args(extra).env("HOME", dir.path());
+        failing(command)
+    };
+    assert_eq!(
+        serve(&["--tls-cert", &cert, "--tls-key", &stray]),
+        (
+            125,
+            format!(
+                "capexec: --tls-key {stray} is not the private key of the certificate in \
+                 --tls-cert {cert}\n"
+            )
+        )
+    );
+    assert_eq!(
+        serve(&["--tls-cert", &missing, "--tls-key", &stray]),
+        (
+            125,
+            format!("capexec: --tls-cert {missing}: No such file or directory\n")
+        )
+    );
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", "--connect", "tcp:127.0.0.1:9"];
+        args.extend_from_slice(extra);
+        args.extend(["--", "true"]);
+        failing(capexec(&args))
+    };
+    assert_eq!(
+        run(&["--token-file", &missing]),
+        (
+            125,
+            format!("capexec: --token-file {missing}: No such file or directory\n")
+        )
+    );
+    let token = dir.path().join("token");
+    std::fs::write(&token, "secret\n").expect("token");
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let token = token.display().to_string();
+    assert_eq!(
+        run(&["--token-file", &token, "--tls-ca", &missing]),
+        (
+            125,
+            format!("capexec: --tls-ca {missing}: No such file or directory\n")
+        )
+    );
+    assert_eq!(
+        run(&["--token-file", &token, "--tls-pin", "sha256:abcd"]),
+        (
+            125,
+            "capexec: --tls-pin \"sha256:abcd\" is not a SHA-256 fingerprint: expected 64 hex \
+             digits (colons allowed), as `capexec serve` logs it\n"
+                .to_string()
+        )
+    );
+    assert_eq!(
+        run(&[
+            "--token-file",
+            &token,
+            "--tls-pin",
+            &vec!["AB"; 20].join(":")
+        ]),
+        (
+            125,
+            format!(
+                "capexec: --tls-pin \"{}\" is a SHA-1 fingerprint (40 hex digits): pin the \
+                 SHA-256 one, which `capexec serve` logs (or `openssl x509 -noout -fingerprint \
+                 -sha256 -in CERT`)\n",
+                vec!["AB"; 20].join(":")
+            )
+        )
+    );
+}
+
+/// What is at a Unix address when it is not a server, and what a program
+/// is when it cannot be run.
+#[test]
+fn addresses_and_programs_that_are_not_what_they_seem() {
+    let dir = TempDir::new("not-what-they-seem");
+    let plain_file = dir.path().join("file");
+    std::fs::write(&plain_file, b"").expect("file");
+    let connect = |path: &std::path::Path| {
+        failing(capexec(&[
+            "run",
+            "--connect",
+            &format!("unix:{}", path.display()),
+            "--",
+            "true",
+        ]))
+    };
+    assert_eq!(
+        connect(dir.path()),
+        (
+            125,
+            format!(
+                "capexec: cannot connect to unix:{0}: {0} is a directory, not a socket\n",
+                dir.path().display()
+            )
+        )
+    );
+    assert_eq!(
+        connect(&plain_file),
+        (
+            125,
+            format!(
+                "capexec: cannot connect to unix:{0}: {0} is not a socket\n",
+                plain_file.display()
+            )
+        )
+    );
+    let directory = dir.path().display().to_string();
+    assert_eq!(
+        failing(capexec(&["run", "--", &directory])),
+        (
+            126,
+            format!("capexec: cannot execute {directory}: it is a directory\n")
+        )
+    );
+    assert_eq!(
+        failing(capexec(&["run", "--", "echo hi; ls"])),
+        (
+            127,
+            "capexec: program not found: echo hi; ls (to run a shell command line, use: sh -c \
+             'echo hi; ls')\n"
+                .to_string()
+        )
+    );
+    assert_eq!(
+        failing(capexec(&["run", "--", "capexec-no-such-program"])),
+        (
+            127,
+            "capexec: program not found: capexec-no-such-program\n".to_string()
+        )
+    );
+}
+
+/// A server that goes away mid-run: the line says so, in words.
+#[test]
+fn a_server_that_goes_away_is_named_as_such() {
+    let mut served = Served::start();
+    let run = Watched::spawn(served.run(&[
+        "--connect",
+        &served.unix,
+        "-n",
+        "--",
+        "sh",
+        "-c",
+        "echo ready; exec sleep 1000",
+    ]));
+    run.wait_for_stdout("ready\n");
+    served.child.kill().expect("kill the server");
+    let _ = served.child.wait();
+    let done = run.finish();
+    assert_eq!(
+        (done.code, text(&done.stderr)),
+        (
+            125,
+            "capexec: lost the command: the server closed the connection\n".to_string()
+        )
+    );
+}
+
+/// Warnings are one line in the same style, not log records.
+#[test]
+fn warnings_are_one_line_too() {
+    let served = Served::start();
+    let loose = served.home.path().join("loose-token");
+    std::fs::copy(&served.token_file, &loose).expect("copy the token");
+    std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let loose = loose.display().to_string();
+    let done = finish(
+        served.run(&[
+            "--connect",
+            &served.tcp,
+            "--token-file",
+            &loose,
+            "--",
+            "true",
+        ]),
+        None,
+    );
+    assert_eq!(
+        (done.code, text(&done.stderr)),
+        (
+            0,
+            format!(
+                "capexec: warning: the token file is readable by other users; chmod 600 it \
+                 (path={loose})\n"
+            )
+        )
+    );
+}

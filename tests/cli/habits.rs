@@ -1,0 +1,309 @@
+//! The habits of people who live in ssh, docker and kubectl: short flags,
+//! durations as timeout(1) takes them, fingerprints as they copy them,
+//! names that resolve to loopback, Ctrl-Z, a shell with no program, and
+//! `serve` saying what it resolved and when its certificate runs out.
+
+use crate::common;
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::{Duration, SystemTime};
+
+use common::cli::{Served, Watched, assert_printed, capexec, finish, kill, text, wait};
+use common::data::TempDir;
+use common::pki::Authority;
+
+/// `-e` and `-w` are `--env` and `--cwd`, embedded and remote; `-i` is
+/// accepted (stdin is always forwarded), and refused with `-n`.
+#[test]
+fn short_flags_work_as_elsewhere() {
+    let served = Served::start();
+    let script = ["--", "sh", "-c", "echo \"$GREETING from $(pwd)\"; cat"];
+    for connect in [vec![], vec!["--connect", served.unix.as_str()]] {
+        let mut args = connect.clone();
+        args.extend(["-i", "-e", "GREETING=hello", "-w", "/"]);
+        args.extend(script);
+        let done = finish(served.run(&args), Some(b"and stdin\n".to_vec()));
+        assert_printed(&done, 0, "hello from /\nand stdin\n", "-e -w -i");
+    }
+    let both = finish(served.run(&["-i", "-n", "--", "true"]), None);
+    assert_eq!(
+        (both.code, text(&both.stderr)),
+        (
+            125,
+            "capexec: -i cannot be used with -n (see capexec run --help)\n".to_string()
+        )
+    );
+}
+
+/// `--timeout` and `--resume` take fractions and units.
+#[test]
+fn durations_take_fractions_and_units() {
+    let timed_out = finish(
+        capexec(&["run", "--timeout", "0.5", "--", "sleep", "100"]),
+        None,
+    );
+    assert_eq!(
+        (timed_out.code, text(&timed_out.stderr)),
+        (
+            124,
+            "capexec: the command timed out after 0.5 s\n".to_string()
+        )
+    );
+    for limit in ["5m", "1h", "90s", "0"] {
+        let in_time = finish(
+            capexec(&["run", "--timeout", limit, "--", "sh", "-c", "exit 3"]),
+            None,
+        );
+        assert_eq!(
+            in_time.code,
+            3,
+            "--timeout {limit}: {}",
+            text(&in_time.stderr)
+        );
+    }
+    let served = Served::start();
+    for grace in ["1.5", "90s", "5m"] {
+        let done = finish(
+            served.run(&[
+                "--connect",
+                &served.unix,
+                "--resume",
+                grace,
+                "--",
+                "echo",
+                "resumable",
+            ]),
+            None,
+        );
+        assert_printed(&done, 0, "resumable\n", &format!("--resume {grace}"));
+    }
+}
+
+/// `--tls-pin` takes the fingerprint as people copy it: the server's log,
+/// openssl's output, with or without colons and labels.
+#[test]
+fn pins_are_taken_in_every_common_spelling() {
+    let dir = TempDir::new("pins");
+    let authority = Authority::new(dir.path(), "ca");
+    let (cert, key) = authority.server(dir.path(), "server", &["127.0.0.1"], false);
+    let hex = capexec::net::TlsServer::from_files(&cert, &key)
+        .expect("TLS")
+        .fingerprint()
+        .to_string();
+    let pairs: Vec<String> = (0..32)
+        .map(|i| hex[2 * i..2 * i + 2].to_uppercase())
+        .collect();
+    let colons = pairs.join(":");
+    let served = Served::start_with(&[
+        "--tls-cert",
+        &cert.display().to_string(),
+        "--tls-key",
+        &key.display().to_string(),
+    ]);
+    let token = served.token_arg();
+    for pin in [
+        hex.clone(),
+        hex.to_uppercase(),
+        colons.clone(),
+        format!("sha256:{hex}"),
+        format!("SHA256:{colons}"),
+        format!("SHA256 Fingerprint={colons}"),
+        format!("sha256=\"{hex}\""),
+    ] {
+        let done = finish(
+            served.run(&[
+                "--connect",
+                &served.tcp,
+                "--token-file",
+                &token,
+                "--tls-pin",
+                &pin,
+                "--",
+                "echo",
+                "pinned",
+            ]),
+            None,
+        );
+        assert_printed(&done, 0, "pinned\n", &format!("--tls-pin {pin}"));
+    }
+    // A wrong pin shows the fingerprint the server offered.
+    let wrong = finish(
+        served.run(&[
+            "--connect",
+            &served.tcp,
+            "--token-file",
+            &token,
+            "--tls-pin",
+            &"ab".repeat(32),
+            "--",
+            "true",
+        ]),
+        None,
+    );
+    assert_eq!(
+        (wrong.code, text(&wrong.stderr)),
+        (
+            125,
+            format!(
+                "capexec: cannot connect to {}: TLS: the server's certificate does not have the \
+                 pinned fingerprint (it offered {hex})\n",
+                served.tcp
+            )
+        )
+    );
+}
+
+/// The clear-text rule looks at the addresses a name resolves to: a name
+/// for loopback (`localhost`, or `127.1`, which only the resolver reads as
+/// 127.0.0.1) is as safe as 127.0.0.1, and needs no --insecure-plaintext.
+#[test]
+fn names_that_resolve_to_loopback_count_as_loopback() {
+    let served = Served::start();
+    let port = served.tcp.rsplit(':').next().expect("port");
+    for host in ["localhost", "127.1"] {
+        let address = format!("tcp:{host}:{port}");
+        let done = finish(
+            served.run(&[
+                "--connect",
+                &address,
+                "--token-file",
+                &served.token_arg(),
+                "--",
+                "echo",
+                "loopback",
+            ]),
+            None,
+        );
+        assert_printed(&done, 0, "loopback\n", &address);
+    }
+}
+
+/// `capexec shell` without a terminal reads its commands from stdin, as
+/// `ssh HOST` does.
+#[test]
+fn shell_without_a_terminal_reads_commands_from_stdin() {
+    let served = Served::start();
+    let done = finish(
+        served.command("shell", &["--connect", &served.unix]),
+        Some(b"echo piped-$((40+2))\nexit 5\n".to_vec()),
+    );
+    assert_printed(&done, 5, "piped-42\n", "capexec shell");
+}
+
+fn state_of(pid: u32) -> Option<char> {
+    common::procfs::state(pid)
+}
+
+/// Ctrl-Z stops the remote command's process group with capexec, and
+/// `fg` continues both.
+#[test]
+fn ctrl_z_stops_the_command_too_and_fg_continues_it() {
+    let served = Served::start();
+    let run = Watched::spawn(served.run(&[
+        "--connect",
+        &served.unix,
+        "-n",
+        "--",
+        "sh",
+        "-c",
+        "trap 'exit 7' TERM; echo \"pid-$$-\"; while :; do sleep 0.01; done",
+    ]));
+    run.wait_for_stdout("-\n");
+    let remote = common::pid_after(&run.stdout_text(), "pid-");
+    let local = run.child.id();
+    kill(&run.child, libc::SIGTSTP);
+    common::run_on_runtime(async {
+        common::procfs::wait_until(|| {
+            state_of(local) == Some('T') && state_of(remote) == Some('T')
+        })
+        .await;
+    });
+    kill(&run.child, libc::SIGCONT);
+    common::run_on_runtime(async {
+        common::procfs::wait_until(|| {
+            state_of(local) != Some('T') && state_of(remote).is_some_and(|s| s != 'T')
+        })
+        .await;
+    });
+    kill(&run.child, libc::SIGTERM);
+    let done = run.finish();
+    assert_eq!(done.code, 7, "{}", text(&done.stderr));
+}
+
+/// `serve` prints the addresses it listens on as resolved: a relative
+/// socket path comes out absolute.
+#[test]
+fn serve_prints_unix_paths_absolute() {
+    let dir = TempDir::new("relative-listen");
+    let mut command = capexec(&["serve", "--listen", "unix:rel.sock"]);
+    command.current_dir(dir.path()).stderr(Stdio::null());
+    let (mut server, line) = common::cli::spawn_reading_first_line(command);
+    let canonical = std::fs::canonicalize(dir.path()).expect("canonical");
+    assert_eq!(
+        line.trim_end(),
+        format!("unix:{}", canonical.join("rel.sock").display())
+    );
+    kill(&server, libc::SIGTERM);
+    assert_eq!(wait(&mut server), 0);
+}
+
+/// `serve` warns at start about a certificate that has expired or will
+/// within 14 days, and serves all the same.
+#[test]
+fn serve_warns_about_a_certificate_near_its_end() {
+    let dir = TempDir::new("expiring");
+    let authority = Authority::new(dir.path(), "ca");
+    let day = Duration::from_secs(86_400);
+    let now = SystemTime::now();
+    let cases = [
+        (
+            now + 5 * day + day / 2,
+            "the TLS certificate expires in 5 days: renew it before clients refuse it",
+        ),
+        (
+            now - 3 * day - day / 2,
+            "the TLS certificate expired 3 days ago: clients will refuse it; renew it",
+        ),
+    ];
+    for (index, (until, warning)) in cases.into_iter().enumerate() {
+        let (cert, key) = authority.server_valid_until(
+            dir.path(),
+            &format!("server-{index}"),
+            &["127.0.0.1"],
+            until,
+        );
+        let mut command = capexec(&[
+            "serve",
+            "--listen",
+            "tcp:127.0.0.1:0",
+            "--tls-cert",
+            &cert.display().to_string(),
+            "--tls-key",
+            &key.display().to_string(),
+            "--token-file",
+            &dir.path().join("token").display().to_string(),
+        ]);
+        command.stderr(Stdio::piped());
+        let mut server = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("serve");
+        let mut address = String::new();
+        BufReader::new(server.stdout.take().expect("stdout"))
+            .read_line(&mut address)
+            .expect("address");
+        assert!(address.starts_with("tcp:127.0.0.1:"), "{address}");
+        kill(&server, libc::SIGTERM);
+        let mut log = String::new();
+        std::io::Read::read_to_string(&mut server.stderr.take().expect("stderr"), &mut log)
+            .expect("log");
+        assert_eq!(wait(&mut server), 0);
+        assert!(
+            log.lines().any(|line| line.contains(warning)
+                && line.contains(&format!("certificate={}", cert.display()))),
+            "no warning {warning:?} in {log}"
+        );
+    }
+}

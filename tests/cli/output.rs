@@ -1,0 +1,138 @@
+//! `capexec run` never loses output without saying so: a write error on
+//! its stdout or stderr (a full disk, a descriptor the caller closed) ends
+//! the run with one line and a non-zero status, and the command is
+//! terminated, as a local program would stop at its first failed write.
+
+use crate::common;
+
+use std::process::{Command, Stdio};
+
+use common::cli::{BIN, Served, capexec, finish, text, wait};
+use common::data::TempDir;
+
+/// `capexec ARGS` run by a shell with `redirect` applied (`>/dev/full`,
+/// `>&-`), stderr captured in a file, through `served` or embedded.
+fn redirected(served: Option<&Served>, args: &[&str], redirect: &str) -> (i32, String) {
+    let dir = TempDir::new("redirected");
+    let errors = dir.path().join("stderr");
+    let mut line = String::from("exec \"$0\" run");
+    if let Some(served) = served {
+        line.push_str(&format!(" --connect '{}'", served.unix));
+    }
+    for arg in args {
+        line.push_str(&format!(" '{arg}'"));
+    }
+    line.push_str(&format!(" {redirect} 2>'{}'", errors.display()));
+    let mut command = Command::new("sh");
+    command.args(["-c", &line, BIN]).stdin(Stdio::null());
+    if let Some(served) = served {
+        command.env("HOME", served.home.path());
+    }
+    let mut child = command.spawn().expect("sh");
+    let code = wait(&mut child);
+    let stderr = std::fs::read_to_string(&errors).expect("stderr file");
+    (code, stderr)
+}
+
+fn a_full_disk_ends_the_run_with_one_line(served: Option<&Served>) {
+    let (code, stderr) = redirected(served, &["--", "seq", "1", "100000"], ">/dev/full");
+    assert_eq!(
+        (code, stderr.as_str()),
+        (
+            125,
+            "capexec: cannot write the command's output: No space left on device\n"
+        )
+    );
+}
+
+#[test]
+fn a_full_disk_ends_an_embedded_run_with_one_line() {
+    a_full_disk_ends_the_run_with_one_line(None);
+}
+
+#[test]
+fn a_full_disk_ends_a_remote_run_with_one_line() {
+    a_full_disk_ends_the_run_with_one_line(Some(&Served::start()));
+}
+
+fn a_closed_stdout_ends_the_run_with_one_line(served: Option<&Served>) {
+    let (code, stderr) = redirected(served, &["--", "echo", "hello"], ">&-");
+    assert_eq!(
+        (code, stderr.as_str()),
+        (
+            125,
+            "capexec: cannot write the command's output: Bad file descriptor\n"
+        )
+    );
+    // Nothing written, nothing lost: a silent command is fine.
+    let (code, stderr) = redirected(served, &["--", "true"], ">&-");
+    assert_eq!((code, stderr.as_str()), (0, ""));
+}
+
+#[test]
+fn a_closed_stdout_ends_an_embedded_run_with_one_line() {
+    a_closed_stdout_ends_the_run_with_one_line(None);
+}
+
+#[test]
+fn a_closed_stdout_ends_a_remote_run_with_one_line() {
+    a_closed_stdout_ends_the_run_with_one_line(Some(&Served::start()));
+}
+
+/// A command that would write for ever is terminated on the server once
+/// its output cannot be written.
+#[test]
+fn the_command_is_terminated_when_its_output_cannot_be_written() {
+    let served = Served::start();
+    let dir = TempDir::new("full-disk");
+    let pid_file = dir.path().join("pid");
+    let script = format!(
+        "echo $$ > '{}'; while :; do echo more; done",
+        pid_file.display()
+    );
+    let (code, stderr) = redirected(Some(&served), &["--", "sh", "-c", &script], ">/dev/full");
+    assert_eq!(
+        (code, stderr.as_str()),
+        (
+            125,
+            "capexec: cannot write the command's output: No space left on device\n"
+        )
+    );
+    let pid: u32 = std::fs::read_to_string(&pid_file)
+        .expect("pid file")
+        .trim()
+        .parse()
+        .expect("pid");
+    common::run_on_runtime(common::procfs::wait_gone(pid));
+}
+
+/// A failed write to stderr is an error too (the line itself cannot be
+/// written, the status says it).
+#[test]
+fn a_full_stderr_fails_the_run() {
+    let mut command = Command::new("sh");
+    command.args([
+        "-c",
+        "exec \"$0\" run -- sh -c 'echo oops >&2' 2>/dev/full",
+        BIN,
+    ]);
+    let done = finish(command, None);
+    assert_eq!(done.code, 125, "{}", text(&done.stderr));
+}
+
+/// `capexec info` and `environments` answer on stdout: the same rule.
+#[test]
+fn answers_that_cannot_be_written_fail_too() {
+    let mut command = Command::new("sh");
+    command.args(["-c", "exec \"$0\" info >/dev/full", BIN]);
+    let done = finish(command, None);
+    assert_eq!(
+        (done.code, text(&done.stderr)),
+        (
+            125,
+            "capexec: cannot write the answer: No space left on device\n".to_string()
+        )
+    );
+    let fine = finish(capexec(&["environments"]), None);
+    assert_eq!(fine.code, 0);
+}
