@@ -273,8 +273,8 @@ async fn until<T>(
 /// The one line for a run whose events stopped before the command closed.
 fn lost(error: &Error) -> String {
     match error {
-        Error::Recovery { reason, .. } => {
-            format!("lost the command: could not reconnect: {reason}")
+        Error::Recovery { failure, .. } => {
+            format!("lost the command: could not reconnect: {failure}")
         }
         error if error.is_transport_loss() => {
             format!("lost the command: {}", error.loss_reason())

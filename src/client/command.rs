@@ -250,7 +250,7 @@ impl Command {
         let (started, events) = futures::join!(started, process.events(0));
         started?;
         if let Some(closing) = closing {
-            closing.await??;
+            closing.outcome().await?;
         }
         Ok((process, events?))
     }

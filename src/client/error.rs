@@ -1,10 +1,10 @@
 use std::fmt;
 
-use crate::model::{Refusal, RefusalKind};
+use crate::model::{Refusal, RefusalKind, show_duration};
 pub use crate::wire::describe;
 
 /// What can go wrong talking to an executor.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum Error {
     /// The executor refused the call or could not do it, for a reason its
     /// tag names (see [`RefusalKind`]): a start that failed, a facet's
@@ -24,8 +24,47 @@ pub enum Error {
     /// attempt failed); worth trying again.
     Connect(String),
     /// A resilient process could not be recovered after its connection
-    /// broke: the reason, and the break that started the recovery.
-    Recovery { reason: String, cause: String },
+    /// broke: why not, and the break that started the recovery.
+    Recovery {
+        failure: RecoveryFailure,
+        cause: Box<Error>,
+    },
+}
+
+/// Why a [`crate::client::ResilientProcess`] gave up recovering its process.
+#[derive(Clone, Debug)]
+pub enum RecoveryFailure {
+    /// The handle was made without a way to reconnect.
+    NotEnabled,
+    /// The connection broke before the server had made the process
+    /// detachable, so there is no token to restore it with.
+    NotDetachable,
+    /// The grace period ended while the server still could not be reached
+    /// (`last`: what the last attempt met).
+    GaveUp {
+        grace: std::time::Duration,
+        last: Box<Error>,
+    },
+    /// The server answered, and refused to give the process back.
+    Refused(Box<Error>),
+    /// Every handle on the process was dropped during the recovery.
+    HandleDropped,
+}
+
+impl fmt::Display for RecoveryFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RecoveryFailure::NotEnabled => write!(f, "recovery is not enabled"),
+            RecoveryFailure::NotDetachable => {
+                write!(f, "the connection broke before the process was detachable")
+            }
+            RecoveryFailure::GaveUp { grace, last } => {
+                write!(f, "gave up after {}: {last}", show_duration(*grace))
+            }
+            RecoveryFailure::Refused(error) => write!(f, "{error}"),
+            RecoveryFailure::HandleDropped => write!(f, "the process handle was dropped"),
+        }
+    }
 }
 
 impl fmt::Display for Error {
@@ -39,8 +78,8 @@ impl fmt::Display for Error {
                 "output lost: events {from_seq}..={to_seq} were evicted before they were read"
             ),
             Error::Connect(reason) => write!(f, "{reason}"),
-            Error::Recovery { reason, cause } => {
-                write!(f, "{cause}; could not recover the process: {reason}")
+            Error::Recovery { failure, cause } => {
+                write!(f, "{cause}; could not recover the process: {failure}")
             }
         }
     }

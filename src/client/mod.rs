@@ -77,12 +77,16 @@ mod command;
 mod error;
 mod events;
 mod executor;
+mod handle;
 mod process;
 mod resilient;
 
 pub use self::command::{Command, Output, Stdin};
-pub use self::error::{Error, describe};
+pub use self::error::{Error, RecoveryFailure, describe};
 pub use self::events::EventStream;
 pub use self::executor::{environment, environments, info, restrict};
-pub use self::process::{PendingWrite, RemoteProcess, restore};
-pub use self::resilient::{Connect, RecoveryNote, ResilientEvents, ResilientProcess, Session};
+pub use self::handle::ProcessHandle;
+pub use self::process::{Pending, PendingWrite, RemoteProcess, restore};
+pub use self::resilient::{
+    Connect, MAX_UNANSWERED_WRITES, RecoveryNote, ResilientEvents, ResilientProcess, Session,
+};

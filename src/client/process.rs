@@ -9,7 +9,7 @@ use tokio::task::JoinHandle;
 use crate::capexec_capnp::process;
 use crate::client::{Error, EventStream, events};
 use crate::model::{
-    EventBody, ExitStatus, ProcessSnapshot, PtySize, ReadOutcome, Signal, WriteStatus,
+    Event, EventBody, ExitStatus, ProcessSnapshot, PtySize, ReadOutcome, Signal, WriteStatus,
 };
 use crate::wire;
 
@@ -39,15 +39,20 @@ where
     }
 }
 
-/// A write already on its way; await it for the outcome.
-pub struct PendingWrite(JoinHandle<Result<WriteStatus, Error>>);
+/// A call already on its way (a stdin write, an end-of-file); await it
+/// for the outcome.
+pub struct Pending<T>(JoinHandle<Result<T, Error>>);
 
-impl PendingWrite {
-    pub(crate) fn from_outcome(outcome: JoinHandle<Result<WriteStatus, Error>>) -> PendingWrite {
-        PendingWrite(outcome)
+/// A stdin write on its way.
+pub type PendingWrite = Pending<WriteStatus>;
+
+impl<T: 'static> Pending<T> {
+    /// The outcome of `call`, which runs on its own from now on.
+    pub(crate) fn spawn(call: impl Future<Output = Result<T, Error>> + 'static) -> Pending<T> {
+        Pending(tokio::task::spawn_local(call))
     }
 
-    pub async fn outcome(self) -> Result<WriteStatus, Error> {
+    pub async fn outcome(self) -> Result<T, Error> {
         self.0.await?
     }
 }
@@ -90,17 +95,17 @@ impl RemoteProcess {
         request.get().set_data(data);
         request.get().set_write_id(write_id);
         let response = dispatch(request.send().promise);
-        PendingWrite(tokio::task::spawn_local(async move {
+        Pending::spawn(async move {
             let response = response.await?;
             Ok(wire::write_status_from_wire(response.get()?.get_status()?))
-        }))
+        })
     }
 
     /// Sends end-of-file for the child now (after every write sent before
     /// it) without waiting; the handle reports the outcome.
-    pub fn close_stdin_in_order(&self) -> JoinHandle<Result<(), Error>> {
+    pub fn close_stdin_in_order(&self) -> Pending<()> {
         let answer = dispatch(self.cap.close_stdin_request().send().promise);
-        tokio::task::spawn_local(async move {
+        Pending::spawn(async move {
             answer.await?;
             Ok(())
         })
@@ -198,7 +203,9 @@ impl RemoteProcess {
 }
 
 /// The exit status from `events`, once they reach `closed`.
-pub(crate) async fn exit_from(mut events: EventStream) -> Result<ExitStatus, Error> {
+pub(crate) async fn exit_from(
+    mut events: impl futures::Stream<Item = Result<Event, Error>> + Unpin,
+) -> Result<ExitStatus, Error> {
     let mut status = None;
     while let Some(event) = events.next().await {
         match event?.body {

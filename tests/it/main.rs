@@ -12,6 +12,7 @@ mod common;
 mod bad_requests;
 mod chain;
 mod facets;
+mod handles;
 mod hostile_bytes;
 mod network;
 mod process_contract;

@@ -216,8 +216,11 @@ async fn a_recovery_without_answers_gives_up_at_the_grace(ctx: Ctx) {
         .await
         .expect("the recovery gave up in bounded time");
     match outcome {
-        Err(Error::Recovery { reason, .. }) => {
-            assert_eq!(reason, "gave up after 2 s: no answer from the server");
+        Err(Error::Recovery { failure, .. }) => {
+            assert_eq!(
+                failure.to_string(),
+                "gave up after 2 s: no answer from the server"
+            );
         }
         other => panic!("expected a failed recovery, got {other:?}"),
     }
