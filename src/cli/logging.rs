@@ -86,7 +86,7 @@ where
         if !fields.is_empty() {
             write!(writer, " ({})", fields.join(" "))?;
         }
-        writer.write_str(crate::cli::terminal::line_end())
+        writer.write_str(crate::cli::local_terminal::line_end())
     }
 }
 

@@ -1,10 +1,10 @@
 //! The `capexec` command line.
 
 mod argument_error;
-mod connect;
 mod duration;
-mod environments;
-mod forward;
+mod input;
+mod inspect;
+mod local_terminal;
 mod logging;
 mod relay;
 mod restrictions;
@@ -12,7 +12,7 @@ mod run;
 mod serve;
 mod signals;
 pub(crate) mod stdio;
-mod terminal;
+mod target;
 
 use std::ffi::OsString;
 
@@ -295,11 +295,11 @@ pub fn main() -> i32 {
         }
         Command::Environments(args) => {
             logging::init(tracing::Level::WARN, logging::Style::Client);
-            environments::environments_main(args)
+            inspect::environments_main(args)
         }
         Command::Info(args) => {
             logging::init(tracing::Level::WARN, logging::Style::Client);
-            environments::info_main(args.connect, args.environment)
+            inspect::info_main(args.connect, args.environment)
         }
     }
 }

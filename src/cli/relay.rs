@@ -11,10 +11,10 @@ use tokio::task::JoinHandle;
 use capexec::client::{Command, Connect, Error, RecoveryNote, ResilientProcess, Session};
 use capexec::model::{EventBody, OutputStream, RefusalKind, Signal, show_duration};
 
+use crate::cli::local_terminal::RawMode;
 use crate::cli::signals::Interrupted;
 use crate::cli::stdio::{self, OutputWriter};
-use crate::cli::terminal::RawMode;
-use crate::cli::{EXIT_CAPEXEC_FAILURE, EXIT_TIMED_OUT, SessionArgs, forward};
+use crate::cli::{EXIT_CAPEXEC_FAILURE, EXIT_TIMED_OUT, SessionArgs, input};
 
 /// How long capexec waits for the server to terminate the command when
 /// it ends without the command's status (an error of ours, a signal).
@@ -158,10 +158,10 @@ async fn run_to_close(
     let mut output = OutputWriter::new();
     if !args.no_stdin {
         let escape = (args.tty && raw).then_some(escape);
-        tokio::task::spawn_local(forward::stdin(process.clone(), escape));
+        tokio::task::spawn_local(input::stdin(process.clone(), escape));
     }
     let resizes = (args.tty && args.size.is_none())
-        .then(|| tokio::task::spawn_local(forward::resizes(process.clone())));
+        .then(|| tokio::task::spawn_local(input::resizes(process.clone())));
 
     let mut status = None;
     let mut sent_sigpipe = false;

@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 
 use crate::cli::relay::{self, Failure};
 use crate::cli::signals::{Interrupted, Signals};
-use crate::cli::{SessionArgs, connect, stdio, terminal};
+use crate::cli::{SessionArgs, local_terminal, stdio, target};
 
 /// `capexec run -- ARGV` (`capexec shell` when `argv` is empty).
 pub fn main(args: SessionArgs, argv: Vec<OsString>) -> i32 {
@@ -45,7 +45,7 @@ async fn run(mut args: SessionArgs, argv: Vec<OsString>) -> Result<i32, Failure>
     // Caught before anything can hang (connecting, the login): from now
     // on a signal always ends capexec within about a second.
     let (process, mut interrupted) = Signals::catch(args.tty).watch();
-    let target = until_interrupted(&mut interrupted, connect::target(&args.connect))
+    let target = until_interrupted(&mut interrupted, target::target(&args.connect))
         .await?
         .map_err(Failure::capexec)?;
     let root = target.executor.clone();
@@ -165,13 +165,13 @@ fn reconnect(args: &SessionArgs) -> Connect {
         let connect_args = connect_args.clone();
         let environment = environment.clone();
         Box::pin(async move {
-            let target = connect::target(&connect_args)
+            let target = target::target(&connect_args)
                 .await
                 .map_err(client::Error::Connect)?;
             if let Some(connection) = &target.connection
                 && let Err(error) = connection.established().await
             {
-                return Err(if connect::worth_retrying(&error) {
+                return Err(if target::worth_retrying(&error) {
                     client::Error::Connect(error.to_string())
                 } else {
                     client::Error::Rpc(capnp::Error::failed(error.to_string()))
@@ -327,8 +327,8 @@ fn command_from(
 /// `--size`, else the local terminal's, else 24x80.
 fn terminal_size(args: &SessionArgs) -> Result<PtySize, String> {
     match &args.size {
-        Some(text) => terminal::parse_size(text),
-        None => Ok(terminal::local_size().unwrap_or_default()),
+        Some(text) => local_terminal::parse_size(text),
+        None => Ok(local_terminal::local_size().unwrap_or_default()),
     }
 }
 

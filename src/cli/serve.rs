@@ -8,7 +8,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use crate::cli::{EXIT_CAPEXEC_FAILURE, ServeArgs, connect};
+use crate::cli::{EXIT_CAPEXEC_FAILURE, ServeArgs, target};
 use capexec::engine::{self, ChildSetup, Engine, ProcessLimits};
 use capexec::net::{
     self, Address, CallLimits, Server, ServerConfig, ServerTrust, TlsClient, TlsServer, Token,
@@ -196,7 +196,7 @@ fn upstreams(args: &ServeArgs) -> Result<Vec<UpstreamConfig>, String> {
         // server's own token (or anything else that could leak it).
         let token = match (token_files.remove(name), address.is_tcp()) {
             (Some(file), true) => Some(Token::load(&file).map_err(|error| {
-                connect::token_problem(&format!("--upstream-token-file {name}="), &error)
+                target::token_problem(&format!("--upstream-token-file {name}="), &error)
             })?),
             (None, true) => {
                 return Err(format!(

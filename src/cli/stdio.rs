@@ -86,7 +86,7 @@ pub fn note(text: &str) {
     let fresh = !STDOUT_AT_LINE_START.load(Ordering::Relaxed)
         && io::stdout().is_terminal()
         && io::stderr().is_terminal();
-    let end = crate::cli::terminal::line_end();
+    let end = crate::cli::local_terminal::line_end();
     let start = if fresh { end } else { "" };
     let _ = write!(io::stderr().lock(), "{start}capexec: {text}{end}");
     if fresh {

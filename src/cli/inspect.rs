@@ -4,12 +4,12 @@ use capexec::client::{self, Error};
 use capexec::model::{EnvironmentState, EnvironmentStatus, ExecutorInfo};
 
 use crate::cli::{ConnectArgs, EXIT_CAPEXEC_FAILURE};
-use crate::cli::{connect, stdio};
+use crate::cli::{stdio, target};
 
 pub fn environments_main(args: ConnectArgs) -> i32 {
     crate::cli::run_local(async move {
         let listed = async {
-            let target = connect::established_target(&args).await?;
+            let target = target::established_target(&args).await?;
             client::environments(&target.executor)
                 .await
                 .map_err(|error| describe(&error))
@@ -24,7 +24,7 @@ pub fn environments_main(args: ConnectArgs) -> i32 {
 pub fn info_main(args: ConnectArgs, environment: Option<String>) -> i32 {
     crate::cli::run_local(async move {
         let answered = async {
-            let target = connect::established_target(&args).await?;
+            let target = target::established_target(&args).await?;
             let executor = match &environment {
                 Some(path) => client::environment(&target.executor, path),
                 None => target.executor.clone(),

@@ -10,8 +10,8 @@ use tokio::sync::oneshot;
 use capexec::client::{PendingWrite, ResilientProcess};
 use capexec::model::WriteStatus;
 
+use crate::cli::local_terminal;
 use crate::cli::stdio;
-use crate::cli::terminal;
 
 /// Stdin writes in flight at once: enough to keep the pipe busy across a
 /// round trip, few enough to bound memory.
@@ -136,7 +136,7 @@ pub async fn resizes(process: ResilientProcess) {
         }
     };
     while changes.recv().await.is_some() {
-        if let Some(size) = terminal::local_size()
+        if let Some(size) = local_terminal::local_size()
             && let Err(error) = process.resize(size).await
         {
             tracing::warn!(%error, "cannot resize the remote terminal");
