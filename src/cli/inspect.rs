@@ -54,7 +54,7 @@ fn print(text: &str) -> i32 {
         Ok(()) => 0,
         Err(error) => fail(&format!(
             "cannot write the answer: {}",
-            capexec::net::os_message(&error)
+            capexec::model::io_message(&error)
         )),
     }
 }

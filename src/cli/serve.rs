@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use crate::cli::{EXIT_CAPEXEC_FAILURE, ServeArgs, target};
 use capexec::engine::{self, ChildSetup, Engine, ProcessLimits};
 use capexec::net::{
-    self, Address, CallLimits, Server, ServerConfig, ServerTrust, TlsClient, TlsServer, Token,
+    Address, CallLimits, Server, ServerConfig, ServerTrust, TlsClient, TlsServer, Token,
     UpstreamConfig,
 };
 use std::time::{Duration, SystemTime};
@@ -38,7 +38,10 @@ pub fn main(args: ServeArgs) -> i32 {
             Ok(Address::Unix(path)) => match std::path::absolute(&path) {
                 Ok(path) => listen.push(Address::Unix(path)),
                 Err(error) => {
-                    eprintln!("capexec: --listen {text}: {}", net::os_message(&error));
+                    eprintln!(
+                        "capexec: --listen {text}: {}",
+                        capexec::model::io_message(&error)
+                    );
                     return EXIT_CAPEXEC_FAILURE;
                 }
             },

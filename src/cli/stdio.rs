@@ -139,7 +139,7 @@ impl OutputWriter {
     /// could not be written (a full disk, a closed descriptor).
     pub fn failure(&self) -> Option<String> {
         let failed = self.state.failed.lock().unwrap_or_else(|p| p.into_inner());
-        failed.as_ref().map(capexec::net::os_message)
+        failed.as_ref().map(capexec::model::io_message)
     }
 
     /// Waits until everything queued so far is written.

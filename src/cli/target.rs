@@ -179,12 +179,16 @@ pub fn login_token(file: Option<&std::path::Path>) -> Result<Option<Token>, Stri
 pub fn token_problem(source: &str, error: &TokenError) -> String {
     match error {
         TokenError::Read(path, error) => {
-            format!("{source}{}: {}", path.display(), net::os_message(error))
+            format!(
+                "{source}{}: {}",
+                path.display(),
+                capexec::model::io_message(error)
+            )
         }
         TokenError::Create(path, error) => format!(
             "{source}{}: cannot create it: {}",
             path.display(),
-            net::os_message(error)
+            capexec::model::io_message(error)
         ),
         TokenError::Empty(path) => format!("{source}{}: the file is empty", path.display()),
         #[allow(unreachable_patterns)]

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use crate::capexec_capnp::{executor, gatekeeper};
 use crate::net::address::Address;
-pub use crate::net::connect_error::{ConnectError, os_message};
+pub use crate::net::connect_error::ConnectError;
 use crate::net::guard::CallLimits;
 use crate::net::liveness::{self, Watch, Watched};
 use crate::net::socket;

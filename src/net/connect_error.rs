@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::model::show_duration;
+use crate::model::{io_message, show_duration};
 use crate::net::address::Address;
 
 #[derive(Debug)]
@@ -32,7 +32,7 @@ impl fmt::Display for ConnectError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ConnectError::Io(address, error) => {
-                write!(f, "cannot connect to {address}: {}", os_message(error))
+                write!(f, "cannot connect to {address}: {}", io_message(error))
             }
             ConnectError::Timeout(address, deadline) => write!(
                 f,
@@ -68,12 +68,3 @@ impl fmt::Display for ConnectError {
 }
 
 impl std::error::Error for ConnectError {}
-
-/// An I/O error's text without Rust's " (os error N)" suffix.
-pub fn os_message(error: &std::io::Error) -> String {
-    let text = error.to_string();
-    match text.find(" (os error ") {
-        Some(index) => text[..index].to_string(),
-        None => text,
-    }
-}

@@ -23,7 +23,6 @@ pub use self::address::Address;
 pub use self::auth::UNAUTHENTICATED_TAG;
 pub use self::connect::{
     CONNECT_TIMEOUT, ConnectError, ConnectOptions, Connection, connect, connect_to, connect_with,
-    os_message,
 };
 pub use self::guard::CallLimits;
 pub use self::server::{ServeError, Server, ServerConfig, serve_stream};

@@ -75,7 +75,7 @@ impl fmt::Display for ServeError {
             ServeError::Bind(address, error) => write!(
                 f,
                 "cannot listen on {address}: {}",
-                crate::net::connect::os_message(error)
+                crate::model::io_message(error)
             ),
             ServeError::Token(error) => write!(f, "{error}"),
             ServeError::NoTokenPath => write!(

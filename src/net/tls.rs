@@ -20,8 +20,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, SignatureScheme};
 use sha2::{Digest, Sha256};
 
+use crate::model::io_message;
 use crate::net::certificate;
-use crate::net::connect::os_message;
 
 /// A TLS set-up that could not be made, with the file and the reason.
 #[derive(Debug)]
@@ -236,7 +236,7 @@ impl TlsClient {
                 std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset => {
                     "the server closed the connection during the TLS handshake".to_string()
                 }
-                _ => format!("the TLS handshake failed: {}", os_message(error)),
+                _ => format!("the TLS handshake failed: {}", io_message(error)),
             },
         };
         format!("TLS: {why}")
@@ -403,7 +403,7 @@ fn load_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String
 fn pem_problem(error: &rustls::pki_types::pem::Error, nothing_found: &str) -> String {
     use rustls::pki_types::pem::Error;
     match error {
-        Error::Io(error) => os_message(error),
+        Error::Io(error) => io_message(error),
         Error::NoItemsFound => nothing_found.to_string(),
         Error::MissingSectionEnd { .. } => "a PEM section in it has no END line".to_string(),
         Error::IllegalSectionStart { .. } | Error::Base64Decode(_) => {
