@@ -125,7 +125,7 @@ fn signals_are_forwarded_to_a_remote_child() {
 fn connection_failures_and_bad_tokens_are_one_line_and_exit_125() {
     let served = Served::start();
     let wrong = served.home.path().join("wrong-token");
-    std::fs::write(&wrong, "nope\n").expect("write");
+    std::fs::write(&wrong, "0123456789abcdef0123456789abcdef\n").expect("write");
     std::fs::set_permissions(&wrong, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let refused = finish(
         served.run(&[
