@@ -494,6 +494,23 @@ impl fmt::Display for StartError {
 
 impl std::error::Error for StartError {}
 
+/// How much of a value a peer sent a refusal quotes, in bytes.
+pub const EXCERPT_BYTES: usize = 200;
+
+/// `text`, or its first [`EXCERPT_BYTES`] bytes (cut at a character) and
+/// its length: a refusal says what it refuses without repeating an 8 KiB
+/// path back.
+pub fn excerpt(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.len() <= EXCERPT_BYTES {
+        return text.into();
+    }
+    let mut end = EXCERPT_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes)", &text[..end], text.len()).into()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -525,6 +542,14 @@ mod tests {
             core_dumped: false,
         };
         assert_eq!(unnamed.shell_code(), 168);
+    }
+
+    #[test]
+    fn excerpts_keep_short_values_and_cut_long_ones_at_a_character() {
+        assert_eq!(excerpt("short"), "short");
+        let long = "é".repeat(150);
+        let cut = excerpt(&long);
+        assert_eq!(cut, format!("{}... (300 bytes)", "é".repeat(100)));
     }
 
     #[test]

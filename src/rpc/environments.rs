@@ -123,7 +123,8 @@ impl Environments {
                 Err(convert::start_error_to_wire(&StartError::new(
                     StartErrorKind::UnknownEnvironment,
                     format!(
-                        "no environment named {name:?} (this server has: {})",
+                        "no environment named {:?} (this server has: {})",
+                        crate::model::excerpt(name),
                         known.join(", ")
                     ),
                 )))

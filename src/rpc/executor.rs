@@ -203,8 +203,9 @@ impl executor::Server for ExecutorImpl {
                 return Err(convert::start_error_to_wire(&StartError::new(
                     StartErrorKind::NotAllowed,
                     format!(
-                        "a restricted executor offers no environment but {:?} (asked for {name:?})",
-                        LOCAL_ENVIRONMENT
+                        "a restricted executor offers no environment but {:?} (asked for {:?})",
+                        LOCAL_ENVIRONMENT,
+                        crate::model::excerpt(name)
                     ),
                 )));
             }
