@@ -5,6 +5,7 @@
 //! `Send + Sync`. The RPC layer is a thin skin over [`Engine`] and
 //! [`ProcessOwner`].
 
+pub mod descriptors;
 mod handle;
 mod kill;
 pub mod log;
@@ -146,6 +147,9 @@ impl Engine {
     fn start_on_terminal(&self, spec: &StartSpec) -> Result<ProcessOwner, StartError> {
         spec.validate()?;
         let (terminal, slave, slave_path) = Terminal::open(spec.pty_size).map_err(|error| {
+            if descriptors::is_exhaustion(&error) {
+                return descriptors::exhausted("open a pseudo-terminal", &error);
+            }
             StartError::new(
                 StartErrorKind::SpawnFailed,
                 format!("cannot open a pseudo-terminal: {error}"),
@@ -333,6 +337,9 @@ fn shutting_down() -> StartError {
 }
 
 fn attach_failed(pid: i32, error: &std::io::Error) -> StartError {
+    if descriptors::is_exhaustion(error) {
+        return descriptors::exhausted(&format!("attach to the new process {pid}"), error);
+    }
     StartError::new(
         StartErrorKind::SpawnFailed,
         format!("cannot attach to the new process {pid}: {error}"),

@@ -16,9 +16,10 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicI32, Ordering};
 
+use crate::engine::descriptors;
 use crate::engine::reaper::{self, Leader};
 use crate::engine::spec::StartSpec;
-use crate::model::{StartError, StartErrorKind};
+use crate::model::{StartError, StartErrorKind, excerpt};
 
 /// Where `execvp` looks when the environment has no PATH.
 const DEFAULT_PATH: &str = "/bin:/usr/bin";
@@ -152,7 +153,10 @@ pub(crate) fn program_on_own_path(name: &OsStr) -> io::Result<PathBuf> {
 fn bad_cwd(cwd: &Path, why: &str) -> StartError {
     StartError::new(
         StartErrorKind::BadCwd,
-        format!("working directory {}: {why}", cwd.display()),
+        format!(
+            "working directory {}: {why}",
+            excerpt(&cwd.display().to_string())
+        ),
     )
 }
 
@@ -161,7 +165,10 @@ fn check_cwd(cwd: &Path) -> Result<(), StartError> {
         Ok(meta) if meta.is_dir() => Ok(()),
         Ok(_) => Err(StartError::new(
             StartErrorKind::BadCwd,
-            format!("working directory {} is not a directory", cwd.display()),
+            format!(
+                "working directory {} is not a directory",
+                excerpt(&cwd.display().to_string())
+            ),
         )),
         Err(error) => Err(bad_cwd(cwd, &plain(&error))),
     }
@@ -229,22 +236,27 @@ fn classify(spec: &StartSpec, error: &io::Error) -> StartError {
                 format!(
                     "working directory {}: {}",
                     spec.effective_cwd()
-                        .map(|cwd| cwd.display().to_string())
+                        .map(|cwd| excerpt(&cwd.display().to_string()).into_owned())
                         .unwrap_or_default(),
                     plain(&failure.error)
                 ),
+            ),
+            Step::Setup if descriptors::is_exhaustion(&failure.error) => descriptors::exhausted(
+                &format!("set up {}", excerpt(&spec.argv[0].to_string_lossy())),
+                &failure.error,
             ),
             Step::Setup => StartError::new(
                 StartErrorKind::SpawnFailed,
                 format!(
                     "cannot set up {} (session or standard descriptors): {}",
-                    spec.argv[0].to_string_lossy(),
+                    excerpt(&spec.argv[0].to_string_lossy()),
                     plain(&failure.error)
                 ),
             ),
         };
     }
     let program = spec.argv[0].to_string_lossy();
+    let program = excerpt(&program);
     match error.raw_os_error() {
         Some(libc::ENOENT) | Some(libc::ENOTDIR) => StartError::new(
             StartErrorKind::ProgramNotFound,
@@ -263,13 +275,13 @@ fn classify(spec: &StartSpec, error: &io::Error) -> StartError {
 }
 
 fn spawn_failed(spec: &StartSpec, error: &io::Error) -> StartError {
+    let doing = format!("start {}", excerpt(&spec.argv[0].to_string_lossy()));
+    if descriptors::is_exhaustion(error) {
+        return descriptors::exhausted(&doing, error);
+    }
     StartError::new(
         StartErrorKind::SpawnFailed,
-        format!(
-            "cannot start {}: {}",
-            spec.argv[0].to_string_lossy(),
-            plain(error)
-        ),
+        format!("cannot {doing}: {}", plain(error)),
     )
 }
 

@@ -12,6 +12,7 @@ use tokio::task::JoinHandle;
 use crate::capexec_capnp::{executor, gatekeeper};
 use crate::net::address::Address;
 use crate::net::guard::CallLimits;
+use crate::net::session::Session;
 use crate::net::socket;
 use crate::net::tls::TlsClient;
 use crate::net::token::Token;
@@ -58,6 +59,22 @@ pub(crate) fn os_message(error: &std::io::Error) -> String {
         Some(index) => text[..index].to_string(),
         None => text,
     }
+}
+
+/// The client's end of a connection: its peer is the server the user
+/// chose, so only the message limit applies, from the start.
+fn client_network<R, W>(reader: R, writer: W) -> transport::Network
+where
+    R: tokio::io::AsyncRead + Unpin + 'static,
+    W: tokio::io::AsyncWrite + Unpin + 'static,
+{
+    transport::network(
+        reader,
+        writer,
+        Side::Client,
+        CallLimits::unlimited(),
+        Session::logged_in(),
+    )
 }
 
 /// A live connection to an executor server. Capabilities obtained through
@@ -122,10 +139,7 @@ pub async fn connect_with(
                 .map_err(timed_out)?
                 .map_err(io)?;
             let (reader, writer) = stream.into_split();
-            (
-                transport::network(reader, writer, Side::Client, CallLimits::unlimited()),
-                None,
-            )
+            (client_network(reader, writer), None)
         }
         Address::Tcp { host, port } => {
             let token = token.ok_or_else(|| ConnectError::TokenRequired(address.clone()))?;
@@ -138,7 +152,7 @@ pub async fn connect_with(
             let network = match tls {
                 None => {
                     let (reader, writer) = stream.into_split();
-                    transport::network(reader, writer, Side::Client, CallLimits::unlimited())
+                    client_network(reader, writer)
                 }
                 Some(tls) => {
                     let failed = |why| ConnectError::Tls(address.clone(), why);
@@ -151,7 +165,7 @@ pub async fn connect_with(
                             .map_err(timed_out)?
                             .map_err(|error| failed(tls.explain(host, &error)))?;
                     let (reader, writer) = tokio::io::split(stream);
-                    transport::network(reader, writer, Side::Client, CallLimits::unlimited())
+                    client_network(reader, writer)
                 }
             };
             (network, Some(token.as_str().to_string()))

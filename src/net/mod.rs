@@ -8,18 +8,23 @@
 mod address;
 mod auth;
 mod connect;
+mod frame;
 mod guard;
+mod pending;
 mod server;
+mod session;
 mod socket;
 mod tls;
 mod token;
 mod transport;
 mod upstream;
+mod writer;
 
 pub use self::address::Address;
 pub use self::auth::UNAUTHENTICATED_TAG;
 pub use self::connect::{ConnectError, Connection, connect, connect_with};
 pub use self::guard::CallLimits;
+pub use self::pending::PendingLimits;
 pub use self::server::{ServeError, Server, ServerConfig, serve_stream};
 pub use self::tls::{ServerTrust, TlsClient, TlsError, TlsServer};
 pub use self::token::{Token, TokenError, default_token_path};
