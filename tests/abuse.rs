@@ -324,3 +324,63 @@ fn the_login_deadline_is_the_reason_the_peer_sees() {
         }
     });
 }
+
+/// What an honest client sends right after its login, pipelined on it
+/// before the login is answered, goes through: a start of 200 KiB (over
+/// the 4 KiB a message may have before login) and 40 starts at once (over
+/// the 8 questions).
+#[test]
+fn calls_pipelined_on_a_login_wait_for_it_instead_of_closing() {
+    common::run_local(async {
+        let served = Served::start();
+        let address: Address = served.tcp.parse().expect("address");
+        let connection = net::connect(&address, Some(&served.token()))
+            .await
+            .expect("connect");
+        let executor = connection.executor();
+        let mut big = Command::new("sh");
+        big.args(["-c", "exit 0"]);
+        big.args((0..4).map(|_| "x".repeat(50 << 10)));
+        let true_ = Command::new("true");
+        let starts: Vec<_> = (0..40).map(|_| true_.status(&executor)).collect();
+        let (big, starts) =
+            futures::join!(big.status(&executor), futures::future::join_all(starts));
+        assert!(big.expect("the big start").success());
+        for status in starts {
+            assert!(status.expect("a pipelined start").success());
+        }
+    });
+}
+
+/// The same sent by a raw peer in one write, so it all arrives before the
+/// login is answered: a 16 KiB start and 12 more pipelined on the login.
+#[test]
+fn calls_in_the_same_packet_as_the_login_wait_for_it() {
+    common::run_local(async {
+        let served = Served::start();
+        let token = served.token();
+        let dir = served.home.path().join("ran");
+        std::fs::create_dir(&dir).expect("dir");
+        let mut burst = hostile::bootstrap(0);
+        burst.extend(hostile::login(1, 0, token.as_str()));
+        let padding = "x".repeat(16 << 10);
+        for question in 2..15 {
+            let touch = format!("touch {}/{question}", dir.display());
+            let script = if question == 2 {
+                format!("{touch} # {padding}")
+            } else {
+                touch
+            };
+            burst.extend(hostile::start(question, 1, Some(0), &["sh", "-c", &script]));
+        }
+        let mut stream = hostile::connect(&served.tcp).await;
+        assert!(hostile::send(&mut stream, &burst).await);
+        procfs::wait_until(|| std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0) == 13).await;
+        let closed = tokio::time::timeout(
+            Duration::from_millis(200),
+            hostile::goodbye(&mut stream, GOODBYE),
+        )
+        .await;
+        assert!(closed.is_err(), "the connection was closed");
+    });
+}
