@@ -215,12 +215,19 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         })
     }
 
-    /// Reads and drops input until its end (or an error).
-    pub async fn discard_input(&mut self) {
+    /// Reads and drops input until its end (or an error), or until
+    /// `at_most` bytes were dropped.
+    pub async fn discard_input(&mut self, at_most: usize) {
         self.start = 0;
         self.end = 0;
         self.grow_staging(FIRST_STAGING_BYTES);
-        while matches!(self.input.read(&mut self.staging).await, Ok(read) if read > 0) {}
+        let mut dropped = 0;
+        while dropped < at_most {
+            match self.input.read(&mut self.staging).await {
+                Ok(read) if read > 0 => dropped += read,
+                _ => return,
+            }
+        }
     }
 
     fn available(&self) -> usize {

@@ -100,11 +100,13 @@ const STAGING_AFTER_LOGIN: usize = 64 * 1024;
 /// off, so it cannot keep a closed connection's memory.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
-/// How long a server reads (and drops) what a peer still sends after the
-/// connection's goodbye was written: closing a socket with unread input
-/// resets the connection, and a reset can destroy the goodbye before the
-/// peer reads it.
+/// How long, and how much, a server reads (and drops) of what a peer
+/// still sends after the connection's goodbye was written: closing a
+/// socket with unread input resets the connection, and a reset can destroy
+/// the goodbye before the peer reads it. An honest peer has little on its
+/// way by then; a flood is not worth the server's time.
 const LINGER: Duration = Duration::from_secs(2);
+const LINGER_BYTES: usize = 256 * 1024;
 
 /// `Process.write`'s ordinal in the schema.
 const WRITE_METHOD: u16 = 1;
@@ -422,7 +424,7 @@ struct Receiver<R> {
 impl<R: tokio::io::AsyncRead + Unpin + 'static> Receiver<R> {
     /// On the server side, once everything was written (the write half is
     /// shut down with the write queue), drops the peer's input until it
-    /// closes its end, for at most [`LINGER`].
+    /// closes its end, for at most [`LINGER`] and [`LINGER_BYTES`].
     async fn linger(&self) {
         if self.guard.ledger.is_none() {
             return;
@@ -430,7 +432,7 @@ impl<R: tokio::io::AsyncRead + Unpin + 'static> Receiver<R> {
         let Some(mut frames) = self.frames.borrow_mut().take() else {
             return;
         };
-        let _ = tokio::time::timeout(LINGER, frames.discard_input()).await;
+        let _ = tokio::time::timeout(LINGER, frames.discard_input(LINGER_BYTES)).await;
     }
 
     async fn receive(self: Rc<Self>) -> capnp::Result<Option<Box<dyn IncomingMessage>>> {
