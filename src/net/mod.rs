@@ -7,6 +7,7 @@
 
 mod address;
 mod auth;
+mod body;
 mod connect;
 mod frame;
 mod guard;
