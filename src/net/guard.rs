@@ -409,8 +409,11 @@ impl Guard {
         }
         if let Some(error) = ledger.exceeded(self.session.is_logged_in(), self.written.get()) {
             drop(ledger);
-            closing(&self.session, &error);
-            self.session.close(error);
+            // Once is enough: answers still on their way exceed it too.
+            if self.session.close_reason().is_none() {
+                closing(&self.session, &error);
+                self.session.close(error);
+            }
         }
     }
 }
