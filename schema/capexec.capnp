@@ -58,7 +58,19 @@ interface Gatekeeper {
   #
   # A refusal is an exception whose description ends with
   # `[capexec:unauthenticated]`. After 3 refusals on one connection the
-  # server closes it.
+  # server closes it; logins already on their way are not checked. A
+  # connection that has not logged in within 30 s is closed too. Either way
+  # the peer is told why: an `Abort` whose `failed` error ends with
+  # `[capexec:unauthenticated]`, which every call it waits for fails with.
+  #
+  # Before login a connection may send messages of at most 4 KiB and have
+  # at most 8 questions (calls and bootstraps) not yet finished; a message
+  # beyond either waits while a login is being answered, so calls
+  # pipelined on `login` go on. Otherwise, and when the server already has
+  # as many connections that have not logged in as it takes (in all, or
+  # from the peer's address: `capexec serve --max-pending-logins`,
+  # `--max-pending-logins-per-address`), the connection is closed with an
+  # `overloaded` error that says which limit.
 }
 
 # ---------------------------------------------------------------------------
@@ -108,14 +120,17 @@ interface Executor {
   #                                executor (see `restrict`); the
   #                                description names the rule;
   #   [capexec:limit]              a limit of the server would be exceeded:
-  #                                argv and environment over 1 MiB, or the
+  #                                argv and environment over 1 MiB, the
   #                                processes held by the server or by this
   #                                connection (`capexec serve --max-processes`,
-  #                                `--max-processes-per-connection`).
-  # A connection that keeps too many calls unanswered at once (more than
-  # `--max-calls-per-connection`, or holding more than
-  # `--max-call-memory-per-connection`) is closed with an `overloaded` error
-  # that says so.
+  #                                `--max-processes-per-connection`), or the
+  #                                server's file descriptors.
+  # A connection with too many questions not yet finished (more than
+  # `--max-calls-per-connection`: each counts from its arrival until the
+  # caller's `Finish`, not until its answer), or whose calls and answers
+  # not yet finished (with replies not yet read) hold more than
+  # `--max-call-memory-per-connection`, is closed with an `overloaded`
+  # error that says so; the caller's waiting calls fail with it.
   # A failed start leaves nothing behind: no process, no zombie, no open file.
   #
   # Through a forwarding executor (`environment`, or a server whose default
@@ -757,7 +772,8 @@ struct ProcessInfo {
   retainedBytes @8 :UInt64;
   retainedChunks @9 :UInt32;
   peakRetainedBytes @10 :UInt64;
-  # Largest output payload held at once since the start.
+  # Largest output payload held at once since the start: in retain mode
+  # never more than the log's 1 MiB (room is made before a chunk is added).
   evictedThroughSeq @11 :UInt64;
   # Output with seq <= this has been evicted (0: nothing was evicted).
   unconsumedBytes @12 :UInt64;

@@ -11,8 +11,12 @@
 //! Servers are real `capexec serve` processes (Unix socket, TCP with a
 //! token, and a two-server chain); the clients run in this process. Cases
 //! alternate their variants round by round, so a burst of noise lands on
-//! all of them. Sections: latency, output, stdin, pipelining, scale.
+//! all of them. Sections: latency, output, stdin, pipelining, scale, abuse.
 
+mod abuse;
+#[path = "../../tests/common/hostile.rs"]
+#[allow(dead_code)]
+mod hostile;
 mod latency;
 mod output;
 mod pipelining;
@@ -44,6 +48,7 @@ pub struct Plan {
     pub concurrent: usize,
     pub sequential: usize,
     pub clients: usize,
+    pub abuse_runs: usize,
 }
 
 impl Plan {
@@ -62,6 +67,7 @@ impl Plan {
                 concurrent: 50,
                 sequential: 200,
                 clients: 10,
+                abuse_runs: 10,
             }
         } else {
             Plan {
@@ -77,12 +83,13 @@ impl Plan {
                 concurrent: 1000,
                 sequential: 10_000,
                 clients: 200,
+                abuse_runs: 300,
             }
         }
     }
 }
 
-const SECTIONS: [&str; 5] = ["latency", "output", "stdin", "pipelining", "scale"];
+const SECTIONS: [&str; 6] = ["latency", "output", "stdin", "pipelining", "scale", "abuse"];
 
 fn main() -> Result<(), Box<dyn Error>> {
     let mut quick = false;
@@ -128,6 +135,9 @@ fn main() -> Result<(), Box<dyn Error>> {
         }
         if wanted("scale") {
             scale::run(&plan, &mut report).await?;
+        }
+        if wanted("abuse") {
+            abuse::run(&plan, &mut report).await?;
         }
         Ok::<_, Box<dyn Error>>(report)
     })?;

@@ -1,6 +1,7 @@
 //! The `capexec` command line.
 
 mod argument_error;
+mod capacity;
 mod duration;
 mod input;
 mod inspect;
@@ -166,15 +167,30 @@ pub struct ServeArgs {
     #[arg(long, value_name = "MIB", default_value_t = 64,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=65_536))]
     max_call_memory_per_connection: usize,
+    /// Connections (on tcp: listeners) that may be open without having
+    /// logged in, TLS handshakes included; more are refused at once
+    /// [default: 1024, at most half the descriptors kept for connections].
+    #[arg(long, value_name = "N",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    max_pending_logins: Option<usize>,
+    /// The same from one peer address (an IPv6 peer: its /64)
+    /// [default: 256].
+    #[arg(long, value_name = "N",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    max_pending_logins_per_address: Option<usize>,
     /// Most processes the server holds at once (running, or finished and
-    /// not yet released); starts beyond fail with [capexec:limit].
-    #[arg(long, value_name = "N", default_value_t = 10_000,
+    /// not yet released); starts beyond fail with [capexec:limit]. A value
+    /// the descriptor limit cannot carry is refused [default: 10000, or
+    /// what the descriptor limit carries if that is less].
+    #[arg(long, value_name = "N",
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
-    max_processes: usize,
-    /// Most processes the starts of one connection hold at once.
-    #[arg(long, value_name = "N", default_value_t = 4096,
+    max_processes: Option<usize>,
+    /// Most processes the starts of one connection hold at once; at most
+    /// seven eighths of --max-processes, so that one connection at its
+    /// quota leaves room for others [default: 4096].
+    #[arg(long, value_name = "N",
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
-    max_processes_per_connection: usize,
+    max_processes_per_connection: Option<usize>,
     /// The environment plain starts use: "local" (the default) or an
     /// upstream's NAME.
     #[arg(long = "default", value_name = "NAME")]

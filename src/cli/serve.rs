@@ -8,7 +8,9 @@ use tokio::signal::unix::{SignalKind, signal};
 use std::collections::HashMap;
 use std::path::PathBuf;
 
+use crate::cli::capacity::{self, Asked, Capacity};
 use crate::cli::{EXIT_CAPEXEC_FAILURE, ServeArgs, target};
+use capexec::engine::descriptors::DescriptorBudget;
 use capexec::engine::{self, ChildSetup, Engine, ProcessLimits};
 use capexec::net::{
     Address, CallLimits, Server, ServerConfig, ServerTrust, TlsClient, TlsServer, Token,
@@ -92,6 +94,14 @@ pub fn main(args: ServeArgs) -> i32 {
     if let Err(error) = engine::become_subreaper() {
         tracing::warn!(%error, "cannot become a subreaper; orphaned grandchildren will not be reaped here");
     }
+    let descriptor_limit = raise_descriptor_limit();
+    let capacity = match descriptor_capacity(&args) {
+        Ok(capacity) => capacity,
+        Err(error) => {
+            eprintln!("capexec: {error}");
+            return EXIT_CAPEXEC_FAILURE;
+        }
+    };
     let config = ServerConfig {
         listen,
         token_file: args.token_file,
@@ -103,22 +113,23 @@ pub fn main(args: ServeArgs) -> i32 {
             max_calls: args.max_calls_per_connection,
             max_bytes: args.max_call_memory_per_connection << 20,
         },
-        max_processes_per_connection: Some(args.max_processes_per_connection),
+        pending_logins: capacity.pending,
+        max_processes_per_connection: Some(capacity.per_connection),
         login_deadline: None,
         policy,
     };
     let limits = ProcessLimits {
-        max_processes: Some(args.max_processes),
+        max_processes: Some(capacity.max_processes),
         child: ChildSetup {
             // Every start comes from this (the main) thread, which lives as
             // long as the server.
             die_with_parent: true,
-            descriptor_limit: raise_descriptor_limit(),
+            descriptor_limit,
         },
         ..ProcessLimits::default()
     };
 
-    crate::cli::run_local(serve(config, Engine::new(limits)))
+    crate::cli::run_local(serve(config, Engine::new(limits), capacity))
 }
 
 /// Clients refuse an expired certificate: say so at start, and two weeks
@@ -273,11 +284,11 @@ fn split_pair<'a>(pair: &'a str, flag: &str, form: &str) -> Result<(&'a str, &'a
     }
 }
 
-/// Every process costs the server three descriptors (its pidfd, stdout
-/// and stderr; four with stdin): lift the soft limit to the hard one so a
-/// busy server fails with [capexec:limit], not with EMFILE. Returns the
-/// limit as it was, for the children: a huge soft limit slows programs that
-/// close every descriptor up to it.
+/// Every process costs the server descriptors (see
+/// `engine::descriptors`): lift the soft limit to the hard one, which the
+/// process limits are then fitted into. Returns the limit as it was, for
+/// the children: a huge soft limit slows programs that close every
+/// descriptor up to it.
 fn raise_descriptor_limit() -> Option<(u64, u64)> {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     match getrlimit(Resource::RLIMIT_NOFILE) {
@@ -296,7 +307,39 @@ fn raise_descriptor_limit() -> Option<(u64, u64)> {
     }
 }
 
-async fn serve(config: ServerConfig, engine: Engine) -> i32 {
+/// The limits of `args`, fitted into the descriptor limit (see
+/// `cli::capacity`).
+fn descriptor_capacity(args: &ServeArgs) -> Result<Capacity, String> {
+    let budget = DescriptorBudget::of_this_process()
+        .map_err(|error| format!("cannot work out the descriptor budget: {error}"))?;
+    capacity::fit(
+        Asked {
+            max_processes: args.max_processes,
+            per_connection: args.max_processes_per_connection,
+            pending: args.max_pending_logins,
+            pending_per_address: args.max_pending_logins_per_address,
+        },
+        budget,
+    )
+}
+
+/// Says at start what the server holds, and what was lowered to fit.
+fn log_capacity(capacity: &Capacity) {
+    let budget = capacity.budget;
+    for lowered in capacity.lowered.iter().flatten() {
+        tracing::warn!(descriptor_limit = budget.limit, "{lowered}");
+    }
+    tracing::info!(
+        descriptor_limit = budget.limit,
+        kept_for_connections = budget.connections,
+        max_processes = capacity.max_processes,
+        max_processes_per_connection = capacity.per_connection,
+        max_pending_logins = capacity.pending.total,
+        "process and connection limits"
+    );
+}
+
+async fn serve(config: ServerConfig, engine: Engine, capacity: Capacity) -> i32 {
     // Registered before binding, so a signal that arrives as soon as the
     // addresses are printed is not lost.
     let (mut terminate, mut interrupt) = match (
@@ -316,6 +359,7 @@ async fn serve(config: ServerConfig, engine: Engine) -> i32 {
             return EXIT_CAPEXEC_FAILURE;
         }
     };
+    log_capacity(&capacity);
     if let Some(path) = server.token_path() {
         tracing::info!(path = %path.display(), "tcp logins use the token in this file");
     }

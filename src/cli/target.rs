@@ -191,7 +191,11 @@ pub fn token_problem(source: &str, error: &TokenError) -> String {
             capexec::model::io_message(error)
         ),
         TokenError::Empty(path) => format!("{source}{}: the file is empty", path.display()),
-        #[allow(unreachable_patterns)]
-        other => format!("{source}: {other}"),
+        TokenError::TooShort(path, length) => format!(
+            "{source}{}: it holds a token of {length} bytes; a token has at least {} (copy \
+             the server's token file)",
+            path.display(),
+            net::MIN_TOKEN_BYTES
+        ),
     }
 }

@@ -91,6 +91,19 @@ impl OutputLog {
     }
 
     pub fn push_output(&mut self, stream: OutputStream, data: Bytes) -> u64 {
+        // Room is made before the chunk is added, so what is held never
+        // exceeds the limits, even for a moment (a chunk larger than the
+        // whole byte limit is still kept, alone).
+        while let Some(oldest) = self.chunks.front()
+            && (self.retained_bytes + data.len() > self.limits.max_bytes
+                || self.chunks.len() >= self.limits.max_chunks)
+            && self.evictable(oldest.seq)
+        {
+            if let Some(old) = self.chunks.pop_front() {
+                self.retained_bytes -= old.data.len();
+                self.evicted_through = old.seq;
+            }
+        }
         let seq = self.take_seq();
         self.total_bytes += data.len() as u64;
         self.total_chunks += 1;
@@ -102,19 +115,7 @@ impl OutputLog {
             end_offset: self.total_bytes,
             end_count: self.total_chunks,
         });
-        // The peak counts what is held at once, including the chunk that is
-        // about to push an older one out.
         self.peak_bytes = self.peak_bytes.max(self.retained_bytes);
-        while self.chunks.len() > 1
-            && (self.retained_bytes > self.limits.max_bytes
-                || self.chunks.len() > self.limits.max_chunks)
-            && self.evictable(self.chunks[0].seq)
-        {
-            if let Some(old) = self.chunks.pop_front() {
-                self.retained_bytes -= old.data.len();
-                self.evicted_through = old.seq;
-            }
-        }
         seq
     }
 
@@ -414,7 +415,8 @@ mod tests {
         log.push_output(OutputStream::Stdout, Bytes::from(vec![b'd'; 10])); // 5
         assert_eq!(log.retained_bytes(), 20);
         assert_eq!(log.evicted_through(), 3);
-        assert_eq!(log.peak_bytes(), 30);
+        // Evicted before the next chunk came in: never above the limit.
+        assert_eq!(log.peak_bytes(), 20);
         let batch = log.collect(0, 0);
         assert_eq!(
             batch.events,
@@ -436,6 +438,19 @@ mod tests {
             ]
         );
         assert_eq!(seqs(&log.collect(2, 0)), vec![3, 4, 5]);
+    }
+
+    #[test]
+    fn what_is_held_never_exceeds_the_limits_even_as_a_chunk_comes_in() {
+        let mut log = OutputLog::new(LogLimits::default(), false);
+        for index in 0..400usize {
+            let size = 1 + (index * 7919) % (64 << 10);
+            log.push_output(OutputStream::Stdout, Bytes::from(vec![0; size]));
+            assert!(log.retained_bytes() <= 1 << 20, "after chunk {index}");
+        }
+        assert!(log.peak_bytes() <= 1 << 20, "{}", log.peak_bytes());
+        assert!(log.peak_bytes() > (1 << 20) - (64 << 10));
+        assert!(log.evicted_through() > 0);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! `Send + Sync`. The RPC layer is a thin skin over [`Engine`] and
 //! [`ProcessOwner`].
 
+pub mod descriptors;
 mod handle;
 mod kill;
 mod log;
@@ -144,6 +145,9 @@ impl Engine {
     fn start_on_terminal(&self, spec: &StartSpec) -> Result<ProcessOwner, Refusal> {
         spec.validate()?;
         let (terminal, slave, slave_path) = Terminal::open(spec.pty_size).map_err(|error| {
+            if descriptors::is_exhaustion(&error) {
+                return descriptors::exhausted("open a pseudo-terminal", &error);
+            }
             Refusal::new(
                 RefusalKind::SpawnFailed,
                 format!("cannot open a pseudo-terminal: {error}"),
@@ -331,6 +335,9 @@ fn shutting_down() -> Refusal {
 }
 
 fn attach_failed(pid: i32, error: &std::io::Error) -> Refusal {
+    if descriptors::is_exhaustion(error) {
+        return descriptors::exhausted(&format!("attach to the new process {pid}"), error);
+    }
     Refusal::new(
         RefusalKind::SpawnFailed,
         format!("cannot attach to the new process {pid}: {error}"),

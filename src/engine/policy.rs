@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use crate::engine::spawn;
 use crate::model::{
-    Policy, Refusal, RefusalKind, RuleNames, StartSpec, env_name_problem, io_message,
+    EXCERPT_BYTES, Policy, Refusal, RefusalKind, RuleNames, StartSpec, env_name_problem, excerpt,
+    io_message,
 };
 
 /// Where each rule of [`Rules`] came from, for its refusals.
@@ -88,17 +89,35 @@ fn invalid(rule: &str, message: String) -> Refusal {
     Refusal::new(RefusalKind::InvalidArgument, format!("{rule}: {message}"))
 }
 
+/// A path for a message, quoted (at most an excerpt of it).
 fn shown(path: &Path) -> String {
-    format!("{:?}", path.display().to_string())
+    format!("{:?}", excerpt(&path.display().to_string()))
 }
 
-/// Items for a message: comma-separated, or "none".
+/// A name or value for a message, quoted (at most an excerpt of it).
+fn quoted(text: &OsStr) -> String {
+    format!("{:?}", excerpt(&text.to_string_lossy()))
+}
+
+/// Items for a message: comma-separated, or "none"; a long list is cut
+/// after a few hundred bytes with how many items it left out.
 fn joined(items: impl Iterator<Item = String>) -> String {
-    let items: Vec<String> = items.collect();
-    if items.is_empty() {
-        "none".into()
-    } else {
-        items.join(", ")
+    let mut text = String::new();
+    let mut left_out = 0;
+    for item in items {
+        if text.len() >= EXCERPT_BYTES {
+            left_out += 1;
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(", ");
+        }
+        text.push_str(&item);
+    }
+    match (text.is_empty(), left_out) {
+        (true, _) => "none".into(),
+        (false, 0) => text,
+        (false, more) => format!("{text} and {more} more"),
     }
 }
 
@@ -110,7 +129,7 @@ fn names_listed<'a>(names: impl IntoIterator<Item = &'a OsString>) -> String {
     joined(
         names
             .into_iter()
-            .map(|name| name.to_string_lossy().into_owned()),
+            .map(|name| excerpt(&name.to_string_lossy()).into_owned()),
     )
 }
 
@@ -182,8 +201,8 @@ impl Rules {
                 return Err(not_allowed(
                     &names.setup("settableEnv"),
                     format!(
-                        "{:?} is not settable on this executor (settable: {})",
-                        name.to_string_lossy(),
+                        "{} is not settable on this executor (settable: {})",
+                        quoted(name),
                         names_listed(allowed)
                     ),
                 ));
@@ -292,8 +311,8 @@ impl Rules {
                 return Err(invalid(
                     &rule,
                     format!(
-                        "{:?} is not a valid variable (names are non-empty, without '=' or NUL)",
-                        name.to_string_lossy()
+                        "{} is not a valid variable (names are non-empty, without '=' or NUL)",
+                        quoted(name)
                     ),
                 ));
             }
@@ -326,8 +345,8 @@ impl Rules {
                 return Err(not_allowed(
                     &rule,
                     format!(
-                        "{:?} differs from this executor's fixed environment and is not settable (settable: {})",
-                        name.to_string_lossy(),
+                        "{} differs from this executor's fixed environment and is not settable (settable: {})",
+                        quoted(name),
                         names_listed(settable)
                     ),
                 ));
@@ -381,8 +400,8 @@ impl Rules {
                     return Err(not_allowed(
                         &rule,
                         format!(
-                            "{:?} may not be set or unset (settable: {})",
-                            name.to_string_lossy(),
+                            "{} may not be set or unset (settable: {})",
+                            quoted(name),
                             names_listed(settable)
                         ),
                     ));
@@ -425,7 +444,7 @@ impl Rules {
                 RefusalKind::BadCwd,
                 format!(
                     "working directory {}: {}",
-                    asked.display(),
+                    excerpt(&asked.display().to_string()),
                     io_message(&error)
                 ),
             )
@@ -462,10 +481,10 @@ impl Rules {
             return Err(not_allowed(
                 &rule,
                 format!(
-                    "arg0 {:?} differs from the program {:?}; a restricted executor runs programs \
+                    "arg0 {} differs from the program {}; a restricted executor runs programs \
                      under their own names",
-                    arg0.to_string_lossy(),
-                    spec.argv[0].to_string_lossy()
+                    quoted(arg0),
+                    quoted(&spec.argv[0])
                 ),
             ));
         }
@@ -477,7 +496,7 @@ impl Rules {
                 RefusalKind::BadCwd,
                 format!(
                     "working directory {}: not an existing directory",
-                    cwd.display()
+                    excerpt(&cwd.display().to_string())
                 ),
             ));
         }
@@ -667,6 +686,27 @@ mod tests {
             ..Policy::default()
         };
         assert!(rules.narrowed(&more_settable).is_err());
+    }
+
+    #[test]
+    fn refusals_quote_only_an_excerpt_of_what_they_refuse() {
+        let rules = Rules::unrestricted()
+            .narrowed(&Policy {
+                programs: Some(vec!["true".into()]),
+                settable_env: Some(vec!["LANG".into()]),
+                ..Policy::default()
+            })
+            .expect("narrow");
+        let long = format!("/{}", "a".repeat(8190));
+        let mut cwd = StartSpec::new(["true"]);
+        cwd.cwd = Some(PathBuf::from(&long));
+        let mut name = StartSpec::new(["true"]);
+        name.env.set = env(&[(&long[1..], "x")]);
+        for spec in [StartSpec::new([long.as_str()]), cwd, name] {
+            let error = rules.admit(&spec).expect_err("refused");
+            assert!(error.message.len() < 600, "{} bytes", error.message.len());
+            assert!(error.message.contains(" bytes)"), "{}", error.message);
+        }
     }
 
     #[test]

@@ -17,9 +17,9 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicI32, Ordering};
 
-use crate::engine::os;
 use crate::engine::reaper::{self, Leader};
-use crate::model::{Refusal, RefusalKind, StartSpec, io_message};
+use crate::engine::{descriptors, os};
+use crate::model::{Refusal, RefusalKind, StartSpec, excerpt, io_message};
 
 /// Where `execvp` looks when the environment has no PATH.
 const DEFAULT_PATH: &str = "/bin:/usr/bin";
@@ -182,7 +182,10 @@ pub(crate) fn program_on_own_path(name: &OsStr) -> io::Result<PathBuf> {
 fn bad_cwd(cwd: &Path, why: &str) -> Refusal {
     Refusal::new(
         RefusalKind::BadCwd,
-        format!("working directory {}: {why}", cwd.display()),
+        format!(
+            "working directory {}: {why}",
+            excerpt(&cwd.display().to_string())
+        ),
     )
 }
 
@@ -191,7 +194,10 @@ fn check_cwd(cwd: &Path) -> Result<(), Refusal> {
         Ok(meta) if meta.is_dir() => Ok(()),
         Ok(_) => Err(Refusal::new(
             RefusalKind::BadCwd,
-            format!("working directory {} is not a directory", cwd.display()),
+            format!(
+                "working directory {} is not a directory",
+                excerpt(&cwd.display().to_string())
+            ),
         )),
         Err(error) => Err(bad_cwd(cwd, &io_message(&error))),
     }
@@ -259,22 +265,27 @@ fn classify(spec: &StartSpec, error: &io::Error) -> Refusal {
                 format!(
                     "working directory {}: {}",
                     spec.effective_cwd()
-                        .map(|cwd| cwd.display().to_string())
+                        .map(|cwd| excerpt(&cwd.display().to_string()).into_owned())
                         .unwrap_or_default(),
                     io_message(&failure.error)
                 ),
+            ),
+            Step::Setup if descriptors::is_exhaustion(&failure.error) => descriptors::exhausted(
+                &format!("set up {}", excerpt(&spec.argv[0].to_string_lossy())),
+                &failure.error,
             ),
             Step::Setup => Refusal::new(
                 RefusalKind::SpawnFailed,
                 format!(
                     "cannot set up {} (session or standard descriptors): {}",
-                    spec.argv[0].to_string_lossy(),
+                    excerpt(&spec.argv[0].to_string_lossy()),
                     io_message(&failure.error)
                 ),
             ),
         };
     }
     let program = spec.argv[0].to_string_lossy();
+    let program = excerpt(&program);
     match error.raw_os_error() {
         Some(libc::ENOENT) | Some(libc::ENOTDIR) => Refusal::new(
             RefusalKind::ProgramNotFound,
@@ -302,13 +313,13 @@ fn classify(spec: &StartSpec, error: &io::Error) -> Refusal {
 }
 
 fn spawn_failed(spec: &StartSpec, error: &io::Error) -> Refusal {
+    let doing = format!("start {}", excerpt(&spec.argv[0].to_string_lossy()));
+    if descriptors::is_exhaustion(error) {
+        return descriptors::exhausted(&doing, error);
+    }
     Refusal::new(
         RefusalKind::SpawnFailed,
-        format!(
-            "cannot start {}: {}",
-            spec.argv[0].to_string_lossy(),
-            io_message(error)
-        ),
+        format!("cannot {doing}: {}", io_message(error)),
     )
 }
 

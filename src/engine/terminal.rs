@@ -36,7 +36,20 @@ impl Terminal {
                 pixel_width: 0,
                 pixel_height: 0,
             })
-            .map_err(|error| io::Error::other(format!("cannot open a pseudo-terminal: {error}")))?;
+            .map_err(|error| {
+                // Running out of descriptors keeps its errno, so it is
+                // reported as the limit it is.
+                let errno = error
+                    .chain()
+                    .find_map(|cause| cause.downcast_ref::<io::Error>())
+                    .and_then(io::Error::raw_os_error);
+                match errno {
+                    Some(errno @ (libc::EMFILE | libc::ENFILE)) => {
+                        io::Error::from_raw_os_error(errno)
+                    }
+                    _ => io::Error::other(error.to_string()),
+                }
+            })?;
         let master_fd = pair
             .master
             .as_raw_fd()

@@ -147,31 +147,6 @@ pub fn human_description(description: &str) -> String {
     text.trim().to_string()
 }
 
-/// A duration as messages show it: `10 s`, `0.5 s`, `1.25 s`; whole
-/// minutes and hours as `5 min` and `2 h`.
-pub fn show_duration(duration: std::time::Duration) -> String {
-    let secs = duration.as_secs();
-    let whole = duration.subsec_nanos() == 0;
-    if whole && secs >= 3600 && secs.is_multiple_of(3600) {
-        return format!("{} h", secs / 3600);
-    }
-    if whole && secs >= 60 && secs.is_multiple_of(60) {
-        return format!("{} min", secs / 60);
-    }
-    let text = format!("{:.3}", duration.as_secs_f64());
-    let text = text.trim_end_matches('0').trim_end_matches('.');
-    format!("{text} s")
-}
-
-/// An I/O error's text for people: without Rust's " (os error N)" suffix.
-pub fn io_message(error: &std::io::Error) -> String {
-    let text = error.to_string();
-    match text.find(" (os error ") {
-        Some(index) => text[..index].to_string(),
-        None => text,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

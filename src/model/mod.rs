@@ -9,8 +9,9 @@ mod policy;
 mod process;
 mod signal;
 mod spec;
+mod text;
 
-pub use self::error::{Refusal, RefusalKind, human_description, io_message, show_duration};
+pub use self::error::{Refusal, RefusalKind, human_description};
 pub use self::executor::{
     EnvironmentState, EnvironmentStatus, ExecutorInfo, LOCAL_ENVIRONMENT, valid_environment_name,
 };
@@ -23,3 +24,4 @@ pub use self::signal::Signal;
 pub(crate) use self::signal::signal_table;
 pub(crate) use self::spec::env_name_problem;
 pub use self::spec::{EnvSpec, MAX_ARGUMENT_BYTES, StartSpec};
+pub use self::text::{EXCERPT_BYTES, excerpt, io_message, show_duration};

@@ -4,7 +4,7 @@ use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
-use crate::model::{Flow, PtySize, Refusal, RefusalKind};
+use crate::model::{Flow, PtySize, Refusal, RefusalKind, excerpt};
 
 /// How the child's environment is built: start from the server's (or empty),
 /// remove `unset`, then apply `set` in order.
@@ -85,7 +85,7 @@ impl StartSpec {
             if has_nul(value) {
                 return invalid(format!(
                     "the value of environment variable {} contains a NUL byte",
-                    name.to_string_lossy()
+                    excerpt(&name.to_string_lossy())
                 ));
             }
         }
@@ -184,7 +184,7 @@ fn check_env_name(name: &OsStr) -> Result<(), Refusal> {
             RefusalKind::InvalidArgument,
             format!(
                 "environment variable name {:?} {problem}",
-                name.to_string_lossy()
+                excerpt(&name.to_string_lossy())
             ),
         )),
     }

@@ -1,72 +1,58 @@
-//! The TCP bootstrap: a per-connection `Gatekeeper`.
+//! The TCP bootstrap: a per-connection `Gatekeeper`, and the deadline for
+//! its login.
 
-use std::cell::{Cell, RefCell};
+use std::cell::OnceCell;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Duration;
 
 use capnp::capability::Rc as CapRc;
-use capnp_rpc::Disconnector;
-use capnp_rpc::rpc_twoparty_capnp::Side;
 
 use crate::capexec_capnp::{executor, gatekeeper};
+use crate::net::session::Session;
 use crate::net::token::Token;
 
-/// Refusals after which the connection is closed.
+/// Refusals after which the connection is closed; later logins on it, even
+/// ones already on their way, are not checked.
 pub(crate) const MAX_LOGIN_FAILURES: u32 = 3;
 
 /// How long a TCP connection may stay without a successful login by
 /// default: a peer that never logs in may not hold a connection open.
-pub(crate) const LOGIN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+pub(crate) const LOGIN_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Suffix of every login refusal (see the schema).
 pub const UNAUTHENTICATED_TAG: &str = "[capexec:unauthenticated]";
 
 pub(crate) struct GatekeeperImpl {
-    executor: executor::Client,
+    new_executor: Rc<dyn Fn() -> executor::Client>,
+    /// Made at the first successful login: one root (and so one process
+    /// quota) per connection, however often it logs in.
+    executor: OnceCell<executor::Client>,
     token: Arc<Token>,
-    failures: Cell<u32>,
-    /// Set by the first successful login.
-    logged_in: Rc<Cell<bool>>,
-    /// Filled once the connection's RpcSystem exists.
-    disconnector: Rc<RefCell<Option<Disconnector<Side>>>>,
+    session: Rc<Session>,
 }
 
 impl GatekeeperImpl {
     pub fn new(
-        executor: executor::Client,
+        new_executor: Rc<dyn Fn() -> executor::Client>,
         token: Arc<Token>,
-        disconnector: Rc<RefCell<Option<Disconnector<Side>>>>,
-        login_deadline: std::time::Duration,
+        session: Rc<Session>,
     ) -> GatekeeperImpl {
-        let logged_in = Rc::new(Cell::new(false));
-        // Closes the connection if nobody logs in within the deadline.
-        let deadline = {
-            let (logged_in, disconnector) = (Rc::clone(&logged_in), Rc::clone(&disconnector));
-            async move {
-                tokio::time::sleep(login_deadline).await;
-                let taken = if logged_in.get() {
-                    None
-                } else {
-                    disconnector.borrow_mut().take()
-                };
-                if let Some(disconnector) = taken {
-                    tracing::warn!(
-                        "closing a connection that did not log in within {:?}",
-                        login_deadline
-                    );
-                    let _ = disconnector.await;
-                }
-            }
-        };
-        tokio::task::spawn_local(deadline);
         GatekeeperImpl {
-            executor,
+            new_executor,
+            executor: OnceCell::new(),
             token,
-            failures: Cell::new(0),
-            logged_in,
-            disconnector,
+            session,
         }
     }
+}
+
+/// Why a connection is closed after its refused logins.
+fn too_many_refusals() -> capnp::Error {
+    capnp::Error::failed(format!(
+        "{MAX_LOGIN_FAILURES} logins were refused on this connection; closing it \
+         {UNAUTHENTICATED_TAG}"
+    ))
 }
 
 impl gatekeeper::Server for GatekeeperImpl {
@@ -75,25 +61,37 @@ impl gatekeeper::Server for GatekeeperImpl {
         params: gatekeeper::LoginParams,
         mut results: gatekeeper::LoginResults,
     ) -> Result<(), capnp::Error> {
+        if self.session.refusals() >= MAX_LOGIN_FAILURES {
+            return Err(too_many_refusals());
+        }
         let candidate = params.get()?.get_token()?.to_str().unwrap_or("");
         if self.token.matches(candidate) {
-            self.logged_in.set(true);
-            results.get().set_executor(self.executor.clone());
+            self.session.log_in();
+            let executor = self.executor.get_or_init(|| (self.new_executor)());
+            results.get().set_executor(executor.clone());
             return Ok(());
         }
-        let failures = self.failures.get() + 1;
-        self.failures.set(failures);
+        let failures = self.session.refused();
         tracing::warn!(failures, "login refused");
-        if failures >= MAX_LOGIN_FAILURES
-            && let Some(disconnector) = self.disconnector.borrow_mut().take()
-        {
+        if failures >= MAX_LOGIN_FAILURES {
             tracing::warn!("closing the connection after {failures} refused logins");
-            tokio::task::spawn_local(async move {
-                let _ = disconnector.await;
-            });
+            self.session.close(too_many_refusals());
         }
         Err(capnp::Error::failed(format!(
             "login refused: wrong token {UNAUTHENTICATED_TAG}"
         )))
+    }
+}
+
+/// Closes the connection of `session` if it has not logged in within
+/// `deadline`. Runs as part of the connection, so it ends with it.
+pub(crate) async fn enforce_login_deadline(session: Rc<Session>, deadline: Duration) {
+    tokio::time::sleep(deadline).await;
+    if !session.is_logged_in() {
+        tracing::warn!("closing a connection that did not log in within {deadline:?}");
+        session.close(capnp::Error::failed(format!(
+            "no login within {}s; closing the connection {UNAUTHENTICATED_TAG}",
+            deadline.as_secs_f64()
+        )));
     }
 }

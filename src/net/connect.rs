@@ -21,6 +21,7 @@ use crate::net::address::Address;
 pub use crate::net::connect_error::ConnectError;
 use crate::net::guard::CallLimits;
 use crate::net::liveness::{self, Watch, Watched};
+use crate::net::session::Session;
 use crate::net::socket;
 use crate::net::tls::{self, TlsClient};
 use crate::net::token::Token;
@@ -58,6 +59,22 @@ impl Default for ConnectOptions {
             plaintext_only_to_loopback: false,
         }
     }
+}
+
+/// The client's end of a connection: its peer is the server the user
+/// chose, so only the message limit applies, from the start.
+fn client_network<R, W>(reader: R, writer: W) -> transport::Network
+where
+    R: tokio::io::AsyncRead + Unpin + 'static,
+    W: tokio::io::AsyncWrite + Unpin + 'static,
+{
+    transport::network(
+        reader,
+        writer,
+        Side::Client,
+        CallLimits::unlimited(),
+        Session::logged_in(),
+    )
 }
 
 /// A live connection to an executor server. Capabilities obtained through
@@ -339,7 +356,7 @@ async fn open(
                 .map_err(|error| unix_error(address, path, error))?;
             let (reader, writer) = stream.into_split();
             let reader = Watched::new(reader, Rc::clone(&watch));
-            let network = transport::network(reader, writer, Side::Client, CallLimits::unlimited());
+            let network = client_network(reader, writer);
             Ok((
                 Stream {
                     network,
@@ -368,8 +385,7 @@ async fn open(
                 None => {
                     let (reader, writer) = stream.into_split();
                     let reader = Watched::new(reader, Rc::clone(&watch));
-                    let network =
-                        transport::network(reader, writer, Side::Client, CallLimits::unlimited());
+                    let network = client_network(reader, writer);
                     (network, Some((host.clone(), resolved)))
                 }
                 Some(tls) => {
@@ -384,8 +400,7 @@ async fn open(
                             })?;
                     let (reader, writer) = tokio::io::split(stream);
                     let reader = Watched::new(reader, Rc::clone(&watch));
-                    let network =
-                        transport::network(reader, writer, Side::Client, CallLimits::unlimited());
+                    let network = client_network(reader, writer);
                     (network, None)
                 }
             };

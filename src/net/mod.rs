@@ -7,17 +7,22 @@
 
 mod address;
 mod auth;
+mod body;
 mod certificate;
 mod connect;
 mod connect_error;
+mod frame;
 mod guard;
 mod liveness;
+mod pending;
 mod server;
+mod session;
 mod socket;
 mod tls;
 mod token;
 mod transport;
 mod upstream;
+mod writer;
 
 pub use self::address::Address;
 pub use self::auth::UNAUTHENTICATED_TAG;
@@ -25,7 +30,8 @@ pub use self::connect::{
     CONNECT_TIMEOUT, ConnectError, ConnectOptions, Connection, connect, connect_to, connect_with,
 };
 pub use self::guard::CallLimits;
+pub use self::pending::PendingLimits;
 pub use self::server::{ServeError, Server, ServerConfig, serve_stream};
 pub use self::tls::{ServerTrust, TlsClient, TlsError, TlsServer, parse_fingerprint};
-pub use self::token::{Token, TokenError, default_token_path};
+pub use self::token::{MIN_TOKEN_BYTES, Token, TokenError, default_token_path};
 pub use self::upstream::UpstreamConfig;

@@ -1,6 +1,5 @@
 //! `capexec serve`: listeners, one RpcSystem per connection, shutdown.
 
-use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
 use std::path::PathBuf;
@@ -19,8 +18,10 @@ use tracing::Instrument;
 use crate::capexec_capnp::{executor, gatekeeper};
 use crate::engine::Engine;
 use crate::net::address::Address;
-use crate::net::auth::{GatekeeperImpl, LOGIN_DEADLINE};
+use crate::net::auth::{GatekeeperImpl, LOGIN_DEADLINE, enforce_login_deadline};
 use crate::net::guard::CallLimits;
+use crate::net::pending::{PendingLimits, PendingLogins};
+use crate::net::session::Session;
 use crate::net::socket::{self, UnixSocketFile};
 use crate::net::tls::TlsServer;
 use crate::net::token::{Token, TokenError, default_token_path};
@@ -47,6 +48,8 @@ pub struct ServerConfig {
     pub tls: Option<TlsServer>,
     /// What one connection may have outstanding before it is closed.
     pub call_limits: CallLimits,
+    /// How many TCP connections may be open without having logged in.
+    pub pending_logins: PendingLimits,
     /// Most processes one connection's starts may hold at once (`None`: no
     /// limit but the engine's own).
     pub max_processes_per_connection: Option<usize>,
@@ -106,6 +109,7 @@ pub struct Server {
     token_path: Option<PathBuf>,
     tls: Option<TlsServer>,
     call_limits: CallLimits,
+    pending_logins: PendingLimits,
     max_processes_per_connection: Option<usize>,
     rules: Option<crate::engine::Rules>,
 }
@@ -116,18 +120,45 @@ struct Login {
     deadline: std::time::Duration,
 }
 
-/// Connections served so far, and whether memory is about to be returned.
-#[derive(Default)]
+/// Connections served so far, those not logged in yet, and whether memory
+/// is about to be returned.
 struct Connections {
     opened: AtomicU64,
+    pending: PendingLogins,
     trim_pending: std::cell::Cell<bool>,
+    /// Refusals since the last one logged, and when that was.
+    refusals: std::cell::Cell<(u64, Option<Instant>)>,
 }
+
+/// Refused connections are logged at most this often (with their count),
+/// so a flood of them cannot flood the log.
+const REFUSAL_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// How long after a connection closes its memory is handed back, so a
 /// burst of closes costs one trim.
 const TRIM_DELAY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Connections {
+    fn new(pending: PendingLogins) -> Connections {
+        Connections {
+            opened: AtomicU64::new(0),
+            pending,
+            trim_pending: std::cell::Cell::new(false),
+            refusals: std::cell::Cell::new((0, None)),
+        }
+    }
+
+    fn refused(&self, peer: &std::net::SocketAddr, reason: &str) {
+        let (count, logged) = self.refusals.get();
+        let now = Instant::now();
+        if logged.is_some_and(|at| now.duration_since(at) < REFUSAL_LOG_INTERVAL) {
+            self.refusals.set((count + 1, logged));
+            return;
+        }
+        tracing::warn!(%peer, refused = count + 1, "refusing connections: {reason}");
+        self.refusals.set((0, Some(now)));
+    }
+
     /// Hands memory freed by closed connections back to the system, once
     /// per [`TRIM_DELAY`]. glibc keeps it otherwise, so a burst of clients
     /// would leave the server at its peak size for good.
@@ -192,6 +223,7 @@ impl Server {
             token_path: None,
             tls: config.tls.clone(),
             call_limits: config.call_limits,
+            pending_logins: config.pending_logins,
             max_processes_per_connection: config.max_processes_per_connection,
             rules,
         };
@@ -290,18 +322,20 @@ impl Server {
                 None => rpc::root_executor(Rc::clone(&shared), quota),
             }
         });
-        let connections = Rc::new(Connections::default());
+        let connections = Rc::new(Connections::new(PendingLogins::new(self.pending_logins)));
         let accepting: Vec<JoinHandle<()>> = std::mem::take(&mut self.listeners)
             .into_iter()
             .map(|(address, listener)| {
                 tokio::task::spawn_local(accept_loop(
-                    address,
+                    Accepting {
+                        address,
+                        executor: Rc::clone(&executor),
+                        token: self.token.clone(),
+                        tls: self.tls.clone(),
+                        limits: self.call_limits,
+                        connections: Rc::clone(&connections),
+                    },
                     listener,
-                    Rc::clone(&executor),
-                    self.token.clone(),
-                    self.tls.clone(),
-                    self.call_limits,
-                    Rc::clone(&connections),
                 ))
             })
             .collect();
@@ -324,15 +358,25 @@ impl Server {
     }
 }
 
-async fn accept_loop(
+/// What an accept loop hands each connection.
+struct Accepting {
     address: Address,
-    listener: Listener,
     executor: NewExecutor,
     token: Option<Arc<Login>>,
     tls: Option<TlsServer>,
     limits: CallLimits,
     connections: Rc<Connections>,
-) {
+}
+
+async fn accept_loop(accepting: Accepting, listener: Listener) {
+    let Accepting {
+        address,
+        executor,
+        token,
+        tls,
+        limits,
+        connections,
+    } = accepting;
     tracing::info!(%address, tls = tls.is_some() && address.is_tcp(), "listening");
     loop {
         // The network comes from a future: a TLS handshake runs in the
@@ -340,30 +384,50 @@ async fn accept_loop(
         let accepted = match &listener {
             Listener::Unix(listener) => listener.accept().await.map(|(stream, _)| {
                 let (reader, writer) = stream.into_split();
-                let network = transport::network(reader, writer, Side::Server, limits);
-                (
+                let session = Session::logged_in();
+                let network =
+                    transport::network(reader, writer, Side::Server, limits, Rc::clone(&session));
+                Some((
                     futures::future::ready(Some(network)).boxed_local(),
                     "unix".to_string(),
+                    session,
                     None,
-                )
+                ))
             }),
             Listener::Tcp(listener) => listener.accept().await.map(|(stream, peer)| {
+                let place = match connections.pending.admit(peer.ip()) {
+                    Ok(place) => place,
+                    Err(reason) => {
+                        connections.refused(&peer, &reason);
+                        refuse(stream, &reason, tls.is_some());
+                        return None;
+                    }
+                };
                 if let Err(error) = socket::tune_tcp(&stream) {
                     tracing::warn!(%error, %peer, "cannot tune the TCP connection");
                 }
+                let session = Session::awaiting_login(Some(place));
                 let network = match &tls {
                     None => {
                         let (reader, writer) = stream.into_split();
-                        let network = transport::network(reader, writer, Side::Server, limits);
+                        let network = transport::network(
+                            reader,
+                            writer,
+                            Side::Server,
+                            limits,
+                            Rc::clone(&session),
+                        );
                         futures::future::ready(Some(network)).boxed_local()
                     }
-                    Some(tls) => tls_handshake(tls.clone(), stream, limits).boxed_local(),
+                    Some(tls) => tls_handshake(tls.clone(), stream, limits, Rc::clone(&session))
+                        .boxed_local(),
                 };
-                (network, peer.to_string(), token.clone())
+                Some((network, peer.to_string(), session, token.clone()))
             }),
         };
-        let (network, peer, token) = match accepted {
-            Ok(accepted) => accepted,
+        let (network, peer, session, token) = match accepted {
+            Ok(Some(accepted)) => accepted,
+            Ok(None) => continue,
             Err(error) => {
                 // Out of descriptors and the like: keep serving the others.
                 tracing::warn!(%error, %address, "accept failed");
@@ -373,12 +437,12 @@ async fn accept_loop(
         };
         let id = connections.opened.fetch_add(1, Ordering::Relaxed) + 1;
         let span = tracing::info_span!("connection", id, peer = %peer);
-        let executor = executor();
+        let executor = Rc::clone(&executor);
         let closed = Rc::clone(&connections);
         tokio::task::spawn_local(
             async move {
                 if let Some(network) = network.await {
-                    serve_connection(network, executor, token).await;
+                    serve_connection(network, executor, session, token).await;
                 }
                 closed.return_free_memory_soon();
             }
@@ -387,18 +451,48 @@ async fn accept_loop(
     }
 }
 
+/// Turns away a connection beyond the limits on connections that have not
+/// logged in: a plaintext peer is told why (a capnp `Abort`, written if
+/// the socket takes it at once), a TLS one just sees the connection close.
+fn refuse(stream: tokio::net::TcpStream, reason: &str, tls: bool) {
+    if !tls {
+        // What the peer already sent is read first, so closing sends a FIN
+        // rather than a reset, which could destroy the goodbye unread.
+        let mut sink = [0u8; 4096];
+        while matches!(stream.try_read(&mut sink), Ok(read) if read > 0) {}
+        let _ = stream.try_write(&abort_frame(reason));
+    }
+}
+
+/// An RPC `Abort` message with an `overloaded` error saying `reason`.
+fn abort_frame(reason: &str) -> Vec<u8> {
+    use capnp_rpc::rpc_capnp::{exception, message};
+    let mut builder = capnp::message::Builder::new_default();
+    let mut abort = builder.init_root::<message::Builder>().init_abort();
+    abort.set_reason(reason);
+    abort.set_type(exception::Type::Overloaded);
+    capnp::serialize::write_message_to_words(&builder)
+}
+
 /// The server's half of a TLS handshake, bounded by [`HANDSHAKE_TIMEOUT`];
 /// `None` (logged) if it fails: a plaintext client gets nothing.
 async fn tls_handshake(
     tls: TlsServer,
     stream: tokio::net::TcpStream,
     limits: CallLimits,
+    session: Rc<Session>,
 ) -> Option<Network> {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(&tls.config));
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
         Ok(Ok(stream)) => {
             let (reader, writer) = tokio::io::split(stream);
-            Some(transport::network(reader, writer, Side::Server, limits))
+            Some(transport::network(
+                reader,
+                writer,
+                Side::Server,
+                limits,
+                session,
+            ))
         }
         Ok(Err(error)) => {
             tracing::info!(%error, "TLS handshake failed");
@@ -425,32 +519,47 @@ pub async fn serve_stream<R, W>(
     R: tokio::io::AsyncRead + Unpin + 'static,
     W: tokio::io::AsyncWrite + Unpin + 'static,
 {
-    let network = transport::network(reader, writer, Side::Server, limits);
-    serve_connection(network, executor, None).await;
+    let session = Session::logged_in();
+    let network = transport::network(reader, writer, Side::Server, limits, Rc::clone(&session));
+    serve_connection(network, Rc::new(move || executor.clone()), session, None).await;
 }
 
 /// One connection: its own RpcSystem, whose bootstrap is the Executor
-/// (Unix) or a Gatekeeper (TCP). When it ends, capnp releases every
-/// capability the peer held, which kills its processes.
-async fn serve_connection(network: Network, executor: executor::Client, login: Option<Arc<Login>>) {
+/// (Unix) or a Gatekeeper (TCP), to be logged in to within the login
+/// deadline. When it ends, capnp releases every capability the peer held,
+/// which kills its processes.
+async fn serve_connection(
+    network: Network,
+    executor: NewExecutor,
+    session: Rc<Session>,
+    login: Option<Arc<Login>>,
+) {
     let started = Instant::now();
     tracing::info!("connected");
-    let disconnector = Rc::new(RefCell::new(None));
-    let bootstrap = match login {
-        None => executor.client,
+    let (bootstrap, deadline) = match login {
+        None => (executor().client, None),
         Some(login) => {
             let gatekeeper: gatekeeper::Client = capnp_rpc::new_client(GatekeeperImpl::new(
                 executor,
                 Arc::clone(&login.token),
-                Rc::clone(&disconnector),
-                login.deadline,
+                Rc::clone(&session),
             ));
-            gatekeeper.client
+            let deadline = enforce_login_deadline(Rc::clone(&session), login.deadline);
+            (gatekeeper.client, Some(deadline))
         }
     };
     let system = RpcSystem::new(network, Some(bootstrap));
-    *disconnector.borrow_mut() = Some(system.get_disconnector());
-    match system.await {
+    let deadline = async move {
+        if let Some(deadline) = deadline {
+            deadline.await;
+        }
+        std::future::pending::<()>().await
+    };
+    let ended = tokio::select! {
+        ended = system => ended,
+        () = deadline => unreachable!("the deadline never completes"),
+    };
+    match ended {
         Ok(()) => tracing::info!(
             duration_ms = started.elapsed().as_millis() as u64,
             "disconnected"

@@ -15,7 +15,13 @@ pub enum TokenError {
     Read(PathBuf, io::Error),
     Create(PathBuf, io::Error),
     Empty(PathBuf),
+    /// Shorter than [`MIN_TOKEN_BYTES`]: the length found.
+    TooShort(PathBuf, usize),
 }
+
+/// The shortest token accepted (128 bits of hex would be 32): anything
+/// shorter could be guessed by a patient peer, three guesses a connection.
+pub const MIN_TOKEN_BYTES: usize = 16;
 
 impl fmt::Display for TokenError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -27,6 +33,12 @@ impl fmt::Display for TokenError {
                 write!(f, "cannot create token file {}: {error}", path.display())
             }
             TokenError::Empty(path) => write!(f, "token file {} is empty", path.display()),
+            TokenError::TooShort(path, length) => write!(
+                f,
+                "token file {} holds a token of {length} bytes; a token needs at least \
+                 {MIN_TOKEN_BYTES} (remove the file and a new random one is made)",
+                path.display()
+            ),
         }
     }
 }
@@ -66,6 +78,9 @@ impl Token {
         let secret = text.trim();
         if secret.is_empty() {
             return Err(TokenError::Empty(path.into()));
+        }
+        if secret.len() < MIN_TOKEN_BYTES {
+            return Err(TokenError::TooShort(path.into(), secret.len()));
         }
         if let Ok(meta) = fs::metadata(path)
             && meta.permissions().mode() & 0o077 != 0
@@ -136,6 +151,30 @@ mod tests {
         assert!(!token.matches("s3cret "));
         assert!(!token.matches(""));
         assert_eq!(format!("{token:?}"), "Token(..)");
+    }
+
+    #[test]
+    fn a_short_token_file_is_refused_with_its_length() {
+        let dir = std::env::temp_dir().join(format!("capexec-short-{}", std::process::id()));
+        fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("token");
+        fs::write(&path, "0123456789abcde\n").expect("write");
+        let error = Token::load(&path).expect_err("15 bytes");
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "token file {} holds a token of 15 bytes; a token needs at least 16 (remove \
+                 the file and a new random one is made)",
+                path.display()
+            )
+        );
+        fs::write(&path, "0123456789abcdef").expect("write");
+        assert!(
+            Token::load(&path)
+                .expect("16 bytes")
+                .matches("0123456789abcdef")
+        );
+        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -122,7 +122,8 @@ impl Environments {
                 Err(Refusal::new(
                     RefusalKind::UnknownEnvironment,
                     format!(
-                        "no environment named {name:?} (this server has: {})",
+                        "no environment named {:?} (this server has: {})",
+                        crate::model::excerpt(name),
                         known.join(", ")
                     ),
                 ))

@@ -179,7 +179,8 @@ impl executor::Server for ExecutorImpl {
                     RefusalKind::NotAllowed,
                     format!(
                         "a restricted executor offers no environment but {LOCAL_ENVIRONMENT:?} \
-                         (asked for {name:?})"
+                         (asked for {:?})",
+                        crate::model::excerpt(name)
                     ),
                 )
                 .into());

@@ -217,7 +217,7 @@ fn bad_files_are_named_with_their_flag() {
         )
     );
     let token = dir.path().join("token");
-    std::fs::write(&token, "secret\n").expect("token");
+    std::fs::write(&token, "a-secret-of-24-bytes-xyz\n").expect("token");
     std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let token = token.display().to_string();
     assert_eq!(

@@ -125,7 +125,7 @@ fn signals_are_forwarded_to_a_remote_child() {
 fn connection_failures_and_bad_tokens_are_one_line_and_exit_125() {
     let served = Served::start();
     let wrong = served.home.path().join("wrong-token");
-    std::fs::write(&wrong, "nope\n").expect("write");
+    std::fs::write(&wrong, "0123456789abcdef0123456789abcdef\n").expect("write");
     std::fs::set_permissions(&wrong, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let refused = finish(
         served.run(&[
@@ -373,5 +373,64 @@ fn a_killed_upstream_fails_its_processes_and_nothing_else() {
     assert_eq!(
         (local.code, text(&local.stdout)),
         (0, "local\n".to_string())
+    );
+}
+
+/// Whoever the server closes a connection on learns why, and `capexec run`
+/// prints it as its one error line: past a call limit, and beyond the
+/// limit of connections that have not logged in.
+#[test]
+fn capexec_run_prints_why_the_server_closed_its_connection() {
+    let served = Served::start_with(&[
+        "--max-calls-per-connection",
+        "1",
+        "--max-pending-logins-per-address",
+        "1",
+    ]);
+    let token = served.token_arg();
+    for (address, login) in [(&served.unix, None), (&served.tcp, Some(&token))] {
+        let mut args = vec!["--connect", address.as_str()];
+        if let Some(token) = login {
+            args.extend(["--token-file", token.as_str()]);
+        }
+        args.extend(["--", "true"]);
+        let run = finish(served.run(&args), None);
+        assert_eq!(
+            (run.code, text(&run.stderr)),
+            (
+                125,
+                "capexec: more than 1 calls outstanding on one connection; closing it\n".into()
+            ),
+            "{address}"
+        );
+    }
+    let pid = served.child.id();
+    let open = common::procfs::open_fds(pid);
+    let _idle = std::net::TcpStream::connect(served.tcp.trim_start_matches("tcp:")).expect("idle");
+    // It holds the address's one place once the server has accepted it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while common::procfs::open_fds(pid) <= open {
+        assert!(Instant::now() < deadline, "the server never accepted");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let refused = finish(
+        served.run(&[
+            "--connect",
+            &served.tcp,
+            "--token-file",
+            &token,
+            "--",
+            "true",
+        ]),
+        None,
+    );
+    assert_eq!(
+        (refused.code, text(&refused.stderr)),
+        (
+            125,
+            "capexec: too many connections from this address have not logged in (the limit is \
+             1); try again later\n"
+                .into()
+        )
     );
 }

@@ -134,3 +134,62 @@ fn children_keep_the_descriptor_limit_the_server_was_given() {
     kill(&server, libc::SIGTERM);
     assert_eq!(wait(&mut server), 0);
 }
+
+/// A `--max-processes` the descriptor limit cannot carry stops the server
+/// at start with one line saying what it carries; a short token too.
+#[test]
+fn limits_and_tokens_the_server_cannot_honour_are_refused_at_start() {
+    use std::os::unix::process::CommandExt;
+    let dir = TempDir::new("refused-at-start");
+    let socket = format!("unix:{}", dir.path().join("s.sock").display());
+    let mut command = capexec(&["serve", "--listen", &socket, "--max-processes", "1000"]);
+    // SAFETY: setrlimit is async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 256,
+                rlim_max: 256,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let refused = finish(command, None);
+    let stderr = text(&refused.stderr);
+    assert_eq!(refused.code, 125, "{stderr}");
+    let carried: u64 = stderr
+        .split("it carries at most ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|count| count.parse().ok())
+        .unwrap_or_else(|| panic!("no count in {stderr:?}"));
+    assert!(carried > 0 && carried < 64, "{stderr}");
+    assert!(
+        stderr.starts_with("capexec: --max-processes 1000 needs about ")
+            && stderr.contains(" descriptors, but the descriptor limit is 256: ")
+            && stderr.ends_with(&format!(
+                "(raise it with ulimit -n, or give --max-processes {carried} or less)\n"
+            )),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+
+    let token = dir.path().join("token");
+    std::fs::write(&token, "short\n").expect("write");
+    let mut command = capexec(&["serve", "--listen", "tcp:127.0.0.1:0", "--token-file"]);
+    command.arg(&token);
+    let tcp = finish(command, None);
+    assert_eq!(
+        (tcp.code, text(&tcp.stderr)),
+        (
+            125,
+            format!(
+                "capexec: token file {} holds a token of 5 bytes; a token needs at least 16 \
+                 (remove the file and a new random one is made)\n",
+                token.display()
+            )
+        )
+    );
+}

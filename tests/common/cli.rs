@@ -126,10 +126,32 @@ impl Served {
 
     /// The same with `extra` arguments for `capexec serve`.
     pub fn start_with(extra: &[&str]) -> Served {
+        Served::start_limited(extra, None)
+    }
+
+    /// The same with a descriptor limit (soft and hard) of `descriptors`.
+    pub fn start_limited(extra: &[&str], descriptors: Option<u64>) -> Served {
         let home = TempDir::new("cli-serve");
         let socket = home.path().join("capexec.sock");
         let token_file = home.path().join("token");
-        let mut child = Command::new(BIN)
+        let mut command = Command::new(BIN);
+        if let Some(limit) = descriptors {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setrlimit is async-signal-safe.
+            unsafe {
+                command.pre_exec(move || {
+                    let limit = libc::rlimit {
+                        rlim_cur: limit,
+                        rlim_max: limit,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = command
             .args(["serve", "--listen"])
             .arg(format!("unix:{}", socket.display()))
             .args(["--listen", "tcp:127.0.0.1:0", "--token-file"])
@@ -179,6 +201,11 @@ impl Served {
 
     pub fn token_arg(&self) -> String {
         self.token_file.display().to_string()
+    }
+
+    /// The token TCP logins need.
+    pub fn token(&self) -> capexec::net::Token {
+        capexec::net::Token::load(&self.token_file).expect("token")
     }
 }
 

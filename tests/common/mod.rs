@@ -3,6 +3,7 @@
 
 pub mod cli;
 pub mod data;
+pub mod hostile;
 pub mod pki;
 pub mod procfs;
 pub mod proxy;

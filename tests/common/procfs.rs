@@ -1,5 +1,7 @@
 //! Looking at processes and descriptors through /proc.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// The state letter of `pid` (`Z` for a zombie), or `None` if it is gone.
@@ -25,6 +27,26 @@ pub fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|dir| dir.count())
         .unwrap_or(0)
+}
+
+/// Whether `parent` has a child running the program named `name` (its
+/// `comm`).
+pub fn has_child_named(parent: u32, name: &str) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    dir.flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .any(|pid| {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                return false;
+            };
+            let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+                return false;
+            };
+            let parent_pid = stat[close + 1..].split_whitespace().nth(1);
+            &stat[open + 1..close] == name && parent_pid == Some(parent.to_string().as_str())
+        })
 }
 
 /// Zombie children of `parent`.
@@ -130,4 +152,82 @@ pub fn pending_signals(pid: u32) -> u64 {
         .filter(|line| line.starts_with("SigPnd:") || line.starts_with("ShdPnd:"))
         .filter_map(|line| u64::from_str_radix(line.split_whitespace().nth(1)?, 16).ok())
         .fold(0, |all, mask| all | mask)
+}
+
+/// The highest RSS a process reaches while this lives, sampled every few
+/// milliseconds on a thread of its own (a peak between samples is missed,
+/// so bounds checked against it are a floor of the truth, not a ceiling).
+pub struct PeakRss {
+    peak_kib: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl PeakRss {
+    pub fn watch(pid: u32) -> PeakRss {
+        let peak_kib = Arc::new(AtomicU64::new(status_field(pid, "VmRSS:").unwrap_or(0)));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (peak_kib, stop) = (Arc::clone(&peak_kib), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    if let Some(rss) = status_field(pid, "VmRSS:") {
+                        peak_kib.fetch_max(rss, Ordering::Relaxed);
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            })
+        };
+        PeakRss {
+            peak_kib,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn peak_kib(&self) -> u64 {
+        self.peak_kib.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for PeakRss {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Waits until the RSS of `pid` is at most `kib` (memory freed by closed
+/// connections is handed back a second after they close); returns it.
+pub async fn rss_settles_below(pid: u32, kib: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let rss = status_field(pid, "VmRSS:").unwrap_or(0);
+        if rss <= kib {
+            return rss;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "RSS of {pid} stayed at {rss} KiB, above {kib} KiB"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until the RSS of `pid` has stopped changing (the same for half a
+/// second), and returns it: what an attack that has run its course holds.
+pub async fn rss_quiet(pid: u32) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut last = status_field(pid, "VmRSS:").unwrap_or(0);
+    let mut same = 0;
+    while same < 10 {
+        assert!(Instant::now() < deadline, "RSS of {pid} never settled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let rss = status_field(pid, "VmRSS:").unwrap_or(0);
+        same = if rss == last { same + 1 } else { 0 };
+        last = rss;
+    }
+    last
 }

@@ -9,8 +9,10 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod abuse;
 mod bad_requests;
 mod chain;
+mod descriptors;
 mod facets;
 mod handles;
 mod hostile_bytes;

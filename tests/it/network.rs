@@ -70,7 +70,7 @@ fn tcp_needs_the_token_and_exposes_nothing_else() {
         let error = start.send().promise.await.err().expect("not an executor");
         assert_eq!(error.kind, capnp::ErrorKind::Unimplemented, "{error}");
 
-        // Three refusals close the connection.
+        // Three refusals close the connection, and the peer is told why.
         for attempt in 1..=2 {
             let error = login(&gatekeeper, "wrong").await.expect_err("refused");
             assert!(
@@ -82,7 +82,16 @@ fn tcp_needs_the_token_and_exposes_nothing_else() {
         let after = login(&gatekeeper, token.as_str())
             .await
             .expect_err("closed");
-        assert_eq!(after.kind, capnp::ErrorKind::Disconnected, "{after}");
+        match Error::from(after) {
+            Error::Refused(refusal) => {
+                assert_eq!(refusal.kind, RefusalKind::Unauthenticated);
+                assert_eq!(
+                    refusal.message,
+                    "3 logins were refused on this connection; closing it"
+                );
+            }
+            other => panic!("not the reason of the close: {other:?}"),
+        }
 
         // A fresh connection with the right token works.
         let good = net::connect(&server.address, Some(&token))

@@ -390,6 +390,7 @@ async fn byte_limit_evicts_with_an_explicit_gap(ctx: Ctx) {
 
     let info = process.info().await.expect("info");
     assert!(info.retained_bytes <= 1 << 20, "{info:?}");
+    assert!(info.peak_retained_bytes <= 1 << 20, "{info:?}");
     assert!(info.evicted_through_seq > 0, "{info:?}");
     let read = process.read(0, 0, Duration::ZERO).await.expect("read");
     let first = &read.events[0];
@@ -408,6 +409,27 @@ async fn byte_limit_evicts_with_an_explicit_gap(ctx: Ctx) {
         read.events.last().map(|e| &e.body),
         Some(EventBody::Closed)
     ));
+}
+
+/// Unread output of uneven chunks (`seq` writes lines of every length)
+/// never makes the retained log hold more than its 1 MiB, not even for the
+/// moment a new chunk comes in.
+async fn the_retained_log_never_holds_more_than_its_bound(ctx: Ctx) {
+    let mut command = Command::new("seq");
+    command.args(["1", "400000"]).flow(Flow::Retain);
+    let process = spawn(&ctx, &command).await;
+    wait_closed_at_head(&process).await;
+    let info = process.info().await.expect("info");
+    assert!(
+        info.evicted_through_seq > 0,
+        "the output outgrew the log: {info:?}"
+    );
+    assert!(info.peak_retained_bytes <= 1 << 20, "{info:?}");
+    assert!(
+        info.peak_retained_bytes > (1 << 20) - 64 * 1024,
+        "the log was nearly full: {info:?}"
+    );
+    assert!(info.retained_bytes <= info.peak_retained_bytes, "{info:?}");
 }
 
 /// A subscriber that stops acknowledging while 3 MiB go by gets a gap event
@@ -721,6 +743,7 @@ backend_tests!(
     terminate_kills_what_ignores_sigterm,
     exit_status_keeps_signal_apart_from_code,
     byte_limit_evicts_with_an_explicit_gap,
+    the_retained_log_never_holds_more_than_its_bound,
     lagging_subscriber_gets_a_gap,
     lossless_keeps_every_byte_with_a_slow_reader,
     lossless_exit_waits_for_output_written_before_it,

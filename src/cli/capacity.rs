@@ -1,0 +1,194 @@
+//! How many processes and connections `capexec serve` holds, checked
+//! against what its descriptor limit carries (see
+//! `engine::descriptors`): the defaults are lowered to fit, with a word at
+//! start; an explicit `--max-processes` that cannot be carried is refused.
+//!
+//! The rule that keeps clients from starving each other: processes never
+//! use the descriptors kept for connections, so accepting connections and
+//! the moment's extra descriptors of a start keep working at any process
+//! count; one connection's quota is at most seven eighths of the server's
+//! processes, so a connection at its quota leaves the rest for the others'
+//! starts; and connections that have not logged in may use at most half of
+//! the descriptors kept for connections.
+
+use capexec::engine::descriptors::{DESCRIPTORS_PER_PROCESS, DescriptorBudget};
+use capexec::net::PendingLimits;
+
+pub const DEFAULT_MAX_PROCESSES: usize = 10_000;
+pub const DEFAULT_MAX_PROCESSES_PER_CONNECTION: usize = 4096;
+
+/// What was asked for on the command line (`None`: the default).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Asked {
+    pub max_processes: Option<usize>,
+    pub per_connection: Option<usize>,
+    pub pending: Option<usize>,
+    pub pending_per_address: Option<usize>,
+}
+
+/// What the server will hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capacity {
+    pub max_processes: usize,
+    pub per_connection: usize,
+    pub pending: PendingLimits,
+    /// What they were fitted into.
+    pub budget: DescriptorBudget,
+    /// What was lowered to fit, to say at start.
+    pub lowered: [Option<Lowered>; 3],
+}
+
+/// A value that was lowered: which, from what, to what, and why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lowered {
+    pub flag: &'static str,
+    pub from: usize,
+    pub to: usize,
+    pub why: &'static str,
+}
+
+impl std::fmt::Display for Lowered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} is {} instead of {}: {}",
+            self.flag, self.to, self.from, self.why
+        )
+    }
+}
+
+/// Fits `asked` into `budget`, or says why it cannot be.
+pub fn fit(asked: Asked, budget: DescriptorBudget) -> Result<Capacity, String> {
+    let carried = usize::try_from(budget.processes).unwrap_or(usize::MAX);
+    if carried == 0 {
+        return Err(format!(
+            "the descriptor limit ({}) leaves no room for processes once {} are kept for \
+             connections: raise it (ulimit -n)",
+            budget.limit, budget.connections
+        ));
+    }
+    let mut lowered = [None; 3];
+    let max_processes = match asked.max_processes {
+        Some(asked) if asked > carried => {
+            let reserved = budget.limit - budget.processes * DESCRIPTORS_PER_PROCESS;
+            return Err(format!(
+                "--max-processes {asked} needs about {} descriptors, but the descriptor limit is \
+                 {}: it carries at most {carried} processes (raise it with ulimit -n, or give \
+                 --max-processes {carried} or less)",
+                asked as u64 * DESCRIPTORS_PER_PROCESS + reserved,
+                budget.limit
+            ));
+        }
+        Some(asked) => asked,
+        None if DEFAULT_MAX_PROCESSES > carried => {
+            lowered[0] = Some(Lowered {
+                flag: "--max-processes",
+                from: DEFAULT_MAX_PROCESSES,
+                to: carried,
+                why: "all the descriptor limit carries (raise it with ulimit -n for more)",
+            });
+            carried
+        }
+        None => DEFAULT_MAX_PROCESSES,
+    };
+    let fair_share = (max_processes - max_processes / 8).max(1);
+    let wanted = asked
+        .per_connection
+        .unwrap_or(DEFAULT_MAX_PROCESSES_PER_CONNECTION);
+    let per_connection = if wanted > fair_share {
+        // The default follows the rule without a word (the limits are
+        // logged at start); a value asked for is said to be lowered.
+        if asked.per_connection.is_some() {
+            lowered[1] = Some(Lowered {
+                flag: "--max-processes-per-connection",
+                from: wanted,
+                to: fair_share,
+                why: "at most seven eighths of --max-processes, so that one connection at \
+                      its quota leaves room for the others",
+            });
+        }
+        fair_share
+    } else {
+        wanted
+    };
+    let defaults = PendingLimits::default();
+    let room = usize::try_from(budget.connections / 2).unwrap_or(usize::MAX);
+    let wanted = asked.pending.unwrap_or(defaults.total);
+    let total = if wanted > room {
+        lowered[2] = Some(Lowered {
+            flag: "--max-pending-logins",
+            from: wanted,
+            to: room,
+            why: "at most half the descriptors kept for connections",
+        });
+        room
+    } else {
+        wanted
+    };
+    let per_address = asked
+        .pending_per_address
+        .unwrap_or(defaults.per_address)
+        .min(total);
+    Ok(Capacity {
+        max_processes,
+        per_connection,
+        pending: PendingLimits { total, per_address },
+        budget,
+        lowered,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_large_limit_changes_nothing() {
+        let capacity = fit(Asked::default(), DescriptorBudget::new(1 << 20, 16)).expect("fits");
+        assert_eq!(capacity.max_processes, DEFAULT_MAX_PROCESSES);
+        assert_eq!(
+            capacity.per_connection,
+            DEFAULT_MAX_PROCESSES_PER_CONNECTION
+        );
+        assert_eq!(capacity.pending, PendingLimits::default());
+        assert_eq!(capacity.lowered, [None; 3]);
+    }
+
+    #[test]
+    fn defaults_are_lowered_to_what_the_limit_carries_and_explicit_values_refused() {
+        let budget = DescriptorBudget::new(512, 16);
+        let carried = budget.processes as usize;
+        let capacity = fit(Asked::default(), budget).expect("fits");
+        assert_eq!(capacity.max_processes, carried);
+        assert_eq!(capacity.per_connection, carried - carried / 8);
+        assert!(capacity.lowered[0].is_some());
+        // The quota follows the rule without a word when it was not asked.
+        assert!(capacity.lowered[1].is_none());
+        assert_eq!(capacity.pending.total, 32);
+        assert_eq!(capacity.pending.per_address, 32);
+
+        let refused = fit(
+            Asked {
+                max_processes: Some(carried + 1),
+                ..Asked::default()
+            },
+            budget,
+        )
+        .expect_err("cannot be carried");
+        assert!(
+            refused.contains(&format!("it carries at most {carried} processes")),
+            "{refused}"
+        );
+        let asked = fit(
+            Asked {
+                max_processes: Some(10),
+                per_connection: Some(10),
+                ..Asked::default()
+            },
+            budget,
+        )
+        .expect("fits");
+        assert_eq!((asked.max_processes, asked.per_connection), (10, 9));
+        assert!(asked.lowered[1].is_some());
+    }
+}

@@ -1,0 +1,119 @@
+//! What the descriptor limit (`RLIMIT_NOFILE`) lets a server hold.
+//!
+//! Every process costs the server descriptors for as long as it is held
+//! (its pidfd and the parent's ends of its pipes, or of its terminal), and
+//! a start needs a few more for a moment (the child's ends). A server that
+//! allowed more processes than its limit carries would fail starts with
+//! EMFILE, for every client at once, and could no longer accept
+//! connections. So the budget is worked out at start: a reserve is kept
+//! for connections (and for what the server itself has open), and the
+//! rest is divided among processes.
+
+use std::io;
+
+use crate::model::{Refusal, RefusalKind};
+
+/// Held by one process while it is held: its pidfd and the parent's ends
+/// of stdin, stdout and stderr (a terminal: its pidfd, the master and the
+/// master's non-blocking duplicate). A terminal whose session still has
+/// other members when its child exits holds one more per member.
+pub const DESCRIPTORS_PER_PROCESS: u64 = 4;
+
+/// Held for a moment by a start on top of its process's own: the child's
+/// ends of its pipes (starts happen one at a time).
+pub const DESCRIPTORS_PER_START: u64 = 3;
+
+/// Kept for the server's own use on top of what it has open when the
+/// budget is worked out: its runtime, listeners, upstream links, logs.
+const SERVER_OWN: u64 = 64;
+
+/// The share of the limit kept for connections: one eighth, at least 64.
+fn connection_reserve(limit: u64) -> u64 {
+    (limit / 8).max(64)
+}
+
+/// How a descriptor limit is divided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DescriptorBudget {
+    /// The limit itself.
+    pub limit: u64,
+    /// Kept for connections, never used by processes.
+    pub connections: u64,
+    /// Processes the rest carries.
+    pub processes: u64,
+}
+
+impl DescriptorBudget {
+    /// The budget of `limit` descriptors when `open` are in use already.
+    pub fn new(limit: u64, open: u64) -> DescriptorBudget {
+        let connections = connection_reserve(limit);
+        let reserved = open + SERVER_OWN + connections + DESCRIPTORS_PER_START;
+        DescriptorBudget {
+            limit,
+            connections,
+            processes: limit.saturating_sub(reserved) / DESCRIPTORS_PER_PROCESS,
+        }
+    }
+
+    /// The budget of this process's (soft) limit now.
+    pub fn of_this_process() -> io::Result<DescriptorBudget> {
+        let (soft, _) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+            .map_err(io::Error::from)?;
+        Ok(DescriptorBudget::new(soft, open_descriptors()?))
+    }
+}
+
+/// Descriptors this process has open.
+pub fn open_descriptors() -> io::Result<u64> {
+    Ok(std::fs::read_dir("/proc/self/fd")?.count() as u64)
+}
+
+/// Whether `error` says the process (EMFILE) or the system (ENFILE) is out
+/// of descriptors.
+pub(crate) fn is_exhaustion(error: &io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+}
+
+/// The start failure for running out of descriptors while `doing`.
+pub(crate) fn exhausted(doing: &str, error: &io::Error) -> Refusal {
+    let whose = if error.raw_os_error() == Some(libc::ENFILE) {
+        "the system is out of file descriptors"
+    } else {
+        "the server is out of file descriptors"
+    };
+    Refusal::new(
+        RefusalKind::LimitReached,
+        format!("cannot {doing}: {whose}; release processes or connections and try again"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_limit_is_divided_between_connections_and_processes() {
+        let budget = DescriptorBudget::new(20_000, 16);
+        assert_eq!(budget.connections, 2_500);
+        assert_eq!(budget.processes, (20_000 - 16 - 64 - 2_500 - 3) / 4);
+        let small = DescriptorBudget::new(512, 16);
+        assert_eq!(small.connections, 64);
+        assert_eq!(small.processes, (512 - 16 - 64 - 64 - 3) / 4);
+        // A limit that carries nothing says so rather than wrapping.
+        assert_eq!(DescriptorBudget::new(100, 50).processes, 0);
+    }
+
+    #[test]
+    fn running_out_is_a_limit_not_a_spawn_failure() {
+        let error = io::Error::from_raw_os_error(libc::EMFILE);
+        assert!(is_exhaustion(&error));
+        let refusal = exhausted("start sleep", &error);
+        assert_eq!(refusal.kind, RefusalKind::LimitReached);
+        assert_eq!(
+            refusal.message,
+            "cannot start sleep: the server is out of file descriptors; release processes or \
+             connections and try again"
+        );
+        assert!(!is_exhaustion(&io::Error::from_raw_os_error(libc::ENOENT)));
+    }
+}

@@ -1,0 +1,121 @@
+//! A message body being read: word-aligned memory that is filled byte by
+//! byte straight from the socket, without being zeroed first (a zeroed
+//! buffer costs a pass over every byte of every big message, and the data
+//! path moves hundreds of MiB a second through here).
+
+use std::mem::MaybeUninit;
+
+use capnp::Word;
+
+pub(crate) struct Body {
+    /// `len` covers the whole words filled so far; a partly filled last
+    /// word lies in the spare capacity.
+    words: Vec<Word>,
+    /// Bytes filled.
+    filled: usize,
+    /// Words there is room for (the allocation may be larger).
+    size: usize,
+}
+
+impl Body {
+    pub fn with_capacity(words: usize) -> Body {
+        Body {
+            words: Vec::with_capacity(words),
+            filled: 0,
+            size: words,
+        }
+    }
+
+    pub fn filled(&self) -> usize {
+        self.filled
+    }
+
+    /// Room left, in bytes.
+    pub fn room(&self) -> usize {
+        self.size * 8 - self.filled
+    }
+
+    /// The unfilled bytes, to read into.
+    pub fn unfilled(&mut self) -> &mut [MaybeUninit<u8>] {
+        let start = self.filled % 8;
+        let words = self.size - self.words.len();
+        let spare = &mut self.words.spare_capacity_mut()[..words];
+        let length = words * 8;
+        // SAFETY: a `Word` is eight bytes (`repr(C, align(8))` over
+        // `[u8; 8]`), so the spare words are `length` possibly
+        // uninitialised bytes, which `MaybeUninit<u8>` may view in any way.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(spare.as_mut_ptr().cast::<MaybeUninit<u8>>(), length)
+        };
+        &mut bytes[start..]
+    }
+
+    /// Counts `count` more bytes as filled; they must have been written to
+    /// the start of [`Body::unfilled`].
+    pub fn filled_by(&mut self, count: usize) {
+        assert!(count <= self.room(), "filled beyond the body");
+        self.filled += count;
+        // SAFETY: every byte of the first `filled / 8` words has been
+        // written (through `unfilled` or `extend`), and the capacity holds
+        // them (checked above).
+        unsafe { self.words.set_len(self.filled / 8) };
+    }
+
+    /// Appends `bytes`, which must fit in [`Body::room`].
+    pub fn extend(&mut self, bytes: &[u8]) {
+        self.unfilled()[..bytes.len()].write_copy_of_slice(bytes);
+        self.filled_by(bytes.len());
+    }
+
+    /// Makes room for `words` words in all, keeping what was filled (the
+    /// partly filled last word included).
+    pub fn grow_to(&mut self, words: usize) {
+        let partial = self.filled % 8;
+        let mut tail = [MaybeUninit::<u8>::uninit(); 8];
+        if partial > 0 {
+            // Beyond `len`, so not kept by the reallocation for certain.
+            let start = self.filled - partial;
+            self.filled = start;
+            tail[..partial].copy_from_slice(&self.unfilled()[..partial]);
+            self.filled = start + partial;
+        }
+        self.words.reserve_exact(words - self.words.len());
+        self.size = words;
+        if partial > 0 {
+            self.filled -= partial;
+            self.unfilled()[..partial].copy_from_slice(&tail[..partial]);
+            self.filled += partial;
+        }
+    }
+
+    /// The words, once every byte is filled.
+    pub fn into_words(self) -> Vec<Word> {
+        assert_eq!(self.filled, self.size * 8, "the body is not complete");
+        self.words
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_written_in_uneven_pieces_survive_growth() {
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
+        let mut body = Body::with_capacity(10);
+        body.extend(&data[..13]);
+        for (at, end) in [(13, 77), (77, 80)] {
+            let piece = &data[at..end];
+            body.unfilled()[..piece.len()].write_copy_of_slice(piece);
+            body.filled_by(piece.len());
+        }
+        assert_eq!(body.room(), 0);
+        body.grow_to(125);
+        body.extend(&data[80..997]);
+        body.grow_to(125);
+        body.extend(&data[997..]);
+        assert_eq!(body.filled(), 1000);
+        let words = body.into_words();
+        assert_eq!(Word::words_to_bytes(&words), &data[..]);
+    }
+}

@@ -1,0 +1,166 @@
+//! How many TCP connections may be open without having logged in, on the
+//! whole server and from one peer address: beyond either limit a new
+//! connection is refused at once, so a peer that never logs in can hold
+//! only a bounded share of the server.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::rc::Rc;
+
+/// The limits on connections that have not logged in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PendingLimits {
+    /// On the whole server.
+    pub total: usize,
+    /// From one peer: one IPv4 address, or one IPv6 /64 (what one host or
+    /// one customer of a provider is given).
+    pub per_address: usize,
+}
+
+impl Default for PendingLimits {
+    fn default() -> Self {
+        PendingLimits {
+            total: 1024,
+            per_address: 256,
+        }
+    }
+}
+
+/// The peer, as the per-address limit groups peers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum PeerKey {
+    V4(u32),
+    V6Prefix(u64),
+}
+
+impl PeerKey {
+    fn of(address: IpAddr) -> PeerKey {
+        match address {
+            IpAddr::V4(v4) => PeerKey::V4(u32::from(v4)),
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => PeerKey::V4(u32::from(v4)),
+                None => PeerKey::V6Prefix((u128::from(v6) >> 64) as u64),
+            },
+        }
+    }
+}
+
+#[derive(Default)]
+struct Counts {
+    total: usize,
+    by_peer: HashMap<PeerKey, usize>,
+}
+
+/// The connections of a server that have not logged in yet.
+#[derive(Clone)]
+pub(crate) struct PendingLogins {
+    limits: PendingLimits,
+    counts: Rc<RefCell<Counts>>,
+}
+
+/// One connection counted as not logged in; dropped at its login or when
+/// it closes.
+pub(crate) struct Place {
+    peer: PeerKey,
+    counts: Rc<RefCell<Counts>>,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut counts = self.counts.borrow_mut();
+        counts.total -= 1;
+        if let Some(count) = counts.by_peer.get_mut(&self.peer) {
+            *count -= 1;
+            if *count == 0 {
+                counts.by_peer.remove(&self.peer);
+            }
+        }
+    }
+}
+
+impl PendingLogins {
+    pub fn new(limits: PendingLimits) -> PendingLogins {
+        PendingLogins {
+            limits,
+            counts: Rc::default(),
+        }
+    }
+
+    /// A place for a new connection from `peer`, or why there is none.
+    pub fn admit(&self, peer: IpAddr) -> Result<Place, String> {
+        let key = PeerKey::of(peer);
+        let mut counts = self.counts.borrow_mut();
+        if counts.total >= self.limits.total {
+            return Err(format!(
+                "too many connections have not logged in (the server's limit is {}); try again \
+                 later",
+                self.limits.total
+            ));
+        }
+        if counts.by_peer.get(&key).copied().unwrap_or(0) >= self.limits.per_address {
+            return Err(format!(
+                "too many connections from this address have not logged in (the limit is {}); \
+                 try again later",
+                self.limits.per_address
+            ));
+        }
+        counts.total += 1;
+        *counts.by_peer.entry(key).or_default() += 1;
+        Ok(Place {
+            peer: key,
+            counts: Rc::clone(&self.counts),
+        })
+    }
+
+    #[cfg(test)]
+    fn total(&self) -> usize {
+        self.counts.borrow().total
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_hold_per_server_and_per_address_and_places_come_back() {
+        let pending = PendingLogins::new(PendingLimits {
+            total: 3,
+            per_address: 2,
+        });
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let first = pending.admit(a).expect("first");
+        let _second = pending.admit(a).expect("second");
+        let refused = pending.admit(a).err().expect("third from a");
+        assert!(
+            refused.contains("from this address have not logged in (the limit is 2)"),
+            "{refused}"
+        );
+        let _third = pending.admit(b).expect("b has its own count");
+        let full = pending
+            .admit("10.0.0.3".parse().unwrap())
+            .err()
+            .expect("full");
+        assert!(full.contains("(the server's limit is 3)"), "{full}");
+        drop(first);
+        assert_eq!(pending.total(), 2);
+        pending.admit(a).expect("a place came back");
+    }
+
+    #[test]
+    fn an_ipv6_peer_is_its_slash_64_and_a_mapped_ipv4_is_itself() {
+        let pending = PendingLogins::new(PendingLimits {
+            total: 10,
+            per_address: 1,
+        });
+        let _one = pending.admit("2001:db8::1".parse().unwrap()).expect("one");
+        assert!(pending.admit("2001:db8::ffff:2".parse().unwrap()).is_err());
+        let _other = pending
+            .admit("2001:db8:0:1::1".parse().unwrap())
+            .expect("another /64");
+        let _v4 = pending.admit("192.0.2.7".parse().unwrap()).expect("v4");
+        assert!(pending.admit("::ffff:192.0.2.7".parse().unwrap()).is_err());
+    }
+}

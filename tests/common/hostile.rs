@@ -1,0 +1,247 @@
+//! A hostile peer: raw Cap'n Proto RPC frames (built with capnp-rpc's own
+//! `rpc.capnp` types) over a real TCP socket, and the attacks on a server
+//! that the abuse tests and the benchmarks' `abuse` section replay.
+
+use std::time::Duration;
+
+use capnp::traits::HasTypeId;
+use capnp_rpc::rpc_capnp::{exception, message};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use capexec::capexec_capnp::{executor, gatekeeper, process};
+
+/// A frame announcing a 15 MiB message, and nothing after it.
+pub fn huge_header() -> [u8; 8] {
+    let mut header = [0u8; 8];
+    header[4..8].copy_from_slice(&((15u32 << 20) / 8).to_le_bytes());
+    header
+}
+
+fn frame(fill: impl FnOnce(message::Builder<'_>)) -> Vec<u8> {
+    let mut builder = capnp::message::Builder::new_default();
+    fill(builder.init_root());
+    capnp::serialize::write_message_to_words(&builder)
+}
+
+pub fn bootstrap(question: u32) -> Vec<u8> {
+    frame(|message| message.init_bootstrap().set_question_id(question))
+}
+
+pub fn finish(question: u32) -> Vec<u8> {
+    frame(|message| {
+        let mut finish = message.init_finish();
+        finish.set_question_id(question);
+        finish.set_release_result_caps(true);
+    })
+}
+
+/// A call numbered `question` on the capability that question `on`
+/// returns (in its first pointer field, or as the bootstrap itself).
+fn call(
+    question: u32,
+    on: u32,
+    field: Option<u16>,
+    interface: u64,
+    method: u16,
+    params: impl FnOnce(capnp::any_pointer::Builder<'_>),
+) -> Vec<u8> {
+    frame(|message| {
+        let mut call = message.init_call();
+        call.set_question_id(question);
+        call.set_interface_id(interface);
+        call.set_method_id(method);
+        let mut promised = call.reborrow().init_target().init_promised_answer();
+        promised.set_question_id(on);
+        if let Some(field) = field {
+            promised
+                .init_transform(1)
+                .get(0)
+                .set_get_pointer_field(field);
+        }
+        params(call.init_params().init_content());
+    })
+}
+
+/// `login(token)` on the bootstrap of question `on`.
+pub fn login(question: u32, on: u32, token: &str) -> Vec<u8> {
+    let interface = <gatekeeper::Client as HasTypeId>::TYPE_ID;
+    call(question, on, None, interface, 0, |params| {
+        let mut params: gatekeeper::login_params::Builder = params.init_as();
+        params.set_token(token);
+    })
+}
+
+/// `start(argv)` on the executor that login `on` returns (or, with
+/// `field` `None`, on the executor bootstrapped by `on`).
+pub fn start(question: u32, on: u32, field: Option<u16>, argv: &[&str]) -> Vec<u8> {
+    let interface = <executor::Client as HasTypeId>::TYPE_ID;
+    call(question, on, field, interface, 0, |params| {
+        let params: executor::start_params::Builder = params.init_as();
+        let mut list = params.init_params().init_argv(argv.len() as u32);
+        for (index, arg) in argv.iter().enumerate() {
+            list.set(index as u32, arg.as_bytes());
+        }
+    })
+}
+
+/// `read(afterSeq = 0, maxBytes = 0)`, the whole retained log, on the
+/// process that start `on` returns.
+pub fn read_everything(question: u32, on: u32) -> Vec<u8> {
+    let interface = <process::Client as HasTypeId>::TYPE_ID;
+    call(question, on, Some(0), interface, 0, |params| {
+        let mut params: process::read_params::Builder = params.init_as();
+        params.set_after_seq(0);
+        params.set_max_bytes(0);
+        params.set_wait_ms(0);
+    })
+}
+
+/// A plain TCP connection to `address` (`HOST:PORT`, as `tcp:` addresses
+/// print it after the scheme).
+pub async fn connect(address: &str) -> TcpStream {
+    let address = address.strip_prefix("tcp:").unwrap_or(address);
+    let stream = TcpStream::connect(address).await.expect("connect");
+    stream.set_nodelay(true).expect("nodelay");
+    stream
+}
+
+/// One message from the server, as the peer reads it.
+pub enum Heard {
+    /// A message that is not an `Abort`.
+    Other,
+    /// The server's goodbye: the error's type and reason.
+    Abort(exception::Type, String),
+    /// The connection ended (closed or reset).
+    Closed,
+}
+
+/// Reads the next message the server sends.
+pub async fn hear(stream: &mut TcpStream) -> Heard {
+    let mut first = [0u8; 8];
+    if stream.read_exact(&mut first).await.is_err() {
+        return Heard::Closed;
+    }
+    let count = u32::from_le_bytes([first[0], first[1], first[2], first[3]]) as usize + 1;
+    let table_bytes = (4 * (count + 1)).next_multiple_of(8);
+    let mut bytes = first.to_vec();
+    bytes.resize(table_bytes, 0);
+    if stream.read_exact(&mut bytes[8..]).await.is_err() {
+        return Heard::Closed;
+    }
+    let words: usize = bytes[4..4 + 4 * count]
+        .chunks_exact(4)
+        .map(|length| u32::from_le_bytes([length[0], length[1], length[2], length[3]]) as usize)
+        .sum();
+    let body = bytes.len();
+    bytes.resize(body + words * 8, 0);
+    if stream.read_exact(&mut bytes[body..]).await.is_err() {
+        return Heard::Closed;
+    }
+    let mut options = capnp::message::ReaderOptions::new();
+    options.traversal_limit_in_words(None);
+    let message = capnp::serialize::read_message(&mut &bytes[..], options).expect("a message");
+    let root: message::Reader = message.get_root().expect("rpc message");
+    match root.which() {
+        Ok(message::Abort(abort)) => {
+            let abort = abort.expect("abort");
+            let reason = abort
+                .get_reason()
+                .ok()
+                .and_then(|reason| reason.to_string().ok())
+                .unwrap_or_default();
+            let kind = abort.get_type().unwrap_or(exception::Type::Failed);
+            Heard::Abort(kind, reason)
+        }
+        _ => Heard::Other,
+    }
+}
+
+/// Reads what the server sends until its goodbye or the end of the
+/// connection; `None` if neither comes within `within`.
+pub async fn goodbye(stream: &mut TcpStream, within: Duration) -> Option<Heard> {
+    tokio::time::timeout(within, async {
+        loop {
+            match hear(stream).await {
+                Heard::Other => continue,
+                ended => return ended,
+            }
+        }
+    })
+    .await
+    .ok()
+}
+
+/// Sends `bytes`; false if the server has closed the connection.
+pub async fn send(stream: &mut TcpStream, bytes: &[u8]) -> bool {
+    stream.write_all(bytes).await.is_ok()
+}
+
+/// Logs in on a fresh connection: bootstrap 0, login 1. Question 2 and up
+/// are the caller's.
+pub async fn logged_in(address: &str, token: &str) -> TcpStream {
+    let mut stream = connect(address).await;
+    let mut hello = bootstrap(0);
+    hello.extend(login(1, 0, token));
+    assert!(send(&mut stream, &hello).await, "the server took the login");
+    stream
+}
+
+/// Attack 1: `count` connections that each announce a 15 MiB message and
+/// send nothing more; before login, or (with `token`) after it.
+pub async fn huge_headers(address: &str, token: Option<&str>, count: usize) -> Vec<TcpStream> {
+    let mut held = Vec::new();
+    for _ in 0..count {
+        let mut stream = match token {
+            Some(token) => logged_in(address, token).await,
+            None => connect(address).await,
+        };
+        let _ = send(&mut stream, &huge_header()).await;
+        held.push(stream);
+    }
+    held
+}
+
+/// Attack 2: bootstraps that are never finished, `count` of them, sent
+/// until the server stops taking them.
+pub async fn unfinished_bootstraps(stream: &mut TcpStream, count: u32) {
+    for question in 0..count {
+        if !send(stream, &bootstrap(question)).await {
+            return;
+        }
+    }
+}
+
+/// Attack 3: after login and a start (question 2), ask for the process's
+/// whole retained log `count` times without ever finishing a read.
+pub async fn unfinished_reads(stream: &mut TcpStream, count: u32) {
+    for question in 3..3 + count {
+        if !send(stream, &read_everything(question, 2)).await {
+            return;
+        }
+    }
+}
+
+/// A TCP connection to `address` from the loopback address `source`
+/// (any of 127.0.0.0/8), so one test can play several peers.
+pub async fn connect_from(source: &str, address: &str) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    let source: std::net::IpAddr = source.parse().expect("source address");
+    socket.bind((source, 0).into()).expect("bind the source");
+    let address = address.strip_prefix("tcp:").unwrap_or(address);
+    let stream = socket
+        .connect(address.parse().expect("address"))
+        .await
+        .expect("connect");
+    stream.set_nodelay(true).expect("nodelay");
+    stream
+}
+
+/// Attack 4: `count` connections from `source` that never send anything.
+pub async fn idle_connections(source: &str, address: &str, count: usize) -> Vec<TcpStream> {
+    let mut held = Vec::new();
+    for _ in 0..count {
+        held.push(connect_from(source, address).await);
+    }
+    held
+}

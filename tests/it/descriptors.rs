@@ -1,0 +1,147 @@
+//! A server under a small descriptor limit (256): its process limits are
+//! what the limit carries, running out is `[capexec:limit]` (never
+//! `spawn-failed`), and one connection at its quota leaves room for
+//! another's starts and for new connections.
+
+use crate::common;
+
+use capexec::client::{Command, Error, RemoteProcess, Stdin};
+use capexec::model::{PtySize, RefusalKind};
+use capexec::net::{self, Address, Connection};
+
+use common::cli::Served;
+use common::procfs;
+
+const LIMIT: u64 = 256;
+
+async fn unix(served: &Served) -> Connection {
+    let address: Address = served.unix.parse().expect("address");
+    net::connect(&address, None).await.expect("connect")
+}
+
+/// A process holding every descriptor a process can: stdin piped.
+fn sleeper() -> Command {
+    let mut sleep = Command::new("sleep");
+    sleep.arg("1000").stdin(Stdin::Piped);
+    sleep
+}
+
+/// Starts sleepers on `connection` until a start is refused; returns them
+/// and the refusal, which must be a limit.
+async fn fill(connection: &Connection) -> (Vec<RemoteProcess>, String) {
+    let mut held = Vec::new();
+    loop {
+        match sleeper().spawn(&connection.executor()).await {
+            Ok(process) => held.push(process),
+            Err(Error::Refused(error)) => {
+                assert_eq!(error.kind, RefusalKind::LimitReached, "{error}");
+                return (held, error.message);
+            }
+            Err(other) => panic!("a start failed otherwise: {other}"),
+        }
+        assert!(
+            held.len() < LIMIT as usize,
+            "more processes than descriptors"
+        );
+    }
+}
+
+#[test]
+fn a_connection_at_its_quota_leaves_room_for_other_starts_and_connections() {
+    common::run_local(async {
+        let served = Served::start_limited(&[], Some(LIMIT));
+        let pid = served.child.id();
+        let first = unix(&served).await;
+        let (first_held, refused) = fill(&first).await;
+        let quota = first_held.len();
+        assert!(
+            quota >= 10,
+            "only {quota} processes under {LIMIT} descriptors"
+        );
+        assert_eq!(
+            refused,
+            format!("this connection already holds its maximum of {quota} processes")
+        );
+
+        // Another client starts, then fills what is left of the server.
+        let second = unix(&served).await;
+        let (second_held, refused) = fill(&second).await;
+        assert!(!second_held.is_empty(), "the first connection took it all");
+        let max = quota + second_held.len();
+        assert_eq!(
+            refused,
+            format!("the executor already holds its maximum of {max} processes")
+        );
+        let mut tty = Command::new("true");
+        tty.tty(PtySize::default());
+        match tty.spawn(&second.executor()).await {
+            Err(Error::Refused(error)) => assert_eq!(error.kind, RefusalKind::LimitReached),
+            other => panic!("a terminal start at the limit: {:?}", other.map(drop)),
+        }
+        // The descriptors kept for connections are untouched: a new TCP
+        // client connects, logs in and is answered.
+        assert!(
+            procfs::open_fds(pid) as u64 <= LIMIT - 64,
+            "the reserve was used"
+        );
+        let tcp: Address = served.tcp.parse().expect("address");
+        let third = net::connect(&tcp, Some(&served.token()))
+            .await
+            .expect("tcp");
+        capexec::client::info(&third.executor())
+            .await
+            .expect("a new connection is served");
+
+        // Released processes give their places back once the releases
+        // reach the server.
+        drop((first_held, second_held));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            match Command::new("true").status(&first.executor()).await {
+                Ok(status) => break assert!(status.success()),
+                Err(Error::Refused(error)) if error.kind == RefusalKind::LimitReached => {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "no room again: {error}"
+                    );
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                Err(other) => panic!("{other}"),
+            }
+        }
+    });
+}
+
+#[test]
+fn running_out_of_descriptors_is_a_limit_not_a_spawn_failure() {
+    common::run_local(async {
+        let served = Served::start_limited(&[], Some(LIMIT));
+        let pid = served.child.id();
+        let working = unix(&served).await;
+        // Connections (one descriptor each at the server) until only a few
+        // descriptors are left: fewer than a start needs.
+        let mut connections = Vec::new();
+        while (procfs::open_fds(pid) as u64) < LIMIT - 4 {
+            let open = procfs::open_fds(pid);
+            connections.push(unix(&served).await);
+            procfs::wait_until(|| procfs::open_fds(pid) > open).await;
+        }
+        match sleeper().spawn(&working.executor()).await {
+            Err(Error::Refused(error)) => {
+                assert_eq!(error.kind, RefusalKind::LimitReached, "{error}");
+                assert_eq!(
+                    error.message,
+                    "cannot start sleep: the server is out of file descriptors; release \
+                     processes or connections and try again"
+                );
+            }
+            other => panic!("a start without descriptors: {:?}", other.map(drop)),
+        }
+        // Released connections give their descriptors back.
+        let open = procfs::open_fds(pid);
+        connections.truncate(connections.len() - 16);
+        procfs::wait_until(|| procfs::open_fds(pid) + 16 <= open).await;
+        let status = Command::new("true").status(&working.executor()).await;
+        assert!(status.expect("served again").success());
+    });
+}
