@@ -11,6 +11,7 @@ use std::time::Instant;
 use capnp_rpc::RpcSystem;
 use capnp_rpc::rpc_twoparty_capnp::Side;
 use futures::FutureExt;
+use futures::future::LocalBoxFuture;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -27,7 +28,7 @@ use crate::net::tls::TlsServer;
 use crate::net::token::{Token, TokenError, default_token_path};
 use crate::net::transport::{self, Network};
 use crate::net::upstream::{UpstreamConfig, UpstreamLink};
-use crate::rpc::{self, Environments, Upstream};
+use crate::rpc::{self, ServerContext, Upstream};
 
 /// What to serve.
 #[derive(Clone, Debug, Default)]
@@ -99,19 +100,26 @@ enum Listener {
 
 /// Bound listeners, ready to serve.
 pub struct Server {
-    engine: Engine,
-    upstreams: Vec<UpstreamConfig>,
-    default_environment: Option<String>,
-    retention: std::time::Duration,
+    /// What every executor of the server shares (engine, environments,
+    /// detachable processes).
+    context: Rc<ServerContext>,
     listeners: Vec<(Address, Listener)>,
     unix_files: Vec<UnixSocketFile>,
-    token: Option<Arc<Login>>,
     token_path: Option<PathBuf>,
+    /// How each connection is served.
+    serving: Rc<Serving>,
+}
+
+/// What every connection of a server is served with.
+struct Serving {
+    /// Makes the root executor of a new connection, with its own quota.
+    executor: NewExecutor,
+    /// What a TCP connection must do before it gets the executor.
+    login: Option<Arc<Login>>,
+    /// TLS for every TCP listener.
     tls: Option<TlsServer>,
-    call_limits: CallLimits,
-    pending_logins: PendingLimits,
-    max_processes_per_connection: Option<usize>,
-    rules: Option<crate::engine::Rules>,
+    limits: CallLimits,
+    connections: Connections,
 }
 
 /// What a TCP connection must do before it gets the executor.
@@ -162,14 +170,14 @@ impl Connections {
     /// Hands memory freed by closed connections back to the system, once
     /// per [`TRIM_DELAY`]. glibc keeps it otherwise, so a burst of clients
     /// would leave the server at its peak size for good.
-    fn return_free_memory_soon(self: &Rc<Self>) {
-        if self.trim_pending.replace(true) {
+    fn return_free_memory_soon(serving: &Rc<Serving>) {
+        if serving.connections.trim_pending.replace(true) {
             return;
         }
-        let connections = Rc::clone(self);
+        let serving = Rc::clone(serving);
         tokio::task::spawn_local(async move {
             tokio::time::sleep(TRIM_DELAY).await;
-            connections.trim_pending.set(false);
+            serving.connections.trim_pending.set(false);
             #[cfg(target_env = "gnu")]
             // SAFETY: malloc_trim only releases free memory of the allocator.
             unsafe {
@@ -193,10 +201,6 @@ impl Server {
         if config.listen.is_empty() {
             return Err(ServeError::NoListeners);
         }
-        // Checked before anything is bound.
-        let names: Vec<&str> = config.upstreams.iter().map(|u| u.name.as_str()).collect();
-        rpc::check_environment_names(&names, config.default_environment.as_deref())
-            .map_err(ServeError::Environments)?;
         let rules = match &config.policy {
             Some(_) if !config.upstreams.is_empty() => {
                 return Err(ServeError::Policy(
@@ -205,29 +209,29 @@ impl Server {
                         .into(),
                 ));
             }
-            Some(policy) => Some(
+            Some(policy) => Some(Rc::new(
                 crate::engine::Rules::unrestricted()
                     .narrowed(policy)
                     .map_err(|error| ServeError::Policy(error.message))?,
-            ),
+            )),
             None => None,
         };
-        let mut server = Server {
-            engine,
-            upstreams: config.upstreams.clone(),
-            default_environment: config.default_environment.clone(),
-            retention: config.retention.unwrap_or(rpc::DEFAULT_RETENTION),
-            listeners: Vec::new(),
-            unix_files: Vec::new(),
-            token: None,
-            token_path: None,
-            tls: config.tls.clone(),
-            call_limits: config.call_limits,
-            pending_logins: config.pending_logins,
-            max_processes_per_connection: config.max_processes_per_connection,
-            rules,
-        };
-        if config.listen.iter().any(Address::is_tcp) {
+        let links = config
+            .upstreams
+            .iter()
+            .cloned()
+            .map(|config| UpstreamLink::new(config) as Rc<dyn Upstream>)
+            .collect();
+        let context = Rc::new(
+            ServerContext::new(
+                engine,
+                links,
+                config.default_environment.as_deref(),
+                config.retention.unwrap_or(rpc::DEFAULT_RETENTION),
+            )
+            .map_err(ServeError::Environments)?,
+        );
+        let (login, token_path) = if config.listen.iter().any(Address::is_tcp) {
             let path = config
                 .token_file
                 .clone()
@@ -237,12 +241,27 @@ impl Server {
             if created {
                 tracing::info!(path = %path.display(), "created a new token file");
             }
-            server.token = Some(Arc::new(Login {
+            let login = Login {
                 token: Arc::new(token),
                 deadline: config.login_deadline.unwrap_or(LOGIN_DEADLINE),
-            }));
-            server.token_path = Some(path);
-        }
+            };
+            (Some(Arc::new(login)), Some(path))
+        } else {
+            (None, None)
+        };
+        let mut server = Server {
+            serving: Rc::new(Serving {
+                executor: new_executor(&context, config.max_processes_per_connection, rules),
+                login,
+                tls: config.tls.clone(),
+                limits: config.call_limits,
+                connections: Connections::new(PendingLogins::new(config.pending_logins)),
+            }),
+            context,
+            listeners: Vec::new(),
+            unix_files: Vec::new(),
+            token_path,
+        };
         for address in &config.listen {
             let bound = server.bind_one(address).await;
             if let Err(error) = bound {
@@ -264,7 +283,7 @@ impl Server {
             Address::Tcp { host, port } => {
                 let listener = TcpListener::bind((host.as_str(), *port)).await?;
                 let local = listener.local_addr()?;
-                if !local.ip().is_loopback() && self.tls.is_none() {
+                if !local.ip().is_loopback() && self.serving.tls.is_none() {
                     tracing::warn!(
                         address = %Address::from_socket_addr(local),
                         "listening on a non-loopback address: the login token travels in clear \
@@ -293,50 +312,10 @@ impl Server {
     /// every child process and removes the socket files. Must run inside a
     /// `LocalSet`.
     pub async fn serve_until(mut self, shutdown: impl Future<Output = ()>) {
-        let links = self
-            .upstreams
-            .drain(..)
-            .map(|config| UpstreamLink::new(config) as Rc<dyn Upstream>)
-            .collect();
-        let environments = match Environments::new(
-            self.engine.clone(),
-            links,
-            self.default_environment.as_deref(),
-            self.retention,
-        ) {
-            Ok(environments) => Rc::new(environments),
-            Err(error) => unreachable!("checked by bind: {error}"),
-        };
-        // Each connection gets its own root, so it has its own quota.
-        let per_connection = self.max_processes_per_connection;
-        let shared = Rc::clone(&environments);
-        // One set of rules for every connection: its process counts are
-        // the server's.
-        let rules = self.rules.take().map(Rc::new);
-        let executor: NewExecutor = Rc::new(move || {
-            let quota = per_connection.map_or_else(rpc::Quota::unlimited, rpc::Quota::at_most);
-            match &rules {
-                Some(rules) => {
-                    rpc::restricted_root_executor(Rc::clone(&shared), quota, Rc::clone(rules))
-                }
-                None => rpc::root_executor(Rc::clone(&shared), quota),
-            }
-        });
-        let connections = Rc::new(Connections::new(PendingLogins::new(self.pending_logins)));
         let accepting: Vec<JoinHandle<()>> = std::mem::take(&mut self.listeners)
             .into_iter()
             .map(|(address, listener)| {
-                tokio::task::spawn_local(accept_loop(
-                    Accepting {
-                        address,
-                        executor: Rc::clone(&executor),
-                        token: self.token.clone(),
-                        tls: self.tls.clone(),
-                        limits: self.call_limits,
-                        connections: Rc::clone(&connections),
-                    },
-                    listener,
-                ))
+                tokio::task::spawn_local(accept_loop(address, listener, Rc::clone(&self.serving)))
             })
             .collect();
         shutdown.await;
@@ -344,9 +323,9 @@ impl Server {
         for task in accepting {
             task.abort();
         }
-        environments.close_upstreams();
-        environments.detachments().clear();
-        self.engine.shutdown().await;
+        self.context.close_upstreams();
+        self.context.detachments().clear();
+        self.context.engine().shutdown().await;
         self.remove_socket_files();
         tracing::info!("shut down");
     }
@@ -358,74 +337,59 @@ impl Server {
     }
 }
 
-/// What an accept loop hands each connection.
-struct Accepting {
-    address: Address,
-    executor: NewExecutor,
-    token: Option<Arc<Login>>,
-    tls: Option<TlsServer>,
-    limits: CallLimits,
-    connections: Rc<Connections>,
+/// The root executor of each new connection: each gets its own, so it has
+/// its own quota; a restricted server's rules are one set for every
+/// connection, so that their process counts are the server's.
+fn new_executor(
+    context: &Rc<ServerContext>,
+    per_connection: Option<usize>,
+    rules: Option<Rc<crate::engine::Rules>>,
+) -> NewExecutor {
+    let context = Rc::clone(context);
+    Rc::new(move || {
+        let quota = per_connection.map_or_else(rpc::Quota::unlimited, rpc::Quota::at_most);
+        match &rules {
+            Some(rules) => {
+                rpc::restricted_root_executor(Rc::clone(&context), quota, Rc::clone(rules))
+            }
+            None => rpc::root_executor(Rc::clone(&context), quota),
+        }
+    })
 }
 
-async fn accept_loop(accepting: Accepting, listener: Listener) {
-    let Accepting {
-        address,
-        executor,
-        token,
-        tls,
-        limits,
-        connections,
-    } = accepting;
-    tracing::info!(%address, tls = tls.is_some() && address.is_tcp(), "listening");
+/// The server's end of a connection, guarded by `limits` and `session`.
+fn server_network<R, W>(reader: R, writer: W, limits: CallLimits, session: &Rc<Session>) -> Network
+where
+    R: tokio::io::AsyncRead + Unpin + 'static,
+    W: tokio::io::AsyncWrite + Unpin + 'static,
+{
+    transport::network(reader, writer, Side::Server, limits, Rc::clone(session))
+}
+
+/// A connection just accepted: its network (after a TLS handshake, which
+/// runs in the connection's own task, so a stalling peer holds up nobody
+/// else), who it is, and the state it shares with its guard.
+struct Accepted {
+    network: LocalBoxFuture<'static, Option<Network>>,
+    peer: String,
+    session: Rc<Session>,
+    login: Option<Arc<Login>>,
+}
+
+async fn accept_loop(address: Address, listener: Listener, serving: Rc<Serving>) {
+    tracing::info!(%address, tls = serving.tls.is_some() && address.is_tcp(), "listening");
     loop {
-        // The network comes from a future: a TLS handshake runs in the
-        // connection's own task, so a stalling peer holds up nobody else.
         let accepted = match &listener {
-            Listener::Unix(listener) => listener.accept().await.map(|(stream, _)| {
-                let (reader, writer) = stream.into_split();
-                let session = Session::logged_in();
-                let network =
-                    transport::network(reader, writer, Side::Server, limits, Rc::clone(&session));
-                Some((
-                    futures::future::ready(Some(network)).boxed_local(),
-                    "unix".to_string(),
-                    session,
-                    None,
-                ))
-            }),
-            Listener::Tcp(listener) => listener.accept().await.map(|(stream, peer)| {
-                let place = match connections.pending.admit(peer.ip()) {
-                    Ok(place) => place,
-                    Err(reason) => {
-                        connections.refused(&peer, &reason);
-                        refuse(stream, &reason, tls.is_some());
-                        return None;
-                    }
-                };
-                if let Err(error) = socket::tune_tcp(&stream) {
-                    tracing::warn!(%error, %peer, "cannot tune the TCP connection");
-                }
-                let session = Session::awaiting_login(Some(place));
-                let network = match &tls {
-                    None => {
-                        let (reader, writer) = stream.into_split();
-                        let network = transport::network(
-                            reader,
-                            writer,
-                            Side::Server,
-                            limits,
-                            Rc::clone(&session),
-                        );
-                        futures::future::ready(Some(network)).boxed_local()
-                    }
-                    Some(tls) => tls_handshake(tls.clone(), stream, limits, Rc::clone(&session))
-                        .boxed_local(),
-                };
-                Some((network, peer.to_string(), session, token.clone()))
-            }),
+            Listener::Unix(listener) => listener
+                .accept()
+                .await
+                .map(|(stream, _)| Some(accept_unix(stream, &serving))),
+            Listener::Tcp(listener) => listener
+                .accept()
+                .await
+                .map(|(stream, peer)| accept_tcp(stream, peer, &serving)),
         };
-        let (network, peer, session, token) = match accepted {
+        let accepted = match accepted {
             Ok(Some(accepted)) => accepted,
             Ok(None) => continue,
             Err(error) => {
@@ -435,20 +399,75 @@ async fn accept_loop(accepting: Accepting, listener: Listener) {
                 continue;
             }
         };
-        let id = connections.opened.fetch_add(1, Ordering::Relaxed) + 1;
-        let span = tracing::info_span!("connection", id, peer = %peer);
-        let executor = Rc::clone(&executor);
-        let closed = Rc::clone(&connections);
+        let id = serving.connections.opened.fetch_add(1, Ordering::Relaxed) + 1;
+        let span = tracing::info_span!("connection", id, peer = %accepted.peer);
+        let serving = Rc::clone(&serving);
         tokio::task::spawn_local(
             async move {
-                if let Some(network) = network.await {
-                    serve_connection(network, executor, session, token).await;
+                if let Some(network) = accepted.network.await {
+                    serve_connection(
+                        network,
+                        Rc::clone(&serving.executor),
+                        accepted.session,
+                        accepted.login,
+                    )
+                    .await;
                 }
-                closed.return_free_memory_soon();
+                Connections::return_free_memory_soon(&serving);
             }
             .instrument(span),
         );
     }
+}
+
+/// A Unix socket's peer: file permissions were the authentication.
+fn accept_unix(stream: tokio::net::UnixStream, serving: &Serving) -> Accepted {
+    let (reader, writer) = stream.into_split();
+    let session = Session::logged_in();
+    let network = server_network(reader, writer, serving.limits, &session);
+    Accepted {
+        network: futures::future::ready(Some(network)).boxed_local(),
+        peer: "unix".to_string(),
+        session,
+        login: None,
+    }
+}
+
+/// A TCP peer, which must log in; `None` if it is refused at once, beyond
+/// the limits on connections that have not logged in.
+fn accept_tcp(
+    stream: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+    serving: &Serving,
+) -> Option<Accepted> {
+    let place = match serving.connections.pending.admit(peer.ip()) {
+        Ok(place) => place,
+        Err(reason) => {
+            serving.connections.refused(&peer, &reason);
+            refuse(stream, &reason, serving.tls.is_some());
+            return None;
+        }
+    };
+    if let Err(error) = socket::tune_tcp(&stream) {
+        tracing::warn!(%error, %peer, "cannot tune the TCP connection");
+    }
+    let session = Session::awaiting_login(Some(place));
+    let network = match &serving.tls {
+        None => {
+            let (reader, writer) = stream.into_split();
+            let network = server_network(reader, writer, serving.limits, &session);
+            futures::future::ready(Some(network)).boxed_local()
+        }
+        Some(tls) => {
+            tls_handshake(tls.clone(), stream, serving.limits, Rc::clone(&session)).boxed_local()
+        }
+    };
+    Some(Accepted {
+        network,
+        peer: peer.to_string(),
+        session,
+        login: serving.login.clone(),
+    })
 }
 
 /// Turns away a connection beyond the limits on connections that have not
@@ -486,13 +505,7 @@ async fn tls_handshake(
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
         Ok(Ok(stream)) => {
             let (reader, writer) = tokio::io::split(stream);
-            Some(transport::network(
-                reader,
-                writer,
-                Side::Server,
-                limits,
-                session,
-            ))
+            Some(server_network(reader, writer, limits, &session))
         }
         Ok(Err(error)) => {
             tracing::info!(%error, "TLS handshake failed");
@@ -520,7 +533,7 @@ pub async fn serve_stream<R, W>(
     W: tokio::io::AsyncWrite + Unpin + 'static,
 {
     let session = Session::logged_in();
-    let network = transport::network(reader, writer, Side::Server, limits, Rc::clone(&session));
+    let network = server_network(reader, writer, limits, &session);
     serve_connection(network, Rc::new(move || executor.clone()), session, None).await;
 }
 

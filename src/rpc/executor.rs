@@ -2,7 +2,7 @@
 //! "local", and restricted ones (local with rules every start must
 //! satisfy). A server whose default environment is an upstream has a
 //! forwarding root instead (`rpc/forward.rs`); both find the server's
-//! environments through [`Environments`].
+//! context through [`ServerContext`].
 
 use std::rc::Rc;
 
@@ -11,8 +11,8 @@ use capnp::capability::Rc as ServerRc;
 use crate::capexec_capnp::executor;
 use crate::engine::{Engine, Rules};
 use crate::model::{LOCAL_ENVIRONMENT, Refusal, RefusalKind};
+use crate::rpc::context::{Place, ServerContext};
 use crate::rpc::detach::Held;
-use crate::rpc::environments::{Environments, Place};
 use crate::rpc::forward::ForwardingExecutor;
 use crate::rpc::info;
 use crate::rpc::process::ProcessImpl;
@@ -20,23 +20,23 @@ use crate::rpc::quota::Quota;
 use crate::wire;
 
 pub struct ExecutorImpl {
-    environments: Rc<Environments>,
+    context: Rc<ServerContext>,
     quota: Quota,
     /// Restricted executors: what every start must satisfy.
     rules: Option<Rc<Rules>>,
 }
 
 impl ExecutorImpl {
-    fn new(environments: Rc<Environments>, quota: Quota, rules: Option<Rc<Rules>>) -> Self {
+    fn new(context: Rc<ServerContext>, quota: Quota, rules: Option<Rc<Rules>>) -> Self {
         ExecutorImpl {
-            environments,
+            context,
             quota,
             rules,
         }
     }
 
     fn engine(&self) -> &Engine {
-        self.environments.engine()
+        self.context.engine()
     }
 }
 
@@ -44,7 +44,7 @@ impl ExecutorImpl {
 /// by `engine` in this process (its only environment is "local").
 pub fn local_executor(engine: Engine) -> executor::Client {
     root_executor(
-        Rc::new(Environments::local_only(engine)),
+        Rc::new(ServerContext::local_only(engine)),
         Quota::unlimited(),
     )
 }
@@ -53,21 +53,21 @@ pub fn local_executor(engine: Engine) -> executor::Client {
 /// (always local: a restricted server has no upstreams), for a connection
 /// whose starts may hold `quota` processes at once.
 pub fn restricted_root_executor(
-    environments: Rc<Environments>,
+    context: Rc<ServerContext>,
     quota: Quota,
     rules: Rc<Rules>,
 ) -> executor::Client {
-    capnp_rpc::new_client(ExecutorImpl::new(environments, quota, Some(rules)))
+    capnp_rpc::new_client(ExecutorImpl::new(context, quota, Some(rules)))
 }
 
-/// The root executor of a server with `environments`, for a connection
+/// The root executor of a server with `context`, for a connection
 /// whose local starts may hold `quota` processes at once: its `start`
 /// goes to the default environment.
-pub fn root_executor(environments: Rc<Environments>, quota: Quota) -> executor::Client {
-    match environments.default_place() {
-        Place::Local => capnp_rpc::new_client(ExecutorImpl::new(environments, quota, None)),
+pub fn root_executor(context: Rc<ServerContext>, quota: Quota) -> executor::Client {
+    match context.default_place() {
+        Place::Local => capnp_rpc::new_client(ExecutorImpl::new(context, quota, None)),
         Place::Upstream(upstream) => {
-            capnp_rpc::new_client(ForwardingExecutor::root(upstream, environments, quota))
+            capnp_rpc::new_client(ForwardingExecutor::root(upstream, context, quota))
         }
     }
 }
@@ -75,16 +75,14 @@ pub fn root_executor(environments: Rc<Environments>, quota: Quota) -> executor::
 /// `Executor.environment(name)` of a server's own (unrestricted) executors:
 /// "local" counts against the connection's `quota` like the root does.
 pub(crate) fn environment(
-    environments: &Rc<Environments>,
+    context: &Rc<ServerContext>,
     quota: &Quota,
     name: &str,
 ) -> Result<executor::Client, Refusal> {
-    Ok(match environments.place(name)? {
-        Place::Local => capnp_rpc::new_client(ExecutorImpl::new(
-            Rc::clone(environments),
-            quota.clone(),
-            None,
-        )),
+    Ok(match context.place(name)? {
+        Place::Local => {
+            capnp_rpc::new_client(ExecutorImpl::new(Rc::clone(context), quota.clone(), None))
+        }
         Place::Upstream(upstream) => capnp_rpc::new_client(ForwardingExecutor::new(upstream)),
     })
 }
@@ -112,7 +110,7 @@ impl executor::Server for ExecutorImpl {
             .get()
             .set_process(capnp_rpc::new_client(ProcessImpl::new(Held::new(
                 owner,
-                self.environments.detachments(),
+                self.context.detachments(),
                 ticket,
             ))));
         Ok(())
@@ -126,7 +124,7 @@ impl executor::Server for ExecutorImpl {
         let token = params.get()?.get_token()?.to_str()?;
         // Taken first, so a refused restore leaves the process parked.
         let ticket = self.quota.take()?;
-        let held = self.environments.detachments().restore(token)?;
+        let held = self.context.detachments().restore(token)?;
         held.count_against(ticket);
         results
             .get()
@@ -152,7 +150,7 @@ impl executor::Server for ExecutorImpl {
         _: executor::EnvironmentsParams,
         mut results: executor::EnvironmentsResults,
     ) -> Result<(), capnp::Error> {
-        let mut statuses = self.environments.statuses();
+        let mut statuses = self.context.statuses();
         if self.rules.is_some() {
             // Only "local", where all of its starts go.
             statuses.truncate(1);
@@ -172,8 +170,8 @@ impl executor::Server for ExecutorImpl {
     ) -> Result<(), capnp::Error> {
         let name = params.get()?.get_name()?.to_str()?;
         let executor = match &self.rules {
-            None => environment(&self.environments, &self.quota, name)?,
-            // Nothing but itself: other environments are not its to give.
+            None => environment(&self.context, &self.quota, name)?,
+            // Nothing but itself: other context are not its to give.
             Some(_) if name != LOCAL_ENVIRONMENT => {
                 return Err(Refusal::new(
                     RefusalKind::NotAllowed,
@@ -186,7 +184,7 @@ impl executor::Server for ExecutorImpl {
                 .into());
             }
             Some(rules) => capnp_rpc::new_client(ExecutorImpl::new(
-                Rc::clone(&self.environments),
+                Rc::clone(&self.context),
                 self.quota.clone(),
                 Some(Rc::clone(rules)),
             )),
@@ -206,7 +204,7 @@ impl executor::Server for ExecutorImpl {
         results
             .get()
             .set_executor(capnp_rpc::new_client(ExecutorImpl::new(
-                Rc::clone(&self.environments),
+                Rc::clone(&self.context),
                 self.quota.clone(),
                 Some(Rc::new(rules)),
             )));

@@ -21,7 +21,7 @@ use capnp::capability::Rc as ServerRc;
 
 use crate::capexec_capnp::{executor, policy};
 use crate::model::{Refusal, RefusalKind};
-use crate::rpc::environments::{Environments, Link, Upstream};
+use crate::rpc::context::{Link, ServerContext, Upstream};
 use crate::rpc::info;
 use crate::rpc::quota::Quota;
 use crate::wire;
@@ -52,7 +52,7 @@ pub(crate) struct ForwardingExecutor {
 
 /// What a forwarding root executor answers itself.
 struct Root {
-    environments: Rc<Environments>,
+    context: Rc<ServerContext>,
     /// The connection's allowance for processes of the "local" environment.
     quota: Quota,
 }
@@ -66,14 +66,11 @@ impl ForwardingExecutor {
     /// `upstream`.
     pub(crate) fn root(
         upstream: Rc<dyn Upstream>,
-        environments: Rc<Environments>,
+        context: Rc<ServerContext>,
         quota: Quota,
     ) -> ForwardingExecutor {
         ForwardingExecutor {
-            root: Some(Root {
-                environments,
-                quota,
-            }),
+            root: Some(Root { context, quota }),
             ..ForwardingExecutor::new(upstream)
         }
     }
@@ -242,7 +239,7 @@ impl executor::Server for ForwardingExecutor {
         mut results: executor::EnvironmentsResults,
     ) -> Result<(), capnp::Error> {
         if let Some(root) = &self.root {
-            let statuses = root.environments.statuses();
+            let statuses = root.context.statuses();
             let list = results.get().init_environments(statuses.len() as u32);
             wire::environments_to_wire(&statuses, list);
             return Ok(());
@@ -267,8 +264,7 @@ impl executor::Server for ForwardingExecutor {
     ) -> Result<(), capnp::Error> {
         let name = params.get()?.get_name()?.to_str()?.to_string();
         if let Some(root) = &self.root {
-            let executor =
-                crate::rpc::executor::environment(&root.environments, &root.quota, &name)?;
+            let executor = crate::rpc::executor::environment(&root.context, &root.quota, &name)?;
             results.get().set_executor(executor);
             return Ok(());
         }

@@ -3,8 +3,8 @@
 //! capnp-rpc is `!Send`, so everything here runs on one thread inside a
 //! tokio `LocalSet`; the engine's own tasks may run on any runtime thread.
 
+mod context;
 mod detach;
-mod environments;
 mod executor;
 mod forward;
 mod info;
@@ -12,10 +12,8 @@ mod process;
 mod quota;
 mod subscription;
 
+pub use self::context::{Link, ServerContext, Upstream, check_names as check_environment_names};
 pub use self::detach::{DEFAULT_RETENTION, Detachments, MAX_GRACE};
-pub use self::environments::{
-    Environments, Link, Upstream, check_names as check_environment_names,
-};
 pub use self::executor::{ExecutorImpl, local_executor, restricted_root_executor, root_executor};
 pub use self::process::{MAX_WAIT_MS, ProcessImpl};
 pub use self::quota::Quota;

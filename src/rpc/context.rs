@@ -1,7 +1,9 @@
-//! The environments a server offers: its own engine ("local") and the
-//! upstream executors it forwards to. How an upstream is reached (sockets,
-//! logins, reconnecting) is the network layer's business; this layer only
-//! needs its executor capability and its state.
+//! What every executor of one server shares: the engine, the environments
+//! the server offers (its own engine, "local", and the upstream executors
+//! it forwards to) and the registry of its detachable processes. How an
+//! upstream is reached (sockets, logins, reconnecting) is the network
+//! layer's business; this layer only needs its executor capability and its
+//! state.
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -48,8 +50,8 @@ pub(crate) enum Place {
     Upstream(Rc<dyn Upstream>),
 }
 
-/// Every environment of one server.
-pub struct Environments {
+/// One server's engine, environments and detachable processes.
+pub struct ServerContext {
     engine: Engine,
     upstreams: Vec<Rc<dyn Upstream>>,
     /// Index into `upstreams` of the default environment; `None`: local.
@@ -57,10 +59,10 @@ pub struct Environments {
     detachments: Rc<Detachments>,
 }
 
-impl Environments {
+impl ServerContext {
     /// Only the server's own engine.
-    pub fn local_only(engine: Engine) -> Environments {
-        Environments {
+    pub fn local_only(engine: Engine) -> ServerContext {
+        ServerContext {
             engine,
             upstreams: Vec::new(),
             default: None,
@@ -76,10 +78,10 @@ impl Environments {
         upstreams: Vec<Rc<dyn Upstream>>,
         default: Option<&str>,
         retention: Duration,
-    ) -> Result<Environments, String> {
+    ) -> Result<ServerContext, String> {
         let names: Vec<&str> = upstreams.iter().map(|upstream| upstream.name()).collect();
         let default = check_names(&names, default)?;
-        Ok(Environments {
+        Ok(ServerContext {
             engine,
             upstreams,
             default,
