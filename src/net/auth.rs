@@ -6,8 +6,6 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use capnp::capability::Rc as CapRc;
-
 use crate::capexec_capnp::{executor, gatekeeper};
 use crate::net::session::Session;
 use crate::net::token::Token;
@@ -57,7 +55,7 @@ fn too_many_refusals() -> capnp::Error {
 
 impl gatekeeper::Server for GatekeeperImpl {
     async fn login(
-        self: CapRc<Self>,
+        self: Rc<Self>,
         params: gatekeeper::LoginParams,
         mut results: gatekeeper::LoginResults,
     ) -> Result<(), capnp::Error> {

@@ -13,9 +13,9 @@ use crate::net::session::Session;
 use crate::net::writer::FrameWriter;
 
 /// Flow-control window of each `-> stream` capability (event sinks): bytes
-/// in flight before the sender waits for acknowledgements. Two pushes of
-/// [`crate::rpc::PUSH_BUDGET_BYTES`]: one being consumed, one on the way.
-pub(crate) const STREAM_WINDOW_BYTES: usize = 512 * 1024;
+/// in flight before the sender waits for acknowledgements; the same window
+/// a subscription keeps itself.
+pub(crate) const STREAM_WINDOW_BYTES: usize = crate::rpc::SUBSCRIPTION_WINDOW_BYTES;
 
 /// A connection's network, ready for an `RpcSystem`.
 pub(crate) type Network = Box<dyn capnp_rpc::VatNetwork<Side>>;

@@ -6,8 +6,6 @@
 
 use std::rc::Rc;
 
-use capnp::capability::Rc as ServerRc;
-
 use crate::capexec_capnp::executor;
 use crate::engine::{Engine, Rules};
 use crate::model::{LOCAL_ENVIRONMENT, Refusal, RefusalKind};
@@ -89,7 +87,7 @@ pub(crate) fn environment(
 
 impl executor::Server for ExecutorImpl {
     async fn start(
-        self: ServerRc<Self>,
+        self: Rc<Self>,
         params: executor::StartParams,
         mut results: executor::StartResults,
     ) -> Result<(), capnp::Error> {
@@ -117,7 +115,7 @@ impl executor::Server for ExecutorImpl {
     }
 
     async fn restore(
-        self: ServerRc<Self>,
+        self: Rc<Self>,
         params: executor::RestoreParams,
         mut results: executor::RestoreResults,
     ) -> Result<(), capnp::Error> {
@@ -133,7 +131,7 @@ impl executor::Server for ExecutorImpl {
     }
 
     async fn info(
-        self: ServerRc<Self>,
+        self: Rc<Self>,
         _: executor::InfoParams,
         mut results: executor::InfoResults,
     ) -> Result<(), capnp::Error> {
@@ -146,7 +144,7 @@ impl executor::Server for ExecutorImpl {
     }
 
     async fn environments(
-        self: ServerRc<Self>,
+        self: Rc<Self>,
         _: executor::EnvironmentsParams,
         mut results: executor::EnvironmentsResults,
     ) -> Result<(), capnp::Error> {
@@ -164,7 +162,7 @@ impl executor::Server for ExecutorImpl {
     }
 
     async fn environment(
-        self: ServerRc<Self>,
+        self: Rc<Self>,
         params: executor::EnvironmentParams,
         mut results: executor::EnvironmentResults,
     ) -> Result<(), capnp::Error> {
@@ -194,7 +192,7 @@ impl executor::Server for ExecutorImpl {
     }
 
     async fn restrict(
-        self: ServerRc<Self>,
+        self: Rc<Self>,
         params: executor::RestrictParams,
         mut results: executor::RestrictResults,
     ) -> Result<(), capnp::Error> {

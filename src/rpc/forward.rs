@@ -17,8 +17,6 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use capnp::capability::Rc as ServerRc;
-
 use crate::capexec_capnp::{executor, policy};
 use crate::model::{Refusal, RefusalKind};
 use crate::rpc::context::{Link, ServerContext, Upstream};
@@ -178,7 +176,7 @@ impl executor::Server for ForwardingExecutor {
     /// `start` at the far end, with calls pipelined on the new process
     /// forwarded before the upstream answers.
     async fn start(
-        self: ServerRc<Self>,
+        self: Rc<Self>,
         params: executor::StartParams,
         mut results: executor::StartResults,
     ) -> Result<(), capnp::Error> {
@@ -202,7 +200,7 @@ impl executor::Server for ForwardingExecutor {
 
     /// `restore` at the far end, pipelined like `start`.
     async fn restore(
-        self: ServerRc<Self>,
+        self: Rc<Self>,
         params: executor::RestoreParams,
         mut results: executor::RestoreResults,
     ) -> Result<(), capnp::Error> {
@@ -217,7 +215,7 @@ impl executor::Server for ForwardingExecutor {
     }
 
     async fn info(
-        self: ServerRc<Self>,
+        self: Rc<Self>,
         _: executor::InfoParams,
         mut results: executor::InfoResults,
     ) -> Result<(), capnp::Error> {
@@ -234,7 +232,7 @@ impl executor::Server for ForwardingExecutor {
     }
 
     async fn environments(
-        self: ServerRc<Self>,
+        self: Rc<Self>,
         _: executor::EnvironmentsParams,
         mut results: executor::EnvironmentsResults,
     ) -> Result<(), capnp::Error> {
@@ -258,7 +256,7 @@ impl executor::Server for ForwardingExecutor {
     }
 
     async fn environment(
-        self: ServerRc<Self>,
+        self: Rc<Self>,
         params: executor::EnvironmentParams,
         mut results: executor::EnvironmentResults,
     ) -> Result<(), capnp::Error> {
@@ -286,7 +284,7 @@ impl executor::Server for ForwardingExecutor {
     /// `restrict` at the far end, where the processes run and the policy is
     /// resolved, pipelined like `environment`.
     async fn restrict(
-        self: ServerRc<Self>,
+        self: Rc<Self>,
         params: executor::RestrictParams,
         mut results: executor::RestrictResults,
     ) -> Result<(), capnp::Error> {
