@@ -45,105 +45,74 @@ pub trait ProcessHandle {
     fn stdin_writer(&self) -> RemoteProcess;
 }
 
+/// The calls every handle makes the same way, delegated to its own
+/// methods of the same names.
+macro_rules! delegate_process_calls {
+    ($handle:ident) => {
+        fn read(
+            &self,
+            after_seq: u64,
+            max_bytes: u32,
+            wait: Duration,
+        ) -> impl Future<Output = Result<ReadOutcome, Error>> {
+            $handle::read(self, after_seq, max_bytes, wait)
+        }
+        fn write(
+            &self,
+            data: &[u8],
+            write_id: &str,
+        ) -> impl Future<Output = Result<WriteStatus, Error>> {
+            $handle::write(self, data, write_id)
+        }
+        fn write_in_order(&self, data: &[u8], write_id: &str) -> PendingWrite {
+            $handle::write_in_order(self, data, write_id)
+        }
+        fn close_stdin(&self) -> impl Future<Output = Result<(), Error>> {
+            $handle::close_stdin(self)
+        }
+        fn signal(&self, signal: Signal) -> impl Future<Output = Result<(), Error>> {
+            $handle::signal(self, signal)
+        }
+        fn terminate(&self) -> impl Future<Output = Result<bool, Error>> {
+            $handle::terminate(self)
+        }
+        fn resize(&self, size: PtySize) -> impl Future<Output = Result<(), Error>> {
+            $handle::resize(self, size)
+        }
+        fn info(&self) -> impl Future<Output = Result<ProcessSnapshot, Error>> {
+            $handle::info(self)
+        }
+        fn wait(&self) -> impl Future<Output = Result<ExitStatus, Error>> {
+            $handle::wait(self)
+        }
+        fn observer(&self) -> RemoteProcess {
+            $handle::observer(self)
+        }
+        fn stdin_writer(&self) -> RemoteProcess {
+            $handle::stdin_writer(self)
+        }
+    };
+}
+
 impl ProcessHandle for RemoteProcess {
     type Events = EventStream;
 
-    fn read(
-        &self,
-        after_seq: u64,
-        max_bytes: u32,
-        wait: Duration,
-    ) -> impl Future<Output = Result<ReadOutcome, Error>> {
-        RemoteProcess::read(self, after_seq, max_bytes, wait)
-    }
-    fn write(
-        &self,
-        data: &[u8],
-        write_id: &str,
-    ) -> impl Future<Output = Result<WriteStatus, Error>> {
-        RemoteProcess::write(self, data, write_id)
-    }
-    fn write_in_order(&self, data: &[u8], write_id: &str) -> PendingWrite {
-        RemoteProcess::write_in_order(self, data, write_id)
-    }
-    fn close_stdin(&self) -> impl Future<Output = Result<(), Error>> {
-        RemoteProcess::close_stdin(self)
-    }
-    fn signal(&self, signal: Signal) -> impl Future<Output = Result<(), Error>> {
-        RemoteProcess::signal(self, signal)
-    }
-    fn terminate(&self) -> impl Future<Output = Result<bool, Error>> {
-        RemoteProcess::terminate(self)
-    }
-    fn resize(&self, size: PtySize) -> impl Future<Output = Result<(), Error>> {
-        RemoteProcess::resize(self, size)
-    }
-    fn info(&self) -> impl Future<Output = Result<ProcessSnapshot, Error>> {
-        RemoteProcess::info(self)
-    }
+    delegate_process_calls!(RemoteProcess);
+
     fn events(&self, after_seq: u64) -> impl Future<Output = Result<EventStream, Error>> {
         RemoteProcess::events(self, after_seq)
-    }
-    fn wait(&self) -> impl Future<Output = Result<ExitStatus, Error>> {
-        RemoteProcess::wait(self)
-    }
-    fn observer(&self) -> RemoteProcess {
-        RemoteProcess::observer(self)
-    }
-    fn stdin_writer(&self) -> RemoteProcess {
-        RemoteProcess::stdin_writer(self)
     }
 }
 
 impl ProcessHandle for ResilientProcess {
     type Events = ResilientEvents;
 
-    fn read(
-        &self,
-        after_seq: u64,
-        max_bytes: u32,
-        wait: Duration,
-    ) -> impl Future<Output = Result<ReadOutcome, Error>> {
-        ResilientProcess::read(self, after_seq, max_bytes, wait)
-    }
-    fn write(
-        &self,
-        data: &[u8],
-        write_id: &str,
-    ) -> impl Future<Output = Result<WriteStatus, Error>> {
-        ResilientProcess::write(self, data, write_id)
-    }
-    fn write_in_order(&self, data: &[u8], write_id: &str) -> PendingWrite {
-        ResilientProcess::write_in_order(self, data, write_id)
-    }
-    fn close_stdin(&self) -> impl Future<Output = Result<(), Error>> {
-        ResilientProcess::close_stdin(self)
-    }
-    fn signal(&self, signal: Signal) -> impl Future<Output = Result<(), Error>> {
-        ResilientProcess::signal(self, signal)
-    }
-    fn terminate(&self) -> impl Future<Output = Result<bool, Error>> {
-        ResilientProcess::terminate(self)
-    }
-    fn resize(&self, size: PtySize) -> impl Future<Output = Result<(), Error>> {
-        ResilientProcess::resize(self, size)
-    }
-    fn info(&self) -> impl Future<Output = Result<ProcessSnapshot, Error>> {
-        ResilientProcess::info(self)
-    }
+    delegate_process_calls!(ResilientProcess);
+
     /// Subscribes at the first poll of the stream (see
     /// [`ResilientEvents::subscribe_now`] to subscribe at once).
     fn events(&self, after_seq: u64) -> impl Future<Output = Result<ResilientEvents, Error>> {
         let events = ResilientProcess::events(self, after_seq);
         async move { Ok(events) }
-    }
-    fn wait(&self) -> impl Future<Output = Result<ExitStatus, Error>> {
-        ResilientProcess::wait(self)
-    }
-    fn observer(&self) -> RemoteProcess {
-        ResilientProcess::observer(self)
-    }
-    fn stdin_writer(&self) -> RemoteProcess {
-        ResilientProcess::stdin_writer(self)
     }
 }

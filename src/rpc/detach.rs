@@ -418,6 +418,24 @@ mod tests {
         }
     }
 
+    /// `argv` started on `engine` and held as one `Process` capability
+    /// holds it, with the engine's handle on it.
+    fn held_process(
+        engine: &Engine,
+        registry: &Rc<Detachments>,
+        argv: &[&str],
+    ) -> (Rc<Held>, crate::engine::Process) {
+        let owner = engine.start(&StartSpec::new(argv)).expect("start");
+        let process = owner.handle();
+        let held = Held::new(
+            owner,
+            registry,
+            Quota::unlimited().take().expect("unlimited"),
+        );
+        held.capability_made();
+        (held, process)
+    }
+
     /// A finished process is forgotten once both its grace and the
     /// retention after its close are over.
     #[test]
@@ -425,14 +443,7 @@ mod tests {
         on_local_set(async {
             let engine = Engine::new(ProcessLimits::default());
             let registry = Detachments::new(Duration::from_millis(50));
-            let owner = engine.start(&StartSpec::new(["true"])).expect("start");
-            let process = owner.handle();
-            let held = Held::new(
-                owner,
-                &registry,
-                Quota::unlimited().take().expect("unlimited"),
-            );
-            held.capability_made();
+            let (held, process) = held_process(&engine, &registry, &["true"]);
             let token = held
                 .make_detachable(Duration::from_secs(1))
                 .expect("detachable");
@@ -451,16 +462,7 @@ mod tests {
         on_local_set(async {
             let engine = Engine::new(ProcessLimits::default());
             let registry = Detachments::new(DEFAULT_RETENTION);
-            let owner = engine
-                .start(&StartSpec::new(["sleep", "1000"]))
-                .expect("start");
-            let process = owner.handle();
-            let held = Held::new(
-                owner,
-                &registry,
-                Quota::unlimited().take().expect("unlimited"),
-            );
-            held.capability_made();
+            let (held, process) = held_process(&engine, &registry, &["sleep", "1000"]);
             held.make_detachable(MAX_GRACE).expect("detachable");
             held.capability_released();
             drop(held);
