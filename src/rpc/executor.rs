@@ -17,6 +17,10 @@ use crate::rpc::process::ProcessImpl;
 use crate::rpc::quota::Quota;
 use crate::wire;
 
+/// The features of the schema this server's executors implement (see
+/// `ExecutorInfo.features`); a new `Executor` method adds its name here.
+pub(crate) const EXECUTOR_FEATURES: &[&str] = &["start", "info", "environments", "restrict"];
+
 pub struct ExecutorImpl {
     context: Rc<ServerContext>,
     quota: Quota,

@@ -5,37 +5,27 @@ use std::path::PathBuf;
 
 use crate::model::{ExecutorInfo, LOCAL_ENVIRONMENT};
 
-/// The protocol features this build supports (the schema lists the names).
-pub const FEATURES: &[&str] = &[
-    "start",
-    "read",
-    "write",
-    "write-id",
-    "close-stdin",
-    "signal",
-    "terminate",
-    "subscribe",
-    "lossless",
-    "tty",
-    "resize",
-    "process-info",
-    "info",
-    "environments",
-    "detach",
-    "facets",
-    "timeout",
-    "usage",
-    "restrict",
-];
+/// The protocol features this build supports (the schema lists the names):
+/// each server object names those it implements, next to its methods.
+pub fn features() -> impl Iterator<Item = &'static str> {
+    crate::rpc::executor::EXECUTOR_FEATURES
+        .iter()
+        .chain(crate::rpc::process::PROCESS_FEATURES)
+        .copied()
+}
 
-/// Listed, besides [`FEATURES`], by the `info` of a restricted executor.
+fn supported(feature: &str) -> bool {
+    features().any(|known| known == feature)
+}
+
+/// Listed, besides [`features`], by the `info` of a restricted executor.
 pub const RESTRICTED_FEATURE: &str = "restricted";
 
 /// This server's own description, as of now.
 pub fn local_info() -> ExecutorInfo {
     ExecutorInfo {
         version: env!("CARGO_PKG_VERSION").to_string(),
-        features: FEATURES.iter().map(|name| name.to_string()).collect(),
+        features: features().map(str::to_string).collect(),
         os: std::env::consts::OS.to_string(),
         arch: std::env::consts::ARCH.to_string(),
         hostname: nix::unistd::gethostname()
@@ -50,21 +40,28 @@ pub fn local_info() -> ExecutorInfo {
     }
 }
 
+/// The features of every server, including those from before `info`.
+const BEFORE_INFO: &[&str] = &[
+    "start",
+    "read",
+    "write",
+    "write-id",
+    "close-stdin",
+    "signal",
+    "terminate",
+    "subscribe",
+    "lossless",
+    "tty",
+    "resize",
+    "process-info",
+];
+
 /// What is known of a server too old to answer `info`: it supports the
 /// process protocol but predates environments.
 pub fn unknown_info() -> ExecutorInfo {
     ExecutorInfo {
         version: String::new(),
-        features: FEATURES
-            .iter()
-            .filter(|name| {
-                !matches!(
-                    **name,
-                    "info" | "environments" | "detach" | "facets" | "timeout"
-                )
-            })
-            .map(|name| name.to_string())
-            .collect(),
+        features: BEFORE_INFO.iter().map(|name| name.to_string()).collect(),
         os: String::new(),
         arch: String::new(),
         hostname: String::new(),
@@ -86,7 +83,7 @@ pub fn seen_through_hop(mut info: ExecutorInfo, hop: &str) -> ExecutorInfo {
     };
     // "restricted" describes the far executor, not a protocol feature.
     info.features
-        .retain(|feature| FEATURES.contains(&feature.as_str()) || feature == RESTRICTED_FEATURE);
+        .retain(|feature| supported(feature) || feature == RESTRICTED_FEATURE);
     info
 }
 

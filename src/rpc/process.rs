@@ -39,6 +39,26 @@ enum Access {
     StdinWriter(Facet, u64),
 }
 
+/// The features of the schema this server's processes implement (see
+/// `ExecutorInfo.features`); a new `Process` method adds its name here.
+pub(crate) const PROCESS_FEATURES: &[&str] = &[
+    "read",
+    "write",
+    "write-id",
+    "close-stdin",
+    "signal",
+    "terminate",
+    "subscribe",
+    "lossless",
+    "tty",
+    "resize",
+    "process-info",
+    "detach",
+    "facets",
+    "timeout",
+    "usage",
+];
+
 /// What an observer may call (the schema's `Process.observer`).
 const OBSERVER_CALLS: &[&str] = &["read", "subscribe", "info", "observer"];
 /// What a stdin writer may call (the schema's `Process.stdinWriter`).
