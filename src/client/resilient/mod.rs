@@ -245,8 +245,11 @@ impl ResilientProcess {
     }
 
     /// Runs `call` on the current capability, recovering and calling again
-    /// as long as the failure is a broken connection.
-    async fn retrying<T, F, Fut>(&self, call: F) -> Result<T, Error>
+    /// as long as the failure is a broken connection: for calls that may be
+    /// repeated (every `Process` call but stdin writes and signals, which
+    /// have methods of their own here). New calls of [`RemoteProcess`] are
+    /// usable through it at once: `process.retrying(|p| async move { p.info().await })`.
+    pub async fn retrying<T, F, Fut>(&self, call: F) -> Result<T, Error>
     where
         F: Fn(RemoteProcess) -> Fut,
         Fut: Future<Output = Result<T, Error>>,
