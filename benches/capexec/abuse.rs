@@ -1,5 +1,5 @@
 //! Abuse: an honest client's start latency while each attack of
-//! `tests/abuse.rs` runs against a TCP server, next to the same latency
+//! `tests/it/abuse.rs` runs against a TCP server, next to the same latency
 //! without an attack, and the server's RSS before, at its peak during and
 //! after each attack.
 //!
