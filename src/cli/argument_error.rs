@@ -61,7 +61,8 @@ pub fn one_line(error: &clap::Error, subcommand: Option<&str>) -> String {
             format!("{}: wrong number of values", flag().unwrap_or_default())
         }
         ErrorKind::MissingSubcommand | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
-            return "give a command: run, shell, serve, environments or info (see capexec --help)"
+            return "give a command, such as run, shell, serve, servers or info (see capexec \
+                    --help)"
                 .to_string();
         }
         _ => first_line(error),

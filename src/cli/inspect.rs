@@ -25,6 +25,7 @@ pub fn info_main(args: ConnectArgs, environment: Option<String>) -> i32 {
     crate::cli::run_local(async move {
         let answered = async {
             let target = target::established_target(&args).await?;
+            let environment = environment.or_else(|| target.environment.clone());
             let executor = match &environment {
                 Some(path) => client::environment(&target.executor, path),
                 None => target.executor.clone(),

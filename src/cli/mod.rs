@@ -2,22 +2,28 @@
 
 mod argument_error;
 mod capacity;
+mod config;
 mod duration;
+mod generate;
 mod input;
 mod inspect;
+mod known_servers;
 mod local_terminal;
 mod logging;
+mod named;
 mod relay;
 mod restrictions;
 mod run;
+mod self_signed;
 mod serve;
+mod servers;
 mod signals;
 pub(crate) mod stdio;
 mod target;
 
 use std::ffi::OsString;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// Exit status for failures of capexec itself (bad arguments, bad cwd,
 /// lost connection), as opposed to the child's own status.
@@ -28,8 +34,8 @@ pub const EXIT_TIMED_OUT: i32 = 124;
 #[derive(Parser, Debug)]
 #[command(
     name = "capexec",
-    version,
-    about = "Run commands through Cap'n Proto process capabilities"
+    about = "Run commands through Cap'n Proto process capabilities",
+    after_help = "Example: capexec run --connect build -- make -j8"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -58,28 +64,58 @@ enum Command {
     /// Exit status: the command's; 128+N if it died of signal N; 124 if
     /// --timeout ended it; 127 if the program was not found, 126 if it
     /// could not be executed; 125 for failures of capexec itself.
+    #[command(after_help = "Example: capexec run --connect build -w /src -- make -j8")]
     Run(RunArgs),
     /// Start the executor's shell, as `ssh HOST` does.
     ///
     /// The shell is the server's $SHELL (else /bin/sh), on a terminal if
     /// our stdin is one (reading commands from stdin otherwise); the same
     /// as `capexec run` without a program.
+    #[command(after_help = "Example: capexec shell --connect build")]
     Shell(SessionArgs),
     /// Serve an executor on Unix sockets and TCP.
+    ///
+    /// Without --listen it listens on the default socket,
+    /// $XDG_RUNTIME_DIR/capexec/capexec.sock (for root
+    /// /run/capexec/capexec.sock), which `--connect local` reaches.
+    #[command(after_help = "Example: capexec serve --listen tcp:0.0.0.0:7000 --tls-self-signed")]
     Serve(ServeArgs),
     /// List the environments a server offers, with their states (`*`
     /// marks the default).
+    #[command(after_help = "Example: capexec environments --connect build")]
     Environments(ConnectArgs),
     /// Show what an executor reports about itself: version, features, OS,
     /// hostname, shell, working and temporary directories.
+    #[command(after_help = "Example: capexec info --connect build --environment gpu")]
     Info(InfoArgs),
+    /// List the servers named in the configuration file
+    /// ($XDG_CONFIG_HOME/capexec/config.toml, else
+    /// ~/.config/capexec/config.toml), which `--connect NAME` reaches.
+    #[command(after_help = "Example: capexec servers")]
+    Servers,
+    /// Print what a new client needs to reach this machine's server: its
+    /// token and the lines for the client's configuration file. Run it on
+    /// the server's machine, as the server's user.
+    #[command(
+        after_help = "Example: capexec client-config build --address tcp:build-box:7000 --tls-self-signed"
+    )]
+    ClientConfig(servers::ClientConfigArgs),
+    /// Print a shell completion script (bash, zsh or fish) on stdout.
+    #[command(after_help = "Example: capexec completions bash > /etc/bash_completion.d/capexec")]
+    Completions(generate::CompletionArgs),
+    /// Write the man pages (capexec.1 and one per subcommand), or print
+    /// capexec.1 on stdout.
+    #[command(after_help = "Example: capexec man --dir /usr/local/share/man/man1")]
+    Man(generate::ManArgs),
 }
 
 #[derive(Args, Clone, Debug)]
 pub struct ConnectArgs {
-    /// Talk to the executor served at ADDR (unix:PATH or tcp:HOST:PORT)
-    /// instead of an embedded one.
-    #[arg(long, value_name = "ADDR")]
+    /// Talk to the executor served at ADDR instead of an embedded one:
+    /// unix:PATH or tcp:HOST:PORT (also written /PATH and HOST:PORT), the
+    /// NAME of a server in the configuration file (see `capexec
+    /// servers`), or `local` for the default socket of `capexec serve`.
+    #[arg(long, value_name = "ADDR|NAME", env = "CAPEXEC_CONNECT")]
     connect: Option<String>,
     /// Read the login token for tcp: addresses from FILE. Default: the
     /// token itself in $CAPEXEC_TOKEN, else the file
@@ -99,6 +135,17 @@ pub struct ConnectArgs {
     /// (only over a network you trust, or a tunnel).
     #[arg(long)]
     insecure_plaintext: bool,
+    /// Connect over TLS, trusting the server's certificate on first use as
+    /// ssh does: an unknown one is shown and asked about (on a terminal),
+    /// then remembered in $XDG_CONFIG_HOME/capexec/known-servers; a changed
+    /// one is refused. The default for addresses already remembered
+    /// there.
+    #[arg(long, conflicts_with_all = ["tls_ca", "tls_pin", "insecure_plaintext"])]
+    tls: bool,
+    /// Trust and remember a certificate seen for the first time without
+    /// asking (for scripts; a changed certificate is still refused).
+    #[arg(long, conflicts_with_all = ["tls_ca", "tls_pin", "insecure_plaintext"])]
+    tls_accept_new: bool,
     /// Give up if connecting and logging in take longer than SECS (or
     /// 0.5, 90s, 5m...). Default: 10.
     #[arg(long, value_name = "SECS", value_parser = duration::parse_positive)]
@@ -126,7 +173,8 @@ pub struct ServeArgs {
     /// Where to listen: unix:PATH or tcp:HOST:PORT (port 0 picks a free
     /// one); repeatable. Each resolved address (port chosen, path made
     /// absolute) is printed on stdout.
-    #[arg(long = "listen", value_name = "ADDR", required = true)]
+    /// Default: the default socket (see above).
+    #[arg(long = "listen", value_name = "ADDR")]
     listen: Vec<String>,
     /// Login token of the TCP listeners; created (mode 0600, 256 random
     /// bits) if the file does not exist. Default:
@@ -157,6 +205,11 @@ pub struct ServeArgs {
     /// The PEM private key of --tls-cert.
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     tls_key: Option<std::path::PathBuf>,
+    /// Serve TLS with a certificate of the server's own, made on first
+    /// start (server-cert.pem and server-key.pem, mode 0600, in
+    /// $XDG_CONFIG_HOME/capexec) and kept; its fingerprint is printed.
+    #[arg(long, conflicts_with_all = ["tls_cert", "tls_key"])]
+    tls_self_signed: bool,
     /// Calls one connection may have unanswered at once; a peer that sends
     /// more is disconnected.
     #[arg(long, value_name = "N", default_value_t = 8192,
@@ -292,7 +345,10 @@ fn run_local<F: std::future::Future<Output = i32>>(main: F) -> i32 {
 
 /// Runs the command line and returns the process exit status.
 pub fn main() -> i32 {
-    let cli = match Cli::try_parse() {
+    let parsed = command()
+        .try_get_matches()
+        .and_then(|matches| Cli::from_arg_matches(&matches));
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(error) => return argument_failure(&error),
     };
@@ -317,7 +373,20 @@ pub fn main() -> i32 {
             logging::init(tracing::Level::WARN, logging::Style::Client);
             inspect::info_main(args.connect, args.environment)
         }
+        Command::Servers => servers::list_main(),
+        Command::ClientConfig(args) => servers::client_config_main(args),
+        Command::Completions(args) => generate::completions_main(args),
+        Command::Man(args) => generate::man_main(args),
     }
+}
+
+/// The clap definition, with `--version` saying what the protocol offers.
+pub fn command() -> clap::Command {
+    let features = capexec::rpc::protocol_features()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let version = format!("{}\nfeatures: {features}", env!("CARGO_PKG_VERSION"));
+    Cli::command().version(version)
 }
 
 /// Help and version go to stdout as clap writes them; errors become one
@@ -327,9 +396,20 @@ fn argument_failure(error: &clap::Error) -> i32 {
         let _ = error.print();
         return 0;
     }
-    let subcommand = std::env::args()
-        .nth(1)
-        .filter(|name| ["run", "shell", "serve", "environments", "info"].contains(&name.as_str()));
+    let subcommand = std::env::args().nth(1).filter(|name| {
+        [
+            "run",
+            "shell",
+            "serve",
+            "environments",
+            "info",
+            "servers",
+            "client-config",
+            "completions",
+            "man",
+        ]
+        .contains(&name.as_str())
+    });
     eprintln!(
         "capexec: {}",
         argument_error::one_line(error, subcommand.as_deref())

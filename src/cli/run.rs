@@ -48,6 +48,11 @@ async fn run(mut args: SessionArgs, argv: Vec<OsString>) -> Result<i32, Failure>
     let target = until_interrupted(&mut interrupted, target::target(&args.connect))
         .await?
         .map_err(Failure::capexec)?;
+    // The configuration file's environment for a named server, unless
+    // --environment says otherwise.
+    if args.environment.is_none() {
+        args.environment = target.environment.clone();
+    }
     let root = target.executor.clone();
     let established = target.established();
     let established_again = target.established();

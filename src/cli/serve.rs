@@ -33,6 +33,15 @@ pub fn main(args: ServeArgs) -> i32 {
         return EXIT_CAPEXEC_FAILURE;
     }
     let mut listen = Vec::new();
+    if args.listen.is_empty() {
+        match default_listener() {
+            Ok(address) => listen.push(address),
+            Err(error) => {
+                eprintln!("capexec: {error}");
+                return EXIT_CAPEXEC_FAILURE;
+            }
+        }
+    }
     for text in &args.listen {
         match text.parse::<Address>() {
             // Printed as resolved: a relative path means nothing to a
@@ -68,8 +77,23 @@ pub fn main(args: ServeArgs) -> i32 {
             return EXIT_CAPEXEC_FAILURE;
         }
     };
-    let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => match TlsServer::from_files(cert, key) {
+    let mut tls_files = args.tls_cert.clone().zip(args.tls_key.clone());
+    if args.tls_self_signed {
+        match crate::cli::self_signed::load_or_make() {
+            Ok((cert, key, made)) => {
+                if made {
+                    tracing::info!(certificate = %cert.display(), "made a self-signed certificate");
+                }
+                tls_files = Some((cert, key));
+            }
+            Err(error) => {
+                eprintln!("capexec: {error}");
+                return EXIT_CAPEXEC_FAILURE;
+            }
+        }
+    }
+    let tls = match &tls_files {
+        Some((cert, key)) => match TlsServer::from_files(cert, key) {
             Ok(tls) => Some(tls),
             Err(error) => {
                 eprintln!("capexec: {error}");
@@ -80,14 +104,27 @@ pub fn main(args: ServeArgs) -> i32 {
     };
     if let Some(tls) = &tls {
         if !listen.iter().any(Address::is_tcp) {
-            eprintln!("capexec: --tls-cert applies to tcp: listeners, and there is none");
+            let flag = if args.tls_self_signed {
+                "--tls-self-signed"
+            } else {
+                "--tls-cert"
+            };
+            eprintln!("capexec: {flag} applies to tcp: listeners, and there is none");
             return EXIT_CAPEXEC_FAILURE;
+        }
+        if args.tls_self_signed {
+            // On stderr, so that stdout stays the list of addresses.
+            eprintln!(
+                "capexec: TLS certificate SHA-256 {}: clients pin it with --tls-pin or trust \
+                 it on first use",
+                tls.fingerprint()
+            );
         }
         tracing::info!(
             sha256 = tls.fingerprint(),
             "serving TLS; clients can pin this certificate with --tls-pin"
         );
-        if let (Some(expires), Some(cert)) = (tls.expires(), &args.tls_cert) {
+        if let (Some(expires), Some((cert, _))) = (tls.expires(), &tls_files) {
             warn_about_expiry(cert, expires, std::time::SystemTime::now());
         }
     }
@@ -130,6 +167,23 @@ pub fn main(args: ServeArgs) -> i32 {
     };
 
     crate::cli::run_local(serve(config, Engine::new(limits), capacity))
+}
+
+/// The default socket (see `net::default_socket_path`), its directory
+/// made private first.
+fn default_listener() -> Result<Address, String> {
+    let path =
+        capexec::net::default_socket_path().map_err(|why| format!("no --listen, and {why}"))?;
+    if let Some(dir) = path.parent() {
+        capexec::net::ensure_private_dir(dir).map_err(|error| {
+            format!(
+                "the default socket's directory {}: {}",
+                dir.display(),
+                capexec::model::io_message(&error)
+            )
+        })?;
+    }
+    Ok(Address::Unix(path))
 }
 
 /// Clients refuse an expired certificate: say so at start, and two weeks
@@ -235,7 +289,7 @@ fn upstreams(args: &ServeArgs) -> Result<Vec<UpstreamConfig>, String> {
             Some(trust) => {
                 let flag = match trust {
                     ServerTrust::Ca(_) => "--upstream-tls-ca",
-                    ServerTrust::Pin(_) => "--upstream-tls-pin",
+                    _ => "--upstream-tls-pin",
                 };
                 Some(TlsClient::new(trust).map_err(|e| format!("{flag} {name}={e}"))?)
             }

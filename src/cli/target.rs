@@ -10,6 +10,8 @@ use capexec::net::{self, Address, ConnectError, ConnectOptions, Connection, Toke
 use capexec::rpc;
 
 use crate::cli::ConnectArgs;
+use crate::cli::known_servers;
+use crate::cli::named::{self, Named};
 
 /// Silence after which a connection counts as lost, unless `--keepalive`
 /// says otherwise (see `net::ConnectOptions::keepalive`).
@@ -20,6 +22,9 @@ pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(15);
 pub struct Target {
     pub executor: executor::Client,
     pub connection: Option<Connection>,
+    /// The environment the configuration file names for the server, used
+    /// when no --environment is given.
+    pub environment: Option<String>,
 }
 
 impl Target {
@@ -45,6 +50,8 @@ fn check(args: &ConnectArgs, address: Option<&Address>) -> Result<(), String> {
         ("--tls-ca", args.tls_ca.is_some()),
         ("--tls-pin", args.tls_pin.is_some()),
         ("--insecure-plaintext", args.insecure_plaintext),
+        ("--tls", args.tls),
+        ("--tls-accept-new", args.tls_accept_new),
         ("--connect-timeout", args.connect_timeout.is_some()),
         ("--keepalive", args.keepalive.is_some()),
     ];
@@ -67,6 +74,8 @@ fn check(args: &ConnectArgs, address: Option<&Address>) -> Result<(), String> {
                 "--tls-ca",
                 "--tls-pin",
                 "--insecure-plaintext",
+                "--tls",
+                "--tls-accept-new",
             ]) {
                 Some(flag) => Err(format!(
                     "{flag} is for tcp: addresses: a Unix socket needs no token and no TLS \
@@ -83,41 +92,134 @@ fn check(args: &ConnectArgs, address: Option<&Address>) -> Result<(), String> {
 /// The login travels pipelined with the caller's first calls: race them
 /// against [`Target::established`].
 pub async fn target(args: &ConnectArgs) -> Result<Target, String> {
-    let address = match &args.connect {
-        None => None,
-        Some(text) => Some(
-            text.parse::<Address>()
-                .map_err(|error| format!("--connect {error}"))?,
-        ),
+    let named = match &args.connect {
+        None => Named::default(),
+        Some(text) => named::resolve(text)?,
     };
-    check(args, address.as_ref())?;
-    let Some(address) = address else {
+    check(args, named.address.as_ref())?;
+    let Some(address) = named.address.clone() else {
         if let Err(error) = engine::become_subreaper() {
             tracing::warn!(%error, "cannot become a subreaper; orphaned grandchildren will not be reaped here");
         }
         return Ok(Target {
             executor: rpc::local_executor(Engine::default()),
             connection: None,
+            environment: None,
         });
     };
     let token = if address.is_tcp() {
-        login_token(args.token_file.as_deref())?
+        login_token(args.token_file.as_deref().or(named.token_file.as_deref()))?
     } else {
         None
     };
-    let options = ConnectOptions {
-        tls: client_tls(args)?,
+    let trust = trust(args, &named, &address).await?;
+    let mut options = ConnectOptions {
+        tls: match &trust {
+            Trust::Given(flag, trust) => Some(
+                net::TlsClient::new(trust.clone()).map_err(|error| format!("{flag} {error}"))?,
+            ),
+            Trust::FirstUse(_, known) => Some(first_use(known.as_ref().map(|k| k.fingerprint))?),
+            Trust::Plaintext => None,
+        },
         deadline: args.connect_timeout.unwrap_or(net::CONNECT_TIMEOUT),
         keepalive: Some(args.keepalive.unwrap_or(DEFAULT_KEEPALIVE)),
-        plaintext_only_to_loopback: !args.insecure_plaintext,
+        plaintext_only_to_loopback: !(args.insecure_plaintext || named.insecure_plaintext),
     };
-    let connection = net::connect_to(&address, token.as_ref(), &options)
-        .await
-        .map_err(|error| error.to_string())?;
+    let connection = match net::connect_to(&address, token.as_ref(), &options).await {
+        Err(ConnectError::UnknownCertificate(_, offered)) => {
+            let Trust::FirstUse(file, _) = &trust else {
+                return Err(format!(
+                    "{address}: the server's certificate is not trusted"
+                ));
+            };
+            known_servers::accept_new(&address, &offered, file, args.tls_accept_new)?;
+            let fingerprint = net::parse_fingerprint(&offered)?;
+            options.tls = Some(first_use(Some(fingerprint))?);
+            net::connect_to(&address, token.as_ref(), &options).await
+        }
+        Err(ConnectError::ChangedCertificate { known, offered, .. }) => {
+            let (file, line) = match &trust {
+                Trust::FirstUse(file, Some(known)) => (file.display().to_string(), known.line),
+                _ => ("the known-servers file".to_string(), 0),
+            };
+            return Err(format!(
+                "the TLS certificate of {address} has CHANGED: it was {known}, it is now \
+                 {offered}; nothing was sent to it. Someone may be intercepting the \
+                 connection, or the server has a new certificate: if you know it has, \
+                 delete line {line} of {file} and connect again"
+            ));
+        }
+        other => other,
+    }
+    .map_err(|error| error.to_string())?;
     Ok(Target {
         executor: connection.executor(),
         connection: Some(connection),
+        environment: named.environment,
     })
+}
+
+/// How a tcp: server's certificate is trusted.
+enum Trust {
+    /// `--tls-ca` or `--tls-pin` (the flag, for errors), on the command
+    /// line or in the configuration file.
+    Given(&'static str, net::ServerTrust),
+    /// Trust on first use, against the known-servers file (what it
+    /// remembers for this address, if anything).
+    FirstUse(std::path::PathBuf, Option<known_servers::Known>),
+    /// No TLS (a loopback address, or --insecure-plaintext).
+    Plaintext,
+}
+
+/// The command line's TLS options, else the configuration file's, else
+/// trust on first use where it is asked for (`--tls`, `tls = true`) or a
+/// certificate is remembered for the address.
+async fn trust(args: &ConnectArgs, named: &Named, address: &Address) -> Result<Trust, String> {
+    if !address.is_tcp() {
+        return Ok(Trust::Plaintext);
+    }
+    let tls_flag = args.tls || args.tls_accept_new;
+    let from_flags =
+        args.tls_ca.is_some() || args.tls_pin.is_some() || tls_flag || args.insecure_plaintext;
+    let (ca, pin, tls, insecure) = if from_flags {
+        (
+            args.tls_ca.clone(),
+            args.tls_pin.clone(),
+            tls_flag,
+            args.insecure_plaintext,
+        )
+    } else {
+        (
+            named.tls_ca.clone(),
+            named.tls_pin.clone(),
+            named.tls,
+            named.insecure_plaintext,
+        )
+    };
+    if let Some(ca) = ca {
+        return Ok(Trust::Given("--tls-ca", net::ServerTrust::Ca(ca)));
+    }
+    if let Some(pin) = pin {
+        return Ok(Trust::Given("--tls-pin", net::ServerTrust::Pin(pin)));
+    }
+    if insecure {
+        return Ok(Trust::Plaintext);
+    }
+    let file = known_servers::path().ok_or_else(|| {
+        "no known-servers file for trust on first use (HOME is not set): give --tls-ca or \
+         --tls-pin"
+            .to_string()
+    })?;
+    let known = known_servers::lookup(&file, address)?;
+    if tls || known.is_some() {
+        Ok(Trust::FirstUse(file, known))
+    } else {
+        Ok(Trust::Plaintext)
+    }
+}
+
+fn first_use(known: Option<[u8; 32]>) -> Result<net::TlsClient, String> {
+    net::TlsClient::new(net::ServerTrust::FirstUse(known)).map_err(|error| error.to_string())
 }
 
 /// [`target`], once the server has answered: for commands that make one
@@ -139,18 +241,6 @@ pub fn worth_retrying(error: &Rc<ConnectError>) -> bool {
             | ConnectError::NotASocket(..)
             | ConnectError::Closed(..)
     )
-}
-
-/// `--tls-ca FILE` or `--tls-pin SHA256`, if either is given.
-fn client_tls(args: &ConnectArgs) -> Result<Option<net::TlsClient>, String> {
-    let (flag, trust) = match (&args.tls_ca, &args.tls_pin) {
-        (Some(ca), _) => ("--tls-ca", net::ServerTrust::Ca(ca.clone())),
-        (None, Some(pin)) => ("--tls-pin", net::ServerTrust::Pin(pin.clone())),
-        (None, None) => return Ok(None),
-    };
-    net::TlsClient::new(trust)
-        .map(Some)
-        .map_err(|error| format!("{flag} {error}"))
 }
 
 /// `file`, else `$CAPEXEC_TOKEN` (the token itself), else the default

@@ -1,6 +1,8 @@
-//! When a certificate expires: its `notAfter`, read straight from the DER
-//! (RFC 5280: Certificate > TBSCertificate > Validity), so that `capexec
-//! serve` can warn before its clients start refusing it. Five fixed steps
+//! When a certificate is valid: its `notBefore` and `notAfter`, read
+//! straight from the DER (RFC 5280: Certificate > TBSCertificate >
+//! Validity), so that `capexec serve` can warn before its clients start
+//! refusing it, and a client can check a self-signed certificate it trusts
+//! as its own anchor. Five fixed steps
 //! into the structure; a full X.509 parser would add a dozen crates to the
 //! server to read this one field.
 
@@ -10,6 +12,16 @@ use rustls::pki_types::CertificateDer;
 
 /// The end of the certificate's validity, or `None` if it cannot be read.
 pub(crate) fn not_after(certificate: &CertificateDer<'_>) -> Option<SystemTime> {
+    time(skip(validity(certificate)?)?)
+}
+
+/// The start of the certificate's validity, or `None` if it cannot be read.
+pub(crate) fn not_before(certificate: &CertificateDer<'_>) -> Option<SystemTime> {
+    time(validity(certificate)?)
+}
+
+/// The contents of the certificate's `Validity` (notBefore, notAfter).
+fn validity<'a>(certificate: &'a CertificateDer<'_>) -> Option<&'a [u8]> {
     let (certificate, _) = element(certificate.as_ref(), SEQUENCE)?;
     let (mut tbs, _) = element(certificate, SEQUENCE)?;
     // version [0] EXPLICIT, optional (absent in version 1 certificates).
@@ -20,8 +32,7 @@ pub(crate) fn not_after(certificate: &CertificateDer<'_>) -> Option<SystemTime> 
     let tbs = skip(tbs)?; // signature
     let tbs = skip(tbs)?; // issuer
     let (validity, _) = element(tbs, SEQUENCE)?;
-    let after_not_before = skip(validity)?;
-    time(after_not_before)
+    Some(validity)
 }
 
 const SEQUENCE: u8 = 0x30;

@@ -397,6 +397,16 @@ async fn open(
                                 tls::Failure::Refused(why) => {
                                     ConnectError::Tls(address.clone(), why)
                                 }
+                                tls::Failure::Unknown(offered) => {
+                                    ConnectError::UnknownCertificate(address.clone(), offered)
+                                }
+                                tls::Failure::Changed { known, offered } => {
+                                    ConnectError::ChangedCertificate {
+                                        address: address.clone(),
+                                        known,
+                                        offered,
+                                    }
+                                }
                             })?;
                     let (reader, writer) = tokio::io::split(stream);
                     let reader = Watched::new(reader, Rc::clone(&watch));

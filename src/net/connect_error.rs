@@ -26,6 +26,16 @@ pub enum ConnectError {
     Closed(Address, String),
     /// The server refused the login: its reason.
     Refused(Address, String),
+    /// Trust on first use: the server's certificate is not known yet (its
+    /// fingerprint); nothing was sent to it.
+    UnknownCertificate(Address, String),
+    /// Trust on first use: the server's certificate is not the one
+    /// remembered for it; nothing was sent to it.
+    ChangedCertificate {
+        address: Address,
+        known: String,
+        offered: String,
+    },
 }
 
 impl fmt::Display for ConnectError {
@@ -47,7 +57,8 @@ impl fmt::Display for ConnectError {
             ConnectError::Tls(address, why) => write!(f, "cannot connect to {address}: {why}"),
             ConnectError::SpeaksTls(address) => write!(
                 f,
-                "the server at {address} speaks TLS: add --tls-ca or --tls-pin"
+                "the server at {address} speaks TLS: add --tls (trust on first use), --tls-ca or \
+                 --tls-pin"
             ),
             ConnectError::NoTls(address) => write!(
                 f,
@@ -55,14 +66,30 @@ impl fmt::Display for ConnectError {
             ),
             ConnectError::ClearText(host) => write!(
                 f,
-                "refusing to send the login token in clear text to {host}: give --tls-ca FILE \
-                 or --tls-pin SHA256 (or --insecure-plaintext over a network you trust)"
+                "refusing to send the login token in clear text to {host}: give --tls (trust on \
+                 first use), --tls-ca FILE or --tls-pin SHA256 (or --insecure-plaintext over a \
+                 network you trust)"
             ),
             ConnectError::NotASocket(address, why) => {
                 write!(f, "cannot connect to {address}: {why}")
             }
             ConnectError::Closed(address, why) => write!(f, "cannot connect to {address}: {why}"),
             ConnectError::Refused(_, why) => write!(f, "{why}"),
+            ConnectError::UnknownCertificate(address, offered) => write!(
+                f,
+                "the server at {address} offers a TLS certificate that is not known here \
+                 (SHA-256 {offered}); nothing was sent to it"
+            ),
+            ConnectError::ChangedCertificate {
+                address,
+                known,
+                offered,
+            } => write!(
+                f,
+                "the TLS certificate of {address} has CHANGED: it was {known}, it is now \
+                 {offered}; nothing was sent to it (someone may be intercepting the \
+                 connection, or the server has a new certificate)"
+            ),
         }
     }
 }

@@ -14,6 +14,7 @@ mod connect_error;
 mod frame;
 mod guard;
 mod liveness;
+mod local_socket;
 mod pending;
 mod server;
 mod session;
@@ -21,6 +22,7 @@ mod socket;
 mod tls;
 mod token;
 mod transport;
+mod trust;
 mod upstream;
 mod writer;
 
@@ -30,6 +32,9 @@ pub use self::connect::{
     CONNECT_TIMEOUT, ConnectError, ConnectOptions, Connection, connect, connect_to, connect_with,
 };
 pub use self::guard::CallLimits;
+pub use self::local_socket::{
+    default_admin_socket_path, default_socket_dir, default_socket_path, ensure_private_dir,
+};
 pub use self::pending::PendingLimits;
 pub use self::server::{ServeError, Server, ServerConfig, serve_stream};
 pub use self::tls::{ServerTrust, TlsClient, TlsError, TlsServer, parse_fingerprint};

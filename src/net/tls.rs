@@ -1,8 +1,10 @@
 //! TLS for TCP connections (rustls, ring): the server's certificate, and
-//! the two ways a client can trust it: a CA certificate file (with the
-//! usual name and validity checks) or a pinned SHA-256 fingerprint of the
-//! server's own certificate (no CA needed, as with `ssh`'s known hosts).
-//! With TLS on, the login token only ever crosses the network encrypted.
+//! the ways a client can trust it (`net/trust.rs`): a CA certificate file
+//! (with the usual name and validity checks; the server's own self-signed
+//! certificate counts as its anchor), a pinned SHA-256 fingerprint of the
+//! server's own certificate, or trust on first use against a remembered
+//! fingerprint (as `ssh`'s known hosts). With TLS on, the login token only
+//! ever crosses the network encrypted.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -13,15 +15,15 @@ use std::time::SystemTime;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
+use rustls::CertificateError;
+use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::{CertificateError, DigitallySignedStruct, SignatureScheme};
-use sha2::{Digest, Sha256};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
 use crate::model::io_message;
 use crate::net::certificate;
+use crate::net::trust::{self, CaVerifier, Expect, FingerprintRefusal, FingerprintVerifier};
+pub use crate::net::trust::{fingerprint, parse_fingerprint};
 
 /// A TLS set-up that could not be made, with the file and the reason.
 #[derive(Debug)]
@@ -106,6 +108,14 @@ impl TlsServer {
     pub fn fingerprint(&self) -> &str {
         &self.fingerprint
     }
+
+    /// SHA-256 of the first certificate in the PEM file `cert`, as clients
+    /// pin it.
+    pub fn certificate_fingerprint(cert: &Path) -> Result<String, TlsError> {
+        let chain = load_certificates(cert)
+            .map_err(|why| TlsError(format!("{}: {why}", cert.display())))?;
+        Ok(fingerprint(&chain[0]))
+    }
 }
 
 /// How a client decides to trust a server's certificate.
@@ -117,6 +127,13 @@ pub enum ServerTrust {
     /// Exactly the certificate with this SHA-256 fingerprint, in any of
     /// the usual spellings (see [`parse_fingerprint`]).
     Pin(String),
+    /// Trust on first use: the certificate whose fingerprint is remembered
+    /// for this server; with none remembered, every certificate is refused
+    /// with [`ConnectError::UnknownCertificate`], before any secret is sent,
+    /// so that the caller can ask and connect again with it remembered.
+    ///
+    /// [`ConnectError::UnknownCertificate`]: crate::net::ConnectError::UnknownCertificate
+    FirstUse(Option<[u8; 32]>),
 }
 
 /// The client side of TLS.
@@ -141,6 +158,12 @@ pub(crate) enum Failure {
     /// The handshake was refused or the certificate not trusted: why, in
     /// the terms of how this client trusts.
     Refused(String),
+    /// Trust on first use: the server's certificate is not known yet; its
+    /// fingerprint.
+    Unknown(String),
+    /// Trust on first use: the server's certificate is not the one
+    /// remembered.
+    Changed { known: String, offered: String },
 }
 
 impl TlsClient {
@@ -150,25 +173,27 @@ impl TlsClient {
         let builder = rustls::ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|error| TlsError(format!("TLS set-up: {error}")))?;
-        let config = match &trust {
+        let fingerprints = |expect| {
+            Arc::new(FingerprintVerifier {
+                expect,
+                provider: provider(),
+            })
+        };
+        let verifier: Arc<dyn rustls::client::danger::ServerCertVerifier> = match &trust {
             ServerTrust::Ca(path) => {
                 let in_file = |why: String| TlsError(format!("{}: {why}", path.display()));
-                let mut roots = rustls::RootCertStore::empty();
-                for certificate in load_certificates(path).map_err(in_file)? {
-                    roots.add(certificate).map_err(|error| {
-                        in_file(format!("not a usable CA certificate ({error})"))
-                    })?;
-                }
-                builder.with_root_certificates(roots).with_no_client_auth()
+                let anchors = load_certificates(path).map_err(in_file)?;
+                Arc::new(CaVerifier::new(anchors, provider()).map_err(in_file)?)
             }
-            ServerTrust::Pin(text) => builder
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(PinnedCertificate {
-                    fingerprint: Some(parse_fingerprint(text).map_err(TlsError)?),
-                    provider: provider(),
-                }))
-                .with_no_client_auth(),
+            ServerTrust::Pin(text) => {
+                fingerprints(Expect::Pin(parse_fingerprint(text).map_err(TlsError)?))
+            }
+            ServerTrust::FirstUse(known) => fingerprints(Expect::FirstUse(*known)),
         };
+        let config = builder
+            .dangerous()
+            .with_custom_certificate_verifier(verifier)
+            .with_no_client_auth();
         Ok(TlsClient {
             config: Arc::new(config),
             trust,
@@ -185,25 +210,27 @@ impl TlsClient {
             .map_err(|_| Failure::Refused(format!("TLS: {host:?} is not a valid server name")))?;
         let connector = tokio_rustls::TlsConnector::from(self.config.clone());
         connector.connect(name, stream).await.map_err(|error| {
-            match rustls_error(&error) {
+            let refusal = rustls_error(&error).and_then(trust::fingerprint_refusal);
+            match (rustls_error(&error), refusal) {
                 // Bytes that are not TLS: a plaintext server's answer.
-                Some(rustls::Error::InvalidMessage(_)) => Failure::NotTls,
+                (Some(rustls::Error::InvalidMessage(_)), _) => Failure::NotTls,
+                (_, Some(FingerprintRefusal::Unknown { offered })) => {
+                    Failure::Unknown(offered.clone())
+                }
+                (_, Some(FingerprintRefusal::Changed { known, offered })) => Failure::Changed {
+                    known: known.clone(),
+                    offered: offered.clone(),
+                },
                 _ => Failure::Refused(self.explain(host, &error)),
             }
         })
     }
 
-    /// Why a handshake failed, in the terms of how this client trusts.
+    /// Why a handshake failed, in the terms of how this client trusts: a
+    /// sentence, never a debug-formatted enum.
     pub(crate) fn explain(&self, host: &str, error: &std::io::Error) -> String {
         let why = match rustls_error(error) {
             Some(rustls::Error::InvalidCertificate(problem)) => match (problem, &self.trust) {
-                (CertificateError::Expired | CertificateError::ExpiredContext { .. }, _) => {
-                    "the server's certificate has expired".to_string()
-                }
-                (
-                    CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. },
-                    _,
-                ) => "the server's certificate is not valid yet".to_string(),
                 (
                     CertificateError::NotValidForName
                     | CertificateError::NotValidForNameContext { .. },
@@ -216,22 +243,19 @@ impl TlsClient {
                     "the server's certificate is not signed by the CA in {}",
                     path.display()
                 ),
-                (CertificateError::Other(other), ServerTrust::Pin(_)) => {
-                    match other.0.downcast_ref::<PinMismatch>() {
-                        Some(mismatch) => format!(
-                            "the server's certificate does not have the pinned fingerprint (it \
-                             offered {})",
-                            mismatch.offered
+                (problem, _) => {
+                    let error = rustls::Error::InvalidCertificate(problem.clone());
+                    match trust::fingerprint_refusal(&error) {
+                        Some(FingerprintRefusal::NotPinned { offered }) => format!(
+                            "the server's certificate does not have the pinned fingerprint \
+                             (it offered {offered})"
                         ),
-                        None => format!("the server's certificate is not acceptable: {other}"),
+                        Some(other) => other.to_string(),
+                        None => the_servers(&trust::words(&error)),
                     }
                 }
-                (other, _) => format!("the server's certificate is not acceptable: {other}"),
             },
-            Some(rustls::Error::AlertReceived(alert)) => {
-                format!("the server refused the TLS handshake ({alert:?})")
-            }
-            Some(other) => format!("the TLS handshake failed: {other}"),
+            Some(other) => trust::words(other),
             None => match error.kind() {
                 std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset => {
                     "the server closed the connection during the TLS handshake".to_string()
@@ -240,6 +264,14 @@ impl TlsClient {
             },
         };
         format!("TLS: {why}")
+    }
+}
+
+/// "the certificate has expired" as "the server's certificate has expired".
+fn the_servers(words: &str) -> String {
+    match words.strip_prefix("the certificate ") {
+        Some(rest) => format!("the server's certificate {rest}"),
+        None => words.to_string(),
     }
 }
 
@@ -262,8 +294,8 @@ pub(crate) async fn speaks_tls(host: &str, resolved: &[SocketAddr], deadline: In
     {
         Ok(builder) => builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(PinnedCertificate {
-                fingerprint: None,
+            .with_custom_certificate_verifier(Arc::new(FingerprintVerifier {
+                expect: Expect::Probe,
                 provider: provider(),
             }))
             .with_no_client_auth(),
@@ -276,9 +308,8 @@ pub(crate) async fn speaks_tls(host: &str, resolved: &[SocketAddr], deadline: In
         let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
         let error = connector.connect(name, stream).await.err()?;
         let reached = matches!(
-            rustls_error(&error),
-            Some(rustls::Error::InvalidCertificate(CertificateError::Other(other)))
-                if other.0.downcast_ref::<ReachedCertificate>().is_some()
+            rustls_error(&error).and_then(trust::fingerprint_refusal),
+            Some(FingerprintRefusal::Reached)
         );
         Some(reached)
     };
@@ -289,107 +320,9 @@ pub(crate) async fn speaks_tls(host: &str, resolved: &[SocketAddr], deadline: In
     )
 }
 
-/// The certificate a pinning client was offered instead of its pin.
-#[derive(Debug)]
-struct PinMismatch {
-    offered: String,
-}
-
-impl fmt::Display for PinMismatch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "the server offered {}", self.offered)
-    }
-}
-
-impl std::error::Error for PinMismatch {}
-
-/// What [`speaks_tls`]'s verifier answers: the server got as far as
-/// sending a certificate, so it speaks TLS.
-#[derive(Debug)]
-struct ReachedCertificate;
-
-impl fmt::Display for ReachedCertificate {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("probe: the server sent a certificate")
-    }
-}
-
-impl std::error::Error for ReachedCertificate {}
-
-/// Trusts exactly one certificate, by its SHA-256 fingerprint; handshake
-/// signatures are still checked against it, so only the holder of its key
-/// can pass. Without a fingerprint it trusts nothing and only notes that a
-/// certificate came (see [`speaks_tls`]).
-#[derive(Debug)]
-struct PinnedCertificate {
-    fingerprint: Option<[u8; 32]>,
-    provider: Arc<CryptoProvider>,
-}
-
-impl ServerCertVerifier for PinnedCertificate {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        let Some(expected) = self.fingerprint else {
-            return Err(rustls::Error::InvalidCertificate(CertificateError::Other(
-                rustls::OtherError(Arc::new(ReachedCertificate)),
-            )));
-        };
-        let presented: [u8; 32] = Sha256::digest(end_entity.as_ref()).into();
-        if presented == expected {
-            Ok(ServerCertVerified::assertion())
-        } else {
-            Err(rustls::Error::InvalidCertificate(CertificateError::Other(
-                rustls::OtherError(Arc::new(PinMismatch {
-                    offered: fingerprint(end_entity),
-                })),
-            )))
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
-
 /// The certificates of a PEM file; errors say what is wrong with the file
 /// (callers name it).
-fn load_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+pub(crate) fn load_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     let certificates = CertificateDer::pem_file_iter(path)
         .and_then(|iter| iter.collect::<Result<Vec<_>, _>>())
         .map_err(|error| pem_problem(&error, "no PEM certificate in it"))?;
@@ -410,93 +343,5 @@ fn pem_problem(error: &rustls::pki_types::pem::Error, nothing_found: &str) -> St
             "it is not a valid PEM file".to_string()
         }
         other => other.to_string(),
-    }
-}
-
-/// Hex SHA-256 of a DER certificate.
-pub fn fingerprint(certificate: &CertificateDer<'_>) -> String {
-    Sha256::digest(certificate.as_ref())
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect()
-}
-
-/// A SHA-256 fingerprint as people copy it: 64 hex digits in either case,
-/// with or without `:`, space or `-` between them, after an optional label
-/// (`sha256:`, `SHA256=`, openssl's `SHA256 Fingerprint=`, or the
-/// `sha256="..."` that `capexec serve` logs), quotes allowed.
-pub fn parse_fingerprint(text: &str) -> Result<[u8; 32], String> {
-    let unquoted = |text: &str| {
-        text.trim()
-            .trim_matches(|c| c == '"' || c == '\'')
-            .to_string()
-    };
-    let mut rest = unquoted(text);
-    let lower = rest.to_ascii_lowercase();
-    for label in [
-        "sha256 fingerprint",
-        "sha-256 fingerprint",
-        "sha256",
-        "sha-256",
-    ] {
-        if let Some(after) = lower.strip_prefix(label)
-            && let Some(value) = after.trim_start().strip_prefix(['=', ':'])
-        {
-            rest = unquoted(&rest[rest.len() - value.len()..]);
-            break;
-        }
-    }
-    let hex: String = rest
-        .chars()
-        .filter(|c| !matches!(c, ':' | ' ' | '-'))
-        .collect();
-    if hex.len() == 40 && hex.chars().all(|c| c.is_ascii_hexdigit()) {
-        return Err(format!(
-            "{text:?} is a SHA-1 fingerprint (40 hex digits): pin the SHA-256 one, which \
-             `capexec serve` logs (or `openssl x509 -noout -fingerprint -sha256 -in CERT`)"
-        ));
-    }
-    if hex.len() != 64 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
-        return Err(format!(
-            "{text:?} is not a SHA-256 fingerprint: expected 64 hex digits (colons allowed), \
-             as `capexec serve` logs it"
-        ));
-    }
-    let mut bytes = [0u8; 32];
-    for (i, byte) in bytes.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16)
-            .map_err(|_| format!("{text:?} is not a SHA-256 fingerprint"))?;
-    }
-    Ok(bytes)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fingerprints_parse_in_every_common_spelling() {
-        let hex = "ab".repeat(32);
-        let colons = vec!["AB"; 32].join(":");
-        let spellings = [
-            hex.clone(),
-            hex.to_uppercase(),
-            colons.clone(),
-            vec!["ab"; 32].join(" "),
-            format!("sha256:{hex}"),
-            format!("SHA256:{colons}"),
-            format!("SHA256 Fingerprint={colons}"),
-            format!("sha256 Fingerprint={colons}"),
-            format!("sha256=\"{hex}\""),
-            format!("  \"{hex}\"  "),
-            format!("SHA-256: {colons}"),
-        ];
-        for spelling in &spellings {
-            assert_eq!(parse_fingerprint(spelling), Ok([0xab; 32]), "{spelling}");
-        }
-        assert!(parse_fingerprint("abcd").is_err());
-        assert!(parse_fingerprint(&"zz".repeat(32)).is_err());
-        let sha1 = parse_fingerprint(&vec!["AB"; 20].join(":")).expect_err("SHA-1");
-        assert!(sha1.contains("SHA-1"), "{sha1}");
     }
 }

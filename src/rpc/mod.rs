@@ -15,6 +15,7 @@ mod subscription;
 pub use self::context::{Link, ServerContext, Upstream, check_names as check_environment_names};
 pub use self::detach::{DEFAULT_RETENTION, Detachments, MAX_GRACE};
 pub use self::executor::{ExecutorImpl, local_executor, restricted_root_executor, root_executor};
+pub use self::info::features as protocol_features;
 pub use self::process::{MAX_WAIT_MS, ProcessImpl};
 pub use self::quota::Quota;
 

@@ -39,12 +39,12 @@ fn argument_errors_are_one_line_and_say_where_to_look() {
             "capexec: unknown command \"rum\" (did you mean run?) (see capexec --help)\n",
         ),
         (
-            &["serve"],
-            "capexec: missing --listen (see capexec serve --help)\n",
+            &["serve", "--listen"],
+            "capexec: --listen needs a value (see capexec serve --help)\n",
         ),
         (
             &[],
-            "capexec: give a command: run, shell, serve, environments or info (see capexec \
+            "capexec: give a command, such as run, shell, serve, servers or info (see capexec \
              --help)\n",
         ),
         (
@@ -70,7 +70,7 @@ fn argument_errors_are_one_line_and_say_where_to_look() {
     // Help is not an error.
     let help = finish(capexec(&["run", "--help"]), None);
     assert_eq!(help.code, 0);
-    assert!(text(&help.stdout).contains("--connect <ADDR>"));
+    assert!(text(&help.stdout).contains("--connect <ADDR|NAME>"));
 }
 
 /// Options that only mean something with `--connect` (or a `tcp:` one)
@@ -141,7 +141,8 @@ fn tls_and_plaintext_mismatches_say_so() {
         (
             125,
             format!(
-                "capexec: the server at {} speaks TLS: add --tls-ca or --tls-pin\n",
+                "capexec: the server at {} speaks TLS: add --tls (trust on first use), --tls-ca or \
+                 --tls-pin\n",
                 tls.tcp
             )
         )

@@ -13,6 +13,7 @@ mod deadlines;
 mod errors;
 mod habits;
 mod network;
+mod operator;
 mod output;
 mod restricted;
 mod resume;

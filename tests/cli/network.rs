@@ -190,8 +190,9 @@ fn connection_failures_and_bad_tokens_are_one_line_and_exit_125() {
     assert_eq!(cleartext.code, 125);
     assert_eq!(
         text(&cleartext.stderr),
-        "capexec: refusing to send the login token in clear text to 192.0.2.1: give --tls-ca \
-         FILE or --tls-pin SHA256 (or --insecure-plaintext over a network you trust)\n"
+        "capexec: refusing to send the login token in clear text to 192.0.2.1: give --tls \
+         (trust on first use), --tls-ca FILE or --tls-pin SHA256 (or --insecure-plaintext over \
+         a network you trust)\n"
     );
 }
 
@@ -302,7 +303,8 @@ fn tls_through_the_cli_and_to_an_upstream() {
         (
             125,
             format!(
-                "capexec: the server at {} speaks TLS: add --tls-ca or --tls-pin\n",
+                "capexec: the server at {} speaks TLS: add --tls (trust on first use), --tls-ca or \
+                 --tls-pin\n",
                 far.tcp
             )
         )

@@ -1,0 +1,517 @@
+//! The operator's first hour: named servers, `CAPEXEC_CONNECT`, the
+//! default socket, trust on first use, self-signed and openssl-made
+//! certificates, completions, man pages and `--version`.
+
+use crate::common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use common::cli::{BIN, Served, finish, spawn_until_first_line, text};
+use common::data::TempDir;
+
+/// `capexec SUBCOMMAND ARGS` with its configuration in `config` (as
+/// `$XDG_CONFIG_HOME/capexec`) and no default token or server.
+fn configured(config: &Path, subcommand: &str, args: &[&str]) -> Command {
+    let mut command = Command::new(BIN);
+    command
+        .arg(subcommand)
+        .args(args)
+        .env("XDG_CONFIG_HOME", config)
+        .env("HOME", config)
+        .env_remove("CAPEXEC_TOKEN")
+        .env_remove("CAPEXEC_CONNECT");
+    command
+}
+
+fn write_config(config: &Path, text: &str) -> std::path::PathBuf {
+    let dir = config.join("capexec");
+    std::fs::create_dir_all(&dir).expect("config dir");
+    let file = dir.join("config.toml");
+    std::fs::write(&file, text).expect("config");
+    file
+}
+
+#[test]
+fn named_servers_reach_their_address_token_and_environment() {
+    let served = Served::start();
+    let config = TempDir::new("cli-config");
+    write_config(
+        config.path(),
+        &format!(
+            "# servers\n[servers.box]\naddress = \"{}\"\n\n[servers.net]\naddress = \"{}\"\n\
+             token-file = \"{}\"\nenvironment = \"local\"\n",
+            served.unix,
+            served.tcp,
+            served.token_arg()
+        ),
+    );
+    for name in ["box", "net"] {
+        let ran = finish(
+            configured(
+                config.path(),
+                "run",
+                &["--connect", name, "--", "echo", name],
+            ),
+            None,
+        );
+        assert_eq!(
+            (ran.code, text(&ran.stdout), text(&ran.stderr)),
+            (0, format!("{name}\n"), String::new())
+        );
+    }
+    // CAPEXEC_CONNECT is the default server, as DOCKER_HOST is.
+    let mut command = configured(config.path(), "run", &["--", "echo", "default"]);
+    command.env("CAPEXEC_CONNECT", "net");
+    let ran = finish(command, None);
+    assert_eq!((ran.code, text(&ran.stdout)), (0, "default\n".to_string()));
+    let info = finish(
+        configured(config.path(), "info", &["--connect", "net"]),
+        None,
+    );
+    assert_eq!(info.code, 0);
+    assert!(
+        text(&info.stdout).starts_with("environment: local\n"),
+        "{}",
+        text(&info.stdout)
+    );
+
+    let listed = finish(configured(config.path(), "servers", &[]), None);
+    assert_eq!(listed.code, 0);
+    let lines: Vec<String> = text(&listed.stdout).lines().map(str::to_string).collect();
+    assert!(lines[0].starts_with("NAME"), "{lines:?}");
+    assert!(
+        lines[1].starts_with("box ") && lines[1].contains(&served.unix),
+        "{lines:?}"
+    );
+    assert!(
+        lines[2].starts_with("net ")
+            && lines[2].contains(&served.tcp)
+            && lines[2].ends_with("local"),
+        "{lines:?}"
+    );
+
+    let unknown = finish(
+        configured(config.path(), "run", &["--connect", "nope", "--", "true"]),
+        None,
+    );
+    let file = config.path().join("capexec/config.toml");
+    assert_eq!(
+        (unknown.code, text(&unknown.stderr)),
+        (
+            125,
+            format!(
+                "capexec: --connect \"nope\": no server of that name in {} (it names box, net); \
+                 an address is unix:PATH or tcp:HOST:PORT\n",
+                file.display()
+            )
+        )
+    );
+}
+
+#[test]
+fn a_wrong_configuration_entry_is_one_line_with_the_file_and_line() {
+    let config = TempDir::new("cli-config-bad");
+    let file = write_config(
+        config.path(),
+        "[servers.a]\naddress = \"unix:/nonexistent\"\n\n[servers.b]\naddress = \"b:7000\"\n",
+    );
+    for subcommand in [&["servers"][..], &["run", "--connect", "a", "--", "true"]] {
+        let failed = finish(
+            configured(config.path(), subcommand[0], &subcommand[1..]),
+            None,
+        );
+        assert_eq!(
+            (failed.code, text(&failed.stderr)),
+            (
+                125,
+                format!(
+                    "capexec: {}:5: [servers.b]: address \"b:7000\": an address is unix:PATH or \
+                     tcp:HOST:PORT\n",
+                    file.display()
+                )
+            ),
+            "{subcommand:?}"
+        );
+    }
+    write_config(config.path(), "[servers.a]\nadress = \"unix:/x\"\n");
+    let failed = finish(configured(config.path(), "servers", &[]), None);
+    let stderr = text(&failed.stderr);
+    assert_eq!(failed.code, 125);
+    assert!(
+        stderr.starts_with(&format!(
+            "capexec: {}:2: unknown field `adress`",
+            file.display()
+        )),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
+
+#[test]
+fn addresses_typed_as_people_type_them_work() {
+    let served = Served::start();
+    let path = served.socket.display().to_string();
+    let port = served.tcp.rsplit(':').next().expect("port").to_string();
+    for (connect, token) in [
+        (path.as_str(), None),
+        (&*format!("127.0.0.1:{port}"), Some(served.token_arg())),
+    ] {
+        let mut args = vec!["--connect", connect];
+        let token_arg;
+        if let Some(token) = token {
+            token_arg = token;
+            args.extend(["--token-file", &token_arg]);
+        }
+        args.extend(["--", "echo", "typed"]);
+        let ran = finish(served.run(&args), None);
+        assert_eq!(
+            (ran.code, text(&ran.stdout)),
+            (0, "typed\n".to_string()),
+            "{connect}"
+        );
+    }
+    let bad = finish(served.run(&["--connect", "host:http", "--", "true"]), None);
+    assert_eq!(
+        (bad.code, text(&bad.stderr)),
+        (
+            125,
+            "capexec: --connect \"host:http\": \"http\" is not a port number; write \
+             tcp:HOST:PORT, unix:PATH or the name of a server in the configuration file\n"
+                .to_string()
+        )
+    );
+}
+
+#[test]
+fn serve_without_listen_uses_the_default_socket_that_local_reaches() {
+    let runtime = TempDir::new("cli-runtime");
+    let mut serve = Command::new(BIN);
+    serve
+        .arg("serve")
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .env("HOME", runtime.path())
+        .env_remove("XDG_CONFIG_HOME");
+    let (mut server, line) = spawn_until_first_line(serve);
+    let socket = runtime.path().join("capexec/capexec.sock");
+    assert_eq!(line, format!("unix:{}\n", socket.display()));
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(runtime.path().join("capexec"))
+        .expect("socket dir")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700);
+    let mut run = Command::new(BIN);
+    run.args(["run", "--connect", "local", "--", "echo", "local"])
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .env("HOME", runtime.path())
+        .env_remove("XDG_CONFIG_HOME")
+        .env_remove("CAPEXEC_CONNECT");
+    let ran = finish(run, None);
+    assert_eq!((ran.code, text(&ran.stdout)), (0, "local\n".to_string()));
+    let _ = server.kill();
+    let _ = server.wait();
+}
+
+#[test]
+fn trust_on_first_use_remembers_and_refuses_a_changed_certificate() {
+    let served = Served::start_with(&["--tls-self-signed"]);
+    let cert = served.home.path().join(".config/capexec/server-cert.pem");
+    let key = served.home.path().join(".config/capexec/server-key.pem");
+    use std::os::unix::fs::PermissionsExt;
+    let key_mode = std::fs::metadata(&key).expect("key").permissions().mode();
+    assert_eq!(key_mode & 0o777, 0o600);
+    let fingerprint = capexec::net::TlsServer::certificate_fingerprint(&cert).expect("cert");
+    let token = served.token_arg();
+    let known = served.home.path().join(".config/capexec/known-servers");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "--connect",
+            served.tcp.as_str(),
+            "--token-file",
+            token.as_str(),
+        ];
+        args.extend_from_slice(extra);
+        args.extend(["--", "echo", "tls"]);
+        finish(served.run(&args), None)
+    };
+
+    // Not on a terminal: refused, with the fingerprint and what to do.
+    let refused = run(&["--tls"]);
+    assert_eq!(refused.code, 125);
+    assert_eq!(
+        text(&refused.stderr),
+        format!(
+            "capexec: the server at {} offers a TLS certificate that is not known here (SHA-256 \
+             {fingerprint}); nothing was sent to it. Compare it with the fingerprint `capexec \
+             serve` printed, then connect again with --tls-accept-new to remember it in {} (or \
+             give --tls-pin {fingerprint})\n",
+            served.tcp,
+            known.display()
+        )
+    );
+    assert!(refused.stdout.is_empty());
+    assert!(!known.exists());
+
+    let accepted = run(&["--tls-accept-new"]);
+    assert_eq!(
+        (accepted.code, text(&accepted.stdout)),
+        (0, "tls\n".to_string()),
+        "{}",
+        text(&accepted.stderr)
+    );
+    assert_eq!(
+        text(&accepted.stderr),
+        format!(
+            "capexec: trusting the TLS certificate of {} (SHA-256 {fingerprint}), remembered in \
+             {}\n",
+            served.tcp,
+            known.display()
+        )
+    );
+    let remembered = std::fs::read_to_string(&known).expect("known-servers");
+    assert!(
+        remembered.ends_with(&format!("\n{} {fingerprint}\n", served.tcp)),
+        "{remembered}"
+    );
+
+    // Remembered: no flag needed, nothing asked.
+    let again = run(&[]);
+    assert_eq!(
+        (again.code, text(&again.stdout), text(&again.stderr)),
+        (0, "tls\n".to_string(), String::new())
+    );
+
+    // A changed certificate is refused loudly, even with --tls-accept-new.
+    let other = "ab".repeat(32);
+    std::fs::write(&known, format!("# mine\n{} {other}\n", served.tcp)).expect("rewrite");
+    for extra in [&[][..], &["--tls-accept-new"]] {
+        let changed = run(extra);
+        assert_eq!(changed.code, 125);
+        assert_eq!(
+            text(&changed.stderr),
+            format!(
+                "capexec: the TLS certificate of {} has CHANGED: it was {other}, it is now \
+                 {fingerprint}; nothing was sent to it. Someone may be intercepting the \
+                 connection, or the server has a new certificate: if you know it has, delete \
+                 line 2 of {} and connect again\n",
+                served.tcp,
+                known.display()
+            )
+        );
+        assert!(changed.stdout.is_empty());
+    }
+
+    // The certificate is kept: another server of the same user serves it.
+    let mut again = Command::new(BIN);
+    again
+        .args([
+            "serve",
+            "--listen",
+            "tcp:127.0.0.1:0",
+            "--tls-self-signed",
+            "--token-file",
+            &token,
+        ])
+        .env("HOME", served.home.path())
+        .env_remove("XDG_CONFIG_HOME");
+    let (mut second, line) = spawn_until_first_line(again);
+    assert!(line.starts_with("tcp:127.0.0.1:"), "{line}");
+    let _ = second.kill();
+    let _ = second.wait();
+    assert_eq!(
+        capexec::net::TlsServer::certificate_fingerprint(&cert).expect("cert"),
+        fingerprint
+    );
+}
+
+#[test]
+fn tls_ca_accepts_the_certificate_of_the_openssl_one_liner() {
+    let dir = TempDir::new("cli-openssl");
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    let made = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-days",
+            "2",
+            "-keyout",
+        ])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("openssl is installed");
+    assert!(made.success());
+    let (cert, key) = (cert.display().to_string(), key.display().to_string());
+    let served = Served::start_with(&["--tls-cert", &cert, "--tls-key", &key]);
+    let token = served.token_arg();
+    let ran = finish(
+        served.run(&[
+            "--connect",
+            &served.tcp,
+            "--token-file",
+            &token,
+            "--tls-ca",
+            &cert,
+            "--",
+            "echo",
+            "ok",
+        ]),
+        None,
+    );
+    assert_eq!(
+        (ran.code, text(&ran.stdout), text(&ran.stderr)),
+        (0, "ok\n".to_string(), String::new())
+    );
+    // The name is still checked: the certificate is for 127.0.0.1 only.
+    let port = served.tcp.rsplit(':').next().expect("port");
+    let wrong_name = finish(
+        served.run(&[
+            "--connect",
+            &format!("tcp:localhost:{port}"),
+            "--token-file",
+            &token,
+            "--tls-ca",
+            &cert,
+            "--",
+            "true",
+        ]),
+        None,
+    );
+    let stderr = text(&wrong_name.stderr);
+    assert_eq!(wrong_name.code, 125);
+    assert!(stderr.contains("not valid for"), "{stderr}");
+    assert!(
+        !stderr.contains("Other(") && !stderr.contains("Context"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn client_config_prints_what_a_new_client_pastes() {
+    let served = Served::start_with(&["--tls-self-signed"]);
+    let cert = served.home.path().join(".config/capexec/server-cert.pem");
+    let fingerprint = capexec::net::TlsServer::certificate_fingerprint(&cert).expect("cert");
+    let printed = finish(
+        served.command(
+            "client-config",
+            &[
+                "build",
+                "--address",
+                &served.tcp,
+                "--token-file",
+                &served.token_arg(),
+                "--tls-self-signed",
+            ],
+        ),
+        None,
+    );
+    assert_eq!(printed.code, 0, "{}", text(&printed.stderr));
+    let token = served.token();
+    let stdout = text(&printed.stdout);
+    assert!(
+        stdout.contains(&format!(
+            "echo '{}' > ~/.config/capexec/build.token",
+            token.as_str()
+        )),
+        "{stdout}"
+    );
+    let lines: String = stdout
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(
+        lines,
+        format!(
+            "[servers.build]\naddress = \"{}\"\ntoken-file = \"~/.config/capexec/build.token\"\n\
+             tls-pin = \"{fingerprint}\"\n",
+            served.tcp
+        )
+    );
+    // Pasted on a client, it connects.
+    let client = TempDir::new("cli-new-client");
+    std::fs::create_dir_all(client.path().join(".config/capexec")).expect("dir");
+    let token_file = client.path().join(".config/capexec/build.token");
+    std::fs::write(&token_file, token.as_str()).expect("token");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    std::fs::write(client.path().join(".config/capexec/config.toml"), &lines).expect("config");
+    let mut run = Command::new(BIN);
+    run.args(["run", "--connect", "build", "--", "echo", "pasted"])
+        .env("HOME", client.path())
+        .env_remove("XDG_CONFIG_HOME")
+        .env_remove("CAPEXEC_TOKEN")
+        .env_remove("CAPEXEC_CONNECT");
+    let ran = finish(run, None);
+    assert_eq!(
+        (ran.code, text(&ran.stdout), text(&ran.stderr)),
+        (0, "pasted\n".to_string(), String::new())
+    );
+}
+
+#[test]
+fn completions_man_pages_and_version_are_generated() {
+    for shell in ["bash", "zsh", "fish"] {
+        let script = finish(common::cli::capexec(&["completions", shell]), None);
+        assert_eq!(script.code, 0, "{shell}");
+        let script = text(&script.stdout);
+        for word in ["serve", "servers", "connect", "tls-accept-new"] {
+            assert!(script.contains(word), "{shell} lacks {word}");
+        }
+    }
+    let dir = TempDir::new("cli-man");
+    let man = finish(
+        common::cli::capexec(&["man", "--dir", &dir.path().display().to_string()]),
+        None,
+    );
+    assert_eq!(man.code, 0, "{}", text(&man.stderr));
+    for page in [
+        "capexec.1",
+        "capexec-run.1",
+        "capexec-serve.1",
+        "capexec-servers.1",
+    ] {
+        let text = std::fs::read_to_string(dir.path().join(page)).expect(page);
+        assert!(text.starts_with(".ie") && text.contains(".TH"), "{page}");
+    }
+    let version = finish(common::cli::capexec(&["--version"]), None);
+    let stdout = text(&version.stdout);
+    assert_eq!(version.code, 0);
+    assert!(
+        stdout.starts_with(&format!(
+            "capexec {}\nfeatures: start ",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{stdout}"
+    );
+    assert!(stdout.contains(" detach "), "{stdout}");
+    for subcommand in [
+        "run",
+        "shell",
+        "serve",
+        "environments",
+        "info",
+        "servers",
+        "client-config",
+        "completions",
+        "man",
+    ] {
+        let help = finish(common::cli::capexec(&[subcommand, "--help"]), None);
+        assert_eq!(help.code, 0);
+        assert!(
+            text(&help.stdout).contains("Example: capexec "),
+            "{subcommand}"
+        );
+    }
+}
