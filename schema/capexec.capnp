@@ -785,3 +785,64 @@ struct ProcessInfo {
   # The process's `timeoutMs` expired before it exited, and it was
   # terminated for it (the same as `exit.exited.timedOut` once it exited).
 }
+
+# ---------------------------------------------------------------------------
+# Administration (`capexec serve --admin unix:PATH`)
+# ---------------------------------------------------------------------------
+#
+# The operator's view of every process a server holds, whoever started it.
+# `Admin` is the bootstrap of the admin socket alone (a Unix socket created
+# mode 0600, given by `--admin`); no method of any other interface returns
+# one, so a client of the ordinary listeners can never reach it. A process
+# is named by its pid, which is unique among the processes a server holds
+# at once. Nothing here carries tokens, environment values, working
+# directories or output: a record says what `ps` would.
+
+interface Admin {
+  list @0 () -> (processes :List(ProcessRecord));
+  # Every process the server holds (running, or finished and not yet
+  # released by its owner, or parked after a detach), in pid order.
+
+  observe @1 (pid :UInt32) -> (view :Process);
+  # An observer facet of the process (see `Process.observer`): `read`,
+  # `subscribe`, `info` and `observer` only; it does not keep the process
+  # alive. Errors: `[capexec:invalid-argument]` for a pid the server does not
+  # hold.
+
+  terminate @2 (pid :UInt32) -> (wasRunning :Bool);
+  # Terminates the process's group (SIGTERM, then SIGKILL after the usual
+  # grace), as `Process.terminate` does; its owner sees it exit. Errors:
+  # `[capexec:invalid-argument]` for a pid the server does not hold.
+}
+
+struct ProcessRecord {
+  pid @0 :UInt32;
+  argv @1 :List(Data);
+  # As started (`StartParams.argv`), cut to the first 4 KiB in all: the
+  # last kept argument then ends with "...".
+
+  environment @2 :Text;
+  # The environment of the server it runs in ("local": this server's own).
+
+  startedMs @3 :UInt64;
+  # When it was started, in milliseconds since the Unix epoch.
+
+  state :union {
+    running @4 :Void;
+    exited @5 :ExitStatus;
+  }
+
+  owner :union {
+    connection @6 :Text;
+    # The connection holding its capability: the server's connection number
+    # (as its log names it) and the peer ("unix" or the TCP address).
+    detached @7 :Void;
+    # Parked after `Process.detach` until someone restores it.
+  }
+
+  cpuMs @8 :UInt64;
+  # User plus system CPU time of the child so far (0 once it has exited).
+
+  memoryBytes @9 :UInt64;
+  # Resident memory of the child now (0 once it has exited).
+}

@@ -1,5 +1,6 @@
 //! The `capexec` command line.
 
+mod admin;
 mod argument_error;
 mod capacity;
 mod config;
@@ -100,6 +101,15 @@ enum Command {
         after_help = "Example: capexec client-config build --address tcp:build-box:7000 --tls-self-signed"
     )]
     ClientConfig(servers::ClientConfigArgs),
+    /// List every process the server holds, whoever started it, as `ps`
+    /// does: pid, owning connection (or "detached"), state, age, CPU,
+    /// memory and command; over its admin socket (serve --admin).
+    #[command(after_help = "Example: capexec ps --connect unix:/run/capexec/admin.sock")]
+    Ps(admin::PsArgs),
+    /// Terminate processes of the server by pid (SIGTERM to the group,
+    /// then SIGKILL), whoever started them; over its admin socket.
+    #[command(after_help = "Example: capexec kill --connect unix:/run/capexec/admin.sock 4242")]
+    Kill(admin::KillArgs),
     /// Print a shell completion script (bash, zsh or fish) on stdout.
     #[command(after_help = "Example: capexec completions bash > /etc/bash_completion.d/capexec")]
     Completions(generate::CompletionArgs),
@@ -202,6 +212,11 @@ pub struct ServeArgs {
     /// that has expired, or will within 14 days, is warned about at start.
     #[arg(long, value_name = "FILE", requires = "tls_key")]
     tls_cert: Option<std::path::PathBuf>,
+    /// Serve the admin capability (every process: list, observe,
+    /// terminate; see `capexec ps`) on this Unix socket, mode 0600, and
+    /// nowhere else.
+    #[arg(long, value_name = "unix:PATH")]
+    admin: Option<String>,
     /// The PEM private key of --tls-cert.
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     tls_key: Option<std::path::PathBuf>,
@@ -374,6 +389,14 @@ pub fn main() -> i32 {
             inspect::info_main(args.connect, args.environment)
         }
         Command::Servers => servers::list_main(),
+        Command::Ps(args) => {
+            logging::init(tracing::Level::WARN, logging::Style::Client);
+            admin::ps_main(args)
+        }
+        Command::Kill(args) => {
+            logging::init(tracing::Level::WARN, logging::Style::Client);
+            admin::kill_main(args)
+        }
         Command::ClientConfig(args) => servers::client_config_main(args),
         Command::Completions(args) => generate::completions_main(args),
         Command::Man(args) => generate::man_main(args),

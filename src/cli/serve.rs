@@ -63,6 +63,13 @@ pub fn main(args: ServeArgs) -> i32 {
             }
         }
     }
+    let admin = match args.admin.as_deref().map(admin_socket).transpose() {
+        Ok(admin) => admin,
+        Err(error) => {
+            eprintln!("capexec: {error}");
+            return EXIT_CAPEXEC_FAILURE;
+        }
+    };
     let upstreams = match upstreams(&args) {
         Ok(upstreams) => upstreams,
         Err(error) => {
@@ -154,6 +161,7 @@ pub fn main(args: ServeArgs) -> i32 {
         max_processes_per_connection: Some(capacity.per_connection),
         login_deadline: None,
         policy,
+        admin,
     };
     let limits = ProcessLimits {
         max_processes: Some(capacity.max_processes),
@@ -167,6 +175,23 @@ pub fn main(args: ServeArgs) -> i32 {
     };
 
     crate::cli::run_local(serve(config, Engine::new(limits), capacity))
+}
+
+/// `--admin unix:PATH` (or a plain path), made absolute.
+fn admin_socket(text: &str) -> Result<PathBuf, String> {
+    let path = match text.strip_prefix("unix:") {
+        Some(path) if !path.is_empty() => PathBuf::from(path),
+        Some(_) => return Err("--admin unix: needs a socket path".to_string()),
+        None if text.starts_with("tcp:") => {
+            return Err(format!(
+                "--admin {text}: the admin capability is served on a Unix socket only \
+                 (its file permissions protect it): give unix:PATH"
+            ));
+        }
+        None => PathBuf::from(text),
+    };
+    std::path::absolute(&path)
+        .map_err(|error| format!("--admin {text}: {}", capexec::model::io_message(&error)))
 }
 
 /// The default socket (see `net::default_socket_path`), its directory
@@ -414,6 +439,9 @@ async fn serve(config: ServerConfig, engine: Engine, capacity: Capacity) -> i32 
         }
     };
     log_capacity(&capacity);
+    if let Some(address) = server.admin_address() {
+        tracing::info!(%address, "the admin capability is served here only");
+    }
     if let Some(path) = server.token_path() {
         tracing::info!(path = %path.display(), "tcp logins use the token in this file");
     }

@@ -73,6 +73,7 @@
 //! # }
 //! ```
 
+pub mod admin;
 mod command;
 mod error;
 mod events;

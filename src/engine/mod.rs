@@ -13,6 +13,7 @@ mod os;
 mod output;
 mod pipe_capacity;
 mod policy;
+pub mod proc_stat;
 mod reaper;
 mod shared;
 mod spawn;

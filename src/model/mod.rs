@@ -2,6 +2,7 @@
 //! converts them to and from Cap'n Proto, the server objects and the client
 //! hand them on. Nothing here depends on another part of the crate.
 
+mod admin;
 mod error;
 mod executor;
 mod exit;
@@ -13,6 +14,7 @@ mod text;
 
 // Every value is reachable from here, whichever file holds it, so a new
 // one is added to its file alone.
+pub use self::admin::*;
 pub use self::error::*;
 pub use self::executor::*;
 pub use self::exit::*;

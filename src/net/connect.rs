@@ -63,7 +63,7 @@ impl Default for ConnectOptions {
 
 /// The client's end of a connection: its peer is the server the user
 /// chose, so only the message limit applies, from the start.
-fn client_network<R, W>(reader: R, writer: W) -> transport::Network
+pub(crate) fn client_network<R, W>(reader: R, writer: W) -> transport::Network
 where
     R: tokio::io::AsyncRead + Unpin + 'static,
     W: tokio::io::AsyncWrite + Unpin + 'static,
@@ -446,7 +446,7 @@ async fn connect_tcp(resolved: &[SocketAddr]) -> std::io::Result<TcpStream> {
 /// Why a Unix socket could not be reached, naming what is at the path when
 /// that is the problem (connecting to a directory says "Connection
 /// refused", which misleads).
-fn unix_error(address: &Address, path: &Path, error: std::io::Error) -> ConnectError {
+pub(crate) fn unix_error(address: &Address, path: &Path, error: std::io::Error) -> ConnectError {
     if error.kind() != std::io::ErrorKind::ConnectionRefused {
         return ConnectError::Io(address.clone(), error);
     }

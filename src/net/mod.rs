@@ -6,6 +6,7 @@
 //! unauthenticated peer can reach nothing else.
 
 mod address;
+mod admin;
 mod auth;
 mod body;
 mod certificate;
@@ -27,6 +28,7 @@ mod upstream;
 mod writer;
 
 pub use self::address::Address;
+pub use self::admin::{AdminConnection, connect_admin};
 pub use self::auth::UNAUTHENTICATED_TAG;
 pub use self::connect::{
     CONNECT_TIMEOUT, ConnectError, ConnectOptions, Connection, connect, connect_to, connect_with,

@@ -59,6 +59,9 @@ pub struct ServerConfig {
     /// Rules every start must satisfy, on every connection (the root
     /// executor is restricted by it); not with upstreams.
     pub policy: Option<crate::model::Policy>,
+    /// The admin socket (mode 0600): its bootstrap is `Admin`, the
+    /// operator's view of every process, reachable from nowhere else.
+    pub admin: Option<PathBuf>,
 }
 
 #[derive(Debug)]
@@ -108,6 +111,8 @@ pub struct Server {
     token_path: Option<PathBuf>,
     /// How each connection is served.
     serving: Rc<Serving>,
+    /// The admin socket, if any.
+    admin: Option<(Address, UnixListener)>,
 }
 
 /// What every connection of a server is served with.
@@ -187,8 +192,12 @@ impl Connections {
     }
 }
 
-/// Makes the root executor of a new connection.
-type NewExecutor = Rc<dyn Fn() -> executor::Client>;
+/// Makes the root executor of a new connection, named (its number and
+/// peer) for the admin's process list.
+type NewExecutor = Rc<dyn Fn(&str) -> executor::Client>;
+
+/// Makes the root executor of one connection.
+type ConnectionExecutor = Rc<dyn Fn() -> executor::Client>;
 
 /// How long a TLS client may take to finish its handshake; a peer that
 /// stalls is dropped without holding anything else up.
@@ -261,7 +270,21 @@ impl Server {
             listeners: Vec::new(),
             unix_files: Vec::new(),
             token_path,
+            admin: None,
         };
+        if let Some(path) = &config.admin {
+            let address = Address::Unix(path.clone());
+            match socket::bind_unix(path) {
+                Ok((listener, file)) => {
+                    server.unix_files.push(file);
+                    server.admin = Some((address, listener));
+                }
+                Err(error) => {
+                    server.remove_socket_files();
+                    return Err(ServeError::Bind(address, error));
+                }
+            }
+        }
         for address in &config.listen {
             let bound = server.bind_one(address).await;
             if let Err(error) = bound {
@@ -303,6 +326,11 @@ impl Server {
         self.listeners.iter().map(|(a, _)| a.clone()).collect()
     }
 
+    /// The admin socket's address, if there is one.
+    pub fn admin_address(&self) -> Option<&Address> {
+        self.admin.as_ref().map(|(address, _)| address)
+    }
+
     /// Where the TCP token is, if any listener needs one.
     pub fn token_path(&self) -> Option<&PathBuf> {
         self.token_path.as_ref()
@@ -312,12 +340,20 @@ impl Server {
     /// every child process and removes the socket files. Must run inside a
     /// `LocalSet`.
     pub async fn serve_until(mut self, shutdown: impl Future<Output = ()>) {
-        let accepting: Vec<JoinHandle<()>> = std::mem::take(&mut self.listeners)
+        let mut accepting: Vec<JoinHandle<()>> = std::mem::take(&mut self.listeners)
             .into_iter()
             .map(|(address, listener)| {
                 tokio::task::spawn_local(accept_loop(address, listener, Rc::clone(&self.serving)))
             })
             .collect();
+        if let Some((address, listener)) = self.admin.take() {
+            accepting.push(tokio::task::spawn_local(crate::net::admin::accept_loop(
+                address,
+                listener,
+                Rc::clone(&self.context),
+                self.serving.limits,
+            )));
+        }
         shutdown.await;
         tracing::info!("shutting down: no new connections; terminating every process");
         for task in accepting {
@@ -346,8 +382,10 @@ fn new_executor(
     rules: Option<Rc<crate::engine::Rules>>,
 ) -> NewExecutor {
     let context = Rc::clone(context);
-    Rc::new(move || {
-        let quota = per_connection.map_or_else(rpc::Quota::unlimited, rpc::Quota::at_most);
+    Rc::new(move |connection: &str| {
+        let quota = per_connection
+            .map_or_else(rpc::Quota::unlimited, rpc::Quota::at_most)
+            .owned_by(connection);
         match &rules {
             Some(rules) => {
                 rpc::restricted_root_executor(Rc::clone(&context), quota, Rc::clone(rules))
@@ -358,7 +396,12 @@ fn new_executor(
 }
 
 /// The server's end of a connection, guarded by `limits` and `session`.
-fn server_network<R, W>(reader: R, writer: W, limits: CallLimits, session: &Rc<Session>) -> Network
+pub(crate) fn server_network<R, W>(
+    reader: R,
+    writer: W,
+    limits: CallLimits,
+    session: &Rc<Session>,
+) -> Network
 where
     R: tokio::io::AsyncRead + Unpin + 'static,
     W: tokio::io::AsyncWrite + Unpin + 'static,
@@ -402,16 +445,13 @@ async fn accept_loop(address: Address, listener: Listener, serving: Rc<Serving>)
         let id = serving.connections.opened.fetch_add(1, Ordering::Relaxed) + 1;
         let span = tracing::info_span!("connection", id, peer = %accepted.peer);
         let serving = Rc::clone(&serving);
+        let connection = format!("{id} {}", accepted.peer);
+        let make = Rc::clone(&serving.executor);
+        let executor: ConnectionExecutor = Rc::new(move || make(&connection));
         tokio::task::spawn_local(
             async move {
                 if let Some(network) = accepted.network.await {
-                    serve_connection(
-                        network,
-                        Rc::clone(&serving.executor),
-                        accepted.session,
-                        accepted.login,
-                    )
-                    .await;
+                    serve_connection(network, executor, accepted.session, accepted.login).await;
                 }
                 Connections::return_free_memory_soon(&serving);
             }
@@ -543,7 +583,7 @@ pub async fn serve_stream<R, W>(
 /// which kills its processes.
 async fn serve_connection(
     network: Network,
-    executor: NewExecutor,
+    executor: ConnectionExecutor,
     session: Rc<Session>,
     login: Option<Arc<Login>>,
 ) {

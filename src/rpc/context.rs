@@ -57,6 +57,8 @@ pub struct ServerContext {
     /// Index into `upstreams` of the default environment; `None`: local.
     default: Option<usize>,
     detachments: Rc<Detachments>,
+    /// Every process the connections hold, for the admin capability.
+    processes: crate::rpc::ProcessTable,
 }
 
 impl ServerContext {
@@ -67,6 +69,7 @@ impl ServerContext {
             upstreams: Vec::new(),
             default: None,
             detachments: Detachments::new(DEFAULT_RETENTION),
+            processes: crate::rpc::ProcessTable::default(),
         }
     }
 
@@ -86,6 +89,7 @@ impl ServerContext {
             upstreams,
             default,
             detachments: Detachments::new(retention),
+            processes: crate::rpc::ProcessTable::default(),
         })
     }
 
@@ -94,6 +98,10 @@ impl ServerContext {
     }
 
     /// The processes of this server that may outlive their references.
+    pub fn processes(&self) -> &crate::rpc::ProcessTable {
+        &self.processes
+    }
+
     pub fn detachments(&self) -> &Rc<Detachments> {
         &self.detachments
     }

@@ -92,6 +92,15 @@ impl Held {
         &self.owner
     }
 
+    /// The connection holding the process, or `None` while it is parked
+    /// after a detach (no capability left, kept for a restore).
+    pub(crate) fn connection(&self) -> Option<std::rc::Rc<str>> {
+        if self.capabilities.get() == 0 && self.detach.borrow().is_some() {
+            return None;
+        }
+        Some(self.ticket.borrow().connection())
+    }
+
     /// Makes the process detachable (or changes its grace) and returns its
     /// restore token.
     pub(crate) fn make_detachable(self: &Rc<Self>, grace: Duration) -> Result<String, Refusal> {

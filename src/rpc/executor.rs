@@ -108,13 +108,11 @@ impl executor::Server for ExecutorImpl {
         if let Some(admission) = admission {
             owner.handle().hold_while_running(admission);
         }
+        let held = Held::new(owner, self.context.detachments(), ticket);
+        self.context.processes().add(&held, &spec);
         results
             .get()
-            .set_process(capnp_rpc::new_client(ProcessImpl::new(Held::new(
-                owner,
-                self.context.detachments(),
-                ticket,
-            ))));
+            .set_process(capnp_rpc::new_client(ProcessImpl::new(held)));
         Ok(())
     }
 

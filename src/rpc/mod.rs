@@ -3,6 +3,7 @@
 //! capnp-rpc is `!Send`, so everything here runs on one thread inside a
 //! tokio `LocalSet`; the engine's own tasks may run on any runtime thread.
 
+mod admin;
 mod context;
 mod detach;
 mod executor;
@@ -12,6 +13,7 @@ mod process;
 mod quota;
 mod subscription;
 
+pub use self::admin::{AdminImpl, ProcessTable};
 pub use self::context::{Link, ServerContext, Upstream, check_names as check_environment_names};
 pub use self::detach::{DEFAULT_RETENTION, Detachments, MAX_GRACE};
 pub use self::executor::{ExecutorImpl, local_executor, restricted_root_executor, root_executor};

@@ -103,6 +103,17 @@ impl ProcessImpl {
         }
     }
 
+    /// An observer facet of `held`'s process, as `observer` makes one (for
+    /// the admin capability).
+    pub(crate) fn observer_of(held: &Held) -> ProcessImpl {
+        ProcessImpl {
+            access: Access::Observer(Facet {
+                process: held.owner().handle(),
+                quota: held.quota_share(),
+            }),
+        }
+    }
+
     /// The engine's handle, whatever the facet (does not keep the process
     /// alive).
     fn process(&self) -> &Process {

@@ -13,6 +13,8 @@ pub struct Quota(Rc<State>);
 struct State {
     held: Cell<usize>,
     max: Option<usize>,
+    /// Who the connection is, as the admin's process list names it.
+    connection: std::cell::RefCell<Rc<str>>,
 }
 
 impl Quota {
@@ -21,6 +23,7 @@ impl Quota {
         Quota(Rc::new(State {
             held: Cell::new(0),
             max: None,
+            connection: std::cell::RefCell::new(Rc::from("embedded")),
         }))
     }
 
@@ -28,7 +31,15 @@ impl Quota {
         Quota(Rc::new(State {
             held: Cell::new(0),
             max: Some(max),
+            connection: std::cell::RefCell::new(Rc::from("embedded")),
         }))
+    }
+
+    /// Names the connection whose allowance this is (its number and peer),
+    /// for the admin's process list.
+    pub fn owned_by(self, connection: &str) -> Quota {
+        *self.0.connection.borrow_mut() = Rc::from(connection);
+        self
     }
 
     /// One more process, or the limit's error; the ticket gives it back when
@@ -50,6 +61,13 @@ impl Quota {
 
 /// One process counted against a [`Quota`].
 pub(crate) struct Ticket(Rc<State>);
+
+impl Ticket {
+    /// The connection whose quota this counts against.
+    pub(crate) fn connection(&self) -> Rc<str> {
+        Rc::clone(&self.0.connection.borrow())
+    }
+}
 
 impl Drop for Ticket {
     fn drop(&mut self) {

@@ -3,6 +3,7 @@
 //! objects (`rpc`) and the client both use them; nothing else touches the
 //! generated builders and readers of these structs.
 
+mod admin;
 mod error;
 mod event;
 mod executor;
@@ -15,6 +16,7 @@ mod start;
 // Every conversion is reachable from here, whichever file holds it, so a
 // new one is added to its file alone. (`lists` holds field helpers the
 // files share.)
+pub use self::admin::*;
 pub use self::error::*;
 pub use self::event::*;
 pub use self::executor::*;

@@ -8,6 +8,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod admin;
 mod chain;
 mod deadlines;
 mod errors;

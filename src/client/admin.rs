@@ -1,0 +1,33 @@
+//! The admin capability (`capexec serve --admin`), typed: every process
+//! the server holds, a view of any of them, and terminating any of them.
+
+use crate::capexec_capnp::admin;
+use crate::client::{Error, RemoteProcess};
+use crate::model::ProcessRecord;
+use crate::wire;
+
+/// Every process the server holds, in pid order.
+pub async fn processes(admin: &admin::Client) -> Result<Vec<ProcessRecord>, Error> {
+    let response = admin.list_request().send().promise.await?;
+    let list = response.get()?.get_processes()?;
+    let mut records = Vec::with_capacity(list.len() as usize);
+    for record in list.iter() {
+        records.push(wire::process_record_from_wire(record)?);
+    }
+    Ok(records)
+}
+
+/// An observer facet of the process `pid` (read, subscribe, info only).
+pub fn observe(admin: &admin::Client, pid: u32) -> RemoteProcess {
+    let mut request = admin.observe_request();
+    request.get().set_pid(pid);
+    RemoteProcess::from_capability(request.send().pipeline.get_view())
+}
+
+/// Terminates the process `pid`; whether it was still running.
+pub async fn terminate(admin: &admin::Client, pid: u32) -> Result<bool, Error> {
+    let mut request = admin.terminate_request();
+    request.get().set_pid(pid);
+    let response = request.send().promise.await?;
+    Ok(response.get()?.get_was_running())
+}

@@ -1,0 +1,87 @@
+//! The admin socket: its accept loop (every connection's bootstrap is
+//! `Admin`), and a client's connection to it. Only `capexec serve --admin`
+//! binds one; no other listener ever hands out the capability.
+
+use std::rc::Rc;
+
+use capnp_rpc::RpcSystem;
+use capnp_rpc::rpc_twoparty_capnp::Side;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::task::JoinHandle;
+
+use crate::capexec_capnp::admin;
+use crate::net::address::Address;
+use crate::net::connect::{ConnectError, client_network, unix_error};
+use crate::net::guard::CallLimits;
+use crate::net::server::server_network;
+use crate::net::session::Session;
+use crate::rpc::{AdminImpl, ServerContext};
+
+pub(crate) async fn accept_loop(
+    address: Address,
+    listener: UnixListener,
+    context: Rc<ServerContext>,
+    limits: CallLimits,
+) {
+    tracing::info!(%address, "admin socket listening");
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                tracing::warn!(%error, %address, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let (reader, writer) = stream.into_split();
+        let network = server_network(reader, writer, limits, &Session::logged_in());
+        let admin: admin::Client = capnp_rpc::new_client(AdminImpl::new(Rc::clone(&context)));
+        let system = RpcSystem::new(network, Some(admin.client));
+        tokio::task::spawn_local(async move {
+            tracing::info!("admin connected");
+            if let Err(error) = system.await {
+                tracing::info!(%error, "admin connection failed");
+            }
+        });
+    }
+}
+
+/// A connection to an admin socket; dropping it closes the connection.
+pub struct AdminConnection {
+    admin: admin::Client,
+    rpc: JoinHandle<()>,
+}
+
+impl AdminConnection {
+    pub fn admin(&self) -> admin::Client {
+        self.admin.clone()
+    }
+}
+
+impl Drop for AdminConnection {
+    fn drop(&mut self) {
+        self.rpc.abort();
+    }
+}
+
+/// Connects to the admin socket at `address` (a `unix:` one). Must run
+/// inside a `LocalSet`.
+pub async fn connect_admin(address: &Address) -> Result<AdminConnection, ConnectError> {
+    let Address::Unix(path) = address else {
+        return Err(ConnectError::NotASocket(
+            address.clone(),
+            "the admin capability is served on a Unix socket only (serve --admin unix:PATH)"
+                .to_string(),
+        ));
+    };
+    let stream = UnixStream::connect(path)
+        .await
+        .map_err(|error| unix_error(address, path, error))?;
+    let (reader, writer) = stream.into_split();
+    let mut system = RpcSystem::new(client_network(reader, writer), None);
+    let admin = system.bootstrap::<admin::Client>(Side::Server);
+    let rpc = tokio::task::spawn_local(async move {
+        let _ = system.await;
+    });
+    Ok(AdminConnection { admin, rpc })
+}
