@@ -12,6 +12,7 @@ use crate::cli::capacity::{self, Asked, Capacity};
 use crate::cli::{EXIT_CAPEXEC_FAILURE, ServeArgs, target};
 use capexec::engine::descriptors::DescriptorBudget;
 use capexec::engine::{self, ChildSetup, Engine, ProcessLimits};
+use capexec::net::activation;
 use capexec::net::{
     Address, CallLimits, Server, ServerConfig, ServerTrust, TlsClient, TlsServer, Token,
     UpstreamConfig,
@@ -32,8 +33,21 @@ pub fn main(args: ServeArgs) -> i32 {
         );
         return EXIT_CAPEXEC_FAILURE;
     }
+    // SAFETY: nothing has started a thread yet (logging writes from this
+    // one), and this is the only place that takes them.
+    let inherited = unsafe {
+        activation::take_notify_socket();
+        activation::take_listen_fds()
+    };
+    let inherited = match inherited {
+        Ok(inherited) => inherited,
+        Err(error) => {
+            eprintln!("capexec: socket activation: {error}");
+            return EXIT_CAPEXEC_FAILURE;
+        }
+    };
     let mut listen = Vec::new();
-    if args.listen.is_empty() {
+    if args.listen.is_empty() && inherited.is_empty() {
         match default_listener() {
             Ok(address) => listen.push(address),
             Err(error) => {
@@ -110,7 +124,7 @@ pub fn main(args: ServeArgs) -> i32 {
         _ => None,
     };
     if let Some(tls) = &tls {
-        if !listen.iter().any(Address::is_tcp) {
+        if !listen.iter().any(Address::is_tcp) && inherited.is_empty() {
             let flag = if args.tls_self_signed {
                 "--tls-self-signed"
             } else {
@@ -162,6 +176,7 @@ pub fn main(args: ServeArgs) -> i32 {
         login_deadline: None,
         policy,
         admin,
+        inherited,
     };
     let limits = ProcessLimits {
         max_processes: Some(capacity.max_processes),
@@ -174,7 +189,7 @@ pub fn main(args: ServeArgs) -> i32 {
         ..ProcessLimits::default()
     };
 
-    crate::cli::run_local(serve(config, Engine::new(limits), capacity))
+    crate::cli::run_local(serve(config, Engine::new(limits), capacity, tls_files))
 }
 
 /// `--admin unix:PATH` (or a plain path), made absolute.
@@ -418,15 +433,21 @@ fn log_capacity(capacity: &Capacity) {
     );
 }
 
-async fn serve(config: ServerConfig, engine: Engine, capacity: Capacity) -> i32 {
+async fn serve(
+    config: ServerConfig,
+    engine: Engine,
+    capacity: Capacity,
+    tls_files: Option<(PathBuf, PathBuf)>,
+) -> i32 {
     // Registered before binding, so a signal that arrives as soon as the
     // addresses are printed is not lost.
-    let (mut terminate, mut interrupt) = match (
+    let (mut terminate, mut interrupt, mut hangup) = match (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
     ) {
-        (Ok(terminate), Ok(interrupt)) => (terminate, interrupt),
-        (Err(error), _) | (_, Err(error)) => {
+        (Ok(terminate), Ok(interrupt), Ok(hangup)) => (terminate, interrupt, hangup),
+        (Err(error), _, _) | (_, Err(error), _) | (_, _, Err(error)) => {
             eprintln!("capexec: cannot handle signals: {error}");
             return EXIT_CAPEXEC_FAILURE;
         }
@@ -451,15 +472,59 @@ async fn serve(config: ServerConfig, engine: Engine, capacity: Capacity) -> i32 
     }
     let _ = stdout.flush();
     drop(stdout);
+    let reloader = server.reloader();
     server
         .serve_until(async move {
-            tokio::select! {
-                _ = terminate.recv() => tracing::info!("SIGTERM received"),
-                _ = interrupt.recv() => tracing::info!("SIGINT received"),
+            activation::notify(&format!("READY=1\nMAINPID={}", std::process::id()));
+            loop {
+                tokio::select! {
+                    _ = terminate.recv() => {
+                        tracing::info!("SIGTERM received");
+                        break;
+                    }
+                    _ = interrupt.recv() => {
+                        tracing::info!("SIGINT received");
+                        break;
+                    }
+                    _ = hangup.recv() => {
+                        activation::notify(&activation::reloading_state());
+                        reload(&reloader, tls_files.as_ref());
+                        activation::notify("READY=1");
+                    }
+                }
             }
+            activation::notify("STOPPING=1");
         })
         .await;
     0
+}
+
+/// SIGHUP: the token file and the TLS certificate and key are read again;
+/// what cannot be read is logged and the old one kept. Connections and
+/// processes are not touched (a connection logged in with the old token
+/// stays); nothing else is reloaded (listeners, limits, upstreams,
+/// restrictions need a restart).
+fn reload(reloader: &capexec::net::Reloader, tls_files: Option<&(PathBuf, PathBuf)>) {
+    tracing::info!("SIGHUP received: reloading the token and the TLS certificate");
+    if let Err(error) = reloader.reload_token() {
+        tracing::warn!("keeping the old token: {error}");
+    }
+    if let Some((cert, key)) = tls_files {
+        match TlsServer::from_files(cert, key) {
+            Ok(tls) => {
+                tracing::info!(
+                    sha256 = tls.fingerprint(),
+                    "serving the reloaded TLS certificate"
+                );
+                if let Some(expires) = tls.expires() {
+                    warn_about_expiry(cert, expires, SystemTime::now());
+                }
+                reloader.replace_tls(tls);
+            }
+            Err(error) => tracing::warn!("keeping the old TLS certificate: {error}"),
+        }
+    }
+    tracing::info!("reloaded");
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! `Gatekeeper` whose `login(token)` returns the `Executor`, so an
 //! unauthenticated peer can reach nothing else.
 
+pub mod activation;
 mod address;
 mod admin;
 mod auth;
@@ -38,7 +39,7 @@ pub use self::local_socket::{
     default_admin_socket_path, default_socket_dir, default_socket_path, ensure_private_dir,
 };
 pub use self::pending::PendingLimits;
-pub use self::server::{ServeError, Server, ServerConfig, serve_stream};
+pub use self::server::{Reloader, ServeError, Server, ServerConfig, serve_stream};
 pub use self::tls::{ServerTrust, TlsClient, TlsError, TlsServer, parse_fingerprint};
 pub use self::token::{MIN_TOKEN_BYTES, Token, TokenError, default_token_path};
 pub use self::upstream::UpstreamConfig;

@@ -18,6 +18,7 @@ use tracing::Instrument;
 
 use crate::capexec_capnp::{executor, gatekeeper};
 use crate::engine::Engine;
+use crate::net::activation::Listening;
 use crate::net::address::Address;
 use crate::net::auth::{GatekeeperImpl, LOGIN_DEADLINE, enforce_login_deadline};
 use crate::net::guard::CallLimits;
@@ -62,6 +63,9 @@ pub struct ServerConfig {
     /// The admin socket (mode 0600): its bootstrap is `Admin`, the
     /// operator's view of every process, reachable from nowhere else.
     pub admin: Option<PathBuf>,
+    /// Listening sockets passed by the service manager (socket
+    /// activation); one named "admin" is the admin socket.
+    pub inherited: Vec<crate::net::activation::InheritedSocket>,
 }
 
 #[derive(Debug)]
@@ -119,10 +123,11 @@ pub struct Server {
 struct Serving {
     /// Makes the root executor of a new connection, with its own quota.
     executor: NewExecutor,
-    /// What a TCP connection must do before it gets the executor.
-    login: Option<Arc<Login>>,
-    /// TLS for every TCP listener.
-    tls: Option<TlsServer>,
+    /// What a TCP connection must do before it gets the executor (the
+    /// token can be reloaded: see [`Reloader`]).
+    login: std::cell::RefCell<Option<Arc<Login>>>,
+    /// TLS for every TCP listener (its certificate can be reloaded).
+    tls: std::cell::RefCell<Option<TlsServer>>,
     limits: CallLimits,
     connections: Connections,
 }
@@ -207,9 +212,13 @@ impl Server {
     /// Binds every listener (ports chosen where 0 was given) and, if any is
     /// TCP, loads or creates the token. Must run inside a tokio runtime.
     pub async fn bind(config: ServerConfig, engine: Engine) -> Result<Server, ServeError> {
-        if config.listen.is_empty() {
+        if config.listen.is_empty() && config.inherited.is_empty() {
             return Err(ServeError::NoListeners);
         }
+        let inherited = inherited_listeners(&config.inherited)?;
+        let inherited_tcp = inherited
+            .iter()
+            .any(|(_, _, listening)| matches!(listening, Listening::Tcp(_)));
         let rules = match &config.policy {
             Some(_) if !config.upstreams.is_empty() => {
                 return Err(ServeError::Policy(
@@ -240,7 +249,7 @@ impl Server {
             )
             .map_err(ServeError::Environments)?,
         );
-        let (login, token_path) = if config.listen.iter().any(Address::is_tcp) {
+        let (login, token_path) = if config.listen.iter().any(Address::is_tcp) || inherited_tcp {
             let path = config
                 .token_file
                 .clone()
@@ -254,15 +263,15 @@ impl Server {
                 token: Arc::new(token),
                 deadline: config.login_deadline.unwrap_or(LOGIN_DEADLINE),
             };
-            (Some(Arc::new(login)), Some(path))
+            (Some(login), Some(path))
         } else {
             (None, None)
         };
         let mut server = Server {
             serving: Rc::new(Serving {
                 executor: new_executor(&context, config.max_processes_per_connection, rules),
-                login,
-                tls: config.tls.clone(),
+                login: std::cell::RefCell::new(login.map(Arc::new)),
+                tls: std::cell::RefCell::new(config.tls.clone()),
                 limits: config.call_limits,
                 connections: Connections::new(PendingLogins::new(config.pending_logins)),
             }),
@@ -283,6 +292,28 @@ impl Server {
                     server.remove_socket_files();
                     return Err(ServeError::Bind(address, error));
                 }
+            }
+        }
+        for (name, address, listening) in inherited {
+            let adopted = match listening {
+                Listening::Unix(listener) => UnixListener::from_std(listener).map(Listener::Unix),
+                Listening::Tcp(listener) => TcpListener::from_std(listener).map(Listener::Tcp),
+            }
+            .map_err(|error| ServeError::Bind(address.clone(), error))?;
+            match adopted {
+                Listener::Unix(listener) if name == ADMIN_NAME => {
+                    server.admin = Some((address, listener));
+                }
+                Listener::Tcp(_) if name == ADMIN_NAME => {
+                    return Err(ServeError::Bind(
+                        address,
+                        std::io::Error::new(
+                            std::io::ErrorKind::InvalidInput,
+                            "the admin socket must be a Unix socket",
+                        ),
+                    ));
+                }
+                listener => server.listeners.push((address, listener)),
             }
         }
         for address in &config.listen {
@@ -306,7 +337,7 @@ impl Server {
             Address::Tcp { host, port } => {
                 let listener = TcpListener::bind((host.as_str(), *port)).await?;
                 let local = listener.local_addr()?;
-                if !local.ip().is_loopback() && self.serving.tls.is_none() {
+                if !local.ip().is_loopback() && self.serving.tls.borrow().is_none() {
                     tracing::warn!(
                         address = %Address::from_socket_addr(local),
                         "listening on a non-loopback address: the login token travels in clear \
@@ -324,6 +355,15 @@ impl Server {
     /// The addresses actually listened on (with chosen ports), in order.
     pub fn addresses(&self) -> Vec<Address> {
         self.listeners.iter().map(|(a, _)| a.clone()).collect()
+    }
+
+    /// A handle that reloads the token and the TLS certificate of this
+    /// server while it serves (SIGHUP).
+    pub fn reloader(&self) -> Reloader {
+        Reloader {
+            serving: Rc::clone(&self.serving),
+            token_path: self.token_path.clone(),
+        }
     }
 
     /// The admin socket's address, if there is one.
@@ -370,6 +410,90 @@ impl Server {
         for file in self.unix_files.drain(..) {
             file.remove();
         }
+    }
+}
+
+/// The name of the passed socket that is the admin socket
+/// (`FileDescriptorName=admin`).
+const ADMIN_NAME: &str = "admin";
+
+/// Passed sockets, checked, with their names and addresses.
+fn inherited_listeners(
+    inherited: &[crate::net::activation::InheritedSocket],
+) -> Result<Vec<(String, Address, Listening)>, ServeError> {
+    let mut listeners = Vec::new();
+    for socket in inherited {
+        let described = |error: std::io::Error| {
+            ServeError::Bind(
+                Address::Unix(PathBuf::from(format!("<{}>", socket.name))),
+                error,
+            )
+        };
+        let listening = socket.listener().map_err(described)?;
+        let address = match &listening {
+            Listening::Unix(listener) => {
+                let path = listener
+                    .local_addr()
+                    .ok()
+                    .and_then(|a| a.as_pathname().map(PathBuf::from))
+                    .unwrap_or_else(|| PathBuf::from(format!("<{}>", socket.name)));
+                warn_if_shared(&path);
+                Address::Unix(path)
+            }
+            Listening::Tcp(listener) => {
+                Address::from_socket_addr(listener.local_addr().map_err(described)?)
+            }
+        };
+        listeners.push((socket.name.clone(), address, listening));
+    }
+    Ok(listeners)
+}
+
+/// A Unix socket's permissions are its authentication: a passed one that
+/// others may connect to is said so (the socket unit's `SocketMode=0600`).
+fn warn_if_shared(path: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(meta) = std::fs::metadata(path)
+        && meta.permissions().mode() & 0o077 != 0
+    {
+        tracing::warn!(
+            socket = %path.display(),
+            mode = format!("{:o}", meta.permissions().mode() & 0o777),
+            "the passed socket is open to other users, who can run anything as this server's \
+             user: set SocketMode=0600 in its socket unit"
+        );
+    }
+}
+
+/// Reloads what can change under a running server, without touching a
+/// connection or a process: the login token (connections already logged in
+/// keep going) and the TLS certificate (new handshakes use the new one).
+#[derive(Clone)]
+pub struct Reloader {
+    serving: Rc<Serving>,
+    token_path: Option<PathBuf>,
+}
+
+impl Reloader {
+    /// Re-reads the token file; on failure the old token stays.
+    pub fn reload_token(&self) -> Result<(), TokenError> {
+        let Some(path) = &self.token_path else {
+            return Ok(());
+        };
+        let token = Token::load(path)?;
+        let mut login = self.serving.login.borrow_mut();
+        if let Some(current) = login.as_ref() {
+            *login = Some(Arc::new(Login {
+                token: Arc::new(token),
+                deadline: current.deadline,
+            }));
+        }
+        Ok(())
+    }
+
+    /// Serves `tls` to new TCP connections from now on.
+    pub fn replace_tls(&self, tls: TlsServer) {
+        *self.serving.tls.borrow_mut() = Some(tls);
     }
 }
 
@@ -420,7 +544,7 @@ struct Accepted {
 }
 
 async fn accept_loop(address: Address, listener: Listener, serving: Rc<Serving>) {
-    tracing::info!(%address, tls = serving.tls.is_some() && address.is_tcp(), "listening");
+    tracing::info!(%address, tls = serving.tls.borrow().is_some() && address.is_tcp(), "listening");
     loop {
         let accepted = match &listener {
             Listener::Unix(listener) => listener
@@ -484,7 +608,7 @@ fn accept_tcp(
         Ok(place) => place,
         Err(reason) => {
             serving.connections.refused(&peer, &reason);
-            refuse(stream, &reason, serving.tls.is_some());
+            refuse(stream, &reason, serving.tls.borrow().is_some());
             return None;
         }
     };
@@ -492,7 +616,8 @@ fn accept_tcp(
         tracing::warn!(%error, %peer, "cannot tune the TCP connection");
     }
     let session = Session::awaiting_login(Some(place));
-    let network = match &serving.tls {
+    let tls = serving.tls.borrow().clone();
+    let network = match &tls {
         None => {
             let (reader, writer) = stream.into_split();
             let network = server_network(reader, writer, serving.limits, &session);
@@ -506,7 +631,7 @@ fn accept_tcp(
         network,
         peer: peer.to_string(),
         session,
-        login: serving.login.clone(),
+        login: serving.login.borrow().clone(),
     })
 }
 

@@ -20,4 +20,5 @@ mod restricted;
 mod resume;
 mod run;
 mod security;
+mod service;
 mod tty;
