@@ -9,12 +9,15 @@
 //! - [`rpc`]: the Cap'n Proto server objects over the engine;
 //! - [`client`]: a typed client over the Cap'n Proto capabilities;
 //! - [`net`]: serving the Executor over Unix sockets and TCP, and connecting;
+//! - [`metrics`]: counters for monitoring (no contents, tokens or
+//!   arguments), served as Prometheus text;
 //! - `cli` (the binary): `capexec run` and `capexec serve`.
 
 capnp::generated_code!(pub mod capexec_capnp);
 
 pub mod client;
 pub mod engine;
+pub mod metrics;
 pub mod model;
 pub mod net;
 pub mod rpc;

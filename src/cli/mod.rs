@@ -217,6 +217,13 @@ pub struct ServeArgs {
     /// nowhere else.
     #[arg(long, value_name = "unix:PATH")]
     admin: Option<String>,
+    /// Serve counters for monitoring in the Prometheus text format at
+    /// http://HOST:PORT/metrics (processes, starts, failures by tag, exits
+    /// by class, bytes in and out, connections, refused logins, limit
+    /// hits; never contents, tokens or arguments). Port 0 picks one, which
+    /// is logged.
+    #[arg(long, value_name = "tcp:HOST:PORT")]
+    metrics: Option<String>,
     /// The PEM private key of --tls-cert.
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     tls_key: Option<std::path::PathBuf>,

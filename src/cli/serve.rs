@@ -84,6 +84,13 @@ pub fn main(args: ServeArgs) -> i32 {
             return EXIT_CAPEXEC_FAILURE;
         }
     };
+    let metrics = match args.metrics.as_deref().map(metrics_address).transpose() {
+        Ok(metrics) => metrics,
+        Err(error) => {
+            eprintln!("capexec: {error}");
+            return EXIT_CAPEXEC_FAILURE;
+        }
+    };
     let upstreams = match upstreams(&args) {
         Ok(upstreams) => upstreams,
         Err(error) => {
@@ -177,6 +184,7 @@ pub fn main(args: ServeArgs) -> i32 {
         policy,
         admin,
         inherited,
+        metrics,
     };
     let limits = ProcessLimits {
         max_processes: Some(capacity.max_processes),
@@ -190,6 +198,22 @@ pub fn main(args: ServeArgs) -> i32 {
     };
 
     crate::cli::run_local(serve(config, Engine::new(limits), capacity, tls_files))
+}
+
+/// `--metrics tcp:HOST:PORT` (or HOST:PORT).
+fn metrics_address(text: &str) -> Result<Address, String> {
+    let spelled = if text.starts_with("tcp:") || text.starts_with("unix:") {
+        text.to_string()
+    } else {
+        format!("tcp:{text}")
+    };
+    match spelled.parse::<Address>() {
+        Ok(address @ Address::Tcp { .. }) => Ok(address),
+        Ok(Address::Unix(_)) => Err(format!(
+            "--metrics {text}: metrics are served over HTTP on tcp:HOST:PORT"
+        )),
+        Err(error) => Err(format!("--metrics {error}")),
+    }
 }
 
 /// `--admin unix:PATH` (or a plain path), made absolute.
@@ -460,6 +484,15 @@ async fn serve(
         }
     };
     log_capacity(&capacity);
+    if let Some(Address::Tcp { host, port }) = server.metrics_address() {
+        // On stderr, so that stdout stays the list of listeners.
+        let host = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host.clone()
+        };
+        eprintln!("capexec: metrics at http://{host}:{port}/metrics");
+    }
     if let Some(address) = server.admin_address() {
         tracing::info!(%address, "the admin capability is served here only");
     }

@@ -96,6 +96,12 @@ impl Engine {
     /// Spawns a process. Must be called within a tokio runtime, which then
     /// runs the process's tasks.
     pub fn start(&self, spec: &StartSpec) -> Result<ProcessOwner, Refusal> {
+        let started = self.start_uncounted(spec);
+        crate::metrics::start(started.as_ref().map(drop).map_err(|refusal| refusal.kind));
+        started
+    }
+
+    fn start_uncounted(&self, spec: &StartSpec) -> Result<ProcessOwner, Refusal> {
         if self.inner.closing.load(Ordering::Acquire) {
             return Err(shutting_down());
         }

@@ -154,6 +154,7 @@ fn drain_once(shared: &Shared, slot: &mut Option<OutputSource>, buf: &mut BytesM
         pipe_capacity::grow(pipe.as_raw_fd());
     }
     if read > 0 {
+        crate::metrics::bytes_out(read);
         shared.append_output(source.stream, buf.split().freeze());
     }
     if ended {

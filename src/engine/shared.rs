@@ -344,6 +344,7 @@ impl Shared {
             state.log.push_exit(exit);
             self.uptime(&state.life)
         };
+        crate::metrics::exit(status);
         self.notify();
         tracing::info!(parent: &self.span, %status, duration_ms = uptime.as_millis() as u64, "process exited");
     }

@@ -127,8 +127,9 @@ pub(crate) async fn run_writer<W>(
                     result = write_all(&mut sink, &data) => result.map_err(|_| WriteFailure::Closed),
                 };
                 events.dequeued(data.len());
-                if let Err(why) = written {
-                    failure = Some(why);
+                match written {
+                    Ok(()) => crate::metrics::bytes_in(data.len()),
+                    Err(why) => failure = Some(why),
                 }
                 done.send_replace(Some(written));
             }

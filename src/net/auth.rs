@@ -69,6 +69,7 @@ impl gatekeeper::Server for GatekeeperImpl {
             results.get().set_executor(executor.clone());
             return Ok(());
         }
+        crate::metrics::refused_login();
         let failures = self.session.refused();
         tracing::warn!(failures, "login refused");
         if failures >= MAX_LOGIN_FAILURES {

@@ -17,6 +17,7 @@ mod frame;
 mod guard;
 mod liveness;
 mod local_socket;
+mod metrics_http;
 mod pending;
 mod server;
 mod session;

@@ -66,6 +66,9 @@ pub struct ServerConfig {
     /// Listening sockets passed by the service manager (socket
     /// activation); one named "admin" is the admin socket.
     pub inherited: Vec<crate::net::activation::InheritedSocket>,
+    /// Where to serve the Prometheus text of `crate::metrics` (a tcp:
+    /// address).
+    pub metrics: Option<Address>,
 }
 
 #[derive(Debug)]
@@ -117,6 +120,8 @@ pub struct Server {
     serving: Rc<Serving>,
     /// The admin socket, if any.
     admin: Option<(Address, UnixListener)>,
+    /// The metrics endpoint, if any.
+    metrics: Option<(Address, TcpListener)>,
 }
 
 /// What every connection of a server is served with.
@@ -280,7 +285,20 @@ impl Server {
             unix_files: Vec::new(),
             token_path,
             admin: None,
+            metrics: None,
         };
+        if let Some(address @ Address::Tcp { host, port }) = &config.metrics {
+            match TcpListener::bind((host.as_str(), *port)).await {
+                Ok(listener) => {
+                    let local = listener
+                        .local_addr()
+                        .map(Address::from_socket_addr)
+                        .unwrap_or_else(|_| address.clone());
+                    server.metrics = Some((local, listener));
+                }
+                Err(error) => return Err(ServeError::Bind(address.clone(), error)),
+            }
+        }
         if let Some(path) = &config.admin {
             let address = Address::Unix(path.clone());
             match socket::bind_unix(path) {
@@ -366,6 +384,11 @@ impl Server {
         }
     }
 
+    /// The metrics endpoint's address (port chosen), if there is one.
+    pub fn metrics_address(&self) -> Option<&Address> {
+        self.metrics.as_ref().map(|(address, _)| address)
+    }
+
     /// The admin socket's address, if there is one.
     pub fn admin_address(&self) -> Option<&Address> {
         self.admin.as_ref().map(|(address, _)| address)
@@ -386,6 +409,11 @@ impl Server {
                 tokio::task::spawn_local(accept_loop(address, listener, Rc::clone(&self.serving)))
             })
             .collect();
+        if let Some((address, listener)) = self.metrics.take() {
+            accepting.push(tokio::task::spawn_local(
+                crate::net::metrics_http::accept_loop(address, listener, Rc::clone(&self.context)),
+            ));
+        }
         if let Some((address, listener)) = self.admin.take() {
             accepting.push(tokio::task::spawn_local(crate::net::admin::accept_loop(
                 address,
@@ -572,8 +600,10 @@ async fn accept_loop(address: Address, listener: Listener, serving: Rc<Serving>)
         let connection = format!("{id} {}", accepted.peer);
         let make = Rc::clone(&serving.executor);
         let executor: ConnectionExecutor = Rc::new(move || make(&connection));
+        let open = crate::metrics::connection_opened();
         tokio::task::spawn_local(
             async move {
+                let _open = open;
                 if let Some(network) = accepted.network.await {
                     serve_connection(network, executor, accepted.session, accepted.login).await;
                 }
@@ -607,6 +637,7 @@ fn accept_tcp(
     let place = match serving.connections.pending.admit(peer.ip()) {
         Ok(place) => place,
         Err(reason) => {
+            crate::metrics::limit_hit("pending-logins");
             serving.connections.refused(&peer, &reason);
             refuse(stream, &reason, serving.tls.borrow().is_some());
             return None;

@@ -98,12 +98,17 @@ impl executor::Server for ExecutorImpl {
         let spec = wire::start_spec_from_wire(params.get()?.get_params()?)?;
         let (spec, admission) = match &self.rules {
             Some(rules) => {
-                let (spec, admission) = rules.admit(&spec)?;
+                let (spec, admission) = rules
+                    .admit(&spec)
+                    .inspect_err(|refusal| crate::metrics::refused_start(refusal.kind))?;
                 (spec, Some(admission))
             }
             None => (spec, None),
         };
-        let ticket = self.quota.take()?;
+        let ticket = self
+            .quota
+            .take()
+            .inspect_err(|refusal| crate::metrics::refused_start(refusal.kind))?;
         let owner = self.engine().start(&spec)?;
         if let Some(admission) = admission {
             owner.handle().hold_while_running(admission);

@@ -13,6 +13,7 @@ mod chain;
 mod deadlines;
 mod errors;
 mod habits;
+mod metrics;
 mod network;
 mod operator;
 mod output;

@@ -301,6 +301,10 @@ impl Watched {
         text(&self.stdout.0.0.lock().expect("lock"))
     }
 
+    pub fn stderr_text(&self) -> String {
+        text(&self.stderr.0.0.lock().expect("lock"))
+    }
+
     /// Waits for the end (within the deadline) and returns everything.
     pub fn finish(mut self) -> Finished {
         drop(self.stdin.take());

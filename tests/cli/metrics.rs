@@ -1,0 +1,153 @@
+//! `capexec serve --metrics`: Prometheus text with what the server did,
+//! and nothing of what went through it (no output, input, arguments,
+//! tokens or peers).
+
+use crate::common;
+
+use std::io::{Read, Write};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::cli::{BIN, Watched, finish, text};
+use common::data::TempDir;
+
+fn scrape(address: &str, request: &str) -> String {
+    let mut stream = std::net::TcpStream::connect(address).expect("connect to the metrics");
+    stream.write_all(request.as_bytes()).expect("request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("response");
+    response
+}
+
+/// The value of the sample `name` (with its labels) in `body`.
+fn sample(body: &str, name: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[test]
+fn metrics_count_what_happened_and_leak_nothing() {
+    let home = TempDir::new("cli-metrics");
+    let token_file = home.path().join("token");
+    let secret_token = "SECRETTOKEN".repeat(4);
+    std::fs::write(&token_file, &secret_token).expect("token");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let mut serve = Command::new(BIN);
+    serve
+        .args([
+            "serve",
+            "--listen",
+            "tcp:127.0.0.1:0",
+            "--metrics",
+            "tcp:127.0.0.1:0",
+            "--token-file",
+        ])
+        .arg(&token_file)
+        .env("HOME", home.path());
+    let server = Watched::spawn(serve);
+    server.wait_for_stderr("/metrics\n");
+    let stderr = server.stderr_text();
+    let url = stderr
+        .lines()
+        .find_map(|line| line.strip_prefix("capexec: metrics at http://"))
+        .expect("the metrics address")
+        .trim_end_matches("/metrics")
+        .to_string();
+    server.wait_for_stdout("\n");
+    let tcp = server.stdout_text().trim().to_string();
+    let token = token_file.display().to_string();
+    let run = |args: &[&str], stdin: Option<Vec<u8>>| {
+        let mut command = Command::new(BIN);
+        command
+            .args(["run", "--connect", &tcp, "--token-file", &token])
+            .args(args)
+            .env("HOME", home.path())
+            .env_remove("CAPEXEC_CONNECT");
+        finish(command, stdin)
+    };
+    let ran = run(
+        &[
+            "--",
+            "sh",
+            "-c",
+            "cat >/dev/null; printf SECRET-OUTPUT; exit 3",
+            "SECRET-ARG",
+        ],
+        Some(b"SECRET-INPUT".to_vec()),
+    );
+    assert_eq!(
+        (ran.code, text(&ran.stdout)),
+        (3, "SECRET-OUTPUT".to_string())
+    );
+    let missing = run(&["--", "/nonexistent/SECRET-PROGRAM"], None);
+    assert_eq!(missing.code, 127);
+    let wrong_token = home.path().join("wrong");
+    std::fs::write(&wrong_token, "W".repeat(40)).expect("wrong token");
+    let mut refused = Command::new(BIN);
+    refused
+        .args(["run", "--connect", &tcp, "--token-file"])
+        .arg(&wrong_token)
+        .args(["--", "true"])
+        .env("HOME", home.path());
+    assert_eq!(finish(refused, None).code, 125);
+
+    // Connections close on the server a moment after the clients exit.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let body = loop {
+        let response = scrape(&url, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        let (head, body) = response.split_once("\r\n\r\n").expect("a response");
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+        assert!(
+            head.contains("Content-Type: application/openmetrics-text"),
+            "{head}"
+        );
+        let body = body.to_string();
+        if sample(&body, "capexec_connections{state=\"open\"}") == Some(0.0)
+            && sample(&body, "capexec_processes") == Some(0.0)
+        {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "{body}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    for (name, value) in [
+        ("capexec_processes_started_total", 1.0),
+        (
+            "capexec_processes_failed_total{tag=\"program-not-found\"}",
+            1.0,
+        ),
+        ("capexec_process_exits_total{class=\"1-125\"}", 1.0),
+        ("capexec_stdin_bytes_total", "SECRET-INPUT".len() as f64),
+        ("capexec_output_bytes_total", "SECRET-OUTPUT".len() as f64),
+        ("capexec_connections_opened_total", 3.0),
+        ("capexec_refused_logins_total", 1.0),
+    ] {
+        assert_eq!(sample(&body, name), Some(value), "{name} in {body}");
+    }
+    assert!(body.ends_with("# EOF\n"), "{body}");
+    for secret in [
+        "SECRET",
+        "W".repeat(40).as_str(),
+        "127.0.0.1",
+        "sh -c",
+        "nonexistent",
+    ] {
+        assert!(!body.contains(secret), "{secret} leaked into {body}");
+    }
+
+    // Only GET /metrics; anything else is a short refusal.
+    assert!(scrape(&url, "GET / HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404 "));
+    assert!(scrape(&url, "POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405 "));
+    // Exactly the most a request head may be, and no end to it: the
+    // server reads it all (so closing sends no reset) and refuses it.
+    let mut oversized = "GET /metrics HTTP/1.1\r\nX: ".to_string();
+    oversized.push_str(&"a".repeat(8192 - oversized.len()));
+    assert!(scrape(&url, &oversized).starts_with("HTTP/1.1 431 "));
+    // A scraper that never sends its request holds up nobody.
+    let _silent = std::net::TcpStream::connect(&url).expect("connect");
+    assert!(scrape(&url, "GET /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 200 "));
+    let mut server = server;
+    let _ = server.child.kill();
+    let _ = server.child.wait();
+}
