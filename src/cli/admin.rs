@@ -40,9 +40,7 @@ pub struct KillArgs {
 
 fn address(args: &AdminArgs) -> Result<Address, String> {
     let address = match &args.connect {
-        Some(text) => named::resolve(text)?
-            .address
-            .ok_or_else(|| format!("--connect {text}: not an address"))?,
+        Some(text) => named::resolve(text)?.address,
         None => Address::Unix(net::default_admin_socket_path()?),
     };
     if address.is_tcp() {

@@ -20,6 +20,8 @@ use toml::Spanned;
 
 use capexec::net::{Address, parse_fingerprint};
 
+use crate::cli::named::Named;
+
 /// Where the configuration file is looked for.
 pub fn path() -> Option<PathBuf> {
     config_dir().map(|dir| dir.join("config.toml"))
@@ -34,14 +36,8 @@ pub fn config_dir() -> Option<PathBuf> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerEntry {
     pub name: String,
-    pub address: Address,
-    pub token_file: Option<PathBuf>,
-    pub tls_ca: Option<PathBuf>,
-    pub tls_pin: Option<String>,
-    /// TLS trusted on first use even for a loopback address.
-    pub tls: bool,
-    pub insecure_plaintext: bool,
-    pub environment: Option<String>,
+    /// What `--connect NAME` gives.
+    pub server: Named,
     /// Where it is defined: the line of its `[servers.NAME]` header.
     pub line: usize,
 }
@@ -151,13 +147,15 @@ impl Config {
             }
             let path_of = |value: &Spanned<String>| expand(value.get_ref(), base);
             servers.push(ServerEntry {
-                address,
-                token_file: entry.token_file.as_ref().map(path_of),
-                tls_ca: entry.tls_ca.as_ref().map(path_of),
-                tls_pin: entry.tls_pin.map(Spanned::into_inner),
-                tls: entry.tls.unwrap_or(false),
-                insecure_plaintext: entry.insecure_plaintext.unwrap_or(false),
-                environment: entry.environment.map(Spanned::into_inner),
+                server: Named {
+                    address,
+                    token_file: entry.token_file.as_ref().map(path_of),
+                    tls_ca: entry.tls_ca.as_ref().map(path_of),
+                    tls_pin: entry.tls_pin.map(Spanned::into_inner),
+                    tls: entry.tls.unwrap_or(false),
+                    insecure_plaintext: entry.insecure_plaintext.unwrap_or(false),
+                    environment: entry.environment.map(Spanned::into_inner),
+                },
                 line: header_line,
                 name,
             });
@@ -267,10 +265,10 @@ mod tests {
         .expect("parses");
         let names: Vec<&str> = config.servers.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["box", "build", "ca"]);
-        let build = config.get("build").expect("build");
+        let build = &config.get("build").expect("build").server;
         assert_eq!(build.address.to_string(), "tcp:build-box:7000");
         assert_eq!(build.environment.as_deref(), Some("gpu"));
-        assert_eq!(build.line, 2);
+        assert_eq!(config.get("build").map(|b| b.line), Some(2));
         assert!(
             build
                 .token_file
@@ -278,7 +276,7 @@ mod tests {
                 .is_some_and(|p| p.ends_with(".config/capexec/build.token"))
         );
         assert_eq!(
-            config.get("ca").and_then(|ca| ca.tls_ca.clone()),
+            config.get("ca").and_then(|ca| ca.server.tls_ca.clone()),
             Some(PathBuf::from("/home/u/.config/capexec/ca.pem"))
         );
         assert_eq!(config.get("box").map(|b| b.line), Some(8));

@@ -427,18 +427,9 @@ fn argument_failure(error: &clap::Error) -> i32 {
         return 0;
     }
     let subcommand = std::env::args().nth(1).filter(|name| {
-        [
-            "run",
-            "shell",
-            "serve",
-            "environments",
-            "info",
-            "servers",
-            "client-config",
-            "completions",
-            "man",
-        ]
-        .contains(&name.as_str())
+        command()
+            .get_subcommands()
+            .any(|subcommand| subcommand.get_name() == name)
     });
     eprintln!(
         "capexec: {}",

@@ -12,9 +12,9 @@ use crate::cli::config::{self, Config};
 
 /// A server to connect to, with what the configuration file says about it
 /// (flags given on the command line win).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Named {
-    pub address: Option<Address>,
+    pub address: Address,
     pub token_file: Option<PathBuf>,
     pub tls_ca: Option<PathBuf>,
     pub tls_pin: Option<String>,
@@ -49,15 +49,7 @@ pub fn resolve(text: &str) -> Result<Named, String> {
     }
     let config = Config::load()?;
     if let Some(entry) = config.get(text) {
-        return Ok(Named {
-            address: Some(entry.address.clone()),
-            token_file: entry.token_file.clone(),
-            tls_ca: entry.tls_ca.clone(),
-            tls_pin: entry.tls_pin.clone(),
-            tls: entry.tls,
-            insecure_plaintext: entry.insecure_plaintext,
-            environment: entry.environment.clone(),
-        });
+        return Ok(entry.server.clone());
     }
     if text == LOCAL {
         let path =
@@ -84,10 +76,16 @@ pub fn resolve(text: &str) -> Result<Named, String> {
     ))
 }
 
-fn at(address: Address) -> Named {
+/// A bare address: nothing more is known of the server.
+pub fn at(address: Address) -> Named {
     Named {
-        address: Some(address),
-        ..Named::default()
+        address,
+        token_file: None,
+        tls_ca: None,
+        tls_pin: None,
+        tls: false,
+        insecure_plaintext: false,
+        environment: None,
     }
 }
 
@@ -97,7 +95,7 @@ mod tests {
 
     #[test]
     fn addresses_are_taken_the_way_people_type_them() {
-        let address = |text: &str| resolve(text).map(|named| named.address.map(|a| a.to_string()));
+        let address = |text: &str| resolve(text).map(|named| Some(named.address.to_string()));
         assert_eq!(address("tcp:h:7"), Ok(Some("tcp:h:7".into())));
         assert_eq!(address("unix:/s"), Ok(Some("unix:/s".into())));
         assert_eq!(

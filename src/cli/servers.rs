@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::cli::EXIT_CAPEXEC_FAILURE;
-use crate::cli::config::{self, Config, ServerEntry};
+use crate::cli::config::{self, Config};
+use crate::cli::named::Named;
 use capexec::net::{Address, TlsServer, Token};
 
 pub fn list_main() -> i32 {
@@ -33,9 +34,13 @@ fn table(config: &Config) -> String {
     for entry in &config.servers {
         rows.push([
             entry.name.clone(),
-            entry.address.to_string(),
-            trust(entry),
-            entry.environment.clone().unwrap_or_else(|| "-".to_string()),
+            entry.server.address.to_string(),
+            trust(&entry.server),
+            entry
+                .server
+                .environment
+                .clone()
+                .unwrap_or_else(|| "-".to_string()),
         ]);
     }
     if config.get(crate::cli::named::LOCAL).is_none()
@@ -69,7 +74,7 @@ fn table(config: &Config) -> String {
     out
 }
 
-fn trust(entry: &ServerEntry) -> String {
+fn trust(entry: &Named) -> String {
     if !entry.address.is_tcp() {
         "-".to_string()
     } else if let Some(ca) = &entry.tls_ca {

@@ -92,12 +92,9 @@ fn check(args: &ConnectArgs, address: Option<&Address>) -> Result<(), String> {
 /// The login travels pipelined with the caller's first calls: race them
 /// against [`Target::established`].
 pub async fn target(args: &ConnectArgs) -> Result<Target, String> {
-    let named = match &args.connect {
-        None => Named::default(),
-        Some(text) => named::resolve(text)?,
-    };
-    check(args, named.address.as_ref())?;
-    let Some(address) = named.address.clone() else {
+    let named = args.connect.as_deref().map(named::resolve).transpose()?;
+    check(args, named.as_ref().map(|named| &named.address))?;
+    let Some(named) = named else {
         if let Err(error) = engine::become_subreaper() {
             tracing::warn!(%error, "cannot become a subreaper; orphaned grandchildren will not be reaped here");
         }
@@ -107,6 +104,7 @@ pub async fn target(args: &ConnectArgs) -> Result<Target, String> {
             environment: None,
         });
     };
+    let address = named.address.clone();
     let token = if address.is_tcp() {
         login_token(args.token_file.as_deref().or(named.token_file.as_deref()))?
     } else {

@@ -237,3 +237,41 @@ fn an_ordinary_client_cannot_reach_the_admin_capability() {
     let run = finish(served.run(&["--connect", &admin, "--", "true"]), None);
     assert_eq!(run.code, 125);
 }
+
+#[test]
+fn a_process_whose_client_died_under_resume_is_listed_as_detached() {
+    let sockets = TempDir::new("cli-admin-detached");
+    let admin = format!("unix:{}", sockets.path().join("admin.sock").display());
+    let served = Served::start_with(&["--admin", &admin]);
+    let mut client = Watched::spawn(served.run(&[
+        "--connect",
+        &served.unix,
+        "--resume",
+        "60",
+        "--",
+        "sh",
+        "-c",
+        "echo up; exec sleep 302",
+    ]));
+    client.wait_for_stdout("up\n");
+    let records = ps_until(&served, &admin, "listed", |records| records.len() == 1);
+    assert!(
+        records[0]["owner"]
+            .as_str()
+            .is_some_and(|o| o.ends_with(" unix"))
+    );
+    let _ = client.child.kill();
+    let _ = client.child.wait();
+    let records = ps_until(&served, &admin, "parked", |records| {
+        records.len() == 1 && records[0]["owner"] == "detached"
+    });
+    assert_eq!(
+        argv_of(&records[0]),
+        ["sh", "-c", "echo up; exec sleep 302"]
+    );
+    let pid = records[0]["pid"].as_u64().expect("pid").to_string();
+    assert_eq!(
+        finish(served.command("kill", &["--connect", &admin, &pid]), None).code,
+        0
+    );
+}
