@@ -146,6 +146,21 @@ impl Config {
                 ));
             }
             let path_of = |value: &Spanned<String>| expand(value.get_ref(), base);
+            let mut lines = Vec::new();
+            for (key, value) in [
+                ("token-file", &entry.token_file),
+                ("tls-ca", &entry.tls_ca),
+                ("tls-pin", &entry.tls_pin),
+            ] {
+                if let Some(value) = value {
+                    lines.push((key, line_of(text, value.span().start)));
+                }
+            }
+            let origin = crate::cli::named::Origin {
+                file: file.to_path_buf(),
+                server: name.clone(),
+                lines,
+            };
             servers.push(ServerEntry {
                 server: Named {
                     address,
@@ -155,6 +170,7 @@ impl Config {
                     tls: entry.tls.unwrap_or(false),
                     insecure_plaintext: entry.insecure_plaintext.unwrap_or(false),
                     environment: entry.environment.map(Spanned::into_inner),
+                    origin: Some(origin),
                 },
                 line: header_line,
                 name,

@@ -192,7 +192,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "FILE")]
     token_file: Option<std::path::PathBuf>,
     /// Forward to the executor at ADDR as the environment NAME
-    /// (repeatable). Connected on first use.
+    /// (repeatable). Connected on first use. ADDR may be a server named in
+    /// the configuration file: its token file and TLS trust (a pin, a CA,
+    /// or the certificate remembered for it) come with it.
     #[arg(long = "upstream", value_name = "NAME=ADDR")]
     upstreams: Vec<String>,
     /// Login token for the tcp: upstream NAME (repeatable; required for

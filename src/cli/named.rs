@@ -21,6 +21,34 @@ pub struct Named {
     pub tls: bool,
     pub insecure_plaintext: bool,
     pub environment: Option<String>,
+    /// Where the configuration file says this, for errors about what it
+    /// names (a token file or CA file that cannot be read).
+    pub origin: Option<Origin>,
+}
+
+/// A server's entry in the configuration file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Origin {
+    pub file: PathBuf,
+    pub server: String,
+    /// The line of each key given.
+    pub lines: Vec<(&'static str, usize)>,
+}
+
+impl Origin {
+    /// "FILE:LINE: [servers.NAME]: KEY", the place of `key` in the file.
+    pub fn of(&self, key: &str) -> String {
+        let line = self
+            .lines
+            .iter()
+            .find(|(name, _)| *name == key)
+            .map_or(1, |(_, line)| *line);
+        format!(
+            "{}:{line}: [servers.{}]: {key}",
+            self.file.display(),
+            self.server
+        )
+    }
 }
 
 /// The name `--connect local` gives the default socket.
@@ -86,6 +114,7 @@ pub fn at(address: Address) -> Named {
         tls: false,
         insecure_plaintext: false,
         environment: None,
+        origin: None,
     }
 }
 

@@ -321,15 +321,41 @@ fn upstreams(args: &ServeArgs) -> Result<Vec<UpstreamConfig>, String> {
     let mut upstreams = Vec::new();
     for pair in &args.upstreams {
         let (name, address) = split_pair(pair, "--upstream", "NAME=ADDR")?;
-        let address: Address = address
-            .parse()
-            .map_err(|error| format!("--upstream {name}: {error}"))?;
+        // An address, or a server named in the configuration file, with
+        // its token file and TLS trust unless flags give them.
+        let (address, named) = match address.parse::<Address>() {
+            Ok(address) => (address, None),
+            Err(error) => match crate::cli::config::Config::load()?.get(address) {
+                Some(entry) => (entry.server.address.clone(), Some(entry.server.clone())),
+                None => {
+                    return Err(format!(
+                        "--upstream {name}: {error}, or the name of a server in the \
+                         configuration file"
+                    ));
+                }
+            },
+        };
+        if let Some(named) = &named
+            && !trusts.contains_key(name)
+            && let Some(trust) = named_trust(name, named)?
+        {
+            trusts.insert(name, trust);
+        }
+        let named_token = named.as_ref().and_then(|named| {
+            let file = named.token_file.clone()?;
+            let place = named.origin.as_ref()?.of("token-file");
+            Some((file, place))
+        });
         // Each upstream has its own secret: never fall back to this
         // server's own token (or anything else that could leak it).
-        let token = match (token_files.remove(name), address.is_tcp()) {
-            (Some(file), true) => Some(Token::load(&file).map_err(|error| {
-                target::token_problem(&format!("--upstream-token-file {name}="), &error)
-            })?),
+        let token_file = match token_files.remove(name) {
+            Some(file) => Some((file, format!("--upstream-token-file {name}="))),
+            None => named_token.map(|(file, place)| (file, format!("{place} "))),
+        };
+        let token = match (token_file, address.is_tcp()) {
+            (Some((file, place)), true) => {
+                Some(Token::load(&file).map_err(|error| target::token_problem(&place, &error))?)
+            }
             (None, true) => {
                 return Err(format!(
                     "--upstream {name} ({address}) needs a login token: give \
@@ -384,6 +410,34 @@ fn upstreams(args: &ServeArgs) -> Result<Vec<UpstreamConfig>, String> {
         ));
     }
     Ok(upstreams)
+}
+
+/// How the configuration file says to trust the upstream `name`: its CA
+/// or pin, or the certificate remembered for it (trust on first use needs
+/// one: a server cannot ask anyone).
+fn named_trust(
+    name: &str,
+    named: &crate::cli::named::Named,
+) -> Result<Option<ServerTrust>, String> {
+    if let Some(ca) = &named.tls_ca {
+        return Ok(Some(ServerTrust::Ca(ca.clone())));
+    }
+    if let Some(pin) = &named.tls_pin {
+        return Ok(Some(ServerTrust::Pin(pin.clone())));
+    }
+    let Some(file) = crate::cli::known_servers::path() else {
+        return Ok(None);
+    };
+    match crate::cli::known_servers::lookup(&file, &named.address)? {
+        Some(known) => Ok(Some(ServerTrust::FirstUse(Some(known.fingerprint)))),
+        None if named.tls => Err(format!(
+            "--upstream {name}: {} is trusted on first use and its certificate is not \
+             remembered yet: connect once with `capexec run --connect {} --tls-accept-new -- \
+             true`, or give --upstream-tls-pin {name}=SHA256",
+            named.address, named.address
+        )),
+        None => Ok(None),
+    }
 }
 
 /// Whether `host` names only loopback addresses (a name is resolved).

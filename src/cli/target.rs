@@ -105,10 +105,13 @@ pub async fn target(args: &ConnectArgs) -> Result<Target, String> {
         });
     };
     let address = named.address.clone();
-    let token = if address.is_tcp() {
-        login_token(args.token_file.as_deref().or(named.token_file.as_deref()))?
-    } else {
-        None
+    let token = match (&args.token_file, &named.token_file, &named.origin) {
+        _ if !address.is_tcp() => None,
+        (None, Some(file), Some(origin)) => Some(
+            Token::load(file)
+                .map_err(|error| token_problem(&format!("{} ", origin.of("token-file")), &error))?,
+        ),
+        (given, _, _) => login_token(given.as_deref())?,
     };
     let trust = trust(args, &named, &address).await?;
     let mut options = ConnectOptions {
@@ -159,9 +162,9 @@ pub async fn target(args: &ConnectArgs) -> Result<Target, String> {
 
 /// How a tcp: server's certificate is trusted.
 enum Trust {
-    /// `--tls-ca` or `--tls-pin` (the flag, for errors), on the command
-    /// line or in the configuration file.
-    Given(&'static str, net::ServerTrust),
+    /// `--tls-ca` or `--tls-pin` (the flag or the configuration file's
+    /// key, for errors).
+    Given(String, net::ServerTrust),
     /// Trust on first use, against the known-servers file (what it
     /// remembers for this address, if anything).
     FirstUse(std::path::PathBuf, Option<known_servers::Known>),
@@ -179,6 +182,10 @@ async fn trust(args: &ConnectArgs, named: &Named, address: &Address) -> Result<T
     let tls_flag = args.tls || args.tls_accept_new;
     let from_flags =
         args.tls_ca.is_some() || args.tls_pin.is_some() || tls_flag || args.insecure_plaintext;
+    let place = |flag: &str, key: &str| match (&named.origin, from_flags) {
+        (Some(origin), false) => origin.of(key),
+        _ => flag.to_string(),
+    };
     let (ca, pin, tls, insecure) = if from_flags {
         (
             args.tls_ca.clone(),
@@ -195,10 +202,16 @@ async fn trust(args: &ConnectArgs, named: &Named, address: &Address) -> Result<T
         )
     };
     if let Some(ca) = ca {
-        return Ok(Trust::Given("--tls-ca", net::ServerTrust::Ca(ca)));
+        return Ok(Trust::Given(
+            place("--tls-ca", "tls-ca"),
+            net::ServerTrust::Ca(ca),
+        ));
     }
     if let Some(pin) = pin {
-        return Ok(Trust::Given("--tls-pin", net::ServerTrust::Pin(pin)));
+        return Ok(Trust::Given(
+            place("--tls-pin", "tls-pin"),
+            net::ServerTrust::Pin(pin),
+        ));
     }
     if insecure {
         return Ok(Trust::Plaintext);

@@ -134,6 +134,53 @@ fn a_wrong_configuration_entry_is_one_line_with_the_file_and_line() {
             "{subcommand:?}"
         );
     }
+    // An entry naming a file that is not there: the file and line of the
+    // key, then the file's problem.
+    let token = config.path().join("capexec").join("c.token");
+    write_config(config.path(), "");
+    std::fs::write(&token, "t".repeat(64)).expect("token");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    write_config(
+        config.path(),
+        "[servers.t]\naddress = \"tcp:127.0.0.1:9\"\n\ntoken-file = \"missing.token\"\n\
+         [servers.c]\naddress = \"tcp:127.0.0.1:9\"\ntoken-file = \"c.token\"\n\
+         tls-ca = \"/nonexistent/ca.pem\"\n",
+    );
+    let failed = finish(
+        configured(config.path(), "run", &["--connect", "t", "--", "true"]),
+        None,
+    );
+    assert_eq!(
+        (failed.code, text(&failed.stderr)),
+        (
+            125,
+            format!(
+                "capexec: {}:4: [servers.t]: token-file {}: No such file or directory\n",
+                file.display(),
+                config
+                    .path()
+                    .join("capexec")
+                    .join("missing.token")
+                    .display()
+            )
+        )
+    );
+    let failed = finish(
+        configured(config.path(), "run", &["--connect", "c", "--", "true"]),
+        None,
+    );
+    let stderr = text(&failed.stderr);
+    assert_eq!(failed.code, 125);
+    assert!(
+        stderr.starts_with(&format!(
+            "capexec: {}:8: [servers.c]: tls-ca /nonexistent/ca.pem: ",
+            file.display()
+        )),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+
     write_config(config.path(), "[servers.a]\nadress = \"unix:/x\"\n");
     let failed = finish(configured(config.path(), "servers", &[]), None);
     let stderr = text(&failed.stderr);
@@ -514,4 +561,66 @@ fn completions_man_pages_and_version_are_generated() {
             "{subcommand}"
         );
     }
+}
+
+#[test]
+fn an_upstream_can_be_a_named_server() {
+    let far = Served::start();
+    let config = TempDir::new("cli-config-upstream");
+    write_config(
+        config.path(),
+        &format!(
+            "[servers.far]\naddress = \"{}\"\ntoken-file = \"{}\"\n",
+            far.tcp,
+            far.token_arg()
+        ),
+    );
+    let socket = config.path().join("front.sock");
+    let front_address = format!("unix:{}", socket.display());
+    let mut serve = configured(
+        config.path(),
+        "serve",
+        &[
+            "--listen",
+            &front_address,
+            "--upstream",
+            "b=far",
+            "--default",
+            "b",
+        ],
+    );
+    serve.stderr(Stdio::null());
+    let (mut front, line) = common::cli::spawn_reading_first_line(serve);
+    assert_eq!(line.trim(), front_address);
+    let ran = finish(
+        configured(
+            config.path(),
+            "run",
+            &["--connect", &front_address, "--", "echo", "via"],
+        ),
+        None,
+    );
+    assert_eq!(
+        (ran.code, text(&ran.stdout), text(&ran.stderr)),
+        (0, "via\n".to_string(), String::new())
+    );
+    let _ = front.kill();
+    let _ = front.wait();
+    let unknown = finish(
+        configured(
+            config.path(),
+            "serve",
+            &["--listen", &front_address, "--upstream", "b=nope"],
+        ),
+        None,
+    );
+    assert_eq!(
+        (unknown.code, text(&unknown.stderr)),
+        (
+            125,
+            "capexec: --upstream b: \"nope\": an address is unix:PATH or tcp:HOST:PORT, or the \
+             name of a server in the configuration file\n"
+                .to_string()
+        )
+    );
 }
