@@ -31,6 +31,16 @@ impl OnTerminal {
 
     /// The same on a terminal of type `term` (capexec's TERM).
     fn start_with_term(rows: u16, cols: u16, args: &[&str], term: &str) -> OnTerminal {
+        OnTerminal::spawn(rows, cols, args, |command| command.env("TERM", term))
+    }
+
+    /// capexec with `configure` applied to its command.
+    fn spawn(
+        rows: u16,
+        cols: u16,
+        args: &[&str],
+        configure: impl FnOnce(&mut CommandBuilder),
+    ) -> OnTerminal {
         let pair = native_pty_system()
             .openpty(PtySize {
                 rows,
@@ -42,7 +52,7 @@ impl OnTerminal {
         let initial = termios_of(pair.master.as_ref());
         let mut command = CommandBuilder::new(BIN);
         command.args(args);
-        command.env("TERM", term);
+        configure(&mut command);
         // capexec leads the session of this terminal, as a login shell's
         // child would, so it gets SIGWINCH when the size changes.
         let child = pair.slave.spawn_command(command).expect("spawn capexec");
@@ -399,4 +409,53 @@ fn dash_it_runs_on_a_terminal() {
     );
     assert_eq!(terminal.wait(), 0);
     terminal.expect("interactive-tty\r\n");
+}
+
+/// Trust on first use at a terminal: the fingerprint is shown and asked
+/// about; "no" refuses and remembers nothing, "yes" connects and remembers.
+#[test]
+fn an_unknown_certificate_is_asked_about_on_the_terminal() {
+    let served = Served::start_with(&["--tls-self-signed"]);
+    let cert = served.home.path().join(".config/capexec/server-cert.pem");
+    let fingerprint = capexec::net::TlsServer::certificate_fingerprint(&cert).expect("cert");
+    let known = served.home.path().join(".config/capexec/known-servers");
+    let token = served.token_arg();
+    let args = [
+        "run",
+        "--connect",
+        &served.tcp,
+        "--token-file",
+        &token,
+        "--tls",
+        "--",
+        "echo",
+        "asked",
+    ];
+    let home = served.home.path().to_path_buf();
+    let start = || {
+        OnTerminal::spawn(24, 80, &args, |command| {
+            command.env("HOME", &home);
+            command.env_remove("XDG_CONFIG_HOME");
+            command.env_remove("CAPEXEC_TOKEN");
+            command.env_remove("CAPEXEC_CONNECT");
+        })
+    };
+    let mut refused = start();
+    refused.expect(&format!("Its SHA-256 fingerprint is {fingerprint}."));
+    refused.expect("(yes/no) ");
+    refused.type_keys(b"no\r");
+    refused.expect("was not trusted; nothing was sent to it");
+    assert_eq!(refused.wait(), 125);
+    assert!(!known.exists());
+
+    let mut accepted = start();
+    accepted.expect("(yes/no) ");
+    accepted.type_keys(b"yes\r");
+    accepted.expect("asked");
+    assert_eq!(accepted.wait(), 0);
+    let remembered = std::fs::read_to_string(&known).expect("known-servers");
+    assert!(
+        remembered.ends_with(&format!("{} {fingerprint}\n", served.tcp)),
+        "{remembered}"
+    );
 }
