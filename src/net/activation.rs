@@ -91,8 +91,13 @@ impl InheritedSocket {
         };
         let raw = self.fd.as_raw_fd();
         let invalid = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, why);
-        let listening = nix::sys::socket::getsockopt(&*self.fd, sockopt::AcceptConn)
-            .map_err(|error| invalid(format!("descriptor {raw} is not a socket ({error})")))?;
+        let listening =
+            nix::sys::socket::getsockopt(&*self.fd, sockopt::AcceptConn).map_err(|error| {
+                invalid(format!(
+                    "descriptor {raw} is not a socket ({})",
+                    crate::model::io_message(&std::io::Error::from(error))
+                ))
+            })?;
         if !listening {
             return Err(invalid(format!(
                 "descriptor {raw} ({}) is not a listening socket: use ListenStream= in the \

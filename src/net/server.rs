@@ -79,6 +79,8 @@ pub enum ServeError {
     Token(TokenError),
     NoTokenPath,
     Policy(String),
+    /// A socket passed by the service manager that cannot be served.
+    Inherited(String, std::io::Error),
 }
 
 impl fmt::Display for ServeError {
@@ -97,6 +99,11 @@ impl fmt::Display for ServeError {
                 "tcp listeners need a token: give --token-file FILE (no HOME to find the default)"
             ),
             ServeError::Policy(error) => write!(f, "{error}"),
+            ServeError::Inherited(name, error) => write!(
+                f,
+                "socket activation: the socket {name:?}: {}",
+                crate::model::io_message(error)
+            ),
         }
     }
 }
@@ -323,11 +330,11 @@ impl Server {
                     server.admin = Some((address, listener));
                 }
                 Listener::Tcp(_) if name == ADMIN_NAME => {
-                    return Err(ServeError::Bind(
-                        address,
+                    return Err(ServeError::Inherited(
+                        name,
                         std::io::Error::new(
                             std::io::ErrorKind::InvalidInput,
-                            "the admin socket must be a Unix socket",
+                            "the admin socket must be a Unix socket (ListenStream=/PATH)",
                         ),
                     ));
                 }
@@ -451,12 +458,7 @@ fn inherited_listeners(
 ) -> Result<Vec<(String, Address, Listening)>, ServeError> {
     let mut listeners = Vec::new();
     for socket in inherited {
-        let described = |error: std::io::Error| {
-            ServeError::Bind(
-                Address::Unix(PathBuf::from(format!("<{}>", socket.name))),
-                error,
-            )
-        };
+        let described = |error: std::io::Error| ServeError::Inherited(socket.name.clone(), error);
         let listening = socket.listener().map_err(described)?;
         let address = match &listening {
             Listening::Unix(listener) => {

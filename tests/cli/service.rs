@@ -225,3 +225,45 @@ fn sighup_reloads_the_token_and_certificate_without_dropping_anything() {
     assert_eq!(next_state(&notifications), "STOPPING=1");
     assert_eq!(wait(&mut server), 0);
 }
+
+/// Descriptors that are not what socket activation promises are refused
+/// with one line, before anything is served.
+#[test]
+fn bad_passed_descriptors_are_one_line_each() {
+    let serve_with = |variables: &str, redirect: &str| {
+        let mut command = Command::new("sh");
+        command.args([
+            "-c",
+            &format!("{variables} exec \"$0\" serve {redirect}"),
+            BIN,
+        ]);
+        command.env_remove("NOTIFY_SOCKET");
+        finish(command, None)
+    };
+    for (variables, redirect, expected) in [
+        (
+            "LISTEN_PID=$$ LISTEN_FDS=many",
+            "",
+            "capexec: socket activation: LISTEN_FDS=\"many\" is not a number of descriptors\n",
+        ),
+        (
+            "LISTEN_PID=$$ LISTEN_FDS=1",
+            "3</dev/null",
+            "capexec: socket activation: the socket \"unknown\": descriptor 3 is not a socket \
+             (Socket operation on non-socket)\n",
+        ),
+        (
+            "LISTEN_PID=$$ LISTEN_FDS=2 LISTEN_FDNAMES=main:admin",
+            "3</dev/null 4</dev/null",
+            "capexec: socket activation: the socket \"main\": descriptor 3 is not a socket \
+             (Socket operation on non-socket)\n",
+        ),
+    ] {
+        let failed = serve_with(variables, redirect);
+        assert_eq!(
+            (failed.code, text(&failed.stderr)),
+            (125, expected.to_string()),
+            "{variables}"
+        );
+    }
+}
