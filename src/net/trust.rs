@@ -28,6 +28,48 @@ use crate::net::certificate;
 pub(crate) struct CaVerifier {
     webpki: Arc<WebPkiServerVerifier>,
     anchors: Vec<CertificateDer<'static>>,
+    provider: Arc<CryptoProvider>,
+}
+
+/// The handshake-signature half of a `ServerCertVerifier`, the same for
+/// every verifier here: checked with the crypto provider's algorithms
+/// against the certificate accepted (`self.provider`).
+macro_rules! signatures_checked_by_the_provider {
+    () => {
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            verify_tls12_signature(
+                message,
+                cert,
+                dss,
+                &self.provider.signature_verification_algorithms,
+            )
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            verify_tls13_signature(
+                message,
+                cert,
+                dss,
+                &self.provider.signature_verification_algorithms,
+            )
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.provider
+                .signature_verification_algorithms
+                .supported_schemes()
+        }
+    };
 }
 
 impl CaVerifier {
@@ -41,10 +83,15 @@ impl CaVerifier {
                 .add(anchor.clone())
                 .map_err(|error| format!("not a usable CA certificate ({})", words(&error)))?;
         }
-        let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
-            .build()
-            .map_err(|error| format!("not a usable CA certificate ({error})"))?;
-        Ok(CaVerifier { webpki, anchors })
+        let webpki =
+            WebPkiServerVerifier::builder_with_provider(Arc::new(roots), Arc::clone(&provider))
+                .build()
+                .map_err(|error| format!("not a usable CA certificate ({error})"))?;
+        Ok(CaVerifier {
+            webpki,
+            anchors,
+            provider,
+        })
     }
 }
 
@@ -68,27 +115,7 @@ impl ServerCertVerifier for CaVerifier {
             .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.webpki.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.webpki.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.webpki.supported_verify_schemes()
-    }
+    signatures_checked_by_the_provider!();
 }
 
 /// A trusted certificate presented as the server's own: valid now and for
@@ -198,39 +225,7 @@ impl ServerCertVerifier for FingerprintVerifier {
         )))
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
+    signatures_checked_by_the_provider!();
 }
 
 /// The refusal of a fingerprint verifier inside a rustls error, if it is
