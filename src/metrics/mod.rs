@@ -120,6 +120,16 @@ impl Drop for OpenConnection {
     }
 }
 
+/// TCP connections that have not logged in yet: `delta` more.
+pub fn awaiting_login(delta: i64) {
+    metrics()
+        .connections
+        .get_or_create(&StateLabel {
+            state: "awaiting-login",
+        })
+        .inc_by(delta);
+}
+
 /// A login refused for a wrong token.
 pub fn refused_login() {
     metrics().refused_logins.inc();
@@ -173,7 +183,7 @@ pub fn render(running: usize) -> String {
     );
     registry.register(
         "connections",
-        "Connections by state",
+        "Connections by state: open (all), awaiting-login (TCP, not logged in yet)",
         metrics.connections.clone(),
     );
     registry.register(
@@ -207,6 +217,7 @@ mod tests {
         exit(ExitStatus::Code(0));
         exit(ExitStatus::Code(127));
         refused_start(RefusalKind::ProgramNotFound);
+        refused_start(RefusalKind::LimitReached);
         let text = render(3);
         for line in [
             "# HELP capexec_processes Processes the server holds now",
@@ -216,6 +227,8 @@ mod tests {
             "capexec_process_exits_total{class=\"127\"}",
             "capexec_processes_failed_total{tag=\"program-not-found\"}",
             "# TYPE capexec_output_bytes counter",
+            "capexec_processes_failed_total{tag=\"limit\"}",
+            "capexec_limit_hits_total{limit=\"processes\"}",
             "# EOF",
         ] {
             assert!(text.contains(line), "{line} not in {text}");

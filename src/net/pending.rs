@@ -68,6 +68,7 @@ pub(crate) struct Place {
 
 impl Drop for Place {
     fn drop(&mut self) {
+        crate::metrics::awaiting_login(-1);
         let mut counts = self.counts.borrow_mut();
         counts.total -= 1;
         if let Some(count) = counts.by_peer.get_mut(&self.peer) {
@@ -107,6 +108,7 @@ impl PendingLogins {
         }
         counts.total += 1;
         *counts.by_peer.entry(key).or_default() += 1;
+        crate::metrics::awaiting_login(1);
         Ok(Place {
             peer: key,
             counts: Rc::clone(&self.counts),

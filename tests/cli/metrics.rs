@@ -111,6 +111,29 @@ fn metrics_count_what_happened_and_leak_nothing() {
         assert!(Instant::now() < deadline, "{body}");
         std::thread::sleep(Duration::from_millis(20));
     };
+    assert_eq!(
+        sample(&body, "capexec_connections{state=\"awaiting-login\"}"),
+        Some(0.0),
+        "{body}"
+    );
+    // A connection that has not logged in is counted as such while it
+    // waits.
+    let port = tcp.rsplit(':').next().expect("port");
+    let waiting = std::net::TcpStream::connect(("127.0.0.1", port.parse::<u16>().expect("port")))
+        .expect("connect");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let awaiting = |wanted: f64| loop {
+        let response = scrape(&url, "GET /metrics HTTP/1.1\r\n\r\n");
+        let value = sample(&response, "capexec_connections{state=\"awaiting-login\"}");
+        if value == Some(wanted) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{response}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    awaiting(1.0);
+    drop(waiting);
+    awaiting(0.0);
     for (name, value) in [
         ("capexec_processes_started_total", 1.0),
         (
