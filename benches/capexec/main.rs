@@ -11,13 +11,15 @@
 //! Servers are real `capexec serve` processes (Unix socket, TCP with a
 //! token, and a two-server chain); the clients run in this process. Cases
 //! alternate their variants round by round, so a burst of noise lands on
-//! all of them. Sections: latency, output, stdin, pipelining, scale, abuse.
+//! all of them. Sections: latency, output, stdin, pipelining, scale, abuse,
+//! operator.
 
 mod abuse;
 #[path = "../../tests/common/hostile.rs"]
 #[allow(dead_code)]
 mod hostile;
 mod latency;
+mod operator;
 mod output;
 mod pipelining;
 #[path = "../../tests/common/procfs.rs"]
@@ -89,7 +91,15 @@ impl Plan {
     }
 }
 
-const SECTIONS: [&str; 6] = ["latency", "output", "stdin", "pipelining", "scale", "abuse"];
+const SECTIONS: [&str; 7] = [
+    "latency",
+    "output",
+    "stdin",
+    "pipelining",
+    "scale",
+    "abuse",
+    "operator",
+];
 
 fn main() -> Result<(), Box<dyn Error>> {
     let mut quick = false;
@@ -138,6 +148,9 @@ fn main() -> Result<(), Box<dyn Error>> {
         }
         if wanted("abuse") {
             abuse::run(&plan, &mut report).await?;
+        }
+        if wanted("operator") {
+            operator::run(&plan, &mut report).await?;
         }
         Ok::<_, Box<dyn Error>>(report)
     })?;
