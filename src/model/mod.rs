@@ -5,6 +5,7 @@
 mod error;
 mod executor;
 mod exit;
+mod files;
 mod policy;
 mod process;
 mod signal;
@@ -16,6 +17,7 @@ mod text;
 pub use self::error::*;
 pub use self::executor::*;
 pub use self::exit::*;
+pub use self::files::*;
 pub use self::policy::*;
 pub use self::process::*;
 pub use self::signal::*;

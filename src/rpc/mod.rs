@@ -5,8 +5,11 @@
 
 mod context;
 mod detach;
+mod directory;
 mod executor;
+mod file_limits;
 mod forward;
+mod forward_directory;
 mod info;
 mod process;
 mod quota;
@@ -14,6 +17,7 @@ mod subscription;
 
 pub use self::context::{Link, ServerContext, Upstream, check_names as check_environment_names};
 pub use self::detach::{DEFAULT_RETENTION, Detachments, MAX_GRACE};
+pub use self::directory::DirectoryImpl;
 pub use self::executor::{ExecutorImpl, local_executor, restricted_root_executor, root_executor};
 pub use self::process::{MAX_WAIT_MS, ProcessImpl};
 pub use self::quota::Quota;

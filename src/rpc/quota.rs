@@ -4,6 +4,7 @@ use std::cell::Cell;
 use std::rc::Rc;
 
 use crate::model::{Refusal, RefusalKind};
+use crate::rpc::file_limits::FileLimits;
 
 /// A connection's allowance of live processes, shared by every executor
 /// reached from its root (the "local" environment included).
@@ -13,6 +14,8 @@ pub struct Quota(Rc<State>);
 struct State {
     held: Cell<usize>,
     max: Option<usize>,
+    /// The connection's file transfers and watches.
+    files: FileLimits,
 }
 
 impl Quota {
@@ -21,6 +24,7 @@ impl Quota {
         Quota(Rc::new(State {
             held: Cell::new(0),
             max: None,
+            files: FileLimits::default(),
         }))
     }
 
@@ -28,7 +32,13 @@ impl Quota {
         Quota(Rc::new(State {
             held: Cell::new(0),
             max: Some(max),
+            files: FileLimits::default(),
         }))
+    }
+
+    /// The connection's allowance of file transfers and watches.
+    pub(crate) fn files(&self) -> &FileLimits {
+        &self.0.files
     }
 
     /// One more process, or the limit's error; the ticket gives it back when
