@@ -2,6 +2,7 @@
 
 mod argument_error;
 mod capacity;
+mod copy;
 mod duration;
 mod input;
 mod inspect;
@@ -73,6 +74,41 @@ enum Command {
     /// Show what an executor reports about itself: version, features, OS,
     /// hostname, shell, working and temporary directories.
     Info(InfoArgs),
+    /// Copy files between this machine and the executor's, like scp.
+    ///
+    /// Remote paths are written :PATH (relative ones from the server's
+    /// working directory), local ones as they are; the sources are all on
+    /// one side and DST on the other. With several sources, or when DST is
+    /// an existing directory, each source is copied into it under its own
+    /// name. `cp - :PATH` uploads stdin, `cp :PATH -` writes the file to
+    /// stdout. Each remote file is replaced atomically (readers see the
+    /// old content or the new). Symlinks are copied as symlinks. Many
+    /// files travel at once on one connection.
+    ///
+    /// Exit status: 0 when everything was copied; 1 when some files
+    /// failed (one line each on stderr); 125 for bad arguments or a
+    /// connection that could not be made.
+    Cp(CpArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CpArgs {
+    #[command(flatten)]
+    connect: ConnectArgs,
+    /// Copy through the executor of this environment (NAME, or
+    /// NAME/NAME... through several hops).
+    #[arg(long, value_name = "NAME")]
+    environment: Option<String>,
+    /// Copy directories and everything in them.
+    #[arg(short = 'r', long)]
+    recursive: bool,
+    /// Keep permission bits (setuid and sticky too) and modification
+    /// times.
+    #[arg(short = 'p', long)]
+    preserve: bool,
+    /// SRC... DST: sources, then the destination.
+    #[arg(value_name = "SRC... DST")]
+    paths: Vec<OsString>,
 }
 
 #[derive(Args, Clone, Debug)]
@@ -317,6 +353,10 @@ pub fn main() -> i32 {
             logging::init(tracing::Level::WARN, logging::Style::Client);
             inspect::info_main(args.connect, args.environment)
         }
+        Command::Cp(args) => {
+            logging::init(tracing::Level::WARN, logging::Style::Client);
+            copy::main(args)
+        }
     }
 }
 
@@ -327,9 +367,9 @@ fn argument_failure(error: &clap::Error) -> i32 {
         let _ = error.print();
         return 0;
     }
-    let subcommand = std::env::args()
-        .nth(1)
-        .filter(|name| ["run", "shell", "serve", "environments", "info"].contains(&name.as_str()));
+    let subcommand = std::env::args().nth(1).filter(|name| {
+        ["run", "shell", "serve", "environments", "info", "cp"].contains(&name.as_str())
+    });
     eprintln!(
         "capexec: {}",
         argument_error::one_line(error, subcommand.as_deref())

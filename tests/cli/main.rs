@@ -9,6 +9,7 @@
 mod common;
 
 mod chain;
+mod copy;
 mod deadlines;
 mod errors;
 mod habits;
