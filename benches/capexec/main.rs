@@ -11,9 +11,10 @@
 //! Servers are real `capexec serve` processes (Unix socket, TCP with a
 //! token, and a two-server chain); the clients run in this process. Cases
 //! alternate their variants round by round, so a burst of noise lands on
-//! all of them. Sections: latency, output, stdin, pipelining, scale, abuse.
+//! all of them. Sections: latency, output, stdin, pipelining, scale, abuse, files.
 
 mod abuse;
+mod files;
 #[path = "../../tests/common/hostile.rs"]
 #[allow(dead_code)]
 mod hostile;
@@ -49,6 +50,10 @@ pub struct Plan {
     pub sequential: usize,
     pub clients: usize,
     pub abuse_runs: usize,
+    pub file_bytes: u64,
+    pub file_rounds: usize,
+    pub small_files: usize,
+    pub walk_entries: usize,
 }
 
 impl Plan {
@@ -68,6 +73,10 @@ impl Plan {
                 sequential: 200,
                 clients: 10,
                 abuse_runs: 10,
+                file_bytes: 64 << 20,
+                file_rounds: 1,
+                small_files: 1000,
+                walk_entries: 10_000,
             }
         } else {
             Plan {
@@ -84,12 +93,24 @@ impl Plan {
                 sequential: 10_000,
                 clients: 200,
                 abuse_runs: 300,
+                file_bytes: 1 << 30,
+                file_rounds: 3,
+                small_files: 10_000,
+                walk_entries: 100_000,
             }
         }
     }
 }
 
-const SECTIONS: [&str; 6] = ["latency", "output", "stdin", "pipelining", "scale", "abuse"];
+const SECTIONS: [&str; 7] = [
+    "latency",
+    "output",
+    "stdin",
+    "pipelining",
+    "scale",
+    "abuse",
+    "files",
+];
 
 fn main() -> Result<(), Box<dyn Error>> {
     let mut quick = false;
@@ -138,6 +159,9 @@ fn main() -> Result<(), Box<dyn Error>> {
         }
         if wanted("abuse") {
             abuse::run(&plan, &mut report).await?;
+        }
+        if wanted("files") {
+            files::run(&plan, &servers, &mut report).await?;
         }
         Ok::<_, Box<dyn Error>>(report)
     })?;
