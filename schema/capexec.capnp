@@ -27,6 +27,23 @@
 #     internal         the server failed in a way the request could not
 #                      have avoided (an operating-system failure outside a
 #                      start, such as a terminal that cannot be resized).
+#   and on `Directory` calls (see there), each naming the path:
+#     not-found        no file or directory by that name;
+#     not-a-directory  a path component (or the target) is not a directory;
+#     is-a-directory   a file was expected, the path names a directory;
+#     exists           the target exists and the call may not replace it;
+#     not-empty        a directory to remove or replace is not empty;
+#     too-large        a file is larger than a one-shot call may carry;
+#     conflict         the file changed since the version the call names
+#                      (`ifVersion`): somebody else wrote it meanwhile;
+#     outside-directory the path would leave the directory (`..`, an
+#                      absolute path, a symlink pointing out, a magic link
+#                      of /proc): the kernel refused to resolve it there;
+#     no-space         the file system is full (or a quota is reached);
+#     busy             the file is in use (a mount point, a running program).
+#   On `Directory` calls, `permission-denied` means the operating system
+#   refused (EACCES, EPERM, a read-only file system), `forbidden` that the
+#   capability is read-only, and `limit` a limit of the server's.
 #   Each method below says which codes it raises. Errors without a tag come
 #   from the RPC system itself: `disconnected` (the connection or a link of a
 #   chain broke), `overloaded` (the connection was closed for exceeding a
@@ -222,6 +239,26 @@ interface Executor {
   # path and then used by path, so whoever can change the file system under
   # them at that moment can race the check, and an allowed program in a
   # writable directory can be rewritten.
+
+  directory @6 (path :Data) -> (dir :Directory);
+  # The directory at `path` on the machine where this executor's processes
+  # run (a relative path is taken from the server's working directory, as a
+  # start without `cwd` would be), as a `Directory` capability: every call
+  # on it names paths beneath it and nothing else (see `Directory`). `path`
+  # itself is resolved as the server's user would (symlinks followed), once,
+  # when the call is made; the directory stays the same one if it is renamed
+  # later. Pipelined: `directory(p).readFile(q)` costs one trip per hop.
+  #
+  # A restricted executor (see `restrict`) hands out only directories in or
+  # below its `cwdRoots` (its path is resolved beneath the root, by the
+  # kernel), else fails with `[capexec:not-allowed]`. Through a forwarding
+  # executor the call is forwarded, pipelined, like `start`, and the
+  # `Directory` is the far end's.
+  #
+  # Errors: `[capexec:not-found]`, `[capexec:not-a-directory]`,
+  # `[capexec:permission-denied]`, `[capexec:invalid-argument]` (empty, NUL),
+  # `[capexec:not-allowed]`; `[capexec:unsupported]` on a kernel without
+  # openat2 (Linux < 5.6), where no confinement could be enforced.
 }
 
 struct Policy {
@@ -293,7 +330,10 @@ struct ExecutorInfo {
   #   `Executor.restore`), "facets" (`Process.observer` and
   #   `Process.stdinWriter`), "timeout" (`StartParams.timeoutMs`), "usage"
   #   (`ExitStatus.usage`), "restrict" (`Executor.restrict`; listed by a
-  #   restricted executor as "restricted" too).
+  #   restricted executor as "restricted" too), "directory"
+  #   (`Executor.directory`), "files" (every `Directory` method up to
+  #   `info`, with `FileStat.version` and `ifVersion`), "file-watch"
+  #   (`Directory.watch`).
   # Clients must ignore names they do not know.
 
   os @2 :Text;
@@ -845,4 +885,371 @@ struct ProcessRecord {
 
   memoryBytes @9 :UInt64;
   # Resident memory of the child now (0 once it has exited).
+}
+
+# ---------------------------------------------------------------------------
+# Files
+# ---------------------------------------------------------------------------
+#
+# Conventions of every `Directory` call:
+# - Paths are `Data` (bytes without NUL, at most 4,096), relative to the
+#   directory: "" and "." name the directory itself, "a/b" a path beneath
+#   it. The kernel resolves every path beneath the directory
+#   (`openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`): an absolute path,
+#   ".." past the directory, a symlink that points out (also one swapped in
+#   while the call runs) and /proc's magic links all fail with
+#   `[capexec:outside-directory]`. Symlinks that stay inside are followed,
+#   except for the last component where a call says otherwise (`remove`,
+#   `rename`, `symlink`, `readlink`, `stat` with `noFollow`, walks). The
+#   final component of a call that creates, removes or renames is always
+#   operated on relative to its parent directory's descriptor; nothing is
+#   ever joined into a path string.
+# - Errors say what and where in one line (`read "a/b": not found`), tagged
+#   (see the codes at the top of this file): `not-found`, `not-a-directory`,
+#   `is-a-directory`, `exists`, `not-empty`, `too-large`, `conflict`,
+#   `outside-directory`, `permission-denied`, `no-space`, `busy`,
+#   `invalid-argument`, `forbidden` (a read-only directory), `limit`,
+#   `internal`.
+# - Limits: one-shot `readFile` and `writeFile` carry at most 4 MiB of
+#   data; an upload's `write` at most 1 MiB. One connection may have at most
+#   64 transfers (uploads not yet done or dropped, downloads, lists and
+#   walks in progress) and 32 watches at once; more fail with
+#   `[capexec:limit]`. Through a chain these count at the server that
+#   serves the directory, where the link is one connection.
+# - Blocking file system calls run off the server's RPC thread: a slow
+#   disk or a huge tree delays only the call that touches it.
+
+interface Directory {
+  # A directory on the server's machine and everything beneath it, and
+  # nothing else: the capability cannot name a path outside it. Obtained
+  # from `Executor.directory`, narrowed with `subdirectory`, attenuated
+  # with `readOnly`.
+
+  stat @0 (path :Data, noFollow :Bool) -> (stat :FileStat);
+  # What `path` is. With `noFollow` a final symlink is described itself
+  # (lstat), else the file it leads to (within the directory).
+
+  list @1 (path :Data, sink :EntrySink) -> (entries :UInt64);
+  # The entries of directory `path` (not "." and ".."), pushed into `sink`
+  # in batches (at most 1,024 entries each), in the order the file system
+  # returns them, each with its `stat` (symlinks not followed). The answer
+  # comes once every batch was pushed and acknowledged, and counts them.
+  # Memory on the server stays bounded whatever the directory's size: a
+  # slow sink slows the listing. A sink that throws ends it with that
+  # error. Counts as a transfer (see the limits above).
+
+  walk @2 (path :Data, options :WalkOptions, sink :EntrySink) -> (entries :UInt64, truncated :Bool);
+  # Every entry beneath directory `path`, depth first, pushed like `list`;
+  # `DirEntry.path` is relative to `path`. Symlinks are reported, never
+  # followed; a directory that is replaced while the walk runs (by a
+  # symlink, say) is reported with an `error` and not entered, and a
+  # directory that cannot be read is reported with its `error`; the walk
+  # goes on. `truncated` tells that `maxEntries` ended it. A directory
+  # being entered holds one descriptor of the server per level.
+
+  readFile @3 (path :Data, offset :UInt64, length :UInt64) -> (data :Data, stat :FileStat);
+  # Bytes `offset` .. `offset + length` of file `path` (fewer at its end;
+  # none past it), or with `length` 0 everything from `offset` to the end.
+  # `stat` describes the file as it was opened. At most 4 MiB: a `length`
+  # over that fails with `[capexec:limit]`, and a `length` 0 read of more
+  # with `[capexec:too-large]` (use `download`). `[capexec:is-a-directory]`
+  # for a directory.
+
+  writeFile @4 (path :Data, data :Data, options :WriteOptions) -> (stat :FileStat);
+  # Makes `data` (at most 4 MiB, else `[capexec:limit]`) the content of
+  # file `path`, as `options` say, and answers with the new file's `stat`.
+  # By default atomically: the content is written to a new file that has
+  # no name (O_TMPFILE; on file systems without it, a hidden temporary
+  # ".capexec-*.tmp" in the same directory, removed on every failure),
+  # which then replaces the target in one rename. Readers see the old
+  # content or the new, never a mix; if the server dies first, the target
+  # is untouched (and an unnamed file vanishes with it; only a hidden
+  # temporary, on a file system without O_TMPFILE, can stay behind). A
+  # symlink as the target is replaced, not followed.
+
+  upload @5 (path :Data, options :WriteOptions, size :UInt64, sizeKnown :Bool) -> (sink :UploadSink);
+  # `writeFile` for content of any size, streamed: the client pushes the
+  # content into `sink` and commits it with `UploadSink.done`. The target's
+  # conditions (`exclusive`, `mustExist`, `ifVersion`, its parent directory)
+  # are checked now and again at `done`. Until `done` answers, nothing is
+  # visible: a sink released without `done`, a connection that breaks, a
+  # write that fails or, with `sizeKnown`, a total other than `size` leave
+  # the old file (or no file) as it was, and no temporary behind. Memory
+  # stays bounded: writes are acknowledged as the disk takes them. With
+  # `inPlace` the writes go to the target as they come (not atomic), and an
+  # aborted upload leaves what was written. Counts as a transfer until done
+  # or released.
+
+  download @6 (path :Data, offset :UInt64, length :UInt64, sink :ByteSink) -> (size :UInt64, stat :FileStat);
+  # Pushes bytes `offset` .. `offset + length` of file `path` (`length` 0:
+  # to the end) into `sink` in chunks of at most 256 KiB, paced by the
+  # sink's stream flow control, and answers once every chunk has been
+  # acknowledged, with the number of bytes and the `stat` of the file as
+  # opened. A file that grows while it is read is read up to the size it
+  # had when opened. A sink that throws ends the download with that error.
+  # Counts as a transfer.
+
+  mkdir @7 (path :Data, recursive :Bool, mode :UInt32 = 511) -> ();
+  # Creates directory `path` with permission bits `mode` (less the server's
+  # umask; 511 is 0o777). `recursive`: its missing parents too, and an existing directory
+  # is no error (mkdir -p). Else `[capexec:exists]` if it exists and
+  # `[capexec:not-found]` without its parent.
+
+  remove @8 (path :Data, recursive :Bool, missingOk :Bool) -> (removed :UInt64);
+  # Removes a file, a symlink (not what it points to) or an empty
+  # directory; with `recursive` a directory and everything in it (never
+  # following symlinks; `[capexec:not-empty]` without it). Answers how many
+  # entries were removed. `missingOk`: a missing `path` removes 0 and is no
+  # error. The directory itself ("" or ".") cannot be removed
+  # (`[capexec:invalid-argument]`).
+
+  rename @9 (from :Data, to :Data, noReplace :Bool) -> ();
+  # Renames `from` to `to` (both beneath this directory) atomically,
+  # replacing what `to` names unless `noReplace` (`[capexec:exists]`).
+  # A directory replaces only an empty directory (`[capexec:not-empty]`).
+
+  copy @10 (from :Data, to :Data, options :CopyOptions) -> (copied :UInt64);
+  # Copies file `from` (or with `recursive` a tree) to `to`, on the server
+  # (copy_file_range: no data crosses the connection; reflinks where the
+  # file system makes them). Each file is written atomically as by
+  # `writeFile`; symlinks are copied as symlinks. Answers the number of
+  # entries copied. `to` is the copy's own name, not a directory to put it
+  # in. Copying a directory into itself fails with
+  # `[capexec:invalid-argument]`.
+
+  symlink @11 (target :Data, path :Data) -> ();
+  # Creates symlink `path` pointing to `target`, stored as given (it may
+  # point anywhere; following it later is confined like any path).
+  # `[capexec:exists]` if `path` exists.
+
+  readlink @12 (path :Data) -> (target :Data);
+  # The target of symlink `path`, as stored. `[capexec:invalid-argument]`
+  # if `path` is not a symlink.
+
+  setPermissions @13 (path :Data, mode :UInt32) -> ();
+  # Sets the permission bits (07777) of `path` (a symlink's target, within
+  # the directory).
+
+  setTimes @14 (path :Data, accessedNs :Int64, modifiedNs :Int64) -> ();
+  # Sets the access and modification times of `path` (nanoseconds since
+  # the Unix epoch; a symlink's target, within the directory).
+
+  canonicalize @15 (path :Data) -> (path :Data);
+  # `path` with ".", ".." and symlinks resolved, relative to this directory
+  # ("" for the directory itself). It must exist.
+
+  subdirectory @16 (path :Data) -> (dir :Directory);
+  # The directory `path` as a capability of its own, confined to it: it
+  # cannot name its parent. A subdirectory of a read-only directory is
+  # read-only. Pipelined: `subdirectory(p).readFile(q)` costs no extra trip.
+
+  readOnly @17 () -> (dir :Directory);
+  # The same directory, read-only: `stat`, `list`, `walk`, `readFile`,
+  # `download`, `readlink`, `canonicalize`, `subdirectory`, `readOnly`,
+  # `watch` and `info` work; every other call fails with
+  # `[capexec:forbidden]` naming the call, and so do the same calls on
+  # everything derived from it.
+
+  watch @18 (path :Data, options :WatchOptions, sink :WatchSink) -> (watch :Watch);
+  # Reports changes beneath directory `path` (inotify) to `sink` until
+  # `watch` is released or the sink throws. Events come in batches, paced
+  # by the sink's flow control, and are coalesced (repeated `modified`
+  # events of one file in one batch become one). Nothing is lost silently:
+  # when the kernel drops events (its queue overflowed) or the client is
+  # too slow (16,384 events wait), the client gets an `overflow` event and
+  # should look again (`list`, `walk`). The answer comes once the watch is
+  # in place: changes after it are reported. If the watched directory is
+  # removed or moved away, a `gone` event is the last. Counts against the
+  # connection's 32 watches.
+
+  info @19 () -> (info :DirectoryInfo);
+  # Where this directory is and what it allows.
+}
+
+struct FileStat {
+  kind @0 :FileKind;
+  size @1 :UInt64;
+  # In bytes (a symlink: its target's length).
+  permissions @2 :UInt32;
+  # The mode's permission bits (07777).
+  modifiedNs @3 :Int64;
+  accessedNs @4 :Int64;
+  changedNs @5 :Int64;
+  # Times in nanoseconds since the Unix epoch (`changed`: the inode's).
+  uid @6 :UInt32;
+  gid @7 :UInt32;
+  links @8 :UInt64;
+  inode @9 :UInt64;
+  device @10 :UInt64;
+  version @11 :Data;
+  # Opaque (at most 64 bytes; compare for equality only): changes whenever
+  # the content could have changed (it is made of the device, inode, size,
+  # and modification and change times in nanoseconds). Give it as
+  # `WriteOptions.ifVersion` to write only over this very content.
+}
+
+enum FileKind {
+  unknown @0;
+  file @1;
+  directory @2;
+  symlink @3;
+  fifo @4;
+  socket @5;
+  charDevice @6;
+  blockDevice @7;
+}
+
+struct DirEntry {
+  path @0 :Data;
+  # `list`: the entry's name; `walk`: its path relative to the walked
+  # directory.
+  stat @1 :FileStat;
+  # Of the entry itself (a symlink is not followed). Null when `error` says
+  # why it could not be had.
+  linkTarget @2 :Data;
+  # A symlink's target, as stored.
+  error @3 :Text;
+  # Empty, or why this entry (a directory `walk` could not enter, an entry
+  # gone before its stat) is incomplete.
+}
+
+struct WalkOptions {
+  maxDepth @0 :UInt32;
+  # 1: the entries of the directory only; 2: theirs too... 0: up to the
+  # server's limit of 256 levels (deeper directories are reported, not
+  # entered).
+  maxEntries @1 :UInt64;
+  # Stop after this many entries (`truncated`); 0: no limit.
+  include @2 :List(Data);
+  # Glob patterns matched against each entry's relative path (`*` does not
+  # cross "/", `**` does, `?`, `[...]`, `{a,b}`): only matching entries are
+  # reported (directories are entered all the same). Null or empty: every
+  # entry.
+  exclude @3 :List(Data);
+  # Entries matching any of these are neither reported nor entered. At most
+  # 256 patterns in all, each at most 4,096 bytes
+  # (`[capexec:invalid-argument]`, as for a malformed pattern).
+}
+
+struct WriteOptions {
+  # How `writeFile` and `upload` treat the target. The defaults: create or
+  # replace, atomically, keeping a replaced file's permissions.
+
+  exclusive @0 :Bool;
+  # Fail with `[capexec:exists]` if the target exists (decided atomically
+  # when the content is committed: of two exclusive writers, one wins).
+  mustExist @1 :Bool;
+  # Fail with `[capexec:not-found]` unless the target exists.
+  inPlace @2 :Bool;
+  # Not atomic: truncate the existing file (or create it) and write into it,
+  # keeping its inode, hard links and owner; readers may see partial
+  # content. Only for files that must keep their identity.
+  permissions :union {
+    keep @3 :Void;
+    # A replaced file's permission bits; a new file's are 0666 less the
+    # server's umask.
+    set @4 :UInt32;
+  }
+  ifVersion @5 :Data;
+  # Non-empty: write only if the target's `FileStat.version` is this one
+  # (checked when the content is committed, under the server's commit
+  # lock, so that of two writers holding the same version only one
+  # succeeds); else `[capexec:conflict]`, naming the file. A missing file
+  # is a conflict too.
+  createParents @6 :Bool;
+  # Create missing parent directories (mode 0777 less the umask) first.
+  modified :union {
+    now @7 :Void;
+    at @8 :Int64;
+    # The new file's modification time (ns since the epoch), set before it
+    # becomes visible.
+  }
+  sync @9 :Bool;
+  # Flush the file and its directory to stable storage before answering
+  # (fsync), so the new content survives a power loss.
+}
+
+struct CopyOptions {
+  recursive @0 :Bool;
+  # Copy a directory and everything in it.
+  noReplace @1 :Bool;
+  # Fail with `[capexec:exists]` where the copy would replace something.
+  preserve @2 :Bool;
+  # Keep permission bits and modification times (else files get the
+  # source's permission bits and directories 0777, less the server's
+  # umask, and the time of the copy).
+}
+
+struct WatchOptions {
+  recursive @0 :Bool;
+  # Watch subdirectories too, including those created later (their
+  # entries made before their watch was in place are reported `created`).
+}
+
+struct WatchEvent {
+  kind @0 :WatchEventKind;
+  path @1 :Data;
+  # Relative to the watched directory ("" for the directory itself).
+  toPath @2 :Data;
+  # `renamed`: the new path.
+  isDirectory @3 :Bool;
+}
+
+enum WatchEventKind {
+  created @0;
+  modified @1;
+  # Content written (reported when written, and when the file is closed).
+  removed @2;
+  renamed @3;
+  # Within the watched tree, `path` to `toPath`; a rename into the tree is
+  # `created`, one out of it `removed`.
+  attributes @4;
+  # Permissions, owner or times changed.
+  overflow @5;
+  # Events were lost (the kernel's queue, or a client too slow): look again.
+  gone @6;
+  # The watched directory was removed or moved away; the last event.
+}
+
+struct DirectoryInfo {
+  path @0 :Data;
+  # The directory's absolute path on the server's machine, as the kernel
+  # names it now (after renames).
+  readOnly @1 :Bool;
+}
+
+interface EntrySink {
+  # Implemented by the client of `list` and `walk`.
+  push @0 (entries :List(DirEntry)) -> stream;
+  # A batch of entries. Returning acknowledges it; throwing ends the call.
+}
+
+interface ByteSink {
+  # Implemented by the client of `download`.
+  write @0 (data :Data) -> stream;
+  # The next chunk. Returning acknowledges it; throwing ends the download.
+}
+
+interface UploadSink {
+  # Returned by `upload`; implemented by the server.
+  write @0 (data :Data) -> stream;
+  # Appends the next chunk (at most 1 MiB, else `[capexec:limit]`). A
+  # failed write (the disk is full...) fails this call or a later one, and
+  # the upload with it.
+  done @1 () -> (stat :FileStat);
+  # Commits the upload once every earlier write has reached the file: it
+  # replaces the target as `writeFile` would (with its checks), and answers
+  # with the new file's `stat`. After `done`, or a failure, further calls
+  # fail with `[capexec:invalid-argument]`.
+}
+
+interface WatchSink {
+  # Implemented by the client of `watch`.
+  push @0 (events :List(WatchEvent)) -> stream;
+  # A batch of events, in the order they happened. Returning acknowledges
+  # it; throwing ends the watch.
+}
+
+interface Watch {
+  # Releasing this capability ends the watch.
 }

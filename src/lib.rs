@@ -5,6 +5,7 @@
 //! - [`model`]: the values every layer speaks (specs, policies, events,
 //!   exits, signals, the tagged [`model::Refusal`]); depends on nothing else;
 //! - [`engine`]: the local process engine, plain tokio code over the model;
+//! - [`files`]: the file engine: directories confined by the kernel;
 //! - [`wire`]: conversions between the model and the Cap'n Proto types;
 //! - [`rpc`]: the Cap'n Proto server objects over the engine;
 //! - [`client`]: a typed client over the Cap'n Proto capabilities;
@@ -18,6 +19,7 @@ capnp::generated_code!(pub mod capexec_capnp);
 pub mod client;
 pub mod engine;
 pub mod metrics;
+pub mod files;
 pub mod model;
 pub mod net;
 pub mod rpc;

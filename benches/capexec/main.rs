@@ -12,9 +12,10 @@
 //! token, and a two-server chain); the clients run in this process. Cases
 //! alternate their variants round by round, so a burst of noise lands on
 //! all of them. Sections: latency, output, stdin, pipelining, scale, abuse,
-//! operator.
+//! operator, files.
 
 mod abuse;
+mod files;
 #[path = "../../tests/common/hostile.rs"]
 #[allow(dead_code)]
 mod hostile;
@@ -51,6 +52,10 @@ pub struct Plan {
     pub sequential: usize,
     pub clients: usize,
     pub abuse_runs: usize,
+    pub file_bytes: u64,
+    pub file_rounds: usize,
+    pub small_files: usize,
+    pub walk_entries: usize,
 }
 
 impl Plan {
@@ -70,6 +75,10 @@ impl Plan {
                 sequential: 200,
                 clients: 10,
                 abuse_runs: 10,
+                file_bytes: 64 << 20,
+                file_rounds: 1,
+                small_files: 1000,
+                walk_entries: 10_000,
             }
         } else {
             Plan {
@@ -86,12 +95,16 @@ impl Plan {
                 sequential: 10_000,
                 clients: 200,
                 abuse_runs: 300,
+                file_bytes: 1 << 30,
+                file_rounds: 3,
+                small_files: 10_000,
+                walk_entries: 100_000,
             }
         }
     }
 }
 
-const SECTIONS: [&str; 7] = [
+const SECTIONS: [&str; 8] = [
     "latency",
     "output",
     "stdin",
@@ -99,6 +112,7 @@ const SECTIONS: [&str; 7] = [
     "scale",
     "abuse",
     "operator",
+    "files",
 ];
 
 fn main() -> Result<(), Box<dyn Error>> {
@@ -151,6 +165,9 @@ fn main() -> Result<(), Box<dyn Error>> {
         }
         if wanted("operator") {
             operator::run(&plan, &mut report).await?;
+        }
+        if wanted("files") {
+            files::run(&plan, &servers, &mut report).await?;
         }
         Ok::<_, Box<dyn Error>>(report)
     })?;

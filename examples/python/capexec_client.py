@@ -3,8 +3,10 @@
 
 Connects to a capexec server (unix:PATH, or tcp:HOST:PORT with a token
 file), starts a command with its subscription pipelined on the start,
-streams the output through an EventSink, prints the exit status and exits 0
-only if everything worked and the command exited 0.
+streams the output through an EventSink, prints the exit status, then makes
+a round trip of a binary file through a Directory (writeFile, a streamed
+download into a ByteSink, a listing through an EntrySink), and exits 0 only
+if everything worked and the command exited 0.
 
     pip install pycapnp
     python3 examples/python/capexec_client.py ADDRESS [TOKEN_FILE] [-- PROGRAM ARGS...]
@@ -71,6 +73,54 @@ class Sink(capexec.EventSink.Server):
                 self.done.set_result(self.exit)
 
 
+class Bytes(capexec.ByteSink.Server):
+    """Collects a download's chunks."""
+
+    def __init__(self):
+        self.data = bytearray()
+
+    async def write(self, data, **kwargs):
+        self.data += data
+
+
+class Entries(capexec.EntrySink.Server):
+    """Collects a listing's names."""
+
+    def __init__(self):
+        self.names = []
+
+    async def push(self, entries, **kwargs):
+        self.names.extend(bytes(entry.path) for entry in entries)
+
+
+async def file_round_trip(executor):
+    """Writes a binary file into the server's temporary directory, reads it
+    back two ways, lists it, and removes it; True if all bytes matched."""
+    info = (await executor.info()).info
+    # Pipelined: the subdirectory and the write travel with `directory`.
+    tmp = executor.directory(path=info.tempDir).dir
+    name = f"capexec-python-{os.getpid()}".encode()
+    await tmp.mkdir(path=name, recursive=True)
+    scratch = tmp.subdirectory(path=name).dir
+    payload = bytes(range(256)) * 1024 + b"\x00end"
+    written = (await scratch.writeFile(path=b"data.bin", data=payload, options={})).stat
+    read = await scratch.readFile(path=b"data.bin", offset=0, length=0)
+    sink = Bytes()
+    downloaded = await scratch.download(path=b"data.bin", offset=0, length=0, sink=sink)
+    entries = Entries()
+    await scratch.list(path=b"", sink=entries)
+    await tmp.remove(path=name, recursive=True, missingOk=False)
+    ok = (
+        written.size == len(payload)
+        and bytes(read.data) == payload
+        and bytes(sink.data) == payload
+        and downloaded.size == len(payload)
+        and entries.names == [b"data.bin"]
+    )
+    print(f"file round trip of {len(payload)} bytes: {'ok' if ok else 'MISMATCH'}", file=sys.stderr)
+    return ok
+
+
 async def connect(address, token_file):
     if address.startswith("unix:"):
         stream = await capnp.AsyncIoStream.create_unix_connection(path=address[len("unix:"):])
@@ -119,8 +169,9 @@ async def main(argv):
             file=sys.stderr,
         )
     del subscription, process
+    files_ok = await file_round_trip(executor)
     expected = ("code", 3 if program == DEFAULT else 0)
-    return 0 if status == expected else 1
+    return 0 if status == expected and files_ok else 1
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ mod admin;
 mod argument_error;
 mod capacity;
 mod config;
+mod copy;
 mod duration;
 mod generate;
 mod input;
@@ -117,6 +118,42 @@ enum Command {
     /// capexec.1 on stdout.
     #[command(after_help = "Example: capexec man --dir /usr/local/share/man/man1")]
     Man(generate::ManArgs),
+    /// Copy files between this machine and the executor's, like scp.
+    ///
+    /// Remote paths are written :PATH (relative ones from the server's
+    /// working directory), local ones as they are; the sources are all on
+    /// one side and DST on the other. With several sources, or when DST is
+    /// an existing directory, each source is copied into it under its own
+    /// name. `cp - :PATH` uploads stdin, `cp :PATH -` writes the file to
+    /// stdout. Each remote file is replaced atomically (readers see the
+    /// old content or the new). Symlinks are copied as symlinks. Many
+    /// files travel at once on one connection.
+    ///
+    /// Exit status: 0 when everything was copied; 1 when some files
+    /// failed (one line each on stderr); 125 for bad arguments or a
+    /// connection that could not be made.
+    #[command(after_help = "Example: capexec cp -r --connect build ./src :work/src")]
+    Cp(CpArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CpArgs {
+    #[command(flatten)]
+    connect: ConnectArgs,
+    /// Copy through the executor of this environment (NAME, or
+    /// NAME/NAME... through several hops).
+    #[arg(long, value_name = "NAME")]
+    environment: Option<String>,
+    /// Copy directories and everything in them.
+    #[arg(short = 'r', long)]
+    recursive: bool,
+    /// Keep permission bits (setuid and sticky too) and modification
+    /// times.
+    #[arg(short = 'p', long)]
+    preserve: bool,
+    /// SRC... DST: sources, then the destination.
+    #[arg(value_name = "SRC... DST")]
+    paths: Vec<OsString>,
 }
 
 #[derive(Args, Clone, Debug)]
@@ -409,6 +446,10 @@ pub fn main() -> i32 {
         Command::ClientConfig(args) => servers::client_config_main(args),
         Command::Completions(args) => generate::completions_main(args),
         Command::Man(args) => generate::man_main(args),
+        Command::Cp(args) => {
+            logging::init(tracing::Level::WARN, logging::Style::Client);
+            copy::main(args)
+        }
     }
 }
 

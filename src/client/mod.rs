@@ -75,6 +75,7 @@
 
 pub mod admin;
 mod command;
+mod directory;
 mod error;
 mod events;
 mod executor;
@@ -83,6 +84,7 @@ mod process;
 mod resilient;
 
 pub use self::command::{Command, Output, Stdin};
+pub use self::directory::{Directory, EntryStream, WatchStream};
 pub use self::error::{Error, RecoveryFailure, describe};
 pub use self::events::EventStream;
 pub use self::executor::{environment, environments, info, restrict};

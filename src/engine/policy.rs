@@ -151,6 +151,11 @@ impl Rules {
     /// These rules narrowed by `policy`, which is resolved now. Refuses a
     /// policy that cannot be resolved, or that asks for more than these
     /// rules allow, rather than silently allowing less than it says.
+    /// The canonical directories starts must stay in, if restricted.
+    pub fn cwd_roots(&self) -> Option<&[PathBuf]> {
+        self.cwd_roots.as_deref()
+    }
+
     pub fn narrowed(&self, policy: &Policy) -> Result<Rules, Refusal> {
         if self.depth >= MAX_RESTRICTION_DEPTH {
             return Err(Refusal::new(

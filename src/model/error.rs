@@ -60,6 +60,26 @@ refusal_kinds! {
     /// The server failed in a way the request could not have avoided (an
     /// operating-system failure outside a start).
     Internal = "internal",
+    /// No file or directory by that name.
+    NotFound = "not-found",
+    /// A path component, or the target, is not a directory.
+    NotADirectory = "not-a-directory",
+    /// A file was expected; the path names a directory.
+    IsADirectory = "is-a-directory",
+    /// The target exists and may not be replaced.
+    Exists = "exists",
+    /// A directory to remove or replace is not empty.
+    NotEmpty = "not-empty",
+    /// A file is larger than a one-shot call carries.
+    TooLarge = "too-large",
+    /// The file changed since the version the call names.
+    Conflict = "conflict",
+    /// The path would leave the directory capability.
+    OutsideDirectory = "outside-directory",
+    /// The file system is full, or a quota is reached.
+    NoSpace = "no-space",
+    /// The file is in use (a mount point, a running program).
+    Busy = "busy",
 }
 
 impl RefusalKind {

@@ -4,6 +4,7 @@
 //! forwarding root instead (`rpc/forward.rs`); both find the server's
 //! context through [`ServerContext`].
 
+use std::os::unix::ffi::OsStrExt;
 use std::rc::Rc;
 
 use crate::capexec_capnp::executor;
@@ -19,7 +20,8 @@ use crate::wire;
 
 /// The features of the schema this server's executors implement (see
 /// `ExecutorInfo.features`); a new `Executor` method adds its name here.
-pub(crate) const EXECUTOR_FEATURES: &[&str] = &["start", "info", "environments", "restrict"];
+pub(crate) const EXECUTOR_FEATURES: &[&str] =
+    &["start", "info", "environments", "restrict", "directory"];
 
 pub struct ExecutorImpl {
     context: Rc<ServerContext>,
@@ -213,6 +215,23 @@ impl executor::Server for ExecutorImpl {
                 self.quota.clone(),
                 Some(Rc::new(rules)),
             )));
+        Ok(())
+    }
+
+    async fn directory(
+        self: Rc<Self>,
+        params: executor::DirectoryParams,
+        mut results: executor::DirectoryResults,
+    ) -> Result<(), capnp::Error> {
+        let path = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(params.get()?.get_path()?));
+        let roots = self
+            .rules
+            .as_deref()
+            .and_then(Rules::cwd_roots)
+            .map(<[_]>::to_vec);
+        let dir =
+            crate::rpc::directory::open_directory(path, roots, self.quota.files().clone()).await?;
+        results.get().set_dir(dir);
         Ok(())
     }
 }

@@ -20,6 +20,7 @@ use std::rc::Rc;
 use crate::capexec_capnp::{executor, policy};
 use crate::model::{Refusal, RefusalKind};
 use crate::rpc::context::{Link, ServerContext, Upstream};
+use crate::rpc::forward_directory::ForwardingDirectory;
 use crate::rpc::info;
 use crate::rpc::quota::Quota;
 use crate::wire;
@@ -307,6 +308,27 @@ impl executor::Server for ForwardingExecutor {
             target.generation,
         );
         results.get().set_executor(capnp_rpc::new_client(far));
+        results.set_pipeline()?;
+        call.promise.await.map_err(|error| self.hop_error(error))?;
+        Ok(())
+    }
+
+    /// `directory` at the far end, pipelined: calls on the directory go on
+    /// to the upstream before it answers (see `rpc/forward_directory.rs`).
+    async fn directory(
+        self: Rc<Self>,
+        params: executor::DirectoryParams,
+        mut results: executor::DirectoryResults,
+    ) -> Result<(), capnp::Error> {
+        let upstream = self.target().await?.executor;
+        let mut request = upstream.directory_request();
+        request.get().set_path(params.get()?.get_path()?);
+        let call = request.send();
+        results
+            .get()
+            .set_dir(capnp_rpc::new_client(ForwardingDirectory::new(
+                call.pipeline.get_dir(),
+            )));
         results.set_pipeline()?;
         call.promise.await.map_err(|error| self.hop_error(error))?;
         Ok(())

@@ -11,6 +11,7 @@ pub fn features() -> impl Iterator<Item = &'static str> {
     crate::rpc::executor::EXECUTOR_FEATURES
         .iter()
         .chain(crate::rpc::process::PROCESS_FEATURES)
+        .chain(crate::rpc::directory::DIRECTORY_FEATURES)
         .copied()
 }
 

@@ -4,6 +4,7 @@ use std::cell::Cell;
 use std::rc::Rc;
 
 use crate::model::{Refusal, RefusalKind};
+use crate::rpc::file_limits::FileLimits;
 
 /// A connection's allowance of live processes, shared by every executor
 /// reached from its root (the "local" environment included).
@@ -15,6 +16,8 @@ struct State {
     max: Option<usize>,
     /// Who the connection is, as the admin's process list names it.
     connection: std::cell::RefCell<Rc<str>>,
+    /// The connection's file transfers and watches.
+    files: FileLimits,
 }
 
 impl Quota {
@@ -24,6 +27,7 @@ impl Quota {
             held: Cell::new(0),
             max: None,
             connection: std::cell::RefCell::new(Rc::from("embedded")),
+            files: FileLimits::default(),
         }))
     }
 
@@ -32,6 +36,7 @@ impl Quota {
             held: Cell::new(0),
             max: Some(max),
             connection: std::cell::RefCell::new(Rc::from("embedded")),
+            files: FileLimits::default(),
         }))
     }
 
@@ -40,6 +45,11 @@ impl Quota {
     pub fn owned_by(self, connection: &str) -> Quota {
         *self.0.connection.borrow_mut() = Rc::from(connection);
         self
+    }
+
+    /// The connection's allowance of file transfers and watches.
+    pub(crate) fn files(&self) -> &FileLimits {
+        &self.0.files
     }
 
     /// One more process, or the limit's error; the ticket gives it back when

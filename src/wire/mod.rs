@@ -7,11 +7,13 @@ mod admin;
 mod error;
 mod event;
 mod executor;
+mod files;
 mod lists;
 mod policy;
 mod process;
 mod signal;
 mod start;
+mod window;
 
 // Every conversion is reachable from here, whichever file holds it, so a
 // new one is added to its file alone. (`lists` holds field helpers the
@@ -20,8 +22,10 @@ pub use self::admin::*;
 pub use self::error::*;
 pub use self::event::*;
 pub use self::executor::*;
+pub use self::files::*;
 pub use self::lists::{millis_u32, pty_size_from_wire, pty_size_to_wire};
 pub use self::policy::*;
 pub use self::process::*;
 pub use self::signal::*;
 pub use self::start::*;
+pub use self::window::{TRANSFER_WINDOW_BYTES, Window, stream_call};

@@ -10,6 +10,7 @@ mod common;
 
 mod admin;
 mod chain;
+mod copy;
 mod deadlines;
 mod errors;
 mod habits;

@@ -14,6 +14,7 @@ mod bad_requests;
 mod chain;
 mod descriptors;
 mod facets;
+mod files;
 mod handles;
 mod hostile_bytes;
 mod network;

@@ -1,0 +1,327 @@
+//! Files: a large file downloaded and uploaded over a Unix socket next to
+//! a local `cat FILE | cat > /dev/null` and scp on loopback; `capexec cp
+//! -r` of many small files next to `cp -r` and `scp -r`; a walk of a huge
+//! tree with the server's memory. scp runs against an sshd of the bench's
+//! own on a loopback port; without sshd its rows are skipped, saying why.
+
+use std::error::Error;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use capexec::client::Directory;
+use capexec::model::{WalkOptions, WriteOptions};
+use futures::StreamExt;
+
+use crate::Plan;
+use crate::report::Report;
+use crate::servers::{CAPEXEC, Servers};
+use crate::wall::time_process;
+
+const SECTION: &str = "files";
+
+pub async fn run(
+    plan: &Plan,
+    servers: &Servers,
+    report: &mut Report,
+) -> Result<(), Box<dyn Error>> {
+    let dir = tempfile::tempdir()?;
+    let big = dir.path().join("big");
+    let size = plan.file_bytes;
+    make_file(&big, size)?;
+    let sshd = Sshd::start(dir.path());
+    if let Err(reason) = &sshd {
+        eprintln!("files: no scp rows: {reason}");
+    }
+    eprintln!(
+        "files: {} MiB down and up, {} round(s)",
+        size >> 20,
+        plan.file_rounds
+    );
+    let (executor, _connection) = servers.unix.connect().await?;
+    let remote = Directory::open(&executor, dir.path());
+    let (mut local, mut down, mut up, mut scp) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let cat = format!("cat {} | cat > /dev/null", big.display());
+    for _ in 0..plan.file_rounds {
+        local.push(time_process("sh", &["-c", &cat], None)?);
+        let started = Instant::now();
+        let (got, _) = remote.download("big", tokio::io::sink()).await?;
+        down.push(started.elapsed());
+        if got != size {
+            return Err(format!("download: {got} of {size} bytes").into());
+        }
+        let started = Instant::now();
+        let file = tokio::fs::File::open(&big).await?;
+        remote
+            .upload("uploaded", file, &WriteOptions::default(), Some(size))
+            .await?;
+        up.push(started.elapsed());
+        if let Ok(sshd) = &sshd {
+            scp.push(sshd.scp(&[
+                big.as_os_str(),
+                sshd.remote(&dir.path().join("scp-copy")).as_ref(),
+            ])?);
+        }
+    }
+    let baseline = report.baseline(
+        SECTION,
+        "local: cat FILE | cat > /dev/null",
+        local,
+        Some(size),
+    );
+    report.case(
+        SECTION,
+        "unix: Directory.download",
+        down,
+        baseline,
+        Some(size),
+        None,
+        "",
+    );
+    report.case(
+        SECTION,
+        "unix: Directory.upload (atomic)",
+        up,
+        baseline,
+        Some(size),
+        None,
+        "",
+    );
+    if !scp.is_empty() {
+        report.case(
+            SECTION,
+            "scp to loopback sshd",
+            scp,
+            baseline,
+            Some(size),
+            None,
+            "",
+        );
+    }
+
+    let files = plan.small_files;
+    eprintln!("files: cp -r of {files} small files");
+    let tree = dir.path().join("tree");
+    make_tree(&tree, files)?;
+    let (connect, _) = servers.unix.cli_args();
+    let (mut local, mut ours, mut scp) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..plan.file_rounds.min(3) {
+        let to = dir.path().join(format!("cp-{round}"));
+        local.push(time_process(
+            "cp",
+            &["-r".as_ref(), tree.as_os_str(), to.as_os_str()],
+            None,
+        )?);
+        let to = dir.path().join(format!("capexec-{round}"));
+        let mut args = vec!["cp".to_string(), "-r".to_string()];
+        args.extend(connect.iter().cloned());
+        args.push(tree.display().to_string());
+        args.push(format!(":{}", to.display()));
+        ours.push(time_process(CAPEXEC, &args, None)?);
+        if let Ok(sshd) = &sshd {
+            let to = dir.path().join(format!("scp-{round}"));
+            scp.push(sshd.scp(&["-r".as_ref(), tree.as_os_str(), sshd.remote(&to).as_ref()])?);
+        }
+    }
+    let baseline = report.baseline(
+        SECTION,
+        format!("local: cp -r of {files} files"),
+        local,
+        None,
+    );
+    report.case(
+        SECTION,
+        format!("capexec cp -r over unix, {files} files"),
+        ours,
+        baseline,
+        None,
+        None,
+        "",
+    );
+    if !scp.is_empty() {
+        report.case(
+            SECTION,
+            format!("scp -r to loopback sshd, {files} files"),
+            scp,
+            baseline,
+            None,
+            None,
+            "",
+        );
+    }
+
+    let entries = plan.walk_entries;
+    eprintln!("files: walk of {entries} entries");
+    let wide = dir.path().join("wide");
+    make_tree(&wide, entries)?;
+    let before = servers.unix.usage()?;
+    let started = Instant::now();
+    let mut walk = remote.walk("wide", &WalkOptions::default()).await;
+    let mut seen = 0usize;
+    let mut peak = before.rss_kib;
+    while let Some(entry) = walk.next().await {
+        entry?;
+        seen += 1;
+        if seen.is_multiple_of(10_000) {
+            peak = peak.max(servers.unix.usage()?.rss_kib);
+        }
+    }
+    let elapsed = started.elapsed();
+    let expected = entries + entries.div_ceil(1000);
+    report.figure(
+        SECTION,
+        format!("walk of {seen} entries over unix"),
+        format!(
+            "{:.0} ms ({:.0} entries/s); server RSS {} KiB before, at most {} KiB during",
+            elapsed.as_secs_f64() * 1e3,
+            seen as f64 / elapsed.as_secs_f64(),
+            before.rss_kib,
+            peak
+        ),
+        Some((format!("all {expected} entries"), seen == expected)),
+    );
+    Ok(())
+}
+
+fn make_file(path: &Path, size: u64) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut file = std::io::BufWriter::new(std::fs::File::create(path)?);
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut chunk = vec![0u8; 1 << 20];
+    let mut left = size;
+    while left > 0 {
+        for word in chunk.chunks_mut(8) {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            word.copy_from_slice(&state.to_le_bytes()[..word.len()]);
+        }
+        let n = left.min(chunk.len() as u64) as usize;
+        file.write_all(&chunk[..n])?;
+        left -= n as u64;
+    }
+    file.flush()
+}
+
+/// `count` files of 1-4 KiB, 1,000 to a directory.
+fn make_tree(root: &Path, count: usize) -> std::io::Result<()> {
+    for index in 0..count {
+        let dir = root.join(format!("d{}", index / 1000));
+        if index.is_multiple_of(1000) {
+            std::fs::create_dir_all(&dir)?;
+        }
+        let size = 1024 + (index * 37) % 3072;
+        std::fs::write(dir.join(format!("f{index}")), vec![b'x'; size])?;
+    }
+    Ok(())
+}
+
+/// An sshd of the bench's own, on a free loopback port, with a key of its
+/// own.
+struct Sshd {
+    child: Child,
+    port: u16,
+    key: PathBuf,
+}
+
+impl Sshd {
+    fn start(dir: &Path) -> Result<Sshd, String> {
+        let sshd = Path::new("/usr/sbin/sshd");
+        if !sshd.exists() {
+            return Err("/usr/sbin/sshd is missing (apt-get install openssh-server)".into());
+        }
+        let ssh = dir.join("ssh");
+        std::fs::create_dir_all(&ssh).map_err(|e| e.to_string())?;
+        let keygen = |path: &Path| {
+            std::process::Command::new("ssh-keygen")
+                .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+                .arg(path)
+                .status()
+                .map_err(|e| format!("ssh-keygen: {e}"))
+                .and_then(|s| {
+                    s.success()
+                        .then_some(())
+                        .ok_or("ssh-keygen failed".to_string())
+                })
+        };
+        let (host_key, key) = (ssh.join("host"), ssh.join("client"));
+        keygen(&host_key)?;
+        keygen(&key)?;
+        std::fs::copy(ssh.join("client.pub"), ssh.join("authorized_keys"))
+            .map_err(|e| e.to_string())?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| e.to_string())?
+            .port();
+        let config = ssh.join("sshd_config");
+        std::fs::write(
+            &config,
+            format!(
+                "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nAuthorizedKeysFile {}\n\
+                 PidFile {}\nUsePAM no\nStrictModes no\nPermitRootLogin yes\n\
+                 PasswordAuthentication no\nSubsystem sftp /usr/lib/openssh/sftp-server\n",
+                host_key.display(),
+                ssh.join("authorized_keys").display(),
+                ssh.join("pid").display()
+            ),
+        )
+        .map_err(|e| e.to_string())?;
+        std::fs::create_dir_all("/run/sshd").map_err(|e| format!("/run/sshd: {e}"))?;
+        let child = std::process::Command::new(sshd)
+            .args(["-D", "-e", "-f"])
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("sshd: {e}"))?;
+        let sshd = Sshd { child, port, key };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if Instant::now() > deadline {
+                return Err("sshd did not listen within 10 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(sshd)
+    }
+
+    fn remote(&self, path: &Path) -> std::ffi::OsString {
+        format!("{}@127.0.0.1:{}", whoami(), path.display()).into()
+    }
+
+    fn scp(&self, args: &[&std::ffi::OsStr]) -> Result<Duration, Box<dyn Error>> {
+        let mut all: Vec<std::ffi::OsString> = [
+            "-q",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "BatchMode=yes",
+            "-P",
+        ]
+        .iter()
+        .map(Into::into)
+        .collect();
+        all.push(self.port.to_string().into());
+        all.push("-i".into());
+        all.push(self.key.clone().into());
+        all.extend(args.iter().map(|a| a.to_os_string()));
+        time_process("scp", &all, None)
+    }
+}
+
+fn whoami() -> String {
+    nix::unistd::User::from_uid(nix::unistd::getuid())
+        .ok()
+        .flatten()
+        .map_or_else(|| "root".to_string(), |user| user.name)
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,632 @@
+//! `capexec cp`: files between this machine and an executor's, like scp.
+//! Remote paths are written `:PATH` (relative ones from the server's
+//! working directory); `-` is stdin or stdout. Many files travel at once
+//! (up to [`IN_FLIGHT`] calls pipelined on one connection), small ones in
+//! one call each, large ones streamed; a failed file is one line on
+//! stderr and the copy goes on (exit 1).
+
+use std::cell::Cell;
+use std::ffi::OsStr;
+use std::io::IsTerminal;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use capexec::client::{self, Directory, Error};
+use capexec::model::{FileKind, MAX_ONE_SHOT_BYTES, RefusalKind, WalkOptions, WriteOptions};
+
+use crate::cli::{CpArgs, EXIT_CAPEXEC_FAILURE, stdio, target};
+
+/// Files in flight at once: enough to hide round trips, well within a
+/// connection's 64 transfers.
+const IN_FLIGHT: usize = 32;
+
+/// Exit status when some files failed (each said on its own line).
+const EXIT_SOME_FAILED: i32 = 1;
+
+enum Place {
+    Local(PathBuf),
+    Remote(PathBuf),
+    Std,
+}
+
+fn place(arg: &OsStr) -> Place {
+    let bytes = arg.as_bytes();
+    if bytes == b"-" {
+        Place::Std
+    } else if let Some(remote) = bytes.strip_prefix(b":") {
+        let path = if remote.is_empty() { b"." } else { remote };
+        Place::Remote(PathBuf::from(OsStr::from_bytes(path)))
+    } else {
+        Place::Local(PathBuf::from(arg))
+    }
+}
+
+/// `path`'s parent (".": a bare name) and last component.
+fn split(path: &Path) -> (PathBuf, PathBuf) {
+    let name = path
+        .file_name()
+        .map_or_else(|| PathBuf::from("."), PathBuf::from);
+    let parent = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+        _ if path.has_root() && path.file_name().is_none() => path.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    (parent, name)
+}
+
+/// How the run went: failures are counted as they are said.
+struct Run {
+    failed: Cell<usize>,
+    progress: ProgressBar,
+}
+
+impl Run {
+    fn fail(&self, what: &Path, error: impl std::fmt::Display) {
+        self.failed.set(self.failed.get() + 1);
+        self.progress.suspend(|| {
+            stdio::note(&format!("cp {}: {error}", what.display()));
+        });
+    }
+}
+
+/// A progress bar on stderr, shown only when stderr is a terminal and the
+/// copy is still running after a second.
+fn progress() -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden());
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {pos} files copied ({elapsed})")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    if std::io::stderr().is_terminal() {
+        let shown = bar.clone();
+        tokio::task::spawn_local(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            shown.set_draw_target(ProgressDrawTarget::stderr());
+            shown.enable_steady_tick(Duration::from_millis(200));
+        });
+    }
+    bar
+}
+
+pub fn main(args: CpArgs) -> i32 {
+    crate::cli::run_local(async move {
+        let Some((dest, sources)) = args.paths.split_last() else {
+            return usage("cp needs a source and a destination (capexec cp [-r] [-p] SRC... DST)");
+        };
+        if sources.is_empty() {
+            return usage("cp needs a source and a destination (capexec cp [-r] [-p] SRC... DST)");
+        }
+        let dest = place(dest);
+        let sources: Vec<Place> = sources.iter().map(|arg| place(arg)).collect();
+        let upload = match (&dest, sources.as_slice()) {
+            (Place::Remote(_), sources)
+                if sources
+                    .iter()
+                    .all(|s| matches!(s, Place::Local(_) | Place::Std)) =>
+            {
+                true
+            }
+            (Place::Local(_) | Place::Std, sources)
+                if sources.iter().all(|s| matches!(s, Place::Remote(_))) =>
+            {
+                false
+            }
+            _ => {
+                return usage(
+                    "cp copies between this machine and the executor's: the sources on one \
+                     side, the destination on the other, remote paths written :PATH",
+                );
+            }
+        };
+        let streams = sources.iter().any(|s| matches!(s, Place::Std)) || matches!(dest, Place::Std);
+        if streams && sources.len() > 1 {
+            return usage("cp with - (stdin or stdout) copies exactly one file");
+        }
+        let target = match target::established_target(&args.connect).await {
+            Ok(target) => target,
+            Err(message) => return fail(&message),
+        };
+        let executor = match &args.environment {
+            Some(path) => client::environment(&target.executor, path),
+            None => target.executor.clone(),
+        };
+        let run = Rc::new(Run {
+            failed: Cell::new(0),
+            progress: progress(),
+        });
+        let options = Options {
+            recursive: args.recursive,
+            preserve: args.preserve,
+        };
+        if upload {
+            let Place::Remote(dest) = dest else {
+                unreachable!("an upload's destination is remote")
+            };
+            upload_all(&executor, &sources, &dest, options, &run).await;
+        } else {
+            download_all(&executor, &sources, &dest, options, &run).await;
+        }
+        run.progress.finish_and_clear();
+        if run.failed.get() > 0 {
+            EXIT_SOME_FAILED
+        } else {
+            0
+        }
+    })
+}
+
+fn usage(message: &str) -> i32 {
+    stdio::note(message);
+    EXIT_CAPEXEC_FAILURE
+}
+
+fn fail(message: &str) -> i32 {
+    stdio::note(message);
+    EXIT_CAPEXEC_FAILURE
+}
+
+#[derive(Clone, Copy)]
+struct Options {
+    recursive: bool,
+    preserve: bool,
+}
+
+/// Whether `path` names an existing directory of `dir`.
+async fn remote_is_dir(dir: &Directory, path: &Path) -> Result<bool, Error> {
+    match dir.metadata(path).await {
+        Ok(stat) => Ok(stat.is_dir()),
+        Err(error)
+            if matches!(
+                error.refusal_kind(),
+                Some(RefusalKind::NotFound | RefusalKind::NotADirectory)
+            ) =>
+        {
+            Ok(false)
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// The directory and name each source is copied to: into `dest` when it
+/// is a directory (or there are several sources), else as `dest` itself.
+async fn upload_all(
+    executor: &capexec::capexec_capnp::executor::Client,
+    sources: &[Place],
+    dest: &Path,
+    options: Options,
+    run: &Rc<Run>,
+) {
+    let dest_dir = Directory::open(executor, dest);
+    let into = match remote_is_dir(&dest_dir, Path::new("")).await {
+        Ok(into) => into,
+        Err(error) => return run.fail(dest, error),
+    };
+    if sources.len() > 1 && !into {
+        return run.fail(dest, "not a directory (several sources need one)");
+    }
+    let (dir, single_name) = if into {
+        (dest_dir, None)
+    } else {
+        let (parent, name) = split(dest);
+        (Directory::open(executor, parent), Some(name))
+    };
+    for source in sources {
+        match source {
+            Place::Std => {
+                let name = single_name
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from("stdin"));
+                let written = dir
+                    .upload(&name, tokio::io::stdin(), &WriteOptions::default(), None)
+                    .await;
+                if let Err(error) = written {
+                    run.fail(dest, error);
+                }
+            }
+            Place::Local(path) => {
+                let name = match &single_name {
+                    Some(name) => name.clone(),
+                    None => split(path).1,
+                };
+                upload_tree(&dir, path, &name, options, run).await;
+            }
+            Place::Remote(_) => unreachable!("checked: uploads come from here"),
+        }
+    }
+}
+
+/// What a local tree holds, in the order it is to be made.
+struct Scan {
+    dirs: Vec<(PathBuf, PathBuf, std::fs::Metadata)>,
+    files: Vec<(PathBuf, PathBuf, std::fs::Metadata)>,
+    links: Vec<(PathBuf, PathBuf)>,
+}
+
+fn scan(local: &Path, remote: &Path, options: Options, scan: &mut Scan, run: &Run) {
+    let metadata = match std::fs::symlink_metadata(local) {
+        Ok(metadata) => metadata,
+        Err(error) => return run.fail(local, capexec::model::io_message(&error).to_lowercase()),
+    };
+    let kind = metadata.file_type();
+    if kind.is_symlink() {
+        scan.links.push((local.to_path_buf(), remote.to_path_buf()));
+    } else if kind.is_dir() {
+        if !options.recursive {
+            return run.fail(local, "is a directory (use -r)");
+        }
+        let entries = match std::fs::read_dir(local) {
+            Ok(entries) => entries,
+            Err(error) => {
+                return run.fail(local, capexec::model::io_message(&error).to_lowercase());
+            }
+        };
+        scan.dirs
+            .push((local.to_path_buf(), remote.to_path_buf(), metadata));
+        for entry in entries {
+            match entry {
+                Ok(entry) => scan_entry(&entry, local, remote, options, scan, run),
+                Err(error) => run.fail(local, capexec::model::io_message(&error).to_lowercase()),
+            }
+        }
+    } else if kind.is_file() {
+        scan.files
+            .push((local.to_path_buf(), remote.to_path_buf(), metadata));
+    } else {
+        run.fail(local, "not a regular file, directory or symlink; skipped");
+    }
+}
+
+fn scan_entry(
+    entry: &std::fs::DirEntry,
+    local: &Path,
+    remote: &Path,
+    options: Options,
+    found: &mut Scan,
+    run: &Run,
+) {
+    let name = entry.file_name();
+    scan(&local.join(&name), &remote.join(&name), options, found, run);
+}
+
+fn mtime_ns(metadata: &std::fs::Metadata) -> i64 {
+    metadata
+        .mtime()
+        .saturating_mul(1_000_000_000)
+        .saturating_add(metadata.mtime_nsec())
+}
+
+async fn upload_tree(dir: &Directory, local: &Path, remote: &Path, options: Options, run: &Run) {
+    let mut found = Scan {
+        dirs: Vec::new(),
+        files: Vec::new(),
+        links: Vec::new(),
+    };
+    scan(local, remote, options, &mut found, run);
+    // Directories first (each with its parents, so their order does not
+    // matter), then everything in them, many at once.
+    let mut made = FuturesUnordered::new();
+    for (local, remote, _) in &found.dirs {
+        made.push(async move { (local, dir.create_dir_all(remote).await) });
+    }
+    while let Some((local, outcome)) = made.next().await {
+        if let Err(error) = outcome {
+            run.fail(local, error);
+        }
+    }
+    let mut pending = FuturesUnordered::new();
+    let mut files = found.files.iter();
+    let mut links = found.links.iter();
+    loop {
+        while pending.len() < IN_FLIGHT {
+            if let Some((local, remote, metadata)) = files.next() {
+                pending.push(futures::future::Either::Left(upload_file(
+                    dir, local, remote, metadata, options, run,
+                )));
+            } else if let Some((local, remote)) = links.next() {
+                pending.push(futures::future::Either::Right(upload_link(
+                    dir, local, remote, run,
+                )));
+            } else {
+                break;
+            }
+        }
+        if pending.next().await.is_none() {
+            break;
+        }
+    }
+    if options.preserve {
+        // Deepest first: setting a directory's time before its parent's.
+        for (local, remote, metadata) in found.dirs.iter().rev() {
+            let set = async {
+                dir.set_permissions(remote, metadata.permissions().mode() & 0o7777)
+                    .await?;
+                let atime = metadata
+                    .atime()
+                    .saturating_mul(1_000_000_000)
+                    .saturating_add(metadata.atime_nsec());
+                dir.set_times(remote, atime, mtime_ns(metadata)).await
+            };
+            if let Err(error) = set.await {
+                run.fail(local, error);
+            }
+        }
+    }
+}
+
+async fn upload_file(
+    dir: &Directory,
+    local: &Path,
+    remote: &Path,
+    metadata: &std::fs::Metadata,
+    options: Options,
+    run: &Run,
+) {
+    let mode = metadata.permissions().mode();
+    let write = WriteOptions {
+        permissions: Some(if options.preserve {
+            mode & 0o7777
+        } else {
+            mode & 0o777
+        }),
+        modified_ns: options.preserve.then(|| mtime_ns(metadata)),
+        ..WriteOptions::default()
+    };
+    let outcome = async {
+        if metadata.len() <= MAX_ONE_SHOT_BYTES as u64 / 2 {
+            let data = tokio::fs::read(local).await.map_err(local_error)?;
+            dir.write_with(remote, &data, &write).await?;
+        } else {
+            let file = tokio::fs::File::open(local).await.map_err(local_error)?;
+            let size = file.metadata().await.map_err(local_error)?.len();
+            dir.upload(remote, file, &write, Some(size)).await?;
+        }
+        Ok::<_, Error>(())
+    };
+    match outcome.await {
+        Ok(()) => {
+            run.progress.inc(1);
+        }
+        Err(error) => run.fail(local, error),
+    }
+}
+
+async fn upload_link(dir: &Directory, local: &Path, remote: &Path, run: &Run) {
+    let outcome = async {
+        let target = std::fs::read_link(local).map_err(local_error)?;
+        match dir.symlink(&target, remote).await {
+            Err(error) if error.refusal_kind() == Some(RefusalKind::Exists) => {
+                dir.remove_file(remote).await?;
+                dir.symlink(&target, remote).await
+            }
+            other => other,
+        }
+    };
+    if let Err(error) = outcome.await {
+        run.fail(local, error);
+    }
+}
+
+fn local_error(error: std::io::Error) -> Error {
+    Error::Refused(capexec::model::Refusal::new(
+        RefusalKind::Internal,
+        capexec::model::io_message(&error).to_lowercase(),
+    ))
+}
+
+async fn download_all(
+    executor: &capexec::capexec_capnp::executor::Client,
+    sources: &[Place],
+    dest: &Place,
+    options: Options,
+    run: &Rc<Run>,
+) {
+    let dest = match dest {
+        Place::Std => {
+            let Some(Place::Remote(source)) = sources.first() else {
+                unreachable!("checked: one remote source")
+            };
+            let (parent, name) = split(source);
+            let dir = Directory::open(executor, parent);
+            let mut stdout = tokio::io::stdout();
+            if let Err(error) = dir.download(&name, &mut stdout).await {
+                run.fail(source, error);
+            }
+            return;
+        }
+        Place::Local(dest) => dest,
+        Place::Remote(_) => unreachable!("checked: downloads go here"),
+    };
+    let into = std::fs::metadata(dest).is_ok_and(|m| m.is_dir());
+    if sources.len() > 1 && !into {
+        return run.fail(dest, "not a directory (several sources need one)");
+    }
+    for source in sources {
+        let Place::Remote(source) = source else {
+            unreachable!("checked: downloads come from there")
+        };
+        let (parent, name) = split(source);
+        let local = if into { dest.join(&name) } else { dest.clone() };
+        let dir = Directory::open(executor, &parent);
+        let remote = Remote { dir, base: parent };
+        download_tree(&remote, &name, &local, options, run).await;
+    }
+}
+
+/// A remote directory and where it is, for messages.
+struct Remote {
+    dir: Directory,
+    base: PathBuf,
+}
+
+impl Remote {
+    /// `path` of the directory as the user writes it (`:PATH`).
+    fn shown(&self, path: &Path) -> PathBuf {
+        let full = if self.base == Path::new(".") {
+            path.to_path_buf()
+        } else {
+            self.base.join(path)
+        };
+        PathBuf::from(format!(":{}", full.display()))
+    }
+}
+
+async fn download_tree(
+    remote_dir: &Remote,
+    remote: &Path,
+    local: &Path,
+    options: Options,
+    run: &Run,
+) {
+    let dir = &remote_dir.dir;
+    let shown = |path: &Path| remote_dir.shown(path);
+    let stat = match dir.symlink_metadata(remote).await {
+        Ok(stat) => stat,
+        Err(error) => return run.fail(&shown(remote), error),
+    };
+    if stat.kind != FileKind::Directory {
+        let entry = capexec::model::DirEntry {
+            path: Vec::new(),
+            stat: Some(stat),
+            link_target: Vec::new(),
+            error: None,
+        };
+        let target = if entry
+            .stat
+            .as_ref()
+            .is_some_and(|s| s.kind == FileKind::Symlink)
+        {
+            match dir.read_link(remote).await {
+                Ok(target) => target,
+                Err(error) => return run.fail(&shown(remote), error),
+            }
+        } else {
+            Vec::new()
+        };
+        let entry = capexec::model::DirEntry {
+            link_target: target,
+            ..entry
+        };
+        return download_entry(dir, remote, &shown(remote), local, &entry, options, run).await;
+    }
+    if !options.recursive {
+        return run.fail(&shown(remote), "is a directory (use -r)");
+    }
+    if let Err(error) = std::fs::create_dir_all(local) {
+        return run.fail(local, capexec::model::io_message(&error).to_lowercase());
+    }
+    let mut walk = dir.walk(remote, &WalkOptions::default()).await;
+    let mut pending = FuturesUnordered::new();
+    let mut dirs = vec![(local.to_path_buf(), stat)];
+    let mut walking = true;
+    while walking || !pending.is_empty() {
+        tokio::select! {
+            entry = walk.next(), if walking && pending.len() < IN_FLIGHT => match entry {
+                None => walking = false,
+                Some(Err(error)) => { run.fail(&shown(remote), error); walking = false; }
+                Some(Ok(entry)) => {
+                    let relative = PathBuf::from(OsStr::from_bytes(&entry.path));
+                    let here = local.join(&relative);
+                    let there = remote.join(&relative);
+                    if let Some(error) = &entry.error {
+                        run.fail(&shown(&there), error);
+                    }
+                    match entry.stat.as_ref().map(|s| s.kind) {
+                        Some(FileKind::Directory) => {
+                            // Walks are depth first: parents come first.
+                            if let Err(error) = std::fs::create_dir_all(&here) {
+                                run.fail(&here, capexec::model::io_message(&error).to_lowercase());
+                            } else if let Some(stat) = entry.stat.clone() {
+                                dirs.push((here, stat));
+                            }
+                        }
+                        Some(_) => {
+                            let named = shown(&there);
+                            pending.push(async move {
+                                download_entry(dir, &there, &named, &here, &entry, options, run)
+                                    .await
+                            });
+                        }
+                        None => {}
+                    }
+                }
+            },
+            Some(()) = pending.next(), if !pending.is_empty() => {}
+        }
+    }
+    if options.preserve {
+        for (path, stat) in dirs.iter().rev() {
+            if let Err(error) = set_local_attributes(path, stat.permissions, stat.modified_ns) {
+                run.fail(path, capexec::model::io_message(&error).to_lowercase());
+            }
+        }
+    }
+}
+
+async fn download_entry(
+    dir: &Directory,
+    remote: &Path,
+    shown: &Path,
+    local: &Path,
+    entry: &capexec::model::DirEntry,
+    options: Options,
+    run: &Run,
+) {
+    let Some(stat) = &entry.stat else { return };
+    let outcome = async {
+        match stat.kind {
+            FileKind::Symlink => {
+                let _ = std::fs::remove_file(local);
+                std::os::unix::fs::symlink(OsStr::from_bytes(&entry.link_target), local)
+                    .map_err(local_error)?;
+                return Ok(());
+            }
+            FileKind::File => {}
+            _ => {
+                return Err(Error::Refused(capexec::model::Refusal::new(
+                    RefusalKind::InvalidArgument,
+                    "not a regular file, directory or symlink; skipped",
+                )));
+            }
+        }
+        if stat.size <= MAX_ONE_SHOT_BYTES as u64 / 2 {
+            let data = dir.read(remote).await?;
+            tokio::fs::write(local, &data).await.map_err(local_error)?;
+        } else {
+            let file = tokio::fs::File::create(local).await.map_err(local_error)?;
+            dir.download(remote, file).await?;
+        }
+        let mode = if options.preserve {
+            stat.permissions
+        } else {
+            stat.permissions & 0o777
+        };
+        std::fs::set_permissions(local, std::fs::Permissions::from_mode(mode))
+            .map_err(local_error)?;
+        if options.preserve {
+            set_local_attributes(local, stat.permissions, stat.modified_ns).map_err(local_error)?;
+        }
+        Ok::<_, Error>(())
+    };
+    match outcome.await {
+        Ok(()) => run.progress.inc(1),
+        Err(error) => run.fail(shown, error),
+    }
+}
+
+fn set_local_attributes(path: &Path, permissions: u32, modified_ns: i64) -> std::io::Result<()> {
+    let modified = if modified_ns >= 0 {
+        std::time::UNIX_EPOCH + Duration::from_nanos(modified_ns as u64)
+    } else {
+        std::time::UNIX_EPOCH - Duration::from_nanos(modified_ns.unsigned_abs())
+    };
+    // The time first: the permissions may forbid opening it after.
+    std::fs::File::open(path)?.set_modified(modified)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(permissions & 0o7777))
+}

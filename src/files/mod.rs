@@ -1,0 +1,548 @@
+//! The file engine: directories as confined trees, plain Rust over the
+//! kernel's *at calls, knowing nothing of capnp. A [`Directory`] holds a
+//! descriptor of its directory; every path it is given is resolved
+//! beneath that descriptor by the kernel (`resolve.rs`), never as a string
+//! joined to a prefix. File system calls block, so each runs on tokio's
+//! blocking pool (`spawn_blocking`), in bounded chunks: reads of 256 KiB,
+//! writes as they come, listings in batches; memory stays bounded whatever
+//! the sizes. Read-only directories, and everything derived from them,
+//! refuse every mutation.
+
+mod error;
+mod read;
+mod resolve;
+mod stat;
+mod tree;
+mod walk;
+mod watch;
+mod write;
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use rustix::fs::{Mode, OFlags, ResolveFlags};
+use rustix::io::Errno;
+use tokio::sync::mpsc;
+
+use crate::model::{
+    CopyOptions, DOWNLOAD_CHUNK_BYTES, DirEntry, DirectoryInfo, FileStat, MAX_UPLOAD_CHUNK_BYTES,
+    Refusal, RefusalKind, WalkOptions, WalkSummary, WriteOptions, excerpt,
+};
+
+pub use self::watch::{Watcher, coalesce};
+pub use self::write::TEMP_PREFIX;
+
+/// A directory and everything beneath it, and nothing else.
+#[derive(Clone)]
+pub struct Directory {
+    fd: Arc<OwnedFd>,
+    read_only: bool,
+}
+
+/// Whether the kernel confines resolution (openat2, Linux 5.6): without
+/// it no directory is handed out.
+fn confinement_available(probe: &OwnedFd) -> Result<(), Refusal> {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    let available = *AVAILABLE.get_or_init(|| {
+        !matches!(
+            resolve::locate(probe, Path::new("."), false),
+            Err(Errno::NOSYS)
+        )
+    });
+    if available {
+        Ok(())
+    } else {
+        Err(Refusal::new(
+            RefusalKind::Unsupported,
+            "this kernel has no openat2 (Linux 5.6 or later), so paths could not be confined \
+             beneath a directory; directories are not offered",
+        ))
+    }
+}
+
+fn shown_host(path: &Path) -> String {
+    format!("{:?}", excerpt(&path.display().to_string()))
+}
+
+/// Runs `work` on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, Refusal> + Send + 'static,
+) -> Result<T, Refusal> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .unwrap_or_else(|error| {
+            Err(Refusal::new(
+                RefusalKind::Internal,
+                format!("a file system call failed: {error}"),
+            ))
+        })
+}
+
+impl Directory {
+    /// The directory at `path` on this machine (relative: from the working
+    /// directory; symlinks followed, as the server's user would).
+    pub fn open(path: &Path) -> Result<Directory, Refusal> {
+        if path.as_os_str().is_empty() {
+            return Err(Refusal::new(
+                RefusalKind::InvalidArgument,
+                "an empty directory path",
+            ));
+        }
+        let fd = rustix::fs::open(
+            path,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|errno| host_failure(path, errno))?;
+        confinement_available(&fd)?;
+        Ok(Directory {
+            fd: Arc::new(fd),
+            read_only: false,
+        })
+    }
+
+    /// The directory at `path` if it is one of `roots` or beneath one
+    /// (resolved beneath that root by the kernel, so a symlink changed
+    /// meanwhile cannot lead out of it); else `None`.
+    pub fn open_within(path: &Path, roots: &[PathBuf]) -> Result<Option<Directory>, Refusal> {
+        let canonical = std::fs::canonicalize(path).map_err(|error| {
+            let errno = error
+                .raw_os_error()
+                .map_or(Errno::IO, Errno::from_raw_os_error);
+            host_failure(path, errno)
+        })?;
+        let Some(root) = roots.iter().find(|root| canonical.starts_with(root)) else {
+            return Ok(None);
+        };
+        let base = Directory::open(root)?;
+        let relative = canonical.strip_prefix(root).unwrap_or(Path::new(""));
+        let relative = if relative.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            relative
+        };
+        let fd = resolve::open_beneath(
+            &*base.fd,
+            relative,
+            OFlags::PATH | OFlags::DIRECTORY,
+            Mode::empty(),
+            ResolveFlags::empty(),
+        )
+        .map_err(|errno| host_failure(path, errno))?;
+        Ok(Some(Directory {
+            fd: Arc::new(fd),
+            read_only: false,
+        }))
+    }
+
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// The same directory, read-only.
+    pub fn read_only(&self) -> Directory {
+        Directory {
+            fd: Arc::clone(&self.fd),
+            read_only: true,
+        }
+    }
+
+    fn writable(&self, call: &str) -> Result<(), Refusal> {
+        if self.read_only {
+            return Err(Refusal::new(
+                RefusalKind::Forbidden,
+                format!("`{call}` is not allowed: this directory is read-only"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Runs `work` with the directory's descriptor on the blocking pool.
+    async fn run<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&OwnedFd) -> Result<T, Refusal> + Send + 'static,
+    ) -> Result<T, Refusal> {
+        let fd = Arc::clone(&self.fd);
+        blocking(move || work(&fd)).await
+    }
+
+    pub async fn info(&self) -> Result<DirectoryInfo, Refusal> {
+        let read_only = self.read_only;
+        self.run(move |fd| {
+            let path =
+                resolve::path_of(fd).map_err(|errno| error::failed("info of", b"", errno))?;
+            Ok(DirectoryInfo { path, read_only })
+        })
+        .await
+    }
+
+    /// Directory `path` beneath this one, as a directory of its own.
+    pub async fn subdirectory(&self, path: Vec<u8>) -> Result<Directory, Refusal> {
+        let read_only = self.read_only;
+        self.run(move |fd| {
+            const OP: &str = "open directory";
+            let fd = resolve::open_beneath(
+                fd,
+                resolve::checked(OP, &path)?,
+                OFlags::PATH | OFlags::DIRECTORY,
+                Mode::empty(),
+                ResolveFlags::empty(),
+            )
+            .map_err(|errno| error::failed(OP, &path, errno))?;
+            Ok(Directory {
+                fd: Arc::new(fd),
+                read_only,
+            })
+        })
+        .await
+    }
+
+    pub async fn stat(&self, path: Vec<u8>, no_follow: bool) -> Result<FileStat, Refusal> {
+        self.run(move |fd| {
+            const OP: &str = "stat";
+            let target = resolve::locate(fd, resolve::checked(OP, &path)?, no_follow)
+                .map_err(|errno| error::failed(OP, &path, errno))?;
+            stat::of_fd(&target).map_err(|errno| error::failed(OP, &path, errno))
+        })
+        .await
+    }
+
+    /// Lists directory `path` into `batches`; answers once every batch is
+    /// in the channel (a full channel holds the listing back).
+    pub async fn list(
+        &self,
+        path: Vec<u8>,
+        batches: mpsc::Sender<Vec<DirEntry>>,
+    ) -> Result<u64, Refusal> {
+        self.run(move |fd| walk::list(fd, &path, &mut |batch| batches.blocking_send(batch).is_ok()))
+            .await
+    }
+
+    /// Walks directory `path` into `batches`, like [`Directory::list`].
+    pub async fn walk(
+        &self,
+        path: Vec<u8>,
+        options: WalkOptions,
+        batches: mpsc::Sender<Vec<DirEntry>>,
+    ) -> Result<WalkSummary, Refusal> {
+        self.run(move |fd| {
+            walk::walk(fd, &path, &options, &mut |batch| {
+                batches.blocking_send(batch).is_ok()
+            })
+        })
+        .await
+    }
+
+    pub async fn read_file(
+        &self,
+        path: Vec<u8>,
+        offset: u64,
+        length: u64,
+    ) -> Result<(Vec<u8>, FileStat), Refusal> {
+        self.run(move |fd| read::read_file(fd, &path, offset, length))
+            .await
+    }
+
+    pub async fn write_file(
+        &self,
+        path: Vec<u8>,
+        data: Vec<u8>,
+        options: WriteOptions,
+    ) -> Result<FileStat, Refusal> {
+        self.writable("writeFile")?;
+        if data.len() > crate::model::MAX_ONE_SHOT_BYTES {
+            return Err(error::refused(
+                RefusalKind::LimitReached,
+                "write",
+                &path,
+                format!(
+                    "{} bytes; one writeFile carries at most {} (use upload)",
+                    data.len(),
+                    crate::model::MAX_ONE_SHOT_BYTES
+                ),
+            ));
+        }
+        self.run(move |fd| write::write_file(fd, &path, &data, &options))
+            .await
+    }
+
+    /// Begins an upload of `path` (`expected`: the announced size).
+    pub async fn upload(
+        &self,
+        path: Vec<u8>,
+        options: WriteOptions,
+        expected: Option<u64>,
+    ) -> Result<Upload, Refusal> {
+        self.writable("upload")?;
+        let pending = self
+            .run(move |fd| {
+                write::PendingFile::begin("upload", fd, &path, &options).map(|p| (p, path))
+            })
+            .await?;
+        Ok(Upload::start(pending.0, pending.1, expected))
+    }
+
+    /// Opens file `path` and streams bytes `offset..offset+length` (0: to
+    /// the end) into the returned channel, in chunks of 256 KiB, reading
+    /// ahead at most a few chunks.
+    pub async fn download(
+        &self,
+        path: Vec<u8>,
+        offset: u64,
+        length: u64,
+    ) -> Result<Download, Refusal> {
+        let (file, path) = self
+            .run(move |fd| read::open_for_reading("download", fd, &path).map(|f| (f, path)))
+            .await?;
+        let end = match length {
+            0 => file.stat.size,
+            length => file.stat.size.min(offset.saturating_add(length)),
+        };
+        let size = end.saturating_sub(offset);
+        let stat = file.stat.clone();
+        let (sender, chunks) = mpsc::channel(4);
+        tokio::task::spawn_blocking(move || {
+            let mut at = offset;
+            while at < end {
+                let want = ((end - at) as usize).min(DOWNLOAD_CHUNK_BYTES);
+                let mut chunk = vec![0; want];
+                let sent = match read::read_at(&file.fd, &mut chunk, at) {
+                    Ok(0) => Err(error::refused(
+                        RefusalKind::Internal,
+                        "download",
+                        &path,
+                        "the file shrank while it was read",
+                    )),
+                    Ok(n) => {
+                        chunk.truncate(n);
+                        at += n as u64;
+                        Ok(chunk)
+                    }
+                    Err(errno) => Err(error::failed("download", &path, errno)),
+                };
+                let failed = sent.is_err();
+                if sender.blocking_send(sent).is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Ok(Download { stat, size, chunks })
+    }
+
+    pub async fn mkdir(&self, path: Vec<u8>, recursive: bool, mode: u32) -> Result<(), Refusal> {
+        self.writable("mkdir")?;
+        self.run(move |fd| tree::mkdir(fd, &path, recursive, mode))
+            .await
+    }
+
+    pub async fn remove(
+        &self,
+        path: Vec<u8>,
+        recursive: bool,
+        missing_ok: bool,
+    ) -> Result<u64, Refusal> {
+        self.writable("remove")?;
+        self.run(move |fd| tree::remove(fd, &path, recursive, missing_ok))
+            .await
+    }
+
+    pub async fn rename(
+        &self,
+        from: Vec<u8>,
+        to: Vec<u8>,
+        no_replace: bool,
+    ) -> Result<(), Refusal> {
+        self.writable("rename")?;
+        self.run(move |fd| tree::rename(fd, &from, &to, no_replace))
+            .await
+    }
+
+    pub async fn copy(
+        &self,
+        from: Vec<u8>,
+        to: Vec<u8>,
+        options: CopyOptions,
+    ) -> Result<u64, Refusal> {
+        self.writable("copy")?;
+        self.run(move |fd| tree::copy(fd, &from, &to, options))
+            .await
+    }
+
+    pub async fn symlink(&self, target: Vec<u8>, path: Vec<u8>) -> Result<(), Refusal> {
+        self.writable("symlink")?;
+        self.run(move |fd| tree::symlink(fd, &target, &path)).await
+    }
+
+    pub async fn readlink(&self, path: Vec<u8>) -> Result<Vec<u8>, Refusal> {
+        self.run(move |fd| tree::readlink(fd, &path)).await
+    }
+
+    pub async fn set_permissions(&self, path: Vec<u8>, mode: u32) -> Result<(), Refusal> {
+        self.writable("setPermissions")?;
+        self.run(move |fd| tree::set_permissions(fd, &path, mode))
+            .await
+    }
+
+    pub async fn set_times(
+        &self,
+        path: Vec<u8>,
+        accessed_ns: i64,
+        modified_ns: i64,
+    ) -> Result<(), Refusal> {
+        self.writable("setTimes")?;
+        self.run(move |fd| tree::set_times(fd, &path, accessed_ns, modified_ns))
+            .await
+    }
+
+    pub async fn canonicalize(&self, path: Vec<u8>) -> Result<Vec<u8>, Refusal> {
+        self.run(move |fd| tree::canonicalize(fd, &path)).await
+    }
+
+    pub async fn watch(&self, path: Vec<u8>, recursive: bool) -> Result<Watcher, Refusal> {
+        self.run(move |fd| Watcher::start(fd, &path, recursive))
+            .await
+    }
+}
+
+fn host_failure(path: &Path, errno: Errno) -> Refusal {
+    let refusal = error::failed("open directory", b"", errno);
+    Refusal::new(
+        refusal.kind,
+        refusal.message.replacen("\".\"", &shown_host(path), 1),
+    )
+}
+
+/// A download in progress: the file as opened, how many bytes will come,
+/// and the chunks as they are read.
+pub struct Download {
+    pub stat: FileStat,
+    pub size: u64,
+    pub chunks: mpsc::Receiver<Result<Vec<u8>, Refusal>>,
+}
+
+enum UploadStep {
+    Data(Vec<u8>),
+    Commit,
+}
+
+/// An upload in progress: chunks go to a writer on the blocking pool, a
+/// few at most waiting; [`Upload::commit`] makes the file visible, and
+/// dropping it uncommitted leaves the target as it was.
+pub struct Upload {
+    steps: Option<mpsc::Sender<UploadStep>>,
+    writer: Option<tokio::task::JoinHandle<Result<Option<FileStat>, Refusal>>>,
+    failure: Option<Refusal>,
+    path: Vec<u8>,
+}
+
+impl Upload {
+    fn start(mut pending: write::PendingFile, path: Vec<u8>, expected: Option<u64>) -> Upload {
+        let (steps, mut received) = mpsc::channel::<UploadStep>(4);
+        let shown_path = path.clone();
+        let writer = tokio::task::spawn_blocking(move || {
+            while let Some(step) = received.blocking_recv() {
+                match step {
+                    UploadStep::Data(data) => {
+                        if let Some(expected) = expected
+                            && pending.written() + data.len() as u64 > expected
+                        {
+                            return Err(error::refused(
+                                RefusalKind::InvalidArgument,
+                                "upload",
+                                &shown_path,
+                                format!(
+                                    "more than the {expected} bytes announced; the file was left \
+                                     as it was"
+                                ),
+                            ));
+                        }
+                        pending.write_all(&data)?;
+                    }
+                    UploadStep::Commit => return pending.commit(expected).map(Some),
+                }
+            }
+            // Released without a commit: `pending` drops, nothing stays.
+            Ok(None)
+        });
+        Upload {
+            steps: Some(steps),
+            writer: Some(writer),
+            failure: None,
+            path,
+        }
+    }
+
+    fn finished(&self) -> Refusal {
+        self.failure.clone().unwrap_or_else(|| {
+            error::refused(
+                RefusalKind::InvalidArgument,
+                "upload",
+                &self.path,
+                "the upload is over (done, or failed)",
+            )
+        })
+    }
+
+    /// The writer's outcome once it has stopped.
+    async fn outcome(&mut self) -> Result<Option<FileStat>, Refusal> {
+        self.steps = None;
+        let Some(writer) = self.writer.take() else {
+            return Err(self.finished());
+        };
+        let outcome = writer.await.unwrap_or_else(|error| {
+            Err(Refusal::new(
+                RefusalKind::Internal,
+                format!("the upload's writer failed: {error}"),
+            ))
+        });
+        if let Err(refusal) = &outcome {
+            self.failure = Some(refusal.clone());
+        }
+        outcome
+    }
+
+    /// Queues `data` (waiting while the writer is a few chunks behind).
+    pub async fn write(&mut self, data: Vec<u8>) -> Result<(), Refusal> {
+        if data.len() > MAX_UPLOAD_CHUNK_BYTES {
+            let refusal = error::refused(
+                RefusalKind::LimitReached,
+                "upload",
+                &self.path,
+                format!(
+                    "a write of {} bytes; at most {MAX_UPLOAD_CHUNK_BYTES} each",
+                    data.len()
+                ),
+            );
+            self.failure = Some(refusal.clone());
+            self.steps = None;
+            return Err(refusal);
+        }
+        let Some(steps) = &self.steps else {
+            return Err(self.finished());
+        };
+        if steps.send(UploadStep::Data(data)).await.is_ok() {
+            return Ok(());
+        }
+        match self.outcome().await {
+            Err(refusal) => Err(refusal),
+            Ok(_) => Err(self.finished()),
+        }
+    }
+
+    /// Commits: the target becomes the uploaded content.
+    pub async fn commit(&mut self) -> Result<FileStat, Refusal> {
+        let Some(steps) = self.steps.take() else {
+            return Err(self.finished());
+        };
+        let _ = steps.send(UploadStep::Commit).await;
+        drop(steps);
+        match self.outcome().await? {
+            Some(stat) => {
+                self.failure = None;
+                Ok(stat)
+            }
+            None => Err(self.finished()),
+        }
+    }
+}

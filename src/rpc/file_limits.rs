@@ -1,0 +1,68 @@
+//! How many file transfers and watches one connection may have at once
+//! (see the schema's limits of `Directory`).
+
+use std::cell::Cell;
+use std::rc::Rc;
+
+use crate::model::{
+    MAX_TRANSFERS_PER_CONNECTION, MAX_WATCHES_PER_CONNECTION, Refusal, RefusalKind,
+};
+
+/// One connection's counters, shared by every directory reached from it.
+#[derive(Clone, Default)]
+pub(crate) struct FileLimits {
+    transfers: Rc<Cell<usize>>,
+    watches: Rc<Cell<usize>>,
+}
+
+/// One transfer or watch counted; dropping it gives the place back.
+pub(crate) struct FileTicket(Rc<Cell<usize>>);
+
+impl Drop for FileTicket {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
+    }
+}
+
+fn take(counter: &Rc<Cell<usize>>, max: usize, what: &str) -> Result<FileTicket, Refusal> {
+    if counter.get() >= max {
+        return Err(Refusal::new(
+            RefusalKind::LimitReached,
+            format!("this connection already has its maximum of {max} {what} in progress"),
+        ));
+    }
+    counter.set(counter.get() + 1);
+    Ok(FileTicket(Rc::clone(counter)))
+}
+
+impl FileLimits {
+    /// An upload, a download, a listing or a walk.
+    pub(crate) fn transfer(&self) -> Result<FileTicket, Refusal> {
+        take(
+            &self.transfers,
+            MAX_TRANSFERS_PER_CONNECTION,
+            "file transfers (uploads, downloads, listings, walks)",
+        )
+    }
+
+    pub(crate) fn watch(&self) -> Result<FileTicket, Refusal> {
+        take(&self.watches, MAX_WATCHES_PER_CONNECTION, "watches")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn places_come_back_when_tickets_drop() {
+        let limits = FileLimits::default();
+        let held: Vec<_> = (0..MAX_WATCHES_PER_CONNECTION)
+            .map(|_| limits.watch().expect("room"))
+            .collect();
+        let refusal = limits.watch().err().expect("full");
+        assert_eq!(refusal.kind, RefusalKind::LimitReached);
+        drop(held);
+        assert!(limits.watch().is_ok());
+    }
+}

@@ -1,0 +1,93 @@
+//! A `Directory` of an upstream, seen through a forwarding hop. Plain
+//! pass-through would work, but would answer `subdirectory` and
+//! `readOnly` only once the upstream had, so calls pipelined on their
+//! result would wait a round trip at this hop: here those two publish the
+//! upstream's pipelined capability at once (`set_pipeline`), like
+//! `rpc/forward.rs` does for `Executor`, and every other call goes on
+//! as it came (its parameters copied whole, capabilities included).
+
+use std::rc::Rc;
+
+use crate::capexec_capnp::directory;
+
+pub(crate) struct ForwardingDirectory {
+    far: directory::Client,
+}
+
+impl ForwardingDirectory {
+    pub(crate) fn new(far: directory::Client) -> ForwardingDirectory {
+        ForwardingDirectory { far }
+    }
+}
+
+/// A method sent on as it came, answered with the upstream's answer.
+macro_rules! forwarded {
+    ($($method:ident: $request:ident, $params:ident, $results:ident;)*) => {
+        $(
+            async fn $method(
+                self: Rc<Self>,
+                params: directory::$params,
+                mut results: directory::$results,
+            ) -> Result<(), capnp::Error> {
+                let mut request = self.far.$request();
+                request.set(params.get()?)?;
+                let response = request.send().promise.await?;
+                results.set(response.get()?)
+            }
+        )*
+    };
+}
+
+/// A method returning a directory, whose result is published before the
+/// upstream answers.
+macro_rules! pipelined {
+    ($($method:ident: $request:ident, $params:ident, $results:ident;)*) => {
+        $(
+            async fn $method(
+                self: Rc<Self>,
+                params: directory::$params,
+                mut results: directory::$results,
+            ) -> Result<(), capnp::Error> {
+                let mut request = self.far.$request();
+                request.set(params.get()?)?;
+                let call = request.send();
+                results
+                    .get()
+                    .set_dir(capnp_rpc::new_client(ForwardingDirectory::new(
+                        call.pipeline.get_dir(),
+                    )));
+                results.set_pipeline()?;
+                call.promise.await?;
+                Ok(())
+            }
+        )*
+    };
+}
+
+impl directory::Server for ForwardingDirectory {
+    forwarded! {
+        stat: stat_request, StatParams, StatResults;
+        list: list_request, ListParams, ListResults;
+        walk: walk_request, WalkParams, WalkResults;
+        read_file: read_file_request, ReadFileParams, ReadFileResults;
+        write_file: write_file_request, WriteFileParams, WriteFileResults;
+        upload: upload_request, UploadParams, UploadResults;
+        download: download_request, DownloadParams, DownloadResults;
+        mkdir: mkdir_request, MkdirParams, MkdirResults;
+        remove: remove_request, RemoveParams, RemoveResults;
+        rename: rename_request, RenameParams, RenameResults;
+        copy: copy_request, CopyParams, CopyResults;
+        symlink: symlink_request, SymlinkParams, SymlinkResults;
+        readlink: readlink_request, ReadlinkParams, ReadlinkResults;
+        set_permissions: set_permissions_request, SetPermissionsParams, SetPermissionsResults;
+        set_times: set_times_request, SetTimesParams, SetTimesResults;
+        canonicalize: canonicalize_request, CanonicalizeParams, CanonicalizeResults;
+        watch: watch_request, WatchParams, WatchResults;
+        info: info_request, InfoParams, InfoResults;
+    }
+
+    pipelined! {
+        subdirectory: subdirectory_request, SubdirectoryParams, SubdirectoryResults;
+        read_only: read_only_request, ReadOnlyParams, ReadOnlyResults;
+    }
+}

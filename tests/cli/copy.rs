@@ -1,0 +1,228 @@
+//! `capexec cp`: trees both ways (byte-exact, symlinks as symlinks, `-p`
+//! keeping modes and times), stdin and stdout, several sources, and the
+//! exit codes and lines of failures.
+
+use crate::common;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
+use std::path::Path;
+
+use common::cli::{Served, finish, text};
+use common::data::{Pattern, TempDir};
+
+fn cp(served: &Served, args: &[&str], stdin: Option<Vec<u8>>) -> common::cli::Finished {
+    let mut all = vec!["--connect", served.unix.as_str()];
+    all.extend(args);
+    finish(served.command("cp", &all), stdin)
+}
+
+fn arg(path: &Path) -> String {
+    path.display().to_string()
+}
+
+fn remote(path: &Path) -> String {
+    format!(":{}", path.display())
+}
+
+/// A tree with a large binary file, small ones, an empty directory, a
+/// symlink and unusual modes and times.
+fn make_tree(root: &Path) {
+    std::fs::create_dir_all(root.join("sub/empty")).expect("mkdir");
+    std::fs::write(root.join("small"), b"hello\n").expect("write");
+    std::fs::write(root.join("sub/big"), Pattern::bytes(5, 9_000_000)).expect("write");
+    std::fs::set_permissions(root.join("sub/big"), std::fs::Permissions::from_mode(0o751))
+        .expect("chmod");
+    symlink("../small", root.join("sub/link")).expect("symlink");
+    let old = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
+    std::fs::File::open(root.join("small"))
+        .expect("open")
+        .set_modified(old)
+        .expect("mtime");
+}
+
+fn assert_same_tree(from: &Path, to: &Path, preserved: bool) {
+    assert_eq!(
+        std::fs::read(from.join("small")).expect("read"),
+        std::fs::read(to.join("small")).expect("read")
+    );
+    assert_eq!(
+        std::fs::read(from.join("sub/big")).expect("read"),
+        std::fs::read(to.join("sub/big")).expect("read")
+    );
+    assert!(to.join("sub/empty").is_dir());
+    assert_eq!(
+        std::fs::read_link(to.join("sub/link")).expect("a symlink"),
+        Path::new("../small")
+    );
+    let mode = |path: &Path| std::fs::metadata(path).expect("stat").mode() & 0o7777;
+    assert_eq!(mode(&to.join("sub/big")), 0o751);
+    let mtime = |path: &Path| std::fs::metadata(path).expect("stat").mtime();
+    if preserved {
+        assert_eq!(mtime(&to.join("small")), 1_000_000_000);
+    } else {
+        assert_ne!(mtime(&to.join("small")), 1_000_000_000);
+    }
+}
+
+#[test]
+fn cp_copies_trees_both_ways_byte_exact() {
+    let served = Served::start();
+    let work = TempDir::new("cli-cp-tree");
+    let source = work.path().join("source");
+    make_tree(&source);
+    let up = work.path().join("up");
+    let done = cp(&served, &["-r", "-p", &arg(&source), &remote(&up)], None);
+    assert_eq!((done.code, text(&done.stderr)), (0, String::new()));
+    assert_same_tree(&source, &up, true);
+    let down = work.path().join("down");
+    let done = cp(&served, &["-r", "-p", &remote(&up), &arg(&down)], None);
+    assert_eq!((done.code, text(&done.stderr)), (0, String::new()));
+    assert_same_tree(&source, &down, true);
+    // Without -p, modification times are the copy's own.
+    let plain = work.path().join("plain");
+    let done = cp(&served, &["-r", &arg(&source), &remote(&plain)], None);
+    assert_eq!(done.code, 0, "{}", text(&done.stderr));
+    assert_same_tree(&source, &plain, false);
+    // Into an existing directory, under the source's own name.
+    let done = cp(&served, &["-r", &arg(&source), &remote(&plain)], None);
+    assert_eq!(done.code, 0, "{}", text(&done.stderr));
+    assert_same_tree(&source, &plain.join("source"), false);
+}
+
+#[test]
+fn cp_streams_stdin_and_stdout() {
+    let served = Served::start();
+    let work = TempDir::new("cli-cp-stdio");
+    let data = Pattern::bytes(9, 5_000_000);
+    let file = work.path().join("from-stdin");
+    let done = cp(&served, &["-", &remote(&file)], Some(data.clone()));
+    assert_eq!((done.code, text(&done.stderr)), (0, String::new()));
+    assert_eq!(std::fs::read(&file).expect("read"), data);
+    let done = cp(&served, &[&remote(&file), "-"], None);
+    assert_eq!(done.code, 0, "{}", text(&done.stderr));
+    assert_eq!(done.stdout, data);
+}
+
+#[test]
+fn cp_works_over_tcp_with_a_token_and_through_an_environment() {
+    let served = Served::start();
+    let work = TempDir::new("cli-cp-tcp");
+    std::fs::write(work.path().join("a"), b"over tcp").expect("write");
+    let token = served.token_arg();
+    let copy = work.path().join("copy");
+    let args = [
+        "--connect",
+        served.tcp.as_str(),
+        "--token-file",
+        &token,
+        "--environment",
+        "local",
+    ];
+    let mut up = args.to_vec();
+    let (from, to) = (arg(&work.path().join("a")), remote(&copy));
+    up.extend([from.as_str(), to.as_str()]);
+    let done = finish(served.command("cp", &up), None);
+    assert_eq!((done.code, text(&done.stderr)), (0, String::new()));
+    assert_eq!(std::fs::read(&copy).expect("read"), b"over tcp");
+    let mut down = args.to_vec();
+    down.extend([to.as_str(), "-"]);
+    let done = finish(served.command("cp", &down), None);
+    assert_eq!((done.code, done.stdout), (0, b"over tcp".to_vec()));
+}
+
+#[test]
+fn cp_copies_several_sources_into_a_directory() {
+    let served = Served::start();
+    let work = TempDir::new("cli-cp-several");
+    for name in ["a", "b"] {
+        std::fs::write(work.path().join(name), name).expect("write");
+    }
+    let dest = work.path().join("dest");
+    std::fs::create_dir(&dest).expect("mkdir");
+    let done = cp(
+        &served,
+        &[
+            &arg(&work.path().join("a")),
+            &arg(&work.path().join("b")),
+            &remote(&dest),
+        ],
+        None,
+    );
+    assert_eq!(done.code, 0, "{}", text(&done.stderr));
+    assert_eq!(std::fs::read(dest.join("a")).expect("a"), b"a");
+    assert_eq!(std::fs::read(dest.join("b")).expect("b"), b"b");
+}
+
+#[test]
+fn cp_says_what_failed_one_line_each_and_exits_1() {
+    let served = Served::start();
+    let work = TempDir::new("cli-cp-fail");
+    std::fs::create_dir(work.path().join("dir")).expect("mkdir");
+    std::fs::write(work.path().join("ok"), b"ok").expect("write");
+    let missing = work.path().join("missing");
+    let dir = work.path().join("dir");
+    let dest = work.path().join("dest");
+    std::fs::create_dir(&dest).expect("mkdir");
+    let done = cp(
+        &served,
+        &[
+            &arg(&missing),
+            &arg(&dir),
+            &arg(&work.path().join("ok")),
+            &remote(&dest),
+        ],
+        None,
+    );
+    assert_eq!(done.code, 1);
+    assert_eq!(
+        text(&done.stderr),
+        format!(
+            "capexec: cp {}: no such file or directory\ncapexec: cp {}: is a directory (use -r)\n",
+            missing.display(),
+            dir.display()
+        )
+    );
+    // What could be copied was.
+    assert_eq!(std::fs::read(dest.join("ok")).expect("ok"), b"ok");
+    let done = cp(&served, &[&remote(&missing), &arg(&dest)], None);
+    assert_eq!(done.code, 1);
+    assert_eq!(
+        text(&done.stderr),
+        format!(
+            "capexec: cp :{}: stat \"missing\": not found\n",
+            missing.display()
+        )
+    );
+}
+
+#[test]
+fn cp_refuses_bad_arguments_with_125() {
+    let served = Served::start();
+    for (args, line) in [
+        (
+            vec!["a"],
+            "capexec: cp needs a source and a destination (capexec cp [-r] [-p] SRC... DST)\n",
+        ),
+        (
+            vec!["a", "b"],
+            "capexec: cp copies between this machine and the executor's: the sources on one \
+             side, the destination on the other, remote paths written :PATH\n",
+        ),
+        (
+            vec![":a", ":b"],
+            "capexec: cp copies between this machine and the executor's: the sources on one \
+             side, the destination on the other, remote paths written :PATH\n",
+        ),
+        (
+            vec!["-", "a", ":b"],
+            "capexec: cp with - (stdin or stdout) copies exactly one file\n",
+        ),
+    ] {
+        let done = cp(&served, &args, None);
+        assert_eq!(
+            (done.code, text(&done.stderr).as_str()),
+            (125, line),
+            "{args:?}"
+        );
+    }
+}
