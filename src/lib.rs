@@ -18,5 +18,6 @@ pub mod engine;
 pub mod model;
 pub mod net;
 pub mod rpc;
+pub mod sandbox;
 pub mod secret;
 pub mod wire;

@@ -61,7 +61,7 @@ pub async fn run(
     whole_process(plan, servers, report)
 }
 
-async fn time_direct() -> Result<Duration, Box<dyn Error>> {
+pub(crate) async fn time_direct() -> Result<Duration, Box<dyn Error>> {
     let started = Instant::now();
     let status = tokio::process::Command::new("true")
         .stdin(Stdio::null())

@@ -11,7 +11,8 @@
 //! Servers are real `capexec serve` processes (Unix socket, TCP with a
 //! token, and a two-server chain); the clients run in this process. Cases
 //! alternate their variants round by round, so a burst of noise lands on
-//! all of them. Sections: latency, output, stdin, pipelining, scale, abuse.
+//! all of them. Sections: latency, output, stdin, pipelining, scale, abuse,
+//! sandbox.
 
 mod abuse;
 #[path = "../../tests/common/hostile.rs"]
@@ -24,6 +25,7 @@ mod pipelining;
 #[allow(dead_code)]
 mod procfs;
 mod report;
+mod sandbox;
 mod scale;
 mod servers;
 mod stdin;
@@ -89,7 +91,15 @@ impl Plan {
     }
 }
 
-const SECTIONS: [&str; 6] = ["latency", "output", "stdin", "pipelining", "scale", "abuse"];
+const SECTIONS: [&str; 7] = [
+    "latency",
+    "output",
+    "stdin",
+    "pipelining",
+    "scale",
+    "abuse",
+    "sandbox",
+];
 
 fn main() -> Result<(), Box<dyn Error>> {
     let mut quick = false;
@@ -138,6 +148,9 @@ fn main() -> Result<(), Box<dyn Error>> {
         }
         if wanted("abuse") {
             abuse::run(&plan, &mut report).await?;
+        }
+        if wanted("sandbox") {
+            sandbox::run(&plan, &mut report).await?;
         }
         Ok::<_, Box<dyn Error>>(report)
     })?;

@@ -32,6 +32,12 @@ pub fn main(args: ServeArgs) -> i32 {
         );
         return EXIT_CAPEXEC_FAILURE;
     }
+    if !args.hide_kernel_features.is_empty() {
+        let config = capexec::sandbox::HostConfig {
+            hidden: args.hide_kernel_features.iter().copied().collect(),
+        };
+        let _ = capexec::sandbox::configure(config);
+    }
     let mut listen = Vec::new();
     for text in &args.listen {
         match text.parse::<Address>() {

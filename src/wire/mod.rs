@@ -9,6 +9,7 @@ mod executor;
 mod lists;
 mod policy;
 mod process;
+mod sandbox;
 mod signal;
 mod start;
 
@@ -21,5 +22,6 @@ pub use self::executor::*;
 pub use self::lists::{millis_u32, pty_size_from_wire, pty_size_to_wire};
 pub use self::policy::*;
 pub use self::process::*;
+pub use self::sandbox::*;
 pub use self::signal::*;
 pub use self::start::*;

@@ -17,5 +17,6 @@ mod output;
 mod restricted;
 mod resume;
 mod run;
+mod sandbox;
 mod security;
 mod tty;
