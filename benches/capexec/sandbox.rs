@@ -43,26 +43,11 @@ pub async fn run(plan: &Plan, report: &mut Report) -> Result<(), Box<dyn Error>>
         ("cgroup, no sandbox", &tracked_executor, &bare),
         ("cgroup and sandbox", &tracked_executor, &sandboxed),
     ];
-    let mut direct = Vec::new();
-    let mut through = vec![Vec::new(); variants.len()];
-    for run in 0..plan.warmup_runs + plan.latency_runs {
-        let keep = run >= plan.warmup_runs;
-        let sample = crate::latency::time_direct().await?;
-        if keep {
-            direct.push(sample);
-        }
-        for ((_, executor, command), samples) in variants.iter().zip(&mut through) {
-            let started = Instant::now();
-            let status = command.status(executor).await?;
-            let sample = started.elapsed();
-            if !status.success() {
-                return Err(format!("`true` through capexec: {status:?}").into());
-            }
-            if keep {
-                samples.push(sample);
-            }
-        }
-    }
+    let runs: Vec<_> = variants
+        .iter()
+        .map(|(_, executor, command)| (*executor, *command))
+        .collect();
+    let (direct, through) = crate::latency::alternate(plan, &runs).await?;
     let extra = median(&through[3]).saturating_sub(median(&through[0]));
     let baseline = report.baseline(SECTION, "tokio::process spawn+wait `true`", direct, None);
     for ((name, _, _), samples) in variants.iter().zip(through) {
@@ -88,10 +73,10 @@ async fn memory(plan: &Plan, serve: &Serve, report: &mut Report) -> Result<(), B
     let cwd = tempfile::tempdir()?;
     let mut figures = Vec::new();
     for sandbox in [false, true] {
-        eprintln!("sandbox: {n} concurrent `sleep 3` (sandboxed: {sandbox})");
+        eprintln!("sandbox: {n} concurrent `sleep 60` (sandboxed: {sandbox})");
         let before = serve.usage()?;
         let mut sleep = Command::new("sleep");
-        sleep.arg("3").current_dir(cwd.path());
+        sleep.arg("60").current_dir(cwd.path());
         if sandbox {
             sleep.sandbox(Sandbox::default());
         }
@@ -122,9 +107,7 @@ async fn memory(plan: &Plan, serve: &Serve, report: &mut Report) -> Result<(), B
             ),
             None,
         );
-        for outcome in join_all(processes.iter().map(|process| process.wait())).await {
-            outcome?;
-        }
+        // Released: each tree is terminated.
         drop(processes);
         // Let the releases finish before the next round's figure.
         let deadline = Instant::now() + Duration::from_secs(30);

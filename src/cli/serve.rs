@@ -215,9 +215,16 @@ fn upstreams(args: &ServeArgs) -> Result<Vec<UpstreamConfig>, String> {
         // Each upstream has its own secret: never fall back to this
         // server's own token (or anything else that could leak it).
         let token = match (token_files.remove(name), address.is_tcp()) {
-            (Some(file), true) => Some(Token::load(&file).map_err(|error| {
-                target::token_problem(&format!("--upstream-token-file {name}="), &error)
-            })?),
+            (Some(file), true) => Some(
+                {
+                    // What this server logs in with is no sandbox's to read.
+                    capexec::sandbox::protect(&file);
+                    Token::load(&file)
+                }
+                .map_err(|error| {
+                    target::token_problem(&format!("--upstream-token-file {name}="), &error)
+                })?,
+            ),
             (None, true) => {
                 return Err(format!(
                     "--upstream {name} ({address}) needs a login token: give \

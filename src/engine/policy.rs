@@ -147,6 +147,19 @@ fn changeable(settable: &BTreeSet<OsString>) -> String {
     }
 }
 
+/// Where `spec` runs: its working directory, or the server's.
+fn start_cwd(spec: &StartSpec) -> Result<PathBuf, Refusal> {
+    match spec.effective_cwd() {
+        Some(cwd) => Ok(cwd.clone()),
+        None => std::env::current_dir().map_err(|error| {
+            Refusal::new(
+                RefusalKind::BadCwd,
+                format!("the server's working directory: {}", io_message(&error)),
+            )
+        }),
+    }
+}
+
 impl Rules {
     /// No rules: what an unrestricted executor allows.
     pub fn unrestricted() -> Rules {
@@ -390,15 +403,7 @@ impl Rules {
             admitted.timeout = Some(admitted.timeout.map_or(max, |asked| asked.min(max)));
         }
         if !self.sandboxes.is_empty() {
-            let cwd = match admitted.effective_cwd() {
-                Some(cwd) => cwd.clone(),
-                None => std::env::current_dir().map_err(|error| {
-                    Refusal::new(
-                        RefusalKind::BadCwd,
-                        format!("the server's working directory: {}", io_message(&error)),
-                    )
-                })?,
-            };
+            let cwd = start_cwd(&admitted)?;
             admitted.sandbox = Some(crate::sandbox::PolicySandbox::narrow(
                 &self.sandboxes,
                 spec.sandbox.as_ref(),
@@ -463,15 +468,7 @@ impl Rules {
         let Some(roots) = &self.cwd_roots else {
             return Ok(());
         };
-        let asked = match spec.effective_cwd() {
-            Some(cwd) => cwd.clone(),
-            None => std::env::current_dir().map_err(|error| {
-                Refusal::new(
-                    RefusalKind::BadCwd,
-                    format!("the server's working directory: {}", io_message(&error)),
-                )
-            })?,
-        };
+        let asked = start_cwd(spec)?;
         let canonical = std::fs::canonicalize(&asked).map_err(|error| {
             Refusal::new(
                 RefusalKind::BadCwd,

@@ -26,49 +26,23 @@ fn a_sandboxed_run_writes_only_where_it_may() {
         other.path().display()
     );
     let cwd_arg = cwd.path().display().to_string();
-    let done = finish(
-        capexec(&[
-            "run",
-            "--sandbox",
-            "--cwd",
-            &cwd_arg,
-            "-n",
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ]),
-        None,
-    );
-    assert_eq!(
-        (done.code, text(&done.stdout)),
-        (0, "in\nrefused\n".to_string()),
-        "{}",
-        text(&done.stderr)
-    );
-    // --writable implies --sandbox and adds a root.
     let other_arg = other.path().display().to_string();
-    let done = finish(
-        capexec(&[
-            "run",
-            "--writable",
-            &other_arg,
-            "--cwd",
-            &cwd_arg,
-            "-n",
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ]),
-        None,
-    );
-    assert_eq!(
-        (done.code, text(&done.stdout)),
-        (0, "in\n".to_string()),
-        "{}",
-        text(&done.stderr)
-    );
+    // --writable implies --sandbox and adds a root.
+    for (flags, printed) in [
+        (vec!["--sandbox"], "in\nrefused\n"),
+        (vec!["--writable", &other_arg], "in\n"),
+    ] {
+        let mut args = vec!["run"];
+        args.extend(flags);
+        args.extend(["--cwd", &cwd_arg, "-n", "--", "sh", "-c", &script]);
+        let done = finish(capexec(&args), None);
+        assert_eq!(
+            (done.code, text(&done.stdout)),
+            (0, printed.to_string()),
+            "{}",
+            text(&done.stderr)
+        );
+    }
 }
 
 #[test]

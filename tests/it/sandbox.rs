@@ -138,6 +138,53 @@ async fn without_network_only_unix_sockets_work(ctx: Ctx) {
     );
 }
 
+async fn abstract_sockets_made_outside_are_out_of_reach(ctx: Ctx) {
+    use std::os::linux::net::SocketAddrExt;
+    let cwd = TempDir::new("sandbox-cwd");
+    let name = format!(
+        "capexec-test-abstract-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    );
+    let address =
+        std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).expect("name");
+    let _listener = std::os::unix::net::UnixListener::bind_addr(&address).expect("listen");
+    let probe = r#"
+import errno, socket, sys
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect("\0" + sys.argv[1])
+    print("ok")
+except OSError as error:
+    print(errno.errorcode[error.errno])
+"#;
+    let mut command = Command::new("/usr/bin/python3");
+    command.args(["-c", probe, &name]).current_dir(cwd.path());
+    let output = command.output(&ctx.executor).await.expect("start");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "ok\n");
+    command.sandbox(Sandbox::default());
+    let output = command.output(&ctx.executor).await.expect("start");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "EPERM\n",
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+async fn a_sandboxed_terminal_works(ctx: Ctx) {
+    let cwd = TempDir::new("sandbox-cwd");
+    let mut command = sh("tty >/dev/null && echo on-a-terminal; exit 4");
+    command
+        .current_dir(cwd.path())
+        .sandbox(Sandbox::default())
+        .tty(capexec::model::PtySize { rows: 24, cols: 80 });
+    let process = command.spawn(&ctx.executor).await.expect("start");
+    let events = common::read_until_closed(&process).await;
+    assert_eq!(common::exit_of(&events), Some(ExitStatus::Code(4)));
+    assert_eq!(common::output_bytes(&events, None), b"on-a-terminal\r\n");
+}
+
 async fn a_root_child_has_no_capabilities_and_is_filtered(ctx: Ctx) {
     let cwd = TempDir::new("sandbox-cwd");
     let (code, stdout, stderr) = sandboxed(
@@ -311,8 +358,29 @@ async fn leave_a_session_behind(
     (process, pid)
 }
 
+/// The cgroup2 directory process `pid` is in.
+fn cgroup_dir(pid: u32) -> std::path::PathBuf {
+    let memberships = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
+    let path = memberships
+        .lines()
+        .find_map(|line| line.strip_prefix("0::"))
+        .expect("a cgroup2 membership");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let mount = mounts
+        .lines()
+        .find(|line| line.contains(" - cgroup2 "))
+        .and_then(|line| line.split(' ').nth(4))
+        .expect("a cgroup2 mount");
+    std::path::PathBuf::from(format!("{mount}{path}"))
+}
+
 async fn what_leaves_with_setsid_stays_counted_and_dies_with_terminate(ctx: Ctx) {
     let (process, pid) = leave_a_session_behind(&ctx, None).await;
+    let leaf = cgroup_dir(pid);
+    assert!(
+        leaf.file_name()
+            .is_some_and(|name| name.to_string_lossy().starts_with("p-"))
+    );
     let info = process.info().await.expect("info");
     assert!(info.exit.is_some());
     assert!(info.tree_running, "the session it left is part of its tree");
@@ -323,12 +391,18 @@ async fn what_leaves_with_setsid_stays_counted_and_dies_with_terminate(ctx: Ctx)
         tokio::time::sleep(Duration::from_millis(20)).await;
         info = process.info().await.expect("info");
     }
+    // Nothing of it is left once it is released: not even its cgroup.
+    drop(process);
+    common::procfs::wait_until(|| !leaf.exists()).await;
 }
 
 async fn what_leaves_with_setsid_dies_with_release(ctx: Ctx) {
     let (process, pid) = leave_a_session_behind(&ctx, None).await;
+    let leaf = cgroup_dir(pid);
+    assert!(leaf.exists());
     drop(process);
     common::procfs::wait_until(|| !alive(pid)).await;
+    common::procfs::wait_until(|| !leaf.exists()).await;
 }
 
 async fn what_leaves_with_setsid_dies_at_the_timeout(ctx: Ctx) {
@@ -375,6 +449,67 @@ async fn a_memory_hog_is_reported_as_killed_by_the_memory_limit(ctx: Ctx) {
             core_dumped: false
         }
     );
+}
+
+/// The CPU quota of process `pid`'s cgroup, per 100 ms period, in
+/// microseconds: cgroup2's `cpu.max` or v1's `cpu.cfs_quota_us`.
+fn cpu_quota(pid: u32) -> Option<String> {
+    let memberships = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mount_of = |v2: bool| {
+        mounts.lines().find_map(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let separator = fields.iter().position(|field| *field == "-")?;
+            let (kind, options) = (fields[separator + 1], fields[separator + 3]);
+            let wanted = if v2 {
+                kind == "cgroup2"
+            } else {
+                kind == "cgroup" && options.split(',').any(|option| option == "cpu")
+            };
+            wanted.then(|| fields[4].to_string())
+        })
+    };
+    for line in memberships.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        if controllers.split(',').any(|controller| controller == "cpu") {
+            let dir = format!("{}{path}", mount_of(false)?);
+            return std::fs::read_to_string(format!("{dir}/cpu.cfs_quota_us"))
+                .ok()
+                .map(|quota| quota.trim().to_string());
+        }
+        if controllers.is_empty()
+            && let Some(mount) = mount_of(true)
+            && let Ok(max) = std::fs::read_to_string(format!("{mount}{path}/cpu.max"))
+            && !max.starts_with("max")
+        {
+            return max.split_whitespace().next().map(str::to_string);
+        }
+    }
+    None
+}
+
+async fn a_cpu_limit_sets_the_quota_of_the_tree(ctx: Ctx) {
+    let mut command = Command::new("sleep");
+    command.arg("60").limits(Limits {
+        cpu_millis: Some(500),
+        ..Limits::default()
+    });
+    let process = command.spawn(&ctx.executor).await.expect("start");
+    let pid = process.info().await.expect("info").pid;
+    // Half a CPU: 50 ms in every 100 ms.
+    assert_eq!(cpu_quota(pid).as_deref(), Some("50000"));
+    assert_eq!(
+        process
+            .info()
+            .await
+            .expect("info")
+            .confinement
+            .limits
+            .cpu_millis,
+        Some(500)
+    );
+    process.terminate().await.expect("terminate");
 }
 
 async fn a_restricted_executor_with_a_sandbox_refuses_to_widen_it(ctx: Ctx) {
@@ -476,6 +611,8 @@ backend_tests!(
     writes_outside_the_writable_roots_fail_and_inside_succeed,
     reads_outside_the_read_roots_fail,
     without_network_only_unix_sockets_work,
+    abstract_sockets_made_outside_are_out_of_reach,
+    a_sandboxed_terminal_works,
     a_root_child_has_no_capabilities_and_is_filtered,
     a_sandboxed_child_cannot_reach_the_server,
     process_info_says_what_was_enforced,
@@ -484,6 +621,7 @@ backend_tests!(
     what_leaves_with_setsid_dies_at_the_timeout,
     a_pids_limit_stops_a_fork_bomb,
     a_memory_hog_is_reported_as_killed_by_the_memory_limit,
+    a_cpu_limit_sets_the_quota_of_the_tree,
     a_restricted_executor_with_a_sandbox_refuses_to_widen_it,
 );
 
