@@ -316,6 +316,28 @@ struct Policy {
   # `StartParams.timeoutMs`, which it caps) this long after its start: a
   # start without a timeout, or with a longer one, gets this one. 0: no
   # limit of its own.
+
+  sandbox @7 :Sandbox;
+  # Every process started through this executor is sandboxed, within this
+  # sandbox (resolved when `restrict` is called: roots must exist and are
+  # symlink-resolved). A start without a sandbox of its own gets this one
+  # (with its defaults: the start's working directory is the one made
+  # writable); a start with one gets its own, which must ask for nothing
+  # this one does not allow: a `readOnly` root must be readable here, a
+  # `writable` root writable here, `network = all` needs `all` here, else
+  # the start fails with `[capexec:not-allowed]` naming the root. What a
+  # start gets by default (the system directories, its working directory
+  # as writable) is narrowed to what this sandbox allows, silently. The
+  # sandbox must be enforced unless both this and the start's say
+  # `bestEffort`. Restricting again only narrows: a narrower policy's
+  # sandbox is checked against this one the same way, on `restrict` for
+  # its roots and network and on every start for the rest, and a process
+  # gets one Landlock layer: the narrowest. Null: no sandbox of its own.
+
+  limits @8 :Limits;
+  # The most each start may have: a start's limits are the smaller of its
+  # own and these (a start without limits gets these), narrowed by every
+  # policy before. Null: no limits of its own.
 }
 
 struct ExecutorInfo {
@@ -451,6 +473,23 @@ struct StartParams {
   # "/", "\" or "=" (terminfo looks it up as a file name); anything else
   # fails the start with [capexec:invalid-argument]. Servers older than
   # this field ignore it.
+
+  sandbox @12 :Sandbox;
+  # Confine the process and everything it starts (see `Sandbox`). Null: no
+  # sandbox, unless the executor is restricted by a policy with one (see
+  # `Policy.sandbox`). A sandbox the kernel cannot enforce fails the start
+  # with `[capexec:unsupported]` naming what is missing, unless
+  # `bestEffort`; a sandbox whose roots would expose the server's login
+  # token fails with `[capexec:not-allowed]`. Servers older than this
+  # field ignore it: check for the "sandbox" feature (`Executor.info`)
+  # first.
+
+  limits @13 :Limits;
+  # Resource limits of the process tree, enforced by a cgroup (see
+  # `Limits`); they work with or without a sandbox. Limits the server
+  # cannot enforce fail the start with `[capexec:unsupported]`, unless
+  # `limits.bestEffort`. Servers older than this field ignore it: check
+  # for the "limits" feature first.
 }
 
 struct EnvVar {
@@ -722,6 +761,14 @@ struct ExitStatus {
   # What the process tree used. Null when the server does not report it
   # (servers without the "usage" feature, or when waiting for the child
   # failed).
+
+  killedByMemoryLimit @6 :Bool;
+  # The tree's memory limit (`StartParams.limits.memoryBytes`, or a
+  # policy's) ended the child: the kernel's out-of-memory killer killed a
+  # process of the tree for exceeding the limit, and the child died of
+  # SIGKILL, or exited 137 as a shell does when the command it waited for
+  # died that way. Counted by the kernel (the cgroup's `oom_kill`), not
+  # guessed from the signal. `capexec run` says so and exits 137.
 }
 
 struct ResourceUsage {
@@ -824,6 +871,149 @@ struct ProcessInfo {
   timedOut @14 :Bool;
   # The process's `timeoutMs` expired before it exited, and it was
   # terminated for it (the same as `exit.exited.timedOut` once it exited).
+
+  confinement @15 :Confinement;
+  # What confines the process and how its tree is followed, as enforced
+  # (null from servers older than the "sandbox" feature).
+
+  treeRunning @16 :Bool;
+  # Processes of its tree are still running: the child, or what it left
+  # behind. With cgroup tracking that is everything it started, through
+  # `setsid` and double forks; with process-group tracking, what stayed in
+  # its process group (a terminal: its session).
+}
+
+# ---------------------------------------------------------------------------
+# Confinement: sandboxes, limits, tracking
+# ---------------------------------------------------------------------------
+#
+# A sandboxed process is confined by the kernel, before it executes its
+# program: Landlock rules (what it may read, write and execute; TCP bind and
+# connect; signals and abstract Unix sockets scoped to the sandbox),
+# `no_new_privs`, a seccomp filter (socket families when the network is off,
+# io_uring, and for a root server's children the calls that change the
+# kernel), and every capability dropped when the server has any. What it
+# starts inherits all of it. capexec servers refuse Unix-socket connections
+# from sandboxed processes (their cgroup says what they are; on hosts
+# without cgroup tracking, `no_new_privs` with a seccomp filter does), so a
+# sandboxed process cannot ask its own server for an unsandboxed one, and a
+# sandbox whose roots contain the server's token file is refused.
+#
+# Where the server can write a cgroup2 hierarchy, every process, sandboxed
+# or not, gets a cgroup of its own: its tree is tracked through `setsid` and
+# double forks, terminating it (terminate, release, timeouts) ends all of it
+# (`cgroup.kill`), it counts as running until its cgroup is empty, and the
+# cgroup is removed afterwards. If the server is killed, a small sentinel
+# process it left kills and removes every cgroup of it at once. `Limits` are
+# cgroup limits (cgroup v2 controllers, or v1 controllers on hybrid hosts).
+# `Executor.info` lists what the server can enforce:
+#   "sandbox" and "limits"       the protocol fields are understood;
+#   "sandbox-landlock-N"         Landlock ABI N (filesystem rules from 1,
+#                                TCP from 4, scoping from 6);
+#   "seccomp"                    seccomp filters;
+#   "cgroup-tracking"            a cgroup per process, or
+#   "process-group-tracking"     process groups only (no writable cgroup2);
+#   "limits:memory,pids,cpu"     the limits it can enforce (those it can);
+#   "peer-check:cgroup"          how it recognises sandboxed peers (or
+#                                "peer-check:no-new-privs").
+
+struct Sandbox {
+  # Paths are absolute and resolved on the server (symlinks followed); a
+  # root that does not exist fails the start with `[capexec:invalid-argument]`.
+  # A root is a directory (and everything below it) or a file. Landlock
+  # rules are unions: a path is readable if it is in or below any readable
+  # root, writable if in or below any writable one; there is no way to
+  # exclude a path below a root. Writable roots may not contain a cgroup
+  # file system (a process could leave its cgroup) and no root may contain
+  # the server's login token file.
+
+  readOnly @0 :List(Data);
+  # Readable and executable, beyond the system directories: /usr, /bin,
+  # /sbin, /lib, /lib32, /lib64, /libx32, /etc, /opt and /proc (those that
+  # exist), and the devices programs need (/dev/null, /dev/zero, /dev/full,
+  # /dev/tty, /dev/ptmx and /dev/pts writable; /dev/random and
+  # /dev/urandom readable).
+
+  writable @1 :List(Data);
+  # Writable (create, delete, rename, truncate...), readable and
+  # executable, beyond the working directory.
+
+  network @2 :SandboxNetwork;
+
+  noSystemRoots @3 :Bool;
+  # The system directories and devices are not readable unless listed.
+
+  readOnlyCwd @4 :Bool;
+  # The working directory is readable but not writable (unless a writable
+  # root contains it).
+
+  bestEffort @5 :Bool;
+  # Start even if the kernel cannot enforce all of the sandbox (an old
+  # kernel, Landlock disabled, no seccomp), and say what was not enforced
+  # in `ProcessInfo.confinement.notEnforced`. Without it such a start fails
+  # with `[capexec:unsupported]`, naming what is missing. Never silently
+  # unconfined.
+}
+
+enum SandboxNetwork {
+  none @0;
+  # No IP socket can be made (TCP, UDP, raw), nor netlink, packet or vsock
+  # ones; Unix sockets and socket pairs work (abstract Unix sockets only
+  # within the sandbox).
+  all @1;
+  # The server host's network.
+}
+
+struct Limits {
+  # Limits of the whole process tree, enforced by its cgroup. 0: no limit.
+
+  memoryBytes @0 :UInt64;
+  # Memory the tree may use (page cache included, no swap). Beyond it the
+  # kernel kills a process of the tree; see `ExitStatus.killedByMemoryLimit`.
+
+  maxPids @1 :UInt32;
+  # Processes and threads the tree may have at once; a fork beyond fails
+  # (EAGAIN), so a fork bomb fails fast.
+
+  cpuMillis @2 :UInt32;
+  # CPU time the tree may use, in thousandths of one CPU per period (500:
+  # half a CPU, 2000: two). At least 10.
+
+  bestEffort @3 :Bool;
+  # Start even if the server cannot enforce them, and say so in
+  # `ProcessInfo.confinement.notEnforced`.
+}
+
+enum ProcessTracking {
+  processGroup @0;
+  # The process group (a terminal: the session): what leaves it is not
+  # seen, nor ended.
+  cgroup @1;
+  # A cgroup of its own: everything the process starts.
+}
+
+struct Confinement {
+  # What the server enforced for one process.
+
+  tracking @0 :ProcessTracking;
+
+  sandbox @1 :Sandbox;
+  # The sandbox as applied, every default made explicit (`noSystemRoots`
+  # and `readOnlyCwd` set, every root listed); null if not sandboxed.
+
+  limits @2 :Limits;
+  # The limits in force (after every policy).
+
+  enforced @3 :List(Text);
+  # What is enforced, by name: "cgroup", "filesystem", "network-tcp",
+  # "network-sockets", "scope-signals", "scope-abstract-sockets",
+  # "no-new-privs", "capabilities", "io-uring", "kernel-calls",
+  # "server-isolation", "limit-memory", "limit-pids", "limit-cpu".
+  # Clients must ignore names they do not know.
+
+  notEnforced @4 :List(Text);
+  # What was asked for (best effort) but is not enforced, by the same
+  # names.
 }
 
 # ---------------------------------------------------------------------------

@@ -23,5 +23,6 @@ pub mod files;
 pub mod model;
 pub mod net;
 pub mod rpc;
+pub mod sandbox;
 pub mod secret;
 pub mod wire;

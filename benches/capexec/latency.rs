@@ -34,6 +34,25 @@ pub async fn run(
         ("chain A -> B (unix)", &chain, None),
     ];
     let command = Command::new("true");
+    let runs: Vec<(&executor::Client, &Command)> = variants
+        .iter()
+        .map(|(_, executor, _)| (*executor, &command))
+        .collect();
+    let (direct, through) = alternate(plan, &runs).await?;
+    let baseline = report.baseline(SECTION, "tokio::process spawn+wait `true`", direct, None);
+    for ((name, _, target), samples) in variants.iter().zip(through) {
+        report.case(SECTION, *name, samples, baseline, None, *target, "");
+    }
+    whole_process(plan, servers, report)
+}
+
+/// `true` spawned directly, then each of `variants` (a command on an
+/// executor) run to `closed`, round after round: the direct samples and
+/// each variant's, warm-up rounds left out.
+pub(crate) async fn alternate(
+    plan: &Plan,
+    variants: &[(&executor::Client, &Command)],
+) -> Result<(Vec<Duration>, Vec<Vec<Duration>>), Box<dyn Error>> {
     let mut direct = Vec::new();
     let mut through = vec![Vec::new(); variants.len()];
     for run in 0..plan.warmup_runs + plan.latency_runs {
@@ -42,7 +61,7 @@ pub async fn run(
         if keep {
             direct.push(sample);
         }
-        for ((_, executor, _), samples) in variants.iter().zip(&mut through) {
+        for ((executor, command), samples) in variants.iter().zip(&mut through) {
             let started = Instant::now();
             let status = command.status(executor).await?;
             let sample = started.elapsed();
@@ -54,11 +73,7 @@ pub async fn run(
             }
         }
     }
-    let baseline = report.baseline(SECTION, "tokio::process spawn+wait `true`", direct, None);
-    for ((name, _, target), samples) in variants.iter().zip(through) {
-        report.case(SECTION, *name, samples, baseline, None, *target, "");
-    }
-    whole_process(plan, servers, report)
+    Ok((direct, through))
 }
 
 async fn time_direct() -> Result<Duration, Box<dyn Error>> {

@@ -12,7 +12,7 @@
 //! token, and a two-server chain); the clients run in this process. Cases
 //! alternate their variants round by round, so a burst of noise lands on
 //! all of them. Sections: latency, output, stdin, pipelining, scale, abuse,
-//! operator, files.
+//! operator, files, sandbox.
 
 mod abuse;
 mod files;
@@ -27,6 +27,7 @@ mod pipelining;
 #[allow(dead_code)]
 mod procfs;
 mod report;
+mod sandbox;
 mod scale;
 mod servers;
 mod stdin;
@@ -104,7 +105,7 @@ impl Plan {
     }
 }
 
-const SECTIONS: [&str; 8] = [
+const SECTIONS: [&str; 9] = [
     "latency",
     "output",
     "stdin",
@@ -113,6 +114,7 @@ const SECTIONS: [&str; 8] = [
     "abuse",
     "operator",
     "files",
+    "sandbox",
 ];
 
 fn main() -> Result<(), Box<dyn Error>> {
@@ -168,6 +170,9 @@ fn main() -> Result<(), Box<dyn Error>> {
         }
         if wanted("files") {
             files::run(&plan, &servers, &mut report).await?;
+        }
+        if wanted("sandbox") {
+            sandbox::run(&plan, &mut report).await?;
         }
         Ok::<_, Box<dyn Error>>(report)
     })?;

@@ -5,6 +5,7 @@ mod argument_error;
 mod capacity;
 mod config;
 mod copy;
+mod confinement;
 mod duration;
 mod generate;
 mod input;
@@ -32,6 +33,9 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 pub const EXIT_CAPEXEC_FAILURE: i32 = 125;
 /// `capexec run --timeout` ended the command (as timeout(1) reports it).
 pub const EXIT_TIMED_OUT: i32 = 124;
+/// The memory limit (`--memory`, or the server's) ended the command: as a
+/// shell reports SIGKILL.
+pub const EXIT_KILLED_BY_MEMORY_LIMIT: i32 = 137;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -316,6 +320,11 @@ pub struct ServeArgs {
     retention: u64,
     #[command(flatten)]
     restrictions: restrictions::RestrictionArgs,
+    /// For tests only: treat this kernel feature as missing (repeatable):
+    /// landlock, landlock-tcp, landlock-scopes, seccomp, cgroups, memory,
+    /// pids, cpu.
+    #[arg(long = "hide-kernel-feature", value_name = "FEATURE", hide = true)]
+    hide_kernel_features: Vec<capexec::sandbox::KernelFeature>,
 }
 
 /// How to run a command: where, in what environment, with what
@@ -372,6 +381,8 @@ pub struct SessionArgs {
     /// Terminal size for -t, ROWSxCOLS (default: our terminal's, or 24x80).
     #[arg(long, value_name = "ROWSxCOLS")]
     size: Option<String>,
+    #[command(flatten)]
+    confinement: confinement::ConfinementArgs,
 }
 
 #[derive(Args, Debug)]

@@ -14,7 +14,9 @@ use capexec::model::{EventBody, OutputStream, RefusalKind, Signal, show_duration
 use crate::cli::local_terminal::RawMode;
 use crate::cli::signals::Interrupted;
 use crate::cli::stdio::{self, OutputWriter};
-use crate::cli::{EXIT_CAPEXEC_FAILURE, EXIT_TIMED_OUT, SessionArgs, input};
+use crate::cli::{
+    EXIT_CAPEXEC_FAILURE, EXIT_KILLED_BY_MEMORY_LIMIT, EXIT_TIMED_OUT, SessionArgs, input,
+};
 
 /// How long capexec waits for the server to terminate the command when
 /// it ends without the command's status (an error of ours, a signal).
@@ -238,6 +240,10 @@ async fn run_to_close(
             Some(usage) => stdio::note(&usage.to_string()),
             None => stdio::note("the executor did not report resource usage"),
         }
+    }
+    if exit.killed_by_memory_limit {
+        stdio::note("the command was killed by its memory limit");
+        return Ok(EXIT_KILLED_BY_MEMORY_LIMIT);
     }
     // Like timeout(1): 124 when a time limit ended the command, ours or
     // the executor's (a restricted server's --max-run-time).

@@ -42,6 +42,10 @@ pub struct RestrictionArgs {
     #[arg(long, value_name = "SECS",
           value_parser = clap::value_parser!(u64).range(1..=31_536_000))]
     max_run_time: Option<u64>,
+    /// Sandbox and limits of every start (narrowing only: a start's own
+    /// sandbox must fit in it, its limits are the smaller).
+    #[command(flatten)]
+    confinement: crate::cli::confinement::ConfinementArgs,
 }
 
 impl RestrictionArgs {
@@ -93,6 +97,8 @@ impl RestrictionArgs {
             forbid_tty: self.forbid_tty,
             max_processes: self.max_running,
             max_run_time: self.max_run_time.map(std::time::Duration::from_secs),
+            sandbox: self.confinement.sandbox()?,
+            limits: self.confinement.limits(),
             rule_names: RuleNames::Schema,
         };
         if policy == Policy::default() {

@@ -311,6 +311,10 @@ fn command_from(
     if let Some(cwd) = &args.cwd {
         command.current_dir(cwd);
     }
+    if let Some(sandbox) = args.confinement.sandbox()? {
+        command.sandbox(sandbox);
+    }
+    command.limits(args.confinement.limits());
     if args.tty {
         command.tty(terminal_size(args)?);
         // As ssh sends it with its terminal request.

@@ -46,6 +46,12 @@ pub fn main(args: ServeArgs) -> i32 {
             return EXIT_CAPEXEC_FAILURE;
         }
     };
+    if !args.hide_kernel_features.is_empty() {
+        let config = capexec::sandbox::HostConfig {
+            hidden: args.hide_kernel_features.iter().copied().collect(),
+        };
+        let _ = capexec::sandbox::configure(config);
+    }
     let mut listen = Vec::new();
     if args.listen.is_empty() && inherited.is_empty() {
         match default_listener() {
@@ -353,9 +359,14 @@ fn upstreams(args: &ServeArgs) -> Result<Vec<UpstreamConfig>, String> {
             None => named_token.map(|(file, place)| (file, format!("{place} "))),
         };
         let token = match (token_file, address.is_tcp()) {
-            (Some((file, place)), true) => {
-                Some(Token::load(&file).map_err(|error| target::token_problem(&place, &error))?)
-            }
+            (Some((file, place)), true) => Some(
+                {
+                    // What this server logs in with is no sandbox's to read.
+                    capexec::sandbox::protect(&file);
+                    Token::load(&file)
+                }
+                .map_err(|error| target::token_problem(&place, &error))?,
+            ),
             (None, true) => {
                 return Err(format!(
                     "--upstream {name} ({address}) needs a login token: give \

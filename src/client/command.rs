@@ -150,6 +150,22 @@ impl Command {
         self
     }
 
+    /// Confines the process and all it starts (see [`Sandbox`]); the start
+    /// fails with `[capexec:unsupported]` where the server cannot enforce
+    /// it (unless it says best effort).
+    ///
+    /// [`Sandbox`]: crate::model::Sandbox
+    pub fn sandbox(&mut self, sandbox: crate::model::Sandbox) -> &mut Command {
+        self.spec.sandbox = Some(sandbox);
+        self
+    }
+
+    /// Resource limits of the process tree (a cgroup's).
+    pub fn limits(&mut self, limits: crate::model::Limits) -> &mut Command {
+        self.spec.limits = limits;
+        self
+    }
+
     pub fn spec(&self) -> &StartSpec {
         &self.spec
     }

@@ -421,9 +421,10 @@ impl Process {
             .map_err(|error| ResizeError::Failed(error.to_string()))
     }
 
-    /// Starts termination; false if the process had already exited.
+    /// Starts termination; false if the process had already exited (and,
+    /// tracked by a cgroup, left nothing running in it).
     pub fn terminate(&self) -> bool {
-        if self.shared.has_exited() {
+        if self.shared.has_exited() && !self.shared.cgroup_populated() {
             return false;
         }
         self.shared.start_termination();
@@ -467,6 +468,8 @@ impl Process {
             unconsumed_bytes: state.log.unconsumed_bytes(),
             uptime: self.shared.uptime(&state.life),
             timed_out: state.life.timed_out(),
+            confinement: self.shared.confinement.clone(),
+            tree_running: self.shared.tree_running(&state.life),
         }
     }
 

@@ -9,7 +9,7 @@ pub mod descriptors;
 mod handle;
 mod kill;
 mod log;
-mod os;
+pub(crate) mod os;
 mod output;
 mod pipe_capacity;
 mod policy;
@@ -32,6 +32,7 @@ use tokio::sync::mpsc;
 pub use self::handle::{
     CloseTicket, Process, ProcessOwner, ReadError, ResizeError, WriteError, WriteTicket,
 };
+pub(crate) use self::kill::{pidfd_open, signal_process};
 pub use self::log::{Batch, LogLimits};
 pub use self::output::CHUNK_SIZE;
 pub use self::policy::{Admission, Rules};
@@ -124,12 +125,14 @@ impl Engine {
         let stdio = ChildStdio::Pipes {
             pipe_stdin: spec.pipe_stdin,
         };
+        let confined = confine(spec)?;
         let SpawnedChild {
             leader,
             stdin,
             stdout,
             stderr,
-        } = spawn::spawn(spec, stdio, &self.inner.limits.child)?;
+        } = spawn::spawn(spec, stdio, &self.inner.limits.child, &confined.plan)?;
+        let confinement = attach(&leader, confined);
         // The Leader owns the child: if anything fails from here on, its
         // drop kills and reaps it.
         let attach = || -> std::io::Result<_> {
@@ -143,6 +146,7 @@ impl Engine {
         self.launch(Launch {
             spec,
             leader,
+            confinement,
             sources: [Some(stdout), Some(stderr)],
             stdin: stdin.map(|sink| Box::new(pipe_capacity::GrowingSender::new(sink)) as StdinSink),
             terminal: None,
@@ -160,17 +164,21 @@ impl Engine {
                 format!("cannot open a pseudo-terminal: {error}"),
             )
         })?;
+        let confined = confine(spec)?;
         let child = spawn::spawn(
             spec,
             ChildStdio::Terminal(slave_path),
             &self.inner.limits.child,
+            &confined.plan,
         )?;
         drop(slave);
         let leader = child.leader;
+        let confinement = attach(&leader, confined);
         let io = terminal.io();
         self.launch(Launch {
             spec,
             leader,
+            confinement,
             sources: [Some(OutputSource::terminal(Arc::clone(&io))), None],
             stdin: Some(Box::new(TerminalWriter(io))),
             terminal: Some(terminal),
@@ -182,6 +190,7 @@ impl Engine {
         let Launch {
             spec,
             leader,
+            confinement,
             sources,
             stdin,
             terminal,
@@ -217,6 +226,7 @@ impl Engine {
             leader: Arc::clone(&leader),
             tty: spec.tty,
             flow: spec.flow,
+            confinement,
             limits: self.inner.limits,
             stdin_ops,
             stdin_state,
@@ -282,6 +292,7 @@ type StdinSink = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
 struct Launch<'a> {
     spec: &'a StartSpec,
     leader: Leader,
+    confinement: crate::model::Confinement,
     sources: [Option<OutputSource>; 2],
     stdin: Option<StdinSink>,
     terminal: Option<Terminal>,
@@ -332,6 +343,24 @@ async fn expire_at(
             shared.time_out();
         }
     }
+}
+
+/// The confinement of `spec` (its sandbox, its limits, its cgroup),
+/// prepared before the spawn.
+fn confine(spec: &StartSpec) -> Result<crate::sandbox::Prepared, Refusal> {
+    let cwd = match spec.effective_cwd() {
+        Some(cwd) => cwd.clone(),
+        None => std::env::current_dir().unwrap_or_else(|_| "/".into()),
+    };
+    crate::sandbox::prepare(spec.sandbox.as_ref(), &spec.limits, &cwd)
+}
+
+/// Gives the spawned child's tree its cgroup; what was enforced.
+fn attach(leader: &Leader, prepared: crate::sandbox::Prepared) -> crate::model::Confinement {
+    if let Some(leaf) = prepared.leaf {
+        leader.tree().attach_leaf(leaf);
+    }
+    prepared.confinement
 }
 
 fn shutting_down() -> Refusal {

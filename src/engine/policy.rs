@@ -27,6 +27,7 @@ struct Labels {
     /// because a policy listed them.
     settable_env_implied: bool,
     forbid_tty: RuleNames,
+    sandbox: RuleNames,
 }
 
 /// Most entries of each list of a policy: resolving them blocks the thread
@@ -52,6 +53,10 @@ pub struct Rules {
     max_run_time: Option<Duration>,
     /// One counter per policy with a `max_processes`, oldest first.
     counters: Vec<Arc<Counter>>,
+    /// The sandboxes of the policies that have one, oldest first.
+    sandboxes: Vec<crate::sandbox::PolicySandbox>,
+    /// The smallest of every policy's limits.
+    limits: crate::model::Limits,
     labels: Labels,
 }
 
@@ -139,6 +144,19 @@ fn changeable(settable: &BTreeSet<OsString>) -> String {
         "no variable".to_string()
     } else {
         format!("only {}", names_listed(settable))
+    }
+}
+
+/// Where `spec` runs: its working directory, or the server's.
+fn start_cwd(spec: &StartSpec) -> Result<PathBuf, Refusal> {
+    match spec.effective_cwd() {
+        Some(cwd) => Ok(cwd.clone()),
+        None => std::env::current_dir().map_err(|error| {
+            Refusal::new(
+                RefusalKind::BadCwd,
+                format!("the server's working directory: {}", io_message(&error)),
+            )
+        }),
     }
 }
 
@@ -230,6 +248,16 @@ impl Rules {
         if let Some(max) = policy.max_run_time.filter(|max| !max.is_zero()) {
             rules.max_run_time = Some(self.max_run_time.map_or(max, |old| old.min(max)));
         }
+        if let Some(sandbox) = &policy.sandbox {
+            let resolved = crate::sandbox::PolicySandbox::resolve(
+                sandbox,
+                self.sandboxes.last(),
+                &names.setup("sandbox"),
+            )?;
+            rules.sandboxes.push(resolved);
+            rules.labels.sandbox = names;
+        }
+        rules.limits = self.limits.and(&policy.limits);
         if let Some(max) = policy.max_processes.filter(|&max| max > 0) {
             rules.counters.push(Arc::new(Counter {
                 running: AtomicUsize::new(0),
@@ -379,6 +407,16 @@ impl Rules {
         if let Some(max) = self.max_run_time {
             admitted.timeout = Some(admitted.timeout.map_or(max, |asked| asked.min(max)));
         }
+        if !self.sandboxes.is_empty() {
+            let cwd = start_cwd(&admitted)?;
+            admitted.sandbox = Some(crate::sandbox::PolicySandbox::narrow(
+                &self.sandboxes,
+                spec.sandbox.as_ref(),
+                &cwd,
+                &self.labels.sandbox.refusal("sandbox"),
+            )?);
+        }
+        admitted.limits = spec.limits.and(&self.limits);
         let admission = self.take_places()?;
         Ok((admitted, admission))
     }
@@ -435,15 +473,7 @@ impl Rules {
         let Some(roots) = &self.cwd_roots else {
             return Ok(());
         };
-        let asked = match spec.effective_cwd() {
-            Some(cwd) => cwd.clone(),
-            None => std::env::current_dir().map_err(|error| {
-                Refusal::new(
-                    RefusalKind::BadCwd,
-                    format!("the server's working directory: {}", io_message(&error)),
-                )
-            })?,
-        };
+        let asked = start_cwd(spec)?;
         let canonical = std::fs::canonicalize(&asked).map_err(|error| {
             Refusal::new(
                 RefusalKind::BadCwd,

@@ -231,10 +231,15 @@ pub(crate) struct Tree {
     gone: AtomicBool,
     /// Terminal sessions: the members when the child was reaped.
     members: Mutex<Vec<OwnedFd>>,
+    /// The cgroup of the tree, where there is one: nothing leaves it.
+    leaf: OnceLock<crate::sandbox::Leaf>,
 }
 
 impl Tree {
     fn is_empty(&self) -> bool {
+        if let Some(leaf) = self.leaf() {
+            return !leaf.populated();
+        }
         let held = kill::group_has_members(self.pid)
             || (self.session && kill::session_has_members(self.pid));
         !held
@@ -247,8 +252,27 @@ impl Tree {
         }
     }
 
+    /// Gives the tree its cgroup (once, right after the spawn).
+    pub fn attach_leaf(&self, leaf: crate::sandbox::Leaf) {
+        let _ = self.leaf.set(leaf);
+    }
+
+    /// The tree's cgroup, if it has one.
+    pub fn leaf(&self) -> Option<&crate::sandbox::Leaf> {
+        self.leaf.get()
+    }
+
     /// Sends `signal` to every process of the tree.
     pub fn signal(&self, _lock: &TreeLock, signal: i32) {
+        if let Some(leaf) = self.leaf() {
+            // Everything in the cgroup, wherever it moved (setsid, double
+            // forks); SIGKILL at once through the kernel.
+            if signal == libc::SIGKILL {
+                leaf.kill();
+            } else {
+                leaf.signal_members(signal);
+            }
+        }
         let by_pidfd = kill::pidfd_group_signals();
         if self.session {
             let signal_member = |member: &OwnedFd| {
@@ -343,6 +367,7 @@ pub(crate) fn spawn_leader(
         leader_reaped: AtomicBool::new(false),
         gone: AtomicBool::new(false),
         members: Mutex::new(Vec::new()),
+        leaf: OnceLock::new(),
     });
     let exit = match (held.as_mut(), waiter) {
         (Some(trees), _) => {

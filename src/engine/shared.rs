@@ -133,6 +133,8 @@ pub(crate) struct State {
 pub(crate) struct Shared {
     pub(crate) tty: bool,
     pub(crate) flow: Flow,
+    /// What confines it and how its tree is followed.
+    pub(crate) confinement: crate::model::Confinement,
     limits: ProcessLimits,
     pub(crate) started: Instant,
     leader: Arc<Leader>,
@@ -155,6 +157,7 @@ pub(crate) struct SharedParts {
     pub leader: Arc<Leader>,
     pub tty: bool,
     pub flow: Flow,
+    pub confinement: crate::model::Confinement,
     pub limits: ProcessLimits,
     pub stdin_ops: Option<mpsc::UnboundedSender<StdinOp>>,
     pub stdin_state: StdinState,
@@ -169,6 +172,7 @@ impl Shared {
         Arc::new(Shared {
             tty: parts.tty,
             flow: parts.flow,
+            confinement: parts.confinement,
             limits: parts.limits,
             started: Instant::now(),
             leader: parts.leader,
@@ -266,6 +270,10 @@ impl Shared {
     /// A /proc scan (about a millisecond): done inline only where something
     /// waits for the answer.
     pub(crate) fn tree_outlives_child(&self) -> bool {
+        if let Some(leaf) = self.leader.tree().leaf() {
+            // The exited child is a zombie, which no cgroup counts.
+            return leaf.populated();
+        }
         crate::engine::kill::others_led_by(self.pid(), self.terminal.is_some())
     }
 
@@ -288,6 +296,25 @@ impl Shared {
             return;
         }
         let shared = Arc::downgrade(self);
+        if self.leader.tree().leaf().is_some() {
+            // The kernel says when the cgroup empties.
+            let leader = Arc::clone(&self.leader);
+            let tree_ended = self.tree_ended.clone();
+            self.runtime.spawn(async move {
+                if let Some(leaf) = leader.tree().leaf() {
+                    tokio::select! {
+                        _ = tree_ended.cancelled() => return,
+                        _ = leaf.emptied() => {}
+                    }
+                }
+                if let Some(strong) = shared.upgrade() {
+                    let held = std::mem::take(&mut strong.lock().while_running);
+                    drop(held);
+                    strong.notify();
+                }
+            });
+            return;
+        }
         self.runtime.spawn(async move {
             loop {
                 let Some(tree_ended) = shared.upgrade().map(|s| s.tree_ended.clone()) else {
@@ -340,6 +367,7 @@ impl Shared {
                 status,
                 timed_out: state.life.timed_out(),
                 usage,
+                killed_by_memory_limit: self.killed_by_memory_limit(status),
             };
             state.log.push_exit(exit);
             self.uptime(&state.life)
@@ -347,6 +375,37 @@ impl Shared {
         crate::metrics::exit(status);
         self.notify();
         tracing::info!(parent: &self.span, %status, duration_ms = uptime.as_millis() as u64, "process exited");
+    }
+
+    /// Whether the tree's memory limit ended the child: the kernel killed
+    /// a process of its cgroup for it, and the child died of SIGKILL (or
+    /// exited as a shell does whose command died so).
+    fn killed_by_memory_limit(&self, status: ExitStatus) -> bool {
+        let Some(leaf) = self.leader.tree().leaf() else {
+            return false;
+        };
+        let killed = match status {
+            ExitStatus::Killed { number, .. } => number == libc::SIGKILL,
+            ExitStatus::Code(code) => code == 128 + libc::SIGKILL,
+        };
+        killed && leaf.memory_limit_kills() > 0
+    }
+
+    /// Whether the tree's cgroup (if it has one) holds processes.
+    pub(crate) fn cgroup_populated(&self) -> bool {
+        self.leader
+            .tree()
+            .leaf()
+            .is_some_and(|leaf| leaf.populated())
+    }
+
+    /// Whether processes of the tree are running: the child, or (with a
+    /// cgroup) anything in its cgroup.
+    pub(crate) fn tree_running(&self, life: &Life) -> bool {
+        match self.leader.tree().leaf() {
+            Some(leaf) => leaf.populated(),
+            None => !life.child_exited(),
+        }
     }
 
     /// Logs `closed`: every output stream has ended after the exit.
@@ -429,6 +488,10 @@ impl Shared {
         if dead {
             self.leader.reap();
             tracing::debug!(parent: &self.span, "process tree terminated");
+        }
+        if let Some(leaf) = self.leader.tree().leaf() {
+            // Running until its cgroup is empty.
+            let _ = tokio::time::timeout(KILL_WAIT, leaf.emptied()).await;
         }
         let held = {
             let mut state = self.lock();

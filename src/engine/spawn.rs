@@ -50,6 +50,7 @@ pub(crate) fn spawn(
     spec: &StartSpec,
     stdio: ChildStdio,
     setup: &ChildSetup,
+    confine: &crate::sandbox::Plan,
 ) -> Result<SpawnedChild, Refusal> {
     spec.validate()?;
     let Resolved { cwd, env, program } = resolve(spec)?;
@@ -72,6 +73,7 @@ pub(crate) fn spawn(
 
     let session = matches!(stdio, ChildStdio::Terminal(_));
     let mut plan = StdioPlan::new(&stdio).map_err(|error| spawn_failed(spec, &error))?;
+    let confinement = Confinement::of(confine);
     let leader = reaper::spawn_leader(session, || {
         let extras = Extras {
             parent: if setup.die_with_parent {
@@ -84,6 +86,7 @@ pub(crate) fn spawn(
                 rlim_cur: soft,
                 rlim_max: hard,
             }),
+            confinement: &confinement,
         };
         match launch(
             &program,
@@ -270,6 +273,22 @@ fn classify(spec: &StartSpec, error: &io::Error) -> Refusal {
                     io_message(&failure.error)
                 ),
             ),
+            Step::Cgroup => Refusal::new(
+                RefusalKind::SpawnFailed,
+                format!(
+                    "cannot move {} into its cgroup: {}",
+                    excerpt(&spec.argv[0].to_string_lossy()),
+                    io_message(&failure.error)
+                ),
+            ),
+            Step::Confine => Refusal::new(
+                RefusalKind::SpawnFailed,
+                format!(
+                    "cannot confine {} (capabilities, no_new_privs, Landlock, seccomp): {}",
+                    excerpt(&spec.argv[0].to_string_lossy()),
+                    io_message(&failure.error)
+                ),
+            ),
             Step::Setup if descriptors::is_exhaustion(&failure.error) => descriptors::exhausted(
                 &format!("set up {}", excerpt(&spec.argv[0].to_string_lossy())),
                 &failure.error,
@@ -436,6 +455,10 @@ enum Step {
     /// New session, signals, standard descriptors.
     Setup,
     Chdir,
+    /// Joining its cgroup.
+    Cgroup,
+    /// Capabilities, no_new_privs, Landlock, seccomp.
+    Confine,
 }
 
 /// A failure of the child before its exec.
@@ -456,6 +479,8 @@ impl std::error::Error for SetupFailure {}
 const FAILED_IN_SETUP: i32 = 1;
 const FAILED_IN_CHDIR: i32 = 2;
 const FAILED_IN_EXEC: i32 = 3;
+const FAILED_IN_CGROUP: i32 = 4;
+const FAILED_IN_CONFINE: i32 = 5;
 
 /// Everything the child needs, prepared before the clone.
 struct ChildPlan<'a> {
@@ -467,7 +492,7 @@ struct ChildPlan<'a> {
     max_signal: libc::c_int,
     /// Descriptors to close when close_range(2) is unavailable.
     open_fds: Option<&'a [RawFd]>,
-    extras: &'a Extras,
+    extras: &'a Extras<'a>,
     /// The errno of the step that failed, and which step; shared with the
     /// parent (CLONE_VM).
     error: AtomicI32,
@@ -490,10 +515,148 @@ pub struct ChildSetup {
 }
 
 /// [`ChildSetup`] as the child applies it.
-struct Extras {
+struct Extras<'a> {
     /// Our pid if the child must die with us, else 0.
     parent: libc::pid_t,
     descriptor_limit: Option<libc::rlimit64>,
+    confinement: &'a Confinement,
+}
+
+/// The kernel's capability header and sets (capset(2), version 3).
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+/// A seccomp program as seccomp(2) takes it.
+#[repr(C)]
+struct SockFprog {
+    len: libc::c_ushort,
+    filter: *const seccompiler::sock_filter,
+}
+
+/// A [`crate::sandbox::Plan`] as the child applies it: raw descriptors
+/// and pointers into the plan, which outlives the spawn.
+struct Confinement {
+    cgroup_procs: Vec<RawFd>,
+    drop_capabilities: bool,
+    last_capability: libc::c_int,
+    no_new_privs: bool,
+    ruleset: Option<RawFd>,
+    seccomp: Option<SockFprog>,
+}
+
+impl Confinement {
+    fn of(plan: &crate::sandbox::Plan) -> Confinement {
+        use std::os::fd::AsRawFd;
+        Confinement {
+            cgroup_procs: plan.cgroup_procs.iter().map(AsRawFd::as_raw_fd).collect(),
+            drop_capabilities: plan.drop_capabilities,
+            last_capability: plan.last_capability,
+            no_new_privs: plan.no_new_privs,
+            ruleset: plan.ruleset.as_ref().map(AsRawFd::as_raw_fd),
+            seccomp: plan.seccomp.as_ref().map(|program| SockFprog {
+                len: program.len() as libc::c_ushort,
+                filter: program.as_ptr(),
+            }),
+        }
+    }
+
+    /// Applies the confinement to the calling (child) process: raw system
+    /// calls only. Returns the failed call's -errno.
+    ///
+    /// # Safety
+    /// Only in the child between clone and exec.
+    unsafe fn apply(&self) -> Result<(), libc::c_long> {
+        // SAFETY: raw system calls on values prepared by the parent.
+        unsafe {
+            if self.drop_capabilities {
+                for capability in 0..=self.last_capability {
+                    // EINVAL for numbers this kernel does not know.
+                    raw(libc::syscall(
+                        libc::SYS_prctl,
+                        libc::PR_CAPBSET_DROP,
+                        capability,
+                        0,
+                        0,
+                        0,
+                    ));
+                }
+                raw(libc::syscall(
+                    libc::SYS_prctl,
+                    libc::PR_CAP_AMBIENT,
+                    libc::PR_CAP_AMBIENT_CLEAR_ALL,
+                    0,
+                    0,
+                    0,
+                ));
+                let header = CapHeader {
+                    version: LINUX_CAPABILITY_VERSION_3,
+                    pid: 0,
+                };
+                let none = [CapData {
+                    effective: 0,
+                    permitted: 0,
+                    inheritable: 0,
+                }; 2];
+                let result = raw(libc::syscall(
+                    libc::SYS_capset,
+                    &header as *const CapHeader,
+                    none.as_ptr(),
+                ));
+                if result < 0 {
+                    return Err(result);
+                }
+            }
+            if self.no_new_privs {
+                let result = raw(libc::syscall(
+                    libc::SYS_prctl,
+                    libc::PR_SET_NO_NEW_PRIVS,
+                    1,
+                    0,
+                    0,
+                    0,
+                ));
+                if result < 0 {
+                    return Err(result);
+                }
+            }
+            if let Some(ruleset) = self.ruleset {
+                let result = raw(libc::syscall(
+                    libc::SYS_landlock_restrict_self,
+                    ruleset,
+                    0u32,
+                ));
+                if result < 0 {
+                    return Err(result);
+                }
+            }
+            if let Some(program) = &self.seccomp {
+                // Last: the filter allows everything that follows.
+                let result = raw(libc::syscall(
+                    libc::SYS_seccomp,
+                    libc::SECCOMP_SET_MODE_FILTER,
+                    0u32,
+                    program as *const SockFprog,
+                ));
+                if result < 0 {
+                    return Err(result);
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 fn launch(
@@ -502,7 +665,7 @@ fn launch(
     envp: &[OsString],
     cwd: Option<&Path>,
     stdio: &[StdioAction],
-    extras: &Extras,
+    extras: &Extras<'_>,
 ) -> io::Result<(i32, OwnedFd)> {
     let program = c_string(program.as_os_str())?;
     let argv: Vec<CString> = argv
@@ -581,6 +744,14 @@ fn launch(
                 step: Step::Chdir,
                 error,
             }),
+            FAILED_IN_CGROUP => io::Error::other(SetupFailure {
+                step: Step::Cgroup,
+                error,
+            }),
+            FAILED_IN_CONFINE => io::Error::other(SetupFailure {
+                step: Step::Confine,
+                error,
+            }),
             _ => io::Error::other(SetupFailure {
                 step: Step::Setup,
                 error,
@@ -619,6 +790,13 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
                     std::ptr::null_mut::<u64>(),
                     KERNEL_SIGSET_BYTES,
                 ));
+            }
+        }
+        // Into its cgroup first: nothing it starts is ever outside it.
+        for &procs in &plan.extras.confinement.cgroup_procs {
+            let result = raw(libc::syscall(libc::SYS_write, procs, c"0".as_ptr(), 1usize));
+            if result < 0 {
+                fail(plan, FAILED_IN_CGROUP, result);
             }
         }
         let result = raw(libc::syscall(libc::SYS_setsid));
@@ -688,6 +866,18 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
                 }
             }
         }
+        if let Some(cwd) = plan.cwd {
+            let result = raw(libc::syscall(libc::SYS_chdir, cwd.as_ptr()));
+            if result < 0 {
+                fail(plan, FAILED_IN_CHDIR, result);
+            }
+        }
+        // After the terminal is open and the directory changed (Landlock
+        // rules apply to what is opened from now on), before the
+        // descriptors close (the ruleset's among them).
+        if let Err(result) = plan.extras.confinement.apply() {
+            fail(plan, FAILED_IN_CONFINE, result);
+        }
         match plan.open_fds {
             None => {
                 raw(libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32));
@@ -698,12 +888,6 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
                         raw(libc::syscall(libc::SYS_close, fd));
                     }
                 }
-            }
-        }
-        if let Some(cwd) = plan.cwd {
-            let result = raw(libc::syscall(libc::SYS_chdir, cwd.as_ptr()));
-            if result < 0 {
-                fail(plan, FAILED_IN_CHDIR, result);
             }
         }
         let empty = 0u64;

@@ -99,6 +99,10 @@ pub struct Exit {
     pub timed_out: bool,
     /// What the tree used; `None` when the server did not report it.
     pub usage: Option<ResourceUsage>,
+    /// The tree's memory limit ended the child: the kernel killed a
+    /// process of the tree for exceeding it, and the child died of SIGKILL
+    /// (or exited 137, as a shell whose command was killed that way does).
+    pub killed_by_memory_limit: bool,
 }
 
 impl Exit {
@@ -108,6 +112,7 @@ impl Exit {
             status,
             timed_out: false,
             usage: None,
+            killed_by_memory_limit: false,
         }
     }
 }
@@ -118,6 +123,9 @@ impl fmt::Display for Exit {
         write!(f, "{}", self.status)?;
         if self.timed_out {
             write!(f, " (timed out)")?;
+        }
+        if self.killed_by_memory_limit {
+            write!(f, " (memory limit)")?;
         }
         Ok(())
     }

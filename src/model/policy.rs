@@ -22,6 +22,11 @@ pub struct Policy {
     pub max_processes: Option<u32>,
     /// Longest run time of each process.
     pub max_run_time: Option<Duration>,
+    /// Every start is sandboxed, within this sandbox: a start's own
+    /// sandbox may only narrow it.
+    pub sandbox: Option<crate::model::Sandbox>,
+    /// Every start's limits are at most these.
+    pub limits: crate::model::Limits,
     /// What refusals call these rules (not on the wire).
     pub rule_names: RuleNames,
 }
@@ -65,6 +70,8 @@ impl RuleNames {
             "forbidTty" => "--forbid-tty",
             "maxProcesses" => "--max-running",
             "maxRunTime" => "--max-run-time",
+            "sandbox" => "--sandbox",
+            "limits" => "--memory/--max-pids/--cpus",
             _ => return None,
         })
     }

@@ -104,4 +104,9 @@ pub struct ProcessSnapshot {
     /// Its timeout expired and it is being (or was) terminated for it: true
     /// before the exit is known too, unlike `exit.timed_out`.
     pub timed_out: bool,
+    /// What confines the process and how its tree is followed.
+    pub confinement: crate::model::Confinement,
+    /// Processes of its tree are still running: the child, or what it
+    /// left behind (as far as its tracking sees them).
+    pub tree_running: bool,
 }

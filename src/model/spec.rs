@@ -4,7 +4,7 @@ use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
-use crate::model::{Flow, PtySize, Refusal, RefusalKind, excerpt};
+use crate::model::{Flow, Limits, PtySize, Refusal, RefusalKind, Sandbox, excerpt};
 
 /// How the child's environment is built: start from the server's (or empty),
 /// remove `unset`, then apply `set` in order.
@@ -35,6 +35,11 @@ pub struct StartSpec {
     /// after its spawn; what an exited child left running in its group
     /// (a terminal: its session) is terminated then too.
     pub timeout: Option<std::time::Duration>,
+    /// Confine the process (see [`Sandbox`]); `None`: not sandboxed,
+    /// unless a restricted executor's policy says otherwise.
+    pub sandbox: Option<Sandbox>,
+    /// Resource limits of its tree.
+    pub limits: Limits,
 }
 
 /// Most bytes of argv and environment a client may send: half of Linux's

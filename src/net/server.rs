@@ -231,6 +231,13 @@ impl Server {
         let inherited_tcp = inherited
             .iter()
             .any(|(_, _, listening)| matches!(listening, Listening::Tcp(_)));
+        // No sandbox may read a login token (its policy's included).
+        if let Some(path) = config.token_file.clone().or_else(default_token_path) {
+            crate::sandbox::protect(&path);
+        }
+        // The cgroups (and their sentinel) from the start: the peer check
+        // of every accept relies on them, and a dead server's are cleaned.
+        crate::sandbox::prepare_host();
         let rules = match &config.policy {
             Some(_) if !config.upstreams.is_empty() => {
                 return Err(ServeError::Policy(
@@ -580,7 +587,7 @@ async fn accept_loop(address: Address, listener: Listener, serving: Rc<Serving>)
             Listener::Unix(listener) => listener
                 .accept()
                 .await
-                .map(|(stream, _)| Some(accept_unix(stream, &serving))),
+                .map(|(stream, _)| accept_unix(stream, &serving)),
             Listener::Tcp(listener) => listener
                 .accept()
                 .await
@@ -616,17 +623,24 @@ async fn accept_loop(address: Address, listener: Listener, serving: Rc<Serving>)
     }
 }
 
-/// A Unix socket's peer: file permissions were the authentication.
-fn accept_unix(stream: tokio::net::UnixStream, serving: &Serving) -> Accepted {
+/// A Unix socket's peer: file permissions were the authentication; a
+/// sandboxed process (of any capexec server) is refused at once, so that
+/// it cannot ask for an unconfined start.
+fn accept_unix(stream: tokio::net::UnixStream, serving: &Serving) -> Option<Accepted> {
+    use std::os::fd::AsRawFd;
+    if crate::sandbox::peer_is_sandboxed(stream.as_raw_fd()) {
+        tracing::warn!("refusing a connection from a sandboxed process");
+        return None;
+    }
     let (reader, writer) = stream.into_split();
     let session = Session::logged_in();
     let network = server_network(reader, writer, serving.limits, &session);
-    Accepted {
+    Some(Accepted {
         network: futures::future::ready(Some(network)).boxed_local(),
         peer: "unix".to_string(),
         session,
         login: None,
-    }
+    })
 }
 
 /// A TCP peer, which must log in; `None` if it is refused at once, beyond

@@ -20,8 +20,15 @@ use crate::wire;
 
 /// The features of the schema this server's executors implement (see
 /// `ExecutorInfo.features`); a new `Executor` method adds its name here.
-pub(crate) const EXECUTOR_FEATURES: &[&str] =
-    &["start", "info", "environments", "restrict", "directory"];
+pub(crate) const EXECUTOR_FEATURES: &[&str] = &[
+    "start",
+    "info",
+    "environments",
+    "restrict",
+    "directory",
+    "sandbox",
+    "limits",
+];
 
 pub struct ExecutorImpl {
     context: Rc<ServerContext>,

@@ -26,7 +26,14 @@ pub const RESTRICTED_FEATURE: &str = "restricted";
 pub fn local_info() -> ExecutorInfo {
     ExecutorInfo {
         version: env!("CARGO_PKG_VERSION").to_string(),
-        features: features().map(str::to_string).collect(),
+        features: features()
+            .map(str::to_string)
+            .chain(
+                crate::sandbox::info_features()
+                    .into_iter()
+                    .filter(|feature| !supported(feature)),
+            )
+            .collect(),
         os: std::env::consts::OS.to_string(),
         arch: std::env::consts::ARCH.to_string(),
         hostname: nix::unistd::gethostname()
@@ -82,9 +89,14 @@ pub fn seen_through_hop(mut info: ExecutorInfo, hop: &str) -> ExecutorInfo {
     } else {
         format!("{hop}/{}", info.environment)
     };
-    // "restricted" describes the far executor, not a protocol feature.
-    info.features
-        .retain(|feature| supported(feature) || feature == RESTRICTED_FEATURE);
+    // "restricted" describes the far executor, and what its host can
+    // enforce describes its host (this hop forwards sandboxes and limits
+    // as they are), not protocol features.
+    info.features.retain(|feature| {
+        supported(feature)
+            || feature == RESTRICTED_FEATURE
+            || crate::sandbox::is_host_feature(feature)
+    });
     info
 }
 

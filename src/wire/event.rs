@@ -39,6 +39,7 @@ pub fn exit_to_wire(exit: &Exit, mut builder: exit_status::Builder<'_>) {
         }
     }
     builder.set_timed_out(exit.timed_out);
+    builder.set_killed_by_memory_limit(exit.killed_by_memory_limit);
     if let Some(usage) = &exit.usage {
         usage_to_wire(usage, builder.init_usage());
     }
@@ -66,6 +67,7 @@ pub fn exit_from_wire(reader: exit_status::Reader<'_>) -> capnp::Result<Exit> {
         status,
         timed_out: reader.get_timed_out(),
         usage,
+        killed_by_memory_limit: reader.get_killed_by_memory_limit(),
     })
 }
 
@@ -194,6 +196,7 @@ mod tests {
                     },
                     timed_out: true,
                     usage: Some(usage),
+                    killed_by_memory_limit: true,
                 }),
             },
             Event {

@@ -7,6 +7,7 @@ use crate::model::{Policy, Refusal, RefusalKind, RuleNames};
 use crate::wire::lists::{
     byte_strings, env_vars, limit_from_millis, limit_millis, set_byte_strings, set_env_vars,
 };
+use crate::wire::sandbox::{limits_from_wire, limits_to_wire, sandbox_from_wire, sandbox_to_wire};
 
 fn malformed(field: &str, error: capnp::Error) -> Refusal {
     Refusal::new(
@@ -37,6 +38,20 @@ pub fn policy_from_wire(reader: policy::Reader<'_>) -> Result<Policy, Refusal> {
         .then(|| reader.get_settable_env().and_then(byte_strings))
         .transpose()
         .map_err(|error| malformed("settableEnv", error))?;
+    let sandbox = reader
+        .has_sandbox()
+        .then(|| reader.get_sandbox().and_then(sandbox_from_wire))
+        .transpose()
+        .map_err(|error| malformed("sandbox", error))?;
+    let limits = if reader.has_limits() {
+        limits_from_wire(
+            reader
+                .get_limits()
+                .map_err(|error| malformed("limits", error))?,
+        )
+    } else {
+        Default::default()
+    };
     Ok(Policy {
         programs,
         cwd_roots,
@@ -45,6 +60,8 @@ pub fn policy_from_wire(reader: policy::Reader<'_>) -> Result<Policy, Refusal> {
         forbid_tty: reader.get_forbid_tty(),
         max_processes: Some(reader.get_max_processes()).filter(|&max| max > 0),
         max_run_time: limit_from_millis(reader.get_max_run_time_ms()),
+        sandbox,
+        limits,
         rule_names: RuleNames::Schema,
     })
 }
@@ -76,6 +93,12 @@ pub fn policy_to_wire(policy: &Policy, mut builder: policy::Builder<'_>) {
     builder.set_forbid_tty(policy.forbid_tty);
     builder.set_max_processes(policy.max_processes.unwrap_or(0));
     builder.set_max_run_time_ms(limit_millis(policy.max_run_time));
+    if let Some(sandbox) = &policy.sandbox {
+        sandbox_to_wire(sandbox, builder.reborrow().init_sandbox());
+    }
+    if !policy.limits.is_empty() {
+        limits_to_wire(&policy.limits, builder.init_limits());
+    }
 }
 
 #[cfg(test)]
@@ -102,6 +125,20 @@ mod tests {
             forbid_tty: true,
             max_processes: Some(3),
             max_run_time: Some(Duration::from_millis(1500)),
+            sandbox: Some(crate::model::Sandbox {
+                read_only: vec!["/srv/data".into()],
+                writable: vec!["/srv/out".into()],
+                network: crate::model::Network::All,
+                no_system_roots: true,
+                read_only_cwd: true,
+                best_effort: true,
+            }),
+            limits: crate::model::Limits {
+                memory_bytes: Some(1 << 30),
+                max_pids: Some(9),
+                cpu_millis: Some(250),
+                best_effort: true,
+            },
             rule_names: RuleNames::Schema,
         };
         assert_eq!(round_trip(&policy), policy);

@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::capexec_capnp::{self as wire, process_info, read_result};
 use crate::model::{Flow, ProcessSnapshot, ReadOutcome, WriteStatus};
 use crate::wire::event::{events_from_wire, events_to_wire, exit_from_wire, exit_to_wire};
+use crate::wire::sandbox::{confinement_from_wire, confinement_to_wire};
 
 pub fn flow_to_wire(flow: Flow) -> wire::OutputFlow {
     match flow {
@@ -83,6 +84,8 @@ pub fn snapshot_to_wire(snapshot: &ProcessSnapshot, mut info: process_info::Buil
     info.set_unconsumed_bytes(snapshot.unconsumed_bytes);
     info.set_uptime_ms(snapshot.uptime.as_millis() as u64);
     info.set_timed_out(snapshot.timed_out);
+    confinement_to_wire(&snapshot.confinement, info.reborrow().init_confinement());
+    info.set_tree_running(snapshot.tree_running);
 }
 
 pub fn snapshot_from_wire(info: process_info::Reader<'_>) -> capnp::Result<ProcessSnapshot> {
@@ -105,6 +108,12 @@ pub fn snapshot_from_wire(info: process_info::Reader<'_>) -> capnp::Result<Proce
         unconsumed_bytes: info.get_unconsumed_bytes(),
         uptime: Duration::from_millis(info.get_uptime_ms()),
         timed_out: info.get_timed_out(),
+        confinement: if info.has_confinement() {
+            confinement_from_wire(info.get_confinement()?)?
+        } else {
+            Default::default()
+        },
+        tree_running: info.get_tree_running(),
     })
 }
 
@@ -122,6 +131,7 @@ mod tests {
                 system_cpu: Duration::from_micros(2),
                 peak_rss_bytes: 3,
             }),
+            killed_by_memory_limit: true,
         }
     }
 
@@ -167,6 +177,14 @@ mod tests {
                 unconsumed_bytes: 500,
                 uptime: Duration::from_millis(1234),
                 timed_out: true,
+                confinement: crate::model::Confinement {
+                    tracking: crate::model::Tracking::Cgroup,
+                    sandbox: None,
+                    limits: crate::model::Limits::default(),
+                    enforced: vec!["cgroup".into()],
+                    not_enforced: Vec::new(),
+                },
+                tree_running: true,
             };
             let mut message = capnp::message::Builder::new_default();
             snapshot_to_wire(&snapshot, message.init_root());

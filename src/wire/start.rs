@@ -10,6 +10,7 @@ use crate::wire::lists::{
     pty_size_to_wire, set_byte_strings, set_env_vars,
 };
 use crate::wire::process::{flow_from_wire, flow_to_wire};
+use crate::wire::sandbox::{limits_from_wire, limits_to_wire, sandbox_from_wire, sandbox_to_wire};
 
 fn malformed(what: &str, error: impl std::fmt::Display) -> Refusal {
     Refusal::new(
@@ -56,6 +57,21 @@ pub fn start_spec_from_wire(params: start_params::Reader<'_>) -> Result<StartSpe
         None
     };
     let flow = flow_from_wire(params.get_flow().map_err(|e| malformed("flow", e))?);
+    let sandbox = if params.has_sandbox() {
+        Some(
+            params
+                .get_sandbox()
+                .and_then(sandbox_from_wire)
+                .map_err(|e| malformed("sandbox", e))?,
+        )
+    } else {
+        None
+    };
+    let limits = if params.has_limits() {
+        limits_from_wire(params.get_limits().map_err(|e| malformed("limits", e))?)
+    } else {
+        Default::default()
+    };
     Ok(StartSpec {
         argv,
         cwd,
@@ -71,6 +87,8 @@ pub fn start_spec_from_wire(params: start_params::Reader<'_>) -> Result<StartSpe
         pty_size,
         flow,
         timeout: limit_from_millis(params.get_timeout_ms()),
+        sandbox,
+        limits,
     })
 }
 
@@ -104,12 +122,18 @@ pub fn start_spec_to_wire(spec: &StartSpec, mut params: start_params::Builder<'_
     pty_size_to_wire(spec.pty_size, params.reborrow().init_pty_size());
     params.set_flow(flow_to_wire(spec.flow));
     params.set_timeout_ms(limit_millis(spec.timeout));
+    if let Some(sandbox) = &spec.sandbox {
+        sandbox_to_wire(sandbox, params.reborrow().init_sandbox());
+    }
+    if !spec.limits.is_empty() {
+        limits_to_wire(&spec.limits, params.init_limits());
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Flow;
+    use crate::model::{Flow, Limits, Network, Sandbox};
 
     fn round_trip(spec: &StartSpec) -> StartSpec {
         let mut message = capnp::message::Builder::new_default();
@@ -140,6 +164,20 @@ mod tests {
             },
             flow: Flow::Lossless,
             timeout: Some(std::time::Duration::from_millis(2500)),
+            sandbox: Some(Sandbox {
+                read_only: vec!["/data".into()],
+                writable: vec!["/out".into()],
+                network: Network::All,
+                no_system_roots: true,
+                read_only_cwd: true,
+                best_effort: true,
+            }),
+            limits: Limits {
+                memory_bytes: Some(1 << 30),
+                max_pids: Some(20),
+                cpu_millis: Some(1500),
+                best_effort: true,
+            },
         };
         assert_eq!(round_trip(&spec), spec);
     }

@@ -21,6 +21,7 @@ mod output;
 mod restricted;
 mod resume;
 mod run;
+mod sandbox;
 mod security;
 mod service;
 mod tty;

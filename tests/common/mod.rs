@@ -54,6 +54,12 @@ pub struct Ctx {
 }
 
 impl Ctx {
+    /// The login token file of a TCP server.
+    pub fn token_file(&self) -> Option<std::path::PathBuf> {
+        self.token.as_ref()?;
+        Some(self.server.as_ref()?.dir.path().join("token"))
+    }
+
     /// A second, independent client connection to the same server.
     pub async fn connect_again(&self) -> Option<Connection> {
         let address = self.address.as_ref()?;

@@ -70,6 +70,11 @@ pub fn children(parent: u32) -> (usize, usize) {
         let Some(close) = stat.rfind(')') else {
             continue;
         };
+        // The cgroup sentinel belongs to the server (it cleans up after
+        // it), not to what it started.
+        if stat.contains("(cgroup-sentinel)") {
+            continue;
+        }
         let mut fields = stat[close + 1..].split_whitespace();
         let state = fields.next();
         if fields.next().and_then(|p| p.parse::<u32>().ok()) != Some(parent) {

@@ -120,11 +120,15 @@ fn running_out_of_descriptors_is_a_limit_not_a_spawn_failure() {
         let working = unix(&served).await;
         // Connections (one descriptor each at the server) until only a few
         // descriptors are left: fewer than a start needs.
+        // Counted from before the first: the server opens a descriptor
+        // for a moment on each accept (the peer check), which a count
+        // taken then would include.
         let mut connections = Vec::new();
+        let before = procfs::open_fds(pid);
         while (procfs::open_fds(pid) as u64) < LIMIT - 4 {
-            let open = procfs::open_fds(pid);
             connections.push(unix(&served).await);
-            procfs::wait_until(|| procfs::open_fds(pid) > open).await;
+            let expected = before + connections.len();
+            procfs::wait_until(|| procfs::open_fds(pid) >= expected).await;
         }
         match sleeper().spawn(&working.executor()).await {
             Err(Error::Refused(error)) => {

@@ -22,6 +22,7 @@ mod process_contract;
 mod recovery;
 mod resource_usage;
 mod restricted;
+mod sandbox;
 mod soak;
 mod terminal_contract;
 mod timeouts;

@@ -1,0 +1,698 @@
+//! A cgroup per process: tracking that nothing a process starts can leave
+//! (`setsid` and double forks included), ending all of it at once
+//! (`cgroup.kill`), knowing when it is empty (`cgroup.events`, which wakes
+//! pollers with POLLPRI), and limits.
+//!
+//! Each capexec process makes one root, `capexec-<pid>-<random>`, in its
+//! own cgroup2 group, and a leaf in it per process: `p-<n>`, or `s-<n>`
+//! for a sandboxed one (which is how servers recognise sandboxed peers).
+//! Limits use the cgroup2 controllers where the root can have them, else,
+//! on hybrid hosts, the cgroup v1 hierarchies that hold the memory, pids
+//! and cpu controllers: there the root and the leaves are mirrored under
+//! the process's own v1 groups, and the child joins both.
+//!
+//! The root is flock'ed by its process (and by its sentinel, see
+//! `sentinel.rs`), so that a later process can tell a root whose owners
+//! are gone from a live one without trusting pids, whichever pid namespace
+//! it sits in: it cleans up the roots it can lock.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+
+use crate::model::Limits;
+use crate::sandbox::mounts::{self, Mount};
+use crate::sandbox::sentinel::{self, Sentinel};
+
+/// The period of CPU limits, in microseconds (the kernels' default).
+const CPU_PERIOD_MICROS: u64 = 100_000;
+
+/// Where a controller is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Place {
+    /// Enabled for the root's leaves in the cgroup2 hierarchy.
+    V2,
+    /// A cgroup v1 hierarchy: the root's mirror there.
+    V1(PathBuf),
+}
+
+/// The controllers limits can use.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Controllers {
+    pub memory: Option<Place>,
+    pub pids: Option<Place>,
+    pub cpu: Option<Place>,
+}
+
+/// This process's cgroup root.
+pub(crate) struct CgroupRoot {
+    /// The root's cgroup2 directory.
+    dir: PathBuf,
+    /// The root as `/proc/PID/cgroup` names it (`0::` lines).
+    path: String,
+    controllers: Controllers,
+    next: AtomicU64,
+    _lock: OwnedFd,
+    _sentinel: Sentinel,
+}
+
+/// The process's root, made on first use; why there is none otherwise.
+pub(crate) fn root() -> Result<&'static Arc<CgroupRoot>, &'static str> {
+    static ROOT: OnceLock<Result<Arc<CgroupRoot>, String>> = OnceLock::new();
+    ROOT.get_or_init(|| {
+        let root = CgroupRoot::create().map(Arc::new);
+        if let Err(reason) = &root {
+            tracing::info!("no cgroup tracking: {reason}");
+        }
+        root
+    })
+    .as_ref()
+    .map_err(String::as_str)
+}
+
+impl CgroupRoot {
+    fn create() -> Result<CgroupRoot, String> {
+        let mounts = mounts::mounts();
+        let memberships = std::fs::read_to_string("/proc/self/cgroup")
+            .map_err(|error| format!("cannot read /proc/self/cgroup: {error}"))?;
+        let v2 = mounts
+            .iter()
+            .find(|mount| mount.fstype == "cgroup2")
+            .ok_or("no cgroup2 hierarchy is mounted")?;
+        let own = memberships
+            .lines()
+            .find_map(|line| line.strip_prefix("0::"))
+            .ok_or("this process is in no cgroup2 group")?;
+        let parent = inside(v2, own);
+        let name = format!("capexec-{}-{:08x}", std::process::id(), random());
+        let dir = parent.join(&name);
+        std::fs::create_dir(&dir).map_err(|error| {
+            format!(
+                "cannot create a cgroup in {}: {}",
+                parent.display(),
+                crate::model::io_message(&error)
+            )
+        })?;
+        let made = Made(dir.clone());
+        let lock = lock(&dir)
+            .map_err(|error| format!("cannot lock {}: {error}", dir.display()))?
+            .ok_or("a fresh cgroup is locked by someone else")?;
+        if !dir.join("cgroup.kill").exists() {
+            return Err("the kernel cannot kill a cgroup (cgroup.kill needs Linux 5.14)".into());
+        }
+        let mut controllers = enable_v2_controllers(&parent, &dir);
+        let mut v1_roots = Vec::new();
+        for (controller, slot) in [
+            ("memory", &mut controllers.memory),
+            ("pids", &mut controllers.pids),
+            ("cpu", &mut controllers.cpu),
+        ] {
+            if slot.is_some() {
+                continue;
+            }
+            if let Some(v1_parent) = v1_group(&mounts, &memberships, controller) {
+                let v1 = v1_parent.join(&name);
+                if std::fs::create_dir(&v1).is_ok() {
+                    v1_roots.push(v1.clone());
+                    *slot = Some(Place::V1(v1));
+                }
+            }
+        }
+        let sentinel = sentinel::start(&lock, &dir, &v1_roots)
+            .map_err(|error| format!("cannot start the cgroup sentinel: {error}"))?;
+        std::mem::forget(made);
+        let path = format!("{}/{name}", own.trim_end_matches('/'));
+        let stale = StaleRoots {
+            parent,
+            own_name: name,
+            v1_parents: v1_roots
+                .iter()
+                .filter_map(|root| root.parent().map(Path::to_path_buf))
+                .collect(),
+        };
+        let _ = std::thread::Builder::new()
+            .name("capexec-cgroup-cleanup".into())
+            .spawn(move || stale.clean());
+        Ok(CgroupRoot {
+            dir,
+            path,
+            controllers,
+            next: AtomicU64::new(1),
+            _lock: lock,
+            _sentinel: sentinel,
+        })
+    }
+
+    pub fn controllers(&self) -> &Controllers {
+        &self.controllers
+    }
+}
+
+/// Removes a directory made during a creation that failed.
+struct Made(PathBuf);
+
+impl Drop for Made {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// `group` (a path as `/proc/self/cgroup` says it) under `mount`.
+fn inside(mount: &Mount, group: &str) -> PathBuf {
+    let relative = Path::new(group)
+        .strip_prefix(&mount.root)
+        .unwrap_or(Path::new(group));
+    let relative = relative.strip_prefix("/").unwrap_or(relative);
+    mount.point.join(relative)
+}
+
+/// This process's group in the v1 hierarchy that holds `controller`.
+fn v1_group(mounts: &[Mount], memberships: &str, controller: &str) -> Option<PathBuf> {
+    let has = |list: &str| list.split(',').any(|item| item == controller);
+    let mount = mounts
+        .iter()
+        .find(|mount| mount.fstype == "cgroup" && has(&mount.super_options))?;
+    let group = memberships.lines().find_map(|line| {
+        let mut fields = line.splitn(3, ':');
+        let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+        has(controllers).then_some(path)
+    })?;
+    Some(inside(mount, group))
+}
+
+/// Enables the memory, pids and cpu controllers for the root's leaves as
+/// far as the root's parent offers them (asking the parent to pass them
+/// down, which fails where it holds processes itself).
+fn enable_v2_controllers(parent: &Path, root: &Path) -> Controllers {
+    let listed = |dir: &Path, file: &str| -> Vec<String> {
+        std::fs::read_to_string(dir.join(file))
+            .map(|text| text.split_whitespace().map(str::to_string).collect())
+            .unwrap_or_default()
+    };
+    let wanted = ["memory", "pids", "cpu"];
+    let mut available = listed(root, "cgroup.controllers");
+    let offered = listed(parent, "cgroup.controllers");
+    for controller in wanted {
+        if !available.iter().any(|c| c == controller) && offered.iter().any(|c| c == controller) {
+            let _ = std::fs::write(
+                parent.join("cgroup.subtree_control"),
+                format!("+{controller}"),
+            );
+        }
+    }
+    available = listed(root, "cgroup.controllers");
+    let mut controllers = Controllers::default();
+    for controller in wanted {
+        if available.iter().any(|c| c == controller)
+            && std::fs::write(
+                root.join("cgroup.subtree_control"),
+                format!("+{controller}"),
+            )
+            .is_ok()
+        {
+            let slot = match controller {
+                "memory" => &mut controllers.memory,
+                "pids" => &mut controllers.pids,
+                _ => &mut controllers.cpu,
+            };
+            *slot = Some(Place::V2);
+        }
+    }
+    controllers
+}
+
+fn random() -> u32 {
+    let mut bytes = [0u8; 4];
+    // SAFETY: getrandom writes at most 4 bytes into `bytes`.
+    let filled = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if filled != 4 {
+        // Uniqueness only: the pid and the time will do.
+        return std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |time| time.subsec_nanos());
+    }
+    u32::from_ne_bytes(bytes)
+}
+
+/// An exclusive lock on `dir`; `None` if someone else holds it.
+fn lock(dir: &Path) -> io::Result<Option<OwnedFd>> {
+    let path = CString::new(dir.as_os_str().as_bytes())?;
+    // SAFETY: open(2) on a NUL-terminated path.
+    let fd = unsafe {
+        libc::open(
+            path.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor to us alone.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let error = io::Error::last_os_error();
+        if error.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Ok(None);
+        }
+        return Err(error);
+    }
+    Ok(Some(fd))
+}
+
+/// The roots of capexec processes that are gone (their lock is free):
+/// killed and removed, the second line behind each one's sentinel.
+struct StaleRoots {
+    parent: PathBuf,
+    own_name: String,
+    v1_parents: Vec<PathBuf>,
+}
+
+impl StaleRoots {
+    fn clean(self) {
+        let Ok(entries) = std::fs::read_dir(&self.parent) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !name.starts_with("capexec-") || name == self.own_name {
+                continue;
+            }
+            let dir = entry.path();
+            // Held while the cleanup runs, so that two servers starting at
+            // once do not both clean it.
+            let Ok(Some(_lock)) = lock(&dir) else {
+                continue;
+            };
+            tracing::warn!(cgroup = %dir.display(), "removing the cgroup of a capexec process that is gone, with what still runs in it");
+            let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+            wait_empty_blocking(&dir, Duration::from_secs(5));
+            for v1_parent in &self.v1_parents {
+                remove_tree(&v1_parent.join(&name));
+            }
+            remove_tree(&dir);
+        }
+    }
+}
+
+/// Removes `dir` and the cgroups below it (empty ones: rmdir refuses the
+/// others).
+fn remove_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+                remove_tree(&entry.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+/// Whether the cgroup at `dir` has processes (in it or below); a cgroup
+/// that is gone has none.
+fn populated(dir: &Path) -> bool {
+    std::fs::read_to_string(dir.join("cgroup.events"))
+        .map(|events| says_populated(&events))
+        .unwrap_or(false)
+}
+
+fn says_populated(events: &str) -> bool {
+    events.lines().any(|line| line.trim() == "populated 1")
+}
+
+/// Waits (blocking, at most `patience`) until the cgroup at `dir` is empty.
+fn wait_empty_blocking(dir: &Path, patience: Duration) -> bool {
+    let deadline = Instant::now() + patience;
+    let Ok(file) = std::fs::File::open(dir.join("cgroup.events")) else {
+        return true;
+    };
+    loop {
+        if !populated(dir) {
+            return true;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        let mut pollfd = libc::pollfd {
+            fd: file.as_raw_fd(),
+            events: libc::POLLPRI,
+            revents: 0,
+        };
+        // Woken by the change, or at least every 100 ms.
+        // SAFETY: poll on one descriptor we own.
+        unsafe { libc::poll(&mut pollfd, 1, left.as_millis().min(100) as i32) };
+    }
+}
+
+/// The cgroup of one process (and its mirrors in v1 hierarchies for its
+/// limits). Dropping it kills what is left in it and removes it.
+pub(crate) struct Leaf {
+    dir: PathBuf,
+    /// The leaf as `/proc/PID/cgroup` names it.
+    path: String,
+    /// Its mirrors in v1 hierarchies.
+    v1: Vec<PathBuf>,
+    /// Where its memory limit is, for the out-of-memory kills.
+    memory: Option<Place>,
+    removed: AtomicBool,
+}
+
+/// A leaf just made, and the `cgroup.procs` files the child joins it by.
+pub(crate) struct NewLeaf {
+    pub leaf: Leaf,
+    pub procs: Vec<OwnedFd>,
+}
+
+impl Leaf {
+    /// A leaf in `root` for one process (`sandboxed` or not) with `limits`,
+    /// each of which must have its controller in `root`.
+    pub fn create(root: &CgroupRoot, sandboxed: bool, limits: &Limits) -> io::Result<NewLeaf> {
+        let number = root.next.fetch_add(1, Ordering::Relaxed);
+        let name = format!("{}-{number}", if sandboxed { "s" } else { "p" });
+        let dir = root.dir.join(&name);
+        std::fs::create_dir(&dir)?;
+        let mut leaf = Leaf {
+            dir,
+            path: format!("{}/{name}", root.path),
+            v1: Vec::new(),
+            memory: limits.memory_bytes.and(root.controllers.memory.clone()),
+            removed: AtomicBool::new(false),
+        };
+        let mut procs = vec![open_procs(&leaf.dir)?];
+        let controllers = &root.controllers;
+        let mut files: Vec<(&Option<Place>, &str, String)> = Vec::new();
+        if let Some(bytes) = limits.memory_bytes {
+            match &controllers.memory {
+                Some(Place::V2) => {
+                    files.push((&controllers.memory, "memory.max", bytes.to_string()));
+                    files.push((&controllers.memory, "memory.swap.max?", "0".into()));
+                }
+                _ => {
+                    files.push((
+                        &controllers.memory,
+                        "memory.limit_in_bytes",
+                        bytes.to_string(),
+                    ));
+                    files.push((
+                        &controllers.memory,
+                        "memory.memsw.limit_in_bytes?",
+                        bytes.to_string(),
+                    ));
+                }
+            }
+        }
+        if let Some(pids) = limits.max_pids {
+            files.push((&controllers.pids, "pids.max", pids.to_string()));
+        }
+        if let Some(millis) = limits.cpu_millis {
+            let quota = (u64::from(millis) * CPU_PERIOD_MICROS / 1000).max(1000);
+            match &controllers.cpu {
+                Some(Place::V2) => files.push((
+                    &controllers.cpu,
+                    "cpu.max",
+                    format!("{quota} {CPU_PERIOD_MICROS}"),
+                )),
+                _ => {
+                    files.push((
+                        &controllers.cpu,
+                        "cpu.cfs_period_us",
+                        CPU_PERIOD_MICROS.to_string(),
+                    ));
+                    files.push((&controllers.cpu, "cpu.cfs_quota_us", quota.to_string()));
+                }
+            }
+        }
+        for (place, file, value) in files {
+            let dir = match place {
+                Some(Place::V2) => leaf.dir.clone(),
+                Some(Place::V1(v1_root)) => {
+                    let mirror = v1_root.join(&name);
+                    if !leaf.v1.contains(&mirror) {
+                        std::fs::create_dir(&mirror)?;
+                        leaf.v1.push(mirror.clone());
+                        procs.push(open_procs(&mirror)?);
+                    }
+                    mirror
+                }
+                None => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::Unsupported,
+                        format!("no controller for {file}"),
+                    ));
+                }
+            };
+            // A name ending in '?' is optional (swap accounting may be off).
+            let (file, optional) = match file.strip_suffix('?') {
+                Some(file) => (file, true),
+                None => (file, false),
+            };
+            if let Err(error) = std::fs::write(dir.join(file), &value)
+                && !(optional && error.kind() == io::ErrorKind::NotFound)
+            {
+                return Err(io::Error::new(
+                    error.kind(),
+                    format!("cannot set {file} to {value}: {error}"),
+                ));
+            }
+        }
+        Ok(NewLeaf { leaf, procs })
+    }
+
+    /// Whether processes are in it now.
+    pub fn populated(&self) -> bool {
+        populated(&self.dir)
+    }
+
+    /// Waits until it is empty (or gone): woken by the kernel's
+    /// notification on `cgroup.events`.
+    pub async fn emptied(&self) {
+        if let Ok(file) = std::fs::File::open(self.dir.join("cgroup.events"))
+            // SAFETY: the OwnedFd keeps its descriptor open and unchanged for
+            // as long as the AsyncFd owns it.
+            && let Ok(events) = unsafe {
+                AsyncFd::register_with_interest(OwnedFd::from(file), Interest::PRIORITY)
+            }
+        {
+            wait_unpopulated(&events).await;
+            return;
+        }
+        while self.populated() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// SIGKILL to everything in it, at once.
+    pub fn kill(&self) {
+        if let Err(error) = std::fs::write(self.dir.join("cgroup.kill"), "1")
+            && error.kind() != io::ErrorKind::NotFound
+        {
+            tracing::warn!(%error, cgroup = %self.dir.display(), "cannot kill the cgroup");
+        }
+    }
+
+    /// The pids of the processes in it now.
+    pub fn members(&self) -> Vec<i32> {
+        std::fs::read_to_string(self.dir.join("cgroup.procs"))
+            .map(|members| {
+                members
+                    .lines()
+                    .filter_map(|line| line.trim().parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Sends `signal` to each process in it now, each named by a pidfd
+    /// that is checked to be in the cgroup (not a later owner of a number).
+    pub fn signal_members(&self, signal: i32) {
+        for pid in self.members() {
+            let Ok(pidfd) = crate::engine::pidfd_open(pid) else {
+                continue;
+            };
+            if self.holds(pid) {
+                crate::engine::signal_process(&pidfd, signal);
+            }
+        }
+    }
+
+    /// Whether `pid` is in this cgroup now.
+    pub fn holds(&self, pid: i32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|memberships| {
+            memberships
+                .lines()
+                .any(|line| line.strip_prefix("0::") == Some(self.path.as_str()))
+        })
+    }
+
+    /// How many processes the kernel killed in it for its memory limit.
+    pub fn memory_limit_kills(&self) -> u64 {
+        let file = match &self.memory {
+            Some(Place::V2) => self.dir.join("memory.events"),
+            Some(Place::V1(_)) => match self
+                .v1
+                .iter()
+                .find(|mirror| mirror.join("memory.oom_control").exists())
+            {
+                Some(mirror) => mirror.join("memory.oom_control"),
+                None => return 0,
+            },
+            None => return 0,
+        };
+        std::fs::read_to_string(file)
+            .ok()
+            .and_then(|text| {
+                text.lines()
+                    .find_map(|line| line.strip_prefix("oom_kill "))
+                    .and_then(|count| count.trim().parse().ok())
+            })
+            .unwrap_or(0)
+    }
+
+    /// Removes it once it is empty; false if something is still in it.
+    pub fn remove(&self) -> bool {
+        if self.removed.load(Ordering::Acquire) {
+            return true;
+        }
+        let gone = |dir: &Path| match std::fs::remove_dir(dir) {
+            Ok(()) => true,
+            Err(error) => error.kind() == io::ErrorKind::NotFound,
+        };
+        let mut all = true;
+        for mirror in &self.v1 {
+            all &= gone(mirror);
+        }
+        all &= gone(&self.dir);
+        if all {
+            self.removed.store(true, Ordering::Release);
+        }
+        all
+    }
+}
+
+impl Drop for Leaf {
+    fn drop(&mut self) {
+        if self.remove() {
+            return;
+        }
+        self.kill();
+        if self.remove() {
+            return;
+        }
+        // Dying takes a moment: remove it off this thread once it is empty.
+        let dir = self.dir.clone();
+        let v1 = std::mem::take(&mut self.v1);
+        let _ = std::thread::Builder::new()
+            .name("capexec-cgroup-remove".into())
+            .stack_size(64 * 1024)
+            .spawn(move || {
+                wait_empty_blocking(&dir, Duration::from_secs(10));
+                for mirror in &v1 {
+                    let _ = std::fs::remove_dir(mirror);
+                }
+                let _ = std::fs::remove_dir(&dir);
+            });
+    }
+}
+
+fn open_procs(dir: &Path) -> io::Result<OwnedFd> {
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join("cgroup.procs"))?;
+    Ok(OwnedFd::from(file))
+}
+
+/// Waits until the `cgroup.events` behind `events` says it is empty.
+async fn wait_unpopulated(events: &AsyncFd<OwnedFd>) {
+    loop {
+        // Read after every wake-up (and before the first wait), so that a
+        // change between a read and the wait is never missed.
+        if !read_populated(events.get_ref()) {
+            return;
+        }
+        match events.ready(Interest::PRIORITY).await {
+            Ok(mut guard) => guard.clear_ready(),
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+fn read_populated(events: &OwnedFd) -> bool {
+    let mut buffer = [0u8; 256];
+    // SAFETY: pread into a buffer we own.
+    let read = unsafe {
+        libc::pread(
+            events.as_raw_fd(),
+            buffer.as_mut_ptr().cast(),
+            buffer.len(),
+            0,
+        )
+    };
+    if read <= 0 {
+        // Gone (the cgroup was removed) or unreadable: nothing to wait for.
+        return false;
+    }
+    says_populated(&String::from_utf8_lossy(&buffer[..read as usize]))
+}
+
+/// Whether a process whose `/proc/PID/cgroup` reads `memberships` is in a
+/// sandboxed capexec leaf (`.../capexec-<pid>-<random>/s-<n>`).
+pub(crate) fn in_sandbox_leaf(memberships: &str) -> bool {
+    memberships.lines().any(|line| {
+        let Some(path) = line.strip_prefix("0::") else {
+            return false;
+        };
+        let parts: Vec<&str> = path.split('/').collect();
+        parts.windows(2).any(|pair| {
+            pair[0].starts_with("capexec-")
+                && pair[1].strip_prefix("s-").is_some_and(|number| {
+                    !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit())
+                })
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sandbox_leaves_are_told_from_others() {
+        assert!(in_sandbox_leaf("0::/capexec-12-0a0b0c0d/s-3\n"));
+        assert!(in_sandbox_leaf(
+            "4:memory:/x\n0::/user.slice/capexec-1-ff/s-12/inner\n"
+        ));
+        assert!(!in_sandbox_leaf("0::/capexec-12-0a0b0c0d/p-3\n"));
+        assert!(!in_sandbox_leaf("0::/s-3\n"));
+        assert!(!in_sandbox_leaf("0::/capexec-12/s-x\n"));
+        assert!(!in_sandbox_leaf("4:memory:/capexec-1/s-2\n0::/\n"));
+    }
+
+    #[test]
+    fn v1_groups_are_found_by_controller() {
+        let mounts = mounts::parse(
+            b"35 23 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n\
+              36 23 0:33 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n",
+        );
+        let memberships = "4:memory:/process_api/ab\n2:cpu,cpuacct:/\n0::/\n";
+        assert_eq!(
+            v1_group(&mounts, memberships, "memory"),
+            Some(PathBuf::from("/sys/fs/cgroup/memory/process_api/ab"))
+        );
+        assert_eq!(
+            v1_group(&mounts, memberships, "cpu"),
+            Some(PathBuf::from("/sys/fs/cgroup/cpu,cpuacct"))
+        );
+        assert_eq!(v1_group(&mounts, memberships, "pids"), None);
+    }
+}

@@ -1,0 +1,496 @@
+//! Confinement of started processes: what the kernel can enforce (probed
+//! once), and the plan of one start, prepared in the parent: the Landlock
+//! ruleset, the seccomp filter, the capability drop, the cgroup leaf and
+//! its limits. The child applies the plan with raw system calls only
+//! (`engine/spawn.rs`). No Cap'n Proto here; the values the other layers
+//! speak are in `model/sandbox.rs`.
+
+mod cgroup;
+mod mounts;
+mod probe;
+mod roots;
+mod ruleset;
+mod seccomp;
+mod sentinel;
+
+use std::collections::HashSet;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+pub(crate) use self::cgroup::Leaf;
+pub use self::probe::KernelFeature;
+pub(crate) use self::seccomp::Program;
+
+use crate::model::enforcement as name;
+use crate::model::{Confinement, Limits, Network, Refusal, RefusalKind, Sandbox, Tracking};
+
+/// How this process's confinement is set up: what tests pretend the kernel
+/// lacks, and the files no sandbox may expose.
+#[derive(Clone, Debug, Default)]
+pub struct HostConfig {
+    /// Kernel features treated as missing (for tests of the refusals and
+    /// of best effort: `capexec serve --hide-kernel-feature`).
+    pub hidden: HashSet<KernelFeature>,
+}
+
+static CONFIG: OnceLock<HostConfig> = OnceLock::new();
+
+/// Login token files no sandbox's roots may contain (the servers' own).
+static PROTECTED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Sets the host configuration; only before the first start (later calls,
+/// and calls after the first use, are refused).
+pub fn configure(config: HostConfig) -> Result<(), HostConfig> {
+    CONFIG.set(config)
+}
+
+fn config() -> &'static HostConfig {
+    CONFIG.get_or_init(HostConfig::default)
+}
+
+fn hidden(feature: KernelFeature) -> bool {
+    config().hidden.contains(&feature)
+}
+
+/// Refuse sandboxes whose roots contain `path` (a login token file).
+pub fn protect(path: &Path) {
+    let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut protected = PROTECTED.lock().unwrap_or_else(|p| p.into_inner());
+    if !protected.contains(&path) {
+        protected.push(path);
+    }
+}
+
+fn protected() -> Vec<PathBuf> {
+    PROTECTED.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+/// What this host can enforce, as far as the configuration lets it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Support {
+    /// The Landlock ABI in use (0: none).
+    pub landlock_abi: u32,
+    pub seccomp: bool,
+    /// A cgroup per process; `Err` says why not.
+    pub cgroups: Result<(), String>,
+    pub memory: bool,
+    pub pids: bool,
+    pub cpu: bool,
+}
+
+/// Probes the host and makes this process's cgroup root now rather than
+/// on the first start (servers do, before they listen).
+pub fn prepare_host() {
+    let _ = support();
+}
+
+/// What this host can enforce (probed on first use).
+pub fn support() -> Support {
+    let mut abi = if hidden(KernelFeature::Landlock) {
+        0
+    } else {
+        probe::landlock_abi()
+    };
+    if hidden(KernelFeature::LandlockTcp) {
+        abi = abi.min(3);
+    }
+    if hidden(KernelFeature::LandlockScopes) {
+        abi = abi.min(5);
+    }
+    let root = cgroup_root();
+    let controllers = root.ok().map(|root| root.controllers().clone());
+    let has = |feature: KernelFeature, pick: fn(&cgroup::Controllers) -> bool| {
+        !hidden(feature) && controllers.as_ref().is_some_and(pick)
+    };
+    Support {
+        landlock_abi: abi,
+        seccomp: !hidden(KernelFeature::Seccomp) && probe::seccomp(),
+        cgroups: root.map(drop).map_err(str::to_string),
+        memory: has(KernelFeature::MemoryController, |c| c.memory.is_some()),
+        pids: has(KernelFeature::PidsController, |c| c.pids.is_some()),
+        cpu: has(KernelFeature::CpuController, |c| c.cpu.is_some()),
+    }
+}
+
+fn cgroup_root() -> Result<&'static std::sync::Arc<cgroup::CgroupRoot>, &'static str> {
+    if hidden(KernelFeature::Cgroups) {
+        return Err("cgroups are hidden (--hide-kernel-feature cgroups)");
+    }
+    cgroup::root()
+}
+
+/// What `Executor.info` lists of this host's confinement (see the schema).
+pub fn info_features() -> Vec<String> {
+    let support = support();
+    let mut features = Vec::new();
+    if support.landlock_abi > 0 {
+        features.push(format!("sandbox-landlock-{}", support.landlock_abi));
+    }
+    if support.seccomp {
+        features.push("seccomp".into());
+    }
+    match support.cgroups {
+        Ok(()) => {
+            features.push("cgroup-tracking".into());
+            features.push("peer-check:cgroup".into());
+        }
+        Err(_) => {
+            features.push("process-group-tracking".into());
+            features.push("peer-check:no-new-privs".into());
+        }
+    }
+    let limits: Vec<&str> = [
+        (support.memory, "memory"),
+        (support.pids, "pids"),
+        (support.cpu, "cpu"),
+    ]
+    .into_iter()
+    .filter_map(|(has, name)| has.then_some(name))
+    .collect();
+    if !limits.is_empty() {
+        features.push(format!("limits:{}", limits.join(",")));
+    }
+    features
+}
+
+/// Whether `feature` (of `Executor.info`) says what a server's host can
+/// enforce, as [`info_features`] names it.
+pub fn is_host_feature(feature: &str) -> bool {
+    ["sandbox-landlock-", "limits:", "peer-check:"]
+        .iter()
+        .any(|prefix| feature.starts_with(prefix))
+        || ["seccomp", "cgroup-tracking", "process-group-tracking"].contains(&feature)
+}
+
+/// Everything the child applies before its exec, prepared in the parent.
+#[derive(Default)]
+pub(crate) struct Plan {
+    /// `cgroup.procs` of the leaf (and its v1 mirrors): the child writes
+    /// "0" to each, joining them.
+    pub cgroup_procs: Vec<OwnedFd>,
+    /// Drop every capability (bounding, ambient, then the sets).
+    pub drop_capabilities: bool,
+    pub last_capability: i32,
+    pub no_new_privs: bool,
+    pub ruleset: Option<OwnedFd>,
+    pub seccomp: Option<Program>,
+}
+
+/// A start's confinement: the child's plan, the leaf that tracks its tree,
+/// and what ProcessInfo says of it.
+#[derive(Default)]
+pub(crate) struct Prepared {
+    pub plan: Plan,
+    pub leaf: Option<Leaf>,
+    pub confinement: Confinement,
+}
+
+/// The confinement of a start running in `cwd` with `sandbox` (already
+/// narrowed by every policy) and `limits`: refused if something that must
+/// be enforced cannot be, or a root is unacceptable.
+pub(crate) fn prepare(
+    sandbox: Option<&Sandbox>,
+    limits: &Limits,
+    cwd: &Path,
+) -> Result<Prepared, Refusal> {
+    let support = support();
+    let mut prepared = Prepared::default();
+    let mut missing: Vec<(String, String)> = Vec::new();
+
+    // Limits, and the leaf that tracks every process.
+    let mut want = |asked: bool, has: bool, what: &str, why: &str| {
+        if asked && !has {
+            missing.push((what.to_string(), why.to_string()));
+        }
+    };
+    let why_controller = |controller: &str| match &support.cgroups {
+        Err(why) => why.clone(),
+        Ok(()) => format!("no {controller} controller is available to this server"),
+    };
+    want(
+        limits.memory_bytes.is_some(),
+        support.memory,
+        name::LIMIT_MEMORY,
+        &why_controller("memory"),
+    );
+    want(
+        limits.max_pids.is_some(),
+        support.pids,
+        name::LIMIT_PIDS,
+        &why_controller("pids"),
+    );
+    want(
+        limits.cpu_millis.is_some(),
+        support.cpu,
+        name::LIMIT_CPU,
+        &why_controller("cpu"),
+    );
+    if !missing.is_empty() && !limits.best_effort {
+        return Err(unsupported("limits", &missing));
+    }
+    let enforceable = Limits {
+        memory_bytes: limits.memory_bytes.filter(|_| support.memory),
+        max_pids: limits.max_pids.filter(|_| support.pids),
+        cpu_millis: limits.cpu_millis.filter(|_| support.cpu),
+        best_effort: limits.best_effort,
+    };
+    let mut confinement = Confinement {
+        limits: enforceable,
+        ..Confinement::default()
+    };
+    let mut limit_missing: Vec<String> = missing.drain(..).map(|(what, _)| what).collect();
+    if let Ok(root) = cgroup_root() {
+        match Leaf::create(root, sandbox.is_some(), &enforceable) {
+            Ok(new) => {
+                prepared.plan.cgroup_procs = new.procs;
+                prepared.leaf = Some(new.leaf);
+                confinement.tracking = Tracking::Cgroup;
+                confinement.enforced.push(name::CGROUP.into());
+                confinement
+                    .enforced
+                    .extend(limit_names(&enforceable).map(str::to_string));
+            }
+            Err(error) => {
+                if !enforceable.is_empty() && !limits.best_effort {
+                    return Err(Refusal::new(
+                        RefusalKind::Unsupported,
+                        format!("limits: cannot make the process's cgroup: {error}"),
+                    ));
+                }
+                tracing::warn!(%error, "cannot make a cgroup for a process: tracking its process group");
+                limit_missing.extend(limit_names(&enforceable).map(str::to_string));
+                confinement.limits = Limits {
+                    best_effort: limits.best_effort,
+                    ..Limits::default()
+                };
+            }
+        }
+    }
+    confinement.not_enforced = limit_missing;
+
+    let Some(sandbox) = sandbox else {
+        prepared.confinement = confinement;
+        return Ok(prepared);
+    };
+
+    // The sandbox: roots first (refusals for bad roots come before
+    // refusals for missing kernel features).
+    let resolved = roots::resolve(sandbox, cwd, "sandbox")?;
+    roots::check(
+        &resolved,
+        &protected(),
+        &mounts::kernel_mount_points(),
+        "sandbox",
+    )?;
+    let privileged = probe::privileged();
+    let network_off = sandbox.network == Network::None;
+    let coverage = ruleset::Coverage::of(support.landlock_abi, sandbox.network);
+    let tracked = prepared.leaf.is_some();
+    let mut asks: Vec<(&str, bool, String)> = vec![
+        (
+            name::FILESYSTEM,
+            coverage.filesystem,
+            "the kernel has no Landlock (Linux 5.13, enabled in the `lsm=` boot list)".into(),
+        ),
+        (
+            name::SCOPE_SIGNALS,
+            coverage.scopes,
+            format!(
+                "Landlock ABI 6 (Linux 6.12) is needed, the kernel has ABI {}",
+                support.landlock_abi
+            ),
+        ),
+        (
+            name::SCOPE_ABSTRACT_SOCKETS,
+            coverage.scopes,
+            format!(
+                "Landlock ABI 6 (Linux 6.12) is needed, the kernel has ABI {}",
+                support.landlock_abi
+            ),
+        ),
+        (name::NO_NEW_PRIVS, true, String::new()),
+        (
+            name::IO_URING,
+            support.seccomp,
+            "the kernel has no seccomp filters".into(),
+        ),
+        (
+            name::SERVER_ISOLATION,
+            tracked || support.seccomp,
+            "neither a cgroup nor a seccomp filter marks the process".into(),
+        ),
+    ];
+    if network_off {
+        asks.push((
+            name::NETWORK_SOCKETS,
+            support.seccomp,
+            "the kernel has no seccomp filters".into(),
+        ));
+    }
+    if privileged {
+        asks.push((name::CAPABILITIES, true, String::new()));
+        asks.push((
+            name::KERNEL_CALLS,
+            support.seccomp,
+            "the kernel has no seccomp filters".into(),
+        ));
+    }
+    let missing: Vec<(String, String)> = asks
+        .iter()
+        .filter(|(_, has, _)| !has)
+        .map(|(what, _, why)| (what.to_string(), why.clone()))
+        .collect();
+    if !missing.is_empty() && !sandbox.best_effort {
+        return Err(unsupported("sandbox", &missing));
+    }
+    for (what, has, _) in &asks {
+        if *has {
+            confinement.enforced.push(what.to_string());
+        } else {
+            confinement.not_enforced.push(what.to_string());
+        }
+    }
+    if coverage.tcp {
+        confinement.enforced.push(name::NETWORK_TCP.into());
+    }
+    if coverage.filesystem {
+        prepared.plan.ruleset = Some(
+            ruleset::build(&resolved, sandbox.network, support.landlock_abi)
+                .map_err(|why| Refusal::new(RefusalKind::SpawnFailed, format!("sandbox: {why}")))?,
+        );
+    }
+    if support.seccomp {
+        prepared.plan.seccomp =
+            Some(seccomp::program(network_off, privileged).map_err(|why| {
+                Refusal::new(RefusalKind::SpawnFailed, format!("sandbox: {why}"))
+            })?);
+    }
+    prepared.plan.no_new_privs = true;
+    prepared.plan.drop_capabilities = privileged;
+    prepared.plan.last_capability = probe::last_capability();
+    confinement.sandbox = Some(roots::explicit(
+        &resolved,
+        sandbox.network,
+        sandbox.best_effort,
+    ));
+    prepared.confinement = confinement;
+    Ok(prepared)
+}
+
+/// The names of the limits `limits` sets.
+fn limit_names(limits: &Limits) -> impl Iterator<Item = &'static str> {
+    [
+        (limits.memory_bytes.is_some(), name::LIMIT_MEMORY),
+        (limits.max_pids.is_some(), name::LIMIT_PIDS),
+        (limits.cpu_millis.is_some(), name::LIMIT_CPU),
+    ]
+    .into_iter()
+    .filter(|(set, _)| *set)
+    .map(|(_, what)| what)
+}
+
+/// `[capexec:unsupported]` naming what cannot be enforced, and why.
+fn unsupported(what: &str, missing: &[(String, String)]) -> Refusal {
+    let mut reasons: Vec<String> = Vec::new();
+    for (_, why) in missing {
+        if !reasons.contains(why) {
+            reasons.push(why.clone());
+        }
+    }
+    let names: Vec<&str> = missing.iter().map(|(name, _)| name.as_str()).collect();
+    Refusal::new(
+        RefusalKind::Unsupported,
+        format!(
+            "{what}: this server cannot enforce {} ({}); ask for best effort to start anyway",
+            names.join(", "),
+            reasons.join("; ")
+        ),
+    )
+}
+
+/// Whether the peer of the accepted Unix socket `socket` is sandboxed (see
+/// [`is_sandboxed_process`]); a peer that cannot be identified for sure
+/// (gone already, its number possibly reused) counts as sandboxed.
+pub fn peer_is_sandboxed(socket: std::os::fd::RawFd) -> bool {
+    const SO_PEERPIDFD: libc::c_int = 77;
+    let mut credentials = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut length = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `length` bytes into `credentials`.
+    let got = unsafe {
+        libc::getsockopt(
+            socket,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut credentials as *mut libc::ucred).cast(),
+            &mut length,
+        )
+    };
+    if got != 0 || credentials.pid <= 0 {
+        // A peer in another pid namespace has no number here: nothing
+        // capexec sandboxes is there.
+        return false;
+    }
+    let mut pidfd: libc::c_int = -1;
+    let mut length = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: as above, an int.
+    let has_pidfd = unsafe {
+        libc::getsockopt(
+            socket,
+            libc::SOL_SOCKET,
+            SO_PEERPIDFD,
+            (&mut pidfd as *mut libc::c_int).cast(),
+            &mut length,
+        )
+    } == 0
+        && pidfd >= 0;
+    let sandboxed = is_sandboxed_process(credentials.pid);
+    if has_pidfd {
+        // SAFETY: the kernel just gave us this descriptor.
+        let pidfd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(pidfd) };
+        let mut pollfd = libc::pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(&pidfd),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll on one descriptor we own, without waiting.
+        let exited = unsafe { libc::poll(&mut pollfd, 1, 0) } > 0;
+        // Gone before we looked: its number may name someone else now.
+        return sandboxed || exited;
+    }
+    sandboxed
+}
+
+/// Whether process `pid` is a sandboxed process of a capexec server, or
+/// started by one: it may not talk to a server.
+pub fn is_sandboxed_process(pid: i32) -> bool {
+    if pid <= 0 {
+        return false;
+    }
+    if let Ok(memberships) = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        && cgroup::in_sandbox_leaf(&memberships)
+    {
+        return true;
+    }
+    if cgroup_root().is_ok() {
+        return false;
+    }
+    // Without cgroups: a sandboxed process has no_new_privs and a filter.
+    std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix(name))
+                .map(str::trim)
+                .map(str::to_string)
+        };
+        field("NoNewPrivs:").as_deref() == Some("1") && field("Seccomp:").as_deref() == Some("2")
+    })
+}
+
+/// Policies' sandboxes, resolved: what a start may be given.
+pub use self::roots::PolicySandbox;

@@ -1,0 +1,137 @@
+//! What the running kernel can enforce, asked once per process; and the
+//! features a test may pretend are missing.
+
+use std::sync::OnceLock;
+
+/// A kernel feature confinement relies on, as [`HostConfig::hidden`]
+/// (and `capexec serve --hide-kernel-feature`, for tests) names it.
+///
+/// [`HostConfig::hidden`]: crate::sandbox::HostConfig::hidden
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelFeature {
+    /// Landlock altogether.
+    Landlock,
+    /// Landlock's TCP rules (ABI 4): what remains is ABI 3.
+    LandlockTcp,
+    /// Landlock's signal and abstract-socket scoping (ABI 6): ABI 5 remains.
+    LandlockScopes,
+    Seccomp,
+    /// A writable cgroup2 hierarchy: processes are tracked by their group.
+    Cgroups,
+    MemoryController,
+    PidsController,
+    CpuController,
+}
+
+impl KernelFeature {
+    pub const ALL: &'static [KernelFeature] = &[
+        KernelFeature::Landlock,
+        KernelFeature::LandlockTcp,
+        KernelFeature::LandlockScopes,
+        KernelFeature::Seccomp,
+        KernelFeature::Cgroups,
+        KernelFeature::MemoryController,
+        KernelFeature::PidsController,
+        KernelFeature::CpuController,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelFeature::Landlock => "landlock",
+            KernelFeature::LandlockTcp => "landlock-tcp",
+            KernelFeature::LandlockScopes => "landlock-scopes",
+            KernelFeature::Seccomp => "seccomp",
+            KernelFeature::Cgroups => "cgroups",
+            KernelFeature::MemoryController => "memory",
+            KernelFeature::PidsController => "pids",
+            KernelFeature::CpuController => "cpu",
+        }
+    }
+}
+
+impl std::str::FromStr for KernelFeature {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<KernelFeature, String> {
+        KernelFeature::ALL
+            .iter()
+            .copied()
+            .find(|feature| feature.name() == text)
+            .ok_or_else(|| {
+                let names: Vec<&str> = KernelFeature::ALL.iter().map(|f| f.name()).collect();
+                format!(
+                    "unknown kernel feature {text:?} (known: {})",
+                    names.join(", ")
+                )
+            })
+    }
+}
+
+/// The Landlock ABI version of the running kernel; 0 without Landlock.
+pub(crate) fn landlock_abi() -> u32 {
+    static ABI: OnceLock<u32> = OnceLock::new();
+    *ABI.get_or_init(|| {
+        const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+        // SAFETY: with a null attribute and the version flag the call only
+        // returns the ABI version (or fails).
+        let version = unsafe {
+            libc::syscall(
+                libc::SYS_landlock_create_ruleset,
+                std::ptr::null::<libc::c_void>(),
+                0usize,
+                LANDLOCK_CREATE_RULESET_VERSION,
+            )
+        };
+        u32::try_from(version).unwrap_or(0)
+    })
+}
+
+/// Whether seccomp filters can be installed, and built for this CPU.
+pub(crate) fn seccomp() -> bool {
+    static SECCOMP: OnceLock<bool> = OnceLock::new();
+    *SECCOMP.get_or_init(|| {
+        let errno_action: u32 = libc::SECCOMP_RET_ERRNO;
+        // SAFETY: SECCOMP_GET_ACTION_AVAIL only reads the action value.
+        let available = unsafe {
+            libc::syscall(
+                libc::SYS_seccomp,
+                libc::SECCOMP_GET_ACTION_AVAIL,
+                0u32,
+                &errno_action as *const u32,
+            )
+        } == 0;
+        available && crate::sandbox::seccomp::target_arch().is_some()
+    })
+}
+
+/// Whether this process has capabilities its children would keep: root,
+/// or any capability in its permitted or ambient set.
+pub(crate) fn privileged() -> bool {
+    static PRIVILEGED: OnceLock<bool> = OnceLock::new();
+    *PRIVILEGED.get_or_init(|| {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            return true;
+        }
+        let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+            return true;
+        };
+        status.lines().any(|line| {
+            ["CapPrm:", "CapAmb:"].iter().any(|field| {
+                line.strip_prefix(field)
+                    .is_some_and(|mask| u64::from_str_radix(mask.trim(), 16).unwrap_or(1) != 0)
+            })
+        })
+    })
+}
+
+/// The highest capability number the kernel knows.
+pub(crate) fn last_capability() -> i32 {
+    static LAST: OnceLock<i32> = OnceLock::new();
+    *LAST.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .unwrap_or(63)
+    })
+}

@@ -1,0 +1,214 @@
+//! The sentinel: a small process forked when a capexec process makes its
+//! cgroup root, that outlives it. It waits on a pipe only its creator holds
+//! the writing end of; when that end closes (the creator exited, or was
+//! killed with SIGKILL) it kills everything in the root (`cgroup.kill`),
+//! waits until it is empty and removes the root and its leaves, in every
+//! hierarchy. So nothing a server started outlives it, even when it is
+//! killed.
+//!
+//! The sentinel is forked from a process that may run many threads, so the
+//! child runs raw system calls only, on memory prepared before the fork.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use crate::engine::os;
+
+/// Held by the creator: the pipe's writing end, closed when it exits.
+pub(crate) struct Sentinel {
+    _alive: OwnedFd,
+}
+
+/// How long the sentinel waits for the root to empty after killing it.
+const PATIENCE_MILLIS: i32 = 10_000;
+
+fn open(path: &Path, flags: libc::c_int) -> io::Result<OwnedFd> {
+    let path = CString::new(path.as_os_str().as_bytes())?;
+    // SAFETY: open(2) on a NUL-terminated path.
+    let fd = os::cvt(unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC) })?;
+    // SAFETY: the kernel just returned this descriptor to us alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Forks the sentinel of the root at `dir` (locked by `lock`), which also
+/// removes `v1_roots` (the root's mirrors in cgroup v1 hierarchies).
+pub(crate) fn start(lock: &OwnedFd, dir: &Path, v1_roots: &[PathBuf]) -> io::Result<Sentinel> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two new descriptors into `fds`.
+    os::cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: the kernel just returned these descriptors to us alone.
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let kill = open(&dir.join("cgroup.kill"), libc::O_WRONLY)?;
+    let events = open(&dir.join("cgroup.events"), libc::O_RDONLY)?;
+    let mut dirs = vec![open(dir, libc::O_RDONLY | libc::O_DIRECTORY)?];
+    let mut paths = Vec::new();
+    for root in v1_roots {
+        dirs.push(open(root, libc::O_RDONLY | libc::O_DIRECTORY)?);
+        paths.push(CString::new(root.as_os_str().as_bytes())?);
+    }
+    // The cgroup2 root last: it goes once its mirrors are gone.
+    paths.push(CString::new(dir.as_os_str().as_bytes())?);
+    let dir_fds: Vec<RawFd> = dirs.iter().map(AsRawFd::as_raw_fd).collect();
+    let path_ptrs: Vec<*const libc::c_char> = paths.iter().map(|path| path.as_ptr()).collect();
+    let mut keep: Vec<RawFd> = vec![
+        read.as_raw_fd(),
+        kill.as_raw_fd(),
+        events.as_raw_fd(),
+        lock.as_raw_fd(),
+    ];
+    keep.extend(&dir_fds);
+    keep.sort_unstable();
+    // At most 15 bytes: the kernel cuts longer names.
+    let name = c"cgroup-sentinel";
+
+    // SAFETY: the child runs only raw system calls on memory prepared
+    // above (its own copy), and never returns.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        // SAFETY: see above; `sentinel_main` never returns.
+        unsafe {
+            sentinel_main(
+                &keep,
+                read.as_raw_fd(),
+                kill.as_raw_fd(),
+                events.as_raw_fd(),
+                &dir_fds,
+                &path_ptrs,
+                name.as_ptr(),
+            )
+        }
+    }
+    Ok(Sentinel { _alive: write })
+}
+
+/// The sentinel's life, in the forked child.
+unsafe fn sentinel_main(
+    keep: &[RawFd],
+    read: RawFd,
+    kill: RawFd,
+    events: RawFd,
+    dirs: &[RawFd],
+    paths: &[*const libc::c_char],
+    name: *const libc::c_char,
+) -> ! {
+    // SAFETY: raw system calls on descriptors and buffers this (forked)
+    // process owns.
+    unsafe {
+        libc::syscall(libc::SYS_setsid);
+        libc::syscall(libc::SYS_prctl, libc::PR_SET_NAME, name, 0, 0, 0);
+        // Nothing of the creator's but what the sentinel needs: a listener
+        // held open here would keep answering for a dead server.
+        let mut from: u32 = 0;
+        for &fd in keep {
+            if (fd as u32) > from {
+                libc::syscall(libc::SYS_close_range, from, fd as u32 - 1, 0u32);
+            }
+            from = fd as u32 + 1;
+        }
+        libc::syscall(libc::SYS_close_range, from, u32::MAX, 0u32);
+        // Signals that end a session or a terminal job do not end this.
+        for signal in [libc::SIGHUP, libc::SIGINT, libc::SIGTERM, libc::SIGPIPE] {
+            libc::signal(signal, libc::SIG_IGN);
+        }
+        let mut byte = [0u8; 1];
+        loop {
+            let got = libc::syscall(libc::SYS_read, read, byte.as_mut_ptr(), 1usize);
+            if got == 0 || (got < 0 && *libc::__errno_location() != libc::EINTR) {
+                break;
+            }
+        }
+        libc::syscall(libc::SYS_write, kill, c"1".as_ptr(), 1usize);
+        let mut waited = 0;
+        let mut buffer = [0u8; 256];
+        while waited < PATIENCE_MILLIS {
+            let got = libc::syscall(
+                libc::SYS_pread64,
+                events,
+                buffer.as_mut_ptr(),
+                buffer.len(),
+                0i64,
+            );
+            if got <= 0 || !contains(&buffer[..got as usize], b"populated 1") {
+                break;
+            }
+            let mut pollfd = libc::pollfd {
+                fd: events,
+                events: libc::POLLPRI,
+                revents: 0,
+            };
+            libc::syscall(
+                libc::SYS_poll,
+                &mut pollfd as *mut libc::pollfd,
+                1u64,
+                100i32,
+            );
+            waited += 100;
+        }
+        for &dir in dirs {
+            remove_children(dir);
+        }
+        for &path in paths {
+            libc::syscall(libc::SYS_rmdir, path);
+        }
+        libc::syscall(libc::SYS_exit_group, 0);
+    }
+    #[allow(clippy::empty_loop)]
+    loop {}
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack
+        .windows(needle.len())
+        .any(|window| window == needle)
+}
+
+/// Removes the (empty) directories in `dir`: the leaves of a root.
+unsafe fn remove_children(dir: RawFd) {
+    let mut buffer = [0u8; 4096];
+    // SAFETY: getdents64 writes at most `buffer.len()` bytes of records
+    // into `buffer`; each record is read within what it wrote.
+    unsafe {
+        // Removing entries while reading can skip some: read again until a
+        // pass removes nothing.
+        loop {
+            libc::syscall(libc::SYS_lseek, dir, 0i64, libc::SEEK_SET);
+            let mut removed = false;
+            loop {
+                let got =
+                    libc::syscall(libc::SYS_getdents64, dir, buffer.as_mut_ptr(), buffer.len());
+                if got <= 0 {
+                    break;
+                }
+                let mut at = 0usize;
+                while at + 19 < got as usize {
+                    // struct linux_dirent64: ino (8), off (8), reclen (2),
+                    // type (1), then the NUL-terminated name.
+                    let reclen = u16::from_ne_bytes([buffer[at + 16], buffer[at + 17]]) as usize;
+                    let kind = buffer[at + 18];
+                    let name = buffer.as_ptr().add(at + 19);
+                    let dot = *name == b'.'
+                        && (*name.add(1) == 0 || (*name.add(1) == b'.' && *name.add(2) == 0));
+                    if kind == libc::DT_DIR
+                        && !dot
+                        && libc::syscall(libc::SYS_unlinkat, dir, name, libc::AT_REMOVEDIR) == 0
+                    {
+                        removed = true;
+                    }
+                    if reclen == 0 {
+                        break;
+                    }
+                    at += reclen;
+                }
+            }
+            if !removed {
+                break;
+            }
+        }
+    }
+}

@@ -1,0 +1,239 @@
+//! `capexec run --sandbox` and the limit flags, `capexec serve`'s policy
+//! equivalents, and what a server killed with SIGKILL leaves behind
+//! (nothing).
+
+use crate::common;
+
+use std::time::{Duration, Instant};
+
+use common::cli::{Served, capexec, finish, spawn_reading_first_line, text};
+use common::data::TempDir;
+
+fn one_line(stderr: &[u8], starts: &str) {
+    let stderr = text(stderr);
+    assert!(
+        stderr.starts_with(starts) && stderr.ends_with('\n') && stderr.lines().count() == 1,
+        "expected one line starting {starts:?}, got {stderr:?}"
+    );
+}
+
+#[test]
+fn a_sandboxed_run_writes_only_where_it_may() {
+    let cwd = TempDir::new("cli-sandbox");
+    let other = TempDir::new("cli-sandbox-other");
+    let script = format!(
+        "echo in > f && cat f; echo out > {}/f 2>/dev/null || echo refused",
+        other.path().display()
+    );
+    let cwd_arg = cwd.path().display().to_string();
+    let other_arg = other.path().display().to_string();
+    // --writable implies --sandbox and adds a root.
+    for (flags, printed) in [
+        (vec!["--sandbox"], "in\nrefused\n"),
+        (vec!["--writable", &other_arg], "in\n"),
+    ] {
+        let mut args = vec!["run"];
+        args.extend(flags);
+        args.extend(["--cwd", &cwd_arg, "-n", "--", "sh", "-c", &script]);
+        let done = finish(capexec(&args), None);
+        assert_eq!(
+            (done.code, text(&done.stdout)),
+            (0, printed.to_string()),
+            "{}",
+            text(&done.stderr)
+        );
+    }
+}
+
+#[test]
+fn a_memory_hog_exits_137_with_a_line_saying_why() {
+    let done = finish(
+        capexec(&["run", "--memory", "32M", "-n", "--", "tail", "/dev/zero"]),
+        None,
+    );
+    assert_eq!(done.code, 137);
+    assert_eq!(
+        text(&done.stderr),
+        "capexec: the command was killed by its memory limit\n"
+    );
+}
+
+#[test]
+fn a_sandbox_the_server_cannot_enforce_is_refused_with_one_line() {
+    let served = Served::start_with(&["--hide-kernel-feature", "landlock"]);
+    let done = finish(
+        served.run(&["--connect", &served.unix, "--sandbox", "-n", "--", "true"]),
+        None,
+    );
+    assert_eq!(done.code, 125);
+    one_line(
+        &done.stderr,
+        "capexec: sandbox: this server cannot enforce filesystem",
+    );
+    // Limits work without a sandbox, and need their controller.
+    let served = Served::start_with(&["--hide-kernel-feature", "pids"]);
+    let done = finish(
+        served.run(&[
+            "--connect",
+            &served.unix,
+            "--max-pids",
+            "5",
+            "-n",
+            "--",
+            "true",
+        ]),
+        None,
+    );
+    assert_eq!(done.code, 125);
+    one_line(
+        &done.stderr,
+        "capexec: limits: this server cannot enforce limit-pids",
+    );
+}
+
+#[test]
+fn a_sandboxed_server_narrows_every_start() {
+    let allowed = TempDir::new("cli-sandbox-allowed");
+    let other = TempDir::new("cli-sandbox-other");
+    let allowed_arg = allowed.path().display().to_string();
+    let other_arg = other.path().display().to_string();
+    let served = Served::start_with(&["--writable", &allowed_arg, "--max-pids", "30"]);
+    let script = format!(
+        "echo a > {allowed_arg}/f && echo ok; echo b > {other_arg}/f 2>/dev/null || echo refused"
+    );
+    let done = finish(
+        served.run(&[
+            "--connect",
+            &served.unix,
+            "--cwd",
+            &allowed_arg,
+            "-n",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ]),
+        None,
+    );
+    assert_eq!(
+        (done.code, text(&done.stdout)),
+        (0, "ok\nrefused\n".to_string()),
+        "{}",
+        text(&done.stderr)
+    );
+    let done = finish(
+        served.run(&[
+            "--connect",
+            &served.unix,
+            "--cwd",
+            &allowed_arg,
+            "--writable",
+            &other_arg,
+            "-n",
+            "--",
+            "true",
+        ]),
+        None,
+    );
+    assert_eq!(done.code, 125);
+    one_line(&done.stderr, "capexec: the server's --sandbox: ");
+    let done = finish(
+        served.run(&[
+            "--connect",
+            &served.unix,
+            "--cwd",
+            &allowed_arg,
+            "--network",
+            "all",
+            "-n",
+            "--",
+            "true",
+        ]),
+        None,
+    );
+    assert_eq!(done.code, 125);
+    one_line(&done.stderr, "capexec: the server's --sandbox: ");
+}
+
+#[test]
+fn info_lists_what_the_server_can_enforce() {
+    let served = Served::start();
+    let done = finish(served.command("info", &["--connect", &served.unix]), None);
+    assert_eq!(done.code, 0);
+    let stdout = text(&done.stdout);
+    for feature in [
+        " sandbox ",
+        " limits ",
+        " sandbox-landlock-",
+        " seccomp ",
+        " cgroup-tracking ",
+        " limits:memory,pids,cpu",
+    ] {
+        assert!(stdout.contains(feature), "{feature:?} in {stdout}");
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    common::procfs::state(pid).is_some_and(|state| state != 'Z')
+}
+
+/// The cgroups a server with pid `server` made (in the cgroup2 hierarchy).
+fn cgroups_of(server: u32) -> Vec<String> {
+    let prefix = format!("capexec-{server}-");
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for line in mounts.lines().filter(|line| line.contains(" - cgroup")) {
+        let point = line.split(' ').nth(4).unwrap_or("");
+        let mut stack = vec![std::path::PathBuf::from(point)];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    if name.starts_with(&prefix) {
+                        found.push(entry.path().display().to_string());
+                    } else if stack.len() < 64 {
+                        stack.push(entry.path());
+                    }
+                }
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn a_server_killed_with_sigkill_leaves_nothing_behind() {
+    let served = Served::start();
+    let (mut run, first) = spawn_reading_first_line(served.run(&[
+        "--connect",
+        &served.unix,
+        "-n",
+        "--",
+        "sh",
+        "-c",
+        "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $!; exec sleep 300",
+    ]));
+    let left: u32 = first.trim().parse().expect("pid");
+    assert!(alive(left));
+    let server = served.child.id();
+    assert!(
+        !cgroups_of(server).is_empty(),
+        "the server made its cgroups"
+    );
+    common::cli::kill(&served.child, libc::SIGKILL);
+    let killed = Instant::now();
+    while (alive(left) || !cgroups_of(server).is_empty())
+        && killed.elapsed() < Duration::from_secs(2)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        !alive(left),
+        "what the killed server started still runs after 2 s"
+    );
+    assert_eq!(cgroups_of(server), Vec::<String>::new());
+    let _ = run.kill();
+    let _ = run.wait();
+}

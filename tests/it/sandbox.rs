@@ -1,0 +1,632 @@
+//! `StartParams.sandbox` and `limits`: real escape attempts from inside a
+//! sandbox (files outside its roots, the network, the server's socket,
+//! token and process), the kernel's view of a sandboxed child, trees
+//! tracked by their cgroup through `setsid`, and limits. Every backend
+//! where it applies; CI runs as root on a kernel with Landlock ABI 6 or
+//! later and writable cgroups (`.ci/run` checks), so nothing here is
+//! skipped.
+
+use crate::common;
+
+use std::time::Duration;
+
+use capexec::client::Command;
+use capexec::model::{ExitStatus, Limits, Network, Policy, RefusalKind, Sandbox, Signal, Tracking};
+use common::data::TempDir;
+use common::{Ctx, sh};
+
+/// Runs `script` with `sh -c` in `cwd`, sandboxed as `sandbox` says;
+/// its exit status, stdout and stderr.
+async fn sandboxed(
+    ctx: &Ctx,
+    cwd: &TempDir,
+    sandbox: Sandbox,
+    script: &str,
+) -> (i32, String, String) {
+    let mut command = sh(script);
+    command.current_dir(cwd.path()).sandbox(sandbox);
+    let output = command.output(&ctx.executor).await.expect("start");
+    (
+        output.exit.status.shell_code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+async fn writes_outside_the_writable_roots_fail_and_inside_succeed(ctx: Ctx) {
+    let cwd = TempDir::new("sandbox-cwd");
+    let extra = TempDir::new("sandbox-extra");
+    let outside = TempDir::new("sandbox-outside");
+    let script = format!(
+        "echo in > here && cat here; echo extra > {extra}/f && cat {extra}/f; \
+         if echo out > {outside}/f; then echo wrote; fi; \
+         if mkdir {outside}/d; then echo made; fi; echo end",
+        extra = extra.path().display(),
+        outside = outside.path().display()
+    );
+    let sandbox = Sandbox {
+        writable: vec![extra.path().to_path_buf()],
+        ..Sandbox::default()
+    };
+    let (code, stdout, stderr) = sandboxed(&ctx, &cwd, sandbox, &script).await;
+    assert_eq!((code, stdout.as_str()), (0, "in\nextra\nend\n"), "{stderr}");
+    // EACCES, as the shell words it, for both.
+    assert_eq!(stderr.matches("Permission denied").count(), 2, "{stderr}");
+    assert!(!outside.path().join("f").exists());
+    assert!(!outside.path().join("d").exists());
+}
+
+async fn reads_outside_the_read_roots_fail(ctx: Ctx) {
+    let cwd = TempDir::new("sandbox-cwd");
+    let data = TempDir::new("sandbox-data");
+    let secret = TempDir::new("sandbox-secret");
+    std::fs::write(data.path().join("f"), "data\n").expect("write");
+    std::fs::write(secret.path().join("f"), "secret\n").expect("write");
+    let script = format!(
+        "cat {data}/f; cat {secret}/f; ls {secret} >/dev/null && echo listed; \
+         echo no > {data}/g || echo read-only",
+        data = data.path().display(),
+        secret = secret.path().display()
+    );
+    let sandbox = Sandbox {
+        read_only: vec![data.path().to_path_buf()],
+        ..Sandbox::default()
+    };
+    let (code, stdout, stderr) = sandboxed(&ctx, &cwd, sandbox, &script).await;
+    assert_eq!(
+        (code, stdout.as_str()),
+        (0, "data\nread-only\n"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.matches("Permission denied").count(), 3, "{stderr}");
+    assert!(!data.path().join("g").exists());
+}
+
+/// A python3 one-liner's output: `ok` or the errno's name.
+const NETWORK_PROBE: &str = r#"
+import errno, socket, sys
+def attempt(what, make):
+    try:
+        make()
+        print(what, "ok")
+    except OSError as error:
+        print(what, errno.errorcode[error.errno])
+port = int(sys.argv[1])
+attempt("tcp", lambda: socket.create_connection(("127.0.0.1", port), timeout=5))
+attempt("udp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+attempt("netlink", lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW))
+def pair():
+    a, b = socket.socketpair()
+    a.sendall(b"x")
+    assert b.recv(1) == b"x"
+attempt("unix-pair", pair)
+"#;
+
+async fn without_network_only_unix_sockets_work(ctx: Ctx) {
+    let cwd = TempDir::new("sandbox-cwd");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let port = listener.local_addr().expect("address").port().to_string();
+    let run = |network: Network| {
+        let mut command = Command::new("/usr/bin/python3");
+        command
+            .args(["-c", NETWORK_PROBE, &port])
+            .current_dir(cwd.path())
+            .sandbox(Sandbox {
+                network,
+                ..Sandbox::default()
+            });
+        command
+    };
+    let output = run(Network::None)
+        .output(&ctx.executor)
+        .await
+        .expect("start");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "tcp EPERM\nudp EPERM\nnetlink EPERM\nunix-pair ok\n",
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // The same probe with the network on: the listener was reachable.
+    let output = run(Network::All)
+        .output(&ctx.executor)
+        .await
+        .expect("start");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "tcp ok\nudp ok\nnetlink ok\nunix-pair ok\n"
+    );
+}
+
+async fn abstract_sockets_made_outside_are_out_of_reach(ctx: Ctx) {
+    use std::os::linux::net::SocketAddrExt;
+    let cwd = TempDir::new("sandbox-cwd");
+    let name = format!(
+        "capexec-test-abstract-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    );
+    let address =
+        std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).expect("name");
+    let _listener = std::os::unix::net::UnixListener::bind_addr(&address).expect("listen");
+    let probe = r#"
+import errno, socket, sys
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect("\0" + sys.argv[1])
+    print("ok")
+except OSError as error:
+    print(errno.errorcode[error.errno])
+"#;
+    let mut command = Command::new("/usr/bin/python3");
+    command.args(["-c", probe, &name]).current_dir(cwd.path());
+    let output = command.output(&ctx.executor).await.expect("start");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "ok\n");
+    command.sandbox(Sandbox::default());
+    let output = command.output(&ctx.executor).await.expect("start");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "EPERM\n",
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+async fn a_sandboxed_terminal_works(ctx: Ctx) {
+    let cwd = TempDir::new("sandbox-cwd");
+    let mut command = sh("tty >/dev/null && echo on-a-terminal; exit 4");
+    command
+        .current_dir(cwd.path())
+        .sandbox(Sandbox::default())
+        .tty(capexec::model::PtySize { rows: 24, cols: 80 });
+    let process = command.spawn(&ctx.executor).await.expect("start");
+    let events = common::read_until_closed(&process).await;
+    assert_eq!(common::exit_of(&events), Some(ExitStatus::Code(4)));
+    assert_eq!(common::output_bytes(&events, None), b"on-a-terminal\r\n");
+}
+
+async fn a_root_child_has_no_capabilities_and_is_filtered(ctx: Ctx) {
+    let cwd = TempDir::new("sandbox-cwd");
+    let (code, stdout, stderr) = sandboxed(
+        &ctx,
+        &cwd,
+        Sandbox::default(),
+        "grep -E '^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status",
+    )
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        stdout,
+        "CapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n\
+         CapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\n"
+    );
+}
+
+/// Connects to the Unix socket at argv[1] and says whether the server
+/// answered a bootstrap request or hung up.
+const SOCKET_PROBE: &str = r#"
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.settimeout(10)
+# A Cap'n Proto bootstrap message; a server that serves us answers it.
+message = (bytes.fromhex("00000000 05000000 00000000 01000100 08000000 00000000 00000000 00000000 00000000 00000000 00000000 00000000".replace(" ", "")))
+try:
+    s.sendall(message)
+    print("answered" if s.recv(1) else "refused")
+except (BrokenPipeError, ConnectionResetError):
+    print("refused")
+"#;
+
+async fn a_sandboxed_child_cannot_reach_the_server(ctx: Ctx) {
+    let cwd = TempDir::new("sandbox-cwd");
+    let server = ctx.server_pid;
+    // Signals: scoped to the sandbox.
+    let (code, stdout, stderr) = sandboxed(
+        &ctx,
+        &cwd,
+        Sandbox::default(),
+        &format!("kill -0 {server} && echo signalled; echo end"),
+    )
+    .await;
+    assert_eq!((code, stdout.as_str()), (0, "end\n"));
+    assert!(stderr.contains("Operation not permitted"), "{stderr}");
+    // Its socket: every connection from inside is refused.
+    if let Some(capexec::net::Address::Unix(socket)) = &ctx.address {
+        let socket = socket.display().to_string();
+        let mut probe = Command::new("/usr/bin/python3");
+        probe.args(["-c", SOCKET_PROBE, &socket]);
+        let output = probe.output(&ctx.executor).await.expect("start");
+        assert_eq!(String::from_utf8_lossy(&output.stdout), "answered\n");
+        probe.current_dir(cwd.path()).sandbox(Sandbox::default());
+        let output = probe.output(&ctx.executor).await.expect("start");
+        assert_eq!(
+            String::from_utf8_lossy(&output.stdout),
+            "refused\n",
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        // And the server still serves everyone else.
+        let again = ctx.connect_again().await.expect("connect");
+        capexec::client::info(&again.executor())
+            .await
+            .expect("info");
+    }
+}
+
+async fn no_sandbox_may_read_the_login_token(ctx: Ctx) {
+    let cwd = TempDir::new("sandbox-cwd");
+    let token = ctx.token_file().expect("a tcp server has a token file");
+    let token_dir = token.parent().expect("token dir").to_path_buf();
+    // Asked for by name: refused before anything starts.
+    let mut command = sh("cat token");
+    command.current_dir(cwd.path()).sandbox(Sandbox {
+        read_only: vec![token_dir.clone()],
+        ..Sandbox::default()
+    });
+    let error = command.output(&ctx.executor).await.expect_err("refused");
+    assert_eq!(
+        error.refusal_kind(),
+        Some(RefusalKind::NotAllowed),
+        "{error}"
+    );
+    assert!(error.to_string().contains("login token"), "{error}");
+    // Not in the roots: unreadable.
+    let (_, stdout, stderr) = sandboxed(
+        &ctx,
+        &cwd,
+        Sandbox::default(),
+        &format!("cat {}", token.display()),
+    )
+    .await;
+    assert_eq!(stdout, "");
+    assert!(stderr.contains("Permission denied"), "{stderr}");
+}
+
+async fn process_info_says_what_was_enforced(ctx: Ctx) {
+    let cwd = TempDir::new("sandbox-cwd");
+    let mut command = Command::new("true");
+    command.current_dir(cwd.path()).sandbox(Sandbox::default());
+    command.limits(Limits {
+        max_pids: Some(50),
+        ..Limits::default()
+    });
+    let process = command.spawn(&ctx.executor).await.expect("start");
+    common::read_until_closed(&process).await;
+    let info = process.info().await.expect("info");
+    let confinement = info.confinement;
+    assert_eq!(confinement.tracking, Tracking::Cgroup);
+    assert_eq!(confinement.not_enforced, Vec::<String>::new());
+    for name in [
+        "cgroup",
+        "filesystem",
+        "network-tcp",
+        "network-sockets",
+        "scope-signals",
+        "scope-abstract-sockets",
+        "no-new-privs",
+        "capabilities",
+        "io-uring",
+        "kernel-calls",
+        "server-isolation",
+        "limit-pids",
+    ] {
+        assert!(
+            confinement.enforced.iter().any(|n| n == name),
+            "{name}: {:?}",
+            confinement.enforced
+        );
+    }
+    assert_eq!(confinement.limits.max_pids, Some(50));
+    let sandbox = confinement.sandbox.expect("sandboxed");
+    let canonical = std::fs::canonicalize(cwd.path()).expect("canonical");
+    assert!(sandbox.writable.contains(&canonical), "{sandbox:?}");
+    assert!(sandbox.read_only.contains(&"/usr".into()), "{sandbox:?}");
+    assert!(sandbox.no_system_roots && sandbox.read_only_cwd);
+    // Unsandboxed: tracked by a cgroup all the same.
+    let process = Command::new("true")
+        .spawn(&ctx.executor)
+        .await
+        .expect("start");
+    common::read_until_closed(&process).await;
+    let info = process.info().await.expect("info");
+    assert_eq!(info.confinement.tracking, Tracking::Cgroup);
+    assert_eq!(info.confinement.sandbox, None);
+    assert_eq!(info.confinement.enforced, vec!["cgroup".to_string()]);
+    assert!(!info.tree_running);
+}
+
+fn alive(pid: u32) -> bool {
+    common::procfs::state(pid).is_some_and(|state| state != 'Z')
+}
+
+/// Starts a child that leaves `setsid sleep 300` behind and exits; the
+/// process, and the pid of what it left.
+async fn leave_a_session_behind(
+    ctx: &Ctx,
+    timeout: Option<Duration>,
+) -> (capexec::client::RemoteProcess, u32) {
+    let mut command = sh("setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $!");
+    if let Some(timeout) = timeout {
+        command.timeout(timeout);
+    }
+    let process = command.spawn(&ctx.executor).await.expect("start");
+    let events = common::read_until_closed(&process).await;
+    let text = String::from_utf8_lossy(&common::output_bytes(&events, None)).into_owned();
+    let pid: u32 = text.trim().parse().expect("pid");
+    assert!(alive(pid));
+    (process, pid)
+}
+
+/// The cgroup2 directory process `pid` is in.
+fn cgroup_dir(pid: u32) -> std::path::PathBuf {
+    let memberships = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
+    let path = memberships
+        .lines()
+        .find_map(|line| line.strip_prefix("0::"))
+        .expect("a cgroup2 membership");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let mount = mounts
+        .lines()
+        .find(|line| line.contains(" - cgroup2 "))
+        .and_then(|line| line.split(' ').nth(4))
+        .expect("a cgroup2 mount");
+    std::path::PathBuf::from(format!("{mount}{path}"))
+}
+
+async fn what_leaves_with_setsid_stays_counted_and_dies_with_terminate(ctx: Ctx) {
+    let (process, pid) = leave_a_session_behind(&ctx, None).await;
+    let leaf = cgroup_dir(pid);
+    assert!(
+        leaf.file_name()
+            .is_some_and(|name| name.to_string_lossy().starts_with("p-"))
+    );
+    let info = process.info().await.expect("info");
+    assert!(info.exit.is_some());
+    assert!(info.tree_running, "the session it left is part of its tree");
+    process.terminate().await.expect("terminate");
+    common::procfs::wait_until(|| !alive(pid)).await;
+    let mut info = process.info().await.expect("info");
+    while info.tree_running {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        info = process.info().await.expect("info");
+    }
+    // Nothing of it is left once it is released: not even its cgroup.
+    drop(process);
+    common::procfs::wait_until(|| !leaf.exists()).await;
+}
+
+async fn what_leaves_with_setsid_dies_with_release(ctx: Ctx) {
+    let (process, pid) = leave_a_session_behind(&ctx, None).await;
+    let leaf = cgroup_dir(pid);
+    assert!(leaf.exists());
+    drop(process);
+    common::procfs::wait_until(|| !alive(pid)).await;
+    common::procfs::wait_until(|| !leaf.exists()).await;
+}
+
+async fn what_leaves_with_setsid_dies_at_the_timeout(ctx: Ctx) {
+    let (_process, pid) = leave_a_session_behind(&ctx, Some(Duration::from_millis(500))).await;
+    common::procfs::wait_until(|| !alive(pid)).await;
+}
+
+async fn a_pids_limit_stops_a_fork_bomb(ctx: Ctx) {
+    // Forks until it cannot (dash then gives up with "Cannot fork").
+    let mut command = sh(
+        "n=0; while [ $n -lt 200 ]; do sleep 300 </dev/null >/dev/null 2>&1 & n=$((n+1)); done; echo never",
+    );
+    command.limits(Limits {
+        max_pids: Some(16),
+        ..Limits::default()
+    });
+    let output = command.output(&ctx.executor).await.expect("start");
+    assert_eq!(output.exit.status, ExitStatus::Code(2));
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "");
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("Cannot fork"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+async fn a_memory_hog_is_reported_as_killed_by_the_memory_limit(ctx: Ctx) {
+    let mut command = sh("head -c 300M /dev/zero | tail > /dev/null");
+    command.limits(Limits {
+        memory_bytes: Some(32 << 20),
+        ..Limits::default()
+    });
+    let output = command.output(&ctx.executor).await.expect("start");
+    assert!(output.exit.killed_by_memory_limit, "{:?}", output.exit);
+    assert_eq!(output.exit.status.shell_code(), 137);
+    // Killed by SIGKILL without a memory limit: not a memory-limit kill.
+    let output = sh("kill -9 $$").output(&ctx.executor).await.expect("start");
+    assert!(!output.exit.killed_by_memory_limit);
+    assert_eq!(
+        output.exit.status,
+        ExitStatus::Killed {
+            signal: Some(Signal::Kill),
+            number: libc::SIGKILL,
+            core_dumped: false
+        }
+    );
+}
+
+/// The CPU quota of process `pid`'s cgroup, per 100 ms period, in
+/// microseconds: cgroup2's `cpu.max` or v1's `cpu.cfs_quota_us`.
+fn cpu_quota(pid: u32) -> Option<String> {
+    let memberships = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mount_of = |v2: bool| {
+        mounts.lines().find_map(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let separator = fields.iter().position(|field| *field == "-")?;
+            let (kind, options) = (fields[separator + 1], fields[separator + 3]);
+            let wanted = if v2 {
+                kind == "cgroup2"
+            } else {
+                kind == "cgroup" && options.split(',').any(|option| option == "cpu")
+            };
+            wanted.then(|| fields[4].to_string())
+        })
+    };
+    for line in memberships.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        if controllers.split(',').any(|controller| controller == "cpu") {
+            let dir = format!("{}{path}", mount_of(false)?);
+            return std::fs::read_to_string(format!("{dir}/cpu.cfs_quota_us"))
+                .ok()
+                .map(|quota| quota.trim().to_string());
+        }
+        if controllers.is_empty()
+            && let Some(mount) = mount_of(true)
+            && let Ok(max) = std::fs::read_to_string(format!("{mount}{path}/cpu.max"))
+            && !max.starts_with("max")
+        {
+            return max.split_whitespace().next().map(str::to_string);
+        }
+    }
+    None
+}
+
+async fn a_cpu_limit_sets_the_quota_of_the_tree(ctx: Ctx) {
+    let mut command = Command::new("sleep");
+    command.arg("60").limits(Limits {
+        cpu_millis: Some(500),
+        ..Limits::default()
+    });
+    let process = command.spawn(&ctx.executor).await.expect("start");
+    let pid = process.info().await.expect("info").pid;
+    // Half a CPU: 50 ms in every 100 ms.
+    assert_eq!(cpu_quota(pid).as_deref(), Some("50000"));
+    assert_eq!(
+        process
+            .info()
+            .await
+            .expect("info")
+            .confinement
+            .limits
+            .cpu_millis,
+        Some(500)
+    );
+    process.terminate().await.expect("terminate");
+}
+
+async fn a_restricted_executor_with_a_sandbox_refuses_to_widen_it(ctx: Ctx) {
+    let cwd = TempDir::new("sandbox-cwd");
+    let allowed = TempDir::new("sandbox-allowed");
+    let other = TempDir::new("sandbox-other");
+    let policy = Policy {
+        sandbox: Some(Sandbox {
+            writable: vec![allowed.path().to_path_buf()],
+            ..Sandbox::default()
+        }),
+        limits: Limits {
+            max_pids: Some(40),
+            ..Limits::default()
+        },
+        ..Policy::default()
+    };
+    let restricted = capexec::client::restrict(&ctx.executor, &policy);
+    // A start without a sandbox gets the policy's.
+    let mut command = sh(&format!(
+        "echo a > {}/f && echo allowed; echo b > {}/f || echo refused",
+        allowed.path().display(),
+        other.path().display()
+    ));
+    command.current_dir(cwd.path());
+    let process = command.spawn(&restricted).await.expect("start");
+    let events = common::read_until_closed(&process).await;
+    assert_eq!(
+        String::from_utf8_lossy(&common::output_bytes(
+            &events,
+            Some(capexec::model::OutputStream::Stdout)
+        )),
+        "allowed\nrefused\n"
+    );
+    let info = process.info().await.expect("info");
+    assert_eq!(info.confinement.limits.max_pids, Some(40));
+    // Asking for more than the policy allows is refused, naming it.
+    for sandbox in [
+        Sandbox {
+            writable: vec![other.path().to_path_buf()],
+            ..Sandbox::default()
+        },
+        Sandbox {
+            network: Network::All,
+            ..Sandbox::default()
+        },
+    ] {
+        let mut command = Command::new("true");
+        command.current_dir(cwd.path()).sandbox(sandbox);
+        let error = command.output(&restricted).await.expect_err("wider");
+        assert_eq!(
+            error.refusal_kind(),
+            Some(RefusalKind::NotAllowed),
+            "{error}"
+        );
+    }
+    // Restricting again cannot widen it either.
+    let wider = Policy {
+        sandbox: Some(Sandbox {
+            network: Network::All,
+            ..Sandbox::default()
+        }),
+        ..Policy::default()
+    };
+    let error = capexec::client::info(&capexec::client::restrict(&restricted, &wider))
+        .await
+        .expect_err("wider");
+    assert_eq!(
+        error.refusal_kind(),
+        Some(RefusalKind::NotAllowed),
+        "{error}"
+    );
+    // Limits only get smaller.
+    let smaller = Policy {
+        limits: Limits {
+            max_pids: Some(1000),
+            ..Limits::default()
+        },
+        ..Policy::default()
+    };
+    let narrower = capexec::client::restrict(&restricted, &smaller);
+    let mut command = Command::new("true");
+    command.current_dir(cwd.path());
+    let process = command.spawn(&narrower).await.expect("start");
+    common::read_until_closed(&process).await;
+    assert_eq!(
+        process
+            .info()
+            .await
+            .expect("info")
+            .confinement
+            .limits
+            .max_pids,
+        Some(40)
+    );
+}
+
+backend_tests!(
+    writes_outside_the_writable_roots_fail_and_inside_succeed,
+    reads_outside_the_read_roots_fail,
+    without_network_only_unix_sockets_work,
+    abstract_sockets_made_outside_are_out_of_reach,
+    a_sandboxed_terminal_works,
+    a_root_child_has_no_capabilities_and_is_filtered,
+    a_sandboxed_child_cannot_reach_the_server,
+    process_info_says_what_was_enforced,
+    what_leaves_with_setsid_stays_counted_and_dies_with_terminate,
+    what_leaves_with_setsid_dies_with_release,
+    what_leaves_with_setsid_dies_at_the_timeout,
+    a_pids_limit_stops_a_fork_bomb,
+    a_memory_hog_is_reported_as_killed_by_the_memory_limit,
+    a_cpu_limit_sets_the_quota_of_the_tree,
+    a_restricted_executor_with_a_sandbox_refuses_to_widen_it,
+);
+
+/// Only TCP servers have a login token.
+mod token {
+    use super::no_sandbox_may_read_the_login_token;
+    backend_tests!(on [tcp]: no_sandbox_may_read_the_login_token);
+}
