@@ -21,6 +21,8 @@
 #     unsupported, unavailable, spawn-failed, unknown-token,
 #     upstream-unavailable, unknown-environment, not-allowed, limit
 #     (see `Executor.start`, which can raise most of them);
+#     socket-failed    a socket operation of `dial` or `listen` failed on
+#                      the executor's machine (see `Executor.dial`);
 #     forbidden        an attenuated capability may not make this call
 #                      (see `Process.observer`);
 #     unauthenticated  a refused login (see `Gatekeeper.login`);
@@ -222,6 +224,61 @@ interface Executor {
   # path and then used by path, so whoever can change the file system under
   # them at that moment can race the check, and an allowed program in a
   # writable directory can be rewritten.
+
+  reserved6 @6 ();
+  # Reserved for a method of its own; servers of this version answer
+  # `unimplemented`.
+
+  dial @7 (address :Text, fromSocket :PortSink)
+      -> (connection :PortConnection, toSocket :PortSink, info :PortConnectionInfo);
+  # Opens a connection to `address` from the executor's machine (see
+  # "Ports" below for addresses, the two sinks and the connection's life)
+  # and returns once it is connected: what the socket's peer sends goes to
+  # `fromSocket`, what is written to `toSocket` goes to the peer. Calls
+  # pipelined on `toSocket` wait for the connection. A host name is
+  # resolved on the executor's machine and its addresses are tried in turn
+  # (only those a restricted executor allows); connecting must take at most
+  # 30 s in all.
+  #
+  # Errors: `[capexec:invalid-argument]` for a malformed address;
+  # `[capexec:not-allowed]` for an address a restricted executor does not
+  # allow (the description names the rule: `ports.dial`);
+  # `[capexec:socket-failed]` when the name does not resolve or no address
+  # accepts the connection (refused, unreachable, timed out), with the
+  # operating system's reason; `[capexec:limit]` when the connection
+  # already holds its maximum of port connections (`capexec serve
+  # --max-streams-per-connection`, 1024 by default) or the server is out of
+  # file descriptors.
+  #
+  # Through a forwarding executor the call is forwarded, pipelined like
+  # `start`, and each hop relays both sinks with flow control of its own,
+  # so a slow reader anywhere holds the writer back and no hop buffers more
+  # than a window per direction. If a link of the chain breaks, the
+  # connections crossing it fail: `fromSocket` gets `fail` with a reason
+  # that names the lost upstream, and calls on `toSocket` fail with
+  # `[capexec:upstream-unavailable]`; the far end resets the socket.
+
+  listen @8 (address :Text, acceptor :PortAcceptor)
+      -> (listener :PortListener, address :Text);
+  # Listens on `address` on the executor's machine (`tcp:HOST:0` lets the
+  # kernel choose a free port; a host name is resolved and its first
+  # address used) and hands each accepted connection to
+  # `acceptor.accept`. Returns the address it listens on (with the port
+  # chosen). Holding `listener` keeps the socket listening; releasing it
+  # closes the socket, removes a Unix socket's file, and resets every
+  # connection it accepted that is still open. A Unix socket path must not
+  # exist yet.
+  #
+  # At most 16 accepts wait for the acceptor's answer at once; while that
+  # many are waiting, or while the connection holds its maximum of port
+  # connections, new connections wait in the kernel's backlog instead of
+  # being dropped.
+  #
+  # Errors: as `dial` (the rule is `ports.listen`), with
+  # `[capexec:socket-failed]` for an address in use or one the server may
+  # not bind; `[capexec:limit]` when the connection already holds its
+  # maximum of listeners (`capexec serve --max-listeners-per-connection`,
+  # 64 by default). Through a forwarding executor as `dial`.
 }
 
 struct Policy {
@@ -279,6 +336,17 @@ struct Policy {
   # `StartParams.timeoutMs`, which it caps) this long after its start: a
   # start without a timeout, or with a longer one, gets this one. 0: no
   # limit of its own.
+
+  reserved7 @7 :Void;
+  reserved8 @8 :Void;
+  # Reserved for rules of their own.
+
+  ports @9 :PortPolicy;
+  # Which addresses `dial` and `listen` may use on this executor. Null: what
+  # the executor being restricted allows (for an unrestricted one, any
+  # address), except in a policy that restricts `programs`: then none,
+  # unless this field says otherwise (a program that may run only `make`
+  # should not reach the network through the executor either).
 }
 
 struct ExecutorInfo {
@@ -293,7 +361,8 @@ struct ExecutorInfo {
   #   `Executor.restore`), "facets" (`Process.observer` and
   #   `Process.stdinWriter`), "timeout" (`StartParams.timeoutMs`), "usage"
   #   (`ExitStatus.usage`), "restrict" (`Executor.restrict`; listed by a
-  #   restricted executor as "restricted" too).
+  #   restricted executor as "restricted" too), "ports" (`Executor.dial`,
+  #   `Executor.listen`).
   # Clients must ignore names they do not know.
 
   os @2 :Text;
@@ -575,6 +644,7 @@ interface Process {
   # the writer types into the terminal, so it can send the terminal's
   # interrupt, quit and suspend characters: hand one out only where that is
   # meant.
+
 }
 
 struct ReadResult {
@@ -784,4 +854,131 @@ struct ProcessInfo {
   timedOut @14 :Bool;
   # The process's `timeoutMs` expired before it exited, and it was
   # terminated for it (the same as `exit.exited.timedOut` once it exited).
+}
+
+# ---------------------------------------------------------------------------
+# Ports: connections and listeners on the executor's machine
+# ---------------------------------------------------------------------------
+#
+# `Executor.dial` and `Executor.listen` open sockets on the
+# machine where the executor runs its processes, as `ssh -L` and `ssh -R`
+# do. Addresses are text:
+#   tcp:HOST:PORT  HOST is a name (resolved on that machine), an IPv4
+#                  address, or an IPv6 address in brackets ("[::1]");
+#                  PORT is 1 to 65535, or 0 for `listen` (the kernel
+#                  chooses a free port);
+#   unix:PATH      an absolute path to a Unix stream socket (abstract
+#                  names are not supported).
+# At most 4096 bytes; anything else fails with [capexec:invalid-argument].
+#
+# A connection's bytes travel in two directions, each through a `PortSink`
+# implemented by whoever receives them: `toSocket` is the server's (what
+# is written to it goes to the socket's peer), `fromSocket` the client's
+# (the server writes what the socket's peer sent into it). `dial` takes
+# `fromSocket` and returns `toSocket`; a listener hands an accepted
+# connection's `toSocket` to `PortAcceptor.accept`, which returns its
+# `fromSocket`. Both directions are independent: half-closing one (`end`,
+# which the socket's peer reads as end of file, or a peer's
+# shutdown(SHUT_WR), which arrives as `end`) leaves the other going.
+#
+# Flow control: every `write` returns once its receiver has taken the
+# bytes (the server: once they are in the socket), so a sender that keeps
+# a bounded window of writes unanswered (capnp's `-> stream` flow control
+# does) is held back by a slow reader, and no hop buffers more than that.
+# capexec's own senders keep at most 1 MiB per direction unanswered, less
+# when many connections share one Cap'n Proto connection (16 MiB in all,
+# shared fairly, at least 16 KiB each), and write at most 64 KiB per call.
+#
+# Failures are never a clean end of file: a connection reset by its peer,
+# a failed read or write, a `fail` from the client, the client's
+# `fromSocket` failing or being released, or the release of the
+# `PortConnection` or the `PortListener` it came from, reset the socket (TCP: RST, so the socket's peer reads
+# ECONNRESET; a Unix socket's peer sees it closed) and report the failure
+# on both sinks: `fromSocket` gets `fail` with the reason, and calls on
+# `toSocket` fail with `[capexec:socket-failed]` and the reason.
+
+interface PortSink {
+  # One direction of a connection's bytes, implemented by the receiver.
+
+  write @0 (bytes :Data) -> stream;
+  # The next bytes, at most 1 MiB (more fails with
+  # `[capexec:invalid-argument]`, and the sink is broken). Returns once the
+  # receiver has taken them. Once a write fails, every later call on the
+  # sink fails the same way.
+
+  end @1 ();
+  # No more bytes in this direction, after every earlier write. On
+  # `toSocket` the server shuts the socket down for writing (its peer
+  # reads end of file) and answers once it has; on `fromSocket` it says
+  # that the socket's peer did so. Later writes fail with
+  # `[capexec:invalid-argument]`; a second `end` is a no-op.
+
+  fail @2 (reason :Text);
+  # This direction broke (after every earlier write): the receiver reports
+  # an error with `reason`, never end of file. From a client on
+  # `toSocket`, it resets the connection.
+}
+
+interface PortConnection {
+  # One connection on the executor's machine, from `dial` or a listener.
+  # Holding it keeps the connection open (a connection counts against its
+  # Cap'n Proto connection's limit until it is released). Releasing it
+  # resets the socket unless both directions have ended cleanly (`end` in
+  # both), in which case the server has already closed it.
+}
+
+struct PortConnectionInfo {
+  local @0 :Text;
+  # The socket's own address on the executor's machine
+  # ("tcp:127.0.0.1:40312"; for an unnamed Unix socket, "unix:").
+
+  peer @1 :Text;
+  # The address of the socket's peer: for `dial`, the address connected
+  # to (its host resolved, "tcp:127.0.0.1:5432"); for an accepted
+  # connection, where it came from ("unix:" when unnamed).
+}
+
+interface PortListener {
+  # A listening socket on the executor's machine (see `Executor.listen`).
+  # Releasing it closes the socket and resets the connections it accepted.
+}
+
+interface PortAcceptor {
+  # Implemented by the client that called `listen`.
+
+  accept @0 (connection :PortConnection, toSocket :PortSink, info :PortConnectionInfo)
+      -> (fromSocket :PortSink);
+  # A connection the listener accepted. Return the sink its bytes go to;
+  # nothing is read from the socket before the answer. Throwing (or
+  # returning no sink) resets the connection; the listener goes on.
+}
+
+struct PortPolicy {
+  # Which addresses a restricted executor may dial and listen on. Each
+  # list holds patterns; an address is allowed if a pattern matches it:
+  #   tcp:HOSTS:PORTS  HOSTS is "*" (any), an IP address ("127.0.0.1",
+  #                    "[::1]"), a block ("10.0.0.0/8", "[fd00::/8]") or
+  #                    "localhost" (127.0.0.0/8 and ::1); host names are
+  #                    refused, since what they resolve to can change: a
+  #                    dial's host is resolved first and only the addresses
+  #                    a pattern matches are tried. PORTS is "*", a port,
+  #                    or a range ("8000-8999"); a listen on port 0 needs
+  #                    "*".
+  #   unix:PATH        that socket; "unix:DIR/" (a trailing slash) any
+  #                    socket in DIR or below. Symlinks in the pattern's
+  #                    path are resolved when `restrict` is called (the
+  #                    path must exist), and those of a dial's or listen's
+  #                    path when it is checked.
+  # A list of at most 1,024 patterns; a pattern that cannot be read fails
+  # `restrict` with `[capexec:invalid-argument]`. When the executor being
+  # restricted has a list, each new pattern must lie within one of its
+  # patterns, or `restrict` fails with `[capexec:not-allowed]`.
+
+  dial @0 :List(Text);
+  # Addresses `dial` may connect to. Null: no rule of its own (but see
+  # `Policy.ports`); empty: none.
+
+  listen @1 :List(Text);
+  # Addresses `listen` may listen on. Null: no rule of its own; empty:
+  # none.
 }

@@ -5,6 +5,8 @@
 //! - [`model`]: the values every layer speaks (specs, policies, events,
 //!   exits, signals, the tagged [`model::Refusal`]); depends on nothing else;
 //! - [`engine`]: the local process engine, plain tokio code over the model;
+//! - [`ports`]: connections and listeners on this machine (dial, listen,
+//!   splice), plain tokio code over the model;
 //! - [`wire`]: conversions between the model and the Cap'n Proto types;
 //! - [`rpc`]: the Cap'n Proto server objects over the engine;
 //! - [`client`]: a typed client over the Cap'n Proto capabilities;
@@ -17,6 +19,7 @@ pub mod client;
 pub mod engine;
 pub mod model;
 pub mod net;
+pub mod ports;
 pub mod rpc;
 pub mod secret;
 pub mod wire;

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use capexec::model::{Policy, RuleNames};
+use capexec::model::{Policy, PortPolicy, RuleNames};
 
 #[derive(Args, Debug, Default)]
 #[command(next_help_heading = "Restrictions (every start on every connection)")]
@@ -42,6 +42,17 @@ pub struct RestrictionArgs {
     #[arg(long, value_name = "SECS",
           value_parser = clap::value_parser!(u64).range(1..=31_536_000))]
     max_run_time: Option<u64>,
+    /// Allow `dial` (capexec forward -L) to addresses matching PATTERN:
+    /// tcp:HOSTS:PORTS (HOSTS "*", "localhost", an IP or a block such as
+    /// 10.0.0.0/8; PORTS "*", a port or a range) or unix:PATH ("unix:DIR/"
+    /// for any socket below DIR) (repeatable). Default: any address, or
+    /// none with --allow-program.
+    #[arg(long = "allow-dial", value_name = "PATTERN")]
+    allow_dial: Vec<String>,
+    /// Allow `listen` (capexec forward -R) on addresses matching PATTERN,
+    /// as --allow-dial (repeatable; a listen on port 0 needs PORTS "*").
+    #[arg(long = "allow-listen", value_name = "PATTERN")]
+    allow_listen: Vec<String>,
 }
 
 impl RestrictionArgs {
@@ -93,6 +104,12 @@ impl RestrictionArgs {
             forbid_tty: self.forbid_tty,
             max_processes: self.max_running,
             max_run_time: self.max_run_time.map(std::time::Duration::from_secs),
+            ports: (!self.allow_dial.is_empty() || !self.allow_listen.is_empty()).then(|| {
+                PortPolicy {
+                    dial: (!self.allow_dial.is_empty()).then(|| self.allow_dial.clone()),
+                    listen: (!self.allow_listen.is_empty()).then(|| self.allow_listen.clone()),
+                }
+            }),
             rule_names: RuleNames::Schema,
         };
         if policy == Policy::default() {

@@ -53,6 +53,9 @@ pub struct Rules {
     /// One counter per policy with a `max_processes`, oldest first.
     counters: Vec<Arc<Counter>>,
     labels: Labels,
+    /// Which addresses `dial` and `listen` may use (kept here so that one
+    /// restriction narrows starts and ports together).
+    ports: crate::ports::PortRules,
 }
 
 #[derive(Debug)]
@@ -151,6 +154,11 @@ impl Rules {
     /// These rules narrowed by `policy`, which is resolved now. Refuses a
     /// policy that cannot be resolved, or that asks for more than these
     /// rules allow, rather than silently allowing less than it says.
+    /// What these rules allow `dial` and `listen`.
+    pub fn ports(&self) -> &crate::ports::PortRules {
+        &self.ports
+    }
+
     pub fn narrowed(&self, policy: &Policy) -> Result<Rules, Refusal> {
         if self.depth >= MAX_RESTRICTION_DEPTH {
             return Err(Refusal::new(
@@ -181,6 +189,9 @@ impl Rules {
         }
         let mut rules = self.clone();
         rules.depth += 1;
+        rules.ports =
+            self.ports
+                .narrowed(policy.ports.as_ref(), policy.programs.is_some(), names)?;
         if let Some(programs) = &policy.programs {
             rules.programs = Some(self.narrowed_programs(programs, names)?);
             rules.labels.programs = names;

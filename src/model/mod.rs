@@ -2,10 +2,12 @@
 //! converts them to and from Cap'n Proto, the server objects and the client
 //! hand them on. Nothing here depends on another part of the crate.
 
+mod address;
 mod error;
 mod executor;
 mod exit;
 mod policy;
+mod ports;
 mod process;
 mod signal;
 mod spec;
@@ -13,10 +15,12 @@ mod text;
 
 // Every value is reachable from here, whichever file holds it, so a new
 // one is added to its file alone.
+pub use self::address::*;
 pub use self::error::*;
 pub use self::executor::*;
 pub use self::exit::*;
 pub use self::policy::*;
+pub use self::ports::*;
 pub use self::process::*;
 pub use self::signal::*;
 pub use self::spec::*;

@@ -22,6 +22,8 @@ pub struct Policy {
     pub max_processes: Option<u32>,
     /// Longest run time of each process.
     pub max_run_time: Option<Duration>,
+    /// The addresses ports may use (see [`crate::model::PortPolicy`]).
+    pub ports: Option<crate::model::PortPolicy>,
     /// What refusals call these rules (not on the wire).
     pub rule_names: RuleNames,
 }
@@ -65,6 +67,8 @@ impl RuleNames {
             "forbidTty" => "--forbid-tty",
             "maxProcesses" => "--max-running",
             "maxRunTime" => "--max-run-time",
+            "ports.dial" => "--allow-dial",
+            "ports.listen" => "--allow-listen",
             _ => return None,
         })
     }

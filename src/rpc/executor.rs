@@ -19,7 +19,8 @@ use crate::wire;
 
 /// The features of the schema this server's executors implement (see
 /// `ExecutorInfo.features`); a new `Executor` method adds its name here.
-pub(crate) const EXECUTOR_FEATURES: &[&str] = &["start", "info", "environments", "restrict"];
+pub(crate) const EXECUTOR_FEATURES: &[&str] =
+    &["start", "info", "environments", "restrict", "ports"];
 
 pub struct ExecutorImpl {
     context: Rc<ServerContext>,
@@ -39,6 +40,13 @@ impl ExecutorImpl {
 
     fn engine(&self) -> &Engine {
         self.context.engine()
+    }
+
+    /// What `dial` and `listen` may use: the rules', or any address.
+    fn port_rules(&self) -> &crate::ports::PortRules {
+        static UNRESTRICTED: std::sync::LazyLock<crate::ports::PortRules> =
+            std::sync::LazyLock::new(crate::ports::PortRules::unrestricted);
+        self.rules.as_deref().map_or(&UNRESTRICTED, Rules::ports)
     }
 }
 
@@ -211,5 +219,21 @@ impl executor::Server for ExecutorImpl {
                 Some(Rc::new(rules)),
             )));
         Ok(())
+    }
+
+    async fn dial(
+        self: Rc<Self>,
+        params: executor::DialParams,
+        results: executor::DialResults,
+    ) -> Result<(), capnp::Error> {
+        crate::rpc::ports::dial(self.port_rules(), self.quota.ports(), params, results).await
+    }
+
+    async fn listen(
+        self: Rc<Self>,
+        params: executor::ListenParams,
+        results: executor::ListenResults,
+    ) -> Result<(), capnp::Error> {
+        crate::rpc::ports::listen(self.port_rules(), self.quota.ports(), params, results).await
     }
 }

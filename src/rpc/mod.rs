@@ -8,6 +8,8 @@ mod detach;
 mod executor;
 mod forward;
 mod info;
+mod port_quota;
+mod ports;
 mod process;
 mod quota;
 mod subscription;
@@ -15,6 +17,8 @@ mod subscription;
 pub use self::context::{Link, ServerContext, Upstream, check_names as check_environment_names};
 pub use self::detach::{DEFAULT_RETENTION, Detachments, MAX_GRACE};
 pub use self::executor::{ExecutorImpl, local_executor, restricted_root_executor, root_executor};
+pub use self::port_quota::{MAX_PORT_LISTENERS, MAX_PORT_STREAMS};
+pub use self::ports::MAX_PENDING_ACCEPTS;
 pub use self::process::{MAX_WAIT_MS, ProcessImpl};
 pub use self::quota::Quota;
 

@@ -13,6 +13,8 @@ pub struct Quota(Rc<State>);
 struct State {
     held: Cell<usize>,
     max: Option<usize>,
+    /// The connection's port connections and listeners.
+    ports: crate::rpc::port_quota::PortQuota,
 }
 
 impl Quota {
@@ -21,6 +23,7 @@ impl Quota {
         Quota(Rc::new(State {
             held: Cell::new(0),
             max: None,
+            ports: Default::default(),
         }))
     }
 
@@ -28,7 +31,13 @@ impl Quota {
         Quota(Rc::new(State {
             held: Cell::new(0),
             max: Some(max),
+            ports: Default::default(),
         }))
+    }
+
+    /// The connection's allowance of port connections and listeners.
+    pub(crate) fn ports(&self) -> &crate::rpc::port_quota::PortQuota {
+        &self.0.ports
     }
 
     /// One more process, or the limit's error; the ticket gives it back when

@@ -37,6 +37,15 @@ pub fn policy_from_wire(reader: policy::Reader<'_>) -> Result<Policy, Refusal> {
         .then(|| reader.get_settable_env().and_then(byte_strings))
         .transpose()
         .map_err(|error| malformed("settableEnv", error))?;
+    let ports = reader
+        .has_ports()
+        .then(|| {
+            reader
+                .get_ports()
+                .and_then(crate::wire::port_policy_from_wire)
+        })
+        .transpose()
+        .map_err(|error| malformed("ports", error))?;
     Ok(Policy {
         programs,
         cwd_roots,
@@ -45,6 +54,7 @@ pub fn policy_from_wire(reader: policy::Reader<'_>) -> Result<Policy, Refusal> {
         forbid_tty: reader.get_forbid_tty(),
         max_processes: Some(reader.get_max_processes()).filter(|&max| max > 0),
         max_run_time: limit_from_millis(reader.get_max_run_time_ms()),
+        ports,
         rule_names: RuleNames::Schema,
     })
 }
@@ -76,6 +86,9 @@ pub fn policy_to_wire(policy: &Policy, mut builder: policy::Builder<'_>) {
     builder.set_forbid_tty(policy.forbid_tty);
     builder.set_max_processes(policy.max_processes.unwrap_or(0));
     builder.set_max_run_time_ms(limit_millis(policy.max_run_time));
+    if let Some(ports) = &policy.ports {
+        crate::wire::port_policy_to_wire(ports, builder.init_ports());
+    }
 }
 
 #[cfg(test)]
@@ -102,6 +115,10 @@ mod tests {
             forbid_tty: true,
             max_processes: Some(3),
             max_run_time: Some(Duration::from_millis(1500)),
+            ports: Some(crate::model::PortPolicy {
+                dial: Some(vec!["tcp:127.0.0.1:5432".into()]),
+                listen: None,
+            }),
             rule_names: RuleNames::Schema,
         };
         assert_eq!(round_trip(&policy), policy);

@@ -17,6 +17,7 @@ mod facets;
 mod handles;
 mod hostile_bytes;
 mod network;
+mod ports;
 mod process_contract;
 mod recovery;
 mod resource_usage;
