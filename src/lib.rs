@@ -6,7 +6,7 @@
 //!   exits, signals, the tagged [`model::Refusal`]); depends on nothing else;
 //! - [`engine`]: the local process engine, plain tokio code over the model;
 //! - [`ports`]: connections and listeners on this machine (dial, listen,
-//!   splice), plain tokio code over the model;
+//!   the rules of a restricted executor), plain tokio code over the model;
 //! - [`wire`]: conversions between the model and the Cap'n Proto types;
 //! - [`rpc`]: the Cap'n Proto server objects over the engine;
 //! - [`client`]: a typed client over the Cap'n Proto capabilities;

@@ -3,6 +3,8 @@
 mod argument_error;
 mod capacity;
 mod duration;
+mod forward;
+mod forward_spec;
 mod input;
 mod inspect;
 mod local_terminal;
@@ -73,6 +75,7 @@ enum Command {
     /// Show what an executor reports about itself: version, features, OS,
     /// hostname, shell, working and temporary directories.
     Info(InfoArgs),
+    Forward(ForwardArgs),
 }
 
 #[derive(Args, Clone, Debug)]
@@ -109,6 +112,44 @@ pub struct ConnectArgs {
     /// within 1.2 times SECS. 0 turns it off. Default: 15.
     #[arg(long, value_name = "SECS", value_parser = duration::parse)]
     keepalive: Option<std::time::Duration>,
+}
+
+/// Forward ports through the executor, like `ssh -L` and `ssh -R`
+///
+/// Runs until interrupted (SIGINT, SIGTERM or SIGHUP: exit 0).
+/// Prints one line on stdout per forward once it listens, with the address
+/// it listens on (the port chosen when 0 was asked for):
+///
+///   -L tcp:127.0.0.1:8080 -> tcp:localhost:80
+///   -R tcp:127.0.0.1:9000 -> tcp:localhost:3000
+///
+/// and one line on stderr per connection that failed, as
+/// `capexec: -L LISTEN -> TARGET: connection from PEER failed: REASON`.
+/// A connection whose two directions both end cleanly prints nothing.
+/// Exits 125 if a forward cannot be set up or the connection to the server
+/// is lost (the connections through it are reset).
+#[derive(Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct ForwardArgs {
+    #[command(flatten)]
+    connect: ConnectArgs,
+    /// Forward through this environment of the server (NAME, or
+    /// NAME/NAME... through several hops) instead of its default one.
+    #[arg(long, value_name = "NAME")]
+    environment: Option<String>,
+    /// Listen here on [BIND_ADDRESS:]PORT (loopback unless BIND_ADDRESS is
+    /// given; "*" for every interface) or unix:PATH, and connect each
+    /// connection to HOST:HOSTPORT (or unix:PATH) from the executor's
+    /// machine (repeatable).
+    #[arg(short = 'L', value_name = "[BIND_ADDRESS:]PORT:HOST:HOSTPORT",
+          value_parser = forward_spec::parse)]
+    local: Vec<forward_spec::ForwardSpec>,
+    /// Listen on the executor's machine on [BIND_ADDRESS:]PORT (loopback
+    /// unless given; PORT 0: any free port) or unix:PATH, and connect each
+    /// connection to HOST:HOSTPORT (or unix:PATH) from here (repeatable).
+    #[arg(short = 'R', value_name = "[BIND_ADDRESS:]PORT:HOST:HOSTPORT",
+          value_parser = forward_spec::parse)]
+    remote: Vec<forward_spec::ForwardSpec>,
 }
 
 #[derive(Args, Debug)]
@@ -317,6 +358,10 @@ pub fn main() -> i32 {
             logging::init(tracing::Level::WARN, logging::Style::Client);
             inspect::info_main(args.connect, args.environment)
         }
+        Command::Forward(args) => {
+            logging::init(tracing::Level::WARN, logging::Style::Client);
+            forward::main(args)
+        }
     }
 }
 
@@ -327,9 +372,9 @@ fn argument_failure(error: &clap::Error) -> i32 {
         let _ = error.print();
         return 0;
     }
-    let subcommand = std::env::args()
-        .nth(1)
-        .filter(|name| ["run", "shell", "serve", "environments", "info"].contains(&name.as_str()));
+    let subcommand = std::env::args().nth(1).filter(|name| {
+        ["run", "shell", "serve", "environments", "info", "forward"].contains(&name.as_str())
+    });
     eprintln!(
         "capexec: {}",
         argument_error::one_line(error, subcommand.as_deref())

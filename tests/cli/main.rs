@@ -11,6 +11,7 @@ mod common;
 mod chain;
 mod deadlines;
 mod errors;
+mod forward;
 mod habits;
 mod network;
 mod output;

@@ -515,3 +515,77 @@ backend_tests!(
     restricted_executors_allow_only_the_addresses_of_their_rule,
     a_connection_holds_at_most_its_maximum_of_listeners,
 );
+
+/// Client -> A -> (proxy) -> B: cutting the link between A and B fails the
+/// connections crossing it at both ends, as errors.
+#[test]
+fn a_cut_link_fails_the_connections_crossing_it() {
+    use capexec::net::{Address, UpstreamConfig};
+    use common::proxy::Proxy;
+    use common::server::ServerThread;
+    common::run_local(async {
+        let far = ServerThread::start(false);
+        let dir = TempDir::new("ports-cut");
+        let Address::Unix(far_path) = &far.address else {
+            unreachable!("a unix server")
+        };
+        let proxy =
+            Proxy::start(&dir.path().join("link.sock"), far_path, Duration::ZERO).expect("proxy");
+        let front_dir = TempDir::new("ports-front");
+        let listen = vec![Address::Unix(front_dir.path().join("capexec.sock"))];
+        let upstream = UpstreamConfig::new(
+            "b",
+            Address::Unix(proxy.path().to_path_buf()),
+            far.token.clone(),
+        );
+        let front = ServerThread::start_forwarding(front_dir, listen, vec![upstream], Some("b"));
+        let connection = capexec::net::connect(&front.address, front.token.as_ref())
+            .await
+            .expect("connect");
+        let executor = connection.executor();
+
+        let (listener, address) = peer().await;
+        let far_end = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.expect("accept");
+            socket.write_all(b"hello").await.expect("write");
+            let mut rest = Vec::new();
+            socket.read_to_end(&mut rest).await.map(|_| rest)
+        });
+        let mut stream = client::dial(&executor, &address).await.expect("dial");
+        let mut five = [0u8; 5];
+        stream.read_exact(&mut five).await.expect("read");
+        assert_eq!(&five, b"hello");
+        stream.write_all(b"before").await.expect("write");
+        stream.flush().await.expect("flush");
+
+        proxy.cut();
+        let error = read_all(&mut stream)
+            .await
+            .expect_err("an error, not end of file");
+        assert_eq!(
+            error.kind(),
+            std::io::ErrorKind::ConnectionAborted,
+            "{error}"
+        );
+        assert!(error.to_string().contains("lost"), "{error}");
+        let mut failed = None;
+        for _ in 0..1000 {
+            let attempt = async {
+                stream.write_all(b"after").await?;
+                stream.flush().await
+            };
+            if let Err(error) = attempt.await {
+                failed = Some(error);
+                break;
+            }
+        }
+        let error = failed.expect("writes after the cut fail");
+        assert!(!error.to_string().is_empty());
+        // The far server lost its client: it resets the socket.
+        let error = far_end
+            .await
+            .expect("peer")
+            .expect_err("the peer reads a reset");
+        assert_eq!(error.kind(), std::io::ErrorKind::ConnectionReset, "{error}");
+    });
+}

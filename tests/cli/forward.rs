@@ -1,0 +1,214 @@
+//! `capexec forward -L` and `-R` end to end: a real TCP client and server
+//! on either side of a `capexec serve`, the lines printed, failures
+//! reported per connection, and the end on a signal or a lost server.
+
+use crate::common;
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::thread::JoinHandle;
+
+use common::cli::{Served, Watched, kill, text};
+use common::data::Pattern;
+
+/// A TCP server that answers one connection: reads to end of file, then
+/// writes back the length it read and the bytes reversed, and closes.
+fn answering_server() -> (u16, JoinHandle<Vec<u8>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    let server = std::thread::spawn(move || {
+        let (mut socket, _) = listener.accept().expect("accept");
+        let mut got = Vec::new();
+        socket
+            .read_to_end(&mut got)
+            .expect("read to the client's end");
+        // Half-closed by the client: this direction still works.
+        socket
+            .write_all(format!("{} bytes:", got.len()).as_bytes())
+            .expect("write");
+        let reversed: Vec<u8> = got.iter().rev().copied().collect();
+        socket.write_all(&reversed).expect("write");
+        got
+    });
+    (port, server)
+}
+
+/// The one line a forward prints, and the port it listens on.
+fn listening_port(forward: &Watched, prefix: &str) -> (String, u16) {
+    forward.wait_for_stdout("\n");
+    let out = forward.stdout_text();
+    let line = out
+        .lines()
+        .find(|line| line.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no line starting {prefix:?}: {out:?}"))
+        .to_string();
+    let listen = line[prefix.len()..].split(' ').next().expect("address");
+    let port = listen
+        .rsplit(':')
+        .next()
+        .expect("port")
+        .parse()
+        .expect("a port");
+    (line, port)
+}
+
+/// Sends `data`, half-closes, and reads the answer to its end.
+fn exchange(port: u16, data: &[u8]) -> Vec<u8> {
+    let mut socket = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    socket.write_all(data).expect("write");
+    socket.shutdown(Shutdown::Write).expect("half-close");
+    let mut answer = Vec::new();
+    socket.read_to_end(&mut answer).expect("read the answer");
+    answer
+}
+
+fn expected_answer(data: &[u8]) -> Vec<u8> {
+    let mut answer = format!("{} bytes:", data.len()).into_bytes();
+    answer.extend(data.iter().rev());
+    answer
+}
+
+#[test]
+fn forward_l_carries_connections_to_the_executors_machine() {
+    let served = Served::start();
+    let (port, server) = answering_server();
+    let dead = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let dead_port = dead.local_addr().expect("address").port();
+    drop(dead);
+    let forward = Watched::spawn(served.command(
+        "forward",
+        &[
+            "--connect",
+            &served.unix,
+            "-L",
+            &format!("0:127.0.0.1:{port}"),
+            "-L",
+            &format!("localhost:0:127.0.0.1:{dead_port}"),
+        ],
+    ));
+    forward.wait_for_stdout(&format!("-> tcp:127.0.0.1:{dead_port}\n"));
+    let (line, local) = listening_port(&forward, "-L ");
+    assert_eq!(
+        line,
+        format!("-L tcp:127.0.0.1:{local} -> tcp:127.0.0.1:{port}")
+    );
+    let data = Pattern::bytes(7, 3 << 20);
+    assert_eq!(exchange(local, &data), expected_answer(&data));
+    assert_eq!(server.join().expect("server"), data);
+
+    // A connection the far end refuses: reset here, and one line.
+    let out = forward.stdout_text();
+    let dead_line = out.lines().nth(1).expect("second line").to_string();
+    let dead_local: u16 = dead_line[3..]
+        .split(' ')
+        .next()
+        .and_then(|address| address.rsplit(':').next())
+        .and_then(|port| port.parse().ok())
+        .expect("port");
+    let mut socket = TcpStream::connect(("127.0.0.1", dead_local)).expect("connect");
+    let client_port = socket.local_addr().expect("address").port();
+    let mut rest = Vec::new();
+    let error = socket.read_to_end(&mut rest).expect_err("reset");
+    assert_eq!(error.kind(), std::io::ErrorKind::ConnectionReset, "{error}");
+    forward.wait_for_stderr("\n");
+    kill(&forward.child, libc::SIGINT);
+    let done = forward.finish();
+    assert_eq!(done.code, 0, "{}", text(&done.stderr));
+    assert_eq!(
+        text(&done.stderr),
+        format!(
+            "capexec: -L tcp:127.0.0.1:{dead_local} -> tcp:127.0.0.1:{dead_port}: connection from \
+             tcp:127.0.0.1:{client_port} failed: cannot connect to tcp:127.0.0.1:{dead_port}: \
+             Connection refused\n"
+        )
+    );
+}
+
+#[test]
+fn forward_r_listens_on_the_executors_machine() {
+    let served = Served::start();
+    let (port, server) = answering_server();
+    let token = served.token_arg();
+    let forward = Watched::spawn(served.command(
+        "forward",
+        &[
+            "--connect",
+            &served.tcp,
+            "--token-file",
+            &token,
+            "-R",
+            &format!("0:localhost:{port}"),
+        ],
+    ));
+    let (line, remote) = listening_port(&forward, "-R ");
+    assert_eq!(
+        line,
+        format!("-R tcp:127.0.0.1:{remote} -> tcp:localhost:{port}")
+    );
+    let data = Pattern::bytes(8, 2 << 20);
+    assert_eq!(exchange(remote, &data), expected_answer(&data));
+    assert_eq!(server.join().expect("server"), data);
+    kill(&forward.child, libc::SIGTERM);
+    let done = forward.finish();
+    assert_eq!(done.code, 0, "{}", text(&done.stderr));
+    assert_eq!(text(&done.stderr), "");
+    // The listener went with it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while TcpStream::connect(("127.0.0.1", remote)).is_ok() {
+        assert!(std::time::Instant::now() < deadline, "still listening");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn forward_ends_with_125_when_the_server_is_lost() {
+    let mut served = Served::start();
+    let forward = Watched::spawn(served.command(
+        "forward",
+        &[
+            "--connect",
+            &served.unix,
+            "-R",
+            "unix:/nonexistent-dir/x.sock:h:1",
+        ],
+    ));
+    let done = forward.finish();
+    assert_eq!(done.code, 125);
+    let stderr = text(&done.stderr);
+    assert!(
+        stderr.starts_with("capexec: -R unix:/nonexistent-dir/x.sock -> tcp:h:1: "),
+        "{stderr}"
+    );
+
+    let forward = Watched::spawn(served.command(
+        "forward",
+        &["--connect", &served.unix, "-L", "0:127.0.0.1:9"],
+    ));
+    forward.wait_for_stdout("\n");
+    let _ = served.child.kill();
+    let _ = served.child.wait();
+    let done = forward.finish();
+    assert_eq!(done.code, 125, "{}", text(&done.stderr));
+    assert_eq!(
+        text(&done.stderr),
+        "capexec: the connection to the server was lost\n"
+    );
+}
+
+#[test]
+fn forward_refuses_malformed_specs_in_one_line() {
+    let served = Served::start();
+    let done = common::cli::finish(served.command("forward", &["-L", "8080:host"]), None);
+    assert_eq!(done.code, 125);
+    assert_eq!(
+        text(&done.stderr),
+        "capexec: -L expected [BIND_ADDRESS:]PORT:HOST:HOSTPORT (either side may be unix:PATH) \
+         (see capexec forward --help)\n"
+    );
+    let done = common::cli::finish(served.command("forward", &[]), None);
+    assert_eq!(done.code, 125);
+    assert_eq!(
+        text(&done.stderr),
+        "capexec: nothing to forward: give -L or -R (see capexec forward --help)\n"
+    );
+}
