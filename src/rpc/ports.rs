@@ -23,15 +23,10 @@ use crate::capexec_capnp::{port_acceptor, port_connection, port_listener, port_s
 use crate::model::{PortUse, Refusal, RefusalKind, excerpt, io_message, port_address};
 use crate::ports::{Listening, PortRules, Socket, socket_failure};
 use crate::rpc::port_quota::{PortQuota, PortTicket};
-use crate::wire::{self, MAX_PORT_WRITE_BYTES, PORT_WINDOW_BYTES, PortSender};
+use crate::wire::{self, MAX_PORT_WRITE_BYTES, PortSender};
 
 /// Accepted connections waiting for the acceptor's answer at once.
 pub const MAX_PENDING_ACCEPTS: usize = 16;
-
-/// Bytes a client may have queued on one `toSocket` beyond what its
-/// window allows: a sender that ignores flow control is cut off here
-/// rather than growing the server's memory.
-const MAX_QUEUED_BYTES: usize = 2 * PORT_WINDOW_BYTES + MAX_PORT_WRITE_BYTES;
 
 /// One socket and the state its two directions share.
 struct Connection {
@@ -43,9 +38,11 @@ struct Connection {
     to_ended: Cell<bool>,
     from_ended: Cell<bool>,
     tasks: RefCell<Vec<AbortHandle>>,
-    /// Writes for the socket, oldest first, and their bytes.
+    /// Writes for the socket, oldest first. (capnp-rpc runs one stream
+    /// call on a capability at a time, so this holds one write and the
+    /// end; a sender that ignores flow control fills the connection's
+    /// bound on unanswered calls instead, and the server closes it.)
     queue: RefCell<VecDeque<Queued>>,
-    queued_bytes: Cell<usize>,
     queue_changed: Notify,
     end_asked: Cell<bool>,
 }
@@ -65,7 +62,6 @@ impl Connection {
             from_ended: Cell::new(false),
             tasks: RefCell::new(Vec::new()),
             queue: RefCell::new(VecDeque::new()),
-            queued_bytes: Cell::new(0),
             queue_changed: Notify::new(),
             end_asked: Cell::new(false),
         })
@@ -145,9 +141,6 @@ async fn write_queue(connection: Rc<Connection>) {
         match item {
             Queued::Write(bytes, done) => {
                 let written = socket.write_all(&bytes).await;
-                connection
-                    .queued_bytes
-                    .set(connection.queued_bytes.get().saturating_sub(bytes.len()));
                 match written {
                     Ok(()) => {
                         let _ = done.send(Ok(()));
@@ -273,19 +266,6 @@ impl ToSocket {
             connection.reset(&refusal.message);
             return Err(refusal);
         }
-        let queued = connection.queued_bytes.get() + bytes.len();
-        if queued > MAX_QUEUED_BYTES {
-            let refusal = Refusal::new(
-                RefusalKind::LimitReached,
-                format!(
-                    "{queued} bytes written to the connection without waiting for answers; \
-                     at most {MAX_QUEUED_BYTES}"
-                ),
-            );
-            connection.reset(&refusal.message);
-            return Err(refusal);
-        }
-        connection.queued_bytes.set(queued);
         let (done, answer) = oneshot::channel();
         connection.submit(Queued::Write(Bytes::copy_from_slice(bytes), done));
         Ok(answer)

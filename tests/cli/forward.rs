@@ -212,3 +212,70 @@ fn forward_refuses_malformed_specs_in_one_line() {
         "capexec: nothing to forward: give -L or -R (see capexec forward --help)\n"
     );
 }
+
+#[test]
+fn a_restricted_server_forwards_only_what_its_flags_allow() {
+    let (port, server) = answering_server();
+    let served = Served::start_with(&[
+        "--allow-program",
+        "true",
+        "--allow-dial",
+        &format!("tcp:127.0.0.1:{port}"),
+    ]);
+    let forward = Watched::spawn(served.command(
+        "forward",
+        &[
+            "--connect",
+            &served.unix,
+            "-L",
+            &format!("0:127.0.0.1:{port}"),
+            "-L",
+            &format!("0:127.0.0.1:{}", port.wrapping_add(1).max(1)),
+        ],
+    ));
+    forward.wait_for_stdout(&format!(
+        "-> tcp:127.0.0.1:{}\n",
+        port.wrapping_add(1).max(1)
+    ));
+    let out = forward.stdout_text();
+    let locals: Vec<u16> = out
+        .lines()
+        .map(|line| {
+            line[3..]
+                .split(' ')
+                .next()
+                .and_then(|address| address.rsplit(':').next())
+                .and_then(|port| port.parse().ok())
+                .expect("port")
+        })
+        .collect();
+    let data = b"allowed".to_vec();
+    assert_eq!(exchange(locals[0], &data), expected_answer(&data));
+    server.join().expect("server");
+    let mut socket = TcpStream::connect(("127.0.0.1", locals[1])).expect("connect");
+    let mut rest = Vec::new();
+    assert!(socket.read_to_end(&mut rest).is_err(), "reset");
+    forward.wait_for_stderr("\n");
+    kill(&forward.child, libc::SIGINT);
+    let done = forward.finish();
+    let stderr = text(&done.stderr);
+    let other = port.wrapping_add(1).max(1);
+    assert!(
+        stderr.ends_with(&format!(
+            "failed: the server's --allow-dial: \"tcp:127.0.0.1:{other}\" may not be dialled \
+             (allowed: tcp:127.0.0.1:{port})\n"
+        )),
+        "{stderr}"
+    );
+    // Listening is refused outright: none by default with --allow-program.
+    let done = common::cli::finish(
+        served.command("forward", &["--connect", &served.unix, "-R", "0:h:1"]),
+        None,
+    );
+    assert_eq!(done.code, 125);
+    let stderr = text(&done.stderr);
+    assert!(
+        stderr.contains("--allow-listen (none by default with --allow-program)"),
+        "{stderr}"
+    );
+}

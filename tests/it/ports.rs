@@ -589,3 +589,107 @@ fn a_cut_link_fails_the_connections_crossing_it() {
         assert_eq!(error.kind(), std::io::ErrorKind::ConnectionReset, "{error}");
     });
 }
+
+/// A sink that takes every write at once.
+struct Swallow;
+
+impl capexec::capexec_capnp::port_sink::Server for Swallow {}
+
+/// Sends one write on `sink` as a plain call, not waiting for room.
+fn raw_write(
+    sink: &capexec::capexec_capnp::port_sink::Client,
+    bytes: &[u8],
+) -> capnp::capability::RemotePromise<capnp::any_pointer::Owned> {
+    use capexec::capexec_capnp::port_sink;
+    use capnp::traits::HasTypeId;
+    let mut request = sink
+        .client
+        .new_call::<port_sink::write_params::Owned, capnp::any_pointer::Owned>(
+            <port_sink::Client as HasTypeId>::TYPE_ID,
+            0,
+            None,
+        );
+    request.get().set_bytes(bytes);
+    request.send()
+}
+
+async fn raw_dial(ctx: &Ctx, address: &str) -> capexec::capexec_capnp::port_sink::Client {
+    let mut request = ctx.executor.dial_request();
+    request.get().set_address(address);
+    request
+        .get()
+        .set_from_socket(capnp_rpc::new_client(Swallow));
+    let response = request.send().promise.await.expect("dial");
+    let to_socket = response
+        .get()
+        .expect("results")
+        .get_to_socket()
+        .expect("toSocket");
+    // The connection capability is kept by the answer while it lives.
+    std::mem::forget(response);
+    to_socket
+}
+
+async fn a_writer_that_ignores_flow_control_is_cut_off(ctx: Ctx) {
+    let (listener, address) = peer().await;
+    let accepted = tokio::spawn(async move { listener.accept().await.expect("accept").0 });
+    let to_socket = raw_dial(&ctx, &address).await;
+    let mut far = accepted.await.expect("peer");
+    // Oversized: refused, and the connection is broken.
+    let error = raw_write(&to_socket, &vec![0u8; (1 << 20) + 1])
+        .promise
+        .await
+        .map(drop)
+        .expect_err("a write over 1 MiB");
+    let refusal = capexec::wire::refusal_of(&error).expect("a refusal");
+    assert_eq!(refusal.kind, RefusalKind::InvalidArgument, "{refusal}");
+    let error = read_all(&mut far)
+        .await
+        .expect_err("the peer reads a reset");
+    assert_eq!(error.kind(), std::io::ErrorKind::ConnectionReset, "{error}");
+
+    // Writes sent without waiting for answers, to a peer that never reads:
+    // the server holds them only up to its per-connection bound on calls
+    // (64 MiB), then closes the connection, resetting its sockets.
+    let (listener, address) = peer().await;
+    let accepted = tokio::spawn(async move { listener.accept().await.expect("accept").0 });
+    let to_socket = raw_dial(&ctx, &address).await;
+    let mut far = accepted.await.expect("peer");
+    let chunk = vec![7u8; 1 << 20];
+    let answers: Vec<_> = (0..96)
+        .map(|_| raw_write(&to_socket, &chunk).promise)
+        .collect();
+    let mut failure = None;
+    for answer in answers {
+        if let Err(error) = answer.await {
+            failure = Some(error);
+            break;
+        }
+    }
+    let error = failure.expect("the flood is cut off");
+    assert!(
+        matches!(
+            error.kind,
+            capnp::ErrorKind::Disconnected | capnp::ErrorKind::Overloaded
+        ),
+        "{error}"
+    );
+    let mut got = 0usize;
+    let mut buffer = vec![0u8; 1 << 20];
+    let error = loop {
+        match far.read(&mut buffer).await {
+            Ok(0) => panic!("end of file after {got} bytes, not a reset"),
+            Ok(n) => got += n,
+            Err(error) => break error,
+        }
+    };
+    assert_eq!(error.kind(), std::io::ErrorKind::ConnectionReset, "{error}");
+    assert!(got < 64 << 20, "{got} bytes reached the peer");
+}
+
+/// Remote backends only: a local capability runs one stream call at a
+/// time, so in process there is no queue to grow.
+mod remote {
+    use super::*;
+    backend_tests!(on [unix, tcp]: a_writer_that_ignores_flow_control_is_cut_off);
+}
