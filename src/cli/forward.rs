@@ -63,34 +63,7 @@ async fn forward(args: ForwardArgs) -> Result<i32, String> {
         None => target.executor.clone(),
     };
     let (lost_tx, mut lost_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-    for spec in &args.local {
-        let shown = format!("-L {} -> {}", spec.listen, spec.target);
-        let listening = listen_here(spec)
-            .await
-            .map_err(|why| format!("{shown}: {why}"))?;
-        let shown = format!("-L {} -> {}", listening.address(), spec.target);
-        announce(&shown);
-        tokio::task::spawn_local(serve_local(
-            listening,
-            executor.clone(),
-            spec.target.clone(),
-            Rc::from(shown),
-        ));
-    }
-    for spec in &args.remote {
-        let shown = format!("-R {} -> {}", spec.listen, spec.target);
-        let listener = client::listen(&executor, &spec.listen)
-            .await
-            .map_err(|error| format!("{shown}: {error}"))?;
-        let shown = format!("-R {} -> {}", listener.address(), spec.target);
-        announce(&shown);
-        tokio::task::spawn_local(serve_remote(
-            listener,
-            spec.target.clone(),
-            Rc::from(shown),
-            lost_tx.clone(),
-        ));
-    }
+    let _forwards = open(&executor, &args.local, &args.remote, announce, lost_tx).await?;
     // Until a signal, or the connection's end.
     let signalled = futures::future::select_all(signals.iter_mut().map(|s| Box::pin(s.recv())));
     let connection_lost = async {
@@ -109,6 +82,61 @@ async fn forward(args: ForwardArgs) -> Result<i32, String> {
         _ = signalled => Ok(0),
         why = connection_lost => Err(why),
     }
+}
+
+/// Forwards that run until dropped.
+pub struct Forwards(Vec<tokio::task::AbortHandle>);
+
+impl Drop for Forwards {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+/// Sets up every forward through `executor`, each announced once it
+/// listens; a failed one fails all. A listener on the server that goes
+/// away is reported on `lost`.
+pub async fn open(
+    executor: &executor::Client,
+    local: &[ForwardSpec],
+    remote: &[ForwardSpec],
+    announce: fn(&str),
+    lost: tokio::sync::mpsc::UnboundedSender<String>,
+) -> Result<Forwards, String> {
+    let mut tasks = Forwards(Vec::new());
+    for spec in local {
+        let shown = format!("-L {} -> {}", spec.listen, spec.target);
+        let listening = listen_here(spec)
+            .await
+            .map_err(|why| format!("{shown}: {why}"))?;
+        let shown = format!("-L {} -> {}", listening.address(), spec.target);
+        announce(&shown);
+        let task = tokio::task::spawn_local(serve_local(
+            listening,
+            executor.clone(),
+            spec.target.clone(),
+            Rc::from(shown),
+        ));
+        tasks.0.push(task.abort_handle());
+    }
+    for spec in remote {
+        let shown = format!("-R {} -> {}", spec.listen, spec.target);
+        let listener = client::listen(executor, &spec.listen)
+            .await
+            .map_err(|error| format!("{shown}: {error}"))?;
+        let shown = format!("-R {} -> {}", listener.address(), spec.target);
+        announce(&shown);
+        let task = tokio::task::spawn_local(serve_remote(
+            listener,
+            spec.target.clone(),
+            Rc::from(shown),
+            lost.clone(),
+        ));
+        tasks.0.push(task.abort_handle());
+    }
+    Ok(tasks)
 }
 
 async fn listen_here(spec: &ForwardSpec) -> Result<capexec::ports::Listening, String> {

@@ -299,6 +299,19 @@ pub struct SessionArgs {
     /// Terminal size for -t, ROWSxCOLS (default: our terminal's, or 24x80).
     #[arg(long, value_name = "ROWSxCOLS")]
     size: Option<String>,
+    /// While the command runs, listen here and forward each connection
+    /// from the executor's machine, as `capexec forward -L` (repeatable;
+    /// each forward's line goes to stderr once it listens). Not with
+    /// --resume: a forward does not survive a reconnection yet.
+    #[arg(long = "forward", value_name = "[BIND_ADDRESS:]PORT:HOST:HOSTPORT",
+          value_parser = forward_spec::parse, conflicts_with = "resume")]
+    forward: Vec<forward_spec::ForwardSpec>,
+    /// While the command runs, listen on the executor's machine and
+    /// forward each connection from here, as `capexec forward -R`
+    /// (repeatable; the listener goes when the command ends).
+    #[arg(long = "reverse-forward", value_name = "[BIND_ADDRESS:]PORT:HOST:HOSTPORT",
+          value_parser = forward_spec::parse, conflicts_with = "resume")]
+    reverse_forward: Vec<forward_spec::ForwardSpec>,
 }
 
 #[derive(Args, Debug)]

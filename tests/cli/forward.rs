@@ -279,3 +279,73 @@ fn a_restricted_server_forwards_only_what_its_flags_allow() {
         "{stderr}"
     );
 }
+
+#[test]
+fn run_forwards_for_the_lifetime_of_one_command() {
+    let served = Served::start();
+    let (port, server) = answering_server();
+    let socket = served.home.path().join("reverse.sock");
+    let script = format!(
+        "import socket\n\
+         s = socket.socket(socket.AF_UNIX)\n\
+         s.connect({path:?})\n\
+         s.sendall(b'abc')\n\
+         s.shutdown(socket.SHUT_WR)\n\
+         print(s.makefile('rb').read().decode())\n",
+        path = socket.display().to_string()
+    );
+    let spec = format!("unix:{}:127.0.0.1:{port}", socket.display());
+    let done = common::cli::finish(
+        served.run(&[
+            "--connect",
+            &served.unix,
+            "--reverse-forward",
+            &spec,
+            "-n",
+            "--",
+            "python3",
+            "-c",
+            &script,
+        ]),
+        None,
+    );
+    assert_eq!(done.code, 0, "{}", text(&done.stderr));
+    assert_eq!(text(&done.stdout), "3 bytes:cba\n");
+    assert_eq!(
+        text(&done.stderr),
+        format!(
+            "capexec: -R unix:{} -> tcp:127.0.0.1:{port}\n",
+            socket.display()
+        )
+    );
+    assert_eq!(server.join().expect("server"), b"abc");
+    // Nothing listens after the command: the socket file is gone.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while socket.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} stays",
+            socket.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let done = common::cli::finish(
+        served.run(&[
+            "--connect",
+            &served.unix,
+            "--resume",
+            "30",
+            "--forward",
+            "0:h:1",
+            "--",
+            "true",
+        ]),
+        None,
+    );
+    assert_eq!(done.code, 125);
+    assert!(
+        text(&done.stderr).contains("--forward"),
+        "{}",
+        text(&done.stderr)
+    );
+}
