@@ -246,17 +246,17 @@ interface Executor {
   # `[capexec:socket-failed]` when the name does not resolve or no address
   # accepts the connection (refused, unreachable, timed out), with the
   # operating system's reason; `[capexec:limit]` when the connection
-  # already holds its maximum of port connections (`capexec serve
-  # --max-streams-per-connection`, 1024 by default) or the server is out of
-  # file descriptors.
+  # already holds its maximum of port connections (1,024) or the server
+  # is out of file descriptors.
   #
   # Through a forwarding executor the call is forwarded, pipelined like
-  # `start`, and each hop relays both sinks with flow control of its own,
-  # so a slow reader anywhere holds the writer back and no hop buffers more
-  # than a window per direction. If a link of the chain breaks, the
-  # connections crossing it fail: `fromSocket` gets `fail` with a reason
-  # that names the lost upstream, and calls on `toSocket` fail with
-  # `[capexec:upstream-unavailable]`; the far end resets the socket.
+  # `start`, with the client's `fromSocket`: each write crosses every hop
+  # as a call answered by the far receiver, so flow control holds end to
+  # end and no hop holds more than the sender's window. If a link of the
+  # chain breaks, the far server loses the connection's capabilities and
+  # resets the socket; the client's `fromSocket` is released with neither
+  # `end` nor `fail` (a client must read that as an error, never as end
+  # of file) and calls on `toSocket` fail as disconnected.
 
   listen @8 (address :Text, acceptor :PortAcceptor)
       -> (listener :PortListener, address :Text);
@@ -277,8 +277,7 @@ interface Executor {
   # Errors: as `dial` (the rule is `ports.listen`), with
   # `[capexec:socket-failed]` for an address in use or one the server may
   # not bind; `[capexec:limit]` when the connection already holds its
-  # maximum of listeners (`capexec serve --max-listeners-per-connection`,
-  # 64 by default). Through a forwarding executor as `dial`.
+  # maximum of listeners (64). Through a forwarding executor as `dial`.
 }
 
 struct Policy {
@@ -892,8 +891,9 @@ struct ProcessInfo {
 # Failures are never a clean end of file: a connection reset by its peer,
 # a failed read or write, a `fail` from the client, the client's
 # `fromSocket` failing or being released, or the release of the
-# `PortConnection` or the `PortListener` it came from, reset the socket (TCP: RST, so the socket's peer reads
-# ECONNRESET; a Unix socket's peer sees it closed) and report the failure
+# `PortConnection` or the `PortListener` it came from, reset the socket
+# (TCP: RST, so the socket's peer reads ECONNRESET; a Unix socket's peer
+# sees it closed) and report the failure
 # on both sinks: `fromSocket` gets `fail` with the reason, and calls on
 # `toSocket` fail with `[capexec:socket-failed]` and the reason.
 
@@ -902,9 +902,12 @@ interface PortSink {
 
   write @0 (bytes :Data) -> stream;
   # The next bytes, at most 1 MiB (more fails with
-  # `[capexec:invalid-argument]`, and the sink is broken). Returns once the
-  # receiver has taken them. Once a write fails, every later call on the
-  # sink fails the same way.
+  # `[capexec:invalid-argument]`, and the connection is reset). Returns
+  # once the receiver has taken them. Once a write fails, every later call
+  # on the sink fails too. Writes sent without waiting for answers count
+  # against the server's bound on a connection's unanswered calls
+  # (`capexec serve --max-call-memory-per-connection`), past which it
+  # closes the connection.
 
   end @1 ();
   # No more bytes in this direction, after every earlier write. On

@@ -11,7 +11,7 @@
 //! Servers are real `capexec serve` processes (Unix socket, TCP with a
 //! token, and a two-server chain); the clients run in this process. Cases
 //! alternate their variants round by round, so a burst of noise lands on
-//! all of them. Sections: latency, output, stdin, pipelining, scale, abuse.
+//! all of them. Sections: latency, output, stdin, pipelining, scale, abuse, ports.
 
 mod abuse;
 #[path = "../../tests/common/hostile.rs"]
@@ -20,12 +20,14 @@ mod hostile;
 mod latency;
 mod output;
 mod pipelining;
+mod ports;
 #[path = "../../tests/common/procfs.rs"]
 #[allow(dead_code)]
 mod procfs;
 mod report;
 mod scale;
 mod servers;
+mod ssh;
 mod stdin;
 mod wall;
 
@@ -49,6 +51,8 @@ pub struct Plan {
     pub sequential: usize,
     pub clients: usize,
     pub abuse_runs: usize,
+    pub ports_bytes: u64,
+    pub ports_rounds: usize,
 }
 
 impl Plan {
@@ -68,6 +72,8 @@ impl Plan {
                 sequential: 200,
                 clients: 10,
                 abuse_runs: 10,
+                ports_bytes: 64 << 20,
+                ports_rounds: 1,
             }
         } else {
             Plan {
@@ -84,12 +90,22 @@ impl Plan {
                 sequential: 10_000,
                 clients: 200,
                 abuse_runs: 300,
+                ports_bytes: 1 << 30,
+                ports_rounds: 3,
             }
         }
     }
 }
 
-const SECTIONS: [&str; 6] = ["latency", "output", "stdin", "pipelining", "scale", "abuse"];
+const SECTIONS: [&str; 7] = [
+    "latency",
+    "output",
+    "stdin",
+    "pipelining",
+    "scale",
+    "abuse",
+    "ports",
+];
 
 fn main() -> Result<(), Box<dyn Error>> {
     let mut quick = false;
@@ -138,6 +154,9 @@ fn main() -> Result<(), Box<dyn Error>> {
         }
         if wanted("abuse") {
             abuse::run(&plan, &mut report).await?;
+        }
+        if wanted("ports") {
+            ports::run(&plan, &servers, &mut report).await?;
         }
         Ok::<_, Box<dyn Error>>(report)
     })?;
