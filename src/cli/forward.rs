@@ -8,8 +8,10 @@
 //! go on independently (half-close is passed on), and a reset or failure
 //! at either end resets the other end too.
 
+use std::cell::RefCell;
 use std::io::Write;
 use std::rc::Rc;
+use std::time::Duration;
 
 use capexec::capexec_capnp::executor;
 use capexec::client::{self, PortStream};
@@ -56,31 +58,98 @@ async fn forward(args: ForwardArgs) -> Result<i32, String> {
     ] {
         signals.push(signal(kind).map_err(|error| format!("cannot catch signals: {error}"))?);
     }
-    let target = target::target(&args.connect).await?;
+    let mut target = target::target(&args.connect).await?;
     target.established().await?;
-    let executor = match &args.environment {
+    let executor = Rc::new(RefCell::new(executor_of(&args, &target)));
+    // Local listeners stay across reconnections: their ports do not change.
+    let _local = open_local(&executor, &args.local, announce).await?;
+    loop {
+        let (lost_tx, lost_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let current = executor.borrow().clone();
+        let remote = open_remote(&current, &args.remote, announce, lost_tx).await?;
+        let signalled = futures::future::select_all(signals.iter_mut().map(|s| Box::pin(s.recv())));
+        let why = tokio::select! {
+            _ = signalled => return Ok(0),
+            why = lost(&target, lost_rx) => why,
+        };
+        // Connections through the old one fail (reset); new ones wait.
+        drop(remote);
+        let Some(grace) = args.resume else {
+            return Err(why);
+        };
+        stdio::note(&format!(
+            "{why}; reconnecting (for up to {})",
+            capexec::model::show_duration(grace)
+        ));
+        match reconnect(&args, grace, &mut signals).await? {
+            Some(again) => target = again,
+            None => return Ok(0),
+        }
+        *executor.borrow_mut() = executor_of(&args, &target);
+        stdio::note("reconnected: forwarding again");
+    }
+}
+
+fn executor_of(args: &ForwardArgs, target: &target::Target) -> executor::Client {
+    match &args.environment {
         Some(path) => client::environment(&target.executor, path),
         None => target.executor.clone(),
-    };
-    let (lost_tx, mut lost_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-    let _forwards = open(&executor, &args.local, &args.remote, announce, lost_tx).await?;
-    // Until a signal, or the connection's end.
-    let signalled = futures::future::select_all(signals.iter_mut().map(|s| Box::pin(s.recv())));
-    let connection_lost = async {
-        loop {
-            if target.connection.as_ref().is_some_and(|c| c.is_closed()) {
-                return "the connection to the server was lost".to_string();
-            }
-            tokio::select! {
-                why = lost_rx.recv() => if let Some(why) = why { return why },
-                // Checked now and then: nothing else says it ended.
-                () = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
-            }
+    }
+}
+
+/// Why the connection is gone, once it is (a listener on the server lost
+/// says so too).
+async fn lost(
+    target: &target::Target,
+    mut listeners: tokio::sync::mpsc::UnboundedReceiver<String>,
+) -> String {
+    loop {
+        if target.connection.as_ref().is_some_and(|c| c.is_closed()) {
+            return "the connection to the server was lost".to_string();
         }
-    };
-    tokio::select! {
-        _ = signalled => Ok(0),
-        why = connection_lost => Err(why),
+        tokio::select! {
+            why = listeners.recv() => if let Some(why) = why { return why },
+            // Checked now and then: nothing else says it ended.
+            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    }
+}
+
+/// Connects again within `grace`, trying every half second; `None` if a
+/// signal came first.
+async fn reconnect(
+    args: &ForwardArgs,
+    grace: Duration,
+    signals: &mut [tokio::signal::unix::Signal],
+) -> Result<Option<target::Target>, String> {
+    let deadline = tokio::time::Instant::now() + grace;
+    loop {
+        let attempt = async {
+            match target::established_target(&args.connect).await {
+                Ok(target) => Ok(target),
+                Err(why) => {
+                    tokio::time::sleep_until(
+                        deadline.min(tokio::time::Instant::now() + Duration::from_millis(500)),
+                    )
+                    .await;
+                    Err(why)
+                }
+            }
+        };
+        let signalled = futures::future::select_all(signals.iter_mut().map(|s| Box::pin(s.recv())));
+        tokio::select! {
+            _ = signalled => return Ok(None),
+            result = attempt => match result {
+                Ok(target) => return Ok(Some(target)),
+                Err(why) if tokio::time::Instant::now() >= deadline => {
+                    return Err(format!(
+                        "gave up reconnecting after {}: {why}",
+                        capexec::model::show_duration(grace)
+                    ));
+                }
+                Err(_) => {}
+            },
+        }
     }
 }
 
@@ -105,6 +174,20 @@ pub async fn open(
     announce: fn(&str),
     lost: tokio::sync::mpsc::UnboundedSender<String>,
 ) -> Result<Forwards, String> {
+    let shared = Rc::new(RefCell::new(executor.clone()));
+    let mut forwards = open_local(&shared, local, announce).await?;
+    let mut remote = open_remote(executor, remote, announce, lost).await?;
+    forwards.0.append(&mut remote.0);
+    Ok(forwards)
+}
+
+/// `-L`: listens here; each connection is dialled through whatever
+/// `executor` holds when it arrives.
+async fn open_local(
+    executor: &Rc<RefCell<executor::Client>>,
+    local: &[ForwardSpec],
+    announce: fn(&str),
+) -> Result<Forwards, String> {
     let mut tasks = Forwards(Vec::new());
     for spec in local {
         let shown = format!("-L {} -> {}", spec.listen, spec.target);
@@ -115,12 +198,23 @@ pub async fn open(
         announce(&shown);
         let task = tokio::task::spawn_local(serve_local(
             listening,
-            executor.clone(),
+            Rc::clone(executor),
             spec.target.clone(),
             Rc::from(shown),
         ));
         tasks.0.push(task.abort_handle());
     }
+    Ok(tasks)
+}
+
+/// `-R`: listens on the executor's machine.
+async fn open_remote(
+    executor: &executor::Client,
+    remote: &[ForwardSpec],
+    announce: fn(&str),
+    lost: tokio::sync::mpsc::UnboundedSender<String>,
+) -> Result<Forwards, String> {
+    let mut tasks = Forwards(Vec::new());
     for spec in remote {
         let shown = format!("-R {} -> {}", spec.listen, spec.target);
         let listener = client::listen(executor, &spec.listen)
@@ -153,7 +247,7 @@ fn failed(shown: &str, from: &str, why: &str) {
 
 async fn serve_local(
     listening: capexec::ports::Listening,
-    executor: executor::Client,
+    executor: Rc<RefCell<executor::Client>>,
     target: String,
     shown: Rc<str>,
 ) {
@@ -166,7 +260,8 @@ async fn serve_local(
                 continue;
             }
         };
-        let (executor, target, shown) = (executor.clone(), target.clone(), Rc::clone(&shown));
+        let executor = executor.borrow().clone();
+        let (target, shown) = (target.clone(), Rc::clone(&shown));
         tokio::task::spawn_local(async move {
             match client::dial(&executor, &target).await {
                 Ok(stream) => {

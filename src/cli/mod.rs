@@ -127,7 +127,7 @@ pub struct ConnectArgs {
 /// `capexec: -L LISTEN -> TARGET: connection from PEER failed: REASON`.
 /// A connection whose two directions both end cleanly prints nothing.
 /// Exits 125 if a forward cannot be set up or the connection to the server
-/// is lost (the connections through it are reset).
+/// is lost (the connections through it are reset), unless --resume.
 #[derive(Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct ForwardArgs {
@@ -137,6 +137,12 @@ pub struct ForwardArgs {
     /// NAME/NAME... through several hops) instead of its default one.
     #[arg(long, value_name = "NAME")]
     environment: Option<String>,
+    /// Survive a lost connection: reconnect for up to SECS (or 90s, 5m...),
+    /// then go on forwarding. Connections open through the old one fail
+    /// (reset); -L keeps listening on the same ports meanwhile, and -R
+    /// listens again on the server (its line printed again).
+    #[arg(long, value_name = "SECS", value_parser = duration::parse_positive)]
+    resume: Option<std::time::Duration>,
     /// Listen here on [BIND_ADDRESS:]PORT (loopback unless BIND_ADDRESS is
     /// given; "*" for every interface) or unix:PATH, and connect each
     /// connection to HOST:HOSTPORT (or unix:PATH) from the executor's

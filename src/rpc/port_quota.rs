@@ -54,20 +54,31 @@ impl PortQuota {
 
     /// One more port connection, or the limit's error.
     pub(crate) fn take_stream(&self) -> Result<PortTicket, Refusal> {
-        let held = self.0.streams.get();
-        if held >= self.0.max_streams {
+        self.take(false)
+    }
+
+    /// One more listener, or the limit's error.
+    pub(crate) fn take_listener(&self) -> Result<PortTicket, Refusal> {
+        self.take(true)
+    }
+
+    fn take(&self, listener: bool) -> Result<PortTicket, Refusal> {
+        let (counter, max, what) = if listener {
+            (&self.0.listeners, self.0.max_listeners, "listeners")
+        } else {
+            (&self.0.streams, self.0.max_streams, "port connections")
+        };
+        let held = counter.get();
+        if held >= max {
             return Err(Refusal::new(
                 RefusalKind::LimitReached,
-                format!(
-                    "this connection already holds its maximum of {} port connections",
-                    self.0.max_streams
-                ),
+                format!("this connection already holds its maximum of {max} {what}"),
             ));
         }
-        self.0.streams.set(held + 1);
+        counter.set(held + 1);
         Ok(PortTicket {
             state: Rc::clone(&self.0),
-            listener: false,
+            listener,
         })
     }
 
@@ -80,25 +91,6 @@ impl PortQuota {
             }
             freed.await;
         }
-    }
-
-    /// One more listener, or the limit's error.
-    pub(crate) fn take_listener(&self) -> Result<PortTicket, Refusal> {
-        let held = self.0.listeners.get();
-        if held >= self.0.max_listeners {
-            return Err(Refusal::new(
-                RefusalKind::LimitReached,
-                format!(
-                    "this connection already holds its maximum of {} listeners",
-                    self.0.max_listeners
-                ),
-            ));
-        }
-        self.0.listeners.set(held + 1);
-        Ok(PortTicket {
-            state: Rc::clone(&self.0),
-            listener: true,
-        })
     }
 }
 

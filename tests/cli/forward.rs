@@ -52,6 +52,15 @@ fn listening_port(forward: &Watched, prefix: &str) -> (String, u16) {
     (line, port)
 }
 
+/// `capexec forward -L` of each spec, through `served`'s Unix socket.
+fn forward_l(served: &Served, specs: &[String]) -> Watched {
+    let mut args = vec!["--connect", served.unix.as_str()];
+    for spec in specs {
+        args.extend(["-L", spec.as_str()]);
+    }
+    Watched::spawn(served.command("forward", &args))
+}
+
 /// Sends `data`, half-closes, and reads the answer to its end.
 fn exchange(port: u16, data: &[u8]) -> Vec<u8> {
     let mut socket = TcpStream::connect(("127.0.0.1", port)).expect("connect");
@@ -75,17 +84,13 @@ fn forward_l_carries_connections_to_the_executors_machine() {
     let dead = TcpListener::bind("127.0.0.1:0").expect("bind");
     let dead_port = dead.local_addr().expect("address").port();
     drop(dead);
-    let forward = Watched::spawn(served.command(
-        "forward",
+    let forward = forward_l(
+        &served,
         &[
-            "--connect",
-            &served.unix,
-            "-L",
-            &format!("0:127.0.0.1:{port}"),
-            "-L",
-            &format!("localhost:0:127.0.0.1:{dead_port}"),
+            format!("0:127.0.0.1:{port}"),
+            format!("localhost:0:127.0.0.1:{dead_port}"),
         ],
-    ));
+    );
     forward.wait_for_stdout(&format!("-> tcp:127.0.0.1:{dead_port}\n"));
     let (line, local) = listening_port(&forward, "-L ");
     assert_eq!(
@@ -222,17 +227,13 @@ fn a_restricted_server_forwards_only_what_its_flags_allow() {
         "--allow-dial",
         &format!("tcp:127.0.0.1:{port}"),
     ]);
-    let forward = Watched::spawn(served.command(
-        "forward",
+    let forward = forward_l(
+        &served,
         &[
-            "--connect",
-            &served.unix,
-            "-L",
-            &format!("0:127.0.0.1:{port}"),
-            "-L",
-            &format!("0:127.0.0.1:{}", port.wrapping_add(1).max(1)),
+            format!("0:127.0.0.1:{port}"),
+            format!("0:127.0.0.1:{}", port.wrapping_add(1).max(1)),
         ],
-    ));
+    );
     forward.wait_for_stdout(&format!(
         "-> tcp:127.0.0.1:{}\n",
         port.wrapping_add(1).max(1)
@@ -348,4 +349,87 @@ fn run_forwards_for_the_lifetime_of_one_command() {
         "{}",
         text(&done.stderr)
     );
+}
+
+/// `capexec serve` on a Unix socket at `path` (for a server that is
+/// stopped and started again at the same address).
+fn serve_at(path: &std::path::Path, home: &std::path::Path) -> std::process::Child {
+    use std::io::BufRead;
+    let _ = std::fs::remove_file(path);
+    let mut child = std::process::Command::new(common::cli::BIN)
+        .args(["serve", "--listen"])
+        .arg(format!("unix:{}", path.display()))
+        .arg("--token-file")
+        .arg(home.join("token"))
+        .env("HOME", home)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start capexec serve");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("the listening line");
+    assert_eq!(line.trim(), format!("unix:{}", path.display()));
+    child
+}
+
+/// Answers every connection as [`answering_server`] answers one.
+fn answering_servers() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    std::thread::spawn(move || {
+        for socket in listener.incoming() {
+            let Ok(mut socket) = socket else { continue };
+            std::thread::spawn(move || {
+                let mut got = Vec::new();
+                if socket.read_to_end(&mut got).is_ok() {
+                    let _ = socket.write_all(&expected_answer(&got));
+                }
+            });
+        }
+    });
+    port
+}
+
+#[test]
+fn forward_resume_keeps_forwarding_after_the_server_comes_back() {
+    let home = common::data::TempDir::new("forward-resume");
+    let path = home.path().join("capexec.sock");
+    let mut server = serve_at(&path, home.path());
+    let port = answering_servers();
+    let mut command = served_command(home.path(), "forward");
+    command
+        .args(["--connect", &format!("unix:{}", path.display())])
+        .args(["--resume", "60", "-L", &format!("0:127.0.0.1:{port}")]);
+    let forward = Watched::spawn(command);
+    let (_, local) = listening_port(&forward, "-L ");
+    assert_eq!(exchange(local, b"first"), expected_answer(b"first"));
+
+    let _ = server.kill();
+    let _ = server.wait();
+    forward.wait_for_stderr(
+        "capexec: the connection to the server was lost; reconnecting (for up to 1 min)\n",
+    );
+    let mut server = serve_at(&path, home.path());
+    forward.wait_for_stderr("capexec: reconnected: forwarding again\n");
+    // The same local port, through the new connection.
+    assert_eq!(exchange(local, b"second"), expected_answer(b"second"));
+    kill(&forward.child, libc::SIGINT);
+    let done = forward.finish();
+    assert_eq!(done.code, 0, "{}", text(&done.stderr));
+    let _ = server.kill();
+    let _ = server.wait();
+}
+
+/// A `capexec` subcommand with a clean environment in `home`.
+fn served_command(home: &std::path::Path, subcommand: &str) -> std::process::Command {
+    let mut command = std::process::Command::new(common::cli::BIN);
+    command
+        .arg(subcommand)
+        .env("HOME", home)
+        .env_remove("XDG_CONFIG_HOME")
+        .env_remove("CAPEXEC_TOKEN");
+    command
 }
