@@ -66,9 +66,15 @@ async fn exchange<S: AsyncRead + AsyncWrite>(
 ) -> Result<(), Box<dyn Error>> {
     let (mut read, mut write) = tokio::io::split(stream);
     let sending = async {
-        write.write_all(&down.to_be_bytes()).await?;
+        // The header goes with the first bytes: two small writes would
+        // meet Nagle's algorithm and a delayed ACK on a path without
+        // TCP_NODELAY (ssh's), 40 ms that are no one's transfer cost.
         let chunk = vec![b'u'; CHUNK];
-        let mut left = up;
+        let first = up.min(CHUNK as u64) as usize;
+        let mut head = down.to_be_bytes().to_vec();
+        head.extend_from_slice(&chunk[..first]);
+        write.write_all(&head).await?;
+        let mut left = up - first as u64;
         while left > 0 {
             let n = left.min(CHUNK as u64) as usize;
             write.write_all(&chunk[..n]).await?;

@@ -175,6 +175,14 @@ async fn write_queue(connection: Rc<Connection>) {
     }
 }
 
+thread_local! {
+    /// Where every connection's reader reads the socket into before the
+    /// bytes are copied into their `write` (with no await between): one
+    /// buffer for the thread, not one per connection, so a thousand
+    /// connections cost no more than one.
+    static SCRATCH: RefCell<Vec<u8>> = RefCell::new(vec![0u8; wire::PORT_CHUNK_BYTES]);
+}
+
 /// Reads the socket into the client's sink, as fast as the sink answers.
 async fn read_socket(connection: Rc<Connection>, sender: PortSender) {
     loop {
@@ -191,25 +199,26 @@ async fn read_socket(connection: Rc<Connection>, sender: PortSender) {
         let Some(socket) = connection.socket() else {
             return;
         };
-        // A buffer only once bytes are there: an idle connection holds none.
         let ready = std::future::poll_fn(|cx| {
             sender.poll_progress(cx);
             socket.poll_read_ready(cx)
         });
         let read = match ready.await {
-            Ok(()) => {
-                let mut buffer = vec![0u8; room];
-                match socket.try_read(&mut buffer) {
-                    Ok(read) => Ok((buffer, read)),
-                    Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
-                    Err(error) => Err(error),
+            Ok(()) => SCRATCH.with_borrow_mut(|buffer| {
+                let read = socket.try_read(&mut buffer[..room]);
+                if let Ok(read @ 1..) = read {
+                    sender.send_now(&buffer[..read]);
                 }
-            }
+                read
+            }),
             Err(error) => Err(error),
         };
+        if matches!(&read, Err(error) if error.kind() == io::ErrorKind::WouldBlock) {
+            continue;
+        }
         drop(socket);
         match read {
-            Ok((_, 0)) => {
+            Ok(0) => {
                 match sender.end().await {
                     Ok(()) => {
                         connection.from_ended.set(true);
@@ -223,7 +232,7 @@ async fn read_socket(connection: Rc<Connection>, sender: PortSender) {
                 }
                 return;
             }
-            Ok((buffer, read)) => sender.send_now(&buffer[..read]),
+            Ok(_) => {}
             Err(error) => {
                 let reason = match error.kind() {
                     io::ErrorKind::ConnectionReset => {
