@@ -21,6 +21,8 @@
 #     unsupported, unavailable, spawn-failed, unknown-token,
 #     upstream-unavailable, unknown-environment, not-allowed, limit
 #     (see `Executor.start`, which can raise most of them);
+#     socket-failed    a socket operation of `dial` or `listen` failed on
+#                      the executor's machine (see `Executor.dial`);
 #     forbidden        an attenuated capability may not make this call
 #                      (see `Process.observer`);
 #     unauthenticated  a refused login (see `Gatekeeper.login`);
@@ -259,6 +261,56 @@ interface Executor {
   # `[capexec:permission-denied]`, `[capexec:invalid-argument]` (empty, NUL),
   # `[capexec:not-allowed]`; `[capexec:unsupported]` on a kernel without
   # openat2 (Linux < 5.6), where no confinement could be enforced.
+
+  dial @7 (address :Text, fromSocket :PortSink)
+      -> (connection :PortConnection, toSocket :PortSink, info :PortConnectionInfo);
+  # Opens a connection to `address` from the executor's machine (see
+  # "Ports" below for addresses, the two sinks and the connection's life)
+  # and returns once it is connected: what the socket's peer sends goes to
+  # `fromSocket`, what is written to `toSocket` goes to the peer. Calls
+  # pipelined on `toSocket` wait for the connection. A host name is
+  # resolved on the executor's machine and its addresses are tried in turn
+  # (only those a restricted executor allows); connecting must take at most
+  # 30 s in all.
+  #
+  # Errors: `[capexec:invalid-argument]` for a malformed address;
+  # `[capexec:not-allowed]` for an address a restricted executor does not
+  # allow (the description names the rule: `ports.dial`);
+  # `[capexec:socket-failed]` when the name does not resolve or no address
+  # accepts the connection (refused, unreachable, timed out), with the
+  # operating system's reason; `[capexec:limit]` when the connection
+  # already holds its maximum of port connections (1,024) or the server
+  # is out of file descriptors.
+  #
+  # Through a forwarding executor the call is forwarded, pipelined like
+  # `start`, with the client's `fromSocket`: each write crosses every hop
+  # as a call answered by the far receiver, so flow control holds end to
+  # end and no hop holds more than the sender's window. If a link of the
+  # chain breaks, the far server loses the connection's capabilities and
+  # resets the socket; the client's `fromSocket` is released with neither
+  # `end` nor `fail` (a client must read that as an error, never as end
+  # of file) and calls on `toSocket` fail as disconnected.
+
+  listen @8 (address :Text, acceptor :PortAcceptor)
+      -> (listener :PortListener, address :Text);
+  # Listens on `address` on the executor's machine (`tcp:HOST:0` lets the
+  # kernel choose a free port; a host name is resolved and its first
+  # address used) and hands each accepted connection to
+  # `acceptor.accept`. Returns the address it listens on (with the port
+  # chosen). Holding `listener` keeps the socket listening; releasing it
+  # closes the socket, removes a Unix socket's file, and resets every
+  # connection it accepted that is still open. A Unix socket path must not
+  # exist yet.
+  #
+  # At most 16 accepts wait for the acceptor's answer at once; while that
+  # many are waiting, or while the connection holds its maximum of port
+  # connections, new connections wait in the kernel's backlog instead of
+  # being dropped.
+  #
+  # Errors: as `dial` (the rule is `ports.listen`), with
+  # `[capexec:socket-failed]` for an address in use or one the server may
+  # not bind; `[capexec:limit]` when the connection already holds its
+  # maximum of listeners (64). Through a forwarding executor as `dial`.
 }
 
 struct Policy {
@@ -338,6 +390,13 @@ struct Policy {
   # The most each start may have: a start's limits are the smaller of its
   # own and these (a start without limits gets these), narrowed by every
   # policy before. Null: no limits of its own.
+
+  ports @9 :PortPolicy;
+  # Which addresses `dial` and `listen` may use on this executor. Null: what
+  # the executor being restricted allows (for an unrestricted one, any
+  # address), except in a policy that restricts `programs`: then none,
+  # unless this field says otherwise (a program that may run only `make`
+  # should not reach the network through the executor either).
 }
 
 struct ExecutorInfo {
@@ -355,7 +414,7 @@ struct ExecutorInfo {
   #   restricted executor as "restricted" too), "directory"
   #   (`Executor.directory`), "files" (every `Directory` method up to
   #   `info`, with `FileStat.version` and `ifVersion`), "file-watch"
-  #   (`Directory.watch`).
+  #   (`Directory.watch`), "ports" (`Executor.dial`, `Executor.listen`).
   # Clients must ignore names they do not know.
 
   os @2 :Text;
@@ -654,6 +713,7 @@ interface Process {
   # the writer types into the terminal, so it can send the terminal's
   # interrupt, quit and suspend characters: hand one out only where that is
   # meant.
+
 }
 
 struct ReadResult {
@@ -1442,4 +1502,135 @@ interface WatchSink {
 
 interface Watch {
   # Releasing this capability ends the watch.
+}
+
+# ---------------------------------------------------------------------------
+# Ports: connections and listeners on the executor's machine
+# ---------------------------------------------------------------------------
+#
+# `Executor.dial` and `Executor.listen` open sockets on the
+# machine where the executor runs its processes, as `ssh -L` and `ssh -R`
+# do. Addresses are text:
+#   tcp:HOST:PORT  HOST is a name (resolved on that machine), an IPv4
+#                  address, or an IPv6 address in brackets ("[::1]");
+#                  PORT is 1 to 65535, or 0 for `listen` (the kernel
+#                  chooses a free port);
+#   unix:PATH      an absolute path to a Unix stream socket (abstract
+#                  names are not supported).
+# At most 4096 bytes; anything else fails with [capexec:invalid-argument].
+#
+# A connection's bytes travel in two directions, each through a `PortSink`
+# implemented by whoever receives them: `toSocket` is the server's (what
+# is written to it goes to the socket's peer), `fromSocket` the client's
+# (the server writes what the socket's peer sent into it). `dial` takes
+# `fromSocket` and returns `toSocket`; a listener hands an accepted
+# connection's `toSocket` to `PortAcceptor.accept`, which returns its
+# `fromSocket`. Both directions are independent: half-closing one (`end`,
+# which the socket's peer reads as end of file, or a peer's
+# shutdown(SHUT_WR), which arrives as `end`) leaves the other going.
+#
+# Flow control: every `write` returns once its receiver has taken the
+# bytes (the server: once they are in the socket), so a sender that keeps
+# a bounded window of writes unanswered (capnp's `-> stream` flow control
+# does) is held back by a slow reader, and no hop buffers more than that.
+# capexec's own senders keep at most 1 MiB per direction unanswered, less
+# when many connections share one Cap'n Proto connection (16 MiB in all,
+# shared fairly, at least 16 KiB each), and write at most 64 KiB per call.
+#
+# Failures are never a clean end of file: a connection reset by its peer,
+# a failed read or write, a `fail` from the client, the client's
+# `fromSocket` failing or being released, or the release of the
+# `PortConnection` or the `PortListener` it came from, reset the socket
+# (TCP: RST, so the socket's peer reads ECONNRESET; a Unix socket's peer
+# sees it closed) and report the failure
+# on both sinks: `fromSocket` gets `fail` with the reason, and calls on
+# `toSocket` fail with `[capexec:socket-failed]` and the reason.
+
+interface PortSink {
+  # One direction of a connection's bytes, implemented by the receiver.
+
+  write @0 (bytes :Data) -> stream;
+  # The next bytes, at most 1 MiB (more fails with
+  # `[capexec:invalid-argument]`, and the connection is reset). Returns
+  # once the receiver has taken them. Once a write fails, every later call
+  # on the sink fails too. Writes sent without waiting for answers count
+  # against the server's bound on a connection's unanswered calls
+  # (`capexec serve --max-call-memory-per-connection`), past which it
+  # closes the connection.
+
+  end @1 ();
+  # No more bytes in this direction, after every earlier write. On
+  # `toSocket` the server shuts the socket down for writing (its peer
+  # reads end of file) and answers once it has; on `fromSocket` it says
+  # that the socket's peer did so. Later writes fail with
+  # `[capexec:invalid-argument]`; a second `end` is a no-op.
+
+  fail @2 (reason :Text);
+  # This direction broke (after every earlier write): the receiver reports
+  # an error with `reason`, never end of file. From a client on
+  # `toSocket`, it resets the connection.
+}
+
+interface PortConnection {
+  # One connection on the executor's machine, from `dial` or a listener.
+  # Holding it keeps the connection open (a connection counts against its
+  # Cap'n Proto connection's limit until it is released). Releasing it
+  # resets the socket unless both directions have ended cleanly (`end` in
+  # both), in which case the server has already closed it.
+}
+
+struct PortConnectionInfo {
+  local @0 :Text;
+  # The socket's own address on the executor's machine
+  # ("tcp:127.0.0.1:40312"; for an unnamed Unix socket, "unix:").
+
+  peer @1 :Text;
+  # The address of the socket's peer: for `dial`, the address connected
+  # to (its host resolved, "tcp:127.0.0.1:5432"); for an accepted
+  # connection, where it came from ("unix:" when unnamed).
+}
+
+interface PortListener {
+  # A listening socket on the executor's machine (see `Executor.listen`).
+  # Releasing it closes the socket and resets the connections it accepted.
+}
+
+interface PortAcceptor {
+  # Implemented by the client that called `listen`.
+
+  accept @0 (connection :PortConnection, toSocket :PortSink, info :PortConnectionInfo)
+      -> (fromSocket :PortSink);
+  # A connection the listener accepted. Return the sink its bytes go to;
+  # nothing is read from the socket before the answer. Throwing (or
+  # returning no sink) resets the connection; the listener goes on.
+}
+
+struct PortPolicy {
+  # Which addresses a restricted executor may dial and listen on. Each
+  # list holds patterns; an address is allowed if a pattern matches it:
+  #   tcp:HOSTS:PORTS  HOSTS is "*" (any), an IP address ("127.0.0.1",
+  #                    "[::1]"), a block ("10.0.0.0/8", "[fd00::/8]") or
+  #                    "localhost" (127.0.0.0/8 and ::1); host names are
+  #                    refused, since what they resolve to can change: a
+  #                    dial's host is resolved first and only the addresses
+  #                    a pattern matches are tried. PORTS is "*", a port,
+  #                    or a range ("8000-8999"); a listen on port 0 needs
+  #                    "*".
+  #   unix:PATH        that socket; "unix:DIR/" (a trailing slash) any
+  #                    socket in DIR or below. Symlinks in the pattern's
+  #                    path are resolved when `restrict` is called (the
+  #                    path must exist), and those of a dial's or listen's
+  #                    path when it is checked.
+  # A list of at most 1,024 patterns; a pattern that cannot be read fails
+  # `restrict` with `[capexec:invalid-argument]`. When the executor being
+  # restricted has a list, each new pattern must lie within one of its
+  # patterns, or `restrict` fails with `[capexec:not-allowed]`.
+
+  dial @0 :List(Text);
+  # Addresses `dial` may connect to. Null: no rule of its own (but see
+  # `Policy.ports`); empty: none.
+
+  listen @1 :List(Text);
+  # Addresses `listen` may listen on. Null: no rule of its own; empty:
+  # none.
 }

@@ -6,6 +6,8 @@
 //!   exits, signals, the tagged [`model::Refusal`]); depends on nothing else;
 //! - [`engine`]: the local process engine, plain tokio code over the model;
 //! - [`files`]: the file engine: directories confined by the kernel;
+//! - [`ports`]: connections and listeners on this machine (dial, listen,
+//!   the rules of a restricted executor), plain tokio code over the model;
 //! - [`wire`]: conversions between the model and the Cap'n Proto types;
 //! - [`rpc`]: the Cap'n Proto server objects over the engine;
 //! - [`client`]: a typed client over the Cap'n Proto capabilities;
@@ -22,6 +24,7 @@ pub mod metrics;
 pub mod files;
 pub mod model;
 pub mod net;
+pub mod ports;
 pub mod rpc;
 pub mod sandbox;
 pub mod secret;

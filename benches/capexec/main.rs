@@ -12,7 +12,7 @@
 //! token, and a two-server chain); the clients run in this process. Cases
 //! alternate their variants round by round, so a burst of noise lands on
 //! all of them. Sections: latency, output, stdin, pipelining, scale, abuse,
-//! operator, files, sandbox.
+//! operator, files, sandbox, ports.
 
 mod abuse;
 mod files;
@@ -23,6 +23,7 @@ mod latency;
 mod operator;
 mod output;
 mod pipelining;
+mod ports;
 #[path = "../../tests/common/procfs.rs"]
 #[allow(dead_code)]
 mod procfs;
@@ -30,6 +31,7 @@ mod report;
 mod sandbox;
 mod scale;
 mod servers;
+mod ssh;
 mod stdin;
 mod wall;
 
@@ -57,6 +59,8 @@ pub struct Plan {
     pub file_rounds: usize,
     pub small_files: usize,
     pub walk_entries: usize,
+    pub ports_bytes: u64,
+    pub ports_rounds: usize,
 }
 
 impl Plan {
@@ -80,6 +84,8 @@ impl Plan {
                 file_rounds: 1,
                 small_files: 1000,
                 walk_entries: 10_000,
+                ports_bytes: 64 << 20,
+                ports_rounds: 1,
             }
         } else {
             Plan {
@@ -100,12 +106,14 @@ impl Plan {
                 file_rounds: 3,
                 small_files: 10_000,
                 walk_entries: 100_000,
+                ports_bytes: 1 << 30,
+                ports_rounds: 3,
             }
         }
     }
 }
 
-const SECTIONS: [&str; 9] = [
+const SECTIONS: [&str; 10] = [
     "latency",
     "output",
     "stdin",
@@ -115,6 +123,7 @@ const SECTIONS: [&str; 9] = [
     "operator",
     "files",
     "sandbox",
+    "ports",
 ];
 
 fn main() -> Result<(), Box<dyn Error>> {
@@ -173,6 +182,9 @@ fn main() -> Result<(), Box<dyn Error>> {
         }
         if wanted("sandbox") {
             sandbox::run(&plan, &mut report).await?;
+        }
+        if wanted("ports") {
+            ports::run(&plan, &servers, &mut report).await?;
         }
         Ok::<_, Box<dyn Error>>(report)
     })?;

@@ -8,6 +8,8 @@ mod copy;
 mod confinement;
 mod duration;
 mod generate;
+mod forward;
+mod forward_spec;
 mod input;
 mod inspect;
 mod known_servers;
@@ -138,6 +140,7 @@ enum Command {
     /// connection that could not be made.
     #[command(after_help = "Example: capexec cp -r --connect build ./src :work/src")]
     Cp(CpArgs),
+    Forward(ForwardArgs),
 }
 
 #[derive(Args, Debug)]
@@ -207,6 +210,50 @@ pub struct ConnectArgs {
     /// within 1.2 times SECS. 0 turns it off. Default: 15.
     #[arg(long, value_name = "SECS", value_parser = duration::parse)]
     keepalive: Option<std::time::Duration>,
+}
+
+/// Forward ports through the executor, like `ssh -L` and `ssh -R`
+///
+/// Runs until interrupted (SIGINT, SIGTERM or SIGHUP: exit 0).
+/// Prints one line on stdout per forward once it listens, with the address
+/// it listens on (the port chosen when 0 was asked for):
+///
+///   -L tcp:127.0.0.1:8080 -> tcp:localhost:80
+///   -R tcp:127.0.0.1:9000 -> tcp:localhost:3000
+///
+/// and one line on stderr per connection that failed, as
+/// `capexec: -L LISTEN -> TARGET: connection from PEER failed: REASON`.
+/// A connection whose two directions both end cleanly prints nothing.
+/// Exits 125 if a forward cannot be set up or the connection to the server
+/// is lost (the connections through it are reset), unless --resume.
+#[derive(Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct ForwardArgs {
+    #[command(flatten)]
+    connect: ConnectArgs,
+    /// Forward through this environment of the server (NAME, or
+    /// NAME/NAME... through several hops) instead of its default one.
+    #[arg(long, value_name = "NAME")]
+    environment: Option<String>,
+    /// Survive a lost connection: reconnect for up to SECS (or 90s, 5m...),
+    /// then go on forwarding. Connections open through the old one fail
+    /// (reset); -L keeps listening on the same ports meanwhile, and -R
+    /// listens again on the server (its line printed again).
+    #[arg(long, value_name = "SECS", value_parser = duration::parse_positive)]
+    resume: Option<std::time::Duration>,
+    /// Listen here on [BIND_ADDRESS:]PORT (loopback unless BIND_ADDRESS is
+    /// given; "*" for every interface) or unix:PATH, and connect each
+    /// connection to HOST:HOSTPORT (or unix:PATH) from the executor's
+    /// machine (repeatable).
+    #[arg(short = 'L', value_name = "[BIND_ADDRESS:]PORT:HOST:HOSTPORT",
+          value_parser = forward_spec::parse)]
+    local: Vec<forward_spec::ForwardSpec>,
+    /// Listen on the executor's machine on [BIND_ADDRESS:]PORT (loopback
+    /// unless given; PORT 0: any free port) or unix:PATH, and connect each
+    /// connection to HOST:HOSTPORT (or unix:PATH) from here (repeatable).
+    #[arg(short = 'R', value_name = "[BIND_ADDRESS:]PORT:HOST:HOSTPORT",
+          value_parser = forward_spec::parse)]
+    remote: Vec<forward_spec::ForwardSpec>,
 }
 
 #[derive(Args, Debug)]
@@ -383,6 +430,19 @@ pub struct SessionArgs {
     size: Option<String>,
     #[command(flatten)]
     confinement: confinement::ConfinementArgs,
+    /// While the command runs, listen here and forward each connection
+    /// from the executor's machine, as `capexec forward -L` (repeatable;
+    /// each forward's line goes to stderr once it listens). Not with
+    /// --resume: a forward does not survive a reconnection yet.
+    #[arg(long = "forward", value_name = "[BIND_ADDRESS:]PORT:HOST:HOSTPORT",
+          value_parser = forward_spec::parse, conflicts_with = "resume")]
+    forward: Vec<forward_spec::ForwardSpec>,
+    /// While the command runs, listen on the executor's machine and
+    /// forward each connection from here, as `capexec forward -R`
+    /// (repeatable; the listener goes when the command ends).
+    #[arg(long = "reverse-forward", value_name = "[BIND_ADDRESS:]PORT:HOST:HOSTPORT",
+          value_parser = forward_spec::parse, conflicts_with = "resume")]
+    reverse_forward: Vec<forward_spec::ForwardSpec>,
 }
 
 #[derive(Args, Debug)]
@@ -460,6 +520,10 @@ pub fn main() -> i32 {
         Command::Cp(args) => {
             logging::init(tracing::Level::WARN, logging::Style::Client);
             copy::main(args)
+        }
+        Command::Forward(args) => {
+            logging::init(tracing::Level::WARN, logging::Style::Client);
+            forward::main(args)
         }
     }
 }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use capexec::model::{Policy, RuleNames};
+use capexec::model::{Policy, PortPolicy, RuleNames};
 
 #[derive(Args, Debug, Default)]
 #[command(next_help_heading = "Restrictions (every start on every connection)")]
@@ -46,6 +46,17 @@ pub struct RestrictionArgs {
     /// sandbox must fit in it, its limits are the smaller).
     #[command(flatten)]
     confinement: crate::cli::confinement::ConfinementArgs,
+    /// Allow `dial` (capexec forward -L) to addresses matching PATTERN:
+    /// tcp:HOSTS:PORTS (HOSTS "*", "localhost", an IP or a block such as
+    /// 10.0.0.0/8; PORTS "*", a port or a range) or unix:PATH ("unix:DIR/"
+    /// for any socket below DIR) (repeatable). Default: any address, or
+    /// none with --allow-program.
+    #[arg(long = "allow-dial", value_name = "PATTERN")]
+    allow_dial: Vec<String>,
+    /// Allow `listen` (capexec forward -R) on addresses matching PATTERN,
+    /// as --allow-dial (repeatable; a listen on port 0 needs PORTS "*").
+    #[arg(long = "allow-listen", value_name = "PATTERN")]
+    allow_listen: Vec<String>,
 }
 
 impl RestrictionArgs {
@@ -99,6 +110,12 @@ impl RestrictionArgs {
             max_run_time: self.max_run_time.map(std::time::Duration::from_secs),
             sandbox: self.confinement.sandbox()?,
             limits: self.confinement.limits(),
+            ports: (!self.allow_dial.is_empty() || !self.allow_listen.is_empty()).then(|| {
+                PortPolicy {
+                    dial: (!self.allow_dial.is_empty()).then(|| self.allow_dial.clone()),
+                    listen: (!self.allow_listen.is_empty()).then(|| self.allow_listen.clone()),
+                }
+            }),
             rule_names: RuleNames::Schema,
         };
         if policy == Policy::default() {

@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 
 use crate::cli::relay::{self, Failure};
 use crate::cli::signals::{Interrupted, Signals};
-use crate::cli::{SessionArgs, local_terminal, stdio, target};
+use crate::cli::{SessionArgs, forward, local_terminal, stdio, target};
 
 /// `capexec run -- ARGV` (`capexec shell` when `argv` is empty).
 pub fn main(args: SessionArgs, argv: Vec<OsString>) -> i32 {
@@ -80,6 +80,21 @@ async fn run(mut args: SessionArgs, argv: Vec<OsString>) -> Result<i32, Failure>
                 command = shell_command(&command, info.default_shell.into_os_string());
             }
         }
+        // Held until the command is done, then dropped: nothing keeps
+        // listening after it.
+        let (lost, _ignored) = tokio::sync::mpsc::unbounded_channel();
+        let _forwards = until_interrupted(
+            &mut interrupted,
+            forward::open(
+                &executor,
+                &args.forward,
+                &args.reverse_forward,
+                stdio::note,
+                lost,
+            ),
+        )
+        .await?
+        .map_err(Failure::capexec)?;
         let session = Session::new(executor, Some(Box::new(target)));
         let resume = resume.map(|grace| (reconnect(&args), grace));
         let signals = relay::Watched {

@@ -58,6 +58,9 @@ pub struct Rules {
     /// The smallest of every policy's limits.
     limits: crate::model::Limits,
     labels: Labels,
+    /// Which addresses `dial` and `listen` may use (kept here so that one
+    /// restriction narrows starts and ports together).
+    ports: crate::ports::PortRules,
 }
 
 #[derive(Debug)]
@@ -174,6 +177,11 @@ impl Rules {
         self.cwd_roots.as_deref()
     }
 
+    /// What these rules allow `dial` and `listen`.
+    pub fn ports(&self) -> &crate::ports::PortRules {
+        &self.ports
+    }
+
     pub fn narrowed(&self, policy: &Policy) -> Result<Rules, Refusal> {
         if self.depth >= MAX_RESTRICTION_DEPTH {
             return Err(Refusal::new(
@@ -204,6 +212,9 @@ impl Rules {
         }
         let mut rules = self.clone();
         rules.depth += 1;
+        rules.ports =
+            self.ports
+                .narrowed(policy.ports.as_ref(), policy.programs.is_some(), names)?;
         if let Some(programs) = &policy.programs {
             rules.programs = Some(self.narrowed_programs(programs, names)?);
             rules.labels.programs = names;

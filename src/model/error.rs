@@ -53,6 +53,9 @@ refusal_kinds! {
     LimitReached = "limit",
     /// A rule of a restricted executor forbids it.
     NotAllowed = "not-allowed",
+    /// A socket operation of a port (dial, listen, a connection's
+    /// transfer) failed on the executor's machine.
+    SocketFailed = "socket-failed",
     /// The capability may not make this call (an attenuated facet).
     Forbidden = "forbidden",
     /// A login was refused.

@@ -3,11 +3,13 @@
 //! hand them on. Nothing here depends on another part of the crate.
 
 mod admin;
+mod address;
 mod error;
 mod executor;
 mod exit;
 mod files;
 mod policy;
+mod ports;
 mod process;
 mod sandbox;
 mod signal;
@@ -17,11 +19,13 @@ mod text;
 // Every value is reachable from here, whichever file holds it, so a new
 // one is added to its file alone.
 pub use self::admin::*;
+pub use self::address::*;
 pub use self::error::*;
 pub use self::executor::*;
 pub use self::exit::*;
 pub use self::files::*;
 pub use self::policy::*;
+pub use self::ports::*;
 pub use self::process::*;
 pub use self::sandbox::*;
 pub use self::signal::*;

@@ -27,6 +27,8 @@ pub struct Policy {
     pub sandbox: Option<crate::model::Sandbox>,
     /// Every start's limits are at most these.
     pub limits: crate::model::Limits,
+    /// The addresses ports may use (see [`crate::model::PortPolicy`]).
+    pub ports: Option<crate::model::PortPolicy>,
     /// What refusals call these rules (not on the wire).
     pub rule_names: RuleNames,
 }
@@ -72,6 +74,8 @@ impl RuleNames {
             "maxRunTime" => "--max-run-time",
             "sandbox" => "--sandbox",
             "limits" => "--memory/--max-pids/--cpus",
+            "ports.dial" => "--allow-dial",
+            "ports.listen" => "--allow-listen",
             _ => return None,
         })
     }

@@ -28,6 +28,7 @@ pub(crate) const EXECUTOR_FEATURES: &[&str] = &[
     "directory",
     "sandbox",
     "limits",
+    "ports",
 ];
 
 pub struct ExecutorImpl {
@@ -48,6 +49,13 @@ impl ExecutorImpl {
 
     fn engine(&self) -> &Engine {
         self.context.engine()
+    }
+
+    /// What `dial` and `listen` may use: the rules', or any address.
+    fn port_rules(&self) -> &crate::ports::PortRules {
+        static UNRESTRICTED: std::sync::LazyLock<crate::ports::PortRules> =
+            std::sync::LazyLock::new(crate::ports::PortRules::unrestricted);
+        self.rules.as_deref().map_or(&UNRESTRICTED, Rules::ports)
     }
 }
 
@@ -240,5 +248,21 @@ impl executor::Server for ExecutorImpl {
             crate::rpc::directory::open_directory(path, roots, self.quota.files().clone()).await?;
         results.get().set_dir(dir);
         Ok(())
+    }
+
+    async fn dial(
+        self: Rc<Self>,
+        params: executor::DialParams,
+        results: executor::DialResults,
+    ) -> Result<(), capnp::Error> {
+        crate::rpc::ports::dial(self.port_rules(), self.quota.ports(), params, results).await
+    }
+
+    async fn listen(
+        self: Rc<Self>,
+        params: executor::ListenParams,
+        results: executor::ListenResults,
+    ) -> Result<(), capnp::Error> {
+        crate::rpc::ports::listen(self.port_rules(), self.quota.ports(), params, results).await
     }
 }

@@ -333,4 +333,45 @@ impl executor::Server for ForwardingExecutor {
         call.promise.await.map_err(|error| self.hop_error(error))?;
         Ok(())
     }
+
+    /// `dial` at the far end, pipelined like `start`: the client's sink is
+    /// passed on, so both directions' writes cross this hop as calls whose
+    /// answers come from the far end, and flow control holds end to end.
+    async fn dial(
+        self: Rc<Self>,
+        params: executor::DialParams,
+        mut results: executor::DialResults,
+    ) -> Result<(), capnp::Error> {
+        let params = params.get()?;
+        let upstream = self.target().await?.executor;
+        let mut request = upstream.dial_request();
+        request.get().set_address(params.get_address()?);
+        request.get().set_from_socket(params.get_from_socket()?);
+        let call = request.send();
+        results.get().set_connection(call.pipeline.get_connection());
+        results.get().set_to_socket(call.pipeline.get_to_socket());
+        results.set_pipeline()?;
+        let response = call.promise.await.map_err(|error| self.hop_error(error))?;
+        results.get().set_info(response.get()?.get_info()?)?;
+        Ok(())
+    }
+
+    /// `listen` at the far end, with the client's acceptor passed on.
+    async fn listen(
+        self: Rc<Self>,
+        params: executor::ListenParams,
+        mut results: executor::ListenResults,
+    ) -> Result<(), capnp::Error> {
+        let params = params.get()?;
+        let upstream = self.target().await?.executor;
+        let mut request = upstream.listen_request();
+        request.get().set_address(params.get_address()?);
+        request.get().set_acceptor(params.get_acceptor()?);
+        let call = request.send();
+        results.get().set_listener(call.pipeline.get_listener());
+        results.set_pipeline()?;
+        let response = call.promise.await.map_err(|error| self.hop_error(error))?;
+        results.get().set_address(response.get()?.get_address()?);
+        Ok(())
+    }
 }

@@ -18,6 +18,8 @@ struct State {
     connection: std::cell::RefCell<Rc<str>>,
     /// The connection's file transfers and watches.
     files: FileLimits,
+    /// The connection's port connections and listeners.
+    ports: crate::rpc::port_quota::PortQuota,
 }
 
 impl Quota {
@@ -28,6 +30,7 @@ impl Quota {
             max: None,
             connection: std::cell::RefCell::new(Rc::from("embedded")),
             files: FileLimits::default(),
+            ports: Default::default(),
         }))
     }
 
@@ -37,6 +40,7 @@ impl Quota {
             max: Some(max),
             connection: std::cell::RefCell::new(Rc::from("embedded")),
             files: FileLimits::default(),
+            ports: Default::default(),
         }))
     }
 
@@ -50,6 +54,11 @@ impl Quota {
     /// The connection's allowance of file transfers and watches.
     pub(crate) fn files(&self) -> &FileLimits {
         &self.0.files
+    }
+
+    /// The connection's allowance of port connections and listeners.
+    pub(crate) fn ports(&self) -> &crate::rpc::port_quota::PortQuota {
+        &self.0.ports
     }
 
     /// One more process, or the limit's error; the ticket gives it back when

@@ -52,6 +52,15 @@ pub fn policy_from_wire(reader: policy::Reader<'_>) -> Result<Policy, Refusal> {
     } else {
         Default::default()
     };
+    let ports = reader
+        .has_ports()
+        .then(|| {
+            reader
+                .get_ports()
+                .and_then(crate::wire::port_policy_from_wire)
+        })
+        .transpose()
+        .map_err(|error| malformed("ports", error))?;
     Ok(Policy {
         programs,
         cwd_roots,
@@ -62,6 +71,7 @@ pub fn policy_from_wire(reader: policy::Reader<'_>) -> Result<Policy, Refusal> {
         max_run_time: limit_from_millis(reader.get_max_run_time_ms()),
         sandbox,
         limits,
+        ports,
         rule_names: RuleNames::Schema,
     })
 }
@@ -97,7 +107,10 @@ pub fn policy_to_wire(policy: &Policy, mut builder: policy::Builder<'_>) {
         sandbox_to_wire(sandbox, builder.reborrow().init_sandbox());
     }
     if !policy.limits.is_empty() {
-        limits_to_wire(&policy.limits, builder.init_limits());
+        limits_to_wire(&policy.limits, builder.reborrow().init_limits());
+    }
+    if let Some(ports) = &policy.ports {
+        crate::wire::port_policy_to_wire(ports, builder.init_ports());
     }
 }
 
@@ -139,6 +152,10 @@ mod tests {
                 cpu_millis: Some(250),
                 best_effort: true,
             },
+            ports: Some(crate::model::PortPolicy {
+                dial: Some(vec!["tcp:127.0.0.1:5432".into()]),
+                listen: None,
+            }),
             rule_names: RuleNames::Schema,
         };
         assert_eq!(round_trip(&policy), policy);

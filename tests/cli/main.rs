@@ -13,6 +13,7 @@ mod chain;
 mod copy;
 mod deadlines;
 mod errors;
+mod forward;
 mod habits;
 mod metrics;
 mod network;

@@ -18,6 +18,7 @@ mod files;
 mod handles;
 mod hostile_bytes;
 mod network;
+mod ports;
 mod process_contract;
 mod recovery;
 mod resource_usage;

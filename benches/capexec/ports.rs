@@ -1,0 +1,257 @@
+//! Ports: bulk TCP through `Executor.dial` (the path of `capexec forward
+//! -L`) over a Unix socket and over TCP, one way each and both ways at
+//! once, next to a direct loopback TCP copy in the same run; the set-up
+//! of a connection (dial and one byte there and back) next to a direct
+//! connect; and many concurrent forwarded connections with the server's
+//! memory. `ssh -L` through an sshd of our own on loopback is measured
+//! the same way, when sshd can run here (else the rows say why not).
+
+use std::error::Error;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener};
+use std::time::{Duration, Instant};
+
+use capexec::capexec_capnp::executor;
+use capexec::client;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::Plan;
+use crate::report::{Report, Target};
+use crate::servers::Servers;
+
+const SECTION: &str = "ports";
+const CHUNK: usize = 64 << 10;
+
+/// A loopback TCP peer: each connection first sends 8 bytes (how many to
+/// send back), then its bytes; the peer sends that many back (then
+/// half-closes) while it reads everything to the end.
+fn start_peer() -> Result<u16, Box<dyn Error>> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
+    std::thread::spawn(move || {
+        for socket in listener.incoming() {
+            let Ok(mut socket) = socket else { continue };
+            std::thread::spawn(move || -> std::io::Result<()> {
+                socket.set_nodelay(true)?;
+                let mut header = [0u8; 8];
+                socket.read_exact(&mut header)?;
+                let down = u64::from_be_bytes(header);
+                let mut writer = socket.try_clone()?;
+                let sending = std::thread::spawn(move || -> std::io::Result<()> {
+                    let chunk = vec![b'd'; CHUNK];
+                    let mut left = down;
+                    while left > 0 {
+                        let n = left.min(CHUNK as u64) as usize;
+                        writer.write_all(&chunk[..n])?;
+                        left -= n as u64;
+                    }
+                    writer.shutdown(Shutdown::Write)
+                });
+                let mut buffer = vec![0u8; CHUNK];
+                while socket.read(&mut buffer)? > 0 {}
+                sending
+                    .join()
+                    .map_err(|_| std::io::Error::other("panicked"))?
+            });
+        }
+    });
+    Ok(port)
+}
+
+/// Sends `up` bytes and reads `down` back, both at once, on `stream`.
+async fn exchange<S: AsyncRead + AsyncWrite>(
+    stream: S,
+    up: u64,
+    down: u64,
+) -> Result<(), Box<dyn Error>> {
+    let (mut read, mut write) = tokio::io::split(stream);
+    let sending = async {
+        // The header goes with the first bytes: two small writes would
+        // meet Nagle's algorithm and a delayed ACK on a path without
+        // TCP_NODELAY (ssh's), 40 ms that are no one's transfer cost.
+        let chunk = vec![b'u'; CHUNK];
+        let first = up.min(CHUNK as u64) as usize;
+        let mut head = down.to_be_bytes().to_vec();
+        head.extend_from_slice(&chunk[..first]);
+        write.write_all(&head).await?;
+        let mut left = up - first as u64;
+        while left > 0 {
+            let n = left.min(CHUNK as u64) as usize;
+            write.write_all(&chunk[..n]).await?;
+            left -= n as u64;
+        }
+        write.shutdown().await
+    };
+    let receiving = async {
+        let mut buffer = vec![0u8; CHUNK];
+        let mut total = 0u64;
+        loop {
+            let n = read.read(&mut buffer).await?;
+            if n == 0 {
+                return Ok::<_, std::io::Error>(total);
+            }
+            total += n as u64;
+        }
+    };
+    let ((), got) = futures::future::try_join(sending, receiving).await?;
+    if got != down {
+        return Err(format!("{got} of {down} bytes arrived").into());
+    }
+    Ok(())
+}
+
+async fn direct(port: u16, up: u64, down: u64) -> Result<Duration, Box<dyn Error>> {
+    let started = Instant::now();
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream.set_nodelay(true)?;
+    exchange(stream, up, down).await?;
+    Ok(started.elapsed())
+}
+
+async fn dialled(
+    executor: &executor::Client,
+    port: u16,
+    up: u64,
+    down: u64,
+) -> Result<Duration, Box<dyn Error>> {
+    let started = Instant::now();
+    let stream = client::dial(executor, &format!("tcp:127.0.0.1:{port}")).await?;
+    exchange(stream, up, down).await?;
+    Ok(started.elapsed())
+}
+
+pub async fn run(
+    plan: &Plan,
+    servers: &Servers,
+    report: &mut Report,
+) -> Result<(), Box<dyn Error>> {
+    let size = plan.ports_bytes;
+    let port = start_peer()?;
+    let connections = servers.connect_direct().await?;
+    let ssh = match crate::ssh::SshForward::start(port) {
+        Ok(ssh) => Some(ssh),
+        Err(why) => {
+            eprintln!("ports: no ssh -L rows: {why}");
+            None
+        }
+    };
+    let (unix, tcp) = (&connections.unix, &connections.tcp);
+    eprintln!(
+        "ports: {} MiB each way through dial, {} round(s)",
+        size >> 20,
+        plan.ports_rounds
+    );
+    for (what, up, down, bytes) in [
+        ("one way, client to peer", size, 0, size),
+        ("one way, peer to client", 0, size, size),
+        ("both ways at once", size, size, 2 * size),
+    ] {
+        let mut baseline = Vec::new();
+        let mut through = [Vec::new(), Vec::new()];
+        let mut over_ssh = Vec::new();
+        for _ in 0..plan.ports_rounds {
+            baseline.push(direct(port, up, down).await?);
+            for (samples, executor) in through.iter_mut().zip([unix, tcp]) {
+                samples.push(dialled(executor, port, up, down).await?);
+            }
+            if let Some(ssh) = &ssh {
+                over_ssh.push(direct(ssh.port, up, down).await?);
+            }
+        }
+        let base = report.baseline(
+            SECTION,
+            format!("direct loopback TCP, {what}"),
+            baseline,
+            Some(bytes),
+        );
+        for (samples, over) in through.into_iter().zip(["unix", "tcp"]) {
+            report.case(
+                SECTION,
+                format!("{over}: dial, {what}"),
+                samples,
+                base,
+                Some(bytes),
+                Some(Target::AtLeastShare(0.6)),
+                "",
+            );
+        }
+        if ssh.is_some() {
+            report.case(
+                SECTION,
+                format!("ssh -L, {what}"),
+                over_ssh,
+                base,
+                Some(bytes),
+                None,
+                "",
+            );
+        }
+    }
+
+    // Set-up: connect and one byte there and back.
+    let runs = plan.latency_runs / 5;
+    let mut baseline = Vec::new();
+    let mut through = Vec::new();
+    let mut over_ssh = Vec::new();
+    for _ in 0..runs {
+        baseline.push(direct(port, 1, 1).await?);
+        through.push(dialled(unix, port, 1, 1).await?);
+        if let Some(ssh) = &ssh {
+            over_ssh.push(direct(ssh.port, 1, 1).await?);
+        }
+    }
+    let base = report.baseline(SECTION, "direct connect + 1 byte each way", baseline, None);
+    report.case(
+        SECTION,
+        "unix: dial + 1 byte each way",
+        through,
+        base,
+        None,
+        None,
+        "",
+    );
+    if ssh.is_some() {
+        report.case(
+            SECTION,
+            "ssh -L (open connection): connect + 1 byte each way",
+            over_ssh,
+            base,
+            None,
+            None,
+            "",
+        );
+    }
+
+    // Many at once, held open: the server's memory.
+    let n = plan.concurrent;
+    let before = servers.unix.usage()?;
+    let started = Instant::now();
+    let mut streams = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut stream = client::dial(unix, &format!("tcp:127.0.0.1:{port}")).await?;
+        stream.write_all(&1u64.to_be_bytes()).await?;
+        streams.push(stream);
+    }
+    for stream in &mut streams {
+        let mut one = [0u8; 1];
+        stream.read_exact(&mut one).await?;
+    }
+    let opened = started.elapsed();
+    let during = servers.unix.usage()?;
+    let per = (during.rss_kib.saturating_sub(before.rss_kib)) as f64 / n as f64;
+    report.figure(
+        SECTION,
+        format!("{n} concurrent dialled connections, each answered"),
+        format!(
+            "{:.0} ms; server RSS {} -> {} KiB ({per:.1} KiB per connection), fds {} -> {}",
+            opened.as_secs_f64() * 1e3,
+            before.rss_kib,
+            during.rss_kib,
+            before.fds,
+            during.fds
+        ),
+        Some(("< 64 KiB per connection".to_string(), per < 64.0)),
+    );
+    drop(streams);
+    Ok(())
+}

@@ -1,0 +1,351 @@
+//! `capexec forward`: ssh's `-L` and `-R` through an executor, until
+//! interrupted.
+//!
+//! `-L`: listens here; each connection accepted is dialled from the
+//! executor's machine (`Executor.dial`) and the two are spliced. `-R`:
+//! listens on the executor's machine (`Executor.listen`); each connection
+//! it accepts is connected to from here. Both directions of a connection
+//! go on independently (half-close is passed on), and a reset or failure
+//! at either end resets the other end too.
+
+use std::cell::RefCell;
+use std::io::Write;
+use std::rc::Rc;
+use std::time::Duration;
+
+use capexec::capexec_capnp::executor;
+use capexec::client::{self, PortStream};
+use capexec::model::{Address, io_message};
+use capexec::ports::{PortRules, Socket};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::cli::forward_spec::ForwardSpec;
+use crate::cli::{EXIT_CAPEXEC_FAILURE, ForwardArgs, stdio, target};
+
+/// Bytes moved at once in each direction.
+const CHUNK_BYTES: usize = 64 * 1024;
+
+pub fn main(args: ForwardArgs) -> i32 {
+    crate::cli::run_local(async move {
+        match forward(args).await {
+            Ok(code) => code,
+            Err(message) => {
+                stdio::note(&message);
+                EXIT_CAPEXEC_FAILURE
+            }
+        }
+    })
+}
+
+/// Prints a forward's line on stdout (a closed stdout is not our concern).
+fn announce(line: &str) {
+    let mut stdout = std::io::stdout();
+    let _ = writeln!(stdout, "{line}");
+    let _ = stdout.flush();
+}
+
+async fn forward(args: ForwardArgs) -> Result<i32, String> {
+    if args.local.is_empty() && args.remote.is_empty() {
+        return Err("nothing to forward: give -L or -R (see capexec forward --help)".to_string());
+    }
+    // Caught from the start, so that none of them kills us half set up.
+    let mut signals = Vec::new();
+    for kind in [
+        SignalKind::interrupt(),
+        SignalKind::terminate(),
+        SignalKind::hangup(),
+    ] {
+        signals.push(signal(kind).map_err(|error| format!("cannot catch signals: {error}"))?);
+    }
+    let mut target = target::target(&args.connect).await?;
+    target.established().await?;
+    let executor = Rc::new(RefCell::new(executor_of(&args, &target)));
+    // Local listeners stay across reconnections: their ports do not change.
+    let _local = open_local(&executor, &args.local, announce).await?;
+    loop {
+        let (lost_tx, lost_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let current = executor.borrow().clone();
+        let remote = open_remote(&current, &args.remote, announce, lost_tx).await?;
+        let signalled = futures::future::select_all(signals.iter_mut().map(|s| Box::pin(s.recv())));
+        let why = tokio::select! {
+            _ = signalled => return Ok(0),
+            why = lost(&target, lost_rx) => why,
+        };
+        // Connections through the old one fail (reset); new ones wait.
+        drop(remote);
+        let Some(grace) = args.resume else {
+            return Err(why);
+        };
+        stdio::note(&format!(
+            "{why}; reconnecting (for up to {})",
+            capexec::model::show_duration(grace)
+        ));
+        match reconnect(&args, grace, &mut signals).await? {
+            Some(again) => target = again,
+            None => return Ok(0),
+        }
+        *executor.borrow_mut() = executor_of(&args, &target);
+        stdio::note("reconnected: forwarding again");
+    }
+}
+
+fn executor_of(args: &ForwardArgs, target: &target::Target) -> executor::Client {
+    match &args.environment {
+        Some(path) => client::environment(&target.executor, path),
+        None => target.executor.clone(),
+    }
+}
+
+/// Why the connection is gone, once it is (a listener on the server lost
+/// says so too).
+async fn lost(
+    target: &target::Target,
+    mut listeners: tokio::sync::mpsc::UnboundedReceiver<String>,
+) -> String {
+    loop {
+        if target.connection.as_ref().is_some_and(|c| c.is_closed()) {
+            return "the connection to the server was lost".to_string();
+        }
+        tokio::select! {
+            why = listeners.recv() => if let Some(why) = why { return why },
+            // Checked now and then: nothing else says it ended.
+            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    }
+}
+
+/// Connects again within `grace`, trying every half second; `None` if a
+/// signal came first.
+async fn reconnect(
+    args: &ForwardArgs,
+    grace: Duration,
+    signals: &mut [tokio::signal::unix::Signal],
+) -> Result<Option<target::Target>, String> {
+    let deadline = tokio::time::Instant::now() + grace;
+    loop {
+        let attempt = async {
+            match target::established_target(&args.connect).await {
+                Ok(target) => Ok(target),
+                Err(why) => {
+                    tokio::time::sleep_until(
+                        deadline.min(tokio::time::Instant::now() + Duration::from_millis(500)),
+                    )
+                    .await;
+                    Err(why)
+                }
+            }
+        };
+        let signalled = futures::future::select_all(signals.iter_mut().map(|s| Box::pin(s.recv())));
+        tokio::select! {
+            _ = signalled => return Ok(None),
+            result = attempt => match result {
+                Ok(target) => return Ok(Some(target)),
+                Err(why) if tokio::time::Instant::now() >= deadline => {
+                    return Err(format!(
+                        "gave up reconnecting after {}: {why}",
+                        capexec::model::show_duration(grace)
+                    ));
+                }
+                Err(_) => {}
+            },
+        }
+    }
+}
+
+/// Forwards that run until dropped.
+pub struct Forwards(Vec<tokio::task::AbortHandle>);
+
+impl Drop for Forwards {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+/// Sets up every forward through `executor`, each announced once it
+/// listens; a failed one fails all. A listener on the server that goes
+/// away is reported on `lost`.
+pub async fn open(
+    executor: &executor::Client,
+    local: &[ForwardSpec],
+    remote: &[ForwardSpec],
+    announce: fn(&str),
+    lost: tokio::sync::mpsc::UnboundedSender<String>,
+) -> Result<Forwards, String> {
+    let shared = Rc::new(RefCell::new(executor.clone()));
+    let mut forwards = open_local(&shared, local, announce).await?;
+    let mut remote = open_remote(executor, remote, announce, lost).await?;
+    forwards.0.append(&mut remote.0);
+    Ok(forwards)
+}
+
+/// `-L`: listens here; each connection is dialled through whatever
+/// `executor` holds when it arrives.
+async fn open_local(
+    executor: &Rc<RefCell<executor::Client>>,
+    local: &[ForwardSpec],
+    announce: fn(&str),
+) -> Result<Forwards, String> {
+    let mut tasks = Forwards(Vec::new());
+    for spec in local {
+        let shown = format!("-L {} -> {}", spec.listen, spec.target);
+        let listening = listen_here(spec)
+            .await
+            .map_err(|why| format!("{shown}: {why}"))?;
+        let shown = format!("-L {} -> {}", listening.address(), spec.target);
+        announce(&shown);
+        let task = tokio::task::spawn_local(serve_local(
+            listening,
+            Rc::clone(executor),
+            spec.target.clone(),
+            Rc::from(shown),
+        ));
+        tasks.0.push(task.abort_handle());
+    }
+    Ok(tasks)
+}
+
+/// `-R`: listens on the executor's machine.
+async fn open_remote(
+    executor: &executor::Client,
+    remote: &[ForwardSpec],
+    announce: fn(&str),
+    lost: tokio::sync::mpsc::UnboundedSender<String>,
+) -> Result<Forwards, String> {
+    let mut tasks = Forwards(Vec::new());
+    for spec in remote {
+        let shown = format!("-R {} -> {}", spec.listen, spec.target);
+        let listener = client::listen(executor, &spec.listen)
+            .await
+            .map_err(|error| format!("{shown}: {error}"))?;
+        let shown = format!("-R {} -> {}", listener.address(), spec.target);
+        announce(&shown);
+        let task = tokio::task::spawn_local(serve_remote(
+            listener,
+            spec.target.clone(),
+            Rc::from(shown),
+            lost.clone(),
+        ));
+        tasks.0.push(task.abort_handle());
+    }
+    Ok(tasks)
+}
+
+async fn listen_here(spec: &ForwardSpec) -> Result<capexec::ports::Listening, String> {
+    let address: Address = spec.listen.parse()?;
+    capexec::ports::listen(&address, &spec.listen, &PortRules::unrestricted())
+        .await
+        .map_err(|refusal| refusal.message)
+}
+
+/// Reports a connection's failure, one line.
+fn failed(shown: &str, from: &str, why: &str) {
+    stdio::note(&format!("{shown}: connection from {from} failed: {why}"));
+}
+
+async fn serve_local(
+    listening: capexec::ports::Listening,
+    executor: Rc<RefCell<executor::Client>>,
+    target: String,
+    shown: Rc<str>,
+) {
+    loop {
+        let (socket, info) = match listening.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                stdio::note(&format!("{shown}: accepting: {}", io_message(&error)));
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let executor = executor.borrow().clone();
+        let (target, shown) = (target.clone(), Rc::clone(&shown));
+        tokio::task::spawn_local(async move {
+            match client::dial(&executor, &target).await {
+                Ok(stream) => {
+                    if let Err(why) = splice(socket, stream).await {
+                        failed(&shown, &info.peer, &why);
+                    }
+                }
+                Err(error) => {
+                    socket.prepare_reset();
+                    failed(&shown, &info.peer, &error.to_string());
+                }
+            }
+        });
+    }
+}
+
+async fn serve_remote(
+    mut listener: client::PortListener,
+    target: String,
+    shown: Rc<str>,
+    lost: tokio::sync::mpsc::UnboundedSender<String>,
+) {
+    let address: Address = match target.parse() {
+        Ok(address) => address,
+        Err(why) => {
+            let _ = lost.send(format!("{shown}: {why}"));
+            return;
+        }
+    };
+    while let Some(stream) = listener.accept().await {
+        let (address, target, shown) = (address.clone(), target.clone(), Rc::clone(&shown));
+        tokio::task::spawn_local(async move {
+            let from = stream.info().peer.clone();
+            match capexec::ports::dial(&address, &target, &PortRules::unrestricted()).await {
+                Ok(socket) => {
+                    if let Err(why) = splice(socket, stream).await {
+                        failed(&shown, &from, &why);
+                    }
+                }
+                // Dropping the stream resets the far connection.
+                Err(refusal) => failed(&shown, &from, &refusal.message),
+            }
+        });
+    }
+    let _ = lost.send(format!("{shown}: the listener on the server was lost"));
+}
+
+/// Copies both ways until both directions ended; a failure either way
+/// resets the socket (and, by dropping the stream, the far one).
+async fn splice(socket: Socket, stream: PortStream) -> Result<(), String> {
+    let socket = Rc::new(socket);
+    let (mut from_far, mut to_far) = tokio::io::split(stream);
+    let outgoing = async {
+        let mut buffer = vec![0u8; CHUNK_BYTES];
+        loop {
+            let read = socket.read(&mut buffer).await.map_err(|e| io_message(&e))?;
+            if read == 0 {
+                return to_far.shutdown().await.map_err(|e| e.to_string());
+            }
+            to_far
+                .write_all(&buffer[..read])
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+    };
+    let incoming = async {
+        let mut buffer = vec![0u8; CHUNK_BYTES];
+        loop {
+            let read = from_far
+                .read(&mut buffer)
+                .await
+                .map_err(|e| e.to_string())?;
+            if read == 0 {
+                return socket.shutdown_write().map_err(|e| io_message(&e));
+            }
+            socket
+                .write_all(&buffer[..read])
+                .await
+                .map_err(|e| io_message(&e))?;
+        }
+    };
+    let result = futures::future::try_join(outgoing, incoming).await;
+    if result.is_err() {
+        socket.prepare_reset();
+    }
+    result.map(|_| ())
+}

@@ -1,0 +1,381 @@
+//! Ports through an executor: [`dial`] a connection from the executor's
+//! machine (the client's half of `ssh -L`), [`listen`] there and accept
+//! what arrives (`ssh -R`). A connection is a [`PortStream`], tokio's
+//! `AsyncRead + AsyncWrite`: `shutdown` half-closes (the far peer reads
+//! end of file while the other direction goes on), a reset or a lost
+//! connection reads as an error, never as end of file, and dropping it
+//! resets the connection unless both directions had ended.
+//!
+//! Flow control is end to end: a write is answered once the far socket
+//! took the bytes, and the stream keeps a bounded window unanswered; what
+//! arrives is answered only once read, so a slow reader here holds the
+//! far writer back.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+
+use bytes::Bytes;
+use futures::future::LocalBoxFuture;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::capexec_capnp::{executor, port_acceptor, port_connection, port_listener, port_sink};
+use crate::client::Error;
+use crate::model::{PortConnectionInfo, Refusal, RefusalKind};
+use crate::wire::{self, PortBudget, PortSender};
+
+thread_local! {
+    /// What the streams of this thread (all of its Cap'n Proto
+    /// connections: capnp-rpc runs on one thread) may have unanswered.
+    static BUDGET: PortBudget = PortBudget::default();
+}
+
+/// What has arrived from the far socket and not been read yet.
+#[derive(Default)]
+struct Inbox {
+    chunks: VecDeque<Arrived>,
+    end: Option<End>,
+    waker: Option<Waker>,
+    /// The stream was dropped: later writes fail.
+    closed: bool,
+}
+
+struct Arrived {
+    bytes: Bytes,
+    read: usize,
+    /// Answers the write that brought it, once it is all read.
+    taken: oneshot::Sender<()>,
+}
+
+#[derive(Clone)]
+enum End {
+    Clean,
+    Failed(String),
+    Lost,
+}
+
+type SharedInbox = Rc<RefCell<Inbox>>;
+
+impl Inbox {
+    fn finish(inbox: &SharedInbox, end: End) {
+        let mut inbox = inbox.borrow_mut();
+        if inbox.end.is_none() {
+            inbox.end = Some(end);
+        }
+        if let Some(waker) = inbox.waker.take() {
+            waker.wake();
+        }
+    }
+}
+
+/// `fromSocket`: the far socket's bytes, answered as they are read.
+struct FromSocket {
+    inbox: SharedInbox,
+}
+
+impl port_sink::Server for FromSocket {
+    // Not `async fn`: queued at dispatch, in arrival order.
+    fn write(
+        self: Rc<Self>,
+        params: port_sink::WriteParams,
+    ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
+        let queued = (|| -> Result<oneshot::Receiver<()>, capnp::Error> {
+            let bytes = params.get()?.get_bytes()?;
+            let mut inbox = self.inbox.borrow_mut();
+            if inbox.closed {
+                return Err(closed());
+            }
+            if inbox.end.is_some() {
+                return Err(Refusal::new(
+                    RefusalKind::InvalidArgument,
+                    "a write after the end of the connection",
+                )
+                .into());
+            }
+            let (taken, answer) = oneshot::channel();
+            inbox.chunks.push_back(Arrived {
+                bytes: Bytes::copy_from_slice(bytes),
+                read: 0,
+                taken,
+            });
+            if let Some(waker) = inbox.waker.take() {
+                waker.wake();
+            }
+            Ok(answer)
+        })();
+        async move { queued?.await.map_err(|_| closed()) }
+    }
+
+    async fn end(
+        self: Rc<Self>,
+        _: port_sink::EndParams,
+        _: port_sink::EndResults,
+    ) -> Result<(), capnp::Error> {
+        Inbox::finish(&self.inbox, End::Clean);
+        Ok(())
+    }
+
+    async fn fail(
+        self: Rc<Self>,
+        params: port_sink::FailParams,
+        _: port_sink::FailResults,
+    ) -> Result<(), capnp::Error> {
+        let reason = params.get()?.get_reason()?.to_string()?;
+        Inbox::finish(&self.inbox, End::Failed(reason));
+        Ok(())
+    }
+}
+
+impl Drop for FromSocket {
+    fn drop(&mut self) {
+        // Released with neither `end` nor `fail`: the server, or a link on
+        // the way to it, is gone.
+        Inbox::finish(&self.inbox, End::Lost);
+    }
+}
+
+fn closed() -> capnp::Error {
+    Refusal::new(
+        RefusalKind::SocketFailed,
+        "the client closed the connection",
+    )
+    .into()
+}
+
+/// One connection through an executor.
+pub struct PortStream {
+    inbox: SharedInbox,
+    sender: Rc<PortSender>,
+    shutdown: Option<LocalBoxFuture<'static, Result<(), capnp::Error>>>,
+    shut: bool,
+    info: PortConnectionInfo,
+    _connection: port_connection::Client,
+}
+
+impl PortStream {
+    fn new(
+        inbox: SharedInbox,
+        to_socket: port_sink::Client,
+        connection: port_connection::Client,
+        info: PortConnectionInfo,
+    ) -> PortStream {
+        let budget = BUDGET.with(PortBudget::clone);
+        PortStream {
+            inbox,
+            sender: Rc::new(PortSender::new(to_socket, budget)),
+            shutdown: None,
+            shut: false,
+            info,
+            _connection: connection,
+        }
+    }
+
+    /// The socket's addresses on the executor's machine.
+    pub fn info(&self) -> &PortConnectionInfo {
+        &self.info
+    }
+}
+
+impl Drop for PortStream {
+    fn drop(&mut self) {
+        let mut inbox = self.inbox.borrow_mut();
+        inbox.closed = true;
+        // Unanswered writes fail: the server resets the socket.
+        inbox.chunks.clear();
+    }
+}
+
+/// A write's failure as an I/O error: a reset (the far socket's, or the
+/// connection's) for the connection's own failures.
+fn io_error(error: capnp::Error) -> io::Error {
+    let error = Error::from(error);
+    let kind = match &error {
+        Error::Refused(refusal) if refusal.kind == RefusalKind::SocketFailed => {
+            io::ErrorKind::ConnectionReset
+        }
+        _ => io::ErrorKind::ConnectionAborted,
+    };
+    io::Error::new(kind, error.to_string())
+}
+
+impl AsyncRead for PortStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        // Writes waiting on a local capability move on while we read.
+        self.sender.poll_progress(cx);
+        let mut inbox = self.inbox.borrow_mut();
+        if let Some(front) = inbox.chunks.front_mut() {
+            let rest = &front.bytes[front.read..];
+            let n = rest.len().min(buf.remaining());
+            buf.put_slice(&rest[..n]);
+            front.read += n;
+            if front.read == front.bytes.len()
+                && let Some(done) = inbox.chunks.pop_front()
+            {
+                let _ = done.taken.send(());
+            }
+            return Poll::Ready(Ok(()));
+        }
+        match inbox.end.clone() {
+            Some(End::Clean) => Poll::Ready(Ok(())),
+            Some(End::Failed(reason)) => {
+                Poll::Ready(Err(io::Error::new(io::ErrorKind::ConnectionReset, reason)))
+            }
+            Some(End::Lost) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "the connection through the executor was lost",
+            ))),
+            None => {
+                inbox.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl AsyncWrite for PortStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        if self.shut {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the connection was shut down for writing",
+            )));
+        }
+        if buf.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        match self.sender.poll_room(cx) {
+            Poll::Ready(Ok(room)) => {
+                let n = room.min(buf.len());
+                self.sender.send_now(&buf[..n]);
+                Poll::Ready(Ok(n))
+            }
+            Poll::Ready(Err(error)) => Poll::Ready(Err(io_error(error))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.sender.poll_drained(cx).map_err(io_error)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        this.shut = true;
+        let shutdown = this.shutdown.get_or_insert_with(|| {
+            let sender = Rc::clone(&this.sender);
+            Box::pin(async move { sender.end().await })
+        });
+        shutdown.as_mut().poll(cx).map_err(io_error)
+    }
+}
+
+fn new_inbox() -> (SharedInbox, port_sink::Client) {
+    let inbox = SharedInbox::default();
+    let sink = capnp_rpc::new_client(FromSocket {
+        inbox: Rc::clone(&inbox),
+    });
+    (inbox, sink)
+}
+
+/// A connection to `address` (`tcp:HOST:PORT` or `unix:PATH`) opened from
+/// `executor`'s machine.
+pub async fn dial(executor: &executor::Client, address: &str) -> Result<PortStream, Error> {
+    let (inbox, sink) = new_inbox();
+    let mut request = executor.dial_request();
+    request.get().set_address(address);
+    request.get().set_from_socket(sink);
+    let response = request.send().promise.await?;
+    let results = response.get()?;
+    Ok(PortStream::new(
+        inbox,
+        results.get_to_socket()?,
+        results.get_connection()?,
+        wire::port_info_from_wire(results.get_info()?)?,
+    ))
+}
+
+/// A socket listening on the executor's machine. Dropping it stops the
+/// listening and resets the connections it accepted that are still open.
+pub struct PortListener {
+    address: String,
+    incoming: mpsc::Receiver<PortStream>,
+    _listener: port_listener::Client,
+}
+
+impl PortListener {
+    /// Where it listens, on the executor's machine (a port 0 asked for is
+    /// the port the kernel chose).
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// The next connection; `None` once the listener is gone (its
+    /// connection to the executor was lost).
+    pub async fn accept(&mut self) -> Option<PortStream> {
+        self.incoming.recv().await
+    }
+}
+
+/// Hands accepted connections to [`PortListener::accept`], one at a time:
+/// the server waits for each answer (at most a few at once), so
+/// connections nobody accepts wait in the far kernel's backlog.
+struct Acceptor {
+    incoming: mpsc::Sender<PortStream>,
+}
+
+impl port_acceptor::Server for Acceptor {
+    async fn accept(
+        self: Rc<Self>,
+        params: port_acceptor::AcceptParams,
+        mut results: port_acceptor::AcceptResults,
+    ) -> Result<(), capnp::Error> {
+        let params = params.get()?;
+        let (inbox, sink) = new_inbox();
+        let stream = PortStream::new(
+            inbox,
+            params.get_to_socket()?,
+            params.get_connection()?,
+            wire::port_info_from_wire(params.get_info()?)?,
+        );
+        self.incoming.send(stream).await.map_err(|_| {
+            capnp::Error::from(Refusal::new(
+                RefusalKind::SocketFailed,
+                "the client no longer accepts connections",
+            ))
+        })?;
+        results.get().set_from_socket(sink);
+        Ok(())
+    }
+}
+
+/// Listens on `address` on `executor`'s machine.
+pub async fn listen(executor: &executor::Client, address: &str) -> Result<PortListener, Error> {
+    let (incoming, receiver) = mpsc::channel(1);
+    let acceptor: port_acceptor::Client = capnp_rpc::new_client(Acceptor { incoming });
+    let mut request = executor.listen_request();
+    request.get().set_address(address);
+    request.get().set_acceptor(acceptor);
+    let response = request.send().promise.await?;
+    let results = response.get()?;
+    Ok(PortListener {
+        address: results
+            .get_address()?
+            .to_string()
+            .map_err(|error| Error::Rpc(capnp::Error::failed(error.to_string())))?,
+        incoming: receiver,
+        _listener: results.get_listener()?,
+    })
+}

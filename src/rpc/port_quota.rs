@@ -1,0 +1,115 @@
+//! How many port connections and listeners one Cap'n Proto connection may
+//! hold at once, and the flow-control budget its senders share.
+
+use std::cell::Cell;
+use std::rc::Rc;
+
+use tokio::sync::Notify;
+
+use crate::model::{Refusal, RefusalKind};
+use crate::wire::PortBudget;
+
+/// Port connections (dialled or accepted) one connection may hold.
+pub const MAX_PORT_STREAMS: usize = 1024;
+
+/// Listeners one connection may hold.
+pub const MAX_PORT_LISTENERS: usize = 64;
+
+#[derive(Clone)]
+pub(crate) struct PortQuota(Rc<State>);
+
+struct State {
+    streams: Cell<usize>,
+    listeners: Cell<usize>,
+    max_streams: usize,
+    max_listeners: usize,
+    /// Woken when a stream's place is given back (a listener waits on it
+    /// before accepting more).
+    freed: Notify,
+    budget: PortBudget,
+}
+
+impl Default for PortQuota {
+    fn default() -> Self {
+        PortQuota::new(MAX_PORT_STREAMS, MAX_PORT_LISTENERS)
+    }
+}
+
+impl PortQuota {
+    pub(crate) fn new(max_streams: usize, max_listeners: usize) -> PortQuota {
+        PortQuota(Rc::new(State {
+            streams: Cell::new(0),
+            listeners: Cell::new(0),
+            max_streams,
+            max_listeners,
+            freed: Notify::new(),
+            budget: PortBudget::default(),
+        }))
+    }
+
+    /// What the connection's senders share.
+    pub(crate) fn budget(&self) -> &PortBudget {
+        &self.0.budget
+    }
+
+    /// One more port connection, or the limit's error.
+    pub(crate) fn take_stream(&self) -> Result<PortTicket, Refusal> {
+        self.take(false)
+    }
+
+    /// One more listener, or the limit's error.
+    pub(crate) fn take_listener(&self) -> Result<PortTicket, Refusal> {
+        self.take(true)
+    }
+
+    fn take(&self, listener: bool) -> Result<PortTicket, Refusal> {
+        let (counter, max, what) = if listener {
+            (&self.0.listeners, self.0.max_listeners, "listeners")
+        } else {
+            (&self.0.streams, self.0.max_streams, "port connections")
+        };
+        let held = counter.get();
+        if held >= max {
+            return Err(Refusal::new(
+                RefusalKind::LimitReached,
+                format!("this connection already holds its maximum of {max} {what}"),
+            ));
+        }
+        counter.set(held + 1);
+        Ok(PortTicket {
+            state: Rc::clone(&self.0),
+            listener,
+        })
+    }
+
+    /// One more port connection, once one is free.
+    pub(crate) async fn wait_for_stream(&self) -> PortTicket {
+        loop {
+            let freed = self.0.freed.notified();
+            if let Ok(ticket) = self.take_stream() {
+                return ticket;
+            }
+            freed.await;
+        }
+    }
+}
+
+/// A place taken in a [`PortQuota`], given back when dropped.
+pub(crate) struct PortTicket {
+    state: Rc<State>,
+    listener: bool,
+}
+
+impl Drop for PortTicket {
+    fn drop(&mut self) {
+        let counter = if self.listener {
+            &self.state.listeners
+        } else {
+            &self.state.streams
+        };
+        counter.set(counter.get().saturating_sub(1));
+        if !self.listener {
+            self.state.freed.notify_waiters();
+        }
+    }
+}

@@ -1,0 +1,557 @@
+//! The server side of `Executor.dial` and `Executor.listen`: a socket of
+//! the ports engine joined to two `PortSink`s, one per direction, and
+//! listeners that hand what they accept to the client's acceptor.
+//!
+//! Socket to client: one task reads only as much as the sender's window
+//! has room for, so a client that stops reading stops the reads (the
+//! kernel's buffers fill, then the peer's). Client to socket: writes are
+//! queued in the order they arrive (at dispatch, before any await) and one
+//! task writes them; each answer waits for its bytes to be in the socket.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::io;
+use std::rc::{Rc, Weak};
+
+use bytes::Bytes;
+use capnp::Error;
+use tokio::sync::{Notify, Semaphore, oneshot};
+use tokio::task::{AbortHandle, spawn_local};
+
+use crate::capexec_capnp::{port_acceptor, port_connection, port_listener, port_sink};
+use crate::model::{PortUse, Refusal, RefusalKind, excerpt, io_message, port_address};
+use crate::ports::{Listening, PortRules, Socket, socket_failure};
+use crate::rpc::port_quota::{PortQuota, PortTicket};
+use crate::wire::{self, MAX_PORT_WRITE_BYTES, PortSender};
+
+/// Accepted connections waiting for the acceptor's answer at once.
+pub const MAX_PENDING_ACCEPTS: usize = 16;
+
+/// One socket and the state its two directions share.
+struct Connection {
+    socket: RefCell<Option<Rc<Socket>>>,
+    /// Where the socket's bytes go (set once the acceptor answered).
+    from_socket: RefCell<Option<port_sink::Client>>,
+    /// The first failure: later calls fail with it.
+    failure: RefCell<Option<String>>,
+    to_ended: Cell<bool>,
+    from_ended: Cell<bool>,
+    tasks: RefCell<Vec<AbortHandle>>,
+    /// Writes for the socket, oldest first. (capnp-rpc runs one stream
+    /// call on a capability at a time, so this holds one write and the
+    /// end; a sender that ignores flow control fills the connection's
+    /// bound on unanswered calls instead, and the server closes it.)
+    queue: RefCell<VecDeque<Queued>>,
+    queue_changed: Notify,
+    end_asked: Cell<bool>,
+}
+
+enum Queued {
+    Write(Bytes, oneshot::Sender<Result<(), Refusal>>),
+    End(oneshot::Sender<Result<(), Refusal>>),
+}
+
+impl Connection {
+    fn new(socket: Socket) -> Rc<Connection> {
+        Rc::new(Connection {
+            socket: RefCell::new(Some(Rc::new(socket))),
+            from_socket: RefCell::new(None),
+            failure: RefCell::new(None),
+            to_ended: Cell::new(false),
+            from_ended: Cell::new(false),
+            tasks: RefCell::new(Vec::new()),
+            queue: RefCell::new(VecDeque::new()),
+            queue_changed: Notify::new(),
+            end_asked: Cell::new(false),
+        })
+    }
+
+    fn socket(&self) -> Option<Rc<Socket>> {
+        self.socket.borrow().clone()
+    }
+
+    fn failed(&self) -> Option<Refusal> {
+        self.failure
+            .borrow()
+            .as_ref()
+            .map(|reason| Refusal::new(RefusalKind::SocketFailed, reason.clone()))
+    }
+
+    /// Resets the socket (TCP RST), stops both directions, and tells the
+    /// client's sink why; only the first reason counts.
+    fn reset(&self, reason: &str) {
+        if self.failure.borrow().is_some() {
+            return;
+        }
+        *self.failure.borrow_mut() = Some(reason.to_string());
+        if let Some(socket) = self.socket.borrow_mut().take() {
+            socket.prepare_reset();
+        }
+        for task in self.tasks.borrow_mut().drain(..) {
+            task.abort();
+        }
+        let failure = self.failed();
+        for queued in self.queue.borrow_mut().drain(..) {
+            let (Queued::Write(_, done) | Queued::End(done)) = queued;
+            let _ = done.send(Err(failure.clone().expect("set above")));
+        }
+        if !self.from_ended.get()
+            && let Some(sink) = self.from_socket.borrow_mut().take()
+        {
+            let mut request = sink.fail_request();
+            request.get().set_reason(reason);
+            let answer = request.send().promise;
+            // The answer only says the client heard; nothing waits for it.
+            spawn_local(async move {
+                let _ = answer.await;
+            });
+        }
+    }
+
+    /// Closes the socket once both directions ended cleanly.
+    fn close_if_done(&self) {
+        if self.to_ended.get() && self.from_ended.get() {
+            self.socket.borrow_mut().take();
+        }
+    }
+
+    fn track(&self, task: AbortHandle) {
+        self.tasks.borrow_mut().push(task);
+    }
+
+    /// Queues a write or the end at dispatch, in arrival order.
+    fn submit(&self, item: Queued) {
+        self.queue.borrow_mut().push_back(item);
+        self.queue_changed.notify_one();
+    }
+}
+
+/// Writes the queued bytes into the socket, one write at a time.
+async fn write_queue(connection: Rc<Connection>) {
+    loop {
+        let next = connection.queue.borrow_mut().pop_front();
+        let Some(item) = next else {
+            connection.queue_changed.notified().await;
+            continue;
+        };
+        let Some(socket) = connection.socket() else {
+            return;
+        };
+        match item {
+            Queued::Write(bytes, done) => {
+                let written = socket.write_all(&bytes).await;
+                match written {
+                    Ok(()) => {
+                        let _ = done.send(Ok(()));
+                    }
+                    Err(error) => {
+                        let refusal = socket_failure("writing to the connection", &error);
+                        let _ = done.send(Err(refusal.clone()));
+                        connection.reset(&refusal.message);
+                        return;
+                    }
+                }
+            }
+            Queued::End(done) => {
+                let result = socket.shutdown_write().map_err(|error| {
+                    socket_failure("shutting the connection down for writing", &error)
+                });
+                drop(socket);
+                match result {
+                    Ok(()) => {
+                        connection.to_ended.set(true);
+                        connection.close_if_done();
+                        let _ = done.send(Ok(()));
+                    }
+                    Err(refusal) => {
+                        let _ = done.send(Err(refusal.clone()));
+                        connection.reset(&refusal.message);
+                    }
+                }
+                return;
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// Where every connection's reader reads the socket into before the
+    /// bytes are copied into their `write` (with no await between): one
+    /// buffer for the thread, not one per connection, so a thousand
+    /// connections cost no more than one.
+    static SCRATCH: RefCell<Vec<u8>> = RefCell::new(vec![0u8; wire::PORT_CHUNK_BYTES]);
+}
+
+/// Reads the socket into the client's sink, as fast as the sink answers.
+async fn read_socket(connection: Rc<Connection>, sender: PortSender) {
+    loop {
+        let room = match sender.room().await {
+            Ok(room) => room,
+            Err(error) => {
+                connection.reset(&format!(
+                    "the client's end of the connection failed: {}",
+                    wire::describe(&error)
+                ));
+                return;
+            }
+        };
+        let Some(socket) = connection.socket() else {
+            return;
+        };
+        let ready = std::future::poll_fn(|cx| {
+            sender.poll_progress(cx);
+            socket.poll_read_ready(cx)
+        });
+        let read = match ready.await {
+            Ok(()) => SCRATCH.with_borrow_mut(|buffer| {
+                let read = socket.try_read(&mut buffer[..room]);
+                if let Ok(read @ 1..) = read {
+                    sender.send_now(&buffer[..read]);
+                }
+                read
+            }),
+            Err(error) => Err(error),
+        };
+        if matches!(&read, Err(error) if error.kind() == io::ErrorKind::WouldBlock) {
+            continue;
+        }
+        drop(socket);
+        match read {
+            Ok(0) => {
+                match sender.end().await {
+                    Ok(()) => {
+                        connection.from_ended.set(true);
+                        connection.from_socket.borrow_mut().take();
+                        connection.close_if_done();
+                    }
+                    Err(error) => connection.reset(&format!(
+                        "the client's end of the connection failed: {}",
+                        wire::describe(&error)
+                    )),
+                }
+                return;
+            }
+            Ok(_) => {}
+            Err(error) => {
+                let reason = match error.kind() {
+                    io::ErrorKind::ConnectionReset => {
+                        "the connection was reset by its peer".to_string()
+                    }
+                    _ => format!("reading from the connection: {}", io_message(&error)),
+                };
+                connection.reset(&reason);
+                return;
+            }
+        }
+    }
+}
+
+/// `toSocket`: what the client writes goes into the socket.
+struct ToSocket {
+    connection: Rc<Connection>,
+}
+
+impl ToSocket {
+    fn queue_write(&self, bytes: &[u8]) -> Result<oneshot::Receiver<Result<(), Refusal>>, Refusal> {
+        let connection = &self.connection;
+        if let Some(failure) = connection.failed() {
+            return Err(failure);
+        }
+        if connection.end_asked.get() {
+            return Err(Refusal::new(
+                RefusalKind::InvalidArgument,
+                "a write after `end` on this connection",
+            ));
+        }
+        if bytes.len() > MAX_PORT_WRITE_BYTES {
+            let refusal = Refusal::new(
+                RefusalKind::InvalidArgument,
+                format!(
+                    "a write of {} bytes; at most {MAX_PORT_WRITE_BYTES}",
+                    bytes.len()
+                ),
+            );
+            connection.reset(&refusal.message);
+            return Err(refusal);
+        }
+        let (done, answer) = oneshot::channel();
+        connection.submit(Queued::Write(Bytes::copy_from_slice(bytes), done));
+        Ok(answer)
+    }
+}
+
+/// An answer from the writer task, or the connection's failure if it
+/// stopped before answering.
+async fn answered(
+    connection: Rc<Connection>,
+    answer: oneshot::Receiver<Result<(), Refusal>>,
+) -> Result<(), Error> {
+    match answer.await {
+        Ok(result) => Ok(result?),
+        Err(_) => Err(connection
+            .failed()
+            .unwrap_or_else(|| Refusal::new(RefusalKind::SocketFailed, "the connection closed"))
+            .into()),
+    }
+}
+
+impl port_sink::Server for ToSocket {
+    // Not `async fn`: the write is queued while the call is dispatched, so
+    // the bytes reach the socket in the order the calls arrived.
+    fn write(
+        self: Rc<Self>,
+        params: port_sink::WriteParams,
+    ) -> impl Future<Output = Result<(), Error>> + 'static {
+        let queued = params
+            .get()
+            .and_then(|params| params.get_bytes())
+            .map_err(|error| {
+                Refusal::new(
+                    RefusalKind::InvalidArgument,
+                    format!("a malformed write: {error}"),
+                )
+            })
+            .and_then(|bytes| self.queue_write(bytes));
+        let connection = Rc::clone(&self.connection);
+        async move { answered(connection, queued?).await }
+    }
+
+    fn end(
+        self: Rc<Self>,
+        _: port_sink::EndParams,
+        _: port_sink::EndResults,
+    ) -> impl Future<Output = Result<(), Error>> + 'static {
+        let connection = Rc::clone(&self.connection);
+        let queued = if let Some(failure) = connection.failed() {
+            Err(failure)
+        } else if connection.end_asked.replace(true) {
+            Ok(None)
+        } else {
+            let (done, answer) = oneshot::channel();
+            connection.submit(Queued::End(done));
+            Ok(Some(answer))
+        };
+        async move {
+            match queued? {
+                Some(answer) => answered(connection, answer).await,
+                None => Ok(()),
+            }
+        }
+    }
+
+    async fn fail(
+        self: Rc<Self>,
+        params: port_sink::FailParams,
+        _: port_sink::FailResults,
+    ) -> Result<(), Error> {
+        let reason = params
+            .get()
+            .and_then(|params| params.get_reason())
+            .ok()
+            .and_then(|reason| reason.to_str().ok().map(|text| excerpt(text).into_owned()))
+            .unwrap_or_default();
+        self.connection
+            .reset(&format!("the client failed the connection: {reason}"));
+        Ok(())
+    }
+}
+
+/// `PortConnection`: holding it keeps the socket open.
+struct ConnectionHandle {
+    connection: Rc<Connection>,
+    _ticket: PortTicket,
+}
+
+impl port_connection::Server for ConnectionHandle {}
+
+impl Drop for ConnectionHandle {
+    fn drop(&mut self) {
+        let connection = &self.connection;
+        if connection.to_ended.get() && connection.from_ended.get() {
+            connection.socket.borrow_mut().take();
+        } else {
+            connection.reset("the connection's capability was released");
+        }
+        for task in connection.tasks.borrow_mut().drain(..) {
+            task.abort();
+        }
+    }
+}
+
+/// The capabilities of a connection whose writer runs; its reader starts
+/// once the client's sink is known ([`start_reading`]).
+fn open(
+    socket: Socket,
+    ticket: PortTicket,
+) -> (Rc<Connection>, port_connection::Client, port_sink::Client) {
+    let connection = Connection::new(socket);
+    let writer = spawn_local(write_queue(Rc::clone(&connection)));
+    connection.track(writer.abort_handle());
+    let handle = capnp_rpc::new_client(ConnectionHandle {
+        connection: Rc::clone(&connection),
+        _ticket: ticket,
+    });
+    let to_socket = capnp_rpc::new_client(ToSocket {
+        connection: Rc::clone(&connection),
+    });
+    (connection, handle, to_socket)
+}
+
+fn start_reading(connection: &Rc<Connection>, from_socket: port_sink::Client, quota: &PortQuota) {
+    if connection.failure.borrow().is_some() {
+        return;
+    }
+    *connection.from_socket.borrow_mut() = Some(from_socket.clone());
+    let sender = PortSender::new(from_socket, quota.budget().clone());
+    let reader = spawn_local(read_socket(Rc::clone(connection), sender));
+    connection.track(reader.abort_handle());
+}
+
+/// `Executor.dial` on this machine under `rules`.
+pub(crate) async fn dial(
+    rules: &PortRules,
+    quota: &PortQuota,
+    params: crate::capexec_capnp::executor::DialParams,
+    mut results: crate::capexec_capnp::executor::DialResults,
+) -> Result<(), Error> {
+    let params = params.get()?;
+    let asked = text_param(params.get_address())?;
+    let from_socket = params.get_from_socket()?;
+    let address = port_address(&asked, PortUse::Dial)?;
+    let ticket = quota.take_stream()?;
+    let socket = crate::ports::dial(&address, &asked, rules).await?;
+    let info = socket.info();
+    let (connection, handle, to_socket) = open(socket, ticket);
+    start_reading(&connection, from_socket, quota);
+    let mut results = results.get();
+    results.set_connection(handle);
+    results.set_to_socket(to_socket);
+    wire::port_info_to_wire(&info, results.init_info());
+    Ok(())
+}
+
+fn text_param(text: capnp::Result<capnp::text::Reader<'_>>) -> Result<String, Refusal> {
+    let text = text.map_err(|error| {
+        Refusal::new(
+            RefusalKind::InvalidArgument,
+            format!("a malformed address: {error}"),
+        )
+    })?;
+    text.to_str().map(str::to_string).map_err(|_| {
+        Refusal::new(
+            RefusalKind::InvalidArgument,
+            "the address is not valid UTF-8",
+        )
+    })
+}
+
+/// `PortListener`: holding it keeps the socket listening.
+struct ListenerHandle {
+    accepting: AbortHandle,
+    accepted: Rc<RefCell<Vec<Weak<Connection>>>>,
+    _ticket: PortTicket,
+}
+
+impl port_listener::Server for ListenerHandle {}
+
+impl Drop for ListenerHandle {
+    fn drop(&mut self) {
+        self.accepting.abort();
+        for connection in self.accepted.borrow_mut().drain(..) {
+            if let Some(connection) = connection.upgrade() {
+                connection.reset("the listener was released");
+            }
+        }
+    }
+}
+
+/// `Executor.listen` on this machine under `rules`.
+pub(crate) async fn listen(
+    rules: &PortRules,
+    quota: &PortQuota,
+    params: crate::capexec_capnp::executor::ListenParams,
+    mut results: crate::capexec_capnp::executor::ListenResults,
+) -> Result<(), Error> {
+    let params = params.get()?;
+    let asked = text_param(params.get_address())?;
+    let acceptor = params.get_acceptor()?;
+    let address = port_address(&asked, PortUse::Listen)?;
+    let ticket = quota.take_listener()?;
+    let listening = crate::ports::listen(&address, &asked, rules).await?;
+    let bound = listening.address().to_string();
+    let accepted = Rc::new(RefCell::new(Vec::new()));
+    let accepting = spawn_local(accept_loop(
+        listening,
+        acceptor,
+        quota.clone(),
+        Rc::clone(&accepted),
+    ))
+    .abort_handle();
+    let mut results = results.get();
+    results.set_listener(capnp_rpc::new_client(ListenerHandle {
+        accepting,
+        accepted,
+        _ticket: ticket,
+    }));
+    results.set_address(bound.as_str());
+    Ok(())
+}
+
+async fn accept_loop(
+    listening: Listening,
+    acceptor: port_acceptor::Client,
+    quota: PortQuota,
+    accepted: Rc<RefCell<Vec<Weak<Connection>>>>,
+) {
+    let pending = std::sync::Arc::new(Semaphore::new(MAX_PENDING_ACCEPTS));
+    loop {
+        // Until there is room, connections wait in the kernel's backlog.
+        let Ok(slot) = std::sync::Arc::clone(&pending).acquire_owned().await else {
+            return;
+        };
+        let ticket = quota.wait_for_stream().await;
+        let (socket, info) = match listening.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of descriptors, or a connection that died in the
+                // backlog: the listener goes on, a moment later.
+                tracing::warn!(
+                    "accepting on {}: {}",
+                    listening.address(),
+                    io_message(&error)
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let (connection, handle, to_socket) = open(socket, ticket);
+        {
+            let mut list = accepted.borrow_mut();
+            list.retain(|weak| weak.strong_count() > 0);
+            list.push(Rc::downgrade(&connection));
+        }
+        let mut request = acceptor.accept_request();
+        {
+            let mut params = request.get();
+            params.set_connection(handle);
+            params.set_to_socket(to_socket);
+            wire::port_info_to_wire(&info, params.init_info());
+        }
+        let answer = request.send().promise;
+        let quota = quota.clone();
+        spawn_local(async move {
+            let result = answer
+                .await
+                .and_then(|response| response.get()?.get_from_socket());
+            drop(slot);
+            match result {
+                Ok(from_socket) => start_reading(&connection, from_socket, &quota),
+                Err(error) => connection.reset(&format!(
+                    "the acceptor refused the connection: {}",
+                    wire::describe(&error)
+                )),
+            }
+        });
+    }
+}

@@ -1,0 +1,263 @@
+//! Sending one direction of a port connection's bytes into a `PortSink`:
+//! the one sender the server (socket to client), the hops of a chain and
+//! the client (its writes to the socket) all use, so that every hop holds
+//! the same bounded window.
+//!
+//! `PortSink.write` is a `-> stream` method, but the sender does not use
+//! capnp-rpc's streaming requests: their flow control says when a window
+//! has room, not which writes were answered, and one window per
+//! capability (512 KiB here) times a thousand connections would let one
+//! Cap'n Proto connection hold half a gigabyte. Writes are sent as plain
+//! calls instead (the receiver still runs them one at a time, in order,
+//! since the method is declared `-> stream`), and the sender counts what
+//! is unanswered: at most its share of a [`PortBudget`] that every sender
+//! on the same Cap'n Proto connection shares.
+
+use std::cell::{Cell, RefCell};
+use std::future::poll_fn;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+
+use capnp::any_pointer;
+use capnp::traits::HasTypeId;
+use futures::StreamExt;
+use futures::future::LocalBoxFuture;
+use futures::stream::FuturesOrdered;
+
+use crate::capexec_capnp::port_sink;
+
+/// The most bytes capexec puts in one `PortSink.write`.
+pub const PORT_CHUNK_BYTES: usize = 64 * 1024;
+
+/// The most bytes a `PortSink.write` may carry (the schema's limit).
+pub const MAX_PORT_WRITE_BYTES: usize = 1 << 20;
+
+/// The most bytes one direction of one connection has unanswered.
+pub const PORT_WINDOW_BYTES: usize = 1 << 20;
+
+/// What all the senders on one Cap'n Proto connection may have
+/// unanswered together, shared fairly.
+pub const PORT_POOL_BYTES: usize = 16 << 20;
+
+/// Every sender's share of a pool, however many share it.
+pub const MIN_PORT_SHARE_BYTES: usize = 16 * 1024;
+
+/// Unanswered bytes shared by the senders of one Cap'n Proto connection:
+/// each may have [`PORT_POOL_BYTES`] divided by their number (between
+/// [`MIN_PORT_SHARE_BYTES`] and [`PORT_WINDOW_BYTES`]), so a thousand
+/// connections hold no more than a few, and a stalled reader holds only
+/// its share while the others go on.
+#[derive(Clone)]
+pub struct PortBudget(Rc<BudgetState>);
+
+struct BudgetState {
+    pool: usize,
+    senders: Cell<usize>,
+}
+
+impl Default for PortBudget {
+    fn default() -> Self {
+        PortBudget::new(PORT_POOL_BYTES)
+    }
+}
+
+impl PortBudget {
+    pub fn new(pool: usize) -> PortBudget {
+        PortBudget(Rc::new(BudgetState {
+            pool,
+            senders: Cell::new(0),
+        }))
+    }
+
+    /// What one sender may have unanswered now.
+    pub fn share(&self) -> usize {
+        let senders = self.0.senders.get().max(1);
+        (self.0.pool / senders).clamp(MIN_PORT_SHARE_BYTES, PORT_WINDOW_BYTES)
+    }
+
+    /// Senders sharing the pool now.
+    pub fn senders(&self) -> usize {
+        self.0.senders.get()
+    }
+}
+
+type Ack = LocalBoxFuture<'static, Result<usize, capnp::Error>>;
+
+/// Writes into one `PortSink`, in order, with at most its budget's share
+/// unanswered.
+pub struct PortSender {
+    sink: port_sink::Client,
+    budget: PortBudget,
+    state: RefCell<SenderState>,
+}
+
+#[derive(Default)]
+struct SenderState {
+    /// The answers still to come, oldest first, each with its size.
+    acks: FuturesOrdered<Ack>,
+    in_flight: usize,
+    /// The first failed write: every later call fails with it.
+    failed: Option<capnp::Error>,
+}
+
+impl PortSender {
+    pub fn new(sink: port_sink::Client, budget: PortBudget) -> PortSender {
+        budget.0.senders.set(budget.0.senders.get() + 1);
+        PortSender {
+            sink,
+            budget,
+            state: RefCell::new(SenderState::default()),
+        }
+    }
+
+    /// The sink written into.
+    pub fn sink(&self) -> &port_sink::Client {
+        &self.sink
+    }
+
+    /// Unanswered bytes now (answers that arrived are only counted once
+    /// the sender is next used).
+    pub fn in_flight(&self) -> usize {
+        self.state.borrow().in_flight
+    }
+
+    /// Whether bytes may be sent now, and how many (at most
+    /// [`PORT_CHUNK_BYTES`]); pending until an answer makes room.
+    pub fn poll_room(&self, cx: &mut Context<'_>) -> Poll<Result<usize, capnp::Error>> {
+        let mut state = self.state.borrow_mut();
+        state.retire(cx)?;
+        let share = self.budget.share();
+        if state.in_flight < share {
+            Poll::Ready(Ok((share - state.in_flight).min(PORT_CHUNK_BYTES)))
+        } else {
+            // An answer is due (something is in flight): it wakes us.
+            Poll::Pending
+        }
+    }
+
+    /// Waits until bytes may be sent, and says how many: for reading just
+    /// that much from a socket.
+    pub async fn room(&self) -> Result<usize, capnp::Error> {
+        poll_fn(|cx| self.poll_room(cx)).await
+    }
+
+    /// Collects the answers that have arrived, registering `cx` for the
+    /// next: whoever waits for something else in the meantime (a socket's
+    /// bytes) calls it too, since the receiver of a local capability gets
+    /// the next write only once the answer to the last one was polled.
+    pub fn poll_progress(&self, cx: &mut Context<'_>) {
+        let _ = self.state.borrow_mut().retire(cx);
+    }
+
+    /// Ready once every write sent has been answered (or one failed).
+    pub fn poll_drained(&self, cx: &mut Context<'_>) -> Poll<Result<(), capnp::Error>> {
+        let mut state = self.state.borrow_mut();
+        state.retire(cx)?;
+        if state.in_flight == 0 {
+            Poll::Ready(Ok(()))
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// Sends `bytes` (at most [`MAX_PORT_WRITE_BYTES`]) now, without
+    /// waiting for room or for the answer: call it after
+    /// [`PortSender::poll_room`] said how much fits.
+    pub fn send_now(&self, bytes: &[u8]) {
+        let words = bytes.len().div_ceil(8) as u64 + 8;
+        let mut request = self
+            .sink
+            .client
+            .new_call::<port_sink::write_params::Owned, any_pointer::Owned>(
+                <port_sink::Client as HasTypeId>::TYPE_ID,
+                0,
+                Some(capnp::MessageSize {
+                    word_count: words,
+                    cap_count: 0,
+                }),
+            );
+        request.get().set_bytes(bytes);
+        let answer = request.send().promise;
+        let size = bytes.len();
+        let mut ack: Ack = Box::pin(async move { answer.await.map(|_| size) });
+        // A call on a local capability is only dispatched when first
+        // polled: poll it now, so that writes (and the `end` after them)
+        // reach the receiver in the order they were sent. Its answer is
+        // polled again, with a real waker, from the queue.
+        let early = ack
+            .as_mut()
+            .poll(&mut Context::from_waker(futures::task::noop_waker_ref()));
+        let mut state = self.state.borrow_mut();
+        state.in_flight += size;
+        match early {
+            Poll::Ready(Ok(_)) => state.in_flight -= size,
+            Poll::Ready(Err(error)) => {
+                state.failed.get_or_insert(error);
+            }
+            Poll::Pending => state.acks.push_back(ack),
+        }
+    }
+
+    /// Ends this direction after every write sent, and waits for the
+    /// receiver's answer (which comes after every earlier write's, so a
+    /// write that failed fails it too).
+    pub async fn end(&self) -> Result<(), capnp::Error> {
+        // Every write answered first: a local capability runs the calls on
+        // it one at a time, and only once their answers are polled.
+        poll_fn(|cx| self.poll_drained(cx)).await?;
+        let answer = self.sink.end_request().send().promise;
+        answer.await?;
+        Ok(())
+    }
+
+    /// Tells the receiver this direction broke, after every write sent;
+    /// the answer may be awaited or dropped.
+    pub fn fail(&self, reason: &str) -> impl Future<Output = Result<(), capnp::Error>> + use<> {
+        let mut request = self.sink.fail_request();
+        request.get().set_reason(reason);
+        let answer = request.send().promise;
+        async move { answer.await.map(|_| ()) }
+    }
+}
+
+impl SenderState {
+    /// Counts the answers that have arrived; the first failure is kept.
+    fn retire(&mut self, cx: &mut Context<'_>) -> Result<(), capnp::Error> {
+        while let Poll::Ready(Some(answer)) = self.acks.poll_next_unpin(cx) {
+            match answer {
+                Ok(size) => self.in_flight -= size,
+                Err(error) => {
+                    self.failed.get_or_insert(error);
+                }
+            }
+        }
+        match &self.failed {
+            Some(error) => Err(error.clone()),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for PortSender {
+    fn drop(&mut self) {
+        self.budget
+            .0
+            .senders
+            .set(self.budget.0.senders.get().saturating_sub(1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_shrink_with_senders_between_the_bounds() {
+        let budget = PortBudget::new(PORT_POOL_BYTES);
+        assert_eq!(budget.share(), PORT_WINDOW_BYTES);
+        budget.0.senders.set(64);
+        assert_eq!(budget.share(), PORT_POOL_BYTES / 64);
+        budget.0.senders.set(100_000);
+        assert_eq!(budget.share(), MIN_PORT_SHARE_BYTES);
+    }
+}

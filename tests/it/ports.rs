@@ -1,0 +1,695 @@
+//! Ports through an executor (`Executor.dial`, `Executor.listen`): bytes
+//! both ways exactly, half-close kept in each direction, resets read as
+//! errors, a slow reader holding the writer back, listeners that take
+//! their connections with them, and a restricted executor's address rule.
+//! Every backend: through the chain the far server opens the sockets.
+
+use crate::common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use capexec::capexec_capnp::executor;
+use capexec::client::{self, Error, PortStream};
+use capexec::model::{Policy, PortPolicy, RefusalKind};
+use common::Ctx;
+use common::data::{Pattern, TempDir};
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// A TCP peer on loopback, on the test's side, and its address.
+async fn peer() -> (TcpListener, String) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind a peer");
+    let address = format!("tcp:{}", listener.local_addr().expect("address"));
+    (listener, address)
+}
+
+async fn dial(ctx: &Ctx, address: &str) -> PortStream {
+    client::dial(&ctx.executor, address).await.expect("dial")
+}
+
+fn sha(bytes: &[u8]) -> Vec<u8> {
+    Sha256::digest(bytes).to_vec()
+}
+
+/// Reads to the end, in whatever pieces arrive.
+async fn read_all<R: tokio::io::AsyncRead + Unpin>(reader: &mut R) -> std::io::Result<Vec<u8>> {
+    let mut all = Vec::new();
+    reader.read_to_end(&mut all).await?;
+    Ok(all)
+}
+
+async fn bulk_transfer_both_ways_at_once_is_byte_exact(ctx: Ctx) {
+    const SIZE: usize = 8 << 20;
+    let up = Arc::new(Pattern::bytes(1, SIZE));
+    let down = Arc::new(Pattern::bytes(2, SIZE + 12_345));
+    let (listener, address) = peer().await;
+    let peer_down = Arc::clone(&down);
+    let far = tokio::spawn(async move {
+        let (socket, _) = listener.accept().await.expect("accept");
+        let (mut read, mut write) = socket.into_split();
+        let sending = async {
+            write.write_all(&peer_down).await.expect("peer writes");
+            write.shutdown().await.expect("peer half-closes");
+        };
+        let (_, got) = tokio::join!(sending, read_all(&mut read));
+        sha(&got.expect("peer reads"))
+    });
+    let stream = dial(&ctx, &address).await;
+    assert!(
+        stream.info().peer.starts_with("tcp:127.0.0.1:"),
+        "{:?}",
+        stream.info()
+    );
+    let (mut read, mut write) = tokio::io::split(stream);
+    let sending = async {
+        write.write_all(&up).await.expect("write");
+        write.shutdown().await.expect("half-close");
+    };
+    let (_, got) = tokio::join!(sending, read_all(&mut read));
+    let got = got.expect("read");
+    assert_eq!(got.len(), down.len());
+    assert_eq!(sha(&got), sha(&down));
+    assert_eq!(far.await.expect("peer"), sha(&up));
+}
+
+async fn half_close_is_kept_in_each_direction(ctx: Ctx) {
+    let (listener, address) = peer().await;
+    // The client ends first; the peer answers after reading its end.
+    let far = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.expect("accept");
+        let got = read_all(&mut socket).await.expect("peer reads");
+        socket.write_all(b"after your end: ").await.expect("write");
+        socket.write_all(&got).await.expect("write");
+        socket.shutdown().await.expect("shutdown");
+        let (mut socket, _) = listener.accept().await.expect("accept again");
+        // Now the peer ends first and then reads.
+        socket.write_all(b"hello").await.expect("write");
+        socket.shutdown().await.expect("shutdown");
+        read_all(&mut socket).await.expect("peer reads")
+    });
+    let mut stream = dial(&ctx, &address).await;
+    stream.write_all(b"question").await.expect("write");
+    stream.shutdown().await.expect("half-close");
+    assert_eq!(
+        read_all(&mut stream).await.expect("read"),
+        b"after your end: question"
+    );
+    let mut stream = dial(&ctx, &address).await;
+    assert_eq!(read_all(&mut stream).await.expect("read"), b"hello");
+    stream
+        .write_all(b"still talking")
+        .await
+        .expect("write after end of file");
+    stream.shutdown().await.expect("half-close");
+    assert_eq!(far.await.expect("peer"), b"still talking");
+}
+
+async fn resets_reach_the_other_end_as_errors(ctx: Ctx) {
+    let (listener, address) = peer().await;
+    // The peer resets: the client reads an error, not end of file.
+    let far = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.expect("accept");
+        // Only once the client is connected (else it is its connect that
+        // is reset).
+        let mut go = [0u8; 1];
+        socket.read_exact(&mut go).await.expect("the client's byte");
+        socket2::SockRef::from(&socket)
+            .set_linger(Some(Duration::ZERO))
+            .expect("linger");
+        socket.write_all(b"partial").await.expect("write");
+        drop(socket);
+        // Then the client drops its stream mid-way: the peer reads a reset.
+        let (mut socket, _) = listener.accept().await.expect("accept again");
+        let mut got = Vec::new();
+        socket.read_to_end(&mut got).await.map(|_| got)
+    });
+    let mut stream = dial(&ctx, &address).await;
+    stream.write_all(b"!").await.expect("write");
+    stream.flush().await.expect("flush");
+    let mut got = Vec::new();
+    let error = stream
+        .read_to_end(&mut got)
+        .await
+        .expect_err("a reset is an error");
+    assert_eq!(error.kind(), std::io::ErrorKind::ConnectionReset, "{error}");
+    assert!(error.to_string().contains("reset"), "{error}");
+    assert_eq!(got, b"partial"[..got.len()]);
+    // Writing after the reset fails too.
+    let mut failed = false;
+    for _ in 0..100 {
+        if stream.write_all(b"x").await.is_err() || stream.flush().await.is_err() {
+            failed = true;
+            break;
+        }
+    }
+    assert!(failed, "writes after a reset fail");
+
+    let mut stream = dial(&ctx, &address).await;
+    stream.write_all(b"half a message").await.expect("write");
+    stream
+        .flush()
+        .await
+        .expect("flushed: the peer has the bytes");
+    drop(stream);
+    let error = far
+        .await
+        .expect("peer")
+        .expect_err("the peer reads a reset");
+    assert_eq!(error.kind(), std::io::ErrorKind::ConnectionReset, "{error}");
+}
+
+/// Polls `counter` until it stops moving (for several checks in a row):
+/// a writer stalled by flow control.
+async fn wait_until_stalled(counter: &AtomicU64) -> u64 {
+    let mut last = u64::MAX;
+    let mut still = 0;
+    loop {
+        let now = counter.load(Ordering::SeqCst);
+        if now == last && now > 0 {
+            still += 1;
+            if still == 5 {
+                return now;
+            }
+        } else {
+            still = 0;
+        }
+        last = now;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Far more than any hop's window and the kernel's buffers hold.
+const FLOOD: usize = 96 << 20;
+
+/// The most a stalled writer may have got rid of: socket buffers at both
+/// ends (a few MiB each on loopback) and each hop's window.
+const STALL_BOUND: u64 = 32 << 20;
+
+async fn a_slow_reader_holds_the_writer_back(ctx: Ctx) {
+    let chunk = Pattern::bytes(3, 64 * 1024);
+    let (listener, address) = peer().await;
+    let (accepted_tx, accepted_rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (socket, _) = listener.accept().await.expect("accept");
+        let _ = accepted_tx.send(socket);
+    });
+    let stream = dial(&ctx, &address).await;
+    let mut far = accepted_rx.await.expect("accepted");
+
+    // Client to peer: the peer does not read, so the client's writes stop.
+    let written = Arc::new(AtomicU64::new(0));
+    let counter = Arc::clone(&written);
+    let chunk_copy = chunk.clone();
+    let (mut read_half, mut write_half) = tokio::io::split(stream);
+    let writer = tokio::task::spawn_local(async move {
+        while (counter.load(Ordering::SeqCst) as usize) < FLOOD {
+            write_half.write_all(&chunk_copy).await.expect("write");
+            counter.fetch_add(chunk_copy.len() as u64, Ordering::SeqCst);
+        }
+        write_half.shutdown().await.expect("half-close");
+        write_half
+    });
+    let stalled = wait_until_stalled(&written).await;
+    assert!(
+        stalled < STALL_BOUND,
+        "the writer got {stalled} bytes out to a peer that does not read"
+    );
+    // Once the peer reads, everything arrives, in order.
+    let mut got = 0usize;
+    let mut buffer = vec![0u8; 256 * 1024];
+    loop {
+        let n = far.read(&mut buffer).await.expect("peer reads");
+        if n == 0 {
+            break;
+        }
+        for (index, byte) in buffer[..n].iter().enumerate() {
+            assert_eq!(
+                *byte,
+                chunk[(got + index) % chunk.len()],
+                "byte {}",
+                got + index
+            );
+        }
+        got += n;
+    }
+    assert_eq!(got, FLOOD);
+    let write_half = writer.await.expect("writer");
+
+    // Peer to client: the client does not read, so the peer's writes stop.
+    let sent = Arc::new(AtomicU64::new(0));
+    let counter = Arc::clone(&sent);
+    let peer_chunk = chunk.clone();
+    let peer_writer = tokio::spawn(async move {
+        while (counter.load(Ordering::SeqCst) as usize) < FLOOD {
+            far.write_all(&peer_chunk).await.expect("peer writes");
+            counter.fetch_add(peer_chunk.len() as u64, Ordering::SeqCst);
+        }
+        far.shutdown().await.expect("peer half-closes");
+    });
+    let stalled = wait_until_stalled(&sent).await;
+    assert!(
+        stalled < STALL_BOUND,
+        "the peer got {stalled} bytes out to a client that does not read"
+    );
+    let all = read_all(&mut read_half).await.expect("read");
+    assert_eq!(all.len(), FLOOD);
+    assert!(
+        all.chunks(chunk.len())
+            .all(|piece| piece == &chunk[..piece.len()])
+    );
+    peer_writer.await.expect("peer writer");
+    drop(read_half.unsplit(write_half));
+}
+
+async fn releasing_a_listener_closes_its_socket_and_connections(ctx: Ctx) {
+    let mut listener = client::listen(&ctx.executor, "tcp:127.0.0.1:0")
+        .await
+        .expect("listen");
+    let address = listener.address().to_string();
+    let port: u16 = address
+        .rsplit(':')
+        .next()
+        .and_then(|port| port.parse().ok())
+        .expect("a port chosen");
+    assert_ne!(port, 0);
+    let mut outside = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let mut accepted = listener.accept().await.expect("a connection");
+    assert_eq!(
+        accepted.info().peer,
+        format!("tcp:{}", outside.local_addr().expect("address"))
+    );
+    outside.write_all(b"ping").await.expect("write");
+    let mut four = [0u8; 4];
+    accepted.read_exact(&mut four).await.expect("read");
+    assert_eq!(&four, b"ping");
+    accepted.write_all(b"pong").await.expect("write");
+    outside.read_exact(&mut four).await.expect("read");
+    assert_eq!(&four, b"pong");
+
+    drop(listener);
+    // The accepted connection is reset, though its stream is still held.
+    let mut rest = Vec::new();
+    let error = outside
+        .read_to_end(&mut rest)
+        .await
+        .expect_err("the connection is reset");
+    assert_eq!(error.kind(), std::io::ErrorKind::ConnectionReset, "{error}");
+    let error = read_all(&mut accepted).await.expect_err("reset here too");
+    assert!(
+        error.to_string().contains("listener was released"),
+        "{error}"
+    );
+    // And nothing listens any more (polled: the release travels first).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+        assert!(tokio::time::Instant::now() < deadline, "still listening");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn unix_sockets_are_dialled_and_listened_on(ctx: Ctx) {
+    let dir = TempDir::new("ports-unix");
+    let path = dir.path().join("app.sock");
+    let address = format!("unix:{}", path.display());
+    let mut listener = client::listen(&ctx.executor, &address)
+        .await
+        .expect("listen");
+    assert_eq!(listener.address(), address);
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&path)
+        .expect("socket")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+    // A path in use is refused, and left alone.
+    match client::listen(&ctx.executor, &address).await {
+        Err(Error::Refused(refusal)) => {
+            assert_eq!(refusal.kind, RefusalKind::SocketFailed, "{refusal}")
+        }
+        Err(other) => panic!("{other}"),
+        Ok(_) => panic!("listened twice on one path"),
+    }
+    let mut dialled = dial(&ctx, &address).await;
+    let mut accepted = listener.accept().await.expect("accepted");
+    dialled.write_all(b"over unix").await.expect("write");
+    dialled.shutdown().await.expect("half-close");
+    assert_eq!(read_all(&mut accepted).await.expect("read"), b"over unix");
+    drop(listener);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while path.exists() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the socket file stays"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn refusal(result: Result<impl Sized, Error>) -> (RefusalKind, String) {
+    match result {
+        Err(Error::Refused(refusal)) => (refusal.kind, refusal.message),
+        Err(other) => panic!("expected a refusal, got {other}"),
+        Ok(_) => panic!("the call succeeded"),
+    }
+}
+
+async fn bad_addresses_and_unreachable_ones_are_refused_clearly(ctx: Ctx) {
+    for bad in [
+        "tcp:127.0.0.1:0",
+        "udp:1.2.3.4:5",
+        "unix:relative",
+        "tcp:nohost",
+    ] {
+        let (kind, message) = refusal(client::dial(&ctx.executor, bad).await).await;
+        assert_eq!(kind, RefusalKind::InvalidArgument, "{bad}: {message}");
+    }
+    let long = format!("unix:/{}", "a".repeat(10_000));
+    let (kind, message) = refusal(client::dial(&ctx.executor, &long).await).await;
+    assert_eq!(kind, RefusalKind::InvalidArgument, "{message}");
+    assert!(message.len() < 300, "{message}");
+    // A port nothing listens on.
+    let (listener, address) = peer().await;
+    drop(listener);
+    let (kind, message) = refusal(client::dial(&ctx.executor, &address).await).await;
+    assert_eq!(kind, RefusalKind::SocketFailed, "{message}");
+    assert!(message.contains("refused"), "{message}");
+}
+
+fn restricted(ctx: &Ctx, ports: Option<PortPolicy>, programs: bool) -> executor::Client {
+    let policy = Policy {
+        programs: programs.then(|| vec!["true".into()]),
+        ports,
+        ..Policy::default()
+    };
+    client::restrict(&ctx.executor, &policy)
+}
+
+fn assert_not_allowed(refused: &(RefusalKind, String), rule: &str) {
+    assert_eq!(refused.0, RefusalKind::NotAllowed, "{}", refused.1);
+    assert!(
+        refused.1.contains(&format!("policy rule `{rule}`")),
+        "the error should name `{rule}`: {}",
+        refused.1
+    );
+}
+
+async fn restricted_executors_allow_only_the_addresses_of_their_rule(ctx: Ctx) {
+    let (listener, address) = peer().await;
+    let port = listener.local_addr().expect("address").port();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let _ = socket.write_all(b"inside").await;
+        }
+    });
+    let narrow = restricted(
+        &ctx,
+        Some(PortPolicy {
+            dial: Some(vec![format!("tcp:127.0.0.1:{port}")]),
+            listen: Some(Vec::new()),
+        }),
+        false,
+    );
+    let mut stream = client::dial(&narrow, &address)
+        .await
+        .expect("inside the rule");
+    let mut six = [0u8; 6];
+    stream.read_exact(&mut six).await.expect("read");
+    assert_eq!(&six, b"inside");
+    // `localhost` resolves to an address the rule allows: the same.
+    client::dial(&narrow, &format!("tcp:localhost:{port}"))
+        .await
+        .map(drop)
+        .or_else(|error| match &error {
+            // Resolving may give ::1 only, which the rule does not name.
+            Error::Refused(refusal) if refusal.kind == RefusalKind::NotAllowed => Ok(()),
+            _ => Err(error),
+        })
+        .expect("localhost");
+    let other = format!("tcp:127.0.0.1:{}", port.wrapping_add(1).max(1));
+    assert_not_allowed(
+        &refusal(client::dial(&narrow, &other).await).await,
+        "ports.dial",
+    );
+    assert_not_allowed(
+        &refusal(client::listen(&narrow, "tcp:127.0.0.1:0").await).await,
+        "ports.listen",
+    );
+    // A narrower rule cannot widen it.
+    let wider = client::restrict(
+        &narrow,
+        &Policy {
+            ports: Some(PortPolicy {
+                dial: Some(vec!["tcp:*:*".into()]),
+                listen: None,
+            }),
+            ..Policy::default()
+        },
+    );
+    let refused = refusal(client::dial(&wider, &address).await).await;
+    assert_eq!(refused.0, RefusalKind::NotAllowed, "{}", refused.1);
+    // A restriction of programs allows no address unless it names some.
+    let programs_only = restricted(&ctx, None, true);
+    let refused = refusal(client::dial(&programs_only, &address).await).await;
+    assert_not_allowed(&refused, "ports.dial");
+    assert!(
+        refused
+            .1
+            .contains("none when a policy restricts `programs`"),
+        "{}",
+        refused.1
+    );
+    assert_not_allowed(
+        &refusal(client::listen(&programs_only, "tcp:127.0.0.1:0").await).await,
+        "ports.listen",
+    );
+    let info = client::info(&narrow).await.expect("info");
+    assert!(
+        info.features.iter().any(|feature| feature == "ports"),
+        "{:?}",
+        info.features
+    );
+}
+
+async fn a_connection_holds_at_most_its_maximum_of_listeners(ctx: Ctx) {
+    let mut held = Vec::new();
+    for _ in 0..capexec::rpc::MAX_PORT_LISTENERS {
+        held.push(
+            client::listen(&ctx.executor, "tcp:127.0.0.1:0")
+                .await
+                .expect("listen"),
+        );
+    }
+    let (kind, message) = refusal(client::listen(&ctx.executor, "tcp:127.0.0.1:0").await).await;
+    assert_eq!(kind, RefusalKind::LimitReached, "{message}");
+    assert!(message.contains("listeners"), "{message}");
+    drop(held.pop());
+    // The place given back (the release travels first: polled).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match client::listen(&ctx.executor, "tcp:127.0.0.1:0").await {
+            Ok(listener) => {
+                held.push(listener);
+                break;
+            }
+            Err(error) => {
+                assert!(tokio::time::Instant::now() < deadline, "{error}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+backend_tests!(
+    bulk_transfer_both_ways_at_once_is_byte_exact,
+    half_close_is_kept_in_each_direction,
+    resets_reach_the_other_end_as_errors,
+    a_slow_reader_holds_the_writer_back,
+    releasing_a_listener_closes_its_socket_and_connections,
+    unix_sockets_are_dialled_and_listened_on,
+    bad_addresses_and_unreachable_ones_are_refused_clearly,
+    restricted_executors_allow_only_the_addresses_of_their_rule,
+    a_connection_holds_at_most_its_maximum_of_listeners,
+);
+
+/// Client -> A -> (proxy) -> B: cutting the link between A and B fails the
+/// connections crossing it at both ends, as errors.
+#[test]
+fn a_cut_link_fails_the_connections_crossing_it() {
+    use capexec::net::{Address, UpstreamConfig};
+    use common::proxy::Proxy;
+    use common::server::ServerThread;
+    common::run_local(async {
+        let far = ServerThread::start(false);
+        let dir = TempDir::new("ports-cut");
+        let Address::Unix(far_path) = &far.address else {
+            unreachable!("a unix server")
+        };
+        let proxy =
+            Proxy::start(&dir.path().join("link.sock"), far_path, Duration::ZERO).expect("proxy");
+        let front_dir = TempDir::new("ports-front");
+        let listen = vec![Address::Unix(front_dir.path().join("capexec.sock"))];
+        let upstream = UpstreamConfig::new(
+            "b",
+            Address::Unix(proxy.path().to_path_buf()),
+            far.token.clone(),
+        );
+        let front = ServerThread::start_forwarding(front_dir, listen, vec![upstream], Some("b"));
+        let connection = capexec::net::connect(&front.address, front.token.as_ref())
+            .await
+            .expect("connect");
+        let executor = connection.executor();
+
+        let (listener, address) = peer().await;
+        let far_end = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.expect("accept");
+            socket.write_all(b"hello").await.expect("write");
+            let mut rest = Vec::new();
+            socket.read_to_end(&mut rest).await.map(|_| rest)
+        });
+        let mut stream = client::dial(&executor, &address).await.expect("dial");
+        let mut five = [0u8; 5];
+        stream.read_exact(&mut five).await.expect("read");
+        assert_eq!(&five, b"hello");
+        stream.write_all(b"before").await.expect("write");
+        stream.flush().await.expect("flush");
+
+        proxy.cut();
+        let error = read_all(&mut stream)
+            .await
+            .expect_err("an error, not end of file");
+        assert_eq!(
+            error.kind(),
+            std::io::ErrorKind::ConnectionAborted,
+            "{error}"
+        );
+        assert!(error.to_string().contains("lost"), "{error}");
+        let mut failed = None;
+        for _ in 0..1000 {
+            let attempt = async {
+                stream.write_all(b"after").await?;
+                stream.flush().await
+            };
+            if let Err(error) = attempt.await {
+                failed = Some(error);
+                break;
+            }
+        }
+        let error = failed.expect("writes after the cut fail");
+        assert!(!error.to_string().is_empty());
+        // The far server lost its client: it resets the socket.
+        let error = far_end
+            .await
+            .expect("peer")
+            .expect_err("the peer reads a reset");
+        assert_eq!(error.kind(), std::io::ErrorKind::ConnectionReset, "{error}");
+    });
+}
+
+/// A sink that takes every write at once.
+struct Swallow;
+
+impl capexec::capexec_capnp::port_sink::Server for Swallow {}
+
+/// Sends one write on `sink` as a plain call, not waiting for room.
+fn raw_write(
+    sink: &capexec::capexec_capnp::port_sink::Client,
+    bytes: &[u8],
+) -> capnp::capability::RemotePromise<capnp::any_pointer::Owned> {
+    use capexec::capexec_capnp::port_sink;
+    use capnp::traits::HasTypeId;
+    let mut request = sink
+        .client
+        .new_call::<port_sink::write_params::Owned, capnp::any_pointer::Owned>(
+            <port_sink::Client as HasTypeId>::TYPE_ID,
+            0,
+            None,
+        );
+    request.get().set_bytes(bytes);
+    request.send()
+}
+
+async fn raw_dial(ctx: &Ctx, address: &str) -> capexec::capexec_capnp::port_sink::Client {
+    let mut request = ctx.executor.dial_request();
+    request.get().set_address(address);
+    request
+        .get()
+        .set_from_socket(capnp_rpc::new_client(Swallow));
+    let response = request.send().promise.await.expect("dial");
+    let to_socket = response
+        .get()
+        .expect("results")
+        .get_to_socket()
+        .expect("toSocket");
+    // The connection capability is kept by the answer while it lives.
+    std::mem::forget(response);
+    to_socket
+}
+
+async fn a_writer_that_ignores_flow_control_is_cut_off(ctx: Ctx) {
+    let (listener, address) = peer().await;
+    let accepted = tokio::spawn(async move { listener.accept().await.expect("accept").0 });
+    let to_socket = raw_dial(&ctx, &address).await;
+    let mut far = accepted.await.expect("peer");
+    // Oversized: refused, and the connection is broken.
+    let error = raw_write(&to_socket, &vec![0u8; (1 << 20) + 1])
+        .promise
+        .await
+        .map(drop)
+        .expect_err("a write over 1 MiB");
+    let refusal = capexec::wire::refusal_of(&error).expect("a refusal");
+    assert_eq!(refusal.kind, RefusalKind::InvalidArgument, "{refusal}");
+    let error = read_all(&mut far)
+        .await
+        .expect_err("the peer reads a reset");
+    assert_eq!(error.kind(), std::io::ErrorKind::ConnectionReset, "{error}");
+
+    // Writes sent without waiting for answers, to a peer that never reads:
+    // the server holds them only up to its per-connection bound on calls
+    // (64 MiB), then closes the connection, resetting its sockets.
+    let (listener, address) = peer().await;
+    let accepted = tokio::spawn(async move { listener.accept().await.expect("accept").0 });
+    let to_socket = raw_dial(&ctx, &address).await;
+    let mut far = accepted.await.expect("peer");
+    let chunk = vec![7u8; 1 << 20];
+    let answers: Vec<_> = (0..96)
+        .map(|_| raw_write(&to_socket, &chunk).promise)
+        .collect();
+    let mut failure = None;
+    for answer in answers {
+        if let Err(error) = answer.await {
+            failure = Some(error);
+            break;
+        }
+    }
+    let error = failure.expect("the flood is cut off");
+    assert!(
+        matches!(
+            error.kind,
+            capnp::ErrorKind::Disconnected | capnp::ErrorKind::Overloaded
+        ),
+        "{error}"
+    );
+    let mut got = 0usize;
+    let mut buffer = vec![0u8; 1 << 20];
+    let error = loop {
+        match far.read(&mut buffer).await {
+            Ok(0) => panic!("end of file after {got} bytes, not a reset"),
+            Ok(n) => got += n,
+            Err(error) => break error,
+        }
+    };
+    assert_eq!(error.kind(), std::io::ErrorKind::ConnectionReset, "{error}");
+    assert!(got < 64 << 20, "{got} bytes reached the peer");
+}
+
+/// Remote backends only: a local capability runs one stream call at a
+/// time, so in process there is no queue to grow.
+mod remote {
+    use super::*;
+    backend_tests!(on [unix, tcp]: a_writer_that_ignores_flow_control_is_cut_off);
+}
