@@ -20,8 +20,8 @@ capnp::generated_code!(pub mod capexec_capnp);
 
 pub mod client;
 pub mod engine;
-pub mod metrics;
 pub mod files;
+pub mod metrics;
 pub mod model;
 pub mod net;
 pub mod ports;

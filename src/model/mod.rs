@@ -2,8 +2,8 @@
 //! converts them to and from Cap'n Proto, the server objects and the client
 //! hand them on. Nothing here depends on another part of the crate.
 
-mod admin;
 mod address;
+mod admin;
 mod error;
 mod executor;
 mod exit;
@@ -18,8 +18,8 @@ mod text;
 
 // Every value is reachable from here, whichever file holds it, so a new
 // one is added to its file alone.
-pub use self::admin::*;
 pub use self::address::*;
+pub use self::admin::*;
 pub use self::error::*;
 pub use self::executor::*;
 pub use self::exit::*;
