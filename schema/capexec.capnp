@@ -414,7 +414,7 @@ struct ExecutorInfo {
   #   restricted executor as "restricted" too), "directory"
   #   (`Executor.directory`), "files" (every `Directory` method up to
   #   `info`, with `FileStat.version` and `ifVersion`), "file-watch"
-  #   (`Directory.watch`), "ports" (`Executor.dial`, `Executor.listen`).
+  #   (`Directory.watch`), "directory-executor" (`Directory.executor`), "ports" (`Executor.dial`, `Executor.listen`).
   # Clients must ignore names they do not know.
 
   os @2 :Text;
@@ -1314,6 +1314,23 @@ interface Directory {
 
   info @19 () -> (info :DirectoryInfo);
   # Where this directory is and what it allows.
+
+  executor @20 () -> (executor :Executor);
+  # An executor whose processes run inside this directory and can write
+  # only there: hand an agent a directory, and everything it runs and
+  # touches stays inside it. It is the executor this directory came from
+  # (for a directory of a restricted executor: that one), restricted with
+  # `cwdRoots` = this directory and a `sandbox` whose only writable root is
+  # this directory (none for a read-only directory, whose processes may
+  # read it only), the system directories read-only and no network; so
+  # everything of `restrict` holds (narrowing only, `[capexec:not-allowed]`
+  # for a start asking for more, `[capexec:unsupported]` where the kernel
+  # cannot enforce the sandbox). A start without `cwd` runs in this
+  # directory; a relative `cwd` is taken from it. Its `directory` hands out
+  # only directories beneath this one. The directory is named by its path
+  # when the call is made (the sandbox's rules are opened from it).
+  # Through a forwarding hop the call is forwarded, pipelined: the executor
+  # is the far end's. Feature "directory-executor".
 }
 
 struct FileStat {

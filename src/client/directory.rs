@@ -122,6 +122,17 @@ impl Directory {
         }
     }
 
+    /// An executor whose processes run in this directory and may write
+    /// only there, with no network (see the schema's
+    /// `Directory.executor`). Pipelined: starts on it go out at once.
+    pub fn executor(&self) -> executor::Client {
+        self.client
+            .executor_request()
+            .send()
+            .pipeline
+            .get_executor()
+    }
+
     pub async fn info(&self) -> Result<DirectoryInfo, Error> {
         let response = answer!(self.client.info_request())?;
         Ok(wire::directory_info_from_wire(response.get()?.get_info()?)?)

@@ -13,11 +13,12 @@ use tokio::task::AbortHandle;
 use crate::capexec_capnp::{byte_sink, directory, entry_sink, upload_sink, watch, watch_sink};
 use crate::files::{self, Upload, Watcher};
 use crate::model::{DirEntry, ENTRY_BATCH, Refusal};
+use crate::rpc::executor::Origin;
 use crate::rpc::file_limits::{FileLimits, FileTicket};
 use crate::wire::{self, TRANSFER_WINDOW_BYTES, Window, stream_call};
 
 /// The features `Directory` implements (see `ExecutorInfo.features`).
-pub(crate) const DIRECTORY_FEATURES: &[&str] = &["files", "file-watch"];
+pub(crate) const DIRECTORY_FEATURES: &[&str] = &["files", "file-watch", "directory-executor"];
 
 /// Unacknowledged bytes of watch events on the way to a client: past
 /// this, events wait on the server, and past their limit an `overflow`
@@ -27,15 +28,25 @@ const WATCH_WINDOW_BYTES: usize = 64 * 1024;
 pub struct DirectoryImpl {
     dir: files::Directory,
     limits: FileLimits,
+    /// The executor it came from, for `executor`.
+    origin: Rc<Origin>,
 }
 
 impl DirectoryImpl {
-    pub(crate) fn new(dir: files::Directory, limits: FileLimits) -> DirectoryImpl {
-        DirectoryImpl { dir, limits }
+    pub(crate) fn new(dir: files::Directory, limits: FileLimits, origin: Rc<Origin>) -> Self {
+        DirectoryImpl {
+            dir,
+            limits,
+            origin,
+        }
     }
 
     fn derived(&self, dir: files::Directory) -> directory::Client {
-        capnp_rpc::new_client(DirectoryImpl::new(dir, self.limits.clone()))
+        capnp_rpc::new_client(DirectoryImpl::new(
+            dir,
+            self.limits.clone(),
+            Rc::clone(&self.origin),
+        ))
     }
 }
 
@@ -379,6 +390,17 @@ impl directory::Server for DirectoryImpl {
         Ok(())
     }
 
+    async fn executor(
+        self: Rc<Self>,
+        _: directory::ExecutorParams,
+        mut results: directory::ExecutorResults,
+    ) -> Result<(), capnp::Error> {
+        let info = self.dir.info().await?;
+        let executor = self.origin.confined_to(&info)?;
+        results.get().set_executor(executor);
+        Ok(())
+    }
+
     async fn watch(
         self: Rc<Self>,
         params: directory::WatchParams,
@@ -487,6 +509,7 @@ pub(crate) async fn open_directory(
     path: std::path::PathBuf,
     roots: Option<Vec<std::path::PathBuf>>,
     limits: FileLimits,
+    origin: Origin,
 ) -> Result<directory::Client, Refusal> {
     let dir = tokio::task::spawn_blocking(move || match roots {
         None => files::Directory::open(&path),
@@ -512,5 +535,9 @@ pub(crate) async fn open_directory(
             format!("opening a directory failed: {error}"),
         ))
     })?;
-    Ok(capnp_rpc::new_client(DirectoryImpl::new(dir, limits)))
+    Ok(capnp_rpc::new_client(DirectoryImpl::new(
+        dir,
+        limits,
+        Rc::new(origin),
+    )))
 }

@@ -5,11 +5,12 @@
 //! context through [`ServerContext`].
 
 use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
 use std::rc::Rc;
 
 use crate::capexec_capnp::executor;
 use crate::engine::{Engine, Rules};
-use crate::model::{LOCAL_ENVIRONMENT, Refusal, RefusalKind};
+use crate::model::{LOCAL_ENVIRONMENT, Policy, Refusal, RefusalKind, Sandbox};
 use crate::rpc::context::{Place, ServerContext};
 use crate::rpc::detach::Held;
 use crate::rpc::forward::ForwardingExecutor;
@@ -36,6 +37,10 @@ pub struct ExecutorImpl {
     quota: Quota,
     /// Restricted executors: what every start must satisfy.
     rules: Option<Rc<Rules>>,
+    /// A directory's executor (`Directory.executor`): where starts without
+    /// a working directory run, and what relative ones (and relative
+    /// `directory` paths) are taken from.
+    home: Option<PathBuf>,
 }
 
 impl ExecutorImpl {
@@ -44,6 +49,35 @@ impl ExecutorImpl {
             context,
             quota,
             rules,
+            home: None,
+        }
+    }
+
+    /// An executor with these rules, the same context, quota and home.
+    fn with_rules(&self, rules: Rc<Rules>) -> executor::Client {
+        capnp_rpc::new_client(ExecutorImpl {
+            context: Rc::clone(&self.context),
+            quota: self.quota.clone(),
+            rules: Some(rules),
+            home: self.home.clone(),
+        })
+    }
+
+    /// `path` as this executor reads it: from its home if it has one.
+    fn taken_from_home(&self, path: PathBuf) -> PathBuf {
+        match &self.home {
+            Some(home) => home.join(path),
+            None => path,
+        }
+    }
+
+    /// What a directory this executor hands out needs to make
+    /// `Directory.executor`.
+    fn origin(&self) -> Origin {
+        Origin {
+            context: Rc::clone(&self.context),
+            quota: self.quota.clone(),
+            rules: self.rules.clone(),
         }
     }
 
@@ -112,7 +146,10 @@ impl executor::Server for ExecutorImpl {
         params: executor::StartParams,
         mut results: executor::StartResults,
     ) -> Result<(), capnp::Error> {
-        let spec = wire::start_spec_from_wire(params.get()?.get_params()?)?;
+        let mut spec = wire::start_spec_from_wire(params.get()?.get_params()?)?;
+        if self.home.is_some() {
+            spec.cwd = Some(self.taken_from_home(spec.cwd.take().unwrap_or_default()));
+        }
         let (spec, admission) = match &self.rules {
             Some(rules) => {
                 let (spec, admission) = rules
@@ -205,11 +242,7 @@ impl executor::Server for ExecutorImpl {
                 )
                 .into());
             }
-            Some(rules) => capnp_rpc::new_client(ExecutorImpl::new(
-                Rc::clone(&self.context),
-                self.quota.clone(),
-                Some(Rc::clone(rules)),
-            )),
+            Some(rules) => self.with_rules(Rc::clone(rules)),
         };
         results.get().set_executor(executor);
         Ok(())
@@ -223,13 +256,7 @@ impl executor::Server for ExecutorImpl {
         let policy = wire::policy_from_wire(params.get()?.get_policy()?)?;
         let current = self.rules.as_deref().cloned().unwrap_or_default();
         let rules = current.narrowed(&policy)?;
-        results
-            .get()
-            .set_executor(capnp_rpc::new_client(ExecutorImpl::new(
-                Rc::clone(&self.context),
-                self.quota.clone(),
-                Some(Rc::new(rules)),
-            )));
+        results.get().set_executor(self.with_rules(Rc::new(rules)));
         Ok(())
     }
 
@@ -238,14 +265,21 @@ impl executor::Server for ExecutorImpl {
         params: executor::DirectoryParams,
         mut results: executor::DirectoryResults,
     ) -> Result<(), capnp::Error> {
-        let path = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(params.get()?.get_path()?));
+        let path = self.taken_from_home(PathBuf::from(std::ffi::OsStr::from_bytes(
+            params.get()?.get_path()?,
+        )));
         let roots = self
             .rules
             .as_deref()
             .and_then(Rules::cwd_roots)
             .map(<[_]>::to_vec);
-        let dir =
-            crate::rpc::directory::open_directory(path, roots, self.quota.files().clone()).await?;
+        let dir = crate::rpc::directory::open_directory(
+            path,
+            roots,
+            self.quota.files().clone(),
+            self.origin(),
+        )
+        .await?;
         results.get().set_dir(dir);
         Ok(())
     }
@@ -264,5 +298,50 @@ impl executor::Server for ExecutorImpl {
         results: executor::ListenResults,
     ) -> Result<(), capnp::Error> {
         crate::rpc::ports::listen(self.port_rules(), self.quota.ports(), params, results).await
+    }
+}
+
+/// The executor a `Directory` came from, which `Directory.executor`
+/// restricts to the directory.
+pub(crate) struct Origin {
+    context: Rc<ServerContext>,
+    quota: Quota,
+    rules: Option<Rc<Rules>>,
+}
+
+impl Origin {
+    /// An executor whose processes run in `dir` and may write only there
+    /// (nowhere for a read-only directory), with no network: the origin's
+    /// rules narrowed by that policy (see the schema's `Directory.executor`).
+    pub(crate) fn confined_to(
+        &self,
+        dir: &crate::model::DirectoryInfo,
+    ) -> Result<executor::Client, Refusal> {
+        let root = vec![dir.path.clone()];
+        let sandbox = if dir.read_only {
+            Sandbox {
+                read_only: root.clone(),
+                read_only_cwd: true,
+                ..Sandbox::default()
+            }
+        } else {
+            Sandbox {
+                writable: root.clone(),
+                ..Sandbox::default()
+            }
+        };
+        let policy = Policy {
+            cwd_roots: Some(root),
+            sandbox: Some(sandbox),
+            ..Policy::default()
+        };
+        let current = self.rules.as_deref().cloned().unwrap_or_default();
+        let rules = current.narrowed(&policy)?;
+        Ok(capnp_rpc::new_client(ExecutorImpl {
+            context: Rc::clone(&self.context),
+            quota: self.quota.clone(),
+            rules: Some(Rc::new(rules)),
+            home: Some(dir.path.clone()),
+        }))
     }
 }

@@ -90,4 +90,18 @@ impl directory::Server for ForwardingDirectory {
         subdirectory: subdirectory_request, SubdirectoryParams, SubdirectoryResults;
         read_only: read_only_request, ReadOnlyParams, ReadOnlyResults;
     }
+
+    /// The far directory's executor, published before the far end answers
+    /// (calls pipelined on it go on at once).
+    async fn executor(
+        self: Rc<Self>,
+        _: directory::ExecutorParams,
+        mut results: directory::ExecutorResults,
+    ) -> Result<(), capnp::Error> {
+        let call = self.far.executor_request().send();
+        results.get().set_executor(call.pipeline.get_executor());
+        results.set_pipeline()?;
+        call.promise.await?;
+        Ok(())
+    }
 }
