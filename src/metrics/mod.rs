@@ -136,7 +136,9 @@ pub fn refused_login() {
 }
 
 /// A limit turned something away: "processes" (a start), "pending-logins"
-/// (a connection).
+/// (a connection), "calls", "call-memory", "login-calls", "login-memory"
+/// (a connection closed by its guard), "file-transfers", "file-watches",
+/// "port-connections", "port-listeners" (a call refused).
 pub fn limit_hit(limit: &'static str) {
     metrics()
         .limit_hits

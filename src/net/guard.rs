@@ -301,12 +301,14 @@ impl Ledger {
         );
         if logged_in {
             if self.questions.len() > self.limits.max_calls {
+                crate::metrics::limit_hit("calls");
                 return Some(capnp::Error::overloaded(format!(
                     "more than {} calls outstanding on one connection; closing it",
                     self.limits.max_calls
                 )));
             }
             if self.bytes > self.limits.max_bytes {
+                crate::metrics::limit_hit("call-memory");
                 return Some(capnp::Error::overloaded(format!(
                     "calls and answers not yet finished on one connection hold more than {} \
                      MiB; closing it",
@@ -315,12 +317,14 @@ impl Ledger {
             }
         } else {
             if self.questions.len() > LOGIN_QUESTIONS {
+                crate::metrics::limit_hit("login-calls");
                 return Some(capnp::Error::overloaded(format!(
                     "more than {LOGIN_QUESTIONS} questions outstanding before login; closing the \
                      connection"
                 )));
             }
             if self.bytes > LOGIN_HELD_BYTES {
+                crate::metrics::limit_hit("login-memory");
                 return Some(capnp::Error::overloaded(format!(
                     "questions and unread answers before login hold more than {} KiB; closing \
                      the connection",

@@ -24,8 +24,14 @@ impl Drop for FileTicket {
     }
 }
 
-fn take(counter: &Rc<Cell<usize>>, max: usize, what: &str) -> Result<FileTicket, Refusal> {
+fn take(
+    counter: &Rc<Cell<usize>>,
+    max: usize,
+    what: &str,
+    metric: &'static str,
+) -> Result<FileTicket, Refusal> {
     if counter.get() >= max {
+        crate::metrics::limit_hit(metric);
         return Err(Refusal::new(
             RefusalKind::LimitReached,
             format!("this connection already has its maximum of {max} {what} in progress"),
@@ -42,11 +48,17 @@ impl FileLimits {
             &self.transfers,
             MAX_TRANSFERS_PER_CONNECTION,
             "file transfers (uploads, downloads, listings, walks)",
+            "file-transfers",
         )
     }
 
     pub(crate) fn watch(&self) -> Result<FileTicket, Refusal> {
-        take(&self.watches, MAX_WATCHES_PER_CONNECTION, "watches")
+        take(
+            &self.watches,
+            MAX_WATCHES_PER_CONNECTION,
+            "watches",
+            "file-watches",
+        )
     }
 }
 
@@ -62,6 +74,13 @@ mod tests {
             .collect();
         let refusal = limits.watch().err().expect("full");
         assert_eq!(refusal.kind, RefusalKind::LimitReached);
+        // Operators see it (the counter is process-wide: other tests may
+        // have added to it, never taken away).
+        assert!(
+            crate::metrics::render(0).contains("capexec_limit_hits_total{limit=\"file-watches\"}"),
+            "{}",
+            crate::metrics::render(0)
+        );
         drop(held);
         assert!(limits.watch().is_ok());
     }

@@ -70,6 +70,11 @@ impl PortQuota {
         };
         let held = counter.get();
         if held >= max {
+            crate::metrics::limit_hit(if listener {
+                "port-listeners"
+            } else {
+                "port-connections"
+            });
             return Err(Refusal::new(
                 RefusalKind::LimitReached,
                 format!("this connection already holds its maximum of {max} {what}"),
