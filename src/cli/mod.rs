@@ -227,7 +227,10 @@ pub struct ConnectArgs {
 /// Exits 125 if a forward cannot be set up or the connection to the server
 /// is lost (the connections through it are reset), unless --resume.
 #[derive(Args, Debug)]
-#[command(verbatim_doc_comment)]
+#[command(
+    verbatim_doc_comment,
+    after_help = "Example: capexec forward --connect build -L 8080:localhost:80 -R 0:localhost:3000"
+)]
 pub struct ForwardArgs {
     #[command(flatten)]
     connect: ConnectArgs,

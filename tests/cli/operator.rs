@@ -553,6 +553,10 @@ fn completions_man_pages_and_version_are_generated() {
         "client-config",
         "completions",
         "man",
+        "ps",
+        "kill",
+        "cp",
+        "forward",
     ] {
         let help = finish(common::cli::capexec(&[subcommand, "--help"]), None);
         assert_eq!(help.code, 0);
