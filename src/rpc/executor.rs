@@ -147,8 +147,14 @@ impl executor::Server for ExecutorImpl {
         mut results: executor::StartResults,
     ) -> Result<(), capnp::Error> {
         let mut spec = wire::start_spec_from_wire(params.get()?.get_params()?)?;
-        if self.home.is_some() {
-            spec.cwd = Some(self.taken_from_home(spec.cwd.take().unwrap_or_default()));
+        if let Some(home) = &self.home {
+            // Relative to the home, which is also where a start without a
+            // working directory runs.
+            spec.cwd = Some(
+                spec.cwd
+                    .take()
+                    .map_or_else(|| home.clone(), |cwd| home.join(cwd)),
+            );
         }
         let (spec, admission) = match &self.rules {
             Some(rules) => {
