@@ -1,6 +1,6 @@
 //! Exec latency: `true` from start to `closed`, directly and through each
-//! kind of executor; and whole `capexec run` invocations next to running
-//! `true` itself.
+//! kind of executor (whole `capexec run` processes are in the `cli`
+//! section).
 
 use std::error::Error;
 use std::process::Stdio;
@@ -12,8 +12,7 @@ use capexec::engine::Engine;
 
 use crate::Plan;
 use crate::report::{Report, Target};
-use crate::servers::{CAPEXEC, Servers};
-use crate::wall::time_process;
+use crate::servers::Servers;
 
 const SECTION: &str = "latency";
 
@@ -43,7 +42,7 @@ pub async fn run(
     for ((name, _, target), samples) in variants.iter().zip(through) {
         report.case(SECTION, *name, samples, baseline, None, *target, "");
     }
-    whole_process(plan, servers, report)
+    Ok(())
 }
 
 /// `true` spawned directly, then each of `variants` (a command on an
@@ -89,53 +88,4 @@ async fn time_direct() -> Result<Duration, Box<dyn Error>> {
         return Err("`true` failed".into());
     }
     Ok(elapsed)
-}
-
-/// What a user at a shell pays: the `capexec` binary's own start-up
-/// included.
-fn whole_process(
-    plan: &Plan,
-    servers: &Servers,
-    report: &mut Report,
-) -> Result<(), Box<dyn Error>> {
-    eprintln!("latency: {} whole-process runs per variant", plan.cli_runs);
-    let (connect, token) = servers.unix.cli_args();
-    let mut remote: Vec<String> = vec!["run".into()];
-    remote.extend(connect);
-    remote.extend(["-n".into(), "--".into(), "true".into()]);
-    let embedded: Vec<String> = ["run", "-n", "--", "true"].map(String::from).to_vec();
-    let (mut bare, mut through_unix, mut through_embedded) = (Vec::new(), Vec::new(), Vec::new());
-    for run in 0..plan.cli_runs + plan.warmup_runs.min(20) {
-        let keep = run >= plan.warmup_runs.min(20);
-        let samples = [
-            time_process("true", &[] as &[&str], None)?,
-            time_process(CAPEXEC, &remote, token.as_ref())?,
-            time_process(CAPEXEC, &embedded, None)?,
-        ];
-        if keep {
-            bare.push(samples[0]);
-            through_unix.push(samples[1]);
-            through_embedded.push(samples[2]);
-        }
-    }
-    let baseline = report.baseline(SECTION, "`true` as a process", bare, None);
-    report.case(
-        SECTION,
-        "`capexec run --connect unix:… -- true`",
-        through_unix,
-        baseline,
-        None,
-        None,
-        "",
-    );
-    report.case(
-        SECTION,
-        "`capexec run -- true` (embedded)",
-        through_embedded,
-        baseline,
-        None,
-        None,
-        "",
-    );
-    Ok(())
 }

@@ -12,9 +12,11 @@
 //! token, and a two-server chain); the clients run in this process. Cases
 //! alternate their variants round by round, so a burst of noise lands on
 //! all of them. Sections: latency, output, stdin, pipelining, scale, abuse,
-//! operator, files, sandbox, ports.
+//! operator, files, sandbox, ports, cli (the `capexec` binary as whole
+//! processes and shell pipelines).
 
 mod abuse;
+mod cli;
 mod files;
 #[path = "../../tests/common/hostile.rs"]
 #[allow(dead_code)]
@@ -113,7 +115,7 @@ impl Plan {
     }
 }
 
-const SECTIONS: [&str; 10] = [
+const SECTIONS: [&str; 11] = [
     "latency",
     "output",
     "stdin",
@@ -124,6 +126,7 @@ const SECTIONS: [&str; 10] = [
     "files",
     "sandbox",
     "ports",
+    "cli",
 ];
 
 fn main() -> Result<(), Box<dyn Error>> {
@@ -185,6 +188,9 @@ fn main() -> Result<(), Box<dyn Error>> {
         }
         if wanted("ports") {
             ports::run(&plan, &servers, &mut report).await?;
+        }
+        if wanted("cli") {
+            cli::run(&plan, &servers, &mut report)?;
         }
         Ok::<_, Box<dyn Error>>(report)
     })?;

@@ -1,7 +1,7 @@
 //! Output throughput: `head -c N /dev/zero` read to the end through a read
 //! loop and through a subscription, in retain and lossless modes, over Unix
-//! and TCP, next to the same command into a local pipe; and `capexec run`
-//! with its output to /dev/null next to the bare command.
+//! and TCP, next to the same command into a local pipe (`capexec run` as a
+//! whole process is in the `cli` section).
 
 use std::error::Error;
 use std::io::Read;
@@ -14,8 +14,7 @@ use capexec::model::{EventBody, Flow};
 
 use crate::Plan;
 use crate::report::{Report, Target};
-use crate::servers::{CAPEXEC, Servers};
-use crate::wall::time_process;
+use crate::servers::Servers;
 
 const SECTION: &str = "output";
 const WAIT: Duration = Duration::from_secs(30);
@@ -101,7 +100,7 @@ pub async fn run(
             note,
         );
     }
-    whole_process(plan, servers, report)
+    Ok(())
 }
 
 fn head(size: u64) -> Command {
@@ -187,46 +186,4 @@ fn count(events: &[capexec::model::Event], received: &mut Received) {
             _ => {}
         }
     }
-}
-
-/// `capexec run --connect ... -- head -c N /dev/zero > /dev/null` next to
-/// the bare command with the same redirection (which moves no data at all:
-/// writes to /dev/null are free), and, for scale, the same through a local
-/// pipe into `cat`.
-fn whole_process(
-    plan: &Plan,
-    servers: &Servers,
-    report: &mut Report,
-) -> Result<(), Box<dyn Error>> {
-    let size = plan.output_bytes.to_string();
-    let head_argv = ["head", "-c", &size, "/dev/zero"];
-    let piped = format!("head -c {size} /dev/zero | cat");
-    let mut bare = Vec::new();
-    let mut through = vec![Vec::new(); 3];
-    let serves = [&servers.unix, &servers.tcp];
-    for _ in 0..plan.output_rounds {
-        bare.push(time_process(head_argv[0], &head_argv[1..], None)?);
-        through[0].push(time_process("sh", &["-c", &piped], None)?);
-        for (serve, samples) in serves.iter().zip(&mut through[1..]) {
-            let (connect, token) = serve.cli_args();
-            let mut args: Vec<&str> = vec!["run"];
-            args.extend(connect.iter().map(String::as_str));
-            args.extend(["-n", "--"]);
-            args.extend(head_argv);
-            samples.push(time_process(CAPEXEC, &args, token.as_ref())?);
-        }
-    }
-    let bytes = Some(plan.output_bytes);
-    let baseline = report.baseline(SECTION, "`head -c N /dev/zero > /dev/null`", bare, bytes);
-    for (name, samples) in [
-        "`head … | cat > /dev/null` (a local pipe)",
-        "`capexec run --connect unix:…` > /dev/null",
-        "`capexec run --connect tcp:…` > /dev/null",
-    ]
-    .into_iter()
-    .zip(through)
-    {
-        report.case(SECTION, name, samples, baseline, bytes, None, "");
-    }
-    Ok(())
 }

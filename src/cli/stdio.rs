@@ -9,10 +9,16 @@ use std::os::fd::FromRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use tokio::sync::{mpsc, oneshot};
 
-const READ_CHUNK: usize = 64 * 1024;
+/// Most bytes of our stdin forwarded in one `write`: what a pipe holds
+/// when it is growing fast, so a fast producer costs few round trips.
+const STDIN_CHUNK: usize = 256 * 1024;
+
+/// Reads smaller than this are copied into a chunk of their own, so a
+/// keystroke does not hold a whole [`STDIN_CHUNK`] buffer.
+const STDIN_COPY_BELOW: usize = 32 * 1024;
 
 /// Which of fds 0, 1 and 2 were closed when capexec started (Rust's
 /// runtime has put /dev/null there since: see `main.rs`).
@@ -243,7 +249,10 @@ fn write_all_vectored(fd: i32, pieces: &[(i32, Bytes)]) -> io::Result<()> {
     Ok(())
 }
 
-/// Reads our stdin on a thread; `None` marks end-of-file.
+/// Reads our stdin on a thread; `None` marks end-of-file. A read takes what
+/// is there, and then whatever more is already waiting (a producer such as
+/// `head` or `cat` writes 4-8 KiB at a time), up to [`STDIN_CHUNK`]: a fast
+/// stream leaves in big writes, a keystroke at once.
 pub fn read_stdin() -> mpsc::Receiver<Option<Bytes>> {
     let (chunks, receiver) = mpsc::channel(2);
     let spawned = std::thread::Builder::new()
@@ -251,32 +260,59 @@ pub fn read_stdin() -> mpsc::Receiver<Option<Bytes>> {
         .spawn(move || {
             // SAFETY: as in write_fd, for fd 0.
             let mut stdin = ManuallyDrop::new(unsafe { File::from_raw_fd(0) });
-            let mut buf = vec![0u8; READ_CHUNK];
-            loop {
-                match stdin.read(&mut buf) {
-                    Ok(0) => {
-                        let _ = chunks.blocking_send(None);
-                        return;
-                    }
-                    Ok(n) => {
-                        if chunks
-                            .blocking_send(Some(Bytes::copy_from_slice(&buf[..n])))
-                            .is_err()
-                        {
-                            return;
+            let mut buf = BytesMut::zeroed(STDIN_CHUNK);
+            let mut ended = false;
+            while !ended {
+                let mut filled = 0;
+                loop {
+                    match stdin.read(&mut buf[filled..]) {
+                        Ok(0) => {
+                            ended = true;
+                            break;
+                        }
+                        Ok(n) => filled += n,
+                        Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(error) => {
+                            tracing::warn!(%error, "reading stdin failed; closing the child's stdin");
+                            ended = true;
+                            break;
                         }
                     }
-                    Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-                    Err(error) => {
-                        tracing::warn!(%error, "reading stdin failed; closing the child's stdin");
-                        let _ = chunks.blocking_send(None);
-                        return;
+                    if filled == STDIN_CHUNK || waiting_bytes(0) == 0 {
+                        break;
                     }
                 }
+                if filled == 0 {
+                    continue;
+                }
+                // A small read is copied out and the buffer kept; a big one
+                // leaves as it is, without a copy.
+                let chunk = if filled < STDIN_COPY_BELOW {
+                    Bytes::copy_from_slice(&buf[..filled])
+                } else {
+                    let mut full = std::mem::replace(&mut buf, BytesMut::zeroed(STDIN_CHUNK));
+                    full.truncate(filled);
+                    full.freeze()
+                };
+                if chunks.blocking_send(Some(chunk)).is_err() {
+                    return;
+                }
             }
+            let _ = chunks.blocking_send(None);
         });
     if let Err(error) = spawned {
         tracing::error!(%error, "cannot start the stdin thread");
     }
     receiver
+}
+
+/// Bytes that a read of `fd` would return at once (FIONREAD); 0 when none
+/// or when `fd` cannot tell (a regular file: the next read then decides).
+fn waiting_bytes(fd: i32) -> usize {
+    let mut waiting: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int into `waiting`.
+    if unsafe { libc::ioctl(fd, libc::FIONREAD, &mut waiting) } < 0 {
+        return 0;
+    }
+    usize::try_from(waiting).unwrap_or(0)
 }

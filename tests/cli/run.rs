@@ -85,6 +85,25 @@ fn stdin_is_forwarded_byte_for_byte_then_closed() {
     assert_eq!(text(&count.stdout).trim(), "5");
 }
 
+/// Stdin is gathered into big writes only from what is already waiting: a
+/// line typed (or written by a slow producer) reaches the command at once,
+/// with stdin still open, and the next one after it.
+#[test]
+fn a_line_on_stdin_reaches_the_command_while_stdin_stays_open() {
+    use std::io::Write;
+    let mut run = common::cli::Watched::spawn(capexec(&["run", "--", "cat"]));
+    let mut stdin = run.stdin.take().expect("stdin");
+    stdin.write_all(b"first line\n").expect("write");
+    stdin.flush().expect("flush");
+    run.wait_for_stdout("first line\n");
+    stdin.write_all(b"second\n").expect("write");
+    run.wait_for_stdout("first line\nsecond\n");
+    drop(stdin);
+    let done = run.finish();
+    assert_eq!(done.code, 0, "{}", text(&done.stderr));
+    assert_eq!(done.stdout, b"first line\nsecond\n");
+}
+
 #[test]
 fn dash_n_gives_the_child_an_immediate_eof() {
     let done = finish(
