@@ -21,6 +21,9 @@ pub enum KernelFeature {
     MemoryController,
     PidsController,
     CpuController,
+    /// clone3's CLONE_INTO_CGROUP (Linux 5.7): children join their cgroup
+    /// by writing its `cgroup.procs` instead.
+    CloneIntoCgroup,
 }
 
 impl KernelFeature {
@@ -33,6 +36,7 @@ impl KernelFeature {
         KernelFeature::MemoryController,
         KernelFeature::PidsController,
         KernelFeature::CpuController,
+        KernelFeature::CloneIntoCgroup,
     ];
 
     pub fn name(self) -> &'static str {
@@ -45,6 +49,7 @@ impl KernelFeature {
             KernelFeature::MemoryController => "memory",
             KernelFeature::PidsController => "pids",
             KernelFeature::CpuController => "cpu",
+            KernelFeature::CloneIntoCgroup => "clone-into-cgroup",
         }
     }
 }
