@@ -559,6 +559,8 @@ struct Confinement {
     cgroup_procs: Vec<RawFd>,
     drop_capabilities: bool,
     last_capability: libc::c_int,
+    bounding_set: u64,
+    clear_ambient: bool,
     no_new_privs: bool,
     ruleset: Option<RawFd>,
     seccomp: Option<SockFprog>,
@@ -573,6 +575,8 @@ impl Confinement {
             cgroup_procs: plan.cgroup_procs.iter().map(AsRawFd::as_raw_fd).collect(),
             drop_capabilities: plan.drop_capabilities,
             last_capability: plan.last_capability,
+            bounding_set: plan.bounding_set,
+            clear_ambient: plan.clear_ambient,
             no_new_privs: plan.no_new_privs,
             ruleset: plan.ruleset.as_deref().map(AsRawFd::as_raw_fd),
             seccomp: plan.seccomp.as_ref().map(|program| SockFprog {
@@ -591,7 +595,12 @@ impl Confinement {
         // SAFETY: raw system calls on values prepared by the parent.
         unsafe {
             if self.drop_capabilities {
-                for capability in 0..=self.last_capability {
+                // Only what the bounding set holds: a drop is a call each
+                // (and a new set of credentials).
+                for capability in 0..=self.last_capability.min(63) {
+                    if self.bounding_set & (1u64 << capability) == 0 {
+                        continue;
+                    }
                     // EINVAL for numbers this kernel does not know.
                     raw(libc::syscall(
                         libc::SYS_prctl,
@@ -602,14 +611,16 @@ impl Confinement {
                         0,
                     ));
                 }
-                raw(libc::syscall(
-                    libc::SYS_prctl,
-                    libc::PR_CAP_AMBIENT,
-                    libc::PR_CAP_AMBIENT_CLEAR_ALL,
-                    0,
-                    0,
-                    0,
-                ));
+                if self.clear_ambient {
+                    raw(libc::syscall(
+                        libc::SYS_prctl,
+                        libc::PR_CAP_AMBIENT,
+                        libc::PR_CAP_AMBIENT_CLEAR_ALL,
+                        0,
+                        0,
+                        0,
+                    ));
+                }
                 let header = CapHeader {
                     version: LINUX_CAPABILITY_VERSION_3,
                     pid: 0,

@@ -177,6 +177,11 @@ pub(crate) struct Plan {
     /// Drop every capability (bounding, ambient, then the sets).
     pub drop_capabilities: bool,
     pub last_capability: i32,
+    /// The bounding set's capabilities (bit n: capability n): the ones to
+    /// drop from it.
+    pub bounding_set: u64,
+    /// Whether there are ambient capabilities to clear.
+    pub clear_ambient: bool,
     pub no_new_privs: bool,
     /// Shared by the starts with the same roots (see `ruleset.rs`).
     pub ruleset: Option<std::sync::Arc<OwnedFd>>,
@@ -377,6 +382,8 @@ pub(crate) fn prepare(
     prepared.plan.no_new_privs = true;
     prepared.plan.drop_capabilities = privileged;
     prepared.plan.last_capability = probe::last_capability();
+    prepared.plan.bounding_set = probe::bounding_set();
+    prepared.plan.clear_ambient = probe::has_ambient();
     confinement.sandbox = Some(roots::explicit(
         &resolved,
         sandbox.network,

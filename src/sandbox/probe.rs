@@ -130,6 +130,31 @@ pub(crate) fn privileged() -> bool {
     })
 }
 
+/// The capabilities in this process's bounding set (its children's too):
+/// the ones a child must drop. It only ever shrinks, so reading it once is
+/// enough: a later drop of one already gone does nothing. All of them if
+/// it cannot be read.
+pub(crate) fn bounding_set() -> u64 {
+    static BOUNDING: OnceLock<u64> = OnceLock::new();
+    *BOUNDING.get_or_init(|| status_mask("CapBnd:").unwrap_or(u64::MAX))
+}
+
+/// Whether this process has ambient capabilities (which only it could
+/// raise, and capexec does not): a child has nothing to clear otherwise.
+pub(crate) fn has_ambient() -> bool {
+    static AMBIENT: OnceLock<bool> = OnceLock::new();
+    *AMBIENT.get_or_init(|| status_mask("CapAmb:") != Some(0))
+}
+
+/// A capability mask of `/proc/self/status`.
+fn status_mask(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+}
+
 /// The highest capability number the kernel knows.
 pub(crate) fn last_capability() -> i32 {
     static LAST: OnceLock<i32> = OnceLock::new();
