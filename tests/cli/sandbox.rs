@@ -332,17 +332,7 @@ fn a_server_killed_with_sigkill_leaves_nothing_behind() {
         "the server made its cgroups"
     );
     common::cli::kill(&served.child, libc::SIGKILL);
-    let killed = Instant::now();
-    while (alive(left) || !cgroups_of(server).is_empty())
-        && killed.elapsed() < Duration::from_secs(2)
-    {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(
-        !alive(left),
-        "what the killed server started still runs after 2 s"
-    );
-    assert_eq!(cgroups_of(server), Vec::<String>::new());
+    nothing_left_of(server, left);
     let _ = run.kill();
     let _ = run.wait();
 }
