@@ -484,6 +484,8 @@ const FAILED_IN_CONFINE: i32 = 5;
 
 /// Everything the child needs, prepared before the clone.
 struct ChildPlan<'a> {
+    /// The leaf's `cgroup.procs`, when the child was not cloned into it.
+    join_procs: Option<RawFd>,
     program: &'a CString,
     argv: &'a [*const libc::c_char],
     envp: &'a [*const libc::c_char],
@@ -549,9 +551,16 @@ struct SockFprog {
 /// A [`crate::sandbox::Plan`] as the child applies it: raw descriptors
 /// and pointers into the plan, which outlives the spawn.
 struct Confinement {
+    /// The leaf's cgroup2 directory.
+    cgroup: Option<RawFd>,
+    /// Whether to clone the child into it (else it writes `cgroup.procs`).
+    clone_into_cgroup: bool,
+    /// The `cgroup.procs` of the leaf's v1 mirrors.
     cgroup_procs: Vec<RawFd>,
     drop_capabilities: bool,
     last_capability: libc::c_int,
+    bounding_set: u64,
+    clear_ambient: bool,
     no_new_privs: bool,
     ruleset: Option<RawFd>,
     seccomp: Option<SockFprog>,
@@ -561,11 +570,15 @@ impl Confinement {
     fn of(plan: &crate::sandbox::Plan) -> Confinement {
         use std::os::fd::AsRawFd;
         Confinement {
+            cgroup: plan.cgroup.as_ref().map(AsRawFd::as_raw_fd),
+            clone_into_cgroup: plan.clone_into_cgroup,
             cgroup_procs: plan.cgroup_procs.iter().map(AsRawFd::as_raw_fd).collect(),
             drop_capabilities: plan.drop_capabilities,
             last_capability: plan.last_capability,
+            bounding_set: plan.bounding_set,
+            clear_ambient: plan.clear_ambient,
             no_new_privs: plan.no_new_privs,
-            ruleset: plan.ruleset.as_ref().map(AsRawFd::as_raw_fd),
+            ruleset: plan.ruleset.as_deref().map(AsRawFd::as_raw_fd),
             seccomp: plan.seccomp.as_ref().map(|program| SockFprog {
                 len: program.len() as libc::c_ushort,
                 filter: program.as_ptr(),
@@ -582,7 +595,12 @@ impl Confinement {
         // SAFETY: raw system calls on values prepared by the parent.
         unsafe {
             if self.drop_capabilities {
-                for capability in 0..=self.last_capability {
+                // Only what the bounding set holds: a drop is a call each
+                // (and a new set of credentials).
+                for capability in 0..=self.last_capability.min(63) {
+                    if self.bounding_set & (1u64 << capability) == 0 {
+                        continue;
+                    }
                     // EINVAL for numbers this kernel does not know.
                     raw(libc::syscall(
                         libc::SYS_prctl,
@@ -593,14 +611,16 @@ impl Confinement {
                         0,
                     ));
                 }
-                raw(libc::syscall(
-                    libc::SYS_prctl,
-                    libc::PR_CAP_AMBIENT,
-                    libc::PR_CAP_AMBIENT_CLEAR_ALL,
-                    0,
-                    0,
-                    0,
-                ));
+                if self.clear_ambient {
+                    raw(libc::syscall(
+                        libc::SYS_prctl,
+                        libc::PR_CAP_AMBIENT,
+                        libc::PR_CAP_AMBIENT_CLEAR_ALL,
+                        0,
+                        0,
+                        0,
+                    ));
+                }
                 let header = CapHeader {
                     version: LINUX_CAPABILITY_VERSION_3,
                     pid: 0,
@@ -682,7 +702,8 @@ fn launch(
     let mut envp_ptrs: Vec<*const libc::c_char> = envp.iter().map(|e| e.as_ptr()).collect();
     envp_ptrs.push(std::ptr::null());
     let open_fds = (!close_range_works()).then(list_open_fds);
-    let plan = ChildPlan {
+    let mut plan = ChildPlan {
+        join_procs: None,
         program: &program,
         argv: &argv_ptrs,
         envp: &envp_ptrs,
@@ -702,23 +723,64 @@ fn launch(
     // handler of ours must never run in the child, which shares our memory.
     let mut pidfd: libc::c_int = -1;
     let saved = block_all_signals();
-    // SAFETY: the child runs `child_main` on `stack`, touching only `plan`
-    // and making system calls; CLONE_VFORK suspends us until it has exec'd
-    // or exited, so everything it uses outlives it.
-    let pid = unsafe {
-        let pid = libc::clone(
-            child_main,
-            top as *mut libc::c_void,
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD,
-            &plan as *const ChildPlan<'_> as *mut libc::c_void,
-            &mut pidfd as *mut libc::c_int,
-        );
-        let clone_error = io::Error::last_os_error();
-        restore_signals(saved);
-        if pid < 0 {
-            return Err(clone_error);
+    let arg = &plan as *const ChildPlan<'_> as *mut libc::c_void;
+    let mut cloned = None;
+    if let Some(cgroup) = extras.confinement.cgroup
+        && extras.confinement.clone_into_cgroup
+    {
+        // SAFETY: as for clone below; the child is born in its cgroup.
+        let result = unsafe { clone_into_cgroup(cgroup, &mut stack, arg, &mut pidfd) };
+        match result {
+            Ok(pid) => cloned = Some(pid),
+            Err(error) if cannot_clone_into_cgroup(&error) => {}
+            Err(error) => {
+                restore_signals(saved);
+                return Err(error);
+            }
         }
-        pid
+    }
+    let pid = match cloned {
+        Some(pid) => {
+            restore_signals(saved);
+            pid
+        }
+        None => {
+            // Without clone3's CLONE_INTO_CGROUP the child joins its cgroup
+            // by writing its `cgroup.procs`, first thing.
+            let procs = match extras.confinement.cgroup {
+                Some(cgroup) => match open_procs(cgroup) {
+                    Ok(procs) => Some(procs),
+                    Err(error) => {
+                        restore_signals(saved);
+                        return Err(io::Error::other(SetupFailure {
+                            step: Step::Cgroup,
+                            error,
+                        }));
+                    }
+                },
+                None => None,
+            };
+            plan.join_procs = procs.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
+            let arg = &plan as *const ChildPlan<'_> as *mut libc::c_void;
+            // SAFETY: the child runs `child_main` on `stack`, touching only
+            // `plan` and making system calls; CLONE_VFORK suspends us until
+            // it has exec'd or exited, so everything it uses outlives it.
+            unsafe {
+                let pid = libc::clone(
+                    child_main,
+                    top as *mut libc::c_void,
+                    libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD,
+                    arg,
+                    &mut pidfd as *mut libc::c_int,
+                );
+                let clone_error = io::Error::last_os_error();
+                restore_signals(saved);
+                if pid < 0 {
+                    return Err(clone_error);
+                }
+                pid
+            }
+        }
     };
     drop(stack);
     // SAFETY: CLONE_PIDFD stored a new descriptor for the child in `pidfd`.
@@ -792,8 +854,13 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
                 ));
             }
         }
-        // Into its cgroup first: nothing it starts is ever outside it.
-        for &procs in &plan.extras.confinement.cgroup_procs {
+        // Into its cgroup first (unless born in it): nothing it starts is
+        // ever outside it.
+        for &procs in plan
+            .join_procs
+            .iter()
+            .chain(&plan.extras.confinement.cgroup_procs)
+        {
             let result = raw(libc::syscall(libc::SYS_write, procs, c"0".as_ptr(), 1usize));
             if result < 0 {
                 fail(plan, FAILED_IN_CGROUP, result);
@@ -962,6 +1029,135 @@ fn restore_signals(previous: u64) {
             KERNEL_SIGSET_BYTES,
         );
     }
+}
+
+/// The `cgroup.procs` of the cgroup2 directory `cgroup`, for writing.
+fn open_procs(cgroup: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: openat(2) relative to a directory we hold, with a
+    // NUL-terminated name.
+    let fd = os::cvt(unsafe {
+        libc::openat(
+            cgroup,
+            c"cgroup.procs".as_ptr(),
+            libc::O_WRONLY | libc::O_CLOEXEC,
+        )
+    })?;
+    // SAFETY: the kernel just returned this descriptor to us alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Whether clone3 failed only because this kernel cannot clone into a
+/// cgroup (no clone3, or no CLONE_INTO_CGROUP): the child joins by
+/// `cgroup.procs` then, and later starts do not try again.
+fn cannot_clone_into_cgroup(error: &io::Error) -> bool {
+    let unsupported = matches!(error.raw_os_error(), Some(libc::ENOSYS) | Some(libc::E2BIG));
+    if unsupported {
+        CLONE3_UNSUPPORTED.store(true, Ordering::Relaxed);
+    }
+    unsupported || error.raw_os_error() == Some(libc::EINVAL)
+}
+
+static CLONE3_UNSUPPORTED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// clone3's arguments (`struct clone_args`, up to `cgroup`: Linux 5.7).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// Clones the child as [`launch`] does (`CLONE_VM | CLONE_VFORK`, a pidfd
+/// in `pidfd`), running `child_main(arg)` on `stack`, born in the cgroup2
+/// directory `cgroup`: joining a cgroup by `cgroup.procs` takes the
+/// kernel's cgroup-wide write lock, whose first taking after a quiet while
+/// waits out an RCU grace period (milliseconds); being cloned into one
+/// takes only its read side. The pid, or why not.
+///
+/// # Safety
+/// As for `clone(2)` with `child_main`: the child touches only `arg`'s
+/// plan and makes system calls, while the caller is suspended; signals
+/// are blocked.
+#[cfg(target_arch = "x86_64")]
+unsafe fn clone_into_cgroup(
+    cgroup: RawFd,
+    stack: &mut [u8],
+    arg: *mut libc::c_void,
+    pidfd: &mut libc::c_int,
+) -> io::Result<i32> {
+    if CLONE3_UNSUPPORTED.load(Ordering::Relaxed) {
+        return Err(io::Error::from_raw_os_error(libc::ENOSYS));
+    }
+    let args = CloneArgs {
+        flags: (libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD) as u64 | CLONE_INTO_CGROUP,
+        pidfd: pidfd as *mut libc::c_int as u64,
+        exit_signal: libc::SIGCHLD as u64,
+        stack: stack.as_mut_ptr() as u64,
+        stack_size: stack.len() as u64,
+        cgroup: cgroup as u64,
+        ..CloneArgs::default()
+    };
+    let entry: extern "C" fn(*mut libc::c_void) -> libc::c_int = child_main;
+    let result: libc::c_long;
+    // SAFETY: clone3 returns in both processes. The parent (rax: the pid
+    // or -errno) goes on as after any system call. The child (rax 0) is
+    // on the top of `stack` (the kernel sets its stack pointer there),
+    // calls `child_main(arg)` from it and exits with its result; it never
+    // comes back into this function's frame, which is the parent's.
+    // r12 and r13 hold the entry and its argument across the call (the
+    // kernel keeps them in both processes).
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            "test rax, rax",
+            "jnz 2f",
+            "xor ebp, ebp",
+            "and rsp, -16",
+            "mov rdi, r13",
+            "call r12",
+            "mov edi, eax",
+            "mov eax, {exit_group}",
+            "syscall",
+            "ud2",
+            "2:",
+            exit_group = const libc::SYS_exit_group,
+            inlateout("rax") libc::SYS_clone3 => result,
+            in("rdi") &args as *const CloneArgs,
+            in("rsi") std::mem::size_of::<CloneArgs>(),
+            in("r12") entry,
+            in("r13") arg,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    if result < 0 {
+        return Err(io::Error::from_raw_os_error(-result as i32));
+    }
+    Ok(result as i32)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn clone_into_cgroup(
+    _cgroup: RawFd,
+    _stack: &mut [u8],
+    _arg: *mut libc::c_void,
+    _pidfd: &mut libc::c_int,
+) -> io::Result<i32> {
+    // Joined by `cgroup.procs`: no clone3 entry for this processor yet.
+    Err(io::Error::from_raw_os_error(libc::ENOSYS))
 }
 
 fn close_range_works() -> bool {

@@ -20,9 +20,10 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio::io::Interest;
@@ -59,6 +60,8 @@ pub(crate) struct CgroupRoot {
     /// The root as `/proc/PID/cgroup` names it (`0::` lines).
     path: String,
     controllers: Controllers,
+    /// The v1 mirrors of the root made so far (see [`Self::make_v1_root`]).
+    v1_made: Mutex<Vec<PathBuf>>,
     next: AtomicU64,
     _lock: OwnedFd,
     _sentinel: Sentinel,
@@ -109,7 +112,10 @@ impl CgroupRoot {
             return Err("the kernel cannot kill a cgroup (cgroup.kill needs Linux 5.14)".into());
         }
         let mut controllers = enable_v2_controllers(&parent, &dir);
-        let mut v1_roots = Vec::new();
+        // The v1 mirrors of the root are made by the first start that sets
+        // a limit there (most starts set none): here only the groups they
+        // go in, if this process may make them.
+        let mut v1_parents = Vec::new();
         for (controller, slot) in [
             ("memory", &mut controllers.memory),
             ("pids", &mut controllers.pids),
@@ -118,25 +124,23 @@ impl CgroupRoot {
             if slot.is_some() {
                 continue;
             }
-            if let Some(v1_parent) = v1_group(&mounts, &memberships, controller) {
-                let v1 = v1_parent.join(&name);
-                if std::fs::create_dir(&v1).is_ok() {
-                    v1_roots.push(v1.clone());
-                    *slot = Some(Place::V1(v1));
+            if let Some(v1_parent) = v1_group(&mounts, &memberships, controller)
+                && writable_dir(&v1_parent)
+            {
+                *slot = Some(Place::V1(v1_parent.join(&name)));
+                if !v1_parents.contains(&v1_parent) {
+                    v1_parents.push(v1_parent);
                 }
             }
         }
-        let sentinel = sentinel::start(&lock, &dir, &v1_roots)
+        let sentinel = sentinel::start(&lock, &dir, &v1_parents, &name)
             .map_err(|error| format!("cannot start the cgroup sentinel: {error}"))?;
         std::mem::forget(made);
         let path = format!("{}/{name}", own.trim_end_matches('/'));
         let stale = StaleRoots {
             parent,
             own_name: name,
-            v1_parents: v1_roots
-                .iter()
-                .filter_map(|root| root.parent().map(Path::to_path_buf))
-                .collect(),
+            v1_parents,
         };
         let _ = std::thread::Builder::new()
             .name("capexec-cgroup-cleanup".into())
@@ -145,6 +149,7 @@ impl CgroupRoot {
             dir,
             path,
             controllers,
+            v1_made: Mutex::new(Vec::new()),
             next: AtomicU64::new(1),
             _lock: lock,
             _sentinel: sentinel,
@@ -154,6 +159,36 @@ impl CgroupRoot {
     pub fn controllers(&self) -> &Controllers {
         &self.controllers
     }
+
+    /// Makes the root's mirror `v1_root` (one of its v1 places) unless it
+    /// is made already; its sentinel removes it with the root.
+    fn make_v1_root(&self, v1_root: &Path) -> io::Result<()> {
+        let mut made = self.v1_made.lock().unwrap_or_else(|p| p.into_inner());
+        if made.iter().any(|root| root == v1_root) {
+            return Ok(());
+        }
+        match std::fs::create_dir(v1_root) {
+            Ok(()) => {}
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(error) => {
+                return Err(io::Error::new(
+                    error.kind(),
+                    format!("cannot create {}: {error}", v1_root.display()),
+                ));
+            }
+        }
+        made.push(v1_root.to_path_buf());
+        Ok(())
+    }
+}
+
+/// Whether `dir` is a directory this process may make cgroups in.
+fn writable_dir(dir: &Path) -> bool {
+    let Ok(path) = CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: access(2) reads a NUL-terminated path.
+    dir.is_dir() && unsafe { libc::access(path.as_ptr(), libc::W_OK) } == 0
 }
 
 /// Removes a directory made during a creation that failed.
@@ -366,10 +401,14 @@ pub(crate) struct Leaf {
     removed: AtomicBool,
 }
 
-/// A leaf just made, and the `cgroup.procs` files the child joins it by.
+/// A leaf just made: its cgroup2 directory, which the child is cloned
+/// into (`CLONE_INTO_CGROUP`, or by writing its `cgroup.procs` where the
+/// kernel cannot), and the `cgroup.procs` of its v1 mirrors, which the
+/// child writes itself.
 pub(crate) struct NewLeaf {
     pub leaf: Leaf,
-    pub procs: Vec<OwnedFd>,
+    pub dir: OwnedFd,
+    pub v1_procs: Vec<OwnedFd>,
 }
 
 impl Leaf {
@@ -387,7 +426,8 @@ impl Leaf {
             memory: limits.memory_bytes.and(root.controllers.memory.clone()),
             removed: AtomicBool::new(false),
         };
-        let mut procs = vec![open_procs(&leaf.dir)?];
+        let dir = open_dir(&leaf.dir)?;
+        let mut procs = Vec::new();
         let controllers = &root.controllers;
         let mut files: Vec<(&Option<Place>, &str, String)> = Vec::new();
         if let Some(bytes) = limits.memory_bytes {
@@ -435,6 +475,7 @@ impl Leaf {
             let dir = match place {
                 Some(Place::V2) => leaf.dir.clone(),
                 Some(Place::V1(v1_root)) => {
+                    root.make_v1_root(v1_root)?;
                     let mirror = v1_root.join(&name);
                     if !leaf.v1.contains(&mirror) {
                         std::fs::create_dir(&mirror)?;
@@ -464,7 +505,11 @@ impl Leaf {
                 ));
             }
         }
-        Ok(NewLeaf { leaf, procs })
+        Ok(NewLeaf {
+            leaf,
+            dir,
+            v1_procs: procs,
+        })
     }
 
     /// Whether processes are in it now.
@@ -601,6 +646,14 @@ impl Drop for Leaf {
                 let _ = std::fs::remove_dir(&dir);
             });
     }
+}
+
+fn open_dir(dir: &Path) -> io::Result<OwnedFd> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY)
+        .open(dir)?;
+    Ok(OwnedFd::from(file))
 }
 
 fn open_procs(dir: &Path) -> io::Result<OwnedFd> {

@@ -166,14 +166,25 @@ pub fn is_host_feature(feature: &str) -> bool {
 /// Everything the child applies before its exec, prepared in the parent.
 #[derive(Default)]
 pub(crate) struct Plan {
-    /// `cgroup.procs` of the leaf (and its v1 mirrors): the child writes
-    /// "0" to each, joining them.
+    /// The leaf's cgroup2 directory: the child is cloned into it.
+    pub cgroup: Option<OwnedFd>,
+    /// Whether the child may be cloned into it (clone3's
+    /// CLONE_INTO_CGROUP) rather than join it by `cgroup.procs`.
+    pub clone_into_cgroup: bool,
+    /// `cgroup.procs` of the leaf's v1 mirrors: the child writes "0" to
+    /// each, joining them.
     pub cgroup_procs: Vec<OwnedFd>,
     /// Drop every capability (bounding, ambient, then the sets).
     pub drop_capabilities: bool,
     pub last_capability: i32,
+    /// The bounding set's capabilities (bit n: capability n): the ones to
+    /// drop from it.
+    pub bounding_set: u64,
+    /// Whether there are ambient capabilities to clear.
+    pub clear_ambient: bool,
     pub no_new_privs: bool,
-    pub ruleset: Option<OwnedFd>,
+    /// Shared by the starts with the same roots (see `ruleset.rs`).
+    pub ruleset: Option<std::sync::Arc<OwnedFd>>,
     pub seccomp: Option<Program>,
 }
 
@@ -243,7 +254,9 @@ pub(crate) fn prepare(
     if let Ok(root) = cgroup_root() {
         match Leaf::create(root, sandbox.is_some(), &enforceable) {
             Ok(new) => {
-                prepared.plan.cgroup_procs = new.procs;
+                prepared.plan.cgroup = Some(new.dir);
+                prepared.plan.clone_into_cgroup = !hidden(KernelFeature::CloneIntoCgroup);
+                prepared.plan.cgroup_procs = new.v1_procs;
                 prepared.leaf = Some(new.leaf);
                 confinement.tracking = Tracking::Cgroup;
                 confinement.enforced.push(name::CGROUP.into());
@@ -356,7 +369,7 @@ pub(crate) fn prepare(
     }
     if coverage.filesystem {
         prepared.plan.ruleset = Some(
-            ruleset::build(&resolved, sandbox.network, support.landlock_abi)
+            ruleset::ruleset(&resolved, sandbox.network, support.landlock_abi)
                 .map_err(|why| Refusal::new(RefusalKind::SpawnFailed, format!("sandbox: {why}")))?,
         );
     }
@@ -369,6 +382,8 @@ pub(crate) fn prepare(
     prepared.plan.no_new_privs = true;
     prepared.plan.drop_capabilities = privileged;
     prepared.plan.last_capability = probe::last_capability();
+    prepared.plan.bounding_set = probe::bounding_set();
+    prepared.plan.clear_ambient = probe::has_ambient();
     confinement.sandbox = Some(roots::explicit(
         &resolved,
         sandbox.network,

@@ -2,8 +2,12 @@
 //! hierarchies are, and which directories are the kernel's own interfaces.
 
 use std::ffi::OsString;
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStringExt;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 /// One line of `/proc/self/mountinfo`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,13 +61,47 @@ pub(crate) fn parse(text: &[u8]) -> Vec<Mount> {
         .collect()
 }
 
-/// Where the kernel's interface file systems are mounted.
-pub(crate) fn kernel_mount_points() -> Vec<PathBuf> {
-    mounts()
-        .into_iter()
-        .filter(|mount| KERNEL_FILE_SYSTEMS.contains(&mount.fstype.as_str()))
-        .map(|mount| mount.point)
-        .collect()
+/// Where the kernel's interface file systems are mounted. Read once and
+/// again only after the mount table changed: the kernel wakes pollers of
+/// an open mountinfo (POLLPRI) on every change in the mount namespace, so
+/// a start asks with one poll(2) instead of reading and parsing it.
+pub(crate) fn kernel_mount_points() -> Arc<Vec<PathBuf>> {
+    static KNOWN: Mutex<Option<(File, Arc<Vec<PathBuf>>)>> = Mutex::new(None);
+    let mut known = KNOWN.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((watch, points)) = known.as_ref()
+        && !changed(watch)
+    {
+        return Arc::clone(points);
+    }
+    // Opened first: a change after the open, even one the read below
+    // already sees, wakes the next poll.
+    let mut text = Vec::new();
+    let watch = File::open("/proc/self/mountinfo").and_then(|mut file| {
+        file.read_to_end(&mut text)?;
+        Ok(file)
+    });
+    let points: Arc<Vec<PathBuf>> = Arc::new(
+        parse(&text)
+            .into_iter()
+            .filter(|mount| KERNEL_FILE_SYSTEMS.contains(&mount.fstype.as_str()))
+            .map(|mount| mount.point)
+            .collect(),
+    );
+    *known = watch.ok().map(|watch| (watch, Arc::clone(&points)));
+    points
+}
+
+/// Whether the mount table changed since `watch` (an open mountinfo) was
+/// opened or last polled; true when it cannot be told.
+fn changed(watch: &File) -> bool {
+    let mut pollfd = libc::pollfd {
+        fd: watch.as_raw_fd(),
+        events: libc::POLLPRI,
+        revents: 0,
+    };
+    // SAFETY: poll on one descriptor we own, without waiting.
+    let ready = unsafe { libc::poll(&mut pollfd, 1, 0) };
+    ready != 0 || pollfd.revents & (libc::POLLPRI | libc::POLLERR) != 0
 }
 
 /// mountinfo writes space, tab, newline and backslash as `\ooo`.
@@ -93,6 +131,48 @@ fn unescape(field: &[u8]) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Unmounts the proc mount made by the test, whatever happens.
+    struct Mounted(std::ffi::CString);
+
+    impl Drop for Mounted {
+        fn drop(&mut self) {
+            // SAFETY: unmounts what the test mounted, by its path.
+            unsafe { libc::umount2(self.0.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+
+    #[test]
+    fn kernel_mount_points_are_read_again_after_the_mount_table_changes() {
+        let before = kernel_mount_points();
+        assert!(
+            before.iter().any(|point| point.as_os_str() == "/proc"),
+            "{before:?}"
+        );
+        assert!(Arc::ptr_eq(&before, &kernel_mount_points()), "kept");
+        // A proc mount on a directory of the test's (root, as CI runs).
+        let dir = tempfile::tempdir().expect("tempdir");
+        let point = std::fs::canonicalize(dir.path()).expect("canonical");
+        let c_point = std::ffi::CString::new(point.as_os_str().as_encoded_bytes()).expect("no NUL");
+        // SAFETY: a proc mount on a directory of our own.
+        let mounted = unsafe {
+            libc::mount(
+                c"proc".as_ptr(),
+                c_point.as_ptr(),
+                c"proc".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(mounted, 0, "mount: {}", std::io::Error::last_os_error());
+        let guard = Mounted(c_point);
+        assert!(kernel_mount_points().contains(&point), "seen once mounted");
+        drop(guard);
+        assert!(
+            !kernel_mount_points().contains(&point),
+            "gone once unmounted"
+        );
+    }
 
     #[test]
     fn mountinfo_lines_are_read_with_their_escapes() {

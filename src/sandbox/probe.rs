@@ -21,6 +21,9 @@ pub enum KernelFeature {
     MemoryController,
     PidsController,
     CpuController,
+    /// clone3's CLONE_INTO_CGROUP (Linux 5.7): children join their cgroup
+    /// by writing its `cgroup.procs` instead.
+    CloneIntoCgroup,
 }
 
 impl KernelFeature {
@@ -33,6 +36,7 @@ impl KernelFeature {
         KernelFeature::MemoryController,
         KernelFeature::PidsController,
         KernelFeature::CpuController,
+        KernelFeature::CloneIntoCgroup,
     ];
 
     pub fn name(self) -> &'static str {
@@ -45,6 +49,7 @@ impl KernelFeature {
             KernelFeature::MemoryController => "memory",
             KernelFeature::PidsController => "pids",
             KernelFeature::CpuController => "cpu",
+            KernelFeature::CloneIntoCgroup => "clone-into-cgroup",
         }
     }
 }
@@ -123,6 +128,31 @@ pub(crate) fn privileged() -> bool {
             })
         })
     })
+}
+
+/// The capabilities in this process's bounding set (its children's too):
+/// the ones a child must drop. It only ever shrinks, so reading it once is
+/// enough: a later drop of one already gone does nothing. All of them if
+/// it cannot be read.
+pub(crate) fn bounding_set() -> u64 {
+    static BOUNDING: OnceLock<u64> = OnceLock::new();
+    *BOUNDING.get_or_init(|| status_mask("CapBnd:").unwrap_or(u64::MAX))
+}
+
+/// Whether this process has ambient capabilities (which only it could
+/// raise, and capexec does not): a child has nothing to clear otherwise.
+pub(crate) fn has_ambient() -> bool {
+    static AMBIENT: OnceLock<bool> = OnceLock::new();
+    *AMBIENT.get_or_init(|| status_mask("CapAmb:") != Some(0))
+}
+
+/// A capability mask of `/proc/self/status`.
+fn status_mask(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
 }
 
 /// The highest capability number the kernel knows.

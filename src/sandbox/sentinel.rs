@@ -34,8 +34,14 @@ fn open(path: &Path, flags: libc::c_int) -> io::Result<OwnedFd> {
 }
 
 /// Forks the sentinel of the root at `dir` (locked by `lock`), which also
-/// removes `v1_roots` (the root's mirrors in cgroup v1 hierarchies).
-pub(crate) fn start(lock: &OwnedFd, dir: &Path, v1_roots: &[PathBuf]) -> io::Result<Sentinel> {
+/// removes the root's mirrors named `name` in `v1_parents` (cgroup v1
+/// groups), made or not: they are made only when a limit needs them.
+pub(crate) fn start(
+    lock: &OwnedFd,
+    dir: &Path,
+    v1_parents: &[PathBuf],
+    name: &str,
+) -> io::Result<Sentinel> {
     let mut fds = [0; 2];
     // SAFETY: pipe2 writes two new descriptors into `fds`.
     os::cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
@@ -43,21 +49,20 @@ pub(crate) fn start(lock: &OwnedFd, dir: &Path, v1_roots: &[PathBuf]) -> io::Res
     let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     let kill = open(&dir.join("cgroup.kill"), libc::O_WRONLY)?;
     let events = open(&dir.join("cgroup.events"), libc::O_RDONLY)?;
-    let mut dirs = vec![open(dir, libc::O_RDONLY | libc::O_DIRECTORY)?];
-    let mut paths = Vec::new();
-    for root in v1_roots {
-        dirs.push(open(root, libc::O_RDONLY | libc::O_DIRECTORY)?);
-        paths.push(CString::new(root.as_os_str().as_bytes())?);
+    let root = open(dir, libc::O_RDONLY | libc::O_DIRECTORY)?;
+    let mut dirs = Vec::new();
+    for parent in v1_parents {
+        dirs.push(open(parent, libc::O_RDONLY | libc::O_DIRECTORY)?);
     }
-    // The cgroup2 root last: it goes once its mirrors are gone.
-    paths.push(CString::new(dir.as_os_str().as_bytes())?);
+    let mirror = CString::new(name)?;
+    let path = CString::new(dir.as_os_str().as_bytes())?;
     let dir_fds: Vec<RawFd> = dirs.iter().map(AsRawFd::as_raw_fd).collect();
-    let path_ptrs: Vec<*const libc::c_char> = paths.iter().map(|path| path.as_ptr()).collect();
     let mut keep: Vec<RawFd> = vec![
         read.as_raw_fd(),
         kill.as_raw_fd(),
         events.as_raw_fd(),
         lock.as_raw_fd(),
+        root.as_raw_fd(),
     ];
     keep.extend(&dir_fds);
     keep.sort_unstable();
@@ -78,13 +83,26 @@ pub(crate) fn start(lock: &OwnedFd, dir: &Path, v1_roots: &[PathBuf]) -> io::Res
                 read.as_raw_fd(),
                 kill.as_raw_fd(),
                 events.as_raw_fd(),
-                &dir_fds,
-                &path_ptrs,
+                Removal {
+                    root: root.as_raw_fd(),
+                    path: path.as_ptr(),
+                    v1_parents: &dir_fds,
+                    mirror: mirror.as_ptr(),
+                },
                 name.as_ptr(),
             )
         }
     }
     Ok(Sentinel { _alive: write })
+}
+
+/// What the sentinel removes: the cgroup2 root (`root`, at `path`) and
+/// the directories named `mirror` in `v1_parents`, with their leaves.
+struct Removal<'a> {
+    root: RawFd,
+    path: *const libc::c_char,
+    v1_parents: &'a [RawFd],
+    mirror: *const libc::c_char,
 }
 
 /// The sentinel's life, in the forked child.
@@ -93,8 +111,7 @@ unsafe fn sentinel_main(
     read: RawFd,
     kill: RawFd,
     events: RawFd,
-    dirs: &[RawFd],
-    paths: &[*const libc::c_char],
+    removal: Removal<'_>,
     name: *const libc::c_char,
 ) -> ! {
     // SAFETY: raw system calls on descriptors and buffers this (forked)
@@ -150,12 +167,27 @@ unsafe fn sentinel_main(
             );
             waited += 100;
         }
-        for &dir in dirs {
-            remove_children(dir);
+        // The mirrors first: the cgroup2 root goes once they are gone.
+        for &parent in removal.v1_parents {
+            let mirror = libc::syscall(
+                libc::SYS_openat,
+                parent,
+                removal.mirror,
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            );
+            if mirror >= 0 {
+                remove_children(mirror as RawFd);
+                libc::syscall(libc::SYS_close, mirror);
+                libc::syscall(
+                    libc::SYS_unlinkat,
+                    parent,
+                    removal.mirror,
+                    libc::AT_REMOVEDIR,
+                );
+            }
         }
-        for &path in paths {
-            libc::syscall(libc::SYS_rmdir, path);
-        }
+        remove_children(removal.root);
+        libc::syscall(libc::SYS_rmdir, removal.path);
         libc::syscall(libc::SYS_exit_group, 0);
     }
     #[allow(clippy::empty_loop)]

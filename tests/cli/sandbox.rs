@@ -203,6 +203,115 @@ fn cgroups_of(server: u32) -> Vec<String> {
     found
 }
 
+/// Waits at most 2 s for what `owner` (a capexec process, killed) started
+/// to be gone, `left` the pid of one of them; then says what is left.
+fn nothing_left_of(owner: u32, left: u32) {
+    let killed = Instant::now();
+    while (alive(left) || !cgroups_of(owner).is_empty())
+        && killed.elapsed() < Duration::from_secs(2)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        !alive(left),
+        "what the killed capexec started still runs after 2 s"
+    );
+    assert_eq!(cgroups_of(owner), Vec::<String>::new());
+}
+
+/// Leaves a `sleep` running in the background, prints its pid and waits.
+const SLEEP_IN_THE_BACKGROUND: &str = "sleep 1000 </dev/null >/dev/null 2>&1 & echo $!; wait";
+
+#[test]
+fn a_killed_one_shot_run_leaves_nothing_behind() {
+    // No server: the run's own engine tracks the command, and a SIGKILL
+    // leaves no time to end it.
+    let (mut run, first) = spawn_reading_first_line(capexec(&[
+        "run",
+        "-n",
+        "--",
+        "sh",
+        "-c",
+        SLEEP_IN_THE_BACKGROUND,
+    ]));
+    let left: u32 = first.trim().parse().expect("pid");
+    assert!(alive(left));
+    assert_eq!(
+        cgroups_of(run.id()).len(),
+        1,
+        "one cgroup2 root, no v1 mirror"
+    );
+    common::cli::kill(&run, libc::SIGKILL);
+    let _ = run.wait();
+    nothing_left_of(run.id(), left);
+}
+
+#[test]
+fn a_server_killed_with_sigkill_leaves_its_limits_cgroups_behind_neither() {
+    let served = Served::start();
+    let server = served.child.id();
+    // A start without limits makes no v1 mirror; one with limits makes
+    // those its controllers need (on hosts whose controllers are v1).
+    let done = finish(
+        served.run(&["--connect", &served.unix, "-n", "--", "true"]),
+        None,
+    );
+    assert_eq!(done.code, 0, "{}", text(&done.stderr));
+    assert_eq!(cgroups_of(server).len(), 1, "{:?}", cgroups_of(server));
+    let (mut run, first) = spawn_reading_first_line(served.run(&[
+        "--connect",
+        &served.unix,
+        "--max-pids",
+        "50",
+        "--memory",
+        "64M",
+        "--cpus",
+        "0.5",
+        "-n",
+        "--",
+        "sh",
+        "-c",
+        SLEEP_IN_THE_BACKGROUND,
+    ]));
+    let left: u32 = first.trim().parse().expect("pid");
+    assert!(alive(left));
+    common::cli::kill(&served.child, libc::SIGKILL);
+    nothing_left_of(server, left);
+    let _ = run.kill();
+    let _ = run.wait();
+}
+
+#[test]
+fn a_run_is_in_its_cgroup_with_and_without_clone_into_cgroup() {
+    for extra in [&[][..], &["--hide-kernel-feature", "clone-into-cgroup"][..]] {
+        let served = Served::start_with(extra);
+        let done = finish(
+            served.run(&[
+                "--connect",
+                &served.unix,
+                "-n",
+                "--",
+                "sh",
+                "-c",
+                "grep '^0::' /proc/self/cgroup",
+            ]),
+            None,
+        );
+        assert_eq!(done.code, 0, "{}", text(&done.stderr));
+        let line = text(&done.stdout);
+        let root = format!("/capexec-{}-", served.child.id());
+        assert!(
+            line.contains(&root)
+                && line
+                    .trim_end()
+                    .rsplit('/')
+                    .next()
+                    .is_some_and(|leaf| leaf.starts_with("p-")),
+            "{extra:?}: {line:?}"
+        );
+    }
+}
+
 #[test]
 fn a_server_killed_with_sigkill_leaves_nothing_behind() {
     let served = Served::start();
@@ -223,17 +332,7 @@ fn a_server_killed_with_sigkill_leaves_nothing_behind() {
         "the server made its cgroups"
     );
     common::cli::kill(&served.child, libc::SIGKILL);
-    let killed = Instant::now();
-    while (alive(left) || !cgroups_of(server).is_empty())
-        && killed.elapsed() < Duration::from_secs(2)
-    {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(
-        !alive(left),
-        "what the killed server started still runs after 2 s"
-    );
-    assert_eq!(cgroups_of(server), Vec::<String>::new());
+    nothing_left_of(server, left);
     let _ = run.kill();
     let _ = run.wait();
 }
