@@ -321,6 +321,11 @@ impl StaleRoots {
             if !name.starts_with("capexec-") || name == self.own_name {
                 continue;
             }
+            // A capexec that is still running may be between making its
+            // root and locking it: never take that for a dead one's.
+            if owner_is_running(&name) {
+                continue;
+            }
             let dir = entry.path();
             // Held while the cleanup runs, so that two servers starting at
             // once do not both clean it.
@@ -336,6 +341,15 @@ impl StaleRoots {
             remove_tree(&dir);
         }
     }
+}
+
+/// Whether the process that named a root `capexec-PID-RANDOM` still runs
+/// here. A PID reused since only delays the cleanup to a later start.
+fn owner_is_running(name: &str) -> bool {
+    name.strip_prefix("capexec-")
+        .and_then(|rest| rest.split('-').next())
+        .and_then(|pid| pid.parse::<u32>().ok())
+        .is_some_and(|pid| Path::new("/proc").join(pid.to_string()).exists())
 }
 
 /// Removes `dir` and the cgroups below it (empty ones: rmdir refuses the
@@ -729,6 +743,16 @@ mod tests {
         assert!(!in_sandbox_leaf("0::/s-3\n"));
         assert!(!in_sandbox_leaf("0::/capexec-12/s-x\n"));
         assert!(!in_sandbox_leaf("4:memory:/capexec-1/s-2\n0::/\n"));
+    }
+
+    #[test]
+    fn a_root_whose_owner_runs_is_never_taken_for_a_dead_ones() {
+        let own = format!("capexec-{}-0a0b0c0d", std::process::id());
+        assert!(owner_is_running(&own));
+        // Beyond pid_max (at most 2^22): no such process.
+        assert!(!owner_is_running("capexec-99999999-0a0b0c0d"));
+        assert!(!owner_is_running("capexec-x-0a0b0c0d"));
+        assert!(!owner_is_running("other-1-0a0b0c0d"));
     }
 
     #[test]

@@ -285,3 +285,26 @@ fn run_usage_reports_cpu_time_and_peak_memory_on_stderr() {
     assert!(figures[0] >= 0.2, "user CPU in {line:?}");
     assert!(figures[2] >= 30_000_000.0 / 1024.0, "peak RSS in {line:?}");
 }
+
+/// Embedded runs started at once each make their own cgroup root while
+/// the others look for dead ones' roots to clean: none takes another's for
+/// dead (no warning, no command killed).
+#[test]
+fn concurrent_embedded_runs_leave_each_other_alone() {
+    let runs: Vec<_> = (0..30)
+        .map(|_| {
+            let mut command = capexec(&["run", "-n", "--", "sh", "-c", "sleep 0.3; echo done"]);
+            command
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("start capexec")
+        })
+        .collect();
+    for run in runs {
+        let output = run.wait_with_output().expect("wait");
+        assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+        assert_eq!(output.stdout, b"done\n");
+        assert_eq!(text(&output.stderr), "");
+    }
+}
