@@ -448,16 +448,18 @@ pub struct SessionArgs {
     confinement: confinement::ConfinementArgs,
     /// While the command runs, listen here and forward each connection
     /// from the executor's machine, as `capexec forward -L` (repeatable;
-    /// each forward's line goes to stderr once it listens). Not with
-    /// --resume: a forward does not survive a reconnection yet.
+    /// each forward's line goes to stderr once it listens). With --resume,
+    /// a reconnection fails the connections open through the old
+    /// connection and carries new ones.
     #[arg(long = "forward", value_name = "[BIND_ADDRESS:]PORT:HOST:HOSTPORT",
-          value_parser = forward_spec::parse, conflicts_with = "resume")]
+          value_parser = forward_spec::parse)]
     forward: Vec<forward_spec::ForwardSpec>,
     /// While the command runs, listen on the executor's machine and
     /// forward each connection from here, as `capexec forward -R`
-    /// (repeatable; the listener goes when the command ends).
+    /// (repeatable; the listener goes when the command ends; with
+    /// --resume it listens again after a reconnection, announced again).
     #[arg(long = "reverse-forward", value_name = "[BIND_ADDRESS:]PORT:HOST:HOSTPORT",
-          value_parser = forward_spec::parse, conflicts_with = "resume")]
+          value_parser = forward_spec::parse)]
     reverse_forward: Vec<forward_spec::ForwardSpec>,
 }
 
