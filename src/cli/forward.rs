@@ -164,21 +164,59 @@ impl Drop for Forwards {
     }
 }
 
-/// Sets up every forward through `executor`, each announced once it
-/// listens; a failed one fails all. A listener on the server that goes
-/// away is reported on `lost`.
-pub async fn open(
-    executor: &executor::Client,
-    local: &[ForwardSpec],
-    remote: &[ForwardSpec],
+/// The forwards of one command (`capexec run --forward`), which follow
+/// it across reconnections: `-L` listeners stay here (their ports do not
+/// change) and dial through the newest connection; `-R` listeners are
+/// opened again on the executor's machine, and announced again.
+pub struct Forwarding {
+    executor: Rc<RefCell<executor::Client>>,
+    _local: Forwards,
+    remote: RefCell<Forwards>,
+    remote_specs: Vec<ForwardSpec>,
     announce: fn(&str),
     lost: tokio::sync::mpsc::UnboundedSender<String>,
-) -> Result<Forwards, String> {
-    let shared = Rc::new(RefCell::new(executor.clone()));
-    let mut forwards = open_local(&shared, local, announce).await?;
-    let mut remote = open_remote(executor, remote, announce, lost).await?;
-    forwards.0.append(&mut remote.0);
-    Ok(forwards)
+}
+
+impl Forwarding {
+    /// Sets up every forward through `executor`, each announced once it
+    /// listens; a failed one fails all. A listener on the server that goes
+    /// away is reported on `lost`.
+    pub async fn open(
+        executor: &executor::Client,
+        local: &[ForwardSpec],
+        remote: &[ForwardSpec],
+        announce: fn(&str),
+        lost: tokio::sync::mpsc::UnboundedSender<String>,
+    ) -> Result<Forwarding, String> {
+        let shared = Rc::new(RefCell::new(executor.clone()));
+        let local_forwards = open_local(&shared, local, announce).await?;
+        let remote_forwards = open_remote(executor, remote, announce, lost.clone()).await?;
+        Ok(Forwarding {
+            executor: shared,
+            _local: local_forwards,
+            remote: RefCell::new(remote_forwards),
+            remote_specs: remote.to_vec(),
+            announce,
+            lost,
+        })
+    }
+
+    /// Forwards through `executor` from now on (a new connection's): the
+    /// connections through the old one have failed already.
+    pub async fn reconnected(&self, executor: &executor::Client) -> Result<(), String> {
+        *self.executor.borrow_mut() = executor.clone();
+        // The old listeners went with their connection.
+        drop(self.remote.replace(Forwards(Vec::new())));
+        let remote = open_remote(
+            executor,
+            &self.remote_specs,
+            self.announce,
+            self.lost.clone(),
+        )
+        .await?;
+        *self.remote.borrow_mut() = remote;
+        Ok(())
+    }
 }
 
 /// `-L`: listens here; each connection is dialled through whatever

@@ -87,7 +87,9 @@ enum Command {
     /// $XDG_RUNTIME_DIR/capexec/capexec.sock (for root
     /// /run/capexec/capexec.sock), which `--connect local` reaches.
     #[command(after_help = "Example: capexec serve --listen tcp:0.0.0.0:7000 --tls-self-signed")]
-    Serve(ServeArgs),
+    // Boxed: the server's flags are many, and the other subcommands'
+    // values need not be as big.
+    Serve(Box<ServeArgs>),
     /// List the environments a server offers, with their states (`*`
     /// marks the default).
     #[command(after_help = "Example: capexec environments --connect build")]
@@ -335,6 +337,17 @@ pub struct ServeArgs {
     #[arg(long, value_name = "MIB", default_value_t = 64,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=65_536))]
     max_call_memory_per_connection: usize,
+    /// Port connections (`dial`led, or accepted by a listener) one
+    /// connection may hold at once; more are refused with
+    /// [capexec:limit], and a listener leaves the rest in its backlog.
+    #[arg(long, value_name = "N", default_value_t = capexec::rpc::MAX_PORT_STREAMS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    max_port_connections_per_connection: usize,
+    /// Listening sockets (`listen`, `capexec forward -R`) one connection
+    /// may hold at once; more are refused with [capexec:limit].
+    #[arg(long, value_name = "N", default_value_t = capexec::rpc::MAX_PORT_LISTENERS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    max_listeners_per_connection: usize,
     /// Connections (on tcp: listeners) that may be open without having
     /// logged in, TLS handshakes included; more are refused at once
     /// [default: 1024, at most half the descriptors kept for connections].
@@ -435,16 +448,18 @@ pub struct SessionArgs {
     confinement: confinement::ConfinementArgs,
     /// While the command runs, listen here and forward each connection
     /// from the executor's machine, as `capexec forward -L` (repeatable;
-    /// each forward's line goes to stderr once it listens). Not with
-    /// --resume: a forward does not survive a reconnection yet.
+    /// each forward's line goes to stderr once it listens). With --resume,
+    /// a reconnection fails the connections open through the old
+    /// connection and carries new ones.
     #[arg(long = "forward", value_name = "[BIND_ADDRESS:]PORT:HOST:HOSTPORT",
-          value_parser = forward_spec::parse, conflicts_with = "resume")]
+          value_parser = forward_spec::parse)]
     forward: Vec<forward_spec::ForwardSpec>,
     /// While the command runs, listen on the executor's machine and
     /// forward each connection from here, as `capexec forward -R`
-    /// (repeatable; the listener goes when the command ends).
+    /// (repeatable; the listener goes when the command ends; with
+    /// --resume it listens again after a reconnection, announced again).
     #[arg(long = "reverse-forward", value_name = "[BIND_ADDRESS:]PORT:HOST:HOSTPORT",
-          value_parser = forward_spec::parse, conflicts_with = "resume")]
+          value_parser = forward_spec::parse)]
     reverse_forward: Vec<forward_spec::ForwardSpec>,
 }
 
@@ -498,7 +513,7 @@ pub fn main() -> i32 {
         }
         Command::Serve(args) => {
             logging::init(tracing::Level::INFO, logging::Style::Server);
-            serve::main(args)
+            serve::main(*args)
         }
         Command::Environments(args) => {
             logging::init(tracing::Level::WARN, logging::Style::Client);

@@ -83,9 +83,9 @@ async fn run(mut args: SessionArgs, argv: Vec<OsString>) -> Result<i32, Failure>
         // Held until the command is done, then dropped: nothing keeps
         // listening after it.
         let (lost, _ignored) = tokio::sync::mpsc::unbounded_channel();
-        let _forwards = until_interrupted(
+        let forwards = until_interrupted(
             &mut interrupted,
-            forward::open(
+            forward::Forwarding::open(
                 &executor,
                 &args.forward,
                 &args.reverse_forward,
@@ -95,8 +95,9 @@ async fn run(mut args: SessionArgs, argv: Vec<OsString>) -> Result<i32, Failure>
         )
         .await?
         .map_err(Failure::capexec)?;
+        let forwards = Rc::new(forwards);
         let session = Session::new(executor, Some(Box::new(target)));
-        let resume = resume.map(|grace| (reconnect(&args), grace));
+        let resume = resume.map(|grace| (forwarded(reconnect(&args), &forwards), grace));
         let signals = relay::Watched {
             process,
             interrupted: &mut interrupted,
@@ -202,6 +203,24 @@ fn reconnect(args: &SessionArgs) -> Connect {
                 None => target.executor.clone(),
             };
             Ok(Session::new(executor, Some(Box::new(target))))
+        })
+    })
+}
+
+/// `connect`, then the forwards through the new connection: new
+/// connections go through it, the open ones failed with the old one. A
+/// forward that cannot be opened again ends the run.
+fn forwarded(connect: Connect, forwards: &Rc<forward::Forwarding>) -> Connect {
+    let forwards = Rc::clone(forwards);
+    Rc::new(move || {
+        let (connect, forwards) = (Rc::clone(&connect), Rc::clone(&forwards));
+        Box::pin(async move {
+            let session = connect().await?;
+            forwards
+                .reconnected(session.executor())
+                .await
+                .map_err(|why| client::Error::Rpc(capnp::Error::failed(why)))?;
+            Ok(session)
         })
     })
 }

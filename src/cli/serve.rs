@@ -186,6 +186,10 @@ pub fn main(args: ServeArgs) -> i32 {
         },
         pending_logins: capacity.pending,
         max_processes_per_connection: Some(capacity.per_connection),
+        port_limits: capexec::rpc::PortLimits {
+            max_connections: args.max_port_connections_per_connection,
+            max_listeners: args.max_listeners_per_connection,
+        },
         login_deadline: None,
         policy,
         admin,

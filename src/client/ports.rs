@@ -19,7 +19,6 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
-use bytes::Bytes;
 use futures::future::LocalBoxFuture;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{mpsc, oneshot};
@@ -46,7 +45,10 @@ struct Inbox {
 }
 
 struct Arrived {
-    bytes: Bytes,
+    /// The write's parameters themselves: read out of the received
+    /// message, with no copy of their own.
+    params: port_sink::WriteParams,
+    length: usize,
     read: usize,
     /// Answers the write that brought it, once it is all read.
     taken: oneshot::Sender<()>,
@@ -85,7 +87,7 @@ impl port_sink::Server for FromSocket {
         params: port_sink::WriteParams,
     ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
         let queued = (|| -> Result<oneshot::Receiver<()>, capnp::Error> {
-            let bytes = params.get()?.get_bytes()?;
+            let length = params.get()?.get_bytes()?.len();
             let mut inbox = self.inbox.borrow_mut();
             if inbox.closed {
                 return Err(closed());
@@ -99,7 +101,8 @@ impl port_sink::Server for FromSocket {
             }
             let (taken, answer) = oneshot::channel();
             inbox.chunks.push_back(Arrived {
-                bytes: Bytes::copy_from_slice(bytes),
+                params,
+                length,
                 read: 0,
                 taken,
             });
@@ -213,11 +216,16 @@ impl AsyncRead for PortStream {
         self.sender.poll_progress(cx);
         let mut inbox = self.inbox.borrow_mut();
         if let Some(front) = inbox.chunks.front_mut() {
-            let rest = &front.bytes[front.read..];
+            // Checked when it arrived (`FromSocket::write`).
+            let bytes = front.params.get().and_then(|params| params.get_bytes());
+            let Ok(bytes) = bytes else {
+                return Poll::Ready(Err(io::Error::other("a malformed write arrived")));
+            };
+            let rest = &bytes[front.read..front.length];
             let n = rest.len().min(buf.remaining());
             buf.put_slice(&rest[..n]);
             front.read += n;
-            if front.read == front.bytes.len()
+            if front.read == front.length
                 && let Some(done) = inbox.chunks.pop_front()
             {
                 let _ = done.taken.send(());

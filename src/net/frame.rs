@@ -26,7 +26,11 @@ const MAX_SEGMENTS: usize = 512;
 
 /// How much of a big body is allocated before its bytes arrive; it then
 /// grows fourfold whenever it is full, up to the size the header announced.
-pub(crate) const FIRST_BODY_BYTES: usize = 64 * 1024;
+/// A data path's chunk (256 KiB: a download's, a port connection's) and
+/// its message's envelope fit, so the bulk of the traffic is read into one
+/// allocation, never moved to a bigger one. (Before login a message is at
+/// most 4 KiB; after, a connection's calls may hold 64 MiB anyway.)
+pub(crate) const FIRST_BODY_BYTES: usize = (256 + 4) * 1024;
 
 /// The staging buffer's first size: a login and its bootstrap fit. It
 /// doubles (up to the caller's limit) whenever a read fills it, so only a
@@ -380,9 +384,9 @@ mod tests {
             words = grown(words, total);
             steps.push(words * 8);
         }
-        assert_eq!(steps[1], 256 << 10);
+        assert_eq!(steps[1], 4 * FIRST_BODY_BYTES);
         assert_eq!(steps.last(), Some(&(15 << 20)));
-        assert_eq!(steps.len(), 5);
+        assert_eq!(steps.len(), 4);
     }
 
     #[tokio::test]

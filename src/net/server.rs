@@ -55,6 +55,8 @@ pub struct ServerConfig {
     /// Most processes one connection's starts may hold at once (`None`: no
     /// limit but the engine's own).
     pub max_processes_per_connection: Option<usize>,
+    /// Most port connections and listeners one connection may hold.
+    pub port_limits: rpc::PortLimits,
     /// How long a TCP connection may go without logging in (default 30 s).
     pub login_deadline: Option<std::time::Duration>,
     /// Rules every start must satisfy, on every connection (the root
@@ -288,7 +290,12 @@ impl Server {
         };
         let mut server = Server {
             serving: Rc::new(Serving {
-                executor: new_executor(&context, config.max_processes_per_connection, rules),
+                executor: new_executor(
+                    &context,
+                    config.max_processes_per_connection,
+                    config.port_limits,
+                    rules,
+                ),
                 login: std::cell::RefCell::new(login.map(Arc::new)),
                 tls: std::cell::RefCell::new(config.tls.clone()),
                 limits: config.call_limits,
@@ -540,12 +547,14 @@ impl Reloader {
 fn new_executor(
     context: &Rc<ServerContext>,
     per_connection: Option<usize>,
+    port_limits: rpc::PortLimits,
     rules: Option<Rc<crate::engine::Rules>>,
 ) -> NewExecutor {
     let context = Rc::clone(context);
     Rc::new(move |connection: &str| {
         let quota = per_connection
             .map_or_else(rpc::Quota::unlimited, rpc::Quota::at_most)
+            .with_port_limits(port_limits)
             .owned_by(connection);
         match &rules {
             Some(rules) => {

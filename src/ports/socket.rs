@@ -61,6 +61,24 @@ impl Socket {
         }
     }
 
+    /// How many bytes have arrived and wait to be read (`FIONREAD`); 0
+    /// also at end of file or with an error pending (a read says which).
+    pub fn pending(&self) -> usize {
+        use std::os::fd::AsRawFd;
+        let fd = match self {
+            Socket::Tcp(stream) => stream.as_raw_fd(),
+            Socket::Unix(stream) => stream.as_raw_fd(),
+        };
+        let mut count: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one c_int through the pointer given.
+        let done = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut count) };
+        if done == 0 {
+            usize::try_from(count).unwrap_or(0)
+        } else {
+            0
+        }
+    }
+
     /// Reads what has arrived, at most `buf.len()` bytes; 0 is end of file.
     pub async fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
         loop {

@@ -24,7 +24,7 @@ pub use self::detach::{DEFAULT_RETENTION, Detachments, MAX_GRACE};
 pub use self::directory::DirectoryImpl;
 pub use self::executor::{ExecutorImpl, local_executor, restricted_root_executor, root_executor};
 pub use self::info::features as protocol_features;
-pub use self::port_quota::{MAX_PORT_LISTENERS, MAX_PORT_STREAMS};
+pub use self::port_quota::{MAX_PORT_LISTENERS, MAX_PORT_STREAMS, PortLimits};
 pub use self::ports::MAX_PENDING_ACCEPTS;
 pub use self::process::{MAX_WAIT_MS, ProcessImpl};
 pub use self::quota::Quota;

@@ -15,6 +15,24 @@ pub const MAX_PORT_STREAMS: usize = 1024;
 /// Listeners one connection may hold.
 pub const MAX_PORT_LISTENERS: usize = 64;
 
+/// How many port connections and listeners one connection may hold
+/// (`capexec serve --max-port-connections-per-connection` and
+/// `--max-listeners-per-connection`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortLimits {
+    pub max_connections: usize,
+    pub max_listeners: usize,
+}
+
+impl Default for PortLimits {
+    fn default() -> Self {
+        PortLimits {
+            max_connections: MAX_PORT_STREAMS,
+            max_listeners: MAX_PORT_LISTENERS,
+        }
+    }
+}
+
 #[derive(Clone)]
 pub(crate) struct PortQuota(Rc<State>);
 
@@ -31,17 +49,17 @@ struct State {
 
 impl Default for PortQuota {
     fn default() -> Self {
-        PortQuota::new(MAX_PORT_STREAMS, MAX_PORT_LISTENERS)
+        PortQuota::new(PortLimits::default())
     }
 }
 
 impl PortQuota {
-    pub(crate) fn new(max_streams: usize, max_listeners: usize) -> PortQuota {
+    pub(crate) fn new(limits: PortLimits) -> PortQuota {
         PortQuota(Rc::new(State {
             streams: Cell::new(0),
             listeners: Cell::new(0),
-            max_streams,
-            max_listeners,
+            max_streams: limits.max_connections,
+            max_listeners: limits.max_listeners,
             freed: Notify::new(),
             budget: PortBudget::default(),
         }))

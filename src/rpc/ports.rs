@@ -14,7 +14,6 @@ use std::future::Future;
 use std::io;
 use std::rc::{Rc, Weak};
 
-use bytes::Bytes;
 use capnp::Error;
 use tokio::sync::{Notify, Semaphore, oneshot};
 use tokio::task::{AbortHandle, spawn_local};
@@ -48,7 +47,9 @@ struct Connection {
 }
 
 enum Queued {
-    Write(Bytes, oneshot::Sender<Result<(), Refusal>>),
+    /// The call's parameters themselves: the bytes go from the received
+    /// message into the socket, with no copy of their own.
+    Write(port_sink::WriteParams, oneshot::Sender<Result<(), Refusal>>),
     End(oneshot::Sender<Result<(), Refusal>>),
 }
 
@@ -139,8 +140,13 @@ async fn write_queue(connection: Rc<Connection>) {
             return;
         };
         match item {
-            Queued::Write(bytes, done) => {
-                let written = socket.write_all(&bytes).await;
+            Queued::Write(params, done) => {
+                // Checked when queued (`ToSocket::queue_write`).
+                let bytes = params.get().and_then(|params| params.get_bytes());
+                let written = match bytes {
+                    Ok(bytes) => socket.write_all(bytes).await,
+                    Err(error) => Err(io::Error::other(error.to_string())),
+                };
                 match written {
                     Ok(()) => {
                         let _ = done.send(Ok(()));
@@ -176,10 +182,10 @@ async fn write_queue(connection: Rc<Connection>) {
 }
 
 thread_local! {
-    /// Where every connection's reader reads the socket into before the
-    /// bytes are copied into their `write` (with no await between): one
-    /// buffer for the thread, not one per connection, so a thousand
-    /// connections cost no more than one.
+    /// Where a connection's reader reads the socket into when it cannot
+    /// tell how many bytes are there (then copied into their `write`, with
+    /// no await between): one buffer for the thread, not one per
+    /// connection, so a thousand connections cost no more than one.
     static SCRATCH: RefCell<Vec<u8>> = RefCell::new(vec![0u8; wire::PORT_CHUNK_BYTES]);
 }
 
@@ -204,13 +210,17 @@ async fn read_socket(connection: Rc<Connection>, sender: PortSender) {
             socket.poll_read_ready(cx)
         });
         let read = match ready.await {
-            Ok(()) => SCRATCH.with_borrow_mut(|buffer| {
-                let read = socket.try_read(&mut buffer[..room]);
-                if let Ok(read @ 1..) = read {
-                    sender.send_now(&buffer[..read]);
-                }
-                read
-            }),
+            // Bytes are there: read straight into the write's message.
+            Ok(()) => match socket.pending().min(room) {
+                0 => SCRATCH.with_borrow_mut(|buffer| {
+                    let read = socket.try_read(&mut buffer[..room]);
+                    if let Ok(read @ 1..) = read {
+                        sender.send_now(&buffer[..read]);
+                    }
+                    read
+                }),
+                size => sender.send_read(size, |buffer| socket.try_read(buffer)),
+            },
             Err(error) => Err(error),
         };
         if matches!(&read, Err(error) if error.kind() == io::ErrorKind::WouldBlock) {
@@ -253,7 +263,10 @@ struct ToSocket {
 }
 
 impl ToSocket {
-    fn queue_write(&self, bytes: &[u8]) -> Result<oneshot::Receiver<Result<(), Refusal>>, Refusal> {
+    fn queue_write(
+        &self,
+        params: port_sink::WriteParams,
+    ) -> Result<oneshot::Receiver<Result<(), Refusal>>, Refusal> {
         let connection = &self.connection;
         if let Some(failure) = connection.failed() {
             return Err(failure);
@@ -264,19 +277,26 @@ impl ToSocket {
                 "a write after `end` on this connection",
             ));
         }
-        if bytes.len() > MAX_PORT_WRITE_BYTES {
+        let length = params
+            .get()
+            .and_then(|params| params.get_bytes())
+            .map_err(|error| {
+                Refusal::new(
+                    RefusalKind::InvalidArgument,
+                    format!("a malformed write: {error}"),
+                )
+            })?
+            .len();
+        if length > MAX_PORT_WRITE_BYTES {
             let refusal = Refusal::new(
                 RefusalKind::InvalidArgument,
-                format!(
-                    "a write of {} bytes; at most {MAX_PORT_WRITE_BYTES}",
-                    bytes.len()
-                ),
+                format!("a write of {length} bytes; at most {MAX_PORT_WRITE_BYTES}"),
             );
             connection.reset(&refusal.message);
             return Err(refusal);
         }
         let (done, answer) = oneshot::channel();
-        connection.submit(Queued::Write(Bytes::copy_from_slice(bytes), done));
+        connection.submit(Queued::Write(params, done));
         Ok(answer)
     }
 }
@@ -303,16 +323,7 @@ impl port_sink::Server for ToSocket {
         self: Rc<Self>,
         params: port_sink::WriteParams,
     ) -> impl Future<Output = Result<(), Error>> + 'static {
-        let queued = params
-            .get()
-            .and_then(|params| params.get_bytes())
-            .map_err(|error| {
-                Refusal::new(
-                    RefusalKind::InvalidArgument,
-                    format!("a malformed write: {error}"),
-                )
-            })
-            .and_then(|bytes| self.queue_write(bytes));
+        let queued = self.queue_write(params);
         let connection = Rc::clone(&self.connection);
         async move { answered(connection, queued?).await }
     }

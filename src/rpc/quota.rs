@@ -44,6 +44,15 @@ impl Quota {
         }))
     }
 
+    /// Gives the connection `limits` on its port connections and
+    /// listeners (before any is opened).
+    pub fn with_port_limits(mut self, limits: crate::rpc::PortLimits) -> Quota {
+        if let Some(state) = Rc::get_mut(&mut self.0) {
+            state.ports = crate::rpc::port_quota::PortQuota::new(limits);
+        }
+        self
+    }
+
     /// Names the connection whose allowance this is (its number and peer),
     /// for the admin's process list.
     pub fn owned_by(self, connection: &str) -> Quota {

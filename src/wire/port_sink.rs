@@ -26,8 +26,11 @@ use futures::stream::FuturesOrdered;
 
 use crate::capexec_capnp::port_sink;
 
-/// The most bytes capexec puts in one `PortSink.write`.
-pub const PORT_CHUNK_BYTES: usize = 64 * 1024;
+/// The most bytes capexec puts in one `PortSink.write`: big enough that
+/// the per-message costs (the call, its answer and `Finish`, three
+/// wake-ups on each side) are small next to the bytes' own, small enough
+/// that a window holds four in flight.
+pub const PORT_CHUNK_BYTES: usize = 256 * 1024;
 
 /// The most bytes a `PortSink.write` may carry (the schema's limit).
 pub const MAX_PORT_WRITE_BYTES: usize = 1 << 20;
@@ -164,9 +167,42 @@ impl PortSender {
     /// waiting for room or for the answer: call it after
     /// [`PortSender::poll_room`] said how much fits.
     pub fn send_now(&self, bytes: &[u8]) {
-        let words = bytes.len().div_ceil(8) as u64 + 8;
-        let mut request = self
-            .sink
+        let mut request = self.write_request(bytes.len());
+        request.get().set_bytes(bytes);
+        self.dispatch(request, bytes.len());
+    }
+
+    /// Sends what `read` puts into a write of `size` bytes (at most what
+    /// [`PortSender::poll_room`] said fits), read straight into the
+    /// message, with no copy of its own; what `read` says it read is
+    /// sent, nothing if it read nothing or failed.
+    pub fn send_read(
+        &self,
+        size: usize,
+        read: impl FnOnce(&mut [u8]) -> std::io::Result<usize>,
+    ) -> std::io::Result<usize> {
+        let mut request = self.write_request(size);
+        let got = read(request.get().init_bytes(size as u32))?;
+        if got == size {
+            self.dispatch(request, size);
+        } else if got > 0 {
+            // Fewer bytes than asked (rare: the caller asks for what is
+            // known to be there): a write of just those.
+            let params = request.get().into_reader();
+            let bytes = params
+                .get_bytes()
+                .map_err(|error| std::io::Error::other(error.to_string()))?;
+            self.send_now(&bytes[..got]);
+        }
+        Ok(got)
+    }
+
+    fn write_request(
+        &self,
+        size: usize,
+    ) -> capnp::capability::Request<port_sink::write_params::Owned, any_pointer::Owned> {
+        let words = size.div_ceil(8) as u64 + 8;
+        self.sink
             .client
             .new_call::<port_sink::write_params::Owned, any_pointer::Owned>(
                 <port_sink::Client as HasTypeId>::TYPE_ID,
@@ -175,10 +211,15 @@ impl PortSender {
                     word_count: words,
                     cap_count: 0,
                 }),
-            );
-        request.get().set_bytes(bytes);
+            )
+    }
+
+    fn dispatch(
+        &self,
+        request: capnp::capability::Request<port_sink::write_params::Owned, any_pointer::Owned>,
+        size: usize,
+    ) {
         let answer = request.send().promise;
-        let size = bytes.len();
         let mut ack: Ack = Box::pin(async move { answer.await.map(|_| size) });
         // A call on a local capability is only dispatched when first
         // polled: poll it now, so that writes (and the `end` after them)

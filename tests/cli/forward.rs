@@ -330,25 +330,6 @@ fn run_forwards_for_the_lifetime_of_one_command() {
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    let done = common::cli::finish(
-        served.run(&[
-            "--connect",
-            &served.unix,
-            "--resume",
-            "30",
-            "--forward",
-            "0:h:1",
-            "--",
-            "true",
-        ]),
-        None,
-    );
-    assert_eq!(done.code, 125);
-    assert!(
-        text(&done.stderr).contains("--forward"),
-        "{}",
-        text(&done.stderr)
-    );
 }
 
 /// `capexec serve` on a Unix socket at `path` (for a server that is
@@ -432,4 +413,187 @@ fn served_command(home: &std::path::Path, subcommand: &str) -> std::process::Com
         .env_remove("XDG_CONFIG_HOME")
         .env_remove("CAPEXEC_TOKEN");
     command
+}
+
+/// A TCP server that greets every connection with `hi`, then answers it
+/// as [`answering_server`] does.
+fn greeting_servers() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    std::thread::spawn(move || {
+        for socket in listener.incoming() {
+            let Ok(mut socket) = socket else { continue };
+            std::thread::spawn(move || {
+                let mut got = Vec::new();
+                if socket.write_all(b"hi").is_ok() && socket.read_to_end(&mut got).is_ok() {
+                    let _ = socket.write_all(&expected_answer(&got));
+                }
+            });
+        }
+    });
+    port
+}
+
+#[test]
+fn serve_limits_the_port_connections_of_one_connection_as_told() {
+    let served = Served::start_with(&["--max-port-connections-per-connection", "1"]);
+    let port = greeting_servers();
+    let forward = forward_l(&served, &[format!("0:127.0.0.1:{port}")]);
+    let (_, local) = listening_port(&forward, "-L ");
+    // The one connection allowed: greeted, so dialled through.
+    let mut first = TcpStream::connect(("127.0.0.1", local)).expect("connect");
+    let mut greeting = [0u8; 2];
+    first.read_exact(&mut greeting).expect("greeted");
+    assert_eq!(&greeting, b"hi");
+    // One more: refused by the server's limit, reset here, one line.
+    let mut second = TcpStream::connect(("127.0.0.1", local)).expect("connect");
+    let from = second.local_addr().expect("address").port();
+    let mut rest = Vec::new();
+    let error = second.read_to_end(&mut rest).expect_err("reset");
+    assert_eq!(error.kind(), std::io::ErrorKind::ConnectionReset, "{error}");
+    forward.wait_for_stderr("\n");
+    let stderr = forward.stderr_text();
+    assert_eq!(
+        stderr,
+        format!(
+            "capexec: -L tcp:127.0.0.1:{local} -> tcp:127.0.0.1:{port}: connection from \
+             tcp:127.0.0.1:{from} failed: this connection already holds its maximum of 1 port \
+             connections\n"
+        )
+    );
+    // The first goes on, and the server and the forward with it.
+    first.write_all(b"abc").expect("write");
+    first.shutdown(Shutdown::Write).expect("half-close");
+    let mut answer = Vec::new();
+    first.read_to_end(&mut answer).expect("the answer");
+    assert_eq!(answer, expected_answer(b"abc"));
+    kill(&forward.child, libc::SIGINT);
+    let done = forward.finish();
+    assert_eq!(done.code, 0, "{}", text(&done.stderr));
+}
+
+#[test]
+fn forward_resume_fails_open_connections_with_an_error_and_carries_new_ones() {
+    let home = common::data::TempDir::new("forward-resume-open");
+    let path = home.path().join("capexec.sock");
+    let mut server = serve_at(&path, home.path());
+    let port = greeting_servers();
+    let mut command = served_command(home.path(), "forward");
+    command
+        .args(["--connect", &format!("unix:{}", path.display())])
+        .args(["--resume", "60", "-L", &format!("0:127.0.0.1:{port}")]);
+    let forward = Watched::spawn(command);
+    let (_, local) = listening_port(&forward, "-L ");
+    let mut open = TcpStream::connect(("127.0.0.1", local)).expect("connect");
+    let from = open.local_addr().expect("address").port();
+    let mut greeting = [0u8; 2];
+    open.read_exact(&mut greeting).expect("greeted");
+
+    let _ = server.kill();
+    let _ = server.wait();
+    // The open connection fails as an error (a reset), never a clean end.
+    let mut rest = Vec::new();
+    let error = open.read_to_end(&mut rest).expect_err("reset");
+    assert_eq!(error.kind(), std::io::ErrorKind::ConnectionReset, "{error}");
+    forward.wait_for_stderr("reconnecting (for up to 1 min)\n");
+    let mut server = serve_at(&path, home.path());
+    forward.wait_for_stderr("capexec: reconnected: forwarding again\n");
+    let mut new = TcpStream::connect(("127.0.0.1", local)).expect("connect");
+    new.read_exact(&mut greeting).expect("greeted");
+    new.write_all(b"after").expect("write");
+    new.shutdown(Shutdown::Write).expect("half-close");
+    let mut answer = Vec::new();
+    new.read_to_end(&mut answer).expect("the answer");
+    assert_eq!(answer, expected_answer(b"after"));
+    kill(&forward.child, libc::SIGINT);
+    let done = forward.finish();
+    assert_eq!(done.code, 0, "{}", text(&done.stderr));
+    // One line for the failed connection, one for the loss, one for the
+    // reconnection.
+    let stderr = text(&done.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 3, "{stderr}");
+    assert!(
+        lines.contains(
+            &format!(
+                "capexec: -L tcp:127.0.0.1:{local} -> tcp:127.0.0.1:{port}: connection from \
+             tcp:127.0.0.1:{from} failed: the connection through the executor was lost"
+            )
+            .as_str()
+        ),
+        "{stderr}"
+    );
+    assert!(
+        lines.contains(&"capexec: reconnected: forwarding again"),
+        "{stderr}"
+    );
+    let _ = server.kill();
+    let _ = server.wait();
+}
+
+/// `run --forward` with `--resume`: a cut fails the connections open
+/// through it (an error, never a clean end), and once reconnected new
+/// connections go through the new connection while the command carries on.
+#[test]
+fn run_forward_with_resume_carries_new_connections_after_a_cut() {
+    let served = Served::start();
+    let port = greeting_servers();
+    common::run_on_runtime(async move {
+        let dir = common::data::TempDir::new("run-forward-resume");
+        let proxy = common::proxy::Proxy::start(
+            &dir.path().join("proxy.sock"),
+            &served.socket,
+            std::time::Duration::ZERO,
+        )
+        .expect("proxy");
+        let go = dir.path().join("go");
+        let script = format!(
+            "while [ ! -e {go} ]; do sleep 0.01; done; exit 7",
+            go = go.display()
+        );
+        let run = Watched::spawn(served.run(&[
+            "--connect",
+            &format!("unix:{}", proxy.path().display()),
+            "--resume",
+            "60",
+            "--forward",
+            &format!("0:127.0.0.1:{port}"),
+            "-n",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ]));
+        run.wait_for_stderr("\n");
+        let first = run.stderr_text();
+        let prefix = "capexec: -L tcp:127.0.0.1:";
+        assert!(first.starts_with(prefix), "{first}");
+        let local: u16 = first[prefix.len()..]
+            .split(' ')
+            .next()
+            .and_then(|port| port.parse().ok())
+            .expect("the forward's port");
+        let mut open = TcpStream::connect(("127.0.0.1", local)).expect("connect");
+        let mut greeting = [0u8; 2];
+        open.read_exact(&mut greeting).expect("greeted");
+
+        proxy.cut();
+        let mut rest = Vec::new();
+        let error = open.read_to_end(&mut rest).expect_err("reset");
+        assert_eq!(error.kind(), std::io::ErrorKind::ConnectionReset, "{error}");
+        proxy.restore();
+        run.wait_for_stderr("capexec: reconnected; the command carries on\n");
+        let mut new = TcpStream::connect(("127.0.0.1", local)).expect("connect");
+        new.read_exact(&mut greeting).expect("greeted");
+        new.write_all(b"after").expect("write");
+        new.shutdown(Shutdown::Write).expect("half-close");
+        let mut answer = Vec::new();
+        new.read_to_end(&mut answer).expect("the answer");
+        assert_eq!(answer, expected_answer(b"after"));
+        std::fs::write(&go, b"").expect("go on");
+        let done = run.finish();
+        assert_eq!(done.code, 7, "{}", text(&done.stderr));
+        // Nothing listens after the command.
+        assert!(TcpStream::connect(("127.0.0.1", local)).is_err());
+    });
 }

@@ -504,6 +504,63 @@ async fn a_connection_holds_at_most_its_maximum_of_listeners(ctx: Ctx) {
     }
 }
 
+/// The real limit (1,024 port connections per connection): every one
+/// under it works, the next is refused with `[capexec:limit]`, the
+/// connection and the server go on, and a place given back is usable.
+async fn a_connection_holds_at_most_its_maximum_of_port_connections(ctx: Ctx) {
+    let (listener, address) = peer().await;
+    // The peer takes every connection and answers one byte on each.
+    let peer = tokio::spawn(async move {
+        let mut held = Vec::new();
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            if socket.write_all(b"!").await.is_ok() {
+                held.push(socket);
+            }
+        }
+    });
+    let mut held = Vec::new();
+    for _ in 0..capexec::rpc::MAX_PORT_STREAMS {
+        held.push(dial(&ctx, &address).await);
+    }
+    let (kind, message) = refusal(client::dial(&ctx.executor, &address).await).await;
+    assert_eq!(kind, RefusalKind::LimitReached, "{message}");
+    assert_eq!(
+        message,
+        format!(
+            "this connection already holds its maximum of {} port connections",
+            capexec::rpc::MAX_PORT_STREAMS
+        )
+    );
+    // Every connection under the limit carries its bytes.
+    let mut last = held.pop().expect("one");
+    let mut byte = [0u8; 1];
+    last.read_exact(&mut byte)
+        .await
+        .expect("the last one reads");
+    assert_eq!(&byte, b"!");
+    // The connection goes on (other calls work), and the place given back
+    // (the release travels first: polled) is usable.
+    client::info(&ctx.executor).await.expect("info");
+    drop(last);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut again = loop {
+        match client::dial(&ctx.executor, &address).await {
+            Ok(stream) => break stream,
+            Err(error) => {
+                assert!(tokio::time::Instant::now() < deadline, "{error}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    again.read_exact(&mut byte).await.expect("a new one reads");
+    assert_eq!(&byte, b"!");
+    drop(held);
+    peer.abort();
+}
+
 backend_tests!(
     bulk_transfer_both_ways_at_once_is_byte_exact,
     half_close_is_kept_in_each_direction,
@@ -514,6 +571,7 @@ backend_tests!(
     bad_addresses_and_unreachable_ones_are_refused_clearly,
     restricted_executors_allow_only_the_addresses_of_their_rule,
     a_connection_holds_at_most_its_maximum_of_listeners,
+    a_connection_holds_at_most_its_maximum_of_port_connections,
 );
 
 /// Client -> A -> (proxy) -> B: cutting the link between A and B fails the
