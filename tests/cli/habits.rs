@@ -207,7 +207,11 @@ fn ctrl_z_stops_the_command_too_and_fg_continues_it() {
         "--",
         "sh",
         "-c",
-        "trap 'exit 7' TERM; echo \"pid-$$-\"; while :; do sleep 0.01; done",
+        // A loop of builtins: a shell that forks `sleep` over and over
+        // can be caught waiting on a vfork child that the same SIGSTOP
+        // stopped before its exec, and then shows as D, not T, until it
+        // is continued.
+        "trap 'exit 7' TERM; echo \"pid-$$-\"; while :; do :; done",
     ]));
     run.wait_for_stdout("-\n");
     let remote = common::pid_after(&run.stdout_text(), "pid-");
