@@ -414,7 +414,8 @@ struct ExecutorInfo {
   #   restricted executor as "restricted" too), "directory"
   #   (`Executor.directory`), "files" (every `Directory` method up to
   #   `info`, with `FileStat.version` and `ifVersion`), "file-watch"
-  #   (`Directory.watch`), "directory-executor" (`Directory.executor`), "ports" (`Executor.dial`, `Executor.listen`).
+  #   (`Directory.watch`), "directory-executor" (`Directory.executor`), "file-batches"
+  #   (`Directory.writeFiles`), "ports" (`Executor.dial`, `Executor.listen`).
   # Clients must ignore names they do not know.
 
   os @2 :Text;
@@ -1331,6 +1332,33 @@ interface Directory {
   # when the call is made (the sandbox's rules are opened from it).
   # Through a forwarding hop the call is forwarded, pipelined: the executor
   # is the far end's. Feature "directory-executor".
+
+  writeFiles @21 (files :List(FileContent)) -> (outcomes :List(WriteOutcome));
+  # Many small `writeFile`s in one call (a tree of small files costs a
+  # round trip per batch, not per file): each file is written exactly as
+  # `writeFile` would write it, atomically and with its own options, in
+  # the order given, and has its own outcome at the same index; a file
+  # that fails does not stop the others. At most 1,024 files and 4 MiB of
+  # data in all, else the call fails with `[capexec:limit]` and nothing
+  # is written. Feature "file-batches".
+}
+
+struct FileContent {
+  # One file of `Directory.writeFiles`.
+  path @0 :Data;
+  data @1 :Data;
+  options @2 :WriteOptions;
+}
+
+struct WriteOutcome {
+  # What became of one file of `Directory.writeFiles`.
+  union {
+    stat @0 :FileStat;
+    # Written: the new file's stat, as `writeFile` answers it.
+    failure @1 :Text;
+    # Not written (the target as it was): the error `writeFile` would have
+    # failed with, tagged the same way (`read "a": not found [capexec:not-found]`).
+  }
 }
 
 struct FileStat {

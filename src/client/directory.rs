@@ -43,14 +43,14 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use crate::capexec_capnp::{
-    byte_sink, directory, entry_sink, executor, upload_sink, watch, watch_sink,
+    byte_sink, directory, entry_sink, executor, upload_sink, watch, watch_sink, write_outcome,
 };
 use crate::client::Error;
 use crate::model::{
-    CopyOptions, DOWNLOAD_CHUNK_BYTES, DirEntry, DirectoryInfo, FileStat, MAX_ONE_SHOT_BYTES,
+    CopyOptions, DirEntry, DirectoryInfo, FileStat, MAX_ONE_SHOT_BYTES, MAX_UPLOAD_CHUNK_BYTES,
     Refusal, RefusalKind, WalkOptions, WalkSummary, WatchEvent, WriteOptions,
 };
-use crate::wire::{self, TRANSFER_WINDOW_BYTES, Window, stream_call};
+use crate::wire::{self, Window, stream_call};
 
 /// Batches a listing or a download may have buffered between the sink
 /// and the consumer: a consumer that stops reading stops acknowledging,
@@ -227,6 +227,60 @@ impl Directory {
         wire::write_options_to_wire(options, request.get().init_options());
         let response = answer!(request)?;
         Ok(wire::file_stat_from_wire(response.get()?.get_stat()?)?)
+    }
+
+    /// Many small files in one call each batch (see the schema's
+    /// `writeFiles`: at most [`crate::model::MAX_BATCH_FILES`] files and
+    /// [`MAX_ONE_SHOT_BYTES`] in all): each `(path, data, options)` written
+    /// as [`Directory::write_with`] would, with an outcome per file, in
+    /// order. A server from before `writeFiles` gets one `writeFile` per
+    /// file, all pipelined.
+    pub async fn write_batch(
+        &self,
+        files: &[(impl AsRef<Path>, impl AsRef<[u8]>, WriteOptions)],
+    ) -> Result<Vec<Result<FileStat, Error>>, Error> {
+        let mut request = self.client.write_files_request();
+        let mut list = request.get().init_files(files.len() as u32);
+        for (index, (path, data, options)) in files.iter().enumerate() {
+            let mut item = list.reborrow().get(index as u32);
+            item.set_path(bytes(path));
+            item.set_data(data.as_ref());
+            wire::write_options_to_wire(options, item.init_options());
+        }
+        let response = match request.send().promise.await {
+            Err(error) if error.kind == capnp::ErrorKind::Unimplemented => {
+                let writes = files
+                    .iter()
+                    .map(|(path, data, options)| self.write_with(path, data, options));
+                return Ok(futures::future::join_all(writes).await);
+            }
+            other => other.map_err(failure)?,
+        };
+        let outcomes = response.get()?.get_outcomes()?;
+        if outcomes.len() as usize != files.len() {
+            return Err(Error::Rpc(capnp::Error::failed(format!(
+                "writeFiles answered {} outcomes for {} files",
+                outcomes.len(),
+                files.len()
+            ))));
+        }
+        outcomes
+            .iter()
+            .map(|outcome| {
+                Ok(match outcome.which()? {
+                    write_outcome::Stat(stat) => Ok(wire::file_stat_from_wire(stat?)?),
+                    write_outcome::Failure(text) => {
+                        let text = text?.to_str().map_err(|error| {
+                            capnp::Error::failed(format!("a malformed outcome: {error}"))
+                        })?;
+                        Err(match Refusal::from_description(text) {
+                            Some(refusal) => Error::Refused(refusal),
+                            None => Error::Rpc(capnp::Error::failed(text.to_string())),
+                        })
+                    }
+                })
+            })
+            .collect()
     }
 
     /// Uploads everything `reader` gives as the content of `path`
@@ -510,14 +564,22 @@ async fn write_chunk(writer: &mut (impl AsyncWrite + Unpin), chunk: &[u8]) -> Re
     writer.write_all(chunk).await.map_err(local_io)
 }
 
-/// Reads `reader` to its end in chunks and writes them to `sink`.
+/// Unacknowledged bytes of an upload: four of its largest writes. Larger
+/// than a download's window because each write also waits for the
+/// server's disk (the writes are acknowledged as they are queued for
+/// it), and a window of few writes leaves the link idle meanwhile.
+const UPLOAD_WINDOW_BYTES: usize = 4 * MAX_UPLOAD_CHUNK_BYTES;
+
+/// Reads `reader` to its end in chunks and writes them to `sink`: the
+/// largest writes the server takes (fewer messages and acknowledgements
+/// per byte), read into one buffer that is copied once, into the message.
 async fn push_all(
     sink: &upload_sink::Client,
     reader: &mut (impl AsyncRead + Unpin),
 ) -> Result<(), Error> {
-    let mut window = Window::new(TRANSFER_WINDOW_BYTES);
+    let mut window = Window::new(UPLOAD_WINDOW_BYTES);
+    let mut chunk = vec![0; MAX_UPLOAD_CHUNK_BYTES];
     loop {
-        let mut chunk = vec![0; DOWNLOAD_CHUNK_BYTES];
         let mut filled = 0;
         while filled < chunk.len() {
             match reader.read(&mut chunk[filled..]).await {
@@ -538,7 +600,6 @@ async fn push_all(
         if filled == 0 {
             return window.drain().await.map_err(failure);
         }
-        chunk.truncate(filled);
         let size = capnp::MessageSize {
             word_count: (filled / 8 + 8) as u64,
             cap_count: 0,
@@ -549,7 +610,7 @@ async fn push_all(
             0,
             size,
         );
-        request.get().set_data(&chunk);
+        request.get().set_data(&chunk[..filled]);
         window
             .send(request.send().promise, filled)
             .await

@@ -45,10 +45,11 @@ pub struct Directory {
 fn confinement_available(probe: &OwnedFd) -> Result<(), Refusal> {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
     let available = *AVAILABLE.get_or_init(|| {
-        !matches!(
-            resolve::locate(probe, Path::new("."), false),
-            Err(Errno::NOSYS)
-        )
+        !crate::sandbox::hidden(crate::sandbox::KernelFeature::Openat2)
+            && !matches!(
+                resolve::locate(probe, Path::new("."), false),
+                Err(Errno::NOSYS)
+            )
     });
     if available {
         Ok(())
@@ -265,6 +266,36 @@ impl Directory {
         }
         self.run(move |fd| write::write_file(fd, &path, &data, &options))
             .await
+    }
+
+    /// `writeFiles`: each `(path, data, options)` written as
+    /// [`Directory::write_file`] would, in order, in one trip to the
+    /// blocking pool; one outcome per file.
+    pub async fn write_files(
+        &self,
+        files: Vec<(Vec<u8>, Vec<u8>, WriteOptions)>,
+    ) -> Result<Vec<Result<FileStat, Refusal>>, Refusal> {
+        self.writable("writeFiles")?;
+        let bytes: usize = files.iter().map(|(_, data, _)| data.len()).sum();
+        if files.len() > crate::model::MAX_BATCH_FILES || bytes > crate::model::MAX_ONE_SHOT_BYTES {
+            return Err(Refusal::new(
+                RefusalKind::LimitReached,
+                format!(
+                    "writeFiles of {} files and {bytes} bytes; one call carries at most {} \
+                     files and {} bytes (nothing was written)",
+                    files.len(),
+                    crate::model::MAX_BATCH_FILES,
+                    crate::model::MAX_ONE_SHOT_BYTES
+                ),
+            ));
+        }
+        self.run(move |fd| {
+            Ok(files
+                .iter()
+                .map(|(path, data, options)| write::write_file(fd, path, data, options))
+                .collect())
+        })
+        .await
     }
 
     /// Begins an upload of `path` (`expected`: the announced size).

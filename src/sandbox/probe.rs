@@ -21,6 +21,10 @@ pub enum KernelFeature {
     MemoryController,
     PidsController,
     CpuController,
+    /// openat2 (Linux 5.6), which confines every path of a `Directory`.
+    Openat2,
+    /// O_TMPFILE: atomic writes then stage in hidden named temporaries.
+    TmpFile,
 }
 
 impl KernelFeature {
@@ -33,6 +37,8 @@ impl KernelFeature {
         KernelFeature::MemoryController,
         KernelFeature::PidsController,
         KernelFeature::CpuController,
+        KernelFeature::Openat2,
+        KernelFeature::TmpFile,
     ];
 
     pub fn name(self) -> &'static str {
@@ -45,6 +51,8 @@ impl KernelFeature {
             KernelFeature::MemoryController => "memory",
             KernelFeature::PidsController => "pids",
             KernelFeature::CpuController => "cpu",
+            KernelFeature::Openat2 => "openat2",
+            KernelFeature::TmpFile => "o-tmpfile",
         }
     }
 }
