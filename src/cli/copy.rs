@@ -439,19 +439,15 @@ fn write_options(metadata: &std::fs::Metadata, options: Options) -> WriteOptions
 /// since it was scanned goes on its own.
 async fn upload_batch(dir: &Directory, batch: Vec<&Found>, options: Options, run: &Run) {
     let paths: Vec<PathBuf> = batch.iter().map(|(local, _, _)| local.clone()).collect();
-    let contents = tokio::task::spawn_blocking(move || {
-        paths
-            .iter()
-            .map(std::fs::read)
-            .collect::<Vec<_>>()
-    })
-    .await
-    .unwrap_or_else(|error| {
-        batch
-            .iter()
-            .map(|_| Err(std::io::Error::other(error.to_string())))
-            .collect()
-    });
+    let contents =
+        tokio::task::spawn_blocking(move || paths.iter().map(std::fs::read).collect::<Vec<_>>())
+            .await
+            .unwrap_or_else(|error| {
+                batch
+                    .iter()
+                    .map(|_| Err(std::io::Error::other(error.to_string())))
+                    .collect()
+            });
     let mut writes = Vec::with_capacity(batch.len());
     let mut sent = Vec::with_capacity(batch.len());
     let mut bytes = 0;
