@@ -415,7 +415,7 @@ struct ExecutorInfo {
   #   (`Executor.directory`), "files" (every `Directory` method up to
   #   `info`, with `FileStat.version` and `ifVersion`), "file-watch"
   #   (`Directory.watch`), "directory-executor" (`Directory.executor`), "file-batches"
-  #   (`Directory.writeFiles`), "ports" (`Executor.dial`, `Executor.listen`).
+  #   (`Directory.writeFiles`, `Directory.readFiles`), "ports" (`Executor.dial`, `Executor.listen`).
   # Clients must ignore names they do not know.
 
   os @2 :Text;
@@ -1341,6 +1341,14 @@ interface Directory {
   # that fails does not stop the others. At most 1,024 files and 4 MiB of
   # data in all, else the call fails with `[capexec:limit]` and nothing
   # is written. Feature "file-batches".
+
+  readFiles @22 (paths :List(Data)) -> (outcomes :List(ReadOutcome));
+  # Many small whole-file `readFile`s in one call: each file is read as
+  # `readFile(path, 0, 0)` reads it, in the order given, with its own
+  # outcome at the same index. At most 1,024 paths, else
+  # `[capexec:limit]`. The answer carries at most 4 MiB of data in all: a
+  # file that would take it past that fails alone with
+  # `[capexec:too-large]` (read it on its own). Feature "file-batches".
 }
 
 struct FileContent {
@@ -1358,6 +1366,19 @@ struct WriteOutcome {
     failure @1 :Text;
     # Not written (the target as it was): the error `writeFile` would have
     # failed with, tagged the same way (`read "a": not found [capexec:not-found]`).
+  }
+}
+
+struct ReadOutcome {
+  # What one file of `Directory.readFiles` held.
+  union {
+    file :group {
+      data @0 :Data;
+      stat @1 :FileStat;
+      # As `readFile` answers them.
+    }
+    failure @2 :Text;
+    # The error `readFile` would have failed with, tagged the same way.
   }
 }
 

@@ -638,10 +638,27 @@ async fn download_tree(
         return run.fail(local, capexec::model::io_message(&error).to_lowercase());
     }
     let mut walk = dir.walk(remote, &WalkOptions::default()).await;
-    let mut pending = FuturesUnordered::new();
+    let mut pending = FuturesUnordered::<Pin<Box<dyn Future<Output = ()> + '_>>>::new();
     let mut dirs = vec![(local.to_path_buf(), stat)];
     let mut walking = true;
+    // Small files are read in batches, the others one by one.
+    let mut batch = Vec::new();
+    let mut batch_bytes = 0;
     while walking || !pending.is_empty() {
+        if !batch.is_empty()
+            && (!walking || batch.len() >= BATCH_FILES || batch_bytes >= BATCH_BYTES)
+        {
+            batch_bytes = 0;
+            pending.push(Box::pin(download_batch(
+                dir,
+                std::mem::take(&mut batch),
+                options,
+                run,
+            )));
+        }
+        if !walking && pending.is_empty() {
+            break;
+        }
         tokio::select! {
             entry = walk.next(), if walking && pending.len() < IN_FLIGHT => match entry {
                 None => walking = false,
@@ -662,12 +679,22 @@ async fn download_tree(
                                 dirs.push((here, stat));
                             }
                         }
+                        Some(FileKind::File)
+                            if entry
+                                .stat
+                                .as_ref()
+                                .is_some_and(|s| s.size <= BATCHED_FILE_BYTES as u64) =>
+                        {
+                            batch_bytes += entry.stat.as_ref().map_or(0, |s| s.size as usize);
+                            let named = shown(&there);
+                            batch.push(Fetch { there, here, named, entry });
+                        }
                         Some(_) => {
                             let named = shown(&there);
-                            pending.push(async move {
+                            pending.push(Box::pin(async move {
                                 download_entry(dir, &there, &named, &here, &entry, options, run)
                                     .await
-                            });
+                            }));
                         }
                         None => {}
                     }
@@ -682,6 +709,101 @@ async fn download_tree(
                 run.fail(path, capexec::model::io_message(&error).to_lowercase());
             }
         }
+    }
+}
+
+/// A remote file to fetch: its path in the directory, where it goes, its
+/// name in messages and its entry of the walk.
+struct Fetch {
+    there: PathBuf,
+    here: PathBuf,
+    named: PathBuf,
+    entry: capexec::model::DirEntry,
+}
+
+/// Downloads a batch of small files in one `readFiles`, writing them here
+/// in one trip to the blocking pool; a file grown too large for the batch
+/// since the walk is fetched on its own.
+async fn download_batch(dir: &Directory, batch: Vec<Fetch>, options: Options, run: &Run) {
+    let paths: Vec<&PathBuf> = batch.iter().map(|fetch| &fetch.there).collect();
+    let outcomes = match dir.read_batch(&paths).await {
+        Ok(outcomes) => outcomes,
+        Err(error) => {
+            for fetch in &batch {
+                run.fail(&fetch.named, &error);
+            }
+            return;
+        }
+    };
+    let mut writes = Vec::with_capacity(batch.len());
+    let mut alone = Vec::new();
+    for (fetch, outcome) in batch.into_iter().zip(outcomes) {
+        match outcome {
+            Ok((data, stat)) => writes.push((fetch, data, stat)),
+            Err(error) if error.refusal_kind() == Some(RefusalKind::TooLarge) => alone.push(fetch),
+            Err(error) => run.fail(&fetch.named, error),
+        }
+    }
+    let names: Vec<PathBuf> = writes
+        .iter()
+        .map(|(fetch, _, _)| fetch.named.clone())
+        .collect();
+    let preserve = options.preserve;
+    let written = tokio::task::spawn_blocking(move || {
+        writes
+            .into_iter()
+            .map(|(fetch, data, stat)| {
+                let outcome = write_local(&fetch.here, &data, &stat, preserve);
+                (fetch.named, outcome)
+            })
+            .collect::<Vec<_>>()
+    })
+    .await;
+    match written {
+        Ok(written) => {
+            for (named, outcome) in written {
+                match outcome {
+                    Ok(()) => run.progress.inc(1),
+                    Err(error) => run.fail(&named, local_error(error)),
+                }
+            }
+        }
+        Err(error) => {
+            for named in names {
+                run.fail(&named, &error);
+            }
+        }
+    }
+    for fetch in alone {
+        download_entry(
+            dir,
+            &fetch.there,
+            &fetch.named,
+            &fetch.here,
+            &fetch.entry,
+            options,
+            run,
+        )
+        .await;
+    }
+}
+
+/// Writes a downloaded file here with its permissions (and with
+/// `preserve` its times and special bits).
+fn write_local(
+    path: &Path,
+    data: &[u8],
+    stat: &capexec::model::FileStat,
+    preserve: bool,
+) -> std::io::Result<()> {
+    std::fs::write(path, data)?;
+    if preserve {
+        set_local_attributes(path, stat.permissions, stat.modified_ns)
+    } else {
+        std::fs::set_permissions(
+            path,
+            std::fs::Permissions::from_mode(stat.permissions & 0o777),
+        )
     }
 }
 

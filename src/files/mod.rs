@@ -298,6 +298,51 @@ impl Directory {
         .await
     }
 
+    /// `readFiles`: each of `paths` read whole as [`Directory::read_file`]
+    /// would, in order, in one trip to the blocking pool; a file that
+    /// would take the answer past [`crate::model::MAX_ONE_SHOT_BYTES`]
+    /// fails alone as too large.
+    pub async fn read_files(
+        &self,
+        paths: Vec<Vec<u8>>,
+    ) -> Result<Vec<Result<(Vec<u8>, FileStat), Refusal>>, Refusal> {
+        if paths.len() > crate::model::MAX_BATCH_FILES {
+            return Err(Refusal::new(
+                RefusalKind::LimitReached,
+                format!(
+                    "readFiles of {} files; one call reads at most {}",
+                    paths.len(),
+                    crate::model::MAX_BATCH_FILES
+                ),
+            ));
+        }
+        self.run(move |fd| {
+            let mut room = crate::model::MAX_ONE_SHOT_BYTES;
+            Ok(paths
+                .iter()
+                .map(|path| {
+                    let (data, stat) = read::read_file(fd, path, 0, 0)?;
+                    if data.len() > room {
+                        return Err(error::refused(
+                            RefusalKind::TooLarge,
+                            "read",
+                            path,
+                            format!(
+                                "{} bytes would take this readFiles past its {} (read it on \
+                                 its own)",
+                                data.len(),
+                                crate::model::MAX_ONE_SHOT_BYTES
+                            ),
+                        ));
+                    }
+                    room -= data.len();
+                    Ok((data, stat))
+                })
+                .collect())
+        })
+        .await
+    }
+
     /// Begins an upload of `path` (`expected`: the announced size).
     pub async fn upload(
         &self,

@@ -197,6 +197,32 @@ impl directory::Server for DirectoryImpl {
         Ok(())
     }
 
+    async fn read_files(
+        self: Rc<Self>,
+        params: directory::ReadFilesParams,
+        mut results: directory::ReadFilesResults,
+    ) -> Result<(), capnp::Error> {
+        let list = params.get()?.get_paths()?;
+        let mut paths = Vec::with_capacity(list.len() as usize);
+        for path in list.iter() {
+            paths.push(data_path(path)?);
+        }
+        let outcomes = self.dir.read_files(paths).await?;
+        let mut list = results.get().init_outcomes(outcomes.len() as u32);
+        for (index, outcome) in outcomes.iter().enumerate() {
+            let mut item = list.reborrow().get(index as u32);
+            match outcome {
+                Ok((data, stat)) => {
+                    let mut file = item.init_file();
+                    file.set_data(data);
+                    wire::file_stat_to_wire(stat, file.init_stat());
+                }
+                Err(refusal) => item.set_failure(refusal.to_string().as_str()),
+            }
+        }
+        Ok(())
+    }
+
     async fn upload(
         self: Rc<Self>,
         params: directory::UploadParams,

@@ -87,6 +87,7 @@ impl directory::Server for ForwardingDirectory {
         read_file: read_file_request, ReadFileParams, ReadFileResults;
         write_file: write_file_request, WriteFileParams, WriteFileResults;
         write_files: write_files_request, WriteFilesParams, WriteFilesResults;
+        read_files: read_files_request, ReadFilesParams, ReadFilesResults;
         upload: upload_request, UploadParams, UploadResults;
         download: download_request, DownloadParams, DownloadResults;
         mkdir: mkdir_request, MkdirParams, MkdirResults;

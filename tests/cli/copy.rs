@@ -334,7 +334,7 @@ fn cp_shows_its_progress_on_a_terminal_and_clears_it() {
     stdin.write_all(b"first part, ").expect("write");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let mut output = Vec::new();
-    let mut wait_for = |output: &mut Vec<u8>, done: &dyn Fn(&str) -> bool| {
+    let wait_for = |output: &mut Vec<u8>, done: &dyn Fn(&str) -> bool| {
         while !done(&text(output)) {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             match seen.recv_timeout(left) {

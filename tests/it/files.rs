@@ -1040,6 +1040,73 @@ async fn a_batch_of_writes_has_an_outcome_per_file(ctx: Ctx) {
     );
 }
 
+/// `readFiles`: each file read whole as `readFile` reads it, with its own
+/// outcome, in order; past 4 MiB in all a file fails alone as too large.
+async fn a_batch_of_reads_has_an_outcome_per_file(ctx: Ctx) {
+    let temp = TempDir::new("files-read-batch");
+    let dir = open(&ctx, &temp);
+    let binary = Pattern::bytes(4, 100_000);
+    std::fs::write(temp.path().join("binary"), &binary).expect("write");
+    std::fs::write(temp.path().join("empty"), b"").expect("write");
+    std::fs::create_dir(temp.path().join("a-directory")).expect("mkdir");
+    let three_mib = vec![7; 3 << 20];
+    std::fs::write(temp.path().join("three-mib"), &three_mib).expect("write");
+    let outcomes = dir
+        .read_batch(&[
+            "binary",
+            "missing",
+            "empty",
+            "a-directory",
+            "../escape",
+            "three-mib",
+            "three-mib",
+            "binary",
+        ])
+        .await
+        .expect("readFiles");
+    let kinds: Vec<Option<RefusalKind>> = outcomes
+        .iter()
+        .map(|outcome| {
+            outcome
+                .as_ref()
+                .err()
+                .map(|error| error.refusal_kind().expect("tagged"))
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            None,
+            Some(RefusalKind::NotFound),
+            None,
+            Some(RefusalKind::IsADirectory),
+            Some(RefusalKind::OutsideDirectory),
+            None,
+            Some(RefusalKind::TooLarge),
+            None,
+        ]
+    );
+    let (data, stat) = outcomes[0].as_ref().expect("read");
+    assert_eq!((sha(data), stat.size), (sha(&binary), binary.len() as u64));
+    assert_eq!(outcomes[2].as_ref().expect("read").0, b"");
+    assert_eq!(sha(&outcomes[5].as_ref().expect("read").0), sha(&three_mib));
+    assert_eq!(sha(&outcomes[7].as_ref().expect("read").0), sha(&binary));
+    assert_eq!(
+        outcomes[1].as_ref().expect_err("missing").to_string(),
+        "read \"missing\": not found"
+    );
+    let too_many: Vec<String> = (0..=capexec::model::MAX_BATCH_FILES)
+        .map(|index| format!("n{index}"))
+        .collect();
+    assert_eq!(
+        kind(dir.read_batch(&too_many).await.map(drop)),
+        RefusalKind::LimitReached
+    );
+    // Read-only directories read.
+    let read_only = dir.read_only().read_batch(&["binary"]).await.expect("read");
+    assert_eq!(sha(&read_only[0].as_ref().expect("read").0), sha(&binary));
+}
+
 async fn a_restricted_executor_hands_out_directories_only_in_its_roots(ctx: Ctx) {
     let root = TempDir::new("files-root");
     std::fs::create_dir(root.path().join("inside")).expect("mkdir");
@@ -1125,6 +1192,7 @@ backend_tests!(
     errors_name_the_call_the_path_and_the_reason,
     limits_are_refused_with_limit,
     a_batch_of_writes_has_an_outcome_per_file,
+    a_batch_of_reads_has_an_outcome_per_file,
     a_restricted_executor_hands_out_directories_only_in_its_roots,
 );
 
