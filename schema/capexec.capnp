@@ -1215,8 +1215,13 @@ interface Directory {
   # which then replaces the target in one rename. Readers see the old
   # content or the new, never a mix; if the server dies first, the target
   # is untouched (and an unnamed file vanishes with it; only a hidden
-  # temporary, on a file system without O_TMPFILE, can stay behind). A
-  # symlink as the target is replaced, not followed.
+  # temporary, on a file system without O_TMPFILE, can stay behind, until
+  # a server's first write into that directory removes it: a writer holds
+  # a lock on its temporary for as long as it lives, and temporaries
+  # nobody holds are swept; writes in progress never are). A symlink as
+  # the target is replaced, not followed. Durability is `sync`'s: without
+  # it the new content survives the server's death (it is in the kernel's
+  # page cache, written back as the kernel sees fit), not a power loss.
 
   upload @5 (path :Data, options :WriteOptions, size :UInt64, sizeKnown :Bool) -> (sink :UploadSink);
   # `writeFile` for content of any size, streamed: the client pushes the
