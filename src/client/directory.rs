@@ -258,13 +258,7 @@ impl Directory {
             other => other.map_err(failure)?,
         };
         let outcomes = response.get()?.get_outcomes()?;
-        if outcomes.len() as usize != files.len() {
-            return Err(Error::Rpc(capnp::Error::failed(format!(
-                "writeFiles answered {} outcomes for {} files",
-                outcomes.len(),
-                files.len()
-            ))));
-        }
+        one_outcome_each("writeFiles", outcomes.len(), files.len())?;
         outcomes
             .iter()
             .map(|outcome| {
@@ -299,13 +293,7 @@ impl Directory {
             other => other.map_err(failure)?,
         };
         let outcomes = response.get()?.get_outcomes()?;
-        if outcomes.len() as usize != paths.len() {
-            return Err(Error::Rpc(capnp::Error::failed(format!(
-                "readFiles answered {} outcomes for {} files",
-                outcomes.len(),
-                paths.len()
-            ))));
-        }
+        one_outcome_each("readFiles", outcomes.len(), paths.len())?;
         outcomes
             .iter()
             .map(|outcome| {
@@ -585,6 +573,16 @@ impl Directory {
             _watch: response.get()?.get_watch()?,
         })
     }
+}
+
+/// A batch's answer has an outcome for each file it carried.
+fn one_outcome_each(method: &str, outcomes: u32, files: usize) -> Result<(), Error> {
+    if outcomes as usize == files {
+        return Ok(());
+    }
+    Err(Error::Rpc(capnp::Error::failed(format!(
+        "{method} answered {outcomes} outcomes for {files} files"
+    ))))
 }
 
 /// The error of one file of a batch, as its own call would have failed.
