@@ -414,7 +414,8 @@ struct ExecutorInfo {
   #   restricted executor as "restricted" too), "directory"
   #   (`Executor.directory`), "files" (every `Directory` method up to
   #   `info`, with `FileStat.version` and `ifVersion`), "file-watch"
-  #   (`Directory.watch`), "directory-executor" (`Directory.executor`), "ports" (`Executor.dial`, `Executor.listen`).
+  #   (`Directory.watch`), "directory-executor" (`Directory.executor`), "file-batches"
+  #   (`Directory.writeFiles`, `Directory.readFiles`), "ports" (`Executor.dial`, `Executor.listen`).
   # Clients must ignore names they do not know.
 
   os @2 :Text;
@@ -1214,8 +1215,13 @@ interface Directory {
   # which then replaces the target in one rename. Readers see the old
   # content or the new, never a mix; if the server dies first, the target
   # is untouched (and an unnamed file vanishes with it; only a hidden
-  # temporary, on a file system without O_TMPFILE, can stay behind). A
-  # symlink as the target is replaced, not followed.
+  # temporary, on a file system without O_TMPFILE, can stay behind, until
+  # a server's first write into that directory removes it: a writer holds
+  # a lock on its temporary for as long as it lives, and temporaries
+  # nobody holds are swept; writes in progress never are). A symlink as
+  # the target is replaced, not followed. Durability is `sync`'s: without
+  # it the new content survives the server's death (it is in the kernel's
+  # page cache, written back as the kernel sees fit), not a power loss.
 
   upload @5 (path :Data, options :WriteOptions, size :UInt64, sizeKnown :Bool) -> (sink :UploadSink);
   # `writeFile` for content of any size, streamed: the client pushes the
@@ -1331,6 +1337,54 @@ interface Directory {
   # when the call is made (the sandbox's rules are opened from it).
   # Through a forwarding hop the call is forwarded, pipelined: the executor
   # is the far end's. Feature "directory-executor".
+
+  writeFiles @21 (files :List(FileContent)) -> (outcomes :List(WriteOutcome));
+  # Many small `writeFile`s in one call (a tree of small files costs a
+  # round trip per batch, not per file): each file is written exactly as
+  # `writeFile` would write it, atomically and with its own options, in
+  # the order given, and has its own outcome at the same index; a file
+  # that fails does not stop the others. At most 1,024 files and 4 MiB of
+  # data in all, else the call fails with `[capexec:limit]` and nothing
+  # is written. Feature "file-batches".
+
+  readFiles @22 (paths :List(Data)) -> (outcomes :List(ReadOutcome));
+  # Many small whole-file `readFile`s in one call: each file is read as
+  # `readFile(path, 0, 0)` reads it, in the order given, with its own
+  # outcome at the same index. At most 1,024 paths, else
+  # `[capexec:limit]`. The answer carries at most 4 MiB of data in all: a
+  # file that would take it past that fails alone with
+  # `[capexec:too-large]` (read it on its own). Feature "file-batches".
+}
+
+struct FileContent {
+  # One file of `Directory.writeFiles`.
+  path @0 :Data;
+  data @1 :Data;
+  options @2 :WriteOptions;
+}
+
+struct WriteOutcome {
+  # What became of one file of `Directory.writeFiles`.
+  union {
+    stat @0 :FileStat;
+    # Written: the new file's stat, as `writeFile` answers it.
+    failure @1 :Text;
+    # Not written (the target as it was): the error `writeFile` would have
+    # failed with, tagged the same way (`read "a": not found [capexec:not-found]`).
+  }
+}
+
+struct ReadOutcome {
+  # What one file of `Directory.readFiles` held.
+  union {
+    file :group {
+      data @0 :Data;
+      stat @1 :FileStat;
+      # As `readFile` answers them.
+    }
+    failure @2 :Text;
+    # The error `readFile` would have failed with, tagged the same way.
+  }
 }
 
 struct FileStat {

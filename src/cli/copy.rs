@@ -1,16 +1,18 @@
 //! `capexec cp`: files between this machine and an executor's, like scp.
 //! Remote paths are written `:PATH` (relative ones from the server's
 //! working directory); `-` is stdin or stdout. Many files travel at once
-//! (up to [`IN_FLIGHT`] calls pipelined on one connection), small ones in
-//! one call each, large ones streamed; a failed file is one line on
+//! (up to [`IN_FLIGHT`] calls pipelined on one connection), small ones
+//! in batches of many per call (`writeFiles`), large ones streamed; a failed file is one line on
 //! stderr and the copy goes on (exit 1).
 
 use std::cell::Cell;
 use std::ffi::OsStr;
+use std::future::Future;
 use std::io::IsTerminal;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -23,9 +25,23 @@ use capexec::model::{FileKind, MAX_ONE_SHOT_BYTES, RefusalKind, WalkOptions, Wri
 
 use crate::cli::{CpArgs, EXIT_CAPEXEC_FAILURE, stdio, target};
 
-/// Files in flight at once: enough to hide round trips, well within a
-/// connection's 64 transfers.
+/// Calls in flight at once (a file, or a batch of small ones): enough to
+/// hide round trips, well within a connection's 64 transfers.
 const IN_FLIGHT: usize = 32;
+
+/// Files up to this size are uploaded in batches ...
+const BATCHED_FILE_BYTES: usize = 64 * 1024;
+
+/// ... of at most this many files ...
+const BATCH_FILES: usize = 256;
+
+/// ... and bytes (a quarter of what one call may carry, so that a file
+/// grown since the scan still fits, and several batches are in flight
+/// within a connection's call memory).
+const BATCH_BYTES: usize = MAX_ONE_SHOT_BYTES / 4;
+
+/// Batches in flight at once (at most 8 MiB of calls).
+const BATCHES_IN_FLIGHT: usize = 8;
 
 /// Exit status when some files failed (each said on its own line).
 const EXIT_SOME_FAILED: i32 = 1;
@@ -320,25 +336,46 @@ async fn upload_tree(dir: &Directory, local: &Path, remote: &Path, options: Opti
             run.fail(local, error);
         }
     }
-    let mut pending = FuturesUnordered::new();
-    let mut files = found.files.iter();
+    // Small files travel in batches (one call, and one trip to the disk
+    // on each side, per batch), the others one by one.
+    let (small, large): (Vec<_>, Vec<_>) = found
+        .files
+        .iter()
+        .partition(|(_, _, metadata)| metadata.len() <= BATCHED_FILE_BYTES as u64);
+    let mut batches = batches_of(small).into_iter();
+    let mut files = large.into_iter();
     let mut links = found.links.iter();
+    // Each yields whether it was a batch.
+    let mut pending = FuturesUnordered::<Pin<Box<dyn Future<Output = bool> + '_>>>::new();
+    let mut batches_pending = 0;
     loop {
         while pending.len() < IN_FLIGHT {
-            if let Some((local, remote, metadata)) = files.next() {
-                pending.push(futures::future::Either::Left(upload_file(
-                    dir, local, remote, metadata, options, run,
-                )));
+            if batches_pending < BATCHES_IN_FLIGHT
+                && let Some(batch) = batches.next()
+            {
+                batches_pending += 1;
+                pending.push(Box::pin(async move {
+                    upload_batch(dir, batch, options, run).await;
+                    true
+                }));
+            } else if let Some((local, remote, metadata)) = files.next() {
+                pending.push(Box::pin(async move {
+                    upload_file(dir, local, remote, metadata, options, run).await;
+                    false
+                }));
             } else if let Some((local, remote)) = links.next() {
-                pending.push(futures::future::Either::Right(upload_link(
-                    dir, local, remote, run,
-                )));
+                pending.push(Box::pin(async move {
+                    upload_link(dir, local, remote, run).await;
+                    false
+                }));
             } else {
                 break;
             }
         }
-        if pending.next().await.is_none() {
-            break;
+        match pending.next().await {
+            None => break,
+            Some(true) => batches_pending -= 1,
+            Some(false) => {}
         }
     }
     if options.preserve {
@@ -360,6 +397,94 @@ async fn upload_tree(dir: &Directory, local: &Path, remote: &Path, options: Opti
     }
 }
 
+type Found = (PathBuf, PathBuf, std::fs::Metadata);
+
+/// `files` in batches of at most [`BATCH_FILES`] files and
+/// [`BATCH_BYTES`] bytes (as their sizes were when scanned).
+fn batches_of(files: Vec<&Found>) -> Vec<Vec<&Found>> {
+    let mut batches: Vec<Vec<&Found>> = Vec::new();
+    let mut bytes = 0;
+    for file in files {
+        let size = file.2.len() as usize;
+        match batches.last_mut() {
+            Some(batch) if batch.len() < BATCH_FILES && bytes + size <= BATCH_BYTES => {
+                batch.push(file);
+                bytes += size;
+            }
+            _ => {
+                batches.push(vec![file]);
+                bytes = size;
+            }
+        }
+    }
+    batches
+}
+
+/// What the server is asked to make of local file `local`.
+fn write_options(metadata: &std::fs::Metadata, options: Options) -> WriteOptions {
+    let mode = metadata.permissions().mode();
+    WriteOptions {
+        permissions: Some(if options.preserve {
+            mode & 0o7777
+        } else {
+            mode & 0o777
+        }),
+        modified_ns: options.preserve.then(|| mtime_ns(metadata)),
+        ..WriteOptions::default()
+    }
+}
+
+/// Uploads a batch of small files in one `writeFiles`, read here in one
+/// trip to the blocking pool. A file that grew past what a batch carries
+/// since it was scanned goes on its own.
+async fn upload_batch(dir: &Directory, batch: Vec<&Found>, options: Options, run: &Run) {
+    let paths: Vec<PathBuf> = batch.iter().map(|(local, _, _)| local.clone()).collect();
+    let contents =
+        tokio::task::spawn_blocking(move || paths.iter().map(std::fs::read).collect::<Vec<_>>())
+            .await
+            .unwrap_or_else(|error| {
+                batch
+                    .iter()
+                    .map(|_| Err(std::io::Error::other(error.to_string())))
+                    .collect()
+            });
+    let mut writes = Vec::with_capacity(batch.len());
+    let mut sent = Vec::with_capacity(batch.len());
+    let mut bytes = 0;
+    for (found, content) in batch.iter().zip(contents) {
+        let (local, remote, metadata) = found;
+        match content {
+            Err(error) => run.fail(local, local_error(error)),
+            Ok(data) if bytes + data.len() > BATCH_BYTES || data.len() > BATCHED_FILE_BYTES => {
+                upload_file(dir, local, remote, metadata, options, run).await;
+            }
+            Ok(data) => {
+                bytes += data.len();
+                writes.push((remote, data, write_options(metadata, options)));
+                sent.push(local);
+            }
+        }
+    }
+    if writes.is_empty() {
+        return;
+    }
+    match dir.write_batch(&writes).await {
+        Ok(outcomes) => {
+            for (local, outcome) in sent.iter().zip(outcomes) {
+                match outcome {
+                    Ok(_) => run.progress.inc(1),
+                    Err(error) => run.fail(local, error),
+                }
+            }
+        }
+        Err(error) => {
+            for local in sent {
+                run.fail(local, &error);
+            }
+        }
+    }
+}
+
 async fn upload_file(
     dir: &Directory,
     local: &Path,
@@ -368,16 +493,7 @@ async fn upload_file(
     options: Options,
     run: &Run,
 ) {
-    let mode = metadata.permissions().mode();
-    let write = WriteOptions {
-        permissions: Some(if options.preserve {
-            mode & 0o7777
-        } else {
-            mode & 0o777
-        }),
-        modified_ns: options.preserve.then(|| mtime_ns(metadata)),
-        ..WriteOptions::default()
-    };
+    let write = write_options(metadata, options);
     let outcome = async {
         if metadata.len() <= MAX_ONE_SHOT_BYTES as u64 / 2 {
             let data = tokio::fs::read(local).await.map_err(local_error)?;
@@ -522,10 +638,27 @@ async fn download_tree(
         return run.fail(local, capexec::model::io_message(&error).to_lowercase());
     }
     let mut walk = dir.walk(remote, &WalkOptions::default()).await;
-    let mut pending = FuturesUnordered::new();
+    let mut pending = FuturesUnordered::<Pin<Box<dyn Future<Output = ()> + '_>>>::new();
     let mut dirs = vec![(local.to_path_buf(), stat)];
     let mut walking = true;
+    // Small files are read in batches, the others one by one.
+    let mut batch = Vec::new();
+    let mut batch_bytes = 0;
     while walking || !pending.is_empty() {
+        if !batch.is_empty()
+            && (!walking || batch.len() >= BATCH_FILES || batch_bytes >= BATCH_BYTES)
+        {
+            batch_bytes = 0;
+            pending.push(Box::pin(download_batch(
+                dir,
+                std::mem::take(&mut batch),
+                options,
+                run,
+            )));
+        }
+        if !walking && pending.is_empty() {
+            break;
+        }
         tokio::select! {
             entry = walk.next(), if walking && pending.len() < IN_FLIGHT => match entry {
                 None => walking = false,
@@ -546,12 +679,22 @@ async fn download_tree(
                                 dirs.push((here, stat));
                             }
                         }
+                        Some(FileKind::File)
+                            if entry
+                                .stat
+                                .as_ref()
+                                .is_some_and(|s| s.size <= BATCHED_FILE_BYTES as u64) =>
+                        {
+                            batch_bytes += entry.stat.as_ref().map_or(0, |s| s.size as usize);
+                            let named = shown(&there);
+                            batch.push(Fetch { there, here, named, entry });
+                        }
                         Some(_) => {
                             let named = shown(&there);
-                            pending.push(async move {
+                            pending.push(Box::pin(async move {
                                 download_entry(dir, &there, &named, &here, &entry, options, run)
                                     .await
-                            });
+                            }));
                         }
                         None => {}
                     }
@@ -566,6 +709,101 @@ async fn download_tree(
                 run.fail(path, capexec::model::io_message(&error).to_lowercase());
             }
         }
+    }
+}
+
+/// A remote file to fetch: its path in the directory, where it goes, its
+/// name in messages and its entry of the walk.
+struct Fetch {
+    there: PathBuf,
+    here: PathBuf,
+    named: PathBuf,
+    entry: capexec::model::DirEntry,
+}
+
+/// Downloads a batch of small files in one `readFiles`, writing them here
+/// in one trip to the blocking pool; a file grown too large for the batch
+/// since the walk is fetched on its own.
+async fn download_batch(dir: &Directory, batch: Vec<Fetch>, options: Options, run: &Run) {
+    let paths: Vec<&PathBuf> = batch.iter().map(|fetch| &fetch.there).collect();
+    let outcomes = match dir.read_batch(&paths).await {
+        Ok(outcomes) => outcomes,
+        Err(error) => {
+            for fetch in &batch {
+                run.fail(&fetch.named, &error);
+            }
+            return;
+        }
+    };
+    let mut writes = Vec::with_capacity(batch.len());
+    let mut alone = Vec::new();
+    for (fetch, outcome) in batch.into_iter().zip(outcomes) {
+        match outcome {
+            Ok((data, stat)) => writes.push((fetch, data, stat)),
+            Err(error) if error.refusal_kind() == Some(RefusalKind::TooLarge) => alone.push(fetch),
+            Err(error) => run.fail(&fetch.named, error),
+        }
+    }
+    let names: Vec<PathBuf> = writes
+        .iter()
+        .map(|(fetch, _, _)| fetch.named.clone())
+        .collect();
+    let preserve = options.preserve;
+    let written = tokio::task::spawn_blocking(move || {
+        writes
+            .into_iter()
+            .map(|(fetch, data, stat)| {
+                let outcome = write_local(&fetch.here, &data, &stat, preserve);
+                (fetch.named, outcome)
+            })
+            .collect::<Vec<_>>()
+    })
+    .await;
+    match written {
+        Ok(written) => {
+            for (named, outcome) in written {
+                match outcome {
+                    Ok(()) => run.progress.inc(1),
+                    Err(error) => run.fail(&named, local_error(error)),
+                }
+            }
+        }
+        Err(error) => {
+            for named in names {
+                run.fail(&named, &error);
+            }
+        }
+    }
+    for fetch in alone {
+        download_entry(
+            dir,
+            &fetch.there,
+            &fetch.named,
+            &fetch.here,
+            &fetch.entry,
+            options,
+            run,
+        )
+        .await;
+    }
+}
+
+/// Writes a downloaded file here with its permissions (and with
+/// `preserve` its times and special bits).
+fn write_local(
+    path: &Path,
+    data: &[u8],
+    stat: &capexec::model::FileStat,
+    preserve: bool,
+) -> std::io::Result<()> {
+    std::fs::write(path, data)?;
+    if preserve {
+        set_local_attributes(path, stat.permissions, stat.modified_ns)
+    } else {
+        std::fs::set_permissions(
+            path,
+            std::fs::Permissions::from_mode(stat.permissions & 0o777),
+        )
     }
 }
 

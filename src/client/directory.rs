@@ -43,7 +43,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use crate::capexec_capnp::{
-    byte_sink, directory, entry_sink, executor, upload_sink, watch, watch_sink,
+    byte_sink, directory, entry_sink, executor, read_outcome, upload_sink, watch, watch_sink,
+    write_outcome,
 };
 use crate::client::Error;
 use crate::model::{
@@ -227,6 +228,84 @@ impl Directory {
         wire::write_options_to_wire(options, request.get().init_options());
         let response = answer!(request)?;
         Ok(wire::file_stat_from_wire(response.get()?.get_stat()?)?)
+    }
+
+    /// Many small files in one call each batch (see the schema's
+    /// `writeFiles`: at most [`crate::model::MAX_BATCH_FILES`] files and
+    /// [`MAX_ONE_SHOT_BYTES`] in all): each `(path, data, options)` written
+    /// as [`Directory::write_with`] would, with an outcome per file, in
+    /// order. A server from before `writeFiles` gets one `writeFile` per
+    /// file, all pipelined.
+    pub async fn write_batch(
+        &self,
+        files: &[(impl AsRef<Path>, impl AsRef<[u8]>, WriteOptions)],
+    ) -> Result<Vec<Result<FileStat, Error>>, Error> {
+        let mut request = self.client.write_files_request();
+        let mut list = request.get().init_files(files.len() as u32);
+        for (index, (path, data, options)) in files.iter().enumerate() {
+            let mut item = list.reborrow().get(index as u32);
+            item.set_path(bytes(path));
+            item.set_data(data.as_ref());
+            wire::write_options_to_wire(options, item.init_options());
+        }
+        let response = match request.send().promise.await {
+            Err(error) if error.kind == capnp::ErrorKind::Unimplemented => {
+                let writes = files
+                    .iter()
+                    .map(|(path, data, options)| self.write_with(path, data, options));
+                return Ok(futures::future::join_all(writes).await);
+            }
+            other => other.map_err(failure)?,
+        };
+        let outcomes = response.get()?.get_outcomes()?;
+        one_outcome_each("writeFiles", outcomes.len(), files.len())?;
+        outcomes
+            .iter()
+            .map(|outcome| {
+                Ok(match outcome.which()? {
+                    write_outcome::Stat(stat) => Ok(wire::file_stat_from_wire(stat?)?),
+                    write_outcome::Failure(text) => Err(outcome_failure(text?)?),
+                })
+            })
+            .collect()
+    }
+
+    /// Many small files read whole in one call (see the schema's
+    /// `readFiles`: at most [`crate::model::MAX_BATCH_FILES`] paths, and
+    /// [`MAX_ONE_SHOT_BYTES`] of data in all, past which a file fails alone
+    /// as too large): each file's content and stat, or its error, in
+    /// order. A server from before `readFiles` gets one pipelined
+    /// `readFile` per file.
+    pub async fn read_batch(
+        &self,
+        paths: &[impl AsRef<Path>],
+    ) -> Result<Vec<Result<(Vec<u8>, FileStat), Error>>, Error> {
+        let mut request = self.client.read_files_request();
+        let mut list = request.get().init_paths(paths.len() as u32);
+        for (index, path) in paths.iter().enumerate() {
+            list.set(index as u32, bytes(path));
+        }
+        let response = match request.send().promise.await {
+            Err(error) if error.kind == capnp::ErrorKind::Unimplemented => {
+                let reads = paths.iter().map(|path| self.read_range(path, 0, 0));
+                return Ok(futures::future::join_all(reads).await);
+            }
+            other => other.map_err(failure)?,
+        };
+        let outcomes = response.get()?.get_outcomes()?;
+        one_outcome_each("readFiles", outcomes.len(), paths.len())?;
+        outcomes
+            .iter()
+            .map(|outcome| {
+                Ok(match outcome.which()? {
+                    read_outcome::File(file) => Ok((
+                        file.get_data()?.to_vec(),
+                        wire::file_stat_from_wire(file.get_stat()?)?,
+                    )),
+                    read_outcome::Failure(text) => Err(outcome_failure(text?)?),
+                })
+            })
+            .collect()
     }
 
     /// Uploads everything `reader` gives as the content of `path`
@@ -496,6 +575,27 @@ impl Directory {
     }
 }
 
+/// A batch's answer has an outcome for each file it carried.
+fn one_outcome_each(method: &str, outcomes: u32, files: usize) -> Result<(), Error> {
+    if outcomes as usize == files {
+        return Ok(());
+    }
+    Err(Error::Rpc(capnp::Error::failed(format!(
+        "{method} answered {outcomes} outcomes for {files} files"
+    ))))
+}
+
+/// The error of one file of a batch, as its own call would have failed.
+fn outcome_failure(text: capnp::text::Reader<'_>) -> capnp::Result<Error> {
+    let text = text
+        .to_str()
+        .map_err(|error| capnp::Error::failed(format!("a malformed outcome: {error}")))?;
+    Ok(match Refusal::from_description(text) {
+        Some(refusal) => Error::Refused(refusal),
+        None => Error::Rpc(capnp::Error::failed(text.to_string())),
+    })
+}
+
 fn local_io(error: std::io::Error) -> Error {
     Error::Refused(Refusal::new(
         RefusalKind::Internal,
@@ -510,14 +610,17 @@ async fn write_chunk(writer: &mut (impl AsyncWrite + Unpin), chunk: &[u8]) -> Re
     writer.write_all(chunk).await.map_err(local_io)
 }
 
-/// Reads `reader` to its end in chunks and writes them to `sink`.
+/// Reads `reader` to its end in chunks and writes them to `sink`, read
+/// into one buffer that is copied once, into the message. (1 MiB writes
+/// with 4 MiB in flight measured slower than 256 KiB with 1 MiB: each
+/// message of 1 MiB is a fresh mapping the kernel zeroes.)
 async fn push_all(
     sink: &upload_sink::Client,
     reader: &mut (impl AsyncRead + Unpin),
 ) -> Result<(), Error> {
     let mut window = Window::new(TRANSFER_WINDOW_BYTES);
+    let mut chunk = vec![0; DOWNLOAD_CHUNK_BYTES];
     loop {
-        let mut chunk = vec![0; DOWNLOAD_CHUNK_BYTES];
         let mut filled = 0;
         while filled < chunk.len() {
             match reader.read(&mut chunk[filled..]).await {
@@ -538,7 +641,6 @@ async fn push_all(
         if filled == 0 {
             return window.drain().await.map_err(failure);
         }
-        chunk.truncate(filled);
         let size = capnp::MessageSize {
             word_count: (filled / 8 + 8) as u64,
             cap_count: 0,
@@ -549,7 +651,7 @@ async fn push_all(
             0,
             size,
         );
-        request.get().set_data(&chunk);
+        request.get().set_data(&chunk[..filled]);
         window
             .send(request.send().promise, filled)
             .await

@@ -45,10 +45,11 @@ pub struct Directory {
 fn confinement_available(probe: &OwnedFd) -> Result<(), Refusal> {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
     let available = *AVAILABLE.get_or_init(|| {
-        !matches!(
-            resolve::locate(probe, Path::new("."), false),
-            Err(Errno::NOSYS)
-        )
+        !crate::sandbox::hidden(crate::sandbox::KernelFeature::Openat2)
+            && !matches!(
+                resolve::locate(probe, Path::new("."), false),
+                Err(Errno::NOSYS)
+            )
     });
     if available {
         Ok(())
@@ -265,6 +266,81 @@ impl Directory {
         }
         self.run(move |fd| write::write_file(fd, &path, &data, &options))
             .await
+    }
+
+    /// `writeFiles`: each `(path, data, options)` written as
+    /// [`Directory::write_file`] would, in order, in one trip to the
+    /// blocking pool; one outcome per file.
+    pub async fn write_files(
+        &self,
+        files: Vec<(Vec<u8>, Vec<u8>, WriteOptions)>,
+    ) -> Result<Vec<Result<FileStat, Refusal>>, Refusal> {
+        self.writable("writeFiles")?;
+        let bytes: usize = files.iter().map(|(_, data, _)| data.len()).sum();
+        if files.len() > crate::model::MAX_BATCH_FILES || bytes > crate::model::MAX_ONE_SHOT_BYTES {
+            return Err(Refusal::new(
+                RefusalKind::LimitReached,
+                format!(
+                    "writeFiles of {} files and {bytes} bytes; one call carries at most {} \
+                     files and {} bytes (nothing was written)",
+                    files.len(),
+                    crate::model::MAX_BATCH_FILES,
+                    crate::model::MAX_ONE_SHOT_BYTES
+                ),
+            ));
+        }
+        self.run(move |fd| {
+            Ok(files
+                .iter()
+                .map(|(path, data, options)| write::write_file(fd, path, data, options))
+                .collect())
+        })
+        .await
+    }
+
+    /// `readFiles`: each of `paths` read whole as [`Directory::read_file`]
+    /// would, in order, in one trip to the blocking pool; a file that
+    /// would take the answer past [`crate::model::MAX_ONE_SHOT_BYTES`]
+    /// fails alone as too large.
+    pub async fn read_files(
+        &self,
+        paths: Vec<Vec<u8>>,
+    ) -> Result<Vec<Result<(Vec<u8>, FileStat), Refusal>>, Refusal> {
+        if paths.len() > crate::model::MAX_BATCH_FILES {
+            return Err(Refusal::new(
+                RefusalKind::LimitReached,
+                format!(
+                    "readFiles of {} files; one call reads at most {}",
+                    paths.len(),
+                    crate::model::MAX_BATCH_FILES
+                ),
+            ));
+        }
+        self.run(move |fd| {
+            let mut room = crate::model::MAX_ONE_SHOT_BYTES;
+            Ok(paths
+                .iter()
+                .map(|path| {
+                    let (data, stat) = read::read_file(fd, path, 0, 0)?;
+                    if data.len() > room {
+                        return Err(error::refused(
+                            RefusalKind::TooLarge,
+                            "read",
+                            path,
+                            format!(
+                                "{} bytes would take this readFiles past its {} (read it on \
+                                 its own)",
+                                data.len(),
+                                crate::model::MAX_ONE_SHOT_BYTES
+                            ),
+                        ));
+                    }
+                    room -= data.len();
+                    Ok((data, stat))
+                })
+                .collect())
+        })
+        .await
     }
 
     /// Begins an upload of `path` (`expected`: the announced size).

@@ -3,7 +3,13 @@
 //! linked into place and renamed over the target in one step when it is
 //! committed. A file system without O_TMPFILE gets a hidden temporary in
 //! the same directory, removed on every failure path (and when a
-//! [`PendingFile`] is dropped uncommitted). Conditions on the target
+//! [`PendingFile`] is dropped uncommitted). A server that dies (killed,
+//! or the machine lost power) cannot remove its temporaries: the first
+//! write of a server into a directory sweeps those of writers that are
+//! gone. A writer holds an exclusive `flock` on its temporary for as
+//! long as it lives (the kernel drops it when the process dies, however
+//! it dies), so a temporary nobody holds is an orphan; and this process
+//! never sweeps its own writes in progress. Conditions on the target
 //! (exclusive, must exist, `ifVersion`) are checked when the write begins
 //! and again under one commit lock, so of two writers holding the same
 //! version exactly one succeeds.
@@ -30,7 +36,7 @@ enum Staging {
     /// O_TMPFILE: linked into place at commit; nothing to clean up.
     Unnamed,
     /// A hidden temporary of this name in the target's directory.
-    Named(OsString),
+    Named(LiveTemp),
     /// The target itself (`inPlace`).
     InPlace,
 }
@@ -46,11 +52,158 @@ pub struct PendingFile {
     /// The permission bits to give the file before it becomes visible.
     permissions: Option<u32>,
     written: u64,
+    /// Bytes up to which write-back was started (see [`WRITE_BEHIND_BYTES`]),
+    /// or `None` when the commit will not wait for the disk.
+    written_back: Option<u64>,
     committed: bool,
 }
 
+/// How far behind the write position write-back is started, when the
+/// commit is going to wait for the content to reach the disk: with
+/// `sync` (its fsync), and when an existing file is replaced (ext4 starts
+/// writing the whole new file back at the rename that replaces one, so
+/// that a crash cannot leave it empty, and the rename waits for that).
+/// Started as the content streams in, that work overlaps the transfer
+/// instead of stalling the commit (a second or more per GiB on a busy
+/// disk).
+const WRITE_BEHIND_BYTES: u64 = 8 * 1024 * 1024;
+
 /// The prefix of hidden temporaries (see the schema's `writeFile`).
 pub const TEMP_PREFIX: &str = ".capexec-";
+
+/// The suffix of hidden temporaries.
+const TEMP_SUFFIX: &str = ".tmp";
+
+/// The hidden temporaries of this process's writes in progress, entered
+/// before the name exists: never swept.
+static LIVE_TEMPS: Mutex<Vec<OsString>> = Mutex::new(Vec::new());
+
+/// The directories (device, inode) this process has swept.
+static SWEPT: Mutex<Option<std::collections::HashSet<(u64, u64)>>> = Mutex::new(None);
+
+/// Past this many directories the record starts again (memory stays
+/// bounded; a directory swept twice costs one more listing).
+const MAX_SWEPT: usize = 65_536;
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A name in [`LIVE_TEMPS`] for as long as it lives.
+struct LiveTemp(OsString);
+
+impl LiveTemp {
+    fn enter() -> LiveTemp {
+        let name = temp_name();
+        lock(&LIVE_TEMPS).push(name.clone());
+        LiveTemp(name)
+    }
+}
+
+impl Drop for LiveTemp {
+    fn drop(&mut self) {
+        let mut live = lock(&LIVE_TEMPS);
+        if let Some(at) = live.iter().position(|name| *name == self.0) {
+            live.swap_remove(at);
+        }
+    }
+}
+
+/// Whether tests pretend the file system has no O_TMPFILE.
+fn tmpfile_hidden() -> bool {
+    #[cfg(test)]
+    if tests::NAMED_STAGING.get() {
+        return true;
+    }
+    crate::sandbox::hidden(crate::sandbox::KernelFeature::TmpFile)
+}
+
+/// Removes the orphaned hidden temporaries of directory `parent`, the
+/// first time this process writes into it: temporaries whose writer is
+/// gone (nobody holds their lock, and the process their name records is
+/// not running, or is this one and not writing it). Best effort: a
+/// directory that cannot be listed is left as it is.
+fn sweep_once(parent: &OwnedFd) {
+    let Ok(stat) = rustix::fs::fstat(parent) else {
+        return;
+    };
+    {
+        let mut swept = lock(&SWEPT);
+        let swept = swept.get_or_insert_with(Default::default);
+        if swept.len() >= MAX_SWEPT {
+            swept.clear();
+        }
+        if !swept.insert((stat.st_dev, stat.st_ino)) {
+            return;
+        }
+    }
+    let _ = sweep(parent);
+}
+
+/// The pid a temporary's name records (see [`temp_name`]).
+fn temp_pid(name: &[u8]) -> Option<i32> {
+    let rest = name.strip_prefix(TEMP_PREFIX.as_bytes())?;
+    let rest = rest.strip_suffix(TEMP_SUFFIX.as_bytes())?;
+    let pid = rest.split(|&b| b == b'-').next()?;
+    i32::from_str_radix(std::str::from_utf8(pid).ok()?, 16).ok()
+}
+
+fn sweep(parent: &OwnedFd) -> Result<(), Errno> {
+    let listed = open_beneath(
+        parent,
+        std::path::Path::new("."),
+        OFlags::RDONLY | OFlags::DIRECTORY,
+        Mode::empty(),
+        ResolveFlags::empty(),
+    )?;
+    let own = std::process::id() as i32;
+    let mut orphans = Vec::new();
+    for entry in rustix::fs::Dir::read_from(&listed)? {
+        let entry = entry?;
+        let name = entry.file_name().to_bytes();
+        let Some(pid) = temp_pid(name) else { continue };
+        let name = OsStr::from_bytes(name).to_os_string();
+        if pid == own {
+            if lock(&LIVE_TEMPS).contains(&name) {
+                continue;
+            }
+        } else if pid > 0
+            && !matches!(
+                rustix::process::test_kill_process(
+                    rustix::process::Pid::from_raw(pid).ok_or(Errno::INVAL)?
+                ),
+                Err(Errno::SRCH)
+            )
+        {
+            // Its writer may be running (and in the instant between
+            // creating the temporary and locking it).
+            continue;
+        }
+        orphans.push(name);
+    }
+    for name in orphans {
+        let Ok(file) = open_beneath(
+            parent,
+            std::path::Path::new(&name),
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK,
+            Mode::empty(),
+            ResolveFlags::NO_SYMLINKS,
+        ) else {
+            continue;
+        };
+        let orphaned = rustix::fs::fstat(&file)
+            .is_ok_and(|stat| rustix::fs::FileType::from_raw_mode(stat.st_mode).is_file())
+            && rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+                .is_ok();
+        if orphaned {
+            tracing::info!(name = ?name, "removed a temporary left by a writer that is gone");
+            let _ = rustix::fs::unlinkat(parent, name.as_os_str(), AtFlags::empty());
+        }
+    }
+    Ok(())
+}
 
 fn temp_name() -> OsString {
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -99,6 +252,7 @@ impl PendingFile {
         target: Entry,
         options: &WriteOptions,
     ) -> Result<PendingFile, Refusal> {
+        sweep_once(&target.parent);
         let existing = check_target(op, path, &target, options)?;
         let permissions = options
             .permissions
@@ -129,6 +283,7 @@ impl PendingFile {
             options: options.clone(),
             permissions,
             written: 0,
+            written_back: (options.sync || existing.is_some()).then_some(0),
             committed: false,
         })
     }
@@ -159,6 +314,22 @@ impl PendingFile {
                 Err(Errno::INTR) => {}
                 Err(errno) => return Err(failed(self.op, &self.path, errno)),
             }
+        }
+        if let Some(from) = self.written_back
+            && self.written - from >= WRITE_BEHIND_BYTES
+        {
+            // SAFETY: a plain system call on a descriptor this owns; it
+            // only starts write-back of the range (failures are harmless:
+            // the commit writes back whatever is left).
+            unsafe {
+                libc::sync_file_range(
+                    std::os::fd::AsRawFd::as_raw_fd(&self.file),
+                    from as libc::off64_t,
+                    (self.written - from) as libc::off64_t,
+                    libc::SYNC_FILE_RANGE_WRITE,
+                );
+            }
+            self.written_back = Some(self.written);
         }
         Ok(())
     }
@@ -203,7 +374,11 @@ impl PendingFile {
             let _lock = COMMIT_LOCK
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            if !matches!(self.staging, Staging::InPlace) {
+            // Only conditions need the target looked at again: placing
+            // the file refuses a directory, and `exclusive` is decided by
+            // the link or rename itself (it fails if the name exists).
+            let conditional = self.options.must_exist || !self.options.if_version.is_empty();
+            if conditional && !matches!(self.staging, Staging::InPlace) {
                 check_target(op, &path, &self.target, &self.options)?;
             }
             self.place().map_err(fail)?;
@@ -225,7 +400,7 @@ impl PendingFile {
         let exclusive = self.options.exclusive;
         match &self.staging {
             Staging::InPlace => Ok(()),
-            Staging::Named(temp) => {
+            Staging::Named(LiveTemp(temp)) => {
                 if exclusive {
                     return rename(parent, temp, name, true);
                 }
@@ -239,9 +414,11 @@ impl PendingFile {
             }
             Staging::Unnamed => match link_unnamed(&self.file, parent, name) {
                 Err(Errno::EXIST) if !exclusive => {
-                    let temp = temp_name();
-                    link_unnamed(&self.file, parent, &temp)?;
-                    rename(parent, &temp, name, false).inspect_err(|_| {
+                    // Named for an instant, locked before it has the name.
+                    let LiveTemp(temp) = &LiveTemp::enter();
+                    rustix::fs::flock(&self.file, rustix::fs::FlockOperation::LockExclusive)?;
+                    link_unnamed(&self.file, parent, temp)?;
+                    rename(parent, temp, name, false).inspect_err(|_| {
                         let _ = rustix::fs::unlinkat(parent, temp.as_os_str(), AtFlags::empty());
                     })
                 }
@@ -253,7 +430,7 @@ impl PendingFile {
 
 impl Drop for PendingFile {
     fn drop(&mut self) {
-        if let (false, Staging::Named(temp)) = (self.committed, &self.staging) {
+        if let (false, Staging::Named(LiveTemp(temp))) = (self.committed, &self.staging) {
             let _ = rustix::fs::unlinkat(&self.target.parent, temp.as_os_str(), AtFlags::empty());
         }
     }
@@ -329,29 +506,47 @@ fn check_target(
 }
 
 /// A new file without a name in `parent`, or a hidden temporary there.
+/// A named temporary is locked (see [`sweep`]) as soon as it exists, and
+/// entered in [`LIVE_TEMPS`] before.
 fn open_staging(parent: &OwnedFd) -> Result<(OwnedFd, Staging), Errno> {
     let dot = std::path::Path::new(".");
-    match open_beneath(
-        parent,
-        dot,
-        OFlags::TMPFILE | OFlags::WRONLY,
-        Mode::from_raw_mode(0o666),
-        ResolveFlags::empty(),
-    ) {
+    let unnamed = if tmpfile_hidden() {
+        Err(Errno::OPNOTSUPP)
+    } else {
+        open_beneath(
+            parent,
+            dot,
+            OFlags::TMPFILE | OFlags::WRONLY,
+            Mode::from_raw_mode(0o666),
+            ResolveFlags::empty(),
+        )
+    };
+    match unnamed {
         Ok(fd) => return Ok((fd, Staging::Unnamed)),
         Err(Errno::OPNOTSUPP | Errno::ISDIR | Errno::INVAL | Errno::NOENT) => {}
         Err(errno) => return Err(errno),
     }
     loop {
-        let temp = temp_name();
+        let temp = LiveTemp::enter();
         match open_beneath(
             parent,
-            std::path::Path::new(&temp),
+            std::path::Path::new(&temp.0),
             OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL,
             Mode::from_raw_mode(0o600),
             ResolveFlags::NO_SYMLINKS,
         ) {
-            Ok(fd) => return Ok((fd, Staging::Named(temp))),
+            Ok(fd) => {
+                let staging = Staging::Named(temp);
+                if let Err(errno) =
+                    rustix::fs::flock(&fd, rustix::fs::FlockOperation::LockExclusive)
+                {
+                    if let Staging::Named(LiveTemp(name)) = &staging {
+                        let _ = rustix::fs::unlinkat(parent, name.as_os_str(), AtFlags::empty());
+                    }
+                    return Err(errno);
+                }
+                return Ok((fd, staging));
+            }
             Err(Errno::EXIST) => {}
             Err(errno) => return Err(errno),
         }
@@ -405,4 +600,129 @@ pub fn write_file(
     let mut pending = PendingFile::begin("write", dir, path, options)?;
     pending.write_all(data)?;
     pending.commit(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, Write};
+
+    thread_local! {
+        /// This thread's writes stage in named temporaries.
+        pub(super) static NAMED_STAGING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    fn scratch(name: &str) -> (std::path::PathBuf, OwnedFd) {
+        let dir = std::env::temp_dir().join(format!("capexec-sweep-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch directory");
+        let fd = rustix::fs::open(&dir, OFlags::PATH | OFlags::DIRECTORY, Mode::empty())
+            .expect("open the scratch directory");
+        (dir, fd)
+    }
+
+    fn names(dir: &std::path::Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .expect("list")
+            .map(|entry| {
+                entry
+                    .expect("entry")
+                    .file_name()
+                    .into_string()
+                    .expect("utf-8")
+            })
+            .collect();
+        names.sort();
+        names
+    }
+
+    fn forget_swept() {
+        lock(&SWEPT).take();
+    }
+
+    /// A pid no process has: one that has exited and been reaped.
+    fn dead_pid() -> u32 {
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn true");
+        child.wait().expect("reap true");
+        child.id()
+    }
+
+    #[test]
+    fn a_gone_writers_temporary_is_swept_by_the_next_write_into_its_directory() {
+        let (dir, fd) = scratch("gone");
+        let orphan = format!("{TEMP_PREFIX}{:x}-7-1f{TEMP_SUFFIX}", dead_pid());
+        std::fs::write(dir.join(&orphan), b"half an upload").expect("orphan");
+        // Not temporaries of this shape: kept.
+        std::fs::write(dir.join(".capexec-notes"), b"mine").expect("lookalike");
+        std::fs::write(dir.join("kept"), b"data").expect("a file");
+        forget_swept();
+        write_file(&fd, b"new", b"content", &WriteOptions::default()).expect("write");
+        assert_eq!(names(&dir), [".capexec-notes", "kept", "new"]);
+        std::fs::remove_dir_all(&dir).expect("clean up");
+    }
+
+    #[test]
+    fn a_live_uploads_temporary_is_never_swept() {
+        let (dir, fd) = scratch("live");
+        NAMED_STAGING.set(true);
+        let mut live = PendingFile::begin("upload", &fd, b"big", &WriteOptions::default())
+            .expect("begin an upload");
+        live.write_all(b"first half, ").expect("write");
+        let temps = names(&dir);
+        assert_eq!(temps.len(), 1, "{temps:?}");
+        assert!(temps[0].starts_with(TEMP_PREFIX), "{temps:?}");
+        // Another write into the directory sweeps it (again).
+        forget_swept();
+        write_file(&fd, b"other", b"x", &WriteOptions::default()).expect("write");
+        assert!(
+            names(&dir).contains(&temps[0]),
+            "the live temporary was swept"
+        );
+        live.write_all(b"second half").expect("write");
+        live.commit(None).expect("commit");
+        NAMED_STAGING.set(false);
+        assert_eq!(
+            std::fs::read(dir.join("big")).expect("read"),
+            b"first half, second half"
+        );
+        assert_eq!(names(&dir), ["big", "other"]);
+        std::fs::remove_dir_all(&dir).expect("clean up");
+    }
+
+    #[test]
+    fn a_temporary_another_process_holds_is_kept() {
+        let (dir, fd) = scratch("held");
+        // The name records a gone pid, but a running process holds its
+        // lock (as a writer does from the moment the temporary exists).
+        let held = format!("{TEMP_PREFIX}{:x}-0-0{TEMP_SUFFIX}", dead_pid());
+        let path = dir.join(&held);
+        std::fs::write(&path, b"in progress").expect("temporary");
+        let mut holder = std::process::Command::new("flock")
+            .arg("-x")
+            .arg(&path)
+            .args(["-c", "echo locked; read line"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("flock(1) (util-linux)");
+        let mut line = String::new();
+        std::io::BufReader::new(holder.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("read");
+        assert_eq!(line, "locked\n");
+        forget_swept();
+        write_file(&fd, b"new", b"x", &WriteOptions::default()).expect("write");
+        assert!(names(&dir).contains(&held), "a held temporary was swept");
+        let mut stdin = holder.stdin.take().expect("stdin");
+        stdin.write_all(b"\n").expect("release");
+        drop(stdin);
+        assert!(holder.wait().expect("wait").success());
+        // Released (its writer gone): the next sweep takes it.
+        forget_swept();
+        write_file(&fd, b"new", b"y", &WriteOptions::default()).expect("write");
+        assert_eq!(names(&dir), ["new"]);
+        std::fs::remove_dir_all(&dir).expect("clean up");
+    }
 }

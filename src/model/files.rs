@@ -7,6 +7,10 @@
 /// against that limit: this leaves room for both).
 pub const MAX_ONE_SHOT_BYTES: usize = 4 * 1024 * 1024;
 
+/// Most files one `writeFiles` carries (their data together at most
+/// [`MAX_ONE_SHOT_BYTES`]).
+pub const MAX_BATCH_FILES: usize = 1024;
+
 /// Most data one `UploadSink.write` carries.
 pub const MAX_UPLOAD_CHUNK_BYTES: usize = 1024 * 1024;
 

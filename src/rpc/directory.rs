@@ -18,7 +18,8 @@ use crate::rpc::file_limits::{FileLimits, FileTicket};
 use crate::wire::{self, TRANSFER_WINDOW_BYTES, Window, stream_call};
 
 /// The features `Directory` implements (see `ExecutorInfo.features`).
-pub(crate) const DIRECTORY_FEATURES: &[&str] = &["files", "file-watch", "directory-executor"];
+pub(crate) const DIRECTORY_FEATURES: &[&str] =
+    &["files", "file-watch", "directory-executor", "file-batches"];
 
 /// Unacknowledged bytes of watch events on the way to a client: past
 /// this, events wait on the server, and past their limit an `overflow`
@@ -167,6 +168,58 @@ impl directory::Server for DirectoryImpl {
             )
             .await?;
         wire::file_stat_to_wire(&stat, results.get().init_stat());
+        Ok(())
+    }
+
+    async fn write_files(
+        self: Rc<Self>,
+        params: directory::WriteFilesParams,
+        mut results: directory::WriteFilesResults,
+    ) -> Result<(), capnp::Error> {
+        let list = params.get()?.get_files()?;
+        let mut files = Vec::with_capacity(list.len() as usize);
+        for file in list.iter() {
+            files.push((
+                data_path(file.get_path())?,
+                file.get_data()?.to_vec(),
+                wire::write_options_from_wire(file.get_options()?)?,
+            ));
+        }
+        let outcomes = self.dir.write_files(files).await?;
+        let mut list = results.get().init_outcomes(outcomes.len() as u32);
+        for (index, outcome) in outcomes.iter().enumerate() {
+            let mut item = list.reborrow().get(index as u32);
+            match outcome {
+                Ok(stat) => wire::file_stat_to_wire(stat, item.init_stat()),
+                Err(refusal) => item.set_failure(refusal.to_string().as_str()),
+            }
+        }
+        Ok(())
+    }
+
+    async fn read_files(
+        self: Rc<Self>,
+        params: directory::ReadFilesParams,
+        mut results: directory::ReadFilesResults,
+    ) -> Result<(), capnp::Error> {
+        let list = params.get()?.get_paths()?;
+        let mut paths = Vec::with_capacity(list.len() as usize);
+        for path in list.iter() {
+            paths.push(data_path(path)?);
+        }
+        let outcomes = self.dir.read_files(paths).await?;
+        let mut list = results.get().init_outcomes(outcomes.len() as u32);
+        for (index, outcome) in outcomes.iter().enumerate() {
+            let mut item = list.reborrow().get(index as u32);
+            match outcome {
+                Ok((data, stat)) => {
+                    let mut file = item.init_file();
+                    file.set_data(data);
+                    wire::file_stat_to_wire(stat, file.init_stat());
+                }
+                Err(refusal) => item.set_failure(refusal.to_string().as_str()),
+            }
+        }
         Ok(())
     }
 

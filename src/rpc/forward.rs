@@ -135,18 +135,7 @@ impl ForwardingExecutor {
     /// A broken link is the upstream's failure, not the caller's connection:
     /// say which hop broke, tagged so that clients classify it.
     fn hop_error(&self, error: capnp::Error) -> capnp::Error {
-        if error.kind != capnp::ErrorKind::Disconnected {
-            return error;
-        }
-        Refusal::new(
-            RefusalKind::UpstreamUnavailable,
-            format!(
-                "the connection to upstream {:?} was lost ({})",
-                self.hop(),
-                wire::describe(&error)
-            ),
-        )
-        .into()
+        upstream_lost(self.hop(), error)
     }
 
     /// A local forwarder one step further, not the bare promise: starts
@@ -163,6 +152,22 @@ impl ForwardingExecutor {
         });
         forwarder
     }
+}
+
+/// `error` of a call to upstream `hop`: a broken link is the upstream's
+/// failure, tagged `upstream-unavailable`; anything else as it came.
+pub(crate) fn upstream_lost(hop: &str, error: capnp::Error) -> capnp::Error {
+    if error.kind != capnp::ErrorKind::Disconnected {
+        return error;
+    }
+    Refusal::new(
+        RefusalKind::UpstreamUnavailable,
+        format!(
+            "the connection to upstream {hop:?} was lost ({})",
+            wire::describe(&error)
+        ),
+    )
+    .into()
 }
 
 fn malformed_policy(error: &capnp::Error) -> capnp::Error {
@@ -328,6 +333,7 @@ impl executor::Server for ForwardingExecutor {
             .get()
             .set_dir(capnp_rpc::new_client(ForwardingDirectory::new(
                 call.pipeline.get_dir(),
+                self.hop().into(),
             )));
         results.set_pipeline()?;
         call.promise.await.map_err(|error| self.hop_error(error))?;

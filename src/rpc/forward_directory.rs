@@ -4,19 +4,29 @@
 //! result would wait a round trip at this hop: here those two publish the
 //! upstream's pipelined capability at once (`set_pipeline`), like
 //! `rpc/forward.rs` does for `Executor`, and every other call goes on
-//! as it came (its parameters copied whole, capabilities included).
+//! as it came (its parameters copied whole, capabilities included). A
+//! call that fails because the link to the upstream broke answers
+//! `[capexec:upstream-unavailable]`, naming the hop, as forwarded starts
+//! do (the caller's own connection is fine).
 
 use std::rc::Rc;
 
 use crate::capexec_capnp::directory;
+use crate::rpc::forward::upstream_lost;
 
 pub(crate) struct ForwardingDirectory {
     far: directory::Client,
+    /// The upstream's name, for errors.
+    hop: Rc<str>,
 }
 
 impl ForwardingDirectory {
-    pub(crate) fn new(far: directory::Client) -> ForwardingDirectory {
-        ForwardingDirectory { far }
+    pub(crate) fn new(far: directory::Client, hop: Rc<str>) -> ForwardingDirectory {
+        ForwardingDirectory { far, hop }
+    }
+
+    fn lost(&self, error: capnp::Error) -> capnp::Error {
+        upstream_lost(&self.hop, error)
     }
 }
 
@@ -31,7 +41,11 @@ macro_rules! forwarded {
             ) -> Result<(), capnp::Error> {
                 let mut request = self.far.$request();
                 request.set(params.get()?)?;
-                let response = request.send().promise.await?;
+                let response = request
+                    .send()
+                    .promise
+                    .await
+                    .map_err(|error| self.lost(error))?;
                 results.set(response.get()?)
             }
         )*
@@ -55,9 +69,10 @@ macro_rules! pipelined {
                     .get()
                     .set_dir(capnp_rpc::new_client(ForwardingDirectory::new(
                         call.pipeline.get_dir(),
+                        Rc::clone(&self.hop),
                     )));
                 results.set_pipeline()?;
-                call.promise.await?;
+                call.promise.await.map_err(|error| self.lost(error))?;
                 Ok(())
             }
         )*
@@ -71,6 +86,8 @@ impl directory::Server for ForwardingDirectory {
         walk: walk_request, WalkParams, WalkResults;
         read_file: read_file_request, ReadFileParams, ReadFileResults;
         write_file: write_file_request, WriteFileParams, WriteFileResults;
+        write_files: write_files_request, WriteFilesParams, WriteFilesResults;
+        read_files: read_files_request, ReadFilesParams, ReadFilesResults;
         upload: upload_request, UploadParams, UploadResults;
         download: download_request, DownloadParams, DownloadResults;
         mkdir: mkdir_request, MkdirParams, MkdirResults;
@@ -101,7 +118,7 @@ impl directory::Server for ForwardingDirectory {
         let call = self.far.executor_request().send();
         results.get().set_executor(call.pipeline.get_executor());
         results.set_pipeline()?;
-        call.promise.await?;
+        call.promise.await.map_err(|error| self.lost(error))?;
         Ok(())
     }
 }

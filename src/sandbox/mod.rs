@@ -49,7 +49,8 @@ fn config() -> &'static HostConfig {
     CONFIG.get_or_init(HostConfig::default)
 }
 
-fn hidden(feature: KernelFeature) -> bool {
+/// Whether tests pretend the kernel lacks `feature`.
+pub(crate) fn hidden(feature: KernelFeature) -> bool {
     config().hidden.contains(&feature)
 }
 

@@ -24,6 +24,10 @@ pub enum KernelFeature {
     /// clone3's CLONE_INTO_CGROUP (Linux 5.7): children join their cgroup
     /// by writing its `cgroup.procs` instead.
     CloneIntoCgroup,
+    /// openat2 (Linux 5.6), which confines every path of a `Directory`.
+    Openat2,
+    /// O_TMPFILE: atomic writes then stage in hidden named temporaries.
+    TmpFile,
 }
 
 impl KernelFeature {
@@ -37,6 +41,8 @@ impl KernelFeature {
         KernelFeature::PidsController,
         KernelFeature::CpuController,
         KernelFeature::CloneIntoCgroup,
+        KernelFeature::Openat2,
+        KernelFeature::TmpFile,
     ];
 
     pub fn name(self) -> &'static str {
@@ -50,6 +56,8 @@ impl KernelFeature {
             KernelFeature::PidsController => "pids",
             KernelFeature::CpuController => "cpu",
             KernelFeature::CloneIntoCgroup => "clone-into-cgroup",
+            KernelFeature::Openat2 => "openat2",
+            KernelFeature::TmpFile => "o-tmpfile",
         }
     }
 }

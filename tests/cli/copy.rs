@@ -226,3 +226,141 @@ fn cp_refuses_bad_arguments_with_125() {
         );
     }
 }
+
+#[test]
+fn cp_says_which_files_of_a_batch_failed_and_copies_the_others() {
+    let served = Served::start();
+    let work = TempDir::new("cli-cp-batch");
+    let tree = work.path().join("t");
+    std::fs::create_dir(&tree).expect("mkdir");
+    for name in ["a", "b", "c"] {
+        std::fs::write(tree.join(name), name).expect("write");
+    }
+    // Where b goes there is a directory: b fails, a and c are copied.
+    let dest = work.path().join("dest");
+    std::fs::create_dir_all(dest.join("t/b/inside")).expect("mkdir");
+    let done = cp(&served, &["-r", &arg(&tree), &remote(&dest)], None);
+    assert_eq!(done.code, 1);
+    assert_eq!(
+        text(&done.stderr),
+        format!(
+            "capexec: cp {}: write \"t/b\": is a directory\n",
+            tree.join("b").display()
+        )
+    );
+    assert_eq!(std::fs::read(dest.join("t/a")).expect("a"), b"a");
+    assert_eq!(std::fs::read(dest.join("t/c")).expect("c"), b"c");
+    assert!(dest.join("t/b/inside").is_dir());
+}
+
+#[test]
+fn cp_refuses_when_the_server_cannot_confine_paths() {
+    let served = Served::start_with(&["--hide-kernel-feature", "openat2"]);
+    let work = TempDir::new("cli-cp-openat2");
+    std::fs::write(work.path().join("file"), b"x").expect("write");
+    let line = "this kernel has no openat2 (Linux 5.6 or later), so paths could not be confined \
+                beneath a directory; directories are not offered";
+    let dest = work.path().join("dest");
+    let done = cp(
+        &served,
+        &[&arg(&work.path().join("file")), &remote(&dest)],
+        None,
+    );
+    assert_eq!(
+        (done.code, text(&done.stderr)),
+        (
+            1,
+            format!(
+                "capexec: cp {}: {line}\n",
+                work.path().join("file").display()
+            )
+        )
+    );
+    let done = cp(
+        &served,
+        &[&remote(&work.path().join("file")), &arg(&dest)],
+        None,
+    );
+    assert_eq!(
+        (done.code, text(&done.stderr)),
+        (
+            1,
+            format!(
+                "capexec: cp :{}: {line}\n",
+                work.path().join("file").display()
+            )
+        )
+    );
+    assert!(!dest.exists(), "nothing was copied");
+}
+
+/// On a terminal, a copy still running after a second shows how far it
+/// got on stderr, and clears it when done; what was copied is exact.
+#[test]
+fn cp_shows_its_progress_on_a_terminal_and_clears_it() {
+    use std::io::{Read, Write};
+    let served = Served::start();
+    let work = TempDir::new("cli-cp-progress");
+    let dest = work.path().join("from-stdin");
+    let pty = nix::pty::openpty(None, None).expect("openpty");
+    for fd in [&pty.master, &pty.slave] {
+        // Not inherited by the children of other tests running meanwhile.
+        nix::fcntl::fcntl(
+            fd,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )
+        .expect("close-on-exec");
+    }
+    let mut command = served.command("cp", &["--connect", &served.unix, "-", &remote(&dest)]);
+    command
+        .env("TERM", "xterm")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::from(pty.slave));
+    let mut child = command.spawn().expect("spawn capexec cp");
+    drop(command);
+    let (shown, seen) = std::sync::mpsc::channel();
+    let mut terminal = std::fs::File::from(pty.master);
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = terminal.read(&mut buf) {
+            if n == 0 || shown.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    // The copy waits for its stdin: it is running until the test ends it.
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(b"first part, ").expect("write");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut output = Vec::new();
+    let wait_for = |output: &mut Vec<u8>, done: &dyn Fn(&str) -> bool| {
+        while !done(&text(output)) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match seen.recv_timeout(left) {
+                Ok(bytes) => output.extend(bytes),
+                Err(_) => panic!("the terminal shows {:?}", text(output)),
+            }
+        }
+    };
+    wait_for(&mut output, &|shown| shown.contains("files copied"));
+    assert!(
+        text(&output).contains("0 files copied ("),
+        "{:?}",
+        text(&output)
+    );
+    stdin.write_all(b"second part").expect("write");
+    drop(stdin);
+    let status = child.wait().expect("wait");
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(
+        std::fs::read(&dest).expect("uploaded"),
+        b"first part, second part"
+    );
+    // Cleared: after the last drawing of the line comes its erasure.
+    wait_for(&mut output, &|shown| {
+        shown
+            .rfind("files copied")
+            .is_some_and(|last| shown[last..].contains("\x1b[2K"))
+    });
+}

@@ -514,3 +514,54 @@ fn info_and_environments_describe_the_far_end() {
         assert_eq!(output.stdout, b"here\n");
     });
 }
+
+/// A directory reached through a hop whose upstream went away fails as
+/// upstream-unavailable, naming the hop, like a forwarded start: not as a
+/// lost connection (the client's own connection is fine).
+#[test]
+fn a_directory_whose_upstream_is_lost_answers_upstream_unavailable() {
+    common::run_local(async {
+        let mut far = ServerThread::start(false);
+        let server = unix_server_forwarding_to(vec![upstream("b", &far)], Some("b"));
+        let connection = connect(&server).await;
+        let executor = connection.executor();
+        let scratch = TempDir::new("lost-directory");
+        let dir = client::Directory::open(&executor, scratch.path());
+        dir.write("kept", b"written through the hop")
+            .await
+            .expect("a write through the hop");
+        let sub = dir.subdirectory(".");
+        assert!(sub.exists("kept").await.expect("a stat through the hop"));
+
+        far.stop();
+        for (what, outcome) in [
+            ("stat", dir.metadata("kept").await.map(drop)),
+            ("read", dir.read("kept").await.map(drop)),
+            ("write", dir.write("more", b"x").await.map(drop)),
+            ("subdirectory", sub.metadata("kept").await.map(drop)),
+            (
+                "pipelined subdirectory",
+                dir.subdirectory(".").metadata("kept").await.map(drop),
+            ),
+        ] {
+            let error = outcome.expect_err("the upstream is gone");
+            assert_eq!(
+                error.refusal_kind(),
+                Some(RefusalKind::UpstreamUnavailable),
+                "{what}: {error}"
+            );
+            assert!(
+                error
+                    .to_string()
+                    .starts_with("the connection to upstream \"b\" was lost"),
+                "{what}: {error}"
+            );
+        }
+        // The client's connection is still there.
+        let local = Command::new("true")
+            .status(&client::environment(&executor, "local"))
+            .await
+            .expect("a local start");
+        assert_eq!(local, ExitStatus::Code(0));
+    });
+}

@@ -912,6 +912,201 @@ async fn limits_are_refused_with_limit(ctx: Ctx) {
     assert_eq!(names(temp.path()), ["after"]);
 }
 
+/// `writeFiles`: every file written as `writeFile` writes it, each with
+/// its own options and outcome, in order; a failure stops only its file;
+/// over the limits nothing is written; read-only directories refuse it.
+async fn a_batch_of_writes_has_an_outcome_per_file(ctx: Ctx) {
+    let temp = TempDir::new("files-batch");
+    let dir = open(&ctx, &temp);
+    std::fs::create_dir(temp.path().join("a-directory")).expect("mkdir");
+    std::fs::write(temp.path().join("old"), b"old").expect("write");
+    std::fs::set_permissions(
+        temp.path().join("old"),
+        std::fs::Permissions::from_mode(0o640),
+    )
+    .expect("chmod");
+    let binary = Pattern::bytes(3, 100_000);
+    let exclusive = WriteOptions {
+        exclusive: true,
+        ..WriteOptions::default()
+    };
+    let mode = WriteOptions {
+        permissions: Some(0o751),
+        modified_ns: Some(1_000_000_000_123_456_789),
+        ..WriteOptions::default()
+    };
+    let files = vec![
+        ("binary", binary.clone(), WriteOptions::default()),
+        ("old", b"new".to_vec(), WriteOptions::default()),
+        ("a-directory", b"x".to_vec(), WriteOptions::default()),
+        ("old", b"again".to_vec(), exclusive),
+        ("sub/deeper", b"no parent".to_vec(), WriteOptions::default()),
+        ("../escape", b"out".to_vec(), WriteOptions::default()),
+        ("moded", b"m".to_vec(), mode),
+        (
+            "binary",
+            b"second write of the same file".to_vec(),
+            WriteOptions::default(),
+        ),
+    ];
+    let outcomes = dir.write_batch(&files).await.expect("writeFiles");
+    let kinds: Vec<Option<RefusalKind>> = outcomes
+        .iter()
+        .map(|outcome| {
+            outcome
+                .as_ref()
+                .err()
+                .map(|error| error.refusal_kind().expect("tagged"))
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            None,
+            None,
+            Some(RefusalKind::IsADirectory),
+            Some(RefusalKind::Exists),
+            Some(RefusalKind::NotFound),
+            Some(RefusalKind::OutsideDirectory),
+            None,
+            None,
+        ]
+    );
+    assert_eq!(
+        outcomes[2].as_ref().expect_err("a directory").to_string(),
+        "write \"a-directory\": is a directory"
+    );
+    let stat = outcomes[0].as_ref().expect("written");
+    assert_eq!(stat.size, binary.len() as u64);
+    assert_eq!(
+        std::fs::read(temp.path().join("binary")).expect("read"),
+        b"second write of the same file"
+    );
+    assert_eq!(
+        std::fs::read(temp.path().join("old")).expect("read"),
+        b"new"
+    );
+    let kept = std::fs::metadata(temp.path().join("old")).expect("stat");
+    assert_eq!(
+        kept.permissions().mode() & 0o7777,
+        0o640,
+        "a replaced file keeps its mode"
+    );
+    let moded = outcomes[6].as_ref().expect("written");
+    assert_eq!(
+        (moded.permissions, moded.modified_ns),
+        (0o751, 1_000_000_000_123_456_789)
+    );
+    assert_eq!(
+        names(temp.path()),
+        ["a-directory", "binary", "moded", "old"]
+    );
+
+    // Over the limits: refused whole, nothing written.
+    let too_many: Vec<_> = (0..=capexec::model::MAX_BATCH_FILES)
+        .map(|index| (format!("n{index}"), Vec::new(), WriteOptions::default()))
+        .collect();
+    let too_big = vec![
+        (
+            "big1",
+            vec![0; MAX_ONE_SHOT_BYTES / 2 + 1],
+            WriteOptions::default(),
+        ),
+        (
+            "big2",
+            vec![0; MAX_ONE_SHOT_BYTES / 2],
+            WriteOptions::default(),
+        ),
+    ];
+    assert_eq!(
+        kind(dir.write_batch(&too_many).await.map(drop)),
+        RefusalKind::LimitReached
+    );
+    let refusal = refused(dir.write_batch(&too_big).await.map(drop));
+    assert_eq!(refusal.0, RefusalKind::LimitReached);
+    assert!(refusal.1.contains("nothing was written"), "{}", refusal.1);
+    assert_eq!(
+        names(temp.path()),
+        ["a-directory", "binary", "moded", "old"]
+    );
+
+    let read_only = dir.read_only();
+    assert_eq!(
+        refused(read_only.write_batch(&files[..1]).await.map(drop)),
+        (
+            RefusalKind::Forbidden,
+            "`writeFiles` is not allowed: this directory is read-only".to_string()
+        )
+    );
+}
+
+/// `readFiles`: each file read whole as `readFile` reads it, with its own
+/// outcome, in order; past 4 MiB in all a file fails alone as too large.
+async fn a_batch_of_reads_has_an_outcome_per_file(ctx: Ctx) {
+    let temp = TempDir::new("files-read-batch");
+    let dir = open(&ctx, &temp);
+    let binary = Pattern::bytes(4, 100_000);
+    std::fs::write(temp.path().join("binary"), &binary).expect("write");
+    std::fs::write(temp.path().join("empty"), b"").expect("write");
+    std::fs::create_dir(temp.path().join("a-directory")).expect("mkdir");
+    let three_mib = vec![7; 3 << 20];
+    std::fs::write(temp.path().join("three-mib"), &three_mib).expect("write");
+    let outcomes = dir
+        .read_batch(&[
+            "binary",
+            "missing",
+            "empty",
+            "a-directory",
+            "../escape",
+            "three-mib",
+            "three-mib",
+            "binary",
+        ])
+        .await
+        .expect("readFiles");
+    let kinds: Vec<Option<RefusalKind>> = outcomes
+        .iter()
+        .map(|outcome| {
+            outcome
+                .as_ref()
+                .err()
+                .map(|error| error.refusal_kind().expect("tagged"))
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            None,
+            Some(RefusalKind::NotFound),
+            None,
+            Some(RefusalKind::IsADirectory),
+            Some(RefusalKind::OutsideDirectory),
+            None,
+            Some(RefusalKind::TooLarge),
+            None,
+        ]
+    );
+    let (data, stat) = outcomes[0].as_ref().expect("read");
+    assert_eq!((sha(data), stat.size), (sha(&binary), binary.len() as u64));
+    assert_eq!(outcomes[2].as_ref().expect("read").0, b"");
+    assert_eq!(sha(&outcomes[5].as_ref().expect("read").0), sha(&three_mib));
+    assert_eq!(sha(&outcomes[7].as_ref().expect("read").0), sha(&binary));
+    assert_eq!(
+        outcomes[1].as_ref().expect_err("missing").to_string(),
+        "read \"missing\": not found"
+    );
+    let too_many: Vec<String> = (0..=capexec::model::MAX_BATCH_FILES)
+        .map(|index| format!("n{index}"))
+        .collect();
+    assert_eq!(
+        kind(dir.read_batch(&too_many).await.map(drop)),
+        RefusalKind::LimitReached
+    );
+    // Read-only directories read.
+    let read_only = dir.read_only().read_batch(&["binary"]).await.expect("read");
+    assert_eq!(sha(&read_only[0].as_ref().expect("read").0), sha(&binary));
+}
+
 async fn a_restricted_executor_hands_out_directories_only_in_its_roots(ctx: Ctx) {
     let root = TempDir::new("files-root");
     std::fs::create_dir(root.path().join("inside")).expect("mkdir");
@@ -996,6 +1191,8 @@ backend_tests!(
     tree_calls_do_what_std_fs_does,
     errors_name_the_call_the_path_and_the_reason,
     limits_are_refused_with_limit,
+    a_batch_of_writes_has_an_outcome_per_file,
+    a_batch_of_reads_has_an_outcome_per_file,
     a_restricted_executor_hands_out_directories_only_in_its_roots,
 );
 
