@@ -91,14 +91,14 @@ impl ForwardingExecutor {
     async fn target(&self) -> Result<Link, capnp::Error> {
         let root = Rc::clone(&self.upstream).executor().await?;
         if self.path.is_empty() {
-            return Ok(root);
+            return Ok(settled(root));
         }
         let mut resolved = self.resolved.borrow_mut();
         if let Some(link) = resolved
             .as_ref()
             .filter(|l| l.generation == root.generation)
         {
-            return Ok(link.clone());
+            return Ok(settled(link.clone()));
         }
         let executor = self
             .path
@@ -168,6 +168,15 @@ pub(crate) fn upstream_lost(hop: &str, error: capnp::Error) -> capnp::Error {
         ),
     )
     .into()
+}
+
+/// `link` with its executor as what it has resolved to (see
+/// [`crate::rpc::settled`]).
+fn settled(link: Link) -> Link {
+    Link {
+        executor: crate::rpc::settled::settled(&link.executor),
+        generation: link.generation,
+    }
 }
 
 fn malformed_policy(error: &capnp::Error) -> capnp::Error {

@@ -13,6 +13,7 @@ use std::rc::Rc;
 
 use crate::capexec_capnp::directory;
 use crate::rpc::forward::upstream_lost;
+use crate::rpc::settled::settled;
 
 pub(crate) struct ForwardingDirectory {
     far: directory::Client,
@@ -39,7 +40,7 @@ macro_rules! forwarded {
                 params: directory::$params,
                 mut results: directory::$results,
             ) -> Result<(), capnp::Error> {
-                let mut request = self.far.$request();
+                let mut request = settled(&self.far).$request();
                 request.set(params.get()?)?;
                 let response = request
                     .send()
@@ -62,7 +63,7 @@ macro_rules! pipelined {
                 params: directory::$params,
                 mut results: directory::$results,
             ) -> Result<(), capnp::Error> {
-                let mut request = self.far.$request();
+                let mut request = settled(&self.far).$request();
                 request.set(params.get()?)?;
                 let call = request.send();
                 results
@@ -115,7 +116,7 @@ impl directory::Server for ForwardingDirectory {
         _: directory::ExecutorParams,
         mut results: directory::ExecutorResults,
     ) -> Result<(), capnp::Error> {
-        let call = self.far.executor_request().send();
+        let call = settled(&self.far).executor_request().send();
         results.get().set_executor(call.pipeline.get_executor());
         results.set_pipeline()?;
         call.promise.await.map_err(|error| self.lost(error))?;

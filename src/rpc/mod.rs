@@ -16,6 +16,7 @@ mod port_quota;
 mod ports;
 mod process;
 mod quota;
+mod settled;
 mod subscription;
 
 pub use self::admin::{AdminImpl, ProcessTable};

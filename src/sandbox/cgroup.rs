@@ -95,19 +95,7 @@ impl CgroupRoot {
             .find_map(|line| line.strip_prefix("0::"))
             .ok_or("this process is in no cgroup2 group")?;
         let parent = inside(v2, own);
-        let name = format!("capexec-{}-{:08x}", std::process::id(), random());
-        let dir = parent.join(&name);
-        std::fs::create_dir(&dir).map_err(|error| {
-            format!(
-                "cannot create a cgroup in {}: {}",
-                parent.display(),
-                crate::model::io_message(&error)
-            )
-        })?;
-        let made = Made(dir.clone());
-        let lock = lock(&dir)
-            .map_err(|error| format!("cannot lock {}: {error}", dir.display()))?
-            .ok_or("a fresh cgroup is locked by someone else")?;
+        let (name, dir, made, lock) = make_locked_root(&parent)?;
         if !dir.join("cgroup.kill").exists() {
             return Err("the kernel cannot kill a cgroup (cgroup.kill needs Linux 5.14)".into());
         }
@@ -277,6 +265,39 @@ fn random() -> u32 {
     u32::from_ne_bytes(bytes)
 }
 
+/// Attempts at a root of our own: another capexec's sweep may take a fresh
+/// root for a dead one's between its mkdir and its flock.
+const ROOT_ATTEMPTS: usize = 5;
+
+/// Makes a root `capexec-PID-RANDOM` under `parent` and locks it; if a
+/// sweep got to it first (it holds the lock, or removed it), makes another.
+fn make_locked_root(parent: &Path) -> Result<(String, PathBuf, Made, OwnedFd), String> {
+    for _ in 0..ROOT_ATTEMPTS {
+        let name = format!("capexec-{}-{:08x}", std::process::id(), random());
+        let dir = parent.join(&name);
+        std::fs::create_dir(&dir).map_err(|error| {
+            format!(
+                "cannot create a cgroup in {}: {}",
+                parent.display(),
+                crate::model::io_message(&error)
+            )
+        })?;
+        let made = Made(dir.clone());
+        match lock(&dir) {
+            Ok(Some(lock)) => return Ok((name, dir, made, lock)),
+            // Taken (and perhaps removed) by a sweep: the sweep's to clean.
+            Ok(None) => std::mem::forget(made),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => std::mem::forget(made),
+            Err(error) => return Err(format!("cannot lock {}: {error}", dir.display())),
+        }
+    }
+    Err(format!(
+        "cannot make a cgroup of our own in {}: {ROOT_ATTEMPTS} fresh ones were taken by other \
+         capexec processes' cleanup",
+        parent.display()
+    ))
+}
+
 /// An exclusive lock on `dir`; `None` if someone else holds it.
 fn lock(dir: &Path) -> io::Result<Option<OwnedFd>> {
     let path = CString::new(dir.as_os_str().as_bytes())?;
@@ -321,18 +342,19 @@ impl StaleRoots {
             if !name.starts_with("capexec-") || name == self.own_name {
                 continue;
             }
-            // A capexec that is still running may be between making its
-            // root and locking it: never take that for a dead one's.
-            if owner_is_running(&name) {
-                continue;
-            }
             let dir = entry.path();
             // Held while the cleanup runs, so that two servers starting at
             // once do not both clean it.
             let Ok(Some(_lock)) = lock(&dir) else {
                 continue;
             };
-            tracing::warn!(cgroup = %dir.display(), "removing the cgroup of a capexec process that is gone, with what still runs in it");
+            // A root with nothing in it may also be a live capexec's
+            // between its mkdir and its flock: that one makes another.
+            if populated(&dir) {
+                tracing::warn!(cgroup = %dir.display(), "removing the cgroup of a capexec process that is gone, with what still runs in it");
+            } else {
+                tracing::debug!(cgroup = %dir.display(), "removing the empty cgroup of a capexec process that is gone");
+            }
             let _ = std::fs::write(dir.join("cgroup.kill"), "1");
             wait_empty_blocking(&dir, Duration::from_secs(5));
             for v1_parent in &self.v1_parents {
@@ -341,15 +363,6 @@ impl StaleRoots {
             remove_tree(&dir);
         }
     }
-}
-
-/// Whether the process that named a root `capexec-PID-RANDOM` still runs
-/// here. A PID reused since only delays the cleanup to a later start.
-fn owner_is_running(name: &str) -> bool {
-    name.strip_prefix("capexec-")
-        .and_then(|rest| rest.split('-').next())
-        .and_then(|pid| pid.parse::<u32>().ok())
-        .is_some_and(|pid| Path::new("/proc").join(pid.to_string()).exists())
 }
 
 /// Removes `dir` and the cgroups below it (empty ones: rmdir refuses the
@@ -743,16 +756,6 @@ mod tests {
         assert!(!in_sandbox_leaf("0::/s-3\n"));
         assert!(!in_sandbox_leaf("0::/capexec-12/s-x\n"));
         assert!(!in_sandbox_leaf("4:memory:/capexec-1/s-2\n0::/\n"));
-    }
-
-    #[test]
-    fn a_root_whose_owner_runs_is_never_taken_for_a_dead_ones() {
-        let own = format!("capexec-{}-0a0b0c0d", std::process::id());
-        assert!(owner_is_running(&own));
-        // Beyond pid_max (at most 2^22): no such process.
-        assert!(!owner_is_running("capexec-99999999-0a0b0c0d"));
-        assert!(!owner_is_running("capexec-x-0a0b0c0d"));
-        assert!(!owner_is_running("other-1-0a0b0c0d"));
     }
 
     #[test]
