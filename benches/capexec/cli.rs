@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use crate::Plan;
 use crate::report::{Report, Target};
 use crate::servers::{CAPEXEC, Serve, Servers};
-use crate::wall::time_process;
+use crate::wall::{prepared, time_process};
 
 const SECTION: &str = "cli";
 
@@ -211,15 +211,7 @@ fn time_counted(
     env: Option<&(&'static str, String)>,
     size: u64,
 ) -> Result<Duration, Box<dyn Error>> {
-    let mut command = std::process::Command::new("sh");
-    command
-        .args(["-c", line])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    if let Some((name, value)) = env {
-        command.env(name, value);
-    }
+    let mut command = prepared("sh", &["-c", line], env, Stdio::piped());
     let started = Instant::now();
     let output = command.output()?;
     let took = started.elapsed();
@@ -267,16 +259,7 @@ fn all_at_once(
     let started = Instant::now();
     let mut children: Vec<Child> = Vec::with_capacity(CONCURRENT_SLEEPS);
     for _ in 0..CONCURRENT_SLEEPS {
-        let mut command = std::process::Command::new(program);
-        command
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
-        if let Some((name, value)) = env {
-            command.env(name, value);
-        }
-        children.push(command.spawn()?);
+        children.push(prepared(program, args, env, Stdio::null()).spawn()?);
     }
     for mut child in children {
         let status = child.wait()?;

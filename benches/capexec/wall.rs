@@ -12,15 +12,7 @@ pub fn time_process(
     args: &[impl AsRef<OsStr>],
     env: Option<&(&'static str, String)>,
 ) -> Result<Duration, Box<dyn Error>> {
-    let mut command = std::process::Command::new(program);
-    command
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
-    if let Some((name, value)) = env {
-        command.env(name, value);
-    }
+    let mut command = prepared(program, args, env, Stdio::null());
     let started = Instant::now();
     let status = command.status()?;
     let elapsed = started.elapsed();
@@ -29,4 +21,24 @@ pub fn time_process(
         return Err(format!("{program} {args:?}: {status}").into());
     }
     Ok(elapsed)
+}
+
+/// `program args` with stdin on /dev/null, stdout as given, our stderr, and
+/// `env` set.
+pub fn prepared(
+    program: &str,
+    args: &[impl AsRef<OsStr>],
+    env: Option<&(&'static str, String)>,
+    stdout: Stdio,
+) -> std::process::Command {
+    let mut command = std::process::Command::new(program);
+    command
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(Stdio::inherit());
+    if let Some((name, value)) = env {
+        command.env(name, value);
+    }
+    command
 }
