@@ -277,18 +277,7 @@ impl Directory {
     ) -> Result<Vec<Result<FileStat, Refusal>>, Refusal> {
         self.writable("writeFiles")?;
         let bytes: usize = files.iter().map(|(_, data, _)| data.len()).sum();
-        if files.len() > crate::model::MAX_BATCH_FILES || bytes > crate::model::MAX_ONE_SHOT_BYTES {
-            return Err(Refusal::new(
-                RefusalKind::LimitReached,
-                format!(
-                    "writeFiles of {} files and {bytes} bytes; one call carries at most {} \
-                     files and {} bytes (nothing was written)",
-                    files.len(),
-                    crate::model::MAX_BATCH_FILES,
-                    crate::model::MAX_ONE_SHOT_BYTES
-                ),
-            ));
-        }
+        check_batch("writeFiles", files.len(), bytes)?;
         self.run(move |fd| {
             Ok(files
                 .iter()
@@ -306,23 +295,16 @@ impl Directory {
         &self,
         paths: Vec<Vec<u8>>,
     ) -> Result<Vec<Result<(Vec<u8>, FileStat), Refusal>>, Refusal> {
-        if paths.len() > crate::model::MAX_BATCH_FILES {
-            return Err(Refusal::new(
-                RefusalKind::LimitReached,
-                format!(
-                    "readFiles of {} files; one call reads at most {}",
-                    paths.len(),
-                    crate::model::MAX_BATCH_FILES
-                ),
-            ));
-        }
+        check_batch("readFiles", paths.len(), 0)?;
         self.run(move |fd| {
             let mut room = crate::model::MAX_ONE_SHOT_BYTES;
             Ok(paths
                 .iter()
                 .map(|path| {
-                    let (data, stat) = read::read_file(fd, path, 0, 0)?;
-                    if data.len() > room {
+                    // Sized before it is read: past the budget, a file
+                    // costs no read at all.
+                    let file = read::open_for_reading("read", fd, path)?;
+                    if file.stat.size > room as u64 {
                         return Err(error::refused(
                             RefusalKind::TooLarge,
                             "read",
@@ -330,12 +312,13 @@ impl Directory {
                             format!(
                                 "{} bytes would take this readFiles past its {} (read it on \
                                  its own)",
-                                data.len(),
+                                file.stat.size,
                                 crate::model::MAX_ONE_SHOT_BYTES
                             ),
                         ));
                     }
-                    room -= data.len();
+                    let (data, stat) = read::read_opened(file, path, 0, 0)?;
+                    room = room.saturating_sub(data.len());
                     Ok((data, stat))
                 })
                 .collect())
@@ -621,4 +604,24 @@ impl Upload {
             None => Err(self.finished()),
         }
     }
+}
+
+/// Refuses a batch (`writeFiles`, `readFiles`) of more than
+/// [`crate::model::MAX_BATCH_FILES`] files or, to write, more than
+/// [`crate::model::MAX_ONE_SHOT_BYTES`] bytes, before anything is done.
+/// The RPC layer calls it too, before it copies a batch out of its message.
+pub fn check_batch(op: &str, files: usize, bytes: usize) -> Result<(), Refusal> {
+    let undone = if op == "readFiles" { "read" } else { "written" };
+    if files <= crate::model::MAX_BATCH_FILES && bytes <= crate::model::MAX_ONE_SHOT_BYTES {
+        return Ok(());
+    }
+    Err(Refusal::new(
+        RefusalKind::LimitReached,
+        format!(
+            "{op} of {files} files and {bytes} bytes; one call carries at most {} files and {} \
+             bytes (nothing was {undone})",
+            crate::model::MAX_BATCH_FILES,
+            crate::model::MAX_ONE_SHOT_BYTES
+        ),
+    ))
 }

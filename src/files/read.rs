@@ -87,6 +87,17 @@ pub fn read_file(
         ));
     }
     let file = open_for_reading(OP, dir, raw)?;
+    read_opened(file, raw, offset, length)
+}
+
+/// [`read_file`] of a file already opened (and stat'ed) for reading.
+pub fn read_opened(
+    file: OpenFile,
+    raw: &[u8],
+    offset: u64,
+    length: u64,
+) -> Result<(Vec<u8>, FileStat), Refusal> {
+    const OP: &str = "read";
     let remaining = file.stat.size.saturating_sub(offset);
     let wanted = if length == 0 {
         if remaining > MAX_ONE_SHOT_BYTES as u64 {

@@ -177,6 +177,13 @@ impl directory::Server for DirectoryImpl {
         mut results: directory::WriteFilesResults,
     ) -> Result<(), capnp::Error> {
         let list = params.get()?.get_files()?;
+        // Checked before anything is copied out of the message: a list of
+        // empty structs costs its sender a word per element.
+        let mut bytes = 0usize;
+        for file in list.iter() {
+            bytes = bytes.saturating_add(file.get_data()?.len());
+        }
+        files::check_batch("writeFiles", list.len() as usize, bytes)?;
         let mut files = Vec::with_capacity(list.len() as usize);
         for file in list.iter() {
             files.push((
@@ -203,6 +210,7 @@ impl directory::Server for DirectoryImpl {
         mut results: directory::ReadFilesResults,
     ) -> Result<(), capnp::Error> {
         let list = params.get()?.get_paths()?;
+        files::check_batch("readFiles", list.len() as usize, 0)?;
         let mut paths = Vec::with_capacity(list.len() as usize);
         for path in list.iter() {
             paths.push(data_path(path)?);

@@ -284,7 +284,11 @@ fn make_locked_root(parent: &Path) -> Result<(String, PathBuf, Made, OwnedFd), S
         })?;
         let made = Made(dir.clone());
         match lock(&dir) {
-            Ok(Some(lock)) => return Ok((name, dir, made, lock)),
+            // The sweep may have had the lock first and removed the
+            // directory before letting it go: ours only if the path still
+            // names what we locked.
+            Ok(Some(lock)) if still_names(&dir, &lock) => return Ok((name, dir, made, lock)),
+            Ok(Some(_)) => std::mem::forget(made),
             // Taken (and perhaps removed) by a sweep: the sweep's to clean.
             Ok(None) => std::mem::forget(made),
             Err(error) if error.kind() == io::ErrorKind::NotFound => std::mem::forget(made),
@@ -296,6 +300,18 @@ fn make_locked_root(parent: &Path) -> Result<(String, PathBuf, Made, OwnedFd), S
          capexec processes' cleanup",
         parent.display()
     ))
+}
+
+/// Whether `path` still names the directory open as `fd`.
+fn still_names(path: &Path, fd: &OwnedFd) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(named) = std::fs::metadata(path) else {
+        return false;
+    };
+    let Ok(held) = rustix::fs::fstat(fd) else {
+        return false;
+    };
+    named.dev() == held.st_dev && named.ino() == held.st_ino
 }
 
 /// An exclusive lock on `dir`; `None` if someone else holds it.
