@@ -358,6 +358,12 @@ fn serve_at(path: &std::path::Path, home: &std::path::Path) -> std::process::Chi
 
 /// Answers every connection as [`answering_server`] answers one.
 fn answering_servers() -> u16 {
+    servers_answering_after(b"")
+}
+
+/// A TCP server that writes `greeting` to every connection, then answers
+/// what it reads to its end as [`answering_server`] does.
+fn servers_answering_after(greeting: &'static [u8]) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = listener.local_addr().expect("address").port();
     std::thread::spawn(move || {
@@ -365,7 +371,7 @@ fn answering_servers() -> u16 {
             let Ok(mut socket) = socket else { continue };
             std::thread::spawn(move || {
                 let mut got = Vec::new();
-                if socket.read_to_end(&mut got).is_ok() {
+                if socket.write_all(greeting).is_ok() && socket.read_to_end(&mut got).is_ok() {
                     let _ = socket.write_all(&expected_answer(&got));
                 }
             });
@@ -418,20 +424,7 @@ fn served_command(home: &std::path::Path, subcommand: &str) -> std::process::Com
 /// A TCP server that greets every connection with `hi`, then answers it
 /// as [`answering_server`] does.
 fn greeting_servers() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let port = listener.local_addr().expect("address").port();
-    std::thread::spawn(move || {
-        for socket in listener.incoming() {
-            let Ok(mut socket) = socket else { continue };
-            std::thread::spawn(move || {
-                let mut got = Vec::new();
-                if socket.write_all(b"hi").is_ok() && socket.read_to_end(&mut got).is_ok() {
-                    let _ = socket.write_all(&expected_answer(&got));
-                }
-            });
-        }
-    });
-    port
+    servers_answering_after(b"hi")
 }
 
 #[test]

@@ -950,15 +950,7 @@ async fn a_batch_of_writes_has_an_outcome_per_file(ctx: Ctx) {
         ),
     ];
     let outcomes = dir.write_batch(&files).await.expect("writeFiles");
-    let kinds: Vec<Option<RefusalKind>> = outcomes
-        .iter()
-        .map(|outcome| {
-            outcome
-                .as_ref()
-                .err()
-                .map(|error| error.refusal_kind().expect("tagged"))
-        })
-        .collect();
+    let kinds = outcome_kinds(&outcomes);
     assert_eq!(
         kinds,
         [
@@ -1064,15 +1056,7 @@ async fn a_batch_of_reads_has_an_outcome_per_file(ctx: Ctx) {
         ])
         .await
         .expect("readFiles");
-    let kinds: Vec<Option<RefusalKind>> = outcomes
-        .iter()
-        .map(|outcome| {
-            outcome
-                .as_ref()
-                .err()
-                .map(|error| error.refusal_kind().expect("tagged"))
-        })
-        .collect();
+    let kinds = outcome_kinds(&outcomes);
     assert_eq!(
         kinds,
         [
@@ -1105,6 +1089,19 @@ async fn a_batch_of_reads_has_an_outcome_per_file(ctx: Ctx) {
     // Read-only directories read.
     let read_only = dir.read_only().read_batch(&["binary"]).await.expect("read");
     assert_eq!(sha(&read_only[0].as_ref().expect("read").0), sha(&binary));
+}
+
+/// Each outcome of a batch as its refusal's tag, `None` for a success.
+fn outcome_kinds<T>(outcomes: &[Result<T, capexec::client::Error>]) -> Vec<Option<RefusalKind>> {
+    outcomes
+        .iter()
+        .map(|outcome| {
+            outcome
+                .as_ref()
+                .err()
+                .map(|error| error.refusal_kind().expect("tagged"))
+        })
+        .collect()
 }
 
 async fn a_restricted_executor_hands_out_directories_only_in_its_roots(ctx: Ctx) {
