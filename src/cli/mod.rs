@@ -495,6 +495,20 @@ fn run_local<F: std::future::Future<Output = i32>>(main: F) -> i32 {
 
 /// Runs the command line and returns the process exit status.
 pub fn main() -> i32 {
+    if asks_only_for_version() {
+        // What clap would print, without building the definition of every
+        // subcommand first (most of `capexec --version`'s own time).
+        return match stdio::write_answer(&format!("capexec {}\n", version())) {
+            Ok(()) => 0,
+            Err(error) => {
+                stdio::note(&format!(
+                    "cannot write the version: {}",
+                    capexec::model::io_message(&error)
+                ));
+                EXIT_CAPEXEC_FAILURE
+            }
+        };
+    }
     let parsed = command()
         .try_get_matches()
         .and_then(|matches| Cli::from_arg_matches(&matches));
@@ -548,11 +562,24 @@ pub fn main() -> i32 {
 
 /// The clap definition, with `--version` saying what the protocol offers.
 pub fn command() -> clap::Command {
+    Cli::command().version(version())
+}
+
+/// The version, and the features of the protocol this binary speaks.
+fn version() -> String {
     let features = capexec::rpc::protocol_features()
         .collect::<Vec<_>>()
         .join(" ");
-    let version = format!("{}\nfeatures: {features}", env!("CARGO_PKG_VERSION"));
-    Cli::command().version(version)
+    format!("{}\nfeatures: {features}", env!("CARGO_PKG_VERSION"))
+}
+
+/// `capexec --version` or `capexec -V`, and nothing else.
+fn asks_only_for_version() -> bool {
+    let mut args = std::env::args_os().skip(1);
+    matches!(
+        (args.next(), args.next()),
+        (Some(only), None) if only == "--version" || only == "-V"
+    )
 }
 
 /// Help and version go to stdout as clap writes them; errors become one

@@ -543,6 +543,37 @@ fn completions_man_pages_and_version_are_generated() {
         "{stdout}"
     );
     assert!(stdout.contains(" detach "), "{stdout}");
+    // The short form answers the same, and so does clap's own path (taken
+    // when --version is not the only argument).
+    let short = finish(common::cli::capexec(&["-V"]), None);
+    assert_eq!((short.code, text(&short.stdout)), (0, stdout.clone()));
+    let through_clap = finish(common::cli::capexec(&["--version", "extra"]), None);
+    assert_eq!(
+        (through_clap.code, text(&through_clap.stdout)),
+        (0, stdout.clone())
+    );
+    // A version that cannot be written is not a success.
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("/dev/full");
+    let mut lost = common::cli::capexec(&["--version"])
+        .stdin(std::process::Stdio::null())
+        .stdout(full)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("capexec --version");
+    let code = common::cli::wait(&mut lost);
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut lost.stderr.take().expect("stderr"), &mut stderr)
+        .expect("stderr");
+    assert_eq!(
+        (code, stderr.as_str()),
+        (
+            125,
+            "capexec: cannot write the version: No space left on device\n"
+        )
+    );
     for subcommand in [
         "run",
         "shell",
