@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use capexec::capexec_capnp::upload_sink;
 use capexec::client::{Directory, Error};
 use capexec::model::{
-    CopyOptions, FileKind, MAX_ONE_SHOT_BYTES, MAX_TRANSFERS_PER_CONNECTION, Policy, RefusalKind,
-    WalkOptions, WatchEvent, WatchEventKind, WriteOptions,
+    CopyOptions, DOWNLOAD_CHUNK_BYTES, FileKind, MAX_ONE_SHOT_BYTES, MAX_TRANSFERS_PER_CONNECTION,
+    Policy, RefusalKind, WalkOptions, WatchEvent, WatchEventKind, WriteOptions,
 };
 use common::Ctx;
 use common::data::{Pattern, TempDir};
@@ -97,6 +97,28 @@ async fn binary_files_round_trip_byte_exact_small_and_large(ctx: Ctx) {
     assert_eq!(stat.size, large.len() as u64);
     assert_eq!(sha(&downloaded), sha(&large));
     assert_eq!(names(temp.path()), ["large.bin", "small.bin"]);
+
+    // Uploads of whole chunks only (the end is found by a read of
+    // nothing), of less than one, and of nothing.
+    for (name, length) in [
+        ("chunks.bin", DOWNLOAD_CHUNK_BYTES * 2),
+        ("short.bin", DOWNLOAD_CHUNK_BYTES - 1),
+        ("empty.bin", 0),
+    ] {
+        let data = Pattern::bytes(5, length);
+        let stat = dir
+            .upload(
+                name,
+                &data[..],
+                &WriteOptions::default(),
+                Some(length as u64),
+            )
+            .await
+            .expect("upload");
+        assert_eq!(stat.size, length as u64, "{name}");
+        let written = std::fs::read(temp.path().join(name)).expect("read");
+        assert_eq!(sha(&written), sha(&data), "{name}");
+    }
 }
 
 async fn ranges_read_exactly_the_bytes_asked(ctx: Ctx) {
