@@ -6,6 +6,7 @@ mod capacity;
 mod config;
 mod confinement;
 mod copy;
+mod deferred;
 mod duration;
 mod forward;
 mod forward_spec;
@@ -29,6 +30,7 @@ mod target;
 use std::ffi::OsString;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use deferred::Deferred;
 
 /// Exit status for failures of capexec itself (bad arguments, bad cwd,
 /// lost connection), as opposed to the child's own status.
@@ -73,14 +75,14 @@ enum Command {
     /// --timeout ended it; 127 if the program was not found, 126 if it
     /// could not be executed; 125 for failures of capexec itself.
     #[command(after_help = "Example: capexec run --connect build -w /src -- make -j8")]
-    Run(RunArgs),
+    Run(Deferred<RunArgs>),
     /// Start the executor's shell, as `ssh HOST` does.
     ///
     /// The shell is the server's $SHELL (else /bin/sh), on a terminal if
     /// our stdin is one (reading commands from stdin otherwise); the same
     /// as `capexec run` without a program.
     #[command(after_help = "Example: capexec shell --connect build")]
-    Shell(SessionArgs),
+    Shell(Deferred<SessionArgs>),
     /// Serve an executor on Unix sockets and TCP.
     ///
     /// Without --listen it listens on the default socket,
@@ -89,15 +91,15 @@ enum Command {
     #[command(after_help = "Example: capexec serve --listen tcp:0.0.0.0:7000 --tls-self-signed")]
     // Boxed: the server's flags are many, and the other subcommands'
     // values need not be as big.
-    Serve(Box<ServeArgs>),
+    Serve(Deferred<Box<ServeArgs>>),
     /// List the environments a server offers, with their states (`*`
     /// marks the default).
     #[command(after_help = "Example: capexec environments --connect build")]
-    Environments(ConnectArgs),
+    Environments(Deferred<ConnectArgs>),
     /// Show what an executor reports about itself: version, features, OS,
     /// hostname, shell, working and temporary directories.
     #[command(after_help = "Example: capexec info --connect build --environment gpu")]
-    Info(InfoArgs),
+    Info(Deferred<InfoArgs>),
     /// List the servers named in the configuration file
     /// ($XDG_CONFIG_HOME/capexec/config.toml, else
     /// ~/.config/capexec/config.toml), which `--connect NAME` reaches.
@@ -109,23 +111,23 @@ enum Command {
     #[command(
         after_help = "Example: capexec client-config build --address tcp:build-box:7000 --tls-self-signed"
     )]
-    ClientConfig(servers::ClientConfigArgs),
+    ClientConfig(Deferred<servers::ClientConfigArgs>),
     /// List every process the server holds, whoever started it, as `ps`
     /// does: pid, owning connection (or "detached"), state, age, CPU,
     /// memory and command; over its admin socket (serve --admin).
     #[command(after_help = "Example: capexec ps --connect unix:/run/capexec/admin.sock")]
-    Ps(admin::PsArgs),
+    Ps(Deferred<admin::PsArgs>),
     /// Terminate processes of the server by pid (SIGTERM to the group,
     /// then SIGKILL), whoever started them; over its admin socket.
     #[command(after_help = "Example: capexec kill --connect unix:/run/capexec/admin.sock 4242")]
-    Kill(admin::KillArgs),
+    Kill(Deferred<admin::KillArgs>),
     /// Print a shell completion script (bash, zsh or fish) on stdout.
     #[command(after_help = "Example: capexec completions bash > /etc/bash_completion.d/capexec")]
-    Completions(generate::CompletionArgs),
+    Completions(Deferred<generate::CompletionArgs>),
     /// Write the man pages (capexec.1 and one per subcommand), or print
     /// capexec.1 on stdout.
     #[command(after_help = "Example: capexec man --dir /usr/local/share/man/man1")]
-    Man(generate::ManArgs),
+    Man(Deferred<generate::ManArgs>),
     /// Copy files between this machine and the executor's, like scp.
     ///
     /// Remote paths are written :PATH (relative ones from the server's
@@ -141,7 +143,8 @@ enum Command {
     /// failed (one line each on stderr); 125 for bad arguments or a
     /// connection that could not be made.
     #[command(after_help = "Example: capexec cp -r --connect build ./src :work/src")]
-    Cp(CpArgs),
+    Cp(Deferred<CpArgs>),
+    // Not deferred: its text is its struct's (see `deferred`).
     Forward(ForwardArgs),
 }
 
@@ -517,39 +520,39 @@ pub fn main() -> i32 {
         Err(error) => return argument_failure(&error),
     };
     match cli.command {
-        Command::Run(args) => {
+        Command::Run(Deferred(args)) => {
             logging::init(tracing::Level::WARN, logging::Style::Client);
             run::main(args.session, args.argv)
         }
-        Command::Shell(args) => {
+        Command::Shell(Deferred(args)) => {
             logging::init(tracing::Level::WARN, logging::Style::Client);
             run::main(args, Vec::new())
         }
-        Command::Serve(args) => {
+        Command::Serve(Deferred(args)) => {
             logging::init(tracing::Level::INFO, logging::Style::Server);
             serve::main(*args)
         }
-        Command::Environments(args) => {
+        Command::Environments(Deferred(args)) => {
             logging::init(tracing::Level::WARN, logging::Style::Client);
             inspect::environments_main(args)
         }
-        Command::Info(args) => {
+        Command::Info(Deferred(args)) => {
             logging::init(tracing::Level::WARN, logging::Style::Client);
             inspect::info_main(args.connect, args.environment)
         }
         Command::Servers => servers::list_main(),
-        Command::Ps(args) => {
+        Command::Ps(Deferred(args)) => {
             logging::init(tracing::Level::WARN, logging::Style::Client);
             admin::ps_main(args)
         }
-        Command::Kill(args) => {
+        Command::Kill(Deferred(args)) => {
             logging::init(tracing::Level::WARN, logging::Style::Client);
             admin::kill_main(args)
         }
-        Command::ClientConfig(args) => servers::client_config_main(args),
-        Command::Completions(args) => generate::completions_main(args),
-        Command::Man(args) => generate::man_main(args),
-        Command::Cp(args) => {
+        Command::ClientConfig(Deferred(args)) => servers::client_config_main(args),
+        Command::Completions(Deferred(args)) => generate::completions_main(args),
+        Command::Man(Deferred(args)) => generate::man_main(args),
+        Command::Cp(Deferred(args)) => {
             logging::init(tracing::Level::WARN, logging::Style::Client);
             copy::main(args)
         }
