@@ -574,6 +574,7 @@ fn completions_man_pages_and_version_are_generated() {
             "capexec: cannot write the version: No space left on device\n"
         )
     );
+    let overview = text(&finish(common::cli::capexec(&["--help"]), None).stdout);
     for subcommand in [
         "run",
         "shell",
@@ -591,10 +592,13 @@ fn completions_man_pages_and_version_are_generated() {
     ] {
         let help = finish(common::cli::capexec(&[subcommand, "--help"]), None);
         assert_eq!(help.code, 0);
-        assert!(
-            text(&help.stdout).contains("Example: capexec "),
-            "{subcommand}"
-        );
+        let help = text(&help.stdout);
+        assert!(help.contains("Example: capexec "), "{subcommand}");
+        // A subcommand's help opens with its own text, the one the list
+        // of subcommands shows (not that of a struct of its arguments).
+        let listed = listed_about(&overview, subcommand);
+        let first = help.lines().next().unwrap_or_default();
+        assert_eq!(first.trim_end_matches('.'), listed, "{subcommand}");
     }
 }
 
@@ -658,4 +662,16 @@ fn an_upstream_can_be_a_named_server() {
                 .to_string()
         )
     );
+}
+
+/// The text `capexec --help` lists for `subcommand`.
+fn listed_about(overview: &str, subcommand: &str) -> String {
+    overview
+        .lines()
+        .find_map(|line| {
+            let mut words = line.trim_start().splitn(2, ' ');
+            (line.starts_with("  ") && words.next() == Some(subcommand))
+                .then(|| words.next().unwrap_or_default().trim().to_string())
+        })
+        .unwrap_or_else(|| panic!("{subcommand} is not listed in:\n{overview}"))
 }
