@@ -3,13 +3,13 @@
 //! std's line buffering.
 
 use std::fs::File;
-use std::io::{self, IoSlice, IsTerminal, Read, Write};
+use std::io::{self, IoSlice, IsTerminal, Write};
 use std::mem::ManuallyDrop;
 use std::os::fd::FromRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
 /// Most bytes of our stdin forwarded in one `write`: what a pipe holds
@@ -258,41 +258,45 @@ pub fn read_stdin() -> mpsc::Receiver<Option<Bytes>> {
     let spawned = std::thread::Builder::new()
         .name("capexec-stdin".into())
         .spawn(move || {
-            // SAFETY: as in write_fd, for fd 0.
-            let mut stdin = ManuallyDrop::new(unsafe { File::from_raw_fd(0) });
-            let mut buf = BytesMut::zeroed(STDIN_CHUNK);
+            // SAFETY: fd 0 stays open for the life of the process;
+            // ManuallyDrop keeps this File from closing it.
+            let stdin = ManuallyDrop::new(unsafe { File::from_raw_fd(0) });
+            // Read into spare capacity: zeroing each fresh buffer first
+            // cost more than the read itself.
+            let mut buf: Vec<u8> = Vec::with_capacity(STDIN_CHUNK);
             let mut ended = false;
             while !ended {
-                let mut filled = 0;
                 loop {
-                    match stdin.read(&mut buf[filled..]) {
+                    let spare = rustix::buffer::spare_capacity(&mut buf);
+                    match rustix::io::read(&*stdin, spare) {
                         Ok(0) => {
                             ended = true;
                             break;
                         }
-                        Ok(n) => filled += n,
-                        Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
-                        Err(error) => {
+                        Ok(_) => {}
+                        Err(rustix::io::Errno::INTR) => continue,
+                        Err(errno) => {
+                            let error = io::Error::from(errno);
                             tracing::warn!(%error, "reading stdin failed; closing the child's stdin");
                             ended = true;
                             break;
                         }
                     }
-                    if filled == STDIN_CHUNK || waiting_bytes(0) == 0 {
+                    if buf.len() >= STDIN_CHUNK || waiting_bytes(0) == 0 {
                         break;
                     }
                 }
-                if filled == 0 {
+                if buf.is_empty() {
                     continue;
                 }
                 // A small read is copied out and the buffer kept; a big one
                 // leaves as it is, without a copy.
-                let chunk = if filled < STDIN_COPY_BELOW {
-                    Bytes::copy_from_slice(&buf[..filled])
+                let chunk = if buf.len() < STDIN_COPY_BELOW {
+                    let chunk = Bytes::copy_from_slice(&buf);
+                    buf.clear();
+                    chunk
                 } else {
-                    let mut full = std::mem::replace(&mut buf, BytesMut::zeroed(STDIN_CHUNK));
-                    full.truncate(filled);
-                    full.freeze()
+                    Bytes::from(std::mem::replace(&mut buf, Vec::with_capacity(STDIN_CHUNK)))
                 };
                 if chunks.blocking_send(Some(chunk)).is_err() {
                     return;
