@@ -1216,9 +1216,11 @@ interface Directory {
   # content or the new, never a mix; if the server dies first, the target
   # is untouched (and an unnamed file vanishes with it; only a hidden
   # temporary, on a file system without O_TMPFILE, can stay behind, until
-  # a server's first write into that directory removes it: a writer holds
-  # a lock on its temporary for as long as it lives, and temporaries
-  # nobody holds are swept; writes in progress never are). A symlink as
+  # a server's first write into that directory removes it (or a later
+  # one, while it is younger than 10 s): a writer holds a lock on its
+  # temporary for as long as it lives, and temporaries nobody holds and
+  # nobody changed for 10 s are swept; writes in progress never are). A
+  # symlink as
   # the target is replaced, not followed. Durability is `sync`'s: without
   # it the new content survives the server's death (it is in the kernel's
   # page cache, written back as the kernel sees fit), not a power loss.

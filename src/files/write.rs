@@ -8,8 +8,9 @@
 //! write of a server into a directory sweeps those of writers that are
 //! gone. A writer holds an exclusive `flock` on its temporary for as
 //! long as it lives (the kernel drops it when the process dies, however
-//! it dies), so a temporary nobody holds is an orphan; and this process
-//! never sweeps its own writes in progress. Conditions on the target
+//! it dies), so a temporary nobody holds, and nobody changed for a
+//! while, is an orphan; and this process never sweeps its own writes in
+//! progress. Conditions on the target
 //! (exclusive, must exist, `ifVersion`) are checked when the write begins
 //! and again under one commit lock, so of two writers holding the same
 //! version exactly one succeeds.
@@ -121,10 +122,12 @@ fn tmpfile_hidden() -> bool {
 }
 
 /// Removes the orphaned hidden temporaries of directory `parent`, the
-/// first time this process writes into it: temporaries whose writer is
-/// gone (nobody holds their lock, and the process their name records is
-/// not running, or is this one and not writing it). Best effort: a
-/// directory that cannot be listed is left as it is.
+/// first time this process writes into it (and again at later writes
+/// while young ones are left): temporaries whose writer is gone (nobody
+/// holds their lock, nobody changed them for [`ORPHAN_MIN_AGE`], and the
+/// process their name records is not running, or is this one and not
+/// writing it). Best effort: a directory that cannot be listed is left as
+/// it is.
 fn sweep_once(parent: &OwnedFd) {
     let Ok(stat) = rustix::fs::fstat(parent) else {
         return;
@@ -139,7 +142,25 @@ fn sweep_once(parent: &OwnedFd) {
             return;
         }
     }
-    let _ = sweep(parent);
+    // Young orphans are left for a later write to look at again.
+    if matches!(sweep(parent), Ok(Swept::YoungOnesLeft)) {
+        lock(&SWEPT)
+            .get_or_insert_with(Default::default)
+            .remove(&(stat.st_dev, stat.st_ino));
+    }
+}
+
+/// An unlocked temporary is an orphan only once it is this old: a writer
+/// creates its temporary and locks it at once, and a sweeper that cannot
+/// tell whether the writer is running (its pid is in another pid
+/// namespace) must not take one in that instant.
+const ORPHAN_MIN_AGE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What a sweep left behind.
+enum Swept {
+    All,
+    /// Unlocked temporaries younger than [`ORPHAN_MIN_AGE`].
+    YoungOnesLeft,
 }
 
 /// The pid a temporary's name records (see [`temp_name`]).
@@ -150,7 +171,7 @@ fn temp_pid(name: &[u8]) -> Option<i32> {
     i32::from_str_radix(std::str::from_utf8(pid).ok()?, 16).ok()
 }
 
-fn sweep(parent: &OwnedFd) -> Result<(), Errno> {
+fn sweep(parent: &OwnedFd) -> Result<Swept, Errno> {
     let listed = open_beneath(
         parent,
         std::path::Path::new("."),
@@ -183,6 +204,7 @@ fn sweep(parent: &OwnedFd) -> Result<(), Errno> {
         }
         orphans.push(name);
     }
+    let mut outcome = Swept::All;
     for name in orphans {
         let Ok(file) = open_beneath(
             parent,
@@ -193,16 +215,36 @@ fn sweep(parent: &OwnedFd) -> Result<(), Errno> {
         ) else {
             continue;
         };
-        let orphaned = rustix::fs::fstat(&file)
-            .is_ok_and(|stat| rustix::fs::FileType::from_raw_mode(stat.st_mode).is_file())
+        let Ok(stat) = rustix::fs::fstat(&file) else {
+            continue;
+        };
+        let unlocked = rustix::fs::FileType::from_raw_mode(stat.st_mode).is_file()
             && rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
                 .is_ok();
-        if orphaned {
-            tracing::info!(name = ?name, "removed a temporary left by a writer that is gone");
-            let _ = rustix::fs::unlinkat(parent, name.as_os_str(), AtFlags::empty());
+        if !unlocked {
+            continue;
         }
+        if !old_enough(&stat) {
+            outcome = Swept::YoungOnesLeft;
+            continue;
+        }
+        tracing::info!(name = ?name, "removed a temporary left by a writer that is gone");
+        let _ = rustix::fs::unlinkat(parent, name.as_os_str(), AtFlags::empty());
     }
-    Ok(())
+    Ok(outcome)
+}
+
+/// Last modified at least [`ORPHAN_MIN_AGE`] ago (a time in the future,
+/// from a skewed clock, is young).
+fn old_enough(stat: &rustix::fs::Stat) -> bool {
+    let modified = std::time::UNIX_EPOCH
+        + std::time::Duration::new(
+            u64::try_from(stat.st_mtime).unwrap_or(0),
+            u32::try_from(stat.st_mtime_nsec).unwrap_or(0),
+        );
+    std::time::SystemTime::now()
+        .duration_since(modified)
+        .is_ok_and(|age| age >= ORPHAN_MIN_AGE)
 }
 
 fn temp_name() -> OsString {
@@ -640,6 +682,17 @@ mod tests {
         lock(&SWEPT).take();
     }
 
+    /// Makes `path` look last changed an hour ago.
+    fn backdate(path: &std::path::Path) {
+        let file = std::fs::File::options()
+            .write(true)
+            .open(path)
+            .expect("open");
+        let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        file.set_modified(hour_ago)
+            .expect("set the modification time");
+    }
+
     /// A pid no process has: one that has exited and been reaped.
     fn dead_pid() -> u32 {
         let mut child = std::process::Command::new("true")
@@ -654,6 +707,7 @@ mod tests {
         let (dir, fd) = scratch("gone");
         let orphan = format!("{TEMP_PREFIX}{:x}-7-1f{TEMP_SUFFIX}", dead_pid());
         std::fs::write(dir.join(&orphan), b"half an upload").expect("orphan");
+        backdate(&dir.join(&orphan));
         // Not temporaries of this shape: kept.
         std::fs::write(dir.join(".capexec-notes"), b"mine").expect("lookalike");
         std::fs::write(dir.join("kept"), b"data").expect("a file");
@@ -720,7 +774,27 @@ mod tests {
         drop(stdin);
         assert!(holder.wait().expect("wait").success());
         // Released (its writer gone): the next sweep takes it.
+        backdate(&path);
         forget_swept();
+        write_file(&fd, b"new", b"y", &WriteOptions::default()).expect("write");
+        assert_eq!(names(&dir), ["new"]);
+        std::fs::remove_dir_all(&dir).expect("clean up");
+    }
+
+    #[test]
+    fn a_fresh_unlocked_temporary_is_kept_until_it_is_old() {
+        let (dir, fd) = scratch("young");
+        // A writer whose pid this process cannot see (another pid
+        // namespace), in the instant between creating its temporary and
+        // locking it.
+        let young = format!("{TEMP_PREFIX}{:x}-3-3{TEMP_SUFFIX}", dead_pid());
+        let path = dir.join(&young);
+        std::fs::write(&path, b"just created").expect("temporary");
+        forget_swept();
+        write_file(&fd, b"new", b"x", &WriteOptions::default()).expect("write");
+        assert!(names(&dir).contains(&young), "a fresh temporary was swept");
+        // Left young, the directory is looked at again by the next write.
+        backdate(&path);
         write_file(&fd, b"new", b"y", &WriteOptions::default()).expect("write");
         assert_eq!(names(&dir), ["new"]);
         std::fs::remove_dir_all(&dir).expect("clean up");
