@@ -1220,10 +1220,10 @@ interface Directory {
   # one, while it is younger than 10 s): a writer holds a lock on its
   # temporary for as long as it lives, and temporaries nobody holds and
   # nobody changed for 10 s are swept; writes in progress never are). A
-  # symlink as
-  # the target is replaced, not followed. Durability is `sync`'s: without
-  # it the new content survives the server's death (it is in the kernel's
-  # page cache, written back as the kernel sees fit), not a power loss.
+  # symlink as the target is replaced, not followed. Durability is
+  # `sync`'s: without it the new content survives the server's death (it
+  # is in the kernel's page cache, written back as the kernel sees fit),
+  # not a power loss.
 
   upload @5 (path :Data, options :WriteOptions, size :UInt64, sizeKnown :Bool) -> (sink :UploadSink);
   # `writeFile` for content of any size, streamed: the client pushes the
