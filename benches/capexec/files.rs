@@ -29,6 +29,7 @@ pub async fn run(
     let big = dir.path().join("big");
     let size = plan.file_bytes;
     make_file(&big, size)?;
+    settle_disk();
     let sshd = Sshd::start(dir.path());
     if let Err(reason) = &sshd {
         eprintln!("files: no scp rows: {reason}");
@@ -74,6 +75,7 @@ pub async fn run(
 
         local_new.push(time_process("sh", &["-c", &cat_to_new], None)?);
         std::fs::remove_file(&copy)?;
+        settle_disk();
         let started = Instant::now();
         let file = tokio::fs::File::open(&big).await?;
         remote
@@ -81,10 +83,12 @@ pub async fn run(
             .await?;
         up_new.push(started.elapsed());
         std::fs::remove_file(&uploaded)?;
+        settle_disk();
 
         std::fs::write(&copy, old_content)?;
         local_replace.push(time_process("sh", &["-c", &cat_replacing], None)?);
         std::fs::remove_file(&copy)?;
+        settle_disk();
         std::fs::write(&uploaded, old_content)?;
         let started = Instant::now();
         let file = tokio::fs::File::open(&big).await?;
@@ -93,11 +97,13 @@ pub async fn run(
             .await?;
         up_replace.push(started.elapsed());
         std::fs::remove_file(&uploaded)?;
+        settle_disk();
 
         if let Ok(sshd) = &sshd {
             let to = dir.path().join("scp-copy");
             scp.push(sshd.scp(&[big.as_os_str(), sshd.remote(&to).as_ref()])?);
             std::fs::remove_file(&to)?;
+            settle_disk();
         }
     }
     let baseline = report.baseline(
@@ -251,6 +257,13 @@ pub async fn run(
         Some((format!("all {expected} entries"), seen == expected)),
     );
     Ok(())
+}
+
+/// Waits until nothing is being written back, so that the write-back a
+/// case started (ext4 starts one at a rename that replaces a file) is not
+/// charged to the next case.
+fn settle_disk() {
+    rustix::fs::sync();
 }
 
 fn make_file(path: &Path, size: u64) -> std::io::Result<()> {
