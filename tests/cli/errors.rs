@@ -322,15 +322,7 @@ fn addresses_and_programs_that_are_not_what_they_seem() {
 #[test]
 fn a_server_that_goes_away_is_named_as_such() {
     let mut served = Served::start();
-    let run = Watched::spawn(served.run(&[
-        "--connect",
-        &served.unix,
-        "-n",
-        "--",
-        "sh",
-        "-c",
-        "echo ready; exec sleep 1000",
-    ]));
+    let run = Watched::spawn(served.run_script("echo ready; exec sleep 1000"));
     run.wait_for_stdout("ready\n");
     served.child.kill().expect("kill the server");
     let _ = served.child.wait();

@@ -200,19 +200,13 @@ fn state_of(pid: u32) -> Option<char> {
 #[test]
 fn ctrl_z_stops_the_command_too_and_fg_continues_it() {
     let served = Served::start();
-    let run = Watched::spawn(served.run(&[
-        "--connect",
-        &served.unix,
-        "-n",
-        "--",
-        "sh",
-        "-c",
+    let run = Watched::spawn(served.run_script(
         // A loop of builtins: a shell that forks `sleep` over and over
         // can be caught waiting on a vfork child that the same SIGSTOP
         // stopped before its exec, and then shows as D, not T, until it
         // is continued.
         "trap 'exit 7' TERM; echo \"pid-$$-\"; while :; do :; done",
-    ]));
+    ));
     run.wait_for_stdout("-\n");
     let remote = common::pid_after(&run.stdout_text(), "pid-");
     let local = run.child.id();

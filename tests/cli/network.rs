@@ -107,15 +107,9 @@ fn run_connect_behaves_like_the_embedded_executor_over_both_transports() {
 #[test]
 fn signals_are_forwarded_to_a_remote_child() {
     let served = Served::start();
-    let (mut child, line) = spawn_until_first_line(served.run(&[
-        "--connect",
-        &served.unix,
-        "-n",
-        "--",
-        "sh",
-        "-c",
-        "trap 'exit 7' TERM; echo ready; while :; do sleep 0.01; done",
-    ]));
+    let (mut child, line) = spawn_until_first_line(
+        served.run_script("trap 'exit 7' TERM; echo ready; while :; do sleep 0.01; done"),
+    );
     assert_eq!(line, "ready\n");
     kill(&child, libc::SIGTERM);
     assert_eq!(wait(&mut child), 7);

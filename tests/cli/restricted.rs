@@ -198,15 +198,7 @@ fn refusals_name_the_serve_flags() {
                 .to_string()
         )
     );
-    let busy = common::cli::Watched::spawn(served.run(&[
-        "--connect",
-        &served.unix,
-        "-n",
-        "--",
-        "sh",
-        "-c",
-        "echo busy; exec sleep 1000",
-    ]));
+    let busy = common::cli::Watched::spawn(served.run_script("echo busy; exec sleep 1000"));
     busy.wait_for_stdout("busy\n");
     let (code, stderr) = refused(&["-n", "--", "sh", "-c", "true"]);
     assert_eq!(code, 125);

@@ -285,18 +285,7 @@ fn a_server_killed_with_sigkill_leaves_its_limits_cgroups_behind_neither() {
 fn a_run_is_in_its_cgroup_with_and_without_clone_into_cgroup() {
     for extra in [&[][..], &["--hide-kernel-feature", "clone-into-cgroup"][..]] {
         let served = Served::start_with(extra);
-        let done = finish(
-            served.run(&[
-                "--connect",
-                &served.unix,
-                "-n",
-                "--",
-                "sh",
-                "-c",
-                "grep '^0::' /proc/self/cgroup",
-            ]),
-            None,
-        );
+        let done = finish(served.run_script("grep '^0::' /proc/self/cgroup"), None);
         assert_eq!(done.code, 0, "{}", text(&done.stderr));
         let line = text(&done.stdout);
         let root = format!("/capexec-{}-", served.child.id());
@@ -315,15 +304,9 @@ fn a_run_is_in_its_cgroup_with_and_without_clone_into_cgroup() {
 #[test]
 fn a_server_killed_with_sigkill_leaves_nothing_behind() {
     let served = Served::start();
-    let (mut run, first) = spawn_reading_first_line(served.run(&[
-        "--connect",
-        &served.unix,
-        "-n",
-        "--",
-        "sh",
-        "-c",
-        "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $!; exec sleep 300",
-    ]));
+    let (mut run, first) = spawn_reading_first_line(
+        served.run_script("setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $!; exec sleep 300"),
+    );
     let left: u32 = first.trim().parse().expect("pid");
     assert!(alive(left));
     let server = served.child.id();

@@ -187,6 +187,11 @@ impl Served {
         self.command("run", args)
     }
 
+    /// `capexec run --connect` this server `-n -- sh -c SCRIPT`.
+    pub fn run_script(&self, script: &str) -> Command {
+        self.run(&["--connect", &self.unix, "-n", "--", "sh", "-c", script])
+    }
+
     /// Another `capexec` subcommand, with the same clean environment.
     pub fn command(&self, subcommand: &str, args: &[&str]) -> Command {
         let mut command = Command::new(BIN);
