@@ -386,11 +386,7 @@ fn forward_resume_keeps_forwarding_after_the_server_comes_back() {
     let path = home.path().join("capexec.sock");
     let mut server = serve_at(&path, home.path());
     let port = answering_servers();
-    let mut command = served_command(home.path(), "forward");
-    command
-        .args(["--connect", &format!("unix:{}", path.display())])
-        .args(["--resume", "60", "-L", &format!("0:127.0.0.1:{port}")]);
-    let forward = Watched::spawn(command);
+    let forward = resumable_forward(home.path(), &path, port);
     let (_, local) = listening_port(&forward, "-L ");
     assert_eq!(exchange(local, b"first"), expected_answer(b"first"));
 
@@ -408,6 +404,16 @@ fn forward_resume_keeps_forwarding_after_the_server_comes_back() {
     assert_eq!(done.code, 0, "{}", text(&done.stderr));
     let _ = server.kill();
     let _ = server.wait();
+}
+
+/// `capexec forward --resume 60 -L 0:127.0.0.1:PORT` through the server
+/// at `socket`, with a clean environment in `home`.
+fn resumable_forward(home: &std::path::Path, socket: &std::path::Path, port: u16) -> Watched {
+    let mut command = served_command(home, "forward");
+    command
+        .args(["--connect", &format!("unix:{}", socket.display())])
+        .args(["--resume", "60", "-L", &format!("0:127.0.0.1:{port}")]);
+    Watched::spawn(command)
 }
 
 /// A `capexec` subcommand with a clean environment in `home`.
@@ -471,11 +477,7 @@ fn forward_resume_fails_open_connections_with_an_error_and_carries_new_ones() {
     let path = home.path().join("capexec.sock");
     let mut server = serve_at(&path, home.path());
     let port = greeting_servers();
-    let mut command = served_command(home.path(), "forward");
-    command
-        .args(["--connect", &format!("unix:{}", path.display())])
-        .args(["--resume", "60", "-L", &format!("0:127.0.0.1:{port}")]);
-    let forward = Watched::spawn(command);
+    let forward = resumable_forward(home.path(), &path, port);
     let (_, local) = listening_port(&forward, "-L ");
     let mut open = TcpStream::connect(("127.0.0.1", local)).expect("connect");
     let from = open.local_addr().expect("address").port();
