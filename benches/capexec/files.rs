@@ -73,31 +73,13 @@ pub async fn run(
             return Err(format!("download: {got} of {size} bytes").into());
         }
 
-        local_new.push(time_process("sh", &["-c", &cat_to_new], None)?);
-        std::fs::remove_file(&copy)?;
-        settle_disk();
-        let started = Instant::now();
-        let file = tokio::fs::File::open(&big).await?;
-        remote
-            .upload("uploaded", file, &WriteOptions::default(), Some(size))
-            .await?;
-        up_new.push(started.elapsed());
-        std::fs::remove_file(&uploaded)?;
-        settle_disk();
+        local_new.push(timed_writing(&cat_to_new, &copy)?);
+        up_new.push(timed_upload(&remote, &big, size, &uploaded).await?);
 
         std::fs::write(&copy, old_content)?;
-        local_replace.push(time_process("sh", &["-c", &cat_replacing], None)?);
-        std::fs::remove_file(&copy)?;
-        settle_disk();
+        local_replace.push(timed_writing(&cat_replacing, &copy)?);
         std::fs::write(&uploaded, old_content)?;
-        let started = Instant::now();
-        let file = tokio::fs::File::open(&big).await?;
-        remote
-            .upload("uploaded", file, &WriteOptions::default(), Some(size))
-            .await?;
-        up_replace.push(started.elapsed());
-        std::fs::remove_file(&uploaded)?;
-        settle_disk();
+        up_replace.push(timed_upload(&remote, &big, size, &uploaded).await?);
 
         if let Ok(sshd) = &sshd {
             let to = dir.path().join("scp-copy");
@@ -257,6 +239,36 @@ pub async fn run(
         Some((format!("all {expected} entries"), seen == expected)),
     );
     Ok(())
+}
+
+/// The time of shell `line`, which writes `written`; the file is then
+/// removed and the disk left to settle, untimed.
+fn timed_writing(line: &str, written: &Path) -> Result<Duration, Box<dyn Error>> {
+    let took = time_process("sh", &["-c", line], None)?;
+    std::fs::remove_file(written)?;
+    settle_disk();
+    Ok(took)
+}
+
+/// The time of uploading `big` (`size` bytes) to `uploaded` (a file
+/// directly in `remote`), which is then removed and the disk left to
+/// settle, untimed.
+async fn timed_upload(
+    remote: &Directory,
+    big: &Path,
+    size: u64,
+    uploaded: &Path,
+) -> Result<Duration, Box<dyn Error>> {
+    let name = uploaded.file_name().ok_or("an upload names a file")?;
+    let started = Instant::now();
+    let file = tokio::fs::File::open(big).await?;
+    remote
+        .upload(name, file, &WriteOptions::default(), Some(size))
+        .await?;
+    let took = started.elapsed();
+    std::fs::remove_file(uploaded)?;
+    settle_disk();
+    Ok(took)
 }
 
 /// Waits until nothing is being written back, so that the write-back a
