@@ -262,8 +262,7 @@ interface Executor {
   # `[capexec:not-allowed]`; `[capexec:unsupported]` on a kernel without
   # openat2 (Linux < 5.6), where no confinement could be enforced.
 
-  dial @7 (address :Text, fromSocket :PortSink)
-      -> (connection :PortConnection, toSocket :PortSink, info :PortConnectionInfo);
+  dial @7 PortDialParams -> PortDialResults;
   # Opens a connection to `address` from the executor's machine (see
   # "Ports" below for addresses, the two sinks and the connection's life)
   # and returns once it is connected: what the socket's peer sends goes to
@@ -291,8 +290,7 @@ interface Executor {
   # `end` nor `fail` (a client must read that as an error, never as end
   # of file) and calls on `toSocket` fail as disconnected.
 
-  listen @8 (address :Text, acceptor :PortAcceptor)
-      -> (listener :PortListener, address :Text);
+  listen @8 PortListenParams -> PortListenResults;
   # Listens on `address` on the executor's machine (`tcp:HOST:0` lets the
   # kernel choose a free port; a host name is resolved and its first
   # address used) and hands each accepted connection to
@@ -415,7 +413,8 @@ struct ExecutorInfo {
   #   (`Executor.directory`), "files" (every `Directory` method up to
   #   `info`, with `FileStat.version` and `ifVersion`), "file-watch"
   #   (`Directory.watch`), "directory-executor" (`Directory.executor`), "file-batches"
-  #   (`Directory.writeFiles`, `Directory.readFiles`), "ports" (`Executor.dial`, `Executor.listen`).
+  #   (`Directory.writeFiles`, `Directory.readFiles`), "ports" (`Executor.dial`, `Executor.listen`),
+  #   "process-ports" (`Process.dial`, `Process.listen`).
   # Clients must ignore names they do not know.
 
   os @2 :Text;
@@ -715,6 +714,32 @@ interface Process {
   # interrupt, quit and suspend characters: hand one out only where that is
   # meant.
 
+  dial @11 PortDialParams -> PortDialResults;
+  # `Executor.dial` tied to this capability: a connection opened from the
+  # machine of the executor that started (or restored) the process, under
+  # that executor's rules (`ports.dial`) and counted against its
+  # connection's limits, exactly as that executor's `dial` would open it,
+  # which also ends when this `Process` capability is released (its last
+  # reference, whoever holds it): the server then resets the connection
+  # (see "Ports") unless both directions have already ended, whether or
+  # not the `PortConnection` is still held. For a forward that lives
+  # exactly as long as the work it serves (a debugger, a dev server), so
+  # nothing keeps it open after the process's owner let go. The forward
+  # does not end when the child exits: bytes the child wrote before it
+  # exited still reach the caller. A capability from `restore` is another
+  # capability: forwards made through an earlier one ended with it.
+  # Through chained executors the call is the far end's, as every
+  # `Process` call is. Feature "process-ports".
+  #
+  # Errors: as `Executor.dial`, and `[capexec:forbidden]` on a facet.
+
+  listen @12 PortListenParams -> PortListenResults;
+  # `Executor.listen` tied to this capability, as `dial` above: when this
+  # `Process` capability is released, the socket stops listening (a Unix
+  # socket's file is removed) and every connection it accepted that is
+  # still open is reset. Feature "process-ports".
+  #
+  # Errors: as `Executor.listen`, and `[capexec:forbidden]` on a facet.
 }
 
 struct ReadResult {
@@ -1583,7 +1608,8 @@ interface Watch {
 #
 # `Executor.dial` and `Executor.listen` open sockets on the
 # machine where the executor runs its processes, as `ssh -L` and `ssh -R`
-# do. Addresses are text:
+# do; `Process.dial` and `Process.listen` do the same for as long as a
+# process's capability is held. Addresses are text:
 #   tcp:HOST:PORT  HOST is a name (resolved on that machine), an IPv4
 #                  address, or an IPv6 address in brackets ("[::1]");
 #                  PORT is 1 to 65535, or 0 for `listen` (the kernel
@@ -1613,11 +1639,52 @@ interface Watch {
 # Failures are never a clean end of file: a connection reset by its peer,
 # a failed read or write, a `fail` from the client, the client's
 # `fromSocket` failing or being released, or the release of the
-# `PortConnection` or the `PortListener` it came from, reset the socket
+# `PortConnection`, of the `PortListener` it came from or of the
+# `Process` it was made through, reset the socket
 # (TCP: RST, so the socket's peer reads ECONNRESET; a Unix socket's peer
 # sees it closed) and report the failure
 # on both sinks: `fromSocket` gets `fail` with the reason, and calls on
 # `toSocket` fail with `[capexec:socket-failed]` and the reason.
+
+struct PortDialParams {
+  # `Executor.dial` and `Process.dial`. (Once their parameter list: the
+  # struct is encoded as the list was, so old peers speak it unchanged.)
+
+  address @0 :Text;
+  # Where to connect, as above.
+
+  fromSocket @1 :PortSink;
+  # The caller's sink for what the socket's peer sends.
+}
+
+struct PortDialResults {
+  connection @0 :PortConnection;
+  # Holding it keeps the connection open.
+
+  toSocket @1 :PortSink;
+  # The server's sink: what is written to it goes to the socket's peer.
+
+  info @2 :PortConnectionInfo;
+}
+
+struct PortListenParams {
+  # `Executor.listen` and `Process.listen` (encoded as their parameter
+  # list was).
+
+  address @0 :Text;
+  # Where to listen, as above.
+
+  acceptor @1 :PortAcceptor;
+  # The caller's, handed each accepted connection.
+}
+
+struct PortListenResults {
+  listener @0 :PortListener;
+  # Holding it keeps the socket listening.
+
+  address @1 :Text;
+  # The address it listens on, with the port the kernel chose.
+}
 
 interface PortSink {
   # One direction of a connection's bytes, implemented by the receiver.

@@ -23,7 +23,10 @@ use futures::future::LocalBoxFuture;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::capexec_capnp::{executor, port_acceptor, port_connection, port_listener, port_sink};
+use crate::capexec_capnp::{
+    executor, port_acceptor, port_connection, port_dial_params, port_dial_results,
+    port_listen_params, port_listen_results, port_listener, port_sink,
+};
 use crate::client::Error;
 use crate::model::{PortConnectionInfo, Refusal, RefusalKind};
 use crate::wire::{self, PortBudget, PortSender};
@@ -298,11 +301,25 @@ fn new_inbox() -> (SharedInbox, port_sink::Client) {
     (inbox, sink)
 }
 
+/// A call of `Executor.dial` or `Process.dial`, not sent yet.
+pub(crate) type DialRequest =
+    capnp::capability::Request<port_dial_params::Owned, port_dial_results::Owned>;
+/// A call of `Executor.listen` or `Process.listen`, not sent yet.
+pub(crate) type ListenRequest =
+    capnp::capability::Request<port_listen_params::Owned, port_listen_results::Owned>;
+
 /// A connection to `address` (`tcp:HOST:PORT` or `unix:PATH`) opened from
 /// `executor`'s machine.
 pub async fn dial(executor: &executor::Client, address: &str) -> Result<PortStream, Error> {
+    dial_with(executor.dial_request(), address).await
+}
+
+/// The connection `request` opens to `address`.
+pub(crate) async fn dial_with(
+    mut request: DialRequest,
+    address: &str,
+) -> Result<PortStream, Error> {
     let (inbox, sink) = new_inbox();
-    let mut request = executor.dial_request();
     request.get().set_address(address);
     request.get().set_from_socket(sink);
     let response = request.send().promise.await?;
@@ -371,9 +388,16 @@ impl port_acceptor::Server for Acceptor {
 
 /// Listens on `address` on `executor`'s machine.
 pub async fn listen(executor: &executor::Client, address: &str) -> Result<PortListener, Error> {
+    listen_with(executor.listen_request(), address).await
+}
+
+/// The listener `request` makes on `address`.
+pub(crate) async fn listen_with(
+    mut request: ListenRequest,
+    address: &str,
+) -> Result<PortListener, Error> {
     let (incoming, receiver) = mpsc::channel(1);
     let acceptor: port_acceptor::Client = capnp_rpc::new_client(Acceptor { incoming });
-    let mut request = executor.listen_request();
     request.get().set_address(address);
     request.get().set_acceptor(acceptor);
     let response = request.send().promise.await?;

@@ -7,7 +7,7 @@ use futures::StreamExt;
 use tokio::task::JoinHandle;
 
 use crate::capexec_capnp::process;
-use crate::client::{Error, EventStream, events};
+use crate::client::{Error, EventStream, PortListener, PortStream, events, ports};
 use crate::model::{
     Event, EventBody, ExitStatus, ProcessSnapshot, PtySize, ReadOutcome, Signal, WriteStatus,
 };
@@ -64,6 +64,21 @@ impl RemoteProcess {
 
     pub fn capability(&self) -> &process::Client {
         &self.cap
+    }
+
+    /// A connection to `address` opened from the process's machine, as
+    /// [`crate::client::dial`] opens one, that also ends (is reset) when
+    /// the process's capability is released: a forward that cannot
+    /// outlive the work it serves.
+    pub async fn dial(&self, address: &str) -> Result<PortStream, Error> {
+        ports::dial_with(self.cap.dial_request(), address).await
+    }
+
+    /// Listens on `address` on the process's machine, as
+    /// [`crate::client::listen`] does, until the process's capability is
+    /// released (or the listener is dropped).
+    pub async fn listen(&self, address: &str) -> Result<PortListener, Error> {
+        ports::listen_with(self.cap.listen_request(), address).await
     }
 
     /// Events after `after_seq`; waits up to `wait` for the first one.

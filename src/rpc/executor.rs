@@ -15,6 +15,7 @@ use crate::rpc::context::{Place, ServerContext};
 use crate::rpc::detach::Held;
 use crate::rpc::forward::ForwardingExecutor;
 use crate::rpc::info;
+use crate::rpc::ports::ProcessPorts;
 use crate::rpc::process::ProcessImpl;
 use crate::rpc::quota::Quota;
 use crate::wire;
@@ -87,9 +88,14 @@ impl ExecutorImpl {
 
     /// What `dial` and `listen` may use: the rules', or any address.
     fn port_rules(&self) -> &crate::ports::PortRules {
-        static UNRESTRICTED: std::sync::LazyLock<crate::ports::PortRules> =
-            std::sync::LazyLock::new(crate::ports::PortRules::unrestricted);
-        self.rules.as_deref().map_or(&UNRESTRICTED, Rules::ports)
+        crate::rpc::ports::port_rules(self.rules.as_deref())
+    }
+
+    /// A new owner capability for `held`, whose forwards follow this
+    /// executor's rules and count against its connection.
+    fn process_capability(&self, held: Rc<Held>) -> crate::capexec_capnp::process::Client {
+        let ports = ProcessPorts::new(self.rules.clone(), self.quota.ports().clone());
+        capnp_rpc::new_client(ProcessImpl::new(held, ports))
     }
 }
 
@@ -175,9 +181,7 @@ impl executor::Server for ExecutorImpl {
         }
         let held = Held::new(owner, self.context.detachments(), ticket);
         self.context.processes().add(&held, &spec);
-        results
-            .get()
-            .set_process(capnp_rpc::new_client(ProcessImpl::new(held)));
+        results.get().set_process(self.process_capability(held));
         Ok(())
     }
 
@@ -191,9 +195,7 @@ impl executor::Server for ExecutorImpl {
         let ticket = self.quota.take()?;
         let held = self.context.detachments().restore(token)?;
         held.count_against(ticket);
-        results
-            .get()
-            .set_process(capnp_rpc::new_client(ProcessImpl::new(held)));
+        results.get().set_process(self.process_capability(held));
         Ok(())
     }
 
@@ -295,7 +297,7 @@ impl executor::Server for ExecutorImpl {
         params: executor::DialParams,
         results: executor::DialResults,
     ) -> Result<(), capnp::Error> {
-        crate::rpc::ports::dial(self.port_rules(), self.quota.ports(), params, results).await
+        crate::rpc::ports::dial(self.port_rules(), self.quota.ports(), params, results, None).await
     }
 
     async fn listen(
@@ -303,7 +305,8 @@ impl executor::Server for ExecutorImpl {
         params: executor::ListenParams,
         results: executor::ListenResults,
     ) -> Result<(), capnp::Error> {
-        crate::rpc::ports::listen(self.port_rules(), self.quota.ports(), params, results).await
+        crate::rpc::ports::listen(self.port_rules(), self.quota.ports(), params, results, None)
+            .await
     }
 }
 

@@ -18,7 +18,11 @@ use capnp::Error;
 use tokio::sync::{Notify, Semaphore, oneshot};
 use tokio::task::{AbortHandle, spawn_local};
 
-use crate::capexec_capnp::{port_acceptor, port_connection, port_listener, port_sink};
+use crate::capexec_capnp::{
+    port_acceptor, port_connection, port_dial_params, port_dial_results, port_listen_params,
+    port_listen_results, port_listener, port_sink,
+};
+use crate::engine::Rules;
 use crate::model::{PortUse, Refusal, RefusalKind, excerpt, io_message, port_address};
 use crate::ports::{Listening, PortRules, Socket, socket_failure};
 use crate::rpc::port_quota::{PortQuota, PortTicket};
@@ -107,6 +111,19 @@ impl Connection {
             spawn_local(async move {
                 let _ = answer.await;
             });
+        }
+    }
+
+    /// Ends the connection for good: closes a socket whose two directions
+    /// ended cleanly, resets any other for `reason`.
+    fn release(&self, reason: &str) {
+        if self.to_ended.get() && self.from_ended.get() {
+            self.socket.borrow_mut().take();
+        } else {
+            self.reset(reason);
+        }
+        for task in self.tasks.borrow_mut().drain(..) {
+            task.abort();
         }
     }
 
@@ -378,15 +395,8 @@ impl port_connection::Server for ConnectionHandle {}
 
 impl Drop for ConnectionHandle {
     fn drop(&mut self) {
-        let connection = &self.connection;
-        if connection.to_ended.get() && connection.from_ended.get() {
-            connection.socket.borrow_mut().take();
-        } else {
-            connection.reset("the connection's capability was released");
-        }
-        for task in connection.tasks.borrow_mut().drain(..) {
-            task.abort();
-        }
+        self.connection
+            .release("the connection's capability was released");
     }
 }
 
@@ -419,21 +429,161 @@ fn start_reading(connection: &Rc<Connection>, from_socket: port_sink::Client, qu
     connection.track(reader.abort_handle());
 }
 
-/// `Executor.dial` on this machine under `rules`.
+/// `Executor.dial` and `Process.dial` (their parameters and results).
+pub(crate) type DialParams = capnp::capability::Params<port_dial_params::Owned>;
+pub(crate) type DialResults = capnp::capability::Results<port_dial_results::Owned>;
+/// `Executor.listen` and `Process.listen`.
+pub(crate) type ListenParams = capnp::capability::Params<port_listen_params::Owned>;
+pub(crate) type ListenResults = capnp::capability::Results<port_listen_results::Owned>;
+
+/// The rules of an executor's ports: `rules`' if it is restricted.
+pub(crate) fn port_rules(rules: Option<&Rules>) -> &PortRules {
+    static UNRESTRICTED: std::sync::LazyLock<PortRules> =
+        std::sync::LazyLock::new(PortRules::unrestricted);
+    rules.map_or(&UNRESTRICTED, Rules::ports)
+}
+
+/// The forwards made through one `Process` capability (`Process.dial`,
+/// `Process.listen`): they end when it is released, which drops this.
+#[derive(Default)]
+pub(crate) struct Tied {
+    connections: RefCell<Vec<Weak<Connection>>>,
+    listeners: RefCell<Vec<Weak<Listener>>>,
+}
+
+/// Why the forwards of a released process end.
+const PROCESS_RELEASED: &str = "the process's capability was released";
+
+impl Tied {
+    fn add_connection(&self, connection: &Rc<Connection>) {
+        let mut list = self.connections.borrow_mut();
+        list.retain(|weak| weak.strong_count() > 0);
+        list.push(Rc::downgrade(connection));
+    }
+
+    fn add_listener(&self, listener: &Rc<Listener>) {
+        let mut list = self.listeners.borrow_mut();
+        list.retain(|weak| weak.strong_count() > 0);
+        list.push(Rc::downgrade(listener));
+    }
+}
+
+impl Drop for Tied {
+    fn drop(&mut self) {
+        for connection in self.connections.get_mut().drain(..) {
+            if let Some(connection) = connection.upgrade() {
+                connection.release(PROCESS_RELEASED);
+            }
+        }
+        for listener in self.listeners.get_mut().drain(..) {
+            if let Some(listener) = listener.upgrade() {
+                listener.close(PROCESS_RELEASED);
+            }
+        }
+    }
+}
+
+/// What a process's owner capability needs for `Process.dial` and
+/// `Process.listen`: the rules and the limits of the executor that started
+/// (or restored) the process, and the forwards made through it so far.
+pub(crate) struct ProcessPorts {
+    rules: Option<Rc<Rules>>,
+    quota: PortQuota,
+    tied: Rc<Tied>,
+}
+
+impl ProcessPorts {
+    pub(crate) fn new(rules: Option<Rc<Rules>>, quota: PortQuota) -> ProcessPorts {
+        ProcessPorts {
+            rules,
+            quota,
+            tied: Rc::default(),
+        }
+    }
+
+    /// `Process.dial`. Holds the capability's forwards only weakly while
+    /// it connects, so a release meanwhile is not delayed.
+    pub(crate) fn dial(
+        &self,
+        params: DialParams,
+        results: DialResults,
+    ) -> impl Future<Output = Result<(), Error>> + 'static + use<> {
+        let (rules, quota, tie) = self.parts();
+        async move {
+            dial(
+                port_rules(rules.as_deref()),
+                &quota,
+                params,
+                results,
+                Some(tie),
+            )
+            .await
+        }
+    }
+
+    /// `Process.listen`, as [`ProcessPorts::dial`].
+    pub(crate) fn listen(
+        &self,
+        params: ListenParams,
+        results: ListenResults,
+    ) -> impl Future<Output = Result<(), Error>> + 'static + use<> {
+        let (rules, quota, tie) = self.parts();
+        async move {
+            listen(
+                port_rules(rules.as_deref()),
+                &quota,
+                params,
+                results,
+                Some(tie),
+            )
+            .await
+        }
+    }
+
+    /// What a call needs, owned, with the forwards held weakly.
+    fn parts(&self) -> (Option<Rc<Rules>>, PortQuota, Weak<Tied>) {
+        (
+            self.rules.clone(),
+            self.quota.clone(),
+            Rc::downgrade(&self.tied),
+        )
+    }
+}
+
+/// The forwards of `tie`, if the call is tied to a process's capability
+/// and it is still held; else the refusal of a forward made too late.
+fn tied_to(tie: Option<&Weak<Tied>>) -> Result<Option<Rc<Tied>>, Refusal> {
+    match tie {
+        None => Ok(None),
+        Some(tie) => tie
+            .upgrade()
+            .map(Some)
+            .ok_or_else(|| Refusal::new(RefusalKind::SocketFailed, PROCESS_RELEASED)),
+    }
+}
+
+/// `Executor.dial` on this machine under `rules`, or `Process.dial` with
+/// the process's capability's forwards as `tie`.
 pub(crate) async fn dial(
     rules: &PortRules,
     quota: &PortQuota,
-    params: crate::capexec_capnp::executor::DialParams,
-    mut results: crate::capexec_capnp::executor::DialResults,
+    params: DialParams,
+    mut results: DialResults,
+    tie: Option<Weak<Tied>>,
 ) -> Result<(), Error> {
     let params = params.get()?;
     let asked = text_param(params.get_address())?;
     let from_socket = params.get_from_socket()?;
     let address = port_address(&asked, PortUse::Dial)?;
+    tied_to(tie.as_ref())?;
     let ticket = quota.take_stream()?;
     let socket = crate::ports::dial(&address, &asked, rules).await?;
+    let tied = tied_to(tie.as_ref())?;
     let info = socket.info();
     let (connection, handle, to_socket) = open(socket, ticket);
+    if let Some(tied) = tied {
+        tied.add_connection(&connection);
+    }
     start_reading(&connection, from_socket, quota);
     let mut results = results.get();
     results.set_connection(handle);
@@ -457,10 +607,28 @@ fn text_param(text: capnp::Result<capnp::text::Reader<'_>>) -> Result<String, Re
     })
 }
 
-/// `PortListener`: holding it keeps the socket listening.
-struct ListenerHandle {
+/// A listening socket's accept loop and the connections it accepted.
+struct Listener {
     accepting: AbortHandle,
     accepted: Rc<RefCell<Vec<Weak<Connection>>>>,
+}
+
+impl Listener {
+    /// Stops listening (the loop owns the socket) and resets every
+    /// accepted connection still open.
+    fn close(&self, reason: &str) {
+        self.accepting.abort();
+        for connection in self.accepted.borrow_mut().drain(..) {
+            if let Some(connection) = connection.upgrade() {
+                connection.reset(reason);
+            }
+        }
+    }
+}
+
+/// `PortListener`: holding it keeps the socket listening.
+struct ListenerHandle {
+    listener: Rc<Listener>,
     _ticket: PortTicket,
 }
 
@@ -468,28 +636,28 @@ impl port_listener::Server for ListenerHandle {}
 
 impl Drop for ListenerHandle {
     fn drop(&mut self) {
-        self.accepting.abort();
-        for connection in self.accepted.borrow_mut().drain(..) {
-            if let Some(connection) = connection.upgrade() {
-                connection.reset("the listener was released");
-            }
-        }
+        self.listener.close("the listener was released");
     }
 }
 
-/// `Executor.listen` on this machine under `rules`.
+/// `Executor.listen` on this machine under `rules`, or `Process.listen`
+/// with the process's capability's forwards as `tie`.
 pub(crate) async fn listen(
     rules: &PortRules,
     quota: &PortQuota,
-    params: crate::capexec_capnp::executor::ListenParams,
-    mut results: crate::capexec_capnp::executor::ListenResults,
+    params: ListenParams,
+    mut results: ListenResults,
+    tie: Option<Weak<Tied>>,
 ) -> Result<(), Error> {
     let params = params.get()?;
     let asked = text_param(params.get_address())?;
     let acceptor = params.get_acceptor()?;
     let address = port_address(&asked, PortUse::Listen)?;
+    tied_to(tie.as_ref())?;
     let ticket = quota.take_listener()?;
     let listening = crate::ports::listen(&address, &asked, rules).await?;
+    // Dropped (a Unix socket's file removed) if the process went meanwhile.
+    let tied = tied_to(tie.as_ref())?;
     let bound = listening.address().to_string();
     let accepted = Rc::new(RefCell::new(Vec::new()));
     let accepting = spawn_local(accept_loop(
@@ -499,10 +667,16 @@ pub(crate) async fn listen(
         Rc::clone(&accepted),
     ))
     .abort_handle();
-    let mut results = results.get();
-    results.set_listener(capnp_rpc::new_client(ListenerHandle {
+    let listener = Rc::new(Listener {
         accepting,
         accepted,
+    });
+    if let Some(tied) = tied {
+        tied.add_listener(&listener);
+    }
+    let mut results = results.get();
+    results.set_listener(capnp_rpc::new_client(ListenerHandle {
+        listener,
         _ticket: ticket,
     }));
     results.set_address(bound.as_str());

@@ -14,6 +14,7 @@ use crate::capexec_capnp::process;
 use crate::engine::Process;
 use crate::model::{PtySize, Refusal, RefusalKind};
 use crate::rpc::detach::Held;
+use crate::rpc::ports::{DialParams, DialResults, ListenParams, ListenResults, ProcessPorts};
 use crate::rpc::quota::Ticket;
 use crate::rpc::subscription::SubscriptionImpl;
 use crate::wire;
@@ -31,8 +32,9 @@ pub struct ProcessImpl {
 
 /// What a `Process` capability may do.
 enum Access {
-    /// Everything; shares the process's ownership.
-    Owner(Rc<Held>),
+    /// Everything; shares the process's ownership, and ends the forwards
+    /// made through it when it goes.
+    Owner(Rc<Held>, ProcessPorts),
     /// [`OBSERVER_CALLS`].
     Observer(Facet),
     /// [`STDIN_WRITER_CALLS`]; its write ids are its own.
@@ -57,6 +59,7 @@ pub(crate) const PROCESS_FEATURES: &[&str] = &[
     "facets",
     "timeout",
     "usage",
+    "process-ports",
 ];
 
 /// What an observer may call (the schema's `Process.observer`).
@@ -96,10 +99,10 @@ struct Facet {
 static WRITERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl ProcessImpl {
-    pub(crate) fn new(held: Rc<Held>) -> ProcessImpl {
+    pub(crate) fn new(held: Rc<Held>, ports: ProcessPorts) -> ProcessImpl {
         held.capability_made();
         ProcessImpl {
-            access: Access::Owner(held),
+            access: Access::Owner(held, ports),
         }
     }
 
@@ -118,7 +121,7 @@ impl ProcessImpl {
     /// alive).
     fn process(&self) -> &Process {
         match &self.access {
-            Access::Owner(held) => held.owner(),
+            Access::Owner(held, _) => held.owner(),
             Access::Observer(facet) | Access::StdinWriter(facet, _) => &facet.process,
         }
     }
@@ -126,7 +129,7 @@ impl ProcessImpl {
     /// The refusal of `call` if this capability may not make it.
     fn check(&self, call: &str) -> Result<(), Refusal> {
         let (facet, allowed) = match &self.access {
-            Access::Owner(_) => return Ok(()),
+            Access::Owner(..) => return Ok(()),
             Access::Observer(_) => ("an observer", OBSERVER_CALLS),
             Access::StdinWriter(..) => ("a stdin writer", STDIN_WRITER_CALLS),
         };
@@ -144,9 +147,14 @@ impl ProcessImpl {
 
     /// The owner's share, if this capability may make `call`.
     fn owner(&self, call: &str) -> Result<&Rc<Held>, Refusal> {
+        self.owned(call).map(|(held, _)| held)
+    }
+
+    /// The owner's share and forwards, if this capability may make `call`.
+    fn owned(&self, call: &str) -> Result<(&Rc<Held>, &ProcessPorts), Refusal> {
         self.check(call)?;
         match &self.access {
-            Access::Owner(held) => Ok(held),
+            Access::Owner(held, ports) => Ok((held, ports)),
             _ => unreachable!("only owners may make calls beyond the facets'"),
         }
     }
@@ -160,7 +168,7 @@ impl ProcessImpl {
     /// The quota place this capability's process holds.
     fn quota_share(&self) -> Rc<Ticket> {
         match &self.access {
-            Access::Owner(held) => held.quota_share(),
+            Access::Owner(held, _) => held.quota_share(),
             Access::Observer(facet) | Access::StdinWriter(facet, _) => Rc::clone(&facet.quota),
         }
     }
@@ -172,7 +180,7 @@ fn invalid(message: String) -> Refusal {
 
 impl Drop for ProcessImpl {
     fn drop(&mut self) {
-        if let Access::Owner(held) = &self.access {
+        if let Access::Owner(held, _) = &self.access {
             held.capability_released();
         }
     }
@@ -194,7 +202,7 @@ impl process::Server for ProcessImpl {
         }
         // A long poll must not keep the process alive after its owner let go.
         let handle = self.allowed("read")?.clone();
-        let owner = matches!(self.access, Access::Owner(_));
+        let owner = matches!(self.access, Access::Owner(..));
         drop(self);
         let (after_seq, max_bytes) = (params.get_after_seq(), params.get_max_bytes() as usize);
         let wait = Duration::from_millis(u64::from(wait_ms));
@@ -307,7 +315,7 @@ impl process::Server for ProcessImpl {
         let sink = params.get_sink()?;
         let after_seq = params.get_after_seq();
         process.check_after_seq(after_seq).map_err(Refusal::from)?;
-        let owner = matches!(self.access, Access::Owner(_));
+        let owner = matches!(self.access, Access::Owner(..));
         let subscription = SubscriptionImpl::start(process.clone(), sink, after_seq, owner);
         results
             .get()
@@ -378,5 +386,31 @@ impl process::Server for ProcessImpl {
         };
         results.get().set_writer(capnp_rpc::new_client(writer));
         Ok(())
+    }
+
+    // Not `async fn`: the call must not hold this capability while it
+    // connects (a release meanwhile ends the forward at once).
+    fn dial(
+        self: Rc<Self>,
+        params: DialParams,
+        results: DialResults,
+    ) -> impl Future<Output = Result<(), Error>> + 'static {
+        let call = self
+            .owned("dial")
+            .map(|(_, ports)| ports.dial(params, results));
+        drop(self);
+        async move { call?.await }
+    }
+
+    fn listen(
+        self: Rc<Self>,
+        params: ListenParams,
+        results: ListenResults,
+    ) -> impl Future<Output = Result<(), Error>> + 'static {
+        let call = self
+            .owned("listen")
+            .map(|(_, ports)| ports.listen(params, results));
+        drop(self);
+        async move { call?.await }
     }
 }

@@ -11,12 +11,13 @@ use capexec::client::{Error, RemoteProcess, Stdin};
 use capexec::model::{EventBody, ExitStatus, PtySize, RefusalKind, Signal, WriteStatus};
 use common::{Ctx, output_bytes, procfs, read_until_output_contains, sh};
 
-const OBSERVER: &str =
+pub(crate) const OBSERVER: &str =
     "an observer, which may only read, subscribe, ask for info and make observers";
-const WRITER: &str = "a stdin writer, which may only write, close stdin and ask for info";
+pub(crate) const WRITER: &str =
+    "a stdin writer, which may only write, close stdin and ask for info";
 
 /// The refusal's message, which must be tagged `forbidden`.
-fn refusal<T: std::fmt::Debug>(outcome: Result<T, Error>) -> String {
+pub(crate) fn refusal<T: std::fmt::Debug>(outcome: Result<T, Error>) -> String {
     match outcome.expect_err("the call was allowed") {
         Error::Refused(refusal) => {
             assert_eq!(refusal.kind, RefusalKind::Forbidden, "{refusal:?}");
@@ -27,11 +28,11 @@ fn refusal<T: std::fmt::Debug>(outcome: Result<T, Error>) -> String {
 }
 
 /// The refusal's message (its `[capexec:forbidden]` tag is its kind).
-fn forbidden(call: &str, facet: &str) -> String {
+pub(crate) fn forbidden(call: &str, facet: &str) -> String {
     format!("`{call}` is not allowed: this capability is {facet}")
 }
 
-async fn spawn_cat(ctx: &Ctx) -> RemoteProcess {
+pub(crate) async fn spawn_cat(ctx: &Ctx) -> RemoteProcess {
     let mut cat = sh("echo pid-$$-; exec cat");
     cat.stdin(Stdin::Piped);
     cat.spawn(&ctx.executor).await.expect("start")

@@ -21,6 +21,7 @@ mod hostile_bytes;
 mod network;
 mod ports;
 mod process_contract;
+mod process_ports;
 mod recovery;
 mod resource_usage;
 mod restricted;

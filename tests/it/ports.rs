@@ -20,7 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 /// A TCP peer on loopback, on the test's side, and its address.
-async fn peer() -> (TcpListener, String) {
+pub(crate) async fn peer() -> (TcpListener, String) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind a peer");
     let address = format!("tcp:{}", listener.local_addr().expect("address"));
     (listener, address)
@@ -35,7 +35,9 @@ fn sha(bytes: &[u8]) -> Vec<u8> {
 }
 
 /// Reads to the end, in whatever pieces arrive.
-async fn read_all<R: tokio::io::AsyncRead + Unpin>(reader: &mut R) -> std::io::Result<Vec<u8>> {
+pub(crate) async fn read_all<R: tokio::io::AsyncRead + Unpin>(
+    reader: &mut R,
+) -> std::io::Result<Vec<u8>> {
     let mut all = Vec::new();
     reader.read_to_end(&mut all).await?;
     Ok(all)
@@ -350,7 +352,7 @@ async fn unix_sockets_are_dialled_and_listened_on(ctx: Ctx) {
     }
 }
 
-async fn refusal(result: Result<impl Sized, Error>) -> (RefusalKind, String) {
+pub(crate) async fn refusal(result: Result<impl Sized, Error>) -> (RefusalKind, String) {
     match result {
         Err(Error::Refused(refusal)) => (refusal.kind, refusal.message),
         Err(other) => panic!("expected a refusal, got {other}"),
@@ -380,7 +382,7 @@ async fn bad_addresses_and_unreachable_ones_are_refused_clearly(ctx: Ctx) {
     assert!(message.contains("refused"), "{message}");
 }
 
-fn restricted(ctx: &Ctx, ports: Option<PortPolicy>, programs: bool) -> executor::Client {
+pub(crate) fn restricted(ctx: &Ctx, ports: Option<PortPolicy>, programs: bool) -> executor::Client {
     let policy = Policy {
         programs: programs.then(|| vec!["true".into()]),
         ports,
@@ -389,7 +391,19 @@ fn restricted(ctx: &Ctx, ports: Option<PortPolicy>, programs: bool) -> executor:
     client::restrict(&ctx.executor, &policy)
 }
 
-fn assert_not_allowed(refused: &(RefusalKind, String), rule: &str) {
+/// An executor that may dial only loopback's `port` and listen nowhere.
+pub(crate) fn dial_only_to(ctx: &Ctx, port: u16) -> executor::Client {
+    restricted(
+        ctx,
+        Some(PortPolicy {
+            dial: Some(vec![format!("tcp:127.0.0.1:{port}")]),
+            listen: Some(Vec::new()),
+        }),
+        false,
+    )
+}
+
+pub(crate) fn assert_not_allowed(refused: &(RefusalKind, String), rule: &str) {
     assert_eq!(refused.0, RefusalKind::NotAllowed, "{}", refused.1);
     assert!(
         refused.1.contains(&format!("policy rule `{rule}`")),
@@ -406,14 +420,7 @@ async fn restricted_executors_allow_only_the_addresses_of_their_rule(ctx: Ctx) {
             let _ = socket.write_all(b"inside").await;
         }
     });
-    let narrow = restricted(
-        &ctx,
-        Some(PortPolicy {
-            dial: Some(vec![format!("tcp:127.0.0.1:{port}")]),
-            listen: Some(Vec::new()),
-        }),
-        false,
-    );
+    let narrow = dial_only_to(&ctx, port);
     let mut stream = client::dial(&narrow, &address)
         .await
         .expect("inside the rule");
