@@ -100,6 +100,58 @@ async fn exchange<S: AsyncRead + AsyncWrite>(
     Ok(())
 }
 
+/// A plain relay, the least any forward through a process of its own can
+/// do: a Unix socket in front of the peer, whose every connection two
+/// threads copy to and from a TCP connection to the peer with read(2) and
+/// write(2) (four kernel copies a byte, as a forward through the server
+/// makes; no Cap'n Proto, no copies of its own). The Unix socket's path.
+fn start_relay(port: u16) -> Result<(tempfile::TempDir, std::path::PathBuf), Box<dyn Error>> {
+    use std::os::unix::net::UnixListener;
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("relay.sock");
+    let listener = UnixListener::bind(&path)?;
+    /// Copies until end of file, which it passes on as a half-close.
+    fn pump(mut from: impl Read, mut to: impl Write, half_close: impl FnOnce()) {
+        let mut buffer = vec![0u8; 256 << 10];
+        while let Ok(n) = from.read(&mut buffer) {
+            if n == 0 || to.write_all(&buffer[..n]).is_err() {
+                break;
+            }
+        }
+        half_close();
+    }
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { continue };
+            let Ok(far) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+                continue;
+            };
+            let _ = far.set_nodelay(true);
+            let (Ok(client_in), Ok(far_in)) = (client.try_clone(), far.try_clone()) else {
+                continue;
+            };
+            std::thread::spawn(move || {
+                pump(client_in, &far, || {
+                    let _ = far.shutdown(Shutdown::Write);
+                });
+            });
+            std::thread::spawn(move || {
+                pump(far_in, &client, || {
+                    let _ = client.shutdown(Shutdown::Write);
+                });
+            });
+        }
+    });
+    Ok((dir, path))
+}
+
+async fn relayed(path: &std::path::Path, up: u64, down: u64) -> Result<Duration, Box<dyn Error>> {
+    let started = Instant::now();
+    let stream = tokio::net::UnixStream::connect(path).await?;
+    exchange(stream, up, down).await?;
+    Ok(started.elapsed())
+}
+
 async fn direct(port: u16, up: u64, down: u64) -> Result<Duration, Box<dyn Error>> {
     let started = Instant::now();
     let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
@@ -136,6 +188,7 @@ pub async fn run(
         }
     };
     let (unix, tcp) = (&connections.unix, &connections.tcp);
+    let (_relay_dir, relay) = start_relay(port)?;
     eprintln!(
         "ports: {} MiB each way through dial, {} round(s)",
         size >> 20,
@@ -149,8 +202,10 @@ pub async fn run(
         let mut baseline = Vec::new();
         let mut through = [Vec::new(), Vec::new()];
         let mut over_ssh = Vec::new();
+        let mut over_relay = Vec::new();
         for _ in 0..plan.ports_rounds {
             baseline.push(direct(port, up, down).await?);
+            over_relay.push(relayed(&relay, up, down).await?);
             for (samples, executor) in through.iter_mut().zip([unix, tcp]) {
                 samples.push(dialled(executor, port, up, down).await?);
             }
@@ -163,6 +218,15 @@ pub async fn run(
             format!("direct loopback TCP, {what}"),
             baseline,
             Some(bytes),
+        );
+        report.case(
+            SECTION,
+            format!("plain relay (unix -> tcp, read/write), {what}"),
+            over_relay,
+            base,
+            Some(bytes),
+            None,
+            "the least a forward through a process of its own costs",
         );
         for (samples, over) in through.into_iter().zip(["unix", "tcp"]) {
             report.case(

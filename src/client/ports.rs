@@ -29,7 +29,7 @@ use crate::capexec_capnp::{
 };
 use crate::client::Error;
 use crate::model::{PortConnectionInfo, Refusal, RefusalKind};
-use crate::wire::{self, PortBudget, PortSender};
+use crate::wire::{self, OpenWrite, PortBudget, PortSender};
 
 thread_local! {
     /// What the streams of this thread (all of its Cap'n Proto
@@ -153,10 +153,35 @@ fn closed() -> capnp::Error {
     .into()
 }
 
+/// Small writes gathered into one `PortSink.write`: each message costs
+/// the server a call, its answer and their wake-ups, so a program writing
+/// 8 or 64 KiB at a time is sent in writes of up to
+/// [`wire::PORT_CHUNK_BYTES`], filled in place. What is gathered is sent
+/// when the write is full, on flush or shutdown, or as soon as the writing
+/// task yields (a task spawned at the first gathered byte runs then), so a
+/// program that writes a request and awaits the answer never waits for a
+/// flush it did not make.
+#[derive(Default)]
+struct Gathering {
+    open: Option<OpenWrite>,
+    /// The task that sends `open` once the writer yields is spawned.
+    scheduled: bool,
+    /// The size of the last write taken: the rest of a big write that only
+    /// partly fitted is small, but more big ones follow.
+    last_asked: usize,
+}
+
+/// Writes smaller than this are gathered into writes of at most
+/// [`SMALL_GATHER_BYTES`] (a message of their own for each would cost more
+/// than its bytes; one of the largest size, more than a few bytes need).
+const SMALL_WRITE_BYTES: usize = 4 * 1024;
+const SMALL_GATHER_BYTES: usize = 64 * 1024;
+
 /// One connection through an executor.
 pub struct PortStream {
     inbox: SharedInbox,
     sender: Rc<PortSender>,
+    gathering: Rc<RefCell<Gathering>>,
     shutdown: Option<LocalBoxFuture<'static, Result<(), capnp::Error>>>,
     shut: bool,
     info: PortConnectionInfo,
@@ -174,6 +199,7 @@ impl PortStream {
         PortStream {
             inbox,
             sender: Rc::new(PortSender::new(to_socket, budget)),
+            gathering: Rc::default(),
             shutdown: None,
             shut: false,
             info,
@@ -184,6 +210,35 @@ impl PortStream {
     /// The socket's addresses on the executor's machine.
     pub fn info(&self) -> &PortConnectionInfo {
         &self.info
+    }
+
+    /// Sends what is gathered, now.
+    fn send_gathered(&self) {
+        send_gathered(&self.sender, &self.gathering);
+    }
+
+    /// Sends what is gathered once the writing task yields.
+    fn send_gathered_soon(&self) {
+        let mut gathering = self.gathering.borrow_mut();
+        if gathering.scheduled {
+            return;
+        }
+        gathering.scheduled = true;
+        let (sender, gathering) = (Rc::downgrade(&self.sender), Rc::downgrade(&self.gathering));
+        tokio::task::spawn_local(async move {
+            // Gone with the stream: a dropped stream resets the connection.
+            if let (Some(sender), Some(gathering)) = (sender.upgrade(), gathering.upgrade()) {
+                gathering.borrow_mut().scheduled = false;
+                send_gathered(&sender, &gathering);
+            }
+        });
+    }
+}
+
+fn send_gathered(sender: &PortSender, gathering: &RefCell<Gathering>) {
+    let open = gathering.borrow_mut().open.take();
+    if let Some(open) = open {
+        sender.send_open(open);
     }
 }
 
@@ -267,22 +322,52 @@ impl AsyncWrite for PortStream {
         if buf.is_empty() {
             return Poll::Ready(Ok(0));
         }
-        match self.sender.poll_room(cx) {
-            Poll::Ready(Ok(room)) => {
-                let n = room.min(buf.len());
-                self.sender.send_now(&buf[..n]);
-                Poll::Ready(Ok(n))
+        let (gathering, last_asked) = {
+            let gathering = self.gathering.borrow();
+            (gathering.open.is_some(), gathering.last_asked)
+        };
+        if !gathering {
+            let room = match self.sender.poll_room(cx) {
+                Poll::Ready(Ok(room)) => room,
+                Poll::Ready(Err(error)) => return Poll::Ready(Err(io_error(error))),
+                Poll::Pending => return Poll::Pending,
+            };
+            if buf.len() >= room {
+                // A write of its own fills it: one copy, straight in.
+                self.sender.send_now(&buf[..room]);
+                self.gathering.borrow_mut().last_asked = buf.len();
+                return Poll::Ready(Ok(room));
             }
-            Poll::Ready(Err(error)) => Poll::Ready(Err(io_error(error))),
-            Poll::Pending => Poll::Pending,
+            let size = if buf.len().max(last_asked) < SMALL_WRITE_BYTES {
+                room.min(SMALL_GATHER_BYTES)
+            } else {
+                room
+            };
+            self.gathering.borrow_mut().open = Some(self.sender.open_write(size));
         }
+        let (written, full) = {
+            let mut gathering = self.gathering.borrow_mut();
+            gathering.last_asked = buf.len();
+            match gathering.open.as_mut() {
+                Some(open) => (open.append(buf), open.is_full()),
+                None => (0, false),
+            }
+        };
+        if full {
+            self.send_gathered();
+        } else {
+            self.send_gathered_soon();
+        }
+        Poll::Ready(Ok(written))
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.send_gathered();
         self.sender.poll_drained(cx).map_err(io_error)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.send_gathered();
         let this = &mut *self;
         this.shut = true;
         let shutdown = this.shutdown.get_or_insert_with(|| {

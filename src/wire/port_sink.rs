@@ -103,6 +103,39 @@ struct SenderState {
     failed: Option<capnp::Error>,
 }
 
+/// A `PortSink.write` being filled in place (see [`PortSender::open_write`]).
+pub struct OpenWrite {
+    request: capnp::capability::Request<port_sink::write_params::Owned, any_pointer::Owned>,
+    size: usize,
+    filled: usize,
+}
+
+impl OpenWrite {
+    /// The part not filled yet.
+    pub fn unfilled(&mut self) -> &mut [u8] {
+        let filled = self.filled;
+        match self.request.get().get_bytes() {
+            Ok(bytes) => &mut bytes[filled..],
+            // Set by `open_write`; never fails on a message being built.
+            Err(_) => &mut [],
+        }
+    }
+
+    /// Appends as much of `bytes` as fits, and says how much.
+    pub fn append(&mut self, bytes: &[u8]) -> usize {
+        let unfilled = self.unfilled();
+        let n = unfilled.len().min(bytes.len());
+        unfilled[..n].copy_from_slice(&bytes[..n]);
+        self.filled += n;
+        n
+    }
+
+    /// Whether nothing more fits.
+    pub fn is_full(&self) -> bool {
+        self.filled == self.size
+    }
+}
+
 impl PortSender {
     pub fn new(sink: port_sink::Client, budget: PortBudget) -> PortSender {
         budget.0.senders.set(budget.0.senders.get() + 1);
@@ -125,13 +158,18 @@ impl PortSender {
     }
 
     /// Whether bytes may be sent now, and how many (at most
-    /// [`PORT_CHUNK_BYTES`]); pending until an answer makes room.
+    /// [`PORT_CHUNK_BYTES`]); pending until an answer makes room for a
+    /// whole chunk (or half the share, if that is less): a sender that
+    /// took every sliver of room the answers make would cut its stream
+    /// into ever smaller writes, each costing the receiver a message.
     pub fn poll_room(&self, cx: &mut Context<'_>) -> Poll<Result<usize, capnp::Error>> {
         let mut state = self.state.borrow_mut();
         state.retire(cx)?;
         let share = self.budget.share();
-        if state.in_flight < share {
-            Poll::Ready(Ok((share - state.in_flight).min(PORT_CHUNK_BYTES)))
+        let room = share.saturating_sub(state.in_flight);
+        let enough = PORT_CHUNK_BYTES.min(share / 2).max(1);
+        if room >= enough || (state.in_flight == 0 && room > 0) {
+            Poll::Ready(Ok(room.min(PORT_CHUNK_BYTES)))
         } else {
             // An answer is due (something is in flight): it wakes us.
             Poll::Pending
@@ -181,20 +219,42 @@ impl PortSender {
         size: usize,
         read: impl FnOnce(&mut [u8]) -> std::io::Result<usize>,
     ) -> std::io::Result<usize> {
-        let mut request = self.write_request(size);
-        let got = read(request.get().init_bytes(size as u32))?;
-        if got == size {
-            self.dispatch(request, size);
-        } else if got > 0 {
-            // Fewer bytes than asked (rare: the caller asks for what is
-            // known to be there): a write of just those.
-            let params = request.get().into_reader();
-            let bytes = params
-                .get_bytes()
-                .map_err(|error| std::io::Error::other(error.to_string()))?;
-            self.send_now(&bytes[..got]);
-        }
+        let mut write = self.open_write(size);
+        let got = read(write.unfilled())?;
+        write.filled = got;
+        self.send_open(write);
         Ok(got)
+    }
+
+    /// A write of up to `size` bytes (at most what [`PortSender::poll_room`]
+    /// said fits) to fill in place before [`PortSender::send_open`] sends
+    /// it; its bytes count as unanswered only once sent.
+    pub fn open_write(&self, size: usize) -> OpenWrite {
+        let mut request = self.write_request(size);
+        request.get().init_bytes(size as u32);
+        OpenWrite {
+            request,
+            size,
+            filled: 0,
+        }
+    }
+
+    /// Sends the bytes filled into `write`: a full one as it is, a part
+    /// as a write of just those (one copy), nothing if it is empty.
+    pub fn send_open(&self, write: OpenWrite) {
+        let OpenWrite {
+            mut request,
+            size,
+            filled,
+        } = write;
+        if filled == size {
+            self.dispatch(request, size);
+        } else if filled > 0 {
+            let params = request.get().into_reader();
+            if let Ok(bytes) = params.get_bytes() {
+                self.send_now(&bytes[..filled]);
+            }
+        }
     }
 
     fn write_request(

@@ -77,6 +77,43 @@ async fn bulk_transfer_both_ways_at_once_is_byte_exact(ctx: Ctx) {
     assert_eq!(far.await.expect("peer"), sha(&up));
 }
 
+/// Small writes are gathered into bigger messages: they must still go
+/// out without a flush once the writer waits, whole and in order.
+async fn small_writes_arrive_whole_in_order_and_without_a_flush(ctx: Ctx) {
+    let (listener, address) = peer().await;
+    let far = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.expect("accept");
+        let mut question = [0u8; 5];
+        socket.read_exact(&mut question).await.expect("peer reads");
+        assert_eq!(&question, b"hello");
+        socket.write_all(b"world").await.expect("peer answers");
+        sha(&read_all(&mut socket).await.expect("peer reads the rest"))
+    });
+    let mut stream = dial(&ctx, &address).await;
+    // A question and its answer, with no flush in between.
+    stream.write_all(b"hello").await.expect("write");
+    let mut answer = [0u8; 5];
+    stream
+        .read_exact(&mut answer)
+        .await
+        .expect("read the answer");
+    assert_eq!(&answer, b"world");
+    // Writes of every size around the gathering's bounds, 6 MiB in all.
+    let all = Pattern::bytes(3, 6 << 20);
+    let sizes = [
+        1, 7, 4095, 4096, 4097, 8192, 65_535, 65_536, 100_000, 262_144, 300_000,
+    ];
+    let (mut offset, mut turn) = (0, 0);
+    while offset < all.len() {
+        let end = (offset + sizes[turn % sizes.len()]).min(all.len());
+        stream.write_all(&all[offset..end]).await.expect("write");
+        offset = end;
+        turn += 1;
+    }
+    stream.shutdown().await.expect("half-close");
+    assert_eq!(far.await.expect("peer"), sha(&all));
+}
+
 async fn half_close_is_kept_in_each_direction(ctx: Ctx) {
     let (listener, address) = peer().await;
     // The client ends first; the peer answers after reading its end.
@@ -570,6 +607,7 @@ async fn a_connection_holds_at_most_its_maximum_of_port_connections(ctx: Ctx) {
 
 backend_tests!(
     bulk_transfer_both_ways_at_once_is_byte_exact,
+    small_writes_arrive_whole_in_order_and_without_a_flush,
     half_close_is_kept_in_each_direction,
     resets_reach_the_other_end_as_errors,
     a_slow_reader_holds_the_writer_back,
