@@ -63,6 +63,12 @@ pub(crate) struct FrameSegments {
     ends: Box<[usize]>,
 }
 
+impl Drop for FrameSegments {
+    fn drop(&mut self) {
+        crate::net::body::recycle(std::mem::take(&mut self.words));
+    }
+}
+
 impl ReaderSegments for FrameSegments {
     fn get_segment(&self, index: u32) -> Option<&[u8]> {
         let index = index as usize;

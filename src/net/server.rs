@@ -202,6 +202,7 @@ impl Connections {
         tokio::task::spawn_local(async move {
             tokio::time::sleep(TRIM_DELAY).await;
             serving.connections.trim_pending.set(false);
+            crate::net::body::release_recycled();
             #[cfg(target_env = "gnu")]
             // SAFETY: malloc_trim only releases free memory of the allocator.
             unsafe {
