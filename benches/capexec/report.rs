@@ -11,6 +11,8 @@ pub enum Target {
     AtMost(f64),
     /// Moves at least this share of the baseline's bytes per second.
     AtLeastShare(f64),
+    /// Takes at most this long (median), whatever the baseline takes.
+    Within(Duration),
 }
 
 struct Row {
@@ -142,6 +144,9 @@ impl Report {
                     Some(Target::AtMost(limit)) => met(ratio <= limit, &format!("<= {limit}x")),
                     Some(Target::AtLeastShare(share)) => {
                         met(1.0 / ratio >= share, &format!(">= {:.0} %", share * 100.0))
+                    }
+                    Some(Target::Within(limit)) => {
+                        met(median <= limit, &format!("<= {:.1} s", limit.as_secs_f64()))
                     }
                     None => String::new(),
                 };
@@ -304,6 +309,10 @@ impl Report {
             let limit = match row.target {
                 Some(Target::AtMost(limit)) => Some(limit),
                 Some(Target::AtLeastShare(share)) => Some(1.0 / share),
+                // As a ratio: the limit over what the baseline took.
+                Some(Target::Within(limit)) => row
+                    .baseline
+                    .map(|base| secs(limit) / secs(median_of(&self.rows[base]))),
                 None => None,
             };
             let colour = match limit {
