@@ -1634,7 +1634,8 @@ interface Watch {
 # does) is held back by a slow reader, and no hop buffers more than that.
 # capexec's own senders keep at most 1 MiB per direction unanswered, less
 # when many connections share one Cap'n Proto connection (16 MiB in all,
-# shared fairly, at least 16 KiB each), and write at most 64 KiB per call.
+# shared fairly, at least 16 KiB each), and write at most 256 KiB per
+# call, gathering small writes of their program into one.
 #
 # Failures are never a clean end of file: a connection reset by its peer,
 # a failed read or write, a `fail` from the client, the client's
