@@ -32,9 +32,10 @@ fn remote(serve: &Serve) -> (String, Option<(&'static str, String)>) {
     (format!("{CAPEXEC} run {}", connect.join(" ")), token)
 }
 
-/// A start-up case: its name, capexec's arguments (none: a bare `true`),
-/// the token it needs, and its target.
+/// A start-up case: its name, the program and its arguments, the token it
+/// needs, and its target.
 type StartUp = (
+    &'static str,
     &'static str,
     Vec<String>,
     Option<(&'static str, String)>,
@@ -44,8 +45,23 @@ type StartUp = (
 fn start_up(plan: &Plan, servers: &Servers, report: &mut Report) -> Result<(), Box<dyn Error>> {
     eprintln!("cli: {} start-up runs per variant", plan.cli_runs);
     let mut variants: Vec<StartUp> = vec![
-        ("`true` as a process", vec![], None, None),
-        ("`capexec --version`", vec!["--version".into()], None, None),
+        ("`true` as a process", "true", vec![], None, None),
+        // The floor of any `run`: a small C program that starts `true` as
+        // its child and waits for it (two processes, one fork and exec).
+        (
+            "`timeout 10 true` (a C supervisor of `true`: the floor)",
+            "timeout",
+            vec!["10".into(), "true".into()],
+            None,
+            None,
+        ),
+        (
+            "`capexec --version`",
+            CAPEXEC,
+            vec!["--version".into()],
+            None,
+            None,
+        ),
     ];
     for (name, serve, target) in [
         (
@@ -63,10 +79,11 @@ fn start_up(plan: &Plan, servers: &Servers, report: &mut Report) -> Result<(), B
         let mut args = vec!["run".to_string()];
         args.extend(connect);
         args.extend(["-n", "--", "true"].map(String::from));
-        variants.push((name, args, token, target));
+        variants.push((name, CAPEXEC, args, token, target));
     }
     variants.push((
         "`capexec run -n -- true` (embedded)",
+        CAPEXEC,
         ["run", "-n", "--", "true"].map(String::from).to_vec(),
         None,
         Some(Target::AtMost(2.0)),
@@ -74,8 +91,7 @@ fn start_up(plan: &Plan, servers: &Servers, report: &mut Report) -> Result<(), B
     let mut samples = vec![Vec::new(); variants.len()];
     let warmup = plan.warmup_runs.min(20);
     for round in 0..plan.cli_runs + warmup {
-        for ((_, args, token, _), samples) in variants.iter().zip(&mut samples) {
-            let program = if args.is_empty() { "true" } else { CAPEXEC };
+        for ((_, program, args, token, _), samples) in variants.iter().zip(&mut samples) {
             let took = time_process(program, args, token.as_ref())?;
             if round >= warmup {
                 samples.push(took);
@@ -85,7 +101,7 @@ fn start_up(plan: &Plan, servers: &Servers, report: &mut Report) -> Result<(), B
     let mut samples = samples.into_iter();
     let bare = samples.next().ok_or("no samples")?;
     let baseline = report.baseline(SECTION, "`true` as a process", bare, None);
-    for ((name, _, _, target), samples) in variants.iter().skip(1).zip(samples) {
+    for ((name, _, _, _, target), samples) in variants.iter().skip(1).zip(samples) {
         report.case(SECTION, *name, samples, baseline, None, *target, "");
     }
     Ok(())

@@ -177,7 +177,9 @@ struct Gathering {
 const SMALL_WRITE_BYTES: usize = 4 * 1024;
 const SMALL_GATHER_BYTES: usize = 64 * 1024;
 
-/// One connection through an executor.
+/// One connection through an executor. Like every capability of its RPC
+/// system, it is used on that system's thread, inside a `LocalSet`: what a
+/// write gathers is sent by a task spawned there.
 pub struct PortStream {
     inbox: SharedInbox,
     sender: Rc<PortSender>,
@@ -271,7 +273,8 @@ impl AsyncRead for PortStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         // Writes waiting on a local capability move on while we read.
-        self.sender.poll_progress(cx);
+        // (A failed write breaks the writing half only: reading goes on.)
+        let _ = self.sender.poll_progress(cx);
         let mut inbox = self.inbox.borrow_mut();
         if let Some(front) = inbox.chunks.front_mut() {
             // Checked when it arrived (`FromSocket::write`).
@@ -326,7 +329,13 @@ impl AsyncWrite for PortStream {
             let gathering = self.gathering.borrow();
             (gathering.open.is_some(), gathering.last_asked)
         };
-        if !gathering {
+        if gathering {
+            // Filling a write needs no room, but a failed earlier write
+            // must still end the stream now, not at the next full one.
+            if let Err(error) = self.sender.poll_progress(cx) {
+                return Poll::Ready(Err(io_error(error)));
+            }
+        } else {
             let room = match self.sender.poll_room(cx) {
                 Poll::Ready(Ok(room)) => room,
                 Poll::Ready(Err(error)) => return Poll::Ready(Err(io_error(error))),

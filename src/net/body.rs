@@ -63,7 +63,13 @@ fn recycled(words: usize) -> Option<Vec<Word>> {
     RECYCLED
         .try_with(|recycled| {
             let mut recycled = recycled.borrow_mut();
-            let index = recycled.iter().position(|kept| kept.capacity() >= words)?;
+            // The smallest that fits: a 2 MiB body kept for a 64 KiB frame
+            // would leave the next 2 MiB frame to fault in fresh pages.
+            let (index, _) = recycled
+                .iter()
+                .enumerate()
+                .filter(|(_, kept)| kept.capacity() >= words)
+                .min_by_key(|(_, kept)| kept.capacity())?;
             Some(recycled.swap_remove(index))
         })
         .ok()
@@ -177,6 +183,24 @@ mod tests {
         release_recycled();
         assert_eq!(RECYCLED.with_borrow(Vec::len), 0);
         drop(bigger);
+    }
+
+    #[test]
+    fn the_smallest_kept_body_that_fits_is_taken() {
+        release_recycled();
+        let (small, large) = ((128 * 1024) / 8, (1 << 20) / 8);
+        let kept_large = Vec::<Word>::with_capacity(large);
+        let kept_small = Vec::<Word>::with_capacity(small);
+        let (large_at, small_at) = (kept_large.as_ptr(), kept_small.as_ptr());
+        // The large one first: a first fit would take it.
+        recycle(kept_large);
+        recycle(kept_small);
+        let body = Body::with_capacity(small - 10);
+        assert_eq!(body.words.as_ptr(), small_at);
+        let body_large = Body::with_capacity(large / 2);
+        assert_eq!(body_large.words.as_ptr(), large_at);
+        assert_eq!(RECYCLED.with_borrow(Vec::len), 0);
+        drop((body, body_large));
     }
 
     #[test]

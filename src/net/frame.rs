@@ -7,7 +7,9 @@
 //! with a few bytes per connection. Here a header is checked against a
 //! limit the caller chooses per frame (small before login), and the body
 //! grows only as its bytes come in: a frame that announces 16 MiB and sends
-//! nothing costs at most [`FIRST_BODY_BYTES`].
+//! nothing costs at most [`FIRST_BODY_BYTES`] of new memory (it may be
+//! given a kept body of up to 2 MiB, which the thread holds anyway: see
+//! `body`).
 //!
 //! Small frames are read through a staging buffer, several per read(2),
 //! and copied once into a buffer of their own (as a buffered reader would);

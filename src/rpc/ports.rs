@@ -223,7 +223,8 @@ async fn read_socket(connection: Rc<Connection>, sender: PortSender) {
             return;
         };
         let ready = std::future::poll_fn(|cx| {
-            sender.poll_progress(cx);
+            // A failure is seen when room is next asked for.
+            let _ = sender.poll_progress(cx);
             socket.poll_read_ready(cx)
         });
         let read = match ready.await {
@@ -578,7 +579,10 @@ pub(crate) async fn dial(
     tied_to(tie.as_ref())?;
     let ticket = quota.take_stream()?;
     let socket = crate::ports::dial(&address, &asked, rules).await?;
-    let tied = tied_to(tie.as_ref())?;
+    // Released while connecting: the peer that just accepted sees a
+    // reset, as every other connection of that capability did, not a
+    // clean end of file.
+    let tied = tied_to(tie.as_ref()).inspect_err(|_| socket.prepare_reset())?;
     let info = socket.info();
     let (connection, handle, to_socket) = open(socket, ticket);
     if let Some(tied) = tied {

@@ -158,7 +158,7 @@ impl PortSender {
     }
 
     /// Whether bytes may be sent now, and how many (at most
-    /// [`PORT_CHUNK_BYTES`]); pending until an answer makes room for a
+    /// [`PORT_CHUNK_BYTES`], or half the share if that is less); pending until an answer makes room for a
     /// whole chunk (or half the share, if that is less): a sender that
     /// took every sliver of room the answers make would cut its stream
     /// into ever smaller writes, each costing the receiver a message.
@@ -169,7 +169,9 @@ impl PortSender {
         let room = share.saturating_sub(state.in_flight);
         let enough = PORT_CHUNK_BYTES.min(share / 2).max(1);
         if room >= enough || (state.in_flight == 0 && room > 0) {
-            Poll::Ready(Ok(room.min(PORT_CHUNK_BYTES)))
+            // At most `enough`, not a whole chunk: with a share under two
+            // chunks, two writes stay in flight instead of one.
+            Poll::Ready(Ok(room.min(enough)))
         } else {
             // An answer is due (something is in flight): it wakes us.
             Poll::Pending
@@ -186,8 +188,9 @@ impl PortSender {
     /// next: whoever waits for something else in the meantime (a socket's
     /// bytes) calls it too, since the receiver of a local capability gets
     /// the next write only once the answer to the last one was polled.
-    pub fn poll_progress(&self, cx: &mut Context<'_>) {
-        let _ = self.state.borrow_mut().retire(cx);
+    /// An error says a write failed: the stream is broken.
+    pub fn poll_progress(&self, cx: &mut Context<'_>) -> Result<(), capnp::Error> {
+        self.state.borrow_mut().retire(cx)
     }
 
     /// Ready once every write sent has been answered (or one failed).
@@ -360,5 +363,49 @@ mod tests {
         assert_eq!(budget.share(), PORT_POOL_BYTES / 64);
         budget.0.senders.set(100_000);
         assert_eq!(budget.share(), MIN_PORT_SHARE_BYTES);
+    }
+
+    /// A sink that leaves every write unanswered.
+    struct Unanswered;
+
+    impl port_sink::Server for Unanswered {
+        fn write(
+            self: Rc<Self>,
+            _: port_sink::WriteParams,
+        ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
+            std::future::pending()
+        }
+
+        fn end(
+            self: Rc<Self>,
+            _: port_sink::EndParams,
+            _: port_sink::EndResults,
+        ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
+            std::future::pending()
+        }
+    }
+
+    /// With room for a chunk and a half, writes of half the share keep two
+    /// in flight (whole chunks would leave room for none after the first).
+    #[test]
+    fn a_share_under_two_chunks_keeps_two_writes_in_flight() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime");
+        tokio::task::LocalSet::new().block_on(&runtime, async {
+            let share = PORT_CHUNK_BYTES * 3 / 2;
+            let sender = PortSender::new(capnp_rpc::new_client(Unanswered), PortBudget::new(share));
+            assert_eq!(sender.budget.share(), share);
+            let data = vec![7u8; PORT_CHUNK_BYTES];
+            let mut sizes = Vec::new();
+            while let Poll::Ready(room) = poll_fn(|cx| Poll::Ready(sender.poll_room(cx))).await {
+                let room = room.expect("room");
+                sender.send_now(&data[..room]);
+                sizes.push(room);
+                assert!(sizes.len() < 10, "{sizes:?}");
+            }
+            assert_eq!(sizes, [share / 2, share / 2]);
+            assert_eq!(sender.in_flight(), share);
+        });
     }
 }

@@ -60,6 +60,11 @@ async fn forwards_tied_to_a_process_end_with_its_capability(ctx: Ctx) {
     let mut dialled = process.dial(&address).await.expect("dial");
     let (mut far, _) = peer_listener.accept().await.expect("accept");
     exchange(&mut dialled, &mut far).await;
+    // Made through the executor, not the process: the release spares it.
+    let mut untied = capexec::client::dial(&ctx.executor, &address)
+        .await
+        .expect("dial through the executor");
+    let (mut untied_far, _) = peer_listener.accept().await.expect("accept");
 
     let mut listener = process.listen("tcp:127.0.0.1:0").await.expect("listen");
     let port = port_of(listener.address());
@@ -109,6 +114,7 @@ async fn forwards_tied_to_a_process_end_with_its_capability(ctx: Ctx) {
     .await;
     assert!(listener.accept().await.is_none());
     drop((listener, unix_listener));
+    exchange(&mut untied, &mut untied_far).await;
 }
 
 async fn only_the_owner_makes_forwards_under_its_executors_rules(ctx: Ctx) {
