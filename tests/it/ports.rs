@@ -109,6 +109,10 @@ async fn small_writes_arrive_whole_in_order_and_without_a_flush(ctx: Ctx) {
         stream.write_all(&all[offset..end]).await.expect("write");
         offset = end;
         turn += 1;
+        // A flush now and then, among gathered writes and whole ones.
+        if turn % 7 == 0 {
+            stream.flush().await.expect("flush");
+        }
     }
     stream.shutdown().await.expect("half-close");
     assert_eq!(far.await.expect("peer"), sha(&all));

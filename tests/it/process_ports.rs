@@ -175,7 +175,42 @@ async fn only_the_owner_makes_forwards_under_its_executors_rules(ctx: Ctx) {
     );
 }
 
+/// A capability from `restore` is another capability: the forwards made
+/// through the first end with the first, those made through the restored
+/// one live on until it goes too, and the process with them.
+async fn a_restored_capability_has_forwards_of_its_own(ctx: Ctx) {
+    let process = spawn_cat(&ctx).await;
+    let token = process
+        .detachable(Duration::from_secs(60))
+        .await
+        .expect("detachable");
+    let (peer_listener, address) = peer().await;
+    let mut first = process.dial(&address).await.expect("dial");
+    let (mut first_far, _) = peer_listener.accept().await.expect("accept");
+    let (restored, answered) = capexec::client::restore(&ctx.executor, &token);
+    answered.await.expect("restored");
+    let mut second = restored.dial(&address).await.expect("dial again");
+    let (mut second_far, _) = peer_listener.accept().await.expect("accept again");
+    exchange(&mut first, &mut first_far).await;
+    exchange(&mut second, &mut second_far).await;
+
+    drop(process);
+    let error = read_all(&mut first_far).await.expect_err("reset");
+    assert_eq!(error.kind(), std::io::ErrorKind::ConnectionReset, "{error}");
+    let error = read_all(&mut first).await.expect_err("reset here too");
+    assert!(error.to_string().contains(RELEASED), "{error}");
+    // The process is still there, and so is what the restored one made.
+    exchange(&mut second, &mut second_far).await;
+    restored.close_stdin().await.expect("close stdin");
+    assert_eq!(restored.wait().await.expect("exit"), ExitStatus::Code(0));
+
+    drop(restored);
+    let error = read_all(&mut second_far).await.expect_err("reset");
+    assert_eq!(error.kind(), std::io::ErrorKind::ConnectionReset, "{error}");
+}
+
 backend_tests!(
     forwards_tied_to_a_process_end_with_its_capability,
     only_the_owner_makes_forwards_under_its_executors_rules,
+    a_restored_capability_has_forwards_of_its_own,
 );
