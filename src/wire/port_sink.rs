@@ -157,11 +157,11 @@ impl PortSender {
         self.state.borrow().in_flight
     }
 
-    /// Whether bytes may be sent now, and how many (at most
-    /// [`PORT_CHUNK_BYTES`], or half the share if that is less); pending until an answer makes room for a
-    /// whole chunk (or half the share, if that is less): a sender that
-    /// took every sliver of room the answers make would cut its stream
-    /// into ever smaller writes, each costing the receiver a message.
+    /// Whether bytes may be sent now, and how many: at most
+    /// [`PORT_CHUNK_BYTES`], or half the share if that is less. Pending
+    /// until an answer makes room for that much: a sender that took every
+    /// sliver of room the answers make would cut its stream into ever
+    /// smaller writes, each costing the receiver a message.
     pub fn poll_room(&self, cx: &mut Context<'_>) -> Poll<Result<usize, capnp::Error>> {
         let mut state = self.state.borrow_mut();
         state.retire(cx)?;
