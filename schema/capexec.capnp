@@ -100,7 +100,7 @@ interface Executor {
   # Starts processes. An Executor may run them locally or forward them to
   # another executor; callers cannot tell and need not care.
 
-  start @0 (params :StartParams) -> (process :Process);
+  start @0 (params :StartParams) -> (process :Process, stdioPassed :Bool);
   # Spawns `params.argv` and returns the capability that owns the new process.
   #
   # Ownership: holding `process` is owning the child. When the last reference
@@ -163,6 +163,11 @@ interface Executor {
   # releasing `process` releases it at the far end. If a link of the chain
   # breaks, the processes started through it are released at the far side
   # of the break and calls on them fail with `disconnected`.
+  #
+  # `stdioPassed`: the child's standard descriptors named by
+  # `params.passedStdio` are the ones the client sent (see there); false
+  # when the start has pipes as usual, and always false from a server
+  # older than that field.
 
   info @1 () -> (info :ExecutorInfo);
   # What a client needs to adapt to this executor. Ask it instead of relying
@@ -549,6 +554,42 @@ struct StartParams {
   # cannot enforce fail the start with `[capexec:unsupported]`, unless
   # `limits.bestEffort`. Servers older than this field ignore it: check
   # for the "limits" feature first.
+
+  passedStdio @14 :PassedStdio;
+  # Only for a client on the server's machine, over a Unix socket: the
+  # child's stdin, stdout and stderr (those `passedStdio` names) are
+  # descriptors the client sent over this connection with SCM_RIGHTS
+  # instead of pipes the server relays, as `systemd-run --pipe` does: a
+  # pipeline through capexec then runs at the speed of a local one, and
+  # the child sees what a local child would (the client's pipe, file or
+  # socket; never a terminal: a client passes none). The server takes
+  # them all or none, and says which in the start's `stdioPassed`. None
+  # are taken (the start has pipes as usual and the descriptors are
+  # closed) by a server older than this field, over a connection that
+  # carries no descriptors (TCP, TLS, an in-process executor without
+  # them), by a restricted executor, by a start forwarded to another
+  # machine (`environment`, an upstream default), or when a descriptor
+  # is missing or not a pipe, socket, regular file or character device.
+  # Taken descriptors are the child's own: its output on them is not
+  # retained and produces no `output` events (the exit and close events
+  # still come), and a taken stdin is not piped (`write` answers
+  # `stdinClosed`, as without `pipeStdin`). Ignored with `tty`.
+}
+
+struct PassedStdio {
+  # Which of the child's standard descriptors the client sent, and where
+  # they are among the descriptors it sent over the connection.
+
+  first @0 :UInt64;
+  # The connection-wide number of the first of them: the client numbers
+  # every descriptor it sends over the connection from 0, in the order it
+  # sends them; they follow in the order stdin, stdout, stderr (those
+  # named below). A server keeps at most 64 descriptors not yet taken
+  # (older ones are closed first), and none beyond the connection's end.
+
+  stdin @1 :Bool;
+  stdout @2 :Bool;
+  stderr @3 :Bool;
 }
 
 struct EnvVar {

@@ -2,7 +2,9 @@
 //! whole shell pipelines, each next to the same work done locally in the
 //! same run. Start-up (`--version`, `run -n -- true`), output through
 //! `capexec run ... | wc -c`, input through `... | capexec run -- cat |
-//! wc -c` and into `wc -c`, and 100 concurrent `run -- sleep 1`.
+//! wc -c` and into `wc -c`, and 100 concurrent `run -- sleep 1`. Over a
+//! Unix socket the pipelines' pipes are handed to the command; the
+//! `--relay-stdio` rows keep the relay through the server measured.
 
 use std::error::Error;
 use std::process::{Child, Stdio};
@@ -117,8 +119,14 @@ fn stdout(plan: &Plan, servers: &Servers, report: &mut Report) -> Result<(), Box
         (
             "`capexec run --connect unix:… -- head -c N /dev/zero | wc -c`",
             format!("{unix} -- head -c {size} /dev/zero | wc -c"),
-            unix_token,
+            unix_token.clone(),
             Some(Target::AtLeastShare(0.75)),
+        ),
+        (
+            "`capexec run --connect unix:… --relay-stdio -- head -c N /dev/zero | wc -c`",
+            format!("{unix} --relay-stdio -- head -c {size} /dev/zero | wc -c"),
+            unix_token.clone(),
+            None,
         ),
         (
             "`capexec run --connect tcp:… -- head -c N /dev/zero | wc -c`",
@@ -150,6 +158,12 @@ fn stdin(plan: &Plan, servers: &Servers, report: &mut Report) -> Result<(), Box<
             Some(Target::AtLeastShare(0.6)),
         ),
         (
+            "`head -c N /dev/zero | capexec run --connect unix:… --relay-stdio -- cat | wc -c`",
+            format!("head -c {size} /dev/zero | {unix} --relay-stdio -- cat | wc -c"),
+            unix_token.clone(),
+            None,
+        ),
+        (
             "`head -c N /dev/zero | capexec run --connect tcp:… -- cat | wc -c`",
             format!("head -c {size} /dev/zero | {tcp} -- cat | wc -c"),
             tcp_token.clone(),
@@ -168,8 +182,14 @@ fn stdin(plan: &Plan, servers: &Servers, report: &mut Report) -> Result<(), Box<
         (
             "`head -c N /dev/zero | capexec run --connect unix:… -- wc -c`",
             format!("head -c {size} /dev/zero | {unix} -- wc -c"),
-            unix_token,
+            unix_token.clone(),
             Some(Target::AtLeastShare(0.6)),
+        ),
+        (
+            "`head -c N /dev/zero | capexec run --connect unix:… --relay-stdio -- wc -c`",
+            format!("head -c {size} /dev/zero | {unix} --relay-stdio -- wc -c"),
+            unix_token,
+            None,
         ),
         (
             "`head -c N /dev/zero | capexec run --connect tcp:… -- wc -c`",

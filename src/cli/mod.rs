@@ -25,6 +25,7 @@ mod serve;
 mod servers;
 mod signals;
 pub(crate) mod stdio;
+mod stdio_handoff;
 mod target;
 
 use std::ffi::OsString;
@@ -447,6 +448,14 @@ pub struct SessionArgs {
     /// Terminal size for -t, ROWSxCOLS (default: our terminal's, or 24x80).
     #[arg(long, value_name = "ROWSxCOLS")]
     size: Option<String>,
+    /// Relay stdin, stdout and stderr through the executor even when it
+    /// runs on this machine. By default an embedded command, or one
+    /// started over a Unix socket, is handed capexec's own pipes and
+    /// sockets (stdin: a regular file too) and reads and writes them
+    /// itself, as a local child would; its output is then not retained
+    /// by the server (its admin socket's observers see none).
+    #[arg(long)]
+    relay_stdio: bool,
     #[command(flatten)]
     confinement: confinement::ConfinementArgs,
     /// While the command runs, listen here and forward each connection

@@ -103,6 +103,13 @@ async fn run_to_close(
     // Start (made detachable when resuming) and subscribe in one round
     // trip: the calls are pipelined on the process the start will return.
     let (process, started) = ResilientProcess::spawn_on(&command, session, resume);
+    if command.stdio_handoff().is_some() {
+        // The command may write to our stdout before its start is
+        // answered here, so whoever sees that output and signals us must
+        // reach it: signals are forwarded from now on, pipelined behind
+        // the start (the server has answered already: nothing hangs).
+        let _ = signals.process.set(process.clone());
+    }
     process.on_recovery(|note| match note {
         RecoveryNote::Lost { cause, grace } => stdio::note(&format!(
             "connection lost: {cause}; reconnecting for up to {}",
@@ -136,9 +143,11 @@ async fn run_to_close(
         let (started, subscribed) = tokio::join!(started, events.subscribe_now());
         (started, subscribed)
     };
+    // With handed stdio the command may be running and seen already.
+    let handed = command.stdio_handoff().is_some();
     let (started, subscribed) = match until(&mut ending, startup).await {
         Ok(startup) => startup,
-        Err(ending) => return Err(end_early(ending, &process, false).await),
+        Err(ending) => return Err(end_early(ending, &process, handed).await),
     };
     match started {
         // From now on signals are forwarded to the command.
@@ -153,12 +162,27 @@ async fn run_to_close(
                 ours: false,
             });
         }
+        Err(error) if handed && error.is_transport_loss() => {
+            return Err(Failure::capexec(lost(&error)));
+        }
         Err(error) => return Err(Failure::capexec(error.to_string())),
     }
-    subscribed.map_err(|error| Failure::capexec(format!("cannot follow the command: {error}")))?;
+    subscribed.map_err(|error| {
+        // Handed stdio shows output before the subscription is answered:
+        // a connection lost then has lost a command that ran.
+        if handed && error.is_transport_loss() {
+            Failure::capexec(lost(&error))
+        } else {
+            Failure::capexec(format!("cannot follow the command: {error}"))
+        }
+    })?;
 
     let mut output = OutputWriter::new();
-    if !args.no_stdin {
+    // A stdin the command was handed is read by the command alone.
+    let stdin_handed = command
+        .stdio_handoff()
+        .is_some_and(|handoff| handoff.taken() && handoff.has_stdin());
+    if !args.no_stdin && !stdin_handed {
         let escape = (args.tty && raw).then_some(escape);
         tokio::task::spawn_local(input::stdin(process.clone(), escape));
     }

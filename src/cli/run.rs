@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 
 use crate::cli::relay::{self, Failure};
 use crate::cli::signals::{Interrupted, Signals};
-use crate::cli::{SessionArgs, forward, local_terminal, stdio, target};
+use crate::cli::{SessionArgs, forward, local_terminal, stdio, stdio_handoff, target};
 
 /// `capexec run -- ARGV` (`capexec shell` when `argv` is empty).
 pub fn main(args: SessionArgs, argv: Vec<OsString>) -> i32 {
@@ -56,10 +56,23 @@ async fn run(mut args: SessionArgs, argv: Vec<OsString>) -> Result<i32, Failure>
     let root = target.executor.clone();
     let established = target.established();
     let established_again = target.established();
+    let answered = target.established();
     // Kept until the end: explaining a failure may ask the server.
     let target = Rc::new(target);
     let connection = Rc::clone(&target);
     let work = async {
+        // A command on this machine uses our stdio itself where it can.
+        let handoff = (!args.tty && !args.relay_stdio)
+            .then(|| stdio_handoff::ours(target.stdio_route.clone(), !args.no_stdin))
+            .flatten();
+        if handoff.is_some() && target.connection.is_some() {
+            // Only to a server that has answered: descriptors sent to one
+            // that never reads them would stay in its socket, holding our
+            // pipes open (a `| wc` would wait for it) after capexec ends.
+            until_interrupted(&mut interrupted, answered)
+                .await?
+                .map_err(Failure::capexec)?;
+        }
         let executor = match &args.environment {
             Some(path) => client::environment(&target.executor, path),
             None => target.executor.clone(),
@@ -79,6 +92,9 @@ async fn run(mut args: SessionArgs, argv: Vec<OsString>) -> Result<i32, Failure>
             if shell {
                 command = shell_command(&command, info.default_shell.into_os_string());
             }
+        }
+        if let Some(handoff) = handoff {
+            command.pass_stdio(handoff);
         }
         // Held until the command is done, then dropped: nothing keeps
         // listening after it.

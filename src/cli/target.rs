@@ -22,6 +22,9 @@ pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(15);
 pub struct Target {
     pub executor: executor::Client,
     pub connection: Option<Connection>,
+    /// How to hand the executor descriptors for a start's stdio: the
+    /// embedded one's, or a Unix socket's.
+    pub stdio_route: Option<rpc::StdioRoute>,
     /// The environment the configuration file names for the server, used
     /// when no --environment is given.
     pub environment: Option<String>,
@@ -98,9 +101,11 @@ pub async fn target(args: &ConnectArgs) -> Result<Target, String> {
         if let Err(error) = engine::become_subreaper() {
             tracing::warn!(%error, "cannot become a subreaper; orphaned grandchildren will not be reaped here");
         }
+        let (executor, route) = rpc::local_executor_with_stdio_route(Engine::default());
         return Ok(Target {
-            executor: rpc::local_executor(Engine::default()),
+            executor,
             connection: None,
+            stdio_route: Some(route),
             environment: None,
         });
     };
@@ -155,6 +160,7 @@ pub async fn target(args: &ConnectArgs) -> Result<Target, String> {
     .map_err(|error| error.to_string())?;
     Ok(Target {
         executor: connection.executor(),
+        stdio_route: connection.stdio_route(),
         connection: Some(connection),
         environment: named.environment,
     })

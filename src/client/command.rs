@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use futures::StreamExt;
 
 use crate::capexec_capnp::executor;
-use crate::client::{Error, EventStream, RemoteProcess};
+use crate::client::{Error, EventStream, RemoteProcess, StdioHandoff};
 use crate::model::{EventBody, Exit, ExitStatus, Flow, OutputStream, PtySize, StartSpec};
 use crate::wire;
 
@@ -34,6 +34,7 @@ pub struct Output {
 pub struct Command {
     spec: StartSpec,
     flow: Option<Flow>,
+    handoff: Option<StdioHandoff>,
 }
 
 impl Command {
@@ -41,7 +42,17 @@ impl Command {
         Command {
             spec: StartSpec::new([program]),
             flow: None,
+            handoff: None,
         }
+    }
+
+    /// Offers the child the caller's own stdio descriptors (see
+    /// [`StdioHandoff`]), for a server on this machine; the start falls
+    /// back to pipes where they cannot be taken, and `handoff.taken()`
+    /// says which once it has answered. Ignored with [`Command::tty`].
+    pub fn pass_stdio(&mut self, handoff: StdioHandoff) -> &mut Command {
+        self.handoff = Some(handoff);
+        self
     }
 
     pub fn arg(&mut self, arg: impl Into<OsString>) -> &mut Command {
@@ -166,6 +177,11 @@ impl Command {
         self
     }
 
+    /// The descriptors offered with [`Command::pass_stdio`].
+    pub fn stdio_handoff(&self) -> Option<&StdioHandoff> {
+        self.handoff.as_ref()
+    }
+
     pub fn spec(&self) -> &StartSpec {
         &self.spec
     }
@@ -206,12 +222,20 @@ impl Command {
     ) {
         let mut spec = self.spec.clone();
         spec.flow = flow;
+        let handoff = self.handoff.clone().filter(|_| !spec.tty);
+        spec.passed_stdio = handoff.as_ref().and_then(StdioHandoff::hand_over);
         let mut request = executor.start_request();
         wire::start_spec_to_wire(&spec, request.get().init_params());
         let sent = request.send();
         let process = RemoteProcess::from_capability(sent.pipeline.get_process());
         let answer = sent.promise;
-        let started = async move { answer.await.map(drop).map_err(Error::from) };
+        let started = async move {
+            let response = answer.await?;
+            if let Some(handoff) = handoff {
+                handoff.answered(response.get()?.get_stdio_passed());
+            }
+            Ok(())
+        };
         (process, started)
     }
 

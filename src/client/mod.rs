@@ -83,6 +83,7 @@ mod handle;
 mod ports;
 mod process;
 mod resilient;
+mod stdio_handoff;
 
 pub use self::command::{Command, Output, Stdin};
 pub use self::directory::{Directory, EntryStream, WatchStream};
@@ -95,3 +96,4 @@ pub use self::process::{Pending, PendingWrite, RemoteProcess, restore};
 pub use self::resilient::{
     Connect, MAX_UNANSWERED_WRITES, RecoveryNote, ResilientEvents, ResilientProcess, Session,
 };
+pub use self::stdio_handoff::StdioHandoff;

@@ -21,7 +21,6 @@ mod stdin;
 mod terminal;
 
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -40,7 +39,7 @@ pub use self::reaper::{become_subreaper, is_subreaper};
 pub use self::shared::{
     MAX_QUEUED_STDIN_BYTES, MAX_QUEUED_STDIN_WRITES, MAX_WRITE_BYTES, ProcessLimits,
 };
-pub use self::spawn::ChildSetup;
+pub use self::spawn::{ChildSetup, GivenStdio};
 pub use self::stdin::REMEMBERED_WRITE_IDS;
 
 use self::output::OutputSource;
@@ -97,12 +96,22 @@ impl Engine {
     /// Spawns a process. Must be called within a tokio runtime, which then
     /// runs the process's tasks.
     pub fn start(&self, spec: &StartSpec) -> Result<ProcessOwner, Refusal> {
-        let started = self.start_uncounted(spec);
+        self.start_with(spec, GivenStdio::default())
+    }
+
+    /// Spawns a process whose standard descriptors are `given` where it
+    /// has them, pipes where not (ignored, and closed, for a terminal).
+    pub fn start_with(&self, spec: &StartSpec, given: GivenStdio) -> Result<ProcessOwner, Refusal> {
+        let started = self.start_uncounted(spec, given);
         crate::metrics::start(started.as_ref().map(drop).map_err(|refusal| refusal.kind));
         started
     }
 
-    fn start_uncounted(&self, spec: &StartSpec) -> Result<ProcessOwner, Refusal> {
+    fn start_uncounted(
+        &self,
+        spec: &StartSpec,
+        given: GivenStdio,
+    ) -> Result<ProcessOwner, Refusal> {
         if self.inner.closing.load(Ordering::Acquire) {
             return Err(shutting_down());
         }
@@ -117,13 +126,14 @@ impl Engine {
         if spec.tty {
             self.start_on_terminal(spec)
         } else {
-            self.start_on_pipes(spec)
+            self.start_on_pipes(spec, given)
         }
     }
 
-    fn start_on_pipes(&self, spec: &StartSpec) -> Result<ProcessOwner, Refusal> {
+    fn start_on_pipes(&self, spec: &StartSpec, given: GivenStdio) -> Result<ProcessOwner, Refusal> {
         let stdio = ChildStdio::Pipes {
             pipe_stdin: spec.pipe_stdin,
+            given,
         };
         let confined = confine(spec)?;
         let SpawnedChild {
@@ -135,9 +145,14 @@ impl Engine {
         let confinement = attach(&leader, confined);
         // The Leader owns the child: if anything fails from here on, its
         // drop kills and reaps it.
+        // No pipe where the child got a given descriptor: nothing to read.
         let attach = || -> std::io::Result<_> {
-            let stdout = OutputSource::pipe(OutputStream::Stdout, required(stdout)?)?;
-            let stderr = OutputSource::pipe(OutputStream::Stderr, required(stderr)?)?;
+            let stdout = stdout
+                .map(|fd| OutputSource::pipe(OutputStream::Stdout, fd))
+                .transpose()?;
+            let stderr = stderr
+                .map(|fd| OutputSource::pipe(OutputStream::Stderr, fd))
+                .transpose()?;
             let stdin = stdin.map(pipe::Sender::from_owned_fd).transpose()?;
             Ok((stdout, stderr, stdin))
         };
@@ -147,7 +162,7 @@ impl Engine {
             spec,
             leader,
             confinement,
-            sources: [Some(stdout), Some(stderr)],
+            sources: [stdout, stderr],
             stdin: stdin.map(|sink| Box::new(pipe_capacity::GrowingSender::new(sink)) as StdinSink),
             terminal: None,
         })
@@ -378,10 +393,6 @@ fn attach_failed(pid: i32, error: &std::io::Error) -> Refusal {
         RefusalKind::SpawnFailed,
         format!("cannot attach to the new process {pid}: {error}"),
     )
-}
-
-fn required(fd: Option<OwnedFd>) -> std::io::Result<OwnedFd> {
-    fd.ok_or_else(|| std::io::Error::other("the child has no pipe for this stream"))
 }
 
 #[cfg(test)]

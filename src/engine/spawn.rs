@@ -27,10 +27,43 @@ const SHELL: &str = "/bin/sh";
 /// Stack of the child between clone and exec; it only makes system calls.
 const CHILD_STACK_BYTES: usize = 64 * 1024;
 
+/// Standard descriptors a child gets as they are, instead of pipes: a
+/// client's own, which it sent to a server on its machine, so that the
+/// child writes into the client's pipe (or file, or socket) itself. The
+/// server closes its copies once the child has them.
+#[derive(Debug, Default)]
+pub struct GivenStdio {
+    pub stdin: Option<OwnedFd>,
+    pub stdout: Option<OwnedFd>,
+    pub stderr: Option<OwnedFd>,
+}
+
+impl GivenStdio {
+    /// Whether `fd` may be a child's standard descriptor: a pipe, socket,
+    /// regular file or character device; not a directory (a handle a
+    /// sandboxed child could open paths under) or an `O_PATH` descriptor.
+    pub fn may_be_stdio(fd: &OwnedFd) -> bool {
+        use std::os::fd::AsRawFd;
+        // SAFETY: fcntl(F_GETFL) on a descriptor we own.
+        let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+        if flags < 0 || flags & libc::O_PATH != 0 {
+            return false;
+        }
+        let Ok(stat) = nix::sys::stat::fstat(fd) else {
+            return false;
+        };
+        matches!(
+            stat.st_mode & libc::S_IFMT,
+            libc::S_IFIFO | libc::S_IFSOCK | libc::S_IFREG | libc::S_IFCHR
+        )
+    }
+}
+
 /// The standard descriptors a child gets.
 pub(crate) enum ChildStdio {
-    /// stdin piped or /dev/null; stdout and stderr piped.
-    Pipes { pipe_stdin: bool },
+    /// What `given` has; for the rest, stdin piped or /dev/null, stdout
+    /// and stderr piped.
+    Pipes { pipe_stdin: bool, given: GivenStdio },
     /// All three on this terminal, opened by the child after it became a
     /// session leader, which makes it the controlling terminal.
     Terminal(PathBuf),
@@ -72,7 +105,7 @@ pub(crate) fn spawn(
         .collect();
 
     let session = matches!(stdio, ChildStdio::Terminal(_));
-    let mut plan = StdioPlan::new(&stdio).map_err(|error| spawn_failed(spec, &error))?;
+    let mut plan = StdioPlan::new(stdio).map_err(|error| spawn_failed(spec, &error))?;
     let confinement = Confinement::of(confine);
     let leader = reaper::spawn_leader(session, || {
         let extras = Extras {
@@ -392,7 +425,7 @@ struct StdioPlan {
 }
 
 impl StdioPlan {
-    fn new(stdio: &ChildStdio) -> io::Result<StdioPlan> {
+    fn new(stdio: ChildStdio) -> io::Result<StdioPlan> {
         use std::os::fd::AsRawFd;
         let mut plan = StdioPlan {
             actions: Vec::new(),
@@ -402,8 +435,10 @@ impl StdioPlan {
             _child_ends: Vec::new(),
         };
         match stdio {
-            ChildStdio::Pipes { pipe_stdin } => {
-                if *pipe_stdin {
+            ChildStdio::Pipes { pipe_stdin, given } => {
+                if let Some(stdin) = given.stdin {
+                    plan.give(stdin, 0)?;
+                } else if pipe_stdin {
                     let (read, write) = pipe()?;
                     plan.actions.push(StdioAction::Dup {
                         from: read.as_raw_fd(),
@@ -418,20 +453,14 @@ impl StdioPlan {
                         to: 0,
                     });
                 }
-                let (read, write) = pipe()?;
-                plan.actions.push(StdioAction::Dup {
-                    from: write.as_raw_fd(),
-                    to: 1,
-                });
-                plan.parent_stdout = Some(read);
-                plan._child_ends.push(write);
-                let (read, write) = pipe()?;
-                plan.actions.push(StdioAction::Dup {
-                    from: write.as_raw_fd(),
-                    to: 2,
-                });
-                plan.parent_stderr = Some(read);
-                plan._child_ends.push(write);
+                match given.stdout {
+                    Some(stdout) => plan.give(stdout, 1)?,
+                    None => plan.parent_stdout = Some(plan.output_pipe(1)?),
+                }
+                match given.stderr {
+                    Some(stderr) => plan.give(stderr, 2)?,
+                    None => plan.parent_stderr = Some(plan.output_pipe(2)?),
+                }
             }
             ChildStdio::Terminal(slave) => {
                 // Without O_NOCTTY: it becomes the controlling terminal of
@@ -446,6 +475,31 @@ impl StdioPlan {
             }
         }
         Ok(plan)
+    }
+
+    /// A pipe whose write end is the child's `to`; returns the read end.
+    fn output_pipe(&mut self, to: RawFd) -> io::Result<OwnedFd> {
+        use std::os::fd::AsRawFd;
+        let (read, write) = pipe()?;
+        self.actions.push(StdioAction::Dup {
+            from: write.as_raw_fd(),
+            to,
+        });
+        self._child_ends.push(write);
+        Ok(read)
+    }
+
+    /// `fd` as the child's `to`, kept above the standard descriptors so
+    /// that no earlier step of the plan overwrites it.
+    fn give(&mut self, fd: OwnedFd, to: RawFd) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let fd = above_stdio(fd)?;
+        self.actions.push(StdioAction::Dup {
+            from: fd.as_raw_fd(),
+            to,
+        });
+        self._child_ends.push(fd);
+        Ok(())
     }
 }
 

@@ -40,6 +40,28 @@ pub struct StartSpec {
     pub sandbox: Option<Sandbox>,
     /// Resource limits of its tree.
     pub limits: Limits,
+    /// Standard descriptors the client sent over its connection, to be
+    /// the child's instead of pipes (see [`PassedStdio`]).
+    pub passed_stdio: Option<PassedStdio>,
+}
+
+/// Which of a child's standard descriptors the client sent over its Unix
+/// connection (SCM_RIGHTS), and where they are among all it sent there:
+/// numbered from 0 in the order sent, stdin, stdout, stderr following from
+/// `first` (those that are `true`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PassedStdio {
+    pub first: u64,
+    pub stdin: bool,
+    pub stdout: bool,
+    pub stderr: bool,
+}
+
+impl PassedStdio {
+    /// How many descriptors these are.
+    pub fn count(&self) -> u64 {
+        u64::from(self.stdin) + u64::from(self.stdout) + u64::from(self.stderr)
+    }
 }
 
 /// Most bytes of argv and environment a client may send: half of Linux's

@@ -91,6 +91,8 @@ pub struct Connection {
     /// Set when this side closes the connection, so that its end is not
     /// taken for the server's doing.
     closing: Rc<Cell<bool>>,
+    /// A Unix socket's: descriptors to send to the server.
+    outbox: Option<crate::rpc::DescriptorOutbox>,
 }
 
 /// The server's first answer, raced against the connect deadline.
@@ -102,6 +104,13 @@ impl Connection {
     /// login makes its calls fail with the refusal.
     pub fn executor(&self) -> executor::Client {
         self.executor.clone()
+    }
+
+    /// Where this connection hands descriptors to the server for a start's
+    /// stdio ([`crate::client::Command::pass_stdio`]): over a Unix socket
+    /// only, which reaches a server on this machine.
+    pub fn stdio_route(&self) -> Option<crate::rpc::StdioRoute> {
+        self.outbox.clone().map(crate::rpc::StdioRoute::Socket)
     }
 
     /// Whether the connection has ended.
@@ -163,6 +172,8 @@ struct Stream {
     /// The resolved addresses of a plaintext TCP connection, to probe for
     /// TLS if the server closes without a word.
     plaintext_tcp: Option<(String, Vec<SocketAddr>)>,
+    /// A Unix socket's: descriptors to send to the server.
+    outbox: Option<crate::rpc::DescriptorOutbox>,
 }
 
 /// Connects to `address` as `options` say; TCP addresses need `token`.
@@ -179,6 +190,7 @@ pub async fn connect_to(
     let (stream, token) = tokio::time::timeout_at(deadline, open(address, token, options))
         .await
         .map_err(timed_out)??;
+    let outbox = stream.outbox.clone();
     let mut system = RpcSystem::new(stream.network, None);
     let (executor, answer): (executor::Client, LocalBoxFuture<'static, capnp::Result<()>>) =
         match token {
@@ -276,6 +288,7 @@ pub async fn connect_to(
         established,
         watchdog,
         closing,
+        outbox,
     })
 }
 
@@ -356,12 +369,15 @@ async fn open(
                 .map_err(|error| unix_error(address, path, error))?;
             let (reader, writer) = stream.into_split();
             let reader = Watched::new(reader, Rc::clone(&watch));
+            let outbox = crate::rpc::DescriptorOutbox::default();
+            let writer = crate::net::passing::SendingWriter::new(writer, outbox.clone());
             let network = client_network(reader, writer);
             Ok((
                 Stream {
                     network,
                     watch,
                     plaintext_tcp: None,
+                    outbox: Some(outbox),
                 },
                 None,
             ))
@@ -419,6 +435,7 @@ async fn open(
                     network,
                     watch,
                     plaintext_tcp,
+                    outbox: None,
                 },
                 Some(token.as_str().to_string()),
             ))

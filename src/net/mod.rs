@@ -18,6 +18,7 @@ mod guard;
 mod liveness;
 mod local_socket;
 mod metrics_http;
+mod passing;
 mod pending;
 mod server;
 mod session;

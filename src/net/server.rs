@@ -213,8 +213,9 @@ impl Connections {
 }
 
 /// Makes the root executor of a new connection, named (its number and
-/// peer) for the admin's process list.
-type NewExecutor = Rc<dyn Fn(&str) -> executor::Client>;
+/// peer) for the admin's process list, whose starts may take the
+/// descriptors its peer sends (a Unix socket's).
+type NewExecutor = Rc<dyn Fn(&str, Option<&rpc::ReceivedDescriptors>) -> executor::Client>;
 
 /// Makes the root executor of one connection.
 type ConnectionExecutor = Rc<dyn Fn() -> executor::Client>;
@@ -552,18 +553,23 @@ fn new_executor(
     rules: Option<Rc<crate::engine::Rules>>,
 ) -> NewExecutor {
     let context = Rc::clone(context);
-    Rc::new(move |connection: &str| {
-        let quota = per_connection
-            .map_or_else(rpc::Quota::unlimited, rpc::Quota::at_most)
-            .with_port_limits(port_limits)
-            .owned_by(connection);
-        match &rules {
-            Some(rules) => {
-                rpc::restricted_root_executor(Rc::clone(&context), quota, Rc::clone(rules))
+    Rc::new(
+        move |connection: &str, received: Option<&rpc::ReceivedDescriptors>| {
+            let mut quota = per_connection
+                .map_or_else(rpc::Quota::unlimited, rpc::Quota::at_most)
+                .with_port_limits(port_limits);
+            if let Some(received) = received {
+                quota = quota.with_received_descriptors(received.clone());
             }
-            None => rpc::root_executor(Rc::clone(&context), quota),
-        }
-    })
+            let quota = quota.owned_by(connection);
+            match &rules {
+                Some(rules) => {
+                    rpc::restricted_root_executor(Rc::clone(&context), quota, Rc::clone(rules))
+                }
+                None => rpc::root_executor(Rc::clone(&context), quota),
+            }
+        },
+    )
 }
 
 /// The server's end of a connection, guarded by `limits` and `session`.
@@ -588,6 +594,8 @@ struct Accepted {
     peer: String,
     session: Rc<Session>,
     login: Option<Arc<Login>>,
+    /// What a Unix socket's peer sends for its starts' stdio.
+    received: Option<rpc::ReceivedDescriptors>,
 }
 
 async fn accept_loop(address: Address, listener: Listener, serving: Rc<Serving>) {
@@ -618,7 +626,8 @@ async fn accept_loop(address: Address, listener: Listener, serving: Rc<Serving>)
         let serving = Rc::clone(&serving);
         let connection = format!("{id} {}", accepted.peer);
         let make = Rc::clone(&serving.executor);
-        let executor: ConnectionExecutor = Rc::new(move || make(&connection));
+        let received = accepted.received.clone();
+        let executor: ConnectionExecutor = Rc::new(move || make(&connection, received.as_ref()));
         let open = crate::metrics::connection_opened();
         tokio::task::spawn_local(
             async move {
@@ -643,6 +652,8 @@ fn accept_unix(stream: tokio::net::UnixStream, serving: &Serving) -> Option<Acce
         return None;
     }
     let (reader, writer) = stream.into_split();
+    let received = rpc::ReceivedDescriptors::default();
+    let reader = crate::net::passing::ReceivingReader::new(reader, received.clone());
     let session = Session::logged_in();
     let network = server_network(reader, writer, serving.limits, &session);
     Some(Accepted {
@@ -650,6 +661,7 @@ fn accept_unix(stream: tokio::net::UnixStream, serving: &Serving) -> Option<Acce
         peer: "unix".to_string(),
         session,
         login: None,
+        received: Some(received),
     })
 }
 
@@ -689,6 +701,7 @@ fn accept_tcp(
         peer: peer.to_string(),
         session,
         login: serving.login.borrow().clone(),
+        received: None,
     })
 }
 

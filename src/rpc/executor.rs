@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::rc::Rc;
 
 use crate::capexec_capnp::executor;
-use crate::engine::{Engine, Rules};
+use crate::engine::{Engine, GivenStdio, Rules};
 use crate::model::{LOCAL_ENVIRONMENT, Policy, Refusal, RefusalKind, Sandbox};
 use crate::rpc::context::{Place, ServerContext};
 use crate::rpc::detach::Held;
@@ -91,6 +91,29 @@ impl ExecutorImpl {
         crate::rpc::ports::port_rules(self.rules.as_deref())
     }
 
+    /// The descriptors `spec` names among those the connection's peer
+    /// sent, to be the child's stdio, if it may have them: all are there
+    /// and of a kind a standard descriptor is. Never for a restricted
+    /// executor (its rules see paths and programs, not what a descriptor
+    /// reaches) or a terminal; descriptors not given are closed.
+    fn passed_stdio(&self, spec: &crate::model::StartSpec) -> Option<GivenStdio> {
+        let passed = spec.passed_stdio?;
+        let taken = self
+            .quota
+            .received_descriptors()?
+            .take(passed.first, passed.count())?;
+        if self.rules.is_some() || spec.tty || !taken.iter().all(GivenStdio::may_be_stdio) {
+            return None;
+        }
+        let mut taken = taken.into_iter();
+        let mut next = |named: bool| if named { taken.next() } else { None };
+        Some(GivenStdio {
+            stdin: next(passed.stdin),
+            stdout: next(passed.stdout),
+            stderr: next(passed.stderr),
+        })
+    }
+
     /// A new owner capability for `held`, whose forwards follow this
     /// executor's rules and count against its connection.
     fn process_capability(&self, held: Rc<Held>) -> crate::capexec_capnp::process::Client {
@@ -106,6 +129,19 @@ pub fn local_executor(engine: Engine) -> executor::Client {
         Rc::new(ServerContext::local_only(engine)),
         Quota::unlimited(),
     )
+}
+
+/// [`local_executor`], and the route by which this process hands it
+/// descriptors for its starts' stdio ([`crate::client::StdioHandoff`]).
+pub fn local_executor_with_stdio_route(
+    engine: Engine,
+) -> (executor::Client, crate::rpc::StdioRoute) {
+    let received = crate::rpc::ReceivedDescriptors::default();
+    let executor = root_executor(
+        Rc::new(ServerContext::local_only(engine)),
+        Quota::unlimited().with_received_descriptors(received.clone()),
+    );
+    (executor, crate::rpc::StdioRoute::InProcess(received))
 }
 
 /// The root executor of a server whose every start must satisfy `rules`
@@ -142,7 +178,9 @@ pub(crate) fn environment(
         Place::Local => {
             capnp_rpc::new_client(ExecutorImpl::new(Rc::clone(context), quota.clone(), None))
         }
-        Place::Upstream(upstream) => capnp_rpc::new_client(ForwardingExecutor::new(upstream)),
+        Place::Upstream(upstream) => {
+            capnp_rpc::new_client(ForwardingExecutor::for_connection(upstream, quota))
+        }
     })
 }
 
@@ -153,6 +191,8 @@ impl executor::Server for ExecutorImpl {
         mut results: executor::StartResults,
     ) -> Result<(), capnp::Error> {
         let mut spec = wire::start_spec_from_wire(params.get()?.get_params()?)?;
+        // Taken first, so that a refused start closes them too.
+        let given = self.passed_stdio(&spec);
         if let Some(home) = &self.home {
             // Relative to the home, which is also where a start without a
             // working directory runs.
@@ -175,13 +215,15 @@ impl executor::Server for ExecutorImpl {
             .quota
             .take()
             .inspect_err(|refusal| crate::metrics::refused_start(refusal.kind))?;
-        let owner = self.engine().start(&spec)?;
+        let passed = given.is_some();
+        let owner = self.engine().start_with(&spec, given.unwrap_or_default())?;
         if let Some(admission) = admission {
             owner.handle().hold_while_running(admission);
         }
         let held = Held::new(owner, self.context.detachments(), ticket);
         self.context.processes().add(&held, &spec);
         results.get().set_process(self.process_capability(held));
+        results.get().set_stdio_passed(passed);
         Ok(())
     }
 

@@ -47,6 +47,10 @@ pub(crate) struct ForwardingExecutor {
     /// Set for a server's root executor whose default environment is the
     /// upstream: `environments` and `environment` describe this server.
     root: Option<Root>,
+    /// The descriptors the connection's peer sent for its starts' stdio:
+    /// a forwarded start cannot take them to another machine, so it
+    /// closes them here (the far end starts with pipes).
+    received: Option<crate::rpc::ReceivedDescriptors>,
 }
 
 /// What a forwarding root executor answers itself.
@@ -69,7 +73,16 @@ impl ForwardingExecutor {
         quota: Quota,
     ) -> ForwardingExecutor {
         ForwardingExecutor {
+            received: quota.received_descriptors().cloned(),
             root: Some(Root { context, quota }),
+            ..ForwardingExecutor::new(upstream)
+        }
+    }
+
+    /// An executor forwarded to `upstream` for a connection with `quota`.
+    pub(crate) fn for_connection(upstream: Rc<dyn Upstream>, quota: &Quota) -> ForwardingExecutor {
+        ForwardingExecutor {
+            received: quota.received_descriptors().cloned(),
             ..ForwardingExecutor::new(upstream)
         }
     }
@@ -80,6 +93,7 @@ impl ForwardingExecutor {
             path,
             resolved: RefCell::new(None),
             root: None,
+            received: None,
         }
     }
 
@@ -145,7 +159,8 @@ impl ForwardingExecutor {
     fn step(&self, step: Step, far: executor::Client, generation: u64) -> ForwardingExecutor {
         let mut path = self.path.clone();
         path.push(step);
-        let forwarder = ForwardingExecutor::at_path(Rc::clone(&self.upstream), path);
+        let mut forwarder = ForwardingExecutor::at_path(Rc::clone(&self.upstream), path);
+        forwarder.received = self.received.clone();
         *forwarder.resolved.borrow_mut() = Some(Link {
             executor: far,
             generation,
@@ -195,17 +210,29 @@ impl executor::Server for ForwardingExecutor {
         params: executor::StartParams,
         mut results: executor::StartResults,
     ) -> Result<(), capnp::Error> {
+        let params = params.get()?.get_params()?;
+        if let (Some(received), true) = (&self.received, params.has_passed_stdio()) {
+            let passed = params.get_passed_stdio()?;
+            let count = [passed.get_stdin(), passed.get_stdout(), passed.get_stderr()]
+                .iter()
+                .filter(|&&named| named)
+                .count();
+            // Closed now: they stay on this machine, the start does not.
+            drop(received.take(passed.get_first(), count as u64));
+        }
         let upstream = self.target().await?.executor;
         let mut request = upstream.start_request();
-        request
-            .get()
-            .set_params(params.get()?.get_params()?)
-            .map_err(|error| {
-                Refusal::new(
-                    RefusalKind::InvalidArgument,
-                    format!("malformed start parameters: {error}"),
-                )
-            })?;
+        let mut forwarded = request.get();
+        forwarded.set_params(params).map_err(|error| {
+            Refusal::new(
+                RefusalKind::InvalidArgument,
+                format!("malformed start parameters: {error}"),
+            )
+        })?;
+        if params.has_passed_stdio() {
+            // The far end's numbers are this hop's, which sends none.
+            forwarded.get_params()?.init_passed_stdio();
+        }
         let call = request.send();
         results.get().set_process(call.pipeline.get_process());
         results.set_pipeline()?;

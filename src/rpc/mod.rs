@@ -11,6 +11,7 @@ mod executor;
 mod file_limits;
 mod forward;
 mod forward_directory;
+mod handoff;
 mod info;
 mod port_quota;
 mod ports;
@@ -23,7 +24,11 @@ pub use self::admin::{AdminImpl, ProcessTable};
 pub use self::context::{Link, ServerContext, Upstream, check_names as check_environment_names};
 pub use self::detach::{DEFAULT_RETENTION, Detachments, MAX_GRACE};
 pub use self::directory::DirectoryImpl;
-pub use self::executor::{ExecutorImpl, local_executor, restricted_root_executor, root_executor};
+pub use self::executor::{
+    ExecutorImpl, local_executor, local_executor_with_stdio_route, restricted_root_executor,
+    root_executor,
+};
+pub use self::handoff::{DescriptorOutbox, MAX_KEPT_DESCRIPTORS, ReceivedDescriptors, StdioRoute};
 pub use self::info::features as protocol_features;
 pub use self::port_quota::{MAX_PORT_LISTENERS, MAX_PORT_STREAMS, PortLimits};
 pub use self::ports::MAX_PENDING_ACCEPTS;

@@ -20,6 +20,10 @@ struct State {
     files: FileLimits,
     /// The connection's port connections and listeners.
     ports: crate::rpc::port_quota::PortQuota,
+    /// What the connection's peer sent to be its children's standard
+    /// descriptors: only a Unix socket's peer (and an in-process client)
+    /// can.
+    received: Option<crate::rpc::ReceivedDescriptors>,
 }
 
 impl Quota {
@@ -31,6 +35,7 @@ impl Quota {
             connection: std::cell::RefCell::new(Rc::from("embedded")),
             files: FileLimits::default(),
             ports: Default::default(),
+            received: None,
         }))
     }
 
@@ -41,6 +46,7 @@ impl Quota {
             connection: std::cell::RefCell::new(Rc::from("embedded")),
             files: FileLimits::default(),
             ports: Default::default(),
+            received: None,
         }))
     }
 
@@ -51,6 +57,20 @@ impl Quota {
             state.ports = crate::rpc::port_quota::PortQuota::new(limits);
         }
         self
+    }
+
+    /// Lets the connection's starts take the descriptors its peer sent
+    /// (before any executor has the quota).
+    pub fn with_received_descriptors(mut self, received: crate::rpc::ReceivedDescriptors) -> Quota {
+        if let Some(state) = Rc::get_mut(&mut self.0) {
+            state.received = Some(received);
+        }
+        self
+    }
+
+    /// The descriptors the connection's peer sent, if it can send any.
+    pub(crate) fn received_descriptors(&self) -> Option<&crate::rpc::ReceivedDescriptors> {
+        self.0.received.as_ref()
     }
 
     /// Names the connection whose allowance this is (its number and peer),

@@ -4,7 +4,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
 use crate::capexec_capnp::start_params;
-use crate::model::{EnvSpec, PtySize, Refusal, RefusalKind, StartSpec};
+use crate::model::{EnvSpec, PassedStdio, PtySize, Refusal, RefusalKind, StartSpec};
 use crate::wire::lists::{
     byte_strings, env_vars, limit_from_millis, limit_millis, os_string, pty_size_from_wire,
     pty_size_to_wire, set_byte_strings, set_env_vars,
@@ -89,6 +89,7 @@ pub fn start_spec_from_wire(params: start_params::Reader<'_>) -> Result<StartSpe
         timeout: limit_from_millis(params.get_timeout_ms()),
         sandbox,
         limits,
+        passed_stdio: passed_stdio_from_wire(params)?,
     })
 }
 
@@ -126,8 +127,33 @@ pub fn start_spec_to_wire(spec: &StartSpec, mut params: start_params::Builder<'_
         sandbox_to_wire(sandbox, params.reborrow().init_sandbox());
     }
     if !spec.limits.is_empty() {
-        limits_to_wire(&spec.limits, params.init_limits());
+        limits_to_wire(&spec.limits, params.reborrow().init_limits());
     }
+    if let Some(passed) = spec.passed_stdio {
+        let mut wire = params.init_passed_stdio();
+        wire.set_first(passed.first);
+        wire.set_stdin(passed.stdin);
+        wire.set_stdout(passed.stdout);
+        wire.set_stderr(passed.stderr);
+    }
+}
+
+fn passed_stdio_from_wire(
+    params: start_params::Reader<'_>,
+) -> Result<Option<PassedStdio>, Refusal> {
+    if !params.has_passed_stdio() {
+        return Ok(None);
+    }
+    let wire = params
+        .get_passed_stdio()
+        .map_err(|e| malformed("passedStdio", e))?;
+    let passed = PassedStdio {
+        first: wire.get_first(),
+        stdin: wire.get_stdin(),
+        stdout: wire.get_stdout(),
+        stderr: wire.get_stderr(),
+    };
+    Ok((passed.count() > 0).then_some(passed))
 }
 
 #[cfg(test)]
@@ -178,6 +204,12 @@ mod tests {
                 cpu_millis: Some(1500),
                 best_effort: true,
             },
+            passed_stdio: Some(crate::model::PassedStdio {
+                first: 7,
+                stdin: false,
+                stdout: true,
+                stderr: true,
+            }),
         };
         assert_eq!(round_trip(&spec), spec);
     }

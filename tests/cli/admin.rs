@@ -62,9 +62,12 @@ fn the_admin_lists_observes_and_terminates_every_process() {
     assert_eq!(mode & 0o777, 0o600);
 
     let token = served.token_arg();
+    // Relayed, so that the server retains the output the observer reads
+    // (handed to the command, it would be the command's alone).
     let over_unix = Watched::spawn(served.run(&[
         "--connect",
         &served.unix,
+        "--relay-stdio",
         "--",
         "sh",
         "-c",

@@ -25,4 +25,5 @@ mod run;
 mod sandbox;
 mod security;
 mod service;
+mod stdio_handoff;
 mod tty;

@@ -47,6 +47,9 @@ pub struct Ctx {
     /// The served address, for network backends.
     pub address: Option<Address>,
     pub token: Option<Token>,
+    /// Where this client hands its descriptors for a start's stdio: the
+    /// in-process executor's, or a Unix socket's.
+    pub stdio_route: Option<rpc::StdioRoute>,
     connection: Option<Connection>,
     server: Option<server::ServerThread>,
     /// The server at the far end of a chain, stopped after `server`.
@@ -116,16 +119,20 @@ where
 {
     run_local(async move {
         let ctx = match backend {
-            Backend::InProcess => Ctx {
-                executor: rpc::local_executor(Engine::default()),
-                backend,
-                server_pid: std::process::id(),
-                address: None,
-                token: None,
-                connection: None,
-                server: None,
-                far_server: None,
-            },
+            Backend::InProcess => {
+                let (executor, route) = rpc::local_executor_with_stdio_route(Engine::default());
+                Ctx {
+                    executor,
+                    backend,
+                    server_pid: std::process::id(),
+                    address: None,
+                    token: None,
+                    stdio_route: Some(route),
+                    connection: None,
+                    server: None,
+                    far_server: None,
+                }
+            }
             Backend::Unix | Backend::Tcp | Backend::Chained => {
                 let (server, far_server) = if backend == Backend::Chained {
                     let far = server::ServerThread::start(false);
@@ -151,6 +158,7 @@ where
                     server_pid: std::process::id(),
                     address: Some(address),
                     token,
+                    stdio_route: connection.stdio_route(),
                     connection: Some(connection),
                     server: Some(server),
                     far_server,

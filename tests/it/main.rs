@@ -27,6 +27,7 @@ mod resource_usage;
 mod restricted;
 mod sandbox;
 mod soak;
+mod stdio_handoff;
 mod terminal_contract;
 mod timeouts;
 mod tls;

@@ -1,0 +1,299 @@
+//! Descriptors over a Unix socket connection (SCM_RIGHTS): the client's
+//! writer sends the descriptors its outbox holds with the next bytes it
+//! writes, and the server's reader files those that arrive with the bytes
+//! it reads (see `rpc::handoff`). Bytes flow as through the plain halves:
+//! no copy, no extra system call while nothing is queued.
+//!
+//! The kernel hands descriptors over with the bytes they were sent with,
+//! and a read never takes bytes beyond them, so a start's descriptors,
+//! sent no later than the start, are filed before the start is read.
+
+use std::io::{self, IoSlice};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+
+use crate::rpc::{DescriptorOutbox, ReceivedDescriptors};
+
+/// Most descriptors one write sends (and one read has room for, with
+/// some to spare, so that a peer's descriptors are never cut off).
+const MAX_PER_WRITE: usize = 16;
+const ROOM_PER_READ: usize = 2 * MAX_PER_WRITE;
+
+/// The server's read half, filing the descriptors that arrive.
+pub(crate) struct ReceivingReader {
+    half: OwnedReadHalf,
+    received: ReceivedDescriptors,
+}
+
+impl ReceivingReader {
+    pub fn new(half: OwnedReadHalf, received: ReceivedDescriptors) -> ReceivingReader {
+        ReceivingReader { half, received }
+    }
+}
+
+impl AsyncRead for ReceivingReader {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let stream = this.half.as_ref();
+        loop {
+            ready!(stream.poll_read_ready(cx))?;
+            // SAFETY: recvmsg only writes to the bytes it reports read,
+            // and only those are marked initialised.
+            let unfilled = unsafe { buf.unfilled_mut() };
+            let read = stream.try_io(Interest::READABLE, || {
+                receive(stream.as_raw_fd(), unfilled, &this.received)
+            });
+            match read {
+                Ok(count) => {
+                    // SAFETY: recvmsg wrote `count` bytes.
+                    unsafe { buf.assume_init(count) };
+                    buf.advance(count);
+                    return Poll::Ready(Ok(()));
+                }
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(error) => return Poll::Ready(Err(error)),
+            }
+        }
+    }
+}
+
+/// One recvmsg(2) into `data`, filing any descriptors that came with it.
+fn receive(
+    socket: RawFd,
+    data: &mut [MaybeUninit<u8>],
+    received: &ReceivedDescriptors,
+) -> io::Result<usize> {
+    let mut iov = libc::iovec {
+        iov_base: data.as_mut_ptr().cast(),
+        iov_len: data.len(),
+    };
+    // u64s: a control buffer aligned for cmsghdr.
+    let mut control = [0u64; control_words(ROOM_PER_READ)];
+    // SAFETY: an all-zero msghdr is a valid empty one.
+    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+    message.msg_iov = &mut iov;
+    message.msg_iovlen = 1;
+    message.msg_control = control.as_mut_ptr().cast();
+    message.msg_controllen = std::mem::size_of_val(&control) as _;
+    // SAFETY: every pointer in `message` is valid for its length.
+    let count = unsafe {
+        libc::recvmsg(
+            socket,
+            &mut message,
+            libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT,
+        )
+    };
+    if count < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: walking the control messages recvmsg just wrote.
+    unsafe {
+        let mut header = libc::CMSG_FIRSTHDR(&message);
+        while !header.is_null() {
+            if (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS {
+                let first = libc::CMSG_DATA(header);
+                let bytes = (*header).cmsg_len as usize - (first as usize - header as usize);
+                for index in 0..bytes / std::mem::size_of::<RawFd>() {
+                    let fd = std::ptr::read_unaligned(first.cast::<RawFd>().add(index));
+                    received.arrived(OwnedFd::from_raw_fd(fd));
+                }
+            }
+            header = libc::CMSG_NXTHDR(&message, header);
+        }
+    }
+    if message.msg_flags & libc::MSG_CTRUNC != 0 {
+        tracing::warn!("descriptors the peer sent did not fit a read and were closed");
+        received.lost_some();
+    }
+    Ok(count as usize)
+}
+
+const fn control_words(descriptors: usize) -> usize {
+    // CMSG_SPACE: the header, then the data, each padded to a word.
+    let header = std::mem::size_of::<libc::cmsghdr>();
+    let data = descriptors * std::mem::size_of::<RawFd>();
+    (header.next_multiple_of(8) + data.next_multiple_of(8)) / 8
+}
+
+/// The client's write half, sending the descriptors its outbox holds with
+/// the bytes it writes next.
+pub(crate) struct SendingWriter {
+    half: OwnedWriteHalf,
+    outbox: DescriptorOutbox,
+}
+
+impl SendingWriter {
+    pub fn new(half: OwnedWriteHalf, outbox: DescriptorOutbox) -> SendingWriter {
+        SendingWriter { half, outbox }
+    }
+
+    fn poll_send(&mut self, cx: &mut Context<'_>, data: &[IoSlice<'_>]) -> Poll<io::Result<usize>> {
+        let stream = self.half.as_ref();
+        loop {
+            ready!(stream.poll_write_ready(cx))?;
+            let sent = stream.try_io(Interest::WRITABLE, || {
+                self.outbox
+                    .send_with(MAX_PER_WRITE, |fds| send(stream.as_raw_fd(), data, fds))
+            });
+            match sent {
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
+                other => return Poll::Ready(other),
+            }
+        }
+    }
+}
+
+/// One sendmsg(2) of `data` with `fds`.
+fn send(socket: RawFd, data: &[IoSlice<'_>], fds: &[RawFd]) -> io::Result<usize> {
+    let mut control = [0u64; control_words(MAX_PER_WRITE)];
+    // SAFETY: an all-zero msghdr is a valid empty one.
+    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+    // IoSlice is an iovec on Unix; sendmsg only reads through it.
+    message.msg_iov = data.as_ptr() as *mut libc::iovec;
+    message.msg_iovlen = data.len() as _;
+    if !fds.is_empty() {
+        let bytes = std::mem::size_of_val(fds);
+        // SAFETY: the control buffer has room for MAX_PER_WRITE
+        // descriptors and `fds` holds at most that many.
+        unsafe {
+            message.msg_control = control.as_mut_ptr().cast();
+            message.msg_controllen = libc::CMSG_SPACE(bytes as u32) as _;
+            let header = libc::CMSG_FIRSTHDR(&message);
+            (*header).cmsg_level = libc::SOL_SOCKET;
+            (*header).cmsg_type = libc::SCM_RIGHTS;
+            (*header).cmsg_len = libc::CMSG_LEN(bytes as u32) as _;
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr(),
+                libc::CMSG_DATA(header).cast::<RawFd>(),
+                fds.len(),
+            );
+        }
+    }
+    // SAFETY: every pointer in `message` is valid for its length.
+    let count = unsafe { libc::sendmsg(socket, &message, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+    if count < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(count as usize)
+}
+
+impl AsyncWrite for SendingWriter {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if this.outbox.is_empty() || data.is_empty() {
+            return Pin::new(&mut this.half).poll_write(cx, data);
+        }
+        this.poll_send(cx, &[IoSlice::new(data)])
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if this.outbox.is_empty() || data.iter().all(|slice| slice.is_empty()) {
+            return Pin::new(&mut this.half).poll_write_vectored(cx, data);
+        }
+        this.poll_send(cx, data)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().half).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().half).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn pipe() -> (std::fs::File, std::fs::File) {
+        let (read, write) = std::io::pipe().expect("pipe");
+        (OwnedFd::from(read).into(), OwnedFd::from(write).into())
+    }
+
+    #[tokio::test]
+    async fn descriptors_arrive_with_the_bytes_they_were_sent_with_in_order() {
+        use std::io::{Read, Write};
+        let (client, server) = tokio::net::UnixStream::pair().expect("pair");
+        let (_client_read, client_write) = client.into_split();
+        let (server_read, _server_write) = server.into_split();
+        let outbox = DescriptorOutbox::default();
+        let received = ReceivedDescriptors::default();
+        let mut writer = SendingWriter::new(client_write, outbox.clone());
+        let mut reader = ReceivingReader::new(server_read, received.clone());
+
+        let mut kept_ends = Vec::new();
+        let mut sent = Vec::new();
+        for _ in 0..20 {
+            let (read, write) = pipe();
+            kept_ends.push(read);
+            sent.push(OwnedFd::from(write));
+        }
+        // More than one write sends: they go with the following writes.
+        assert_eq!(outbox.queue(sent), 0);
+        let writing = async {
+            writer.write_all(b"first").await.expect("write");
+            writer.write_all(b"second").await.expect("write");
+            assert!(outbox.is_empty());
+            writer.write_all(&vec![7u8; 300_000]).await.expect("write");
+            drop(writer);
+        };
+        let mut bytes = Vec::new();
+        let reading = reader.read_to_end(&mut bytes);
+        let ((), read) = tokio::join!(writing, reading);
+        read.expect("read");
+        assert_eq!(&bytes[..11], b"firstsecond");
+        assert_eq!(bytes.len(), 11 + 300_000);
+        assert!(bytes[11..].iter().all(|&byte| byte == 7));
+
+        // Each received descriptor is the write end of the pipe of its
+        // number: what is written through it comes out of that pipe.
+        for (number, mut kept) in kept_ends.into_iter().enumerate() {
+            let fd = received.take(number as u64, 1).expect("arrived").remove(0);
+            let mut file = std::fs::File::from(fd);
+            file.write_all(&[number as u8]).expect("write");
+            drop(file);
+            // One byte, not to the end: a child another test forks
+            // meanwhile may hold a copy of the write end until it execs.
+            let mut byte = [0u8];
+            kept.read_exact(&mut byte).expect("read");
+            assert_eq!(byte, [number as u8]);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reader_without_descriptors_reads_into_uninitialised_memory() {
+        let (client, server) = tokio::net::UnixStream::pair().expect("pair");
+        let (_client_read, mut client_write) = client.into_split();
+        let (server_read, _server_write) = server.into_split();
+        let mut reader = ReceivingReader::new(server_read, ReceivedDescriptors::default());
+        client_write.write_all(b"hello").await.expect("write");
+        drop(client_write);
+        let mut buffer = Vec::with_capacity(64);
+        reader.read_buf(&mut buffer).await.expect("read");
+        assert_eq!(buffer, b"hello");
+    }
+}

@@ -1,0 +1,209 @@
+//! Standard descriptors handed from a client to a server on its machine,
+//! for its children to use as they are (see `StartParams.passedStdio`).
+//!
+//! A client queues them on its connection's [`DescriptorOutbox`], which
+//! the transport sends with the next bytes it writes (SCM_RIGHTS over the
+//! Unix socket, `net::passing`), before the start that names them; the
+//! server's transport files what arrives in the connection's
+//! [`ReceivedDescriptors`], where the start takes them by number. An
+//! in-process client files them there itself ([`StdioRoute::InProcess`]).
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::os::fd::OwnedFd;
+use std::rc::Rc;
+
+/// Most descriptors kept for starts that have not taken them yet; the
+/// oldest are closed first. A start sends its descriptors just before it,
+/// so only a peer that sends descriptors no start asks for reaches this.
+pub const MAX_KEPT_DESCRIPTORS: usize = 64;
+
+/// A connection's received descriptors, numbered from 0 in the order they
+/// arrived (the order the peer sent them). Clones share them.
+#[derive(Clone, Default)]
+pub struct ReceivedDescriptors(Rc<RefCell<Received>>);
+
+#[derive(Default)]
+struct Received {
+    /// The number the next descriptor to arrive gets.
+    next: u64,
+    kept: VecDeque<(u64, OwnedFd)>,
+    /// Some were lost on the way (a read had no room for them), so the
+    /// numbers here are no longer the peer's: nothing is handed out again.
+    out_of_step: bool,
+}
+
+impl ReceivedDescriptors {
+    /// Files `fd` as the next to arrive; returns its number.
+    pub fn arrived(&self, fd: OwnedFd) -> u64 {
+        let mut received = self.0.borrow_mut();
+        let number = received.next;
+        received.next += 1;
+        if received.kept.len() >= MAX_KEPT_DESCRIPTORS {
+            received.kept.pop_front();
+        }
+        received.kept.push_back((number, fd));
+        number
+    }
+
+    /// Descriptors the peer sent were lost on the way: from now on none
+    /// is handed out (those kept are closed).
+    pub fn lost_some(&self) {
+        let mut received = self.0.borrow_mut();
+        received.out_of_step = true;
+        received.kept.clear();
+    }
+
+    /// Takes the `count` descriptors numbered from `first` on, or none:
+    /// if any of them is missing, those found are closed and `None` is
+    /// the answer.
+    pub fn take(&self, first: u64, count: u64) -> Option<Vec<OwnedFd>> {
+        let mut received = self.0.borrow_mut();
+        let wanted = first..first.checked_add(count)?;
+        let mut taken = Vec::new();
+        let mut index = 0;
+        while index < received.kept.len() {
+            if wanted.contains(&received.kept[index].0) {
+                taken.extend(received.kept.remove(index));
+            } else {
+                index += 1;
+            }
+        }
+        let complete = !received.out_of_step && taken.len() as u64 == count;
+        // In the order they were sent: stdin, stdout, stderr.
+        complete.then(|| taken.into_iter().map(|(_, fd)| fd).collect())
+    }
+
+    /// How many are kept (for tests and the admin's view).
+    pub fn kept(&self) -> usize {
+        self.0.borrow().kept.len()
+    }
+}
+
+/// Descriptors a client has queued to send with its connection's next
+/// write, numbered from 0 in the order queued. Clones share the queue.
+#[derive(Clone, Default)]
+pub struct DescriptorOutbox(Rc<RefCell<Outgoing>>);
+
+#[derive(Default)]
+struct Outgoing {
+    queued: u64,
+    pending: VecDeque<OwnedFd>,
+}
+
+impl DescriptorOutbox {
+    /// Queues `fds`; returns the number of the first.
+    pub fn queue(&self, fds: Vec<OwnedFd>) -> u64 {
+        let mut outgoing = self.0.borrow_mut();
+        let first = outgoing.queued;
+        outgoing.queued += fds.len() as u64;
+        outgoing.pending.extend(fds);
+        first
+    }
+
+    /// Whether descriptors wait to be sent.
+    pub fn is_empty(&self) -> bool {
+        self.0.borrow().pending.is_empty()
+    }
+
+    /// Runs `send` with up to `at_most` of the waiting descriptors, in
+    /// order; those it reports sent (`Ok`) leave the queue, and are closed.
+    pub fn send_with<T>(
+        &self,
+        at_most: usize,
+        send: impl FnOnce(&[std::os::fd::RawFd]) -> std::io::Result<T>,
+    ) -> std::io::Result<T> {
+        use std::os::fd::AsRawFd;
+        let mut outgoing = self.0.borrow_mut();
+        let count = outgoing.pending.len().min(at_most);
+        let raw: Vec<_> = outgoing
+            .pending
+            .iter()
+            .take(count)
+            .map(AsRawFd::as_raw_fd)
+            .collect();
+        let sent = send(&raw)?;
+        outgoing.pending.drain(..count);
+        Ok(sent)
+    }
+}
+
+/// Where a client hands descriptors to its server for a start to name.
+#[derive(Clone)]
+pub enum StdioRoute {
+    /// Over the connection's Unix socket.
+    Socket(DescriptorOutbox),
+    /// Straight to an executor in this process.
+    InProcess(ReceivedDescriptors),
+}
+
+impl StdioRoute {
+    /// Hands `fds` over; returns the number of the first, for
+    /// `PassedStdio.first`.
+    pub fn hand_over(&self, fds: Vec<OwnedFd>) -> u64 {
+        match self {
+            StdioRoute::Socket(outbox) => outbox.queue(fds),
+            StdioRoute::InProcess(received) => {
+                let mut fds = fds.into_iter();
+                let Some(first) = fds.next() else {
+                    return received.0.borrow().next;
+                };
+                let first = received.arrived(first);
+                fds.for_each(|fd| {
+                    received.arrived(fd);
+                });
+                first
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn descriptor() -> OwnedFd {
+        std::fs::File::open("/dev/null").expect("open").into()
+    }
+
+    #[test]
+    fn a_start_takes_its_descriptors_by_number_and_leaves_the_others() {
+        let received = ReceivedDescriptors::default();
+        for expected in 0..5 {
+            assert_eq!(received.arrived(descriptor()), expected);
+        }
+        let taken = received.take(1, 2).expect("both are there");
+        assert_eq!(taken.len(), 2);
+        assert_eq!(received.kept(), 3);
+        assert!(received.take(1, 1).is_none(), "taken once only");
+    }
+
+    #[test]
+    fn a_missing_descriptor_makes_the_start_take_none_and_closes_the_rest() {
+        let received = ReceivedDescriptors::default();
+        received.arrived(descriptor());
+        assert!(received.take(0, 2).is_none());
+        assert_eq!(received.kept(), 0, "the one found is closed");
+        assert!(received.take(u64::MAX, 2).is_none(), "no overflow");
+    }
+
+    #[test]
+    fn the_oldest_are_closed_beyond_the_limit() {
+        let received = ReceivedDescriptors::default();
+        for _ in 0..MAX_KEPT_DESCRIPTORS + 3 {
+            received.arrived(descriptor());
+        }
+        assert_eq!(received.kept(), MAX_KEPT_DESCRIPTORS);
+        assert!(received.take(2, 1).is_none());
+        assert!(received.take(3, 1).is_some());
+    }
+
+    #[test]
+    fn after_a_loss_nothing_is_handed_out() {
+        let received = ReceivedDescriptors::default();
+        received.arrived(descriptor());
+        received.lost_some();
+        received.arrived(descriptor());
+        assert!(received.take(1, 1).is_none());
+    }
+}

@@ -1,0 +1,115 @@
+//! `capexec run` on this machine (embedded, or over a Unix socket) hands
+//! the command its own pipes and sockets, and a regular file as stdin: the
+//! command reads and writes them itself, as a local child would. A file as
+//! stdout, a terminal, `--relay-stdio` and TCP keep the relay, with the
+//! same bytes.
+
+use crate::common;
+
+use std::os::fd::AsFd;
+use std::process::{Command, Stdio};
+
+use common::cli::{Served, capexec, finish, text, wait};
+use common::data::{Pattern, TempDir};
+
+/// The inode of the pipe behind `fd`.
+fn inode(fd: impl AsFd) -> u64 {
+    nix::sys::stat::fstat(fd).expect("fstat").st_ino
+}
+
+/// Runs `command` with its stdout a pipe and returns what it printed and
+/// the inode of that pipe.
+fn printed_through_our_pipe(mut command: Command) -> (String, u64) {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("run capexec");
+    let stdout = child.stdout.take().expect("stdout");
+    let ours = inode(&stdout);
+    let mut printed = String::new();
+    std::io::Read::read_to_string(&mut { stdout }, &mut printed).expect("read");
+    assert_eq!(wait(&mut child), 0);
+    (printed, ours)
+}
+
+/// `readlink` of the command's stdout, and of its stdin.
+const WHERE: &[&str] = &["--", "sh", "-c", "readlink /proc/self/fd/1 /proc/self/fd/0"];
+
+fn args<'a>(first: &[&'a str]) -> Vec<&'a str> {
+    let mut args = first.to_vec();
+    args.extend_from_slice(WHERE);
+    args
+}
+
+#[test]
+fn a_command_here_writes_into_our_pipe_itself() {
+    let served = Served::start();
+    let handed: [Command; 2] = [
+        capexec(&args(&["run"])),
+        served.run(&args(&["--connect", &served.unix])),
+    ];
+    for command in handed {
+        let (printed, ours) = printed_through_our_pipe(command);
+        let stdout = printed.lines().next().unwrap_or_default();
+        assert_eq!(stdout, format!("pipe:[{ours}]"), "{printed}");
+    }
+    let token = served.token_arg();
+    let relayed: [Command; 3] = [
+        capexec(&args(&["run", "--relay-stdio"])),
+        served.run(&args(&["--connect", &served.unix, "--relay-stdio"])),
+        served.run(&args(&["--connect", &served.tcp, "--token-file", &token])),
+    ];
+    for command in relayed {
+        let (printed, ours) = printed_through_our_pipe(command);
+        let stdout = printed.lines().next().unwrap_or_default();
+        assert!(stdout.starts_with("pipe:["), "{printed}");
+        assert_ne!(stdout, format!("pipe:[{ours}]"), "a pipe of the server's");
+    }
+}
+
+/// A regular file is handed as stdin; as stdout it is relayed, so that a
+/// full disk still ends the run with capexec's own line (`output.rs`).
+#[test]
+fn a_file_is_handed_as_stdin_and_relayed_as_stdout() {
+    let dir = TempDir::new("handoff-files");
+    let input = dir.path().join("input");
+    std::fs::write(&input, b"from a file\n").expect("write");
+    let output = dir.path().join("output");
+    let mut command = capexec(&args(&["run"]));
+    command
+        .stdin(std::fs::File::open(&input).expect("open"))
+        .stdout(std::fs::File::create(&output).expect("create"))
+        .stderr(Stdio::inherit());
+    let mut child = command.spawn().expect("run capexec");
+    assert_eq!(wait(&mut child), 0);
+    let printed = std::fs::read_to_string(&output).expect("read");
+    let lines: Vec<&str> = printed.lines().collect();
+    assert_eq!(lines.len(), 2, "{printed}");
+    assert!(lines[0].starts_with("pipe:["), "{printed}");
+    assert_eq!(lines[1], input.display().to_string());
+}
+
+/// The same bytes whichever way they go: handed, relayed by choice,
+/// relayed over TCP.
+#[test]
+fn stdin_stdout_and_stderr_are_exact_handed_or_relayed() {
+    let served = Served::start();
+    let token = served.token_arg();
+    let data = Pattern::bytes(5, 4 << 20);
+    let ways: [&[&str]; 4] = [
+        &["--connect", &served.unix],
+        &["--connect", &served.unix, "--relay-stdio"],
+        &["--relay-stdio"],
+        &["--connect", &served.tcp, "--token-file", &token],
+    ];
+    for way in ways {
+        let mut arguments = way.to_vec();
+        arguments.extend_from_slice(&["--", "sh", "-c", "cat; printf 'e\\0rr' >&2; exit 4"]);
+        let done = finish(served.run(&arguments), Some(data.clone()));
+        assert_eq!(done.code, 4, "{way:?}: {}", text(&done.stderr));
+        assert!(done.stdout == data, "{way:?}: stdout altered");
+        assert_eq!(done.stderr, b"e\0rr", "{way:?}");
+    }
+}
