@@ -563,17 +563,22 @@ struct StartParams {
   # pipeline through capexec then runs at the speed of a local one, and
   # the child sees what a local child would (the client's pipe, file or
   # socket; never a terminal: a client passes none). The server takes
-  # them all or none, and says which in the start's `stdioPassed`. None
-  # are taken (the start has pipes as usual and the descriptors are
-  # closed) by a server older than this field, over a connection that
-  # carries no descriptors (TCP, TLS, an in-process executor without
-  # them), by a restricted executor, by a start forwarded to another
-  # machine (`environment`, an upstream default), or when a descriptor
-  # is missing or not a pipe, socket, regular file or character device.
+  # them all or none, before anything else about the start is checked
+  # (a refused start closes them too), and says which in the start's
+  # `stdioPassed`. None are taken (the start has pipes as usual and the
+  # descriptors are closed) by a server older than this field, over a
+  # connection that carries no descriptors (TCP, TLS, an in-process
+  # executor without them), by a restricted executor, by a `tty` start,
+  # by a start forwarded to another machine (`environment`, an upstream
+  # default, a forwarded directory's `executor`: closed on this machine,
+  # at the latest when the connection ends), or when a descriptor is
+  # missing or not a pipe, socket, regular file or character device (for
+  # a sandboxed start: not a pipe or regular file, since through a socket
+  # the child could reach, or be sent, what its sandbox denies it).
   # Taken descriptors are the child's own: its output on them is not
   # retained and produces no `output` events (the exit and close events
   # still come), and a taken stdin is not piped (`write` answers
-  # `stdinClosed`, as without `pipeStdin`). Ignored with `tty`.
+  # `stdinClosed`, as without `pipeStdin`).
 }
 
 struct PassedStdio {
@@ -584,8 +589,13 @@ struct PassedStdio {
   # The connection-wide number of the first of them: the client numbers
   # every descriptor it sends over the connection from 0, in the order it
   # sends them; they follow in the order stdin, stdout, stderr (those
-  # named below). A server keeps at most 64 descriptors not yet taken
-  # (older ones are closed first), and none beyond the connection's end.
+  # named below). Send them no later than the start (with its bytes or an
+  # earlier message's), and only once the server has answered on the
+  # connection: one that never reads them holds them, and so the client's
+  # pipes, open. A server keeps at most 16 descriptors no start has taken
+  # per connection (the oldest are closed first) and 1,024 over all its
+  # connections (beyond, they are closed as they arrive), and none beyond
+  # the connection's end.
 
   stdin @1 :Bool;
   stdout @2 :Bool;

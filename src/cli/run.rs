@@ -63,7 +63,10 @@ async fn run(mut args: SessionArgs, argv: Vec<OsString>) -> Result<i32, Failure>
     let work = async {
         // A command on this machine uses our stdio itself where it can.
         let handoff = (!args.tty && !args.relay_stdio)
-            .then(|| stdio_handoff::ours(target.stdio_route.clone(), !args.no_stdin))
+            .then(|| {
+                let confined = command.spec().sandbox.is_some();
+                stdio_handoff::ours(target.stdio_route.clone(), !args.no_stdin, confined)
+            })
             .flatten();
         if handoff.is_some() && target.connection.is_some() {
             // Only to a server that has answered: descriptors sent to one

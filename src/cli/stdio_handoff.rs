@@ -15,21 +15,25 @@ use crate::cli::stdio;
 /// so that the command sees a pipe or a pseudo-terminal whether or not it
 /// runs here; a file or device as stdout or stderr, whose write errors (a
 /// full disk) end the run with capexec's one line, as anywhere else; and
-/// one that was closed when capexec started. `None` when there is
-/// nothing to hand.
-pub fn ours(route: Option<StdioRoute>, stdin: bool) -> Option<StdioHandoff> {
+/// one that was closed when capexec started. A sandboxed command
+/// (`confined`) gets no socket: through one it could reach, or be sent,
+/// what its sandbox denies it (the server refuses it too). `None` when
+/// there is nothing to hand.
+pub fn ours(route: Option<StdioRoute>, stdin: bool, confined: bool) -> Option<StdioHandoff> {
     let route = route?;
+    let (inputs, outputs): (&[Kind], &[Kind]) = if confined {
+        (&[Kind::Pipe, Kind::File], &[Kind::Pipe])
+    } else {
+        (
+            &[Kind::Pipe, Kind::Socket, Kind::File],
+            &[Kind::Pipe, Kind::Socket],
+        )
+    };
     let stdin = stdin
-        .then(|| {
-            handed(
-                0,
-                std::io::stdin().as_fd(),
-                &[Kind::Pipe, Kind::Socket, Kind::File],
-            )
-        })
+        .then(|| handed(0, std::io::stdin().as_fd(), inputs))
         .flatten();
-    let stdout = handed(1, std::io::stdout().as_fd(), &[Kind::Pipe, Kind::Socket]);
-    let stderr = handed(2, std::io::stderr().as_fd(), &[Kind::Pipe, Kind::Socket]);
+    let stdout = handed(1, std::io::stdout().as_fd(), outputs);
+    let stderr = handed(2, std::io::stderr().as_fd(), outputs);
     if stdin.is_none() && stdout.is_none() && stderr.is_none() {
         return None;
     }

@@ -28,6 +28,7 @@ use std::time::Duration;
 use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 
+pub use self::descriptors::close_in_background;
 pub use self::handle::{
     CloseTicket, Process, ProcessOwner, ReadError, ResizeError, WriteError, WriteTicket,
 };

@@ -40,22 +40,56 @@ pub struct GivenStdio {
 
 impl GivenStdio {
     /// Whether `fd` may be a child's standard descriptor: a pipe, socket,
-    /// regular file or character device; not a directory (a handle a
+    /// regular file or character device (`confined`: a pipe or regular
+    /// file only, since through a socket a sandboxed child could reach, or
+    /// be sent, what its sandbox denies it); never a directory (a handle a
     /// sandboxed child could open paths under) or an `O_PATH` descriptor.
-    pub fn may_be_stdio(fd: &OwnedFd) -> bool {
+    /// Asks only what the kernel has cached (`AT_STATX_DONT_SYNC`): a
+    /// file on a FUSE mount that stops answering must not stop the server.
+    pub fn may_be_stdio(fd: &OwnedFd, confined: bool) -> bool {
+        use rustix::fs::{AtFlags, StatxFlags};
         use std::os::fd::AsRawFd;
         // SAFETY: fcntl(F_GETFL) on a descriptor we own.
         let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
         if flags < 0 || flags & libc::O_PATH != 0 {
             return false;
         }
-        let Ok(stat) = nix::sys::stat::fstat(fd) else {
+        let Ok(stat) = rustix::fs::statx(
+            fd,
+            c"",
+            AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC,
+            StatxFlags::TYPE,
+        ) else {
             return false;
         };
-        matches!(
-            stat.st_mode & libc::S_IFMT,
-            libc::S_IFIFO | libc::S_IFSOCK | libc::S_IFREG | libc::S_IFCHR
-        )
+        let kind = u32::from(stat.stx_mode) & libc::S_IFMT;
+        match kind {
+            libc::S_IFIFO | libc::S_IFREG => true,
+            libc::S_IFSOCK | libc::S_IFCHR => !confined,
+            _ => false,
+        }
+    }
+
+    /// Whether every one of them [may be](Self::may_be_stdio) a standard
+    /// descriptor.
+    pub fn may_all_be_stdio(&self, confined: bool) -> bool {
+        [&self.stdin, &self.stdout, &self.stderr]
+            .into_iter()
+            .flatten()
+            .all(|fd| GivenStdio::may_be_stdio(fd, confined))
+    }
+
+    fn take_all(&mut self) -> Vec<OwnedFd> {
+        [self.stdin.take(), self.stdout.take(), self.stderr.take()]
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+}
+
+impl Drop for GivenStdio {
+    fn drop(&mut self) {
+        descriptors::close_in_background(self.take_all());
     }
 }
 
@@ -422,6 +456,15 @@ struct StdioPlan {
     parent_stderr: Option<OwnedFd>,
     /// The child's ends; closed in the parent once the plan is dropped.
     _child_ends: Vec<OwnedFd>,
+    /// Given descriptors (a client's): closed off this thread once the
+    /// plan is dropped (see [`descriptors::close_in_background`]).
+    given: Vec<OwnedFd>,
+}
+
+impl Drop for StdioPlan {
+    fn drop(&mut self) {
+        descriptors::close_in_background(std::mem::take(&mut self.given));
+    }
 }
 
 impl StdioPlan {
@@ -433,10 +476,14 @@ impl StdioPlan {
             parent_stdout: None,
             parent_stderr: None,
             _child_ends: Vec::new(),
+            given: Vec::new(),
         };
         match stdio {
-            ChildStdio::Pipes { pipe_stdin, given } => {
-                if let Some(stdin) = given.stdin {
+            ChildStdio::Pipes {
+                pipe_stdin,
+                mut given,
+            } => {
+                if let Some(stdin) = given.stdin.take() {
                     plan.give(stdin, 0)?;
                 } else if pipe_stdin {
                     let (read, write) = pipe()?;
@@ -453,11 +500,11 @@ impl StdioPlan {
                         to: 0,
                     });
                 }
-                match given.stdout {
+                match given.stdout.take() {
                     Some(stdout) => plan.give(stdout, 1)?,
                     None => plan.parent_stdout = Some(plan.output_pipe(1)?),
                 }
-                match given.stderr {
+                match given.stderr.take() {
                     Some(stderr) => plan.give(stderr, 2)?,
                     None => plan.parent_stderr = Some(plan.output_pipe(2)?),
                 }
@@ -498,7 +545,7 @@ impl StdioPlan {
             from: fd.as_raw_fd(),
             to,
         });
-        self._child_ends.push(fd);
+        self.given.push(fd);
         Ok(())
     }
 }

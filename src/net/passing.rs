@@ -20,8 +20,12 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use crate::rpc::{DescriptorOutbox, ReceivedDescriptors};
 
 /// Most descriptors one write sends (and one read has room for, with
-/// some to spare, so that a peer's descriptors are never cut off).
-const MAX_PER_WRITE: usize = 16;
+/// some to spare, so that a peer's descriptors are never cut off): as
+/// many as a server keeps per connection. A start's descriptors leave
+/// with its bytes or before them as long as no more than this wait at
+/// once; beyond (many handed starts coalesced into one write), a start
+/// may be read before its descriptors and has pipes.
+const MAX_PER_WRITE: usize = crate::rpc::MAX_KEPT_DESCRIPTORS;
 const ROOM_PER_READ: usize = 2 * MAX_PER_WRITE;
 
 /// The server's read half, filing the descriptors that arrive.
@@ -33,6 +37,14 @@ pub(crate) struct ReceivingReader {
 impl ReceivingReader {
     pub fn new(half: OwnedReadHalf, received: ReceivedDescriptors) -> ReceivingReader {
         ReceivingReader { half, received }
+    }
+}
+
+/// The connection has ended: what it kept is closed now, even while a
+/// process it started is held (its quota outlives the connection).
+impl Drop for ReceivingReader {
+    fn drop(&mut self) {
+        self.received.close();
     }
 }
 
@@ -271,7 +283,13 @@ mod tests {
 
         // Each received descriptor is the write end of the pipe of its
         // number: what is written through it comes out of that pipe.
+        // A connection keeps the latest 16: the first four were closed.
+        let oldest = 20 - crate::rpc::MAX_KEPT_DESCRIPTORS;
         for (number, mut kept) in kept_ends.into_iter().enumerate() {
+            if number < oldest {
+                assert!(received.take(number as u64, 1).is_none());
+                continue;
+            }
             let fd = received.take(number as u64, 1).expect("arrived").remove(0);
             let mut file = std::fs::File::from(fd);
             file.write_all(&[number as u8]).expect("write");

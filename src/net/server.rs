@@ -137,6 +137,9 @@ pub struct Server {
 struct Serving {
     /// Makes the root executor of a new connection, with its own quota.
     executor: NewExecutor,
+    /// Whether its starts may take the descriptors a Unix socket's peer
+    /// sends: not on a restricted server, whose socket reads drop them.
+    takes_descriptors: bool,
     /// What a TCP connection must do before it gets the executor (the
     /// token can be reloaded: see [`Reloader`]).
     login: std::cell::RefCell<Option<Arc<Login>>>,
@@ -290,8 +293,10 @@ impl Server {
         } else {
             (None, None)
         };
+        let takes_descriptors = rules.is_none();
         let mut server = Server {
             serving: Rc::new(Serving {
+                takes_descriptors,
                 executor: new_executor(
                     &context,
                     config.max_processes_per_connection,
@@ -652,16 +657,25 @@ fn accept_unix(stream: tokio::net::UnixStream, serving: &Serving) -> Option<Acce
         return None;
     }
     let (reader, writer) = stream.into_split();
-    let received = rpc::ReceivedDescriptors::default();
-    let reader = crate::net::passing::ReceivingReader::new(reader, received.clone());
     let session = Session::logged_in();
-    let network = server_network(reader, writer, serving.limits, &session);
+    let (network, received) = if serving.takes_descriptors {
+        let received = rpc::ReceivedDescriptors::default();
+        let reader = crate::net::passing::ReceivingReader::new(reader, received.clone());
+        let network = server_network(reader, writer, serving.limits, &session);
+        (network, Some(received))
+    } else {
+        // A plain read: the kernel drops whatever descriptors come.
+        (
+            server_network(reader, writer, serving.limits, &session),
+            None,
+        )
+    };
     Some(Accepted {
         network: futures::future::ready(Some(network)).boxed_local(),
         peer: "unix".to_string(),
         session,
         login: None,
-        received: Some(received),
+        received,
     })
 }
 

@@ -91,27 +91,38 @@ impl ExecutorImpl {
         crate::rpc::ports::port_rules(self.rules.as_deref())
     }
 
-    /// The descriptors `spec` names among those the connection's peer
-    /// sent, to be the child's stdio, if it may have them: all are there
-    /// and of a kind a standard descriptor is. Never for a restricted
-    /// executor (its rules see paths and programs, not what a descriptor
-    /// reaches) or a terminal; descriptors not given are closed.
-    fn passed_stdio(&self, spec: &crate::model::StartSpec) -> Option<GivenStdio> {
-        let passed = spec.passed_stdio?;
-        let taken = self
-            .quota
-            .received_descriptors()?
-            .take(passed.first, passed.count())?;
-        if self.rules.is_some() || spec.tty || !taken.iter().all(GivenStdio::may_be_stdio) {
-            return None;
-        }
+    /// The descriptors `params` names among those the connection's peer
+    /// sent (see `StartParams.passedStdio`), taken from the connection
+    /// before anything can refuse the start, so that a refused one closes
+    /// them too. All of them, or none.
+    fn handed_stdio(
+        &self,
+        params: crate::capexec_capnp::start_params::Reader<'_>,
+    ) -> Result<Option<GivenStdio>, capnp::Error> {
+        let Some(passed) = wire::passed_stdio_from_wire(params)? else {
+            return Ok(None);
+        };
+        let Some(received) = self.quota.received_descriptors() else {
+            return Ok(None);
+        };
+        let Some(taken) = received.take(passed.first, passed.count()) else {
+            return Ok(None);
+        };
         let mut taken = taken.into_iter();
         let mut next = |named: bool| if named { taken.next() } else { None };
-        Some(GivenStdio {
+        Ok(Some(GivenStdio {
             stdin: next(passed.stdin),
             stdout: next(passed.stdout),
             stderr: next(passed.stderr),
-        })
+        }))
+    }
+
+    /// Whether `spec`'s child may have `given`: never under a restricted
+    /// executor (its rules see paths and programs, not what a descriptor
+    /// reaches) or on a terminal, and only descriptors a standard one may
+    /// be (no socket for a sandboxed child).
+    fn may_have(&self, spec: &crate::model::StartSpec, given: &GivenStdio) -> bool {
+        self.rules.is_none() && !spec.tty && given.may_all_be_stdio(spec.sandbox.is_some())
     }
 
     /// A new owner capability for `held`, whose forwards follow this
@@ -190,9 +201,11 @@ impl executor::Server for ExecutorImpl {
         params: executor::StartParams,
         mut results: executor::StartResults,
     ) -> Result<(), capnp::Error> {
-        let mut spec = wire::start_spec_from_wire(params.get()?.get_params()?)?;
-        // Taken first, so that a refused start closes them too.
-        let given = self.passed_stdio(&spec);
+        let params = params.get()?.get_params()?;
+        let handed = self.handed_stdio(params)?;
+        let mut spec = wire::start_spec_from_wire(params)?;
+        // Those it may not have are closed (off this thread) and it has pipes.
+        let given = handed.filter(|given| self.may_have(&spec, given));
         if let Some(home) = &self.home {
             // Relative to the home, which is also where a start without a
             // working directory runs.

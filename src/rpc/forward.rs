@@ -217,8 +217,11 @@ impl executor::Server for ForwardingExecutor {
                 .iter()
                 .filter(|&&named| named)
                 .count();
-            // Closed now: they stay on this machine, the start does not.
-            drop(received.take(passed.get_first(), count as u64));
+            // Closed now (off this thread): they stay on this machine,
+            // the start does not.
+            if let Some(fds) = received.take(passed.get_first(), count as u64) {
+                crate::engine::close_in_background(fds);
+            }
         }
         let upstream = self.target().await?.executor;
         let mut request = upstream.start_request();

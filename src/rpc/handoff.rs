@@ -12,14 +12,27 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// Most descriptors kept for starts that have not taken them yet; the
-/// oldest are closed first. A start sends its descriptors just before it,
-/// so only a peer that sends descriptors no start asks for reaches this.
-pub const MAX_KEPT_DESCRIPTORS: usize = 64;
+use crate::engine::close_in_background;
+
+/// Most descriptors one connection keeps for starts that have not taken
+/// them yet; the oldest are closed first. A start sends its descriptors
+/// just before it (at most 3), so only a peer that sends descriptors no
+/// start asks for reaches this.
+pub const MAX_KEPT_DESCRIPTORS: usize = 16;
+
+/// Most kept over all of a server's connections: beyond it, arriving
+/// descriptors are closed at once (their starts have pipes), so that
+/// peers cannot take the descriptors the server's budget counts on.
+pub const MAX_KEPT_DESCRIPTORS_IN_SERVER: usize = 1024;
+
+static KEPT_IN_SERVER: AtomicUsize = AtomicUsize::new(0);
 
 /// A connection's received descriptors, numbered from 0 in the order they
-/// arrived (the order the peer sent them). Clones share them.
+/// arrived (the order the peer sent them). Clones share them. Whatever is
+/// closed here is closed off the calling thread
+/// ([`close_in_background`]).
 #[derive(Clone, Default)]
 pub struct ReceivedDescriptors(Rc<RefCell<Received>>);
 
@@ -31,32 +44,73 @@ struct Received {
     /// Some were lost on the way (a read had no room for them), so the
     /// numbers here are no longer the peer's: nothing is handed out again.
     out_of_step: bool,
+    /// The connection has ended: nothing is kept any more.
+    closed: bool,
+}
+
+impl Received {
+    /// Takes kept entries out of the server-wide count.
+    fn released(&mut self, entries: impl IntoIterator<Item = (u64, OwnedFd)>) -> Vec<OwnedFd> {
+        let fds: Vec<OwnedFd> = entries.into_iter().map(|(_, fd)| fd).collect();
+        KEPT_IN_SERVER.fetch_sub(fds.len(), Ordering::Relaxed);
+        fds
+    }
+}
+
+impl Drop for Received {
+    fn drop(&mut self) {
+        let kept = std::mem::take(&mut self.kept);
+        close_in_background(self.released(kept));
+    }
 }
 
 impl ReceivedDescriptors {
-    /// Files `fd` as the next to arrive; returns its number.
+    /// Files `fd` as the next to arrive; returns its number. It is closed
+    /// at once (and the start that names it has pipes) if none can be
+    /// handed out any more, or the server keeps its maximum already.
     pub fn arrived(&self, fd: OwnedFd) -> u64 {
         let mut received = self.0.borrow_mut();
         let number = received.next;
         received.next += 1;
-        if received.kept.len() >= MAX_KEPT_DESCRIPTORS {
-            received.kept.pop_front();
+        let full = KEPT_IN_SERVER.load(Ordering::Relaxed) >= MAX_KEPT_DESCRIPTORS_IN_SERVER;
+        if received.out_of_step || received.closed || full {
+            close_in_background(vec![fd]);
+            return number;
         }
+        let mut evicted = Vec::new();
+        if received.kept.len() >= MAX_KEPT_DESCRIPTORS {
+            evicted.extend(received.kept.pop_front());
+        }
+        let evicted = received.released(evicted);
+        KEPT_IN_SERVER.fetch_add(1, Ordering::Relaxed);
         received.kept.push_back((number, fd));
+        close_in_background(evicted);
         number
     }
 
     /// Descriptors the peer sent were lost on the way: from now on none
     /// is handed out (those kept are closed).
     pub fn lost_some(&self) {
-        let mut received = self.0.borrow_mut();
-        received.out_of_step = true;
-        received.kept.clear();
+        self.stop(|received| received.out_of_step = true);
     }
 
-    /// Takes the `count` descriptors numbered from `first` on, or none:
-    /// if any of them is missing, those found are closed and `None` is
-    /// the answer.
+    /// The connection has ended: those kept are closed, and so is any
+    /// that still arrives.
+    pub fn close(&self) {
+        self.stop(|received| received.closed = true);
+    }
+
+    fn stop(&self, mark: impl FnOnce(&mut Received)) {
+        let mut received = self.0.borrow_mut();
+        mark(&mut received);
+        let kept = std::mem::take(&mut received.kept);
+        let fds = received.released(kept);
+        close_in_background(fds);
+    }
+
+    /// Takes the `count` descriptors numbered from `first` on, in order,
+    /// or none: if any of them is missing, those found are closed and
+    /// `None` is the answer.
     pub fn take(&self, first: u64, count: u64) -> Option<Vec<OwnedFd>> {
         let mut received = self.0.borrow_mut();
         let wanted = first..first.checked_add(count)?;
@@ -70,11 +124,15 @@ impl ReceivedDescriptors {
             }
         }
         let complete = !received.out_of_step && taken.len() as u64 == count;
-        // In the order they were sent: stdin, stdout, stderr.
-        complete.then(|| taken.into_iter().map(|(_, fd)| fd).collect())
+        let fds = received.released(taken);
+        if complete {
+            return Some(fds);
+        }
+        close_in_background(fds);
+        None
     }
 
-    /// How many are kept (for tests and the admin's view).
+    /// How many are kept.
     pub fn kept(&self) -> usize {
         self.0.borrow().kept.len()
     }
@@ -148,6 +206,7 @@ impl StdioRoute {
                 let Some(first) = fds.next() else {
                     return received.0.borrow().next;
                 };
+                // The same numbering as a socket's, one after the other.
                 let first = received.arrived(first);
                 fds.for_each(|fd| {
                     received.arrived(fd);
@@ -196,6 +255,17 @@ mod tests {
         assert_eq!(received.kept(), MAX_KEPT_DESCRIPTORS);
         assert!(received.take(2, 1).is_none());
         assert!(received.take(3, 1).is_some());
+    }
+
+    #[test]
+    fn after_the_connection_ends_nothing_is_kept() {
+        let received = ReceivedDescriptors::default();
+        received.arrived(descriptor());
+        received.close();
+        assert_eq!(received.kept(), 0);
+        assert_eq!(received.arrived(descriptor()), 1, "numbered all the same");
+        assert_eq!(received.kept(), 0);
+        assert!(received.take(1, 1).is_none());
     }
 
     #[test]

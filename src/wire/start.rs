@@ -138,7 +138,9 @@ pub fn start_spec_to_wire(spec: &StartSpec, mut params: start_params::Builder<'_
     }
 }
 
-fn passed_stdio_from_wire(
+/// `params.passedStdio`, decoded on its own: a start takes the
+/// descriptors it names before anything else can refuse it.
+pub fn passed_stdio_from_wire(
     params: start_params::Reader<'_>,
 ) -> Result<Option<PassedStdio>, Refusal> {
     if !params.has_passed_stdio() {

@@ -11,7 +11,7 @@ use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
 
 use capexec::client::{self, Command, Stdin, StdioHandoff};
-use capexec::model::{EventBody, ExitStatus, OutputStream, Policy, WriteStatus};
+use capexec::model::{EventBody, ExitStatus, OutputStream, Policy, Sandbox, WriteStatus};
 
 use crate::common::{self, Backend, Ctx, read_until_closed, sh};
 
@@ -133,8 +133,74 @@ async fn descriptors_a_start_may_not_take_are_closed_and_it_has_pipes(ctx: Ctx) 
     started_with_pipes(&ctx.executor, handoff, reader).await;
 }
 
+/// A sandboxed child gets no socket of ours: through it, it could reach
+/// (or be sent) what its sandbox denies it. A pipe it gets.
+async fn a_sandboxed_start_takes_pipes_but_no_socket(ctx: Ctx) {
+    let route = ctx.stdio_route.clone().expect("a route for descriptors");
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+    let handoff = StdioHandoff::new(route.clone(), None, Some(theirs.into()), None);
+    let mut command = sh("echo relayed");
+    command
+        .sandbox(Sandbox::default())
+        .pass_stdio(handoff.clone());
+    let process = common::spawn(&ctx, &command).await;
+    assert!(!handoff.taken());
+    let (stdout, _, status) = relayed(&read_until_closed(&process).await);
+    assert_eq!(
+        (stdout, status),
+        (b"relayed\n".to_vec(), Some(ExitStatus::Code(0)))
+    );
+    let ours = std::fs::File::from(OwnedFd::from(ours));
+    assert_eq!(drained(ours).await, b"", "closed by the server");
+
+    let (reader, writer) = pipe();
+    let handoff = StdioHandoff::new(route, None, Some(writer), None);
+    let mut command = sh("echo handed");
+    command
+        .sandbox(Sandbox::default())
+        .pass_stdio(handoff.clone());
+    let process = common::spawn(&ctx, &command).await;
+    assert!(handoff.taken());
+    read_until_closed(&process).await;
+    assert_eq!(drained(reader).await, b"handed\n");
+}
+
+/// Descriptors no start took are closed when the connection ends, even
+/// while a process it started is held on (detachable, for its grace).
+async fn descriptors_no_start_took_are_closed_with_the_connection(ctx: Ctx) {
+    let connection = ctx.connect_again().await.expect("a second connection");
+    let route = connection.stdio_route().expect("a Unix socket's route");
+    let (reader, writer) = pipe();
+    route.hand_over(vec![writer]);
+    // Any call carries them; nothing takes them.
+    client::info(&connection.executor()).await.expect("info");
+    let process = sh("sleep 60")
+        .spawn(&connection.executor())
+        .await
+        .expect("start");
+    process
+        .detachable(std::time::Duration::from_secs(60))
+        .await
+        .expect("detachable");
+    drop(process);
+    drop(connection);
+    // Its reader sees the end once the server has closed its copy; the
+    // parked process holds the connection's quota, not its descriptors.
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(20), drained(reader)).await;
+    assert_eq!(ended.expect("closed when the connection ended"), b"");
+}
+
 backend_tests!(on [in_process, unix]:
     a_start_on_this_machine_uses_the_descriptors_it_is_handed,
     descriptors_a_start_may_not_take_are_closed_and_it_has_pipes,
+    a_sandboxed_start_takes_pipes_but_no_socket,
 );
+/// Only a Unix socket's connection can end with descriptors in it.
+#[test]
+fn descriptors_no_start_took_are_closed_with_their_unix_connection() {
+    common::run(
+        Backend::Unix,
+        descriptors_no_start_took_are_closed_with_the_connection,
+    );
+}
 backend_tests!(on [chained]: a_start_on_this_machine_uses_the_descriptors_it_is_handed);
