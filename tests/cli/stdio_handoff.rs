@@ -113,3 +113,38 @@ fn stdin_stdout_and_stderr_are_exact_handed_or_relayed() {
         assert_eq!(done.stderr, b"e\0rr", "{way:?}");
     }
 }
+
+/// A peer that sends descriptors no start asks for costs the server at
+/// most a connection's window of them (the oldest are closed), and
+/// nothing once its connection ends.
+#[test]
+fn a_peer_flooding_descriptors_costs_the_server_a_window_then_nothing() {
+    use common::procfs::{open_fds, wait_until};
+    let served = Served::start();
+    let server = served.child.id();
+    let address: capexec::net::Address = served.unix.parse().expect("address");
+    let before = open_fds(server);
+    common::run_on_runtime(async move {
+        let connection = capexec::net::connect(&address, None)
+            .await
+            .expect("connect");
+        let executor = connection.executor();
+        let route = connection.stdio_route().expect("a Unix socket's route");
+        for _ in 0..20 {
+            let null = std::fs::File::open("/dev/null").expect("open");
+            let batch = (0..10)
+                .map(|_| null.try_clone().expect("dup").into())
+                .collect();
+            route.hand_over(batch);
+            // Each call carries what waits, at most 16 descriptors.
+            capexec::client::info(&executor).await.expect("info");
+        }
+        let kept = capexec::rpc::MAX_KEPT_DESCRIPTORS;
+        // The connection's socket, and what the calls may hold a moment.
+        let during = open_fds(server);
+        assert!(during <= before + kept + 4, "{before} -> {during}");
+        drop(executor);
+        drop(connection);
+        wait_until(|| open_fds(server) <= before).await;
+    });
+}
