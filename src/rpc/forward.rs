@@ -211,17 +211,13 @@ impl executor::Server for ForwardingExecutor {
         mut results: executor::StartResults,
     ) -> Result<(), capnp::Error> {
         let params = params.get()?.get_params()?;
-        if let (Some(received), true) = (&self.received, params.has_passed_stdio()) {
-            let passed = params.get_passed_stdio()?;
-            let count = [passed.get_stdin(), passed.get_stdout(), passed.get_stderr()]
-                .iter()
-                .filter(|&&named| named)
-                .count();
+        if let (Some(received), Some(passed)) =
+            (&self.received, wire::passed_stdio_from_wire(params)?)
+            && let Some(fds) = received.take(passed.first, passed.count())
+        {
             // Closed now (off this thread): they stay on this machine,
             // the start does not.
-            if let Some(fds) = received.take(passed.get_first(), count as u64) {
-                crate::engine::close_in_background(fds);
-            }
+            crate::engine::close_in_background(fds);
         }
         let upstream = self.target().await?.executor;
         let mut request = upstream.start_request();

@@ -133,7 +133,8 @@ impl ReceivedDescriptors {
     }
 
     /// How many are kept.
-    pub fn kept(&self) -> usize {
+    #[cfg(test)]
+    fn kept(&self) -> usize {
         self.0.borrow().kept.len()
     }
 }

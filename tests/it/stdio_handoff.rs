@@ -190,11 +190,41 @@ async fn descriptors_no_start_took_are_closed_with_the_connection(ctx: Ctx) {
     assert_eq!(ended.expect("closed when the connection ended"), b"");
 }
 
+/// A start that names descriptors its client never sent (forged numbers,
+/// over any transport, one at the end of the number range) takes none
+/// and runs with pipes, its output relayed.
+async fn a_start_naming_descriptors_never_sent_has_pipes(ctx: Ctx) {
+    for first in [0, 3, u64::MAX] {
+        let mut spec = capexec::model::StartSpec::new(["sh", "-c", "echo piped"]);
+        spec.passed_stdio = Some(capexec::model::PassedStdio {
+            first,
+            stdin: true,
+            stdout: true,
+            stderr: true,
+        });
+        let mut request = ctx.executor.start_request();
+        capexec::wire::start_spec_to_wire(&spec, request.get().init_params());
+        let response = request.send().promise.await.expect("start");
+        let answer = response.get().expect("answer");
+        assert!(!answer.get_stdio_passed(), "first {first}");
+        let process =
+            capexec::client::RemoteProcess::from_capability(answer.get_process().expect("process"));
+        let (stdout, _, status) = relayed(&read_until_closed(&process).await);
+        assert_eq!(
+            (stdout, status),
+            (b"piped\n".to_vec(), Some(ExitStatus::Code(0))),
+            "first {first}"
+        );
+    }
+}
+
 backend_tests!(on [in_process, unix]:
     a_start_on_this_machine_uses_the_descriptors_it_is_handed,
     descriptors_a_start_may_not_take_are_closed_and_it_has_pipes,
     a_sandboxed_start_takes_pipes_but_no_socket,
+    a_start_naming_descriptors_never_sent_has_pipes,
 );
+backend_tests!(on [tcp]: a_start_naming_descriptors_never_sent_has_pipes);
 /// Only a Unix socket's connection can end with descriptors in it.
 #[test]
 fn descriptors_no_start_took_are_closed_with_their_unix_connection() {
@@ -203,4 +233,7 @@ fn descriptors_no_start_took_are_closed_with_their_unix_connection() {
         descriptors_no_start_took_are_closed_with_the_connection,
     );
 }
-backend_tests!(on [chained]: a_start_on_this_machine_uses_the_descriptors_it_is_handed);
+backend_tests!(on [chained]:
+    a_start_on_this_machine_uses_the_descriptors_it_is_handed,
+    a_start_naming_descriptors_never_sent_has_pipes,
+);
