@@ -1707,6 +1707,12 @@ struct PortDialParams {
 
   fromSocket @1 :PortSink;
   # The caller's sink for what the socket's peer sends.
+
+  direct @2 :Bool;
+  # The caller will carry the connection's bytes over a direct channel
+  # of its own if the server grants one (see "Direct channels" below):
+  # set it only when the caller can open a new connection to the Unix
+  # socket this Cap'n Proto connection came through.
 }
 
 struct PortDialResults {
@@ -1717,7 +1723,52 @@ struct PortDialResults {
   # The server's sink: what is written to it goes to the socket's peer.
 
   info @2 :PortConnectionInfo;
+
+  directTicket @3 :Data;
+  # Null unless `direct` was asked for and granted: then the 32 bytes
+  # that claim the connection's direct channel, and `toSocket` carries
+  # no bytes (see "Direct channels").
 }
+
+# Direct channels.
+#
+# A port connection's bytes may skip Cap'n Proto: the server relays them
+# between the socket and a connection of their own, kernel to kernel
+# (splice(2)), with no message built or read per chunk. A server grants
+# one to a `dial` that asks (`direct`) when it dials the socket itself
+# (not through an upstream) and the Cap'n Proto connection is a Unix
+# socket: a client on the same machine, which can open another. Never
+# over TCP: a channel there would need its own login and TLS, and on
+# loopback it measured no faster than the messages.
+#
+# The caller then opens a new connection to the same socket and writes
+# the 8 bytes FF FF FF FF 63 78 64 31 (a segment count no Cap'n Proto
+# message has, then "cxd1") followed by the ticket; the server answers
+# the one byte 01, and from there on the channel carries the socket's
+# bytes both ways. A ticket claims one channel, once, within 10 s of the
+# `dial`'s answer; an unknown, used or late ticket gets its channel
+# closed unanswered (as when a capability this server only passes on,
+# such as an upstream's `Process`, granted the ticket). The 40 bytes must
+# arrive within 10 s of the channel's connect. Until the channel is
+# claimed nothing moves; a `toSocket.write` (an empty one will do) or
+# `toSocket.end` before then declines it, and the sinks carry the bytes
+# as without `direct`. (capexec's client declines a channel that was
+# closed unanswered, or not answered within 3 s.) A ticket neither claimed nor declined in time
+# resets the connection (`fromSocket` gets `fail`). A server holds at
+# most 1,024 unclaimed tickets; past that it grants none.
+#
+# The sinks keep the connection's meaning, so that a failure is never
+# taken for an end of file: the caller half-closes its direction with
+# shutdown(SHUT_WR) on the channel *and* `toSocket.end`, and the server
+# shuts the socket down for writing once it has both (the channel's end
+# of file alone waits for `end`, `fail` or a release). When the socket's
+# peer half-closes, the server shuts the channel down for writing and
+# calls `fromSocket.end`; an end of file read from the channel is clean
+# only once that `end` has arrived, and a failure is `fromSocket.fail`
+# as before (the channel is reset or closed too). `toSocket.write`
+# on a claimed channel's connection fails with
+# `[capexec:invalid-argument]` and resets it. Releasing the
+# `PortConnection` closes (or resets) the socket and the channel.
 
 struct PortListenParams {
   # `Executor.listen` and `Process.listen` (encoded as their parameter

@@ -8,10 +8,17 @@ use sha2::{Digest, Sha256};
 /// `bytes` random bytes from the kernel, as lowercase hex.
 pub fn random_hex(bytes: usize) -> io::Result<String> {
     let mut buf = vec![0u8; bytes];
+    fill_random(&mut buf)?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Fills `buf` with random bytes from the kernel.
+pub fn fill_random(buf: &mut [u8]) -> io::Result<()> {
     let mut filled = 0;
-    while filled < bytes {
-        // SAFETY: getrandom writes at most `bytes - filled` bytes into buf.
-        let n = unsafe { libc::getrandom(buf[filled..].as_mut_ptr().cast(), bytes - filled, 0) };
+    while filled < buf.len() {
+        let rest = &mut buf[filled..];
+        // SAFETY: getrandom writes at most `rest.len()` bytes into rest.
+        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
         if n < 0 {
             let error = io::Error::last_os_error();
             if error.kind() == io::ErrorKind::Interrupted {
@@ -21,7 +28,7 @@ pub fn random_hex(bytes: usize) -> io::Result<String> {
         }
         filled += n as usize;
     }
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(())
 }
 
 /// The SHA-256 digest of `secret`.

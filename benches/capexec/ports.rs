@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use capexec::capexec_capnp::executor;
 use capexec::client;
+use capexec::net::DirectRoute;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::Plan;
@@ -110,39 +111,78 @@ fn start_relay(port: u16) -> Result<(tempfile::TempDir, std::path::PathBuf), Box
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("relay.sock");
     let listener = UnixListener::bind(&path)?;
+    std::thread::spawn(move || {
+        relay_each(listener.incoming(), port, |client| {
+            Some((client.try_clone().ok()?, client))
+        })
+    });
+    Ok((dir, path))
+}
+
+/// The same relay in front of the peer on loopback TCP: what a forward
+/// through a TCP server at least costs, each byte crossing two TCP
+/// connections where the baseline crosses one. Its port.
+fn start_tcp_relay(port: u16) -> Result<u16, Box<dyn Error>> {
+    let listener = TcpListener::bind(("127.0.0.1", 0))?;
+    let relay_port = listener.local_addr()?.port();
+    std::thread::spawn(move || {
+        relay_each(listener.incoming(), port, |client| {
+            client.set_nodelay(true).ok()?;
+            Some((client.try_clone().ok()?, client))
+        })
+    });
+    Ok(relay_port)
+}
+
+/// A half-closable stream of the relay.
+trait HalfClose: Read + Write + Send + 'static {
+    fn half_close(&self);
+}
+
+impl HalfClose for std::net::TcpStream {
+    fn half_close(&self) {
+        let _ = self.shutdown(Shutdown::Write);
+    }
+}
+
+impl HalfClose for std::os::unix::net::UnixStream {
+    fn half_close(&self) {
+        let _ = self.shutdown(Shutdown::Write);
+    }
+}
+
+/// Relays every connection `incoming` accepts to the peer on `port`, each
+/// direction on a thread of its own (`split` gives a connection's two
+/// handles).
+fn relay_each<S: HalfClose>(
+    incoming: impl Iterator<Item = std::io::Result<S>>,
+    port: u16,
+    split: impl Fn(S) -> Option<(S, S)>,
+) {
     /// Copies until end of file, which it passes on as a half-close.
-    fn pump(mut from: impl Read, mut to: impl Write, half_close: impl FnOnce()) {
+    fn pump(mut from: impl Read, mut to: impl HalfClose) {
         let mut buffer = vec![0u8; 256 << 10];
         while let Ok(n) = from.read(&mut buffer) {
             if n == 0 || to.write_all(&buffer[..n]).is_err() {
                 break;
             }
         }
-        half_close();
+        to.half_close();
     }
-    std::thread::spawn(move || {
-        for client in listener.incoming() {
-            let Ok(client) = client else { continue };
-            let Ok(far) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-                continue;
-            };
-            let _ = far.set_nodelay(true);
-            let (Ok(client_in), Ok(far_in)) = (client.try_clone(), far.try_clone()) else {
-                continue;
-            };
-            std::thread::spawn(move || {
-                pump(client_in, &far, || {
-                    let _ = far.shutdown(Shutdown::Write);
-                });
-            });
-            std::thread::spawn(move || {
-                pump(far_in, &client, || {
-                    let _ = client.shutdown(Shutdown::Write);
-                });
-            });
-        }
-    });
-    Ok((dir, path))
+    for client in incoming {
+        let Some((client_in, client_out)) = client.ok().and_then(&split) else {
+            continue;
+        };
+        let Ok(far) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+            continue;
+        };
+        let _ = far.set_nodelay(true);
+        let Ok(far_in) = far.try_clone() else {
+            continue;
+        };
+        std::thread::spawn(move || pump(client_in, far));
+        std::thread::spawn(move || pump(far_in, client_out));
+    }
 }
 
 async fn relayed(path: &std::path::Path, up: u64, down: u64) -> Result<Duration, Box<dyn Error>> {
@@ -160,14 +200,20 @@ async fn direct(port: u16, up: u64, down: u64) -> Result<Duration, Box<dyn Error
     Ok(started.elapsed())
 }
 
+/// Through `dial`: in Cap'n Proto messages, or through a direct channel
+/// if `route` is given (and the server must grant it).
 async fn dialled(
     executor: &executor::Client,
+    route: Option<&DirectRoute>,
     port: u16,
     up: u64,
     down: u64,
 ) -> Result<Duration, Box<dyn Error>> {
     let started = Instant::now();
-    let stream = client::dial(executor, &format!("tcp:127.0.0.1:{port}")).await?;
+    let stream = client::dial_via(executor, &format!("tcp:127.0.0.1:{port}"), route).await?;
+    if stream.is_direct() != route.is_some() {
+        return Err("the server did not grant a direct channel".into());
+    }
     exchange(stream, up, down).await?;
     Ok(started.elapsed())
 }
@@ -188,7 +234,20 @@ pub async fn run(
         }
     };
     let (unix, tcp) = (&connections.unix, &connections.tcp);
+    let unix_route = connections
+        .unix_route
+        .as_ref()
+        .ok_or("no direct route over unix")?;
+    // The paths `capexec forward` takes: over a Unix socket a direct
+    // channel, over TCP Cap'n Proto messages; then the messages over a
+    // Unix socket (what a chain, or a dial without a route, takes).
+    let paths = [
+        ("unix: dial, direct channel", unix, Some(unix_route), true),
+        ("tcp: dial", tcp, None, true),
+        ("unix: dial, in messages", unix, None, false),
+    ];
     let (_relay_dir, relay) = start_relay(port)?;
+    let tcp_relay = start_tcp_relay(port)?;
     eprintln!(
         "ports: {} MiB each way through dial, {} round(s)",
         size >> 20,
@@ -200,14 +259,16 @@ pub async fn run(
         ("both ways at once", size, size, 2 * size),
     ] {
         let mut baseline = Vec::new();
-        let mut through = [Vec::new(), Vec::new()];
+        let mut through = [Vec::new(), Vec::new(), Vec::new()];
         let mut over_ssh = Vec::new();
         let mut over_relay = Vec::new();
+        let mut over_tcp_relay = Vec::new();
         for _ in 0..plan.ports_rounds {
             baseline.push(direct(port, up, down).await?);
             over_relay.push(relayed(&relay, up, down).await?);
-            for (samples, executor) in through.iter_mut().zip([unix, tcp]) {
-                samples.push(dialled(executor, port, up, down).await?);
+            over_tcp_relay.push(direct(tcp_relay, up, down).await?);
+            for (samples, (_, executor, route, _)) in through.iter_mut().zip(&paths) {
+                samples.push(dialled(executor, *route, port, up, down).await?);
             }
             if let Some(ssh) = &ssh {
                 over_ssh.push(direct(ssh.port, up, down).await?);
@@ -228,14 +289,23 @@ pub async fn run(
             None,
             "the least a forward through a process of its own costs",
         );
-        for (samples, over) in through.into_iter().zip(["unix", "tcp"]) {
+        report.case(
+            SECTION,
+            format!("plain relay (tcp -> tcp, read/write), {what}"),
+            over_tcp_relay,
+            base,
+            Some(bytes),
+            None,
+            "the least a forward through a TCP server costs",
+        );
+        for (samples, (name, _, _, targeted)) in through.into_iter().zip(&paths) {
             report.case(
                 SECTION,
-                format!("{over}: dial, {what}"),
+                format!("{name}, {what}"),
                 samples,
                 base,
                 Some(bytes),
-                Some(Target::AtLeastShare(0.6)),
+                targeted.then_some(Target::AtLeastShare(0.6)),
                 "",
             );
         }
@@ -256,10 +326,12 @@ pub async fn run(
     let runs = plan.latency_runs / 5;
     let mut baseline = Vec::new();
     let mut through = Vec::new();
+    let mut through_direct = Vec::new();
     let mut over_ssh = Vec::new();
     for _ in 0..runs {
         baseline.push(direct(port, 1, 1).await?);
-        through.push(dialled(unix, port, 1, 1).await?);
+        through.push(dialled(unix, None, port, 1, 1).await?);
+        through_direct.push(dialled(unix, Some(unix_route), port, 1, 1).await?);
         if let Some(ssh) = &ssh {
             over_ssh.push(direct(ssh.port, 1, 1).await?);
         }
@@ -269,6 +341,15 @@ pub async fn run(
         SECTION,
         "unix: dial + 1 byte each way",
         through,
+        base,
+        None,
+        None,
+        "",
+    );
+    report.case(
+        SECTION,
+        "unix: dial + direct channel + 1 byte each way",
+        through_direct,
         base,
         None,
         None,
@@ -288,34 +369,37 @@ pub async fn run(
 
     // Many at once, held open: the server's memory.
     let n = plan.concurrent;
-    let before = servers.unix.usage()?;
-    let started = Instant::now();
-    let mut streams = Vec::with_capacity(n);
-    for _ in 0..n {
-        let mut stream = client::dial(unix, &format!("tcp:127.0.0.1:{port}")).await?;
-        stream.write_all(&1u64.to_be_bytes()).await?;
-        streams.push(stream);
+    for (how, route) in [("", None), (", direct channels", Some(unix_route))] {
+        let before = servers.unix.usage()?;
+        let started = Instant::now();
+        let mut streams = Vec::with_capacity(n);
+        for _ in 0..n {
+            let mut stream =
+                client::dial_via(unix, &format!("tcp:127.0.0.1:{port}"), route).await?;
+            stream.write_all(&1u64.to_be_bytes()).await?;
+            streams.push(stream);
+        }
+        for stream in &mut streams {
+            let mut one = [0u8; 1];
+            stream.read_exact(&mut one).await?;
+        }
+        let opened = started.elapsed();
+        let during = servers.unix.usage()?;
+        let per = (during.rss_kib.saturating_sub(before.rss_kib)) as f64 / n as f64;
+        report.figure(
+            SECTION,
+            format!("{n} concurrent dialled connections{how}, each answered"),
+            format!(
+                "{:.0} ms; server RSS {} -> {} KiB ({per:.1} KiB per connection), fds {} -> {}",
+                opened.as_secs_f64() * 1e3,
+                before.rss_kib,
+                during.rss_kib,
+                before.fds,
+                during.fds
+            ),
+            Some(("< 64 KiB per connection".to_string(), per < 64.0)),
+        );
+        drop(streams);
     }
-    for stream in &mut streams {
-        let mut one = [0u8; 1];
-        stream.read_exact(&mut one).await?;
-    }
-    let opened = started.elapsed();
-    let during = servers.unix.usage()?;
-    let per = (during.rss_kib.saturating_sub(before.rss_kib)) as f64 / n as f64;
-    report.figure(
-        SECTION,
-        format!("{n} concurrent dialled connections, each answered"),
-        format!(
-            "{:.0} ms; server RSS {} -> {} KiB ({per:.1} KiB per connection), fds {} -> {}",
-            opened.as_secs_f64() * 1e3,
-            before.rss_kib,
-            during.rss_kib,
-            before.fds,
-            during.fds
-        ),
-        Some(("< 64 KiB per connection".to_string(), per < 64.0)),
-    );
-    drop(streams);
     Ok(())
 }

@@ -156,6 +156,8 @@ impl Servers {
 pub struct Direct {
     pub unix: executor::Client,
     pub tcp: executor::Client,
+    /// Where the Unix connection's dials open their direct channels.
+    pub unix_route: Option<capexec::net::DirectRoute>,
     _connections: [Connection; 2],
 }
 
@@ -166,6 +168,7 @@ impl Servers {
         Ok(Direct {
             unix,
             tcp,
+            unix_route: unix_connection.direct_route(),
             _connections: [unix_connection, tcp_connection],
         })
     }

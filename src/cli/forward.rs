@@ -16,6 +16,7 @@ use std::time::Duration;
 use capexec::capexec_capnp::executor;
 use capexec::client::{self, PortStream};
 use capexec::model::{Address, io_message};
+use capexec::net::DirectRoute;
 use capexec::ports::{PortRules, Socket};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::signal::unix::{SignalKind, signal};
@@ -61,8 +62,10 @@ async fn forward(args: ForwardArgs) -> Result<i32, String> {
     let mut target = target::target(&args.connect).await?;
     target.established().await?;
     let executor = Rc::new(RefCell::new(executor_of(&args, &target)));
-    // Local listeners stay across reconnections: their ports do not change.
-    let _local = open_local(&executor, &args.local, announce).await?;
+    // Local listeners stay across reconnections: their ports do not change,
+    // nor does the socket their direct channels are opened on.
+    let route = direct_route(&target);
+    let _local = open_local(&executor, route, &args.local, announce).await?;
     loop {
         let (lost_tx, lost_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
         let current = executor.borrow().clone();
@@ -88,6 +91,17 @@ async fn forward(args: ForwardArgs) -> Result<i32, String> {
         *executor.borrow_mut() = executor_of(&args, &target);
         stdio::note("reconnected: forwarding again");
     }
+}
+
+/// Where `-L` connections open their direct channels: a server on this
+/// machine's Unix socket. (A dial the server passes on, through an
+/// environment or a chain, declines its channel: the sinks carry it.)
+pub fn direct_route(target: &target::Target) -> Option<Rc<DirectRoute>> {
+    target
+        .connection
+        .as_ref()
+        .and_then(|connection| connection.direct_route())
+        .map(Rc::new)
 }
 
 fn executor_of(args: &ForwardArgs, target: &target::Target) -> executor::Client {
@@ -183,13 +197,14 @@ impl Forwarding {
     /// away is reported on `lost`.
     pub async fn open(
         executor: &executor::Client,
+        route: Option<Rc<DirectRoute>>,
         local: &[ForwardSpec],
         remote: &[ForwardSpec],
         announce: fn(&str),
         lost: tokio::sync::mpsc::UnboundedSender<String>,
     ) -> Result<Forwarding, String> {
         let shared = Rc::new(RefCell::new(executor.clone()));
-        let local_forwards = open_local(&shared, local, announce).await?;
+        let local_forwards = open_local(&shared, route, local, announce).await?;
         let remote_forwards = open_remote(executor, remote, announce, lost.clone()).await?;
         Ok(Forwarding {
             executor: shared,
@@ -223,6 +238,7 @@ impl Forwarding {
 /// `executor` holds when it arrives.
 async fn open_local(
     executor: &Rc<RefCell<executor::Client>>,
+    route: Option<Rc<DirectRoute>>,
     local: &[ForwardSpec],
     announce: fn(&str),
 ) -> Result<Forwards, String> {
@@ -237,6 +253,7 @@ async fn open_local(
         let task = tokio::task::spawn_local(serve_local(
             listening,
             Rc::clone(executor),
+            route.clone(),
             spec.target.clone(),
             Rc::from(shown),
         ));
@@ -286,6 +303,7 @@ fn failed(shown: &str, from: &str, why: &str) {
 async fn serve_local(
     listening: capexec::ports::Listening,
     executor: Rc<RefCell<executor::Client>>,
+    route: Option<Rc<DirectRoute>>,
     target: String,
     shown: Rc<str>,
 ) {
@@ -299,9 +317,9 @@ async fn serve_local(
             }
         };
         let executor = executor.borrow().clone();
-        let (target, shown) = (target.clone(), Rc::clone(&shown));
+        let (target, shown, route) = (target.clone(), Rc::clone(&shown), route.clone());
         tokio::task::spawn_local(async move {
-            match client::dial(&executor, &target).await {
+            match client::dial_via(&executor, &target, route.as_deref()).await {
                 Ok(stream) => {
                     if let Err(why) = splice(socket, stream).await {
                         failed(&shown, &info.peer, &why);

@@ -106,6 +106,7 @@ async fn run(mut args: SessionArgs, argv: Vec<OsString>) -> Result<i32, Failure>
             &mut interrupted,
             forward::Forwarding::open(
                 &executor,
+                forward::direct_route(&target),
                 &args.forward,
                 &args.reverse_forward,
                 stdio::note,

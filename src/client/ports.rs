@@ -29,6 +29,8 @@ use crate::capexec_capnp::{
 };
 use crate::client::Error;
 use crate::model::{PortConnectionInfo, Refusal, RefusalKind};
+use crate::net::DirectRoute;
+use crate::ports::Socket;
 use crate::wire::{self, OpenWrite, PortBudget, PortSender};
 
 thread_local! {
@@ -45,6 +47,9 @@ struct Inbox {
     waker: Option<Waker>,
     /// The stream was dropped: later writes fail.
     closed: bool,
+    /// The bytes come through a direct channel: a write here is the
+    /// server's mistake.
+    direct: bool,
 }
 
 struct Arrived {
@@ -94,6 +99,13 @@ impl port_sink::Server for FromSocket {
             let mut inbox = self.inbox.borrow_mut();
             if inbox.closed {
                 return Err(closed());
+            }
+            if inbox.direct {
+                return Err(Refusal::new(
+                    RefusalKind::InvalidArgument,
+                    "a write on a connection whose bytes go through its direct channel",
+                )
+                .into());
             }
             if inbox.end.is_some() {
                 return Err(Refusal::new(
@@ -187,6 +199,9 @@ pub struct PortStream {
     shutdown: Option<LocalBoxFuture<'static, Result<(), capnp::Error>>>,
     shut: bool,
     info: PortConnectionInfo,
+    /// The connection's direct channel, if the server granted one: the
+    /// bytes go through it, the sinks only say how each direction ended.
+    channel: Option<Socket>,
     _connection: port_connection::Client,
 }
 
@@ -205,7 +220,35 @@ impl PortStream {
             shutdown: None,
             shut: false,
             info,
+            channel: None,
             _connection: connection,
+        }
+    }
+
+    /// Whether the bytes go through a direct channel, kernel to kernel on
+    /// the server, rather than through Cap'n Proto messages.
+    pub fn is_direct(&self) -> bool {
+        self.channel.is_some()
+    }
+
+    /// How the far socket's direction ended, once its end of file came
+    /// through the channel: clean only once the server said so.
+    fn poll_channel_end(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut inbox = self.inbox.borrow_mut();
+        match inbox.end.clone() {
+            Some(end) => Poll::Ready(end_result(end)),
+            None => {
+                inbox.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+
+    /// A channel's I/O error, with the server's reason if it gave one.
+    fn channel_error(&self, error: io::Error) -> io::Error {
+        match self.inbox.borrow().end.clone() {
+            Some(End::Failed(reason)) => io::Error::new(io::ErrorKind::ConnectionReset, reason),
+            _ => error,
         }
     }
 
@@ -247,6 +290,13 @@ fn send_gathered(sender: &PortSender, gathering: &RefCell<Gathering>) {
 impl Drop for PortStream {
     fn drop(&mut self) {
         let mut inbox = self.inbox.borrow_mut();
+        // A channel dropped before both directions ended is reset, so the
+        // far peer is not left with what looks like an end of file.
+        if let Some(channel) = &self.channel
+            && !(self.shut && matches!(inbox.end, Some(End::Clean)))
+        {
+            channel.prepare_reset();
+        }
         inbox.closed = true;
         // Unanswered writes fail: the server resets the socket.
         inbox.chunks.clear();
@@ -275,7 +325,18 @@ impl AsyncRead for PortStream {
         // Writes waiting on a local capability move on while we read.
         // (A failed write breaks the writing half only: reading goes on.)
         let _ = self.sender.poll_progress(cx);
-        let mut inbox = self.inbox.borrow_mut();
+        let this = self.get_mut();
+        if let Some(channel) = this.channel.as_mut() {
+            let before = buf.filled().len();
+            return match poll_channel_read(channel, cx, buf) {
+                Poll::Ready(Ok(())) if buf.filled().len() == before && buf.remaining() > 0 => {
+                    this.poll_channel_end(cx)
+                }
+                Poll::Ready(Err(error)) => Poll::Ready(Err(this.channel_error(error))),
+                other => other,
+            };
+        }
+        let mut inbox = this.inbox.borrow_mut();
         if let Some(front) = inbox.chunks.front_mut() {
             // Checked when it arrived (`FromSocket::write`).
             let bytes = front.params.get().and_then(|params| params.get_bytes());
@@ -294,19 +355,46 @@ impl AsyncRead for PortStream {
             return Poll::Ready(Ok(()));
         }
         match inbox.end.clone() {
-            Some(End::Clean) => Poll::Ready(Ok(())),
-            Some(End::Failed(reason)) => {
-                Poll::Ready(Err(io::Error::new(io::ErrorKind::ConnectionReset, reason)))
-            }
-            Some(End::Lost) => Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::ConnectionAborted,
-                "the connection through the executor was lost",
-            ))),
+            Some(end) => Poll::Ready(end_result(end)),
             None => {
                 inbox.waker = Some(cx.waker().clone());
                 Poll::Pending
             }
         }
+    }
+}
+
+/// What a read at the end of the far socket's direction returns.
+fn end_result(end: End) -> io::Result<()> {
+    match end {
+        End::Clean => Ok(()),
+        End::Failed(reason) => Err(io::Error::new(io::ErrorKind::ConnectionReset, reason)),
+        End::Lost => Err(io::Error::new(
+            io::ErrorKind::ConnectionAborted,
+            "the connection through the executor was lost",
+        )),
+    }
+}
+
+fn poll_channel_read(
+    channel: &mut Socket,
+    cx: &mut Context<'_>,
+    buf: &mut ReadBuf<'_>,
+) -> Poll<io::Result<()>> {
+    match channel {
+        Socket::Tcp(stream) => Pin::new(stream).poll_read(cx, buf),
+        Socket::Unix(stream) => Pin::new(stream).poll_read(cx, buf),
+    }
+}
+
+fn poll_channel_write(
+    channel: &mut Socket,
+    cx: &mut Context<'_>,
+    buf: &[u8],
+) -> Poll<io::Result<usize>> {
+    match channel {
+        Socket::Tcp(stream) => Pin::new(stream).poll_write(cx, buf),
+        Socket::Unix(stream) => Pin::new(stream).poll_write(cx, buf),
     }
 }
 
@@ -325,26 +413,37 @@ impl AsyncWrite for PortStream {
         if buf.is_empty() {
             return Poll::Ready(Ok(0));
         }
+        let this = self.get_mut();
+        if let Some(channel) = this.channel.as_mut() {
+            // A failed `end` or `fail` from far away shows here too.
+            if let Err(error) = this.sender.poll_progress(cx) {
+                return Poll::Ready(Err(io_error(error)));
+            }
+            return match poll_channel_write(channel, cx, buf) {
+                Poll::Ready(Err(error)) => Poll::Ready(Err(this.channel_error(error))),
+                other => other,
+            };
+        }
         let (gathering, last_asked) = {
-            let gathering = self.gathering.borrow();
+            let gathering = this.gathering.borrow();
             (gathering.open.is_some(), gathering.last_asked)
         };
         if gathering {
             // Filling a write needs no room, but a failed earlier write
             // must still end the stream now, not at the next full one.
-            if let Err(error) = self.sender.poll_progress(cx) {
+            if let Err(error) = this.sender.poll_progress(cx) {
                 return Poll::Ready(Err(io_error(error)));
             }
         } else {
-            let room = match self.sender.poll_room(cx) {
+            let room = match this.sender.poll_room(cx) {
                 Poll::Ready(Ok(room)) => room,
                 Poll::Ready(Err(error)) => return Poll::Ready(Err(io_error(error))),
                 Poll::Pending => return Poll::Pending,
             };
             if buf.len() >= room {
                 // A write of its own fills it: one copy, straight in.
-                self.sender.send_now(&buf[..room]);
-                self.gathering.borrow_mut().last_asked = buf.len();
+                this.sender.send_now(&buf[..room]);
+                this.gathering.borrow_mut().last_asked = buf.len();
                 return Poll::Ready(Ok(room));
             }
             let size = if buf.len().max(last_asked) < SMALL_WRITE_BYTES {
@@ -352,10 +451,10 @@ impl AsyncWrite for PortStream {
             } else {
                 room
             };
-            self.gathering.borrow_mut().open = Some(self.sender.open_write(size));
+            this.gathering.borrow_mut().open = Some(this.sender.open_write(size));
         }
         let (written, full) = {
-            let mut gathering = self.gathering.borrow_mut();
+            let mut gathering = this.gathering.borrow_mut();
             gathering.last_asked = buf.len();
             match gathering.open.as_mut() {
                 Some(open) => (open.append(buf), open.is_full()),
@@ -363,14 +462,18 @@ impl AsyncWrite for PortStream {
             }
         };
         if full {
-            self.send_gathered();
+            this.send_gathered();
         } else {
-            self.send_gathered_soon();
+            this.send_gathered_soon();
         }
         Poll::Ready(Ok(written))
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.channel.is_some() {
+            // Written straight into the socket: nothing is held here.
+            return Poll::Ready(Ok(()));
+        }
         self.send_gathered();
         self.sender.poll_drained(cx).map_err(io_error)
     }
@@ -378,6 +481,15 @@ impl AsyncWrite for PortStream {
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.send_gathered();
         let this = &mut *self;
+        if !this.shut
+            && let Some(channel) = &this.channel
+        {
+            // The channel's end of file, then `end`: the server passes the
+            // end on only once it has both.
+            channel
+                .shutdown_write()
+                .map_err(|error| this.channel_error(error))?;
+        }
         this.shut = true;
         let shutdown = this.shutdown.get_or_insert_with(|| {
             let sender = Rc::clone(&this.sender);
@@ -403,27 +515,66 @@ pub(crate) type ListenRequest =
     capnp::capability::Request<port_listen_params::Owned, port_listen_results::Owned>;
 
 /// A connection to `address` (`tcp:HOST:PORT` or `unix:PATH`) opened from
-/// `executor`'s machine.
+/// `executor`'s machine, its bytes in Cap'n Proto messages.
 pub async fn dial(executor: &executor::Client, address: &str) -> Result<PortStream, Error> {
-    dial_with(executor.dial_request(), address).await
+    dial_with(executor.dial_request(), address, None).await
 }
 
-/// The connection `request` opens to `address`.
+/// A connection to `address` opened from `executor`'s machine, whose bytes
+/// skip Cap'n Proto if `route` (its connection's
+/// [`crate::net::Connection::direct_route`]) is given and the server
+/// grants a direct channel: the server then moves them kernel to kernel
+/// (see "Direct channels" in the schema). Otherwise as [`dial`].
+pub async fn dial_via(
+    executor: &executor::Client,
+    address: &str,
+    route: Option<&DirectRoute>,
+) -> Result<PortStream, Error> {
+    dial_with(executor.dial_request(), address, route).await
+}
+
+/// The connection `request` opens to `address`, through a direct channel
+/// on `route` if the server grants one.
 pub(crate) async fn dial_with(
     mut request: DialRequest,
     address: &str,
+    route: Option<&DirectRoute>,
 ) -> Result<PortStream, Error> {
     let (inbox, sink) = new_inbox();
     request.get().set_address(address);
     request.get().set_from_socket(sink);
+    request.get().set_direct(route.is_some());
     let response = request.send().promise.await?;
     let results = response.get()?;
-    Ok(PortStream::new(
+    let mut stream = PortStream::new(
         inbox,
         results.get_to_socket()?,
         results.get_connection()?,
         wire::port_info_from_wire(results.get_info()?)?,
-    ))
+    );
+    if let (Some(route), true) = (route, results.has_direct_ticket()) {
+        let ticket: crate::rpc::Ticket = results.get_direct_ticket()?.try_into().map_err(|_| {
+            Error::Rpc(capnp::Error::failed(
+                "a malformed direct-channel ticket".into(),
+            ))
+        })?;
+        match route.open(&ticket).await {
+            Ok(channel) => {
+                stream.inbox.borrow_mut().direct = true;
+                stream.channel = Some(channel);
+            }
+            Err(error) => {
+                // A write, even an empty one, declines the channel: the
+                // sinks carry the bytes.
+                tracing::debug!(
+                    error = %crate::model::io_message(&error),
+                    "no direct channel; the connection goes through its sinks"
+                );
+                stream.sender.send_now(&[]);
+            }
+        }
+    }
+    Ok(stream)
 }
 
 /// A socket listening on the executor's machine. Dropping it stops the

@@ -71,7 +71,17 @@ impl RemoteProcess {
     /// the process's capability is released: a forward that cannot
     /// outlive the work it serves.
     pub async fn dial(&self, address: &str) -> Result<PortStream, Error> {
-        ports::dial_with(self.cap.dial_request(), address).await
+        ports::dial_with(self.cap.dial_request(), address, None).await
+    }
+
+    /// [`RemoteProcess::dial`] through a direct channel on `route` if the
+    /// server grants one, as [`crate::client::dial_via`].
+    pub async fn dial_via(
+        &self,
+        address: &str,
+        route: Option<&crate::net::DirectRoute>,
+    ) -> Result<PortStream, Error> {
+        ports::dial_with(self.cap.dial_request(), address, route).await
     }
 
     /// Listens on `address` on the process's machine, as

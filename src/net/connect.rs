@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use crate::capexec_capnp::{executor, gatekeeper};
 use crate::net::address::Address;
 pub use crate::net::connect_error::ConnectError;
+use crate::net::direct::DirectRoute;
 use crate::net::guard::CallLimits;
 use crate::net::liveness::{self, Watch, Watched};
 use crate::net::session::Session;
@@ -93,6 +94,8 @@ pub struct Connection {
     closing: Rc<Cell<bool>>,
     /// A Unix socket's: descriptors to send to the server.
     outbox: Option<crate::rpc::DescriptorOutbox>,
+    /// Where its dials' direct channels are opened (a Unix socket's).
+    route: Option<DirectRoute>,
 }
 
 /// The server's first answer, raced against the connect deadline.
@@ -111,6 +114,13 @@ impl Connection {
     /// only, which reaches a server on this machine.
     pub fn stdio_route(&self) -> Option<crate::rpc::StdioRoute> {
         self.outbox.clone().map(crate::rpc::StdioRoute::Socket)
+    }
+
+    /// Where this connection's dials open their direct channels
+    /// ([`crate::client::dial_via`]): a Unix socket's path, which reaches
+    /// a server on this machine; `None` over TCP.
+    pub fn direct_route(&self) -> Option<DirectRoute> {
+        self.route.clone()
     }
 
     /// Whether the connection has ended.
@@ -174,6 +184,7 @@ struct Stream {
     plaintext_tcp: Option<(String, Vec<SocketAddr>)>,
     /// A Unix socket's: descriptors to send to the server.
     outbox: Option<crate::rpc::DescriptorOutbox>,
+    route: Option<DirectRoute>,
 }
 
 /// Connects to `address` as `options` say; TCP addresses need `token`.
@@ -191,6 +202,7 @@ pub async fn connect_to(
         .await
         .map_err(timed_out)??;
     let outbox = stream.outbox.clone();
+    let route = stream.route.clone();
     let mut system = RpcSystem::new(stream.network, None);
     let (executor, answer): (executor::Client, LocalBoxFuture<'static, capnp::Result<()>>) =
         match token {
@@ -289,6 +301,7 @@ pub async fn connect_to(
         watchdog,
         closing,
         outbox,
+        route,
     })
 }
 
@@ -378,6 +391,7 @@ async fn open(
                     watch,
                     plaintext_tcp: None,
                     outbox: Some(outbox),
+                    route: Some(DirectRoute::unix(path.clone())),
                 },
                 None,
             ))
@@ -434,6 +448,7 @@ async fn open(
                 Stream {
                     network,
                     watch,
+                    route: None,
                     plaintext_tcp,
                     outbox: None,
                 },

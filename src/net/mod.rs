@@ -13,6 +13,7 @@ mod body;
 mod certificate;
 mod connect;
 mod connect_error;
+mod direct;
 mod frame;
 mod guard;
 mod liveness;
@@ -36,6 +37,7 @@ pub use self::auth::UNAUTHENTICATED_TAG;
 pub use self::connect::{
     CONNECT_TIMEOUT, ConnectError, ConnectOptions, Connection, connect, connect_to, connect_with,
 };
+pub use self::direct::{CHANNEL_MAGIC, DirectRoute, PREAMBLE_WITHIN};
 pub use self::guard::CallLimits;
 pub use self::local_socket::{
     default_admin_socket_path, default_socket_dir, default_socket_path, ensure_private_dir,

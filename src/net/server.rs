@@ -147,6 +147,8 @@ struct Serving {
     tls: std::cell::RefCell<Option<TlsServer>>,
     limits: CallLimits,
     connections: Connections,
+    /// The unclaimed tickets of direct channels, for every connection.
+    direct: rpc::DirectChannels,
 }
 
 /// What a TCP connection must do before it gets the executor.
@@ -218,7 +220,13 @@ impl Connections {
 /// Makes the root executor of a new connection, named (its number and
 /// peer) for the admin's process list, whose starts may take the
 /// descriptors its peer sends (a Unix socket's).
-type NewExecutor = Rc<dyn Fn(&str, Option<&rpc::ReceivedDescriptors>) -> executor::Client>;
+type NewExecutor = Rc<
+    dyn Fn(
+        &str,
+        Option<&rpc::ReceivedDescriptors>,
+        Option<&rpc::DirectChannels>,
+    ) -> executor::Client,
+>;
 
 /// Makes the root executor of one connection.
 type ConnectionExecutor = Rc<dyn Fn() -> executor::Client>;
@@ -307,6 +315,7 @@ impl Server {
                 tls: std::cell::RefCell::new(config.tls.clone()),
                 limits: config.call_limits,
                 connections: Connections::new(PendingLogins::new(config.pending_logins)),
+                direct: rpc::DirectChannels::default(),
             }),
             context,
             listeners: Vec::new(),
@@ -559,12 +568,17 @@ fn new_executor(
 ) -> NewExecutor {
     let context = Rc::clone(context);
     Rc::new(
-        move |connection: &str, received: Option<&rpc::ReceivedDescriptors>| {
+        move |connection: &str,
+              received: Option<&rpc::ReceivedDescriptors>,
+              direct: Option<&rpc::DirectChannels>| {
             let mut quota = per_connection
                 .map_or_else(rpc::Quota::unlimited, rpc::Quota::at_most)
                 .with_port_limits(port_limits);
             if let Some(received) = received {
                 quota = quota.with_received_descriptors(received.clone());
+            }
+            if let Some(direct) = direct {
+                quota = quota.with_direct_channels(direct.clone());
             }
             let quota = quota.owned_by(connection);
             match &rules {
@@ -601,6 +615,8 @@ struct Accepted {
     login: Option<Arc<Login>>,
     /// What a Unix socket's peer sends for its starts' stdio.
     received: Option<rpc::ReceivedDescriptors>,
+    /// Where its dials' direct channels are claimed: a Unix socket's.
+    direct: Option<rpc::DirectChannels>,
 }
 
 async fn accept_loop(address: Address, listener: Listener, serving: Rc<Serving>) {
@@ -631,8 +647,9 @@ async fn accept_loop(address: Address, listener: Listener, serving: Rc<Serving>)
         let serving = Rc::clone(&serving);
         let connection = format!("{id} {}", accepted.peer);
         let make = Rc::clone(&serving.executor);
-        let received = accepted.received.clone();
-        let executor: ConnectionExecutor = Rc::new(move || make(&connection, received.as_ref()));
+        let (received, direct) = (accepted.received.clone(), accepted.direct.clone());
+        let executor: ConnectionExecutor =
+            Rc::new(move || make(&connection, received.as_ref(), direct.as_ref()));
         let open = crate::metrics::connection_opened();
         tokio::task::spawn_local(
             async move {
@@ -649,34 +666,77 @@ async fn accept_loop(address: Address, listener: Listener, serving: Rc<Serving>)
 
 /// A Unix socket's peer: file permissions were the authentication; a
 /// sandboxed process (of any capexec server) is refused at once, so that
-/// it cannot ask for an unconfined start.
+/// it cannot ask for an unconfined start. Its first bytes say whether it
+/// is a Cap'n Proto connection or a dial's direct channel.
 fn accept_unix(stream: tokio::net::UnixStream, serving: &Serving) -> Option<Accepted> {
     use std::os::fd::AsRawFd;
     if crate::sandbox::peer_is_sandboxed(stream.as_raw_fd()) {
         tracing::warn!("refusing a connection from a sandboxed process");
         return None;
     }
-    let (reader, writer) = stream.into_split();
     let session = Session::logged_in();
-    let (network, received) = if serving.takes_descriptors {
-        let received = rpc::ReceivedDescriptors::default();
-        let reader = crate::net::passing::ReceivingReader::new(reader, received.clone());
-        let network = server_network(reader, writer, serving.limits, &session);
-        (network, Some(received))
-    } else {
-        // A plain read: the kernel drops whatever descriptors come.
-        (
-            server_network(reader, writer, serving.limits, &session),
-            None,
-        )
+    // A restricted server reads plainly: the kernel drops whatever
+    // descriptors come.
+    let received = serving
+        .takes_descriptors
+        .then(rpc::ReceivedDescriptors::default);
+    let network = {
+        let (limits, direct) = (serving.limits, serving.direct.clone());
+        let (session, received) = (Rc::clone(&session), received.clone());
+        async move {
+            let stream = rpc_or_channel(stream, &direct, |stream| {
+                Ok(crate::ports::Socket::Unix(stream))
+            })
+            .await?;
+            let (reader, writer) = stream.into_split();
+            Some(match received {
+                Some(received) => {
+                    let reader = crate::net::passing::ReceivingReader::new(reader, received);
+                    server_network(reader, writer, limits, &session)
+                }
+                None => server_network(reader, writer, limits, &session),
+            })
+        }
+        .boxed_local()
     };
     Some(Accepted {
-        network: futures::future::ready(Some(network)).boxed_local(),
+        network,
         peer: "unix".to_string(),
         session,
         login: None,
         received,
+        direct: Some(serving.direct.clone()),
     })
+}
+
+/// A new plaintext connection back if it is a Cap'n Proto one; if it is
+/// a direct channel instead, it goes (made a [`crate::ports::Socket`] by
+/// `socket`) to the dial whose ticket it presents.
+async fn rpc_or_channel<S: crate::net::direct::Peek>(
+    mut stream: S,
+    direct: &rpc::DirectChannels,
+    socket: impl FnOnce(S) -> std::io::Result<crate::ports::Socket>,
+) -> Option<S> {
+    use crate::net::direct::{Opening, opening};
+    match opening(&mut stream).await {
+        Ok(Opening::Rpc) => Some(stream),
+        Ok(Opening::Channel(ticket)) => {
+            let claimed = socket(stream).is_ok_and(|channel| direct.claim(&ticket, channel));
+            if claimed {
+                tracing::debug!("a direct channel was claimed");
+            } else {
+                tracing::info!("a direct channel presented an unknown ticket; closed");
+            }
+            None
+        }
+        Err(error) => {
+            tracing::info!(
+                error = %crate::model::io_message(&error),
+                "a direct channel that did not open properly; closed"
+            );
+            None
+        }
+    }
 }
 
 /// A TCP peer, which must log in; `None` if it is refused at once, beyond
@@ -716,6 +776,7 @@ fn accept_tcp(
         session,
         login: serving.login.borrow().clone(),
         received: None,
+        direct: None,
     })
 }
 

@@ -9,6 +9,8 @@
 //!
 //! - [`Socket`]: a connected TCP or Unix socket that one task reads while
 //!   another writes, half-closes, and resets (TCP RST) on request;
+//! - [`pump`]: one direction of a connection moved from one socket to
+//!   another by splice(2), never through this process's memory;
 //! - [`dial`], [`listen`]: connecting and listening as [`PortRules`]
 //!   allow (a restricted executor's rule; host names resolved first, so
 //!   what is checked is what is used).
@@ -17,8 +19,10 @@ mod dial;
 mod listen;
 mod rules;
 mod socket;
+mod splice;
 
 pub use self::dial::{DIAL_TIMEOUT, dial, socket_failure};
 pub use self::listen::{Listening, listen};
 pub use self::rules::{MAX_PORT_PATTERNS, PortRules, Target};
 pub use self::socket::Socket;
+pub use self::splice::{PUMP_PIPE_BYTES, PumpError, pump};

@@ -26,6 +26,19 @@ impl Socket {
         Ok(Socket::Tcp(stream))
     }
 
+    /// Runs `operation` (a non-blocking system call on the socket) once
+    /// the socket is ready for `interest`, again whenever it would block.
+    pub async fn io<R>(
+        &self,
+        interest: tokio::io::Interest,
+        mut operation: impl FnMut() -> io::Result<R>,
+    ) -> io::Result<R> {
+        match self {
+            Socket::Tcp(stream) => stream.async_io(interest, &mut operation).await,
+            Socket::Unix(stream) => stream.async_io(interest, &mut operation).await,
+        }
+    }
+
     fn sock_ref(&self) -> SockRef<'_> {
         match self {
             Socket::Tcp(stream) => SockRef::from(stream),
@@ -65,10 +78,7 @@ impl Socket {
     /// also at end of file or with an error pending (a read says which).
     pub fn pending(&self) -> usize {
         use std::os::fd::AsRawFd;
-        let fd = match self {
-            Socket::Tcp(stream) => stream.as_raw_fd(),
-            Socket::Unix(stream) => stream.as_raw_fd(),
-        };
+        let fd = self.as_raw_fd();
         let mut count: libc::c_int = 0;
         // SAFETY: FIONREAD writes one c_int through the pointer given.
         let done = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut count) };
@@ -149,6 +159,15 @@ impl Socket {
                 local: unix_name(stream.local_addr()),
                 peer: unix_name(stream.peer_addr()),
             },
+        }
+    }
+}
+
+impl std::os::fd::AsRawFd for Socket {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        match self {
+            Socket::Tcp(stream) => stream.as_raw_fd(),
+            Socket::Unix(stream) => stream.as_raw_fd(),
         }
     }
 }

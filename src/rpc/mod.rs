@@ -6,6 +6,7 @@
 mod admin;
 mod context;
 mod detach;
+mod direct;
 mod directory;
 mod executor;
 mod file_limits;
@@ -23,6 +24,10 @@ mod subscription;
 pub use self::admin::{AdminImpl, ProcessTable};
 pub use self::context::{Link, ServerContext, Upstream, check_names as check_environment_names};
 pub use self::detach::{DEFAULT_RETENTION, Detachments, MAX_GRACE};
+pub use self::direct::{
+    CHANNEL_CLAIMED, CLAIM_WITHIN as DIRECT_CLAIM_WITHIN, DirectChannels, MAX_UNCLAIMED_TICKETS,
+    TICKET_BYTES, Ticket,
+};
 pub use self::directory::DirectoryImpl;
 pub use self::executor::{
     ExecutorImpl, local_executor, local_executor_with_stdio_route, restricted_root_executor,

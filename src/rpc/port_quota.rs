@@ -7,6 +7,7 @@ use std::rc::Rc;
 use tokio::sync::Notify;
 
 use crate::model::{Refusal, RefusalKind};
+use crate::rpc::DirectChannels;
 use crate::wire::PortBudget;
 
 /// Port connections (dialled or accepted) one connection may hold.
@@ -45,6 +46,9 @@ struct State {
     /// before accepting more).
     freed: Notify,
     budget: PortBudget,
+    /// Where tickets for direct channels come from, when this
+    /// connection's dials may have one (a Unix socket or plaintext TCP).
+    direct: Option<DirectChannels>,
 }
 
 impl Default for PortQuota {
@@ -62,7 +66,22 @@ impl PortQuota {
             max_listeners: limits.max_listeners,
             freed: Notify::new(),
             budget: PortBudget::default(),
+            direct: None,
         }))
+    }
+
+    /// Lets the connection's dials have direct channels from `channels`
+    /// (before any is opened).
+    pub(crate) fn with_direct_channels(mut self, channels: DirectChannels) -> PortQuota {
+        if let Some(state) = Rc::get_mut(&mut self.0) {
+            state.direct = Some(channels);
+        }
+        self
+    }
+
+    /// Where a dial that asks for a direct channel gets its ticket.
+    pub(crate) fn direct_channels(&self) -> Option<&DirectChannels> {
+        self.0.direct.as_ref()
     }
 
     /// What the connection's senders share.

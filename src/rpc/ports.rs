@@ -24,8 +24,10 @@ use crate::capexec_capnp::{
 };
 use crate::engine::Rules;
 use crate::model::{PortUse, Refusal, RefusalKind, excerpt, io_message, port_address};
-use crate::ports::{Listening, PortRules, Socket, socket_failure};
+use crate::ports::{Listening, PortRules, PumpError, Socket, socket_failure};
+use crate::rpc::direct::{CHANNEL_CLAIMED, Claim};
 use crate::rpc::port_quota::{PortQuota, PortTicket};
+use crate::rpc::{DIRECT_CLAIM_WITHIN, DirectChannels};
 use crate::wire::{self, MAX_PORT_WRITE_BYTES, PortSender};
 
 /// Accepted connections waiting for the acceptor's answer at once.
@@ -48,6 +50,24 @@ struct Connection {
     queue: RefCell<VecDeque<Queued>>,
     queue_changed: Notify,
     end_asked: Cell<bool>,
+    /// Whether the bytes go through a direct channel, not the sinks (see
+    /// "Direct channels" in the schema).
+    direct: Cell<Direct>,
+    /// Woken when the client declines its channel.
+    declined: Notify,
+    /// That channel, once claimed.
+    channel: RefCell<Option<Rc<Socket>>>,
+}
+
+/// Where a connection's bytes go.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direct {
+    /// Through the sinks.
+    No,
+    /// A channel was granted and is not claimed yet: nothing moves.
+    Offered,
+    /// Through the channel.
+    Claimed,
 }
 
 enum Queued {
@@ -69,6 +89,9 @@ impl Connection {
             queue: RefCell::new(VecDeque::new()),
             queue_changed: Notify::new(),
             end_asked: Cell::new(false),
+            direct: Cell::new(Direct::No),
+            declined: Notify::new(),
+            channel: RefCell::new(None),
         })
     }
 
@@ -92,6 +115,9 @@ impl Connection {
         *self.failure.borrow_mut() = Some(reason.to_string());
         if let Some(socket) = self.socket.borrow_mut().take() {
             socket.prepare_reset();
+        }
+        if let Some(channel) = self.channel.borrow_mut().take() {
+            channel.prepare_reset();
         }
         for task in self.tasks.borrow_mut().drain(..) {
             task.abort();
@@ -119,6 +145,7 @@ impl Connection {
     fn release(&self, reason: &str) {
         if self.to_ended.get() && self.from_ended.get() {
             self.socket.borrow_mut().take();
+            self.channel.borrow_mut().take();
         } else {
             self.reset(reason);
         }
@@ -131,6 +158,16 @@ impl Connection {
     fn close_if_done(&self) {
         if self.to_ended.get() && self.from_ended.get() {
             self.socket.borrow_mut().take();
+            self.channel.borrow_mut().take();
+        }
+    }
+
+    /// A write or `end` before the channel was claimed: the client
+    /// declined it, and the sinks carry the bytes.
+    fn decline_channel(&self) {
+        if self.direct.get() == Direct::Offered {
+            self.direct.set(Direct::No);
+            self.declined.notify_one();
         }
     }
 
@@ -262,16 +299,18 @@ async fn read_socket(connection: Rc<Connection>, sender: PortSender) {
             }
             Ok(_) => {}
             Err(error) => {
-                let reason = match error.kind() {
-                    io::ErrorKind::ConnectionReset => {
-                        "the connection was reset by its peer".to_string()
-                    }
-                    _ => format!("reading from the connection: {}", io_message(&error)),
-                };
-                connection.reset(&reason);
+                connection.reset(&reading_failure(&error));
                 return;
             }
         }
+    }
+}
+
+/// Why reading the socket failed, as the client is told.
+fn reading_failure(error: &io::Error) -> String {
+    match error.kind() {
+        io::ErrorKind::ConnectionReset => "the connection was reset by its peer".to_string(),
+        _ => format!("reading from the connection: {}", io_message(error)),
     }
 }
 
@@ -294,6 +333,15 @@ impl ToSocket {
                 RefusalKind::InvalidArgument,
                 "a write after `end` on this connection",
             ));
+        }
+        connection.decline_channel();
+        if connection.direct.get() == Direct::Claimed {
+            let refusal = Refusal::new(
+                RefusalKind::InvalidArgument,
+                "a write on a connection whose bytes go through its direct channel",
+            );
+            connection.reset(&refusal.message);
+            return Err(refusal);
         }
         let length = params
             .get()
@@ -352,6 +400,7 @@ impl port_sink::Server for ToSocket {
         _: port_sink::EndResults,
     ) -> impl Future<Output = Result<(), Error>> + 'static {
         let connection = Rc::clone(&self.connection);
+        connection.decline_channel();
         let queued = if let Some(failure) = connection.failed() {
             Err(failure)
         } else if connection.end_asked.replace(true) {
@@ -407,9 +456,18 @@ fn open(
     socket: Socket,
     ticket: PortTicket,
 ) -> (Rc<Connection>, port_connection::Client, port_sink::Client) {
-    let connection = Connection::new(socket);
+    let (connection, handle, to_socket) = capabilities(socket, ticket);
     let writer = spawn_local(write_queue(Rc::clone(&connection)));
     connection.track(writer.abort_handle());
+    (connection, handle, to_socket)
+}
+
+/// A connection and its capabilities, nothing moving yet.
+fn capabilities(
+    socket: Socket,
+    ticket: PortTicket,
+) -> (Rc<Connection>, port_connection::Client, port_sink::Client) {
+    let connection = Connection::new(socket);
     let handle = capnp_rpc::new_client(ConnectionHandle {
         connection: Rc::clone(&connection),
         _ticket: ticket,
@@ -575,6 +633,7 @@ pub(crate) async fn dial(
     let params = params.get()?;
     let asked = text_param(params.get_address())?;
     let from_socket = params.get_from_socket()?;
+    let asks_direct = params.get_direct();
     let address = port_address(&asked, PortUse::Dial)?;
     tied_to(tie.as_ref())?;
     let ticket = quota.take_stream()?;
@@ -584,16 +643,171 @@ pub(crate) async fn dial(
     // clean end of file.
     let tied = tied_to(tie.as_ref()).inspect_err(|_| socket.prepare_reset())?;
     let info = socket.info();
-    let (connection, handle, to_socket) = open(socket, ticket);
+    let direct = if asks_direct {
+        quota.direct_channels().and_then(DirectChannels::issue)
+    } else {
+        None
+    };
+    // A direct connection's relay, not the sinks' writer, moves its bytes.
+    let (connection, handle, to_socket) = if direct.is_some() {
+        capabilities(socket, ticket)
+    } else {
+        open(socket, ticket)
+    };
     if let Some(tied) = tied {
         tied.add_connection(&connection);
     }
-    start_reading(&connection, from_socket, quota);
     let mut results = results.get();
+    match direct {
+        Some((direct_ticket, claim)) => {
+            connection.direct.set(Direct::Offered);
+            *connection.from_socket.borrow_mut() = Some(from_socket);
+            let relay = spawn_local(relay_direct(Rc::clone(&connection), claim, quota.clone()));
+            connection.track(relay.abort_handle());
+            results.set_direct_ticket(&direct_ticket);
+        }
+        None => start_reading(&connection, from_socket, quota),
+    }
     results.set_connection(handle);
     results.set_to_socket(to_socket);
     wire::port_info_to_wire(&info, results.init_info());
     Ok(())
+}
+
+/// A direct connection's relay: waits for its channel, then moves both
+/// directions kernel to kernel, and says on the sinks how each ended.
+async fn relay_direct(connection: Rc<Connection>, claim: Claim, quota: PortQuota) {
+    let claimed = tokio::select! {
+        channel = claim.channel() => channel,
+        () = connection.declined.notified() => {
+            // The sinks carry the bytes from here (the write that declined
+            // is queued already).
+            let writer = spawn_local(write_queue(Rc::clone(&connection)));
+            connection.track(writer.abort_handle());
+            let from_socket = connection.from_socket.borrow_mut().take();
+            if let Some(from_socket) = from_socket {
+                start_reading(&connection, from_socket, &quota);
+            }
+            return;
+        }
+    };
+    let Some(channel) = claimed else {
+        connection.reset(&format!(
+            "its direct channel was not opened within {} s",
+            DIRECT_CLAIM_WITHIN.as_secs()
+        ));
+        return;
+    };
+    let channel = Rc::new(channel);
+    let Some(socket) = connection.socket() else {
+        channel.prepare_reset();
+        return;
+    };
+    connection.direct.set(Direct::Claimed);
+    // Tells the client its channel is the connection's (a channel that
+    // reached a server that did not grant it is closed unanswered).
+    if let Err(error) = channel.write_all(&[CHANNEL_CLAIMED]).await {
+        connection.reset(&format!(
+            "the client's direct channel failed: {}",
+            io_message(&error)
+        ));
+        return;
+    }
+    *connection.channel.borrow_mut() = Some(Rc::clone(&channel));
+    futures::join!(
+        relay_to_socket(&connection, &channel, &socket),
+        relay_from_socket(&connection, &socket, &channel),
+    );
+}
+
+/// Client to socket: the channel's end of file is the client's end once
+/// `end` has come too (a failure or a release resets instead).
+async fn relay_to_socket(connection: &Rc<Connection>, channel: &Socket, socket: &Socket) {
+    match crate::ports::pump(channel, socket).await {
+        Ok(_) => {}
+        Err(PumpError::Reading(error)) => {
+            connection.reset(&format!(
+                "the client's direct channel failed: {}",
+                io_message(&error)
+            ));
+            return;
+        }
+        Err(PumpError::Writing(error)) => {
+            let refusal = socket_failure("writing to the connection", &error);
+            connection.reset(&refusal.message);
+            return;
+        }
+    }
+    loop {
+        let next = connection.queue.borrow_mut().pop_front();
+        match next {
+            Some(Queued::End(done)) => {
+                let result = socket.shutdown_write().map_err(|error| {
+                    socket_failure("shutting the connection down for writing", &error)
+                });
+                match result {
+                    Ok(()) => {
+                        connection.to_ended.set(true);
+                        let _ = done.send(Ok(()));
+                        connection.close_if_done();
+                    }
+                    Err(refusal) => {
+                        let _ = done.send(Err(refusal.clone()));
+                        connection.reset(&refusal.message);
+                    }
+                }
+                return;
+            }
+            // Refused when they came (`ToSocket::queue_write`).
+            Some(Queued::Write(_, done)) => {
+                let _ = done.send(Err(Refusal::new(
+                    RefusalKind::InvalidArgument,
+                    "a write on a direct connection",
+                )));
+            }
+            None => connection.queue_changed.notified().await,
+        }
+    }
+}
+
+/// Socket to client: the peer's end of file is passed on as the
+/// channel's, then `end` on the client's sink.
+async fn relay_from_socket(connection: &Rc<Connection>, socket: &Socket, channel: &Socket) {
+    match crate::ports::pump(socket, channel).await {
+        Ok(_) => {}
+        Err(PumpError::Reading(error)) => {
+            connection.reset(&reading_failure(&error));
+            return;
+        }
+        Err(PumpError::Writing(error)) => {
+            connection.reset(&format!(
+                "the client's direct channel failed: {}",
+                io_message(&error)
+            ));
+            return;
+        }
+    }
+    if let Err(error) = channel.shutdown_write() {
+        connection.reset(&format!(
+            "the client's direct channel failed: {}",
+            io_message(&error)
+        ));
+        return;
+    }
+    let Some(sink) = connection.from_socket.borrow().clone() else {
+        return;
+    };
+    match sink.end_request().send().promise.await {
+        Ok(_) => {
+            connection.from_ended.set(true);
+            connection.from_socket.borrow_mut().take();
+            connection.close_if_done();
+        }
+        Err(error) => connection.reset(&format!(
+            "the client's end of the connection failed: {}",
+            wire::describe(&error)
+        )),
+    }
 }
 
 fn text_param(text: capnp::Result<capnp::text::Reader<'_>>) -> Result<String, Refusal> {

@@ -50,6 +50,9 @@ pub struct Ctx {
     /// Where this client hands its descriptors for a start's stdio: the
     /// in-process executor's, or a Unix socket's.
     pub stdio_route: Option<rpc::StdioRoute>,
+    /// Where dials open direct channels: set only by [`run_direct`], so
+    /// the same test bodies run through the sinks and through channels.
+    pub dial_route: Option<capexec::net::DirectRoute>,
     connection: Option<Connection>,
     server: Option<server::ServerThread>,
     /// The server at the far end of a chain, stopped after `server`.
@@ -117,6 +120,23 @@ where
     F: FnOnce(Ctx) -> Fut,
     Fut: Future<Output = ()>,
 {
+    run_with(backend, false, body)
+}
+
+/// [`run`], with the client's dials asking for direct channels.
+pub fn run_direct<F, Fut>(backend: Backend, body: F)
+where
+    F: FnOnce(Ctx) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    run_with(backend, true, body)
+}
+
+fn run_with<F, Fut>(backend: Backend, direct: bool, body: F)
+where
+    F: FnOnce(Ctx) -> Fut,
+    Fut: Future<Output = ()>,
+{
     run_local(async move {
         let ctx = match backend {
             Backend::InProcess => {
@@ -128,6 +148,7 @@ where
                     address: None,
                     token: None,
                     stdio_route: Some(route),
+                    dial_route: None,
                     connection: None,
                     server: None,
                     far_server: None,
@@ -159,6 +180,7 @@ where
                     address: Some(address),
                     token,
                     stdio_route: connection.stdio_route(),
+                    dial_route: connection.direct_route().filter(|_| direct),
                     connection: Some(connection),
                     server: Some(server),
                     far_server,
@@ -185,18 +207,21 @@ pub mod backend {
 /// it, so that a test reads `unix::a_write_retried_after_a_cut_lands_once`.
 #[macro_export]
 macro_rules! backend_tests {
-    (on [$backend:ident $(, $rest:ident)* $(,)?]: $($name:ident),* $(,)?) => {
+    (with $runner:ident on [$backend:ident $(, $rest:ident)* $(,)?]: $($name:ident),* $(,)?) => {
         mod $backend {
             $(
                 #[test]
                 fn $name() {
-                    $crate::common::run($crate::common::backend::$backend, super::$name);
+                    $crate::common::$runner($crate::common::backend::$backend, super::$name);
                 }
             )*
         }
-        $crate::backend_tests!(on [$($rest),*]: $($name),*);
+        $crate::backend_tests!(with $runner on [$($rest),*]: $($name),*);
     };
-    (on []: $($name:ident),* $(,)?) => {};
+    (with $runner:ident on []: $($name:ident),* $(,)?) => {};
+    (on [$($backend:ident),* $(,)?]: $($name:ident),* $(,)?) => {
+        $crate::backend_tests!(with run on [$($backend),*]: $($name),*);
+    };
     ($($name:ident),* $(,)?) => {
         $crate::backend_tests!(on [in_process, unix, tcp, chained]: $($name),*);
     };

@@ -126,6 +126,7 @@ impl Proxy {
                 };
                 let (client_read, client_write) = client;
                 let (server_read, server_write) = server;
+                let raw = Arc::new(AtomicBool::new(false));
                 let to_server = tokio::spawn(pump(
                     client_read,
                     server_write,
@@ -133,6 +134,7 @@ impl Proxy {
                     Direction::ToServer,
                     Arc::clone(&shared),
                     upload_watch.clone(),
+                    Arc::clone(&raw),
                 ));
                 let to_client = tokio::spawn(pump(
                     server_read,
@@ -141,6 +143,7 @@ impl Proxy {
                     Direction::ToClient,
                     Arc::clone(&shared),
                     gate_watch.clone(),
+                    raw,
                 ));
                 let mut live = live.lock().unwrap_or_else(|p| p.into_inner());
                 live.push(to_server.abort_handle());
@@ -276,6 +279,7 @@ async fn pump(
     direction: Direction,
     counters: Arc<Counters>,
     gate: watch::Receiver<bool>,
+    raw: Arc<AtomicBool>,
 ) {
     let (queue, queued) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
     // Reading and delivering both belong to this task, so that aborting it
@@ -291,6 +295,23 @@ async fn pump(
             };
             let now = Instant::now();
             buffer.extend_from_slice(&chunk[..read]);
+            // A direct channel (capexec::net::CHANNEL_MAGIC) is no Cap'n
+            // Proto stream: its bytes go on as they come both ways,
+            // uncounted. (The server answers only after the magic.)
+            if direction == Direction::ToServer
+                && buffer.starts_with(&capexec::net::CHANNEL_MAGIC[..4])
+            {
+                raw.store(true, Ordering::SeqCst);
+            }
+            if raw.load(Ordering::SeqCst) {
+                if queue
+                    .send((now + delay, std::mem::take(&mut buffer)))
+                    .is_err()
+                {
+                    return;
+                }
+                continue;
+            }
             while let Some(length) = framed_length(&buffer) {
                 let message: Vec<u8> = buffer.drain(..length).collect();
                 if direction == Direction::ToServer && is_call(&message) {

@@ -13,6 +13,7 @@ mod abuse;
 mod bad_requests;
 mod chain;
 mod descriptors;
+mod direct_channels;
 mod directory_executor;
 mod facets;
 mod files;

@@ -26,8 +26,16 @@ pub(crate) async fn peer() -> (TcpListener, String) {
     (listener, address)
 }
 
+/// A dial through the sinks, or through a direct channel where the test
+/// runs with one ([`common::run_direct`]).
 async fn dial(ctx: &Ctx, address: &str) -> PortStream {
-    client::dial(&ctx.executor, address).await.expect("dial")
+    client::dial_via(&ctx.executor, address, ctx.dial_route.as_ref())
+        .await
+        .expect("dial")
+}
+
+fn chained(ctx: &Ctx) -> bool {
+    ctx.backend == common::Backend::Chained
 }
 
 fn sha(bytes: &[u8]) -> Vec<u8> {
@@ -60,6 +68,11 @@ async fn bulk_transfer_both_ways_at_once_is_byte_exact(ctx: Ctx) {
         sha(&got.expect("peer reads"))
     });
     let stream = dial(&ctx, &address).await;
+    // Granted wherever it was asked for and the server dials itself.
+    assert_eq!(
+        stream.is_direct(),
+        ctx.dial_route.is_some() && !chained(&ctx)
+    );
     assert!(
         stream.info().peer.starts_with("tcp:127.0.0.1:"),
         "{:?}",
@@ -462,25 +475,33 @@ async fn restricted_executors_allow_only_the_addresses_of_their_rule(ctx: Ctx) {
         }
     });
     let narrow = dial_only_to(&ctx, port);
-    let mut stream = client::dial(&narrow, &address)
+    let mut stream = client::dial_via(&narrow, &address, ctx.dial_route.as_ref())
         .await
         .expect("inside the rule");
+    assert_eq!(
+        stream.is_direct(),
+        ctx.dial_route.is_some() && !chained(&ctx)
+    );
     let mut six = [0u8; 6];
     stream.read_exact(&mut six).await.expect("read");
     assert_eq!(&six, b"inside");
     // `localhost` resolves to an address the rule allows: the same.
-    client::dial(&narrow, &format!("tcp:localhost:{port}"))
-        .await
-        .map(drop)
-        .or_else(|error| match &error {
-            // Resolving may give ::1 only, which the rule does not name.
-            Error::Refused(refusal) if refusal.kind == RefusalKind::NotAllowed => Ok(()),
-            _ => Err(error),
-        })
-        .expect("localhost");
+    client::dial_via(
+        &narrow,
+        &format!("tcp:localhost:{port}"),
+        ctx.dial_route.as_ref(),
+    )
+    .await
+    .map(drop)
+    .or_else(|error| match &error {
+        // Resolving may give ::1 only, which the rule does not name.
+        Error::Refused(refusal) if refusal.kind == RefusalKind::NotAllowed => Ok(()),
+        _ => Err(error),
+    })
+    .expect("localhost");
     let other = format!("tcp:127.0.0.1:{}", port.wrapping_add(1).max(1));
     assert_not_allowed(
-        &refusal(client::dial(&narrow, &other).await).await,
+        &refusal(client::dial_via(&narrow, &other, ctx.dial_route.as_ref()).await).await,
         "ports.dial",
     );
     assert_not_allowed(
@@ -498,11 +519,12 @@ async fn restricted_executors_allow_only_the_addresses_of_their_rule(ctx: Ctx) {
             ..Policy::default()
         },
     );
-    let refused = refusal(client::dial(&wider, &address).await).await;
+    let refused = refusal(client::dial_via(&wider, &address, ctx.dial_route.as_ref()).await).await;
     assert_eq!(refused.0, RefusalKind::NotAllowed, "{}", refused.1);
     // A restriction of programs allows no address unless it names some.
     let programs_only = restricted(&ctx, None, true);
-    let refused = refusal(client::dial(&programs_only, &address).await).await;
+    let refused =
+        refusal(client::dial_via(&programs_only, &address, ctx.dial_route.as_ref()).await).await;
     assert_not_allowed(&refused, "ports.dial");
     assert!(
         refused
@@ -573,7 +595,8 @@ async fn a_connection_holds_at_most_its_maximum_of_port_connections(ctx: Ctx) {
     for _ in 0..capexec::rpc::MAX_PORT_STREAMS {
         held.push(dial(&ctx, &address).await);
     }
-    let (kind, message) = refusal(client::dial(&ctx.executor, &address).await).await;
+    let (kind, message) =
+        refusal(client::dial_via(&ctx.executor, &address, ctx.dial_route.as_ref()).await).await;
     assert_eq!(kind, RefusalKind::LimitReached, "{message}");
     assert_eq!(
         message,
@@ -595,7 +618,7 @@ async fn a_connection_holds_at_most_its_maximum_of_port_connections(ctx: Ctx) {
     drop(last);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let mut again = loop {
-        match client::dial(&ctx.executor, &address).await {
+        match client::dial_via(&ctx.executor, &address, ctx.dial_route.as_ref()).await {
             Ok(stream) => break stream,
             Err(error) => {
                 assert!(tokio::time::Instant::now() < deadline, "{error}");
@@ -622,6 +645,26 @@ backend_tests!(
     a_connection_holds_at_most_its_maximum_of_listeners,
     a_connection_holds_at_most_its_maximum_of_port_connections,
 );
+
+/// The same bodies with the client's dials asking for direct channels:
+/// granted over a Unix socket, where the server dials itself; through the
+/// chain the front server passes the dial on without asking, and the
+/// sinks carry the bytes. (TCP has no route: `direct_channels`.)
+mod direct {
+    use super::*;
+    backend_tests!(
+        with run_direct on [unix, chained]:
+        bulk_transfer_both_ways_at_once_is_byte_exact,
+        small_writes_arrive_whole_in_order_and_without_a_flush,
+        half_close_is_kept_in_each_direction,
+        resets_reach_the_other_end_as_errors,
+        a_slow_reader_holds_the_writer_back,
+        releasing_a_listener_closes_its_socket_and_connections,
+        unix_sockets_are_dialled_and_listened_on,
+        restricted_executors_allow_only_the_addresses_of_their_rule,
+        a_connection_holds_at_most_its_maximum_of_port_connections,
+    );
+}
 
 /// Client -> A -> (proxy) -> B: cutting the link between A and B fails the
 /// connections crossing it at both ends, as errors.
@@ -703,7 +746,7 @@ struct Swallow;
 impl capexec::capexec_capnp::port_sink::Server for Swallow {}
 
 /// Sends one write on `sink` as a plain call, not waiting for room.
-fn raw_write(
+pub(crate) fn raw_write(
     sink: &capexec::capexec_capnp::port_sink::Client,
     bytes: &[u8],
 ) -> capnp::capability::RemotePromise<capnp::any_pointer::Owned> {
