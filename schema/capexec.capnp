@@ -1753,7 +1753,7 @@ struct PortDialResults {
 # claimed nothing moves; a `toSocket.write` (an empty one will do) or
 # `toSocket.end` before then declines it, and the sinks carry the bytes
 # as without `direct`. (capexec's client declines a channel that was
-# closed unanswered, or not answered within 3 s.) A ticket neither claimed nor declined in time
+# closed unanswered, or that it could not connect and send within 3 s.) A ticket neither claimed nor declined in time
 # resets the connection (`fromSocket` gets `fail`). A server holds at
 # most 1,024 unclaimed tickets; past that it grants none.
 #

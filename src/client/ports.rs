@@ -290,8 +290,9 @@ fn send_gathered(sender: &PortSender, gathering: &RefCell<Gathering>) {
 impl Drop for PortStream {
     fn drop(&mut self) {
         let mut inbox = self.inbox.borrow_mut();
-        // A channel dropped before both directions ended is reset, so the
-        // far peer is not left with what looks like an end of file.
+        // A channel dropped before both directions ended is reset (TCP),
+        // or closed (Unix: no reset); either way the release of the
+        // connection that follows makes the server reset the far socket.
         if let Some(channel) = &self.channel
             && !(self.shut && matches!(inbox.end, Some(End::Clean)))
         {

@@ -11,7 +11,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
 
 use crate::ports::Socket;
-use crate::rpc::{CHANNEL_CLAIMED, TICKET_BYTES, Ticket};
+use crate::rpc::{CHANNEL_CLAIMED, DIRECT_CLAIM_WITHIN, TICKET_BYTES, Ticket};
 
 /// What a channel's connection sends first: a segment count no Cap'n
 /// Proto message has (2^32), then "cxd1"; the ticket follows.
@@ -21,11 +21,12 @@ pub const CHANNEL_MAGIC: [u8; 8] = [0xff, 0xff, 0xff, 0xff, b'c', b'x', b'd', b'
 /// magic and ticket.
 pub const PREAMBLE_WITHIN: Duration = Duration::from_secs(10);
 
-/// How long a client waits for the server to take its channel before it
-/// declines it: well inside the server's window for a claim
-/// ([`crate::rpc::DIRECT_CLAIM_WITHIN`]), so the decline arrives before
-/// the server gives up on the connection.
-pub const CLAIM_ANSWER_WITHIN: Duration = Duration::from_secs(3);
+/// How long a client gives its channel's connect and preamble before it
+/// declines the channel (a server that does not take it closes it at
+/// once). The server's answer is then waited for as long as the server
+/// waits for a claim ([`crate::rpc::DIRECT_CLAIM_WITHIN`]): declining a
+/// channel the server has taken would reset the connection.
+pub const CLAIM_SEND_WITHIN: Duration = Duration::from_secs(3);
 
 /// What a new connection's first bytes say it is.
 pub(crate) enum Opening {
@@ -118,22 +119,26 @@ impl DirectRoute {
 
     /// Opens the channel that `ticket` claims, once the server says it
     /// took it; an error if the server closed it unanswered (the ticket
-    /// came from another server, one beyond this hop) or did not answer
-    /// within [`CLAIM_ANSWER_WITHIN`].
+    /// came from another server, one beyond this hop), or it could not be
+    /// sent within [`CLAIM_SEND_WITHIN`], or the server did not answer
+    /// within [`crate::rpc::DIRECT_CLAIM_WITHIN`].
     pub async fn open(&self, ticket: &Ticket) -> io::Result<Socket> {
-        tokio::time::timeout(CLAIM_ANSWER_WITHIN, self.claim(ticket))
-            .await
-            .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))?
-    }
-
-    async fn claim(&self, ticket: &Ticket) -> io::Result<Socket> {
         let mut preamble = [0u8; CHANNEL_MAGIC.len() + TICKET_BYTES];
         preamble[..CHANNEL_MAGIC.len()].copy_from_slice(&CHANNEL_MAGIC);
         preamble[CHANNEL_MAGIC.len()..].copy_from_slice(ticket);
-        let mut stream = UnixStream::connect(&self.0).await?;
-        stream.write_all(&preamble).await?;
+        let timed_out = |_| io::Error::from(io::ErrorKind::TimedOut);
+        let mut stream = tokio::time::timeout(CLAIM_SEND_WITHIN, async {
+            let mut stream = UnixStream::connect(&self.0).await?;
+            stream.write_all(&preamble).await?;
+            Ok::<_, io::Error>(stream)
+        })
+        .await
+        .map_err(timed_out)??;
         let mut answer = [0u8; 1];
-        match stream.read(&mut answer).await? {
+        let read = tokio::time::timeout(DIRECT_CLAIM_WITHIN, stream.read(&mut answer))
+            .await
+            .map_err(timed_out)??;
+        match read {
             1 if answer[0] == CHANNEL_CLAIMED => Ok(Socket::Unix(stream)),
             _ => Err(io::Error::new(
                 io::ErrorKind::ConnectionRefused,

@@ -725,12 +725,13 @@ async fn rpc_or_channel<S: crate::net::direct::Peek>(
             if claimed {
                 tracing::debug!("a direct channel was claimed");
             } else {
-                tracing::info!("a direct channel presented an unknown ticket; closed");
+                // Debug, not info: a local peer could flood the log.
+                tracing::debug!("a direct channel presented an unknown ticket; closed");
             }
             None
         }
         Err(error) => {
-            tracing::info!(
+            tracing::debug!(
                 error = %crate::model::io_message(&error),
                 "a direct channel that did not open properly; closed"
             );

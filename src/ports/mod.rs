@@ -25,4 +25,4 @@ pub use self::dial::{DIAL_TIMEOUT, dial, socket_failure};
 pub use self::listen::{Listening, listen};
 pub use self::rules::{MAX_PORT_PATTERNS, PortRules, Target};
 pub use self::socket::Socket;
-pub use self::splice::{PUMP_PIPE_BYTES, PumpError, pump};
+pub use self::splice::{PUMP_CHUNK_BYTES, PumpError, pump};

@@ -39,6 +39,19 @@ impl Socket {
         }
     }
 
+    /// Runs `operation` once if the socket is ready for `interest` (else
+    /// `WouldBlock`), clearing the readiness if it would block.
+    pub fn try_io<R>(
+        &self,
+        interest: tokio::io::Interest,
+        operation: impl FnOnce() -> io::Result<R>,
+    ) -> io::Result<R> {
+        match self {
+            Socket::Tcp(stream) => stream.try_io(interest, operation),
+            Socket::Unix(stream) => stream.try_io(interest, operation),
+        }
+    }
+
     fn sock_ref(&self) -> SockRef<'_> {
         match self {
             Socket::Tcp(stream) => SockRef::from(stream),

@@ -13,10 +13,12 @@ use tokio::io::Interest;
 
 use crate::ports::Socket;
 
-/// What the pipe between the two sockets holds: what one splice moves.
-/// A bigger pipe means fewer calls per byte; its pages are taken only
-/// while bytes are in it.
-pub const PUMP_PIPE_BYTES: usize = 256 * 1024;
+/// What one splice moves at most: the pipe's default size (16 pages). A
+/// pipe counts against its user's pipe pages (`pipe-user-pages-soft`)
+/// whatever it holds, and past that limit every new pipe of the user, its
+/// processes' stdio too, is cut to 2 pages: so the pipes stay default,
+/// and only while bytes flow.
+pub const PUMP_CHUNK_BYTES: usize = 64 * 1024;
 
 /// Why a pump stopped before the source's end of file.
 #[derive(Debug)]
@@ -25,6 +27,8 @@ pub enum PumpError {
     Reading(io::Error),
     /// Writing into the destination failed.
     Writing(io::Error),
+    /// No pipe to move the bytes through (out of descriptors).
+    Pipe(io::Error),
 }
 
 /// A pipe whose two ends this process holds, non-blocking.
@@ -42,16 +46,6 @@ impl Pipe {
         }
         // SAFETY: both were just created and are ours alone.
         let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        // Past the limit of /proc/sys/fs/pipe-max-size the default stays:
-        // slower, not wrong.
-        // SAFETY: F_SETPIPE_SZ only resizes the pipe's buffer.
-        unsafe {
-            libc::fcntl(
-                write.as_raw_fd(),
-                libc::F_SETPIPE_SZ,
-                PUMP_PIPE_BYTES as libc::c_int,
-            )
-        };
         Ok(Pipe { read, write })
     }
 }
@@ -77,29 +71,35 @@ fn splice(from: RawFd, to: RawFd, length: usize) -> io::Result<usize> {
 
 /// Moves everything `from` sends into `to` until `from`'s end of file;
 /// returns how many bytes moved. Neither socket is shut down or closed:
-/// what an end or a failure means is the caller's to say.
+/// what an end or a failure means is the caller's to say. The pipe is
+/// made when bytes come and let go whenever the source has no more for
+/// now, so an idle direction holds none.
 pub async fn pump(from: &Socket, to: &Socket) -> Result<u64, PumpError> {
-    // The pipe is made once there is something to move: an idle
-    // connection holds no pipe.
-    from.readable().await.map_err(PumpError::Reading)?;
-    let pipe = Pipe::new().map_err(PumpError::Reading)?;
     let (source, sink) = (from.as_raw_fd(), to.as_raw_fd());
+    let mut pipe: Option<Pipe> = None;
     let mut moved = 0u64;
     loop {
-        let arrived = from
-            .io(Interest::READABLE, || {
-                splice(source, pipe.write.as_raw_fd(), PUMP_PIPE_BYTES)
-            })
-            .await
-            .map_err(PumpError::Reading)?;
-        if arrived == 0 {
-            return Ok(moved);
-        }
+        from.readable().await.map_err(PumpError::Reading)?;
+        let through = match &pipe {
+            Some(pipe) => pipe,
+            None => pipe.insert(Pipe::new().map_err(PumpError::Pipe)?),
+        };
+        let arrived = match from.try_io(Interest::READABLE, || {
+            splice(source, through.write.as_raw_fd(), PUMP_CHUNK_BYTES)
+        }) {
+            Ok(0) => return Ok(moved),
+            Ok(arrived) => arrived,
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                pipe = None;
+                continue;
+            }
+            Err(error) => return Err(PumpError::Reading(error)),
+        };
         let mut held = arrived;
         while held > 0 {
             let taken = to
                 .io(Interest::WRITABLE, || {
-                    splice(pipe.read.as_raw_fd(), sink, held)
+                    splice(through.read.as_raw_fd(), sink, held)
                 })
                 .await
                 .map_err(PumpError::Writing)?;

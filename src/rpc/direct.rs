@@ -4,7 +4,7 @@
 //! hands its socket to that dial. One table per server, shared by all of
 //! its connections, since a channel arrives on a connection of its own.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::{Rc, Weak};
 use std::time::Duration;
@@ -23,6 +23,10 @@ pub const CLAIM_WITHIN: Duration = Duration::from_secs(10);
 /// through their sinks.
 pub const MAX_UNCLAIMED_TICKETS: usize = 1024;
 
+/// Unclaimed tickets one Cap'n Proto connection holds at most, so that no
+/// client can take the server's whole table.
+pub const MAX_UNCLAIMED_PER_CONNECTION: usize = 32;
+
 pub type Ticket = [u8; TICKET_BYTES];
 
 /// The byte a server writes on a channel once its ticket claimed it.
@@ -33,12 +37,13 @@ pub const CHANNEL_CLAIMED: u8 = 1;
 pub struct DirectChannels(Rc<RefCell<HashMap<Ticket, oneshot::Sender<Socket>>>>);
 
 impl DirectChannels {
-    /// A new ticket and the wait for its channel; `None` if the server
-    /// holds its maximum of unclaimed tickets, or the kernel gave no
-    /// randomness.
-    pub(crate) fn issue(&self) -> Option<(Ticket, Claim)> {
+    /// A new ticket and the wait for its channel, counted in `held` (a
+    /// connection's unclaimed tickets); `None` if the server or the
+    /// connection holds its maximum of unclaimed tickets, or the kernel
+    /// gave no randomness.
+    pub(crate) fn issue(&self, held: &Rc<Cell<usize>>) -> Option<(Ticket, Claim)> {
         let mut table = self.0.borrow_mut();
-        if table.len() >= MAX_UNCLAIMED_TICKETS {
+        if table.len() >= MAX_UNCLAIMED_TICKETS || held.get() >= MAX_UNCLAIMED_PER_CONNECTION {
             crate::metrics::limit_hit("direct-channel-tickets");
             return None;
         }
@@ -49,11 +54,13 @@ impl DirectChannels {
         }
         let (hand, wait) = oneshot::channel();
         table.insert(ticket, hand);
+        held.set(held.get() + 1);
         Some((
             ticket,
             Claim {
                 ticket,
                 table: Rc::downgrade(&self.0),
+                held: Rc::clone(held),
                 wait,
             },
         ))
@@ -79,6 +86,7 @@ impl DirectChannels {
 pub(crate) struct Claim {
     ticket: Ticket,
     table: Weak<RefCell<HashMap<Ticket, oneshot::Sender<Socket>>>>,
+    held: Rc<Cell<usize>>,
     wait: oneshot::Receiver<Socket>,
 }
 
@@ -98,6 +106,7 @@ impl Claim {
 
 impl Drop for Claim {
     fn drop(&mut self) {
+        self.held.set(self.held.get().saturating_sub(1));
         if let Some(table) = self.table.upgrade() {
             table.borrow_mut().remove(&self.ticket);
         }
@@ -117,7 +126,8 @@ mod tests {
     #[tokio::test]
     async fn a_ticket_claims_one_channel_once() {
         let channels = DirectChannels::default();
-        let (ticket, claim) = channels.issue().expect("issued");
+        let held = Rc::default();
+        let (ticket, claim) = channels.issue(&held).expect("issued");
         assert_eq!(channels.unclaimed(), 1);
         assert!(channels.claim(&ticket, channel()));
         assert!(claim.channel().await.is_some());
@@ -129,8 +139,9 @@ mod tests {
     async fn unknown_and_withdrawn_tickets_claim_nothing() {
         let channels = DirectChannels::default();
         assert!(!channels.claim(&[7u8; TICKET_BYTES], channel()));
-        let (ticket, claim) = channels.issue().expect("issued");
-        let (other, _other_claim) = channels.issue().expect("issued");
+        let held = Rc::default();
+        let (ticket, claim) = channels.issue(&held).expect("issued");
+        let (other, _other_claim) = channels.issue(&held).expect("issued");
         assert_ne!(ticket, other, "tickets are random");
         drop(claim);
         assert!(
@@ -143,18 +154,45 @@ mod tests {
     #[tokio::test]
     async fn a_full_table_grants_none() {
         let channels = DirectChannels::default();
-        let claims: Vec<_> = (0..MAX_UNCLAIMED_TICKETS)
-            .map(|_| channels.issue().expect("issued"))
+        let connections: Vec<Rc<Cell<usize>>> = (0..MAX_UNCLAIMED_TICKETS
+            / MAX_UNCLAIMED_PER_CONNECTION)
+            .map(|_| Rc::default())
             .collect();
-        assert!(channels.issue().is_none());
+        let claims: Vec<_> = connections
+            .iter()
+            .flat_map(|held| {
+                (0..MAX_UNCLAIMED_PER_CONNECTION).map(|_| channels.issue(held).expect("issued"))
+            })
+            .collect();
+        assert!(
+            channels.issue(&Rc::default()).is_none(),
+            "the server's maximum"
+        );
         drop(claims);
-        assert!(channels.issue().is_some());
+        assert!(connections.iter().all(|held| held.get() == 0));
+        assert!(channels.issue(&Rc::default()).is_some());
+    }
+
+    #[tokio::test]
+    async fn one_connection_holds_at_most_its_share() {
+        let channels = DirectChannels::default();
+        let held = Rc::default();
+        let claims: Vec<_> = (0..MAX_UNCLAIMED_PER_CONNECTION)
+            .map(|_| channels.issue(&held).expect("issued"))
+            .collect();
+        assert!(channels.issue(&held).is_none(), "the connection's maximum");
+        assert!(
+            channels.issue(&Rc::default()).is_some(),
+            "another connection's"
+        );
+        drop(claims);
+        assert!(channels.issue(&held).is_some());
     }
 
     #[tokio::test]
     async fn an_unclaimed_ticket_gives_up_after_its_time() {
         let channels = DirectChannels::default();
-        let (ticket, claim) = channels.issue().expect("issued");
+        let (ticket, claim) = channels.issue(&Rc::default()).expect("issued");
         assert!(
             claim
                 .channel_within(Duration::from_millis(10))

@@ -6,7 +6,7 @@
 mod admin;
 mod context;
 mod detach;
-mod direct;
+pub(crate) mod direct;
 mod directory;
 mod executor;
 mod file_limits;

@@ -47,8 +47,10 @@ struct State {
     freed: Notify,
     budget: PortBudget,
     /// Where tickets for direct channels come from, when this
-    /// connection's dials may have one (a Unix socket or plaintext TCP).
+    /// connection's dials may have one (a Unix socket's).
     direct: Option<DirectChannels>,
+    /// The connection's tickets not claimed yet.
+    unclaimed: Rc<Cell<usize>>,
 }
 
 impl Default for PortQuota {
@@ -67,6 +69,7 @@ impl PortQuota {
             freed: Notify::new(),
             budget: PortBudget::default(),
             direct: None,
+            unclaimed: Rc::default(),
         }))
     }
 
@@ -79,9 +82,11 @@ impl PortQuota {
         self
     }
 
-    /// Where a dial that asks for a direct channel gets its ticket.
-    pub(crate) fn direct_channels(&self) -> Option<&DirectChannels> {
-        self.0.direct.as_ref()
+    /// A ticket for a dial that asks for a direct channel, if this
+    /// connection may have one and neither it nor the server holds its
+    /// maximum of unclaimed tickets.
+    pub(crate) fn issue_direct(&self) -> Option<(crate::rpc::Ticket, crate::rpc::direct::Claim)> {
+        self.0.direct.as_ref()?.issue(&self.0.unclaimed)
     }
 
     /// What the connection's senders share.

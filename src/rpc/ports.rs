@@ -25,9 +25,9 @@ use crate::capexec_capnp::{
 use crate::engine::Rules;
 use crate::model::{PortUse, Refusal, RefusalKind, excerpt, io_message, port_address};
 use crate::ports::{Listening, PortRules, PumpError, Socket, socket_failure};
+use crate::rpc::DIRECT_CLAIM_WITHIN;
 use crate::rpc::direct::{CHANNEL_CLAIMED, Claim};
 use crate::rpc::port_quota::{PortQuota, PortTicket};
-use crate::rpc::{DIRECT_CLAIM_WITHIN, DirectChannels};
 use crate::wire::{self, MAX_PORT_WRITE_BYTES, PortSender};
 
 /// Accepted connections waiting for the acceptor's answer at once.
@@ -304,6 +304,14 @@ async fn read_socket(connection: Rc<Connection>, sender: PortSender) {
             }
         }
     }
+}
+
+/// Why a direct connection's relay could not go on without a pipe.
+fn no_pipe(error: &io::Error) -> String {
+    format!(
+        "the server has no pipe for the relay: {}",
+        io_message(error)
+    )
 }
 
 /// Why reading the socket failed, as the client is told.
@@ -644,7 +652,7 @@ pub(crate) async fn dial(
     let tied = tied_to(tie.as_ref()).inspect_err(|_| socket.prepare_reset())?;
     let info = socket.info();
     let direct = if asks_direct {
-        quota.direct_channels().and_then(DirectChannels::issue)
+        quota.issue_direct()
     } else {
         None
     };
@@ -678,7 +686,9 @@ pub(crate) async fn dial(
 /// directions kernel to kernel, and says on the sinks how each ended.
 async fn relay_direct(connection: Rc<Connection>, claim: Claim, quota: PortQuota) {
     let claimed = tokio::select! {
-        channel = claim.channel() => channel,
+        // A decline seen in the same poll as a claim wins: its write may
+        // have been queued (and answered) already.
+        biased;
         () = connection.declined.notified() => {
             // The sinks carry the bytes from here (the write that declined
             // is queued already).
@@ -690,6 +700,7 @@ async fn relay_direct(connection: Rc<Connection>, claim: Claim, quota: PortQuota
             }
             return;
         }
+        channel = claim.channel() => channel,
     };
     let Some(channel) = claimed else {
         connection.reset(&format!(
@@ -735,6 +746,10 @@ async fn relay_to_socket(connection: &Rc<Connection>, channel: &Socket, socket: 
         Err(PumpError::Writing(error)) => {
             let refusal = socket_failure("writing to the connection", &error);
             connection.reset(&refusal.message);
+            return;
+        }
+        Err(PumpError::Pipe(error)) => {
+            connection.reset(&no_pipe(&error));
             return;
         }
     }
@@ -784,6 +799,10 @@ async fn relay_from_socket(connection: &Rc<Connection>, socket: &Socket, channel
                 "the client's direct channel failed: {}",
                 io_message(&error)
             ));
+            return;
+        }
+        Err(PumpError::Pipe(error)) => {
+            connection.reset(&no_pipe(&error));
             return;
         }
     }

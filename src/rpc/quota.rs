@@ -68,8 +68,8 @@ impl Quota {
         self
     }
 
-    /// Lets the connection's dials have direct channels (a Unix socket's
-    /// or plaintext TCP's: never over TLS), with tickets from `channels`.
+    /// Lets the connection's dials have direct channels (a Unix socket's),
+    /// with tickets from `channels`.
     pub fn with_direct_channels(mut self, channels: crate::rpc::DirectChannels) -> Quota {
         if let Some(state) = Rc::get_mut(&mut self.0) {
             state.ports = std::mem::take(&mut state.ports).with_direct_channels(channels);
