@@ -400,6 +400,11 @@ pub async fn run(
             Some(("< 64 KiB per connection".to_string(), per < 64.0)),
         );
         drop(streams);
+        // The next round starts from a server that let the last go.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while servers.unix.usage()?.fds > before.fds && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
     Ok(())
 }
