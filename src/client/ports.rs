@@ -10,6 +10,11 @@
 //! took the bytes, and the stream keeps a bounded window unanswered; what
 //! arrives is answered only once read, so a slow reader here holds the
 //! far writer back.
+//!
+//! [`dial_via`] with a Unix connection's route asks for a direct channel:
+//! the bytes then go through a socket of their own, which the server
+//! splices to the far socket (the sockets' own flow control), and the
+//! sinks only say how each direction ended.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;

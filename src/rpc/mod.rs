@@ -25,8 +25,8 @@ pub use self::admin::{AdminImpl, ProcessTable};
 pub use self::context::{Link, ServerContext, Upstream, check_names as check_environment_names};
 pub use self::detach::{DEFAULT_RETENTION, Detachments, MAX_GRACE};
 pub use self::direct::{
-    CHANNEL_CLAIMED, CLAIM_WITHIN as DIRECT_CLAIM_WITHIN, DirectChannels, MAX_UNCLAIMED_TICKETS,
-    TICKET_BYTES, Ticket,
+    CHANNEL_CLAIMED, CLAIM_WITHIN as DIRECT_CLAIM_WITHIN, DirectChannels,
+    MAX_UNCLAIMED_PER_CONNECTION, MAX_UNCLAIMED_TICKETS, TICKET_BYTES, Ticket,
 };
 pub use self::directory::DirectoryImpl;
 pub use self::executor::{

@@ -14,7 +14,7 @@ use std::time::Duration;
 use capexec::capexec_capnp::{port_dial_results, port_sink};
 use capexec::model::RefusalKind;
 use capexec::net::{Address, CHANNEL_MAGIC, DirectRoute};
-use capexec::rpc::{DIRECT_CLAIM_WITHIN, TICKET_BYTES, Ticket};
+use capexec::rpc::{DIRECT_CLAIM_WITHIN, MAX_UNCLAIMED_PER_CONNECTION, TICKET_BYTES, Ticket};
 use common::Ctx;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -296,10 +296,38 @@ async fn a_ticket_from_beyond_the_hop_is_declined(ctx: Ctx) {
     assert_eq!(far.await.expect("peer"), b"and back");
 }
 
+/// A client that asks for channels and never claims them holds at most
+/// its share of the server's tickets; past that its dials go through the
+/// sinks, and another connection is still granted channels.
+async fn unclaimed_tickets_are_bounded_per_connection(ctx: Ctx) {
+    let (listener, address) = peer().await;
+    let accepting = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let mut dials = Vec::new();
+    for _ in 0..MAX_UNCLAIMED_PER_CONNECTION + 8 {
+        dials.push(RawDial::new(&ctx, &address).await);
+    }
+    let granted = dials.iter().filter(|dial| dial.ticket().is_some()).count();
+    assert_eq!(granted, MAX_UNCLAIMED_PER_CONNECTION);
+    let other = ctx.connect_again().await.expect("a second connection");
+    let route = other.direct_route();
+    let stream = capexec::client::dial_via(&other.executor(), &address, route.as_ref())
+        .await
+        .expect("dial");
+    assert!(stream.is_direct(), "another connection has its own share");
+    drop((dials, stream));
+    accepting.abort();
+}
+
 mod direct {
     use super::*;
     backend_tests!(
         with run_direct on [unix]:
+        unclaimed_tickets_are_bounded_per_connection,
         forged_and_reused_tickets_claim_nothing,
         a_preamble_that_is_not_one_is_closed,
         a_write_through_the_sinks_of_a_claimed_connection_is_refused,
