@@ -200,6 +200,50 @@ async fn direct(port: u16, up: u64, down: u64) -> Result<Duration, Box<dyn Error
     Ok(started.elapsed())
 }
 
+/// `capexec forward -L 0:127.0.0.1:PORT` through a server: what a user of
+/// the command line gets (its own relay between the local socket and the
+/// connection through the server included). Killed on drop.
+struct CliForward {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl CliForward {
+    fn start(server: &crate::servers::Serve, port: u16) -> Result<CliForward, Box<dyn Error>> {
+        use std::io::BufRead;
+        let (args, token) = server.cli_args();
+        let mut command = std::process::Command::new(crate::servers::CAPEXEC);
+        command
+            .arg("forward")
+            .args(&args)
+            .args(["-L", &format!("0:127.0.0.1:{port}")])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null());
+        if let Some((name, value)) = token {
+            command.env(name, value);
+        }
+        let mut child = command.spawn()?;
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let mut line = String::new();
+        std::io::BufReader::new(stdout).read_line(&mut line)?;
+        // "-L tcp:127.0.0.1:PORT -> tcp:127.0.0.1:TARGET"
+        let local = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|address| address.rsplit(':').next())
+            .and_then(|port| port.parse().ok())
+            .ok_or_else(|| format!("capexec forward said {line:?}"))?;
+        Ok(CliForward { child, port: local })
+    }
+}
+
+impl Drop for CliForward {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Through `dial`: in Cap'n Proto messages, or through a direct channel
 /// if `route` is given (and the server must grant it).
 async fn dialled(
@@ -248,6 +292,16 @@ pub async fn run(
     ];
     let (_relay_dir, relay) = start_relay(port)?;
     let tcp_relay = start_tcp_relay(port)?;
+    let forwards = [
+        (
+            "`capexec forward -L` over unix",
+            CliForward::start(&servers.unix, port)?,
+        ),
+        (
+            "`capexec forward -L` over tcp",
+            CliForward::start(&servers.tcp, port)?,
+        ),
+    ];
     eprintln!(
         "ports: {} MiB each way through dial, {} round(s)",
         size >> 20,
@@ -263,10 +317,14 @@ pub async fn run(
         let mut over_ssh = Vec::new();
         let mut over_relay = Vec::new();
         let mut over_tcp_relay = Vec::new();
+        let mut over_cli = [Vec::new(), Vec::new()];
         for _ in 0..plan.ports_rounds {
             baseline.push(direct(port, up, down).await?);
             over_relay.push(relayed(&relay, up, down).await?);
             over_tcp_relay.push(direct(tcp_relay, up, down).await?);
+            for (samples, (_, forward)) in over_cli.iter_mut().zip(&forwards) {
+                samples.push(direct(forward.port, up, down).await?);
+            }
             for (samples, (_, executor, route, _)) in through.iter_mut().zip(&paths) {
                 samples.push(dialled(executor, *route, port, up, down).await?);
             }
@@ -306,6 +364,17 @@ pub async fn run(
                 base,
                 Some(bytes),
                 targeted.then_some(Target::AtLeastShare(0.6)),
+                "",
+            );
+        }
+        for (samples, (name, _)) in over_cli.into_iter().zip(&forwards) {
+            report.case(
+                SECTION,
+                format!("{name}, {what}"),
+                samples,
+                base,
+                Some(bytes),
+                None,
                 "",
             );
         }

@@ -295,6 +295,35 @@ async fn listen_here(spec: &ForwardSpec) -> Result<capexec::ports::Listening, St
         .map_err(|refusal| refusal.message)
 }
 
+/// The local connection and a direct channel, spliced kernel to kernel
+/// both ways (`capexec::ports::pump`: no byte through this process); the
+/// channel's ends mean what the connection's sinks say.
+async fn splice_direct(socket: Socket, direct: client::DirectParts) -> Result<(), String> {
+    let client::DirectParts { channel, ends } = direct;
+    // A failure the server reported says more than the channel's error.
+    let why = |error: std::io::Error| io_message(&ends.failure().unwrap_or(error));
+    let outgoing = async {
+        capexec::ports::pump(&socket, &channel)
+            .await
+            .map_err(|error| why(error.into_io()))?;
+        channel.shutdown_write().map_err(&why)?;
+        ends.end().await.map_err(&why)
+    };
+    let incoming = async {
+        capexec::ports::pump(&channel, &socket)
+            .await
+            .map_err(|error| why(error.into_io()))?;
+        ends.far_end().await.map_err(|error| io_message(&error))?;
+        socket.shutdown_write().map_err(|error| io_message(&error))
+    };
+    let result = futures::future::try_join(outgoing, incoming).await;
+    if result.is_err() {
+        socket.prepare_reset();
+        channel.prepare_reset();
+    }
+    result.map(|_| ())
+}
+
 /// Reports a connection's failure, one line.
 fn failed(shown: &str, from: &str, why: &str) {
     stdio::note(&format!("{shown}: connection from {from} failed: {why}"));
@@ -368,6 +397,10 @@ async fn serve_remote(
 /// Copies both ways until both directions ended; a failure either way
 /// resets the socket (and, by dropping the stream, the far one).
 async fn splice(socket: Socket, stream: PortStream) -> Result<(), String> {
+    let stream = match stream.into_direct() {
+        Ok(direct) => return splice_direct(socket, direct).await,
+        Err(stream) => *stream,
+    };
     let socket = Rc::new(socket);
     let (mut from_far, mut to_far) = tokio::io::split(stream);
     let outgoing = async {

@@ -91,7 +91,7 @@ pub use self::error::{Error, RecoveryFailure, describe};
 pub use self::events::EventStream;
 pub use self::executor::{environment, environments, info, restrict};
 pub use self::handle::ProcessHandle;
-pub use self::ports::{PortListener, PortStream, dial, dial_via, listen};
+pub use self::ports::{DirectEnds, DirectParts, PortListener, PortStream, dial, dial_via, listen};
 pub use self::process::{Pending, PendingWrite, RemoteProcess, restore};
 pub use self::resilient::{
     Connect, MAX_UNANSWERED_WRITES, RecoveryNote, ResilientEvents, ResilientProcess, Session,

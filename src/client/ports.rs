@@ -236,17 +236,25 @@ impl PortStream {
         self.channel.is_some()
     }
 
+    /// The direct channel and what says how its directions end, for a
+    /// caller that relays the channel itself (`capexec forward` splices it
+    /// to its local socket); the stream back if it has no channel.
+    pub fn into_direct(mut self) -> Result<DirectParts, Box<PortStream>> {
+        let Some(channel) = self.channel.take() else {
+            return Err(Box::new(self));
+        };
+        let ends = DirectEnds {
+            inbox: Rc::clone(&self.inbox),
+            sender: Rc::clone(&self.sender),
+            _connection: self._connection.clone(),
+        };
+        Ok(DirectParts { channel, ends })
+    }
+
     /// How the far socket's direction ended, once its end of file came
     /// through the channel: clean only once the server said so.
     fn poll_channel_end(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let mut inbox = self.inbox.borrow_mut();
-        match inbox.end.clone() {
-            Some(end) => Poll::Ready(end_result(end)),
-            None => {
-                inbox.waker = Some(cx.waker().clone());
-                Poll::Pending
-            }
-        }
+        poll_end(&self.inbox, cx)
     }
 
     /// A channel's I/O error, with the server's reason if it gave one.
@@ -289,6 +297,43 @@ fn send_gathered(sender: &PortSender, gathering: &RefCell<Gathering>) {
     let open = gathering.borrow_mut().open.take();
     if let Some(open) = open {
         sender.send_open(open);
+    }
+}
+
+/// A direct connection taken apart ([`PortStream::into_direct`]).
+pub struct DirectParts {
+    /// Carries the far socket's bytes both ways.
+    pub channel: Socket,
+    pub ends: DirectEnds,
+}
+
+/// How a direct connection's directions end. Dropping it releases the
+/// connection: the far socket is reset unless both directions ended.
+pub struct DirectEnds {
+    inbox: SharedInbox,
+    sender: Rc<PortSender>,
+    _connection: port_connection::Client,
+}
+
+impl DirectEnds {
+    /// After an end of file read from the channel: whether the far socket
+    /// ended cleanly (else the reason it failed, or the connection's loss).
+    pub async fn far_end(&self) -> io::Result<()> {
+        std::future::poll_fn(|cx| poll_end(&self.inbox, cx)).await
+    }
+
+    /// The reason the connection failed, if the server said so already.
+    pub fn failure(&self) -> Option<io::Error> {
+        match self.inbox.borrow().end.clone() {
+            Some(End::Clean) | None => None,
+            Some(end) => end_result(end).err(),
+        }
+    }
+
+    /// Ends this side's direction, after shutdown(SHUT_WR) on the channel:
+    /// the server then shuts the far socket down for writing.
+    pub async fn end(&self) -> io::Result<()> {
+        self.sender.end().await.map_err(io_error)
     }
 }
 
@@ -366,6 +411,18 @@ impl AsyncRead for PortStream {
                 inbox.waker = Some(cx.waker().clone());
                 Poll::Pending
             }
+        }
+    }
+}
+
+/// How the far socket's direction ended, once the server said so.
+fn poll_end(inbox: &SharedInbox, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    let mut inbox = inbox.borrow_mut();
+    match inbox.end.clone() {
+        Some(end) => Poll::Ready(end_result(end)),
+        None => {
+            inbox.waker = Some(cx.waker().clone());
+            Poll::Pending
         }
     }
 }

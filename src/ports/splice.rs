@@ -45,6 +45,15 @@ pub enum PumpError {
     Pipe(io::Error),
 }
 
+impl PumpError {
+    /// The system's error inside.
+    pub fn into_io(self) -> io::Error {
+        match self {
+            PumpError::Reading(error) | PumpError::Writing(error) | PumpError::Pipe(error) => error,
+        }
+    }
+}
+
 /// A pipe whose two ends this process holds, non-blocking.
 struct Pipe {
     read: OwnedFd,

@@ -592,3 +592,52 @@ fn run_forward_with_resume_carries_new_connections_after_a_cut() {
         assert!(TcpStream::connect(("127.0.0.1", local)).is_err());
     });
 }
+
+/// A far peer that resets its connection mid-stream: the connection here
+/// is reset too (never a clean end), after the bytes that came first, and
+/// one line says why. Over a Unix socket the bytes go through a direct
+/// channel spliced on both sides, which must keep that.
+#[test]
+fn forward_l_passes_a_far_reset_on_as_a_reset() {
+    let served = Served::start();
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    let peer = std::thread::spawn(move || {
+        let (mut socket, _) = listener.accept().expect("accept");
+        socket.write_all(b"before").expect("write");
+        let mut four = [0u8; 4];
+        socket.read_exact(&mut four).expect("read");
+        socket2::SockRef::from(&socket)
+            .set_linger(Some(std::time::Duration::ZERO))
+            .expect("linger");
+        four
+    });
+    let forward = forward_l(&served, &[format!("0:127.0.0.1:{port}")]);
+    let (_, local) = listening_port(&forward, "-L ");
+    let mut socket = TcpStream::connect(("127.0.0.1", local)).expect("connect");
+    let from = socket.local_addr().expect("address").port();
+    let mut six = [0u8; 6];
+    socket
+        .read_exact(&mut six)
+        .expect("the bytes before the reset");
+    assert_eq!(&six, b"before");
+    socket.write_all(b"ping").expect("write");
+    assert_eq!(&peer.join().expect("peer"), b"ping");
+    let mut rest = Vec::new();
+    let error = socket
+        .read_to_end(&mut rest)
+        .expect_err("a reset, not an end of file");
+    assert_eq!(error.kind(), std::io::ErrorKind::ConnectionReset, "{error}");
+    assert!(rest.is_empty(), "{rest:?}");
+    forward.wait_for_stderr("\n");
+    kill(&forward.child, libc::SIGINT);
+    let done = forward.finish();
+    assert_eq!(done.code, 0, "{}", text(&done.stderr));
+    assert_eq!(
+        text(&done.stderr),
+        format!(
+            "capexec: -L tcp:127.0.0.1:{local} -> tcp:127.0.0.1:{port}: connection from \
+             tcp:127.0.0.1:{from} failed: the connection was reset by its peer\n"
+        )
+    );
+}
