@@ -306,6 +306,11 @@ async fn read_socket(connection: Rc<Connection>, sender: PortSender) {
     }
 }
 
+/// Why a direct connection ended when its channel failed.
+fn channel_failed(error: &io::Error) -> String {
+    format!("the client's direct channel failed: {}", io_message(error))
+}
+
 /// Why a direct connection's relay could not go on without a pipe.
 fn no_pipe(error: &io::Error) -> String {
     format!(
@@ -718,10 +723,7 @@ async fn relay_direct(connection: Rc<Connection>, claim: Claim, quota: PortQuota
     // Tells the client its channel is the connection's (a channel that
     // reached a server that did not grant it is closed unanswered).
     if let Err(error) = channel.write_all(&[CHANNEL_CLAIMED]).await {
-        connection.reset(&format!(
-            "the client's direct channel failed: {}",
-            io_message(&error)
-        ));
+        connection.reset(&channel_failed(&error));
         return;
     }
     *connection.channel.borrow_mut() = Some(Rc::clone(&channel));
@@ -737,10 +739,7 @@ async fn relay_to_socket(connection: &Rc<Connection>, channel: &Socket, socket: 
     match crate::ports::pump(channel, socket).await {
         Ok(_) => {}
         Err(PumpError::Reading(error)) => {
-            connection.reset(&format!(
-                "the client's direct channel failed: {}",
-                io_message(&error)
-            ));
+            connection.reset(&channel_failed(&error));
             return;
         }
         Err(PumpError::Writing(error)) => {
@@ -795,10 +794,7 @@ async fn relay_from_socket(connection: &Rc<Connection>, socket: &Socket, channel
             return;
         }
         Err(PumpError::Writing(error)) => {
-            connection.reset(&format!(
-                "the client's direct channel failed: {}",
-                io_message(&error)
-            ));
+            connection.reset(&channel_failed(&error));
             return;
         }
         Err(PumpError::Pipe(error)) => {
@@ -807,10 +803,7 @@ async fn relay_from_socket(connection: &Rc<Connection>, socket: &Socket, channel
         }
     }
     if let Err(error) = channel.shutdown_write() {
-        connection.reset(&format!(
-            "the client's direct channel failed: {}",
-            io_message(&error)
-        ));
+        connection.reset(&channel_failed(&error));
         return;
     }
     let Some(sink) = connection.from_socket.borrow().clone() else {
