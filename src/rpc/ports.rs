@@ -733,24 +733,31 @@ async fn relay_direct(connection: Rc<Connection>, claim: Claim, quota: PortQuota
     );
 }
 
+/// Moves one direction of a direct connection to its end of file; false
+/// (the connection reset, saying why in the words given) if it failed.
+async fn pumped(
+    connection: &Connection,
+    from: &Socket,
+    to: &Socket,
+    reading: fn(&io::Error) -> String,
+    writing: fn(&io::Error) -> String,
+) -> bool {
+    let reason = match crate::ports::pump(from, to).await {
+        Ok(_) => return true,
+        Err(PumpError::Reading(error)) => reading(&error),
+        Err(PumpError::Writing(error)) => writing(&error),
+        Err(PumpError::Pipe(error)) => no_pipe(&error),
+    };
+    connection.reset(&reason);
+    false
+}
+
 /// Client to socket: the channel's end of file is the client's end once
 /// `end` has come too (a failure or a release resets instead).
 async fn relay_to_socket(connection: &Rc<Connection>, channel: &Socket, socket: &Socket) {
-    match crate::ports::pump(channel, socket).await {
-        Ok(_) => {}
-        Err(PumpError::Reading(error)) => {
-            connection.reset(&channel_failed(&error));
-            return;
-        }
-        Err(PumpError::Writing(error)) => {
-            let refusal = socket_failure("writing to the connection", &error);
-            connection.reset(&refusal.message);
-            return;
-        }
-        Err(PumpError::Pipe(error)) => {
-            connection.reset(&no_pipe(&error));
-            return;
-        }
+    let writing = |error: &io::Error| socket_failure("writing to the connection", error).message;
+    if !pumped(connection, channel, socket, channel_failed, writing).await {
+        return;
     }
     loop {
         let next = connection.queue.borrow_mut().pop_front();
@@ -787,20 +794,8 @@ async fn relay_to_socket(connection: &Rc<Connection>, channel: &Socket, socket: 
 /// Socket to client: the peer's end of file is passed on as the
 /// channel's, then `end` on the client's sink.
 async fn relay_from_socket(connection: &Rc<Connection>, socket: &Socket, channel: &Socket) {
-    match crate::ports::pump(socket, channel).await {
-        Ok(_) => {}
-        Err(PumpError::Reading(error)) => {
-            connection.reset(&reading_failure(&error));
-            return;
-        }
-        Err(PumpError::Writing(error)) => {
-            connection.reset(&channel_failed(&error));
-            return;
-        }
-        Err(PumpError::Pipe(error)) => {
-            connection.reset(&no_pipe(&error));
-            return;
-        }
+    if !pumped(connection, socket, channel, reading_failure, channel_failed).await {
+        return;
     }
     if let Err(error) = channel.shutdown_write() {
         connection.reset(&channel_failed(&error));

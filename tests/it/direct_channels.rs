@@ -323,10 +323,49 @@ async fn unclaimed_tickets_are_bounded_per_connection(ctx: Ctx) {
     accepting.abort();
 }
 
+/// The Cap'n Proto connection cut while a direct channel carries bytes:
+/// both ends of the forwarded connection see an error, never an end of
+/// file, though the channel itself is still up until the server resets.
+async fn a_cut_connection_fails_its_channels_at_both_ends(ctx: Ctx) {
+    let (listener, address) = peer().await;
+    let far = tokio::spawn(async move { listener.accept().await.expect("accept").0 });
+    let connection = ctx.connect_again().await.expect("a second connection");
+    let route = connection.direct_route();
+    let mut stream = capexec::client::dial_via(&connection.executor(), &address, route.as_ref())
+        .await
+        .expect("dial");
+    assert!(stream.is_direct());
+    let mut far = far.await.expect("peer");
+    stream.write_all(b"up").await.expect("write");
+    let mut two = [0u8; 2];
+    far.read_exact(&mut two).await.expect("the peer reads");
+    far.write_all(b"dn").await.expect("the peer writes");
+    stream.read_exact(&mut two).await.expect("read");
+    assert_eq!(&two, b"dn");
+    drop(connection);
+    let mut rest = Vec::new();
+    let error = stream
+        .read_to_end(&mut rest)
+        .await
+        .expect_err("an error, not an end of file");
+    assert!(
+        matches!(
+            error.kind(),
+            ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset
+        ),
+        "{error}"
+    );
+    let error = read_all(&mut far)
+        .await
+        .expect_err("the peer reads a reset");
+    assert_eq!(error.kind(), ErrorKind::ConnectionReset, "{error}");
+}
+
 mod direct {
     use super::*;
     backend_tests!(
         with run_direct on [unix]:
+        a_cut_connection_fails_its_channels_at_both_ends,
         unclaimed_tickets_are_bounded_per_connection,
         forged_and_reused_tickets_claim_nothing,
         a_preamble_that_is_not_one_is_closed,
