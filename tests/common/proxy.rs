@@ -42,6 +42,9 @@ struct Counters {
     /// Something from the server reached the client since the last flight
     /// began (true at the start: the first call opens a flight).
     answered: AtomicBool,
+    /// Returns from server to client, counted as they reach the proxy
+    /// (delivered or held).
+    returns: AtomicU64,
 }
 
 pub struct Proxy {
@@ -201,6 +204,11 @@ impl Proxy {
         self.counters.flights.load(Ordering::SeqCst)
     }
 
+    /// Returns the server has sent, held ones included.
+    pub fn returns(&self) -> u64 {
+        self.counters.returns.load(Ordering::SeqCst)
+    }
+
     /// Starts counting afresh.
     pub fn reset(&self) {
         self.counters.calls.store(0, Ordering::SeqCst);
@@ -314,11 +322,17 @@ async fn pump(
             }
             while let Some(length) = framed_length(&buffer) {
                 let message: Vec<u8> = buffer.drain(..length).collect();
-                if direction == Direction::ToServer && is_call(&message) {
-                    counters.calls.fetch_add(1, Ordering::SeqCst);
-                    if counters.answered.swap(false, Ordering::SeqCst) {
-                        counters.flights.fetch_add(1, Ordering::SeqCst);
+                match (direction, kind(&message)) {
+                    (Direction::ToServer, Kind::Call) => {
+                        counters.calls.fetch_add(1, Ordering::SeqCst);
+                        if counters.answered.swap(false, Ordering::SeqCst) {
+                            counters.flights.fetch_add(1, Ordering::SeqCst);
+                        }
                     }
+                    (Direction::ToClient, Kind::Return) => {
+                        counters.returns.fetch_add(1, Ordering::SeqCst);
+                    }
+                    _ => {}
                 }
                 if queue.send((now + delay, message)).is_err() {
                     return;
@@ -369,18 +383,26 @@ fn framed_length(buffer: &[u8]) -> Option<usize> {
     (buffer.len() >= length).then_some(length)
 }
 
-/// Whether a framed RPC message is a call (or a bootstrap request).
-fn is_call(mut bytes: &[u8]) -> bool {
+/// What a framed RPC message is, as far as the counters care.
+enum Kind {
+    /// A call or a bootstrap request.
+    Call,
+    Return,
+    Other,
+}
+
+fn kind(mut bytes: &[u8]) -> Kind {
     let Ok(message) =
         capnp::serialize::read_message_from_flat_slice(&mut bytes, Default::default())
     else {
-        return false;
+        return Kind::Other;
     };
     let Ok(root) = message.get_root::<message::Reader<'_>>() else {
-        return false;
+        return Kind::Other;
     };
-    matches!(
-        root.which(),
-        Ok(message::Call(_)) | Ok(message::Bootstrap(_))
-    )
+    match root.which() {
+        Ok(message::Call(_)) | Ok(message::Bootstrap(_)) => Kind::Call,
+        Ok(message::Return(_)) => Kind::Return,
+        _ => Kind::Other,
+    }
 }

@@ -565,3 +565,65 @@ fn a_directory_whose_upstream_is_lost_answers_upstream_unavailable() {
         assert_eq!(local, ExitStatus::Code(0));
     });
 }
+
+/// A call carrying a capability (subscribe's sink), pipelined on a start
+/// the far server refuses, that reaches the front server only after the
+/// refusal has: the front's promise for the process is broken by then, and
+/// the call must fail with the refusal while the front goes on serving.
+/// (capnp-rpc 0.27.3 copied such a call to its new target without its
+/// capabilities and panicked on the front's RPC thread; see vendor/.)
+#[test]
+fn a_call_with_a_capability_pipelined_on_a_refused_start_fails_and_the_front_goes_on() {
+    common::run_local(async {
+        let dir = TempDir::new("late-call");
+        let far = ServerThread::start(false);
+        let front = ServerThread::start_in_front_of(&far);
+        let proxy = proxy_to(&dir, "front.sock", &front);
+        let connection = capexec::net::connect(proxy.address(), front.token.as_ref())
+            .await
+            .expect("connect");
+        let executor = connection.executor().clone();
+        // Settled: the bootstrap and the login are answered.
+        let echo = Command::new("echo").arg("before").output(&executor).await;
+        assert_eq!(echo.expect("echo").stdout, b"before\n");
+
+        proxy.set_open(false);
+        let returned = proxy.returns();
+        let (process, started) =
+            Command::new("/nonexistent/capexec-test-program").spawn_pipelined(&executor);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while proxy.returns() == returned {
+            assert!(
+                Instant::now() < deadline,
+                "the front never answered the start"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The front has the far server's refusal; the client does not.
+        let calls = proxy.calls();
+        let subscribed = tokio::task::spawn_local({
+            let process = process.clone();
+            async move { process.events(0).await.map(|_| ()) }
+        });
+        wait_for_calls(&proxy, calls + 1, "the subscribe").await;
+        proxy.set_open(true);
+
+        let refused = start_error(started.await.map(|()| process.clone()));
+        assert_eq!(refused.kind, RefusalKind::ProgramNotFound, "{refused:?}");
+        let subscribed = tokio::time::timeout(Duration::from_secs(30), subscribed)
+            .await
+            .expect("the subscribe is answered")
+            .expect("task");
+        match subscribed {
+            Err(Error::Refused(error)) => assert_eq!(error.kind, RefusalKind::ProgramNotFound),
+            other => panic!("expected the start's refusal, got {other:?}"),
+        }
+        let echo = tokio::time::timeout(
+            Duration::from_secs(30),
+            Command::new("echo").arg("after").output(&executor),
+        )
+        .await
+        .expect("the front still answers");
+        assert_eq!(echo.expect("echo after").stdout, b"after\n");
+    });
+}
