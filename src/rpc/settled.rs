@@ -1,12 +1,12 @@
 //! Calls made on what a promise capability has become, not on the promise.
 //!
-//! capnp-rpc 0.27 sends a call made on a promise that has resolved
-//! elsewhere by copying it into a new call without its capability table;
-//! when the call's parameters carry a capability (`dial`'s sink, `listen`'s
-//! acceptor, a download's or a subscription's sink) the copy fails inside
-//! capnp-rpc, which panics. Forwarders hold pipelined promises (the far
-//! executor of an environment or restriction, a far subdirectory), so they
-//! make each call on the settled capability.
+//! capnp-rpc sends a call made on a promise that has resolved elsewhere by
+//! copying its parameters into a new call to what the promise became.
+//! Forwarders hold pipelined promises (the far executor of an environment
+//! or restriction, a far subdirectory), so they make each call on the
+//! settled capability and skip that copy. (0.27.3 also lost the capability
+//! parameters in the copy and panicked; `vendor/capnp-rpc` fixes that for
+//! the calls that pass through a server without code of ours.)
 
 use capnp::capability::FromClientHook;
 
