@@ -11,6 +11,7 @@ mod common;
 
 mod abuse;
 mod bad_requests;
+mod call_order;
 mod chain;
 mod descriptors;
 mod direct_channels;

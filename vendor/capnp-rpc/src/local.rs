@@ -360,6 +360,13 @@ where
     /// non-streaming calls, like EOF methods, cannot overtake streaming writes.
     blocked: bool,
     blocked_calls: VecDeque<BlockedCall>,
+
+    /// capexec: calls made on this capability and not dispatched yet, in the
+    /// order `call()` received them. A call is dispatched when a promise of
+    /// it or of a later call is first polled, and every earlier call goes
+    /// first: the order in which tasks happen to poll their promises (which
+    /// wakers decide) must not reorder calls to one object.
+    undispatched: VecDeque<BlockedCall>,
 }
 
 struct BlockedCall {
@@ -418,6 +425,28 @@ impl<S> ClientState<S>
 where
     S: capability::Server + Clone + 'static,
 {
+    /// capexec: dispatches every call made so far and not dispatched yet,
+    /// oldest first; a call whose promise was dropped unpolled is not made.
+    fn dispatch_undispatched(state: &Rc<RefCell<Self>>) {
+        loop {
+            // No borrow is held across a dispatch: the server may call us.
+            let Some(call) = state.borrow_mut().undispatched.pop_front() else {
+                return;
+            };
+            if call.fulfiller.is_canceled() {
+                continue;
+            }
+            let promise = Self::dispatch_or_queue(
+                state.clone(),
+                call.interface_id,
+                call.method_id,
+                call.params,
+                call.results,
+            );
+            let _ = call.fulfiller.send(promise);
+        }
+    }
+
     fn dispatch_or_queue(
         state: Rc<RefCell<Self>>,
         interface_id: u64,
@@ -536,6 +565,7 @@ where
                 broken_error: None,
                 blocked: false,
                 blocked_calls: VecDeque::new(),
+                undispatched: VecDeque::new(),
             })),
         }
     }
@@ -583,9 +613,27 @@ where
         // We don't want to actually dispatch the call synchronously, because we don't want the callee
         // to have any side effects before the promise is returned to the caller.  This helps avoid
         // race conditions.
+        // capexec: but the call takes its place in line now, so that calls
+        // are dispatched in the order they were made (E-order) even when a
+        // later call's promise is polled first.
+        let (fulfiller, dispatched) = oneshot::channel();
+        self.state
+            .borrow_mut()
+            .undispatched
+            .push_back(BlockedCall {
+                interface_id,
+                method_id,
+                params,
+                results,
+                fulfiller,
+            });
         let state = self.state.clone();
         Promise::from_future(async move {
-            ClientState::dispatch_or_queue(state, interface_id, method_id, params, results).await
+            ClientState::dispatch_undispatched(&state);
+            match dispatched.await {
+                Ok(promise) => promise.await,
+                Err(e) => Err(crate::canceled_to_error(e)),
+            }
         })
     }
 
