@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use capnp::traits::HasTypeId;
 use capnp_rpc::rpc_capnp::{exception, message};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use capexec::capexec_capnp::{executor, gatekeeper, process};
@@ -97,6 +97,42 @@ pub fn read_everything(question: u32, on: u32) -> Vec<u8> {
     })
 }
 
+/// `subscribe` on the process that start `on` returns, its sink a promise
+/// that this peer exports as `promise` (and may resolve later, or never).
+pub fn subscribe_to_promise(question: u32, on: u32, promise: u32) -> Vec<u8> {
+    use capnp::traits::ImbueMut;
+    frame(|message| {
+        let mut call = message.init_call();
+        call.set_question_id(question);
+        call.set_interface_id(<process::Client as HasTypeId>::TYPE_ID);
+        call.set_method_id(5);
+        let mut promised = call.reborrow().init_target().init_promised_answer();
+        promised.set_question_id(on);
+        promised.init_transform(1).get(0).set_get_pointer_field(0);
+        let mut params = call.init_params();
+        // The sink's pointer names entry 0 of the call's table of
+        // capabilities, written below by hand: any capability will do to
+        // make the pointer.
+        let mut hooks = Vec::new();
+        let mut content = params.reborrow().init_content();
+        content.imbue_mut(&mut hooks);
+        let mut subscribe: process::subscribe_params::Builder = content.init_as();
+        let placeholder = capnp_rpc::new_broken_cap(capnp::Error::failed(String::new()));
+        subscribe.set_sink(capnp::capability::FromClientHook::new(placeholder.hook));
+        params.init_cap_table(1).get(0).set_sender_promise(promise);
+    })
+}
+
+/// `Resolve` of this peer's promise `promise` to its promise `to` (itself,
+/// when the two are the same).
+pub fn resolve_to_promise(promise: u32, to: u32) -> Vec<u8> {
+    frame(|message| {
+        let mut resolve = message.init_resolve();
+        resolve.set_promise_id(promise);
+        resolve.init_cap().set_sender_promise(to);
+    })
+}
+
 /// A plain TCP connection to `address` (`HOST:PORT`, as `tcp:` addresses
 /// print it after the scheme).
 pub async fn connect(address: &str) -> TcpStream {
@@ -108,8 +144,10 @@ pub async fn connect(address: &str) -> TcpStream {
 
 /// One message from the server, as the peer reads it.
 pub enum Heard {
-    /// A message that is not an `Abort`.
+    /// A message that is neither an `Abort` nor a `Return`.
     Other,
+    /// The `Return` of the question numbered so.
+    Returned(u32),
     /// The server's goodbye: the error's type and reason.
     Abort(exception::Type, String),
     /// The connection ended (closed or reset).
@@ -117,7 +155,7 @@ pub enum Heard {
 }
 
 /// Reads the next message the server sends.
-pub async fn hear(stream: &mut TcpStream) -> Heard {
+pub async fn hear(stream: &mut (impl AsyncRead + Unpin)) -> Heard {
     let mut first = [0u8; 8];
     if stream.read_exact(&mut first).await.is_err() {
         return Heard::Closed;
@@ -153,17 +191,38 @@ pub async fn hear(stream: &mut TcpStream) -> Heard {
             let kind = abort.get_type().unwrap_or(exception::Type::Failed);
             Heard::Abort(kind, reason)
         }
+        Ok(message::Return(Ok(answer))) => Heard::Returned(answer.get_answer_id()),
         _ => Heard::Other,
     }
 }
 
-/// Reads what the server sends until its goodbye or the end of the
-/// connection; `None` if neither comes within `within`.
-pub async fn goodbye(stream: &mut TcpStream, within: Duration) -> Option<Heard> {
+/// Reads what the server sends until the `Return` of `question`; false if
+/// the connection ends first or nothing comes within `within`.
+pub async fn answered(
+    stream: &mut (impl AsyncRead + Unpin),
+    question: u32,
+    within: Duration,
+) -> bool {
     tokio::time::timeout(within, async {
         loop {
             match hear(stream).await {
-                Heard::Other => continue,
+                Heard::Returned(id) if id == question => return true,
+                Heard::Closed | Heard::Abort(..) => return false,
+                _ => continue,
+            }
+        }
+    })
+    .await
+    .unwrap_or(false)
+}
+
+/// Reads what the server sends until its goodbye or the end of the
+/// connection; `None` if neither comes within `within`.
+pub async fn goodbye(stream: &mut (impl AsyncRead + Unpin), within: Duration) -> Option<Heard> {
+    tokio::time::timeout(within, async {
+        loop {
+            match hear(stream).await {
+                Heard::Other | Heard::Returned(_) => continue,
                 ended => return ended,
             }
         }
@@ -173,7 +232,7 @@ pub async fn goodbye(stream: &mut TcpStream, within: Duration) -> Option<Heard> 
 }
 
 /// Sends `bytes`; false if the server has closed the connection.
-pub async fn send(stream: &mut TcpStream, bytes: &[u8]) -> bool {
+pub async fn send(stream: &mut (impl AsyncWrite + Unpin), bytes: &[u8]) -> bool {
     stream.write_all(bytes).await.is_ok()
 }
 

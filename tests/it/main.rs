@@ -24,6 +24,7 @@ mod network;
 mod ports;
 mod process_contract;
 mod process_ports;
+mod promise_cycles;
 mod recovery;
 mod resource_usage;
 mod restricted;

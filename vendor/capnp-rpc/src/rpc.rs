@@ -862,6 +862,16 @@ impl<VatId> ConnectionState<VatId> {
             match import.promise_client_to_resolve.take() {
                 Some(weak_promise_client) => {
                     if let Some(promise_client) = weak_promise_client.upgrade() {
+                        let promise = promise_client.as_ptr() as usize;
+                        let replacement_or_error = replacement_or_error.and_then(|replacement| {
+                            if resolves_to(&replacement, promise) {
+                                Err(Error::failed(
+                                    "'Resolve' would make a promise resolve to itself.".to_string(),
+                                ))
+                            } else {
+                                Ok(replacement)
+                            }
+                        });
                         promise_client.borrow_mut().resolve(replacement_or_error);
                     }
                 }
@@ -3300,6 +3310,27 @@ impl<VatId> ClientHook for Client<VatId> {
     fn when_resolved(&self) -> Promise<(), Error> {
         default_when_resolved_impl(self)
     }
+}
+
+/// capexec: whether `cap`, or what it resolves to at any depth, is the
+/// object at `target` (a `get_ptr()`). A peer's `Resolve` of a promise to
+/// itself, or to another promise of its that resolves back to it, would make
+/// every walk along the resolutions (`get_resolved()` in a loop, as
+/// `get_innermost_client` does) spin forever on the connection's thread. A
+/// chain longer than any real one counts as such a cycle too.
+fn resolves_to(cap: &Box<dyn ClientHook>, target: usize) -> bool {
+    const LONGEST_CHAIN: usize = 1024;
+    let mut cap = cap.add_ref();
+    for _ in 0..LONGEST_CHAIN {
+        if cap.get_ptr() == target {
+            return true;
+        }
+        match cap.get_resolved() {
+            Some(next) => cap = next,
+            None => return false,
+        }
+    }
+    true
 }
 
 pub(crate) fn default_when_resolved_impl<C>(client: &C) -> Promise<(), Error>
