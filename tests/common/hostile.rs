@@ -75,10 +75,24 @@ pub fn login(question: u32, on: u32, token: &str) -> Vec<u8> {
 /// `start(argv)` on the executor that login `on` returns (or, with
 /// `field` `None`, on the executor bootstrapped by `on`).
 pub fn start(question: u32, on: u32, field: Option<u16>, argv: &[&str]) -> Vec<u8> {
+    start_with_stdin(question, on, field, argv, false)
+}
+
+/// The same start, its stdin a pipe that `write_stdin` feeds when
+/// `pipe_stdin`, else `/dev/null`.
+pub fn start_with_stdin(
+    question: u32,
+    on: u32,
+    field: Option<u16>,
+    argv: &[&str],
+    pipe_stdin: bool,
+) -> Vec<u8> {
     let interface = <executor::Client as HasTypeId>::TYPE_ID;
     call(question, on, field, interface, 0, |params| {
         let params: executor::start_params::Builder = params.init_as();
-        let mut list = params.init_params().init_argv(argv.len() as u32);
+        let mut start = params.init_params();
+        start.set_pipe_stdin(pipe_stdin);
+        let mut list = start.init_argv(argv.len() as u32);
         for (index, arg) in argv.iter().enumerate() {
             list.set(index as u32, arg.as_bytes());
         }
@@ -88,13 +102,45 @@ pub fn start(question: u32, on: u32, field: Option<u16>, argv: &[&str]) -> Vec<u
 /// `read(afterSeq = 0, maxBytes = 0)`, the whole retained log, on the
 /// process that start `on` returns.
 pub fn read_everything(question: u32, on: u32) -> Vec<u8> {
+    read_waiting(question, on, 0)
+}
+
+/// The same read, waiting up to `wait_ms` for output if there is none.
+pub fn read_waiting(question: u32, on: u32, wait_ms: u32) -> Vec<u8> {
     let interface = <process::Client as HasTypeId>::TYPE_ID;
     call(question, on, Some(0), interface, 0, |params| {
         let mut params: process::read_params::Builder = params.init_as();
         params.set_after_seq(0);
         params.set_max_bytes(0);
-        params.set_wait_ms(0);
+        params.set_wait_ms(wait_ms);
     })
+}
+
+/// `write(data)` to the stdin of the process that start `on` returns.
+pub fn write_stdin(question: u32, on: u32, data: &[u8]) -> Vec<u8> {
+    let interface = <process::Client as HasTypeId>::TYPE_ID;
+    call(question, on, Some(0), interface, 1, |params| {
+        let mut params: process::write_params::Builder = params.init_as();
+        params.set_data(data);
+        params.set_write_id(format!("hostile-{question}").as_str());
+    })
+}
+
+/// `frame`, a call, asking that its results be kept for a later
+/// `takeFromOtherQuestion` (`sendResultsTo.yourself`, as a tail call does).
+pub fn results_to_yourself(frame: &[u8]) -> Vec<u8> {
+    let mut words = frame;
+    let message = capnp::serialize::read_message(&mut words, Default::default()).expect("a frame");
+    let mut builder = capnp::message::Builder::new_default();
+    builder
+        .set_root(message.get_root::<message::Reader>().expect("a message"))
+        .expect("copy");
+    let root: message::Builder = builder.get_root().expect("root");
+    match root.which() {
+        Ok(message::Call(Ok(call))) => call.init_send_results_to().set_yourself(()),
+        _ => panic!("not a call"),
+    }
+    capnp::serialize::write_message_to_words(&builder)
 }
 
 /// `subscribe` on the process that start `on` returns, its sink a promise
@@ -144,8 +190,11 @@ pub async fn connect(address: &str) -> TcpStream {
 
 /// One message from the server, as the peer reads it.
 pub enum Heard {
-    /// A message that is neither an `Abort` nor a `Return`.
+    /// A message that is none of the others here.
     Other,
+    /// A `Call` of the server's (its question) to the capability this
+    /// peer exported as `export`.
+    Called { question: u32, export: u32 },
     /// The `Return` of the question numbered so.
     Returned(u32),
     /// The server's goodbye: the error's type and reason.
@@ -192,6 +241,13 @@ pub async fn hear(stream: &mut (impl AsyncRead + Unpin)) -> Heard {
             Heard::Abort(kind, reason)
         }
         Ok(message::Return(Ok(answer))) => Heard::Returned(answer.get_answer_id()),
+        Ok(message::Call(Ok(call))) => match call.get_target().map(|target| target.which()) {
+            Ok(Ok(capnp_rpc::rpc_capnp::message_target::ImportedCap(export))) => Heard::Called {
+                question: call.get_question_id(),
+                export,
+            },
+            _ => Heard::Other,
+        },
         _ => Heard::Other,
     }
 }
@@ -199,21 +255,90 @@ pub async fn hear(stream: &mut (impl AsyncRead + Unpin)) -> Heard {
 /// Reads what the server sends until the `Return` of `question`; false if
 /// the connection ends first or nothing comes within `within`.
 pub async fn answered(
-    stream: &mut (impl AsyncRead + Unpin),
+    stream: &mut (impl AsyncRead + AsyncWrite + Unpin),
     question: u32,
     within: Duration,
 ) -> bool {
+    heard_within(
+        stream,
+        within,
+        |heard| matches!(heard, Heard::Returned(id) if *id == question),
+    )
+    .await
+}
+
+/// Reads what the server sends until it calls this peer's capability
+/// `export`; false if the connection ends first or no such call comes
+/// within `within`.
+pub async fn called(
+    stream: &mut (impl AsyncRead + AsyncWrite + Unpin),
+    export: u32,
+    within: Duration,
+) -> bool {
+    heard_within(
+        stream,
+        within,
+        |heard| matches!(heard, Heard::Called { export: to, .. } if *to == export),
+    )
+    .await
+}
+
+/// Reads what the server sends until a message that `awaited`, answering
+/// the server's other calls with empty results (as a sink acknowledges a
+/// push); false if the connection ends first or no such message comes
+/// within `within`.
+async fn heard_within(
+    stream: &mut (impl AsyncRead + AsyncWrite + Unpin),
+    within: Duration,
+    awaited: impl Fn(&Heard) -> bool,
+) -> bool {
     tokio::time::timeout(within, async {
         loop {
-            match hear(stream).await {
-                Heard::Returned(id) if id == question => return true,
+            let heard = hear(stream).await;
+            if awaited(&heard) {
+                return true;
+            }
+            match heard {
+                Heard::Called { question, .. } => {
+                    if !send(stream, &returned_empty(question)).await {
+                        return false;
+                    }
+                }
                 Heard::Closed | Heard::Abort(..) => return false,
-                _ => continue,
+                Heard::Other | Heard::Returned(_) => {}
             }
         }
     })
     .await
     .unwrap_or(false)
+}
+
+/// Asserts that the server says goodbye within `within` with an error of
+/// `kind` and exactly `reason`.
+pub async fn told(
+    stream: &mut (impl AsyncRead + Unpin),
+    kind: exception::Type,
+    reason: &str,
+    within: Duration,
+) {
+    match goodbye(stream, within).await {
+        Some(Heard::Abort(said_kind, said)) => {
+            assert_eq!(said, reason);
+            assert_eq!(said_kind, kind, "{said}");
+        }
+        Some(Heard::Closed) => panic!("closed without a reason (expected {reason:?})"),
+        Some(_) => unreachable!("goodbye skips other messages"),
+        None => panic!("the connection was not closed (expected {reason:?})"),
+    }
+}
+
+/// The `Return` of the server's question `question`, with empty results.
+pub fn returned_empty(question: u32) -> Vec<u8> {
+    frame(|message| {
+        let mut answer = message.init_return();
+        answer.set_answer_id(question);
+        answer.init_results();
+    })
 }
 
 /// Reads what the server sends until its goodbye or the end of the
@@ -222,7 +347,7 @@ pub async fn goodbye(stream: &mut (impl AsyncRead + Unpin), within: Duration) ->
     tokio::time::timeout(within, async {
         loop {
             match hear(stream).await {
-                Heard::Other | Heard::Returned(_) => continue,
+                Heard::Other | Heard::Returned(_) | Heard::Called { .. } => continue,
                 ended => return ended,
             }
         }

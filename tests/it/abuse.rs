@@ -14,7 +14,7 @@ use capexec::net::{self, Address};
 use capnp_rpc::rpc_capnp::exception;
 
 use common::cli::Served;
-use common::hostile::{self, Heard};
+use common::hostile;
 use common::procfs::{self, PeakRss};
 
 /// What any attack here may add to the server's RSS, in KiB.
@@ -39,15 +39,7 @@ async fn honest_start(served: &Served) {
 
 /// Asserts the server said goodbye with an `overloaded` error of `reason`.
 async fn told_overloaded(stream: &mut tokio::net::TcpStream, reason: &str) {
-    match hostile::goodbye(stream, GOODBYE).await {
-        Some(Heard::Abort(kind, said)) => {
-            assert_eq!(said, reason);
-            assert_eq!(kind, exception::Type::Overloaded, "{said}");
-        }
-        Some(Heard::Closed) => panic!("closed without a reason (expected {reason:?})"),
-        Some(Heard::Other | Heard::Returned(_)) => unreachable!("goodbye skips other messages"),
-        None => panic!("the connection was not closed (expected {reason:?})"),
-    }
+    hostile::told(stream, exception::Type::Overloaded, reason, GOODBYE).await;
 }
 
 /// 40 connections announce 15 MiB messages. Before login each is refused at
@@ -279,17 +271,13 @@ fn refused_logins_stop_at_three_even_when_pipelined() {
         let touch = format!("touch {}", marker.display());
         attempt.extend(hostile::start(5, 4, Some(0), &["sh", "-c", &touch]));
         assert!(hostile::send(&mut stream, &attempt).await);
-        match hostile::goodbye(&mut stream, GOODBYE).await {
-            Some(Heard::Abort(kind, reason)) => {
-                assert_eq!(
-                    reason,
-                    "3 logins were refused on this connection; closing it \
-                     [capexec:unauthenticated]"
-                );
-                assert_eq!(kind, exception::Type::Failed);
-            }
-            _ => panic!("no goodbye after three refused logins"),
-        }
+        hostile::told(
+            &mut stream,
+            exception::Type::Failed,
+            "3 logins were refused on this connection; closing it [capexec:unauthenticated]",
+            GOODBYE,
+        )
+        .await;
         honest_start(&served).await;
         assert!(
             !marker.exists(),
@@ -312,16 +300,13 @@ fn the_login_deadline_is_the_reason_the_peer_sees() {
         let server = common::server::ServerThread::serve(dir, config);
         let mut stream = hostile::connect(&server.address.to_string()).await;
         assert!(hostile::send(&mut stream, &hostile::bootstrap(0)).await);
-        match hostile::goodbye(&mut stream, GOODBYE).await {
-            Some(Heard::Abort(kind, reason)) => {
-                assert_eq!(
-                    reason,
-                    "no login within 0.3s; closing the connection [capexec:unauthenticated]"
-                );
-                assert_eq!(kind, exception::Type::Failed);
-            }
-            _ => panic!("no goodbye at the login deadline"),
-        }
+        hostile::told(
+            &mut stream,
+            exception::Type::Failed,
+            "no login within 0.3s; closing the connection [capexec:unauthenticated]",
+            GOODBYE,
+        )
+        .await;
     });
 }
 

@@ -100,3 +100,37 @@ fn calls_queued_on_a_promise_and_made_after_it_resolved_keep_their_order() {
         assert_eq!(order, (0..8u8).collect::<Vec<_>>());
     });
 }
+
+/// A sink whose release sets a flag.
+struct Watched {
+    released: Rc<std::cell::Cell<bool>>,
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        self.released.set(true);
+    }
+}
+
+impl byte_sink::Server for Watched {}
+
+/// A directory that does nothing: calls on it are only made, never run.
+struct Idle;
+
+impl capexec::capexec_capnp::directory::Server for Idle {}
+
+#[test]
+fn a_call_dropped_before_it_runs_lets_go_of_its_parameters_at_once() {
+    run_local(async {
+        let directory: capexec::capexec_capnp::directory::Client = capnp_rpc::new_client(Idle);
+        let released = Rc::new(std::cell::Cell::new(false));
+        let mut request = directory.download_request();
+        request.get().set_sink(capnp_rpc::new_client(Watched {
+            released: released.clone(),
+        }));
+        let unpolled = request.send().promise;
+        assert!(!released.get(), "the call holds its sink");
+        drop(unpolled);
+        assert!(released.get(), "the dropped call let its sink go");
+    });
+}

@@ -366,7 +366,17 @@ where
     /// it or of a later call is first polled, and every earlier call goes
     /// first: the order in which tasks happen to poll their promises (which
     /// wakers decide) must not reorder calls to one object.
-    undispatched: VecDeque<BlockedCall>,
+    undispatched: VecDeque<UndispatchedCall>,
+    /// capexec: the number of the next call put in `undispatched`.
+    next_call: u64,
+}
+
+/// capexec: a call waiting in `undispatched`, numbered so that its promise,
+/// dropped before the call was dispatched, can take it out of line (and
+/// free its parameters) at once.
+struct UndispatchedCall {
+    number: u64,
+    call: BlockedCall,
 }
 
 struct BlockedCall {
@@ -430,7 +440,8 @@ where
     fn dispatch_undispatched(state: &Rc<RefCell<Self>>) {
         loop {
             // No borrow is held across a dispatch: the server may call us.
-            let Some(call) = state.borrow_mut().undispatched.pop_front() else {
+            let Some(UndispatchedCall { call, .. }) = state.borrow_mut().undispatched.pop_front()
+            else {
                 return;
             };
             if call.fulfiller.is_canceled() {
@@ -554,6 +565,41 @@ where
     }
 }
 
+/// capexec: takes call `number` out of `undispatched` when its promise is
+/// dropped (dispatched calls are not there any more).
+struct InLine<S>
+where
+    S: capability::Server + Clone,
+{
+    state: std::rc::Weak<RefCell<ClientState<S>>>,
+    number: u64,
+}
+
+impl<S> Drop for InLine<S>
+where
+    S: capability::Server + Clone,
+{
+    fn drop(&mut self) {
+        let Some(state) = self.state.upgrade() else {
+            return;
+        };
+        let Ok(mut state) = state.try_borrow_mut() else {
+            return;
+        };
+        let Some(at) = state
+            .undispatched
+            .iter()
+            .position(|waiting| waiting.number == self.number)
+        else {
+            return;
+        };
+        let call = state.undispatched.remove(at);
+        // Its parameters and results are dropped once the borrow is over.
+        drop(state);
+        drop(call);
+    }
+}
+
 impl<S> Client<S>
 where
     S: capability::Server + Clone,
@@ -566,6 +612,7 @@ where
                 blocked: false,
                 blocked_calls: VecDeque::new(),
                 undispatched: VecDeque::new(),
+                next_call: 0,
             })),
         }
     }
@@ -617,18 +664,29 @@ where
         // are dispatched in the order they were made (E-order) even when a
         // later call's promise is polled first.
         let (fulfiller, dispatched) = oneshot::channel();
-        self.state
-            .borrow_mut()
-            .undispatched
-            .push_back(BlockedCall {
-                interface_id,
-                method_id,
-                params,
-                results,
-                fulfiller,
+        let number = {
+            let mut state = self.state.borrow_mut();
+            let number = state.next_call;
+            state.next_call += 1;
+            state.undispatched.push_back(UndispatchedCall {
+                number,
+                call: BlockedCall {
+                    interface_id,
+                    method_id,
+                    params,
+                    results,
+                    fulfiller,
+                },
             });
+            number
+        };
+        let in_line = InLine {
+            state: Rc::downgrade(&self.state),
+            number,
+        };
         let state = self.state.clone();
         Promise::from_future(async move {
+            let _in_line = in_line;
             ClientState::dispatch_undispatched(&state);
             match dispatched.await {
                 Ok(promise) => promise.await,

@@ -449,7 +449,18 @@ where
     disconnect_promise: RefCell<Option<future::Shared<Promise<(), Error>>>>,
 
     client_downcast_map: RefCell<HashMap<usize, WeakClient<VatId>>>,
+
+    /// capexec: promises of the peer's (`senderPromise` imports) alive on
+    /// this connection, at most [`MAX_PROMISE_IMPORTS`].
+    promise_imports: Cell<usize>,
 }
+
+/// capexec: the most promises a peer may have imported here at once. A
+/// peer builds a chain of promises one `Resolve` at a time (each to a fresh
+/// promise of its own), and a chain is walked and dropped link by link: its
+/// length must stay far below what a thread's stack takes, and its memory
+/// bounded. Ordinary peers hold a handful.
+pub(crate) const MAX_PROMISE_IMPORTS: usize = 1024;
 
 impl<VatId> ConnectionState<VatId> {
     pub fn new(
@@ -470,6 +481,7 @@ impl<VatId> ConnectionState<VatId> {
             disconnect_fulfiller: RefCell::new(Some(disconnect_fulfiller)),
             disconnect_promise: RefCell::new(None),
             client_downcast_map: RefCell::new(HashMap::new()),
+            promise_imports: Cell::new(0),
         });
         let (mut handle, tasks) =
             TaskSet::new(Box::new(ConnectionErrorHandler::new(Rc::downgrade(&state))));
@@ -806,7 +818,9 @@ impl<VatId> ConnectionState<VatId> {
     fn handle_finish(connection_state: &Rc<Self>, finish: finish::Reader) -> capnp::Result<()> {
         let mut exports_to_release = Vec::new();
         let answer_id = finish.get_question_id();
+        let mut canceled = None;
 
+        {
         let answers_slots = &mut connection_state.answers.borrow_mut().slots;
         match answers_slots.entry(answer_id) {
             hash_map::Entry::Vacant(_) => {
@@ -827,12 +841,37 @@ impl<VatId> ConnectionState<VatId> {
                 answer.pipeline.take();
                 answer.call_completion_promise.take();
 
-                if answer.return_has_been_sent {
+                // capexec: a call finished before it returned is answered
+                // `canceled` now, and forgotten. A canceled call never sent
+                // its `Return` and so its answer stayed until the connection
+                // ended (a peer's `Call`s and `Finish`es, repeated, grew the
+                // table without bound); a call that goes on (its pipeline is
+                // held) sees `received_finish` and sends nothing more.
+                if !answer.return_has_been_sent {
+                    canceled = Some(entry.remove());
+                } else {
                     entry.remove();
                 }
             }
         }
+        }
 
+        if canceled.is_some() {
+            if let Ok(connection) = connection_state.connection.borrow_mut().as_mut() {
+                let mut message = connection.new_outgoing_message(10);
+                {
+                    let root: message::Builder = message.get_body()?.get_as()?;
+                    let mut ret = root.init_return();
+                    ret.set_answer_id(answer_id);
+                    ret.set_release_param_caps(false);
+                    ret.set_canceled(());
+                }
+                let _ = message.send();
+            }
+        }
+        // The answer (its results' capabilities) is dropped after the
+        // tables' borrows end.
+        drop(canceled);
         connection_state.release_exports(&exports_to_release)?;
         Ok(())
     }
@@ -981,7 +1020,18 @@ impl<VatId> ConnectionState<VatId> {
                 let (interface_id, method_id, question_id, cap_table_array, redirect_results) = {
                     let redirect_results = match call.get_send_results_to().which()? {
                         call::send_results_to::Caller(()) => false,
-                        call::send_results_to::Yourself(()) => true,
+                        // capexec: results kept for the caller's later
+                        // `takeFromOtherQuestion` were never sent nor started
+                        // (no `Return` of `resultsSentElsewhere`, no eager
+                        // evaluation), so each such call and its answer stayed
+                        // until the connection ended, and longer: a peer could
+                        // fill the server's memory before logging in. Refused,
+                        // as `thirdParty` is.
+                        call::send_results_to::Yourself(()) => {
+                            return Err(Error::unimplemented(
+                                "`Call.sendResultsTo.yourself` is not supported.".to_string(),
+                            ))
+                        }
                         call::send_results_to::ThirdParty(_) => {
                             return Err(Error::failed(
                                 "Unsupported `Call.sendResultsTo`.".to_string(),
@@ -1197,8 +1247,9 @@ impl<VatId> ConnectionState<VatId> {
 
     fn answer_has_sent_return(&self, id: AnswerId, result_exports: Vec<ExportId>) {
         let answers_slots = &mut self.answers.borrow_mut().slots;
+        // capexec: an answer finished before it returned is gone already.
         let hash_map::Entry::Occupied(mut entry) = answers_slots.entry(id) else {
-            unreachable!()
+            return;
         };
         let a = entry.get_mut();
         a.return_has_been_sent = true;
@@ -1563,10 +1614,11 @@ impl<VatId> ConnectionState<VatId> {
 
         if is_promise {
             // We need to construct a PromiseClient around this import, if we haven't already.
-            match &import.app_client {
+            // capexec: a wrapper that died while its import lives is replaced.
+            match import.app_client.as_ref().and_then(|c| c.upgrade()) {
                 Some(c) => {
                     // Use the existing one.
-                    Box::new(c.upgrade().expect("dangling client ref?"))
+                    Box::new(c)
                 }
                 None => {
                     // Create a promise for this import's resolution.
@@ -1621,6 +1673,20 @@ impl<VatId> ConnectionState<VatId> {
                 Ok(Some(Self::import(state, sender_hosted, false)))
             }
             cap_descriptor::SenderPromise(sender_promise) => {
+                // capexec: a promise not imported yet counts against the limit.
+                let imported = state
+                    .imports
+                    .borrow()
+                    .slots
+                    .get(&sender_promise)
+                    .and_then(|import| import.app_client.as_ref())
+                    .is_some_and(|client| client.upgrade().is_some());
+                if !imported && state.promise_imports.get() >= MAX_PROMISE_IMPORTS {
+                    return Err(Error::overloaded(format!(
+                        "the peer holds more than {MAX_PROMISE_IMPORTS} promises on this \
+                         connection; closing it"
+                    )));
+                }
                 Ok(Some(Self::import(state, sender_promise, true)))
             }
             cap_descriptor::ReceiverHosted(receiver_hosted) => {
@@ -2614,23 +2680,9 @@ impl ResultsDone {
                                 pipeline_sender
                                     .complete(Box::new(local::Pipeline::new(hook.clone())));
 
-                                // Send a Canceled return.
-                                if let Ok(connection) =
-                                    connection_state.connection.borrow_mut().as_mut()
-                                {
-                                    let mut message = connection.new_outgoing_message(10);
-                                    {
-                                        let root: message::Builder =
-                                            message.get_body()?.get_as()?;
-                                        let mut ret = root.init_return();
-                                        ret.set_answer_id(answer_id);
-                                        ret.set_release_param_caps(false);
-                                        ret.set_canceled(());
-                                    }
-                                    let _ = message.send();
-                                }
-
-                                connection_state.answer_has_sent_return(answer_id, Vec::new());
+                                // capexec: `handle_finish` answered this call
+                                // `canceled` and forgot it when the `Finish`
+                                // came; its id may be a newer call's by now.
                                 Ok(hook)
                             }
                             (false, Ok(())) => {
@@ -2944,6 +2996,10 @@ impl<VatId> PromiseClient<VatId> {
         initial: Box<dyn ClientHook>,
         import_id: Option<ImportId>,
     ) -> Rc<RefCell<Self>> {
+        if import_id.is_some() {
+            let imports = &connection_state.promise_imports;
+            imports.set(imports.get() + 1);
+        }
         Rc::new(RefCell::new(Self {
             connection_state: connection_state.clone(),
             is_resolved: false,
@@ -3057,7 +3113,45 @@ impl<VatId> Drop for PromiseClient<VatId> {
             .borrow_mut()
             .remove(&self_ptr)
             .is_some());
+
+        // capexec: this promise no longer counts, and what it resolved to is
+        // dropped without recursion (a chain of promises would otherwise be
+        // dropped one stack frame per link).
+        if self.import_id.is_some() {
+            let imports = &self.connection_state.promise_imports;
+            imports.set(imports.get().saturating_sub(1));
+        }
+        let resolution = mem::replace(
+            &mut self.cap,
+            broken::new_cap(Error::failed("dropped".to_string())),
+        );
+        drop_without_recursion(resolution);
     }
+}
+
+/// capexec: drops `cap`; a drop that happens while another is running on
+/// this thread (a link of a chain dropping the next) is queued and done by
+/// the outermost one, in a loop.
+fn drop_without_recursion(cap: Box<dyn ClientHook>) {
+    thread_local! {
+        static QUEUED: RefCell<Option<Vec<Box<dyn ClientHook>>>> = const { RefCell::new(None) };
+    }
+    let cap = QUEUED.with(|queued| match queued.borrow_mut().as_mut() {
+        Some(queue) => {
+            queue.push(cap);
+            None
+        }
+        None => Some(cap),
+    });
+    let Some(cap) = cap else {
+        return;
+    };
+    QUEUED.with(|queued| *queued.borrow_mut() = Some(Vec::new()));
+    drop(cap);
+    while let Some(next) = QUEUED.with(|queued| queued.borrow_mut().as_mut().and_then(Vec::pop)) {
+        drop(next);
+    }
+    QUEUED.with(|queued| *queued.borrow_mut() = None);
 }
 
 impl<VatId> From<Rc<RefCell<PromiseClient<VatId>>>> for Client<VatId> {
@@ -3137,9 +3231,24 @@ impl<VatId> Client<VatId> {
                 None
             }
             ClientVariant::Promise(promise_client) => {
-                promise_client.borrow_mut().received_call = true;
-                self.connection_state
-                    .write_target(&*promise_client.borrow().cap, target)
+                // capexec: along a chain of this connection's promises in a
+                // loop, not one stack frame per link.
+                let mut promise_client = promise_client.clone();
+                loop {
+                    promise_client.borrow_mut().received_call = true;
+                    let cap = promise_client.borrow().cap.add_ref();
+                    if cap.get_brand() != self.connection_state.get_brand() {
+                        return Some(cap);
+                    }
+                    let Some(next) = Client::from_ptr(cap.get_ptr(), &self.connection_state)
+                    else {
+                        unreachable!()
+                    };
+                    match &next.variant {
+                        ClientVariant::Promise(next) => promise_client = next.clone(),
+                        _ => return next.write_target(target),
+                    }
+                }
             }
         }
     }
