@@ -146,6 +146,22 @@ pub fn results_to_yourself(frame: &[u8]) -> Vec<u8> {
 /// `subscribe` on the process that start `on` returns, its sink a promise
 /// that this peer exports as `promise` (and may resolve later, or never).
 pub fn subscribe_to_promise(question: u32, on: u32, promise: u32) -> Vec<u8> {
+    subscribe(question, on, Exported::Promise(promise))
+}
+
+/// `subscribe` on the process that start `on` returns, its sink an object
+/// that this peer exports as `export` (and answers as it likes).
+pub fn subscribe_to_export(question: u32, on: u32, export: u32) -> Vec<u8> {
+    subscribe(question, on, Exported::Object(export))
+}
+
+/// A capability this peer exports.
+enum Exported {
+    Promise(u32),
+    Object(u32),
+}
+
+fn subscribe(question: u32, on: u32, sink: Exported) -> Vec<u8> {
     use capnp::traits::ImbueMut;
     frame(|message| {
         let mut call = message.init_call();
@@ -165,7 +181,11 @@ pub fn subscribe_to_promise(question: u32, on: u32, promise: u32) -> Vec<u8> {
         let mut subscribe: process::subscribe_params::Builder = content.init_as();
         let placeholder = capnp_rpc::new_broken_cap(capnp::Error::failed(String::new()));
         subscribe.set_sink(capnp::capability::FromClientHook::new(placeholder.hook));
-        params.init_cap_table(1).get(0).set_sender_promise(promise);
+        let mut descriptor = params.init_cap_table(1).get(0);
+        match sink {
+            Exported::Promise(id) => descriptor.set_sender_promise(id),
+            Exported::Object(id) => descriptor.set_sender_hosted(id),
+        }
     })
 }
 
@@ -195,6 +215,8 @@ pub enum Heard {
     /// A `Call` of the server's (its question) to the capability this
     /// peer exported as `export`.
     Called { question: u32, export: u32 },
+    /// The server's `Release` of what this peer exported as the number.
+    Released(u32),
     /// The `Return` of the question numbered so.
     Returned(u32),
     /// The server's goodbye: the error's type and reason.
@@ -248,6 +270,7 @@ pub async fn hear(stream: &mut (impl AsyncRead + Unpin)) -> Heard {
             },
             _ => Heard::Other,
         },
+        Ok(message::Release(Ok(release))) => Heard::Released(release.get_id()),
         _ => Heard::Other,
     }
 }
@@ -305,7 +328,7 @@ async fn heard_within(
                     }
                 }
                 Heard::Closed | Heard::Abort(..) => return false,
-                Heard::Other | Heard::Returned(_) => {}
+                Heard::Other | Heard::Returned(_) | Heard::Released(_) => {}
             }
         }
     })
@@ -332,6 +355,31 @@ pub async fn told(
     }
 }
 
+/// Reads what the server sends until it releases this peer's capability
+/// `export`; false if the connection ends first or that does not happen
+/// within `within`.
+pub async fn released(
+    stream: &mut (impl AsyncRead + AsyncWrite + Unpin),
+    export: u32,
+    within: Duration,
+) -> bool {
+    heard_within(
+        stream,
+        within,
+        |heard| matches!(heard, Heard::Released(id) if *id == export),
+    )
+    .await
+}
+
+/// The `Return` of the server's question `question`, `canceled`.
+pub fn returned_canceled(question: u32) -> Vec<u8> {
+    frame(|message| {
+        let mut answer = message.init_return();
+        answer.set_answer_id(question);
+        answer.set_canceled(());
+    })
+}
+
 /// The `Return` of the server's question `question`, with empty results.
 pub fn returned_empty(question: u32) -> Vec<u8> {
     frame(|message| {
@@ -347,7 +395,9 @@ pub async fn goodbye(stream: &mut (impl AsyncRead + Unpin), within: Duration) ->
     tokio::time::timeout(within, async {
         loop {
             match hear(stream).await {
-                Heard::Other | Heard::Returned(_) | Heard::Called { .. } => continue,
+                Heard::Other | Heard::Returned(_) | Heard::Called { .. } | Heard::Released(_) => {
+                    continue;
+                }
                 ended => return ended,
             }
         }

@@ -17,6 +17,8 @@
 //!   connection's life, its id never free again; a call whose results go to
 //!   "yourself" was never started nor answered, and leaked even after the
 //!   connection ended.
+//! - A call of the server's answered `canceled` (or "results sent
+//!   elsewhere") by the peer waited forever; it fails now.
 
 use crate::common;
 
@@ -27,7 +29,7 @@ use capexec::net::{self, Address};
 use tokio::net::UnixStream;
 
 use capnp_rpc::rpc_capnp::exception;
-use common::hostile;
+use common::hostile::{self, Heard};
 use common::server::ServerThread;
 
 /// How long anything here may take on a loaded machine.
@@ -210,6 +212,38 @@ fn results_kept_for_the_caller_are_refused_with_the_reason() {
             DEADLINE,
         )
         .await;
+        assert!(served(&server.address).await);
+    });
+}
+
+#[test]
+fn a_push_the_peer_answers_canceled_fails_and_ends_the_subscription() {
+    common::run_local(async {
+        let server = ServerThread::start(false);
+        let mut stream = connect(&server.address).await;
+        let mut frames = hostile::bootstrap(0);
+        frames.extend(hostile::start(1, 0, None, &["echo", "hi"]));
+        frames.extend(hostile::subscribe_to_export(2, 1, 7));
+        assert!(hostile::send(&mut stream, &frames).await);
+        let push = tokio::time::timeout(DEADLINE, async {
+            loop {
+                if let Heard::Called {
+                    question,
+                    export: 7,
+                } = hostile::hear(&mut stream).await
+                {
+                    return question;
+                }
+            }
+        })
+        .await
+        .expect("the server pushes the process's events to the sink");
+        assert!(hostile::send(&mut stream, &hostile::returned_canceled(push)).await);
+        // The failed push ends the subscription, which lets the sink go.
+        assert!(
+            hostile::released(&mut stream, 7, DEADLINE).await,
+            "the sink is released"
+        );
         assert!(served(&server.address).await);
     });
 }

@@ -1169,11 +1169,22 @@ impl<VatId> ConnectionState<VatId> {
                                         question_ref.upgrade().expect("dangling question ref?");
                                     tmp.borrow_mut().reject(remote_exception_to_error(e?));
                                 }
+                                // capexec: answered with no results for a
+                                // call this side still waits on; the call
+                                // fails instead of waiting forever.
                                 return_::Canceled(_) => {
-                                    Self::send_unimplemented(&connection_state, message.as_ref())?;
+                                    let tmp =
+                                        question_ref.upgrade().expect("dangling question ref?");
+                                    tmp.borrow_mut().reject(Error::failed(
+                                        "the peer answered the call `canceled`".to_string(),
+                                    ));
                                 }
                                 return_::ResultsSentElsewhere(_) => {
-                                    Self::send_unimplemented(&connection_state, message.as_ref())?;
+                                    let tmp =
+                                        question_ref.upgrade().expect("dangling question ref?");
+                                    tmp.borrow_mut().reject(Error::failed(
+                                        "the peer sent the call's results elsewhere".to_string(),
+                                    ));
                                 }
                                 return_::TakeFromOtherQuestion(id) => {
                                     if let Some(answer) =
