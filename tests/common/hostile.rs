@@ -208,6 +208,16 @@ pub async fn connect(address: &str) -> TcpStream {
     stream
 }
 
+/// What a `Return` says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answered {
+    Results,
+    Exception,
+    Canceled,
+    ResultsSentElsewhere,
+    Otherwise,
+}
+
 /// One message from the server, as the peer reads it.
 pub enum Heard {
     /// A message that is none of the others here.
@@ -217,8 +227,8 @@ pub enum Heard {
     Called { question: u32, export: u32 },
     /// The server's `Release` of what this peer exported as the number.
     Released(u32),
-    /// The `Return` of the question numbered so.
-    Returned(u32),
+    /// The `Return` of the question numbered so, and what it says.
+    Returned(u32, Answered),
     /// The server's goodbye: the error's type and reason.
     Abort(exception::Type, String),
     /// The connection ended (closed or reset).
@@ -262,7 +272,17 @@ pub async fn hear(stream: &mut (impl AsyncRead + Unpin)) -> Heard {
             let kind = abort.get_type().unwrap_or(exception::Type::Failed);
             Heard::Abort(kind, reason)
         }
-        Ok(message::Return(Ok(answer))) => Heard::Returned(answer.get_answer_id()),
+        Ok(message::Return(Ok(answer))) => {
+            use capnp_rpc::rpc_capnp::return_;
+            let how = match answer.which() {
+                Ok(return_::Results(_)) => Answered::Results,
+                Ok(return_::Exception(_)) => Answered::Exception,
+                Ok(return_::Canceled(())) => Answered::Canceled,
+                Ok(return_::ResultsSentElsewhere(())) => Answered::ResultsSentElsewhere,
+                _ => Answered::Otherwise,
+            };
+            Heard::Returned(answer.get_answer_id(), how)
+        }
         Ok(message::Call(Ok(call))) => match call.get_target().map(|target| target.which()) {
             Ok(Ok(capnp_rpc::rpc_capnp::message_target::ImportedCap(export))) => Heard::Called {
                 question: call.get_question_id(),
@@ -282,12 +302,26 @@ pub async fn answered(
     question: u32,
     within: Duration,
 ) -> bool {
-    heard_within(
+    answered_as(stream, question, within).await.is_some()
+}
+
+/// What the `Return` of `question` says, read as [`answered`] does; `None`
+/// if it does not come.
+pub async fn answered_as(
+    stream: &mut (impl AsyncRead + AsyncWrite + Unpin),
+    question: u32,
+    within: Duration,
+) -> Option<Answered> {
+    match heard_within(
         stream,
         within,
-        |heard| matches!(heard, Heard::Returned(id) if *id == question),
+        |heard| matches!(heard, Heard::Returned(id, _) if *id == question),
     )
     .await
+    {
+        Some(Heard::Returned(_, how)) => Some(how),
+        _ => None,
+    }
 }
 
 /// Reads what the server sends until it calls this peer's capability
@@ -304,36 +338,38 @@ pub async fn called(
         |heard| matches!(heard, Heard::Called { export: to, .. } if *to == export),
     )
     .await
+    .is_some()
 }
 
 /// Reads what the server sends until a message that `awaited`, answering
 /// the server's other calls with empty results (as a sink acknowledges a
-/// push); false if the connection ends first or no such message comes
-/// within `within`.
+/// push); that message, or `None` if the connection ends first or no such
+/// message comes within `within`.
 async fn heard_within(
     stream: &mut (impl AsyncRead + AsyncWrite + Unpin),
     within: Duration,
     awaited: impl Fn(&Heard) -> bool,
-) -> bool {
+) -> Option<Heard> {
     tokio::time::timeout(within, async {
         loop {
             let heard = hear(stream).await;
             if awaited(&heard) {
-                return true;
+                return Some(heard);
             }
             match heard {
                 Heard::Called { question, .. } => {
                     if !send(stream, &returned_empty(question)).await {
-                        return false;
+                        return None;
                     }
                 }
-                Heard::Closed | Heard::Abort(..) => return false,
-                Heard::Other | Heard::Returned(_) | Heard::Released(_) => {}
+                Heard::Closed | Heard::Abort(..) => return None,
+                Heard::Other | Heard::Returned(..) | Heard::Released(_) => {}
             }
         }
     })
     .await
-    .unwrap_or(false)
+    .ok()
+    .flatten()
 }
 
 /// Asserts that the server says goodbye within `within` with an error of
@@ -369,6 +405,7 @@ pub async fn released(
         |heard| matches!(heard, Heard::Released(id) if *id == export),
     )
     .await
+    .is_some()
 }
 
 /// The `Return` of the server's question `question`, `canceled`.
@@ -395,7 +432,7 @@ pub async fn goodbye(stream: &mut (impl AsyncRead + Unpin), within: Duration) ->
     tokio::time::timeout(within, async {
         loop {
             match hear(stream).await {
-                Heard::Other | Heard::Returned(_) | Heard::Called { .. } | Heard::Released(_) => {
+                Heard::Other | Heard::Returned(..) | Heard::Called { .. } | Heard::Released(_) => {
                     continue;
                 }
                 ended => return ended,

@@ -45,6 +45,7 @@ fn write(sink: &byte_sink::Client, data: &[u8]) -> capnp::capability::Promise<()
 
 fn run_local(test: impl std::future::Future<Output = ()>) {
     let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
         .build()
         .expect("runtime");
     runtime.block_on(tokio::task::LocalSet::new().run_until(test));
@@ -132,5 +133,75 @@ fn a_call_dropped_before_it_runs_lets_go_of_its_parameters_at_once() {
         assert!(!released.get(), "the call holds its sink");
         drop(unpolled);
         assert!(released.get(), "the dropped call let its sink go");
+    });
+}
+
+/// An upload sink that records its writes and says when `done` came.
+struct Upload {
+    log: Rc<RefCell<Vec<String>>>,
+}
+
+impl capexec::capexec_capnp::upload_sink::Server for Upload {
+    async fn write(
+        self: Rc<Self>,
+        params: capexec::capexec_capnp::upload_sink::WriteParams,
+    ) -> Result<(), capnp::Error> {
+        let data = params.get()?.get_data()?;
+        self.log
+            .borrow_mut()
+            .push(String::from_utf8_lossy(data).into_owned());
+        Ok(())
+    }
+
+    async fn done(
+        self: Rc<Self>,
+        _: capexec::capexec_capnp::upload_sink::DoneParams,
+        _: capexec::capexec_capnp::upload_sink::DoneResults,
+    ) -> Result<(), capnp::Error> {
+        self.log.borrow_mut().push("done".into());
+        Ok(())
+    }
+}
+
+#[test]
+fn a_streaming_call_nobody_polls_still_runs_before_the_call_after_it() {
+    run_local(async {
+        use capexec::capexec_capnp::upload_sink;
+        let log = Rc::new(RefCell::new(Vec::new()));
+        let sink: upload_sink::Client = capnp_rpc::new_client(Upload { log: log.clone() });
+        let mut write = sink.write_request();
+        write.get().set_data(b"chunk");
+        // Sent, and its promise held without ever being polled.
+        let _held = write.send();
+        let done = tokio::time::timeout(
+            std::time::Duration::from_secs(20),
+            sink.done_request().send().promise,
+        )
+        .await
+        .expect("done is not held up behind a write nobody polls");
+        done.expect("done");
+        assert_eq!(*log.borrow(), ["chunk", "done"]);
+    });
+}
+
+#[test]
+fn streaming_requests_keep_the_order_they_were_sent_in() {
+    run_local(async {
+        let written = Rc::new(RefCell::new(Vec::new()));
+        let sink: byte_sink::Client = capnp_rpc::new_client(Recorder {
+            written: written.clone(),
+        });
+        let sent: Vec<_> = (0..4u8)
+            .map(|n| {
+                let mut request = sink.write_request();
+                request.get().set_data(&[n]);
+                request.send()
+            })
+            .collect();
+        for outcome in futures::future::join_all(sent.into_iter().rev()).await {
+            outcome.expect("write");
+        }
+        let order: Vec<u8> = written.borrow().iter().map(|chunk| chunk[0]).collect();
+        assert_eq!(order, [0, 1, 2, 3]);
     });
 }

@@ -15,8 +15,8 @@
 //!   are walked and dropped in loops.
 //! - A call finished before it returned stayed in the answer table for the
 //!   connection's life, its id never free again; a call whose results go to
-//!   "yourself" was never started nor answered, and leaked even after the
-//!   connection ended.
+//!   "yourself" (a tail call) was never started nor answered, and leaked
+//!   even after the connection ended. Both are answered now.
 //! - A call of the server's answered `canceled` (or "results sent
 //!   elsewhere") by the peer waited forever; it fails now.
 
@@ -29,7 +29,7 @@ use capexec::net::{self, Address};
 use tokio::net::UnixStream;
 
 use capnp_rpc::rpc_capnp::exception;
-use common::hostile::{self, Heard};
+use common::hostile::{self, Answered, Heard};
 use common::server::ServerThread;
 
 /// How long anything here may take on a loaded machine.
@@ -193,25 +193,35 @@ fn a_call_finished_before_it_returns_is_answered_canceled_and_its_id_is_free_aga
 }
 
 #[test]
-fn results_kept_for_the_caller_are_refused_with_the_reason() {
+fn results_kept_for_the_caller_are_answered_sent_elsewhere_and_their_id_is_free_again() {
     common::run_local(async {
         let server = ServerThread::start(false);
         let mut stream = connect(&server.address).await;
-        let mut frames = hostile::bootstrap(0);
-        frames.extend(hostile::results_to_yourself(&hostile::start(
-            1,
-            0,
-            None,
-            &["true"],
-        )));
+        assert!(hostile::send(&mut stream, &hostile::bootstrap(0)).await);
+        // A start whose results the caller would take for another question
+        // of its own (a tail call), the same question id each round.
+        for round in 0..3 {
+            let mut frames = hostile::results_to_yourself(&hostile::start(5, 0, None, &["true"]));
+            frames.extend(hostile::finish(5));
+            assert!(hostile::send(&mut stream, &frames).await);
+            let answered = hostile::answered_as(&mut stream, 5, DEADLINE).await;
+            // The Finish may come before the start ends, or after.
+            assert!(
+                matches!(
+                    answered,
+                    Some(Answered::ResultsSentElsewhere | Answered::Canceled)
+                ),
+                "round {round}: {answered:?}"
+            );
+        }
+        let mut frames = hostile::results_to_yourself(&hostile::start(6, 0, None, &["true"]));
+        frames.extend(hostile::bootstrap(7));
         assert!(hostile::send(&mut stream, &frames).await);
-        hostile::told(
-            &mut stream,
-            exception::Type::Unimplemented,
-            "`Call.sendResultsTo.yourself` is not supported.",
-            DEADLINE,
-        )
-        .await;
+        assert_eq!(
+            hostile::answered_as(&mut stream, 6, DEADLINE).await,
+            Some(Answered::ResultsSentElsewhere),
+            "a call not finished is answered when it ends"
+        );
         assert!(served(&server.address).await);
     });
 }

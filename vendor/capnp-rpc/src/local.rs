@@ -27,7 +27,7 @@ use capnp::Error;
 use capnp::{any_pointer, message};
 
 use futures::channel::oneshot;
-use futures::TryFutureExt;
+use futures::{FutureExt, TryFutureExt};
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -286,8 +286,11 @@ impl RequestHook for Request {
     fn send_streaming(self: Box<Self>) -> Promise<(), Error> {
         // Local client gets no special handling for streaming, because there is no
         // network latency to compensate for.
-        Promise::from_future(async {
-            let _ = self.send().promise.await?;
+        // capexec: the call is made now, not when first polled, so that it
+        // takes its place in line in the order it was sent.
+        let promise = self.send().promise;
+        Promise::from_future(async move {
+            let _ = promise.await?;
             Ok(())
         })
     }
@@ -361,11 +364,18 @@ where
     blocked: bool,
     blocked_calls: VecDeque<BlockedCall>,
 
+    /// capexec: the streaming call in flight, which calls waiting behind it
+    /// drive too: a call is dispatched in order when a later one is polled,
+    /// and then runs even if its own caller does not poll it.
+    in_flight: Option<futures::future::WeakShared<Promise<(), Error>>>,
+
     /// capexec: calls made on this capability and not dispatched yet, in the
     /// order `call()` received them. A call is dispatched when a promise of
     /// it or of a later call is first polled, and every earlier call goes
     /// first: the order in which tasks happen to poll their promises (which
-    /// wakers decide) must not reorder calls to one object.
+    /// wakers decide) must not reorder calls to one object. (Dispatch order:
+    /// an `async fn` method's body still starts when its promise is polled;
+    /// streaming methods run one at a time in dispatch order.)
     undispatched: VecDeque<UndispatchedCall>,
     /// capexec: the number of the next call put in `undispatched`.
     next_call: u64,
@@ -483,8 +493,31 @@ where
 
                 // The queued call has not started yet. Resolve this promise
                 // with the call's real promise once it reaches the front.
+                // capexec: meanwhile drive the streaming call ahead of it.
+                let state = state.clone();
                 return Promise::from_future(async move {
-                    match promise.await {
+                    let mut dispatched = promise;
+                    loop {
+                        let ahead = state
+                            .borrow()
+                            .in_flight
+                            .as_ref()
+                            .and_then(|ahead| ahead.upgrade());
+                        let Some(ahead) = ahead else {
+                            break;
+                        };
+                        match futures::future::select(&mut dispatched, ahead).await {
+                            futures::future::Either::Left((result, _)) => {
+                                return match result {
+                                    Ok(p) => p.await,
+                                    Err(e) => Err(crate::canceled_to_error(e)),
+                                };
+                            }
+                            // Done, and `unblock` moved on: look again.
+                            futures::future::Either::Right(_) => {}
+                        }
+                    }
+                    match dispatched.await {
                         Ok(p) => p.await,
                         Err(e) => Err(crate::canceled_to_error(e)),
                     }
@@ -521,11 +554,14 @@ where
             // A streaming call serializes later calls on the same local
             // capability until its server-side promise completes.
             state.borrow_mut().blocked = true;
-            Promise::from_future(StreamingCall {
-                state,
+            let call = Promise::from_future(StreamingCall {
+                state: state.clone(),
                 promise: f.promise,
                 completed: false,
             })
+            .shared();
+            state.borrow_mut().in_flight = call.downgrade();
+            Promise::from_future(call)
         } else {
             f.promise
         }
@@ -536,6 +572,7 @@ where
             let blocked_call = {
                 let mut state_ref = state.borrow_mut();
                 state_ref.blocked = false;
+                state_ref.in_flight = None;
                 state_ref.blocked_calls.pop_front()
             };
 
@@ -586,10 +623,10 @@ where
         let Ok(mut state) = state.try_borrow_mut() else {
             return;
         };
-        let Some(at) = state
+        // Numbered in the order they came: a binary search finds it.
+        let Ok(at) = state
             .undispatched
-            .iter()
-            .position(|waiting| waiting.number == self.number)
+            .binary_search_by_key(&self.number, |waiting| waiting.number)
         else {
             return;
         };
@@ -611,6 +648,7 @@ where
                 broken_error: None,
                 blocked: false,
                 blocked_calls: VecDeque::new(),
+                in_flight: None,
                 undispatched: VecDeque::new(),
                 next_call: 0,
             })),

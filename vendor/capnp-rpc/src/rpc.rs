@@ -821,39 +821,39 @@ impl<VatId> ConnectionState<VatId> {
         let mut canceled = None;
 
         {
-        let answers_slots = &mut connection_state.answers.borrow_mut().slots;
-        match answers_slots.entry(answer_id) {
-            hash_map::Entry::Vacant(_) => {
-                // The `Finish` message targets a question ID that isn't present in our answer table.
-                // Probably, we sent a `Return` with `noFinishNeeded = true`, but the other side didn't
-                // recognize this hint and sent a `Finish` anyway, or the `Finish` was already in-flight at
-                // the time we sent the `Return`. We can silently ignore this.
-            }
-            hash_map::Entry::Occupied(mut entry) => {
-                let answer = entry.get_mut();
-                answer.received_finish.set(true);
-
-                if finish.get_release_result_caps() {
-                    exports_to_release = ::std::mem::take(&mut answer.result_exports);
+            let answers_slots = &mut connection_state.answers.borrow_mut().slots;
+            match answers_slots.entry(answer_id) {
+                hash_map::Entry::Vacant(_) => {
+                    // The `Finish` message targets a question ID that isn't present in our answer table.
+                    // Probably, we sent a `Return` with `noFinishNeeded = true`, but the other side didn't
+                    // recognize this hint and sent a `Finish` anyway, or the `Finish` was already in-flight at
+                    // the time we sent the `Return`. We can silently ignore this.
                 }
+                hash_map::Entry::Occupied(mut entry) => {
+                    let answer = entry.get_mut();
+                    answer.received_finish.set(true);
 
-                // If the pipeline has not been cloned, the following two lines cancel the call.
-                answer.pipeline.take();
-                answer.call_completion_promise.take();
+                    if finish.get_release_result_caps() {
+                        exports_to_release = ::std::mem::take(&mut answer.result_exports);
+                    }
 
-                // capexec: a call finished before it returned is answered
-                // `canceled` now, and forgotten. A canceled call never sent
-                // its `Return` and so its answer stayed until the connection
-                // ended (a peer's `Call`s and `Finish`es, repeated, grew the
-                // table without bound); a call that goes on (its pipeline is
-                // held) sees `received_finish` and sends nothing more.
-                if !answer.return_has_been_sent {
-                    canceled = Some(entry.remove());
-                } else {
-                    entry.remove();
+                    // If the pipeline has not been cloned, the following two lines cancel the call.
+                    answer.pipeline.take();
+                    answer.call_completion_promise.take();
+
+                    // capexec: a call finished before it returned is answered
+                    // `canceled` now, and forgotten. A canceled call never sent
+                    // its `Return` and so its answer stayed until the connection
+                    // ended (a peer's `Call`s and `Finish`es, repeated, grew the
+                    // table without bound); a call that goes on (its pipeline is
+                    // held) sees `received_finish` and sends nothing more.
+                    if !answer.return_has_been_sent {
+                        canceled = Some(entry.remove());
+                    } else {
+                        entry.remove();
+                    }
                 }
             }
-        }
         }
 
         if canceled.is_some() {
@@ -896,30 +896,34 @@ impl<VatId> ConnectionState<VatId> {
         };
 
         // If the import is in the table, fulfill it.
-        let slots = &mut connection_state.imports.borrow_mut().slots;
-        if let Some(import) = slots.get_mut(&resolve.get_promise_id()) {
+        // capexec: the promise is taken out of the table first, so that no
+        // borrow of it is held while the resolution is checked and dropped.
+        let promise_client = {
+            let slots = &mut connection_state.imports.borrow_mut().slots;
+            let Some(import) = slots.get_mut(&resolve.get_promise_id()) else {
+                return Ok(());
+            };
             match import.promise_client_to_resolve.take() {
-                Some(weak_promise_client) => {
-                    if let Some(promise_client) = weak_promise_client.upgrade() {
-                        let promise = promise_client.as_ptr() as usize;
-                        let replacement_or_error = replacement_or_error.and_then(|replacement| {
-                            if resolves_to(&replacement, promise) {
-                                Err(Error::failed(
-                                    "'Resolve' would make a promise resolve to itself.".to_string(),
-                                ))
-                            } else {
-                                Ok(replacement)
-                            }
-                        });
-                        promise_client.borrow_mut().resolve(replacement_or_error);
-                    }
-                }
+                Some(weak_promise_client) => weak_promise_client.upgrade(),
                 None => {
                     return Err(Error::failed(
                         "Got 'Resolve' for a non-promise import.".to_string(),
                     ));
                 }
             }
+        };
+        if let Some(promise_client) = promise_client {
+            let promise = promise_client.as_ptr() as usize;
+            let replacement_or_error = replacement_or_error.and_then(|replacement| {
+                if resolves_to(&replacement, promise) {
+                    Err(Error::failed(
+                        "'Resolve' would make a promise resolve to itself.".to_string(),
+                    ))
+                } else {
+                    Ok(replacement)
+                }
+            });
+            promise_client.borrow_mut().resolve(replacement_or_error);
         }
         Ok(())
     }
@@ -1020,18 +1024,7 @@ impl<VatId> ConnectionState<VatId> {
                 let (interface_id, method_id, question_id, cap_table_array, redirect_results) = {
                     let redirect_results = match call.get_send_results_to().which()? {
                         call::send_results_to::Caller(()) => false,
-                        // capexec: results kept for the caller's later
-                        // `takeFromOtherQuestion` were never sent nor started
-                        // (no `Return` of `resultsSentElsewhere`, no eager
-                        // evaluation), so each such call and its answer stayed
-                        // until the connection ended, and longer: a peer could
-                        // fill the server's memory before logging in. Refused,
-                        // as `thirdParty` is.
-                        call::send_results_to::Yourself(()) => {
-                            return Err(Error::unimplemented(
-                                "`Call.sendResultsTo.yourself` is not supported.".to_string(),
-                            ))
-                        }
+                        call::send_results_to::Yourself(()) => true,
                         call::send_results_to::ThirdParty(_) => {
                             return Err(Error::failed(
                                 "Unsupported `Call.sendResultsTo`.".to_string(),
@@ -1128,11 +1121,13 @@ impl<VatId> ConnectionState<VatId> {
                     answer.pipeline = Some(Box::new(pipeline));
                     if redirect_results {
                         answer.redirected_results = redirected_results_done_promise;
-                        // More to do here?
-                    } else {
-                        answer.call_completion_promise =
-                            Some(connection_state.eagerly_evaluate(fork));
                     }
+                    // capexec: a call whose results are kept for the caller
+                    // (`sendResultsTo.yourself`) runs now too, and is answered
+                    // `resultsSentElsewhere` when it ends (`from_results_inner`).
+                    // 0.27.3 neither started nor answered it, so it and its
+                    // answer stayed past the connection's end.
+                    answer.call_completion_promise = Some(connection_state.eagerly_evaluate(fork));
                 }
             }
             Ok(message::Return(oret)) => {
@@ -1257,9 +1252,13 @@ impl<VatId> ConnectionState<VatId> {
     }
 
     fn answer_has_sent_return(&self, id: AnswerId, result_exports: Vec<ExportId>) {
-        let answers_slots = &mut self.answers.borrow_mut().slots;
-        // capexec: an answer finished before it returned is gone already.
-        let hash_map::Entry::Occupied(mut entry) = answers_slots.entry(id) else {
+        let mut answers = self.answers.borrow_mut();
+        // capexec: an answer finished before it returned is gone already
+        // (`handle_finish`); nothing it exported may stay behind.
+        let hash_map::Entry::Occupied(mut entry) = answers.slots.entry(id) else {
+            drop(answers);
+            debug_assert!(result_exports.is_empty(), "results returned after a Finish");
+            let _ = self.release_exports(&result_exports);
             return;
         };
         let a = entry.get_mut();
@@ -2679,6 +2678,7 @@ impl ResultsDone {
                     variant,
                     answer_id,
                     finish_received,
+                    redirect_results,
                     ..
                 } = results_inner;
                 match variant {
@@ -2753,6 +2753,32 @@ impl ResultsDone {
                         }
                     }
                     Some(ResultsVariant::LocallyRedirected(results_done, cap_table)) => {
+                        // capexec: the results (or the failure) are kept for
+                        // the caller's `takeFromOtherQuestion`; the call itself
+                        // is answered `resultsSentElsewhere`, as the protocol
+                        // asks, unless a `Finish` came first (`handle_finish`
+                        // answered it `canceled` then).
+                        if redirect_results && !finish_received.get() {
+                            if let Ok(connection) =
+                                connection_state.connection.borrow_mut().as_mut()
+                            {
+                                let mut message = connection.new_outgoing_message(10);
+                                {
+                                    let root: message::Builder = message.get_body()?.get_as()?;
+                                    let mut ret = root.init_return();
+                                    ret.set_answer_id(answer_id);
+                                    ret.set_release_param_caps(false);
+                                    ret.set_results_sent_elsewhere(());
+                                }
+                                let _ = message.send();
+                            }
+                            connection_state.answer_has_sent_return(answer_id, Vec::new());
+                        }
+                        if let Err(e) = call_status {
+                            pipeline_sender
+                                .complete(Box::new(crate::broken::Pipeline::new(e.clone())));
+                            return Err(e);
+                        }
                         let hook = Box::new(Self::redirected(results_done, cap_table))
                             as Box<dyn ResultsDoneHook>;
                         pipeline_sender
@@ -3147,22 +3173,38 @@ fn drop_without_recursion(cap: Box<dyn ClientHook>) {
     thread_local! {
         static QUEUED: RefCell<Option<Vec<Box<dyn ClientHook>>>> = const { RefCell::new(None) };
     }
-    let cap = QUEUED.with(|queued| match queued.borrow_mut().as_mut() {
+    /// Ends the outermost drop's turn however it ends (a drop that panics
+    /// included): what is still queued is dropped where the guard is, and
+    /// later drops are no longer queued for a turn that is over.
+    struct Turn;
+    impl Drop for Turn {
+        fn drop(&mut self) {
+            let left = QUEUED
+                .try_with(|queued| queued.borrow_mut().take())
+                .ok()
+                .flatten();
+            drop(left);
+        }
+    }
+    // During the thread's teardown there is no queue: drop in place.
+    let Ok(cap) = QUEUED.try_with(|queued| match queued.borrow_mut().as_mut() {
         Some(queue) => {
             queue.push(cap);
             None
         }
         None => Some(cap),
-    });
+    }) else {
+        return;
+    };
     let Some(cap) = cap else {
         return;
     };
+    let _turn = Turn;
     QUEUED.with(|queued| *queued.borrow_mut() = Some(Vec::new()));
     drop(cap);
     while let Some(next) = QUEUED.with(|queued| queued.borrow_mut().as_mut().and_then(Vec::pop)) {
         drop(next);
     }
-    QUEUED.with(|queued| *queued.borrow_mut() = None);
 }
 
 impl<VatId> From<Rc<RefCell<PromiseClient<VatId>>>> for Client<VatId> {
@@ -3251,8 +3293,7 @@ impl<VatId> Client<VatId> {
                     if cap.get_brand() != self.connection_state.get_brand() {
                         return Some(cap);
                     }
-                    let Some(next) = Client::from_ptr(cap.get_ptr(), &self.connection_state)
-                    else {
+                    let Some(next) = Client::from_ptr(cap.get_ptr(), &self.connection_state) else {
                         unreachable!()
                     };
                     match &next.variant {
