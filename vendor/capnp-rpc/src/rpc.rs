@@ -818,7 +818,7 @@ impl<VatId> ConnectionState<VatId> {
     fn handle_finish(connection_state: &Rc<Self>, finish: finish::Reader) -> capnp::Result<()> {
         let mut exports_to_release = Vec::new();
         let answer_id = finish.get_question_id();
-        let mut canceled = None;
+        let mut finished = None;
 
         {
             let answers_slots = &mut connection_state.answers.borrow_mut().slots;
@@ -847,31 +847,20 @@ impl<VatId> ConnectionState<VatId> {
                     // ended (a peer's `Call`s and `Finish`es, repeated, grew the
                     // table without bound); a call that goes on (its pipeline is
                     // held) sees `received_finish` and sends nothing more.
-                    if !answer.return_has_been_sent {
-                        canceled = Some(entry.remove());
-                    } else {
-                        entry.remove();
-                    }
+                    finished = Some(entry.remove());
                 }
             }
         }
 
-        if canceled.is_some() {
-            if let Ok(connection) = connection_state.connection.borrow_mut().as_mut() {
-                let mut message = connection.new_outgoing_message(10);
-                {
-                    let root: message::Builder = message.get_body()?.get_as()?;
-                    let mut ret = root.init_return();
-                    ret.set_answer_id(answer_id);
-                    ret.set_release_param_caps(false);
-                    ret.set_canceled(());
-                }
-                let _ = message.send();
-            }
+        if finished
+            .as_ref()
+            .is_some_and(|answer| !answer.return_has_been_sent)
+        {
+            send_return_without_results(connection_state, answer_id, |ret| ret.set_canceled(()))?;
         }
         // The answer (its results' capabilities) is dropped after the
         // tables' borrows end.
-        drop(canceled);
+        drop(finished);
         connection_state.release_exports(&exports_to_release)?;
         Ok(())
     }
@@ -915,7 +904,7 @@ impl<VatId> ConnectionState<VatId> {
         if let Some(promise_client) = promise_client {
             let promise = promise_client.as_ptr() as usize;
             let replacement_or_error = replacement_or_error.and_then(|replacement| {
-                if resolves_to(&replacement, promise) {
+                if resolves_to(&*replacement, promise) {
                     Err(Error::failed(
                         "'Resolve' would make a promise resolve to itself.".to_string(),
                     ))
@@ -2759,19 +2748,9 @@ impl ResultsDone {
                         // asks, unless a `Finish` came first (`handle_finish`
                         // answered it `canceled` then).
                         if redirect_results && !finish_received.get() {
-                            if let Ok(connection) =
-                                connection_state.connection.borrow_mut().as_mut()
-                            {
-                                let mut message = connection.new_outgoing_message(10);
-                                {
-                                    let root: message::Builder = message.get_body()?.get_as()?;
-                                    let mut ret = root.init_return();
-                                    ret.set_answer_id(answer_id);
-                                    ret.set_release_param_caps(false);
-                                    ret.set_results_sent_elsewhere(());
-                                }
-                                let _ = message.send();
-                            }
+                            send_return_without_results(&connection_state, answer_id, |ret| {
+                                ret.set_results_sent_elsewhere(())
+                            })?;
                             connection_state.answer_has_sent_return(answer_id, Vec::new());
                         }
                         if let Err(e) = call_status {
@@ -3473,16 +3452,37 @@ impl<VatId> ClientHook for Client<VatId> {
     }
 }
 
+/// capexec: sends the `Return` of `answer_id` that carries no results
+/// (`canceled`, `resultsSentElsewhere`: `how` sets which), if the
+/// connection is still up.
+fn send_return_without_results<VatId>(
+    connection_state: &ConnectionState<VatId>,
+    answer_id: AnswerId,
+    how: impl FnOnce(&mut return_::Builder<'_>),
+) -> capnp::Result<()> {
+    if let Ok(connection) = connection_state.connection.borrow_mut().as_mut() {
+        let mut message = connection.new_outgoing_message(10);
+        {
+            let root: message::Builder = message.get_body()?.get_as()?;
+            let mut ret = root.init_return();
+            ret.set_answer_id(answer_id);
+            ret.set_release_param_caps(false);
+            how(&mut ret);
+        }
+        let _ = message.send();
+    }
+    Ok(())
+}
+
 /// capexec: whether `cap`, or what it resolves to at any depth, is the
 /// object at `target` (a `get_ptr()`). A peer's `Resolve` of a promise to
 /// itself, or to another promise of its that resolves back to it, would make
 /// every walk along the resolutions (`get_resolved()` in a loop, as
 /// `get_innermost_client` does) spin forever on the connection's thread. A
-/// chain longer than any real one counts as such a cycle too.
-fn resolves_to(cap: &Box<dyn ClientHook>, target: usize) -> bool {
-    const LONGEST_CHAIN: usize = 1024;
+/// chain longer than a peer may hold promises counts as such a cycle too.
+fn resolves_to(cap: &dyn ClientHook, target: usize) -> bool {
     let mut cap = cap.add_ref();
-    for _ in 0..LONGEST_CHAIN {
+    for _ in 0..=MAX_PROMISE_IMPORTS {
         if cap.get_ptr() == target {
             return true;
         }
