@@ -1,11 +1,8 @@
 mod cli;
 
 fn main() {
-    // SAFETY: mallopt only tunes the allocator; called before any threads.
-    unsafe {
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 16 << 20);
-    }
+    // Before any connection, for the embedded executor's too.
+    capexec::rpc::tune_allocator();
     std::process::exit(cli::main());
 }
 

@@ -33,6 +33,8 @@ where
     R: tokio::io::AsyncRead + Unpin + 'static,
     W: tokio::io::AsyncWrite + Unpin + 'static,
 {
+    // Each side allocates a message per call: keep their buffers.
+    crate::rpc::tune_allocator();
     let written = Rc::new(Cell::new(0));
     // The guard reads the socket itself; capnp-rpc's network only writes.
     let mut network = VatNetwork::new(

@@ -170,6 +170,8 @@ pub fn restricted_root_executor(
 /// whose local starts may hold `quota` processes at once: its `start`
 /// goes to the default environment.
 pub fn root_executor(context: Rc<ServerContext>, quota: Quota) -> executor::Client {
+    // Its calls carry messages of up to a MiB: keep their buffers.
+    crate::rpc::tune_allocator();
     match context.default_place() {
         Place::Local => capnp_rpc::new_client(ExecutorImpl::new(context, quota, None)),
         Place::Upstream(upstream) => {

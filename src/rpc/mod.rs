@@ -4,6 +4,7 @@
 //! tokio `LocalSet`; the engine's own tasks may run on any runtime thread.
 
 mod admin;
+mod allocator;
 mod context;
 mod detach;
 pub(crate) mod direct;
@@ -22,6 +23,7 @@ mod settled;
 mod subscription;
 
 pub use self::admin::{AdminImpl, ProcessTable};
+pub use self::allocator::tune_allocator;
 pub use self::context::{Link, ServerContext, Upstream, check_names as check_environment_names};
 pub use self::detach::{DEFAULT_RETENTION, Detachments, MAX_GRACE};
 pub use self::direct::{
