@@ -117,12 +117,18 @@ async fn lost(
     target: &target::Target,
     mut listeners: tokio::sync::mpsc::UnboundedReceiver<String>,
 ) -> String {
+    // Without `-R` every sender is gone from the start: a closed channel
+    // is ready at once, and polling it again would spin.
+    let mut listening = true;
     loop {
         if target.connection.as_ref().is_some_and(|c| c.is_closed()) {
             return "the connection to the server was lost".to_string();
         }
         tokio::select! {
-            why = listeners.recv() => if let Some(why) = why { return why },
+            why = listeners.recv(), if listening => match why {
+                Some(why) => return why,
+                None => listening = false,
+            },
             // Checked now and then: nothing else says it ended.
             () = tokio::time::sleep(Duration::from_millis(200)) => {}
         }

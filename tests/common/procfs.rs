@@ -101,6 +101,21 @@ pub fn status_field(pid: u32, name: &str) -> Option<u64> {
         .ok()
 }
 
+/// CPU time `pid` has used, user and system (`/proc/PID/stat`).
+pub fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: fields count from
+    // the last `)`, whose next field is the third (state).
+    let fields: Vec<&str> = stat
+        .get(stat.rfind(')')? + 1..)?
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf only reads a configuration value.
+    let per_second = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok()?;
+    Some(Duration::from_millis(ticks * 1000 / per_second.max(1)))
+}
+
 /// Bytes `pid` has written with write(2) and the like (`wchar`).
 pub fn bytes_written(pid: u32) -> Option<u64> {
     let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
