@@ -120,7 +120,7 @@ impl DirectRoute {
     /// Opens the channel that `ticket` claims, once the server says it
     /// took it; an error if the server closed it unanswered (the ticket
     /// came from another server, one beyond this hop), or it could not be
-    /// sent within [`CLAIM_SEND_WITHIN`], or the server did not answer
+    /// sent within `CLAIM_SEND_WITHIN`, or the server did not answer
     /// within [`crate::rpc::DIRECT_CLAIM_WITHIN`].
     pub async fn open(&self, ticket: &Ticket) -> io::Result<Socket> {
         let mut preamble = [0u8; CHANNEL_MAGIC.len() + TICKET_BYTES];

@@ -138,7 +138,7 @@ const PIPE_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
 /// returns how many bytes moved. Neither socket is shut down or closed:
 /// what an end or a failure means is the caller's to say. The pipe is
 /// made when bytes come and let go once the direction has been quiet for
-/// [`PIPE_IDLE`], so an idle connection holds none.
+/// `PIPE_IDLE`, so an idle connection holds none.
 pub async fn pump(from: &Socket, to: &Socket) -> Result<u64, PumpError> {
     let (source, sink) = (from.as_raw_fd(), to.as_raw_fd());
     let mut pipe: Option<Pipe> = None;

@@ -23,7 +23,7 @@ mod settled;
 mod subscription;
 
 pub use self::admin::{AdminImpl, ProcessTable};
-pub use self::allocator::tune_allocator;
+pub use self::allocator::{keep_allocator_settings, tune_allocator};
 pub use self::context::{Link, ServerContext, Upstream, check_names as check_environment_names};
 pub use self::detach::{DEFAULT_RETENTION, Detachments, MAX_GRACE};
 pub use self::direct::{
