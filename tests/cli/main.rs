@@ -15,6 +15,7 @@ mod deadlines;
 mod errors;
 mod forward;
 mod habits;
+mod idle;
 mod metrics;
 mod network;
 mod operator;
