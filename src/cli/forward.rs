@@ -117,20 +117,24 @@ async fn lost(
     target: &target::Target,
     mut listeners: tokio::sync::mpsc::UnboundedReceiver<String>,
 ) -> String {
+    let closed = async {
+        match &target.connection {
+            Some(connection) => connection.closed().await,
+            // The embedded executor has no connection to lose.
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(closed);
     // Without `-R` every sender is gone from the start: a closed channel
     // is ready at once, and polling it again would spin.
     let mut listening = true;
     loop {
-        if target.connection.as_ref().is_some_and(|c| c.is_closed()) {
-            return "the connection to the server was lost".to_string();
-        }
         tokio::select! {
+            () = &mut closed => return "the connection to the server was lost".to_string(),
             why = listeners.recv(), if listening => match why {
                 Some(why) => return why,
                 None => listening = false,
             },
-            // Checked now and then: nothing else says it ended.
-            () = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
     }
 }

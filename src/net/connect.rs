@@ -84,6 +84,8 @@ where
 pub struct Connection {
     executor: executor::Client,
     rpc: JoinHandle<()>,
+    /// Resolves once the RPC task has ended.
+    ended: Shared<LocalBoxFuture<'static, ()>>,
     /// Tells the RPC task to disconnect: capabilities still held then fail
     /// with `disconnected` instead of waiting forever.
     close: Option<oneshot::Sender<()>>,
@@ -126,6 +128,12 @@ impl Connection {
     /// Whether the connection has ended.
     pub fn is_closed(&self) -> bool {
         self.rpc.is_finished()
+    }
+
+    /// Resolves once the connection has ended, whichever side ended it.
+    /// Owns what it needs: it may outlive the connection.
+    pub fn closed(&self) -> impl Future<Output = ()> + 'static + use<> {
+        self.ended.clone()
     }
 
     /// Resolves once the server has answered (the login over TCP, a cheap
@@ -273,7 +281,10 @@ pub async fn connect_to(
         });
     let disconnector = system.get_disconnector();
     let (close, closed) = oneshot::channel::<()>();
+    // Dropped with the task, however it ends.
+    let (ending, ended) = oneshot::channel::<()>();
     let rpc = tokio::task::spawn_local(async move {
+        let _ending = ending;
         tokio::pin!(system);
         let ended = tokio::select! {
             ended = &mut system => ended,
@@ -296,6 +307,7 @@ pub async fn connect_to(
     Ok(Connection {
         executor,
         rpc,
+        ended: ended.map(|_| ()).boxed_local().shared(),
         close: Some(close),
         established,
         watchdog,

@@ -306,6 +306,11 @@ fn shutdown_terminates_processes_and_removes_socket_files() {
         let leftover: u32 = text.trim().parse().expect("leftover pid");
         finished.wait().await.expect("the leader exits at once");
         server.stop();
+        // The client hears of it without polling.
+        tokio::time::timeout(Duration::from_secs(20), connection.closed())
+            .await
+            .expect("closed() resolves once the server has gone");
+        assert!(connection.is_closed());
         procfs::wait_gone(pid).await;
         procfs::wait_gone(leftover).await;
         assert!(!socket_path.exists(), "socket file left behind");
