@@ -282,7 +282,7 @@ pub async fn connect_to(
     let disconnector = system.get_disconnector();
     let (close, closed) = oneshot::channel::<()>();
     // Dropped with the task, however it ends.
-    let (ending, ended) = oneshot::channel::<()>();
+    let (ending, gone) = oneshot::channel::<()>();
     let rpc = tokio::task::spawn_local(async move {
         let _ending = ending;
         tokio::pin!(system);
@@ -307,7 +307,7 @@ pub async fn connect_to(
     Ok(Connection {
         executor,
         rpc,
-        ended: ended.map(|_| ()).boxed_local().shared(),
+        ended: gone.map(|_| ()).boxed_local().shared(),
         close: Some(close),
         established,
         watchdog,
