@@ -25,77 +25,61 @@ fn every_long_running_command_sleeps_while_nothing_happens() {
     let served = Served::start();
     let token = served.token_arg();
     let ready = ["--", "sh", "-c", "echo ready; exec sleep 60"];
-    let with = |options: &[&str]| -> Vec<String> {
-        options
-            .iter()
-            .chain(&ready)
-            .map(|arg| arg.to_string())
-            .collect()
+    let run = |name, options: &[&str]| {
+        let args: Vec<&str> = options.iter().chain(&ready).copied().collect();
+        (name, "ready\n", served.command("run", &args))
     };
-    let runs: Vec<(&str, Vec<String>)> = vec![
-        ("run over unix", with(&["--connect", &served.unix])),
-        (
+    let forward = |name, args: &[&str]| (name, "\n", served.command("forward", args));
+    let commands = [
+        run("run over unix", &["--connect", &served.unix]),
+        run(
             "run over unix, stdio relayed",
-            with(&["--connect", &served.unix, "--relay-stdio"]),
+            &["--connect", &served.unix, "--relay-stdio"],
         ),
-        (
+        run(
             "run over tcp",
-            with(&["--connect", &served.tcp, "--token-file", &token]),
+            &["--connect", &served.tcp, "--token-file", &token],
         ),
-        (
+        run(
             "run --resume",
-            with(&["--connect", &served.unix, "--resume", "30"]),
+            &["--connect", &served.unix, "--resume", "30"],
         ),
-        (
+        run(
             "run with forwards",
-            with(&[
+            &[
                 "--connect",
                 &served.unix,
                 "--forward",
                 "0:127.0.0.1:9",
                 "--reverse-forward",
                 "0:127.0.0.1:9",
-            ]),
+            ],
         ),
-    ];
-    let forwards: Vec<(&str, Vec<String>)> = vec![
-        (
+        forward(
             "forward -L",
-            vec!["--connect", &served.unix, "-L", "0:127.0.0.1:9"]
-                .into_iter()
-                .map(String::from)
-                .collect(),
+            &["--connect", &served.unix, "-L", "0:127.0.0.1:9"],
         ),
-        (
+        forward(
             "forward -R",
-            vec![
+            &[
                 "--connect",
                 &served.tcp,
                 "--token-file",
                 &token,
                 "-R",
                 "0:127.0.0.1:9",
-            ]
-            .into_iter()
-            .map(String::from)
-            .collect(),
+            ],
         ),
     ];
-    let mut watched = Vec::new();
-    for (subcommand, list) in [("run", runs), ("forward", forwards)] {
-        for (name, args) in list {
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            watched.push((name, Watched::spawn(served.command(subcommand, &args))));
-        }
-    }
-    // Each settled: its command started, or its forwards listening.
-    for (name, process) in &watched {
-        if name.starts_with("run") {
-            process.wait_for_stdout("ready\n");
-        } else {
-            process.wait_for_stdout("\n");
-        }
-    }
+    let watched: Vec<(&str, Watched)> = commands
+        .into_iter()
+        .map(|(name, settled, command)| {
+            let process = Watched::spawn(command);
+            // Settled: its command started, or its forwards listening.
+            process.wait_for_stdout(settled);
+            (name, process)
+        })
+        .collect();
 
     let server = served.child.id();
     let cpu = |pid: u32| procfs::cpu_time(pid).expect("its CPU time");

@@ -4,11 +4,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// The fields of `/proc/PID/stat` from the third (state) on. The command
+/// name before them may hold spaces and parentheses: they start after the
+/// last `)`.
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.get(stat.rfind(')')? + 1..)?;
+    Some(rest.split_whitespace().map(String::from).collect())
+}
+
 /// The state letter of `pid` (`Z` for a zombie), or `None` if it is gone.
 pub fn state(pid: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().next()?.chars().next()
+    stat_fields(pid)?.first()?.chars().next()
 }
 
 /// Waits until `pid` no longer exists at all (neither running nor a zombie).
@@ -103,13 +110,8 @@ pub fn status_field(pid: u32, name: &str) -> Option<u64> {
 
 /// CPU time `pid` has used, user and system (`/proc/PID/stat`).
 pub fn cpu_time(pid: u32) -> Option<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces and parentheses: fields count from
-    // the last `)`, whose next field is the third (state).
-    let fields: Vec<&str> = stat
-        .get(stat.rfind(')')? + 1..)?
-        .split_whitespace()
-        .collect();
+    let fields = stat_fields(pid)?;
+    // utime and stime, the 14th and 15th fields.
     let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
     // SAFETY: sysconf only reads a configuration value.
     let per_second = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok()?;
