@@ -258,7 +258,9 @@ interface Executor {
   #
   # A restricted executor (see `restrict`) hands out only directories in or
   # below its `cwdRoots` (its path is resolved beneath the root, by the
-  # kernel), else fails with `[capexec:not-allowed]`. Through a forwarding
+  # kernel), else fails with `[capexec:not-allowed]`, whether or not the
+  # path exists (`not-found` and its kin only for a path inside a root).
+  # Through a forwarding
   # executor the call is forwarded, pipelined, like `start`, and the
   # `Directory` is the far end's.
   #
@@ -279,7 +281,12 @@ interface Executor {
   #
   # Errors: `[capexec:invalid-argument]` for a malformed address;
   # `[capexec:not-allowed]` for an address a restricted executor does not
-  # allow (the description names the rule: `ports.dial`);
+  # allow (the description names the rule: `ports.dial`; outside the
+  # rule's Unix paths the answer is the same whether or not the path
+  # exists), and for a socket the executor's own server serves on (its
+  # Cap'n Proto listeners, admin socket and metrics endpoint, by address,
+  # by a TCP port on an address of the machine, or by the inode of a Unix
+  # socket whatever path names it), whatever the rules;
   # `[capexec:socket-failed]` when the name does not resolve or no address
   # accepts the connection (refused, unreachable, timed out), with the
   # operating system's reason; `[capexec:limit]` when the connection
@@ -338,7 +345,11 @@ struct Policy {
   cwdRoots @1 :List(Data);
   # Absolute directories: a start's working directory (its `cwd`, else the
   # server's) must be one of them or below one, after resolving `..` and
-  # symlinks; the child starts in that resolved directory. Null: any.
+  # symlinks; the child starts in that resolved directory, and a start
+  # outside them fails with `[capexec:not-allowed]` whether or not its
+  # working directory exists (only a missing one inside a root is
+  # `[capexec:bad-cwd]`), so that a start tells nothing of what exists
+  # outside. Null: any.
 
   environment @2 :List(EnvVar);
   # The fixed environment every start gets, instead of the server's: the
@@ -397,9 +408,16 @@ struct Policy {
   ports @9 :PortPolicy;
   # Which addresses `dial` and `listen` may use on this executor. Null: what
   # the executor being restricted allows (for an unrestricted one, any
-  # address), except in a policy that restricts `programs`: then none,
-  # unless this field says otherwise (a program that may run only `make`
-  # should not reach the network through the executor either).
+  # address), except in a policy that sets `programs`, `cwdRoots` or
+  # `sandbox`: then none, unless this field names some (what such a policy
+  # confines would be worth nothing if its holder could still reach any
+  # address, its own server's socket included: a program that may run only
+  # `make`, or in one directory, should not reach the network through the
+  # executor either). A policy whose `sandbox` has network `none` allows
+  # no dial and no listen at all, and one that also names addresses here
+  # is refused with `[capexec:invalid-argument]` (give the sandbox network
+  # `all` to name them). Whatever the rules, no executor dials a socket
+  # its own server serves on (see `Executor.dial`).
 }
 
 struct ExecutorInfo {
@@ -1406,7 +1424,8 @@ interface Directory {
   # (for a directory of a restricted executor: that one), restricted with
   # `cwdRoots` = this directory and a `sandbox` whose only writable root is
   # this directory (none for a read-only directory, whose processes may
-  # read it only), the system directories read-only and no network; so
+  # read it only), the system directories read-only and no network (so
+  # its `dial` and `listen` allow no address either); so
   # everything of `restrict` holds (narrowing only, `[capexec:not-allowed]`
   # for a start asking for more, `[capexec:unsupported]` where the kernel
   # cannot enforce the sandbox). A start without `cwd` runs in this

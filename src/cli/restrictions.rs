@@ -50,7 +50,8 @@ pub struct RestrictionArgs {
     /// tcp:HOSTS:PORTS (HOSTS "*", "localhost", an IP or a block such as
     /// 10.0.0.0/8; PORTS "*", a port or a range) or unix:PATH ("unix:DIR/"
     /// for any socket below DIR) (repeatable). Default: any address, or
-    /// none with --allow-program.
+    /// none with --allow-program, --allow-cwd or --sandbox (and none at
+    /// all under a --sandbox without --network all).
     #[arg(long = "allow-dial", value_name = "PATTERN")]
     allow_dial: Vec<String>,
     /// Allow `listen` (capexec forward -R) on addresses matching PATTERN,

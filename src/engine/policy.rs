@@ -212,9 +212,9 @@ impl Rules {
         }
         let mut rules = self.clone();
         rules.depth += 1;
-        rules.ports =
-            self.ports
-                .narrowed(policy.ports.as_ref(), policy.programs.is_some(), names)?;
+        rules.ports = self
+            .ports
+            .narrowed(policy.ports.as_ref(), closes_ports(policy), names)?;
         if let Some(programs) = &policy.programs {
             rules.programs = Some(self.narrowed_programs(programs, names)?);
             rules.labels.programs = names;
@@ -485,30 +485,48 @@ impl Rules {
             return Ok(());
         };
         let asked = start_cwd(spec)?;
-        let canonical = std::fs::canonicalize(&asked).map_err(|error| {
-            Refusal::new(
-                RefusalKind::BadCwd,
-                format!(
-                    "working directory {}: {}",
-                    excerpt(&asked.display().to_string()),
-                    io_message(&error)
-                ),
-            )
-        })?;
-        if !roots.iter().any(|root| canonical.starts_with(root)) {
+        let outside = |canonical: &Path| {
             let resolved = if canonical == asked {
                 String::new()
             } else {
-                format!(" (resolved: {})", shown(&canonical))
+                format!(" (resolved: {})", shown(canonical))
             };
-            return Err(not_allowed(
+            not_allowed(
                 &self.labels.cwd_roots.refusal("cwdRoots"),
                 format!(
                     "working directory {}{resolved} is outside the allowed roots ({})",
                     shown(&asked),
                     listed(roots)
                 ),
-            ));
+            )
+        };
+        let canonical = match std::fs::canonicalize(&asked) {
+            Ok(canonical) => canonical,
+            // Outside the roots the answer is the same whether or not the
+            // directory exists.
+            Err(_)
+                if !crate::files::within::failure_is_inside(
+                    &asked,
+                    roots
+                        .iter()
+                        .map(|root| crate::files::within::Root::directory(root)),
+                ) =>
+            {
+                return Err(outside(&asked));
+            }
+            Err(error) => {
+                return Err(Refusal::new(
+                    RefusalKind::BadCwd,
+                    format!(
+                        "working directory {}: {}",
+                        excerpt(&asked.display().to_string()),
+                        io_message(&error)
+                    ),
+                ));
+            }
+        };
+        if !roots.iter().any(|root| canonical.starts_with(root)) {
+            return Err(outside(&canonical));
         }
         spec.cwd = Some(canonical);
         Ok(())
@@ -613,6 +631,29 @@ impl Rules {
         }
         Ok(admission)
     }
+}
+
+/// Whether `policy` closes ports it does not name: a policy that confines
+/// programs, working directories or a sandbox would confine nothing if its
+/// executor could still dial any address (its own server's socket hands
+/// out an unrestricted executor), and a sandbox without network means no
+/// dial and no listen at all.
+fn closes_ports(policy: &Policy) -> Option<crate::ports::Closed> {
+    use crate::ports::Closed;
+    if policy
+        .sandbox
+        .as_ref()
+        .is_some_and(|sandbox| sandbox.network == crate::model::Network::None)
+    {
+        return Some(Closed::NoNetwork);
+    }
+    [
+        ("programs", policy.programs.is_some()),
+        ("cwdRoots", policy.cwd_roots.is_some()),
+        ("sandbox", policy.sandbox.is_some()),
+    ]
+    .into_iter()
+    .find_map(|(field, set)| set.then_some(Closed::By(field)))
 }
 
 /// A policy's program: an absolute path or a name on the server's PATH,

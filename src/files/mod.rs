@@ -15,6 +15,7 @@ mod stat;
 mod tree;
 mod walk;
 mod watch;
+pub mod within;
 mod write;
 
 use std::os::fd::OwnedFd;
@@ -30,6 +31,7 @@ use crate::model::{
     Refusal, RefusalKind, WalkOptions, WalkSummary, WriteOptions, excerpt,
 };
 
+pub(crate) use self::resolve::path_of;
 pub use self::watch::{Watcher, coalesce};
 pub use self::write::TEMP_PREFIX;
 
@@ -106,13 +108,27 @@ impl Directory {
     /// The directory at `path` if it is one of `roots` or beneath one
     /// (resolved beneath that root by the kernel, so a symlink changed
     /// meanwhile cannot lead out of it); else `None`.
+    /// A path that does not resolve is `None` too unless it lies within a
+    /// root (see `within.rs`): what exists outside is not the caller's to
+    /// learn.
     pub fn open_within(path: &Path, roots: &[PathBuf]) -> Result<Option<Directory>, Refusal> {
-        let canonical = std::fs::canonicalize(path).map_err(|error| {
-            let errno = error
-                .raw_os_error()
-                .map_or(Errno::IO, Errno::from_raw_os_error);
-            host_failure(path, errno)
-        })?;
+        let canonical = match std::fs::canonicalize(path) {
+            Ok(canonical) => canonical,
+            Err(_)
+                if !within::failure_is_inside(
+                    path,
+                    roots.iter().map(|root| within::Root::directory(root)),
+                ) =>
+            {
+                return Ok(None);
+            }
+            Err(error) => {
+                let errno = error
+                    .raw_os_error()
+                    .map_or(Errno::IO, Errno::from_raw_os_error);
+                return Err(host_failure(path, errno));
+            }
+        };
         let Some(root) = roots.iter().find(|root| canonical.starts_with(root)) else {
             return Ok(None);
         };

@@ -33,6 +33,13 @@ pub(crate) async fn accept_loop(
                 continue;
             }
         };
+        // Mode 0600 admits every process of the server's user, sandboxed
+        // ones (of any capexec server) included; `Admin` lists every
+        // process's arguments and terminates any of them.
+        if crate::sandbox::peer_is_sandboxed(std::os::fd::AsRawFd::as_raw_fd(&stream)) {
+            tracing::warn!(%address, "refusing an admin connection from a sandboxed process");
+            continue;
+        }
         let (reader, writer) = stream.into_split();
         let network = server_network(reader, writer, limits, &Session::logged_in());
         let admin: admin::Client = capnp_rpc::new_client(AdminImpl::new(Rc::clone(&context)));

@@ -131,6 +131,9 @@ pub struct Server {
     admin: Option<(Address, UnixListener)>,
     /// The metrics endpoint, if any.
     metrics: Option<(Address, TcpListener)>,
+    /// Every socket above, known to the ports engine as served on, so that
+    /// no dial through this server reaches the server itself.
+    served: Vec<crate::ports::own::ServedSocket>,
 }
 
 /// What every connection of a server is served with.
@@ -323,6 +326,7 @@ impl Server {
             token_path,
             admin: None,
             metrics: None,
+            served: Vec::new(),
         };
         if let Some(address @ Address::Tcp { host, port }) = &config.metrics {
             match TcpListener::bind((host.as_str(), *port)).await {
@@ -378,7 +382,40 @@ impl Server {
                 return Err(ServeError::Bind(address.clone(), error));
             }
         }
+        server.served = server.served_sockets();
         Ok(server)
+    }
+
+    /// Registers every socket this server listens on with the ports
+    /// engine: Unix ones by their file, TCP ones by their bound address.
+    fn served_sockets(&self) -> Vec<crate::ports::own::ServedSocket> {
+        let unix = |address: &Address| match address {
+            Address::Unix(path) => match crate::ports::own::serve_unix(path) {
+                Ok(served) => Some(served),
+                Err(error) => {
+                    // Not reachable by its path either, then.
+                    tracing::warn!(%error, %address, "cannot identify a served socket's file");
+                    None
+                }
+            },
+            Address::Tcp { .. } => None,
+        };
+        let tcp =
+            |listener: &TcpListener| listener.local_addr().ok().map(crate::ports::own::serve_tcp);
+        let mut served = Vec::new();
+        for (address, listener) in &self.listeners {
+            served.extend(match listener {
+                Listener::Unix(_) => unix(address),
+                Listener::Tcp(listener) => tcp(listener),
+            });
+        }
+        served.extend(self.admin.as_ref().and_then(|(address, _)| unix(address)));
+        served.extend(
+            self.metrics
+                .as_ref()
+                .and_then(|(_, listener)| tcp(listener)),
+        );
+        served
     }
 
     async fn bind_one(&mut self, address: &Address) -> std::io::Result<()> {

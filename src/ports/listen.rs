@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use tokio::net::{TcpListener, UnixListener};
 
 use crate::model::{Address, PortConnectionInfo, PortUse, Refusal, RefusalKind, excerpt};
-use crate::ports::dial::{socket_failure, targets};
+use crate::ports::dial::{listen_target, socket_failure, targets};
 use crate::ports::rules::{PortRules, Target};
 use crate::ports::socket::Socket;
 
@@ -67,11 +67,12 @@ pub async fn listen(
     asked: &str,
     rules: &PortRules,
 ) -> Result<Listening, Refusal> {
-    let target = targets(address, PortUse::Listen)
-        .await?
-        .into_iter()
-        .next()
-        .ok_or_else(|| Refusal::new(RefusalKind::SocketFailed, format!("{asked}: no address")))?;
+    let target = match address {
+        Address::Unix(path) => listen_target(path, rules, asked)?,
+        Address::Tcp { .. } => targets(address).await?.into_iter().next().ok_or_else(|| {
+            Refusal::new(RefusalKind::SocketFailed, format!("{asked}: no address"))
+        })?,
+    };
     rules.check(PortUse::Listen, asked, &target)?;
     let failure =
         |error: io::Error| socket_failure(&format!("cannot listen on {}", excerpt(asked)), &error);

@@ -5,6 +5,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
+use crate::files::within::Root;
 use crate::model::{
     EXCERPT_BYTES, PortPolicy, PortUse, Refusal, RefusalKind, RuleNames, excerpt, io_message,
 };
@@ -161,9 +162,21 @@ impl Pattern {
 struct List {
     patterns: Option<Vec<Pattern>>,
     names: RuleNames,
-    /// The list is empty because programs are restricted, not because a
-    /// policy said so.
-    implied: bool,
+    /// Why the list is empty when no policy named its patterns.
+    implied: Option<Closed>,
+}
+
+/// Why a restriction that names no ports allows none: what it confines
+/// (its programs, its working directories, a sandbox) would be worth
+/// nothing if the executor could still reach any address, its own
+/// server's sockets included.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Closed {
+    /// The policy confines this field (a schema field name) and says
+    /// nothing of ports.
+    By(&'static str),
+    /// The policy's sandbox has no network: no dial and no listen either.
+    NoNetwork,
 }
 
 /// Which addresses dials and listens may use.
@@ -187,12 +200,14 @@ impl PortRules {
     }
 
     /// These rules narrowed by `policy` (resolved now), made by a
-    /// restriction that restricts programs or not: a restriction of
-    /// programs allows no address its policy does not name.
+    /// restriction that `closes` ports or not: such a restriction allows
+    /// no address its policy does not name, and one with
+    /// [`Closed::NoNetwork`] none at all (a policy that names some is
+    /// refused rather than silently allowed less).
     pub fn narrowed(
         &self,
         policy: Option<&PortPolicy>,
-        restricts_programs: bool,
+        closes: Option<Closed>,
         names: RuleNames,
     ) -> Result<PortRules, Refusal> {
         let mut rules = self.clone();
@@ -201,16 +216,30 @@ impl PortRules {
                 PortUse::Dial => policy.dial.as_ref(),
                 PortUse::Listen => policy.listen.as_ref(),
             });
+            if closes == Some(Closed::NoNetwork)
+                && let Some(first) = asked.and_then(|patterns| patterns.first())
+            {
+                return Err(Refusal::new(
+                    RefusalKind::InvalidArgument,
+                    format!(
+                        "{}: {:?} names an address, but {} has no network, which allows no \
+                         dial and no listen; give the sandbox network all to name addresses",
+                        names.setup(use_.rule()),
+                        excerpt(first),
+                        names.setup("sandbox"),
+                    ),
+                ));
+            }
             let narrowed = match asked {
                 Some(patterns) => Some(List {
                     patterns: Some(self.narrowed_list(use_, patterns, names)?),
                     names,
-                    implied: false,
+                    implied: None,
                 }),
-                None if restricts_programs => Some(List {
+                None if closes.is_some() => Some(List {
                     patterns: Some(Vec::new()),
                     names,
-                    implied: true,
+                    implied: closes,
                 }),
                 None => None,
             };
@@ -269,6 +298,25 @@ impl PortRules {
         self.list(use_).patterns.is_some()
     }
 
+    /// The Unix paths the rules allow for `use_`, as roots for telling a
+    /// path that does not resolve (see `files::within`); `None` when any
+    /// address is allowed.
+    pub(crate) fn unix_roots(&self, use_: PortUse) -> Option<Vec<Root<'_>>> {
+        let patterns = self.list(use_).patterns.as_ref()?;
+        Some(
+            patterns
+                .iter()
+                .filter_map(|pattern| match pattern {
+                    Pattern::Unix { path, below, .. } => Some(Root {
+                        path,
+                        below: *below,
+                    }),
+                    Pattern::Tcp { .. } => None,
+                })
+                .collect(),
+        )
+    }
+
     /// Refuses `target` for `use_` (asked as `asked`) unless a pattern
     /// allows it.
     pub fn check(&self, use_: PortUse, asked: &str, target: &Target) -> Result<(), Refusal> {
@@ -279,12 +327,18 @@ impl PortRules {
         if patterns.iter().any(|pattern| pattern.matches(target)) {
             return Ok(());
         }
+        Err(self.refusal(use_, asked, target))
+    }
+
+    /// The refusal of `target` for `use_` (asked as `asked`) by these
+    /// rules, whether or not a pattern would match it (for a path that
+    /// does not resolve, which must be refused as one outside is).
+    pub(crate) fn refusal(&self, use_: PortUse, asked: &str, target: &Target) -> Refusal {
+        let list = self.list(use_);
+        let patterns = list.patterns.as_deref().unwrap_or_default();
         let mut rule = list.names.refusal(use_.rule());
-        if list.implied {
-            rule.push_str(match list.names {
-                RuleNames::ServeFlags => " (none by default with --allow-program)",
-                RuleNames::Schema => " (none when a policy restricts `programs`)",
-            });
+        if let Some(closed) = list.implied {
+            rule.push_str(&closed.note(list.names));
         }
         let resolved = if asked == target.to_string() {
             String::new()
@@ -295,14 +349,31 @@ impl PortRules {
             PortUse::Dial => "dialled",
             PortUse::Listen => "listened on",
         };
-        Err(Refusal::new(
+        Refusal::new(
             RefusalKind::NotAllowed,
             format!(
                 "{rule}: {:?}{resolved} may not be {verb} (allowed: {})",
                 excerpt(asked),
                 listed(patterns)
             ),
-        ))
+        )
+    }
+}
+
+impl Closed {
+    /// Why the list is empty, as a refusal says it after the rule's name.
+    fn note(self, names: RuleNames) -> String {
+        match (self, names) {
+            (Closed::By(field), RuleNames::ServeFlags) => {
+                format!(" (none by default with {})", names.setup(field))
+            }
+            (Closed::By(field), RuleNames::Schema) => {
+                format!(" (none when a policy sets `{field}` and not `ports`)")
+            }
+            (Closed::NoNetwork, _) => {
+                format!(" (none: {} has no network)", names.setup("sandbox"))
+            }
+        }
     }
 }
 
@@ -452,7 +523,7 @@ mod tests {
                     ],
                     None,
                 )),
-                false,
+                None,
                 RuleNames::Schema,
             )
             .expect("narrow");
@@ -492,7 +563,7 @@ mod tests {
     #[test]
     fn restricting_programs_allows_no_address_it_does_not_name() {
         let rules = PortRules::unrestricted()
-            .narrowed(None, true, RuleNames::ServeFlags)
+            .narrowed(None, Some(Closed::By("programs")), RuleNames::ServeFlags)
             .expect("narrow");
         let error = rules
             .check(PortUse::Listen, "tcp:127.0.0.1:0", &ip("127.0.0.1:0"))
@@ -506,11 +577,86 @@ mod tests {
     }
 
     #[test]
+    fn confining_starts_closes_ports_unless_the_policy_names_them() {
+        for field in ["cwdRoots", "sandbox"] {
+            let rules = PortRules::unrestricted()
+                .narrowed(None, Some(Closed::By(field)), RuleNames::Schema)
+                .expect("narrow");
+            for use_ in [PortUse::Dial, PortUse::Listen] {
+                let error = rules
+                    .check(use_, "tcp:127.0.0.1:80", &ip("127.0.0.1:80"))
+                    .expect_err("none");
+                assert_eq!(error.kind, RefusalKind::NotAllowed);
+                assert!(
+                    error.message.contains(&format!(
+                        "(none when a policy sets `{field}` and not `ports`)"
+                    )),
+                    "{error}"
+                );
+            }
+        }
+        let named = PortRules::unrestricted()
+            .narrowed(
+                Some(&policy(&["tcp:localhost:80"], None)),
+                Some(Closed::By("cwdRoots")),
+                RuleNames::Schema,
+            )
+            .expect("narrow");
+        named
+            .check(PortUse::Dial, "x", &ip("127.0.0.1:80"))
+            .expect("named");
+        assert!(
+            named
+                .check(PortUse::Listen, "x", &ip("127.0.0.1:80"))
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn a_sandbox_without_network_allows_no_port_and_refuses_a_policy_naming_one() {
+        let rules = PortRules::unrestricted()
+            .narrowed(None, Some(Closed::NoNetwork), RuleNames::ServeFlags)
+            .expect("narrow");
+        let error = rules
+            .check(
+                PortUse::Dial,
+                "unix:/run/x.sock",
+                &Target::Unix("/run/x.sock".into()),
+            )
+            .expect_err("none");
+        assert!(
+            error
+                .message
+                .starts_with("the server's --allow-dial (none: --sandbox has no network)"),
+            "{error}"
+        );
+        let error = PortRules::unrestricted()
+            .narrowed(
+                Some(&policy(&["tcp:localhost:80"], None)),
+                Some(Closed::NoNetwork),
+                RuleNames::Schema,
+            )
+            .expect_err("contradiction");
+        assert_eq!(error.kind, RefusalKind::InvalidArgument);
+        assert!(error.message.contains("has no network"), "{error}");
+        // An empty list says the same as the sandbox: no contradiction.
+        assert!(
+            PortRules::unrestricted()
+                .narrowed(
+                    Some(&policy(&[], Some(&[]))),
+                    Some(Closed::NoNetwork),
+                    RuleNames::Schema,
+                )
+                .is_ok()
+        );
+    }
+
+    #[test]
     fn a_narrower_policy_must_lie_within_the_current_one() {
         let outer = PortRules::unrestricted()
             .narrowed(
                 Some(&policy(&["tcp:10.0.0.0/8:*"], None)),
-                false,
+                None,
                 RuleNames::Schema,
             )
             .expect("outer");
@@ -518,7 +664,7 @@ mod tests {
             outer
                 .narrowed(
                     Some(&policy(&["tcp:10.1.0.0/16:80-90"], None)),
-                    false,
+                    None,
                     RuleNames::Schema
                 )
                 .is_ok()
@@ -530,7 +676,7 @@ mod tests {
             "unix:/tmp/",
         ] {
             let error = outer
-                .narrowed(Some(&policy(&[wider], None)), false, RuleNames::Schema)
+                .narrowed(Some(&policy(&[wider], None)), None, RuleNames::Schema)
                 .expect_err(wider);
             assert_eq!(error.kind, RefusalKind::NotAllowed, "{wider}");
         }
@@ -545,7 +691,7 @@ mod tests {
         std::os::unix::fs::symlink(dir.join("real"), &link).expect("symlink");
         let pattern = format!("unix:{}/", link.display());
         let rules = PortRules::unrestricted()
-            .narrowed(Some(&policy(&[&pattern], None)), false, RuleNames::Schema)
+            .narrowed(Some(&policy(&[&pattern], None)), None, RuleNames::Schema)
             .expect("narrow");
         let real = std::fs::canonicalize(dir.join("real")).expect("canonical");
         rules
@@ -570,7 +716,7 @@ mod tests {
             "udp:1.2.3.4:5",
         ] {
             let error = PortRules::unrestricted()
-                .narrowed(Some(&policy(&[bad], None)), false, RuleNames::Schema)
+                .narrowed(Some(&policy(&[bad], None)), None, RuleNames::Schema)
                 .expect_err(bad);
             assert_eq!(error.kind, RefusalKind::InvalidArgument, "{bad}: {error}");
         }

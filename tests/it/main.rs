@@ -13,6 +13,7 @@ mod abuse;
 mod bad_requests;
 mod call_order;
 mod chain;
+mod confinement_escapes;
 mod descriptors;
 mod direct_channels;
 mod directory_executor;

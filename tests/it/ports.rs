@@ -529,7 +529,7 @@ async fn restricted_executors_allow_only_the_addresses_of_their_rule(ctx: Ctx) {
     assert!(
         refused
             .1
-            .contains("none when a policy restricts `programs`"),
+            .contains("(none when a policy sets `programs` and not `ports`)"),
         "{}",
         refused.1
     );

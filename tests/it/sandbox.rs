@@ -204,7 +204,7 @@ async fn a_root_child_has_no_capabilities_and_is_filtered(ctx: Ctx) {
 
 /// Connects to the Unix socket at argv[1] and says whether the server
 /// answered a bootstrap request or hung up.
-const SOCKET_PROBE: &str = r#"
+pub(crate) const SOCKET_PROBE: &str = r#"
 import socket, sys
 s = socket.socket(socket.AF_UNIX)
 s.connect(sys.argv[1])
