@@ -352,6 +352,15 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = capexec::rpc::MAX_PORT_LISTENERS,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
     max_listeners_per_connection: usize,
+    /// inotify watches (one per directory watched) every `Directory.watch`
+    /// of the server may hold together; a watch that would need more is
+    /// refused with [capexec:limit], and a recursive one gets an overflow
+    /// event for what it could not watch [default: half of
+    /// fs.inotify.max_user_watches, so the user's other programs keep the
+    /// rest].
+    #[arg(long, value_name = "N",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000_000))]
+    max_inotify_watches: Option<usize>,
     /// Connections (on tcp: listeners) that may be open without having
     /// logged in, TLS handshakes included; more are refused at once
     /// [default: 1024, at most half the descriptors kept for connections].

@@ -165,6 +165,9 @@ pub fn main(args: ServeArgs) -> i32 {
     if let Err(error) = engine::become_subreaper() {
         tracing::warn!(%error, "cannot become a subreaper; orphaned grandchildren will not be reaped here");
     }
+    if let Some(max) = args.max_inotify_watches {
+        capexec::files::limit_watches(max);
+    }
     let descriptor_limit = raise_descriptor_limit();
     let capacity = match descriptor_capacity(&args) {
         Ok(capacity) => capacity,
@@ -190,6 +193,10 @@ pub fn main(args: ServeArgs) -> i32 {
             max_connections: args.max_port_connections_per_connection,
             max_listeners: args.max_listeners_per_connection,
         },
+        holding_limits: Some(capexec::rpc::HoldingLimits {
+            descriptors: capacity.budget.held as usize,
+            memory: capexec::rpc::MAX_HELD_MEMORY,
+        }),
         login_deadline: None,
         policy,
         admin,
@@ -519,6 +526,7 @@ fn log_capacity(capacity: &Capacity) {
     tracing::info!(
         descriptor_limit = budget.limit,
         kept_for_connections = budget.connections,
+        kept_for_capabilities = budget.held,
         max_processes = capacity.max_processes,
         max_processes_per_connection = capacity.per_connection,
         max_pending_logins = capacity.pending.total,

@@ -6,8 +6,10 @@
 //! allowed more processes than its limit carries would fail starts with
 //! EMFILE, for every client at once, and could no longer accept
 //! connections. So the budget is worked out at start: a reserve is kept
-//! for connections (and for what the server itself has open), and the
-//! rest is divided among processes.
+//! for connections (and for what the server itself has open), another
+//! for what capabilities hold open (directories, port connections,
+//! transfers, watches: counted by `rpc::holdings`), and the rest is
+//! divided among processes.
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -47,6 +49,13 @@ fn connection_reserve(limit: u64) -> u64 {
     (limit / 8).max(64)
 }
 
+/// The share of the limit kept for what capabilities hold open
+/// (directories, port connections and listeners, file transfers,
+/// watches): one eighth, at least 64.
+fn held_reserve(limit: u64) -> u64 {
+    (limit / 8).max(64)
+}
+
 /// How a descriptor limit is divided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DescriptorBudget {
@@ -54,6 +63,9 @@ pub struct DescriptorBudget {
     pub limit: u64,
     /// Kept for connections, never used by processes.
     pub connections: u64,
+    /// Kept for what capabilities hold open (counted by the RPC layer's
+    /// holdings), never used by processes.
+    pub held: u64,
     /// Processes the rest carries.
     pub processes: u64,
 }
@@ -62,10 +74,12 @@ impl DescriptorBudget {
     /// The budget of `limit` descriptors when `open` are in use already.
     pub fn new(limit: u64, open: u64) -> DescriptorBudget {
         let connections = connection_reserve(limit);
-        let reserved = open + SERVER_OWN + connections + DESCRIPTORS_PER_START;
+        let held = held_reserve(limit);
+        let reserved = open + SERVER_OWN + connections + held + DESCRIPTORS_PER_START;
         DescriptorBudget {
             limit,
             connections,
+            held,
             processes: limit.saturating_sub(reserved) / DESCRIPTORS_PER_PROCESS,
         }
     }
@@ -110,12 +124,14 @@ mod tests {
     fn a_limit_is_divided_between_connections_and_processes() {
         let budget = DescriptorBudget::new(20_000, 16);
         assert_eq!(budget.connections, 2_500);
-        assert_eq!(budget.processes, (20_000 - 16 - 64 - 2_500 - 3) / 4);
+        assert_eq!(budget.held, 2_500);
+        assert_eq!(budget.processes, (20_000 - 16 - 64 - 2_500 - 2_500 - 3) / 4);
         let small = DescriptorBudget::new(512, 16);
         assert_eq!(small.connections, 64);
-        assert_eq!(small.processes, (512 - 16 - 64 - 64 - 3) / 4);
+        assert_eq!(small.held, 64);
+        assert_eq!(small.processes, (512 - 16 - 64 - 64 - 64 - 3) / 4);
         // A limit that carries nothing says so rather than wrapping.
-        assert_eq!(DescriptorBudget::new(100, 50).processes, 0);
+        assert_eq!(DescriptorBudget::new(200, 50).processes, 0);
     }
 
     #[test]

@@ -177,6 +177,35 @@ impl Rules {
         self.cwd_roots.as_deref()
     }
 
+    /// About how many bytes these rules keep in memory: a restricted
+    /// executor's rules are counted against its connection's memory, or
+    /// restricting over and over with a big environment would take the
+    /// server's.
+    pub fn approximate_bytes(&self) -> usize {
+        // Each entry costs its bytes and about 32 of bookkeeping.
+        let texts = |texts: &mut dyn Iterator<Item = &OsStr>| -> usize {
+            texts.map(|text| text.len() + 32).sum()
+        };
+        std::mem::size_of::<Rules>()
+            + texts(&mut self.programs.iter().flatten().map(|path| path.as_os_str()))
+            + texts(&mut self.cwd_roots.iter().flatten().map(|path| path.as_os_str()))
+            + texts(
+                &mut self
+                    .environment
+                    .iter()
+                    .flatten()
+                    .flat_map(|(name, value)| [name.as_os_str(), value.as_os_str()]),
+            )
+            + texts(&mut self.settable_env.iter().flatten().map(OsString::as_os_str))
+            + self
+                .sandboxes
+                .iter()
+                .map(crate::sandbox::PolicySandbox::approximate_bytes)
+                .sum::<usize>()
+            + self.counters.len() * std::mem::size_of::<Counter>()
+            + self.ports.approximate_bytes()
+    }
+
     /// What these rules allow `dial` and `listen`.
     pub fn ports(&self) -> &crate::ports::PortRules {
         &self.ports

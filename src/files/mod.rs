@@ -3,10 +3,11 @@
 //! descriptor of its directory; every path it is given is resolved
 //! beneath that descriptor by the kernel (`resolve.rs`), never as a string
 //! joined to a prefix. File system calls block, so each runs on tokio's
-//! blocking pool (`spawn_blocking`), in bounded chunks: reads of 256 KiB,
-//! writes as they come, listings in batches; memory stays bounded whatever
-//! the sizes. Read-only directories, and everything derived from them,
-//! refuse every mutation.
+//! blocking pool, within its connection's share of it (`work.rs`), in
+//! bounded chunks: reads of 256 KiB, writes as they come, listings in
+//! batches; memory stays bounded whatever the sizes, and a transfer whose
+//! client is behind waits between chunks without a thread. Read-only
+//! directories, and everything derived from them, refuse every mutation.
 
 mod error;
 mod read;
@@ -16,6 +17,7 @@ mod tree;
 mod walk;
 mod watch;
 pub mod within;
+mod work;
 mod write;
 
 use std::os::fd::OwnedFd;
@@ -32,7 +34,10 @@ use crate::model::{
 };
 
 pub(crate) use self::resolve::path_of;
-pub use self::watch::{Watcher, coalesce};
+pub use self::watch::{Watcher, coalesce, limit_watches, watch_budget};
+pub use self::work::{
+    MAX_FILE_WORK, MAX_FILE_WORK_PER_CONNECTION, MAX_FILE_WORK_QUEUED_PER_CONNECTION, Work,
+};
 pub use self::write::TEMP_PREFIX;
 
 /// A directory and everything beneath it, and nothing else.
@@ -40,6 +45,8 @@ pub use self::write::TEMP_PREFIX;
 pub struct Directory {
     fd: Arc<OwnedFd>,
     read_only: bool,
+    /// The share of the blocking pool its calls run in.
+    work: Work,
 }
 
 /// Whether the kernel confines resolution (openat2, Linux 5.6): without
@@ -68,20 +75,6 @@ fn shown_host(path: &Path) -> String {
     format!("{:?}", excerpt(&path.display().to_string()))
 }
 
-/// Runs `work` on the blocking pool.
-async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T, Refusal> + Send + 'static,
-) -> Result<T, Refusal> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .unwrap_or_else(|error| {
-            Err(Refusal::new(
-                RefusalKind::Internal,
-                format!("a file system call failed: {error}"),
-            ))
-        })
-}
-
 impl Directory {
     /// The directory at `path` on this machine (relative: from the working
     /// directory; symlinks followed, as the server's user would).
@@ -102,6 +95,7 @@ impl Directory {
         Ok(Directory {
             fd: Arc::new(fd),
             read_only: false,
+            work: Work::default(),
         })
     }
 
@@ -150,6 +144,7 @@ impl Directory {
         Ok(Some(Directory {
             fd: Arc::new(fd),
             read_only: false,
+            work: Work::default(),
         }))
     }
 
@@ -157,11 +152,18 @@ impl Directory {
         self.read_only
     }
 
+    /// The same directory, its calls run in `work` (its connection's share
+    /// of the blocking pool), as every directory derived from it.
+    pub fn with_work(self, work: Work) -> Directory {
+        Directory { work, ..self }
+    }
+
     /// The same directory, read-only.
     pub fn read_only(&self) -> Directory {
         Directory {
             fd: Arc::clone(&self.fd),
             read_only: true,
+            work: self.work.clone(),
         }
     }
 
@@ -181,7 +183,7 @@ impl Directory {
         work: impl FnOnce(&OwnedFd) -> Result<T, Refusal> + Send + 'static,
     ) -> Result<T, Refusal> {
         let fd = Arc::clone(&self.fd);
-        blocking(move || work(&fd)).await
+        self.work.run(move || work(&fd)).await
     }
 
     pub async fn info(&self) -> Result<DirectoryInfo, Refusal> {
@@ -197,6 +199,7 @@ impl Directory {
     /// Directory `path` beneath this one, as a directory of its own.
     pub async fn subdirectory(&self, path: Vec<u8>) -> Result<Directory, Refusal> {
         let read_only = self.read_only;
+        let work = self.work.clone();
         self.run(move |fd| {
             const OP: &str = "open directory";
             let fd = resolve::open_beneath(
@@ -210,6 +213,7 @@ impl Directory {
             Ok(Directory {
                 fd: Arc::new(fd),
                 read_only,
+                work,
             })
         })
         .await
@@ -226,29 +230,70 @@ impl Directory {
     }
 
     /// Lists directory `path` into `batches`; answers once every batch is
-    /// in the channel (a full channel holds the listing back).
+    /// in the channel (a full channel holds the listing back, with no
+    /// thread waiting).
     pub async fn list(
         &self,
         path: Vec<u8>,
         batches: mpsc::Sender<Vec<DirEntry>>,
     ) -> Result<u64, Refusal> {
-        self.run(move |fd| walk::list(fd, &path, &mut |batch| batches.blocking_send(batch).is_ok()))
-            .await
+        let listing = self.run(move |fd| walk::Listing::open(fd, &path)).await?;
+        let listing = self
+            .send_batches(listing, walk::Listing::next_batch, &batches, |_| Ok(()))
+            .await?;
+        Ok(listing.sent())
     }
 
-    /// Walks directory `path` into `batches`, like [`Directory::list`].
+    /// Walks directory `path` into `batches`, like [`Directory::list`];
+    /// `levels` hears how many directories the walk holds open after each
+    /// batch (its caller counts them), and may stop it.
     pub async fn walk(
         &self,
         path: Vec<u8>,
         options: WalkOptions,
         batches: mpsc::Sender<Vec<DirEntry>>,
+        levels: impl FnMut(usize) -> Result<(), Refusal>,
     ) -> Result<WalkSummary, Refusal> {
-        self.run(move |fd| {
-            walk::walk(fd, &path, &options, &mut |batch| {
-                batches.blocking_send(batch).is_ok()
+        let walk = self
+            .run(move |fd| walk::Walk::open(fd, &path, &options))
+            .await?;
+        let mut levels = levels;
+        let walk = self
+            .send_batches(walk, walk::Walk::next_batch, &batches, |walk| {
+                levels(walk.open_levels())
             })
-        })
-        .await
+            .await?;
+        Ok(walk.summary())
+    }
+
+    /// Runs `next` on `state` one step at a time on the blocking pool,
+    /// sending each batch before the next step: while the receiver is
+    /// behind, the state waits here, holding no thread. Stops when the
+    /// batches end or the receiver is gone.
+    async fn send_batches<S: Send + 'static>(
+        &self,
+        mut state: S,
+        next: fn(&mut S) -> Result<Option<Vec<DirEntry>>, Refusal>,
+        batches: &mpsc::Sender<Vec<DirEntry>>,
+        mut after: impl FnMut(&S) -> Result<(), Refusal>,
+    ) -> Result<S, Refusal> {
+        loop {
+            let (back, batch) = self
+                .work
+                .run(move || {
+                    let batch = next(&mut state);
+                    Ok((state, batch))
+                })
+                .await?;
+            state = back;
+            after(&state)?;
+            let Some(batch) = batch? else {
+                return Ok(state);
+            };
+            if batches.send(batch).await.is_err() {
+                return Ok(state);
+            }
+        }
     }
 
     pub async fn read_file(
@@ -355,7 +400,12 @@ impl Directory {
                 write::PendingFile::begin("upload", fd, &path, &options).map(|p| (p, path))
             })
             .await?;
-        Ok(Upload::start(pending.0, pending.1, expected))
+        Ok(Upload::start(
+            pending.0,
+            pending.1,
+            expected,
+            self.work.clone(),
+        ))
     }
 
     /// Opens file `path` and streams bytes `offset..offset+length` (0: to
@@ -376,28 +426,39 @@ impl Directory {
         };
         let size = end.saturating_sub(offset);
         let stat = file.stat.clone();
-        let (sender, chunks) = mpsc::channel(4);
-        tokio::task::spawn_blocking(move || {
+        // One chunk read ahead: read while the one before is on its way.
+        let (sender, chunks) = mpsc::channel(1);
+        let work = self.work.clone();
+        let file = Arc::new(file.fd);
+        tokio::spawn(async move {
             let mut at = offset;
             while at < end {
                 let want = ((end - at) as usize).min(DOWNLOAD_CHUNK_BYTES);
-                let mut chunk = vec![0; want];
-                let sent = match read::read_at(&file.fd, &mut chunk, at) {
-                    Ok(0) => Err(error::refused(
-                        RefusalKind::Internal,
-                        "download",
-                        &path,
-                        "the file shrank while it was read",
-                    )),
-                    Ok(n) => {
-                        chunk.truncate(n);
-                        at += n as u64;
-                        Ok(chunk)
-                    }
-                    Err(errno) => Err(error::failed("download", &path, errno)),
-                };
+                let (file, path) = (Arc::clone(&file), path.clone());
+                let sent = work
+                    .run(move || {
+                        let mut chunk = vec![0; want];
+                        match read::read_at(&file, &mut chunk, at) {
+                            Ok(0) => Err(error::refused(
+                                RefusalKind::Internal,
+                                "download",
+                                &path,
+                                "the file shrank while it was read",
+                            )),
+                            Ok(n) => {
+                                chunk.truncate(n);
+                                Ok(chunk)
+                            }
+                            Err(errno) => Err(error::failed("download", &path, errno)),
+                        }
+                    })
+                    .await;
+                if let Ok(chunk) = &sent {
+                    at += chunk.len() as u64;
+                }
                 let failed = sent.is_err();
-                if sender.blocking_send(sent).is_err() || failed {
+                // Waiting for the client holds no thread.
+                if sender.send(sent).await.is_err() || failed {
                     return;
                 }
             }
@@ -501,9 +562,10 @@ enum UploadStep {
     Commit,
 }
 
-/// An upload in progress: chunks go to a writer on the blocking pool, a
-/// few at most waiting; [`Upload::commit`] makes the file visible, and
-/// dropping it uncommitted leaves the target as it was.
+/// An upload in progress: chunks go to a writer task, one at most
+/// waiting, which writes each on the blocking pool (and holds no thread
+/// while it waits for the next); [`Upload::commit`] makes the file
+/// visible, and dropping it uncommitted leaves the target as it was.
 pub struct Upload {
     steps: Option<mpsc::Sender<UploadStep>>,
     writer: Option<tokio::task::JoinHandle<Result<Option<FileStat>, Refusal>>>,
@@ -512,11 +574,18 @@ pub struct Upload {
 }
 
 impl Upload {
-    fn start(mut pending: write::PendingFile, path: Vec<u8>, expected: Option<u64>) -> Upload {
-        let (steps, mut received) = mpsc::channel::<UploadStep>(4);
+    fn start(
+        pending: write::PendingFile,
+        path: Vec<u8>,
+        expected: Option<u64>,
+        work: Work,
+    ) -> Upload {
+        // One chunk queued while the one before is written.
+        let (steps, mut received) = mpsc::channel::<UploadStep>(1);
         let shown_path = path.clone();
-        let writer = tokio::task::spawn_blocking(move || {
-            while let Some(step) = received.blocking_recv() {
+        let writer = tokio::spawn(async move {
+            let mut pending = pending;
+            while let Some(step) = received.recv().await {
                 match step {
                     UploadStep::Data(data) => {
                         if let Some(expected) = expected
@@ -532,9 +601,18 @@ impl Upload {
                                 ),
                             ));
                         }
-                        pending.write_all(&data)?;
+                        let (back, written) = work
+                            .run(move || {
+                                let written = pending.write_all(&data);
+                                Ok((pending, written))
+                            })
+                            .await?;
+                        pending = back;
+                        written?;
                     }
-                    UploadStep::Commit => return pending.commit(expected).map(Some),
+                    UploadStep::Commit => {
+                        return work.run(move || pending.commit(expected).map(Some)).await;
+                    }
                 }
             }
             // Released without a commit: `pending` drops, nothing stays.

@@ -1,7 +1,9 @@
-//! Listings and walks, streamed: entries go out in bounded batches
-//! through a callback (which blocks while the client is behind), so a
-//! directory of any size costs the server one batch of memory, and a walk
-//! one open directory per level.
+//! Listings and walks, streamed: each is a state that gives its entries
+//! a bounded batch at a time ([`Listing::next_batch`],
+//! [`Walk::next_batch`]), so a directory of any size costs the server one
+//! batch of memory, a walk one open directory per level, and while the
+//! client is behind no thread at all (the caller runs one step at a time
+//! on the blocking pool and waits for the client between steps).
 
 use std::ffi::OsStr;
 use std::os::fd::AsFd;
@@ -20,45 +22,25 @@ use crate::model::{
     Refusal, RefusalKind, WalkOptions, WalkSummary,
 };
 
-/// Takes a batch; `false` when nobody wants more (the call was dropped).
-pub type Send<'a> = &'a mut dyn FnMut(Vec<DirEntry>) -> bool;
-
-/// Entries gathered into batches of bounded count and size.
-struct Batcher<'a> {
-    send: Send<'a>,
-    batch: Vec<DirEntry>,
+/// Entries gathered into a batch of bounded count and size.
+#[derive(Default)]
+struct Batch {
+    entries: Vec<DirEntry>,
     bytes: usize,
-    sent: u64,
-    /// The receiver went away: stop.
-    closed: bool,
 }
 
-impl<'a> Batcher<'a> {
-    fn new(send: Send<'a>) -> Batcher<'a> {
-        Batcher {
-            send,
-            batch: Vec::new(),
-            bytes: 0,
-            sent: 0,
-            closed: false,
-        }
-    }
-
-    fn push(&mut self, entry: DirEntry) {
+impl Batch {
+    /// Adds `entry`; whether the batch is now full.
+    fn push(&mut self, entry: DirEntry) -> bool {
         self.bytes += entry.path.len() + entry.link_target.len() + 128;
-        self.batch.push(entry);
-        self.sent += 1;
-        if self.batch.len() >= ENTRY_BATCH || self.bytes >= ENTRY_BATCH_BYTES {
-            self.flush();
-        }
+        self.entries.push(entry);
+        self.entries.len() >= ENTRY_BATCH || self.bytes >= ENTRY_BATCH_BYTES
     }
 
-    fn flush(&mut self) {
-        if !self.batch.is_empty() && !self.closed {
-            self.closed = !(self.send)(std::mem::take(&mut self.batch));
-        }
-        self.batch.clear();
+    /// The batch so far, if it has anything.
+    fn take(&mut self) -> Option<Vec<DirEntry>> {
         self.bytes = 0;
+        (!self.entries.is_empty()).then(|| std::mem::take(&mut self.entries))
     }
 }
 
@@ -119,23 +101,46 @@ fn next_name(dir: &mut Dir) -> Option<Result<std::ffi::OsString, Errno>> {
     }
 }
 
-/// `list`: every entry of directory `path`.
-pub fn list(dir: impl AsFd, path: &[u8], send: Send<'_>) -> Result<u64, Refusal> {
-    const OP: &str = "list";
-    let mut listed = open_listed(OP, dir, path)?;
-    let mut out = Batcher::new(send);
-    while let Some(name) = next_name(&mut listed) {
-        let name = name.map_err(|errno| failed(OP, path, errno))?;
-        let fd = listed.fd().map_err(|errno| failed(OP, path, errno))?;
-        if let Some(entry) = describe(fd, &name, name.as_bytes().to_vec()) {
-            out.push(entry);
-        }
-        if out.closed {
-            break;
-        }
+/// `list`: every entry of directory `path`, a batch at a time.
+pub struct Listing {
+    dir: Dir,
+    path: Vec<u8>,
+    sent: u64,
+}
+
+impl Listing {
+    pub fn open(dir: impl AsFd, path: &[u8]) -> Result<Listing, Refusal> {
+        Ok(Listing {
+            dir: open_listed("list", dir, path)?,
+            path: path.to_vec(),
+            sent: 0,
+        })
     }
-    out.flush();
-    Ok(out.sent)
+
+    /// The next batch of entries; `None` once every entry was given.
+    pub fn next_batch(&mut self) -> Result<Option<Vec<DirEntry>>, Refusal> {
+        const OP: &str = "list";
+        let mut batch = Batch::default();
+        while let Some(name) = next_name(&mut self.dir) {
+            let name = name.map_err(|errno| failed(OP, &self.path, errno))?;
+            let fd = self
+                .dir
+                .fd()
+                .map_err(|errno| failed(OP, &self.path, errno))?;
+            if let Some(entry) = describe(fd, &name, name.as_bytes().to_vec()) {
+                self.sent += 1;
+                if batch.push(entry) {
+                    break;
+                }
+            }
+        }
+        Ok(batch.take())
+    }
+
+    /// Entries given so far.
+    pub fn sent(&self) -> u64 {
+        self.sent
+    }
 }
 
 /// Compiled include and exclude patterns.
@@ -206,103 +211,143 @@ struct Level {
     depth: u32,
 }
 
-/// `walk`: every entry beneath directory `path`, depth first.
-pub fn walk(
-    dir: impl AsFd,
-    path: &[u8],
-    options: &WalkOptions,
-    send: Send<'_>,
-) -> Result<WalkSummary, Refusal> {
-    const OP: &str = "walk";
-    let filter = Filter::new(options, path)?;
-    let max_depth = match options.max_depth {
-        0 => MAX_WALK_DEPTH,
-        depth => depth.min(MAX_WALK_DEPTH),
-    };
-    let mut out = Batcher::new(send);
-    let mut truncated = false;
-    let mut stack = vec![Level {
-        dir: open_listed(OP, dir, path)?,
-        prefix: Vec::new(),
-        depth: 1,
-    }];
-    while let Some(level) = stack.last_mut() {
-        let name = match next_name(&mut level.dir) {
-            None => {
-                stack.pop();
-                continue;
-            }
-            Some(Ok(name)) => name,
-            Some(Err(errno)) => {
-                let prefix = level.prefix.clone();
-                stack.pop();
-                out.push(error_entry(
-                    prefix,
-                    format!(
-                        "reading the directory failed: {}",
-                        crate::model::io_message(&std::io::Error::from(errno)).to_lowercase()
-                    ),
-                ));
-                continue;
-            }
+/// `walk`: every entry beneath directory `path`, depth first, a batch at
+/// a time.
+pub struct Walk {
+    filter: Filter,
+    options: WalkOptions,
+    max_depth: u32,
+    stack: Vec<Level>,
+    path: Vec<u8>,
+    sent: u64,
+    truncated: bool,
+}
+
+impl Walk {
+    pub fn open(dir: impl AsFd, path: &[u8], options: &WalkOptions) -> Result<Walk, Refusal> {
+        const OP: &str = "walk";
+        let filter = Filter::new(options, path)?;
+        let max_depth = match options.max_depth {
+            0 => MAX_WALK_DEPTH,
+            depth => depth.min(MAX_WALK_DEPTH),
         };
-        let relative = joined(&level.prefix, name.as_bytes());
-        if filter.excluded(&relative) {
-            continue;
-        }
-        let depth = level.depth;
-        let fd = level.dir.fd().map_err(|errno| failed(OP, path, errno))?;
-        let Some(mut entry) = describe(fd, &name, relative.clone()) else {
-            continue;
-        };
-        let mut child = None;
-        if entry.stat.as_ref().is_some_and(|stat| stat.is_dir()) {
-            if depth < max_depth {
-                match open_dir_entry(fd, &name).and_then(Dir::new) {
-                    Ok(dir) => child = Some(dir),
-                    Err(Errno::LOOP | Errno::NOTDIR) => {
-                        entry.error = Some(
-                            "replaced while the walk ran (no longer a directory); not entered"
-                                .to_string(),
-                        );
-                    }
-                    Err(Errno::NOENT) => continue,
-                    Err(errno) => {
-                        entry.error = Some(format!(
-                            "cannot be entered: {}",
-                            crate::model::io_message(&std::io::Error::from(errno)).to_lowercase()
-                        ));
-                    }
-                }
-            } else if options.max_depth == 0 || options.max_depth > MAX_WALK_DEPTH {
-                entry.error = Some(format!(
-                    "deeper than the server's {MAX_WALK_DEPTH} levels; not entered"
-                ));
-            }
-        }
-        if filter.included(&relative) || entry.error.is_some() {
-            if options.max_entries != 0 && out.sent >= options.max_entries {
-                truncated = true;
-                break;
-            }
-            out.push(entry);
-            if out.closed {
-                break;
-            }
-        }
-        if let Some(dir) = child {
-            stack.push(Level {
-                dir,
-                prefix: relative,
-                depth: depth + 1,
-            });
+        Ok(Walk {
+            filter,
+            options: options.clone(),
+            max_depth,
+            stack: vec![Level {
+                dir: open_listed(OP, dir, path)?,
+                prefix: Vec::new(),
+                depth: 1,
+            }],
+            path: path.to_vec(),
+            sent: 0,
+            truncated: false,
+        })
+    }
+
+    /// Directories it holds open now (one per level it is in).
+    pub fn open_levels(&self) -> usize {
+        self.stack.len()
+    }
+
+    /// What it gave: entries, and whether `maxEntries` cut it short.
+    pub fn summary(&self) -> WalkSummary {
+        WalkSummary {
+            entries: self.sent,
+            truncated: self.truncated,
         }
     }
-    out.flush();
-    Ok(WalkSummary {
-        entries: out.sent,
-        truncated,
-    })
+
+    /// The next batch of entries; `None` once the walk is over.
+    pub fn next_batch(&mut self) -> Result<Option<Vec<DirEntry>>, Refusal> {
+        const OP: &str = "walk";
+        let mut batch = Batch::default();
+        while let Some(level) = self.stack.last_mut() {
+            let name = match next_name(&mut level.dir) {
+                None => {
+                    self.stack.pop();
+                    continue;
+                }
+                Some(Ok(name)) => name,
+                Some(Err(errno)) => {
+                    let prefix = level.prefix.clone();
+                    self.stack.pop();
+                    self.sent += 1;
+                    let full = batch.push(error_entry(
+                        prefix,
+                        format!(
+                            "reading the directory failed: {}",
+                            crate::model::io_message(&std::io::Error::from(errno)).to_lowercase()
+                        ),
+                    ));
+                    if full {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            let relative = joined(&level.prefix, name.as_bytes());
+            if self.filter.excluded(&relative) {
+                continue;
+            }
+            let depth = level.depth;
+            let fd = level
+                .dir
+                .fd()
+                .map_err(|errno| failed(OP, &self.path, errno))?;
+            let Some(mut entry) = describe(fd, &name, relative.clone()) else {
+                continue;
+            };
+            let mut child = None;
+            if entry.stat.as_ref().is_some_and(|stat| stat.is_dir()) {
+                if depth < self.max_depth {
+                    match open_dir_entry(fd, &name).and_then(Dir::new) {
+                        Ok(dir) => child = Some(dir),
+                        Err(Errno::LOOP | Errno::NOTDIR) => {
+                            entry.error = Some(
+                                "replaced while the walk ran (no longer a directory); not entered"
+                                    .to_string(),
+                            );
+                        }
+                        Err(Errno::NOENT) => continue,
+                        Err(errno) => {
+                            entry.error = Some(format!(
+                                "cannot be entered: {}",
+                                crate::model::io_message(&std::io::Error::from(errno))
+                                    .to_lowercase()
+                            ));
+                        }
+                    }
+                } else if self.options.max_depth == 0 || self.options.max_depth > MAX_WALK_DEPTH {
+                    entry.error = Some(format!(
+                        "deeper than the server's {MAX_WALK_DEPTH} levels; not entered"
+                    ));
+                }
+            }
+            let mut full = false;
+            if self.filter.included(&relative) || entry.error.is_some() {
+                if self.options.max_entries != 0 && self.sent >= self.options.max_entries {
+                    self.truncated = true;
+                    self.stack.clear();
+                    break;
+                }
+                self.sent += 1;
+                full = batch.push(entry);
+            }
+            if let Some(dir) = child {
+                self.stack.push(Level {
+                    dir,
+                    prefix: relative,
+                    depth: depth + 1,
+                });
+            }
+            if full {
+                break;
+            }
+        }
+        Ok(batch.take())
+    }
 }
 
 fn error_entry(path: Vec<u8>, error: String) -> DirEntry {

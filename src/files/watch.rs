@@ -1,10 +1,20 @@
-//! Watching a tree with inotify: one instance and one thread per watch,
-//! translating the kernel's events into `WatchEvent`s relative to the
-//! watched directory, with renames paired, capexec's own temporaries
-//! hidden (an atomic replace reads as `modified`), new subdirectories of a
-//! recursive watch watched as they appear, and an explicit `overflow`
-//! wherever events were lost: the kernel's queue overflowed
-//! (IN_Q_OVERFLOW), or the client let [`MAX_PENDING_WATCH_EVENTS`] wait.
+//! Watching trees with inotify: one instance and one thread for every
+//! watch of the process (the `Hub`), translating the kernel's events into
+//! `WatchEvent`s relative to each watched directory, with renames paired,
+//! capexec's own temporaries hidden (an atomic replace reads as
+//! `modified`), new subdirectories of a recursive watch watched as they
+//! appear, and an explicit `overflow` wherever events were lost: the
+//! kernel's queue overflowed (IN_Q_OVERFLOW), the client let
+//! [`MAX_PENDING_WATCH_EVENTS`] wait, or a directory could not be watched
+//! because the server's share of inotify watches is used up.
+//!
+//! The server's user has a limit of inotify instances (128 by default) and
+//! of watches (`fs.inotify.max_user_watches`) for all its programs: one
+//! instance per watch let four clients take every instance, and ten
+//! recursive watches every watch. So the process uses one instance, and
+//! its watches together hold at most half the user's watches
+//! ([`watch_budget`]); a directory watched by several watches is one
+//! kernel watch, counted once.
 //!
 //! Watches are added through /proc/self/fd of a descriptor opened beneath
 //! the directory, so inotify never resolves a path of its own.
@@ -14,9 +24,9 @@ use std::ffi::OsStr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use rustix::event::{EventfdFlags, PollFd, PollFlags};
+use rustix::event::{PollFd, PollFlags};
 use rustix::fs::inotify::{self, ReadFlags, WatchFlags};
 use rustix::fs::{Dir, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
@@ -91,15 +101,256 @@ impl Shared {
     }
 }
 
-/// A watch in place; dropping it ends the watch thread.
+static BUDGET: OnceLock<usize> = OnceLock::new();
+
+/// The share of the user's inotify watches this process's watches may
+/// hold together: half of `fs.inotify.max_user_watches`, so that the
+/// user's other programs keep the rest, unless [`limit_watches`] said.
+pub fn watch_budget() -> usize {
+    *BUDGET.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/fs/inotify/max_user_watches")
+            .ok()
+            .and_then(|text| text.trim().parse::<usize>().ok())
+            .map_or(4096, |max| (max / 2).max(1))
+    })
+}
+
+/// Sets [`watch_budget`] to `max` (before the first watch; later, it has
+/// no effect).
+pub fn limit_watches(max: usize) {
+    let _ = BUDGET.set(max);
+}
+
+/// The process's one inotify instance, its thread, and every watch.
+struct Hub {
+    inotify: OwnedFd,
+    state: Mutex<HubState>,
+}
+
+#[derive(Default)]
+struct HubState {
+    watches: HashMap<u64, Watch>,
+    /// Which watches each kernel watch serves (a directory watched by
+    /// several is one kernel watch).
+    by_wd: HashMap<i32, Vec<u64>>,
+    next_id: u64,
+}
+
+/// One watch: its tree and where its events go.
+struct Watch {
+    tree: Tree,
+    root_wd: i32,
+    shared: Arc<Shared>,
+}
+
+impl Hub {
+    /// The hub, started on first use; `Err` if the kernel gives no
+    /// instance (the user has none left) or no thread.
+    fn get() -> Result<&'static Hub, Errno> {
+        static HUB: OnceLock<Result<&'static Hub, Errno>> = OnceLock::new();
+        *HUB.get_or_init(|| {
+            let inotify =
+                inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK)?;
+            let hub: &'static Hub = Box::leak(Box::new(Hub {
+                inotify,
+                state: Mutex::new(HubState::default()),
+            }));
+            std::thread::Builder::new()
+                .name("capexec-watch".to_string())
+                .spawn(move || hub.run())
+                .map_err(|_| Errno::AGAIN)?;
+            Ok(hub)
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HubState> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Reads and delivers events for ever.
+    fn run(&self) {
+        let mut buffer = vec![std::mem::MaybeUninit::<u8>::uninit(); 64 * 1024];
+        loop {
+            let mut fds = [PollFd::new(&self.inotify, PollFlags::IN)];
+            // A watch's own descriptor of its directory keeps the inode, so
+            // the kernel reports its removal (IN_DELETE_SELF) only once that
+            // closes: a removed directory (no links left) is noticed here
+            // instead, within a poll's timeout.
+            let timeout = rustix::event::Timespec {
+                tv_sec: 0,
+                tv_nsec: 250_000_000,
+            };
+            match rustix::event::poll(&mut fds, Some(&timeout)) {
+                Ok(_) | Err(Errno::INTR) => {}
+                Err(_) => {
+                    std::thread::sleep(std::time::Duration::from_millis(250));
+                    continue;
+                }
+            }
+            if fds[0].revents().is_empty() {
+                self.notice_removed_roots();
+                continue;
+            }
+            let mut raw = Vec::new();
+            {
+                let mut reader = inotify::Reader::new(&self.inotify, &mut buffer);
+                // Until the instance has nothing more (EAGAIN) or fails.
+                while let Ok(event) = reader.next() {
+                    raw.push(Raw {
+                        wd: event.wd(),
+                        flags: event.events(),
+                        cookie: event.cookie(),
+                        name: event
+                            .file_name()
+                            .map(|name| name.to_bytes().to_vec())
+                            .unwrap_or_default(),
+                    });
+                    if reader.is_buffer_empty() && raw.len() >= 4096 {
+                        break;
+                    }
+                }
+            }
+            self.deliver(raw);
+        }
+    }
+
+    /// Hands each watch the events of its kernel watches (and every
+    /// overflow), translated.
+    fn deliver(&self, raw: Vec<Raw>) {
+        let mut state = self.lock();
+        let mut ended = Vec::new();
+        let ids: Vec<u64> = state.watches.keys().copied().collect();
+        for id in ids {
+            let mine: Vec<&Raw> = raw
+                .iter()
+                .filter(|event| {
+                    event.flags.contains(ReadFlags::QUEUE_OVERFLOW)
+                        || state
+                            .by_wd
+                            .get(&event.wd)
+                            .is_some_and(|ids| ids.contains(&id))
+                })
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let mine: Vec<Raw> = mine.into_iter().cloned().collect();
+            let (events, gone) = {
+                let HubState { watches, by_wd, .. } = &mut *state;
+                let Some(watch) = watches.get_mut(&id) else {
+                    continue;
+                };
+                let mut adder = Adder {
+                    inotify: &self.inotify,
+                    by_wd,
+                    id,
+                };
+                translate(&mut watch.tree, watch.root_wd, mine, &mut adder)
+            };
+            if let Some(watch) = state.watches.get(&id) {
+                watch.shared.deliver(events);
+            }
+            if gone {
+                ended.push(id);
+            }
+        }
+        // A kernel watch the kernel dropped (its directory removed) serves
+        // nobody any more.
+        for event in &raw {
+            if event.flags.contains(ReadFlags::IGNORED) {
+                state.by_wd.remove(&event.wd);
+            }
+        }
+        for id in ended {
+            self.end(&mut state, id);
+        }
+    }
+
+    fn notice_removed_roots(&self) {
+        let mut state = self.lock();
+        let removed: Vec<u64> = state
+            .watches
+            .iter()
+            .filter(|(_, watch)| {
+                rustix::fs::fstat(&watch.tree.root).is_ok_and(|stat| stat.st_nlink == 0)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in removed {
+            if let Some(watch) = state.watches.get(&id) {
+                watch
+                    .shared
+                    .deliver(vec![event_of(WatchEventKind::Gone, Vec::new(), true)]);
+            }
+            self.end(&mut state, id);
+        }
+    }
+
+    /// Ends watch `id`: its queue says so, and the kernel watches only it
+    /// used are removed.
+    fn end(&self, state: &mut HubState, id: u64) {
+        let Some(watch) = state.watches.remove(&id) else {
+            return;
+        };
+        watch.shared.end();
+        for wd in watch.tree.paths.keys() {
+            if let Some(ids) = state.by_wd.get_mut(wd) {
+                ids.retain(|other| *other != id);
+                if ids.is_empty() {
+                    state.by_wd.remove(wd);
+                    let _ = inotify::remove_watch(&self.inotify, *wd);
+                }
+            }
+        }
+    }
+}
+
+/// Adds kernel watches for one watch, within the process's budget.
+struct Adder<'a> {
+    inotify: &'a OwnedFd,
+    by_wd: &'a mut HashMap<i32, Vec<u64>>,
+    id: u64,
+}
+
+impl Adder<'_> {
+    /// Watches `relative` beneath `root` for this watch; ENOSPC when the
+    /// budget or the user's limit is reached.
+    fn add(&mut self, root: &OwnedFd, relative: &Path) -> Result<i32, Errno> {
+        let fd = open_beneath(
+            root,
+            relative,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW,
+            Mode::empty(),
+            ResolveFlags::NO_SYMLINKS,
+        )?;
+        if self.by_wd.len() >= watch_budget() {
+            // Perhaps the kernel already watches it (then it costs none),
+            // but finding out would add it: refuse.
+            return Err(Errno::NOSPC);
+        }
+        let wd = inotify::add_watch(self.inotify, proc_path(&fd).as_str(), MASK)?;
+        let ids = self.by_wd.entry(wd).or_default();
+        if !ids.contains(&self.id) {
+            ids.push(self.id);
+        }
+        Ok(wd)
+    }
+}
+
+/// A watch in place; dropping it ends it.
 pub struct Watcher {
     shared: Arc<Shared>,
-    stop: Arc<OwnedFd>,
+    id: u64,
 }
 
 impl Drop for Watcher {
     fn drop(&mut self) {
-        let _ = rustix::io::write(&*self.stop, &1u64.to_ne_bytes());
+        if let Ok(hub) = Hub::get() {
+            let mut state = hub.lock();
+            hub.end(&mut state, self.id);
+        }
     }
 }
 
@@ -117,39 +368,16 @@ impl Watcher {
             ResolveFlags::empty(),
         )
         .map_err(fail)?;
-        let inotify = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK)
-            .map_err(|errno| match errno {
-                Errno::MFILE => refused(
-                    RefusalKind::LimitReached,
-                    OP,
-                    path,
-                    "the server's user has no inotify instance left \
-                     (fs.inotify.max_user_instances)",
-                ),
-                errno => fail(errno),
-            })?;
-        let stop = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
-            .map_err(fail)?;
-        let mut tree = Tree {
-            inotify,
-            root,
-            recursive,
-            paths: HashMap::new(),
-        };
-        let root_wd = tree.add(Path::new(".")).map_err(|errno| match errno {
-            Errno::NOSPC => refused(
+        let hub = Hub::get().map_err(|errno| match errno {
+            Errno::MFILE => refused(
                 RefusalKind::LimitReached,
                 OP,
                 path,
-                "the server's user has no inotify watch left (fs.inotify.max_user_watches)",
+                "the server's user has no inotify instance left \
+                 (fs.inotify.max_user_instances)",
             ),
             errno => fail(errno),
         })?;
-        tree.paths.insert(root_wd, Vec::new());
-        if recursive {
-            let mut ignored = Vec::new();
-            tree.scan(Vec::new(), 1, &mut ignored);
-        }
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
                 events: VecDeque::new(),
@@ -158,24 +386,59 @@ impl Watcher {
             }),
             ready: tokio::sync::Notify::new(),
         });
-        let stop = Arc::new(stop);
-        let thread_shared = Arc::clone(&shared);
-        let thread_stop = Arc::clone(&stop);
-        std::thread::Builder::new()
-            .name("capexec-watch".to_string())
-            .spawn(move || {
-                run(tree, root_wd, &thread_shared, &thread_stop);
-                thread_shared.end();
-            })
-            .map_err(|error| {
-                refused(
-                    RefusalKind::Internal,
+        let mut state = hub.lock();
+        let id = state.next_id;
+        state.next_id += 1;
+        let mut tree = Tree {
+            root,
+            recursive,
+            paths: HashMap::new(),
+        };
+        let added = Adder {
+            inotify: &hub.inotify,
+            by_wd: &mut state.by_wd,
+            id,
+        }
+        .add(&tree.root, Path::new("."));
+        let root_wd = match added {
+            Ok(wd) => wd,
+            Err(Errno::NOSPC) => {
+                return Err(refused(
+                    RefusalKind::LimitReached,
                     OP,
                     path,
-                    crate::model::io_message(&error),
-                )
-            })?;
-        Ok(Watcher { shared, stop })
+                    format!(
+                        "the server's watches already hold its share of {} inotify watches \
+                         (capexec serve --max-inotify-watches; by default half of \
+                         fs.inotify.max_user_watches)",
+                        watch_budget()
+                    ),
+                ));
+            }
+            Err(errno) => return Err(fail(errno)),
+        };
+        tree.paths.insert(root_wd, Vec::new());
+        if recursive {
+            let mut ignored = Vec::new();
+            let mut adder = Adder {
+                inotify: &hub.inotify,
+                by_wd: &mut state.by_wd,
+                id,
+            };
+            if tree.scan(Vec::new(), 1, &mut ignored, &mut adder) {
+                // Some directories could not be watched: say so first.
+                shared.deliver(vec![WatchEvent::overflow()]);
+            }
+        }
+        state.watches.insert(
+            id,
+            Watch {
+                tree,
+                root_wd,
+                shared: Arc::clone(&shared),
+            },
+        );
+        Ok(Watcher { shared, id })
     }
 
     /// The next events (at most `max`), waiting for some; `None` once the
@@ -227,31 +490,26 @@ pub fn coalesce(events: Vec<WatchEvent>) -> Vec<WatchEvent> {
 
 /// The watched tree: which watch descriptor is which directory.
 struct Tree {
-    inotify: OwnedFd,
     root: OwnedFd,
     recursive: bool,
     paths: HashMap<i32, Vec<u8>>,
 }
 
 impl Tree {
-    fn add(&self, relative: &Path) -> Result<i32, Errno> {
-        let fd = open_beneath(
-            &self.root,
-            relative,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW,
-            Mode::empty(),
-            ResolveFlags::NO_SYMLINKS,
-        )?;
-        inotify::add_watch(&self.inotify, proc_path(&fd).as_str(), MASK)
-    }
-
     /// Watches the subdirectories of `prefix` (already watched), reporting
     /// their entries as `created` into `found` (for a directory that
     /// appeared after the watch began, its entries made before its own
-    /// watch was in place).
-    fn scan(&mut self, prefix: Vec<u8>, depth: u32, found: &mut Vec<WatchEvent>) {
+    /// watch was in place). Whether some directory could not be watched
+    /// for want of watches (its events will be missing).
+    fn scan(
+        &mut self,
+        prefix: Vec<u8>,
+        depth: u32,
+        found: &mut Vec<WatchEvent>,
+        adder: &mut Adder<'_>,
+    ) -> bool {
         if depth > MAX_WALK_DEPTH {
-            return;
+            return false;
         }
         let dot: &[u8] = if prefix.is_empty() { b"." } else { &prefix };
         let Ok(fd) = open_beneath(
@@ -261,10 +519,10 @@ impl Tree {
             Mode::empty(),
             ResolveFlags::NO_SYMLINKS,
         ) else {
-            return;
+            return false;
         };
         let Ok(mut dir) = Dir::new(fd) else {
-            return;
+            return false;
         };
         let mut subdirectories = Vec::new();
         while let Some(Ok(entry)) = dir.read() {
@@ -284,12 +542,18 @@ impl Tree {
                 subdirectories.push(path);
             }
         }
+        let mut missed = false;
         for path in subdirectories {
-            if let Ok(wd) = self.add(Path::new(OsStr::from_bytes(&path))) {
-                self.paths.insert(wd, path.clone());
-                self.scan(path, depth + 1, found);
+            match adder.add(&self.root, Path::new(OsStr::from_bytes(&path))) {
+                Ok(wd) => {
+                    self.paths.insert(wd, path.clone());
+                    missed |= self.scan(path, depth + 1, found, adder);
+                }
+                Err(Errno::NOSPC) => missed = true,
+                Err(_) => {}
             }
         }
+        missed
     }
 
     /// After a directory of the tree was renamed from `from` to `to`.
@@ -320,6 +584,7 @@ fn unnamed(name: &[u8]) -> bool {
 }
 
 /// One kernel event, as read.
+#[derive(Clone)]
 struct Raw {
     wd: i32,
     flags: ReadFlags,
@@ -327,67 +592,13 @@ struct Raw {
     name: Vec<u8>,
 }
 
-fn run(mut tree: Tree, root_wd: i32, shared: &Shared, stop: &OwnedFd) {
-    let mut buffer = vec![std::mem::MaybeUninit::<u8>::uninit(); 64 * 1024];
-    loop {
-        let mut fds = [
-            PollFd::new(&tree.inotify, PollFlags::IN),
-            PollFd::new(stop, PollFlags::IN),
-        ];
-        // The watch's own descriptor of the directory keeps its inode,
-        // so the kernel reports its removal (IN_DELETE_SELF) only once
-        // that closes: a removed directory (no links left) is noticed
-        // here instead, within a poll's timeout.
-        let timeout = rustix::event::Timespec {
-            tv_sec: 0,
-            tv_nsec: 250_000_000,
-        };
-        match rustix::event::poll(&mut fds, Some(&timeout)) {
-            Ok(_) | Err(Errno::INTR) => {}
-            Err(_) => return,
-        }
-        if !fds[1].revents().is_empty() {
-            return;
-        }
-        if fds[0].revents().is_empty() {
-            if rustix::fs::fstat(&tree.root).is_ok_and(|stat| stat.st_nlink == 0) {
-                shared.deliver(vec![event_of(WatchEventKind::Gone, Vec::new(), true)]);
-                return;
-            }
-            continue;
-        }
-        let mut raw = Vec::new();
-        {
-            let mut reader = inotify::Reader::new(&tree.inotify, &mut buffer);
-            loop {
-                match reader.next() {
-                    Ok(event) => raw.push(Raw {
-                        wd: event.wd(),
-                        flags: event.events(),
-                        cookie: event.cookie(),
-                        name: event
-                            .file_name()
-                            .map(|name| name.to_bytes().to_vec())
-                            .unwrap_or_default(),
-                    }),
-                    Err(Errno::AGAIN | Errno::INTR) => break,
-                    Err(_) => return,
-                }
-                if reader.is_buffer_empty() && raw.len() >= 4096 {
-                    break;
-                }
-            }
-        }
-        let (events, gone) = translate(&mut tree, root_wd, raw);
-        shared.deliver(events);
-        if gone {
-            return;
-        }
-    }
-}
-
 /// The events `raw` means; `true` once the watched directory is gone.
-fn translate(tree: &mut Tree, root_wd: i32, raw: Vec<Raw>) -> (Vec<WatchEvent>, bool) {
+fn translate(
+    tree: &mut Tree,
+    root_wd: i32,
+    raw: Vec<Raw>,
+    adder: &mut Adder<'_>,
+) -> (Vec<WatchEvent>, bool) {
     let mut out = Vec::new();
     let mut pending_move: Option<(u32, Vec<u8>, bool, bool)> = None;
     for event in raw {
@@ -468,9 +679,16 @@ fn translate(tree: &mut Tree, root_wd: i32, raw: Vec<Raw>) -> (Vec<WatchEvent>, 
         out.push(event_of(kind, path.clone(), is_directory));
         if kind == WatchEventKind::Created && is_directory && tree.recursive {
             let relative = Path::new(OsStr::from_bytes(&path));
-            if let Ok(wd) = tree.add(relative) {
-                tree.paths.insert(wd, path.clone());
-                tree.scan(path, depth_of(&dir_path) + 2, &mut out);
+            let missed = match adder.add(&tree.root, relative) {
+                Ok(wd) => {
+                    tree.paths.insert(wd, path.clone());
+                    tree.scan(path, depth_of(&dir_path) + 2, &mut out, adder)
+                }
+                Err(errno) => errno == Errno::NOSPC,
+            };
+            if missed {
+                // Its events will not come: the client must look itself.
+                out.push(WatchEvent::overflow());
             }
         }
     }
@@ -552,12 +770,17 @@ mod tests {
         let inotify = inotify::init(inotify::CreateFlags::CLOEXEC).expect("inotify");
         let root = rustix::fs::open(".", OFlags::PATH, Mode::empty()).expect("open .");
         let mut tree = Tree {
-            inotify,
             root,
             recursive: false,
             paths: HashMap::new(),
         };
-        let (events, gone) = translate(&mut tree, 1, raw);
+        let mut by_wd = HashMap::new();
+        let mut adder = Adder {
+            inotify: &inotify,
+            by_wd: &mut by_wd,
+            id: 0,
+        };
+        let (events, gone) = translate(&mut tree, 1, raw, &mut adder);
         assert_eq!(events, vec![WatchEvent::overflow()]);
         assert!(!gone);
     }

@@ -300,7 +300,13 @@ impl PendingFile {
             .permissions
             .or_else(|| existing.as_ref().map(|stat| stat.permissions));
         let (file, staging) = if options.in_place {
-            let mut flags = OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::NOFOLLOW;
+            // O_NONBLOCK: a FIFO swapped in since the check cannot hold the
+            // call in open(2) (it fails, or is refused by its type below).
+            let mut flags = OFlags::WRONLY
+                | OFlags::CREATE
+                | OFlags::TRUNC
+                | OFlags::NOFOLLOW
+                | OFlags::NONBLOCK;
             if options.exclusive {
                 flags |= OFlags::EXCL;
             }
@@ -312,6 +318,11 @@ impl PendingFile {
                 ResolveFlags::NO_SYMLINKS,
             )
             .map_err(|errno| failed(op, path, errno))?;
+            let opened =
+                from_stat(&rustix::fs::fstat(&file).map_err(|errno| failed(op, path, errno))?);
+            if !opened.is_file() {
+                return Err(not_a_regular_file(op, path, opened.kind));
+            }
             (file, Staging::InPlace)
         } else {
             open_staging(&target.parent).map_err(|errno| failed(op, path, errno))?
@@ -519,6 +530,7 @@ fn check_target(
     };
     match &existing {
         Some(stat) if stat.is_dir() => return Err(failed(op, path, Errno::ISDIR)),
+        Some(stat) if is_special(stat.kind) => return Err(not_a_regular_file(op, path, stat.kind)),
         Some(_) if options.exclusive => return Err(failed(op, path, Errno::EXIST)),
         None if options.must_exist => return Err(failed(op, path, Errno::NOENT)),
         _ => {}
@@ -545,6 +557,29 @@ fn check_target(
         }
     }
     Ok(existing.filter(|stat| stat.is_file()))
+}
+
+/// A FIFO, socket or device: never opened, written, replaced or removed
+/// where a regular file is meant (opening a FIFO blocks until a reader
+/// comes; a device is the whole machine's).
+fn is_special(kind: crate::model::FileKind) -> bool {
+    use crate::model::FileKind;
+    !matches!(
+        kind,
+        FileKind::File | FileKind::Directory | FileKind::Symlink
+    )
+}
+
+fn not_a_regular_file(op: &str, path: &[u8], kind: crate::model::FileKind) -> Refusal {
+    refused(
+        RefusalKind::InvalidArgument,
+        op,
+        path,
+        format!(
+            "not a regular file (a {}); only regular files are written",
+            crate::files::read::kind_name(kind)
+        ),
+    )
 }
 
 /// A new file without a name in `parent`, or a hidden temporary there.

@@ -57,6 +57,11 @@ pub struct ServerConfig {
     pub max_processes_per_connection: Option<usize>,
     /// Most port connections and listeners one connection may hold.
     pub port_limits: rpc::PortLimits,
+    /// Most descriptors and memory every connection's capabilities may
+    /// hold together (one connection half of each). Default: the share
+    /// of the descriptor limit `engine::descriptors` keeps for them, and
+    /// [`rpc::MAX_HELD_MEMORY`].
+    pub holding_limits: Option<rpc::HoldingLimits>,
     /// How long a TCP connection may go without logging in (default 30 s).
     pub login_deadline: Option<std::time::Duration>,
     /// Rules every start must satisfy, on every connection (the root
@@ -284,7 +289,12 @@ impl Server {
                 config.default_environment.as_deref(),
                 config.retention.unwrap_or(rpc::DEFAULT_RETENTION),
             )
-            .map_err(ServeError::Environments)?,
+            .map_err(ServeError::Environments)?
+            .with_holding_limits(
+                config
+                    .holding_limits
+                    .unwrap_or_else(rpc::HoldingLimits::of_this_process),
+            ),
         );
         let (login, token_path) = if config.listen.iter().any(Address::is_tcp) || inherited_tcp {
             let path = config
@@ -608,8 +618,7 @@ fn new_executor(
         move |connection: &str,
               received: Option<&rpc::ReceivedDescriptors>,
               direct: Option<&rpc::DirectChannels>| {
-            let mut quota = per_connection
-                .map_or_else(rpc::Quota::unlimited, rpc::Quota::at_most)
+            let mut quota = rpc::Quota::for_connection(per_connection, context.holdings())
                 .with_port_limits(port_limits);
             if let Some(received) = received {
                 quota = quota.with_received_descriptors(received.clone());

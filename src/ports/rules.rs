@@ -298,6 +298,26 @@ impl PortRules {
         self.list(use_).patterns.is_some()
     }
 
+    /// About how many bytes the rules keep in memory.
+    pub fn approximate_bytes(&self) -> usize {
+        [&self.dial, &self.listen]
+            .iter()
+            .flat_map(|list| list.patterns.iter().flatten())
+            .map(|pattern| match pattern {
+                Pattern::Tcp { hosts, text, .. } => {
+                    text.len()
+                        + hosts
+                            .as_ref()
+                            .map_or(0, |blocks| blocks.len() * std::mem::size_of::<Block>())
+                        + std::mem::size_of::<Pattern>()
+                }
+                Pattern::Unix { path, text, .. } => {
+                    text.len() + path.as_os_str().len() + std::mem::size_of::<Pattern>()
+                }
+            })
+            .sum()
+    }
+
     /// The Unix paths the rules allow for `use_`, as roots for telling a
     /// path that does not resolve (see `files::within`); `None` when any
     /// address is allowed.

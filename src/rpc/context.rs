@@ -59,6 +59,9 @@ pub struct ServerContext {
     detachments: Rc<Detachments>,
     /// Every process the connections hold, for the admin capability.
     processes: crate::rpc::ProcessTable,
+    /// What every connection's capabilities hold together (descriptors,
+    /// memory), within the server's limits.
+    holdings: crate::rpc::ServerHoldings,
 }
 
 impl ServerContext {
@@ -70,6 +73,7 @@ impl ServerContext {
             default: None,
             detachments: Detachments::new(DEFAULT_RETENTION),
             processes: crate::rpc::ProcessTable::default(),
+            holdings: crate::rpc::ServerHoldings::new(crate::rpc::HoldingLimits::of_this_process()),
         }
     }
 
@@ -90,7 +94,20 @@ impl ServerContext {
             default,
             detachments: Detachments::new(retention),
             processes: crate::rpc::ProcessTable::default(),
+            holdings: crate::rpc::ServerHoldings::new(crate::rpc::HoldingLimits::of_this_process()),
         })
+    }
+
+    /// The same, with `limits` on what every connection's capabilities
+    /// hold together.
+    pub fn with_holding_limits(mut self, limits: crate::rpc::HoldingLimits) -> ServerContext {
+        self.holdings = crate::rpc::ServerHoldings::new(limits);
+        self
+    }
+
+    /// What every connection's capabilities hold together.
+    pub fn holdings(&self) -> &crate::rpc::ServerHoldings {
+        &self.holdings
     }
 
     pub fn engine(&self) -> &Engine {

@@ -14,7 +14,7 @@ use crate::capexec_capnp::{byte_sink, directory, entry_sink, upload_sink, watch,
 use crate::files::{self, Upload, Watcher};
 use crate::model::{DirEntry, ENTRY_BATCH, Refusal};
 use crate::rpc::executor::Origin;
-use crate::rpc::file_limits::{FileLimits, FileTicket};
+use crate::rpc::file_limits::{DescriptorHold, FileLimits, FileTicket};
 use crate::wire::{self, TRANSFER_WINDOW_BYTES, Window, stream_call};
 
 /// The features `Directory` implements (see `ExecutorInfo.features`).
@@ -31,22 +31,33 @@ pub struct DirectoryImpl {
     limits: FileLimits,
     /// The executor it came from, for `executor`.
     origin: Rc<Origin>,
+    /// Its descriptor, counted against the connection and the server.
+    _hold: DescriptorHold,
 }
 
 impl DirectoryImpl {
-    pub(crate) fn new(dir: files::Directory, limits: FileLimits, origin: Rc<Origin>) -> Self {
+    /// `hold` is taken before the directory is opened, so that a peer at
+    /// its limit costs the server no descriptor, not even for a moment.
+    pub(crate) fn new(
+        dir: files::Directory,
+        limits: FileLimits,
+        origin: Rc<Origin>,
+        hold: DescriptorHold,
+    ) -> Self {
         DirectoryImpl {
             dir,
             limits,
             origin,
+            _hold: hold,
         }
     }
 
-    fn derived(&self, dir: files::Directory) -> directory::Client {
+    fn derived(&self, dir: files::Directory, hold: DescriptorHold) -> directory::Client {
         capnp_rpc::new_client(DirectoryImpl::new(
             dir,
             self.limits.clone(),
             Rc::clone(&self.origin),
+            hold,
         ))
     }
 }
@@ -120,8 +131,18 @@ impl directory::Server for DirectoryImpl {
         let sink = params.get_sink()?;
         let _ticket = self.limits.transfer()?;
         let (batches, received) = mpsc::channel(2);
+        // The transfer counts the walked directory; each level the walk
+        // enters holds one more.
+        let mut deeper = None;
+        let levels = |open: usize| {
+            deeper = None;
+            if open > 1 {
+                deeper = Some(self.limits.descriptors(open - 1, "levels of walks")?);
+            }
+            Ok(())
+        };
         let (walked, pumped) = futures::join!(
-            self.dir.walk(path, options, batches),
+            self.dir.walk(path, options, batches, levels),
             pump_entries(sink, received)
         );
         pumped?;
@@ -434,11 +455,12 @@ impl directory::Server for DirectoryImpl {
         params: directory::SubdirectoryParams,
         mut results: directory::SubdirectoryResults,
     ) -> Result<(), capnp::Error> {
+        let hold = self.limits.directory()?;
         let dir = self
             .dir
             .subdirectory(data_path(params.get()?.get_path())?)
             .await?;
-        results.get().set_dir(self.derived(dir));
+        results.get().set_dir(self.derived(dir, hold));
         Ok(())
     }
 
@@ -447,7 +469,10 @@ impl directory::Server for DirectoryImpl {
         _: directory::ReadOnlyParams,
         mut results: directory::ReadOnlyResults,
     ) -> Result<(), capnp::Error> {
-        results.get().set_dir(self.derived(self.dir.read_only()));
+        let hold = self.limits.directory()?;
+        results
+            .get()
+            .set_dir(self.derived(self.dir.read_only(), hold));
         Ok(())
     }
 
@@ -572,33 +597,33 @@ pub(crate) async fn open_directory(
     limits: FileLimits,
     origin: Origin,
 ) -> Result<directory::Client, Refusal> {
-    let dir = tokio::task::spawn_blocking(move || match roots {
-        None => files::Directory::open(&path),
-        Some(roots) => files::Directory::open_within(&path, &roots)?.ok_or_else(|| {
-            Refusal::new(
-                crate::model::RefusalKind::NotAllowed,
-                format!(
-                    "directory {:?} is outside the allowed roots ({}) of this restricted executor",
-                    crate::model::excerpt(&path.display().to_string()),
-                    roots
-                        .iter()
-                        .map(|root| format!("{:?}", root.display().to_string()))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            )
-        }),
-    })
-    .await
-    .unwrap_or_else(|error| {
-        Err(Refusal::new(
-            crate::model::RefusalKind::Internal,
-            format!("opening a directory failed: {error}"),
-        ))
-    })?;
+    let hold = limits.directory()?;
+    let work = limits.work().clone();
+    let dir = work
+        .run(move || match roots {
+            None => files::Directory::open(&path),
+            Some(roots) => files::Directory::open_within(&path, &roots)?.ok_or_else(|| {
+                Refusal::new(
+                    crate::model::RefusalKind::NotAllowed,
+                    format!(
+                        "directory {:?} is outside the allowed roots ({}) of this restricted \
+                         executor",
+                        crate::model::excerpt(&path.display().to_string()),
+                        roots
+                            .iter()
+                            .map(|root| format!("{:?}", root.display().to_string()))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                )
+            }),
+        })
+        .await?
+        .with_work(work);
     Ok(capnp_rpc::new_client(DirectoryImpl::new(
         dir,
         limits,
         Rc::new(origin),
+        hold,
     )))
 }

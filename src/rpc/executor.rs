@@ -14,6 +14,7 @@ use crate::model::{LOCAL_ENVIRONMENT, Policy, Refusal, RefusalKind, Sandbox};
 use crate::rpc::context::{Place, ServerContext};
 use crate::rpc::detach::Held;
 use crate::rpc::forward::ForwardingExecutor;
+use crate::rpc::holdings::Hold;
 use crate::rpc::info;
 use crate::rpc::ports::ProcessPorts;
 use crate::rpc::process::ProcessImpl;
@@ -38,6 +39,9 @@ pub struct ExecutorImpl {
     quota: Quota,
     /// Restricted executors: what every start must satisfy.
     rules: Option<Rc<Rules>>,
+    /// The memory those rules take, counted against the connection for as
+    /// long as an executor or directory keeps them.
+    rules_held: Option<Rc<Hold>>,
     /// A directory's executor (`Directory.executor`): where starts without
     /// a working directory run, and what relative ones (and relative
     /// `directory` paths) are taken from.
@@ -50,16 +54,19 @@ impl ExecutorImpl {
             context,
             quota,
             rules,
+            rules_held: None,
             home: None,
         }
     }
 
-    /// An executor with these rules, the same context, quota and home.
-    fn with_rules(&self, rules: Rc<Rules>) -> executor::Client {
+    /// An executor with these rules (whose memory `held` counts), the same
+    /// context, quota and home.
+    fn with_rules(&self, rules: Rc<Rules>, held: Option<Rc<Hold>>) -> executor::Client {
         capnp_rpc::new_client(ExecutorImpl {
             context: Rc::clone(&self.context),
             quota: self.quota.clone(),
             rules: Some(rules),
+            rules_held: held,
             home: self.home.clone(),
         })
     }
@@ -79,6 +86,7 @@ impl ExecutorImpl {
             context: Rc::clone(&self.context),
             quota: self.quota.clone(),
             rules: self.rules.clone(),
+            _rules_held: self.rules_held.clone(),
         }
     }
 
@@ -307,7 +315,7 @@ impl executor::Server for ExecutorImpl {
                 )
                 .into());
             }
-            Some(rules) => self.with_rules(Rc::clone(rules)),
+            Some(rules) => self.with_rules(Rc::clone(rules), self.rules_held.clone()),
         };
         results.get().set_executor(executor);
         Ok(())
@@ -321,7 +329,10 @@ impl executor::Server for ExecutorImpl {
         let policy = wire::policy_from_wire(params.get()?.get_policy()?)?;
         let current = self.rules.as_deref().cloned().unwrap_or_default();
         let rules = current.narrowed(&policy)?;
-        results.get().set_executor(self.with_rules(Rc::new(rules)));
+        let held = hold_rules(&self.quota, &rules)?;
+        results
+            .get()
+            .set_executor(self.with_rules(Rc::new(rules), Some(held)));
         Ok(())
     }
 
@@ -373,6 +384,16 @@ pub(crate) struct Origin {
     context: Rc<ServerContext>,
     quota: Quota,
     rules: Option<Rc<Rules>>,
+    /// Kept with `rules`: the directory may outlive the executor.
+    _rules_held: Option<Rc<Hold>>,
+}
+
+/// Counts the memory `rules` take against `quota`'s connection.
+fn hold_rules(quota: &Quota, rules: &Rules) -> Result<Rc<Hold>, Refusal> {
+    quota
+        .holdings()
+        .hold(0, rules.approximate_bytes(), "restricted executors")
+        .map(Rc::new)
 }
 
 impl Origin {
@@ -403,10 +424,12 @@ impl Origin {
         };
         let current = self.rules.as_deref().cloned().unwrap_or_default();
         let rules = current.narrowed(&policy)?;
+        let held = hold_rules(&self.quota, &rules)?;
         Ok(capnp_rpc::new_client(ExecutorImpl {
             context: Rc::clone(&self.context),
             quota: self.quota.clone(),
             rules: Some(Rc::new(rules)),
+            rules_held: Some(held),
             home: Some(dir.path.clone()),
         }))
     }

@@ -5,60 +5,119 @@ use std::cell::Cell;
 use std::rc::Rc;
 
 use crate::model::{
-    MAX_TRANSFERS_PER_CONNECTION, MAX_WATCHES_PER_CONNECTION, Refusal, RefusalKind,
+    DOWNLOAD_CHUNK_BYTES, MAX_TRANSFERS_PER_CONNECTION, MAX_UPLOAD_CHUNK_BYTES,
+    MAX_WATCHES_PER_CONNECTION, Refusal, RefusalKind,
 };
+use crate::rpc::holdings::{Hold, Holdings};
+use crate::wire::TRANSFER_WINDOW_BYTES;
 
 /// One connection's counters, shared by every directory reached from it.
 #[derive(Clone, Default)]
 pub(crate) struct FileLimits {
     transfers: Rc<Cell<usize>>,
     watches: Rc<Cell<usize>>,
+    /// What the connection's capabilities hold, directories included.
+    holdings: Holdings,
+    /// The connection's share of the blocking pool, for its file calls.
+    work: crate::files::Work,
 }
 
+/// What a transfer may hold in memory while it runs: a download, listing
+/// or walk its window of unacknowledged bytes and a chunk or batch read
+/// ahead; an upload a chunk queued and one being written.
+const TRANSFER_MEMORY: usize = {
+    let sending = TRANSFER_WINDOW_BYTES + 2 * DOWNLOAD_CHUNK_BYTES;
+    let receiving = 2 * MAX_UPLOAD_CHUNK_BYTES;
+    if sending > receiving {
+        sending
+    } else {
+        receiving
+    }
+};
+
 /// One transfer or watch counted; dropping it gives the place back.
-pub(crate) struct FileTicket(Rc<Cell<usize>>);
+pub(crate) struct FileTicket {
+    counter: Rc<Cell<usize>>,
+    _held: Hold,
+}
 
 impl Drop for FileTicket {
     fn drop(&mut self) {
-        self.0.set(self.0.get().saturating_sub(1));
+        self.counter.set(self.counter.get().saturating_sub(1));
     }
 }
 
-fn take(
-    counter: &Rc<Cell<usize>>,
-    max: usize,
-    what: &str,
-    metric: &'static str,
-) -> Result<FileTicket, Refusal> {
-    if counter.get() >= max {
-        crate::metrics::limit_hit(metric);
-        return Err(Refusal::new(
-            RefusalKind::LimitReached,
-            format!("this connection already has its maximum of {max} {what} in progress"),
-        ));
-    }
-    counter.set(counter.get() + 1);
-    Ok(FileTicket(Rc::clone(counter)))
-}
+/// Descriptors counted (a directory's, a walk's open levels), given back
+/// when dropped.
+pub(crate) struct DescriptorHold(#[allow(dead_code)] Hold);
 
 impl FileLimits {
+    pub(crate) fn new(holdings: Holdings) -> FileLimits {
+        FileLimits {
+            transfers: Rc::default(),
+            watches: Rc::default(),
+            holdings,
+            work: crate::files::Work::default(),
+        }
+    }
+
+    /// The connection's share of the blocking pool.
+    pub(crate) fn work(&self) -> &crate::files::Work {
+        &self.work
+    }
+
+    fn take(
+        &self,
+        counter: &Rc<Cell<usize>>,
+        max: usize,
+        what: &str,
+        metric: &'static str,
+        memory: usize,
+    ) -> Result<FileTicket, Refusal> {
+        if counter.get() >= max {
+            crate::metrics::limit_hit(metric);
+            return Err(Refusal::new(
+                RefusalKind::LimitReached,
+                format!("this connection already has its maximum of {max} {what} in progress"),
+            ));
+        }
+        let held = self.holdings.hold(1, memory, what)?;
+        counter.set(counter.get() + 1);
+        Ok(FileTicket {
+            counter: Rc::clone(counter),
+            _held: held,
+        })
+    }
+
     /// An upload, a download, a listing or a walk.
     pub(crate) fn transfer(&self) -> Result<FileTicket, Refusal> {
-        take(
+        self.take(
             &self.transfers,
             MAX_TRANSFERS_PER_CONNECTION,
             "file transfers (uploads, downloads, listings, walks)",
             "file-transfers",
+            TRANSFER_MEMORY,
         )
     }
 
     pub(crate) fn watch(&self) -> Result<FileTicket, Refusal> {
-        take(
+        self.take(
             &self.watches,
             MAX_WATCHES_PER_CONNECTION,
             "watches",
             "file-watches",
+            0,
         )
+    }
+
+    /// One more `Directory` capability: its descriptor.
+    pub(crate) fn directory(&self) -> Result<DescriptorHold, Refusal> {
+        self.descriptors(1, "directories")
+    }
+
+    /// `count` descriptors more, for `what` (a plural noun).
+    pub(crate) fn descriptors(&self, count: usize, what: &str) -> Result<DescriptorHold, Refusal> {
+        self.holdings.hold(count, 0, what).map(DescriptorHold)
     }
 }
 

@@ -14,6 +14,7 @@ mod file_limits;
 mod forward;
 mod forward_directory;
 mod handoff;
+mod holdings;
 mod info;
 mod port_quota;
 mod ports;
@@ -36,6 +37,10 @@ pub use self::executor::{
     root_executor,
 };
 pub use self::handoff::{DescriptorOutbox, MAX_KEPT_DESCRIPTORS, ReceivedDescriptors, StdioRoute};
+pub use self::holdings::{
+    HoldingLimits, MAX_HELD_DESCRIPTORS_PER_CONNECTION, MAX_HELD_MEMORY,
+    MAX_HELD_MEMORY_PER_CONNECTION, ServerHoldings,
+};
 pub use self::info::features as protocol_features;
 pub use self::port_quota::{MAX_PORT_LISTENERS, MAX_PORT_STREAMS, PortLimits};
 pub use self::ports::MAX_PENDING_ACCEPTS;

@@ -8,6 +8,7 @@ use tokio::sync::Notify;
 
 use crate::model::{Refusal, RefusalKind};
 use crate::rpc::DirectChannels;
+use crate::rpc::holdings::{Hold, Holdings};
 use crate::wire::PortBudget;
 
 /// Port connections (dialled or accepted) one connection may hold.
@@ -51,16 +52,19 @@ struct State {
     direct: Option<DirectChannels>,
     /// The connection's tickets not claimed yet.
     unclaimed: Rc<Cell<usize>>,
+    /// What the connection's capabilities hold: each connection and
+    /// listener holds a descriptor there too, within the server's share.
+    holdings: Holdings,
 }
 
 impl Default for PortQuota {
     fn default() -> Self {
-        PortQuota::new(PortLimits::default())
+        PortQuota::new(PortLimits::default(), Holdings::default())
     }
 }
 
 impl PortQuota {
-    pub(crate) fn new(limits: PortLimits) -> PortQuota {
+    pub(crate) fn new(limits: PortLimits, holdings: Holdings) -> PortQuota {
         PortQuota(Rc::new(State {
             streams: Cell::new(0),
             listeners: Cell::new(0),
@@ -70,6 +74,7 @@ impl PortQuota {
             budget: PortBudget::default(),
             direct: None,
             unclaimed: Rc::default(),
+            holdings,
         }))
     }
 
@@ -122,21 +127,29 @@ impl PortQuota {
                 format!("this connection already holds its maximum of {max} {what}"),
             ));
         }
+        let descriptor = self.0.holdings.hold(1, 0, what)?;
         counter.set(held + 1);
         Ok(PortTicket {
             state: Rc::clone(&self.0),
             listener,
+            _descriptor: descriptor,
         })
     }
 
-    /// One more port connection, once one is free.
+    /// One more port connection, once one is free on this connection and
+    /// in the server's share of descriptors.
     pub(crate) async fn wait_for_stream(&self) -> PortTicket {
+        let server_freed = self.0.holdings.freed();
         loop {
             let freed = self.0.freed.notified();
+            let elsewhere = server_freed.notified();
             if let Ok(ticket) = self.take_stream() {
                 return ticket;
             }
-            freed.await;
+            tokio::select! {
+                () = freed => {}
+                () = elsewhere => {}
+            }
         }
     }
 }
@@ -145,6 +158,7 @@ impl PortQuota {
 pub(crate) struct PortTicket {
     state: Rc<State>,
     listener: bool,
+    _descriptor: Hold,
 }
 
 impl Drop for PortTicket {

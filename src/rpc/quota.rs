@@ -5,6 +5,7 @@ use std::rc::Rc;
 
 use crate::model::{Refusal, RefusalKind};
 use crate::rpc::file_limits::FileLimits;
+use crate::rpc::holdings::{Holdings, ServerHoldings};
 
 /// A connection's allowance of live processes, shared by every executor
 /// reached from its root (the "local" environment included).
@@ -24,29 +25,37 @@ struct State {
     /// descriptors: only a Unix socket's peer (and an in-process client)
     /// can.
     received: Option<crate::rpc::ReceivedDescriptors>,
+    /// What the connection's capabilities hold (descriptors, memory).
+    holdings: Holdings,
 }
 
 impl Quota {
-    /// No limit (the embedded executor; the server's own limit still holds).
+    /// No limit on processes (the embedded executor; the server's own
+    /// limit still holds), and an account of its own for what its
+    /// capabilities hold.
     pub fn unlimited() -> Quota {
-        Quota(Rc::new(State {
-            held: Cell::new(0),
-            max: None,
-            connection: std::cell::RefCell::new(Rc::from("embedded")),
-            files: FileLimits::default(),
-            ports: Default::default(),
-            received: None,
-        }))
+        Quota::new(None, Holdings::default())
     }
 
     pub fn at_most(max: usize) -> Quota {
+        Quota::new(Some(max), Holdings::default())
+    }
+
+    /// A connection of a server: at most `max` processes, and what its
+    /// capabilities hold counted within `server`'s holdings.
+    pub fn for_connection(max: Option<usize>, server: &ServerHoldings) -> Quota {
+        Quota::new(max, server.connection())
+    }
+
+    fn new(max: Option<usize>, holdings: Holdings) -> Quota {
         Quota(Rc::new(State {
             held: Cell::new(0),
-            max: Some(max),
+            max,
             connection: std::cell::RefCell::new(Rc::from("embedded")),
-            files: FileLimits::default(),
-            ports: Default::default(),
+            files: FileLimits::new(holdings.clone()),
+            ports: crate::rpc::port_quota::PortQuota::new(Default::default(), holdings.clone()),
             received: None,
+            holdings,
         }))
     }
 
@@ -54,9 +63,14 @@ impl Quota {
     /// listeners (before any is opened).
     pub fn with_port_limits(mut self, limits: crate::rpc::PortLimits) -> Quota {
         if let Some(state) = Rc::get_mut(&mut self.0) {
-            state.ports = crate::rpc::port_quota::PortQuota::new(limits);
+            state.ports = crate::rpc::port_quota::PortQuota::new(limits, state.holdings.clone());
         }
         self
+    }
+
+    /// The connection's account of what its capabilities hold.
+    pub(crate) fn holdings(&self) -> &Holdings {
+        &self.0.holdings
     }
 
     /// Lets the connection's starts take the descriptors its peer sent

@@ -168,6 +168,22 @@ pub struct PolicySandbox {
 }
 
 impl PolicySandbox {
+    /// About how many bytes it keeps in memory (a restricted executor's
+    /// rules are counted against its connection).
+    pub fn approximate_bytes(&self) -> usize {
+        let paths = |paths: &[PathBuf]| -> usize {
+            paths.iter().map(|path| path.as_os_str().len() + 32).sum()
+        };
+        std::mem::size_of::<PolicySandbox>()
+            + paths(&self.asked.read_only)
+            + paths(&self.asked.writable)
+            + self
+                .roots
+                .iter()
+                .map(|root| root.path.as_os_str().len() + std::mem::size_of::<Root>())
+                .sum::<usize>()
+    }
+
     /// `sandbox` resolved, within `outer` (the policy before it, if any
     /// has a sandbox): a root or network it asks for beyond `outer` is
     /// refused, its system roots are narrowed to `outer`'s.

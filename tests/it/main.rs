@@ -17,6 +17,7 @@ mod confinement_escapes;
 mod descriptors;
 mod direct_channels;
 mod directory_executor;
+mod exhaustion;
 mod facets;
 mod files;
 mod handles;

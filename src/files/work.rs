@@ -1,0 +1,96 @@
+//! How much of tokio's blocking pool file system calls may take. Every
+//! call of the file engine runs there (the calls block), and a call can
+//! block for long on a slow or hung file system; so each connection may
+//! run at most [`MAX_FILE_WORK_PER_CONNECTION`] at once and queue a bounded
+//! number more, and the server at most [`MAX_FILE_WORK`] at once, well
+//! below the pool's 512 threads: whatever one connection does, the others'
+//! file calls (and everything else the pool serves) find threads. No call
+//! ever waits on a peer on a pool thread: transfers hold no thread between
+//! their chunks (`mod.rs`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::sync::Semaphore;
+
+use crate::model::{Refusal, RefusalKind};
+
+/// Blocking file system calls one connection may run at once.
+pub const MAX_FILE_WORK_PER_CONNECTION: usize = 16;
+
+/// Blocking file system calls one connection may have waiting for one of
+/// its places; past this, calls fail with `[capexec:limit]`.
+pub const MAX_FILE_WORK_QUEUED_PER_CONNECTION: usize = 4096;
+
+/// Blocking file system calls the whole server may run at once.
+pub const MAX_FILE_WORK: usize = 256;
+
+static SERVER: Semaphore = Semaphore::const_new(MAX_FILE_WORK);
+
+/// One connection's share of the blocking pool, shared by every directory
+/// reached from it.
+#[derive(Clone)]
+pub struct Work(Arc<Share>);
+
+struct Share {
+    running: Arc<Semaphore>,
+    queued: AtomicUsize,
+}
+
+impl Default for Work {
+    fn default() -> Self {
+        Work(Arc::new(Share {
+            running: Arc::new(Semaphore::new(MAX_FILE_WORK_PER_CONNECTION)),
+            queued: AtomicUsize::new(0),
+        }))
+    }
+}
+
+impl Work {
+    /// Runs `work` on the blocking pool once this connection and the
+    /// server have room. Its places are held by the work itself, so a
+    /// caller that stops waiting does not free them while it still runs.
+    pub async fn run<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> Result<T, Refusal> + Send + 'static,
+    ) -> Result<T, Refusal> {
+        let queued = self.0.queued.fetch_add(1, Ordering::AcqRel);
+        let places = async {
+            if queued >= MAX_FILE_WORK_QUEUED_PER_CONNECTION {
+                crate::metrics::limit_hit("file-work");
+                return Err(Refusal::new(
+                    RefusalKind::LimitReached,
+                    format!(
+                        "this connection already has {MAX_FILE_WORK_QUEUED_PER_CONNECTION} file \
+                         system calls waiting for the {MAX_FILE_WORK_PER_CONNECTION} it may run \
+                         at once"
+                    ),
+                ));
+            }
+            let own = Arc::clone(&self.0.running)
+                .acquire_owned()
+                .await
+                .map_err(|_| closed())?;
+            let server = SERVER.acquire().await.map_err(|_| closed())?;
+            Ok((own, server))
+        }
+        .await;
+        self.0.queued.fetch_sub(1, Ordering::AcqRel);
+        let (own, server) = places?;
+        tokio::task::spawn_blocking(move || {
+            let _places = (own, server);
+            work()
+        })
+        .await
+        .unwrap_or_else(|error| {
+            Err(Refusal::new(
+                RefusalKind::Internal,
+                format!("a file system call failed: {error}"),
+            ))
+        })
+    }
+}
+
+fn closed() -> Refusal {
+    Refusal::new(RefusalKind::Internal, "the file system call pool is closed")
+}

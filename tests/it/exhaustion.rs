@@ -1,0 +1,517 @@
+//! A logged-in client trying to take the server from everyone, against a
+//! real `capexec serve`: holding directories, restricted executors and
+//! port connections until something runs out, wedging the blocking pool
+//! with FIFOs and with transfers whose client never answers. Each attack
+//! must meet a `[capexec:limit]` (per connection, then server-wide) or
+//! hold no thread, and another client's starts and file calls must keep
+//! working while it runs.
+
+use crate::common;
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use capexec::capexec_capnp::{byte_sink, directory, entry_sink, executor, upload_sink};
+use capexec::client::{Command, Directory};
+use capexec::model::{Policy, RefusalKind};
+use capexec::net::{Address, Connection};
+use common::cli::Served;
+use common::data::TempDir;
+use common::procfs;
+
+/// How long an honest client may take before the server counts as wedged
+/// (a hang detector, not a speed goal: a served call takes milliseconds).
+const WEDGED: Duration = Duration::from_secs(60);
+
+async fn connect(served: &Served) -> Connection {
+    capexec::net::connect(&Address::Unix(served.socket.clone()), None)
+        .await
+        .expect("connect")
+}
+
+/// Another client's start and file calls, while an attack holds what it
+/// holds: served, not wedged.
+async fn an_honest_client_is_served(served: &Served, dir: &std::path::Path) {
+    let honest = async {
+        let connection = connect(served).await;
+        let executor = connection.executor();
+        let status = Command::new("true")
+            .status(&executor)
+            .await
+            .expect("the honest client's start");
+        assert!(status.success());
+        let files = Directory::open(&executor, dir);
+        files
+            .write("honest.txt", b"still served")
+            .await
+            .expect("the honest client's write");
+        assert_eq!(
+            files
+                .read("honest.txt")
+                .await
+                .expect("the honest client's read"),
+            b"still served"
+        );
+    };
+    tokio::time::timeout(WEDGED, honest)
+        .await
+        .expect("the server is wedged: an honest client was not served");
+}
+
+/// The refusal `result` carries: its kind and message.
+fn refused<T>(result: Result<T, capexec::client::Error>) -> (RefusalKind, String) {
+    match result {
+        Err(capexec::client::Error::Refused(refusal)) => (refusal.kind, refusal.message),
+        Err(other) => panic!("expected a refusal, got {other}"),
+        Ok(_) => panic!("expected a refusal, the call succeeded"),
+    }
+}
+
+/// Opens `.` beneath `root` over and over, pipelined, until refused;
+/// returns what it holds and the refusal.
+async fn hold_subdirectories(
+    root: &Directory,
+    most: usize,
+) -> (Vec<Directory>, (RefusalKind, String)) {
+    let mut held = Vec::new();
+    while held.len() < most {
+        let batch: Vec<Directory> = (0..64).map(|_| root.subdirectory(".")).collect();
+        let answers = futures::future::join_all(batch.iter().map(Directory::info)).await;
+        for (dir, answer) in batch.into_iter().zip(answers) {
+            match answer {
+                Ok(_) => held.push(dir),
+                Err(error) => return (held, refused::<()>(Err(error))),
+            }
+        }
+    }
+    panic!("{most} directories held and none refused");
+}
+
+/// Held directories count against the connection (half of the server's
+/// share of descriptors) and the server: one connection took every one of
+/// the server's 20,000 descriptors in 1.5 s before.
+#[test]
+fn held_directories_are_bounded_per_connection_and_server_wide() {
+    common::run_local(async {
+        // 4,096 descriptors: 512 kept for capabilities, 256 per connection.
+        let served = Served::start_limited(&[], Some(4096));
+        let work = TempDir::new("held-dirs");
+        let server = served.child.id();
+        let before = procfs::open_fds(server);
+
+        let first = connect(&served).await;
+        let root = Directory::open(&first.executor(), work.path());
+        let (held, (kind, message)) = hold_subdirectories(&root, 10_000).await;
+        assert_eq!(kind, RefusalKind::LimitReached, "{message}");
+        assert!(
+            message.contains(
+                "this connection's capabilities already hold its maximum of 256 descriptors"
+            ),
+            "{message}"
+        );
+        // The root directory holds one of the 256.
+        assert_eq!(held.len(), 255);
+        assert!(procfs::open_fds(server) < before + 300);
+        an_honest_client_is_served(&served, work.path()).await;
+
+        // A second connection takes what is left to connections that hold
+        // much: three quarters of the server's share in all.
+        let second = connect(&served).await;
+        let other_root = Directory::open(&second.executor(), work.path());
+        let (more, (kind, message)) = hold_subdirectories(&other_root, 10_000).await;
+        assert_eq!(kind, RefusalKind::LimitReached, "{message}");
+        assert!(
+            message.contains(
+                "the server's capabilities already hold its maximum of 384 descriptors for every \
+                 connection together (of 512,"
+            ),
+            "{message}"
+        );
+        assert_eq!(more.len(), 127);
+        assert!(procfs::open_fds(server) < before + 600);
+        // The last quarter is kept for connections that hold little: an
+        // honest client still opens its directory and files.
+        an_honest_client_is_served(&served, work.path()).await;
+        let third = connect(&served).await;
+        assert!(
+            Command::new("true")
+                .status(&third.executor())
+                .await
+                .expect("start")
+                .success()
+        );
+        // Released, they are given back.
+        drop((held, more, root, other_root, first, second));
+        let deadline = tokio::time::Instant::now() + WEDGED;
+        loop {
+            let again = Directory::open(&third.executor(), work.path());
+            match again.info().await {
+                Ok(_) => break,
+                Err(error) => assert!(tokio::time::Instant::now() < deadline, "{error}"),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+}
+
+/// A restricted executor's rules count against the connection's memory:
+/// 100 restrictions with a 7 MiB environment took 731 MiB before.
+#[test]
+fn restricted_executors_count_against_the_connections_memory() {
+    common::run_local(async {
+        let served = Served::start();
+        let work = TempDir::new("held-rules");
+        let server = served.child.id();
+        let before = procfs::rss_quiet(server).await;
+        let peak = procfs::PeakRss::watch(server);
+        let connection = connect(&served).await;
+        let policy = Policy {
+            environment: Some(vec![("BIG".into(), "x".repeat(7 << 20).into())]),
+            ..Policy::default()
+        };
+        let mut held: Vec<executor::Client> = Vec::new();
+        let (kind, message) = loop {
+            assert!(held.len() < 100, "100 restrictions of 7 MiB held");
+            let restricted = capexec::client::restrict(&connection.executor(), &policy);
+            match capexec::client::info(&restricted).await {
+                Ok(_) => held.push(restricted),
+                Err(error) => break refused::<()>(Err(error)),
+            }
+        };
+        assert_eq!(kind, RefusalKind::LimitReached, "{message}");
+        assert!(
+            message.contains("this connection's capabilities already hold its maximum of"),
+            "{message}"
+        );
+        assert!(message.contains("bytes of memory"), "{message}");
+        // 160 MiB per connection: 22 of them.
+        assert_eq!(held.len(), 22);
+        an_honest_client_is_served(&served, work.path()).await;
+        assert!(
+            peak.peak_kib() < before + 256 * 1024,
+            "RSS {before} -> {} KiB",
+            peak.peak_kib()
+        );
+    });
+}
+
+/// Port connections count against the server's share of descriptors too:
+/// 20 connections of 1,000 dials took every descriptor before.
+#[test]
+fn port_connections_are_bounded_server_wide() {
+    common::run_local(async {
+        let served = Served::start_limited(&[], Some(4096));
+        let work = TempDir::new("held-ports");
+        let server = served.child.id();
+        let before = procfs::open_fds(server);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let address = format!("tcp:{}", listener.local_addr().expect("address"));
+        let accepting = tokio::task::spawn_local(async move {
+            let mut kept = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                kept.push(socket);
+            }
+        });
+        let mut connections = Vec::new();
+        let mut streams = Vec::new();
+        let mut dialled = Vec::new();
+        let mut refusals = Vec::new();
+        for _ in 0..3 {
+            let connection = connect(&served).await;
+            let executor = connection.executor();
+            connections.push(connection);
+            let mut count = 0;
+            loop {
+                match capexec::client::dial(&executor, &address).await {
+                    Ok(stream) => streams.push(stream),
+                    Err(error) => {
+                        refusals.push(refused::<()>(Err(error)));
+                        break;
+                    }
+                }
+                count += 1;
+                assert!(count < 2_000, "no limit met");
+            }
+            dialled.push(count);
+        }
+        // Of the 512 descriptors kept for capabilities: half for the first
+        // connection, the rest of three quarters for the second, and for
+        // the third what a connection that holds little may take of the
+        // last quarter.
+        assert_eq!(dialled, [256, 128, 16]);
+        for (kind, message) in &refusals {
+            assert_eq!(*kind, RefusalKind::LimitReached, "{message}");
+        }
+        assert!(
+            refusals[0].1.contains("this connection's capabilities"),
+            "{}",
+            refusals[0].1
+        );
+        assert!(
+            refusals[1].1.contains("the server's capabilities"),
+            "{}",
+            refusals[1].1
+        );
+        assert!(
+            refusals[2].1.contains("the server's capabilities"),
+            "{}",
+            refusals[2].1
+        );
+        assert!(procfs::open_fds(server) < before + 600);
+        an_honest_client_is_served(&served, work.path()).await;
+        drop(streams);
+        accepting.abort();
+    });
+}
+
+/// `writeFile` in place into a FIFO held a blocking thread in open(2)
+/// until a reader came: 512 of them wedged every file call of every
+/// client. A FIFO, socket or device is never opened where a regular file
+/// is meant.
+#[test]
+fn a_fifo_named_as_a_file_is_refused_without_holding_a_thread() {
+    common::run_local(async {
+        let served = Served::start();
+        let work = TempDir::new("fifo");
+        let fifo = work.path().join("pipe");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .expect("mkfifo");
+        let connection = connect(&served).await;
+        let dir = Directory::open(&connection.executor(), work.path());
+        let write_in_place = |dir: &Directory| {
+            let mut request = dir.client().write_file_request();
+            request.get().set_path(b"pipe");
+            request.get().set_data(b"x");
+            request.get().init_options().set_in_place(true);
+            request.send().promise
+        };
+        let answers = futures::future::join_all((0..600).map(|_| write_in_place(&dir))).await;
+        for answer in answers {
+            let error = capexec::client::Error::from(answer.err().expect("refused"));
+            assert_eq!(
+                error.refusal_kind(),
+                Some(RefusalKind::InvalidArgument),
+                "{error}"
+            );
+            assert!(
+                error.to_string().contains("not a regular file (a FIFO)"),
+                "{error}"
+            );
+        }
+        let error = dir.write("pipe", b"x").await.expect_err("refused");
+        assert!(
+            error.to_string().contains("not a regular file (a FIFO)"),
+            "{error}"
+        );
+        let (kind, message) = refused(dir.read("pipe").await);
+        assert_eq!(kind, RefusalKind::InvalidArgument, "{message}");
+        assert!(
+            std::fs::symlink_metadata(&fifo)
+                .expect("still there")
+                .file_type()
+                .is_fifo()
+        );
+        an_honest_client_is_served(&served, work.path()).await;
+        let threads = procfs::status_field(served.child.id(), "Threads:").expect("threads");
+        assert!(threads < 64, "{threads} threads");
+    });
+}
+
+use std::os::unix::fs::FileTypeExt;
+
+/// A sink that takes a chunk and never answers.
+struct Stalled;
+
+impl byte_sink::Server for Stalled {
+    async fn write(self: Rc<Self>, _: byte_sink::WriteParams) -> Result<(), capnp::Error> {
+        std::future::pending().await
+    }
+}
+
+impl entry_sink::Server for Stalled {
+    async fn push(self: Rc<Self>, _: entry_sink::PushParams) -> Result<(), capnp::Error> {
+        std::future::pending().await
+    }
+}
+
+/// Starts a download of `path` into a sink that never answers.
+fn stalled_download(dir: &directory::Client, path: &str) -> impl std::future::Future + use<> {
+    let mut request = dir.download_request();
+    request.get().set_path(path.as_bytes());
+    request
+        .get()
+        .set_sink(capnp_rpc::new_client::<byte_sink::Client, _>(Stalled));
+    request.send().promise
+}
+
+/// Starts a walk into a sink that never answers.
+fn stalled_walk(dir: &directory::Client) -> impl std::future::Future + use<> {
+    let mut request = dir.walk_request();
+    request.get().set_path(b"");
+    request.get().init_options();
+    request
+        .get()
+        .set_sink(capnp_rpc::new_client::<entry_sink::Client, _>(Stalled));
+    request.send().promise
+}
+
+/// Starts an upload and writes one chunk, never `done`.
+async fn unfinished_upload(dir: &directory::Client, path: String) -> Option<upload_sink::Client> {
+    let mut request = dir.upload_request();
+    request.get().set_path(path.as_bytes());
+    request.get().init_options();
+    let response = request.send().promise.await.ok()?;
+    let sink = response.get().ok()?.get_sink().ok()?;
+    let mut write = sink.write_request();
+    write.get().set_data(&[7u8; 64 * 1024]);
+    write.send().await.ok()?;
+    Some(sink)
+}
+
+/// Transfers whose client never answers held a blocking thread each: 8
+/// connections of 64 unfinished uploads, or 9 of 64 downloads or walks
+/// into sinks that never acknowledge, wedged the pool (and kept 1.3 GB).
+/// Now they wait without a thread, within the connection's and the
+/// server's memory, and everyone else is served.
+#[test]
+fn transfers_waiting_on_their_client_hold_no_thread() {
+    common::run_local(async {
+        let served = Served::start();
+        let work = TempDir::new("stalled");
+        std::fs::write(work.path().join("big"), vec![1u8; 8 << 20]).expect("big file");
+        for n in 0..64 {
+            std::fs::create_dir_all(work.path().join(format!("tree/{n}"))).expect("tree");
+        }
+        let server = served.child.id();
+        let mut connections = Vec::new();
+        let mut sinks = Vec::new();
+        let mut pending = Vec::new();
+        for attacker in 0..8 {
+            let connection = connect(&served).await;
+            let dir = Directory::open(&connection.executor(), work.path());
+            let client = dir.client().clone();
+            for n in 0..64 {
+                let client = client.clone();
+                match attacker % 3 {
+                    0 => sinks.push(unfinished_upload(&client, format!("up-{attacker}-{n}")).await),
+                    1 => pending.push(tokio::task::spawn_local(async move {
+                        let _ = stalled_download(&client, "big").await;
+                    })),
+                    _ => pending.push(tokio::task::spawn_local(async move {
+                        let _ = stalled_walk(&client).await;
+                    })),
+                }
+            }
+            connections.push((connection, dir));
+        }
+        // Every transfer has started (or been refused) once its connection
+        // answers a later call.
+        for (_, dir) in &connections {
+            dir.info().await.expect("info");
+        }
+        an_honest_client_is_served(&served, work.path()).await;
+        let threads = procfs::status_field(server, "Threads:").expect("threads");
+        assert!(threads < 64, "{threads} threads held by stalled transfers");
+        // The memory they may hold is bounded server-wide (512 MiB).
+        let rss = procfs::status_field(server, "VmRSS:").expect("rss");
+        assert!(rss < 640 * 1024, "RSS {rss} KiB");
+        for task in pending {
+            task.abort();
+        }
+        drop(sinks);
+    });
+}
+
+/// inotify instances of the server's process: one, however many watches.
+fn inotify_instances(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("fds")
+        .flatten()
+        .filter(|entry| {
+            std::fs::read_link(entry.path())
+                .is_ok_and(|target| target.as_os_str() == "anon_inode:inotify")
+        })
+        .count()
+}
+
+/// Watches took an inotify instance and a thread each: four connections
+/// took every instance of the server's user, and ten recursive watches its
+/// every watch, so the user's other programs failed. Now the server has
+/// one instance and one thread for all, and its watches hold at most their
+/// share of the user's watches.
+#[test]
+fn watches_share_one_instance_within_a_share_of_the_users_watches() {
+    common::run_local(async {
+        let served = Served::start_with(&["--max-inotify-watches", "100"]);
+        let work = TempDir::new("watches");
+        for n in 0..150 {
+            std::fs::create_dir_all(work.path().join(format!("deep/{n}"))).expect("tree");
+        }
+        for n in 0..128 {
+            std::fs::create_dir(work.path().join(format!("flat-{n}"))).expect("dir");
+        }
+        let server = served.child.id();
+        let threads_before = procfs::status_field(server, "Threads:").expect("threads");
+        // Four connections of 32 watches of their own directories: one
+        // instance, one thread, and the share holds.
+        let mut connections = Vec::new();
+        let mut watches = Vec::new();
+        let mut refusals = Vec::new();
+        for connection_number in 0..4 {
+            let connection = connect(&served).await;
+            let dir = Directory::open(&connection.executor(), work.path());
+            for n in 0..32 {
+                match dir
+                    .watch(format!("flat-{}", connection_number * 32 + n), false)
+                    .await
+                {
+                    Ok(watch) => watches.push(watch),
+                    Err(error) => refusals.push(refused::<()>(Err(error))),
+                }
+            }
+            connections.push((connection, dir));
+        }
+        assert_eq!(watches.len(), 100);
+        assert_eq!(refusals.len(), 28);
+        let (kind, message) = &refusals[0];
+        assert_eq!(*kind, RefusalKind::LimitReached, "{message}");
+        assert!(
+            message.contains("share of 100 inotify watches"),
+            "{message}"
+        );
+        assert_eq!(inotify_instances(server), 1);
+        // The hub's thread, and the blocking pool's few that started the
+        // watches; not one per watch (100 before).
+        let threads = procfs::status_field(server, "Threads:").expect("threads");
+        assert!(
+            threads <= threads_before + 17,
+            "{threads_before} -> {threads} threads"
+        );
+        an_honest_client_is_served(&served, work.path()).await;
+        // Released, their kernel watches are given back; a recursive watch
+        // of more directories than the share says at once, with an
+        // overflow, that it could not watch them all.
+        drop(watches);
+        let dir = &connections[0].1;
+        let deadline = tokio::time::Instant::now() + WEDGED;
+        let mut deep = loop {
+            match dir.watch("deep", true).await {
+                Ok(watch) => break watch,
+                Err(error) => assert!(tokio::time::Instant::now() < deadline, "{error}"),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let events = tokio::time::timeout(WEDGED, deep.next_batch())
+            .await
+            .expect("an event in time")
+            .expect("events");
+        assert_eq!(
+            events[0].kind,
+            capexec::model::WatchEventKind::Overflow,
+            "{events:?}"
+        );
+        assert_eq!(inotify_instances(server), 1);
+    });
+}
