@@ -27,15 +27,16 @@ impl Default for PendingLimits {
     }
 }
 
-/// The peer, as the per-address limit groups peers.
+/// The peer, as a per-address limit groups peers (here and at the
+/// metrics endpoint).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum PeerKey {
+pub(crate) enum PeerKey {
     V4(u32),
     V6Prefix(u64),
 }
 
 impl PeerKey {
-    fn of(address: IpAddr) -> PeerKey {
+    pub(crate) fn of(address: IpAddr) -> PeerKey {
         match address {
             IpAddr::V4(v4) => PeerKey::V4(u32::from(v4)),
             IpAddr::V6(v6) => match v6.to_ipv4_mapped() {

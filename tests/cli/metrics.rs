@@ -174,3 +174,104 @@ fn metrics_count_what_happened_and_leak_nothing() {
     let _ = server.child.kill();
     let _ = server.child.wait();
 }
+
+/// Connections from one address that send half a request and then a byte
+/// now and then (a slowloris) hold the endpoint for nobody: each is closed
+/// by the server within the request deadline, or at once beyond the
+/// address's share, and a scrape from another address is answered while
+/// they keep coming.
+#[test]
+fn half_sent_requests_from_one_address_leave_the_endpoint_to_others() {
+    let home = TempDir::new("cli-metrics-held");
+    let socket = home.path().join("sock");
+    let mut serve = Command::new(BIN);
+    serve
+        .args(["serve", "--metrics", "tcp:127.0.0.1:0", "--listen"])
+        .arg(format!("unix:{}", socket.display()))
+        .env("HOME", home.path());
+    let mut server = Watched::spawn(serve);
+    server.wait_for_stderr("/metrics\n");
+    let url = server
+        .stderr_text()
+        .lines()
+        .find_map(|line| line.strip_prefix("capexec: metrics at http://"))
+        .expect("the metrics address")
+        .trim_end_matches("/metrics")
+        .to_string();
+    let address: std::net::SocketAddr = url.parse().expect("a socket address");
+
+    // Five times the endpoint's 64 places, all from 127.0.0.1: without a
+    // share per address, the listener's queue alone holds another client
+    // back for four rounds of whatever a request may take.
+    let attackers: Vec<std::net::TcpStream> = (0..320)
+        .map(|_| {
+            let stream = std::net::TcpStream::connect(address).expect("connect");
+            (&stream)
+                .write_all(b"GET /metrics HTTP/1.1\r\nX-Slow: ")
+                .expect("half a request");
+            stream.set_nonblocking(true).expect("nonblocking");
+            stream
+        })
+        .collect();
+    let started = Instant::now();
+    let dripping = std::thread::spawn(move || {
+        let mut open: Vec<(usize, std::net::TcpStream)> =
+            attackers.into_iter().enumerate().collect();
+        let mut closed_after = vec![Duration::ZERO; open.len()];
+        let deadline = started + Duration::from_secs(30);
+        while !open.is_empty() && Instant::now() < deadline {
+            open.retain(|(index, stream)| {
+                let mut byte = [0u8; 1];
+                let closed = match (&*stream).read(&mut byte) {
+                    Ok(_) => true,
+                    Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {
+                        (&*stream).write_all(b"a").is_err()
+                    }
+                    Err(_) => true,
+                };
+                if closed {
+                    closed_after[*index] = started.elapsed();
+                }
+                !closed
+            });
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        (open.len(), closed_after)
+    });
+
+    // Another address on the loopback network.
+    let scraper =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    let other: std::net::SocketAddr = "127.0.0.2:0".parse().expect("address");
+    scraper.bind(&other.into()).expect("bind 127.0.0.2");
+    scraper.connect(&address.into()).expect("connect");
+    let mut scraper: std::net::TcpStream = scraper.into();
+    // Within the time the attack's first round would take to run out, let
+    // alone the four ahead of it in the queue.
+    scraper
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    scraper
+        .write_all(b"GET /metrics HTTP/1.1\r\n\r\n")
+        .expect("request");
+    let mut response = String::new();
+    let read = scraper.read_to_string(&mut response);
+    let answered_after = started.elapsed();
+    assert!(
+        read.is_ok() && response.starts_with("HTTP/1.1 200 OK\r\n"),
+        "the scrape from 127.0.0.2 was not answered after {answered_after:?} ({read:?}): \
+         {response:?}"
+    );
+
+    let (still_open, closed_after) = dripping.join().expect("the dripping thread");
+    assert_eq!(
+        still_open, 0,
+        "connections that never finish their request are closed by the server"
+    );
+    eprintln!(
+        "scrape answered after {answered_after:?}; the held requests closed after {:?} at most",
+        closed_after.iter().max()
+    );
+    let _ = server.child.kill();
+    let _ = server.child.wait();
+}
