@@ -21,6 +21,7 @@ capnp::generated_code!(pub mod capexec_capnp);
 pub mod client;
 pub mod engine;
 pub mod files;
+pub mod local_file;
 pub mod metrics;
 pub mod model;
 pub mod net;

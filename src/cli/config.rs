@@ -12,7 +12,7 @@
 //!
 //! Every problem is one line naming the file and the line.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -31,6 +31,9 @@ pub fn path() -> Option<PathBuf> {
 pub fn config_dir() -> Option<PathBuf> {
     capexec::net::default_token_path().and_then(|token| token.parent().map(Path::to_path_buf))
 }
+
+/// The largest configuration file read (some 150,000 servers).
+pub const MAX_CONFIG_BYTES: u64 = 16 * 1024 * 1024;
 
 /// One named server, checked.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,8 +61,9 @@ impl Config {
     }
 
     /// The file at `file`; an empty configuration if it does not exist.
+    /// It must be a regular file of at most [`MAX_CONFIG_BYTES`].
     pub fn load_from(file: &Path) -> Result<Config, String> {
-        match std::fs::read_to_string(file) {
+        match capexec::local_file::read_regular_text(file, MAX_CONFIG_BYTES) {
             Ok(text) => Config::parse(file, &text),
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(Config::default()),
             Err(error) => Err(format!(
@@ -70,24 +74,31 @@ impl Config {
         }
     }
 
+    /// Linear in the file's size: lines are found from one index of the
+    /// file's line starts, headers from one pass over its lines.
     pub fn parse(file: &Path, text: &str) -> Result<Config, String> {
+        let lines = LineIndex::of(text);
         let at = |span: std::ops::Range<usize>, message: &str| {
             format!(
                 "{}:{}: {message}",
                 file.display(),
-                line_of(text, span.start)
+                lines.line_of(span.start)
             )
         };
         let raw: RawFile = toml::from_str(text).map_err(|error| {
-            let line = error.span().map_or(1, |span| line_of(text, span.start));
+            let line = error.span().map_or(1, |span| lines.line_of(span.start));
             format!("{}:{line}: {}", file.display(), one_line(error.message()))
         })?;
+        let headers = header_lines(text);
         let base = file.parent().unwrap_or(Path::new("."));
         let mut servers = Vec::new();
         for (name, entry) in raw.servers {
             let span = entry.span();
             let entry = entry.into_inner();
-            let header_line = header_line(text, &name).unwrap_or_else(|| line_of(text, span.start));
+            let header_line = headers
+                .get(name.as_str())
+                .copied()
+                .unwrap_or_else(|| lines.line_of(span.start));
             let in_entry = |span: std::ops::Range<usize>, why: String| {
                 at(span, &format!("[servers.{name}]: {why}"))
             };
@@ -146,20 +157,20 @@ impl Config {
                 ));
             }
             let path_of = |value: &Spanned<String>| expand(value.get_ref(), base);
-            let mut lines = Vec::new();
+            let mut value_lines = Vec::new();
             for (key, value) in [
                 ("token-file", &entry.token_file),
                 ("tls-ca", &entry.tls_ca),
                 ("tls-pin", &entry.tls_pin),
             ] {
                 if let Some(value) = value {
-                    lines.push((key, line_of(text, value.span().start)));
+                    value_lines.push((key, lines.line_of(value.span().start)));
                 }
             }
             let origin = crate::cli::named::Origin {
                 file: file.to_path_buf(),
                 server: name.clone(),
-                lines,
+                lines: value_lines,
             };
             servers.push(ServerEntry {
                 server: Named {
@@ -180,7 +191,11 @@ impl Config {
     }
 
     pub fn get(&self, name: &str) -> Option<&ServerEntry> {
-        self.servers.iter().find(|entry| entry.name == name)
+        // In name order (the file's table is a BTreeMap).
+        self.servers
+            .binary_search_by(|entry| entry.name.as_str().cmp(name))
+            .ok()
+            .map(|index| &self.servers[index])
     }
 }
 
@@ -227,28 +242,52 @@ fn expand(value: &str, base: &Path) -> PathBuf {
     }
 }
 
-/// The 1-based line of byte `offset`.
-fn line_of(text: &str, offset: usize) -> usize {
-    text.as_bytes()[..offset.min(text.len())]
-        .iter()
-        .filter(|&&b| b == b'\n')
-        .count()
-        + 1
+/// Where each line of a text starts, to find the line of any offset.
+struct LineIndex {
+    /// The offset just after each newline.
+    starts: Vec<usize>,
 }
 
-/// The line of `[servers.NAME]`, if written so.
-fn header_line(text: &str, name: &str) -> Option<usize> {
-    let wanted = [
-        format!("[servers.{name}]"),
-        format!("[servers.\"{name}\"]"),
-        format!("[servers.'{name}']"),
-    ];
-    text.lines()
-        .position(|line| {
-            let line = line.split('#').next().unwrap_or("").trim().replace(' ', "");
-            wanted.contains(&line)
-        })
-        .map(|index| index + 1)
+impl LineIndex {
+    fn of(text: &str) -> LineIndex {
+        LineIndex {
+            starts: text
+                .bytes()
+                .enumerate()
+                .filter(|&(_, b)| b == b'\n')
+                .map(|(index, _)| index + 1)
+                .collect(),
+        }
+    }
+
+    /// The 1-based line of byte `offset`.
+    fn line_of(&self, offset: usize) -> usize {
+        self.starts.partition_point(|&start| start <= offset) + 1
+    }
+}
+
+/// The line of each `[servers.NAME]` header (NAME bare or quoted), the
+/// first where a name has several.
+fn header_lines(text: &str) -> HashMap<String, usize> {
+    let mut headers = HashMap::new();
+    for (index, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim().replace(' ', "");
+        let Some(name) = line
+            .strip_prefix("[servers.")
+            .and_then(|rest| rest.strip_suffix(']'))
+        else {
+            continue;
+        };
+        let name = ['"', '\'']
+            .iter()
+            .find_map(|&quote| {
+                name.strip_prefix(quote)
+                    .and_then(|inner| inner.strip_suffix(quote))
+            })
+            .unwrap_or(name);
+        headers.entry(name.to_string()).or_insert(index + 1);
+    }
+    headers
 }
 
 /// toml's messages may run over several lines.

@@ -11,6 +11,9 @@ use std::path::{Path, PathBuf};
 
 use capexec::net::{Address, parse_fingerprint};
 
+/// The largest known-servers file read (some 100,000 servers).
+const MAX_KNOWN_SERVERS_BYTES: u64 = 16 * 1024 * 1024;
+
 /// One remembered certificate.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Known {
@@ -26,7 +29,7 @@ pub fn path() -> Option<PathBuf> {
 
 /// What the file remembers for `address`: the first line for it.
 pub fn lookup(file: &Path, address: &Address) -> Result<Option<Known>, String> {
-    let text = match std::fs::read_to_string(file) {
+    let text = match capexec::local_file::read_regular_text(file, MAX_KNOWN_SERVERS_BYTES) {
         Ok(text) => text,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(error) => {
@@ -79,13 +82,20 @@ pub fn remember(file: &Path, address: &Address, fingerprint: &str) -> Result<(),
             .create(dir)
             .map_err(failed)?;
     }
-    let existing = std::fs::read(file).unwrap_or_default();
+    let existing = match capexec::local_file::read_regular_file(file, MAX_KNOWN_SERVERS_BYTES) {
+        Ok(existing) => existing,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(error) => return Err(failed(error)),
+    };
+    // Not blocking on a FIFO put there since it was read.
     let mut out = std::fs::OpenOptions::new()
         .append(true)
         .create(true)
         .mode(0o600)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
         .open(file)
         .map_err(failed)?;
+    capexec::local_file::ensure_regular(&out).map_err(failed)?;
     let mut line = String::new();
     if existing.is_empty() {
         line.push_str(

@@ -63,13 +63,12 @@ impl TlsServer {
     pub fn from_files(cert: &Path, key: &Path) -> Result<TlsServer, TlsError> {
         let chain = load_certificates(cert)
             .map_err(|why| TlsError(format!("--tls-cert {}: {why}", cert.display())))?;
-        let key_der = PrivateKeyDer::from_pem_file(key).map_err(|error| {
-            TlsError(format!(
-                "--tls-key {}: {}",
-                key.display(),
-                pem_problem(&error, "no private key in it")
-            ))
-        })?;
+        let key_der = read_pem_file(key)
+            .and_then(|pem| {
+                PrivateKeyDer::from_pem_slice(&pem)
+                    .map_err(|error| pem_problem(&error, "no private key in it"))
+            })
+            .map_err(|why| TlsError(format!("--tls-key {}: {why}", key.display())))?;
         let fingerprint = fingerprint(&chain[0]);
         let expires = certificate::not_after(&chain[0]);
         let config = rustls::ServerConfig::builder_with_provider(provider())
@@ -323,13 +322,25 @@ pub(crate) async fn speaks_tls(host: &str, resolved: &[SocketAddr], deadline: In
 /// The certificates of a PEM file; errors say what is wrong with the file
 /// (callers name it).
 pub(crate) fn load_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certificates = CertificateDer::pem_file_iter(path)
-        .and_then(|iter| iter.collect::<Result<Vec<_>, _>>())
+    let pem = read_pem_file(path)?;
+    let certificates = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
         .map_err(|error| pem_problem(&error, "no PEM certificate in it"))?;
     if certificates.is_empty() {
         return Err("no PEM certificate in it".to_string());
     }
     Ok(certificates)
+}
+
+/// The largest PEM file read (a system's whole CA bundle is a few hundred
+/// KiB).
+pub const MAX_PEM_FILE_BYTES: u64 = 4 * 1024 * 1024;
+
+/// The bytes of a PEM file (a regular file: see `crate::local_file`);
+/// errors say what is wrong with the file (callers name it).
+fn read_pem_file(path: &Path) -> Result<Vec<u8>, String> {
+    crate::local_file::read_regular_file(path, MAX_PEM_FILE_BYTES)
+        .map_err(|error| io_message(&error))
 }
 
 /// What is wrong with a PEM file, in words.

@@ -19,6 +19,9 @@ pub enum TokenError {
     TooShort(PathBuf, usize),
 }
 
+/// The largest token file read: a token is a line.
+pub const MAX_TOKEN_FILE_BYTES: u64 = 64 * 1024;
+
 /// The shortest token accepted (128 bits of hex would be 32): anything
 /// shorter could be guessed by a patient peer, three guesses a connection.
 pub const MIN_TOKEN_BYTES: usize = 16;
@@ -27,7 +30,12 @@ impl fmt::Display for TokenError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             TokenError::Read(path, error) => {
-                write!(f, "cannot read token file {}: {error}", path.display())
+                write!(
+                    f,
+                    "cannot read token file {}: {}",
+                    path.display(),
+                    crate::model::io_message(error)
+                )
             }
             TokenError::Create(path, error) => {
                 write!(f, "cannot create token file {}: {error}", path.display())
@@ -72,9 +80,11 @@ impl Token {
             == 0
     }
 
-    /// Reads the token in `path` (surrounding white space is ignored).
+    /// Reads the token in `path` (surrounding white space is ignored): a
+    /// regular file of at most [`MAX_TOKEN_FILE_BYTES`].
     pub fn load(path: &Path) -> Result<Token, TokenError> {
-        let text = fs::read_to_string(path).map_err(|e| TokenError::Read(path.into(), e))?;
+        let text = crate::local_file::read_regular_text(path, MAX_TOKEN_FILE_BYTES)
+            .map_err(|e| TokenError::Read(path.into(), e))?;
         let secret = text.trim();
         if secret.is_empty() {
             return Err(TokenError::Empty(path.into()));

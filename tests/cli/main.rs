@@ -16,6 +16,7 @@ mod errors;
 mod forward;
 mod habits;
 mod idle;
+mod local_inputs;
 mod metrics;
 mod network;
 mod operator;
