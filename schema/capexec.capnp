@@ -122,7 +122,11 @@ interface Executor {
   #                                `capexec run` CLI exits 127);
   #   [capexec:permission-denied]  the program exists but cannot be executed
   #                                (not executable, a directory, bad format;
-  #                                the CLI exits 126);
+  #                                in a sandbox, it or an interpreter of its
+  #                                `#!` lines lies outside the readable
+  #                                roots: the description names that file
+  #                                and ends "(add its directory as a
+  #                                read-only root: DIR)"; the CLI exits 126);
   #   [capexec:bad-cwd]            `cwd` does not exist or is not a directory;
   #   [capexec:unsupported]        the server cannot honour a requested
   #                                feature;

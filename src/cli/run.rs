@@ -280,9 +280,32 @@ async fn explained(
                 );
             }
         }
+        Some(RefusalKind::PermissionDenied) if command.spec().sandbox.is_some() => {
+            if let Some(message) = with_read_only_flag(&failure.message) {
+                failure.message = message;
+            }
+        }
         _ => {}
     }
     failure
+}
+
+/// A program (or its interpreter) outside the sandbox's readable roots:
+/// the executor names the directory, the command line has the flag.
+fn with_read_only_flag(message: &str) -> Option<String> {
+    let (before, directory) = message.rsplit_once(capexec::sandbox::ADD_DIRECTORY)?;
+    let directory = directory.strip_suffix(')')?;
+    let plain = directory
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"/._-+,:@%".contains(&b));
+    let directory = if plain {
+        directory.to_string()
+    } else {
+        format!("'{}'", directory.replace('\'', "'\\''"))
+    };
+    Some(format!(
+        "{before}(add its directory with --read-only {directory})"
+    ))
 }
 
 /// Whether a program name that was not found is really a line for a shell

@@ -124,6 +124,7 @@ pub(crate) fn spawn(
     if let Some(cwd) = &cwd {
         check_cwd(cwd)?;
     }
+    confine.check_program(&spec.argv[0], &program)?;
 
     let arg0 = spec.arg0.as_ref().unwrap_or(&spec.argv[0]);
     let mut argv: Vec<&OsStr> = vec![arg0.as_os_str()];

@@ -8,6 +8,7 @@
 mod cgroup;
 mod mounts;
 mod probe;
+mod program;
 mod roots;
 mod ruleset;
 mod seccomp;
@@ -20,6 +21,7 @@ use std::sync::{Mutex, OnceLock};
 
 pub(crate) use self::cgroup::Leaf;
 pub use self::probe::KernelFeature;
+pub use self::program::ADD_DIRECTORY;
 pub(crate) use self::seccomp::Program;
 
 use crate::model::enforcement as name;
@@ -186,7 +188,26 @@ pub(crate) struct Plan {
     pub no_new_privs: bool,
     /// Shared by the starts with the same roots (see `ruleset.rs`).
     pub ruleset: Option<std::sync::Arc<OwnedFd>>,
+    /// The roots the ruleset confines the child to, for the parent's check
+    /// of the program ([`Plan::check_program`]).
+    pub roots: Option<Vec<roots::Root>>,
     pub seccomp: Option<Program>,
+}
+
+impl Plan {
+    /// Refuses `program` (`name` resolved) if the ruleset would not let
+    /// the child execute it or an interpreter of its `#!` lines, saying
+    /// which file and the directory to add (`program.rs`).
+    pub(crate) fn check_program(
+        &self,
+        name: &std::ffi::OsStr,
+        program: &Path,
+    ) -> Result<(), Refusal> {
+        match &self.roots {
+            Some(roots) => program::check(roots, name, program),
+            None => Ok(()),
+        }
+    }
 }
 
 /// A start's confinement: the child's plan, the leaf that tracks its tree,
@@ -373,6 +394,7 @@ pub(crate) fn prepare(
             ruleset::ruleset(&resolved, sandbox.network, support.landlock_abi)
                 .map_err(|why| Refusal::new(RefusalKind::SpawnFailed, format!("sandbox: {why}")))?,
         );
+        prepared.plan.roots = Some(resolved.clone());
     }
     if support.seccomp {
         prepared.plan.seccomp =

@@ -319,3 +319,105 @@ fn a_server_killed_with_sigkill_leaves_nothing_behind() {
     let _ = run.kill();
     let _ = run.wait();
 }
+
+/// A program found outside the sandbox's readable roots (as a pyenv shim
+/// or a virtualenv's `python3` under the home directory is) is refused
+/// with the file as resolved and the flag that adds its directory, not
+/// the kernel's bare "Permission denied"; so is a script whose `#!`
+/// interpreter lies outside. With the directory added, both run.
+#[test]
+fn a_program_outside_the_sandbox_says_which_directory_to_add() {
+    use std::os::unix::fs::PermissionsExt;
+    let outside = TempDir::new("cli-sandbox-tools");
+    let cwd = TempDir::new("cli-sandbox-cwd");
+    let tools = std::fs::canonicalize(outside.path()).expect("tools");
+    let cwd_path = std::fs::canonicalize(cwd.path()).expect("cwd");
+    let executable = |path: &std::path::Path, text: &str| {
+        std::fs::write(path, text).expect("write");
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    };
+    executable(&tools.join("hello"), "#!/bin/sh\necho hello\n");
+    executable(
+        &tools.join("interp"),
+        "#!/bin/sh\necho interpreted \"$1\"\n",
+    );
+    let script = cwd_path.join("script");
+    executable(&script, &format!("#!{}\n", tools.join("interp").display()));
+    let path_var = format!("{}:/usr/bin:/bin", tools.display());
+    let cwd_arg = cwd_path.display().to_string();
+    let tools_arg = tools.display().to_string();
+    let hint = format!(
+        "is outside the sandbox's readable roots (add its directory with --read-only {})\n",
+        tools.display()
+    );
+    let run = |flags: &[&str], program: &str| {
+        let mut args = vec!["run", "--cwd", &cwd_arg];
+        args.extend(flags);
+        args.extend(["-n", "--", program]);
+        let mut command = capexec(&args);
+        command.env("PATH", &path_var).env_remove("CAPEXEC_CONNECT");
+        finish(command, None)
+    };
+
+    let found = run(&["--sandbox"], "hello");
+    assert_eq!(
+        (found.code, text(&found.stderr)),
+        (
+            126,
+            format!(
+                "capexec: cannot execute hello: {}/hello {hint}",
+                tools.display()
+            )
+        )
+    );
+    let interpreted = run(&["--sandbox"], "./script");
+    assert_eq!(
+        (interpreted.code, text(&interpreted.stderr)),
+        (
+            126,
+            format!(
+                "capexec: cannot execute ./script: its interpreter {}/interp (on its #! line) \
+                 {hint}",
+                tools.display()
+            )
+        )
+    );
+    let added = run(&["--read-only", &tools_arg], "hello");
+    assert_eq!(
+        (added.code, text(&added.stdout), text(&added.stderr)),
+        (0, "hello\n".to_string(), String::new())
+    );
+    let added = run(&["--read-only", &tools_arg], "./script");
+    assert_eq!(
+        (added.code, text(&added.stdout), text(&added.stderr)),
+        (
+            0,
+            format!("interpreted {}/./script\n", cwd_path.display()),
+            String::new()
+        )
+    );
+
+    // The same through a server: the refusal crosses the wire with its tag.
+    let served = Served::start();
+    let program = tools.join("hello").display().to_string();
+    let done = finish(
+        served.run(&[
+            "--connect",
+            &served.unix,
+            "--sandbox",
+            "--cwd",
+            &cwd_arg,
+            "-n",
+            "--",
+            &program,
+        ]),
+        None,
+    );
+    assert_eq!(
+        (done.code, text(&done.stderr)),
+        (
+            126,
+            format!("capexec: cannot execute {program}: {program} {hint}")
+        )
+    );
+}

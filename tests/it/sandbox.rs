@@ -607,8 +607,52 @@ async fn a_restricted_executor_with_a_sandbox_refuses_to_widen_it(ctx: Ctx) {
     );
 }
 
+/// A program outside the sandbox's readable roots is refused before the
+/// exec (which would say only "Permission denied"), naming the file as
+/// resolved and the directory that would admit it; with that directory a
+/// read-only root, it runs.
+async fn a_program_outside_the_roots_is_refused_naming_its_directory(ctx: Ctx) {
+    use std::os::unix::fs::PermissionsExt;
+    let cwd = TempDir::new("sandbox-cwd");
+    let tools = TempDir::new("sandbox-tools");
+    let tools = std::fs::canonicalize(tools.path()).expect("tools");
+    let hello = tools.join("hello");
+    std::fs::write(&hello, "#!/bin/sh\necho hello\n").expect("write");
+    std::fs::set_permissions(&hello, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let mut command = Command::new(&hello);
+    command.current_dir(cwd.path()).sandbox(Sandbox::default());
+    let refused = command
+        .spawn(&ctx.executor)
+        .await
+        .map(drop)
+        .expect_err("outside the roots");
+    let capexec::client::Error::Refused(refusal) = refused else {
+        panic!("not a refusal: {refused}");
+    };
+    assert_eq!(
+        (refusal.kind, refusal.message),
+        (
+            RefusalKind::PermissionDenied,
+            format!(
+                "cannot execute {hello}: {hello} is outside the sandbox's readable roots (add its \
+                 directory as a read-only root: {tools})",
+                hello = hello.display(),
+                tools = tools.display()
+            )
+        )
+    );
+    let mut command = Command::new(&hello);
+    command.current_dir(cwd.path()).sandbox(Sandbox {
+        read_only: vec![tools.clone()],
+        ..Sandbox::default()
+    });
+    let output = command.output(&ctx.executor).await.expect("start");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "hello\n");
+}
+
 backend_tests!(
     writes_outside_the_writable_roots_fail_and_inside_succeed,
+    a_program_outside_the_roots_is_refused_naming_its_directory,
     reads_outside_the_read_roots_fail,
     without_network_only_unix_sockets_work,
     abstract_sockets_made_outside_are_out_of_reach,
