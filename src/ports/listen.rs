@@ -50,11 +50,16 @@ impl Listening {
 
     /// The next connection, with its addresses.
     pub async fn accept(&self) -> io::Result<(Socket, PortConnectionInfo)> {
-        let socket = match &self.socket {
-            Inner::Tcp(listener) => Socket::tcp(listener.accept().await?.0)?,
-            Inner::Unix(listener, _) => Socket::Unix(listener.accept().await?.0),
+        let (socket, unix) = match &self.socket {
+            Inner::Tcp(listener) => (Socket::tcp(listener.accept().await?.0)?, false),
+            Inner::Unix(listener, _) => (Socket::Unix(listener.accept().await?.0), true),
         };
-        let info = socket.info();
+        let mut info = socket.info();
+        if unix {
+            // The kernel names the path the socket was bound at, in the
+            // private directory it was moved out of (see `bind_unix`).
+            info.local = self.address.to_string();
+        }
         Ok((socket, info))
     }
 }

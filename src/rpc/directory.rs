@@ -269,7 +269,7 @@ impl directory::Server for DirectoryImpl {
             .get()
             .set_sink(capnp_rpc::new_client(UploadSinkImpl {
                 upload: tokio::sync::Mutex::new(upload),
-                _ticket: ticket,
+                ticket: std::cell::RefCell::new(Some(ticket)),
             }));
         Ok(())
     }
@@ -523,14 +523,22 @@ impl directory::Server for DirectoryImpl {
 /// and the lock is fair besides), then `done`.
 struct UploadSinkImpl {
     upload: tokio::sync::Mutex<Upload>,
-    _ticket: FileTicket,
+    /// Its place among the connection's transfers: given back once the
+    /// upload is over (done, or failed), not only when the sink goes.
+    ticket: std::cell::RefCell<Option<FileTicket>>,
+}
+
+impl UploadSinkImpl {
+    fn over(&self) {
+        self.ticket.borrow_mut().take();
+    }
 }
 
 impl upload_sink::Server for UploadSinkImpl {
     async fn write(self: Rc<Self>, params: upload_sink::WriteParams) -> Result<(), capnp::Error> {
         let data = params.get()?.get_data()?.to_vec();
         let mut upload = self.upload.lock().await;
-        upload.write(data).await?;
+        upload.write(data).await.inspect_err(|_| self.over())?;
         Ok(())
     }
 
@@ -539,8 +547,9 @@ impl upload_sink::Server for UploadSinkImpl {
         _: upload_sink::DoneParams,
         mut results: upload_sink::DoneResults,
     ) -> Result<(), capnp::Error> {
-        let stat = self.upload.lock().await.commit().await?;
-        wire::file_stat_to_wire(&stat, results.get().init_stat());
+        let outcome = self.upload.lock().await.commit().await;
+        self.over();
+        wire::file_stat_to_wire(&outcome?, results.get().init_stat());
         Ok(())
     }
 }

@@ -35,15 +35,28 @@ enum Step {
     Restrict(Rc<capnp::message::Builder<capnp::message::HeapAllocator>>),
 }
 
-/// An executor whose every method runs across the link to `upstream`: at
-/// the upstream's root executor, or at the executor `path` leads to from
-/// it (environments and restrictions).
+/// Where a forwarder's far executor is.
+enum Far {
+    /// At the executor `path` leads to from the upstream's root executor
+    /// (environments and restrictions).
+    Upstream {
+        upstream: Rc<dyn Upstream>,
+        path: Vec<Step>,
+        /// The far executor of `path` on one connection (by generation):
+        /// fetched again, pipelined, once the link has reconnected.
+        resolved: RefCell<Option<Link>>,
+    },
+    /// An executor the far end handed out otherwise (a forwarded
+    /// directory's), on the connection it came on: it ends with it.
+    Fixed {
+        executor: executor::Client,
+        hop: Rc<str>,
+    },
+}
+
+/// An executor whose every method runs across the link to an upstream.
 pub(crate) struct ForwardingExecutor {
-    upstream: Rc<dyn Upstream>,
-    path: Vec<Step>,
-    /// The far executor of `path` on one connection (by generation):
-    /// fetched again, pipelined, once the link has reconnected.
-    resolved: RefCell<Option<Link>>,
+    far: Far,
     /// Set for a server's root executor whose default environment is the
     /// upstream: `environments` and `environment` describe this server.
     root: Option<Root>,
@@ -89,33 +102,60 @@ impl ForwardingExecutor {
 
     fn at_path(upstream: Rc<dyn Upstream>, path: Vec<Step>) -> ForwardingExecutor {
         ForwardingExecutor {
-            upstream,
-            path,
-            resolved: RefCell::new(None),
+            far: Far::Upstream {
+                upstream,
+                path,
+                resolved: RefCell::new(None),
+            },
+            root: None,
+            received: None,
+        }
+    }
+
+    /// The executor of a far directory (`Directory.executor` through a
+    /// hop): starts on it keep their pipelining across this hop.
+    pub(crate) fn of_far_directory(executor: executor::Client, hop: Rc<str>) -> ForwardingExecutor {
+        ForwardingExecutor {
+            far: Far::Fixed { executor, hop },
             root: None,
             received: None,
         }
     }
 
     fn hop(&self) -> &str {
-        self.upstream.name()
+        match &self.far {
+            Far::Upstream { upstream, .. } => upstream.name(),
+            Far::Fixed { hop, .. } => hop,
+        }
     }
 
     /// The executor calls go to, on the link's current connection.
     async fn target(&self) -> Result<Link, capnp::Error> {
-        let root = Rc::clone(&self.upstream).executor().await?;
-        if self.path.is_empty() {
+        let (upstream, path, resolved) = match &self.far {
+            Far::Upstream {
+                upstream,
+                path,
+                resolved,
+            } => (upstream, path, resolved),
+            Far::Fixed { executor, .. } => {
+                return Ok(settled(Link {
+                    executor: executor.clone(),
+                    generation: 0,
+                }));
+            }
+        };
+        let root = Rc::clone(upstream).executor().await?;
+        if path.is_empty() {
             return Ok(settled(root));
         }
-        let mut resolved = self.resolved.borrow_mut();
+        let mut resolved = resolved.borrow_mut();
         if let Some(link) = resolved
             .as_ref()
             .filter(|l| l.generation == root.generation)
         {
             return Ok(settled(link.clone()));
         }
-        let executor = self
-            .path
+        let executor = path
             .iter()
             .fold(root.executor, |executor, step| match step {
                 Step::Environment(name) => {
@@ -157,15 +197,29 @@ impl ForwardingExecutor {
     /// far executor again (taking the same steps) after the link
     /// reconnects.
     fn step(&self, step: Step, far: executor::Client, generation: u64) -> ForwardingExecutor {
-        let mut path = self.path.clone();
-        path.push(step);
-        let mut forwarder = ForwardingExecutor::at_path(Rc::clone(&self.upstream), path);
-        forwarder.received = self.received.clone();
-        *forwarder.resolved.borrow_mut() = Some(Link {
-            executor: far,
-            generation,
-        });
-        forwarder
+        let far = match &self.far {
+            Far::Upstream { upstream, path, .. } => {
+                let mut path = path.clone();
+                path.push(step);
+                Far::Upstream {
+                    upstream: Rc::clone(upstream),
+                    path,
+                    resolved: RefCell::new(Some(Link {
+                        executor: far,
+                        generation,
+                    })),
+                }
+            }
+            Far::Fixed { hop, .. } => Far::Fixed {
+                executor: far,
+                hop: Rc::clone(hop),
+            },
+        };
+        ForwardingExecutor {
+            far,
+            root: None,
+            received: self.received.clone(),
+        }
     }
 }
 

@@ -12,7 +12,7 @@
 use std::rc::Rc;
 
 use crate::capexec_capnp::directory;
-use crate::rpc::forward::upstream_lost;
+use crate::rpc::forward::{ForwardingExecutor, upstream_lost};
 use crate::rpc::settled::settled;
 
 pub(crate) struct ForwardingDirectory {
@@ -109,15 +109,21 @@ impl directory::Server for ForwardingDirectory {
         read_only: read_only_request, ReadOnlyParams, ReadOnlyResults;
     }
 
-    /// The far directory's executor, published before the far end answers
-    /// (calls pipelined on it go on at once).
+    /// The far directory's executor as a local forwarder, published before
+    /// the far end answers: calls pipelined on it go on at once, and a
+    /// start on it publishes its process at once too (one trip per hop).
     async fn executor(
         self: Rc<Self>,
         _: directory::ExecutorParams,
         mut results: directory::ExecutorResults,
     ) -> Result<(), capnp::Error> {
         let call = settled(&self.far).executor_request().send();
-        results.get().set_executor(call.pipeline.get_executor());
+        results
+            .get()
+            .set_executor(capnp_rpc::new_client(ForwardingExecutor::of_far_directory(
+                call.pipeline.get_executor(),
+                Rc::clone(&self.hop),
+            )));
         results.set_pipeline()?;
         call.promise.await.map_err(|error| self.lost(error))?;
         Ok(())

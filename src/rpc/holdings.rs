@@ -230,6 +230,22 @@ impl Holdings {
         })
     }
 
+    /// Whether [`Holdings::hold`] of `descriptors` would succeed now.
+    pub(crate) fn has_room_for(&self, descriptors: usize) -> bool {
+        let server_limits = if self.connection.light_with(descriptors, 0) {
+            self.server.limits
+        } else {
+            self.server.limits.for_heavy_holders()
+        };
+        self.connection
+            .short_of(descriptors, 0, self.connection.limits)
+            .is_none()
+            && self
+                .server
+                .short_of(descriptors, 0, server_limits)
+                .is_none()
+    }
+
     /// Woken when descriptors are given back, by any connection.
     pub(crate) fn freed(&self) -> Rc<Notify> {
         Rc::clone(&self.server.freed)

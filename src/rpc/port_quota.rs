@@ -136,20 +136,32 @@ impl PortQuota {
         })
     }
 
-    /// One more port connection, once one is free on this connection and
-    /// in the server's share of descriptors.
-    pub(crate) async fn wait_for_stream(&self) -> PortTicket {
+    /// Waits until one more port connection could be taken (on this
+    /// connection and in the server's share of descriptors), taking
+    /// nothing: a listener waits so before it accepts, and holds no place
+    /// while it listens.
+    pub(crate) async fn wait_for_room(&self) {
         let server_freed = self.0.holdings.freed();
         loop {
             let freed = self.0.freed.notified();
             let elsewhere = server_freed.notified();
-            if let Ok(ticket) = self.take_stream() {
-                return ticket;
+            if self.0.streams.get() < self.0.max_streams && self.0.holdings.has_room_for(1) {
+                return;
             }
             tokio::select! {
                 () = freed => {}
                 () = elsewhere => {}
             }
+        }
+    }
+
+    /// One more port connection, once one is free.
+    pub(crate) async fn wait_for_stream(&self) -> PortTicket {
+        loop {
+            if let Ok(ticket) = self.take_stream() {
+                return ticket;
+            }
+            self.wait_for_room().await;
         }
     }
 }

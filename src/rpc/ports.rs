@@ -920,7 +920,9 @@ async fn accept_loop(
         let Ok(slot) = std::sync::Arc::clone(&pending).acquire_owned().await else {
             return;
         };
-        let ticket = quota.wait_for_stream().await;
+        // Until the connection may hold one more, connections wait in the
+        // kernel's backlog; a listener that waits holds no place itself.
+        quota.wait_for_room().await;
         let (socket, info) = match listening.accept().await {
             Ok(accepted) => accepted,
             Err(error) => {
@@ -935,6 +937,8 @@ async fn accept_loop(
                 continue;
             }
         };
+        // Taken by a dial meanwhile: this one waits for the next place.
+        let ticket = quota.wait_for_stream().await;
         let (connection, handle, to_socket) = open(socket, ticket);
         {
             let mut list = accepted.borrow_mut();

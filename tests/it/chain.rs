@@ -217,6 +217,40 @@ fn pipelining_through_environment_paths_costs_one_trip_per_hop() {
     });
 }
 
+/// A directory's executor through a hop keeps pipelining: the client's
+/// `directory(p).executor().start(...)` and the calls on its process cross
+/// each link in one flight (the far link took two before: A answered the
+/// start only once B had).
+#[test]
+fn pipelining_through_a_directorys_executor_costs_one_trip_per_hop() {
+    common::run_local(async {
+        let dir = TempDir::new("proxies");
+        let work = TempDir::new("direxec-chain");
+        let far = ServerThread::start(false);
+        let to_far = proxy_to(&dir, "b.sock", &far);
+        let middle = unix_server_forwarding_to(vec![through("b", &to_far)], Some("b"));
+        let to_middle = proxy_to(&dir, "a.sock", &middle);
+        let connection =
+            capexec::net::connect(&Address::Unix(to_middle.path().to_path_buf()), None)
+                .await
+                .expect("connect through the proxy");
+        let executor = connection.executor();
+        let warm = Command::new("true")
+            .status(&executor)
+            .await
+            .expect("warm up");
+        assert_eq!(warm, ExitStatus::Code(0));
+
+        hold_answers(&[&to_middle, &to_far]);
+        let confined = capexec::client::Directory::open(&executor, work.path()).executor();
+        pipelined_flow(
+            &confined,
+            &[(&to_middle, 6, "client -> A"), (&to_far, 6, "A -> B")],
+        )
+        .await;
+    });
+}
+
 /// Exit status and stdout, from a subscription until `closed`.
 async fn collect(process: &client::RemoteProcess) -> (ExitStatus, Vec<u8>) {
     let mut events = process.events(0).await.expect("subscribe");

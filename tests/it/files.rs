@@ -932,6 +932,20 @@ async fn limits_are_refused_with_limit(ctx: Ctx) {
         .await
         .expect("room again");
     assert_eq!(names(temp.path()), ["after"]);
+    // So do uploads that are done, while their sinks are still held.
+    let mut done = Vec::new();
+    for index in 0..MAX_TRANSFERS_PER_CONNECTION {
+        let sink = begin_upload(&dir, &format!("d{index}"), None, b"x").await;
+        sink.done_request().send().promise.await.expect("done");
+        done.push(sink);
+    }
+    let sink = begin_upload(&dir, "past-the-done", None, b"x").await;
+    sink.done_request()
+        .send()
+        .promise
+        .await
+        .expect("room after done");
+    drop(done);
 }
 
 /// `writeFiles`: every file written as `writeFile` writes it, each with

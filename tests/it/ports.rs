@@ -392,6 +392,9 @@ async fn unix_sockets_are_dialled_and_listened_on(ctx: Ctx) {
     }
     let mut dialled = dial(&ctx, &address).await;
     let mut accepted = listener.accept().await.expect("accepted");
+    // The accepted connection names the address listened on, not the
+    // private path the socket was bound at before it was moved there.
+    assert_eq!(accepted.info().local, address);
     dialled.write_all(b"over unix").await.expect("write");
     dialled.shutdown().await.expect("half-close");
     assert_eq!(read_all(&mut accepted).await.expect("read"), b"over unix");
@@ -591,6 +594,11 @@ async fn a_connection_holds_at_most_its_maximum_of_port_connections(ctx: Ctx) {
             }
         }
     });
+    // Listeners are not port connections: one listening, holding none,
+    // leaves every place to dials (and takes one per connection accepted).
+    let idle = client::listen(&ctx.executor, "tcp:127.0.0.1:0")
+        .await
+        .expect("listen");
     let mut held = Vec::new();
     for _ in 0..capexec::rpc::MAX_PORT_STREAMS {
         held.push(dial(&ctx, &address).await);
@@ -628,7 +636,7 @@ async fn a_connection_holds_at_most_its_maximum_of_port_connections(ctx: Ctx) {
     };
     again.read_exact(&mut byte).await.expect("a new one reads");
     assert_eq!(&byte, b"!");
-    drop(held);
+    drop((held, idle));
     peer.abort();
 }
 
