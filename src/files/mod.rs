@@ -435,22 +435,24 @@ impl Directory {
             while at < end {
                 let want = ((end - at) as usize).min(DOWNLOAD_CHUNK_BYTES);
                 let (file, path) = (Arc::clone(&file), path.clone());
+                // Allocated here, not on the blocking thread: freed memory
+                // of a thread's own arena is kept at its top by glibc,
+                // where malloc_trim does not reach (a burst of downloads
+                // left tens of MiB behind).
+                let mut chunk = vec![0; want];
                 let sent = work
-                    .run(move || {
-                        let mut chunk = vec![0; want];
-                        match read::read_at(&file, &mut chunk, at) {
-                            Ok(0) => Err(error::refused(
-                                RefusalKind::Internal,
-                                "download",
-                                &path,
-                                "the file shrank while it was read",
-                            )),
-                            Ok(n) => {
-                                chunk.truncate(n);
-                                Ok(chunk)
-                            }
-                            Err(errno) => Err(error::failed("download", &path, errno)),
+                    .run(move || match read::read_at(&file, &mut chunk, at) {
+                        Ok(0) => Err(error::refused(
+                            RefusalKind::Internal,
+                            "download",
+                            &path,
+                            "the file shrank while it was read",
+                        )),
+                        Ok(n) => {
+                            chunk.truncate(n);
+                            Ok(chunk)
                         }
+                        Err(errno) => Err(error::failed("download", &path, errno)),
                     })
                     .await;
                 if let Ok(chunk) = &sent {

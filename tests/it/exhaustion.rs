@@ -192,6 +192,9 @@ fn restricted_executors_count_against_the_connections_memory() {
             "RSS {before} -> {} KiB",
             peak.peak_kib()
         );
+        // Released, the memory goes back to the system.
+        drop((held, connection));
+        procfs::rss_settles_below(server, before + 8 * 1024).await;
     });
 }
 
@@ -385,6 +388,7 @@ fn transfers_waiting_on_their_client_hold_no_thread() {
             std::fs::create_dir_all(work.path().join(format!("tree/{n}"))).expect("tree");
         }
         let server = served.child.id();
+        let before = procfs::rss_quiet(server).await;
         let mut connections = Vec::new();
         let mut sinks = Vec::new();
         let mut pending = Vec::new();
@@ -420,7 +424,11 @@ fn transfers_waiting_on_their_client_hold_no_thread() {
         for task in pending {
             task.abort();
         }
-        drop(sinks);
+        drop((sinks, connections));
+        // Once the attackers are gone, so is what they made the server
+        // hold (a few MiB of allocator slack at most).
+        let after = procfs::rss_settles_below(server, before + 8 * 1024).await;
+        eprintln!("RSS {before} KiB before, {rss} KiB during, {after} KiB after");
     });
 }
 
