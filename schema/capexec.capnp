@@ -231,7 +231,11 @@ interface Executor {
   # environment its `settableEnv` forbids).
   #
   # The policy lists take at most 1,024 entries each, and an executor can be
-  # restricted at most 64 times over. Through a forwarding executor the
+  # restricted at most 64 times over. The rules a restricted executor keeps
+  # (every policy before it included) count against its connection's and
+  # the server's memory for capabilities (see `Directory`'s limits) for as
+  # long as it, or a directory it made, is held: past that,
+  # `restrict` fails with `[capexec:limit]`. Through a forwarding executor the
   # restriction is asked for again (and resolved again) when a broken link
   # reconnects; processes still running from before the break are then not
   # counted by the new `maxProcesses`.
@@ -1263,10 +1267,24 @@ struct ProcessRecord {
 #   data; an upload's `write` at most 1 MiB. One connection may have at most
 #   64 transfers (uploads not yet done or dropped, downloads, lists and
 #   walks in progress) and 32 watches at once; more fail with
-#   `[capexec:limit]`. Through a chain these count at the server that
+#   `[capexec:limit]`. Each `Directory` capability, transfer, level a walk
+#   is in and watch holds a descriptor, and each transfer 2 MiB of memory,
+#   counted against the connection (at most half of the server's share)
+#   and the server (a share of its descriptor limit, 512 MiB): past either,
+#   the call fails with `[capexec:limit]`; the last quarter of the
+#   server's share is kept for connections that hold little (16
+#   descriptors, 8 MiB), so one client's directory still opens while
+#   others hold the rest. Through a chain these count at the server that
 #   serves the directory, where the link is one connection.
-# - Blocking file system calls run off the server's RPC thread: a slow
-#   disk or a huge tree delays only the call that touches it.
+# - Blocking file system calls run off the server's RPC thread, at most 16
+#   of one connection at once (4,096 more wait, then `[capexec:limit]`) and
+#   256 of the server: a slow disk or a huge tree delays only the calls
+#   that touch it. A transfer waiting for its client (a sink that does not
+#   acknowledge, an upload's next chunk) holds no thread.
+# - Only regular files are read and written: a FIFO, socket or device
+#   where a file is meant fails with `[capexec:invalid-argument]` ("not a
+#   regular file"), and is never opened for writing, replaced or removed
+#   in a file's place.
 
 interface Directory {
   # A directory on the server's machine and everything beneath it, and
@@ -1416,7 +1434,13 @@ interface Directory {
   # should look again (`list`, `walk`). The answer comes once the watch is
   # in place: changes after it are reported. If the watched directory is
   # removed or moved away, a `gone` event is the last. Counts against the
-  # connection's 32 watches.
+  # connection's 32 watches. Every watch of the server shares one inotify
+  # instance, and together they hold at most the server's share of the
+  # user's inotify watches (one per directory watched; by default half of
+  # `fs.inotify.max_user_watches`): a watch that would need more fails with
+  # `[capexec:limit]`, and a recursive watch that could not watch every
+  # directory beneath it (then or later) reports an `overflow` for what it
+  # could not.
 
   info @19 () -> (info :DirectoryInfo);
   # Where this directory is and what it allows.

@@ -17,6 +17,7 @@
 
 mod abuse;
 mod cli;
+mod exhaustion;
 mod files;
 #[path = "../../tests/common/hostile.rs"]
 #[allow(dead_code)]
@@ -176,6 +177,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         }
         if wanted("abuse") {
             abuse::run(&plan, &mut report).await?;
+            exhaustion::run(&plan, &mut report).await?;
         }
         if wanted("operator") {
             operator::run(&plan, &mut report).await?;
