@@ -77,13 +77,35 @@ fn split(path: &Path) -> (PathBuf, PathBuf) {
     (parent, name)
 }
 
-/// How the run went: failures are counted as they are said.
+/// How the run went: failures are counted as they are said, and every
+/// file or link the copy set out to copy is counted when it is listed and
+/// when it is copied, so that one lost on the way cannot go unsaid.
 struct Run {
     failed: Cell<usize>,
+    listed: Cell<u64>,
+    copied: Cell<u64>,
     progress: ProgressBar,
 }
 
 impl Run {
+    /// `count` more files or links to copy.
+    fn list(&self, count: usize) {
+        self.listed.set(self.listed.get() + count as u64);
+    }
+
+    /// One of them copied.
+    fn copied(&self) {
+        self.copied.set(self.copied.get() + 1);
+        self.progress.inc(1);
+    }
+
+    /// Listed files that were neither copied nor said to have failed.
+    fn unaccounted(&self) -> u64 {
+        self.listed
+            .get()
+            .saturating_sub(self.copied.get() + self.failed.get() as u64)
+    }
+
     fn fail(&self, what: &Path, error: impl std::fmt::Display) {
         self.failed.set(self.failed.get() + 1);
         self.progress.suspend(|| {
@@ -155,6 +177,8 @@ pub fn main(args: CpArgs) -> i32 {
         };
         let run = Rc::new(Run {
             failed: Cell::new(0),
+            listed: Cell::new(0),
+            copied: Cell::new(0),
             progress: progress(),
         });
         let options = Options {
@@ -170,6 +194,14 @@ pub fn main(args: CpArgs) -> i32 {
             download_all(&executor, &sources, &dest, options, &run).await;
         }
         run.progress.finish_and_clear();
+        let lost = run.unaccounted();
+        if lost > 0 {
+            stdio::note(&format!(
+                "cp: {lost} of the {} files listed were not copied",
+                run.listed.get()
+            ));
+            return EXIT_SOME_FAILED;
+        }
         if run.failed.get() > 0 {
             EXIT_SOME_FAILED
         } else {
@@ -325,6 +357,7 @@ async fn upload_tree(dir: &Directory, local: &Path, remote: &Path, options: Opti
         links: Vec::new(),
     };
     scan(local, remote, options, &mut found, run);
+    run.list(found.files.len() + found.links.len());
     // Directories first (each with its parents, so their order does not
     // matter), then everything in them, many at once.
     let mut made = FuturesUnordered::new();
@@ -472,7 +505,7 @@ async fn upload_batch(dir: &Directory, batch: Vec<&Found>, options: Options, run
         Ok(outcomes) => {
             for (local, outcome) in sent.iter().zip(outcomes) {
                 match outcome {
-                    Ok(_) => run.progress.inc(1),
+                    Ok(_) => run.copied(),
                     Err(error) => run.fail(local, error),
                 }
             }
@@ -507,7 +540,7 @@ async fn upload_file(
     };
     match outcome.await {
         Ok(()) => {
-            run.progress.inc(1);
+            run.copied();
         }
         Err(error) => run.fail(local, error),
     }
@@ -524,8 +557,9 @@ async fn upload_link(dir: &Directory, local: &Path, remote: &Path, run: &Run) {
             other => other,
         }
     };
-    if let Err(error) = outcome.await {
-        run.fail(local, error);
+    match outcome.await {
+        Ok(()) => run.copied(),
+        Err(error) => run.fail(local, error),
     }
 }
 
@@ -629,6 +663,7 @@ async fn download_tree(
             link_target: target,
             ..entry
         };
+        run.list(1);
         return download_entry(dir, remote, &shown(remote), local, &entry, options, run).await;
     }
     if !options.recursive {
@@ -644,7 +679,9 @@ async fn download_tree(
     // Small files are read in batches, the others one by one.
     let mut batch = Vec::new();
     let mut batch_bytes = 0;
-    while walking || !pending.is_empty() {
+    // Until the walk is over, every fetch it led to is done, and the last
+    // batch (however small) has gone too.
+    while walking || !pending.is_empty() || !batch.is_empty() {
         if !batch.is_empty()
             && (!walking || batch.len() >= BATCH_FILES || batch_bytes >= BATCH_BYTES)
         {
@@ -686,10 +723,12 @@ async fn download_tree(
                                 .is_some_and(|s| s.size <= BATCHED_FILE_BYTES as u64) =>
                         {
                             batch_bytes += entry.stat.as_ref().map_or(0, |s| s.size as usize);
+                            run.list(1);
                             let named = shown(&there);
                             batch.push(Fetch { there, here, named, entry });
                         }
                         Some(_) => {
+                            run.list(1);
                             let named = shown(&there);
                             pending.push(Box::pin(async move {
                                 download_entry(dir, &there, &named, &here, &entry, options, run)
@@ -763,7 +802,7 @@ async fn download_batch(dir: &Directory, batch: Vec<Fetch>, options: Options, ru
         Ok(written) => {
             for (named, outcome) in written {
                 match outcome {
-                    Ok(()) => run.progress.inc(1),
+                    Ok(()) => run.copied(),
                     Err(error) => run.fail(&named, local_error(error)),
                 }
             }
@@ -853,7 +892,7 @@ async fn download_entry(
         Ok::<_, Error>(())
     };
     match outcome.await {
-        Ok(()) => run.progress.inc(1),
+        Ok(()) => run.copied(),
         Err(error) => run.fail(shown, error),
     }
 }
@@ -867,4 +906,26 @@ fn set_local_attributes(path: &Path, permissions: u32, modified_ns: i64) -> std:
     // The time first: the permissions may forbid opening it after.
     std::fs::File::open(path)?.set_modified(modified)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(permissions & 0o7777))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listed_file_neither_copied_nor_failed_is_accounted_as_lost() {
+        let run = Run {
+            failed: Cell::new(0),
+            listed: Cell::new(0),
+            copied: Cell::new(0),
+            progress: ProgressBar::hidden(),
+        };
+        run.list(3);
+        run.copied();
+        assert_eq!(run.unaccounted(), 2);
+        run.fail(Path::new("x"), "said");
+        assert_eq!(run.unaccounted(), 1);
+        run.copied();
+        assert_eq!(run.unaccounted(), 0);
+    }
 }

@@ -364,3 +364,128 @@ fn cp_shows_its_progress_on_a_terminal_and_clears_it() {
             .is_some_and(|last| shown[last..].contains("\x1b[2K"))
     });
 }
+
+/// Every file, directory and symlink beneath `root`, by relative path:
+/// its kind and contents (a file's bytes, a link's target).
+fn tree_of(root: &Path) -> std::collections::BTreeMap<std::path::PathBuf, (char, Vec<u8>)> {
+    let mut found = std::collections::BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read_dir") {
+            let path = entry.expect("entry").path();
+            let relative = path.strip_prefix(root).expect("beneath").to_path_buf();
+            let kind = std::fs::symlink_metadata(&path).expect("lstat").file_type();
+            let described = if kind.is_symlink() {
+                let target = std::fs::read_link(&path).expect("readlink");
+                ('l', target.into_os_string().into_encoded_bytes())
+            } else if kind.is_dir() {
+                stack.push(path.clone());
+                ('d', Vec::new())
+            } else {
+                ('f', std::fs::read(&path).expect("read"))
+            };
+            found.insert(relative, described);
+        }
+    }
+    found
+}
+
+/// The shapes of tree a copy must carry whole: only empty files, only
+/// small ones (nested), one file, thousands of small files, a mix of
+/// sizes with links and an empty directory, a deep one.
+fn shapes(root: &Path) -> Vec<(&'static str, std::path::PathBuf)> {
+    let made = |name: &'static str, fill: &dyn Fn(&Path)| {
+        let dir = root.join(name);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        fill(&dir);
+        (name, dir)
+    };
+    vec![
+        made("empty-files", &|dir| {
+            for n in 0..20 {
+                std::fs::write(dir.join(format!("e{n}")), b"").expect("write");
+            }
+        }),
+        made("small-files", &|dir| {
+            for n in 0..53 {
+                let sub = dir.join(format!("d{}", n % 5)).join(format!("s{}", n % 3));
+                std::fs::create_dir_all(&sub).expect("mkdir");
+                std::fs::write(sub.join(format!("f{n}")), format!("{n}\n")).expect("write");
+            }
+        }),
+        made("one-file", &|dir| {
+            std::fs::write(dir.join("only"), b"one\n").expect("write");
+        }),
+        made("thousands", &|dir| {
+            for n in 0..3000 {
+                let sub = dir.join(format!("{}", n % 30));
+                std::fs::create_dir_all(&sub).expect("mkdir");
+                std::fs::write(
+                    sub.join(format!("{n}")),
+                    Pattern::bytes(n, n as usize % 700),
+                )
+                .expect("write");
+            }
+        }),
+        made("mixed", &|dir| {
+            std::fs::create_dir_all(dir.join("a/empty")).expect("mkdir");
+            std::fs::write(dir.join("a/tiny"), b"t").expect("write");
+            std::fs::write(dir.join("a/mid"), Pattern::bytes(1, 70_000)).expect("write");
+            std::fs::write(dir.join("big"), Pattern::bytes(2, 3_000_000)).expect("write");
+            symlink("a/tiny", dir.join("link")).expect("symlink");
+        }),
+        made("deep", &|dir| {
+            let mut deep = dir.to_path_buf();
+            for level in 0..40 {
+                deep.push(format!("l{level}"));
+                std::fs::create_dir_all(&deep).expect("mkdir");
+                std::fs::write(deep.join("f"), format!("level {level}\n")).expect("write");
+            }
+        }),
+    ]
+}
+
+/// Every shape, both ways, through the embedded executor and a server's
+/// socket, arrives byte for byte: a recursive download of small files only
+/// used to create the directories, write no file and exit 0.
+#[test]
+fn cp_carries_every_shape_of_tree_whole_both_ways() {
+    let served = Served::start();
+    let work = TempDir::new("cli-cp-shapes");
+    let sources = shapes(&work.path().join("sources"));
+    for (connect, through) in [(Some(served.unix.as_str()), "unix"), (None, "embedded")] {
+        for (name, source) in &sources {
+            let expected = tree_of(source);
+            let run = |args: &[&str]| {
+                let mut all = Vec::new();
+                if let Some(address) = connect {
+                    all.extend(["--connect", address]);
+                }
+                all.extend(args);
+                finish(served.command("cp", &all), None)
+            };
+            let up = work.path().join(format!("up-{through}-{name}"));
+            let done = run(&["-r", &arg(source), &remote(&up)]);
+            assert_eq!(
+                (done.code, text(&done.stderr)),
+                (0, String::new()),
+                "{through} {name} up"
+            );
+            assert!(
+                tree_of(&up) == expected,
+                "{through} {name}: the upload differs"
+            );
+            let down = work.path().join(format!("down-{through}-{name}"));
+            let done = run(&["-r", &remote(&up), &arg(&down)]);
+            assert_eq!(
+                (done.code, text(&done.stderr)),
+                (0, String::new()),
+                "{through} {name} down"
+            );
+            assert!(
+                tree_of(&down) == expected,
+                "{through} {name}: the download differs"
+            );
+        }
+    }
+}
