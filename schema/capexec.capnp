@@ -1595,6 +1595,10 @@ struct WriteOptions {
     # A replaced file's permission bits; a new file's are 0666 less the
     # server's umask.
     set @4 :UInt32;
+    newFile @10 :UInt32;
+    # A replaced file keeps its permission bits; a new file gets these
+    # (the low nine bits only), less the server's umask: what `cp` and
+    # `scp` do without `-p`.
   }
   ifVersion @5 :Data;
   # Non-empty: write only if the target's `FileStat.version` is this one

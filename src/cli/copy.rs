@@ -10,7 +10,7 @@ use std::ffi::OsStr;
 use std::future::Future;
 use std::io::IsTerminal;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::rc::Rc;
@@ -97,6 +97,21 @@ impl Run {
     fn copied(&self) {
         self.copied.set(self.copied.get() + 1);
         self.progress.inc(1);
+    }
+
+    /// Says, without failing, that the symlink `shown` (`relative` in the
+    /// copied tree) leads out of the tree: it is copied as a link, and
+    /// where it leads may not be where the copy is.
+    fn say_if_outside(&self, shown: &Path, relative: &Path, target: &[u8]) {
+        if leads_out(relative, target) {
+            self.progress.suspend(|| {
+                stdio::note(&format!(
+                    "cp {}: a symlink to {} outside the copied tree; copied as a link",
+                    shown.display(),
+                    OsStr::from_bytes(target).to_string_lossy()
+                ));
+            });
+        }
     }
 
     /// Listed files that were neither copied nor said to have failed.
@@ -295,15 +310,33 @@ struct Scan {
     dirs: Vec<(PathBuf, PathBuf, std::fs::Metadata)>,
     files: Vec<(PathBuf, PathBuf, std::fs::Metadata)>,
     links: Vec<(PathBuf, PathBuf)>,
+    /// FIFOs and character devices named as sources: read to their end.
+    streams: Vec<Found>,
 }
 
+/// What `local` holds, put in `scan`. A source named on the command line
+/// (`top`) is followed if it is a symlink, as `cp` and `scp` do, and read
+/// as a stream if it is a FIFO or a character device (`<(command)`, as
+/// `-`); symlinks beneath it are copied as links.
 fn scan(local: &Path, remote: &Path, options: Options, scan: &mut Scan, run: &Run) {
-    let metadata = match std::fs::symlink_metadata(local) {
+    scan_at(local, remote, options, scan, run, true)
+}
+
+fn scan_at(local: &Path, remote: &Path, options: Options, scan: &mut Scan, run: &Run, top: bool) {
+    let metadata = if top {
+        std::fs::metadata(local)
+    } else {
+        std::fs::symlink_metadata(local)
+    };
+    let metadata = match metadata {
         Ok(metadata) => metadata,
         Err(error) => return run.fail(local, capexec::model::io_message(&error).to_lowercase()),
     };
     let kind = metadata.file_type();
-    if kind.is_symlink() {
+    if top && (kind.is_fifo() || kind.is_char_device()) {
+        scan.streams
+            .push((local.to_path_buf(), remote.to_path_buf(), metadata));
+    } else if kind.is_symlink() {
         scan.links.push((local.to_path_buf(), remote.to_path_buf()));
     } else if kind.is_dir() {
         if !options.recursive {
@@ -340,7 +373,14 @@ fn scan_entry(
     run: &Run,
 ) {
     let name = entry.file_name();
-    scan(&local.join(&name), &remote.join(&name), options, found, run);
+    scan_at(
+        &local.join(&name),
+        &remote.join(&name),
+        options,
+        found,
+        run,
+        false,
+    );
 }
 
 fn mtime_ns(metadata: &std::fs::Metadata) -> i64 {
@@ -355,9 +395,18 @@ async fn upload_tree(dir: &Directory, local: &Path, remote: &Path, options: Opti
         dirs: Vec::new(),
         files: Vec::new(),
         links: Vec::new(),
+        streams: Vec::new(),
     };
     scan(local, remote, options, &mut found, run);
-    run.list(found.files.len() + found.links.len());
+    run.list(found.files.len() + found.links.len() + found.streams.len());
+    for (link, _) in &found.links {
+        if let (Ok(relative), Ok(target)) = (link.strip_prefix(local), std::fs::read_link(link)) {
+            run.say_if_outside(link, relative, target.as_os_str().as_bytes());
+        }
+    }
+    for (local, remote, metadata) in &found.streams {
+        upload_stream(dir, local, remote, metadata, options, run).await;
+    }
     // Directories first (each with its parents, so their order does not
     // matter), then everything in them, many at once.
     let mut made = FuturesUnordered::new();
@@ -453,17 +502,22 @@ fn batches_of(files: Vec<&Found>) -> Vec<Vec<&Found>> {
     batches
 }
 
-/// What the server is asked to make of local file `local`.
+/// What the server is asked to make of local file `local`: with `-p` its
+/// mode and time; without, an existing file keeps its mode and a new one
+/// gets the source's less the server's umask, as `cp` and `scp` do.
 fn write_options(metadata: &std::fs::Metadata, options: Options) -> WriteOptions {
     let mode = metadata.permissions().mode();
-    WriteOptions {
-        permissions: Some(if options.preserve {
-            mode & 0o7777
-        } else {
-            mode & 0o777
-        }),
-        modified_ns: options.preserve.then(|| mtime_ns(metadata)),
-        ..WriteOptions::default()
+    if options.preserve {
+        WriteOptions {
+            permissions: Some(mode & 0o7777),
+            modified_ns: Some(mtime_ns(metadata)),
+            ..WriteOptions::default()
+        }
+    } else {
+        WriteOptions {
+            new_file_permissions: Some(mode & 0o777),
+            ..WriteOptions::default()
+        }
     }
 }
 
@@ -546,13 +600,49 @@ async fn upload_file(
     }
 }
 
+/// Uploads what a FIFO or character device gives until its end, as `-`
+/// is uploaded.
+async fn upload_stream(
+    dir: &Directory,
+    local: &Path,
+    remote: &Path,
+    metadata: &std::fs::Metadata,
+    options: Options,
+    run: &Run,
+) {
+    let mut write = write_options(metadata, options);
+    // The stream's own mode says nothing of the file it becomes.
+    write.permissions = None;
+    write.new_file_permissions = None;
+    let outcome = async {
+        let file = tokio::fs::File::open(local).await.map_err(local_error)?;
+        dir.upload(remote, file, &write, None).await
+    };
+    match outcome.await {
+        Ok(_) => run.copied(),
+        Err(error) => run.fail(local, error),
+    }
+}
+
 async fn upload_link(dir: &Directory, local: &Path, remote: &Path, run: &Run) {
     let outcome = async {
         let target = std::fs::read_link(local).map_err(local_error)?;
         match dir.symlink(&target, remote).await {
             Err(error) if error.refusal_kind() == Some(RefusalKind::Exists) => {
-                dir.remove_file(remote).await?;
-                dir.symlink(&target, remote).await
+                // Only a link or a regular file is replaced, and in one
+                // rename: nothing else is ever removed.
+                let existing = dir.symlink_metadata(remote).await?;
+                if !matches!(existing.kind, FileKind::Symlink | FileKind::File) {
+                    return Err(not_replaced_by_a_link(existing.kind));
+                }
+                let (parent, name) = split(remote);
+                let temporary = parent.join(temporary_name(&name));
+                dir.symlink(&target, &temporary).await?;
+                let renamed = dir.rename(&temporary, remote, false).await;
+                if renamed.is_err() {
+                    let _ = dir.remove_file(&temporary).await;
+                }
+                renamed
             }
             other => other,
         }
@@ -561,6 +651,35 @@ async fn upload_link(dir: &Directory, local: &Path, remote: &Path, run: &Run) {
         Ok(()) => run.copied(),
         Err(error) => run.fail(local, error),
     }
+}
+
+/// A name beside `name` for a link that is renamed over it.
+fn temporary_name(name: &Path) -> PathBuf {
+    PathBuf::from(format!(
+        ".{}.capexec-link-{}",
+        name.display(),
+        std::process::id()
+    ))
+}
+
+fn kind_name(kind: FileKind) -> &'static str {
+    match kind {
+        FileKind::File => "regular file",
+        FileKind::Directory => "directory",
+        FileKind::Symlink => "symlink",
+        FileKind::Fifo => "FIFO",
+        FileKind::Socket => "socket",
+        FileKind::CharDevice => "character device",
+        FileKind::BlockDevice => "block device",
+        _ => "special file",
+    }
+}
+
+fn not_replaced_by_a_link(kind: FileKind) -> Error {
+    Error::Refused(capexec::model::Refusal::new(
+        RefusalKind::Exists,
+        format!("is a {}; not replaced by a symlink", kind_name(kind)),
+    ))
 }
 
 fn local_error(error: std::io::Error) -> Error {
@@ -582,7 +701,11 @@ async fn download_all(
             let Some(Place::Remote(source)) = sources.first() else {
                 unreachable!("checked: one remote source")
             };
-            let (parent, name) = split(source);
+            let followed = match followed(executor, source).await {
+                Ok(followed) => followed,
+                Err(error) => return run.fail(source, error),
+            };
+            let (parent, name) = split(&followed);
             let dir = Directory::open(executor, parent);
             let mut stdout = tokio::io::stdout();
             if let Err(error) = dir.download(&name, &mut stdout).await {
@@ -601,12 +724,82 @@ async fn download_all(
         let Place::Remote(source) = source else {
             unreachable!("checked: downloads come from there")
         };
-        let (parent, name) = split(source);
-        let local = if into { dest.join(&name) } else { dest.clone() };
+        let local = if into {
+            dest.join(split(source).1)
+        } else {
+            dest.clone()
+        };
+        // A source named here is followed if it is a symlink; the copy
+        // keeps the name it was given.
+        let followed = match followed(executor, source).await {
+            Ok(followed) => followed,
+            Err(error) => {
+                run.fail(&PathBuf::from(format!(":{}", source.display())), error);
+                continue;
+            }
+        };
+        let (parent, name) = split(&followed);
         let dir = Directory::open(executor, &parent);
         let remote = Remote { dir, base: parent };
         download_tree(&remote, &name, &local, options, run).await;
     }
+}
+
+/// Whether a symlink at `relative` (in a copied tree) to `target` leads
+/// out of the tree: an absolute target, or one whose `..` climb past the
+/// tree's top.
+fn leads_out(relative: &Path, target: &[u8]) -> bool {
+    let target = Path::new(OsStr::from_bytes(target));
+    if target.is_absolute() {
+        return true;
+    }
+    let mut depth = relative
+        .parent()
+        .map_or(0, |parent| parent.components().count() as isize);
+    for component in target.components() {
+        match component {
+            std::path::Component::ParentDir => depth -= 1,
+            std::path::Component::Normal(_) => depth += 1,
+            _ => {}
+        }
+        if depth < 0 {
+            return true;
+        }
+    }
+    false
+}
+
+/// Most symlinks followed from a source named on the command line, as
+/// the kernel's own limit.
+const MAX_LINKS_FOLLOWED: usize = 40;
+
+/// `source` on the executor's machine with its symlinks followed, one
+/// directory at a time: a link may lead anywhere the executor may read
+/// (`/etc/os-release` to `/usr/lib/os-release`), which the directory of
+/// the link cannot name.
+async fn followed(
+    executor: &capexec::capexec_capnp::executor::Client,
+    source: &Path,
+) -> Result<PathBuf, Error> {
+    let mut path = source.to_path_buf();
+    for _ in 0..MAX_LINKS_FOLLOWED {
+        let (parent, name) = split(&path);
+        let dir = Directory::open(executor, &parent);
+        let stat = dir.symlink_metadata(&name).await?;
+        if stat.kind != FileKind::Symlink {
+            return Ok(path);
+        }
+        let target = PathBuf::from(OsStr::from_bytes(&dir.read_link(&name).await?));
+        path = if target.is_absolute() {
+            target
+        } else {
+            parent.join(target)
+        };
+    }
+    Err(Error::Refused(capexec::model::Refusal::new(
+        RefusalKind::InvalidArgument,
+        format!("more than {MAX_LINKS_FOLLOWED} symlinks to follow"),
+    )))
 }
 
 /// A remote directory and where it is, for messages.
@@ -727,8 +920,11 @@ async fn download_tree(
                             let named = shown(&there);
                             batch.push(Fetch { there, here, named, entry });
                         }
-                        Some(_) => {
+                        Some(kind) => {
                             run.list(1);
+                            if kind == FileKind::Symlink {
+                                run.say_if_outside(&shown(&there), &relative, &entry.link_target);
+                            }
                             let named = shown(&there);
                             pending.push(Box::pin(async move {
                                 download_entry(dir, &there, &named, &here, &entry, options, run)
@@ -827,22 +1023,141 @@ async fn download_batch(dir: &Directory, batch: Vec<Fetch>, options: Options, ru
     }
 }
 
-/// Writes a downloaded file here with its permissions (and with
-/// `preserve` its times and special bits).
+/// A local destination opened for a downloaded file's content, and what
+/// it was.
+struct Destination {
+    file: std::fs::File,
+    /// A regular file, made now or truncated: its mode and time may be
+    /// set (with `-p`). A FIFO or character device is only written.
+    regular: bool,
+}
+
+/// Opens `path` for a file with `permissions` as `cp` does: a new file is
+/// made with the source's mode less the umask, an existing one (through a
+/// symlink too) is truncated and keeps its mode, a FIFO or character
+/// device is written as it is (never chmodded, renamed over or removed),
+/// and anything else is refused.
+fn open_destination(path: &Path, permissions: u32) -> std::io::Result<Destination> {
+    use std::io::{Error as IoError, ErrorKind};
+    for _ in 0..2 {
+        match std::fs::metadata(path) {
+            Err(error) if error.kind() == ErrorKind::NotFound => {
+                match std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(permissions & 0o777)
+                    .open(path)
+                {
+                    Ok(file) => {
+                        return Ok(Destination {
+                            file,
+                            regular: true,
+                        });
+                    }
+                    // Made meanwhile, or a symlink to nowhere: look again.
+                    Err(error) if error.kind() == ErrorKind::AlreadyExists => continue,
+                    Err(error) => return Err(error),
+                }
+            }
+            Err(error) => return Err(error),
+            Ok(metadata) if metadata.is_file() => {
+                let file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .truncate(true)
+                    .open(path)?;
+                return Ok(Destination {
+                    file,
+                    regular: true,
+                });
+            }
+            Ok(metadata)
+                if metadata.file_type().is_fifo() || metadata.file_type().is_char_device() =>
+            {
+                let file = std::fs::OpenOptions::new().write(true).open(path)?;
+                return Ok(Destination {
+                    file,
+                    regular: false,
+                });
+            }
+            Ok(metadata) if metadata.is_dir() => {
+                return Err(IoError::new(ErrorKind::IsADirectory, "is a directory"));
+            }
+            Ok(metadata) => {
+                let kind = if metadata.file_type().is_socket() {
+                    "a socket"
+                } else {
+                    "a block device"
+                };
+                return Err(IoError::other(format!("is {kind}; not written")));
+            }
+        }
+    }
+    Err(IoError::other("a symlink to nowhere (not written through)"))
+}
+
+/// After a downloaded file's content is in `destination`: with `-p` its
+/// mode (special bits too) and time, on a regular file only.
+fn finish_destination(
+    path: &Path,
+    destination: &Destination,
+    stat: &capexec::model::FileStat,
+    preserve: bool,
+) -> std::io::Result<()> {
+    if preserve && destination.regular {
+        set_local_attributes(path, stat.permissions, stat.modified_ns)?;
+    }
+    Ok(())
+}
+
+/// Writes a downloaded file here (see [`open_destination`]).
 fn write_local(
     path: &Path,
     data: &[u8],
     stat: &capexec::model::FileStat,
     preserve: bool,
 ) -> std::io::Result<()> {
-    std::fs::write(path, data)?;
-    if preserve {
-        set_local_attributes(path, stat.permissions, stat.modified_ns)
-    } else {
-        std::fs::set_permissions(
-            path,
-            std::fs::Permissions::from_mode(stat.permissions & 0o777),
-        )
+    use std::io::Write;
+    let mut destination = open_destination(path, stat.permissions)?;
+    destination.file.write_all(data)?;
+    finish_destination(path, &destination, stat, preserve)
+}
+
+/// Makes `local` a symlink to `target`: in its place if nothing is there,
+/// else only over a symlink or a regular file, and in one rename.
+fn place_link(local: &Path, target: &[u8]) -> std::io::Result<()> {
+    use std::io::ErrorKind;
+    let target = OsStr::from_bytes(target);
+    match std::fs::symlink_metadata(local) {
+        Err(error) if error.kind() == ErrorKind::NotFound => {
+            std::os::unix::fs::symlink(target, local)
+        }
+        Err(error) => Err(error),
+        Ok(metadata) if metadata.file_type().is_symlink() || metadata.is_file() => {
+            let (parent, name) = split(local);
+            let temporary = parent.join(temporary_name(&name));
+            let _ = std::fs::remove_file(&temporary);
+            std::os::unix::fs::symlink(target, &temporary)?;
+            std::fs::rename(&temporary, local).inspect_err(|_| {
+                let _ = std::fs::remove_file(&temporary);
+            })
+        }
+        Ok(metadata) => {
+            let kind = metadata.file_type();
+            let what = if kind.is_dir() {
+                "a directory"
+            } else if kind.is_fifo() {
+                "a FIFO"
+            } else if kind.is_socket() {
+                "a socket"
+            } else if kind.is_char_device() {
+                "a character device"
+            } else {
+                "a block device"
+            };
+            Err(std::io::Error::other(format!(
+                "is {what}; not replaced by a symlink"
+            )))
+        }
     }
 }
 
@@ -859,10 +1174,7 @@ async fn download_entry(
     let outcome = async {
         match stat.kind {
             FileKind::Symlink => {
-                let _ = std::fs::remove_file(local);
-                std::os::unix::fs::symlink(OsStr::from_bytes(&entry.link_target), local)
-                    .map_err(local_error)?;
-                return Ok(());
+                return place_link(local, &entry.link_target).map_err(local_error);
             }
             FileKind::File => {}
             _ => {
@@ -874,20 +1186,13 @@ async fn download_entry(
         }
         if stat.size <= MAX_ONE_SHOT_BYTES as u64 / 2 {
             let data = dir.read(remote).await?;
-            tokio::fs::write(local, &data).await.map_err(local_error)?;
+            write_local(local, &data, stat, options.preserve).map_err(local_error)?;
         } else {
-            let file = tokio::fs::File::create(local).await.map_err(local_error)?;
+            let destination = open_destination(local, stat.permissions).map_err(local_error)?;
+            let file =
+                tokio::fs::File::from_std(destination.file.try_clone().map_err(local_error)?);
             dir.download(remote, file).await?;
-        }
-        let mode = if options.preserve {
-            stat.permissions
-        } else {
-            stat.permissions & 0o777
-        };
-        std::fs::set_permissions(local, std::fs::Permissions::from_mode(mode))
-            .map_err(local_error)?;
-        if options.preserve {
-            set_local_attributes(local, stat.permissions, stat.modified_ns).map_err(local_error)?;
+            finish_destination(local, &destination, stat, options.preserve).map_err(local_error)?;
         }
         Ok::<_, Error>(())
     };
@@ -927,5 +1232,17 @@ mod tests {
         assert_eq!(run.unaccounted(), 1);
         run.copied();
         assert_eq!(run.unaccounted(), 0);
+    }
+
+    #[test]
+    fn a_link_leads_out_of_the_tree_when_absolute_or_climbing_past_its_top() {
+        let out = |relative: &str, target: &str| leads_out(Path::new(relative), target.as_bytes());
+        assert!(out("a/link", "/etc/passwd"));
+        assert!(out("link", "../x"));
+        assert!(out("a/link", "../../x"));
+        assert!(out("a/link", "b/../../../x"));
+        assert!(!out("a/link", "../x"));
+        assert!(!out("a/b/link", "../../x"));
+        assert!(!out("link", "x/./y"));
     }
 }

@@ -298,7 +298,12 @@ impl PendingFile {
         let existing = check_target(op, path, &target, options)?;
         let permissions = options
             .permissions
-            .or_else(|| existing.as_ref().map(|stat| stat.permissions));
+            .or_else(|| existing.as_ref().map(|stat| stat.permissions))
+            .or_else(|| {
+                options
+                    .new_file_permissions
+                    .map(|bits| bits & 0o777 & !crate::files::tree::umask())
+            });
         let (file, staging) = if options.in_place {
             // O_NONBLOCK: a FIFO swapped in since the check cannot hold the
             // call in open(2) (it fails, or is refused by its type below).

@@ -131,8 +131,12 @@ pub struct WriteOptions {
     pub exclusive: bool,
     pub must_exist: bool,
     pub in_place: bool,
-    /// `None`: keep a replaced file's bits; new files 0666 less the umask.
+    /// `None`: keep a replaced file's bits; new files get
+    /// `new_file_permissions`, else 0666, less the umask.
     pub permissions: Option<u32>,
+    /// A new file's permission bits (the low nine), less the umask, when
+    /// `permissions` is `None`.
+    pub new_file_permissions: Option<u32>,
     /// Non-empty: the target must have this version.
     pub if_version: Vec<u8>,
     pub create_parents: bool,

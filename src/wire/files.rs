@@ -195,9 +195,10 @@ pub fn write_options_to_wire(
     builder.set_exclusive(options.exclusive);
     builder.set_must_exist(options.must_exist);
     builder.set_in_place(options.in_place);
-    match options.permissions {
-        None => builder.reborrow().init_permissions().set_keep(()),
-        Some(bits) => builder.reborrow().init_permissions().set_set(bits),
+    match (options.permissions, options.new_file_permissions) {
+        (Some(bits), _) => builder.reborrow().init_permissions().set_set(bits),
+        (None, Some(bits)) => builder.reborrow().init_permissions().set_new_file(bits),
+        (None, None) => builder.reborrow().init_permissions().set_keep(()),
     }
     builder.set_if_version(&options.if_version);
     builder.set_create_parents(options.create_parents);
@@ -217,8 +218,12 @@ pub fn write_options_from_wire(
         must_exist: reader.get_must_exist(),
         in_place: reader.get_in_place(),
         permissions: match reader.get_permissions().which()? {
-            permissions::Keep(()) => None,
             permissions::Set(bits) => Some(bits),
+            permissions::Keep(()) | permissions::NewFile(_) => None,
+        },
+        new_file_permissions: match reader.get_permissions().which()? {
+            permissions::NewFile(bits) => Some(bits),
+            permissions::Keep(()) | permissions::Set(_) => None,
         },
         if_version: reader.get_if_version()?.to_vec(),
         create_parents: reader.get_create_parents(),
@@ -348,6 +353,7 @@ mod tests {
             must_exist: true,
             in_place: true,
             permissions: Some(0o640),
+            new_file_permissions: None,
             if_version: vec![1, 2, 3],
             create_parents: true,
             modified_ns: Some(-5),
@@ -357,6 +363,14 @@ mod tests {
         write_options_to_wire(&write, message.init_root());
         let reader = message.get_root_as_reader().expect("root");
         assert_eq!(write_options_from_wire(reader).expect("read"), write);
+        let new_file = WriteOptions {
+            new_file_permissions: Some(0o751),
+            ..WriteOptions::default()
+        };
+        let mut message = capnp::message::Builder::new_default();
+        write_options_to_wire(&new_file, message.init_root());
+        let reader = message.get_root_as_reader().expect("root");
+        assert_eq!(write_options_from_wire(reader).expect("read"), new_file);
         let defaults = WriteOptions::default();
         let mut message = capnp::message::Builder::new_default();
         write_options_to_wire(&defaults, message.init_root());

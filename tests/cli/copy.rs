@@ -489,3 +489,265 @@ fn cp_carries_every_shape_of_tree_whole_both_ways() {
         }
     }
 }
+
+/// `capexec cp ARGS` under umask `mask`, through the server at `connect`
+/// (or the embedded executor, whose files this process itself makes).
+fn cp_masked(
+    served: &Served,
+    connect: Option<&str>,
+    mask: &str,
+    args: &[&str],
+) -> common::cli::Finished {
+    let mut command = std::process::Command::new("sh");
+    command
+        .arg("-c")
+        .arg(format!("umask {mask}; exec \"$@\""))
+        .arg("sh")
+        .arg(common::cli::BIN)
+        .arg("cp");
+    if let Some(address) = connect {
+        command.args(["--connect", address]);
+    }
+    command.args(args).env("HOME", served.home.path());
+    finish(command, None)
+}
+
+fn mode_of(path: &Path) -> u32 {
+    std::fs::symlink_metadata(path).expect("stat").mode() & 0o7777
+}
+
+/// A private character device that discards what is written (a null
+/// device of our own: a bug must not change the machine's /dev/null).
+fn null_device(at: &Path) {
+    nix::sys::stat::mknod(
+        at,
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+        nix::sys::stat::makedev(1, 3),
+    )
+    .expect("mknod (the tests run as root)");
+}
+
+/// Without -p an existing destination keeps its mode and a new file gets
+/// the source's less the umask, on either side; a device is written and
+/// left as it was; with -p the source's mode is set.
+#[test]
+fn cp_keeps_existing_modes_and_masks_new_ones_both_ways() {
+    use std::os::unix::fs::FileTypeExt;
+    let served = Served::start();
+    let work = TempDir::new("cli-cp-modes");
+    let source = work.path().join("script");
+    std::fs::write(&source, b"#!/bin/sh\necho hi\n").expect("write");
+    std::fs::set_permissions(&source, std::fs::Permissions::from_mode(0o754)).expect("chmod");
+    // Uploads are made by the embedded executor here: its umask counts.
+    for (direction, from, to_dir) in [
+        ("up", arg(&source), work.path().join("up")),
+        ("down", remote(&source), work.path().join("down")),
+    ] {
+        std::fs::create_dir(&to_dir).expect("mkdir");
+        let existing = to_dir.join("existing");
+        std::fs::write(&existing, b"old").expect("write");
+        std::fs::set_permissions(&existing, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let target = |path: &Path| {
+            if direction == "up" {
+                remote(path)
+            } else {
+                arg(path)
+            }
+        };
+        let done = cp_masked(&served, None, "027", &[&from, &target(&existing)]);
+        assert_eq!(
+            (done.code, text(&done.stderr)),
+            (0, String::new()),
+            "{direction}"
+        );
+        assert_eq!(
+            std::fs::read(&existing).expect("read"),
+            b"#!/bin/sh\necho hi\n"
+        );
+        assert_eq!(
+            mode_of(&existing),
+            0o600,
+            "{direction}: an existing file keeps its mode"
+        );
+        let new = to_dir.join("new");
+        let done = cp_masked(&served, None, "027", &[&from, &target(&new)]);
+        assert_eq!(done.code, 0, "{direction}: {}", text(&done.stderr));
+        assert_eq!(
+            mode_of(&new),
+            0o750,
+            "{direction}: the source's mode less the umask"
+        );
+        let preserved = to_dir.join("preserved");
+        std::fs::write(&preserved, b"old").expect("write");
+        std::fs::set_permissions(&preserved, std::fs::Permissions::from_mode(0o600))
+            .expect("chmod");
+        let done = cp_masked(&served, None, "027", &["-p", &from, &target(&preserved)]);
+        assert_eq!(done.code, 0, "{direction}: {}", text(&done.stderr));
+        assert_eq!(
+            mode_of(&preserved),
+            0o754,
+            "{direction}: -p sets the source's mode"
+        );
+    }
+    // A device as a download's destination is written and left alone.
+    let device = work.path().join("null");
+    null_device(&device);
+    let done = cp(&served, &[&remote(&source), &arg(&device)], None);
+    assert_eq!((done.code, text(&done.stderr)), (0, String::new()));
+    let after = std::fs::symlink_metadata(&device).expect("still there");
+    assert!(after.file_type().is_char_device());
+    assert_eq!(after.mode() & 0o7777, 0o600);
+    // The server never writes into a device where a file is meant.
+    let done = cp(&served, &[&arg(&source), &remote(&device)], None);
+    assert_eq!(done.code, 1);
+    assert!(
+        text(&done.stderr).contains("not a regular file (a character device)"),
+        "{}",
+        text(&done.stderr)
+    );
+    let after = std::fs::symlink_metadata(&device).expect("still there");
+    assert!(after.file_type().is_char_device());
+    assert_eq!(after.mode() & 0o7777, 0o600);
+}
+
+/// A symlink copied over what is there replaces only a link or a regular
+/// file (in one rename); a device or a FIFO stays, and the copy says so
+/// and exits 1.
+#[test]
+fn cp_replaces_only_links_and_files_with_a_link_both_ways() {
+    use std::os::unix::fs::FileTypeExt;
+    let served = Served::start();
+    let work = TempDir::new("cli-cp-links");
+    let tree = work.path().join("tree");
+    std::fs::create_dir(&tree).expect("mkdir");
+    std::fs::write(tree.join("file"), b"f").expect("write");
+    symlink("file", tree.join("link")).expect("symlink");
+    for direction in ["up", "down"] {
+        for existing in ["device", "fifo", "plain", "old-link"] {
+            let dest = work.path().join(format!("{direction}-{existing}"));
+            std::fs::create_dir_all(dest.join("tree")).expect("mkdir");
+            let there = dest.join("tree/link");
+            match existing {
+                "device" => null_device(&there),
+                "fifo" => {
+                    nix::unistd::mkfifo(&there, nix::sys::stat::Mode::from_bits_truncate(0o600))
+                        .expect("mkfifo")
+                }
+                "plain" => std::fs::write(&there, b"p").expect("write"),
+                _ => symlink("elsewhere", &there).expect("symlink"),
+            }
+            let (from, to) = if direction == "up" {
+                (arg(&tree), remote(&dest))
+            } else {
+                (remote(&tree), arg(&dest))
+            };
+            let done = cp(&served, &["-r", &from, &to], None);
+            let kind = std::fs::symlink_metadata(&there)
+                .expect("still there")
+                .file_type();
+            if existing == "device" || existing == "fifo" {
+                assert!(
+                    kind.is_char_device() || kind.is_fifo(),
+                    "{direction} {existing}: replaced by a {kind:?}"
+                );
+                assert_eq!(done.code, 1, "{direction} {existing}");
+                assert!(
+                    text(&done.stderr).contains("not replaced by a symlink"),
+                    "{direction} {existing}: {}",
+                    text(&done.stderr)
+                );
+            } else {
+                assert_eq!(
+                    (done.code, text(&done.stderr)),
+                    (0, String::new()),
+                    "{direction} {existing}"
+                );
+                assert_eq!(
+                    std::fs::read_link(&there).expect("a link"),
+                    Path::new("file")
+                );
+            }
+        }
+    }
+}
+
+/// A source named on the command line that is a symlink is followed, as
+/// `cp` and `scp` do (the README's own `cp :/etc/os-release -`); one in a
+/// tree is copied as a link, and one leading out of the tree is said.
+#[test]
+fn cp_follows_a_named_symlink_and_says_links_that_leave_a_tree() {
+    let served = Served::start();
+    let work = TempDir::new("cli-cp-follow");
+    let os_release = std::fs::read("/etc/os-release").expect("/etc/os-release");
+    assert!(std::fs::symlink_metadata("/etc/os-release").is_ok());
+    let done = cp(&served, &[":/etc/os-release", "-"], None);
+    assert_eq!((done.code, text(&done.stderr)), (0, String::new()));
+    assert_eq!(done.stdout, os_release);
+    let copied = work.path().join("os-release");
+    let done = cp(&served, &[":/etc/os-release", &arg(&copied)], None);
+    assert_eq!((done.code, text(&done.stderr)), (0, String::new()));
+    assert!(
+        std::fs::symlink_metadata(&copied)
+            .expect("copied")
+            .is_file()
+    );
+    assert_eq!(std::fs::read(&copied).expect("read"), os_release);
+    // A link to a file somewhere else, named here: its content goes up.
+    let elsewhere = work.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).expect("mkdir");
+    std::fs::write(elsewhere.join("target"), b"followed\n").expect("write");
+    let link = work.path().join("named-link");
+    symlink(elsewhere.join("target"), &link).expect("symlink");
+    let up = work.path().join("up-named");
+    let done = cp(&served, &[&arg(&link), &remote(&up)], None);
+    assert_eq!((done.code, text(&done.stderr)), (0, String::new()));
+    assert!(std::fs::symlink_metadata(&up).expect("copied").is_file());
+    // In a tree, links are links; one leading out is said, both ways.
+    let tree = work.path().join("tree");
+    std::fs::create_dir(&tree).expect("mkdir");
+    symlink("../elsewhere/target", tree.join("out")).expect("symlink");
+    symlink("inside", tree.join("in")).expect("symlink");
+    for (from, to) in [
+        (arg(&tree), remote(&work.path().join("up-tree"))),
+        (remote(&tree), arg(&work.path().join("down-tree"))),
+    ] {
+        let done = cp(&served, &["-r", &from, &to], None);
+        assert_eq!(done.code, 0, "{}", text(&done.stderr));
+        let said = text(&done.stderr);
+        assert_eq!(said.lines().count(), 1, "{said}");
+        assert!(
+            said.contains(
+                "out: a symlink to ../elsewhere/target outside the copied tree; copied as a link"
+            ),
+            "{said}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_link(work.path().join("down-tree/out")).expect("a link"),
+        Path::new("../elsewhere/target")
+    );
+}
+
+/// A FIFO or process substitution named as a source is read as a stream,
+/// as `-` is: `cp <(echo x) :dst` made a link to `pipe:[N]`.
+#[test]
+fn cp_reads_a_fifo_or_process_substitution_as_a_stream() {
+    let served = Served::start();
+    let work = TempDir::new("cli-cp-fifo");
+    let dst = work.path().join("dst");
+    let mut command = std::process::Command::new("bash");
+    command
+        .arg("-c")
+        .arg(format!(
+            "exec {} cp --connect {} <(printf 'x\\n') :{}",
+            common::cli::BIN,
+            served.unix,
+            dst.display()
+        ))
+        .env("HOME", served.home.path());
+    let done = finish(command, None);
+    assert_eq!((done.code, text(&done.stderr)), (0, String::new()));
+    assert!(std::fs::symlink_metadata(&dst).expect("made").is_file());
+    assert_eq!(std::fs::read(&dst).expect("read"), b"x\n");
+}
