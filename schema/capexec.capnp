@@ -1062,7 +1062,10 @@ struct Sandbox {
   # root, writable if in or below any writable one; there is no way to
   # exclude a path below a root. Writable roots may not contain a cgroup
   # file system (a process could leave its cgroup) and no root may contain
-  # the server's login token file.
+  # a secret file of the server: a login token file (its own, or one it
+  # logs in to an upstream with) or the private key of its TLS certificate
+  # (`--tls-key`, or the one `--tls-self-signed` keeps); such a start is
+  # refused with `[capexec:not-allowed]`, naming the file.
 
   readOnly @0 :List(Data);
   # Readable and executable, beyond the system directories: /usr, /bin,

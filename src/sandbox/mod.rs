@@ -36,8 +36,24 @@ pub struct HostConfig {
 
 static CONFIG: OnceLock<HostConfig> = OnceLock::new();
 
-/// Login token files no sandbox's roots may contain (the servers' own).
-static PROTECTED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+/// The server's secret files no sandbox's roots may contain.
+static PROTECTED: Mutex<Vec<Protected>> = Mutex::new(Vec::new());
+
+/// A server's file that no sandbox may read, whatever its roots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Secret {
+    /// A login token: a server's own, or one it logs in upstream with.
+    LoginToken,
+    /// The private key of a server's TLS certificate.
+    TlsKey,
+}
+
+/// A protected file, resolved, and what it holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Protected {
+    pub path: PathBuf,
+    pub secret: Secret,
+}
 
 /// Sets the host configuration; only before the first start (later calls,
 /// and calls after the first use, are refused).
@@ -54,16 +70,17 @@ pub(crate) fn hidden(feature: KernelFeature) -> bool {
     config().hidden.contains(&feature)
 }
 
-/// Refuse sandboxes whose roots contain `path` (a login token file).
-pub fn protect(path: &Path) {
+/// Refuse sandboxes whose roots contain `path`, a file holding `secret`.
+pub fn protect(path: &Path, secret: Secret) {
     let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
     let mut protected = PROTECTED.lock().unwrap_or_else(|p| p.into_inner());
-    if !protected.contains(&path) {
-        protected.push(path);
+    let entry = Protected { path, secret };
+    if !protected.contains(&entry) {
+        protected.push(entry);
     }
 }
 
-fn protected() -> Vec<PathBuf> {
+fn protected() -> Vec<Protected> {
     PROTECTED.lock().unwrap_or_else(|p| p.into_inner()).clone()
 }
 

@@ -1,7 +1,8 @@
 //! A sandbox's roots: the defaults made explicit (system directories,
 //! devices, the working directory), paths resolved, and the checks that
 //! keep a sandbox meaningful: no writable kernel interface, no root that
-//! exposes a login token, nothing a policy does not allow.
+//! exposes a server's secret (a login token, a TLS private key), nothing a
+//! policy does not allow.
 //!
 //! Landlock rules are unions: a path may be accessed as any root it is in
 //! (or below) allows. So the access a set of roots gives a path is the
@@ -11,6 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use super::{Protected, Secret};
 use crate::model::{Network, Refusal, RefusalKind, Sandbox, excerpt, io_message};
 
 /// What a root allows.
@@ -351,22 +353,32 @@ pub(crate) fn narrowed(
 /// Refuses roots that would make the sandbox meaningless: a writable root
 /// that contains (or is inside) a kernel interface file system (proc,
 /// sysfs, cgroups, devices...), other than the default devices; any root
-/// that contains one of `protected` (login tokens).
+/// that contains one of `protected` (login tokens, TLS private keys).
 pub(crate) fn check(
     roots: &[Root],
-    protected: &[PathBuf],
+    protected: &[Protected],
     kernel_mounts: &[PathBuf],
     rule: &str,
 ) -> Result<(), Refusal> {
     for root in roots {
-        if let Some(token) = protected.iter().find(|token| token.starts_with(&root.path)) {
+        if let Some(file) = protected
+            .iter()
+            .find(|file| file.path.starts_with(&root.path))
+        {
+            let (what, then) = match file.secret {
+                Secret::LoginToken => ("a capexec login token", "log in"),
+                Secret::TlsKey => (
+                    "the private key of a capexec server's TLS certificate",
+                    "pose as the server",
+                ),
+            };
             return Err(Refusal::new(
                 RefusalKind::NotAllowed,
                 format!(
-                    "{rule}: the root {} contains a capexec login token ({}); a sandboxed process \
-                     could read it and log in: choose roots that leave it out",
+                    "{rule}: the root {} contains {what} ({}); a sandboxed process could read \
+                     it and {then}: choose roots that leave it out",
                     shown(&root.path),
-                    shown(token)
+                    shown(&file.path)
                 ),
             ));
         }
@@ -522,12 +534,27 @@ mod tests {
     }
 
     #[test]
-    fn roots_that_expose_tokens_or_kernel_files_are_refused() {
-        let protected = [PathBuf::from("/home/u/.config/capexec/token")];
+    fn roots_that_expose_secrets_or_kernel_files_are_refused() {
+        let protected = [
+            Protected {
+                path: "/home/u/.config/capexec/token".into(),
+                secret: Secret::LoginToken,
+            },
+            Protected {
+                path: "/srv/tls/key.pem".into(),
+                secret: Secret::TlsKey,
+            },
+        ];
         let kernel = [PathBuf::from("/proc"), PathBuf::from("/sys/fs/cgroup")];
         let check_one = |root: Root| check(&[root], &protected, &kernel, "sandbox");
-        assert!(check_one(root("/home/u", Access::Read, Origin::Asked)).is_err());
+        let refused = |root: Root| check_one(root).expect_err("refused").to_string();
+        assert!(refused(root("/home/u", Access::Read, Origin::Asked)).contains("login token"));
         assert!(check_one(root("/home/u/src", Access::Write, Origin::Asked)).is_ok());
+        for exposing in ["/srv", "/srv/tls", "/srv/tls/key.pem"] {
+            let message = refused(root(exposing, Access::Read, Origin::Asked));
+            assert!(message.contains("private key"), "{message}");
+        }
+        assert!(check_one(root("/srv/www", Access::Read, Origin::Asked)).is_ok());
         assert!(check_one(root("/", Access::Write, Origin::Asked)).is_err());
         assert!(check_one(root("/sys", Access::Write, Origin::Asked)).is_err());
         assert!(check_one(root("/proc/sys", Access::Write, Origin::Asked)).is_err());

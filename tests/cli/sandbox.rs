@@ -6,7 +6,7 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::cli::{Served, capexec, finish, spawn_reading_first_line, text};
+use common::cli::{Finished, Served, capexec, finish, spawn_reading_first_line, text};
 use common::data::TempDir;
 
 fn one_line(stderr: &[u8], starts: &str) {
@@ -153,6 +153,77 @@ fn a_sandboxed_server_narrows_every_start() {
     );
     assert_eq!(done.code, 125);
     one_line(&done.stderr, "capexec: the server's --sandbox: ");
+}
+
+/// Asks `served` for a sandboxed `cat KEY` whose read-only root is `root`.
+fn read_in_a_sandbox(served: &Served, root: &std::path::Path, key: &std::path::Path) -> Finished {
+    let cwd = TempDir::new("cli-sandbox-cwd");
+    finish(
+        served.run(&[
+            "--connect",
+            &served.unix,
+            "--cwd",
+            &cwd.path().display().to_string(),
+            "--read-only",
+            &root.display().to_string(),
+            "-n",
+            "--",
+            "cat",
+            &key.display().to_string(),
+        ]),
+        None,
+    )
+}
+
+#[test]
+fn no_sandbox_may_read_the_servers_tls_key() {
+    // The key --tls-self-signed made and keeps.
+    let served = Served::start_with(&["--tls-self-signed"]);
+    let config = served.home.path().join(".config/capexec");
+    let key = config.join("server-key.pem");
+    assert!(key.is_file(), "{}", key.display());
+    for root in [config.clone(), key.clone()] {
+        let done = read_in_a_sandbox(&served, &root, &key);
+        assert_eq!(done.code, 125, "{}", text(&done.stdout));
+        assert_eq!(text(&done.stdout), "");
+        one_line(
+            &done.stderr,
+            &format!(
+                "capexec: sandbox: the root \"{}\" contains the private key of a capexec \
+                 server's TLS certificate (\"{}\"); a sandboxed process could read it and pose \
+                 as the server: choose roots that leave it out\n",
+                root.display(),
+                key.display()
+            ),
+        );
+    }
+    // A key of --tls-key, wherever it is.
+    let dir = TempDir::new("cli-sandbox-tls");
+    let authority = common::pki::Authority::new(dir.path(), "ca");
+    let (cert, key) = authority.server(dir.path(), "server", &["localhost"], false);
+    let served = Served::start_with(&[
+        "--tls-cert",
+        &cert.display().to_string(),
+        "--tls-key",
+        &key.display().to_string(),
+    ]);
+    let done = read_in_a_sandbox(&served, dir.path(), &key);
+    assert_eq!(done.code, 125, "{}", text(&done.stdout));
+    one_line(
+        &done.stderr,
+        &format!(
+            "capexec: sandbox: the root \"{}\" contains the private key",
+            dir.path().display()
+        ),
+    );
+    // The certificate beside it is no secret: a root with it alone is fine.
+    let done = read_in_a_sandbox(&served, &cert, &cert);
+    assert_eq!(done.code, 0, "{}", text(&done.stderr));
+    assert_eq!(
+        done.stdout,
+        std::fs::read(&cert).expect("certificate"),
+        "the certificate as it is"
+    );
 }
 
 #[test]
