@@ -1093,6 +1093,19 @@ struct Sandbox {
   # in `ProcessInfo.confinement.notEnforced`. Without it such a start fails
   # with `[capexec:unsupported]`, naming what is missing. Never silently
   # unconfined.
+
+  allowNamespaces @6 :Bool;
+  # The process may make namespaces. Without it (the default) its seccomp
+  # filter refuses every new namespace with EPERM: `unshare` and `clone`
+  # with any `CLONE_NEW*` flag (user, mount, network, pid, ipc, uts,
+  # cgroup, time), and `setns`; `clone3`, whose flags a filter cannot
+  # read, fails with ENOSYS, which makes the C library fall back to
+  # `clone` (threads and processes are made as usual). A user namespace
+  # would give the process every capability inside it, and with them
+  # kernel code no unprivileged process reaches otherwise; Landlock's
+  # rules and the filter hold inside namespaces all the same. Enforced
+  # under the name "namespaces". A policy's sandbox without it refuses a
+  # start that asks for it (`[capexec:not-allowed]`).
 }
 
 enum SandboxNetwork {
@@ -1148,7 +1161,8 @@ struct Confinement {
   # What is enforced, by name: "cgroup", "filesystem", "network-tcp",
   # "network-sockets", "scope-signals", "scope-abstract-sockets",
   # "no-new-privs", "capabilities", "io-uring", "kernel-calls",
-  # "server-isolation", "limit-memory", "limit-pids", "limit-cpu".
+  # "namespaces", "server-isolation", "limit-memory", "limit-pids",
+  # "limit-cpu".
   # Clients must ignore names they do not know.
 
   notEnforced @4 :List(Text);

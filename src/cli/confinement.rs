@@ -29,6 +29,10 @@ pub struct ConfinementArgs {
     /// (implies --sandbox).
     #[arg(long, value_name = "none|all", value_parser = parse_network)]
     pub network: Option<Network>,
+    /// Let the sandbox make namespaces (user, mount, network...: unshare,
+    /// containers); denied otherwise (implies --sandbox).
+    #[arg(long = "allow-namespaces")]
+    pub allow_namespaces: bool,
     /// Most memory of the whole tree (512M, 2G); beyond it the kernel kills
     /// it (exit 137, and a line saying so).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
@@ -54,6 +58,7 @@ impl ConfinementArgs {
             && self.read_only.is_empty()
             && self.writable.is_empty()
             && self.network.is_none()
+            && !self.allow_namespaces
         {
             return Ok(None);
         }
@@ -70,6 +75,7 @@ impl ConfinementArgs {
             read_only: absolute(&self.read_only)?,
             writable: absolute(&self.writable)?,
             network: self.network.unwrap_or_default(),
+            allow_namespaces: self.allow_namespaces,
             ..Sandbox::default()
         }))
     }

@@ -50,6 +50,9 @@ pub struct Sandbox {
     pub no_system_roots: bool,
     /// The working directory is readable, not writable (unless listed).
     pub read_only_cwd: bool,
+    /// The process may make namespaces (user, mount, network, pid...);
+    /// otherwise its seccomp filter refuses them.
+    pub allow_namespaces: bool,
     /// Start even if the kernel cannot enforce all of it, and say what was
     /// not enforced; otherwise such a start is refused.
     pub best_effort: bool,
@@ -159,6 +162,9 @@ pub mod enforcement {
     /// seccomp: the calls that change the kernel (modules, kexec, bpf,
     /// mounts...) denied (a root server's children).
     pub const KERNEL_CALLS: &str = "kernel-calls";
+    /// seccomp: no new namespaces (`unshare`, `clone` with a namespace
+    /// flag, `setns`), unless the sandbox allows them.
+    pub const NAMESPACES: &str = "namespaces";
     /// Capexec servers refuse connections from the process and what it
     /// starts.
     pub const SERVER_ISOLATION: &str = "server-isolation";

@@ -359,6 +359,13 @@ pub(crate) fn prepare(
             "the kernel has no seccomp filters".into(),
         ));
     }
+    if !sandbox.allow_namespaces {
+        asks.push((
+            name::NAMESPACES,
+            support.seccomp,
+            "the kernel has no seccomp filters".into(),
+        ));
+    }
     if privileged {
         asks.push((name::CAPABILITIES, true, String::new()));
         asks.push((
@@ -392,8 +399,13 @@ pub(crate) fn prepare(
         );
     }
     if support.seccomp {
+        let denied = seccomp::Denied {
+            network: network_off,
+            kernel_calls: privileged,
+            namespaces: !sandbox.allow_namespaces,
+        };
         prepared.plan.seccomp =
-            Some(seccomp::program(network_off, privileged).map_err(|why| {
+            Some(seccomp::program(denied).map_err(|why| {
                 Refusal::new(RefusalKind::SpawnFailed, format!("sandbox: {why}"))
             })?);
     }
@@ -402,11 +414,7 @@ pub(crate) fn prepare(
     prepared.plan.last_capability = probe::last_capability();
     prepared.plan.bounding_set = probe::bounding_set();
     prepared.plan.clear_ambient = probe::has_ambient();
-    confinement.sandbox = Some(roots::explicit(
-        &resolved,
-        sandbox.network,
-        sandbox.best_effort,
-    ));
+    confinement.sandbox = Some(roots::explicit(&resolved, sandbox));
     prepared.confinement = confinement;
     Ok(prepared)
 }

@@ -166,6 +166,7 @@ pub struct PolicySandbox {
     /// What a start's working directory may get.
     cwd: Access,
     network: Network,
+    allow_namespaces: bool,
     best_effort: bool,
 }
 
@@ -187,6 +188,7 @@ impl PolicySandbox {
                 Access::Write
             },
             network: sandbox.network,
+            allow_namespaces: sandbox.allow_namespaces,
             best_effort: sandbox.best_effort,
         };
         check(
@@ -201,6 +203,9 @@ impl PolicySandbox {
                     RefusalKind::NotAllowed,
                     format!("{rule}: the network is off in this executor's sandbox"),
                 ));
+            }
+            if resolved.allow_namespaces && !outer.allow_namespaces {
+                return Err(no_namespaces(rule));
             }
             resolved.roots = narrowed(&resolved.roots, &outer.roots, rule)?;
             resolved.cwd = resolved.cwd.min(outer.cwd);
@@ -229,6 +234,7 @@ impl PolicySandbox {
             .find(|root| root.origin == Origin::Default && !is_system(&root.path))
             .map(|root| root.path.clone());
         let mut network = asked.network;
+        let mut allow_namespaces = asked.allow_namespaces;
         let mut best_effort = asked.best_effort;
         for layer in layers {
             let mut allowed = layer.roots.clone();
@@ -249,6 +255,12 @@ impl PolicySandbox {
                 }
                 network = layer.network;
             }
+            if allow_namespaces && !layer.allow_namespaces {
+                if start.is_some() {
+                    return Err(no_namespaces(rule));
+                }
+                allow_namespaces = false;
+            }
             best_effort &= layer.best_effort;
         }
         if let Some(cwd) = &cwd
@@ -262,16 +274,32 @@ impl PolicySandbox {
                 ),
             ));
         }
-        Ok(explicit(&roots, network, best_effort))
+        Ok(explicit(
+            &roots,
+            &Sandbox {
+                network,
+                allow_namespaces,
+                best_effort,
+                ..Sandbox::default()
+            },
+        ))
     }
+}
+
+fn no_namespaces(rule: &str) -> Refusal {
+    Refusal::new(
+        RefusalKind::NotAllowed,
+        format!("{rule}: namespaces are not allowed in this executor's sandbox"),
+    )
 }
 
 fn is_system(path: &Path) -> bool {
     system_roots().iter().any(|root| root.path == path)
 }
 
-/// The roots as a sandbox that says everything: what a process was given.
-pub(crate) fn explicit(roots: &[Root], network: Network, best_effort: bool) -> Sandbox {
+/// The roots as a sandbox that says everything: what a process was given,
+/// with `flags`' network, namespaces and best effort.
+pub(crate) fn explicit(roots: &[Root], flags: &Sandbox) -> Sandbox {
     let listed = |access: Access| {
         roots
             .iter()
@@ -282,10 +310,11 @@ pub(crate) fn explicit(roots: &[Root], network: Network, best_effort: bool) -> S
     Sandbox {
         read_only: listed(Access::Read),
         writable: listed(Access::Write),
-        network,
+        network: flags.network,
         no_system_roots: true,
         read_only_cwd: true,
-        best_effort,
+        best_effort: flags.best_effort,
+        allow_namespaces: flags.allow_namespaces,
     }
 }
 

@@ -46,6 +46,48 @@ fn a_sandboxed_run_writes_only_where_it_may() {
 }
 
 #[test]
+fn a_sandboxed_run_makes_namespaces_only_with_allow_namespaces() {
+    let cwd = TempDir::new("cli-sandbox");
+    let cwd_arg = cwd.path().display().to_string();
+    // --allow-namespaces implies --sandbox (the mount namespace is still
+    // refused its mounts by Landlock).
+    for (flag, code, stderr) in [
+        (
+            "--sandbox",
+            1,
+            "unshare: unshare failed: Operation not permitted\n",
+        ),
+        ("--allow-namespaces", 0, ""),
+    ] {
+        let done = finish(
+            capexec(&[
+                "run", flag, "--cwd", &cwd_arg, "-n", "--", "unshare", "-Un", "true",
+            ]),
+            None,
+        );
+        assert_eq!((done.code, text(&done.stderr)), (code, stderr.to_string()));
+    }
+    let done = finish(
+        capexec(&[
+            "run",
+            "--allow-namespaces",
+            "--cwd",
+            &cwd_arg,
+            "-n",
+            "--",
+            "sh",
+            "-c",
+            "echo > here && echo wrote; echo > /f 2>/dev/null || echo sandboxed",
+        ]),
+        None,
+    );
+    assert_eq!(
+        (done.code, text(&done.stdout)),
+        (0, "wrote\nsandboxed\n".to_string())
+    );
+}
+
+#[test]
 fn a_memory_hog_exits_137_with_a_line_saying_why() {
     let done = finish(
         capexec(&["run", "--memory", "32M", "-n", "--", "tail", "/dev/zero"]),

@@ -202,6 +202,92 @@ async fn a_root_child_has_no_capabilities_and_is_filtered(ctx: Ctx) {
     );
 }
 
+/// Tries to make namespaces (user alone, and with network, mount, ipc and
+/// pid ones), then `setns` and `clone3` by hand (argv: their numbers; an
+/// invalid descriptor and an empty struct, so that only a filter answers
+/// EPERM or ENOSYS), then makes a thread, a fork and a background job.
+const NAMESPACE_PROBE: &str = r#"
+import ctypes, errno, os, subprocess, sys, threading
+for flags in ["-U", "-Un", "-Um", "-Ui", "-Upf"]:
+    done = subprocess.run(["unshare", flags, "true"], capture_output=True, text=True)
+    print(flags, done.returncode, done.stderr.strip())
+libc = ctypes.CDLL(None, use_errno=True)
+for name, number, args in [("setns", int(sys.argv[1]), (-1, 0)), ("clone3", int(sys.argv[2]), (None, 0))]:
+    result = libc.syscall(number, *args)
+    print(name, "ok" if result >= 0 else errno.errorcode[ctypes.get_errno()])
+seen = []
+thread = threading.Thread(target=seen.append, args=("thread",))
+thread.start()
+thread.join()
+print(*seen)
+pid = os.fork()
+if pid == 0:
+    os._exit(7)
+print("fork", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+print("background", subprocess.run(["sh", "-c", "true & wait"]).returncode)
+"#;
+
+async fn a_sandbox_makes_no_namespaces_unless_allowed(ctx: Ctx) {
+    let cwd = TempDir::new("sandbox-cwd");
+    let probe = |allow_namespaces: bool| {
+        let mut command = Command::new("/usr/bin/python3");
+        command
+            .args([
+                "-c",
+                NAMESPACE_PROBE,
+                &libc::SYS_setns.to_string(),
+                &libc::SYS_clone3.to_string(),
+            ])
+            .current_dir(cwd.path())
+            .sandbox(Sandbox {
+                allow_namespaces,
+                ..Sandbox::default()
+            });
+        command
+    };
+    let process = probe(false).spawn(&ctx.executor).await.expect("start");
+    let events = common::read_until_closed(&process).await;
+    let denied = "unshare: unshare failed: Operation not permitted";
+    assert_eq!(
+        String::from_utf8_lossy(&common::output_bytes(&events, None)),
+        format!(
+            "-U 1 {denied}\n-Un 1 {denied}\n-Um 1 {denied}\n-Ui 1 {denied}\n-Upf 1 {denied}\n\
+             setns EPERM\nclone3 ENOSYS\nthread\nfork 7\nbackground 0\n"
+        )
+    );
+    let info = process.info().await.expect("info");
+    assert!(
+        info.confinement.enforced.iter().any(|n| n == "namespaces"),
+        "{:?}",
+        info.confinement.enforced
+    );
+    // Allowed: the kernel decides (a user namespace, and a network one in
+    // it; Landlock still refuses the mount namespace its propagation).
+    let process = probe(true).spawn(&ctx.executor).await.expect("start");
+    let events = common::read_until_closed(&process).await;
+    let output = String::from_utf8_lossy(&common::output_bytes(&events, None)).into_owned();
+    assert!(
+        output.starts_with("-U 0 \n-Un 0 \n-Um 1 unshare: cannot change root filesystem"),
+        "{output}"
+    );
+    assert!(
+        output.ends_with("setns EBADF\nclone3 EINVAL\nthread\nfork 7\nbackground 0\n"),
+        "{output}"
+    );
+    let info = process.info().await.expect("info");
+    assert!(
+        info.confinement
+            .sandbox
+            .expect("sandboxed")
+            .allow_namespaces
+    );
+    assert!(
+        !info.confinement.enforced.iter().any(|n| n == "namespaces"),
+        "{:?}",
+        info.confinement.enforced
+    );
+}
+
 /// Connects to the Unix socket at argv[1] and says whether the server
 /// answered a bootstrap request or hung up.
 const SOCKET_PROBE: &str = r#"
@@ -308,6 +394,7 @@ async fn process_info_says_what_was_enforced(ctx: Ctx) {
         "capabilities",
         "io-uring",
         "kernel-calls",
+        "namespaces",
         "server-isolation",
         "limit-pids",
     ] {
@@ -556,6 +643,10 @@ async fn a_restricted_executor_with_a_sandbox_refuses_to_widen_it(ctx: Ctx) {
             network: Network::All,
             ..Sandbox::default()
         },
+        Sandbox {
+            allow_namespaces: true,
+            ..Sandbox::default()
+        },
     ] {
         let mut command = Command::new("true");
         command.current_dir(cwd.path()).sandbox(sandbox);
@@ -614,6 +705,7 @@ backend_tests!(
     abstract_sockets_made_outside_are_out_of_reach,
     a_sandboxed_terminal_works,
     a_root_child_has_no_capabilities_and_is_filtered,
+    a_sandbox_makes_no_namespaces_unless_allowed,
     a_sandboxed_child_cannot_reach_the_server,
     process_info_says_what_was_enforced,
     what_leaves_with_setsid_stays_counted_and_dies_with_terminate,
