@@ -40,7 +40,8 @@
 #                      (`ifVersion`): somebody else wrote it meanwhile;
 #     outside-directory the path would leave the directory (`..`, an
 #                      absolute path, a symlink pointing out, a magic link
-#                      of /proc): the kernel refused to resolve it there;
+#                      of /proc, a mount point beneath it): the kernel
+#                      refused to resolve it there;
 #     no-space         the file system is full (or a quota is reached);
 #     busy             the file is in use (a mount point, a running program).
 #   On `Directory` calls, `permission-denied` means the operating system
@@ -1239,10 +1240,19 @@ struct ProcessRecord {
 # - Paths are `Data` (bytes without NUL, at most 4,096), relative to the
 #   directory: "" and "." name the directory itself, "a/b" a path beneath
 #   it. The kernel resolves every path beneath the directory
-#   (`openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`): an absolute path,
-#   ".." past the directory, a symlink that points out (also one swapped in
-#   while the call runs) and /proc's magic links all fail with
-#   `[capexec:outside-directory]`. Symlinks that stay inside are followed,
+#   (`openat2(RESOLVE_BENEATH | RESOLVE_NO_XDEV | RESOLVE_NO_MAGICLINKS)`):
+#   an absolute path, ".." past the directory, a symlink that points out
+#   (also one swapped in while the call runs) and /proc's magic links all
+#   fail with `[capexec:outside-directory]`. So does a path through a mount
+#   point beneath the directory ("crosses a mount point beneath the
+#   directory"): another file system, or a bind mount, which may lead
+#   anywhere, is not part of it. Calls stay on the directory's own mount: a
+#   walk reports a mount point with an `error` and does not enter it, a
+#   recursive `remove` or `copy` fails when it reaches one (what it did
+#   before stays done) and never touches what is mounted there, and a bind
+#   mount over a file is `busy` to remove or replace. Open a file system
+#   mounted beneath as a directory of its own (`Executor.directory`).
+#   Symlinks that stay inside are followed,
 #   except for the last component where a call says otherwise (`remove`,
 #   `rename`, `symlink`, `readlink`, `stat` with `noFollow`, walks). The
 #   final component of a call that creates, removes or renames is always
