@@ -1143,7 +1143,17 @@ enum ProcessTracking {
   # The process group (a terminal: the session): what leaves it is not
   # seen, nor ended.
   cgroup @1;
-  # A cgroup of its own: everything the process starts.
+  # A cgroup of its own: everything the process starts. On a server that
+  # may make namespaces (root), the process also gets a cgroup namespace
+  # rooted at that cgroup, and the server turns on the cgroup2 hierarchy's
+  # `nsdelegate` (as systemd mounts it) if it is off: the kernel then
+  # refuses, with ENOENT, any move of the process or what it starts to a
+  # cgroup outside (the hierarchy's root, another process's cgroup) by
+  # `cgroup.procs`, and any change to its own cgroup's limits from inside
+  # ("cgroup-namespace" among what is enforced). An unsandboxed child of a
+  # root server still holds every capability: it could enter another
+  # cgroup namespace (`setns`, `nsenter -t 1 -C`) or ask a process outside
+  # to move it; a sandbox is what confines a process against itself.
 }
 
 struct Confinement {
@@ -1159,9 +1169,10 @@ struct Confinement {
   # The limits in force (after every policy).
 
   enforced @3 :List(Text);
-  # What is enforced, by name: "cgroup", "filesystem", "network-tcp",
-  # "network-sockets", "scope-signals", "scope-abstract-sockets",
-  # "no-new-privs", "capabilities", "io-uring", "kernel-calls",
+  # What is enforced, by name: "cgroup", "cgroup-namespace", "filesystem",
+  # "network-tcp", "network-sockets", "scope-signals",
+  # "scope-abstract-sockets", "no-new-privs", "capabilities", "io-uring",
+  # "kernel-calls",
   # "namespaces", "server-isolation", "limit-memory", "limit-pids",
   # "limit-cpu".
   # Clients must ignore names they do not know.

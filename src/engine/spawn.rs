@@ -658,6 +658,8 @@ struct Confinement {
     clone_into_cgroup: bool,
     /// The `cgroup.procs` of the leaf's v1 mirrors.
     cgroup_procs: Vec<RawFd>,
+    /// Make a cgroup namespace once in them.
+    cgroup_namespace: bool,
     drop_capabilities: bool,
     last_capability: libc::c_int,
     bounding_set: u64,
@@ -674,6 +676,7 @@ impl Confinement {
             cgroup: plan.cgroup.as_ref().map(AsRawFd::as_raw_fd),
             clone_into_cgroup: plan.clone_into_cgroup,
             cgroup_procs: plan.cgroup_procs.iter().map(AsRawFd::as_raw_fd).collect(),
+            cgroup_namespace: plan.cgroup_namespace,
             drop_capabilities: plan.drop_capabilities,
             last_capability: plan.last_capability,
             bounding_set: plan.bounding_set,
@@ -963,6 +966,14 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
             .chain(&plan.extras.confinement.cgroup_procs)
         {
             let result = raw(libc::syscall(libc::SYS_write, procs, c"0".as_ptr(), 1usize));
+            if result < 0 {
+                fail(plan, FAILED_IN_CGROUP, result);
+            }
+        }
+        // Rooted at its leaf, where the kernel keeps it (and what it
+        // starts): it can name no cgroup outside to move into.
+        if plan.extras.confinement.cgroup_namespace {
+            let result = raw(libc::syscall(libc::SYS_unshare, libc::CLONE_NEWCGROUP));
             if result < 0 {
                 fail(plan, FAILED_IN_CGROUP, result);
             }

@@ -141,6 +141,9 @@ pub struct Confinement {
 pub mod enforcement {
     /// A cgroup of its own tracks the tree.
     pub const CGROUP: &str = "cgroup";
+    /// A cgroup namespace rooted at that cgroup, which the kernel keeps the
+    /// tree in (no moving to another cgroup through `cgroup.procs`).
+    pub const CGROUP_NAMESPACE: &str = "cgroup-namespace";
     /// Landlock filesystem rules: only the roots can be read or written.
     pub const FILESYSTEM: &str = "filesystem";
     /// Landlock TCP rules: no TCP bind or connect.

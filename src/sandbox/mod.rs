@@ -192,6 +192,9 @@ pub(crate) struct Plan {
     /// `cgroup.procs` of the leaf's v1 mirrors: the child writes "0" to
     /// each, joining them.
     pub cgroup_procs: Vec<OwnedFd>,
+    /// Whether the child, once in its cgroups, makes a cgroup namespace
+    /// rooted there (see `cgroup.rs`).
+    pub cgroup_namespace: bool,
     /// Drop every capability (bounding, ambient, then the sets).
     pub drop_capabilities: bool,
     pub last_capability: i32,
@@ -275,9 +278,13 @@ pub(crate) fn prepare(
                 prepared.plan.cgroup = Some(new.dir);
                 prepared.plan.clone_into_cgroup = !hidden(KernelFeature::CloneIntoCgroup);
                 prepared.plan.cgroup_procs = new.v1_procs;
+                prepared.plan.cgroup_namespace = root.namespaced();
                 prepared.leaf = Some(new.leaf);
                 confinement.tracking = Tracking::Cgroup;
                 confinement.enforced.push(name::CGROUP.into());
+                if root.namespaced() {
+                    confinement.enforced.push(name::CGROUP_NAMESPACE.into());
+                }
                 confinement
                     .enforced
                     .extend(limit_names(&enforceable).map(str::to_string));

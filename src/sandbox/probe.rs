@@ -138,6 +138,15 @@ pub(crate) fn privileged() -> bool {
     })
 }
 
+/// Whether this process may make namespaces and change mounts
+/// (CAP_SYS_ADMIN in its effective set).
+pub(crate) fn can_admin() -> bool {
+    static ADMIN: OnceLock<bool> = OnceLock::new();
+    const CAP_SYS_ADMIN: u32 = 21;
+    *ADMIN
+        .get_or_init(|| status_mask("CapEff:").is_some_and(|mask| mask & (1 << CAP_SYS_ADMIN) != 0))
+}
+
 /// The capabilities in this process's bounding set (its children's too):
 /// the ones a child must drop. It only ever shrinks, so reading it once is
 /// enough: a later drop of one already gone does nothing. All of them if

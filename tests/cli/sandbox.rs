@@ -398,19 +398,29 @@ fn a_server_killed_with_sigkill_leaves_its_limits_cgroups_behind_neither() {
 fn a_run_is_in_its_cgroup_with_and_without_clone_into_cgroup() {
     for extra in [&[][..], &["--hide-kernel-feature", "clone-into-cgroup"][..]] {
         let served = Served::start_with(extra);
-        let done = finish(served.run_script("grep '^0::' /proc/self/cgroup"), None);
-        assert_eq!(done.code, 0, "{}", text(&done.stderr));
-        let line = text(&done.stdout);
+        let (mut run, first) = spawn_reading_first_line(
+            served.run_script("echo $$ $(grep '^0::' /proc/self/cgroup); exec sleep 300"),
+        );
+        let (pid, inside) = first.trim_end().split_once(' ').expect("two words");
+        // Its own view is a cgroup namespace rooted at its leaf.
+        assert_eq!(inside, "0::/", "{extra:?}");
+        let memberships =
+            std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("its cgroups");
+        let line = memberships
+            .lines()
+            .find(|line| line.starts_with("0::"))
+            .expect("a cgroup2 membership");
         let root = format!("/capexec-{}-", served.child.id());
         assert!(
             line.contains(&root)
                 && line
-                    .trim_end()
                     .rsplit('/')
                     .next()
                     .is_some_and(|leaf| leaf.starts_with("p-")),
             "{extra:?}: {line:?}"
         );
+        let _ = run.kill();
+        let _ = run.wait();
     }
 }
 

@@ -419,7 +419,10 @@ async fn process_info_says_what_was_enforced(ctx: Ctx) {
     let info = process.info().await.expect("info");
     assert_eq!(info.confinement.tracking, Tracking::Cgroup);
     assert_eq!(info.confinement.sandbox, None);
-    assert_eq!(info.confinement.enforced, vec!["cgroup".to_string()]);
+    assert_eq!(
+        info.confinement.enforced,
+        vec!["cgroup".to_string(), "cgroup-namespace".to_string()]
+    );
     assert!(!info.tree_running);
 }
 
@@ -445,6 +448,17 @@ async fn leave_a_session_behind(
     (process, pid)
 }
 
+/// Where the cgroup2 hierarchy is mounted.
+fn cgroup2_mount() -> std::path::PathBuf {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let mount = mounts
+        .lines()
+        .find(|line| line.contains(" - cgroup2 "))
+        .and_then(|line| line.split(' ').nth(4))
+        .expect("a cgroup2 mount");
+    std::path::PathBuf::from(mount)
+}
+
 /// The cgroup2 directory process `pid` is in.
 fn cgroup_dir(pid: u32) -> std::path::PathBuf {
     let memberships = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
@@ -452,13 +466,126 @@ fn cgroup_dir(pid: u32) -> std::path::PathBuf {
         .lines()
         .find_map(|line| line.strip_prefix("0::"))
         .expect("a cgroup2 membership");
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-    let mount = mounts
-        .lines()
-        .find(|line| line.contains(" - cgroup2 "))
-        .and_then(|line| line.split(' ').nth(4))
-        .expect("a cgroup2 mount");
-    std::path::PathBuf::from(format!("{mount}{path}"))
+    std::path::PathBuf::from(format!("{}{path}", cgroup2_mount().display()))
+}
+
+/// A cgroup of the test's own at the top of the cgroup2 hierarchy (not
+/// named `capexec-`, which servers sweep), emptied and removed when
+/// dropped, whatever got into it.
+struct SiblingCgroup(std::path::PathBuf);
+
+impl SiblingCgroup {
+    fn new() -> SiblingCgroup {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let name = format!(
+            "test-sibling-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let dir = cgroup2_mount().join(name);
+        std::fs::create_dir(&dir).expect("make a cgroup (the tests run as root)");
+        SiblingCgroup(dir)
+    }
+}
+
+impl Drop for SiblingCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.0.join("cgroup.kill"), "1");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::fs::remove_dir(&self.0).is_err() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// SIGKILLs `pid` when dropped if it still runs (what escaped a test).
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if alive(self.0) {
+            // SAFETY: kill(2) of a process this test started.
+            unsafe { libc::kill(self.0 as i32, libc::SIGKILL) };
+        }
+    }
+}
+
+/// A child and then its parent try to move themselves into the cgroups
+/// argv[1] and argv[2] (the hierarchy's root and a sibling of the
+/// server's), each saying how it went; then both sleep, the child in a
+/// session of its own.
+const CGROUP_ESCAPE: &str = r#"
+import errno, os, sys
+def leave(who):
+    for name, group in zip(["root", "sibling"], sys.argv[1:3]):
+        try:
+            with open(os.path.join(group, "cgroup.procs"), "w") as procs:
+                procs.write("0")
+            result = "moved"
+        except OSError as error:
+            result = errno.errorcode[error.errno]
+        print(who, name, result, flush=True)
+ready, told = os.pipe()
+child = os.fork()
+if child == 0:
+    os.setsid()
+    leave("child")
+    os.write(told, b"x")
+    os.execvp("sleep", ["sleep", "300"])
+os.read(ready, 1)
+leave("leader")
+os.write(1, f"pid {child}\n".encode())
+os.execvp("sleep", ["sleep", "300"])
+"#;
+
+async fn an_unsandboxed_child_cannot_move_out_of_its_cgroup(ctx: Ctx) {
+    let sibling = SiblingCgroup::new();
+    let root = cgroup2_mount();
+    let mut command = Command::new("/usr/bin/python3");
+    command.args([
+        "-c",
+        CGROUP_ESCAPE,
+        &root.display().to_string(),
+        &sibling.0.display().to_string(),
+    ]);
+    let process = command.spawn(&ctx.executor).await.expect("start");
+    let info = process.info().await.expect("info");
+    let leader = KillOnDrop(info.pid);
+    let (_, output) = common::read_until_output_contains(&process, "pid ").await;
+    let output = output.trim_end().to_string();
+    let (moves, child) = output.rsplit_once('\n').expect("lines");
+    let child = child
+        .strip_prefix("pid ")
+        .and_then(|pid| pid.parse().ok())
+        .map(KillOnDrop);
+    assert_eq!(
+        moves,
+        "child root ENOENT\nchild sibling ENOENT\nleader root ENOENT\nleader sibling ENOENT"
+    );
+    let child = child.unwrap_or_else(|| panic!("the child's pid in {output:?}"));
+    assert!(
+        info.confinement
+            .enforced
+            .iter()
+            .any(|name| name == "cgroup-namespace"),
+        "{:?}",
+        info.confinement.enforced
+    );
+    let leaf = cgroup_dir(leader.0);
+    assert!(
+        leaf.file_name()
+            .is_some_and(|name| name.to_string_lossy().starts_with("p-")),
+        "{}",
+        leaf.display()
+    );
+    assert_eq!(cgroup_dir(child.0), leaf);
+    // Released, nothing it started survives.
+    drop(process);
+    common::procfs::wait_until(|| !alive(leader.0) && !alive(child.0)).await;
+    assert_eq!(
+        std::fs::read_to_string(sibling.0.join("cgroup.procs")).expect("procs"),
+        ""
+    );
 }
 
 async fn what_leaves_with_setsid_stays_counted_and_dies_with_terminate(ctx: Ctx) {
@@ -711,6 +838,7 @@ backend_tests!(
     what_leaves_with_setsid_stays_counted_and_dies_with_terminate,
     what_leaves_with_setsid_dies_with_release,
     what_leaves_with_setsid_dies_at_the_timeout,
+    an_unsandboxed_child_cannot_move_out_of_its_cgroup,
     a_pids_limit_stops_a_fork_bomb,
     a_memory_hog_is_reported_as_killed_by_the_memory_limit,
     a_cpu_limit_sets_the_quota_of_the_tree,
