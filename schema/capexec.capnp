@@ -1067,6 +1067,30 @@ struct Sandbox {
   # logs in to an upstream with) or the private key of its TLS certificate
   # (`--tls-key`, or the one `--tls-self-signed` keeps); such a start is
   # refused with `[capexec:not-allowed]`, naming the file.
+  #
+  # A sandboxed process holds no capability and has `no_new_privs`. On a
+  # root server it also stops being root (unless `keepRoot`): uid 0 keeps
+  # the owner's access to every root-owned file without any capability
+  # (`/etc/shadow`, private keys) and every daemon that trusts its peer's
+  # uid trusts it (root-owned Unix sockets such as docker's or systemd's,
+  # which Landlock before ABI 9 does not guard), so the process runs as
+  # the unprivileged user `nobody` (uid and gid 65534, no supplementary
+  # groups). What root owns in the sandbox's own roots stays within its
+  # reach: in a mount namespace of its own, its working directory, its
+  # writable roots and its read-only roots outside the system directories
+  # are idmapped mounts on which root's files are the process's (and
+  # `nobody`'s are root's), so a build in a root-owned checkout reads and
+  # writes it as root would and what it makes is root's on disk. A root
+  # under a root-owned directory `nobody` could not search (`/root`) is
+  # reached through that directory, mapped as a whole (Landlock still
+  # allows only the roots). The system directories, devices and /proc are
+  # seen as `nobody` sees them: root-only files there are unreadable, and
+  # other sessions' terminals are out of reach. Enforced under the name
+  # "unprivileged-user"; a root whose file system cannot be idmapped, or a
+  # server without CAP_SYS_ADMIN (a container's root), cannot have it, and
+  # such a start is refused with `[capexec:unsupported]` unless
+  # `bestEffort` (then it runs as root without capabilities and
+  # `notEnforced` says "unprivileged-user") or `keepRoot`.
 
   readOnly @0 :List(Data);
   # Readable and executable, beyond the system directories: /usr, /bin,
@@ -1107,6 +1131,14 @@ struct Sandbox {
   # rules and the filter hold inside namespaces all the same. Enforced
   # under the name "namespaces". A policy's sandbox without it refuses a
   # start that asks for it (`[capexec:not-allowed]`).
+
+  keepRoot @7 :Bool;
+  # On a root server, the process stays root (uid 0, every capability
+  # dropped, no mount namespace) instead of becoming `nobody` (see above):
+  # for programs that insist on uid 0. It can then read root-only files in
+  # the system directories and reach root-owned Unix sockets. No effect on
+  # other servers. A policy's sandbox without it refuses a start that asks
+  # for it (`[capexec:not-allowed]`).
 }
 
 enum SandboxNetwork {
@@ -1171,8 +1203,8 @@ struct Confinement {
   enforced @3 :List(Text);
   # What is enforced, by name: "cgroup", "cgroup-namespace", "filesystem",
   # "network-tcp", "network-sockets", "scope-signals",
-  # "scope-abstract-sockets", "no-new-privs", "capabilities", "io-uring",
-  # "kernel-calls",
+  # "scope-abstract-sockets", "no-new-privs", "capabilities",
+  # "unprivileged-user", "io-uring", "kernel-calls",
   # "namespaces", "server-isolation", "limit-memory", "limit-pids",
   # "limit-cpu".
   # Clients must ignore names they do not know.

@@ -53,6 +53,9 @@ pub struct Sandbox {
     /// The process may make namespaces (user, mount, network, pid...);
     /// otherwise its seccomp filter refuses them.
     pub allow_namespaces: bool,
+    /// On a root server: the process stays root (every capability
+    /// dropped) instead of becoming the unprivileged user.
+    pub keep_root: bool,
     /// Start even if the kernel cannot enforce all of it, and say what was
     /// not enforced; otherwise such a start is refused.
     pub best_effort: bool,
@@ -160,6 +163,9 @@ pub mod enforcement {
     pub const NO_NEW_PRIVS: &str = "no-new-privs";
     /// Every capability dropped (a root server's children).
     pub const CAPABILITIES: &str = "capabilities";
+    /// A root server's child runs as an unprivileged user, which owns what
+    /// root owns in its roots and nothing elsewhere.
+    pub const UNPRIVILEGED_USER: &str = "unprivileged-user";
     /// seccomp: io_uring denied (it could bypass the socket rules).
     pub const IO_URING: &str = "io-uring";
     /// seccomp: the calls that change the kernel (modules, kexec, bpf,

@@ -6,6 +6,7 @@
 //! speak are in `model/sandbox.rs`.
 
 mod cgroup;
+mod identity;
 mod mounts;
 mod probe;
 mod roots;
@@ -195,6 +196,15 @@ pub(crate) struct Plan {
     /// Whether the child, once in its cgroups, makes a cgroup namespace
     /// rooted there (see `cgroup.rs`).
     pub cgroup_namespace: bool,
+    /// Detached idmapped trees (see `identity.rs`), each moved onto its
+    /// path in a mount namespace of the child's own, outermost first.
+    pub mounts: Vec<(std::ffi::CString, OwnedFd)>,
+    /// The working directory, entered again once the trees are in place
+    /// (the one it had is beneath them).
+    pub mounted_cwd: Option<std::ffi::CString>,
+    /// The uid and gid the child takes (no supplementary groups) instead
+    /// of root's.
+    pub user: Option<u32>,
     /// Drop every capability (bounding, ambient, then the sets).
     pub drop_capabilities: bool,
     pub last_capability: i32,
@@ -373,6 +383,16 @@ pub(crate) fn prepare(
             "the kernel has no seccomp filters".into(),
         ));
     }
+    let mut unprivileged = None;
+    if probe::is_root() && !sandbox.keep_root {
+        let ready = identity_of(&resolved, cwd);
+        asks.push((
+            name::UNPRIVILEGED_USER,
+            ready.is_ok(),
+            ready.as_ref().err().cloned().unwrap_or_default(),
+        ));
+        unprivileged = ready.ok();
+    }
     if privileged {
         asks.push((name::CAPABILITIES, true, String::new()));
         asks.push((
@@ -416,6 +436,13 @@ pub(crate) fn prepare(
                 Refusal::new(RefusalKind::SpawnFailed, format!("sandbox: {why}"))
             })?);
     }
+    if let Some(mounts) = unprivileged {
+        use std::os::unix::ffi::OsStrExt;
+        let cwd = std::fs::canonicalize(cwd).unwrap_or_else(|_| cwd.to_path_buf());
+        prepared.plan.mounted_cwd = std::ffi::CString::new(cwd.as_os_str().as_bytes()).ok();
+        prepared.plan.mounts = mounts;
+        prepared.plan.user = Some(identity::SANDBOX_ID);
+    }
     prepared.plan.no_new_privs = true;
     prepared.plan.drop_capabilities = privileged;
     prepared.plan.last_capability = probe::last_capability();
@@ -424,6 +451,47 @@ pub(crate) fn prepare(
     confinement.sandbox = Some(roots::explicit(&resolved, sandbox));
     prepared.confinement = confinement;
     Ok(prepared)
+}
+
+/// The detached trees a root server's child in `cwd` with `roots` runs
+/// in as the unprivileged user, or why it cannot.
+fn identity_of(
+    roots: &[roots::Root],
+    cwd: &Path,
+) -> Result<Vec<(std::ffi::CString, OwnedFd)>, String> {
+    use std::os::unix::ffi::OsStrExt;
+    const KEEP_ROOT: &str =
+        "keepRoot (capexec run --keep-root) runs it as root without capabilities";
+    if hidden(KernelFeature::IdmappedMounts) {
+        return Err(format!(
+            "idmapped mounts are hidden (--hide-kernel-feature idmapped-mounts); {KEEP_ROOT}"
+        ));
+    }
+    if !probe::can_admin() {
+        return Err(format!(
+            "running it as an unprivileged user that owns root's files in its roots takes \
+             idmapped mounts, which need CAP_SYS_ADMIN, and this root server has none (a \
+             container's root has none); {KEEP_ROOT}"
+        ));
+    }
+    let cwd = std::fs::canonicalize(cwd).unwrap_or_else(|_| cwd.to_path_buf());
+    identity::mapped_trees(roots, &cwd)
+        .into_iter()
+        .map(|tree| {
+            let mapped = identity::detached_mapped(&tree).map_err(|error| {
+                format!(
+                    "running it as an unprivileged user takes an idmapped mount of {}, where \
+                     root's files become its own, and the kernel refused one ({}): its file \
+                     system may not support them; {KEEP_ROOT}",
+                    tree.display(),
+                    crate::model::io_message(&error)
+                )
+            })?;
+            let path = std::ffi::CString::new(tree.as_os_str().as_bytes())
+                .map_err(|_| format!("{} has a NUL byte", tree.display()))?;
+            Ok((path, mapped))
+        })
+        .collect()
 }
 
 /// The names of the limits `limits` sets.

@@ -28,6 +28,9 @@ pub enum KernelFeature {
     Openat2,
     /// O_TMPFILE: atomic writes then stage in hidden named temporaries.
     TmpFile,
+    /// Idmapped mounts (Linux 5.12), with which a root server's sandboxed
+    /// children run as an unprivileged user.
+    IdmappedMounts,
 }
 
 impl KernelFeature {
@@ -43,6 +46,7 @@ impl KernelFeature {
         KernelFeature::CloneIntoCgroup,
         KernelFeature::Openat2,
         KernelFeature::TmpFile,
+        KernelFeature::IdmappedMounts,
     ];
 
     pub fn name(self) -> &'static str {
@@ -58,6 +62,7 @@ impl KernelFeature {
             KernelFeature::CloneIntoCgroup => "clone-into-cgroup",
             KernelFeature::Openat2 => "openat2",
             KernelFeature::TmpFile => "o-tmpfile",
+            KernelFeature::IdmappedMounts => "idmapped-mounts",
         }
     }
 }
@@ -136,6 +141,12 @@ pub(crate) fn privileged() -> bool {
             })
         })
     })
+}
+
+/// Whether this process runs as root (its children would be root too).
+pub(crate) fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
 }
 
 /// Whether this process may make namespaces and change mounts

@@ -167,6 +167,7 @@ pub struct PolicySandbox {
     cwd: Access,
     network: Network,
     allow_namespaces: bool,
+    keep_root: bool,
     best_effort: bool,
 }
 
@@ -189,6 +190,7 @@ impl PolicySandbox {
             },
             network: sandbox.network,
             allow_namespaces: sandbox.allow_namespaces,
+            keep_root: sandbox.keep_root,
             best_effort: sandbox.best_effort,
         };
         check(
@@ -206,6 +208,9 @@ impl PolicySandbox {
             }
             if resolved.allow_namespaces && !outer.allow_namespaces {
                 return Err(no_namespaces(rule));
+            }
+            if resolved.keep_root && !outer.keep_root {
+                return Err(no_root(rule));
             }
             resolved.roots = narrowed(&resolved.roots, &outer.roots, rule)?;
             resolved.cwd = resolved.cwd.min(outer.cwd);
@@ -235,6 +240,7 @@ impl PolicySandbox {
             .map(|root| root.path.clone());
         let mut network = asked.network;
         let mut allow_namespaces = asked.allow_namespaces;
+        let mut keep_root = asked.keep_root;
         let mut best_effort = asked.best_effort;
         for layer in layers {
             let mut allowed = layer.roots.clone();
@@ -261,6 +267,12 @@ impl PolicySandbox {
                 }
                 allow_namespaces = false;
             }
+            if keep_root && !layer.keep_root {
+                if start.is_some() {
+                    return Err(no_root(rule));
+                }
+                keep_root = false;
+            }
             best_effort &= layer.best_effort;
         }
         if let Some(cwd) = &cwd
@@ -279,11 +291,19 @@ impl PolicySandbox {
             &Sandbox {
                 network,
                 allow_namespaces,
+                keep_root,
                 best_effort,
                 ..Sandbox::default()
             },
         ))
     }
+}
+
+fn no_root(rule: &str) -> Refusal {
+    Refusal::new(
+        RefusalKind::NotAllowed,
+        format!("{rule}: processes may not stay root in this executor's sandbox"),
+    )
 }
 
 fn no_namespaces(rule: &str) -> Refusal {
@@ -298,7 +318,7 @@ fn is_system(path: &Path) -> bool {
 }
 
 /// The roots as a sandbox that says everything: what a process was given,
-/// with `flags`' network, namespaces and best effort.
+/// with `flags`' network, namespaces, root and best effort.
 pub(crate) fn explicit(roots: &[Root], flags: &Sandbox) -> Sandbox {
     let listed = |access: Access| {
         roots
@@ -315,6 +335,7 @@ pub(crate) fn explicit(roots: &[Root], flags: &Sandbox) -> Sandbox {
         read_only_cwd: true,
         best_effort: flags.best_effort,
         allow_namespaces: flags.allow_namespaces,
+        keep_root: flags.keep_root,
     }
 }
 

@@ -146,6 +146,7 @@ mod tests {
                 read_only_cwd: true,
                 best_effort: true,
                 allow_namespaces: true,
+                keep_root: true,
             }),
             limits: crate::model::Limits {
                 memory_bytes: Some(1 << 30),

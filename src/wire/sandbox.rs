@@ -27,6 +27,7 @@ pub fn sandbox_to_wire(sandbox: &Sandbox, mut builder: sandbox::Builder<'_>) {
     builder.set_read_only_cwd(sandbox.read_only_cwd);
     builder.set_best_effort(sandbox.best_effort);
     builder.set_allow_namespaces(sandbox.allow_namespaces);
+    builder.set_keep_root(sandbox.keep_root);
 }
 
 pub fn sandbox_from_wire(reader: sandbox::Reader<'_>) -> capnp::Result<Sandbox> {
@@ -44,6 +45,7 @@ pub fn sandbox_from_wire(reader: sandbox::Reader<'_>) -> capnp::Result<Sandbox> 
         read_only_cwd: reader.get_read_only_cwd(),
         best_effort: reader.get_best_effort(),
         allow_namespaces: reader.get_allow_namespaces(),
+        keep_root: reader.get_keep_root(),
     })
 }
 
@@ -123,6 +125,7 @@ mod tests {
             read_only_cwd: true,
             best_effort: true,
             allow_namespaces: true,
+            keep_root: true,
         }
     }
 

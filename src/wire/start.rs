@@ -200,6 +200,7 @@ mod tests {
                 read_only_cwd: true,
                 best_effort: true,
                 allow_namespaces: true,
+                keep_root: true,
             }),
             limits: Limits {
                 memory_bytes: Some(1 << 30),

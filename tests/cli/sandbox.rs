@@ -134,6 +134,58 @@ fn a_sandbox_the_server_cannot_enforce_is_refused_with_one_line() {
 }
 
 #[test]
+fn a_root_server_that_cannot_run_a_sandbox_as_nobody_refuses_it_unless_kept_root() {
+    let served = Served::start_with(&["--hide-kernel-feature", "idmapped-mounts"]);
+    let cwd = TempDir::new("cli-sandbox");
+    let cwd_arg = cwd.path().display().to_string();
+    let script = "id -u; head -c 5 /etc/shadow";
+    let done = finish(
+        served.run(&[
+            "--connect",
+            &served.unix,
+            "--cwd",
+            &cwd_arg,
+            "--sandbox",
+            "-n",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ]),
+        None,
+    );
+    assert_eq!((done.code, text(&done.stdout)), (125, String::new()));
+    one_line(
+        &done.stderr,
+        "capexec: sandbox: this server cannot enforce unprivileged-user (idmapped mounts are \
+         hidden (--hide-kernel-feature idmapped-mounts); keepRoot (capexec run --keep-root) runs \
+         it as root without capabilities); ask for best effort to start anyway\n",
+    );
+    // Asked to stay root, it does (and reads what root reads).
+    let done = finish(
+        served.run(&[
+            "--connect",
+            &served.unix,
+            "--cwd",
+            &cwd_arg,
+            "--keep-root",
+            "-n",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ]),
+        None,
+    );
+    assert_eq!(
+        (done.code, text(&done.stdout)),
+        (0, "0\nroot:".to_string()),
+        "{}",
+        text(&done.stderr)
+    );
+}
+
+#[test]
 fn a_sandboxed_server_narrows_every_start() {
     let allowed = TempDir::new("cli-sandbox-allowed");
     let other = TempDir::new("cli-sandbox-other");

@@ -174,7 +174,8 @@ except OSError as error:
 
 async fn a_sandboxed_terminal_works(ctx: Ctx) {
     let cwd = TempDir::new("sandbox-cwd");
-    let mut command = sh("tty >/dev/null && echo on-a-terminal; exit 4");
+    // Its own terminal, opened again by name.
+    let mut command = sh("t=$(tty) && printf '' > \"$t\" && echo on-a-terminal; exit 4");
     command
         .current_dir(cwd.path())
         .sandbox(Sandbox::default())
@@ -200,6 +201,88 @@ async fn a_root_child_has_no_capabilities_and_is_filtered(ctx: Ctx) {
         "CapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n\
          CapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\n"
     );
+}
+
+/// This process's dumpable flag (servers of the tests run in it).
+fn dumpable() -> i32 {
+    // SAFETY: prctl(PR_GET_DUMPABLE) only reads the flag.
+    unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) }
+}
+
+async fn a_root_servers_sandbox_runs_as_nobody_and_reads_no_root_secret(ctx: Ctx) {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    // A root-owned checkout below a directory only root may enter.
+    let closed = TempDir::new("sandbox-closed");
+    let cwd = closed.path().join("work");
+    std::fs::create_dir(&cwd).expect("mkdir");
+    std::fs::write(cwd.join("own"), "secret\n").expect("write");
+    std::fs::write(closed.path().join("beside"), "beside\n").expect("write");
+    for (path, mode) in [(closed.path(), 0o700), (&cwd.join("own"), 0o600)] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    }
+    assert_eq!(
+        std::fs::metadata(closed.path()).expect("stat").uid(),
+        0,
+        "the tests run as root, as CI does"
+    );
+    let run = |keep_root: bool, script: &str| {
+        let mut command = sh(script);
+        command.current_dir(&cwd).sandbox(Sandbox {
+            keep_root,
+            ..Sandbox::default()
+        });
+        command
+    };
+    let script = format!(
+        "id -u; id -G; cat own; cat {cwd}/own; echo made > made && mkdir dir && echo wrote; \
+         cat {closed}/beside || echo beside-denied; head -c 5 /etc/shadow || echo shadow-denied",
+        cwd = cwd.display(),
+        closed = closed.path().display()
+    );
+    let process = run(false, &script)
+        .spawn(&ctx.executor)
+        .await
+        .expect("start");
+    let events = common::read_until_closed(&process).await;
+    assert_eq!(
+        String::from_utf8_lossy(&common::output_bytes(
+            &events,
+            Some(capexec::model::OutputStream::Stdout)
+        )),
+        "65534\n65534\nsecret\nsecret\nwrote\nbeside-denied\nshadow-denied\n"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&common::output_bytes(
+            &events,
+            Some(capexec::model::OutputStream::Stderr)
+        ))
+        .matches("Permission denied")
+        .count(),
+        2
+    );
+    // What it made is root's on disk.
+    for made in ["made", "dir"] {
+        let meta = std::fs::metadata(cwd.join(made)).expect("made");
+        assert_eq!((meta.uid(), meta.gid()), (0, 0), "{made}");
+    }
+    let info = process.info().await.expect("info");
+    assert!(
+        info.confinement
+            .enforced
+            .iter()
+            .any(|name| name == "unprivileged-user"),
+        "{:?}",
+        info.confinement.enforced
+    );
+    // The server, whose memory the child shared until its exec, stays as
+    // dumpable as it was.
+    assert_eq!(dumpable(), 1);
+    // keepRoot: root without capabilities, which reads /etc/shadow.
+    let output = run(true, "id -u; head -c 5 /etc/shadow")
+        .output(&ctx.executor)
+        .await
+        .expect("start");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "0\nroot:");
 }
 
 /// Tries to make namespaces (user alone, and with network, mount, ipc and
@@ -293,7 +376,11 @@ async fn a_sandbox_makes_no_namespaces_unless_allowed(ctx: Ctx) {
 const SOCKET_PROBE: &str = r#"
 import socket, sys
 s = socket.socket(socket.AF_UNIX)
-s.connect(sys.argv[1])
+try:
+    s.connect(sys.argv[1])
+except PermissionError:
+    print("EACCES")
+    sys.exit()
 s.settimeout(10)
 # A Cap'n Proto bootstrap message; a server that serves us answers it.
 message = (bytes.fromhex("00000000 05000000 00000000 01000100 08000000 00000000 00000000 00000000 00000000 00000000 00000000 00000000".replace(" ", "")))
@@ -324,14 +411,22 @@ async fn a_sandboxed_child_cannot_reach_the_server(ctx: Ctx) {
         probe.args(["-c", SOCKET_PROBE, &socket]);
         let output = probe.output(&ctx.executor).await.expect("start");
         assert_eq!(String::from_utf8_lossy(&output.stdout), "answered\n");
-        probe.current_dir(cwd.path()).sandbox(Sandbox::default());
-        let output = probe.output(&ctx.executor).await.expect("start");
-        assert_eq!(
-            String::from_utf8_lossy(&output.stdout),
-            "refused\n",
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        // As the unprivileged user a root server's sandbox runs as, the
+        // kernel refuses it the socket (mode 0600, root's); as root (its
+        // capabilities dropped) the server does.
+        for (keep_root, said) in [(false, "EACCES\n"), (true, "refused\n")] {
+            probe.current_dir(cwd.path()).sandbox(Sandbox {
+                keep_root,
+                ..Sandbox::default()
+            });
+            let output = probe.output(&ctx.executor).await.expect("start");
+            assert_eq!(
+                String::from_utf8_lossy(&output.stdout),
+                said,
+                "{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
         // And the server still serves everyone else.
         let again = ctx.connect_again().await.expect("connect");
         capexec::client::info(&again.executor())
@@ -774,6 +869,10 @@ async fn a_restricted_executor_with_a_sandbox_refuses_to_widen_it(ctx: Ctx) {
             allow_namespaces: true,
             ..Sandbox::default()
         },
+        Sandbox {
+            keep_root: true,
+            ..Sandbox::default()
+        },
     ] {
         let mut command = Command::new("true");
         command.current_dir(cwd.path()).sandbox(sandbox);
@@ -832,6 +931,7 @@ backend_tests!(
     abstract_sockets_made_outside_are_out_of_reach,
     a_sandboxed_terminal_works,
     a_root_child_has_no_capabilities_and_is_filtered,
+    a_root_servers_sandbox_runs_as_nobody_and_reads_no_root_secret,
     a_sandbox_makes_no_namespaces_unless_allowed,
     a_sandboxed_child_cannot_reach_the_server,
     process_info_says_what_was_enforced,
