@@ -40,7 +40,8 @@
 #                      (`ifVersion`): somebody else wrote it meanwhile;
 #     outside-directory the path would leave the directory (`..`, an
 #                      absolute path, a symlink pointing out, a magic link
-#                      of /proc): the kernel refused to resolve it there;
+#                      of /proc, a mount point beneath it): the kernel
+#                      refused to resolve it there;
 #     no-space         the file system is full (or a quota is reached);
 #     busy             the file is in use (a mount point, a running program).
 #   On `Directory` calls, `permission-denied` means the operating system
@@ -1088,7 +1089,34 @@ struct Sandbox {
   # root, writable if in or below any writable one; there is no way to
   # exclude a path below a root. Writable roots may not contain a cgroup
   # file system (a process could leave its cgroup) and no root may contain
-  # the server's login token file.
+  # a secret file of the server: a login token file (its own, or one it
+  # logs in to an upstream with) or the private key of its TLS certificate
+  # (`--tls-key`, or the one `--tls-self-signed` keeps); such a start is
+  # refused with `[capexec:not-allowed]`, naming the file.
+  #
+  # A sandboxed process holds no capability and has `no_new_privs`. On a
+  # root server it also stops being root (unless `keepRoot`): uid 0 keeps
+  # the owner's access to every root-owned file without any capability
+  # (`/etc/shadow`, private keys) and every daemon that trusts its peer's
+  # uid trusts it (root-owned Unix sockets such as docker's or systemd's,
+  # which Landlock before ABI 9 does not guard), so the process runs as
+  # the unprivileged user `nobody` (uid and gid 65534, no supplementary
+  # groups). What root owns in the sandbox's own roots stays within its
+  # reach: in a mount namespace of its own, its working directory, its
+  # writable roots and its read-only roots outside the system directories
+  # are idmapped mounts on which root's files are the process's (and
+  # `nobody`'s are root's), so a build in a root-owned checkout reads and
+  # writes it as root would and what it makes is root's on disk. A root
+  # under a root-owned directory `nobody` could not search (`/root`) is
+  # reached through that directory, mapped as a whole (Landlock still
+  # allows only the roots). The system directories, devices and /proc are
+  # seen as `nobody` sees them: root-only files there are unreadable, and
+  # other sessions' terminals are out of reach. Enforced under the name
+  # "unprivileged-user"; a root whose file system cannot be idmapped, or a
+  # server without CAP_SYS_ADMIN (a container's root), cannot have it, and
+  # such a start is refused with `[capexec:unsupported]` unless
+  # `bestEffort` (then it runs as root without capabilities and
+  # `notEnforced` says "unprivileged-user") or `keepRoot`.
 
   readOnly @0 :List(Data);
   # Readable and executable, beyond the system directories: /usr, /bin,
@@ -1116,6 +1144,27 @@ struct Sandbox {
   # in `ProcessInfo.confinement.notEnforced`. Without it such a start fails
   # with `[capexec:unsupported]`, naming what is missing. Never silently
   # unconfined.
+
+  allowNamespaces @6 :Bool;
+  # The process may make namespaces. Without it (the default) its seccomp
+  # filter refuses every new namespace with EPERM: `unshare` and `clone`
+  # with any `CLONE_NEW*` flag (user, mount, network, pid, ipc, uts,
+  # cgroup, time), and `setns`; `clone3`, whose flags a filter cannot
+  # read, fails with ENOSYS, which makes the C library fall back to
+  # `clone` (threads and processes are made as usual). A user namespace
+  # would give the process every capability inside it, and with them
+  # kernel code no unprivileged process reaches otherwise; Landlock's
+  # rules and the filter hold inside namespaces all the same. Enforced
+  # under the name "namespaces". A policy's sandbox without it refuses a
+  # start that asks for it (`[capexec:not-allowed]`).
+
+  keepRoot @7 :Bool;
+  # On a root server, the process stays root (uid 0, every capability
+  # dropped, no mount namespace) instead of becoming `nobody` (see above):
+  # for programs that insist on uid 0. It can then read root-only files in
+  # the system directories and reach root-owned Unix sockets. No effect on
+  # other servers. A policy's sandbox without it refuses a start that asks
+  # for it (`[capexec:not-allowed]`).
 }
 
 enum SandboxNetwork {
@@ -1152,7 +1201,17 @@ enum ProcessTracking {
   # The process group (a terminal: the session): what leaves it is not
   # seen, nor ended.
   cgroup @1;
-  # A cgroup of its own: everything the process starts.
+  # A cgroup of its own: everything the process starts. On a server that
+  # may make namespaces (root), the process also gets a cgroup namespace
+  # rooted at that cgroup, and the server turns on the cgroup2 hierarchy's
+  # `nsdelegate` (as systemd mounts it) if it is off: the kernel then
+  # refuses, with ENOENT, any move of the process or what it starts to a
+  # cgroup outside (the hierarchy's root, another process's cgroup) by
+  # `cgroup.procs`, and any change to its own cgroup's limits from inside
+  # ("cgroup-namespace" among what is enforced). An unsandboxed child of a
+  # root server still holds every capability: it could enter another
+  # cgroup namespace (`setns`, `nsenter -t 1 -C`) or ask a process outside
+  # to move it; a sandbox is what confines a process against itself.
 }
 
 struct Confinement {
@@ -1168,10 +1227,12 @@ struct Confinement {
   # The limits in force (after every policy).
 
   enforced @3 :List(Text);
-  # What is enforced, by name: "cgroup", "filesystem", "network-tcp",
-  # "network-sockets", "scope-signals", "scope-abstract-sockets",
-  # "no-new-privs", "capabilities", "io-uring", "kernel-calls",
-  # "server-isolation", "limit-memory", "limit-pids", "limit-cpu".
+  # What is enforced, by name: "cgroup", "cgroup-namespace", "filesystem",
+  # "network-tcp", "network-sockets", "scope-signals",
+  # "scope-abstract-sockets", "no-new-privs", "capabilities",
+  # "unprivileged-user", "io-uring", "kernel-calls",
+  # "namespaces", "server-isolation", "limit-memory", "limit-pids",
+  # "limit-cpu".
   # Clients must ignore names they do not know.
 
   notEnforced @4 :List(Text);
@@ -1248,10 +1309,19 @@ struct ProcessRecord {
 # - Paths are `Data` (bytes without NUL, at most 4,096), relative to the
 #   directory: "" and "." name the directory itself, "a/b" a path beneath
 #   it. The kernel resolves every path beneath the directory
-#   (`openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`): an absolute path,
-#   ".." past the directory, a symlink that points out (also one swapped in
-#   while the call runs) and /proc's magic links all fail with
-#   `[capexec:outside-directory]`. Symlinks that stay inside are followed,
+#   (`openat2(RESOLVE_BENEATH | RESOLVE_NO_XDEV | RESOLVE_NO_MAGICLINKS)`):
+#   an absolute path, ".." past the directory, a symlink that points out
+#   (also one swapped in while the call runs) and /proc's magic links all
+#   fail with `[capexec:outside-directory]`. So does a path through a mount
+#   point beneath the directory ("crosses a mount point beneath the
+#   directory"): another file system, or a bind mount, which may lead
+#   anywhere, is not part of it. Calls stay on the directory's own mount: a
+#   walk reports a mount point with an `error` and does not enter it, a
+#   recursive `remove` or `copy` fails when it reaches one (what it did
+#   before stays done) and never touches what is mounted there, and a bind
+#   mount over a file is `busy` to remove or replace. Open a file system
+#   mounted beneath as a directory of its own (`Executor.directory`).
+#   Symlinks that stay inside are followed,
 #   except for the last component where a call says otherwise (`remove`,
 #   `rename`, `symlink`, `readlink`, `stat` with `noFollow`, walks). The
 #   final component of a call that creates, removes or renames is always

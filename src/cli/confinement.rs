@@ -29,6 +29,15 @@ pub struct ConfinementArgs {
     /// (implies --sandbox).
     #[arg(long, value_name = "none|all", value_parser = parse_network)]
     pub network: Option<Network>,
+    /// Let the sandbox make namespaces (user, mount, network...: unshare,
+    /// containers); denied otherwise (implies --sandbox).
+    #[arg(long = "allow-namespaces")]
+    pub allow_namespaces: bool,
+    /// On a root server, keep the sandboxed process root (every
+    /// capability dropped) instead of running it as nobody, which owns
+    /// root's files in its roots only (implies --sandbox).
+    #[arg(long = "keep-root")]
+    pub keep_root: bool,
     /// Most memory of the whole tree (512M, 2G); beyond it the kernel kills
     /// it (exit 137, and a line saying so).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
@@ -54,6 +63,8 @@ impl ConfinementArgs {
             && self.read_only.is_empty()
             && self.writable.is_empty()
             && self.network.is_none()
+            && !self.allow_namespaces
+            && !self.keep_root
         {
             return Ok(None);
         }
@@ -70,6 +81,8 @@ impl ConfinementArgs {
             read_only: absolute(&self.read_only)?,
             writable: absolute(&self.writable)?,
             network: self.network.unwrap_or_default(),
+            allow_namespaces: self.allow_namespaces,
+            keep_root: self.keep_root,
             ..Sandbox::default()
         }))
     }

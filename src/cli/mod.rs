@@ -399,7 +399,7 @@ pub struct ServeArgs {
     restrictions: restrictions::RestrictionArgs,
     /// For tests only: treat this kernel feature as missing (repeatable):
     /// landlock, landlock-tcp, landlock-scopes, seccomp, cgroups, memory,
-    /// pids, cpu, clone-into-cgroup, openat2, o-tmpfile.
+    /// pids, cpu, clone-into-cgroup, openat2, o-tmpfile, idmapped-mounts.
     #[arg(long = "hide-kernel-feature", value_name = "FEATURE", hide = true)]
     hide_kernel_features: Vec<capexec::sandbox::KernelFeature>,
 }

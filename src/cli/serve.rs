@@ -373,7 +373,7 @@ fn upstreams(args: &ServeArgs) -> Result<Vec<UpstreamConfig>, String> {
             (Some((file, place)), true) => Some(
                 {
                     // What this server logs in with is no sandbox's to read.
-                    capexec::sandbox::protect(&file);
+                    capexec::sandbox::protect(&file, capexec::sandbox::Secret::LoginToken);
                     Token::load(&file)
                 }
                 .map_err(|error| target::token_problem(&place, &error))?,

@@ -181,6 +181,17 @@ impl Engine {
             )
         })?;
         let confined = confine(spec)?;
+        if let Some(id) = confined.plan.user {
+            // Its own terminal, which it may open again by name.
+            rustix::fs::fchown(&slave, Some(rustix::fs::Uid::from_raw(id)), None).map_err(
+                |error| {
+                    Refusal::new(
+                        RefusalKind::SpawnFailed,
+                        format!("cannot give the sandbox its terminal: {error}"),
+                    )
+                },
+            )?;
+        }
         let child = spawn::spawn(
             spec,
             ChildStdio::Terminal(slave_path),

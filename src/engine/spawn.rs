@@ -352,7 +352,8 @@ fn classify(spec: &StartSpec, error: &io::Error) -> Refusal {
             Step::Confine => Refusal::new(
                 RefusalKind::SpawnFailed,
                 format!(
-                    "cannot confine {} (capabilities, no_new_privs, Landlock, seccomp): {}",
+                    "cannot confine {} (mounts, user, capabilities, no_new_privs, Landlock, \
+                     seccomp): {}",
                     excerpt(&spec.argv[0].to_string_lossy()),
                     io_message(&failure.error)
                 ),
@@ -659,6 +660,15 @@ struct Confinement {
     clone_into_cgroup: bool,
     /// The `cgroup.procs` of the leaf's v1 mirrors.
     cgroup_procs: Vec<RawFd>,
+    /// Make a cgroup namespace once in them.
+    cgroup_namespace: bool,
+    /// Detached trees to move onto their paths (a path, a mount), in a
+    /// mount namespace of the child's own.
+    mounts: Vec<(*const libc::c_char, RawFd)>,
+    /// The working directory to enter again once they are in place.
+    mounted_cwd: Option<*const libc::c_char>,
+    /// The uid and gid to take instead of root's.
+    user: Option<u32>,
     drop_capabilities: bool,
     last_capability: libc::c_int,
     bounding_set: u64,
@@ -675,6 +685,14 @@ impl Confinement {
             cgroup: plan.cgroup.as_ref().map(AsRawFd::as_raw_fd),
             clone_into_cgroup: plan.clone_into_cgroup,
             cgroup_procs: plan.cgroup_procs.iter().map(AsRawFd::as_raw_fd).collect(),
+            cgroup_namespace: plan.cgroup_namespace,
+            mounts: plan
+                .mounts
+                .iter()
+                .map(|(path, tree)| (path.as_ptr(), tree.as_raw_fd()))
+                .collect(),
+            mounted_cwd: plan.mounted_cwd.as_ref().map(|cwd| cwd.as_ptr()),
+            user: plan.user,
             drop_capabilities: plan.drop_capabilities,
             last_capability: plan.last_capability,
             bounding_set: plan.bounding_set,
@@ -686,6 +704,58 @@ impl Confinement {
                 filter: program.as_ptr(),
             }),
         }
+    }
+
+    /// Moves the prepared trees into place in a mount namespace of the
+    /// child's own (slave to ours: what is mounted here later shows
+    /// there): raw system calls only. Returns the failed call's -errno.
+    ///
+    /// # Safety
+    /// Only in the child between clone and exec.
+    unsafe fn mount_trees(&self) -> Result<(), libc::c_long> {
+        const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+        if self.mounts.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: raw system calls on values prepared by the parent.
+        unsafe {
+            let result = raw(libc::syscall(libc::SYS_unshare, libc::CLONE_NEWNS));
+            if result < 0 {
+                return Err(result);
+            }
+            let result = raw(libc::syscall(
+                libc::SYS_mount,
+                c"none".as_ptr(),
+                c"/".as_ptr(),
+                std::ptr::null::<libc::c_char>(),
+                libc::MS_REC | libc::MS_SLAVE,
+                std::ptr::null::<libc::c_void>(),
+            ));
+            if result < 0 {
+                return Err(result);
+            }
+            for &(path, tree) in &self.mounts {
+                let result = raw(libc::syscall(
+                    libc::SYS_move_mount,
+                    tree,
+                    c"".as_ptr(),
+                    libc::AT_FDCWD,
+                    path,
+                    MOVE_MOUNT_F_EMPTY_PATH,
+                ));
+                if result < 0 {
+                    return Err(result);
+                }
+            }
+            // The directory it was in is the one beneath the trees.
+            if let Some(cwd) = self.mounted_cwd {
+                let result = raw(libc::syscall(libc::SYS_chdir, cwd));
+                if result < 0 {
+                    return Err(result);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Applies the confinement to the calling (child) process: raw system
@@ -722,6 +792,26 @@ impl Confinement {
                         0,
                         0,
                     ));
+                }
+                // Groups first (that needs CAP_SETGID), the uid last: it
+                // takes the remaining capabilities with it.
+                if let Some(id) = self.user {
+                    let result = raw(libc::syscall(
+                        libc::SYS_setgroups,
+                        0usize,
+                        std::ptr::null::<libc::gid_t>(),
+                    ));
+                    if result < 0 {
+                        return Err(result);
+                    }
+                    let result = raw(libc::syscall(libc::SYS_setresgid, id, id, id));
+                    if result < 0 {
+                        return Err(result);
+                    }
+                    let result = raw(libc::syscall(libc::SYS_setresuid, id, id, id));
+                    if result < 0 {
+                        return Err(result);
+                    }
                 }
                 let header = CapHeader {
                     version: LINUX_CAPABILITY_VERSION_3,
@@ -821,6 +911,7 @@ fn launch(
     // The stack grows down from its 16-byte aligned top.
     let top = (stack.as_mut_ptr() as usize + CHILD_STACK_BYTES) & !15;
 
+    let dumpable = extras.confinement.user.map(|_| dumpable_before_children());
     // Signals stay blocked until the child has reset every handler: a
     // handler of ours must never run in the child, which shares our memory.
     let mut pidfd: libc::c_int = -1;
@@ -885,6 +976,10 @@ fn launch(
         }
     };
     drop(stack);
+    if let Some(dumpable) = dumpable {
+        // SAFETY: prctl(PR_SET_DUMPABLE) on this process.
+        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, dumpable, 0, 0, 0) };
+    }
     // SAFETY: CLONE_PIDFD stored a new descriptor for the child in `pidfd`.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
     let failed = plan.error.load(Ordering::Acquire);
@@ -968,6 +1063,14 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
                 fail(plan, FAILED_IN_CGROUP, result);
             }
         }
+        // Rooted at its leaf, where the kernel keeps it (and what it
+        // starts): it can name no cgroup outside to move into.
+        if plan.extras.confinement.cgroup_namespace {
+            let result = raw(libc::syscall(libc::SYS_unshare, libc::CLONE_NEWCGROUP));
+            if result < 0 {
+                fail(plan, FAILED_IN_CGROUP, result);
+            }
+        }
         let result = raw(libc::syscall(libc::SYS_setsid));
         if result < 0 {
             fail(plan, FAILED_IN_SETUP, result);
@@ -1035,6 +1138,10 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
                 }
             }
         }
+        // Before the working directory is entered: it may be one of them.
+        if let Err(result) = plan.extras.confinement.mount_trees() {
+            fail(plan, FAILED_IN_CONFINE, result);
+        }
         if let Some(cwd) = plan.cwd {
             let result = raw(libc::syscall(libc::SYS_chdir, cwd.as_ptr()));
             if result < 0 {
@@ -1075,6 +1182,16 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         ));
         fail(plan, FAILED_IN_EXEC, result)
     }
+}
+
+/// This process's dumpable flag before any child changed it. A child that
+/// changes its uid before its exec changes the flag of the memory it
+/// still shares with us (the kernel resets it as for a set-user-ID
+/// program), so the parent puts it back once the child is gone from it.
+fn dumpable_before_children() -> libc::c_int {
+    static DUMPABLE: OnceLock<libc::c_int> = OnceLock::new();
+    // SAFETY: prctl(PR_GET_DUMPABLE) only reads the flag.
+    *DUMPABLE.get_or_init(|| unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) }.max(0))
 }
 
 /// Size of the kernel's signal set (64 signals); glibc's `sigset_t` is

@@ -23,6 +23,11 @@ pub fn refused(kind: RefusalKind, op: &str, path: &[u8], reason: impl AsRef<str>
     Refusal::new(kind, format!("{op} {}: {}", shown(path), reason.as_ref()))
 }
 
+/// Why a path through a mount point beneath the directory is refused.
+pub const CROSSES_MOUNT: &str = "crosses a mount point beneath the directory (another file system, \
+     or a bind mount that may lead anywhere): calls stay on the directory's own mount; open the \
+     mounted one as a directory of its own";
+
 fn classify(errno: Errno) -> (RefusalKind, String) {
     let kind = match errno {
         Errno::NOENT => return (RefusalKind::NotFound, "not found".into()),
@@ -37,6 +42,9 @@ fn classify(errno: Errno) -> (RefusalKind, String) {
                  pointing out)"
                     .into(),
             );
+        }
+        crate::files::resolve::CROSSES_MOUNT => {
+            return (RefusalKind::OutsideDirectory, CROSSES_MOUNT.into());
         }
         Errno::LOOP => {
             return (
@@ -85,6 +93,14 @@ mod tests {
         assert_eq!(
             failed("open", b"/etc", Errno::XDEV).kind,
             RefusalKind::OutsideDirectory
+        );
+        let crossing = failed("read", b"mnt/f", crate::files::resolve::CROSSES_MOUNT);
+        assert_eq!(crossing.kind, RefusalKind::OutsideDirectory);
+        assert!(
+            crossing
+                .message
+                .starts_with("read \"mnt/f\": crosses a mount point beneath the directory"),
+            "{crossing}"
         );
     }
 }

@@ -1,13 +1,15 @@
 //! Resolving paths beneath a directory, by the kernel: `openat2` with
-//! `RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS` from the directory's
-//! descriptor, so `..` past it, absolute paths and symlinks pointing out
-//! (also ones swapped in during the call) fail with EXDEV or ELOOP
-//! instead of escaping. Calls that create, remove or rename act on the
-//! final component relative to its parent's descriptor, opened the same
-//! way; no path is ever joined into a string.
+//! `RESOLVE_BENEATH | RESOLVE_NO_XDEV | RESOLVE_NO_MAGICLINKS` from the
+//! directory's descriptor, so `..` past it, absolute paths and symlinks
+//! pointing out (also ones swapped in during the call) fail with EXDEV or
+//! ELOOP instead of escaping, and so does a path through a mount point
+//! beneath it: a bind mount there may lead anywhere, so every call stays
+//! on the directory's own mount. Calls that create, remove or rename act
+//! on the final component relative to its parent's descriptor, opened the
+//! same way; no path is ever joined into a string.
 
 use std::ffi::OsStr;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -18,7 +20,15 @@ use crate::files::error::{failed, refused};
 use crate::model::{MAX_PATH_BYTES, Refusal, RefusalKind};
 
 /// The resolution every path of a directory gets.
-const CONFINED: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGICLINKS);
+const CONFINED: ResolveFlags = ResolveFlags::BENEATH
+    .union(ResolveFlags::NO_XDEV)
+    .union(ResolveFlags::NO_MAGICLINKS);
+
+/// What [`open_beneath`] fails with for a path that crosses a mount point
+/// beneath the directory, told apart from one that leaves it (both are
+/// EXDEV to openat2). An error number the kernel never returns; it never
+/// leaves the file engine: `error.rs` words it.
+pub const CROSSES_MOUNT: Errno = Errno::from_raw_os_error(4000);
 
 /// `path` as a path of the directory, or why it cannot be one.
 pub fn checked<'a>(op: &str, path: &'a [u8]) -> Result<&'a Path, Refusal> {
@@ -65,7 +75,26 @@ pub fn open_beneath(
         match rustix::fs::openat2(dir.as_fd(), path, flags, mode, CONFINED | extra) {
             Err(Errno::AGAIN) if attempts < 16 => attempts += 1,
             Err(Errno::INTR) => {}
+            Err(Errno::XDEV) if passes_a_mount(dir.as_fd(), path, flags, extra) => {
+                return Err(CROSSES_MOUNT);
+            }
             other => return other,
+        }
+    }
+}
+
+/// Whether `path`, which failed with EXDEV, failed at a mount point rather
+/// than by leaving the directory: resolved again as a handle without
+/// `RESOLVE_NO_XDEV` (nothing is created or opened for use), it gets
+/// further than an EXDEV.
+fn passes_a_mount(dir: BorrowedFd<'_>, path: &Path, flags: OFlags, extra: ResolveFlags) -> bool {
+    let probe = OFlags::PATH | OFlags::CLOEXEC | (flags & OFlags::NOFOLLOW);
+    let resolve = (CONFINED | extra).difference(ResolveFlags::NO_XDEV);
+    loop {
+        match rustix::fs::openat2(dir, path, probe, Mode::empty(), resolve) {
+            Err(Errno::AGAIN | Errno::INTR) => {}
+            Err(Errno::XDEV) => return false,
+            _ => return true,
         }
     }
 }

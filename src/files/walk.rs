@@ -14,7 +14,7 @@ use rustix::fs::{AtFlags, Dir, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
 use crate::files::error::{failed, refused};
-use crate::files::resolve::{checked, open_beneath};
+use crate::files::resolve::{CROSSES_MOUNT, checked, open_beneath};
 use crate::files::stat::from_stat;
 use crate::files::tree::{joined, open_dir_entry};
 use crate::model::{
@@ -311,6 +311,13 @@ impl Walk {
                             );
                         }
                         Err(Errno::NOENT) => continue,
+                        Err(CROSSES_MOUNT) => {
+                            entry.error = Some(
+                                "a mount point (another file system, or a bind mount that may \
+                                 lead anywhere); not entered"
+                                    .to_string(),
+                            );
+                        }
                         Err(errno) => {
                             entry.error = Some(format!(
                                 "cannot be entered: {}",

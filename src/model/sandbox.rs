@@ -50,6 +50,12 @@ pub struct Sandbox {
     pub no_system_roots: bool,
     /// The working directory is readable, not writable (unless listed).
     pub read_only_cwd: bool,
+    /// The process may make namespaces (user, mount, network, pid...);
+    /// otherwise its seccomp filter refuses them.
+    pub allow_namespaces: bool,
+    /// On a root server: the process stays root (every capability
+    /// dropped) instead of becoming the unprivileged user.
+    pub keep_root: bool,
     /// Start even if the kernel cannot enforce all of it, and say what was
     /// not enforced; otherwise such a start is refused.
     pub best_effort: bool,
@@ -138,6 +144,9 @@ pub struct Confinement {
 pub mod enforcement {
     /// A cgroup of its own tracks the tree.
     pub const CGROUP: &str = "cgroup";
+    /// A cgroup namespace rooted at that cgroup, which the kernel keeps the
+    /// tree in (no moving to another cgroup through `cgroup.procs`).
+    pub const CGROUP_NAMESPACE: &str = "cgroup-namespace";
     /// Landlock filesystem rules: only the roots can be read or written.
     pub const FILESYSTEM: &str = "filesystem";
     /// Landlock TCP rules: no TCP bind or connect.
@@ -154,11 +163,17 @@ pub mod enforcement {
     pub const NO_NEW_PRIVS: &str = "no-new-privs";
     /// Every capability dropped (a root server's children).
     pub const CAPABILITIES: &str = "capabilities";
+    /// A root server's child runs as an unprivileged user, which owns what
+    /// root owns in its roots and nothing elsewhere.
+    pub const UNPRIVILEGED_USER: &str = "unprivileged-user";
     /// seccomp: io_uring denied (it could bypass the socket rules).
     pub const IO_URING: &str = "io-uring";
     /// seccomp: the calls that change the kernel (modules, kexec, bpf,
     /// mounts...) denied (a root server's children).
     pub const KERNEL_CALLS: &str = "kernel-calls";
+    /// seccomp: no new namespaces (`unshare`, `clone` with a namespace
+    /// flag, `setns`), unless the sandbox allows them.
+    pub const NAMESPACES: &str = "namespaces";
     /// Capexec servers refuse connections from the process and what it
     /// starts.
     pub const SERVER_ISOLATION: &str = "server-isolation";

@@ -256,7 +256,7 @@ impl Server {
             .any(|(_, _, listening)| matches!(listening, Listening::Tcp(_)));
         // No sandbox may read a login token (its policy's included).
         if let Some(path) = config.token_file.clone().or_else(default_token_path) {
-            crate::sandbox::protect(&path);
+            crate::sandbox::protect(&path, crate::sandbox::Secret::LoginToken);
         }
         // The cgroups (and their sentinel) from the start: the peer check
         // of every accept relies on them, and a dead server's are cleaned.

@@ -59,8 +59,10 @@ impl fmt::Debug for TlsServer {
 
 impl TlsServer {
     /// Loads a PEM certificate chain (the server's certificate first) and a
-    /// PEM private key.
+    /// PEM private key. From now on no sandbox of this process may have a
+    /// root that contains the key.
     pub fn from_files(cert: &Path, key: &Path) -> Result<TlsServer, TlsError> {
+        crate::sandbox::protect(key, crate::sandbox::Secret::TlsKey);
         let chain = load_certificates(cert)
             .map_err(|why| TlsError(format!("--tls-cert {}: {why}", cert.display())))?;
         let key_der = read_pem_file(key)

@@ -15,6 +15,14 @@
 //! `sentinel.rs`), so that a later process can tell a root whose owners
 //! are gone from a live one without trusting pids, whichever pid namespace
 //! it sits in: it cleans up the roots it can lock.
+//!
+//! A process that may write `cgroup.procs` files (a root server's child:
+//! it owns them) could move itself to a cgroup outside its leaf and
+//! outlive its release. Where the server can, each child gets a cgroup
+//! namespace rooted at its leaf, and the hierarchy treats namespaces as
+//! delegation boundaries (`nsdelegate`): the kernel then refuses any move
+//! into or out of the namespace's subtree (ENOENT) and any write to the
+//! leaf's own limits from inside it.
 
 use std::ffi::CString;
 use std::io;
@@ -60,6 +68,9 @@ pub(crate) struct CgroupRoot {
     /// The root as `/proc/PID/cgroup` names it (`0::` lines).
     path: String,
     controllers: Controllers,
+    /// Whether children are put in a cgroup namespace at their leaf, which
+    /// the kernel keeps them in (see [`namespaces_are_boundaries`]).
+    namespaced: bool,
     /// The v1 mirrors of the root made so far (see [`Self::make_v1_root`]).
     v1_made: Mutex<Vec<PathBuf>>,
     next: AtomicU64,
@@ -95,6 +106,7 @@ impl CgroupRoot {
             .find_map(|line| line.strip_prefix("0::"))
             .ok_or("this process is in no cgroup2 group")?;
         let parent = inside(v2, own);
+        let namespaced = crate::sandbox::probe::can_admin() && namespaces_are_boundaries(v2);
         let (name, dir, made, lock) = make_locked_root(&parent)?;
         if !dir.join("cgroup.kill").exists() {
             return Err("the kernel cannot kill a cgroup (cgroup.kill needs Linux 5.14)".into());
@@ -137,6 +149,7 @@ impl CgroupRoot {
             dir,
             path,
             controllers,
+            namespaced,
             v1_made: Mutex::new(Vec::new()),
             next: AtomicU64::new(1),
             _lock: lock,
@@ -146,6 +159,12 @@ impl CgroupRoot {
 
     pub fn controllers(&self) -> &Controllers {
         &self.controllers
+    }
+
+    /// Whether each child gets a cgroup namespace at its leaf, out of
+    /// which the kernel moves nothing.
+    pub fn namespaced(&self) -> bool {
+        self.namespaced
     }
 
     /// Makes the root's mirror `v1_root` (one of its v1 places) unless it
@@ -168,6 +187,75 @@ impl CgroupRoot {
         made.push(v1_root.to_path_buf());
         Ok(())
     }
+}
+
+/// The cgroup2 options a reconfiguration must say again to keep them (it
+/// sets exactly the flags it is given).
+const CGROUP2_FLAGS: &[&str] = &[
+    "nsdelegate",
+    "favordynmods",
+    "memory_localevents",
+    "memory_recursiveprot",
+    "memory_hugetlb_accounting",
+    "pids_localevents",
+];
+
+/// Whether the cgroup2 hierarchy mounted at `v2` treats cgroup namespaces
+/// as delegation boundaries (`nsdelegate`), turning it on if it is off:
+/// systemd mounts cgroup2 with it, hosts without systemd often do not. The
+/// hierarchy's other options are kept; the kernel takes the change only
+/// from the initial cgroup namespace, so it is read back. This changes the
+/// host's hierarchy for good (as systemd sets it): only processes in
+/// cgroup namespaces see a difference.
+fn namespaces_are_boundaries(v2: &Mount) -> bool {
+    let delegates = |options: &str| options.split(',').any(|option| option == "nsdelegate");
+    if delegates(&v2.super_options) {
+        return true;
+    }
+    let mut flags: Vec<&str> = v2
+        .super_options
+        .split(',')
+        .filter(|option| !matches!(*option, "" | "rw" | "ro"))
+        .collect();
+    if let Some(unknown) = flags.iter().find(|flag| !CGROUP2_FLAGS.contains(flag)) {
+        tracing::warn!(
+            option = unknown,
+            "cannot turn on the cgroup2 hierarchy's nsdelegate without knowing all its options: \
+             children can move themselves out of their cgroups"
+        );
+        return false;
+    }
+    flags.push("nsdelegate");
+    let reconfigured = rustix::mount::fspick(
+        rustix::fs::CWD,
+        v2.point.as_path(),
+        rustix::mount::FsPickFlags::FSPICK_CLOEXEC,
+    )
+    .and_then(|context| {
+        for flag in &flags {
+            rustix::mount::fsconfig_set_flag(&context, *flag)?;
+        }
+        rustix::mount::fsconfig_reconfigure(&context)
+    });
+    if let Err(error) = reconfigured {
+        tracing::warn!(
+            %error,
+            "cannot turn on the cgroup2 hierarchy's nsdelegate: children can move themselves \
+             out of their cgroups"
+        );
+        return false;
+    }
+    let taken = mounts::mounts().iter().any(|mount| {
+        mount.point == v2.point && mount.fstype == "cgroup2" && delegates(&mount.super_options)
+    });
+    if taken {
+        tracing::info!(
+            mount = %v2.point.display(),
+            "turned on nsdelegate on the cgroup2 hierarchy: each child's cgroup namespace keeps \
+             it in its cgroup"
+        );
+    }
+    taken
 }
 
 /// Whether `dir` is a directory this process may make cgroups in.

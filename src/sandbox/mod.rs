@@ -6,6 +6,7 @@
 //! speak are in `model/sandbox.rs`.
 
 mod cgroup;
+mod identity;
 mod mounts;
 mod probe;
 mod program;
@@ -38,8 +39,24 @@ pub struct HostConfig {
 
 static CONFIG: OnceLock<HostConfig> = OnceLock::new();
 
-/// Login token files no sandbox's roots may contain (the servers' own).
-static PROTECTED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+/// The server's secret files no sandbox's roots may contain.
+static PROTECTED: Mutex<Vec<Protected>> = Mutex::new(Vec::new());
+
+/// A server's file that no sandbox may read, whatever its roots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Secret {
+    /// A login token: a server's own, or one it logs in upstream with.
+    LoginToken,
+    /// The private key of a server's TLS certificate.
+    TlsKey,
+}
+
+/// A protected file, resolved, and what it holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Protected {
+    pub path: PathBuf,
+    pub secret: Secret,
+}
 
 /// Sets the host configuration; only before the first start (later calls,
 /// and calls after the first use, are refused).
@@ -56,16 +73,17 @@ pub(crate) fn hidden(feature: KernelFeature) -> bool {
     config().hidden.contains(&feature)
 }
 
-/// Refuse sandboxes whose roots contain `path` (a login token file).
-pub fn protect(path: &Path) {
+/// Refuse sandboxes whose roots contain `path`, a file holding `secret`.
+pub fn protect(path: &Path, secret: Secret) {
     let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
     let mut protected = PROTECTED.lock().unwrap_or_else(|p| p.into_inner());
-    if !protected.contains(&path) {
-        protected.push(path);
+    let entry = Protected { path, secret };
+    if !protected.contains(&entry) {
+        protected.push(entry);
     }
 }
 
-fn protected() -> Vec<PathBuf> {
+fn protected() -> Vec<Protected> {
     PROTECTED.lock().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
@@ -177,6 +195,18 @@ pub(crate) struct Plan {
     /// `cgroup.procs` of the leaf's v1 mirrors: the child writes "0" to
     /// each, joining them.
     pub cgroup_procs: Vec<OwnedFd>,
+    /// Whether the child, once in its cgroups, makes a cgroup namespace
+    /// rooted there (see `cgroup.rs`).
+    pub cgroup_namespace: bool,
+    /// Detached idmapped trees (see `identity.rs`), each moved onto its
+    /// path in a mount namespace of the child's own, outermost first.
+    pub mounts: Vec<(std::ffi::CString, OwnedFd)>,
+    /// The working directory, entered again once the trees are in place
+    /// (the one it had is beneath them).
+    pub mounted_cwd: Option<std::ffi::CString>,
+    /// The uid and gid the child takes (no supplementary groups) instead
+    /// of root's.
+    pub user: Option<u32>,
     /// Drop every capability (bounding, ambient, then the sets).
     pub drop_capabilities: bool,
     pub last_capability: i32,
@@ -279,9 +309,13 @@ pub(crate) fn prepare(
                 prepared.plan.cgroup = Some(new.dir);
                 prepared.plan.clone_into_cgroup = !hidden(KernelFeature::CloneIntoCgroup);
                 prepared.plan.cgroup_procs = new.v1_procs;
+                prepared.plan.cgroup_namespace = root.namespaced();
                 prepared.leaf = Some(new.leaf);
                 confinement.tracking = Tracking::Cgroup;
                 confinement.enforced.push(name::CGROUP.into());
+                if root.namespaced() {
+                    confinement.enforced.push(name::CGROUP_NAMESPACE.into());
+                }
                 confinement
                     .enforced
                     .extend(limit_names(&enforceable).map(str::to_string));
@@ -363,6 +397,23 @@ pub(crate) fn prepare(
             "the kernel has no seccomp filters".into(),
         ));
     }
+    if !sandbox.allow_namespaces {
+        asks.push((
+            name::NAMESPACES,
+            support.seccomp,
+            "the kernel has no seccomp filters".into(),
+        ));
+    }
+    let mut unprivileged = None;
+    if probe::is_root() && !sandbox.keep_root {
+        let ready = identity_of(&resolved, cwd);
+        asks.push((
+            name::UNPRIVILEGED_USER,
+            ready.is_ok(),
+            ready.as_ref().err().cloned().unwrap_or_default(),
+        ));
+        unprivileged = ready.ok();
+    }
     if privileged {
         asks.push((name::CAPABILITIES, true, String::new()));
         asks.push((
@@ -397,23 +448,72 @@ pub(crate) fn prepare(
         prepared.plan.roots = Some(resolved.clone());
     }
     if support.seccomp {
+        let denied = seccomp::Denied {
+            network: network_off,
+            kernel_calls: privileged,
+            namespaces: !sandbox.allow_namespaces,
+        };
         prepared.plan.seccomp =
-            Some(seccomp::program(network_off, privileged).map_err(|why| {
+            Some(seccomp::program(denied).map_err(|why| {
                 Refusal::new(RefusalKind::SpawnFailed, format!("sandbox: {why}"))
             })?);
+    }
+    if let Some(mounts) = unprivileged {
+        use std::os::unix::ffi::OsStrExt;
+        let cwd = std::fs::canonicalize(cwd).unwrap_or_else(|_| cwd.to_path_buf());
+        prepared.plan.mounted_cwd = std::ffi::CString::new(cwd.as_os_str().as_bytes()).ok();
+        prepared.plan.mounts = mounts;
+        prepared.plan.user = Some(identity::SANDBOX_ID);
     }
     prepared.plan.no_new_privs = true;
     prepared.plan.drop_capabilities = privileged;
     prepared.plan.last_capability = probe::last_capability();
     prepared.plan.bounding_set = probe::bounding_set();
     prepared.plan.clear_ambient = probe::has_ambient();
-    confinement.sandbox = Some(roots::explicit(
-        &resolved,
-        sandbox.network,
-        sandbox.best_effort,
-    ));
+    confinement.sandbox = Some(roots::explicit(&resolved, sandbox));
     prepared.confinement = confinement;
     Ok(prepared)
+}
+
+/// The detached trees a root server's child in `cwd` with `roots` runs
+/// in as the unprivileged user, or why it cannot.
+fn identity_of(
+    roots: &[roots::Root],
+    cwd: &Path,
+) -> Result<Vec<(std::ffi::CString, OwnedFd)>, String> {
+    use std::os::unix::ffi::OsStrExt;
+    const KEEP_ROOT: &str =
+        "keepRoot (capexec run --keep-root) runs it as root without capabilities";
+    if hidden(KernelFeature::IdmappedMounts) {
+        return Err(format!(
+            "idmapped mounts are hidden (--hide-kernel-feature idmapped-mounts); {KEEP_ROOT}"
+        ));
+    }
+    if !probe::can_admin() {
+        return Err(format!(
+            "running it as an unprivileged user that owns root's files in its roots takes \
+             idmapped mounts, which need CAP_SYS_ADMIN, and this root server has none (a \
+             container's root has none); {KEEP_ROOT}"
+        ));
+    }
+    let cwd = std::fs::canonicalize(cwd).unwrap_or_else(|_| cwd.to_path_buf());
+    identity::mapped_trees(roots, &cwd)
+        .into_iter()
+        .map(|tree| {
+            let mapped = identity::detached_mapped(&tree).map_err(|error| {
+                format!(
+                    "running it as an unprivileged user takes an idmapped mount of {}, where \
+                     root's files become its own, and the kernel refused one ({}): its file \
+                     system may not support them; {KEEP_ROOT}",
+                    tree.display(),
+                    crate::model::io_message(&error)
+                )
+            })?;
+            let path = std::ffi::CString::new(tree.as_os_str().as_bytes())
+                .map_err(|_| format!("{} has a NUL byte", tree.display()))?;
+            Ok((path, mapped))
+        })
+        .collect()
 }
 
 /// The names of the limits `limits` sets.

@@ -28,6 +28,9 @@ pub enum KernelFeature {
     Openat2,
     /// O_TMPFILE: atomic writes then stage in hidden named temporaries.
     TmpFile,
+    /// Idmapped mounts (Linux 5.12), with which a root server's sandboxed
+    /// children run as an unprivileged user.
+    IdmappedMounts,
 }
 
 impl KernelFeature {
@@ -43,6 +46,7 @@ impl KernelFeature {
         KernelFeature::CloneIntoCgroup,
         KernelFeature::Openat2,
         KernelFeature::TmpFile,
+        KernelFeature::IdmappedMounts,
     ];
 
     pub fn name(self) -> &'static str {
@@ -58,6 +62,7 @@ impl KernelFeature {
             KernelFeature::CloneIntoCgroup => "clone-into-cgroup",
             KernelFeature::Openat2 => "openat2",
             KernelFeature::TmpFile => "o-tmpfile",
+            KernelFeature::IdmappedMounts => "idmapped-mounts",
         }
     }
 }
@@ -136,6 +141,21 @@ pub(crate) fn privileged() -> bool {
             })
         })
     })
+}
+
+/// Whether this process runs as root (its children would be root too).
+pub(crate) fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Whether this process may make namespaces and change mounts
+/// (CAP_SYS_ADMIN in its effective set).
+pub(crate) fn can_admin() -> bool {
+    static ADMIN: OnceLock<bool> = OnceLock::new();
+    const CAP_SYS_ADMIN: u32 = 21;
+    *ADMIN
+        .get_or_init(|| status_mask("CapEff:").is_some_and(|mask| mask & (1 << CAP_SYS_ADMIN) != 0))
 }
 
 /// The capabilities in this process's bounding set (its children's too):

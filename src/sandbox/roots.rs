@@ -1,7 +1,8 @@
 //! A sandbox's roots: the defaults made explicit (system directories,
 //! devices, the working directory), paths resolved, and the checks that
 //! keep a sandbox meaningful: no writable kernel interface, no root that
-//! exposes a login token, nothing a policy does not allow.
+//! exposes a server's secret (a login token, a TLS private key), nothing a
+//! policy does not allow.
 //!
 //! Landlock rules are unions: a path may be accessed as any root it is in
 //! (or below) allows. So the access a set of roots gives a path is the
@@ -11,6 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use super::{Protected, Secret};
 use crate::model::{Network, Refusal, RefusalKind, Sandbox, excerpt, io_message};
 
 /// What a root allows.
@@ -164,6 +166,8 @@ pub struct PolicySandbox {
     /// What a start's working directory may get.
     cwd: Access,
     network: Network,
+    allow_namespaces: bool,
+    keep_root: bool,
     best_effort: bool,
 }
 
@@ -201,6 +205,8 @@ impl PolicySandbox {
                 Access::Write
             },
             network: sandbox.network,
+            allow_namespaces: sandbox.allow_namespaces,
+            keep_root: sandbox.keep_root,
             best_effort: sandbox.best_effort,
         };
         check(
@@ -215,6 +221,12 @@ impl PolicySandbox {
                     RefusalKind::NotAllowed,
                     format!("{rule}: the network is off in this executor's sandbox"),
                 ));
+            }
+            if resolved.allow_namespaces && !outer.allow_namespaces {
+                return Err(no_namespaces(rule));
+            }
+            if resolved.keep_root && !outer.keep_root {
+                return Err(no_root(rule));
             }
             resolved.roots = narrowed(&resolved.roots, &outer.roots, rule)?;
             resolved.cwd = resolved.cwd.min(outer.cwd);
@@ -243,6 +255,8 @@ impl PolicySandbox {
             .find(|root| root.origin == Origin::Default && !is_system(&root.path))
             .map(|root| root.path.clone());
         let mut network = asked.network;
+        let mut allow_namespaces = asked.allow_namespaces;
+        let mut keep_root = asked.keep_root;
         let mut best_effort = asked.best_effort;
         for layer in layers {
             let mut allowed = layer.roots.clone();
@@ -263,6 +277,18 @@ impl PolicySandbox {
                 }
                 network = layer.network;
             }
+            if allow_namespaces && !layer.allow_namespaces {
+                if start.is_some() {
+                    return Err(no_namespaces(rule));
+                }
+                allow_namespaces = false;
+            }
+            if keep_root && !layer.keep_root {
+                if start.is_some() {
+                    return Err(no_root(rule));
+                }
+                keep_root = false;
+            }
             best_effort &= layer.best_effort;
         }
         if let Some(cwd) = &cwd
@@ -276,16 +302,40 @@ impl PolicySandbox {
                 ),
             ));
         }
-        Ok(explicit(&roots, network, best_effort))
+        Ok(explicit(
+            &roots,
+            &Sandbox {
+                network,
+                allow_namespaces,
+                keep_root,
+                best_effort,
+                ..Sandbox::default()
+            },
+        ))
     }
+}
+
+fn no_root(rule: &str) -> Refusal {
+    Refusal::new(
+        RefusalKind::NotAllowed,
+        format!("{rule}: processes may not stay root in this executor's sandbox"),
+    )
+}
+
+fn no_namespaces(rule: &str) -> Refusal {
+    Refusal::new(
+        RefusalKind::NotAllowed,
+        format!("{rule}: namespaces are not allowed in this executor's sandbox"),
+    )
 }
 
 fn is_system(path: &Path) -> bool {
     system_roots().iter().any(|root| root.path == path)
 }
 
-/// The roots as a sandbox that says everything: what a process was given.
-pub(crate) fn explicit(roots: &[Root], network: Network, best_effort: bool) -> Sandbox {
+/// The roots as a sandbox that says everything: what a process was given,
+/// with `flags`' network, namespaces, root and best effort.
+pub(crate) fn explicit(roots: &[Root], flags: &Sandbox) -> Sandbox {
     let listed = |access: Access| {
         roots
             .iter()
@@ -296,10 +346,12 @@ pub(crate) fn explicit(roots: &[Root], network: Network, best_effort: bool) -> S
     Sandbox {
         read_only: listed(Access::Read),
         writable: listed(Access::Write),
-        network,
+        network: flags.network,
         no_system_roots: true,
         read_only_cwd: true,
-        best_effort,
+        best_effort: flags.best_effort,
+        allow_namespaces: flags.allow_namespaces,
+        keep_root: flags.keep_root,
     }
 }
 
@@ -367,22 +419,32 @@ pub(crate) fn narrowed(
 /// Refuses roots that would make the sandbox meaningless: a writable root
 /// that contains (or is inside) a kernel interface file system (proc,
 /// sysfs, cgroups, devices...), other than the default devices; any root
-/// that contains one of `protected` (login tokens).
+/// that contains one of `protected` (login tokens, TLS private keys).
 pub(crate) fn check(
     roots: &[Root],
-    protected: &[PathBuf],
+    protected: &[Protected],
     kernel_mounts: &[PathBuf],
     rule: &str,
 ) -> Result<(), Refusal> {
     for root in roots {
-        if let Some(token) = protected.iter().find(|token| token.starts_with(&root.path)) {
+        if let Some(file) = protected
+            .iter()
+            .find(|file| file.path.starts_with(&root.path))
+        {
+            let (what, then) = match file.secret {
+                Secret::LoginToken => ("a capexec login token", "log in"),
+                Secret::TlsKey => (
+                    "the private key of a capexec server's TLS certificate",
+                    "pose as the server",
+                ),
+            };
             return Err(Refusal::new(
                 RefusalKind::NotAllowed,
                 format!(
-                    "{rule}: the root {} contains a capexec login token ({}); a sandboxed process \
-                     could read it and log in: choose roots that leave it out",
+                    "{rule}: the root {} contains {what} ({}); a sandboxed process could read \
+                     it and {then}: choose roots that leave it out",
                     shown(&root.path),
-                    shown(token)
+                    shown(&file.path)
                 ),
             ));
         }
@@ -538,12 +600,27 @@ mod tests {
     }
 
     #[test]
-    fn roots_that_expose_tokens_or_kernel_files_are_refused() {
-        let protected = [PathBuf::from("/home/u/.config/capexec/token")];
+    fn roots_that_expose_secrets_or_kernel_files_are_refused() {
+        let protected = [
+            Protected {
+                path: "/home/u/.config/capexec/token".into(),
+                secret: Secret::LoginToken,
+            },
+            Protected {
+                path: "/srv/tls/key.pem".into(),
+                secret: Secret::TlsKey,
+            },
+        ];
         let kernel = [PathBuf::from("/proc"), PathBuf::from("/sys/fs/cgroup")];
         let check_one = |root: Root| check(&[root], &protected, &kernel, "sandbox");
-        assert!(check_one(root("/home/u", Access::Read, Origin::Asked)).is_err());
+        let refused = |root: Root| check_one(root).expect_err("refused").to_string();
+        assert!(refused(root("/home/u", Access::Read, Origin::Asked)).contains("login token"));
         assert!(check_one(root("/home/u/src", Access::Write, Origin::Asked)).is_ok());
+        for exposing in ["/srv", "/srv/tls", "/srv/tls/key.pem"] {
+            let message = refused(root(exposing, Access::Read, Origin::Asked));
+            assert!(message.contains("private key"), "{message}");
+        }
+        assert!(check_one(root("/srv/www", Access::Read, Origin::Asked)).is_ok());
         assert!(check_one(root("/", Access::Write, Origin::Asked)).is_err());
         assert!(check_one(root("/sys", Access::Write, Origin::Asked)).is_err());
         assert!(check_one(root("/proc/sys", Access::Write, Origin::Asked)).is_err());

@@ -145,6 +145,8 @@ mod tests {
                 no_system_roots: true,
                 read_only_cwd: true,
                 best_effort: true,
+                allow_namespaces: true,
+                keep_root: true,
             }),
             limits: crate::model::Limits {
                 memory_bytes: Some(1 << 30),

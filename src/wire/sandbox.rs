@@ -26,6 +26,8 @@ pub fn sandbox_to_wire(sandbox: &Sandbox, mut builder: sandbox::Builder<'_>) {
     builder.set_no_system_roots(sandbox.no_system_roots);
     builder.set_read_only_cwd(sandbox.read_only_cwd);
     builder.set_best_effort(sandbox.best_effort);
+    builder.set_allow_namespaces(sandbox.allow_namespaces);
+    builder.set_keep_root(sandbox.keep_root);
 }
 
 pub fn sandbox_from_wire(reader: sandbox::Reader<'_>) -> capnp::Result<Sandbox> {
@@ -42,6 +44,8 @@ pub fn sandbox_from_wire(reader: sandbox::Reader<'_>) -> capnp::Result<Sandbox> 
         no_system_roots: reader.get_no_system_roots(),
         read_only_cwd: reader.get_read_only_cwd(),
         best_effort: reader.get_best_effort(),
+        allow_namespaces: reader.get_allow_namespaces(),
+        keep_root: reader.get_keep_root(),
     })
 }
 
@@ -120,6 +124,8 @@ mod tests {
             no_system_roots: true,
             read_only_cwd: true,
             best_effort: true,
+            allow_namespaces: true,
+            keep_root: true,
         }
     }
 

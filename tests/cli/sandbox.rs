@@ -6,7 +6,7 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::cli::{Served, capexec, finish, spawn_reading_first_line, text};
+use common::cli::{Finished, Served, capexec, finish, spawn_reading_first_line, text};
 use common::data::TempDir;
 
 fn one_line(stderr: &[u8], starts: &str) {
@@ -43,6 +43,48 @@ fn a_sandboxed_run_writes_only_where_it_may() {
             text(&done.stderr)
         );
     }
+}
+
+#[test]
+fn a_sandboxed_run_makes_namespaces_only_with_allow_namespaces() {
+    let cwd = TempDir::new("cli-sandbox");
+    let cwd_arg = cwd.path().display().to_string();
+    // --allow-namespaces implies --sandbox (the mount namespace is still
+    // refused its mounts by Landlock).
+    for (flag, code, stderr) in [
+        (
+            "--sandbox",
+            1,
+            "unshare: unshare failed: Operation not permitted\n",
+        ),
+        ("--allow-namespaces", 0, ""),
+    ] {
+        let done = finish(
+            capexec(&[
+                "run", flag, "--cwd", &cwd_arg, "-n", "--", "unshare", "-Un", "true",
+            ]),
+            None,
+        );
+        assert_eq!((done.code, text(&done.stderr)), (code, stderr.to_string()));
+    }
+    let done = finish(
+        capexec(&[
+            "run",
+            "--allow-namespaces",
+            "--cwd",
+            &cwd_arg,
+            "-n",
+            "--",
+            "sh",
+            "-c",
+            "echo > here && echo wrote; echo > /f 2>/dev/null || echo sandboxed",
+        ]),
+        None,
+    );
+    assert_eq!(
+        (done.code, text(&done.stdout)),
+        (0, "wrote\nsandboxed\n".to_string())
+    );
 }
 
 #[test]
@@ -88,6 +130,58 @@ fn a_sandbox_the_server_cannot_enforce_is_refused_with_one_line() {
     one_line(
         &done.stderr,
         "capexec: limits: this server cannot enforce limit-pids",
+    );
+}
+
+#[test]
+fn a_root_server_that_cannot_run_a_sandbox_as_nobody_refuses_it_unless_kept_root() {
+    let served = Served::start_with(&["--hide-kernel-feature", "idmapped-mounts"]);
+    let cwd = TempDir::new("cli-sandbox");
+    let cwd_arg = cwd.path().display().to_string();
+    let script = "id -u; head -c 5 /etc/shadow";
+    let done = finish(
+        served.run(&[
+            "--connect",
+            &served.unix,
+            "--cwd",
+            &cwd_arg,
+            "--sandbox",
+            "-n",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ]),
+        None,
+    );
+    assert_eq!((done.code, text(&done.stdout)), (125, String::new()));
+    one_line(
+        &done.stderr,
+        "capexec: sandbox: this server cannot enforce unprivileged-user (idmapped mounts are \
+         hidden (--hide-kernel-feature idmapped-mounts); keepRoot (capexec run --keep-root) runs \
+         it as root without capabilities); ask for best effort to start anyway\n",
+    );
+    // Asked to stay root, it does (and reads what root reads).
+    let done = finish(
+        served.run(&[
+            "--connect",
+            &served.unix,
+            "--cwd",
+            &cwd_arg,
+            "--keep-root",
+            "-n",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ]),
+        None,
+    );
+    assert_eq!(
+        (done.code, text(&done.stdout)),
+        (0, "0\nroot:".to_string()),
+        "{}",
+        text(&done.stderr)
     );
 }
 
@@ -153,6 +247,77 @@ fn a_sandboxed_server_narrows_every_start() {
     );
     assert_eq!(done.code, 125);
     one_line(&done.stderr, "capexec: the server's --sandbox: ");
+}
+
+/// Asks `served` for a sandboxed `cat KEY` whose read-only root is `root`.
+fn read_in_a_sandbox(served: &Served, root: &std::path::Path, key: &std::path::Path) -> Finished {
+    let cwd = TempDir::new("cli-sandbox-cwd");
+    finish(
+        served.run(&[
+            "--connect",
+            &served.unix,
+            "--cwd",
+            &cwd.path().display().to_string(),
+            "--read-only",
+            &root.display().to_string(),
+            "-n",
+            "--",
+            "cat",
+            &key.display().to_string(),
+        ]),
+        None,
+    )
+}
+
+#[test]
+fn no_sandbox_may_read_the_servers_tls_key() {
+    // The key --tls-self-signed made and keeps.
+    let served = Served::start_with(&["--tls-self-signed"]);
+    let config = served.home.path().join(".config/capexec");
+    let key = config.join("server-key.pem");
+    assert!(key.is_file(), "{}", key.display());
+    for root in [config.clone(), key.clone()] {
+        let done = read_in_a_sandbox(&served, &root, &key);
+        assert_eq!(done.code, 125, "{}", text(&done.stdout));
+        assert_eq!(text(&done.stdout), "");
+        one_line(
+            &done.stderr,
+            &format!(
+                "capexec: sandbox: the root \"{}\" contains the private key of a capexec \
+                 server's TLS certificate (\"{}\"); a sandboxed process could read it and pose \
+                 as the server: choose roots that leave it out\n",
+                root.display(),
+                key.display()
+            ),
+        );
+    }
+    // A key of --tls-key, wherever it is.
+    let dir = TempDir::new("cli-sandbox-tls");
+    let authority = common::pki::Authority::new(dir.path(), "ca");
+    let (cert, key) = authority.server(dir.path(), "server", &["localhost"], false);
+    let served = Served::start_with(&[
+        "--tls-cert",
+        &cert.display().to_string(),
+        "--tls-key",
+        &key.display().to_string(),
+    ]);
+    let done = read_in_a_sandbox(&served, dir.path(), &key);
+    assert_eq!(done.code, 125, "{}", text(&done.stdout));
+    one_line(
+        &done.stderr,
+        &format!(
+            "capexec: sandbox: the root \"{}\" contains the private key",
+            dir.path().display()
+        ),
+    );
+    // The certificate beside it is no secret: a root with it alone is fine.
+    let done = read_in_a_sandbox(&served, &cert, &cert);
+    assert_eq!(done.code, 0, "{}", text(&done.stderr));
+    assert_eq!(
+        done.stdout,
+        std::fs::read(&cert).expect("certificate"),
+        "the certificate as it is"
+    );
 }
 
 #[test]
@@ -285,19 +450,29 @@ fn a_server_killed_with_sigkill_leaves_its_limits_cgroups_behind_neither() {
 fn a_run_is_in_its_cgroup_with_and_without_clone_into_cgroup() {
     for extra in [&[][..], &["--hide-kernel-feature", "clone-into-cgroup"][..]] {
         let served = Served::start_with(extra);
-        let done = finish(served.run_script("grep '^0::' /proc/self/cgroup"), None);
-        assert_eq!(done.code, 0, "{}", text(&done.stderr));
-        let line = text(&done.stdout);
+        let (mut run, first) = spawn_reading_first_line(
+            served.run_script("echo $$ $(grep '^0::' /proc/self/cgroup); exec sleep 300"),
+        );
+        let (pid, inside) = first.trim_end().split_once(' ').expect("two words");
+        // Its own view is a cgroup namespace rooted at its leaf.
+        assert_eq!(inside, "0::/", "{extra:?}");
+        let memberships =
+            std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("its cgroups");
+        let line = memberships
+            .lines()
+            .find(|line| line.starts_with("0::"))
+            .expect("a cgroup2 membership");
         let root = format!("/capexec-{}-", served.child.id());
         assert!(
             line.contains(&root)
                 && line
-                    .trim_end()
                     .rsplit('/')
                     .next()
                     .is_some_and(|leaf| leaf.starts_with("p-")),
             "{extra:?}: {line:?}"
         );
+        let _ = run.kill();
+        let _ = run.wait();
     }
 }
 

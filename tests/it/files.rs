@@ -435,6 +435,105 @@ async fn every_escape_is_refused(ctx: Ctx) {
     );
 }
 
+/// `source` bind-mounted at `target` (the tests run as root, as CI does),
+/// detached again when dropped, whatever the test did.
+struct BindMount(std::ffi::CString);
+
+impl BindMount {
+    fn new(source: &Path, target: &Path) -> BindMount {
+        use std::os::unix::ffi::OsStrExt;
+        let c = |path: &Path| std::ffi::CString::new(path.as_os_str().as_bytes()).expect("path");
+        let (source, target) = (c(source), c(target));
+        // SAFETY: mount(2) with NUL-terminated paths and no data.
+        let mounted = unsafe {
+            libc::mount(
+                source.as_ptr(),
+                target.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(
+            mounted,
+            0,
+            "bind mount (the tests need root): {}",
+            std::io::Error::last_os_error()
+        );
+        BindMount(target)
+    }
+}
+
+impl Drop for BindMount {
+    fn drop(&mut self) {
+        // SAFETY: umount2(2) with a NUL-terminated path.
+        unsafe { libc::umount2(self.0.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+async fn no_call_crosses_a_mount_point_beneath_the_directory(ctx: Ctx) {
+    let outside = TempDir::new("files-mounted-outside");
+    std::fs::create_dir(outside.path().join("sub")).expect("mkdir");
+    std::fs::write(outside.path().join("secret"), b"secret").expect("write");
+    std::fs::write(outside.path().join("sub/f"), b"f").expect("write");
+    let temp = TempDir::new("files-mount");
+    std::fs::create_dir_all(temp.path().join("a/mnt")).expect("mkdir");
+    std::fs::write(temp.path().join("a/keep"), b"keep").expect("write");
+    let mount = BindMount::new(outside.path(), &temp.path().join("a/mnt"));
+    let dir = open(&ctx, &temp);
+    let crossing = |(kind, message): (RefusalKind, String)| {
+        assert_eq!(kind, RefusalKind::OutsideDirectory, "{message}");
+        assert!(
+            message.contains(": crosses a mount point beneath the directory"),
+            "{message}"
+        );
+    };
+    crossing(refused(dir.read("a/mnt/secret").await));
+    crossing(refused(dir.metadata("a/mnt").await));
+    crossing(refused(dir.subdirectory("a/mnt").metadata("").await));
+    crossing(refused(dir.write("a/mnt/planted", b"x").await));
+    crossing(refused(
+        dir.copy("a/mnt/secret", "stolen", &CopyOptions::default())
+            .await,
+    ));
+    // A walk reports the mount point and does not enter it.
+    let entries = dir
+        .walk("", &WalkOptions::default())
+        .await
+        .collect_all()
+        .await
+        .expect("walk");
+    let mnt = entries
+        .iter()
+        .find(|entry| entry.path == b"a/mnt")
+        .expect("the mount point listed");
+    assert_eq!(
+        mnt.error.as_deref(),
+        Some(
+            "a mount point (another file system, or a bind mount that may lead anywhere); not entered"
+        )
+    );
+    assert!(
+        entries
+            .iter()
+            .all(|entry| !entry.path.starts_with(b"a/mnt/")),
+        "{entries:?}"
+    );
+    // A recursive remove of its parent stops at it, touching nothing out.
+    crossing(refused(dir.remove_dir_all("a").await));
+    assert_eq!(names(outside.path()), ["secret", "sub"]);
+    assert_eq!(
+        std::fs::read(outside.path().join("sub/f")).expect("still there"),
+        b"f"
+    );
+    assert!(!outside.path().join("planted").exists());
+    // Its own files go as usual once nothing is mounted there.
+    drop(mount);
+    dir.remove_dir_all("a").await.expect("remove");
+    assert_eq!(names(temp.path()), Vec::<String>::new());
+    assert_eq!(names(outside.path()), ["secret", "sub"]);
+}
+
 async fn a_symlink_swapped_in_while_calls_run_never_leads_out(ctx: Ctx) {
     let outside = TempDir::new("files-swap-outside");
     std::fs::write(outside.path().join("secret"), b"secret").expect("write");
@@ -1215,6 +1314,7 @@ backend_tests!(
     aborted_uploads_leave_the_old_file_and_no_temporary,
     a_write_with_a_stale_version_conflicts,
     every_escape_is_refused,
+    no_call_crosses_a_mount_point_beneath_the_directory,
     a_symlink_swapped_in_while_calls_run_never_leads_out,
     read_only_directories_refuse_every_mutation,
     a_watch_sees_creation_modification_removal_and_renames,

@@ -174,7 +174,8 @@ except OSError as error:
 
 async fn a_sandboxed_terminal_works(ctx: Ctx) {
     let cwd = TempDir::new("sandbox-cwd");
-    let mut command = sh("tty >/dev/null && echo on-a-terminal; exit 4");
+    // Its own terminal, opened again by name.
+    let mut command = sh("t=$(tty) && printf '' > \"$t\" && echo on-a-terminal; exit 4");
     command
         .current_dir(cwd.path())
         .sandbox(Sandbox::default())
@@ -202,12 +203,184 @@ async fn a_root_child_has_no_capabilities_and_is_filtered(ctx: Ctx) {
     );
 }
 
+/// This process's dumpable flag (servers of the tests run in it).
+fn dumpable() -> i32 {
+    // SAFETY: prctl(PR_GET_DUMPABLE) only reads the flag.
+    unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) }
+}
+
+async fn a_root_servers_sandbox_runs_as_nobody_and_reads_no_root_secret(ctx: Ctx) {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    // A root-owned checkout below a directory only root may enter.
+    let closed = TempDir::new("sandbox-closed");
+    let cwd = closed.path().join("work");
+    std::fs::create_dir(&cwd).expect("mkdir");
+    std::fs::write(cwd.join("own"), "secret\n").expect("write");
+    std::fs::write(closed.path().join("beside"), "beside\n").expect("write");
+    for (path, mode) in [(closed.path(), 0o700), (&cwd.join("own"), 0o600)] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    }
+    assert_eq!(
+        std::fs::metadata(closed.path()).expect("stat").uid(),
+        0,
+        "the tests run as root, as CI does"
+    );
+    let run = |keep_root: bool, script: &str| {
+        let mut command = sh(script);
+        command.current_dir(&cwd).sandbox(Sandbox {
+            keep_root,
+            ..Sandbox::default()
+        });
+        command
+    };
+    let script = format!(
+        "id -u; id -G; cat own; cat {cwd}/own; echo made > made && mkdir dir && echo wrote; \
+         cat {closed}/beside || echo beside-denied; head -c 5 /etc/shadow || echo shadow-denied",
+        cwd = cwd.display(),
+        closed = closed.path().display()
+    );
+    let process = run(false, &script)
+        .spawn(&ctx.executor)
+        .await
+        .expect("start");
+    let events = common::read_until_closed(&process).await;
+    assert_eq!(
+        String::from_utf8_lossy(&common::output_bytes(
+            &events,
+            Some(capexec::model::OutputStream::Stdout)
+        )),
+        "65534\n65534\nsecret\nsecret\nwrote\nbeside-denied\nshadow-denied\n"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&common::output_bytes(
+            &events,
+            Some(capexec::model::OutputStream::Stderr)
+        ))
+        .matches("Permission denied")
+        .count(),
+        2
+    );
+    // What it made is root's on disk.
+    for made in ["made", "dir"] {
+        let meta = std::fs::metadata(cwd.join(made)).expect("made");
+        assert_eq!((meta.uid(), meta.gid()), (0, 0), "{made}");
+    }
+    let info = process.info().await.expect("info");
+    assert!(
+        info.confinement
+            .enforced
+            .iter()
+            .any(|name| name == "unprivileged-user"),
+        "{:?}",
+        info.confinement.enforced
+    );
+    // The server, whose memory the child shared until its exec, stays as
+    // dumpable as it was.
+    assert_eq!(dumpable(), 1);
+    // keepRoot: root without capabilities, which reads /etc/shadow.
+    let output = run(true, "id -u; head -c 5 /etc/shadow")
+        .output(&ctx.executor)
+        .await
+        .expect("start");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "0\nroot:");
+}
+
+/// Tries to make namespaces (user alone, and with network, mount, ipc and
+/// pid ones), then `setns` and `clone3` by hand (argv: their numbers; an
+/// invalid descriptor and an empty struct, so that only a filter answers
+/// EPERM or ENOSYS), then makes a thread, a fork and a background job.
+const NAMESPACE_PROBE: &str = r#"
+import ctypes, errno, os, subprocess, sys, threading
+for flags in ["-U", "-Un", "-Um", "-Ui", "-Upf"]:
+    done = subprocess.run(["unshare", flags, "true"], capture_output=True, text=True)
+    print(flags, done.returncode, done.stderr.strip())
+libc = ctypes.CDLL(None, use_errno=True)
+for name, number, args in [("setns", int(sys.argv[1]), (-1, 0)), ("clone3", int(sys.argv[2]), (None, 0))]:
+    result = libc.syscall(number, *args)
+    print(name, "ok" if result >= 0 else errno.errorcode[ctypes.get_errno()])
+seen = []
+thread = threading.Thread(target=seen.append, args=("thread",))
+thread.start()
+thread.join()
+print(*seen)
+pid = os.fork()
+if pid == 0:
+    os._exit(7)
+print("fork", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+print("background", subprocess.run(["sh", "-c", "true & wait"]).returncode)
+"#;
+
+async fn a_sandbox_makes_no_namespaces_unless_allowed(ctx: Ctx) {
+    let cwd = TempDir::new("sandbox-cwd");
+    let probe = |allow_namespaces: bool| {
+        let mut command = Command::new("/usr/bin/python3");
+        command
+            .args([
+                "-c",
+                NAMESPACE_PROBE,
+                &libc::SYS_setns.to_string(),
+                &libc::SYS_clone3.to_string(),
+            ])
+            .current_dir(cwd.path())
+            .sandbox(Sandbox {
+                allow_namespaces,
+                ..Sandbox::default()
+            });
+        command
+    };
+    let process = probe(false).spawn(&ctx.executor).await.expect("start");
+    let events = common::read_until_closed(&process).await;
+    let denied = "unshare: unshare failed: Operation not permitted";
+    assert_eq!(
+        String::from_utf8_lossy(&common::output_bytes(&events, None)),
+        format!(
+            "-U 1 {denied}\n-Un 1 {denied}\n-Um 1 {denied}\n-Ui 1 {denied}\n-Upf 1 {denied}\n\
+             setns EPERM\nclone3 ENOSYS\nthread\nfork 7\nbackground 0\n"
+        )
+    );
+    let info = process.info().await.expect("info");
+    assert!(
+        info.confinement.enforced.iter().any(|n| n == "namespaces"),
+        "{:?}",
+        info.confinement.enforced
+    );
+    // Allowed: the kernel decides (a user namespace, and a network one in
+    // it; Landlock still refuses the mount namespace its propagation).
+    let process = probe(true).spawn(&ctx.executor).await.expect("start");
+    let events = common::read_until_closed(&process).await;
+    let output = String::from_utf8_lossy(&common::output_bytes(&events, None)).into_owned();
+    assert!(
+        output.starts_with("-U 0 \n-Un 0 \n-Um 1 unshare: cannot change root filesystem"),
+        "{output}"
+    );
+    assert!(
+        output.ends_with("setns EBADF\nclone3 EINVAL\nthread\nfork 7\nbackground 0\n"),
+        "{output}"
+    );
+    let info = process.info().await.expect("info");
+    assert!(
+        info.confinement
+            .sandbox
+            .expect("sandboxed")
+            .allow_namespaces
+    );
+    assert!(
+        !info.confinement.enforced.iter().any(|n| n == "namespaces"),
+        "{:?}",
+        info.confinement.enforced
+    );
+}
+
 /// Connects to the Unix socket at argv[1] and says whether the server
 /// answered a bootstrap request or hung up.
 pub(crate) const SOCKET_PROBE: &str = r#"
 import socket, sys
 s = socket.socket(socket.AF_UNIX)
-s.connect(sys.argv[1])
+try:
+    s.connect(sys.argv[1])
+except PermissionError:
+    print("EACCES")
+    sys.exit()
 s.settimeout(10)
 # A Cap'n Proto bootstrap message; a server that serves us answers it.
 message = (bytes.fromhex("00000000 05000000 00000000 01000100 08000000 00000000 00000000 00000000 00000000 00000000 00000000 00000000".replace(" ", "")))
@@ -238,14 +411,22 @@ async fn a_sandboxed_child_cannot_reach_the_server(ctx: Ctx) {
         probe.args(["-c", SOCKET_PROBE, &socket]);
         let output = probe.output(&ctx.executor).await.expect("start");
         assert_eq!(String::from_utf8_lossy(&output.stdout), "answered\n");
-        probe.current_dir(cwd.path()).sandbox(Sandbox::default());
-        let output = probe.output(&ctx.executor).await.expect("start");
-        assert_eq!(
-            String::from_utf8_lossy(&output.stdout),
-            "refused\n",
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        // As the unprivileged user a root server's sandbox runs as, the
+        // kernel refuses it the socket (mode 0600, root's); as root (its
+        // capabilities dropped) the server does.
+        for (keep_root, said) in [(false, "EACCES\n"), (true, "refused\n")] {
+            probe.current_dir(cwd.path()).sandbox(Sandbox {
+                keep_root,
+                ..Sandbox::default()
+            });
+            let output = probe.output(&ctx.executor).await.expect("start");
+            assert_eq!(
+                String::from_utf8_lossy(&output.stdout),
+                said,
+                "{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
         // And the server still serves everyone else.
         let again = ctx.connect_again().await.expect("connect");
         capexec::client::info(&again.executor())
@@ -308,6 +489,7 @@ async fn process_info_says_what_was_enforced(ctx: Ctx) {
         "capabilities",
         "io-uring",
         "kernel-calls",
+        "namespaces",
         "server-isolation",
         "limit-pids",
     ] {
@@ -332,7 +514,10 @@ async fn process_info_says_what_was_enforced(ctx: Ctx) {
     let info = process.info().await.expect("info");
     assert_eq!(info.confinement.tracking, Tracking::Cgroup);
     assert_eq!(info.confinement.sandbox, None);
-    assert_eq!(info.confinement.enforced, vec!["cgroup".to_string()]);
+    assert_eq!(
+        info.confinement.enforced,
+        vec!["cgroup".to_string(), "cgroup-namespace".to_string()]
+    );
     assert!(!info.tree_running);
 }
 
@@ -358,6 +543,17 @@ async fn leave_a_session_behind(
     (process, pid)
 }
 
+/// Where the cgroup2 hierarchy is mounted.
+fn cgroup2_mount() -> std::path::PathBuf {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let mount = mounts
+        .lines()
+        .find(|line| line.contains(" - cgroup2 "))
+        .and_then(|line| line.split(' ').nth(4))
+        .expect("a cgroup2 mount");
+    std::path::PathBuf::from(mount)
+}
+
 /// The cgroup2 directory process `pid` is in.
 fn cgroup_dir(pid: u32) -> std::path::PathBuf {
     let memberships = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
@@ -365,13 +561,126 @@ fn cgroup_dir(pid: u32) -> std::path::PathBuf {
         .lines()
         .find_map(|line| line.strip_prefix("0::"))
         .expect("a cgroup2 membership");
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-    let mount = mounts
-        .lines()
-        .find(|line| line.contains(" - cgroup2 "))
-        .and_then(|line| line.split(' ').nth(4))
-        .expect("a cgroup2 mount");
-    std::path::PathBuf::from(format!("{mount}{path}"))
+    std::path::PathBuf::from(format!("{}{path}", cgroup2_mount().display()))
+}
+
+/// A cgroup of the test's own at the top of the cgroup2 hierarchy (not
+/// named `capexec-`, which servers sweep), emptied and removed when
+/// dropped, whatever got into it.
+struct SiblingCgroup(std::path::PathBuf);
+
+impl SiblingCgroup {
+    fn new() -> SiblingCgroup {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let name = format!(
+            "test-sibling-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let dir = cgroup2_mount().join(name);
+        std::fs::create_dir(&dir).expect("make a cgroup (the tests run as root)");
+        SiblingCgroup(dir)
+    }
+}
+
+impl Drop for SiblingCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.0.join("cgroup.kill"), "1");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::fs::remove_dir(&self.0).is_err() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// SIGKILLs `pid` when dropped if it still runs (what escaped a test).
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if alive(self.0) {
+            // SAFETY: kill(2) of a process this test started.
+            unsafe { libc::kill(self.0 as i32, libc::SIGKILL) };
+        }
+    }
+}
+
+/// A child and then its parent try to move themselves into the cgroups
+/// argv[1] and argv[2] (the hierarchy's root and a sibling of the
+/// server's), each saying how it went; then both sleep, the child in a
+/// session of its own.
+const CGROUP_ESCAPE: &str = r#"
+import errno, os, sys
+def leave(who):
+    for name, group in zip(["root", "sibling"], sys.argv[1:3]):
+        try:
+            with open(os.path.join(group, "cgroup.procs"), "w") as procs:
+                procs.write("0")
+            result = "moved"
+        except OSError as error:
+            result = errno.errorcode[error.errno]
+        print(who, name, result, flush=True)
+ready, told = os.pipe()
+child = os.fork()
+if child == 0:
+    os.setsid()
+    leave("child")
+    os.write(told, b"x")
+    os.execvp("sleep", ["sleep", "300"])
+os.read(ready, 1)
+leave("leader")
+os.write(1, f"pid {child}\n".encode())
+os.execvp("sleep", ["sleep", "300"])
+"#;
+
+async fn an_unsandboxed_child_cannot_move_out_of_its_cgroup(ctx: Ctx) {
+    let sibling = SiblingCgroup::new();
+    let root = cgroup2_mount();
+    let mut command = Command::new("/usr/bin/python3");
+    command.args([
+        "-c",
+        CGROUP_ESCAPE,
+        &root.display().to_string(),
+        &sibling.0.display().to_string(),
+    ]);
+    let process = command.spawn(&ctx.executor).await.expect("start");
+    let info = process.info().await.expect("info");
+    let leader = KillOnDrop(info.pid);
+    let (_, output) = common::read_until_output_contains(&process, "pid ").await;
+    let output = output.trim_end().to_string();
+    let (moves, child) = output.rsplit_once('\n').expect("lines");
+    let child = child
+        .strip_prefix("pid ")
+        .and_then(|pid| pid.parse().ok())
+        .map(KillOnDrop);
+    assert_eq!(
+        moves,
+        "child root ENOENT\nchild sibling ENOENT\nleader root ENOENT\nleader sibling ENOENT"
+    );
+    let child = child.unwrap_or_else(|| panic!("the child's pid in {output:?}"));
+    assert!(
+        info.confinement
+            .enforced
+            .iter()
+            .any(|name| name == "cgroup-namespace"),
+        "{:?}",
+        info.confinement.enforced
+    );
+    let leaf = cgroup_dir(leader.0);
+    assert!(
+        leaf.file_name()
+            .is_some_and(|name| name.to_string_lossy().starts_with("p-")),
+        "{}",
+        leaf.display()
+    );
+    assert_eq!(cgroup_dir(child.0), leaf);
+    // Released, nothing it started survives.
+    drop(process);
+    common::procfs::wait_until(|| !alive(leader.0) && !alive(child.0)).await;
+    assert_eq!(
+        std::fs::read_to_string(sibling.0.join("cgroup.procs")).expect("procs"),
+        ""
+    );
 }
 
 async fn what_leaves_with_setsid_stays_counted_and_dies_with_terminate(ctx: Ctx) {
@@ -556,6 +865,14 @@ async fn a_restricted_executor_with_a_sandbox_refuses_to_widen_it(ctx: Ctx) {
             network: Network::All,
             ..Sandbox::default()
         },
+        Sandbox {
+            allow_namespaces: true,
+            ..Sandbox::default()
+        },
+        Sandbox {
+            keep_root: true,
+            ..Sandbox::default()
+        },
     ] {
         let mut command = Command::new("true");
         command.current_dir(cwd.path()).sandbox(sandbox);
@@ -658,11 +975,14 @@ backend_tests!(
     abstract_sockets_made_outside_are_out_of_reach,
     a_sandboxed_terminal_works,
     a_root_child_has_no_capabilities_and_is_filtered,
+    a_root_servers_sandbox_runs_as_nobody_and_reads_no_root_secret,
+    a_sandbox_makes_no_namespaces_unless_allowed,
     a_sandboxed_child_cannot_reach_the_server,
     process_info_says_what_was_enforced,
     what_leaves_with_setsid_stays_counted_and_dies_with_terminate,
     what_leaves_with_setsid_dies_with_release,
     what_leaves_with_setsid_dies_at_the_timeout,
+    an_unsandboxed_child_cannot_move_out_of_its_cgroup,
     a_pids_limit_stops_a_fork_bomb,
     a_memory_hog_is_reported_as_killed_by_the_memory_limit,
     a_cpu_limit_sets_the_quota_of_the_tree,

@@ -71,6 +71,60 @@ fn a_client_trusting_the_ca_runs_commands() {
 }
 
 #[test]
+fn no_sandbox_may_read_the_servers_tls_key() {
+    common::run_local(async {
+        let dir = TempDir::new("tls");
+        let authority = Authority::new(dir.path(), "ca");
+        let (cert, key) = authority.server(dir.path(), "server", &["127.0.0.1"], false);
+        let server = ServerThread::start_tls(
+            TempDir::new("tls-server"),
+            TlsServer::from_files(&cert, &key).expect("server TLS"),
+        );
+        let token = server.token.clone().expect("token");
+        let tls = trusting(ServerTrust::Ca(authority.pem.clone()));
+        let connection = net::connect_with(&server.address, Some(&token), Some(&tls))
+            .await
+            .expect("connect");
+        let cwd = TempDir::new("tls-cwd");
+        let cat_key = |read_only: Vec<PathBuf>| {
+            let mut command = Command::new("cat");
+            command
+                .arg(&key)
+                .current_dir(cwd.path())
+                .sandbox(capexec::model::Sandbox {
+                    read_only,
+                    ..capexec::model::Sandbox::default()
+                });
+            command
+        };
+        // A root that contains it, or is it: refused before anything runs.
+        for root in [dir.path().to_path_buf(), key.clone()] {
+            let error = cat_key(vec![root])
+                .output(&connection.executor())
+                .await
+                .expect_err("refused");
+            assert_eq!(
+                error.refusal_kind(),
+                Some(capexec::model::RefusalKind::NotAllowed),
+                "{error}"
+            );
+            assert!(error.to_string().contains("TLS certificate"), "{error}");
+        }
+        // Outside the roots: the read fails.
+        let output = cat_key(Vec::new())
+            .output(&connection.executor())
+            .await
+            .expect("start");
+        assert_eq!(output.stdout, b"");
+        assert!(
+            String::from_utf8_lossy(&output.stderr).contains("Permission denied"),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    });
+}
+
+#[test]
 fn a_pinned_fingerprint_is_enough_and_a_wrong_one_is_refused() {
     common::run_local(async {
         let setup = serve(&["localhost", "127.0.0.1"], false);
