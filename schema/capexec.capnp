@@ -1136,7 +1136,10 @@ struct Limits {
 
   cpuMillis @2 :UInt32;
   # CPU time the tree may use, in thousandths of one CPU per period (500:
-  # half a CPU, 2000: two). At least 10.
+  # half a CPU, 2000: two). At least 10 (the kernel's least quota, 1 ms in
+  # each 100 ms period): 1 to 9 fail the start, or `restrict` for a
+  # policy's limits, with `[capexec:invalid-argument]`, never run at 10
+  # while saying less. `Confinement.limits.cpuMillis` is the value asked.
 
   bestEffort @3 :Bool;
   # Start even if the server cannot enforce them, and say so in

@@ -37,7 +37,7 @@ pub struct ConfinementArgs {
     #[arg(long = "max-pids", value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_pids: Option<u32>,
-    /// CPUs the tree may use (fractions allowed: 0.5).
+    /// CPUs the tree may use (fractions allowed: 0.5; at least 0.01).
     #[arg(long, value_name = "N", value_parser = parse_cpus)]
     pub cpus: Option<u32>,
 }

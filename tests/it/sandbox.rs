@@ -650,6 +650,63 @@ async fn a_program_outside_the_roots_is_refused_naming_its_directory(ctx: Ctx) {
     assert_eq!(String::from_utf8_lossy(&output.stdout), "hello\n");
 }
 
+/// `Limits.cpuMillis` below 10 cannot be enforced as asked (the kernel's
+/// least quota is 1 ms in each 100 ms period): refused, by a start and by
+/// a policy; 10 is in force as asked.
+async fn a_cpu_limit_below_ten_thousandths_is_refused(ctx: Ctx) {
+    for millis in [1, 5, 9] {
+        let mut command = Command::new("true");
+        command.limits(Limits {
+            cpu_millis: Some(millis),
+            ..Limits::default()
+        });
+        let error = command.output(&ctx.executor).await.expect_err("refused");
+        assert_eq!(
+            error.refusal_kind(),
+            Some(RefusalKind::InvalidArgument),
+            "{error}"
+        );
+        assert!(
+            error.to_string().contains(&format!(
+                "limits: cpuMillis {millis} is below the least CPU limit, 10"
+            )),
+            "{error}"
+        );
+    }
+    let policy = Policy {
+        limits: Limits {
+            cpu_millis: Some(5),
+            ..Limits::default()
+        },
+        ..Policy::default()
+    };
+    let error = capexec::client::info(&capexec::client::restrict(&ctx.executor, &policy))
+        .await
+        .expect_err("refused");
+    assert_eq!(
+        error.refusal_kind(),
+        Some(RefusalKind::InvalidArgument),
+        "{error}"
+    );
+    assert!(
+        error
+            .to_string()
+            .contains("policy rule `limits`: cpuMillis 5 is below the least CPU limit, 10"),
+        "{error}"
+    );
+    let mut command = Command::new("sleep");
+    command.arg("60").limits(Limits {
+        cpu_millis: Some(10),
+        ..Limits::default()
+    });
+    let process = command.spawn(&ctx.executor).await.expect("start");
+    let info = process.info().await.expect("info");
+    assert_eq!(info.confinement.limits.cpu_millis, Some(10));
+    // A hundredth of a CPU: 1 ms in every 100 ms.
+    assert_eq!(cpu_quota(info.pid).as_deref(), Some("1000"));
+    process.terminate().await.expect("terminate");
+}
+
 backend_tests!(
     writes_outside_the_writable_roots_fail_and_inside_succeed,
     a_program_outside_the_roots_is_refused_naming_its_directory,
@@ -667,6 +724,7 @@ backend_tests!(
     a_memory_hog_is_reported_as_killed_by_the_memory_limit,
     a_cpu_limit_sets_the_quota_of_the_tree,
     a_restricted_executor_with_a_sandbox_refuses_to_widen_it,
+    a_cpu_limit_below_ten_thousandths_is_refused,
 );
 
 /// Only TCP servers have a login token.
