@@ -1210,8 +1210,10 @@ interface Admin {
 struct ProcessRecord {
   pid @0 :UInt32;
   argv @1 :List(Data);
-  # As started (`StartParams.argv`), cut to the first 4 KiB in all: the
-  # last kept argument then ends with "...".
+  # As started (`StartParams.argv`), whole if its arguments' bytes total at
+  # most 4,096; else cut to exactly 4,096 bytes in all, the "..." that
+  # ends the last kept argument included (the arguments that fit in 4,093
+  # bytes, then the start of the next one and "...").
 
   environment @2 :Text;
   # The environment of the server it runs in ("local": this server's own).
