@@ -1690,7 +1690,8 @@ interface Watch {
 # do; `Process.dial` and `Process.listen` do the same for as long as a
 # process's capability is held. Addresses are text:
 #   tcp:HOST:PORT  HOST is a name (resolved on that machine), an IPv4
-#                  address, or an IPv6 address in brackets ("[::1]");
+#                  address, or an IPv6 address in brackets ("[::1]"; an
+#                  unbracketed one, "tcp:::1:80", is refused);
 #                  PORT is 1 to 65535, or 0 for `listen` (the kernel
 #                  chooses a free port);
 #   unix:PATH      an absolute path to a Unix stream socket (abstract
@@ -1880,7 +1881,8 @@ struct PortPolicy {
   # Which addresses a restricted executor may dial and listen on. Each
   # list holds patterns; an address is allowed if a pattern matches it:
   #   tcp:HOSTS:PORTS  HOSTS is "*" (any), an IP address ("127.0.0.1",
-  #                    "[::1]"), a block ("10.0.0.0/8", "[fd00::/8]") or
+  #                    "[::1]"), a block ("10.0.0.0/8", "[fd00::/8]";
+  #                    IPv6 only in brackets) or
   #                    "localhost" (127.0.0.0/8 and ::1); host names are
   #                    refused, since what they resolve to can change: a
   #                    dial's host is resolved first and only the addresses

@@ -632,6 +632,38 @@ async fn a_connection_holds_at_most_its_maximum_of_port_connections(ctx: Ctx) {
     peer.abort();
 }
 
+/// An IPv6 address goes in brackets: "tcp:::1:80" could be ::1 port 80
+/// or ::1:80 with no port, and is refused rather than guessed, by `dial`,
+/// by `listen` and in a policy's patterns.
+async fn an_unbracketed_ipv6_address_is_refused(ctx: Ctx) {
+    for bad in ["tcp:::1:80", "tcp:fe80::1:22", "tcp:[::1:80"] {
+        let (kind, message) = refusal(client::dial(&ctx.executor, bad).await).await;
+        assert_eq!(kind, RefusalKind::InvalidArgument, "{bad}: {message}");
+        assert!(
+            message.contains(&format!(
+                "{bad:?}: an IPv6 address goes in brackets (tcp:[::1]:80)"
+            )),
+            "{bad}: {message}"
+        );
+    }
+    let (kind, message) = refusal(client::listen(&ctx.executor, "tcp:::1:0").await).await;
+    assert_eq!(kind, RefusalKind::InvalidArgument, "{message}");
+    let restricted = restricted(
+        &ctx,
+        Some(PortPolicy {
+            dial: Some(vec!["tcp:::1:80".into()]),
+            listen: None,
+        }),
+        false,
+    );
+    let (kind, message) = refusal(client::info(&restricted).await).await;
+    assert_eq!(kind, RefusalKind::InvalidArgument, "{message}");
+    assert!(
+        message.contains("an IPv6 address or block goes in brackets"),
+        "{message}"
+    );
+}
+
 backend_tests!(
     bulk_transfer_both_ways_at_once_is_byte_exact,
     small_writes_arrive_whole_in_order_and_without_a_flush,
@@ -644,6 +676,7 @@ backend_tests!(
     restricted_executors_allow_only_the_addresses_of_their_rule,
     a_connection_holds_at_most_its_maximum_of_listeners,
     a_connection_holds_at_most_its_maximum_of_port_connections,
+    an_unbracketed_ipv6_address_is_refused,
 );
 
 /// The same bodies with the client's dials asking for direct channels:
