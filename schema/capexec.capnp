@@ -391,18 +391,24 @@ struct Policy {
   # Every process started through this executor is sandboxed, within this
   # sandbox (resolved when `restrict` is called: roots must exist and are
   # symlink-resolved). A start without a sandbox of its own gets this one
-  # (with its defaults: the start's working directory is the one made
-  # writable); a start with one gets its own, which must ask for nothing
-  # this one does not allow: a `readOnly` root must be readable here, a
-  # `writable` root writable here, `network = all` needs `all` here, else
-  # the start fails with `[capexec:not-allowed]` naming the root. What a
-  # start gets by default (the system directories, its working directory
-  # as writable) is narrowed to what this sandbox allows, silently. The
-  # sandbox must be enforced unless both this and the start's say
-  # `bestEffort`. Restricting again only narrows: a narrower policy's
-  # sandbox is checked against this one the same way, on `restrict` for
-  # its roots and network and on every start for the rest, and a process
-  # gets one Landlock layer: the narrowest. Null: no sandbox of its own.
+  # (with its defaults, the working directory's access as said below); a
+  # start with one gets its own, which must ask for nothing this one does
+  # not allow: a `readOnly` root must be readable here, a `writable` root
+  # writable here, `network = all` needs `all` here, else the start fails
+  # with `[capexec:not-allowed]` naming the root. What a start gets by
+  # default (the system directories, its working directory as writable)
+  # is narrowed to what this sandbox allows, silently. The start's working
+  # directory, wherever it is, is readable; it is writable only where a
+  # `writable` root of this sandbox contains it, or, if this sandbox lists
+  # no `writable` root and leaves `readOnlyCwd` unset, wherever it is. So
+  # `writable = [X]` alone confines every start's writes to X (and the
+  # default devices), whatever working directory it picks; `cwdRoots`
+  # confines where it may run. The sandbox must be enforced unless both
+  # this and the start's say `bestEffort`. Restricting again only narrows:
+  # a narrower policy's sandbox is checked against this one the same way,
+  # on `restrict` for its roots and network and on every start for the
+  # rest, and a process gets one Landlock layer: the narrowest. Null: no
+  # sandbox of its own.
 
   limits @8 :Limits;
   # The most each start may have: a start's limits are the smaller of its

@@ -22,7 +22,8 @@ pub struct ConfinementArgs {
     #[arg(long = "read-only", value_name = "DIR")]
     pub read_only: Vec<PathBuf>,
     /// Also writable: DIR or file and below (repeatable; implies
-    /// --sandbox).
+    /// --sandbox). For `serve`, where every start may write: a start's
+    /// working directory outside them is only readable.
     #[arg(long = "writable", value_name = "DIR")]
     pub writable: Vec<PathBuf>,
     /// The network of the sandbox: none (Unix sockets only) or all

@@ -195,7 +195,10 @@ impl PolicySandbox {
         let mut resolved = PolicySandbox {
             asked: sandbox.clone(),
             roots: resolve_without_cwd(sandbox, rule)?,
-            cwd: if sandbox.read_only_cwd {
+            // Writable roots say where writes may go: a start's working
+            // directory outside them is only read, as with `readOnlyCwd`
+            // (else any start could write wherever it chose to run).
+            cwd: if sandbox.read_only_cwd || !sandbox.writable.is_empty() {
                 Access::Read
             } else {
                 Access::Write

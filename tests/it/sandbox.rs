@@ -707,6 +707,71 @@ async fn a_cpu_limit_below_ten_thousandths_is_refused(ctx: Ctx) {
     process.terminate().await.expect("terminate");
 }
 
+/// A policy whose sandbox lists writable roots confines every start's
+/// writes to them: a working directory outside them is readable, not
+/// writable; one inside them is writable; asking for it is refused.
+async fn a_policy_with_writable_roots_confines_writes_whatever_the_cwd(ctx: Ctx) {
+    let allowed = TempDir::new("policy-writable");
+    let elsewhere = TempDir::new("policy-cwd");
+    std::fs::write(elsewhere.path().join("seen"), b"seen\n").expect("write");
+    let policy = Policy {
+        sandbox: Some(Sandbox {
+            writable: vec![allowed.path().to_path_buf()],
+            ..Sandbox::default()
+        }),
+        ..Policy::default()
+    };
+    let restricted = capexec::client::restrict(&ctx.executor, &policy);
+    let mut command = sh(&format!(
+        "cat seen; if echo x > here; then echo wrote; else echo refused; fi; \
+         echo y > {}/f && echo allowed",
+        allowed.path().display()
+    ));
+    command.current_dir(elsewhere.path());
+    let process = command.spawn(&restricted).await.expect("start");
+    let events = common::read_until_closed(&process).await;
+    assert_eq!(
+        String::from_utf8_lossy(&common::output_bytes(
+            &events,
+            Some(capexec::model::OutputStream::Stdout)
+        )),
+        "seen\nrefused\nallowed\n"
+    );
+    assert!(!elsewhere.path().join("here").exists());
+    let applied = process
+        .info()
+        .await
+        .expect("info")
+        .confinement
+        .sandbox
+        .expect("sandboxed");
+    let cwd = std::fs::canonicalize(elsewhere.path()).expect("canonical");
+    let root = std::fs::canonicalize(allowed.path()).expect("canonical");
+    assert!(applied.read_only.contains(&cwd), "{applied:?}");
+    assert!(!applied.writable.contains(&cwd), "{applied:?}");
+    assert!(applied.writable.contains(&root), "{applied:?}");
+
+    // A working directory inside a writable root is writable.
+    std::fs::create_dir(allowed.path().join("sub")).expect("mkdir");
+    let mut command = sh("echo x > here && echo wrote");
+    command.current_dir(allowed.path().join("sub"));
+    let output = command.output(&restricted).await.expect("start");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "wrote\n");
+
+    // Asking for the working directory as a writable root is refused.
+    let mut command = Command::new("true");
+    command.current_dir(elsewhere.path()).sandbox(Sandbox {
+        writable: vec![elsewhere.path().to_path_buf()],
+        ..Sandbox::default()
+    });
+    let error = command.output(&restricted).await.expect_err("wider");
+    assert_eq!(
+        error.refusal_kind(),
+        Some(RefusalKind::NotAllowed),
+        "{error}"
+    );
+}
+
 backend_tests!(
     writes_outside_the_writable_roots_fail_and_inside_succeed,
     a_program_outside_the_roots_is_refused_naming_its_directory,
@@ -725,6 +790,7 @@ backend_tests!(
     a_cpu_limit_sets_the_quota_of_the_tree,
     a_restricted_executor_with_a_sandbox_refuses_to_widen_it,
     a_cpu_limit_below_ten_thousandths_is_refused,
+    a_policy_with_writable_roots_confines_writes_whatever_the_cwd,
 );
 
 /// Only TCP servers have a login token.
