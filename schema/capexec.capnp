@@ -718,10 +718,16 @@ interface Process {
   # facet.
 
   terminate @4 () -> (running :Bool);
-  # SIGTERM to the process group, then SIGKILL after a short grace (2 s by
-  # default) to whatever is left of the group. Returns at once; the exit is
-  # observed through events. `running` is false if the process had already
-  # exited (then nothing is sent). Errors: `[capexec:forbidden]` on a facet.
+  # Terminates the process's tree: SIGTERM to the process group (a
+  # terminal's session) and, with cgroup tracking, to everything in its
+  # cgroup; then SIGKILL after a short grace (2 s by default) to whatever
+  # is left of them. Returns at once; the exit is observed through events.
+  # `running` is true if anything of the tree was running (the child, or
+  # after its exit what it left in its cgroup or group, see
+  # `ProcessInfo.treeRunning`): then the termination starts (or goes on,
+  # if one had started), and an exited child's exit status stays as it
+  # was. It is false if nothing of the tree runs; then nothing is sent.
+  # Errors: `[capexec:forbidden]` on a facet.
 
   subscribe @5 (sink :EventSink, afterSeq :UInt64) -> (subscription :Subscription);
   # Delivers every event with seq > afterSeq to `sink`: first the retained
@@ -1208,8 +1214,9 @@ interface Admin {
   # hold.
 
   terminate @2 (pid :UInt32) -> (wasRunning :Bool);
-  # Terminates the process's group (SIGTERM, then SIGKILL after the usual
-  # grace), as `Process.terminate` does; its owner sees it exit. Errors:
+  # Terminates the process's tree (SIGTERM, then SIGKILL after the usual
+  # grace) as `Process.terminate` does, answering as it does (`wasRunning`
+  # is its `running`); its owner sees it exit. Errors:
   # `[capexec:invalid-argument]` for a pid the server does not hold.
 }
 

@@ -772,6 +772,40 @@ async fn a_policy_with_writable_roots_confines_writes_whatever_the_cwd(ctx: Ctx)
     );
 }
 
+/// `terminate` after the child exited, while what it left in its group
+/// and cgroup runs: it answers `running` true, ends what was left, and
+/// leaves the child's exit as it was; once nothing runs it answers false.
+async fn terminate_after_the_exit_ends_what_the_child_left_and_answers_running(ctx: Ctx) {
+    let process = sh("sleep 300 </dev/null >/dev/null 2>&1 & echo $!")
+        .spawn(&ctx.executor)
+        .await
+        .expect("start");
+    let events = common::read_until_closed(&process).await;
+    let text = String::from_utf8_lossy(&common::output_bytes(&events, None)).into_owned();
+    let pid: u32 = text.trim().parse().expect("pid");
+    let info = process.info().await.expect("info");
+    let exit = info.exit.expect("exited");
+    assert_eq!(exit.status, ExitStatus::Code(0));
+    assert!(info.tree_running, "the background sleep runs");
+    assert!(alive(pid));
+    assert!(process.terminate().await.expect("terminate"), "running");
+    common::procfs::wait_until(|| !alive(pid)).await;
+    let mut info = process.info().await.expect("info");
+    while info.tree_running {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        info = process.info().await.expect("info");
+    }
+    let after = info.exit.expect("exited");
+    assert_eq!(
+        (after.status, after.timed_out),
+        (ExitStatus::Code(0), false)
+    );
+    assert!(
+        !process.terminate().await.expect("terminate"),
+        "nothing runs"
+    );
+}
+
 backend_tests!(
     writes_outside_the_writable_roots_fail_and_inside_succeed,
     a_program_outside_the_roots_is_refused_naming_its_directory,
@@ -791,6 +825,7 @@ backend_tests!(
     a_restricted_executor_with_a_sandbox_refuses_to_widen_it,
     a_cpu_limit_below_ten_thousandths_is_refused,
     a_policy_with_writable_roots_confines_writes_whatever_the_cwd,
+    terminate_after_the_exit_ends_what_the_child_left_and_answers_running,
 );
 
 /// Only TCP servers have a login token.
