@@ -141,7 +141,9 @@ interface Executor {
   #                                (see `environment`); nothing was started;
   #   [capexec:not-allowed]        the start breaks a rule of a restricted
   #                                executor (see `restrict`); the
-  #                                description names the rule;
+  #                                description names the rule; or its
+  #                                sandbox has a root no sandbox may have
+  #                                (see `Sandbox`);
   #   [capexec:limit]              a limit of the server would be exceeded:
   #                                argv and environment over 1 MiB, the
   #                                processes held by the server or by this
@@ -1094,9 +1096,18 @@ struct Sandbox {
   # A root is a directory (and everything below it) or a file. Landlock
   # rules are unions: a path is readable if it is in or below any readable
   # root, writable if in or below any writable one; there is no way to
-  # exclude a path below a root. Writable roots may not contain a cgroup
-  # file system (a process could leave its cgroup) and no root may contain
-  # the server's login token file.
+  # exclude a path below a root. A writable root may neither contain nor
+  # lie on a kernel interface file system (proc, sysfs, a cgroup
+  # hierarchy, devtmpfs /dev...: a process could change the kernel or
+  # leave its cgroup), and no root may contain the server's login token
+  # file: either fails the start (or `restrict`) with
+  # `[capexec:not-allowed]`, naming the root. Devices are roots like any
+  # file: the default ones (below) count among the writable and readable
+  # roots and are listed in `Confinement.sandbox`; /dev/null, /dev/zero,
+  # /dev/full, /dev/tty, /dev/ptmx and /dev/pts may also be given as
+  # writable roots (alone with `noSystemRoots`), no other file of devtmpfs
+  # may (a tmpfs mounted below /dev, such as /dev/shm, is no device: it
+  # may).
 
   readOnly @0 :List(Data);
   # Readable and executable, beyond the system directories: /usr, /bin,

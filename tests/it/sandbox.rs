@@ -806,6 +806,166 @@ async fn terminate_after_the_exit_ends_what_the_child_left_and_answers_running(c
     );
 }
 
+/// Where the cgroup hierarchies are mounted on this host (cgroup2, or the
+/// v1 controllers of a hybrid host).
+fn cgroup_mount_points() -> Vec<String> {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let points: Vec<String> = mounts
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let separator = fields.iter().position(|field| *field == "-")?;
+            matches!(fields[separator + 1], "cgroup" | "cgroup2").then(|| fields[4].to_string())
+        })
+        .collect();
+    assert!(!points.is_empty(), "no cgroup hierarchy is mounted");
+    points
+}
+
+/// The kernel's interface file systems are no writable roots: a root that
+/// contains a cgroup hierarchy, lies on one, or is any other file of
+/// devtmpfs is refused with `not-allowed` naming it (by a start and by a
+/// policy); read-only, they are fine.
+async fn a_writable_root_on_a_kernel_file_system_is_not_allowed(ctx: Ctx) {
+    let cwd = TempDir::new("sandbox-cwd");
+    let mut refused = vec!["/sys".to_string(), "/sys/fs/cgroup".to_string()];
+    refused.extend(cgroup_mount_points());
+    refused.extend(["/dev/random".to_string(), "/dev".to_string()]);
+    for root in &refused {
+        let mut command = Command::new("true");
+        command.current_dir(cwd.path()).sandbox(Sandbox {
+            writable: vec![root.into()],
+            ..Sandbox::default()
+        });
+        let error = command.output(&ctx.executor).await.expect_err(root);
+        assert_eq!(
+            error.refusal_kind(),
+            Some(RefusalKind::NotAllowed),
+            "{root}: {error}"
+        );
+        assert!(
+            error
+                .to_string()
+                .contains(&format!("sandbox: the writable root \"{root}\" would make")),
+            "{root}: {error}"
+        );
+    }
+    let policy = Policy {
+        sandbox: Some(Sandbox {
+            writable: vec!["/sys/fs/cgroup".into()],
+            ..Sandbox::default()
+        }),
+        ..Policy::default()
+    };
+    let error = capexec::client::info(&capexec::client::restrict(&ctx.executor, &policy))
+        .await
+        .expect_err("refused");
+    assert_eq!(
+        error.refusal_kind(),
+        Some(RefusalKind::NotAllowed),
+        "{error}"
+    );
+    let mut command = Command::new("true");
+    command.current_dir(cwd.path()).sandbox(Sandbox {
+        read_only: vec!["/sys/fs/cgroup".into()],
+        ..Sandbox::default()
+    });
+    let output = command
+        .output(&ctx.executor)
+        .await
+        .expect("read-only is fine");
+    assert_eq!(output.exit.status, ExitStatus::Code(0));
+}
+
+/// Devices are roots like any file: the default ones are listed among a
+/// sandbox's writable and readable roots, one given as a writable root is
+/// one (and alone, with `noSystemRoots`), and a tmpfs below /dev is no
+/// device.
+async fn devices_count_among_a_sandboxs_roots(ctx: Ctx) {
+    let cwd = TempDir::new("sandbox-cwd");
+    let existing = |paths: &[&str]| -> Vec<std::path::PathBuf> {
+        paths
+            .iter()
+            .filter_map(|path| std::fs::canonicalize(path).ok())
+            .collect()
+    };
+    let mut command = Command::new("true");
+    command.current_dir(cwd.path()).sandbox(Sandbox::default());
+    let process = command.spawn(&ctx.executor).await.expect("start");
+    common::read_until_closed(&process).await;
+    let applied = process
+        .info()
+        .await
+        .expect("info")
+        .confinement
+        .sandbox
+        .expect("sandboxed");
+    let writable = existing(&[
+        "/dev/null",
+        "/dev/zero",
+        "/dev/full",
+        "/dev/tty",
+        "/dev/ptmx",
+        "/dev/pts",
+    ]);
+    assert!(writable.len() >= 4, "{writable:?}");
+    for device in &writable {
+        assert!(applied.writable.contains(device), "{device:?}: {applied:?}");
+    }
+    for device in existing(&["/dev/random", "/dev/urandom"]) {
+        assert!(
+            applied.read_only.contains(&device),
+            "{device:?}: {applied:?}"
+        );
+    }
+
+    // Without the system roots, /dev/null given as a writable root is the
+    // only device there is.
+    let system = existing(&["/usr", "/bin", "/lib", "/lib64", "/etc"]);
+    let mut command = sh(
+        "echo x > /dev/null && echo null; if echo x > /dev/zero; then echo zero; fi 2>/dev/null",
+    );
+    command.current_dir(cwd.path()).sandbox(Sandbox {
+        read_only: system,
+        writable: vec!["/dev/null".into()],
+        no_system_roots: true,
+        ..Sandbox::default()
+    });
+    let process = command.spawn(&ctx.executor).await.expect("start");
+    let events = common::read_until_closed(&process).await;
+    assert_eq!(
+        String::from_utf8_lossy(&common::output_bytes(
+            &events,
+            Some(capexec::model::OutputStream::Stdout)
+        )),
+        "null\n"
+    );
+    let applied = process
+        .info()
+        .await
+        .expect("info")
+        .confinement
+        .sandbox
+        .expect("sandboxed");
+    let canonical_cwd = std::fs::canonicalize(cwd.path()).expect("canonical");
+    let mut writable = applied.writable.clone();
+    writable.sort();
+    let mut expected = vec![std::path::PathBuf::from("/dev/null"), canonical_cwd];
+    expected.sort();
+    assert_eq!(writable, expected);
+
+    // /dev/shm is a tmpfs, not a device: it may be writable.
+    let shm = std::path::Path::new("/dev/shm");
+    assert!(shm.is_dir(), "this host has no /dev/shm");
+    let mut command = Command::new("true");
+    command.current_dir(cwd.path()).sandbox(Sandbox {
+        writable: vec![shm.into()],
+        ..Sandbox::default()
+    });
+    let output = command.output(&ctx.executor).await.expect("start");
+    assert_eq!(output.exit.status, ExitStatus::Code(0));
+}
+
 backend_tests!(
     writes_outside_the_writable_roots_fail_and_inside_succeed,
     a_program_outside_the_roots_is_refused_naming_its_directory,
@@ -826,6 +986,8 @@ backend_tests!(
     a_cpu_limit_below_ten_thousandths_is_refused,
     a_policy_with_writable_roots_confines_writes_whatever_the_cwd,
     terminate_after_the_exit_ends_what_the_child_left_and_answers_running,
+    a_writable_root_on_a_kernel_file_system_is_not_allowed,
+    devices_count_among_a_sandboxs_roots,
 );
 
 /// Only TCP servers have a login token.
