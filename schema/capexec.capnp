@@ -1359,11 +1359,14 @@ interface Directory {
   # are checked now and again at `done`. Until `done` answers, nothing is
   # visible: a sink released without `done`, a connection that breaks, a
   # write that fails or, with `sizeKnown`, a total other than `size` leave
-  # the old file (or no file) as it was, and no temporary behind. Memory
-  # stays bounded: writes are acknowledged as the disk takes them. With
-  # `inPlace` the writes go to the target as they come (not atomic), and an
-  # aborted upload leaves what was written. Counts as a transfer until done
-  # or released.
+  # the old file (or no file) as it was, and no temporary behind. That
+  # total fails with `[capexec:invalid-argument]`: more bytes than `size`
+  # fail the write that goes past it (or a later call, `done` at the
+  # latest), fewer fail `done` ("N bytes arrived, SIZE were announced").
+  # Memory stays bounded: writes are acknowledged as the disk takes them.
+  # With `inPlace` the writes go to the target as they come (not atomic),
+  # and an aborted upload leaves what was written. Counts as a transfer
+  # until done or released.
 
   download @6 (path :Data, offset :UInt64, length :UInt64, sink :ByteSink) -> (size :UInt64, stat :FileStat);
   # Pushes bytes `offset` .. `offset + length` of file `path` (`length` 0:
@@ -1398,8 +1401,11 @@ interface Directory {
   # (copy_file_range: no data crosses the connection; reflinks where the
   # file system makes them). Each file is written atomically as by
   # `writeFile`; symlinks are copied as symlinks. Answers the number of
-  # entries copied. `to` is the copy's own name, not a directory to put it
-  # in. Copying a directory into itself fails with
+  # entries copied, the top one included: 1 for a file or a symlink, and
+  # for a tree the directory itself plus every directory, file and symlink
+  # beneath it (an empty directory copies 1). `to` is the copy's own name,
+  # not a directory to put it in. A directory without `recursive` fails
+  # with `[capexec:is-a-directory]`; a directory into itself with
   # `[capexec:invalid-argument]`.
 
   symlink @11 (target :Data, path :Data) -> ();
@@ -1575,7 +1581,9 @@ struct WalkOptions {
   # Glob patterns matched against each entry's relative path (`*` does not
   # cross "/", `**` does, `?`, `[...]`, `{a,b}`): only matching entries are
   # reported (directories are entered all the same). Null or empty: every
-  # entry.
+  # entry. `**` as a whole component matches zero or more directories:
+  # `**/x` matches `x` at the top as well as `a/b/x`, `a/**/x` matches
+  # `a/x`, and `a/**` everything below `a` but not `a` itself.
   exclude @3 :List(Data);
   # Entries matching any of these are neither reported nor entered. At most
   # 256 patterns in all, each at most 4,096 bytes
@@ -1847,12 +1855,14 @@ interface PortSink {
 
   write @0 (bytes :Data) -> stream;
   # The next bytes, at most 1 MiB (more fails with
-  # `[capexec:invalid-argument]`, and the connection is reset). Returns
-  # once the receiver has taken them. Once a write fails, every later call
-  # on the sink fails too. Writes sent without waiting for answers count
-  # against the server's bound on a connection's unanswered calls
-  # (`capexec serve --max-call-memory-per-connection`), past which it
-  # closes the connection.
+  # `[capexec:invalid-argument]`, and the connection is reset). capexec's
+  # own senders (a server writing `fromSocket`, the client library writing
+  # `toSocket`) put at most 256 KiB in one write. Returns once the receiver
+  # has taken them. Once a write fails, every later call on the sink fails
+  # too. Writes sent without waiting for answers count against the
+  # server's bound on a connection's unanswered calls (`capexec serve
+  # --max-call-memory-per-connection`), past which it closes the
+  # connection.
 
   end @1 ();
   # No more bytes in this direction, after every earlier write. On
