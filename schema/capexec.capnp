@@ -142,7 +142,9 @@ interface Executor {
   #                                (see `environment`); nothing was started;
   #   [capexec:not-allowed]        the start breaks a rule of a restricted
   #                                executor (see `restrict`); the
-  #                                description names the rule;
+  #                                description names the rule; or its
+  #                                sandbox has a root no sandbox may have
+  #                                (see `Sandbox`);
   #   [capexec:limit]              a limit of the server would be exceeded:
   #                                argv and environment over 1 MiB, the
   #                                processes held by the server or by this
@@ -396,18 +398,24 @@ struct Policy {
   # Every process started through this executor is sandboxed, within this
   # sandbox (resolved when `restrict` is called: roots must exist and are
   # symlink-resolved). A start without a sandbox of its own gets this one
-  # (with its defaults: the start's working directory is the one made
-  # writable); a start with one gets its own, which must ask for nothing
-  # this one does not allow: a `readOnly` root must be readable here, a
-  # `writable` root writable here, `network = all` needs `all` here, else
-  # the start fails with `[capexec:not-allowed]` naming the root. What a
-  # start gets by default (the system directories, its working directory
-  # as writable) is narrowed to what this sandbox allows, silently. The
-  # sandbox must be enforced unless both this and the start's say
-  # `bestEffort`. Restricting again only narrows: a narrower policy's
-  # sandbox is checked against this one the same way, on `restrict` for
-  # its roots and network and on every start for the rest, and a process
-  # gets one Landlock layer: the narrowest. Null: no sandbox of its own.
+  # (with its defaults, the working directory's access as said below); a
+  # start with one gets its own, which must ask for nothing this one does
+  # not allow: a `readOnly` root must be readable here, a `writable` root
+  # writable here, `network = all` needs `all` here, else the start fails
+  # with `[capexec:not-allowed]` naming the root. What a start gets by
+  # default (the system directories, its working directory as writable)
+  # is narrowed to what this sandbox allows, silently. The start's working
+  # directory, wherever it is, is readable; it is writable only where a
+  # `writable` root of this sandbox contains it, or, if this sandbox lists
+  # no `writable` root and leaves `readOnlyCwd` unset, wherever it is. So
+  # `writable = [X]` alone confines every start's writes to X (and the
+  # default devices), whatever working directory it picks; `cwdRoots`
+  # confines where it may run. The sandbox must be enforced unless both
+  # this and the start's say `bestEffort`. Restricting again only narrows:
+  # a narrower policy's sandbox is checked against this one the same way,
+  # on `restrict` for its roots and network and on every start for the
+  # rest, and a process gets one Landlock layer: the narrowest. Null: no
+  # sandbox of its own.
 
   limits @8 :Limits;
   # The most each start may have: a start's limits are the smaller of its
@@ -717,10 +725,16 @@ interface Process {
   # facet.
 
   terminate @4 () -> (running :Bool);
-  # SIGTERM to the process group, then SIGKILL after a short grace (2 s by
-  # default) to whatever is left of the group. Returns at once; the exit is
-  # observed through events. `running` is false if the process had already
-  # exited (then nothing is sent). Errors: `[capexec:forbidden]` on a facet.
+  # Terminates the process's tree: SIGTERM to the process group (a
+  # terminal's session) and, with cgroup tracking, to everything in its
+  # cgroup; then SIGKILL after a short grace (2 s by default) to whatever
+  # is left of them. Returns at once; the exit is observed through events.
+  # `running` is true if anything of the tree was running (the child, or
+  # after its exit what it left in its cgroup or group, see
+  # `ProcessInfo.treeRunning`): then the termination starts (or goes on,
+  # if one had started), and an exited child's exit status stays as it
+  # was. It is false if nothing of the tree runs; then nothing is sent.
+  # Errors: `[capexec:forbidden]` on a facet.
 
   subscribe @5 (sink :EventSink, afterSeq :UInt64) -> (subscription :Subscription);
   # Delivers every event with seq > afterSeq to `sink`: first the retained
@@ -1087,12 +1101,20 @@ struct Sandbox {
   # A root is a directory (and everything below it) or a file. Landlock
   # rules are unions: a path is readable if it is in or below any readable
   # root, writable if in or below any writable one; there is no way to
-  # exclude a path below a root. Writable roots may not contain a cgroup
-  # file system (a process could leave its cgroup) and no root may contain
-  # a secret file of the server: a login token file (its own, or one it
-  # logs in to an upstream with) or the private key of its TLS certificate
-  # (`--tls-key`, or the one `--tls-self-signed` keeps); such a start is
-  # refused with `[capexec:not-allowed]`, naming the file.
+  # exclude a path below a root. A writable root may neither contain nor
+  # lie on a kernel interface file system (proc, sysfs, a cgroup
+  # hierarchy, devtmpfs /dev...: a process could change the kernel or
+  # leave its cgroup), and no root may contain a secret file of the
+  # server: a login token file (its own, or one it logs in to an upstream
+  # with) or the private key of its TLS certificate (`--tls-key`, or the
+  # one `--tls-self-signed` keeps); either fails the start (or `restrict`)
+  # with `[capexec:not-allowed]`, naming the root. Devices are roots like
+  # any file: the default ones (below) count among the writable and
+  # readable roots and are listed in `Confinement.sandbox`; /dev/null,
+  # /dev/zero, /dev/full, /dev/tty, /dev/ptmx and /dev/pts may also be
+  # given as writable roots (alone with `noSystemRoots`), no other file of
+  # devtmpfs may (a tmpfs mounted below /dev, such as /dev/shm, is no
+  # device: it may).
   #
   # A sandboxed process holds no capability and has `no_new_privs`. On a
   # root server it also stops being root (unless `keepRoot`): uid 0 keeps
@@ -1189,7 +1211,10 @@ struct Limits {
 
   cpuMillis @2 :UInt32;
   # CPU time the tree may use, in thousandths of one CPU per period (500:
-  # half a CPU, 2000: two). At least 10.
+  # half a CPU, 2000: two). At least 10 (the kernel's least quota, 1 ms in
+  # each 100 ms period): 1 to 9 fail the start, or `restrict` for a
+  # policy's limits, with `[capexec:invalid-argument]`, never run at 10
+  # while saying less. `Confinement.limits.cpuMillis` is the value asked.
 
   bestEffort @3 :Bool;
   # Start even if the server cannot enforce them, and say so in
@@ -1264,16 +1289,19 @@ interface Admin {
   # hold.
 
   terminate @2 (pid :UInt32) -> (wasRunning :Bool);
-  # Terminates the process's group (SIGTERM, then SIGKILL after the usual
-  # grace), as `Process.terminate` does; its owner sees it exit. Errors:
+  # Terminates the process's tree (SIGTERM, then SIGKILL after the usual
+  # grace) as `Process.terminate` does, answering as it does (`wasRunning`
+  # is its `running`); its owner sees it exit. Errors:
   # `[capexec:invalid-argument]` for a pid the server does not hold.
 }
 
 struct ProcessRecord {
   pid @0 :UInt32;
   argv @1 :List(Data);
-  # As started (`StartParams.argv`), cut to the first 4 KiB in all: the
-  # last kept argument then ends with "...".
+  # As started (`StartParams.argv`), whole if its arguments' bytes total at
+  # most 4,096; else cut to exactly 4,096 bytes in all, the "..." that
+  # ends the last kept argument included (the arguments that fit in 4,093
+  # bytes, then the start of the next one and "...").
 
   environment @2 :Text;
   # The environment of the server it runs in ("local": this server's own).
@@ -1418,11 +1446,14 @@ interface Directory {
   # are checked now and again at `done`. Until `done` answers, nothing is
   # visible: a sink released without `done`, a connection that breaks, a
   # write that fails or, with `sizeKnown`, a total other than `size` leave
-  # the old file (or no file) as it was, and no temporary behind. Memory
-  # stays bounded: writes are acknowledged as the disk takes them. With
-  # `inPlace` the writes go to the target as they come (not atomic), and an
-  # aborted upload leaves what was written. Counts as a transfer until done
-  # or released.
+  # the old file (or no file) as it was, and no temporary behind. That
+  # total fails with `[capexec:invalid-argument]`: more bytes than `size`
+  # fail the write that goes past it (or a later call, `done` at the
+  # latest), fewer fail `done` ("N bytes arrived, SIZE were announced").
+  # Memory stays bounded: writes are acknowledged as the disk takes them.
+  # With `inPlace` the writes go to the target as they come (not atomic),
+  # and an aborted upload leaves what was written. Counts as a transfer
+  # until done or released.
 
   download @6 (path :Data, offset :UInt64, length :UInt64, sink :ByteSink) -> (size :UInt64, stat :FileStat);
   # Pushes bytes `offset` .. `offset + length` of file `path` (`length` 0:
@@ -1457,8 +1488,11 @@ interface Directory {
   # (copy_file_range: no data crosses the connection; reflinks where the
   # file system makes them). Each file is written atomically as by
   # `writeFile`; symlinks are copied as symlinks. Answers the number of
-  # entries copied. `to` is the copy's own name, not a directory to put it
-  # in. Copying a directory into itself fails with
+  # entries copied, the top one included: 1 for a file or a symlink, and
+  # for a tree the directory itself plus every directory, file and symlink
+  # beneath it (an empty directory copies 1). `to` is the copy's own name,
+  # not a directory to put it in. A directory without `recursive` fails
+  # with `[capexec:is-a-directory]`; a directory into itself with
   # `[capexec:invalid-argument]`.
 
   symlink @11 (target :Data, path :Data) -> ();
@@ -1640,7 +1674,9 @@ struct WalkOptions {
   # Glob patterns matched against each entry's relative path (`*` does not
   # cross "/", `**` does, `?`, `[...]`, `{a,b}`): only matching entries are
   # reported (directories are entered all the same). Null or empty: every
-  # entry.
+  # entry. `**` as a whole component matches zero or more directories:
+  # `**/x` matches `x` at the top as well as `a/b/x`, `a/**/x` matches
+  # `a/x`, and `a/**` everything below `a` but not `a` itself.
   exclude @3 :List(Data);
   # Entries matching any of these are neither reported nor entered. At most
   # 256 patterns in all, each at most 4,096 bytes
@@ -1783,7 +1819,8 @@ interface Watch {
 # do; `Process.dial` and `Process.listen` do the same for as long as a
 # process's capability is held. Addresses are text:
 #   tcp:HOST:PORT  HOST is a name (resolved on that machine), an IPv4
-#                  address, or an IPv6 address in brackets ("[::1]");
+#                  address, or an IPv6 address in brackets ("[::1]"; an
+#                  unbracketed one, "tcp:::1:80", is refused);
 #                  PORT is 1 to 65535, or 0 for `listen` (the kernel
 #                  chooses a free port);
 #   unix:PATH      an absolute path to a Unix stream socket (abstract
@@ -1915,12 +1952,14 @@ interface PortSink {
 
   write @0 (bytes :Data) -> stream;
   # The next bytes, at most 1 MiB (more fails with
-  # `[capexec:invalid-argument]`, and the connection is reset). Returns
-  # once the receiver has taken them. Once a write fails, every later call
-  # on the sink fails too. Writes sent without waiting for answers count
-  # against the server's bound on a connection's unanswered calls
-  # (`capexec serve --max-call-memory-per-connection`), past which it
-  # closes the connection.
+  # `[capexec:invalid-argument]`, and the connection is reset). capexec's
+  # own senders (a server writing `fromSocket`, the client library writing
+  # `toSocket`) put at most 256 KiB in one write. Returns once the receiver
+  # has taken them. Once a write fails, every later call on the sink fails
+  # too. Writes sent without waiting for answers count against the
+  # server's bound on a connection's unanswered calls (`capexec serve
+  # --max-call-memory-per-connection`), past which it closes the
+  # connection.
 
   end @1 ();
   # No more bytes in this direction, after every earlier write. On
@@ -1973,7 +2012,8 @@ struct PortPolicy {
   # Which addresses a restricted executor may dial and listen on. Each
   # list holds patterns; an address is allowed if a pattern matches it:
   #   tcp:HOSTS:PORTS  HOSTS is "*" (any), an IP address ("127.0.0.1",
-  #                    "[::1]"), a block ("10.0.0.0/8", "[fd00::/8]") or
+  #                    "[::1]"), a block ("10.0.0.0/8", "[fd00::/8]";
+  #                    IPv6 only in brackets) or
   #                    "localhost" (127.0.0.0/8 and ::1); host names are
   #                    refused, since what they resolve to can change: a
   #                    dial's host is resolved first and only the addresses

@@ -116,3 +116,35 @@ fn what_cannot_be_enforced_is_refused_or_said() {
         );
     });
 }
+
+/// Tracked by its process group: `terminate` after the child exited,
+/// while what it left in its group runs, answers `running` true and ends
+/// it, as with a cgroup; `treeRunning` says the same; once nothing runs
+/// it answers false.
+#[test]
+fn terminate_after_the_exit_ends_what_the_child_left_in_its_group() {
+    hide_features();
+    common::run_local(async {
+        let executor = capexec::rpc::local_executor(Engine::default());
+        let process = common::sh("sleep 300 </dev/null >/dev/null 2>&1 & echo $!")
+            .spawn(&executor)
+            .await
+            .expect("start");
+        let events = common::read_until_closed(&process).await;
+        let text = String::from_utf8_lossy(&common::output_bytes(&events, None)).into_owned();
+        let pid: u32 = text.trim().parse().expect("pid");
+        let alive = || common::procfs::state(pid).is_some_and(|state| state != 'Z');
+        let info = process.info().await.expect("info");
+        assert_eq!(info.confinement.tracking, Tracking::ProcessGroup);
+        assert!(info.exit.is_some());
+        assert!(info.tree_running, "the background sleep is in its group");
+        assert!(alive());
+        assert!(process.terminate().await.expect("terminate"), "running");
+        common::procfs::wait_until(|| !alive()).await;
+        assert!(!process.info().await.expect("info").tree_running);
+        assert!(
+            !process.terminate().await.expect("terminate"),
+            "nothing runs"
+        );
+    });
+}

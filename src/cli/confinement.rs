@@ -22,7 +22,8 @@ pub struct ConfinementArgs {
     #[arg(long = "read-only", value_name = "DIR")]
     pub read_only: Vec<PathBuf>,
     /// Also writable: DIR or file and below (repeatable; implies
-    /// --sandbox).
+    /// --sandbox). For `serve`, where every start may write: a start's
+    /// working directory outside them is only readable.
     #[arg(long = "writable", value_name = "DIR")]
     pub writable: Vec<PathBuf>,
     /// The network of the sandbox: none (Unix sockets only) or all
@@ -46,7 +47,7 @@ pub struct ConfinementArgs {
     #[arg(long = "max-pids", value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_pids: Option<u32>,
-    /// CPUs the tree may use (fractions allowed: 0.5).
+    /// CPUs the tree may use (fractions allowed: 0.5; at least 0.01).
     #[arg(long, value_name = "N", value_parser = parse_cpus)]
     pub cpus: Option<u32>,
 }

@@ -69,6 +69,10 @@ pub fn resolve(text: &str) -> Result<Named, String> {
     if let Some((host, port)) = text.rsplit_once(':') {
         return match (format!("tcp:{text}")).parse::<Address>() {
             Ok(address) if !host.is_empty() => Ok(at(address)),
+            // A port, but a host the parser refused (an unbracketed IPv6).
+            Err(error) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+                Err(format!("--connect {error}"))
+            }
             _ => Err(format!(
                 "--connect {text:?}: {port:?} is not a port number; write tcp:HOST:PORT, \
                  unix:PATH or the name of a server in the configuration file"
@@ -136,5 +140,10 @@ mod tests {
         assert_eq!(address("./x.sock"), Ok(Some("unix:./x.sock".into())));
         let error = resolve("host:http").expect_err("not a port");
         assert!(error.contains("write tcp:HOST:PORT"), "{error}");
+        let error = resolve("::1:7000").expect_err("unbracketed IPv6");
+        assert!(
+            error.contains("an IPv6 address goes in brackets"),
+            "{error}"
+        );
     }
 }

@@ -421,10 +421,11 @@ impl Process {
             .map_err(|error| ResizeError::Failed(error.to_string()))
     }
 
-    /// Starts termination; false if the process had already exited (and,
-    /// tracked by a cgroup, left nothing running in it).
+    /// Starts termination of the tree; false if nothing of it runs: the
+    /// child has exited and left nothing running in its cgroup (tracked by
+    /// one) or its process group (a terminal: its session).
     pub fn terminate(&self) -> bool {
-        if self.shared.has_exited() && !self.shared.cgroup_populated() {
+        if !self.shared.tree_running() {
             return false;
         }
         self.shared.start_termination();
@@ -452,6 +453,13 @@ impl Process {
     }
 
     pub fn snapshot(&self) -> ProcessSnapshot {
+        let mut snapshot = self.snapshot_of_state();
+        // Outside the state lock: without a cgroup it is a /proc scan.
+        snapshot.tree_running = self.shared.tree_running();
+        snapshot
+    }
+
+    fn snapshot_of_state(&self) -> ProcessSnapshot {
         let state = self.shared.lock();
         ProcessSnapshot {
             pid: self.shared.pid() as u32,
@@ -469,7 +477,7 @@ impl Process {
             uptime: self.shared.uptime(&state.life),
             timed_out: state.life.timed_out(),
             confinement: self.shared.confinement.clone(),
-            tree_running: self.shared.tree_running(&state.life),
+            tree_running: false,
         }
     }
 

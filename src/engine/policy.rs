@@ -239,6 +239,10 @@ impl Rules {
                 ));
             }
         }
+        policy
+            .limits
+            .validate()
+            .map_err(|why| invalid(&names.setup("limits"), why))?;
         let mut rules = self.clone();
         rules.depth += 1;
         rules.ports = self

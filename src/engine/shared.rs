@@ -391,21 +391,11 @@ impl Shared {
         killed && leaf.memory_limit_kills() > 0
     }
 
-    /// Whether the tree's cgroup (if it has one) holds processes.
-    pub(crate) fn cgroup_populated(&self) -> bool {
-        self.leader
-            .tree()
-            .leaf()
-            .is_some_and(|leaf| leaf.populated())
-    }
-
-    /// Whether processes of the tree are running: the child, or (with a
-    /// cgroup) anything in its cgroup.
-    pub(crate) fn tree_running(&self, life: &Life) -> bool {
-        match self.leader.tree().leaf() {
-            Some(leaf) => leaf.populated(),
-            None => !life.child_exited(),
-        }
+    /// Whether processes of the tree are running: the child, or after its
+    /// exit what it left in its cgroup, or without one in what its
+    /// termination reaches (see [`Self::tree_outlives_child`]).
+    pub(crate) fn tree_running(&self) -> bool {
+        !self.has_exited() || self.tree_outlives_child()
     }
 
     /// Logs `closed`: every output stream has ended after the exit.

@@ -47,10 +47,17 @@ impl FromStr for Address {
             let port = port
                 .parse::<u16>()
                 .map_err(|_| format!("{text:?}: {port:?} is not a port number"))?;
-            let host = host
-                .strip_prefix('[')
-                .and_then(|h| h.strip_suffix(']'))
-                .unwrap_or(host);
+            let host = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+                Some(inside) => inside,
+                // Unbracketed, "::1:80" could be ::1 port 80 or ::1:80
+                // with no port: which one is never guessed.
+                None if host.contains(':') => {
+                    return Err(format!(
+                        "{text:?}: an IPv6 address goes in brackets (tcp:[::1]:80)"
+                    ));
+                }
+                None => host,
+            };
             if host.is_empty() {
                 return Err(format!("{text:?}: expected tcp:HOST:PORT"));
             }
@@ -103,6 +110,9 @@ mod tests {
             "tcp::80",
             "tcp:host:http",
             "tcp:host:70000",
+            "tcp:::1:80",
+            "tcp:[::1:80",
+            "tcp:fe80::1:22",
             "/tmp/sock",
         ] {
             assert!(bad.parse::<Address>().is_err(), "{bad}");

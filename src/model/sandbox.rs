@@ -78,14 +78,32 @@ pub struct Limits {
     /// Processes (and threads) the tree may have at once.
     pub max_pids: Option<u32>,
     /// CPU time the tree may use, in thousandths of one CPU (500: half a
-    /// CPU, 2000: two CPUs).
+    /// CPU, 2000: two CPUs); at least [`MIN_CPU_MILLIS`].
     pub cpu_millis: Option<u32>,
     /// Start even if the kernel cannot enforce them, and say so; otherwise
     /// such a start is refused.
     pub best_effort: bool,
 }
 
+/// The smallest CPU limit, in thousandths of a CPU: the kernel's least
+/// quota is 1 ms per period, and capexec's period is 100 ms.
+pub const MIN_CPU_MILLIS: u32 = 10;
+
 impl Limits {
+    /// Refuses what no cgroup can enforce as asked (a smaller CPU limit
+    /// would run at [`MIN_CPU_MILLIS`] while saying it runs at less).
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(millis) = self.cpu_millis
+            && millis < MIN_CPU_MILLIS
+        {
+            return Err(format!(
+                "cpuMillis {millis} is below the least CPU limit, {MIN_CPU_MILLIS} \
+                 (a hundredth of one CPU)"
+            ));
+        }
+        Ok(())
+    }
+
     pub fn is_empty(&self) -> bool {
         self.memory_bytes.is_none() && self.max_pids.is_none() && self.cpu_millis.is_none()
     }

@@ -133,6 +133,9 @@ impl StartSpec {
                 term.to_string_lossy()
             ));
         }
+        if let Err(why) = self.limits.validate() {
+            return invalid(format!("limits: {why}"));
+        }
         if self.tty && (self.pty_size.rows == 0 || self.pty_size.cols == 0) {
             return invalid(format!(
                 "pty size {}x{} is empty; rows and cols must be at least 1",

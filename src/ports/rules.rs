@@ -490,10 +490,19 @@ fn parse_hosts(text: &str) -> Result<Option<Vec<Block>>, String> {
             },
         ]));
     }
-    let inner = text
+    let inner = match text
         .strip_prefix('[')
         .and_then(|text| text.strip_suffix(']'))
-        .unwrap_or(text);
+    {
+        Some(inside) => inside,
+        // As in an address: "::1:80" would be read two ways.
+        None if text.contains(':') => {
+            return Err(
+                "an IPv6 address or block goes in brackets (\"[::1]\", \"[fd00::/8]\")".into(),
+            );
+        }
+        None => text,
+    };
     let (address, bits) = match inner.split_once('/') {
         Some((address, bits)) => (address, Some(bits)),
         None => (inner, None),
@@ -732,6 +741,8 @@ mod tests {
             "tcp:127.0.0.1:0",
             "tcp:127.0.0.1:9-1",
             "tcp:10.0.0.0/33:1",
+            "tcp:::1:80",
+            "tcp:fd00::/8:*",
             "unix:relative",
             "udp:1.2.3.4:5",
         ] {

@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStringExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 /// One line of `/proc/self/mountinfo`.
@@ -61,12 +61,46 @@ pub(crate) fn parse(text: &[u8]) -> Vec<Mount> {
         .collect()
 }
 
-/// Where the kernel's interface file systems are mounted. Read once and
+/// Where the kernel's interface file systems are mounted, and every other
+/// mount point (a tmpfs on /dev/shm is not devtmpfs, though below /dev).
+#[derive(Debug, Default)]
+pub(crate) struct KernelMounts {
+    pub points: Vec<PathBuf>,
+    pub others: Vec<PathBuf>,
+}
+
+impl KernelMounts {
+    /// The kernel file system that `path` (canonical) would expose as a
+    /// root: one mounted at or below it, or the one it lies on (the
+    /// nearest mount above it).
+    pub(crate) fn exposed_by(&self, path: &Path) -> Option<&Path> {
+        if let Some(below) = self.points.iter().find(|point| point.starts_with(path)) {
+            return Some(below.as_path());
+        }
+        let kernel = nearest(&self.points, path)?;
+        match nearest(&self.others, path) {
+            Some(other) if other.as_os_str().len() > kernel.as_os_str().len() => None,
+            _ => Some(kernel),
+        }
+    }
+}
+
+/// The mount point of `points` nearest above `path` (or at it): of its
+/// ancestors, the longest.
+fn nearest<'a>(points: &'a [PathBuf], path: &Path) -> Option<&'a Path> {
+    points
+        .iter()
+        .filter(|point| path.starts_with(point))
+        .max_by_key(|point| point.as_os_str().len())
+        .map(PathBuf::as_path)
+}
+
+/// The mount points, kernel interfaces apart. Read once and
 /// again only after the mount table changed: the kernel wakes pollers of
 /// an open mountinfo (POLLPRI) on every change in the mount namespace, so
 /// a start asks with one poll(2) instead of reading and parsing it.
-pub(crate) fn kernel_mount_points() -> Arc<Vec<PathBuf>> {
-    static KNOWN: Mutex<Option<(File, Arc<Vec<PathBuf>>)>> = Mutex::new(None);
+pub(crate) fn kernel_mount_points() -> Arc<KernelMounts> {
+    static KNOWN: Mutex<Option<(File, Arc<KernelMounts>)>> = Mutex::new(None);
     let mut known = KNOWN.lock().unwrap_or_else(|p| p.into_inner());
     if let Some((watch, points)) = known.as_ref()
         && !changed(watch)
@@ -80,13 +114,15 @@ pub(crate) fn kernel_mount_points() -> Arc<Vec<PathBuf>> {
         file.read_to_end(&mut text)?;
         Ok(file)
     });
-    let points: Arc<Vec<PathBuf>> = Arc::new(
-        parse(&text)
-            .into_iter()
-            .filter(|mount| KERNEL_FILE_SYSTEMS.contains(&mount.fstype.as_str()))
-            .map(|mount| mount.point)
-            .collect(),
-    );
+    let mut mounts = KernelMounts::default();
+    for mount in parse(&text) {
+        if KERNEL_FILE_SYSTEMS.contains(&mount.fstype.as_str()) {
+            mounts.points.push(mount.point);
+        } else {
+            mounts.others.push(mount.point);
+        }
+    }
+    let points = Arc::new(mounts);
     *known = watch.ok().map(|watch| (watch, Arc::clone(&points)));
     points
 }
@@ -146,7 +182,10 @@ mod tests {
     fn kernel_mount_points_are_read_again_after_the_mount_table_changes() {
         let before = kernel_mount_points();
         assert!(
-            before.iter().any(|point| point.as_os_str() == "/proc"),
+            before
+                .points
+                .iter()
+                .any(|point| point.as_os_str() == "/proc"),
             "{before:?}"
         );
         assert!(Arc::ptr_eq(&before, &kernel_mount_points()), "kept");
@@ -166,10 +205,13 @@ mod tests {
         };
         assert_eq!(mounted, 0, "mount: {}", std::io::Error::last_os_error());
         let guard = Mounted(c_point);
-        assert!(kernel_mount_points().contains(&point), "seen once mounted");
+        assert!(
+            kernel_mount_points().points.contains(&point),
+            "seen once mounted"
+        );
         drop(guard);
         assert!(
-            !kernel_mount_points().contains(&point),
+            !kernel_mount_points().points.contains(&point),
             "gone once unmounted"
         );
     }

@@ -12,6 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use super::mounts::KernelMounts;
 use super::{Protected, Secret};
 use crate::model::{Network, Refusal, RefusalKind, Sandbox, excerpt, io_message};
 
@@ -199,7 +200,10 @@ impl PolicySandbox {
         let mut resolved = PolicySandbox {
             asked: sandbox.clone(),
             roots: resolve_without_cwd(sandbox, rule)?,
-            cwd: if sandbox.read_only_cwd {
+            // Writable roots say where writes may go: a start's working
+            // directory outside them is only read, as with `readOnlyCwd`
+            // (else any start could write wherever it chose to run).
+            cwd: if sandbox.read_only_cwd || !sandbox.writable.is_empty() {
                 Access::Read
             } else {
                 Access::Write
@@ -417,13 +421,13 @@ pub(crate) fn narrowed(
 }
 
 /// Refuses roots that would make the sandbox meaningless: a writable root
-/// that contains (or is inside) a kernel interface file system (proc,
-/// sysfs, cgroups, devices...), other than the default devices; any root
+/// that contains a kernel interface file system (proc, sysfs, cgroups,
+/// devices...) or lies on one, other than the default devices; any root
 /// that contains one of `protected` (login tokens, TLS private keys).
 pub(crate) fn check(
     roots: &[Root],
     protected: &[Protected],
-    kernel_mounts: &[PathBuf],
+    kernel_mounts: &KernelMounts,
     rule: &str,
 ) -> Result<(), Refusal> {
     for root in roots {
@@ -448,21 +452,19 @@ pub(crate) fn check(
                 ),
             ));
         }
-        if root.access == Access::Write && !is_default_device(&root.path) {
-            let kernel = kernel_mounts
-                .iter()
-                .find(|mount| mount.starts_with(&root.path) || root.path.starts_with(mount));
-            if let Some(mount) = kernel {
-                return Err(Refusal::new(
-                    RefusalKind::NotAllowed,
-                    format!(
-                        "{rule}: the writable root {} would make the kernel's own files at {} \
-                         writable (a process could change the kernel or leave its cgroup)",
-                        shown(&root.path),
-                        shown(mount)
-                    ),
-                ));
-            }
+        if root.access == Access::Write
+            && !is_default_device(&root.path)
+            && let Some(mount) = kernel_mounts.exposed_by(&root.path)
+        {
+            return Err(Refusal::new(
+                RefusalKind::NotAllowed,
+                format!(
+                    "{rule}: the writable root {} would make the kernel's own files at {} \
+                     writable (a process could change the kernel or leave its cgroup)",
+                    shown(&root.path),
+                    shown(mount)
+                ),
+            ));
         }
     }
     Ok(())
@@ -611,7 +613,14 @@ mod tests {
                 secret: Secret::TlsKey,
             },
         ];
-        let kernel = [PathBuf::from("/proc"), PathBuf::from("/sys/fs/cgroup")];
+        let kernel = KernelMounts {
+            points: vec![
+                PathBuf::from("/proc"),
+                PathBuf::from("/sys/fs/cgroup"),
+                PathBuf::from("/dev"),
+            ],
+            others: vec![PathBuf::from("/"), PathBuf::from("/dev/shm")],
+        };
         let check_one = |root: Root| check(&[root], &protected, &kernel, "sandbox");
         let refused = |root: Root| check_one(root).expect_err("refused").to_string();
         assert!(refused(root("/home/u", Access::Read, Origin::Asked)).contains("login token"));
@@ -625,6 +634,11 @@ mod tests {
         assert!(check_one(root("/sys", Access::Write, Origin::Asked)).is_err());
         assert!(check_one(root("/proc/sys", Access::Write, Origin::Asked)).is_err());
         assert!(check_one(root("/proc", Access::Read, Origin::Default)).is_ok());
+        // Devices: the default ones only; a tmpfs below /dev is no device.
+        assert!(check_one(root("/dev/null", Access::Write, Origin::Asked)).is_ok());
+        assert!(check_one(root("/dev/sda", Access::Write, Origin::Asked)).is_err());
+        assert!(check_one(root("/dev", Access::Write, Origin::Asked)).is_err());
+        assert!(check_one(root("/dev/shm/x", Access::Write, Origin::Asked)).is_ok());
     }
 
     #[test]

@@ -1306,6 +1306,135 @@ async fn a_download_to_a_sink_that_never_reads_holds_back_only_itself(ctx: Ctx) 
     assert_eq!(sha(&copy), sha(&data));
 }
 
+/// `copy` answers how many entries it copied, the top one included.
+async fn a_copy_counts_every_entry_it_copied_the_top_one_included(ctx: Ctx) {
+    let temp = TempDir::new("files-copy-count");
+    let dir = open(&ctx, &temp);
+    let recursive = CopyOptions {
+        recursive: true,
+        ..CopyOptions::default()
+    };
+    dir.create_dir("empty").await.expect("mkdir");
+    assert_eq!(
+        dir.copy("empty", "empty2", &recursive).await.expect("copy"),
+        1
+    );
+    dir.write("file", b"x").await.expect("write");
+    assert_eq!(
+        dir.copy("file", "file2", &CopyOptions::default())
+            .await
+            .expect("copy"),
+        1
+    );
+    dir.symlink("file", "link").await.expect("symlink");
+    assert_eq!(
+        dir.copy("link", "link2", &CopyOptions::default())
+            .await
+            .expect("copy"),
+        1
+    );
+    // tree, tree/f, tree/s, tree/d, tree/d/g.
+    dir.create_dir_all("tree/d").await.expect("mkdir");
+    dir.write("tree/f", b"f").await.expect("write");
+    dir.write("tree/d/g", b"g").await.expect("write");
+    dir.symlink("f", "tree/s").await.expect("symlink");
+    assert_eq!(
+        dir.copy("tree", "tree2", &recursive).await.expect("copy"),
+        5
+    );
+    assert_eq!(dir.read("tree2/d/g").await.expect("read"), b"g");
+}
+
+/// Copying a directory without `recursive` is `is-a-directory`, and
+/// leaves nothing behind.
+async fn copying_a_directory_without_recursive_is_a_directory(ctx: Ctx) {
+    let temp = TempDir::new("files-copy-dir");
+    let dir = open(&ctx, &temp);
+    dir.create_dir_all("tree/d").await.expect("mkdir");
+    let (kind, message) = refused(dir.copy("tree", "copy", &CopyOptions::default()).await);
+    assert_eq!(kind, RefusalKind::IsADirectory, "{message}");
+    assert!(
+        message.contains("is a directory (copy it with `recursive`)"),
+        "{message}"
+    );
+    assert!(!dir.exists("copy").await.expect("exists"));
+}
+
+/// An upload whose total is not the size it announced is
+/// `invalid-argument` and leaves the old file: fewer bytes fail `done`,
+/// more fail by `done` at the latest.
+async fn an_upload_whose_total_is_not_its_announced_size_is_invalid(ctx: Ctx) {
+    let temp = TempDir::new("files-announced");
+    let dir = open(&ctx, &temp);
+    dir.write("f", b"old").await.expect("write");
+    let sink = begin_upload(&dir, "f", Some(10), b"12345").await;
+    let error = call_error(sink.done_request().send().promise.await);
+    assert_eq!(
+        error.refusal_kind(),
+        Some(RefusalKind::InvalidArgument),
+        "{error}"
+    );
+    assert!(
+        error.to_string().contains(
+            "upload \"f\": 5 bytes arrived, 10 were announced; the file was left as it was"
+        ),
+        "{error}"
+    );
+    let sink = begin_upload(&dir, "f", Some(3), b"123456").await;
+    let error = call_error(sink.done_request().send().promise.await);
+    assert_eq!(
+        error.refusal_kind(),
+        Some(RefusalKind::InvalidArgument),
+        "{error}"
+    );
+    assert!(
+        error
+            .to_string()
+            .contains("more than the 3 bytes announced; the file was left as it was"),
+        "{error}"
+    );
+    assert_eq!(dir.read("f").await.expect("read"), b"old");
+    assert_eq!(names(temp.path()), ["f"]);
+}
+
+/// `**` as a whole component of a walk's pattern matches zero or more
+/// directories: `**/x` matches `x` at the top, `a/**/x` matches `a/x`;
+/// `a/**` matches what is below `a`, not `a`.
+async fn a_double_star_matches_zero_or_more_directories(ctx: Ctx) {
+    let temp = TempDir::new("files-double-star");
+    for path in ["x", "a/x", "a/b/x", "a/y"] {
+        let path = temp.path().join(path);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, b"").expect("write");
+    }
+    let dir = open(&ctx, &temp);
+    let walked = |include: &[&str], exclude: &[&str]| {
+        let dir = dir.clone();
+        let options = WalkOptions {
+            include: include.iter().map(|p| p.as_bytes().to_vec()).collect(),
+            exclude: exclude.iter().map(|p| p.as_bytes().to_vec()).collect(),
+            ..WalkOptions::default()
+        };
+        async move {
+            let mut paths: Vec<String> = dir
+                .walk("", &options)
+                .await
+                .collect_all()
+                .await
+                .expect("walk")
+                .into_iter()
+                .map(|entry| String::from_utf8(entry.path).expect("utf-8"))
+                .collect();
+            paths.sort();
+            paths
+        }
+    };
+    assert_eq!(walked(&["**/x"], &[]).await, ["a/b/x", "a/x", "x"]);
+    assert_eq!(walked(&["a/**/x"], &[]).await, ["a/b/x", "a/x"]);
+    assert_eq!(walked(&["a/**"], &[]).await, ["a/b", "a/b/x", "a/x", "a/y"]);
+    assert_eq!(walked(&[], &["**/x"]).await, ["a", "a/b", "a/y"]);
+}
+
 backend_tests!(
     a_download_to_a_sink_that_never_reads_holds_back_only_itself,
     binary_files_round_trip_byte_exact_small_and_large,
@@ -1327,6 +1456,10 @@ backend_tests!(
     a_batch_of_writes_has_an_outcome_per_file,
     a_batch_of_reads_has_an_outcome_per_file,
     a_restricted_executor_hands_out_directories_only_in_its_roots,
+    a_copy_counts_every_entry_it_copied_the_top_one_included,
+    copying_a_directory_without_recursive_is_a_directory,
+    an_upload_whose_total_is_not_its_announced_size_is_invalid,
+    a_double_star_matches_zero_or_more_directories,
 );
 
 mod network {

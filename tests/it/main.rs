@@ -10,6 +10,7 @@
 mod common;
 
 mod abuse;
+mod admin;
 mod bad_requests;
 mod call_order;
 mod chain;

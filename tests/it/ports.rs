@@ -6,6 +6,8 @@
 
 use crate::common;
 
+use std::cell::RefCell;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -640,6 +642,122 @@ async fn a_connection_holds_at_most_its_maximum_of_port_connections(ctx: Ctx) {
     peer.abort();
 }
 
+/// An IPv6 address goes in brackets: "tcp:::1:80" could be ::1 port 80
+/// or ::1:80 with no port, and is refused rather than guessed, by `dial`,
+/// by `listen` and in a policy's patterns.
+async fn an_unbracketed_ipv6_address_is_refused(ctx: Ctx) {
+    for bad in ["tcp:::1:80", "tcp:fe80::1:22", "tcp:[::1:80"] {
+        let (kind, message) = refusal(client::dial(&ctx.executor, bad).await).await;
+        assert_eq!(kind, RefusalKind::InvalidArgument, "{bad}: {message}");
+        assert!(
+            message.contains(&format!(
+                "{bad:?}: an IPv6 address goes in brackets (tcp:[::1]:80)"
+            )),
+            "{bad}: {message}"
+        );
+    }
+    let (kind, message) = refusal(client::listen(&ctx.executor, "tcp:::1:0").await).await;
+    assert_eq!(kind, RefusalKind::InvalidArgument, "{message}");
+    let restricted = restricted(
+        &ctx,
+        Some(PortPolicy {
+            dial: Some(vec!["tcp:::1:80".into()]),
+            listen: None,
+        }),
+        false,
+    );
+    let (kind, message) = refusal(client::info(&restricted).await).await;
+    assert_eq!(kind, RefusalKind::InvalidArgument, "{message}");
+    assert!(
+        message.contains("an IPv6 address or block goes in brackets"),
+        "{message}"
+    );
+}
+
+/// A `fromSocket` that notes the size of every write and answers none
+/// until it is opened.
+struct Gated {
+    sizes: Rc<RefCell<Vec<usize>>>,
+    open: tokio::sync::watch::Receiver<bool>,
+    ended: Rc<tokio::sync::Notify>,
+}
+
+impl capexec::capexec_capnp::port_sink::Server for Gated {
+    async fn write(
+        self: Rc<Self>,
+        params: capexec::capexec_capnp::port_sink::WriteParams,
+    ) -> Result<(), capnp::Error> {
+        let length = params.get()?.get_bytes()?.len();
+        self.sizes.borrow_mut().push(length);
+        let mut open = self.open.clone();
+        let _ = open.wait_for(|open| *open).await;
+        Ok(())
+    }
+
+    async fn end(
+        self: Rc<Self>,
+        _: capexec::capexec_capnp::port_sink::EndParams,
+        _: capexec::capexec_capnp::port_sink::EndResults,
+    ) -> Result<(), capnp::Error> {
+        self.ended.notify_one();
+        Ok(())
+    }
+}
+
+/// The server writes what a socket sends in writes of at most 256 KiB,
+/// and of exactly that while more is waiting: a peer queues 3 MiB in its
+/// socket while the client answers nothing, then the client answers.
+async fn the_server_writes_a_socket_s_bytes_256_kib_at_most_at_a_time(ctx: Ctx) {
+    use std::os::fd::AsRawFd;
+    const TOTAL: usize = 3 << 20;
+    let dir = TempDir::new("port-write-size");
+    let path = dir.path().join("peer.sock");
+    let listener = tokio::net::UnixListener::bind(&path).expect("bind");
+    let sizes = Rc::new(RefCell::new(Vec::new()));
+    let (opener, open) = tokio::sync::watch::channel(false);
+    let ended = Rc::new(tokio::sync::Notify::new());
+    let mut request = ctx.executor.dial_request();
+    request
+        .get()
+        .set_address(format!("unix:{}", path.display()));
+    request.get().set_from_socket(capnp_rpc::new_client(Gated {
+        sizes: Rc::clone(&sizes),
+        open,
+        ended: Rc::clone(&ended),
+    }));
+    let response = request.send().promise.await.expect("dial");
+    let (mut far, _) = listener.accept().await.expect("accept");
+    // Room in the peer's socket for all of it while nothing is read (as
+    // root, past the system's maximum).
+    let size: libc::c_int = 16 << 20;
+    // SAFETY: setsockopt on a socket we own, with an int option value.
+    let set = unsafe {
+        libc::setsockopt(
+            far.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUFFORCE,
+            (&size as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(
+        set,
+        0,
+        "SO_SNDBUFFORCE: {}",
+        std::io::Error::last_os_error()
+    );
+    far.write_all(&Pattern::bytes(3, TOTAL))
+        .await
+        .expect("the peer queues it all");
+    far.shutdown().await.expect("shutdown");
+    opener.send(true).expect("open");
+    ended.notified().await;
+    let sizes = sizes.borrow().clone();
+    assert_eq!(sizes.iter().sum::<usize>(), TOTAL, "{sizes:?}");
+    assert_eq!(sizes.iter().max(), Some(&(256 * 1024)), "{sizes:?}");
+    drop(response);
+}
+
 backend_tests!(
     bulk_transfer_both_ways_at_once_is_byte_exact,
     small_writes_arrive_whole_in_order_and_without_a_flush,
@@ -652,6 +770,8 @@ backend_tests!(
     restricted_executors_allow_only_the_addresses_of_their_rule,
     a_connection_holds_at_most_its_maximum_of_listeners,
     a_connection_holds_at_most_its_maximum_of_port_connections,
+    an_unbracketed_ipv6_address_is_refused,
+    the_server_writes_a_socket_s_bytes_256_kib_at_most_at_a_time,
 );
 
 /// The same bodies with the client's dials asking for direct channels:

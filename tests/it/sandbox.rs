@@ -967,6 +967,322 @@ async fn a_program_outside_the_roots_is_refused_naming_its_directory(ctx: Ctx) {
     assert_eq!(String::from_utf8_lossy(&output.stdout), "hello\n");
 }
 
+/// `Limits.cpuMillis` below 10 cannot be enforced as asked (the kernel's
+/// least quota is 1 ms in each 100 ms period): refused, by a start and by
+/// a policy; 10 is in force as asked.
+async fn a_cpu_limit_below_ten_thousandths_is_refused(ctx: Ctx) {
+    for millis in [1, 5, 9] {
+        let mut command = Command::new("true");
+        command.limits(Limits {
+            cpu_millis: Some(millis),
+            ..Limits::default()
+        });
+        let error = command.output(&ctx.executor).await.expect_err("refused");
+        assert_eq!(
+            error.refusal_kind(),
+            Some(RefusalKind::InvalidArgument),
+            "{error}"
+        );
+        assert!(
+            error.to_string().contains(&format!(
+                "limits: cpuMillis {millis} is below the least CPU limit, 10"
+            )),
+            "{error}"
+        );
+    }
+    let policy = Policy {
+        limits: Limits {
+            cpu_millis: Some(5),
+            ..Limits::default()
+        },
+        ..Policy::default()
+    };
+    let error = capexec::client::info(&capexec::client::restrict(&ctx.executor, &policy))
+        .await
+        .expect_err("refused");
+    assert_eq!(
+        error.refusal_kind(),
+        Some(RefusalKind::InvalidArgument),
+        "{error}"
+    );
+    assert!(
+        error
+            .to_string()
+            .contains("policy rule `limits`: cpuMillis 5 is below the least CPU limit, 10"),
+        "{error}"
+    );
+    let mut command = Command::new("sleep");
+    command.arg("60").limits(Limits {
+        cpu_millis: Some(10),
+        ..Limits::default()
+    });
+    let process = command.spawn(&ctx.executor).await.expect("start");
+    let info = process.info().await.expect("info");
+    assert_eq!(info.confinement.limits.cpu_millis, Some(10));
+    // A hundredth of a CPU: 1 ms in every 100 ms.
+    assert_eq!(cpu_quota(info.pid).as_deref(), Some("1000"));
+    process.terminate().await.expect("terminate");
+}
+
+/// A policy whose sandbox lists writable roots confines every start's
+/// writes to them: a working directory outside them is readable, not
+/// writable; one inside them is writable; asking for it is refused.
+async fn a_policy_with_writable_roots_confines_writes_whatever_the_cwd(ctx: Ctx) {
+    let allowed = TempDir::new("policy-writable");
+    let elsewhere = TempDir::new("policy-cwd");
+    std::fs::write(elsewhere.path().join("seen"), b"seen\n").expect("write");
+    let policy = Policy {
+        sandbox: Some(Sandbox {
+            writable: vec![allowed.path().to_path_buf()],
+            ..Sandbox::default()
+        }),
+        ..Policy::default()
+    };
+    let restricted = capexec::client::restrict(&ctx.executor, &policy);
+    let mut command = sh(&format!(
+        "cat seen; if echo x > here; then echo wrote; else echo refused; fi; \
+         echo y > {}/f && echo allowed",
+        allowed.path().display()
+    ));
+    command.current_dir(elsewhere.path());
+    let process = command.spawn(&restricted).await.expect("start");
+    let events = common::read_until_closed(&process).await;
+    assert_eq!(
+        String::from_utf8_lossy(&common::output_bytes(
+            &events,
+            Some(capexec::model::OutputStream::Stdout)
+        )),
+        "seen\nrefused\nallowed\n"
+    );
+    assert!(!elsewhere.path().join("here").exists());
+    let applied = process
+        .info()
+        .await
+        .expect("info")
+        .confinement
+        .sandbox
+        .expect("sandboxed");
+    let cwd = std::fs::canonicalize(elsewhere.path()).expect("canonical");
+    let root = std::fs::canonicalize(allowed.path()).expect("canonical");
+    assert!(applied.read_only.contains(&cwd), "{applied:?}");
+    assert!(!applied.writable.contains(&cwd), "{applied:?}");
+    assert!(applied.writable.contains(&root), "{applied:?}");
+
+    // A working directory inside a writable root is writable.
+    std::fs::create_dir(allowed.path().join("sub")).expect("mkdir");
+    let mut command = sh("echo x > here && echo wrote");
+    command.current_dir(allowed.path().join("sub"));
+    let output = command.output(&restricted).await.expect("start");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "wrote\n");
+
+    // Asking for the working directory as a writable root is refused.
+    let mut command = Command::new("true");
+    command.current_dir(elsewhere.path()).sandbox(Sandbox {
+        writable: vec![elsewhere.path().to_path_buf()],
+        ..Sandbox::default()
+    });
+    let error = command.output(&restricted).await.expect_err("wider");
+    assert_eq!(
+        error.refusal_kind(),
+        Some(RefusalKind::NotAllowed),
+        "{error}"
+    );
+}
+
+/// `terminate` after the child exited, while what it left in its group
+/// and cgroup runs: it answers `running` true, ends what was left, and
+/// leaves the child's exit as it was; once nothing runs it answers false.
+async fn terminate_after_the_exit_ends_what_the_child_left_and_answers_running(ctx: Ctx) {
+    let process = sh("sleep 300 </dev/null >/dev/null 2>&1 & echo $!")
+        .spawn(&ctx.executor)
+        .await
+        .expect("start");
+    let events = common::read_until_closed(&process).await;
+    let text = String::from_utf8_lossy(&common::output_bytes(&events, None)).into_owned();
+    let pid: u32 = text.trim().parse().expect("pid");
+    let info = process.info().await.expect("info");
+    let exit = info.exit.expect("exited");
+    assert_eq!(exit.status, ExitStatus::Code(0));
+    assert!(info.tree_running, "the background sleep runs");
+    assert!(alive(pid));
+    assert!(process.terminate().await.expect("terminate"), "running");
+    common::procfs::wait_until(|| !alive(pid)).await;
+    let mut info = process.info().await.expect("info");
+    while info.tree_running {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        info = process.info().await.expect("info");
+    }
+    let after = info.exit.expect("exited");
+    assert_eq!(
+        (after.status, after.timed_out),
+        (ExitStatus::Code(0), false)
+    );
+    assert!(
+        !process.terminate().await.expect("terminate"),
+        "nothing runs"
+    );
+}
+
+/// Where the cgroup hierarchies are mounted on this host (cgroup2, or the
+/// v1 controllers of a hybrid host).
+fn cgroup_mount_points() -> Vec<String> {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let points: Vec<String> = mounts
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let separator = fields.iter().position(|field| *field == "-")?;
+            matches!(fields[separator + 1], "cgroup" | "cgroup2").then(|| fields[4].to_string())
+        })
+        .collect();
+    assert!(!points.is_empty(), "no cgroup hierarchy is mounted");
+    points
+}
+
+/// The kernel's interface file systems are no writable roots: a root that
+/// contains a cgroup hierarchy, lies on one, or is any other file of
+/// devtmpfs is refused with `not-allowed` naming it (by a start and by a
+/// policy); read-only, they are fine.
+async fn a_writable_root_on_a_kernel_file_system_is_not_allowed(ctx: Ctx) {
+    let cwd = TempDir::new("sandbox-cwd");
+    let mut refused = vec!["/sys".to_string(), "/sys/fs/cgroup".to_string()];
+    refused.extend(cgroup_mount_points());
+    refused.extend(["/dev/random".to_string(), "/dev".to_string()]);
+    for root in &refused {
+        let mut command = Command::new("true");
+        command.current_dir(cwd.path()).sandbox(Sandbox {
+            writable: vec![root.into()],
+            ..Sandbox::default()
+        });
+        let error = command.output(&ctx.executor).await.expect_err(root);
+        assert_eq!(
+            error.refusal_kind(),
+            Some(RefusalKind::NotAllowed),
+            "{root}: {error}"
+        );
+        assert!(
+            error
+                .to_string()
+                .contains(&format!("sandbox: the writable root \"{root}\" would make")),
+            "{root}: {error}"
+        );
+    }
+    let policy = Policy {
+        sandbox: Some(Sandbox {
+            writable: vec!["/sys/fs/cgroup".into()],
+            ..Sandbox::default()
+        }),
+        ..Policy::default()
+    };
+    let error = capexec::client::info(&capexec::client::restrict(&ctx.executor, &policy))
+        .await
+        .expect_err("refused");
+    assert_eq!(
+        error.refusal_kind(),
+        Some(RefusalKind::NotAllowed),
+        "{error}"
+    );
+    let mut command = Command::new("true");
+    command.current_dir(cwd.path()).sandbox(Sandbox {
+        read_only: vec!["/sys/fs/cgroup".into()],
+        ..Sandbox::default()
+    });
+    let output = command
+        .output(&ctx.executor)
+        .await
+        .expect("read-only is fine");
+    assert_eq!(output.exit.status, ExitStatus::Code(0));
+}
+
+/// Devices are roots like any file: the default ones are listed among a
+/// sandbox's writable and readable roots, one given as a writable root is
+/// one (and alone, with `noSystemRoots`), and a tmpfs below /dev is no
+/// device.
+async fn devices_count_among_a_sandboxs_roots(ctx: Ctx) {
+    let cwd = TempDir::new("sandbox-cwd");
+    let existing = |paths: &[&str]| -> Vec<std::path::PathBuf> {
+        paths
+            .iter()
+            .filter_map(|path| std::fs::canonicalize(path).ok())
+            .collect()
+    };
+    let mut command = Command::new("true");
+    command.current_dir(cwd.path()).sandbox(Sandbox::default());
+    let process = command.spawn(&ctx.executor).await.expect("start");
+    common::read_until_closed(&process).await;
+    let applied = process
+        .info()
+        .await
+        .expect("info")
+        .confinement
+        .sandbox
+        .expect("sandboxed");
+    let writable = existing(&[
+        "/dev/null",
+        "/dev/zero",
+        "/dev/full",
+        "/dev/tty",
+        "/dev/ptmx",
+        "/dev/pts",
+    ]);
+    assert!(writable.len() >= 4, "{writable:?}");
+    for device in &writable {
+        assert!(applied.writable.contains(device), "{device:?}: {applied:?}");
+    }
+    for device in existing(&["/dev/random", "/dev/urandom"]) {
+        assert!(
+            applied.read_only.contains(&device),
+            "{device:?}: {applied:?}"
+        );
+    }
+
+    // Without the system roots, /dev/null given as a writable root is the
+    // only device there is.
+    let system = existing(&["/usr", "/bin", "/lib", "/lib64", "/etc"]);
+    let mut command = sh(
+        "echo x > /dev/null && echo null; if echo x > /dev/zero; then echo zero; fi 2>/dev/null",
+    );
+    command.current_dir(cwd.path()).sandbox(Sandbox {
+        read_only: system,
+        writable: vec!["/dev/null".into()],
+        no_system_roots: true,
+        ..Sandbox::default()
+    });
+    let process = command.spawn(&ctx.executor).await.expect("start");
+    let events = common::read_until_closed(&process).await;
+    assert_eq!(
+        String::from_utf8_lossy(&common::output_bytes(
+            &events,
+            Some(capexec::model::OutputStream::Stdout)
+        )),
+        "null\n"
+    );
+    let applied = process
+        .info()
+        .await
+        .expect("info")
+        .confinement
+        .sandbox
+        .expect("sandboxed");
+    let canonical_cwd = std::fs::canonicalize(cwd.path()).expect("canonical");
+    let mut writable = applied.writable.clone();
+    writable.sort();
+    let mut expected = vec![std::path::PathBuf::from("/dev/null"), canonical_cwd];
+    expected.sort();
+    assert_eq!(writable, expected);
+
+    // /dev/shm is a tmpfs, not a device: it may be writable.
+    let shm = std::path::Path::new("/dev/shm");
+    assert!(shm.is_dir(), "this host has no /dev/shm");
+    let mut command = Command::new("true");
+    command.current_dir(cwd.path()).sandbox(Sandbox {
+        writable: vec![shm.into()],
+        ..Sandbox::default()
+    });
+    let output = command.output(&ctx.executor).await.expect("start");
+    assert_eq!(output.exit.status, ExitStatus::Code(0));
+}
+
 backend_tests!(
     writes_outside_the_writable_roots_fail_and_inside_succeed,
     a_program_outside_the_roots_is_refused_naming_its_directory,
@@ -987,6 +1303,11 @@ backend_tests!(
     a_memory_hog_is_reported_as_killed_by_the_memory_limit,
     a_cpu_limit_sets_the_quota_of_the_tree,
     a_restricted_executor_with_a_sandbox_refuses_to_widen_it,
+    a_cpu_limit_below_ten_thousandths_is_refused,
+    a_policy_with_writable_roots_confines_writes_whatever_the_cwd,
+    terminate_after_the_exit_ends_what_the_child_left_and_answers_running,
+    a_writable_root_on_a_kernel_file_system_is_not_allowed,
+    devices_count_among_a_sandboxs_roots,
 );
 
 /// Only TCP servers have a login token.
