@@ -147,20 +147,25 @@ impl Hub {
     /// The hub, started on first use; `Err` if the kernel gives no
     /// instance (the user has none left) or no thread.
     fn get() -> Result<&'static Hub, Errno> {
-        static HUB: OnceLock<Result<&'static Hub, Errno>> = OnceLock::new();
-        *HUB.get_or_init(|| {
-            let inotify =
-                inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK)?;
-            let hub: &'static Hub = Box::leak(Box::new(Hub {
-                inotify,
-                state: Mutex::new(HubState::default()),
-            }));
-            std::thread::Builder::new()
-                .name("capexec-watch".to_string())
-                .spawn(move || hub.run())
-                .map_err(|_| Errno::AGAIN)?;
-            Ok(hub)
-        })
+        // Not a OnceLock of the outcome: a first watch refused for want of
+        // an instance must not refuse every later one.
+        static HUB: Mutex<Option<&'static Hub>> = Mutex::new(None);
+        let mut hub = HUB.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(hub) = *hub {
+            return Ok(hub);
+        }
+        let inotify =
+            inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK)?;
+        let started: &'static Hub = Box::leak(Box::new(Hub {
+            inotify,
+            state: Mutex::new(HubState::default()),
+        }));
+        std::thread::Builder::new()
+            .name("capexec-watch".to_string())
+            .spawn(move || started.run())
+            .map_err(|_| Errno::AGAIN)?;
+        *hub = Some(started);
+        Ok(started)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HubState> {
@@ -221,22 +226,21 @@ impl Hub {
     fn deliver(&self, raw: Vec<Raw>) {
         let mut state = self.lock();
         let mut ended = Vec::new();
-        let ids: Vec<u64> = state.watches.keys().copied().collect();
-        for id in ids {
-            let mine: Vec<&Raw> = raw
-                .iter()
-                .filter(|event| {
-                    event.flags.contains(ReadFlags::QUEUE_OVERFLOW)
-                        || state
-                            .by_wd
-                            .get(&event.wd)
-                            .is_some_and(|ids| ids.contains(&id))
-                })
-                .collect();
-            if mine.is_empty() {
-                continue;
+        // Each watch's events, in the kernel's order: those of its kernel
+        // watches, and every overflow.
+        let mut by_watch: HashMap<u64, Vec<Raw>> = HashMap::new();
+        for event in &raw {
+            if event.flags.contains(ReadFlags::QUEUE_OVERFLOW) {
+                for id in state.watches.keys() {
+                    by_watch.entry(*id).or_default().push(event.clone());
+                }
+            } else if let Some(ids) = state.by_wd.get(&event.wd) {
+                for id in ids {
+                    by_watch.entry(*id).or_default().push(event.clone());
+                }
             }
-            let mine: Vec<Raw> = mine.into_iter().cloned().collect();
+        }
+        for (id, mine) in by_watch {
             let (events, gone) = {
                 let HubState { watches, by_wd, .. } = &mut *state;
                 let Some(watch) = watches.get_mut(&id) else {
