@@ -55,6 +55,8 @@ impl Work {
         work: impl FnOnce() -> Result<T, Refusal> + Send + 'static,
     ) -> Result<T, Refusal> {
         let queued = self.0.queued.fetch_add(1, Ordering::AcqRel);
+        // Counted out however the wait ends, a caller that gives up too.
+        let waiting = Waiting(&self.0.queued);
         let places = async {
             if queued >= MAX_FILE_WORK_QUEUED_PER_CONNECTION {
                 crate::metrics::limit_hit("file-work");
@@ -75,7 +77,7 @@ impl Work {
             Ok((own, server))
         }
         .await;
-        self.0.queued.fetch_sub(1, Ordering::AcqRel);
+        drop(waiting);
         let (own, server) = places?;
         tokio::task::spawn_blocking(move || {
             let _places = (own, server);
@@ -91,6 +93,75 @@ impl Work {
     }
 }
 
+/// One call counted among a connection's waiting ones while it lives.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 fn closed() -> Refusal {
     Refusal::new(RefusalKind::Internal, "the file system call pool is closed")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connection_runs_16_waits_4096_and_is_refused_past_that() {
+        let work = Work::default();
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let held = Arc::new(std::sync::Mutex::new(held));
+        let (started, mut running) = tokio::sync::mpsc::unbounded_channel();
+        let mut tasks = Vec::new();
+        for _ in 0..MAX_FILE_WORK_PER_CONNECTION {
+            let (work, held, started) = (work.clone(), Arc::clone(&held), started.clone());
+            tasks.push(tokio::spawn(async move {
+                work.run(move || {
+                    let _ = started.send(());
+                    let _ = held.lock().map(|held| held.recv());
+                    Ok(())
+                })
+                .await
+            }));
+        }
+        for _ in 0..MAX_FILE_WORK_PER_CONNECTION {
+            running.recv().await.expect("running");
+        }
+        // These wait; one that gives up leaves no place behind.
+        for _ in 0..MAX_FILE_WORK_QUEUED_PER_CONNECTION {
+            let work = work.clone();
+            tasks.push(tokio::spawn(async move { work.run(|| Ok(())).await }));
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while work.0.queued.load(Ordering::Acquire) < MAX_FILE_WORK_QUEUED_PER_CONNECTION {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the waiters never queued"
+            );
+            tokio::task::yield_now().await;
+        }
+        let refusal = work.run(|| Ok(())).await.expect_err("past the queue");
+        assert_eq!(refusal.kind, RefusalKind::LimitReached);
+        // A waiter that gives up leaves its place: another may wait.
+        let gave_up = tasks.pop().expect("a waiter");
+        gave_up.abort();
+        assert!(gave_up.await.is_err_and(|error| error.is_cancelled()));
+        assert_eq!(
+            work.0.queued.load(Ordering::Acquire),
+            MAX_FILE_WORK_QUEUED_PER_CONNECTION - 1
+        );
+        let again = work.clone();
+        tasks.push(tokio::spawn(async move { again.run(|| Ok(())).await }));
+        for _ in 0..MAX_FILE_WORK_PER_CONNECTION {
+            release.send(()).expect("release");
+        }
+        for task in tasks {
+            task.await.expect("task").expect("ran");
+        }
+        assert_eq!(work.0.queued.load(Ordering::Acquire), 0);
+    }
 }
