@@ -81,7 +81,7 @@ impl Token {
     }
 
     /// Reads the token in `path` (surrounding white space is ignored): a
-    /// regular file of at most [`MAX_TOKEN_FILE_BYTES`].
+    /// regular file of at most 64 KiB.
     pub fn load(path: &Path) -> Result<Token, TokenError> {
         let text = crate::local_file::read_regular_text(path, MAX_TOKEN_FILE_BYTES)
             .map_err(|e| TokenError::Read(path.into(), e))?;
