@@ -76,6 +76,19 @@ impl ServerThread {
         ServerThread::serve(dir, config)
     }
 
+    /// A Unix-socket server with an admin socket too (`name`: its temporary
+    /// directory's), and the admin socket's path.
+    pub fn with_admin(name: &str) -> (ServerThread, std::path::PathBuf) {
+        let dir = TempDir::new(name);
+        let admin = dir.path().join("admin.sock");
+        let config = ServerConfig {
+            listen: vec![Address::Unix(dir.path().join("capexec.sock"))],
+            admin: Some(admin.clone()),
+            ..ServerConfig::default()
+        };
+        (ServerThread::serve(dir, config), admin)
+    }
+
     /// Serves `config` (TCP listeners need its token file, kept in `dir`).
     pub fn serve(dir: TempDir, config: ServerConfig) -> ServerThread {
         let (addresses, stop, thread) = serve_on_thread(config.clone());

@@ -5,8 +5,7 @@ use crate::common;
 
 use capexec::client::Command;
 use capexec::model::MAX_RECORDED_ARGV_BYTES;
-use capexec::net::{Address, ServerConfig};
-use common::data::TempDir;
+use capexec::net::Address;
 use common::server::ServerThread;
 
 /// The argv an admin lists for `pid`, once it is listed.
@@ -30,14 +29,7 @@ fn lengths(argv: &[Vec<u8>]) -> Vec<usize> {
 #[test]
 fn a_long_argv_is_listed_cut_to_4096_bytes_the_mark_included() {
     common::run_local(async {
-        let dir = TempDir::new("admin-argv");
-        let admin = dir.path().join("admin.sock");
-        let config = ServerConfig {
-            listen: vec![Address::Unix(dir.path().join("capexec.sock"))],
-            admin: Some(admin.clone()),
-            ..ServerConfig::default()
-        };
-        let server = ServerThread::serve(dir, config);
+        let (server, admin) = ServerThread::with_admin("admin-argv");
         let connection = capexec::net::connect(&server.address, None)
             .await
             .expect("connect");

@@ -10,7 +10,7 @@ use crate::common;
 use capexec::capexec_capnp::executor;
 use capexec::client::{self, Command, Directory};
 use capexec::model::{Network, Policy, PortPolicy, RefusalKind, Sandbox};
-use capexec::net::{Address, ServerConfig};
+use capexec::net::Address;
 use common::Ctx;
 use common::data::TempDir;
 use common::server::ServerThread;
@@ -258,14 +258,7 @@ backend_tests!(
 
 /// A server with an admin socket, and a connection to its main socket.
 async fn served_with_admin() -> (ServerThread, std::path::PathBuf, capexec::net::Connection) {
-    let dir = TempDir::new("admin-reach");
-    let admin = dir.path().join("admin.sock");
-    let config = ServerConfig {
-        listen: vec![Address::Unix(dir.path().join("capexec.sock"))],
-        admin: Some(admin.clone()),
-        ..ServerConfig::default()
-    };
-    let server = ServerThread::serve(dir, config);
+    let (server, admin) = ServerThread::with_admin("admin-reach");
     let connection = capexec::net::connect(&server.address, None)
         .await
         .expect("connect");
