@@ -291,9 +291,10 @@ async fn explained(
 }
 
 /// A program (or its interpreter) outside the sandbox's readable roots:
-/// the executor names the directory, the command line has the flag.
+/// the executor names the directory that admits it, the command line has
+/// the flag ("(add its directory with --read-only DIR)").
 fn with_read_only_flag(message: &str) -> Option<String> {
-    let (before, directory) = message.rsplit_once(capexec::sandbox::ADD_DIRECTORY)?;
+    let (before, directory) = message.rsplit_once(capexec::sandbox::AS_READ_ONLY_ROOT)?;
     let directory = directory.strip_suffix(')')?;
     let plain = directory
         .bytes()
@@ -303,9 +304,7 @@ fn with_read_only_flag(message: &str) -> Option<String> {
     } else {
         format!("'{}'", directory.replace('\'', "'\\''"))
     };
-    Some(format!(
-        "{before}(add its directory with --read-only {directory})"
-    ))
+    Some(format!("{before} with --read-only {directory})"))
 }
 
 /// Whether a program name that was not found is really a line for a shell

@@ -111,6 +111,18 @@ pub fn main(args: ServeArgs) -> i32 {
             return EXIT_CAPEXEC_FAILURE;
         }
     };
+    if let Some(policy) = &policy
+        && (policy
+            .sandbox
+            .as_ref()
+            .is_some_and(|sandbox| sandbox.best_effort)
+            || policy.limits.best_effort)
+    {
+        tracing::warn!(
+            "--best-effort: starts run without what this server cannot enforce of the policy's \
+             sandbox and limits (their ProcessInfo says what)"
+        );
+    }
     let mut tls_files = args.tls_cert.clone().zip(args.tls_key.clone());
     if args.tls_self_signed {
         match crate::cli::self_signed::load_or_make() {
