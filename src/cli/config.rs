@@ -167,6 +167,9 @@ impl Config {
                     value_lines.push((key, lines.line_of(value.span().start)));
                 }
             }
+            if let Some(tls) = &entry.tls {
+                value_lines.push(("tls", lines.line_of(tls.span().start)));
+            }
             let origin = crate::cli::named::Origin {
                 file: file.to_path_buf(),
                 server: name.clone(),
@@ -178,7 +181,7 @@ impl Config {
                     token_file: entry.token_file.as_ref().map(path_of),
                     tls_ca: entry.tls_ca.as_ref().map(path_of),
                     tls_pin: entry.tls_pin.map(Spanned::into_inner),
-                    tls: entry.tls.unwrap_or(false),
+                    tls: entry.tls.is_some_and(Spanned::into_inner),
                     insecure_plaintext: entry.insecure_plaintext.unwrap_or(false),
                     environment: entry.environment.map(Spanned::into_inner),
                     origin: Some(origin),
@@ -213,7 +216,7 @@ struct RawEntry {
     token_file: Option<Spanned<String>>,
     tls_pin: Option<Spanned<String>>,
     tls_ca: Option<Spanned<String>>,
-    tls: Option<bool>,
+    tls: Option<Spanned<bool>>,
     insecure_plaintext: Option<bool>,
     environment: Option<Spanned<String>>,
 }

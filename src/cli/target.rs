@@ -124,7 +124,7 @@ pub async fn target(args: &ConnectArgs) -> Result<Target, String> {
             Trust::Given(flag, trust) => Some(
                 net::TlsClient::new(trust.clone()).map_err(|error| format!("{flag} {error}"))?,
             ),
-            Trust::FirstUse(_, known) => Some(first_use(known.as_ref().map(|k| k.fingerprint))?),
+            Trust::FirstUse(_, known, _) => Some(first_use(known.as_ref().map(|k| k.fingerprint))?),
             Trust::Plaintext => None,
         },
         deadline: args.connect_timeout.unwrap_or(net::CONNECT_TIMEOUT),
@@ -133,7 +133,7 @@ pub async fn target(args: &ConnectArgs) -> Result<Target, String> {
     };
     let connection = match net::connect_to(&address, token.as_ref(), &options).await {
         Err(ConnectError::UnknownCertificate(_, offered)) => {
-            let Trust::FirstUse(file, _) = &trust else {
+            let Trust::FirstUse(file, _, _) = &trust else {
                 return Err(format!(
                     "{address}: the server's certificate is not trusted"
                 ));
@@ -145,7 +145,7 @@ pub async fn target(args: &ConnectArgs) -> Result<Target, String> {
         }
         Err(ConnectError::ChangedCertificate { known, offered, .. }) => {
             let (file, line) = match &trust {
-                Trust::FirstUse(file, Some(known)) => (file.display().to_string(), known.line),
+                Trust::FirstUse(file, Some(known), _) => (file.display().to_string(), known.line),
                 _ => ("the known-servers file".to_string(), 0),
             };
             return Err(format!(
@@ -155,6 +155,7 @@ pub async fn target(args: &ConnectArgs) -> Result<Target, String> {
                  delete line {line} of {file} and connect again"
             ));
         }
+        Err(ConnectError::NoTls(_)) => return Err(no_tls(&address, &trust)),
         other => other,
     }
     .map_err(|error| error.to_string())?;
@@ -172,8 +173,13 @@ enum Trust {
     /// key, for errors).
     Given(String, net::ServerTrust),
     /// Trust on first use, against the known-servers file (what it
-    /// remembers for this address, if anything).
-    FirstUse(std::path::PathBuf, Option<known_servers::Known>),
+    /// remembers for this address, if anything), and the flag or key that
+    /// asked for it (none: the address is remembered there).
+    FirstUse(
+        std::path::PathBuf,
+        Option<known_servers::Known>,
+        Option<String>,
+    ),
     /// No TLS (a loopback address, or --insecure-plaintext).
     Plaintext,
 }
@@ -228,10 +234,34 @@ async fn trust(args: &ConnectArgs, named: &Named, address: &Address) -> Result<T
             .to_string()
     })?;
     let known = known_servers::lookup(&file, address)?;
+    let asked = match (from_flags, args.tls_accept_new) {
+        _ if !tls => None,
+        (true, true) => Some("--tls-accept-new".to_string()),
+        _ => Some(place("--tls", "tls")),
+    };
     if tls || known.is_some() {
-        Ok(Trust::FirstUse(file, known))
+        Ok(Trust::FirstUse(file, known, asked))
     } else {
         Ok(Trust::Plaintext)
+    }
+}
+
+/// A server that does not speak TLS, reached with TLS: what asked for it
+/// (a flag, the configuration file, or a remembered certificate).
+fn no_tls(address: &Address, trust: &Trust) -> String {
+    match trust {
+        Trust::Given(flag, _) | Trust::FirstUse(_, _, Some(flag)) => {
+            format!("the server at {address} does not speak TLS: remove {flag}")
+        }
+        Trust::FirstUse(file, known, None) => format!(
+            "the server at {address} does not speak TLS, yet its certificate is remembered in \
+             {}{}; nothing was sent to it (if it no longer serves TLS, delete that line)",
+            file.display(),
+            known
+                .as_ref()
+                .map_or(String::new(), |known| format!(" (line {})", known.line))
+        ),
+        Trust::Plaintext => format!("the server at {address} does not speak TLS"),
     }
 }
 
