@@ -103,7 +103,8 @@ enum Command {
     Info(Deferred<InfoArgs>),
     /// List the servers named in the configuration file
     /// ($XDG_CONFIG_HOME/capexec/config.toml, else
-    /// ~/.config/capexec/config.toml), which `--connect NAME` reaches.
+    /// ~/.config/capexec/config.toml), which `--connect NAME` reaches;
+    /// each entry it gets wrong is a line on stderr (exit 125).
     #[command(after_help = "Example: capexec servers")]
     Servers,
     /// Print what a new client needs to reach this machine's server: its
@@ -175,8 +176,14 @@ pub struct ConnectArgs {
     /// unix:PATH or tcp:HOST:PORT (also written /PATH and HOST:PORT), the
     /// NAME of a server in the configuration file (see `capexec
     /// servers`), or `local` for the default socket of `capexec serve`.
+    /// CAPEXEC_CONNECT gives it when the flag is not given (empty: as if
+    /// unset).
     #[arg(long, value_name = "ADDR|NAME", env = "CAPEXEC_CONNECT")]
     connect: Option<String>,
+    /// `connect` came from CAPEXEC_CONNECT, not the flag: errors name the
+    /// variable.
+    #[arg(skip)]
+    connect_from_variable: bool,
     /// Read the login token for tcp: addresses from FILE. Default: the
     /// token itself in $CAPEXEC_TOKEN, else the file
     /// $XDG_CONFIG_HOME/capexec/token or ~/.config/capexec/token.
@@ -531,9 +538,13 @@ pub fn main() -> i32 {
             }
         };
     }
-    let parsed = command()
-        .try_get_matches()
-        .and_then(|matches| Cli::from_arg_matches(&matches));
+    let parsed = command().try_get_matches().and_then(|matches| {
+        let mut cli = Cli::from_arg_matches(&matches)?;
+        if let Some(connect) = cli.command.connect_args_mut() {
+            connect.note_source(&matches);
+        }
+        Ok(cli)
+    });
     let cli = match parsed {
         Ok(cli) => cli,
         Err(error) => return argument_failure(&error),
@@ -578,6 +589,45 @@ pub fn main() -> i32 {
         Command::Forward(args) => {
             logging::init(tracing::Level::WARN, logging::Style::Client);
             forward::main(args)
+        }
+    }
+}
+
+impl Command {
+    /// The `--connect` options of the subcommands that have them.
+    fn connect_args_mut(&mut self) -> Option<&mut ConnectArgs> {
+        match self {
+            Command::Run(Deferred(args)) => Some(&mut args.session.connect),
+            Command::Shell(Deferred(args)) => Some(&mut args.connect),
+            Command::Environments(Deferred(args)) => Some(args),
+            Command::Info(Deferred(args)) => Some(&mut args.connect),
+            Command::Cp(Deferred(args)) => Some(&mut args.connect),
+            Command::Forward(args) => Some(&mut args.connect),
+            _ => None,
+        }
+    }
+}
+
+impl ConnectArgs {
+    /// Notes whether `--connect` came from CAPEXEC_CONNECT, which counts
+    /// as unset when empty (as an empty DOCKER_HOST does).
+    fn note_source(&mut self, matches: &clap::ArgMatches) {
+        let from_variable = matches.subcommand().is_some_and(|(_, matches)| {
+            matches.ids().any(|id| id.as_str() == "connect")
+                && matches.value_source("connect") == Some(clap::parser::ValueSource::EnvVariable)
+        });
+        if from_variable && self.connect.as_deref().is_some_and(str::is_empty) {
+            self.connect = None;
+        }
+        self.connect_from_variable = from_variable && self.connect.is_some();
+    }
+
+    /// What gave `--connect`, as errors name it.
+    pub fn connect_given(&self) -> &'static str {
+        if self.connect_from_variable {
+            named::CONNECT_VARIABLE
+        } else {
+            "--connect"
         }
     }
 }

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use crate::cli::capacity::{self, Asked, Capacity};
+use crate::cli::config::Lookup;
 use crate::cli::{EXIT_CAPEXEC_FAILURE, ServeArgs, target};
 use capexec::engine::descriptors::DescriptorBudget;
 use capexec::engine::{self, ChildSetup, Engine, ProcessLimits};
@@ -354,9 +355,10 @@ fn upstreams(args: &ServeArgs) -> Result<Vec<UpstreamConfig>, String> {
         // its token file and TLS trust unless flags give them.
         let (address, named) = match address.parse::<Address>() {
             Ok(address) => (address, None),
-            Err(error) => match crate::cli::config::Config::load()?.get(address) {
-                Some(entry) => (entry.server.address.clone(), Some(entry.server.clone())),
-                None => {
+            Err(error) => match crate::cli::config::Config::load()?.lookup(address) {
+                Lookup::Found(entry) => (entry.server.address.clone(), Some(entry.server.clone())),
+                Lookup::Broken(why) => return Err(format!("--upstream {name}: {why}")),
+                Lookup::Unknown => {
                     return Err(format!(
                         "--upstream {name}: {error}, or the name of a server in the \
                          configuration file"

@@ -95,7 +95,11 @@ fn check(args: &ConnectArgs, address: Option<&Address>) -> Result<(), String> {
 /// The login travels pipelined with the caller's first calls: race them
 /// against [`Target::established`].
 pub async fn target(args: &ConnectArgs) -> Result<Target, String> {
-    let named = args.connect.as_deref().map(named::resolve).transpose()?;
+    let named = args
+        .connect
+        .as_deref()
+        .map(|text| named::resolve_given(text, args.connect_given()))
+        .transpose()?;
     check(args, named.as_ref().map(|named| &named.address))?;
     let Some(named) = named else {
         if let Err(error) = engine::become_subreaper() {
