@@ -534,8 +534,14 @@ fn descriptor_capacity(args: &ServeArgs) -> Result<Capacity, String> {
 /// Says at start what the server holds, and what was lowered to fit.
 fn log_capacity(capacity: &Capacity) {
     let budget = capacity.budget;
+    // A default fitted to the limit is how the server runs on most
+    // machines; a value the operator gave and did not get is worth a look.
     for lowered in capacity.lowered.iter().flatten() {
-        tracing::warn!(descriptor_limit = budget.limit, "{lowered}");
+        if lowered.asked {
+            tracing::warn!(descriptor_limit = budget.limit, "{lowered}");
+        } else {
+            tracing::info!(descriptor_limit = budget.limit, "{lowered}");
+        }
     }
     tracing::info!(
         descriptor_limit = budget.limit,

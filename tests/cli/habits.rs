@@ -305,3 +305,85 @@ fn serve_warns_about_a_certificate_near_its_end() {
         );
     }
 }
+
+/// The log of a `capexec serve` with `extra` arguments under a descriptor
+/// limit of `descriptors`, from its start to its SIGTERM.
+fn serve_log(extra: &[&str], descriptors: u64) -> String {
+    use std::os::unix::process::CommandExt;
+    let dir = TempDir::new("serve-log");
+    let mut command = capexec(&["serve", "--listen", "tcp:127.0.0.1:0", "--token-file"]);
+    command
+        .arg(dir.path().join("token"))
+        .args(extra)
+        .env("HOME", dir.path())
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: setrlimit is async-signal-safe.
+    unsafe {
+        command.pre_exec(move || {
+            let limit = libc::rlimit {
+                rlim_cur: descriptors,
+                rlim_max: descriptors,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut server = command.spawn().expect("serve");
+    let mut address = String::new();
+    BufReader::new(server.stdout.take().expect("stdout"))
+        .read_line(&mut address)
+        .expect("address");
+    assert!(address.starts_with("tcp:127.0.0.1:"), "{address}");
+    kill(&server, libc::SIGTERM);
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut server.stderr.take().expect("stderr"), &mut log)
+        .expect("log");
+    assert_eq!(wait(&mut server), 0, "{log}");
+    log
+}
+
+/// On a machine whose descriptor limit carries fewer than the default
+/// 10,000 processes, `serve` notes the default it fitted (INFO), and
+/// warns only about a value the operator gave and did not get.
+#[test]
+fn serve_warns_only_about_limits_the_operator_asked_for() {
+    let fitted = serve_log(&[], 20_000);
+    let line = fitted
+        .lines()
+        .find(|line| line.contains("--max-processes is "))
+        .unwrap_or_else(|| panic!("no line about --max-processes in {fitted}"));
+    assert!(
+        line.contains(" INFO capexec::cli::serve: --max-processes is ")
+            && line.ends_with(
+                " instead of 10000: all the descriptor limit carries (raise it with ulimit -n \
+                 for more) descriptor_limit=20000"
+            ),
+        "{line}"
+    );
+    assert!(!fitted.contains("WARN"), "{fitted}");
+    let asked = serve_log(
+        &[
+            "--max-processes",
+            "100",
+            "--max-processes-per-connection",
+            "500",
+        ],
+        20_000,
+    );
+    let warnings: Vec<&str> = asked.lines().filter(|line| line.contains("WARN")).collect();
+    assert_eq!(warnings.len(), 1, "{asked}");
+    assert!(
+        warnings[0].ends_with(
+            " WARN capexec::cli::serve: --max-processes-per-connection is 88 instead of 500: at \
+             most seven eighths of --max-processes, so that one connection at its quota leaves \
+             room for the others descriptor_limit=20000"
+        ),
+        "{}",
+        warnings[0]
+    );
+}
