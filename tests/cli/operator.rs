@@ -657,7 +657,29 @@ fn completions_man_pages_and_version_are_generated() {
     ] {
         let text = std::fs::read_to_string(dir.path().join(page)).expect(page);
         assert!(text.starts_with(".ie") && text.contains(".TH"), "{page}");
+        // The page opens with NAME: nothing but its title before it.
+        let lines: Vec<&str> = text.lines().take(4).collect();
+        let (name, sub) = match page.strip_prefix("capexec-") {
+            Some(sub) => (page.trim_end_matches(".1"), sub.trim_end_matches(".1")),
+            None => ("capexec", "capexec"),
+        };
+        assert_eq!(
+            lines[2..],
+            [
+                format!(".TH {name} 1  \"{sub} {}\" ", env!("CARGO_PKG_VERSION")),
+                ".SH NAME".to_string()
+            ],
+            "{page}"
+        );
     }
+    let printed = finish(common::cli::capexec(&["man"]), None);
+    assert_eq!(printed.code, 0, "{}", text(&printed.stderr));
+    assert_eq!(
+        text(&printed.stdout).lines().nth(3),
+        Some(".SH NAME"),
+        "{}",
+        text(&printed.stdout)
+    );
     let version = finish(common::cli::capexec(&["--version"]), None);
     let stdout = text(&version.stdout);
     assert_eq!(version.code, 0);
