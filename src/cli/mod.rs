@@ -49,6 +49,11 @@ pub const EXIT_KILLED_BY_MEMORY_LIMIT: i32 = 137;
     after_help = "Example: capexec run --connect build -- make -j8"
 )]
 struct Cli {
+    /// Say what capexec itself does, on stderr (`capexec: debug: ...`):
+    /// where --connect leads and how it is trusted, the connection, the
+    /// login, the start and the exit. RUST_LOG, when set, decides instead.
+    #[arg(short = 'v', long, global = true)]
+    verbose: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -549,45 +554,46 @@ pub fn main() -> i32 {
         Ok(cli) => cli,
         Err(error) => return argument_failure(&error),
     };
+    let verbose = cli.verbose;
     match cli.command {
         Command::Run(Deferred(args)) => {
-            logging::init(tracing::Level::WARN, logging::Style::Client);
+            logging::init(tracing::Level::WARN, logging::Style::Client, verbose);
             run::main(args.session, args.argv)
         }
         Command::Shell(Deferred(args)) => {
-            logging::init(tracing::Level::WARN, logging::Style::Client);
+            logging::init(tracing::Level::WARN, logging::Style::Client, verbose);
             run::main(args, Vec::new())
         }
         Command::Serve(Deferred(args)) => {
-            logging::init(tracing::Level::INFO, logging::Style::Server);
+            logging::init(tracing::Level::INFO, logging::Style::Server, verbose);
             serve::main(*args)
         }
         Command::Environments(Deferred(args)) => {
-            logging::init(tracing::Level::WARN, logging::Style::Client);
+            logging::init(tracing::Level::WARN, logging::Style::Client, verbose);
             inspect::environments_main(args)
         }
         Command::Info(Deferred(args)) => {
-            logging::init(tracing::Level::WARN, logging::Style::Client);
+            logging::init(tracing::Level::WARN, logging::Style::Client, verbose);
             inspect::info_main(args.connect, args.environment)
         }
         Command::Servers => servers::list_main(),
         Command::Ps(Deferred(args)) => {
-            logging::init(tracing::Level::WARN, logging::Style::Client);
+            logging::init(tracing::Level::WARN, logging::Style::Client, verbose);
             admin::ps_main(args)
         }
         Command::Kill(Deferred(args)) => {
-            logging::init(tracing::Level::WARN, logging::Style::Client);
+            logging::init(tracing::Level::WARN, logging::Style::Client, verbose);
             admin::kill_main(args)
         }
         Command::ClientConfig(Deferred(args)) => servers::client_config_main(args),
         Command::Completions(Deferred(args)) => generate::completions_main(args),
         Command::Man(Deferred(args)) => generate::man_main(args),
         Command::Cp(Deferred(args)) => {
-            logging::init(tracing::Level::WARN, logging::Style::Client);
+            logging::init(tracing::Level::WARN, logging::Style::Client, verbose);
             copy::main(args)
         }
         Command::Forward(args) => {
-            logging::init(tracing::Level::WARN, logging::Style::Client);
+            logging::init(tracing::Level::WARN, logging::Style::Client, verbose);
             forward::main(args)
         }
     }

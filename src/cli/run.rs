@@ -23,9 +23,13 @@ use crate::cli::{SessionArgs, forward, local_terminal, stdio, stdio_handoff, tar
 pub fn main(args: SessionArgs, argv: Vec<OsString>) -> i32 {
     crate::cli::run_local(async move {
         match run(args, argv).await {
-            Ok(code) => code,
+            Ok(code) => {
+                tracing::debug!("exit status {code}: the command's");
+                code
+            }
             Err(failure) => {
                 stdio::note(&failure.message);
+                tracing::debug!("exit status {}", failure.code);
                 failure.code
             }
         }
@@ -116,6 +120,16 @@ async fn run(mut args: SessionArgs, argv: Vec<OsString>) -> Result<i32, Failure>
         .await?
         .map_err(Failure::capexec)?;
         let forwards = Rc::new(forwards);
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let program = command.spec().argv.first().cloned().unwrap_or_default();
+            match &args.environment {
+                Some(environment) => tracing::debug!(
+                    "starting {} in the environment {environment}",
+                    program.to_string_lossy()
+                ),
+                None => tracing::debug!("starting {}", program.to_string_lossy()),
+            }
+        }
         let session = Session::new(executor, Some(Box::new(target)));
         let resume = resume.map(|grace| (forwarded(reconnect(&args), &forwards), grace));
         let signals = relay::Watched {

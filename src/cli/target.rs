@@ -102,6 +102,7 @@ pub async fn target(args: &ConnectArgs) -> Result<Target, String> {
         .transpose()?;
     check(args, named.as_ref().map(|named| &named.address))?;
     let Some(named) = named else {
+        tracing::debug!("no --connect: the embedded executor, in this process");
         if let Err(error) = engine::become_subreaper() {
             tracing::warn!(%error, "cannot become a subreaper; orphaned grandchildren will not be reaped here");
         }
@@ -114,15 +115,28 @@ pub async fn target(args: &ConnectArgs) -> Result<Target, String> {
         });
     };
     let address = named.address.clone();
-    let token = match (&args.token_file, &named.token_file, &named.origin) {
-        _ if !address.is_tcp() => None,
-        (None, Some(file), Some(origin)) => Some(
-            Token::load(file)
-                .map_err(|error| token_problem(&format!("{} ", origin.of("token-file")), &error))?,
-        ),
-        (given, _, _) => login_token(given.as_deref())?,
-    };
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        let from = match &named.origin {
+            Some(origin) => format!("the server {} of {}", origin.server, origin.file.display()),
+            None => "an address".to_string(),
+        };
+        tracing::debug!("connecting to {address} ({}: {from})", args.connect_given());
+    }
+    let token =
+        match (&args.token_file, &named.token_file, &named.origin) {
+            _ if !address.is_tcp() => None,
+            (None, Some(file), Some(origin)) => {
+                tracing::debug!("the login token: {}", origin.of("token-file"));
+                Some(Token::load(file).map_err(|error| {
+                    token_problem(&format!("{} ", origin.of("token-file")), &error)
+                })?)
+            }
+            (given, _, _) => login_token(given.as_deref())?,
+        };
     let trust = trust(args, &named, &address).await?;
+    if tracing::enabled!(tracing::Level::DEBUG) && address.is_tcp() {
+        tracing::debug!("{}", trust.describe());
+    }
     let mut options = ConnectOptions {
         tls: match &trust {
             Trust::Given(flag, trust) => Some(
@@ -163,6 +177,22 @@ pub async fn target(args: &ConnectArgs) -> Result<Target, String> {
         other => other,
     }
     .map_err(|error| error.to_string())?;
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        let established = connection.established();
+        let began = std::time::Instant::now();
+        if address.is_tcp() {
+            tracing::debug!("connected; the login travels with the first calls");
+        } else {
+            tracing::debug!("connected (a Unix socket: no login)");
+        }
+        tokio::task::spawn_local(async move {
+            let after_ms = began.elapsed().as_millis() as u64;
+            match established.await {
+                Ok(()) => tracing::debug!(after_ms, "the server answered"),
+                Err(error) => tracing::debug!(after_ms, %error, "the server did not answer"),
+            }
+        });
+    }
     Ok(Target {
         executor: connection.executor(),
         stdio_route: connection.stdio_route(),
@@ -250,6 +280,25 @@ async fn trust(args: &ConnectArgs, named: &Named, address: &Address) -> Result<T
     }
 }
 
+impl Trust {
+    /// How the server's certificate is trusted, for -v.
+    fn describe(&self) -> String {
+        match self {
+            Trust::Given(flag, _) => format!("TLS, trusting {flag}"),
+            Trust::FirstUse(file, Some(known), _) => format!(
+                "TLS, trusting the certificate remembered in {} (line {})",
+                file.display(),
+                known.line
+            ),
+            Trust::FirstUse(file, None, _) => format!(
+                "TLS, trusting on first use (nothing remembered for it in {})",
+                file.display()
+            ),
+            Trust::Plaintext => "no TLS".to_string(),
+        }
+    }
+}
+
 /// A server that does not speak TLS, reached with TLS: what asked for it
 /// (a flag, the configuration file, or a remembered certificate).
 fn no_tls(address: &Address, trust: &Trust) -> String {
@@ -298,6 +347,7 @@ pub fn worth_retrying(error: &Rc<ConnectError>) -> bool {
 /// token file if it exists.
 pub fn login_token(file: Option<&std::path::Path>) -> Result<Option<Token>, String> {
     if let Some(path) = file {
+        tracing::debug!("the login token: --token-file {}", path.display());
         return Token::load(path)
             .map(Some)
             .map_err(|error| token_problem("--token-file ", &error));
@@ -305,14 +355,21 @@ pub fn login_token(file: Option<&std::path::Path>) -> Result<Option<Token>, Stri
     if let Some(secret) = std::env::var_os("CAPEXEC_TOKEN") {
         let secret = secret.to_string_lossy().trim().to_string();
         if !secret.is_empty() {
+            tracing::debug!("the login token: CAPEXEC_TOKEN");
             return Ok(Some(Token::new(secret)));
         }
     }
     match net::default_token_path() {
-        Some(path) if path.exists() => Token::load(&path)
-            .map(Some)
-            .map_err(|error| token_problem("the default token file ", &error)),
-        _ => Ok(None),
+        Some(path) if path.exists() => {
+            tracing::debug!("the login token: the default token file {}", path.display());
+            Token::load(&path)
+                .map(Some)
+                .map_err(|error| token_problem("the default token file ", &error))
+        }
+        _ => {
+            tracing::debug!("no login token");
+            Ok(None)
+        }
     }
 }
 

@@ -387,3 +387,62 @@ fn serve_warns_only_about_limits_the_operator_asked_for() {
         warnings[0]
     );
 }
+
+/// `-v` (before or after the subcommand) says what capexec does, as
+/// `capexec: debug: ...` lines on stderr; without it, nothing is said.
+#[test]
+fn verbose_says_where_it_connects_and_how() {
+    let served = Served::start();
+    let debug_lines = |done: &common::cli::Finished| -> Vec<String> {
+        text(&done.stderr)
+            .lines()
+            .filter(|line| line.starts_with("capexec: debug: "))
+            .map(str::to_string)
+            .collect()
+    };
+    let done = finish(
+        served.run(&["-v", "--connect", &served.unix, "--", "echo", "hi"]),
+        None,
+    );
+    assert_printed(&done, 0, "hi\n", "run -v");
+    let lines = debug_lines(&done);
+    for expected in [
+        format!(
+            "capexec: debug: connecting to {} (--connect: an address)",
+            served.unix
+        ),
+        "capexec: debug: connected (a Unix socket: no login)".to_string(),
+        "capexec: debug: starting echo".to_string(),
+        "capexec: debug: exit status 0: the command's".to_string(),
+    ] {
+        assert!(lines.contains(&expected), "{expected:?} not in {lines:?}");
+    }
+    let mut command = served.command("-v", &["info", "--token-file", &served.token_arg()]);
+    command.env("CAPEXEC_CONNECT", &served.tcp);
+    let done = finish(command, None);
+    assert_eq!(done.code, 0, "{}", text(&done.stderr));
+    let lines = debug_lines(&done);
+    assert_eq!(
+        lines[..4],
+        [
+            format!(
+                "capexec: debug: connecting to {} (CAPEXEC_CONNECT: an address)",
+                served.tcp
+            ),
+            format!(
+                "capexec: debug: the login token: --token-file {}",
+                served.token_arg()
+            ),
+            "capexec: debug: no TLS".to_string(),
+            "capexec: debug: connected; the login travels with the first calls".to_string(),
+        ]
+    );
+    let quiet = finish(
+        served.run(&["--connect", &served.unix, "--", "echo", "hi"]),
+        None,
+    );
+    assert_eq!(
+        (quiet.code, text(&quiet.stdout), text(&quiet.stderr)),
+        (0, "hi\n".to_string(), String::new())
+    );
+}
