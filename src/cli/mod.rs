@@ -11,6 +11,7 @@ mod duration;
 mod forward;
 mod forward_spec;
 mod generate;
+mod habits;
 mod input;
 mod inspect;
 mod known_servers;
@@ -275,6 +276,10 @@ pub struct ForwardArgs {
     #[arg(short = 'R', value_name = "[BIND_ADDRESS:]PORT:HOST:HOSTPORT",
           value_parser = forward_spec::parse)]
     remote: Vec<forward_spec::ForwardSpec>,
+    /// ssh's -N, by habit: accepted and said to be needless (forward runs
+    /// no command).
+    #[arg(short = 'N', hide = true)]
+    no_command: bool,
 }
 
 #[derive(Args, Debug)]

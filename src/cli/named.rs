@@ -114,6 +114,9 @@ pub fn resolve_given(text: &str, given: &str) -> Result<Named, String> {
             format!("{given} {why}")
         }
     };
+    if let Some(hint) = crate::cli::habits::user_at_host(text, given) {
+        return Err(hint);
+    }
     match typed(text) {
         Typed::Address(address) => return Ok(at(address)),
         Typed::Invalid(why) => return Err(named(why)),
@@ -145,11 +148,18 @@ pub fn resolve_given(text: &str, given: &str) -> Result<Named, String> {
         .iter()
         .map(|entry| entry.name.as_str())
         .collect::<Vec<_>>();
-    let listed = if known.is_empty() {
+    let mut listed = if known.is_empty() {
         "it names none".to_string()
     } else {
         format!("it names {}", known.join(", "))
     };
+    let mut candidates = known.clone();
+    if config.get(LOCAL).is_none() {
+        candidates.push(LOCAL);
+    }
+    if let Some(close) = crate::cli::habits::did_you_mean(text, &candidates) {
+        listed.push_str(&format!("; did you mean {close}?"));
+    }
     Err(named(format!(
         "{text:?}: no server of that name {place} ({listed}); an address is unix:PATH or \
          tcp:HOST:PORT"

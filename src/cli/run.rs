@@ -277,7 +277,9 @@ async fn explained(
         }
         Some(RefusalKind::ProgramNotFound) => {
             let argv = &command.spec().argv;
-            if looks_like_a_shell_line(&argv[0]) {
+            if let Some(hint) = crate::cli::habits::server_as_program(&argv[0]) {
+                failure.message = format!("{} {hint}", failure.message);
+            } else if looks_like_a_shell_line(&argv[0]) {
                 let line = argv
                     .iter()
                     .map(|arg| arg.to_string_lossy())

@@ -446,3 +446,122 @@ fn verbose_says_where_it_connects_and_how() {
         (0, "hi\n".to_string(), String::new())
     );
 }
+
+/// What ssh, scp and kill taught the hands is answered with what capexec
+/// takes instead, in one line, exit 125; ssh's -N is accepted and said to
+/// be needless; a mistyped server name gets "did you mean".
+#[test]
+fn ssh_scp_and_kill_habits_are_answered_with_what_capexec_takes() {
+    let config = TempDir::new("habits-config");
+    std::fs::create_dir_all(config.path().join("capexec")).expect("dir");
+    let file = config.path().join("capexec/config.toml");
+    std::fs::write(&file, "[servers.build]\naddress = \"unix:/nonexistent\"\n").expect("config");
+    let line = |args: &[&str]| {
+        let mut command = capexec(args);
+        command
+            .env("XDG_CONFIG_HOME", config.path())
+            .env("HOME", config.path())
+            .env_remove("CAPEXEC_CONNECT")
+            .env_remove("CAPEXEC_TOKEN");
+        let done = finish(command, None);
+        assert!(done.stdout.is_empty(), "{args:?}: {}", text(&done.stdout));
+        (done.code, text(&done.stderr))
+    };
+    let cases: [(&[&str], i32, &str); 11] = [
+        (
+            &["run", "-p", "7000", "--", "true"],
+            125,
+            "capexec: unknown option -p: the port goes in the address, --connect tcp:HOST:PORT \
+             (or HOST:PORT) (see capexec run --help)\n",
+        ),
+        (
+            &["serve", "-p", "7000"],
+            125,
+            "capexec: unknown option -p: the port goes in the address, --listen tcp:HOST:PORT \
+             (see capexec serve --help)\n",
+        ),
+        (
+            &["shell", "root@build"],
+            125,
+            "capexec: unexpected argument \"root@build\": capexec shell takes the server as \
+             --connect build (capexec has no users to log in as: a command runs as the user \
+             that runs the server) (see capexec shell --help)\n",
+        ),
+        (
+            &["run", "--connect", "root@build:7000", "--", "true"],
+            125,
+            "capexec: --connect \"root@build:7000\": capexec has no users to log in as: a \
+             command runs as the user that runs the server (start one as that user); write \
+             --connect build:7000\n",
+        ),
+        (
+            &["kill", "-9", "4242"],
+            125,
+            "capexec: unknown option -9: capexec kill takes no signal: it sends SIGTERM to each \
+             process's group, then SIGKILL to what is left after a grace (capexec kill PID) \
+             (see capexec kill --help)\n",
+        ),
+        (
+            &["kill", "-SIGKILL", "4242"],
+            125,
+            "capexec: unknown option -S: capexec kill takes no signal: it sends SIGTERM to each \
+             process's group, then SIGKILL to what is left after a grace (capexec kill PID) \
+             (see capexec kill --help)\n",
+        ),
+        (
+            &["cp", "-r", "build:/etc/ssh", "my copy"],
+            125,
+            "capexec: \"build:/etc/ssh\" is scp's HOST:PATH: capexec names the server with \
+             --connect and writes remote paths :PATH (capexec cp --connect build :/etc/ssh \
+             'my copy')\n",
+        ),
+        (
+            &["build"],
+            125,
+            "capexec: unknown command \"build\": to reach the server build, capexec shell \
+             --connect build, or capexec run --connect build -- PROGRAM (see capexec --help)\n",
+        ),
+        (
+            &["run", "build", "make"],
+            127,
+            "capexec: program not found: build (to run on the server build: capexec run \
+             --connect build -- PROGRAM)\n",
+        ),
+        (
+            &["run", "--connect", "biuld", "--", "true"],
+            125,
+            "", // below: it names the file
+        ),
+        (&["run", "--connect", "lokal", "--", "true"], 125, ""),
+    ];
+    for (args, code, expected) in cases {
+        let expected = match args.get(2) {
+            Some(&typo) if expected.is_empty() => format!(
+                "capexec: --connect \"{typo}\": no server of that name in {} (it names build; \
+                 did you mean {}?); an address is unix:PATH or tcp:HOST:PORT\n",
+                file.display(),
+                if typo == "biuld" { "build" } else { "local" }
+            ),
+            _ => expected.to_string(),
+        };
+        assert_eq!(line(args), (code, expected), "{args:?}");
+    }
+
+    let served = Served::start();
+    let forward = served.command(
+        "forward",
+        &["--connect", &served.unix, "-N", "-L", "0:localhost:1"],
+    );
+    let forward = Watched::spawn(forward);
+    forward.wait_for_stdout("-L tcp:127.0.0.1:");
+    kill(&forward.child, libc::SIGTERM);
+    let done = forward.finish();
+    assert_eq!(
+        (done.code, text(&done.stderr)),
+        (
+            0,
+            "capexec: -N is not needed: capexec forward runs no command, it only forwards\n"
+                .to_string()
+        )
+    );
+}
