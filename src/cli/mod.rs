@@ -102,7 +102,7 @@ enum Command {
     /// List the environments a server offers, with their states (`*`
     /// marks the default).
     #[command(after_help = "Example: capexec environments --connect build")]
-    Environments(Deferred<ConnectArgs>),
+    Environments(Deferred<EnvironmentsArgs>),
     /// Show what an executor reports about itself: version, features, OS,
     /// hostname, shell, working and temporary directories.
     #[command(after_help = "Example: capexec info --connect build --environment gpu")]
@@ -112,7 +112,7 @@ enum Command {
     /// ~/.config/capexec/config.toml), which `--connect NAME` reaches;
     /// each entry it gets wrong is a line on stderr (exit 125).
     #[command(after_help = "Example: capexec servers")]
-    Servers,
+    Servers(Deferred<servers::ListArgs>),
     /// Print what a new client needs to reach this machine's server: its
     /// token and the lines for the client's configuration file. Run it on
     /// the server's machine, as the server's user.
@@ -290,6 +290,19 @@ pub struct InfoArgs {
     /// several hops).
     #[arg(long, value_name = "NAME")]
     environment: Option<String>,
+    /// One JSON object instead of lines (see the README's "JSON output").
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct EnvironmentsArgs {
+    #[command(flatten)]
+    connect: ConnectArgs,
+    /// One JSON array of objects instead of a table (see the README's
+    /// "JSON output").
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -579,9 +592,9 @@ pub fn main() -> i32 {
         }
         Command::Info(Deferred(args)) => {
             logging::init(tracing::Level::WARN, logging::Style::Client, verbose);
-            inspect::info_main(args.connect, args.environment)
+            inspect::info_main(args)
         }
-        Command::Servers => servers::list_main(),
+        Command::Servers(Deferred(args)) => servers::list_main(args),
         Command::Ps(Deferred(args)) => {
             logging::init(tracing::Level::WARN, logging::Style::Client, verbose);
             admin::ps_main(args)
@@ -610,7 +623,7 @@ impl Command {
         match self {
             Command::Run(Deferred(args)) => Some(&mut args.session.connect),
             Command::Shell(Deferred(args)) => Some(&mut args.connect),
-            Command::Environments(Deferred(args)) => Some(args),
+            Command::Environments(Deferred(args)) => Some(&mut args.connect),
             Command::Info(Deferred(args)) => Some(&mut args.connect),
             Command::Cp(Deferred(args)) => Some(&mut args.connect),
             Command::Forward(args) => Some(&mut args.connect),

@@ -10,9 +10,17 @@ use crate::cli::config::{self, Config};
 use crate::cli::named::Named;
 use capexec::net::{Address, TlsServer, Token};
 
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    /// One JSON array of objects instead of a table (see the README's
+    /// "JSON output").
+    #[arg(long)]
+    json: bool,
+}
+
 /// The servers that can be reached, and a line on stderr for each part
 /// of the file that is wrong (exit 125 then).
-pub fn list_main() -> i32 {
+pub fn list_main(args: ListArgs) -> i32 {
     let config = match Config::load() {
         Ok(config) => config,
         Err(error) => {
@@ -20,7 +28,18 @@ pub fn list_main() -> i32 {
             return EXIT_CAPEXEC_FAILURE;
         }
     };
-    print!("{}", table(&config));
+    let text = if args.json {
+        crate::cli::inspect::json_line(&servers_json(&config))
+    } else {
+        table(&config)
+    };
+    if let Err(error) = crate::cli::stdio::write_answer(&text) {
+        eprintln!(
+            "capexec: cannot write the answer: {}",
+            capexec::model::io_message(&error)
+        );
+        return EXIT_CAPEXEC_FAILURE;
+    }
     for broken in &config.broken {
         eprintln!("capexec: {}", broken.message);
     }
@@ -52,12 +71,10 @@ fn table(config: &Config) -> String {
                 .unwrap_or_else(|| "-".to_string()),
         ]);
     }
-    if config.get(crate::cli::named::LOCAL).is_none()
-        && let Ok(path) = capexec::net::default_socket_path()
-    {
+    if let Some(local) = local_row(config) {
         rows.push([
             crate::cli::named::LOCAL.to_string(),
-            Address::Unix(path).to_string(),
+            local.to_string(),
             "-".to_string(),
             "-".to_string(),
         ]);
@@ -81,6 +98,63 @@ fn table(config: &Config) -> String {
         out.push('\n');
     }
     out
+}
+
+/// `servers --json`: one object per server, as the table lists them:
+/// `name`, `address`, `tls` ("pin", "ca", "first-use", "none"; null for a
+/// Unix socket), `tls_pin`, `tls_ca`, `token_file`, `environment`, and
+/// where it is defined, `file` and `line` (null for the built-in `local`).
+fn servers_json(config: &Config) -> serde_json::Value {
+    let path = |path: &Option<PathBuf>| {
+        path.as_ref()
+            .map(|path| path.to_string_lossy().into_owned())
+    };
+    let mut objects: Vec<serde_json::Value> = config
+        .servers
+        .iter()
+        .map(|entry| {
+            let server = &entry.server;
+            let trusted = trust(server);
+            let tls = match trusted.split(' ').next() {
+                Some("-") => None,
+                Some("first") => Some("first-use"),
+                other => other,
+            };
+            serde_json::json!({
+                "name": entry.name,
+                "address": server.address.to_string(),
+                "tls": tls,
+                "tls_pin": server.tls_pin,
+                "tls_ca": path(&server.tls_ca),
+                "token_file": path(&server.token_file),
+                "environment": server.environment,
+                "file": server.origin.as_ref().map(|origin| origin.file.to_string_lossy()),
+                "line": entry.line,
+            })
+        })
+        .collect();
+    if let Some(local) = local_row(config) {
+        objects.push(serde_json::json!({
+            "name": crate::cli::named::LOCAL,
+            "address": local.to_string(),
+            "tls": null,
+            "tls_pin": null,
+            "tls_ca": null,
+            "token_file": null,
+            "environment": null,
+            "file": null,
+            "line": null,
+        }));
+    }
+    serde_json::Value::Array(objects)
+}
+
+/// The default socket `local` reaches, unless the file names `local`.
+fn local_row(config: &Config) -> Option<Address> {
+    if config.get(crate::cli::named::LOCAL).is_some() {
+        return None;
+    }
+    capexec::net::default_socket_path().ok().map(Address::Unix)
 }
 
 fn trust(entry: &Named) -> String {
@@ -116,6 +190,10 @@ pub struct ClientConfigArgs {
     /// Pin the certificate `capexec serve --tls-self-signed` made.
     #[arg(long)]
     tls_self_signed: bool,
+    /// One JSON object (name, address, token, tls_pin) instead of the
+    /// lines to paste, for provisioning tools.
+    #[arg(long)]
+    json: bool,
 }
 
 pub fn client_config_main(args: ClientConfigArgs) -> i32 {
@@ -165,6 +243,14 @@ fn client_config(args: &ClientConfigArgs) -> Result<String, String> {
         None => None,
     };
     let name = &args.name;
+    if args.json {
+        return Ok(crate::cli::inspect::json_line(&serde_json::json!({
+            "name": name,
+            "address": address.to_string(),
+            "token": token.as_str(),
+            "tls_pin": pin,
+        })));
+    }
     // The client's directory, wherever its XDG_CONFIG_HOME puts it; the
     // token file beside the configuration file, where a relative
     // token-file is looked for.

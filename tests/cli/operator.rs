@@ -823,3 +823,126 @@ fn listed_about(overview: &str, subcommand: &str) -> String {
         })
         .unwrap_or_else(|| panic!("{subcommand} is not listed in:\n{overview}"))
 }
+
+/// `--json` wherever a command prints a table or a record: one document on
+/// stdout, with the field names the README lists.
+#[test]
+fn tables_and_records_come_as_json_on_request() {
+    let served = Served::start_with(&["--upstream", "far=unix:/nonexistent", "--tls-self-signed"]);
+    let config = TempDir::new("cli-json");
+    let runtime = TempDir::new("cli-json-runtime");
+    let file = write_config(
+        config.path(),
+        &format!(
+            "[servers.box]\naddress = \"{}\"\nenvironment = \"far\"\n\n[servers.net]\naddress = \
+             \"{}\"\ntoken-file = \"{}\"\ntls-pin = \"{}\"\n",
+            served.unix,
+            served.tcp,
+            served.token_arg(),
+            "ab".repeat(32)
+        ),
+    );
+    let output = |subcommand: &str, args: &[&str]| {
+        let mut command = configured(config.path(), subcommand, args);
+        command.env("XDG_RUNTIME_DIR", runtime.path());
+        let done = finish(command, None);
+        assert_eq!(done.code, 0, "{subcommand}: {}", text(&done.stderr));
+        text(&done.stdout)
+    };
+    let json = |subcommand: &str, args: &[&str]| {
+        let stdout = output(subcommand, args);
+        assert!(
+            stdout.ends_with("}\n") || stdout.ends_with("]\n"),
+            "{stdout}"
+        );
+        assert_eq!(stdout.lines().count(), 1, "{stdout}");
+        stdout
+    };
+    assert_eq!(
+        json("servers", &["--json"]),
+        format!(
+            "[{{\"address\":\"{unix}\",\"environment\":\"far\",\"file\":\"{file}\",\"line\":1,\
+             \"name\":\"box\",\"tls\":null,\"tls_ca\":null,\"tls_pin\":null,\"token_file\":null}},\
+             {{\"address\":\"{tcp}\",\"environment\":null,\"file\":\"{file}\",\"line\":5,\
+             \"name\":\"net\",\"tls\":\"pin\",\"tls_ca\":null,\"tls_pin\":\"{pin}\",\
+             \"token_file\":\"{token}\"}},{{\"address\":\"unix:{runtime}/capexec/capexec.sock\",\
+             \"environment\":null,\"file\":null,\"line\":null,\"name\":\"local\",\"tls\":null,\
+             \"tls_ca\":null,\"tls_pin\":null,\"token_file\":null}}]\n",
+            unix = served.unix,
+            tcp = served.tcp,
+            file = file.display(),
+            pin = "ab".repeat(32),
+            token = served.token_arg(),
+            runtime = runtime.path().display()
+        )
+    );
+    assert_eq!(
+        json("environments", &["--connect", &served.unix, "--json"]),
+        "[{\"address\":null,\"default\":true,\"name\":\"local\",\"reason\":null,\
+         \"retry_in_ms\":null,\"state\":\"local\"},{\"address\":\"unix:/nonexistent\",\
+         \"default\":false,\"name\":\"far\",\"reason\":null,\"retry_in_ms\":null,\
+         \"state\":\"idle\"}]\n"
+    );
+    let info: serde_json::Value =
+        serde_json::from_str(&json("info", &["--connect", &served.unix, "--json"]))
+            .expect("info is JSON");
+    let lines = output("info", &["--connect", &served.unix]);
+    let object = info.as_object().expect("an object");
+    let keys: Vec<&str> = object.keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        [
+            "arch",
+            "cwd",
+            "environment",
+            "features",
+            "hostname",
+            "os",
+            "shell",
+            "temp",
+            "version"
+        ]
+    );
+    // The same values as the lines, under the lines' labels.
+    for line in lines.lines() {
+        let (label, value) = line.split_once(": ").expect("label: value");
+        let json_value = match &object[label] {
+            serde_json::Value::Array(features) => features
+                .iter()
+                .map(|f| f.as_str().expect("a feature"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            other => other.as_str().expect("a string").to_string(),
+        };
+        assert_eq!(json_value, value, "{label}");
+    }
+    let cert = served.home.path().join(".config/capexec/server-cert.pem");
+    let fingerprint = capexec::net::TlsServer::certificate_fingerprint(&cert).expect("cert");
+    let client = finish(
+        served.command(
+            "client-config",
+            &[
+                "build",
+                "--address",
+                &served.tcp,
+                "--token-file",
+                &served.token_arg(),
+                "--tls-self-signed",
+                "--json",
+            ],
+        ),
+        None,
+    );
+    assert_eq!(
+        (client.code, text(&client.stdout)),
+        (
+            0,
+            format!(
+                "{{\"address\":\"{}\",\"name\":\"build\",\"tls_pin\":\"{fingerprint}\",\
+                 \"token\":\"{}\"}}\n",
+                served.tcp,
+                served.token().as_str()
+            )
+        )
+    );
+}
