@@ -109,8 +109,10 @@ enum Command {
     Info(Deferred<InfoArgs>),
     /// List the servers named in the configuration file
     /// ($XDG_CONFIG_HOME/capexec/config.toml, else
-    /// ~/.config/capexec/config.toml), which `--connect NAME` reaches;
-    /// each entry it gets wrong is a line on stderr (exit 125).
+    /// ~/.config/capexec/config.toml), which `--connect NAME` reaches.
+    ///
+    /// Each entry the file gets wrong is a line on stderr (exit 125); the
+    /// others are listed all the same.
     #[command(after_help = "Example: capexec servers")]
     Servers(Deferred<servers::ListArgs>),
     /// Print what a new client needs to reach this machine's server: its
