@@ -126,8 +126,14 @@ interface Executor {
   #                                in a sandbox, it or an interpreter of its
   #                                `#!` lines lies outside the readable
   #                                roots: the description names that file
-  #                                and ends "(add its directory as a
-  #                                read-only root: DIR)"; the CLI exits 126);
+  #                                and ends "(add WHAT as a read-only root:
+  #                                DIR)", DIR being what makes it run: its
+  #                                directory; a version manager's shim's
+  #                                (`M/shims/NAME`) M; a program of an
+  #                                installation's `bin` beside its `lib`,
+  #                                the installation; a virtualenv's
+  #                                program, the virtualenv (`pyvenv.cfg`
+  #                                above its `bin`); the CLI exits 126);
   #   [capexec:bad-cwd]            `cwd` does not exist or is not a directory;
   #   [capexec:unsupported]        the server cannot honour a requested
   #                                feature;
@@ -1164,8 +1170,9 @@ struct Sandbox {
   # Start even if the kernel cannot enforce all of the sandbox (an old
   # kernel, Landlock disabled, no seccomp), and say what was not enforced
   # in `ProcessInfo.confinement.notEnforced`. Without it such a start fails
-  # with `[capexec:unsupported]`, naming what is missing. Never silently
-  # unconfined.
+  # with `[capexec:unsupported]`, naming what is missing and why, and
+  # ending "bestEffort (capexec run --best-effort) starts it without
+  # them". Never silently unconfined.
 
   allowNamespaces @6 :Bool;
   # The process may make namespaces. Without it (the default) its seccomp

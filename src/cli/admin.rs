@@ -65,7 +65,7 @@ pub fn ps_main(args: PsArgs) -> i32 {
             let connection = connect(&args.admin).await?;
             capexec::client::admin::processes(&connection.admin())
                 .await
-                .map_err(|error| describe(&error))
+                .map_err(|error| describe(&connection, &error))
         };
         match listed.await {
             Ok(records) => {
@@ -100,7 +100,10 @@ pub fn kill_main(args: KillArgs) -> i32 {
                 Ok(true) => {}
                 Ok(false) => stdio::note(&format!("{pid} had already exited")),
                 Err(error) => {
-                    stdio::note(&format!("{pid}: {}", describe(&error)));
+                    if let Some(not_capexec) = connection.not_a_capexec_server() {
+                        return fail(&not_capexec.to_string());
+                    }
+                    stdio::note(&format!("{pid}: {}", describe(&connection, &error)));
                     code = EXIT_CAPEXEC_FAILURE;
                 }
             }
@@ -109,7 +112,10 @@ pub fn kill_main(args: KillArgs) -> i32 {
     })
 }
 
-fn describe(error: &capexec::client::Error) -> String {
+fn describe(connection: &net::AdminConnection, error: &capexec::client::Error) -> String {
+    if let Some(not_capexec) = connection.not_a_capexec_server() {
+        return not_capexec.to_string();
+    }
     match error {
         capexec::client::Error::Rpc(error) if error.kind == capnp::ErrorKind::Unimplemented => {
             "this socket does not serve the admin capability (give the path of serve --admin)"

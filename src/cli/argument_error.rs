@@ -12,6 +12,11 @@ pub fn one_line(error: &clap::Error, subcommand: Option<&str>) -> String {
     let problem = match error.kind() {
         ErrorKind::UnknownArgument => {
             let arg = text(ContextKind::InvalidArg).unwrap_or_default();
+            let habit = crate::cli::habits::unknown_option(&arg, subcommand)
+                .or_else(|| crate::cli::habits::positional_host(&arg, subcommand));
+            if let Some(hint) = habit {
+                return with_help(hint, subcommand);
+            }
             let mut line = if arg.starts_with('-') {
                 format!("unknown option {arg}")
             } else {
@@ -26,7 +31,10 @@ pub fn one_line(error: &clap::Error, subcommand: Option<&str>) -> String {
             let name = text(ContextKind::InvalidSubcommand).unwrap_or_default();
             match text(ContextKind::SuggestedSubcommand) {
                 Some(suggested) => format!("unknown command {name:?} (did you mean {suggested}?)"),
-                None => format!("unknown command {name:?}"),
+                None => match crate::cli::habits::server_as_command(&name) {
+                    Some(hint) => hint,
+                    None => format!("unknown command {name:?}"),
+                },
             }
         }
         ErrorKind::ValueValidation => {
@@ -67,6 +75,11 @@ pub fn one_line(error: &clap::Error, subcommand: Option<&str>) -> String {
         }
         _ => first_line(error),
     };
+    with_help(problem, subcommand)
+}
+
+/// `problem`, then where to read more.
+fn with_help(problem: String, subcommand: Option<&str>) -> String {
     match subcommand {
         Some(name) => format!("{problem} (see capexec {name} --help)"),
         None => format!("{problem} (see capexec --help)"),

@@ -1,7 +1,9 @@
 //! How many processes and connections `capexec serve` holds, checked
 //! against what its descriptor limit carries (see
-//! `engine::descriptors`): the defaults are lowered to fit, with a word at
-//! start; an explicit `--max-processes` that cannot be carried is refused.
+//! `engine::descriptors`): the defaults are lowered to fit, with a note at
+//! start (the usual case on a machine with a modest descriptor limit, not
+//! something to warn about); an explicit value lowered is warned about, and
+//! an explicit `--max-processes` that cannot be carried is refused.
 //!
 //! The rule that keeps clients from starving each other: processes never
 //! use the descriptors kept for connections, so accepting connections and
@@ -45,6 +47,9 @@ pub struct Lowered {
     pub from: usize,
     pub to: usize,
     pub why: &'static str,
+    /// The operator gave the value (a warning), or it was the default (a
+    /// note).
+    pub asked: bool,
 }
 
 impl std::fmt::Display for Lowered {
@@ -86,6 +91,7 @@ pub fn fit(asked: Asked, budget: DescriptorBudget) -> Result<Capacity, String> {
                 from: DEFAULT_MAX_PROCESSES,
                 to: carried,
                 why: "all the descriptor limit carries (raise it with ulimit -n for more)",
+                asked: false,
             });
             carried
         }
@@ -105,6 +111,7 @@ pub fn fit(asked: Asked, budget: DescriptorBudget) -> Result<Capacity, String> {
                 to: fair_share,
                 why: "at most seven eighths of --max-processes, so that one connection at \
                       its quota leaves room for the others",
+                asked: true,
             });
         }
         fair_share
@@ -120,6 +127,7 @@ pub fn fit(asked: Asked, budget: DescriptorBudget) -> Result<Capacity, String> {
             from: wanted,
             to: room,
             why: "at most half the descriptors kept for connections",
+            asked: asked.pending.is_some(),
         });
         room
     } else {
@@ -161,7 +169,7 @@ mod tests {
         let capacity = fit(Asked::default(), budget).expect("fits");
         assert_eq!(capacity.max_processes, carried);
         assert_eq!(capacity.per_connection, carried - carried / 8);
-        assert!(capacity.lowered[0].is_some());
+        assert!(capacity.lowered[0].is_some_and(|lowered| !lowered.asked));
         // The quota follows the rule without a word when it was not asked.
         assert!(capacity.lowered[1].is_none());
         assert_eq!(capacity.pending.total, 32);
@@ -189,6 +197,6 @@ mod tests {
         )
         .expect("fits");
         assert_eq!((asked.max_processes, asked.per_connection), (10, 9));
-        assert!(asked.lowered[1].is_some());
+        assert!(asked.lowered[1].is_some_and(|lowered| lowered.asked));
     }
 }

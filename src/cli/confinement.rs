@@ -50,6 +50,13 @@ pub struct ConfinementArgs {
     /// CPUs the tree may use (fractions allowed: 0.5; at least 0.01).
     #[arg(long, value_name = "N", value_parser = parse_cpus)]
     pub cpus: Option<u32>,
+    /// Start even where the server cannot enforce all of the sandbox or
+    /// the limits asked for, and say on stderr what it does not enforce;
+    /// without it such a start is refused (exit 125). For `serve`: the
+    /// policy's sandbox and limits are relaxed so for starts that ask for
+    /// none of their own or for best effort too (logged at start-up).
+    #[arg(long = "best-effort")]
+    pub best_effort: bool,
 }
 
 fn parse_network(text: &str) -> Result<Network, String> {
@@ -67,6 +74,13 @@ impl ConfinementArgs {
             && !self.allow_namespaces
             && !self.keep_root
         {
+            if self.best_effort && self.limits().is_empty() {
+                return Err(
+                    "--best-effort needs a sandbox (--sandbox, --read-only, --writable...) \
+                            or a limit (--memory, --max-pids, --cpus) to relax"
+                        .to_string(),
+                );
+            }
             return Ok(None);
         }
         let absolute = |paths: &[PathBuf]| {
@@ -84,6 +98,7 @@ impl ConfinementArgs {
             network: self.network.unwrap_or_default(),
             allow_namespaces: self.allow_namespaces,
             keep_root: self.keep_root,
+            best_effort: self.best_effort,
             ..Sandbox::default()
         }))
     }
@@ -93,7 +108,34 @@ impl ConfinementArgs {
             memory_bytes: self.memory,
             max_pids: self.max_pids,
             cpu_millis: self.cpus,
-            best_effort: false,
+            best_effort: self.best_effort,
         }
+    }
+}
+
+/// With `--best-effort`, what the server did not enforce, said on stderr
+/// before the command's output is relayed: never weaker without a word.
+pub async fn say_what_is_not_enforced(
+    command: &capexec::client::Command,
+    process: &capexec::client::ResilientProcess,
+) {
+    let spec = command.spec();
+    let asked = spec
+        .sandbox
+        .as_ref()
+        .is_some_and(|sandbox| sandbox.best_effort)
+        || spec.limits.best_effort;
+    if !asked {
+        return;
+    }
+    match process.info().await {
+        Ok(info) if info.confinement.not_enforced.is_empty() => {}
+        Ok(info) => crate::cli::stdio::note(&format!(
+            "best effort: this server does not enforce {}; the command runs without them",
+            info.confinement.not_enforced.join(", ")
+        )),
+        Err(error) => crate::cli::stdio::note(&format!(
+            "best effort: cannot learn what the server enforces: {error}"
+        )),
     }
 }

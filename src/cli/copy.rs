@@ -172,6 +172,9 @@ pub fn main(args: CpArgs) -> i32 {
                 false
             }
             _ => {
+                if let Some(hint) = crate::cli::habits::scp_paths(&args.paths) {
+                    return usage(&hint);
+                }
                 return usage(
                     "cp copies between this machine and the executor's: the sources on one \
                      side, the destination on the other, remote paths written :PATH",

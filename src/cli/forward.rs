@@ -28,6 +28,9 @@ use crate::cli::{EXIT_CAPEXEC_FAILURE, ForwardArgs, stdio, target};
 const CHUNK_BYTES: usize = 64 * 1024;
 
 pub fn main(args: ForwardArgs) -> i32 {
+    if args.no_command {
+        stdio::note("-N is not needed: capexec forward runs no command, it only forwards");
+    }
     crate::cli::run_local(async move {
         match forward(args).await {
             Ok(code) => code,

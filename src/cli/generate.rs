@@ -55,7 +55,12 @@ pub fn completions_main(args: CompletionArgs) -> i32 {
 }
 
 pub fn man_main(args: ManArgs) -> i32 {
-    let command = crate::cli::command();
+    // The version alone: `--version`'s second line (the protocol's
+    // features) would end the .TH line's quoted field, and roff would
+    // print it above NAME.
+    let command = crate::cli::command()
+        .version(env!("CARGO_PKG_VERSION"))
+        .propagate_version(true);
     let written = match &args.dir {
         None => clap_mangen::Man::new(command).render(&mut std::io::stdout()),
         Some(dir) => {

@@ -1,4 +1,4 @@
-//! Logs on stderr, filtered by `RUST_LOG`. The server keeps the usual
+//! Logs on stderr, filtered by `RUST_LOG` (or `-v`). The server keeps the usual
 //! timestamped lines of a daemon; the client commands (`run`, `shell`,
 //! `environments`, `info`) print what they log in their own one-line
 //! style, `capexec: warning: ...`, like every other message of theirs.
@@ -18,17 +18,20 @@ pub enum Style {
     Client,
 }
 
-/// Logs go to stderr only, filtered by `RUST_LOG` (else `default`), so
-/// stdout stays the child's (or the listener addresses).
-pub fn init(default: Level, style: Style) {
+/// Logs go to stderr only, filtered by `RUST_LOG` (else `default`, or
+/// with `verbose` capexec's own debug lines too), so stdout stays the
+/// child's (or the listener addresses).
+pub fn init(default: Level, style: Style, verbose: bool) {
     let builder = tracing_subscriber::fmt()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
-    // A plain level filter unless RUST_LOG asks for more: cheaper to set up,
-    // which short commands notice.
+    // A plain level filter unless RUST_LOG or -v asks for more: cheaper to
+    // set up, which short commands notice. -v is capexec's own debug lines,
+    // not those of every library it uses (TLS, RPC).
     let directives = std::env::var("RUST_LOG")
         .ok()
-        .filter(|directives| !directives.is_empty());
+        .filter(|directives| !directives.is_empty())
+        .or_else(|| verbose.then(|| format!("{},capexec=debug", default.as_str().to_lowercase())));
     match (style, directives) {
         (Style::Server, Some(directives)) => builder
             .with_env_filter(tracing_subscriber::EnvFilter::new(directives))

@@ -11,6 +11,7 @@ mod duration;
 mod forward;
 mod forward_spec;
 mod generate;
+mod habits;
 mod input;
 mod inspect;
 mod known_servers;
@@ -49,6 +50,11 @@ pub const EXIT_KILLED_BY_MEMORY_LIMIT: i32 = 137;
     after_help = "Example: capexec run --connect build -- make -j8"
 )]
 struct Cli {
+    /// Say what capexec itself does, on stderr (`capexec: debug: ...`):
+    /// where --connect leads and how it is trusted, the connection, the
+    /// login, the start and the exit. RUST_LOG, when set, decides instead.
+    #[arg(short = 'v', long, global = true)]
+    verbose: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -96,7 +102,7 @@ enum Command {
     /// List the environments a server offers, with their states (`*`
     /// marks the default).
     #[command(after_help = "Example: capexec environments --connect build")]
-    Environments(Deferred<ConnectArgs>),
+    Environments(Deferred<EnvironmentsArgs>),
     /// Show what an executor reports about itself: version, features, OS,
     /// hostname, shell, working and temporary directories.
     #[command(after_help = "Example: capexec info --connect build --environment gpu")]
@@ -104,8 +110,11 @@ enum Command {
     /// List the servers named in the configuration file
     /// ($XDG_CONFIG_HOME/capexec/config.toml, else
     /// ~/.config/capexec/config.toml), which `--connect NAME` reaches.
+    ///
+    /// Each entry the file gets wrong is a line on stderr (exit 125); the
+    /// others are listed all the same.
     #[command(after_help = "Example: capexec servers")]
-    Servers,
+    Servers(Deferred<servers::ListArgs>),
     /// Print what a new client needs to reach this machine's server: its
     /// token and the lines for the client's configuration file. Run it on
     /// the server's machine, as the server's user.
@@ -175,8 +184,14 @@ pub struct ConnectArgs {
     /// unix:PATH or tcp:HOST:PORT (also written /PATH and HOST:PORT), the
     /// NAME of a server in the configuration file (see `capexec
     /// servers`), or `local` for the default socket of `capexec serve`.
+    /// CAPEXEC_CONNECT gives it when the flag is not given (empty: as if
+    /// unset).
     #[arg(long, value_name = "ADDR|NAME", env = "CAPEXEC_CONNECT")]
     connect: Option<String>,
+    /// `connect` came from CAPEXEC_CONNECT, not the flag: errors name the
+    /// variable.
+    #[arg(skip)]
+    connect_from_variable: bool,
     /// Read the login token for tcp: addresses from FILE. Default: the
     /// token itself in $CAPEXEC_TOKEN, else the file
     /// $XDG_CONFIG_HOME/capexec/token or ~/.config/capexec/token.
@@ -263,6 +278,10 @@ pub struct ForwardArgs {
     #[arg(short = 'R', value_name = "[BIND_ADDRESS:]PORT:HOST:HOSTPORT",
           value_parser = forward_spec::parse)]
     remote: Vec<forward_spec::ForwardSpec>,
+    /// ssh's -N, by habit: accepted and said to be needless (forward runs
+    /// no command).
+    #[arg(short = 'N', hide = true)]
+    no_command: bool,
 }
 
 #[derive(Args, Debug)]
@@ -273,6 +292,19 @@ pub struct InfoArgs {
     /// several hops).
     #[arg(long, value_name = "NAME")]
     environment: Option<String>,
+    /// One JSON object instead of lines (see the README's "JSON output").
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct EnvironmentsArgs {
+    #[command(flatten)]
+    connect: ConnectArgs,
+    /// One JSON array of objects instead of a table (see the README's
+    /// "JSON output").
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -531,53 +563,97 @@ pub fn main() -> i32 {
             }
         };
     }
-    let parsed = command()
-        .try_get_matches()
-        .and_then(|matches| Cli::from_arg_matches(&matches));
+    let parsed = command().try_get_matches().and_then(|matches| {
+        let mut cli = Cli::from_arg_matches(&matches)?;
+        if let Some(connect) = cli.command.connect_args_mut() {
+            connect.note_source(&matches);
+        }
+        Ok(cli)
+    });
     let cli = match parsed {
         Ok(cli) => cli,
         Err(error) => return argument_failure(&error),
     };
+    let verbose = cli.verbose;
     match cli.command {
         Command::Run(Deferred(args)) => {
-            logging::init(tracing::Level::WARN, logging::Style::Client);
+            logging::init(tracing::Level::WARN, logging::Style::Client, verbose);
             run::main(args.session, args.argv)
         }
         Command::Shell(Deferred(args)) => {
-            logging::init(tracing::Level::WARN, logging::Style::Client);
+            logging::init(tracing::Level::WARN, logging::Style::Client, verbose);
             run::main(args, Vec::new())
         }
         Command::Serve(Deferred(args)) => {
-            logging::init(tracing::Level::INFO, logging::Style::Server);
+            logging::init(tracing::Level::INFO, logging::Style::Server, verbose);
             serve::main(*args)
         }
         Command::Environments(Deferred(args)) => {
-            logging::init(tracing::Level::WARN, logging::Style::Client);
+            logging::init(tracing::Level::WARN, logging::Style::Client, verbose);
             inspect::environments_main(args)
         }
         Command::Info(Deferred(args)) => {
-            logging::init(tracing::Level::WARN, logging::Style::Client);
-            inspect::info_main(args.connect, args.environment)
+            logging::init(tracing::Level::WARN, logging::Style::Client, verbose);
+            inspect::info_main(args)
         }
-        Command::Servers => servers::list_main(),
+        Command::Servers(Deferred(args)) => servers::list_main(args),
         Command::Ps(Deferred(args)) => {
-            logging::init(tracing::Level::WARN, logging::Style::Client);
+            logging::init(tracing::Level::WARN, logging::Style::Client, verbose);
             admin::ps_main(args)
         }
         Command::Kill(Deferred(args)) => {
-            logging::init(tracing::Level::WARN, logging::Style::Client);
+            logging::init(tracing::Level::WARN, logging::Style::Client, verbose);
             admin::kill_main(args)
         }
         Command::ClientConfig(Deferred(args)) => servers::client_config_main(args),
         Command::Completions(Deferred(args)) => generate::completions_main(args),
         Command::Man(Deferred(args)) => generate::man_main(args),
         Command::Cp(Deferred(args)) => {
-            logging::init(tracing::Level::WARN, logging::Style::Client);
+            logging::init(tracing::Level::WARN, logging::Style::Client, verbose);
             copy::main(args)
         }
         Command::Forward(args) => {
-            logging::init(tracing::Level::WARN, logging::Style::Client);
+            logging::init(tracing::Level::WARN, logging::Style::Client, verbose);
             forward::main(args)
+        }
+    }
+}
+
+impl Command {
+    /// The `--connect` options of the subcommands that have them.
+    fn connect_args_mut(&mut self) -> Option<&mut ConnectArgs> {
+        match self {
+            Command::Run(Deferred(args)) => Some(&mut args.session.connect),
+            Command::Shell(Deferred(args)) => Some(&mut args.connect),
+            Command::Environments(Deferred(args)) => Some(&mut args.connect),
+            Command::Info(Deferred(args)) => Some(&mut args.connect),
+            Command::Cp(Deferred(args)) => Some(&mut args.connect),
+            Command::Forward(args) => Some(&mut args.connect),
+            _ => None,
+        }
+    }
+}
+
+impl ConnectArgs {
+    /// Notes whether `--connect` came from CAPEXEC_CONNECT, which counts
+    /// as unset when empty (as an empty DOCKER_HOST does).
+    fn note_source(&mut self, matches: &clap::ArgMatches) {
+        let from_variable = matches.subcommand().is_some_and(|(_, matches)| {
+            matches.ids().any(|id| id.as_str() == "connect")
+                && matches.value_source("connect") == Some(clap::parser::ValueSource::EnvVariable)
+        });
+        if from_variable && self.connect.as_deref().is_some_and(str::is_empty) {
+            self.connect = None;
+        }
+        self.connect_from_variable = from_variable && self.connect.is_some();
+    }
+
+    /// What gave `--connect`, as errors name it.
+    pub fn connect_given(&self) -> &'static str {
+        if self.connect_from_variable {
+            named::CONNECT_VARIABLE
+        } else {
+            "--connect"
         }
     }
 }

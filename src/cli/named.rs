@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use capexec::net::Address;
 
-use crate::cli::config::{self, Config};
+use crate::cli::config::{self, Config, Lookup};
 
 /// A server to connect to, with what the configuration file says about it
 /// (flags given on the command line win).
@@ -54,38 +54,89 @@ impl Origin {
 /// The name `--connect local` gives the default socket.
 pub const LOCAL: &str = "local";
 
-/// Resolves `text` as `--connect` takes it.
-pub fn resolve(text: &str) -> Result<Named, String> {
+/// The variable that gives `--connect` when the flag is not given.
+pub const CONNECT_VARIABLE: &str = "CAPEXEC_CONNECT";
+
+/// What a `--connect` value (or a configuration file's address) is, by
+/// its shape.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Typed {
+    Address(Address),
+    /// An address that is wrong: why.
+    Invalid(String),
+    /// HOST:PORT whose PORT is not a number.
+    NotAPort {
+        text: String,
+        port: String,
+    },
+    /// No address: a server's name.
+    Name,
+}
+
+/// An address as people type them: `unix:PATH`, `tcp:HOST:PORT`, a path
+/// (anything with a `/`) or `HOST:PORT`.
+pub fn typed(text: &str) -> Typed {
     if text.starts_with("unix:") || text.starts_with("tcp:") {
-        let address = text
-            .parse::<Address>()
-            .map_err(|error| format!("--connect {error}"))?;
-        return Ok(at(address));
-    }
-    if text.contains('/') {
-        // A path, as people type one: a Unix socket.
-        return Ok(at(Address::Unix(PathBuf::from(text))));
-    }
-    if let Some((host, port)) = text.rsplit_once(':') {
-        return match (format!("tcp:{text}")).parse::<Address>() {
-            Ok(address) if !host.is_empty() => Ok(at(address)),
-            // A port, but a host the parser refused (an unbracketed IPv6).
-            Err(error) if !host.is_empty() && port.parse::<u16>().is_ok() => {
-                Err(format!("--connect {error}"))
-            }
-            _ => Err(format!(
-                "--connect {text:?}: {port:?} is not a port number; write tcp:HOST:PORT, \
-                 unix:PATH or the name of a server in the configuration file"
-            )),
+        return match text.parse::<Address>() {
+            Ok(address) => Typed::Address(address),
+            Err(why) => Typed::Invalid(why),
         };
     }
+    if text.contains('/') {
+        return Typed::Address(Address::Unix(PathBuf::from(text)));
+    }
+    let Some((host, port)) = text.rsplit_once(':') else {
+        return Typed::Name;
+    };
+    match format!("tcp:{text}").parse::<Address>() {
+        Ok(address) if !host.is_empty() => Typed::Address(address),
+        // A port, but a host the parser refused (an unbracketed IPv6).
+        Err(why) if !host.is_empty() && port.parse::<u16>().is_ok() => Typed::Invalid(why),
+        _ => Typed::NotAPort {
+            text: text.to_string(),
+            port: port.to_string(),
+        },
+    }
+}
+
+/// Resolves `text` as `--connect` takes it.
+pub fn resolve(text: &str) -> Result<Named, String> {
+    resolve_given(text, "--connect")
+}
+
+/// Resolves `text` as `--connect` takes it, given by `given` (the flag, or
+/// the variable), which errors name.
+pub fn resolve_given(text: &str, given: &str) -> Result<Named, String> {
+    let named = |why: String| {
+        if given == CONNECT_VARIABLE {
+            format!("{given}={why}")
+        } else {
+            format!("{given} {why}")
+        }
+    };
+    if let Some(hint) = crate::cli::habits::user_at_host(text, given) {
+        return Err(hint);
+    }
+    match typed(text) {
+        Typed::Address(address) => return Ok(at(address)),
+        Typed::Invalid(why) => return Err(named(why)),
+        Typed::NotAPort { text, port } => {
+            return Err(named(format!(
+                "{text:?}: {port:?} is not a port number; write tcp:HOST:PORT, unix:PATH or the \
+                 name of a server in the configuration file"
+            )));
+        }
+        Typed::Name => {}
+    }
     let config = Config::load()?;
-    if let Some(entry) = config.get(text) {
-        return Ok(entry.server.clone());
+    match config.lookup(text) {
+        Lookup::Found(entry) => return Ok(entry.server.clone()),
+        Lookup::Broken(why) => return Err(why.to_string()),
+        Lookup::Unknown => {}
     }
     if text == LOCAL {
-        let path =
-            capexec::net::default_socket_path().map_err(|why| format!("--connect local: {why}"))?;
+        let path = capexec::net::default_socket_path()
+            .map_err(|why| named(format!("{}: {why}", LOCAL)))?;
         return Ok(at(Address::Unix(path)));
     }
     let place = match config::path() {
@@ -97,15 +148,22 @@ pub fn resolve(text: &str) -> Result<Named, String> {
         .iter()
         .map(|entry| entry.name.as_str())
         .collect::<Vec<_>>();
-    let listed = if known.is_empty() {
+    let mut listed = if known.is_empty() {
         "it names none".to_string()
     } else {
         format!("it names {}", known.join(", "))
     };
-    Err(format!(
-        "--connect {text:?}: no server of that name {place} ({listed}); an address is \
-         unix:PATH or tcp:HOST:PORT"
-    ))
+    let mut candidates = known.clone();
+    if config.get(LOCAL).is_none() {
+        candidates.push(LOCAL);
+    }
+    if let Some(close) = crate::cli::habits::did_you_mean(text, &candidates) {
+        listed.push_str(&format!("; did you mean {close}?"));
+    }
+    Err(named(format!(
+        "{text:?}: no server of that name {place} ({listed}); an address is unix:PATH or \
+         tcp:HOST:PORT"
+    )))
 }
 
 /// A bare address: nothing more is known of the server.

@@ -176,6 +176,7 @@ async fn run_to_close(
             Failure::capexec(format!("cannot follow the command: {error}"))
         }
     })?;
+    crate::cli::confinement::say_what_is_not_enforced(&command, &process).await;
 
     let mut output = OutputWriter::new();
     // A stdin the command was handed is read by the command alone.

@@ -23,9 +23,13 @@ use crate::cli::{SessionArgs, forward, local_terminal, stdio, stdio_handoff, tar
 pub fn main(args: SessionArgs, argv: Vec<OsString>) -> i32 {
     crate::cli::run_local(async move {
         match run(args, argv).await {
-            Ok(code) => code,
+            Ok(code) => {
+                tracing::debug!("exit status {code}: the command's");
+                code
+            }
             Err(failure) => {
                 stdio::note(&failure.message);
+                tracing::debug!("exit status {}", failure.code);
                 failure.code
             }
         }
@@ -116,6 +120,16 @@ async fn run(mut args: SessionArgs, argv: Vec<OsString>) -> Result<i32, Failure>
         .await?
         .map_err(Failure::capexec)?;
         let forwards = Rc::new(forwards);
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let program = command.spec().argv.first().cloned().unwrap_or_default();
+            match &args.environment {
+                Some(environment) => tracing::debug!(
+                    "starting {} in the environment {environment}",
+                    program.to_string_lossy()
+                ),
+                None => tracing::debug!("starting {}", program.to_string_lossy()),
+            }
+        }
         let session = Session::new(executor, Some(Box::new(target)));
         let resume = resume.map(|grace| (forwarded(reconnect(&args), &forwards), grace));
         let signals = relay::Watched {
@@ -263,7 +277,9 @@ async fn explained(
         }
         Some(RefusalKind::ProgramNotFound) => {
             let argv = &command.spec().argv;
-            if looks_like_a_shell_line(&argv[0]) {
+            if let Some(hint) = crate::cli::habits::server_as_program(&argv[0]) {
+                failure.message = format!("{} {hint}", failure.message);
+            } else if looks_like_a_shell_line(&argv[0]) {
                 let line = argv
                     .iter()
                     .map(|arg| arg.to_string_lossy())
@@ -291,9 +307,10 @@ async fn explained(
 }
 
 /// A program (or its interpreter) outside the sandbox's readable roots:
-/// the executor names the directory, the command line has the flag.
+/// the executor names the directory that admits it, the command line has
+/// the flag ("(add its directory with --read-only DIR)").
 fn with_read_only_flag(message: &str) -> Option<String> {
-    let (before, directory) = message.rsplit_once(capexec::sandbox::ADD_DIRECTORY)?;
+    let (before, directory) = message.rsplit_once(capexec::sandbox::AS_READ_ONLY_ROOT)?;
     let directory = directory.strip_suffix(')')?;
     let plain = directory
         .bytes()
@@ -303,9 +320,7 @@ fn with_read_only_flag(message: &str) -> Option<String> {
     } else {
         format!("'{}'", directory.replace('\'', "'\\''"))
     };
-    Some(format!(
-        "{before}(add its directory with --read-only {directory})"
-    ))
+    Some(format!("{before} with --read-only {directory})"))
 }
 
 /// Whether a program name that was not found is really a line for a shell

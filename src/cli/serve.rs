@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use crate::cli::capacity::{self, Asked, Capacity};
+use crate::cli::config::Lookup;
 use crate::cli::{EXIT_CAPEXEC_FAILURE, ServeArgs, target};
 use capexec::engine::descriptors::DescriptorBudget;
 use capexec::engine::{self, ChildSetup, Engine, ProcessLimits};
@@ -111,6 +112,18 @@ pub fn main(args: ServeArgs) -> i32 {
             return EXIT_CAPEXEC_FAILURE;
         }
     };
+    if let Some(policy) = &policy
+        && (policy
+            .sandbox
+            .as_ref()
+            .is_some_and(|sandbox| sandbox.best_effort)
+            || policy.limits.best_effort)
+    {
+        tracing::warn!(
+            "--best-effort: starts run without what this server cannot enforce of the policy's \
+             sandbox and limits (their ProcessInfo says what)"
+        );
+    }
     let mut tls_files = args.tls_cert.clone().zip(args.tls_key.clone());
     if args.tls_self_signed {
         match crate::cli::self_signed::load_or_make() {
@@ -342,9 +355,10 @@ fn upstreams(args: &ServeArgs) -> Result<Vec<UpstreamConfig>, String> {
         // its token file and TLS trust unless flags give them.
         let (address, named) = match address.parse::<Address>() {
             Ok(address) => (address, None),
-            Err(error) => match crate::cli::config::Config::load()?.get(address) {
-                Some(entry) => (entry.server.address.clone(), Some(entry.server.clone())),
-                None => {
+            Err(error) => match crate::cli::config::Config::load()?.lookup(address) {
+                Lookup::Found(entry) => (entry.server.address.clone(), Some(entry.server.clone())),
+                Lookup::Broken(why) => return Err(format!("--upstream {name}: {why}")),
+                Lookup::Unknown => {
                     return Err(format!(
                         "--upstream {name}: {error}, or the name of a server in the \
                          configuration file"
@@ -520,8 +534,14 @@ fn descriptor_capacity(args: &ServeArgs) -> Result<Capacity, String> {
 /// Says at start what the server holds, and what was lowered to fit.
 fn log_capacity(capacity: &Capacity) {
     let budget = capacity.budget;
+    // A default fitted to the limit is how the server runs on most
+    // machines; a value the operator gave and did not get is worth a look.
     for lowered in capacity.lowered.iter().flatten() {
-        tracing::warn!(descriptor_limit = budget.limit, "{lowered}");
+        if lowered.asked {
+            tracing::warn!(descriptor_limit = budget.limit, "{lowered}");
+        } else {
+            tracing::info!(descriptor_limit = budget.limit, "{lowered}");
+        }
     }
     tracing::info!(
         descriptor_limit = budget.limit,

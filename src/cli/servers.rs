@@ -10,7 +10,17 @@ use crate::cli::config::{self, Config};
 use crate::cli::named::Named;
 use capexec::net::{Address, TlsServer, Token};
 
-pub fn list_main() -> i32 {
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    /// One JSON array of objects instead of a table (see the README's
+    /// "JSON output").
+    #[arg(long)]
+    json: bool,
+}
+
+/// The servers that can be reached, and a line on stderr for each part
+/// of the file that is wrong (exit 125 then).
+pub fn list_main(args: ListArgs) -> i32 {
     let config = match Config::load() {
         Ok(config) => config,
         Err(error) => {
@@ -18,8 +28,26 @@ pub fn list_main() -> i32 {
             return EXIT_CAPEXEC_FAILURE;
         }
     };
-    print!("{}", table(&config));
-    0
+    let text = if args.json {
+        crate::cli::inspect::json_line(&servers_json(&config))
+    } else {
+        table(&config)
+    };
+    if let Err(error) = crate::cli::stdio::write_answer(&text) {
+        eprintln!(
+            "capexec: cannot write the answer: {}",
+            capexec::model::io_message(&error)
+        );
+        return EXIT_CAPEXEC_FAILURE;
+    }
+    for broken in &config.broken {
+        eprintln!("capexec: {}", broken.message);
+    }
+    if config.broken.is_empty() {
+        0
+    } else {
+        EXIT_CAPEXEC_FAILURE
+    }
 }
 
 /// One line per server: name, address, how TLS is trusted, environment;
@@ -43,12 +71,10 @@ fn table(config: &Config) -> String {
                 .unwrap_or_else(|| "-".to_string()),
         ]);
     }
-    if config.get(crate::cli::named::LOCAL).is_none()
-        && let Ok(path) = capexec::net::default_socket_path()
-    {
+    if let Some(local) = local_row(config) {
         rows.push([
             crate::cli::named::LOCAL.to_string(),
-            Address::Unix(path).to_string(),
+            local.to_string(),
             "-".to_string(),
             "-".to_string(),
         ]);
@@ -72,6 +98,63 @@ fn table(config: &Config) -> String {
         out.push('\n');
     }
     out
+}
+
+/// `servers --json`: one object per server, as the table lists them:
+/// `name`, `address`, `tls` ("pin", "ca", "first-use", "none"; null for a
+/// Unix socket), `tls_pin`, `tls_ca`, `token_file`, `environment`, and
+/// where it is defined, `file` and `line` (null for the built-in `local`).
+fn servers_json(config: &Config) -> serde_json::Value {
+    let path = |path: &Option<PathBuf>| {
+        path.as_ref()
+            .map(|path| path.to_string_lossy().into_owned())
+    };
+    let mut objects: Vec<serde_json::Value> = config
+        .servers
+        .iter()
+        .map(|entry| {
+            let server = &entry.server;
+            let trusted = trust(server);
+            let tls = match trusted.split(' ').next() {
+                Some("-") => None,
+                Some("first") => Some("first-use"),
+                other => other,
+            };
+            serde_json::json!({
+                "name": entry.name,
+                "address": server.address.to_string(),
+                "tls": tls,
+                "tls_pin": server.tls_pin,
+                "tls_ca": path(&server.tls_ca),
+                "token_file": path(&server.token_file),
+                "environment": server.environment,
+                "file": server.origin.as_ref().map(|origin| origin.file.to_string_lossy()),
+                "line": entry.line,
+            })
+        })
+        .collect();
+    if let Some(local) = local_row(config) {
+        objects.push(serde_json::json!({
+            "name": crate::cli::named::LOCAL,
+            "address": local.to_string(),
+            "tls": null,
+            "tls_pin": null,
+            "tls_ca": null,
+            "token_file": null,
+            "environment": null,
+            "file": null,
+            "line": null,
+        }));
+    }
+    serde_json::Value::Array(objects)
+}
+
+/// The default socket `local` reaches, unless the file names `local`.
+fn local_row(config: &Config) -> Option<Address> {
+    if config.get(crate::cli::named::LOCAL).is_some() {
+        return None;
+    }
+    capexec::net::default_socket_path().ok().map(Address::Unix)
 }
 
 fn trust(entry: &Named) -> String {
@@ -107,6 +190,10 @@ pub struct ClientConfigArgs {
     /// Pin the certificate `capexec serve --tls-self-signed` made.
     #[arg(long)]
     tls_self_signed: bool,
+    /// One JSON object (name, address, token, tls_pin) instead of the
+    /// lines to paste, for provisioning tools.
+    #[arg(long)]
+    json: bool,
 }
 
 pub fn client_config_main(args: ClientConfigArgs) -> i32 {
@@ -156,13 +243,25 @@ fn client_config(args: &ClientConfigArgs) -> Result<String, String> {
         None => None,
     };
     let name = &args.name;
+    if args.json {
+        return Ok(crate::cli::inspect::json_line(&serde_json::json!({
+            "name": name,
+            "address": address.to_string(),
+            "token": token.as_str(),
+            "tls_pin": pin,
+        })));
+    }
+    // The client's directory, wherever its XDG_CONFIG_HOME puts it; the
+    // token file beside the configuration file, where a relative
+    // token-file is looked for.
+    let dir = "\"${XDG_CONFIG_HOME:-$HOME/.config}/capexec\"";
     let mut out = format!(
         "# On the client, save the token (readable only by its user):\n\
-         #   mkdir -p ~/.config/capexec && (umask 077 && echo '{}' > ~/.config/capexec/{name}.token)\n\
-         # then add these lines to ~/.config/capexec/config.toml:\n\
+         #   mkdir -p {dir} && (umask 077 && echo '{}' > {dir}/{name}.token)\n\
+         # then add these lines to {dir}/config.toml:\n\
          [servers.{name}]\n\
          address = \"{address}\"\n\
-         token-file = \"~/.config/capexec/{name}.token\"\n",
+         token-file = \"{name}.token\"\n",
         token.as_str()
     );
     match pin {
@@ -186,7 +285,10 @@ mod tests {
             Path::new("/c/config.toml"),
             "[servers.build]\naddress = \"tcp:build-box:7000\"\ntls-pin = \"ab\"\n",
         );
-        assert!(config.is_err(), "a short pin is refused");
+        assert!(
+            config.servers.is_empty() && config.broken.len() == 1,
+            "a short pin is refused"
+        );
         let config = Config::parse(
             Path::new("/c/config.toml"),
             &format!(
@@ -194,8 +296,8 @@ mod tests {
                  environment = \"gpu\"\n[servers.local]\naddress = \"unix:/s\"\n",
                 "ab".repeat(32)
             ),
-        )
-        .expect("parses");
+        );
+        assert!(config.broken.is_empty(), "{:?}", config.broken);
         assert_eq!(
             table(&config),
             "NAME   ADDRESS             TLS                      ENVIRONMENT\n\

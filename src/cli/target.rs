@@ -95,9 +95,14 @@ fn check(args: &ConnectArgs, address: Option<&Address>) -> Result<(), String> {
 /// The login travels pipelined with the caller's first calls: race them
 /// against [`Target::established`].
 pub async fn target(args: &ConnectArgs) -> Result<Target, String> {
-    let named = args.connect.as_deref().map(named::resolve).transpose()?;
+    let named = args
+        .connect
+        .as_deref()
+        .map(|text| named::resolve_given(text, args.connect_given()))
+        .transpose()?;
     check(args, named.as_ref().map(|named| &named.address))?;
     let Some(named) = named else {
+        tracing::debug!("no --connect: the embedded executor, in this process");
         if let Err(error) = engine::become_subreaper() {
             tracing::warn!(%error, "cannot become a subreaper; orphaned grandchildren will not be reaped here");
         }
@@ -110,21 +115,34 @@ pub async fn target(args: &ConnectArgs) -> Result<Target, String> {
         });
     };
     let address = named.address.clone();
-    let token = match (&args.token_file, &named.token_file, &named.origin) {
-        _ if !address.is_tcp() => None,
-        (None, Some(file), Some(origin)) => Some(
-            Token::load(file)
-                .map_err(|error| token_problem(&format!("{} ", origin.of("token-file")), &error))?,
-        ),
-        (given, _, _) => login_token(given.as_deref())?,
-    };
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        let from = match &named.origin {
+            Some(origin) => format!("the server {} of {}", origin.server, origin.file.display()),
+            None => "an address".to_string(),
+        };
+        tracing::debug!("connecting to {address} ({}: {from})", args.connect_given());
+    }
+    let token =
+        match (&args.token_file, &named.token_file, &named.origin) {
+            _ if !address.is_tcp() => None,
+            (None, Some(file), Some(origin)) => {
+                tracing::debug!("the login token: {}", origin.of("token-file"));
+                Some(Token::load(file).map_err(|error| {
+                    token_problem(&format!("{} ", origin.of("token-file")), &error)
+                })?)
+            }
+            (given, _, _) => login_token(given.as_deref())?,
+        };
     let trust = trust(args, &named, &address).await?;
+    if tracing::enabled!(tracing::Level::DEBUG) && address.is_tcp() {
+        tracing::debug!("{}", trust.describe());
+    }
     let mut options = ConnectOptions {
         tls: match &trust {
             Trust::Given(flag, trust) => Some(
                 net::TlsClient::new(trust.clone()).map_err(|error| format!("{flag} {error}"))?,
             ),
-            Trust::FirstUse(_, known) => Some(first_use(known.as_ref().map(|k| k.fingerprint))?),
+            Trust::FirstUse(_, known, _) => Some(first_use(known.as_ref().map(|k| k.fingerprint))?),
             Trust::Plaintext => None,
         },
         deadline: args.connect_timeout.unwrap_or(net::CONNECT_TIMEOUT),
@@ -133,7 +151,7 @@ pub async fn target(args: &ConnectArgs) -> Result<Target, String> {
     };
     let connection = match net::connect_to(&address, token.as_ref(), &options).await {
         Err(ConnectError::UnknownCertificate(_, offered)) => {
-            let Trust::FirstUse(file, _) = &trust else {
+            let Trust::FirstUse(file, _, _) = &trust else {
                 return Err(format!(
                     "{address}: the server's certificate is not trusted"
                 ));
@@ -145,7 +163,7 @@ pub async fn target(args: &ConnectArgs) -> Result<Target, String> {
         }
         Err(ConnectError::ChangedCertificate { known, offered, .. }) => {
             let (file, line) = match &trust {
-                Trust::FirstUse(file, Some(known)) => (file.display().to_string(), known.line),
+                Trust::FirstUse(file, Some(known), _) => (file.display().to_string(), known.line),
                 _ => ("the known-servers file".to_string(), 0),
             };
             return Err(format!(
@@ -155,9 +173,26 @@ pub async fn target(args: &ConnectArgs) -> Result<Target, String> {
                  delete line {line} of {file} and connect again"
             ));
         }
+        Err(ConnectError::NoTls(_)) => return Err(no_tls(&address, &trust)),
         other => other,
     }
     .map_err(|error| error.to_string())?;
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        let established = connection.established();
+        let began = std::time::Instant::now();
+        if address.is_tcp() {
+            tracing::debug!("connected; the login travels with the first calls");
+        } else {
+            tracing::debug!("connected (a Unix socket: no login)");
+        }
+        tokio::task::spawn_local(async move {
+            let after_ms = began.elapsed().as_millis() as u64;
+            match established.await {
+                Ok(()) => tracing::debug!(after_ms, "the server answered"),
+                Err(error) => tracing::debug!(after_ms, %error, "the server did not answer"),
+            }
+        });
+    }
     Ok(Target {
         executor: connection.executor(),
         stdio_route: connection.stdio_route(),
@@ -172,8 +207,13 @@ enum Trust {
     /// key, for errors).
     Given(String, net::ServerTrust),
     /// Trust on first use, against the known-servers file (what it
-    /// remembers for this address, if anything).
-    FirstUse(std::path::PathBuf, Option<known_servers::Known>),
+    /// remembers for this address, if anything), and the flag or key that
+    /// asked for it (none: the address is remembered there).
+    FirstUse(
+        std::path::PathBuf,
+        Option<known_servers::Known>,
+        Option<String>,
+    ),
     /// No TLS (a loopback address, or --insecure-plaintext).
     Plaintext,
 }
@@ -228,10 +268,53 @@ async fn trust(args: &ConnectArgs, named: &Named, address: &Address) -> Result<T
             .to_string()
     })?;
     let known = known_servers::lookup(&file, address)?;
+    let asked = match (from_flags, args.tls_accept_new) {
+        _ if !tls => None,
+        (true, true) => Some("--tls-accept-new".to_string()),
+        _ => Some(place("--tls", "tls")),
+    };
     if tls || known.is_some() {
-        Ok(Trust::FirstUse(file, known))
+        Ok(Trust::FirstUse(file, known, asked))
     } else {
         Ok(Trust::Plaintext)
+    }
+}
+
+impl Trust {
+    /// How the server's certificate is trusted, for -v.
+    fn describe(&self) -> String {
+        match self {
+            Trust::Given(flag, _) => format!("TLS, trusting {flag}"),
+            Trust::FirstUse(file, Some(known), _) => format!(
+                "TLS, trusting the certificate remembered in {} (line {})",
+                file.display(),
+                known.line
+            ),
+            Trust::FirstUse(file, None, _) => format!(
+                "TLS, trusting on first use (nothing remembered for it in {})",
+                file.display()
+            ),
+            Trust::Plaintext => "no TLS".to_string(),
+        }
+    }
+}
+
+/// A server that does not speak TLS, reached with TLS: what asked for it
+/// (a flag, the configuration file, or a remembered certificate).
+fn no_tls(address: &Address, trust: &Trust) -> String {
+    match trust {
+        Trust::Given(flag, _) | Trust::FirstUse(_, _, Some(flag)) => {
+            format!("the server at {address} does not speak TLS: remove {flag}")
+        }
+        Trust::FirstUse(file, known, None) => format!(
+            "the server at {address} does not speak TLS, yet its certificate is remembered in \
+             {}{}; nothing was sent to it (if it no longer serves TLS, delete that line)",
+            file.display(),
+            known
+                .as_ref()
+                .map_or(String::new(), |known| format!(" (line {})", known.line))
+        ),
+        Trust::Plaintext => format!("the server at {address} does not speak TLS"),
     }
 }
 
@@ -264,6 +347,7 @@ pub fn worth_retrying(error: &Rc<ConnectError>) -> bool {
 /// token file if it exists.
 pub fn login_token(file: Option<&std::path::Path>) -> Result<Option<Token>, String> {
     if let Some(path) = file {
+        tracing::debug!("the login token: --token-file {}", path.display());
         return Token::load(path)
             .map(Some)
             .map_err(|error| token_problem("--token-file ", &error));
@@ -271,14 +355,21 @@ pub fn login_token(file: Option<&std::path::Path>) -> Result<Option<Token>, Stri
     if let Some(secret) = std::env::var_os("CAPEXEC_TOKEN") {
         let secret = secret.to_string_lossy().trim().to_string();
         if !secret.is_empty() {
+            tracing::debug!("the login token: CAPEXEC_TOKEN");
             return Ok(Some(Token::new(secret)));
         }
     }
     match net::default_token_path() {
-        Some(path) if path.exists() => Token::load(&path)
-            .map(Some)
-            .map_err(|error| token_problem("the default token file ", &error)),
-        _ => Ok(None),
+        Some(path) if path.exists() => {
+            tracing::debug!("the login token: the default token file {}", path.display());
+            Token::load(&path)
+                .map(Some)
+                .map_err(|error| token_problem("the default token file ", &error))
+        }
+        _ => {
+            tracing::debug!("no login token");
+            Ok(None)
+        }
     }
 }
 

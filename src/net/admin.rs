@@ -13,6 +13,7 @@ use crate::capexec_capnp::admin;
 use crate::net::address::Address;
 use crate::net::connect::{ConnectError, client_network, unix_error};
 use crate::net::guard::CallLimits;
+use crate::net::liveness::{Watch, Watched};
 use crate::net::server::server_network;
 use crate::net::session::Session;
 use crate::rpc::{AdminImpl, ServerContext};
@@ -57,11 +58,23 @@ pub(crate) async fn accept_loop(
 pub struct AdminConnection {
     admin: admin::Client,
     rpc: JoinHandle<()>,
+    address: Address,
+    /// What the socket sent, to tell a failed call from a socket that is
+    /// not a capexec server's.
+    watch: Rc<Watch>,
 }
 
 impl AdminConnection {
     pub fn admin(&self) -> admin::Client {
         self.admin.clone()
+    }
+
+    /// Once a call failed: why, if what answered is not a capexec server
+    /// at all (its first bytes cannot begin a Cap'n Proto frame).
+    pub fn not_a_capexec_server(&self) -> Option<ConnectError> {
+        self.watch
+            .not_capexec()
+            .map(|seen| ConnectError::NotCapexec(self.address.clone(), seen))
     }
 }
 
@@ -85,10 +98,17 @@ pub async fn connect_admin(address: &Address) -> Result<AdminConnection, Connect
         .await
         .map_err(|error| unix_error(address, path, error))?;
     let (reader, writer) = stream.into_split();
+    let watch = Watch::new();
+    let reader = Watched::new(reader, Rc::clone(&watch));
     let mut system = RpcSystem::new(client_network(reader, writer), None);
     let admin = system.bootstrap::<admin::Client>(Side::Server);
     let rpc = tokio::task::spawn_local(async move {
         let _ = system.await;
     });
-    Ok(AdminConnection { admin, rpc })
+    Ok(AdminConnection {
+        admin,
+        rpc,
+        address: address.clone(),
+        watch,
+    })
 }

@@ -221,9 +221,16 @@ pub async fn connect_to(
                 // default environment's upstream): any answer, even
                 // "unimplemented" from an old server, shows a server is there.
                 let answer = executor.environments_request().send().promise;
+                // Unless what answered is not a capexec server at all.
+                let watch = Rc::clone(&stream.watch);
                 let answered = async move {
                     match answer.await {
-                        Err(error) if error.kind == capnp::ErrorKind::Disconnected => Err(error),
+                        Err(error)
+                            if error.kind == capnp::ErrorKind::Disconnected
+                                || watch.not_capexec().is_some() =>
+                        {
+                            Err(error)
+                        }
                         _ => Ok(()),
                     }
                 };
@@ -354,6 +361,9 @@ fn establish(
         {
             return Err(Rc::new(ConnectError::SpeaksTls(address)));
         }
+        if let Some(seen) = watch.not_capexec() {
+            return Err(Rc::new(ConnectError::NotCapexec(address, seen)));
+        }
         let error = match error.kind {
             capnp::ErrorKind::Disconnected | capnp::ErrorKind::PrematureEndOfFile
                 if watch.received() == 0 =>
@@ -431,11 +441,18 @@ async fn open(
                     (network, Some((host.clone(), resolved)))
                 }
                 Some(tls) => {
+                    // What a server that does not speak TLS sent instead
+                    // says whether it is a capexec server at all.
+                    let raw = Watch::raw();
+                    let stream = Watched::new(stream, Rc::clone(&raw));
                     let stream =
                         tls.handshake(host, stream)
                             .await
                             .map_err(|failure| match failure {
-                                tls::Failure::NotTls => ConnectError::NoTls(address.clone()),
+                                tls::Failure::NotTls => match raw.not_capexec() {
+                                    Some(seen) => ConnectError::NotCapexec(address.clone(), seen),
+                                    None => ConnectError::NoTls(address.clone()),
+                                },
                                 tls::Failure::Refused(why) => {
                                     ConnectError::Tls(address.clone(), why)
                                 }

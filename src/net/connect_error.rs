@@ -18,6 +18,8 @@ pub enum ConnectError {
     SpeaksTls(Address),
     /// TLS was asked for, and the server at the address does not speak it.
     NoTls(Address),
+    /// What answered is not a capexec server: what it sent instead.
+    NotCapexec(Address, String),
     /// The token would cross the network in clear text: the host named.
     ClearText(String),
     /// A Unix address that is not a socket, or where nothing listens.
@@ -60,10 +62,15 @@ impl fmt::Display for ConnectError {
                 "the server at {address} speaks TLS: add --tls (trust on first use), --tls-ca or \
                  --tls-pin"
             ),
-            ConnectError::NoTls(address) => write!(
-                f,
-                "the server at {address} does not speak TLS: remove --tls-ca or --tls-pin"
-            ),
+            ConnectError::NoTls(address) => {
+                write!(f, "the server at {address} does not speak TLS")
+            }
+            ConnectError::NotCapexec(address, seen) => {
+                write!(
+                    f,
+                    "cannot connect to {address}: not a capexec server ({seen})"
+                )
+            }
             ConnectError::ClearText(host) => write!(
                 f,
                 "refusing to send the login token in clear text to {host}: give --tls (trust on \

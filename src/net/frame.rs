@@ -24,7 +24,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 use crate::net::body::Body;
 
 /// capnp's own bound on the segments of one message.
-const MAX_SEGMENTS: usize = 512;
+pub(crate) const MAX_SEGMENTS: usize = 512;
 
 /// How much of a big body is allocated before its bytes arrive; it then
 /// grows fourfold whenever it is full, up to the size the header announced.

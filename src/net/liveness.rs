@@ -26,26 +26,43 @@ use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::capexec_capnp::executor;
 use crate::model::show_duration;
+use crate::net::first_bytes;
 
 /// What the reader and the watchdog share.
 #[derive(Default)]
 pub(crate) struct Watch {
     received: Cell<u64>,
-    /// The first two bytes from the server, to recognise a TLS record.
-    first: Cell<[u8; 2]>,
-    /// Set when the watchdog gives up: every later read fails with it.
+    /// The first bytes from the server, to recognise a TLS record, or
+    /// what is not a capexec server.
+    first: RefCell<Vec<u8>>,
+    /// Set when the watchdog gives up, or the first bytes are not a
+    /// capexec server's: every later read fails with it.
     failed: RefCell<Option<String>>,
     reader: RefCell<Option<Waker>>,
+    /// Only records the first bytes: a TLS handshake's, which are not
+    /// Cap'n Proto frames.
+    raw: bool,
 }
 
 impl Watch {
+    /// The watch of a connection's Cap'n Proto stream: first bytes that
+    /// cannot begin a frame fail it at once (the frame reader would fail
+    /// on them too, but may wait for a table or a body that never comes).
     pub(crate) fn new() -> Rc<Watch> {
         Rc::new(Watch::default())
+    }
+
+    /// The watch of a TLS handshake, which records what the server sent.
+    pub(crate) fn raw() -> Rc<Watch> {
+        Rc::new(Watch {
+            raw: true,
+            ..Watch::default()
+        })
     }
 
     /// Bytes received from the server so far.
@@ -57,7 +74,13 @@ impl Watch {
     /// or an alert): a TLS server answering a plaintext client. A Cap'n
     /// Proto message starts with its segment count, which is small.
     pub(crate) fn first_bytes_look_like_tls(&self) -> bool {
-        self.received.get() >= 2 && matches!(self.first.get(), [0x15 | 0x16, 0x03])
+        first_bytes::look_like_tls(&self.first.borrow())
+    }
+
+    /// What the server is, if its first bytes cannot begin a Cap'n Proto
+    /// frame (see `first_bytes::not_capexec`).
+    pub(crate) fn not_capexec(&self) -> Option<String> {
+        first_bytes::not_capexec(&self.first.borrow())
     }
 
     fn fail(&self, message: String) {
@@ -105,12 +128,15 @@ impl<R: AsyncRead + Unpin> AsyncRead for Watched<R> {
             Poll::Ready(Ok(())) => {
                 let fresh = &buf.filled()[before..];
                 let received = this.watch.received.get();
-                if received < 2 {
-                    let mut first = this.watch.first.get();
-                    for (slot, byte) in first.iter_mut().skip(received as usize).zip(fresh) {
-                        *slot = *byte;
+                if received < first_bytes::KEPT as u64 {
+                    let wanted = first_bytes::KEPT - received as usize;
+                    let kept = &fresh[..fresh.len().min(wanted)];
+                    this.watch.first.borrow_mut().extend_from_slice(kept);
+                    if !this.watch.raw
+                        && let Some(seen) = this.watch.not_capexec()
+                    {
+                        this.watch.fail(format!("not a capexec server ({seen})"));
                     }
-                    this.watch.first.set(first);
                 }
                 this.watch.received.set(received + fresh.len() as u64);
             }
@@ -126,6 +152,38 @@ impl<R: AsyncRead + Unpin> AsyncRead for Watched<R> {
             Poll::Ready(Err(_)) => {}
         }
         polled
+    }
+}
+
+/// Writes pass through: a TLS handshake reads and writes one stream,
+/// watched for what a server that does not speak TLS sends instead.
+impl<W: AsyncWrite + Unpin> AsyncWrite for Watched<W> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 

@@ -14,6 +14,7 @@ mod certificate;
 mod connect;
 mod connect_error;
 mod direct;
+mod first_bytes;
 mod frame;
 mod guard;
 mod liveness;

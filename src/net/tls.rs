@@ -202,11 +202,14 @@ impl TlsClient {
     }
 
     /// The TLS handshake with `host` over `stream`.
-    pub(crate) async fn handshake(
+    pub(crate) async fn handshake<S>(
         &self,
         host: &str,
-        stream: TcpStream,
-    ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, Failure> {
+        stream: S,
+    ) -> Result<tokio_rustls::client::TlsStream<S>, Failure>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
         let name = ServerName::try_from(host.to_string())
             .map_err(|_| Failure::Refused(format!("TLS: {host:?} is not a valid server name")))?;
         let connector = tokio_rustls::TlsConnector::from(self.config.clone());

@@ -22,7 +22,7 @@ use std::sync::{Mutex, OnceLock};
 
 pub(crate) use self::cgroup::Leaf;
 pub use self::probe::KernelFeature;
-pub use self::program::ADD_DIRECTORY;
+pub use self::program::AS_READ_ONLY_ROOT;
 pub(crate) use self::seccomp::Program;
 
 use crate::model::enforcement as name;
@@ -528,7 +528,9 @@ fn limit_names(limits: &Limits) -> impl Iterator<Item = &'static str> {
     .map(|(_, what)| what)
 }
 
-/// `[capexec:unsupported]` naming what cannot be enforced, and why.
+/// `[capexec:unsupported]` naming what cannot be enforced, and why, and
+/// how to start anyway (the field, and the flag of `capexec run`, whose
+/// users read this most).
 fn unsupported(what: &str, missing: &[(String, String)]) -> Refusal {
     let mut reasons: Vec<String> = Vec::new();
     for (_, why) in missing {
@@ -540,7 +542,8 @@ fn unsupported(what: &str, missing: &[(String, String)]) -> Refusal {
     Refusal::new(
         RefusalKind::Unsupported,
         format!(
-            "{what}: this server cannot enforce {} ({}); ask for best effort to start anyway",
+            "{what}: this server cannot enforce {} ({}); bestEffort (capexec run --best-effort) \
+             starts it without them",
             names.join(", "),
             reasons.join("; ")
         ),

@@ -3,7 +3,11 @@
 //! interpreters of its `#!` lines must lie in them, or the kernel refuses
 //! the exec with a bare "Permission denied" that says nothing of why (a
 //! `python3` that is a pyenv shim or a virtualenv's, under the home
-//! directory). The refusal names the file and the directory to add.
+//! directory). The refusal names the file and the directory to add: the
+//! one that makes the program run, not only start (a version manager's
+//! shim runs programs kept above it; a program in an installation's `bin`
+//! loads its libraries from beside it; a virtualenv's `python` is one only
+//! where it reads the virtualenv).
 
 use std::ffi::OsStr;
 use std::io::Read;
@@ -20,13 +24,24 @@ const MAX_INTERPRETERS: usize = 4;
 /// What the kernel reads of a file to find its `#!` line.
 const SHEBANG_BYTES: u64 = 256;
 
-/// The words before the directory at the end of the refusal, which
+/// The words between what to add and the directory at the end of the
+/// refusal ("(add its directory as a read-only root: DIR)"), which
 /// `capexec run` turns into the flag that adds it.
-pub const ADD_DIRECTORY: &str = "(add its directory as a read-only root: ";
+pub const AS_READ_ONLY_ROOT: &str = " as a read-only root: ";
 
 /// Refuses `program` (`name` as the start gave it, resolved) if it, or an
 /// interpreter of its `#!` lines, is outside `roots`.
 pub(crate) fn check(roots: &[Root], name: &OsStr, program: &Path) -> Result<(), Refusal> {
+    if let Some(virtualenv) = virtualenv_of(program)
+        && !roots::readable(roots, &virtualenv)
+    {
+        return Err(refused(
+            name,
+            &program.display().to_string(),
+            &format!("(in a virtualenv: add the virtualenv{AS_READ_ONLY_ROOT}"),
+            &virtualenv,
+        ));
+    }
     let mut file = program.to_path_buf();
     let mut script: Option<PathBuf> = None;
     for _ in 0..=MAX_INTERPRETERS {
@@ -60,6 +75,38 @@ fn interpreter_of(file: &Path) -> Option<PathBuf> {
     interpreter.is_absolute().then(|| interpreter.to_path_buf())
 }
 
+/// The virtualenv `program` is the `python` of, as named (its links not
+/// followed: a virtualenv's `python` is a link to its base interpreter,
+/// and is a virtualenv's only because `pyvenv.cfg` lies above it).
+fn virtualenv_of(program: &Path) -> Option<PathBuf> {
+    let bin = std::path::absolute(program).ok()?.parent()?.to_path_buf();
+    let root = bin.parent()?;
+    (bin.file_name()? == "bin" && root.join("pyvenv.cfg").is_file())
+        .then(|| std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf()))
+}
+
+/// What to add so that `real` runs, and the directory: a version manager's
+/// shim (`MANAGER/shims/NAME`, as pyenv, rbenv, nodenv, asdf and mise
+/// make them) runs the manager's programs and versions, kept under
+/// MANAGER; a program in an installation's `bin` beside its `lib` (a
+/// Python of pyenv's, `/opt/tool`, `~/.local`) loads its libraries from
+/// there; anything else needs its own directory.
+fn admitting(real: &Path) -> (&'static str, PathBuf) {
+    let directory = real.parent().unwrap_or(Path::new("/"));
+    let above = directory.parent().filter(|above| above.parent().is_some());
+    match (directory.file_name(), above) {
+        (Some(name), Some(manager)) if name == "shims" => (
+            "(a version manager's shim: add the manager's directory",
+            manager.to_path_buf(),
+        ),
+        (Some(name), Some(installation)) if name == "bin" && installation.join("lib").is_dir() => (
+            "(add the installation it belongs to",
+            installation.to_path_buf(),
+        ),
+        _ => ("(add its directory", directory.to_path_buf()),
+    }
+}
+
 fn outside(
     name: &OsStr,
     file: &Path,
@@ -67,7 +114,6 @@ fn outside(
     script: Option<&Path>,
     program: &Path,
 ) -> Refusal {
-    let name = name.to_string_lossy();
     let what = if real == file {
         file.display().to_string()
     } else {
@@ -81,13 +127,23 @@ fn outside(
             script.display()
         ),
     };
-    let directory = real.parent().unwrap_or(Path::new("/"));
+    let (add, directory) = admitting(real);
+    refused(
+        name,
+        &what,
+        &format!("{add}{AS_READ_ONLY_ROOT}"),
+        &directory,
+    )
+}
+
+/// "cannot execute NAME: WHAT is outside the sandbox's readable roots
+/// (ADD as a read-only root: DIRECTORY)".
+fn refused(name: &OsStr, what: &str, add: &str, directory: &Path) -> Refusal {
     Refusal::new(
         RefusalKind::PermissionDenied,
         format!(
-            "cannot execute {}: {what} is outside the sandbox's readable roots \
-             {ADD_DIRECTORY}{})",
-            excerpt(&name),
+            "cannot execute {}: {what} is outside the sandbox's readable roots {add}{})",
+            excerpt(&name.to_string_lossy()),
             directory.display()
         ),
     )
@@ -169,6 +225,68 @@ mod tests {
             "{}",
             refused.message
         );
+
+        // A version manager's shim: the manager's directory, which holds
+        // what the shim runs.
+        let manager = outside_dir.join(".pyenv");
+        std::fs::create_dir_all(manager.join("shims")).expect("shims");
+        let shim = manager.join("shims/python3");
+        executable(&shim, "#!/bin/sh\n");
+        assert_eq!(
+            check(&roots, OsStr::new("python3"), &shim)
+                .expect_err("a shim")
+                .message,
+            format!(
+                "cannot execute python3: {} is outside the sandbox's readable roots (a version \
+                 manager's shim: add the manager's directory as a read-only root: {})",
+                shim.display(),
+                manager.display()
+            )
+        );
+
+        // A program in an installation's bin, beside its lib: the
+        // installation.
+        let installation = manager.join("versions/3.12.1");
+        std::fs::create_dir_all(installation.join("bin")).expect("bin");
+        std::fs::create_dir_all(installation.join("lib")).expect("lib");
+        let python = installation.join("bin/python3");
+        executable(&python, "");
+        assert_eq!(
+            check(&roots, OsStr::new("python3"), &python)
+                .expect_err("an installation")
+                .message,
+            format!(
+                "cannot execute python3: {} is outside the sandbox's readable roots (add the \
+                 installation it belongs to as a read-only root: {})",
+                python.display(),
+                installation.display()
+            )
+        );
+
+        // A virtualenv's python, a link into the roots: the virtualenv,
+        // without which it would run as a plain python.
+        let virtualenv = outside_dir.join("venv");
+        std::fs::create_dir_all(virtualenv.join("bin")).expect("venv");
+        std::fs::write(virtualenv.join("pyvenv.cfg"), "home = /usr/bin\n").expect("cfg");
+        let venv_python = virtualenv.join("bin/python3");
+        std::os::unix::fs::symlink("/bin/sh", &venv_python).expect("symlink");
+        assert_eq!(
+            check(&roots, OsStr::new("python3"), &venv_python)
+                .expect_err("a virtualenv")
+                .message,
+            format!(
+                "cannot execute python3: {} is outside the sandbox's readable roots (in a \
+                 virtualenv: add the virtualenv as a read-only root: {})",
+                venv_python.display(),
+                virtualenv.display()
+            )
+        );
+        check(
+            &[root(&virtualenv), roots[1].clone(), roots[2].clone()],
+            OsStr::new("python3"),
+            &venv_python,
+        )
+        .expect("the virtualenv a root");
 
         let fine = inside.join("fine");
         executable(&fine, "#!/bin/sh\necho\n");

@@ -161,8 +161,183 @@ fn tls_and_plaintext_mismatches_say_so() {
         (
             125,
             format!(
-                "capexec: the server at {} does not speak TLS: remove --tls-ca or --tls-pin\n",
+                "capexec: the server at {} does not speak TLS: remove --tls-ca\n",
                 plain.tcp
+            )
+        )
+    );
+    // Each TLS flag is named as given, never one that was not.
+    let pin = "ab".repeat(32);
+    for (flags, named) in [
+        (vec!["--tls-pin", pin.as_str()], "--tls-pin"),
+        (vec!["--tls"], "--tls"),
+        (vec!["--tls-accept-new"], "--tls-accept-new"),
+    ] {
+        let token = plain.token_arg();
+        let mut args = vec!["--connect", &plain.tcp, "--token-file", &token];
+        args.extend(flags);
+        args.extend(["--", "true"]);
+        assert_eq!(
+            failing(plain.run(&args)),
+            (
+                125,
+                format!(
+                    "capexec: the server at {} does not speak TLS: remove {named}\n",
+                    plain.tcp
+                )
+            )
+        );
+    }
+    // Asked by nothing but a certificate remembered for the address: that
+    // line is named, and the token is not sent in clear.
+    let known = plain.home.path().join(".config/capexec/known-servers");
+    std::fs::create_dir_all(known.parent().expect("dir")).expect("mkdir");
+    std::fs::write(&known, format!("# remembered\n{} {pin}\n", plain.tcp)).expect("known");
+    assert_eq!(
+        failing(plain.run(&[
+            "--connect",
+            &plain.tcp,
+            "--token-file",
+            &plain.token_arg(),
+            "--",
+            "true",
+        ])),
+        (
+            125,
+            format!(
+                "capexec: the server at {} does not speak TLS, yet its certificate is remembered \
+                 in {} (line 2); nothing was sent to it (if it no longer serves TLS, delete that \
+                 line)\n",
+                plain.tcp,
+                known.display()
+            )
+        )
+    );
+}
+
+/// Listeners that speak another protocol: an SSH server's banner comes
+/// first, an HTTP server answers the first bytes it gets; `talk` is what
+/// each connection is sent (after reading what the client says, unless
+/// `first`).
+fn other_protocol<S>(
+    mut accept: impl FnMut() -> std::io::Result<S> + Send + 'static,
+    first: bool,
+    talk: &'static [u8],
+) where
+    S: std::io::Read + std::io::Write + Send + 'static,
+{
+    std::thread::spawn(move || {
+        while let Ok(mut stream) = accept() {
+            std::thread::spawn(move || {
+                if !first {
+                    let mut said = [0u8; 4096];
+                    let _ = stream.read(&mut said);
+                }
+                let _ = stream.write_all(talk);
+                // Held until the client has read it and gone.
+                let mut rest = [0u8; 4096];
+                while matches!(stream.read(&mut rest), Ok(n) if n > 0) {}
+            });
+        }
+    });
+}
+
+/// A port or socket that does not speak capexec is said to be so, with
+/// what it sent: never "a frame announces 759714644 segments". Over TLS
+/// too (what it sent instead of a handshake), and for `ps`.
+#[test]
+fn a_port_that_does_not_speak_capexec_is_named_as_such() {
+    let dir = TempDir::new("other-protocols");
+    let tcp = |first: bool, talk: &'static [u8]| {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let address = format!("tcp:{}", listener.local_addr().expect("address"));
+        other_protocol(
+            move || listener.accept().map(|(stream, _)| stream),
+            first,
+            talk,
+        );
+        address
+    };
+    let ssh = tcp(true, b"SSH-2.0-OpenSSH_9.6p1 Ubuntu-3ubuntu13.5\r\n");
+    let http = tcp(
+        false,
+        b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    );
+    let binary = tcp(
+        false,
+        &[
+            0x45, 0, 0, 0, 0x6a, 0x53, 0x46, 0x41, 0x54, 0x41, 0x4c, 0, 0x43,
+        ],
+    );
+    let socket = dir.path().join("http.sock");
+    let unix = std::os::unix::net::UnixListener::bind(&socket).expect("bind unix");
+    other_protocol(
+        move || unix.accept().map(|(stream, _)| stream),
+        false,
+        b"HTTP/1.1 404 Not Found\r\n\r\n",
+    );
+    let unix = format!("unix:{}", socket.display());
+    let token = dir.path().join("token");
+    std::fs::write(&token, "t".repeat(32)).expect("token");
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let token = token.display().to_string();
+    let ssh_banner = "it sent an SSH banner: \"SSH-2.0-OpenSSH_9.6p1 Ubuntu-3ubuntu13.5\"";
+    let run = |address: &str, extra: &[&str]| {
+        let mut args = vec!["run", "--connect", address];
+        if address.starts_with("tcp:") {
+            args.extend(["--token-file", &token]);
+        }
+        args.extend(extra);
+        args.extend(["--", "true"]);
+        let mut command = capexec(&args);
+        command
+            .env("HOME", dir.path())
+            .env_remove("XDG_CONFIG_HOME")
+            .env_remove("CAPEXEC_CONNECT");
+        failing(command)
+    };
+    for (address, extra, seen) in [
+        (&ssh, &[][..], ssh_banner),
+        (&ssh, &["--tls-accept-new"][..], ssh_banner),
+        (
+            &http,
+            &[][..],
+            "it answered in HTTP: \"HTTP/1.1 400 Bad Request\"",
+        ),
+        (
+            &http,
+            &["--tls-accept-new"][..],
+            "it answered in HTTP: \"HTTP/1.1 400 Bad Request\"",
+        ),
+        (
+            &binary,
+            &[][..],
+            "it sent the bytes 45 00 00 00 6a 53 46 41 54 41 4c 00 ...",
+        ),
+        (
+            &unix,
+            &[][..],
+            "it answered in HTTP: \"HTTP/1.1 404 Not Found\"",
+        ),
+    ] {
+        assert_eq!(
+            run(address, extra),
+            (
+                125,
+                format!("capexec: cannot connect to {address}: not a capexec server ({seen})\n")
+            ),
+            "{address} {extra:?}"
+        );
+    }
+    let mut ps = capexec(&["ps", "--connect", &unix]);
+    ps.env("HOME", dir.path());
+    assert_eq!(
+        failing(ps),
+        (
+            125,
+            format!(
+                "capexec: cannot connect to {unix}: not a capexec server (it answered in HTTP: \
+                 \"HTTP/1.1 404 Not Found\")\n"
             )
         )
     );

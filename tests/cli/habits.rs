@@ -305,3 +305,263 @@ fn serve_warns_about_a_certificate_near_its_end() {
         );
     }
 }
+
+/// The log of a `capexec serve` with `extra` arguments under a descriptor
+/// limit of `descriptors`, from its start to its SIGTERM.
+fn serve_log(extra: &[&str], descriptors: u64) -> String {
+    use std::os::unix::process::CommandExt;
+    let dir = TempDir::new("serve-log");
+    let mut command = capexec(&["serve", "--listen", "tcp:127.0.0.1:0", "--token-file"]);
+    command
+        .arg(dir.path().join("token"))
+        .args(extra)
+        .env("HOME", dir.path())
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: setrlimit is async-signal-safe.
+    unsafe {
+        command.pre_exec(move || {
+            let limit = libc::rlimit {
+                rlim_cur: descriptors,
+                rlim_max: descriptors,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut server = command.spawn().expect("serve");
+    let mut address = String::new();
+    BufReader::new(server.stdout.take().expect("stdout"))
+        .read_line(&mut address)
+        .expect("address");
+    assert!(address.starts_with("tcp:127.0.0.1:"), "{address}");
+    kill(&server, libc::SIGTERM);
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut server.stderr.take().expect("stderr"), &mut log)
+        .expect("log");
+    assert_eq!(wait(&mut server), 0, "{log}");
+    log
+}
+
+/// On a machine whose descriptor limit carries fewer than the default
+/// 10,000 processes, `serve` notes the default it fitted (INFO), and
+/// warns only about a value the operator gave and did not get.
+#[test]
+fn serve_warns_only_about_limits_the_operator_asked_for() {
+    let fitted = serve_log(&[], 20_000);
+    let line = fitted
+        .lines()
+        .find(|line| line.contains("--max-processes is "))
+        .unwrap_or_else(|| panic!("no line about --max-processes in {fitted}"));
+    assert!(
+        line.contains(" INFO capexec::cli::serve: --max-processes is ")
+            && line.ends_with(
+                " instead of 10000: all the descriptor limit carries (raise it with ulimit -n \
+                 for more) descriptor_limit=20000"
+            ),
+        "{line}"
+    );
+    assert!(!fitted.contains("WARN"), "{fitted}");
+    let asked = serve_log(
+        &[
+            "--max-processes",
+            "100",
+            "--max-processes-per-connection",
+            "500",
+        ],
+        20_000,
+    );
+    let warnings: Vec<&str> = asked.lines().filter(|line| line.contains("WARN")).collect();
+    assert_eq!(warnings.len(), 1, "{asked}");
+    assert!(
+        warnings[0].ends_with(
+            " WARN capexec::cli::serve: --max-processes-per-connection is 88 instead of 500: at \
+             most seven eighths of --max-processes, so that one connection at its quota leaves \
+             room for the others descriptor_limit=20000"
+        ),
+        "{}",
+        warnings[0]
+    );
+}
+
+/// `-v` (before or after the subcommand) says what capexec does, as
+/// `capexec: debug: ...` lines on stderr; without it, nothing is said.
+#[test]
+fn verbose_says_where_it_connects_and_how() {
+    let served = Served::start();
+    let debug_lines = |done: &common::cli::Finished| -> Vec<String> {
+        text(&done.stderr)
+            .lines()
+            .filter(|line| line.starts_with("capexec: debug: "))
+            .map(str::to_string)
+            .collect()
+    };
+    let done = finish(
+        served.run(&["-v", "--connect", &served.unix, "--", "echo", "hi"]),
+        None,
+    );
+    assert_printed(&done, 0, "hi\n", "run -v");
+    let lines = debug_lines(&done);
+    for expected in [
+        format!(
+            "capexec: debug: connecting to {} (--connect: an address)",
+            served.unix
+        ),
+        "capexec: debug: connected (a Unix socket: no login)".to_string(),
+        "capexec: debug: starting echo".to_string(),
+        "capexec: debug: exit status 0: the command's".to_string(),
+    ] {
+        assert!(lines.contains(&expected), "{expected:?} not in {lines:?}");
+    }
+    let mut command = served.command("-v", &["info", "--token-file", &served.token_arg()]);
+    command.env("CAPEXEC_CONNECT", &served.tcp);
+    let done = finish(command, None);
+    assert_eq!(done.code, 0, "{}", text(&done.stderr));
+    let lines = debug_lines(&done);
+    assert_eq!(
+        lines[..4],
+        [
+            format!(
+                "capexec: debug: connecting to {} (CAPEXEC_CONNECT: an address)",
+                served.tcp
+            ),
+            format!(
+                "capexec: debug: the login token: --token-file {}",
+                served.token_arg()
+            ),
+            "capexec: debug: no TLS".to_string(),
+            "capexec: debug: connected; the login travels with the first calls".to_string(),
+        ]
+    );
+    let quiet = finish(
+        served.run(&["--connect", &served.unix, "--", "echo", "hi"]),
+        None,
+    );
+    assert_eq!(
+        (quiet.code, text(&quiet.stdout), text(&quiet.stderr)),
+        (0, "hi\n".to_string(), String::new())
+    );
+}
+
+/// What ssh, scp and kill taught the hands is answered with what capexec
+/// takes instead, in one line, exit 125; ssh's -N is accepted and said to
+/// be needless; a mistyped server name gets "did you mean".
+#[test]
+fn ssh_scp_and_kill_habits_are_answered_with_what_capexec_takes() {
+    let config = TempDir::new("habits-config");
+    std::fs::create_dir_all(config.path().join("capexec")).expect("dir");
+    let file = config.path().join("capexec/config.toml");
+    std::fs::write(&file, "[servers.build]\naddress = \"unix:/nonexistent\"\n").expect("config");
+    let line = |args: &[&str]| {
+        let mut command = capexec(args);
+        command
+            .env("XDG_CONFIG_HOME", config.path())
+            .env("HOME", config.path())
+            .env_remove("CAPEXEC_CONNECT")
+            .env_remove("CAPEXEC_TOKEN");
+        let done = finish(command, None);
+        assert!(done.stdout.is_empty(), "{args:?}: {}", text(&done.stdout));
+        (done.code, text(&done.stderr))
+    };
+    let cases: [(&[&str], i32, &str); 11] = [
+        (
+            &["run", "-p", "7000", "--", "true"],
+            125,
+            "capexec: unknown option -p: the port goes in the address, --connect tcp:HOST:PORT \
+             (or HOST:PORT) (see capexec run --help)\n",
+        ),
+        (
+            &["serve", "-p", "7000"],
+            125,
+            "capexec: unknown option -p: the port goes in the address, --listen tcp:HOST:PORT \
+             (see capexec serve --help)\n",
+        ),
+        (
+            &["shell", "root@build"],
+            125,
+            "capexec: unexpected argument \"root@build\": capexec shell takes the server as \
+             --connect build (capexec has no users to log in as: a command runs as the user \
+             that runs the server) (see capexec shell --help)\n",
+        ),
+        (
+            &["run", "--connect", "root@build:7000", "--", "true"],
+            125,
+            "capexec: --connect \"root@build:7000\": capexec has no users to log in as: a \
+             command runs as the user that runs the server (start one as that user); write \
+             --connect build:7000\n",
+        ),
+        (
+            &["kill", "-9", "4242"],
+            125,
+            "capexec: unknown option -9: capexec kill takes no signal: it sends SIGTERM to each \
+             process's group, then SIGKILL to what is left after a grace (capexec kill PID) \
+             (see capexec kill --help)\n",
+        ),
+        (
+            &["kill", "-SIGKILL", "4242"],
+            125,
+            "capexec: unknown option -S: capexec kill takes no signal: it sends SIGTERM to each \
+             process's group, then SIGKILL to what is left after a grace (capexec kill PID) \
+             (see capexec kill --help)\n",
+        ),
+        (
+            &["cp", "-r", "build:/etc/ssh", "my copy"],
+            125,
+            "capexec: \"build:/etc/ssh\" is scp's HOST:PATH: capexec names the server with \
+             --connect and writes remote paths :PATH (capexec cp --connect build :/etc/ssh \
+             'my copy')\n",
+        ),
+        (
+            &["build"],
+            125,
+            "capexec: unknown command \"build\": to reach the server build, capexec shell \
+             --connect build, or capexec run --connect build -- PROGRAM (see capexec --help)\n",
+        ),
+        (
+            &["run", "build", "make"],
+            127,
+            "capexec: program not found: build (to run on the server build: capexec run \
+             --connect build -- PROGRAM)\n",
+        ),
+        (
+            &["run", "--connect", "biuld", "--", "true"],
+            125,
+            "", // below: it names the file
+        ),
+        (&["run", "--connect", "lokal", "--", "true"], 125, ""),
+    ];
+    for (args, code, expected) in cases {
+        let expected = match args.get(2) {
+            Some(&typo) if expected.is_empty() => format!(
+                "capexec: --connect \"{typo}\": no server of that name in {} (it names build; \
+                 did you mean {}?); an address is unix:PATH or tcp:HOST:PORT\n",
+                file.display(),
+                if typo == "biuld" { "build" } else { "local" }
+            ),
+            _ => expected.to_string(),
+        };
+        assert_eq!(line(args), (code, expected), "{args:?}");
+    }
+
+    let served = Served::start();
+    let forward = served.command(
+        "forward",
+        &["--connect", &served.unix, "-N", "-L", "0:localhost:1"],
+    );
+    let forward = Watched::spawn(forward);
+    forward.wait_for_stdout("-L tcp:127.0.0.1:");
+    kill(&forward.child, libc::SIGTERM);
+    let done = forward.finish();
+    assert_eq!(
+        (done.code, text(&done.stderr)),
+        (
+            0,
+            "capexec: -N is not needed: capexec forward runs no command, it only forwards\n"
+                .to_string()
+        )
+    );
+}

@@ -109,31 +109,89 @@ fn named_servers_reach_their_address_token_and_environment() {
     );
 }
 
+/// A wrong entry is one line with the file and line, and breaks only its
+/// own name: the other servers, and `local`, still work; `servers` lists
+/// them and says what is wrong (exit 125). Even text that is not TOML
+/// breaks only the table it is in.
 #[test]
-fn a_wrong_configuration_entry_is_one_line_with_the_file_and_line() {
+fn a_wrong_configuration_entry_breaks_only_its_own_name() {
+    let served = Served::start();
+    let runtime = TempDir::new("cli-config-runtime");
+    let mut serve = Command::new(BIN);
+    serve
+        .args(["serve", "--token-file"])
+        .arg(runtime.path().join("token"))
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .env("HOME", runtime.path())
+        .env_remove("XDG_CONFIG_HOME");
+    let (mut local_server, _) = spawn_until_first_line(serve);
     let config = TempDir::new("cli-config-bad");
-    let file = write_config(
-        config.path(),
-        "[servers.a]\naddress = \"unix:/nonexistent\"\n\n[servers.b]\naddress = \"b:7000\"\n",
-    );
-    for subcommand in [&["servers"][..], &["run", "--connect", "a", "--", "true"]] {
-        let failed = finish(
-            configured(config.path(), subcommand[0], &subcommand[1..]),
-            None,
-        );
-        assert_eq!(
-            (failed.code, text(&failed.stderr)),
-            (
-                125,
-                format!(
-                    "capexec: {}:5: [servers.b]: address \"b:7000\": an address is unix:PATH or \
-                     tcp:HOST:PORT\n",
-                    file.display()
-                )
+    let port = served.tcp.rsplit(':').next().expect("port");
+    for (broken, line, why) in [
+        (
+            "[servers.b]\naddress = \"b-box\"\n",
+            5,
+            "[servers.b]: address \"b-box\": an address is tcp:HOST:PORT, HOST:PORT, unix:PATH \
+             or /PATH",
+        ),
+        ("[servers.b]\naddress = \"unterminated\n", 5, ""),
+    ] {
+        let file = write_config(
+            config.path(),
+            &format!(
+                "[servers.a]\naddress = \"{}\"\n\n{broken}\n[servers.c]\naddress = \
+                 \"127.0.0.1:{port}\"\ntoken-file = \"{}\"\n",
+                served.unix,
+                served.token_arg()
             ),
-            "{subcommand:?}"
         );
+        let at = format!("capexec: {}:{line}: {why}", file.display());
+        let run = |name: &str| {
+            let mut command = configured(
+                config.path(),
+                "run",
+                &["--connect", name, "--", "echo", name],
+            );
+            command.env("XDG_RUNTIME_DIR", runtime.path());
+            finish(command, None)
+        };
+        let failed = run("b");
+        assert_eq!(failed.code, 125, "{broken}");
+        let stderr = text(&failed.stderr);
+        assert!(
+            stderr.starts_with(&at) && stderr.lines().count() == 1,
+            "{broken}: {stderr}"
+        );
+        for name in ["a", "c", "local"] {
+            let ran = run(name);
+            assert_eq!(
+                (ran.code, text(&ran.stdout), text(&ran.stderr)),
+                (0, format!("{name}\n"), String::new()),
+                "{broken}"
+            );
+        }
+        let mut listing = configured(config.path(), "servers", &[]);
+        listing.env("XDG_RUNTIME_DIR", runtime.path());
+        let listed = finish(listing, None);
+        assert_eq!(
+            (listed.code, text(&listed.stderr)),
+            (125, stderr.clone()),
+            "{broken}"
+        );
+        let names: Vec<String> = text(&listed.stdout)
+            .lines()
+            .map(|line| line.split(' ').next().unwrap_or("").to_string())
+            .collect();
+        assert_eq!(names, ["NAME", "a", "c", "local"], "{broken}");
     }
+    let _ = local_server.kill();
+    let _ = local_server.wait();
+}
+
+#[test]
+fn a_configuration_entry_naming_a_missing_file_says_which_line() {
+    let config = TempDir::new("cli-config-missing");
+    let file = config.path().join("capexec/config.toml");
     // An entry naming a file that is not there: the file and line of the
     // key, then the file's problem.
     let token = config.path().join("capexec").join("c.token");
@@ -175,19 +233,6 @@ fn a_wrong_configuration_entry_is_one_line_with_the_file_and_line() {
     assert!(
         stderr.starts_with(&format!(
             "capexec: {}:8: [servers.c]: tls-ca /nonexistent/ca.pem: ",
-            file.display()
-        )),
-        "{stderr}"
-    );
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
-
-    write_config(config.path(), "[servers.a]\nadress = \"unix:/x\"\n");
-    let failed = finish(configured(config.path(), "servers", &[]), None);
-    let stderr = text(&failed.stderr);
-    assert_eq!(failed.code, 125);
-    assert!(
-        stderr.starts_with(&format!(
-            "capexec: {}:2: unknown field `adress`",
             file.display()
         )),
         "{stderr}"
@@ -466,11 +511,18 @@ fn client_config_prints_what_a_new_client_pastes() {
     assert_eq!(printed.code, 0, "{}", text(&printed.stderr));
     let token = served.token();
     let stdout = text(&printed.stdout);
-    assert!(
-        stdout.contains(&format!(
-            "echo '{}' > ~/.config/capexec/build.token",
-            token.as_str()
-        )),
+    let dir = "\"${XDG_CONFIG_HOME:-$HOME/.config}/capexec\"";
+    let shell_line = format!(
+        "mkdir -p {dir} && (umask 077 && echo '{}' > {dir}/build.token)",
+        token.as_str()
+    );
+    assert_eq!(
+        stdout.lines().take(3).collect::<Vec<_>>(),
+        [
+            "# On the client, save the token (readable only by its user):".to_string(),
+            format!("#   {shell_line}"),
+            format!("# then add these lines to {dir}/config.toml:"),
+        ],
         "{stdout}"
     );
     let lines: String = stdout
@@ -481,29 +533,103 @@ fn client_config_prints_what_a_new_client_pastes() {
     assert_eq!(
         lines,
         format!(
-            "[servers.build]\naddress = \"{}\"\ntoken-file = \"~/.config/capexec/build.token\"\n\
+            "[servers.build]\naddress = \"{}\"\ntoken-file = \"build.token\"\n\
              tls-pin = \"{fingerprint}\"\n",
             served.tcp
         )
     );
-    // Pasted on a client, it connects.
-    let client = TempDir::new("cli-new-client");
-    std::fs::create_dir_all(client.path().join(".config/capexec")).expect("dir");
-    let token_file = client.path().join(".config/capexec/build.token");
-    std::fs::write(&token_file, token.as_str()).expect("token");
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    std::fs::write(client.path().join(".config/capexec/config.toml"), &lines).expect("config");
-    let mut run = Command::new(BIN);
-    run.args(["run", "--connect", "build", "--", "echo", "pasted"])
-        .env("HOME", client.path())
-        .env_remove("XDG_CONFIG_HOME")
-        .env_remove("CAPEXEC_TOKEN")
-        .env_remove("CAPEXEC_CONNECT");
-    let ran = finish(run, None);
+    // Pasted on a client, with or without XDG_CONFIG_HOME, it connects.
+    for xdg in [false, true] {
+        let client = TempDir::new("cli-new-client");
+        let config_home = client.path().join("elsewhere");
+        let env = |command: &mut Command| {
+            command
+                .env("HOME", client.path())
+                .env_remove("CAPEXEC_TOKEN")
+                .env_remove("CAPEXEC_CONNECT");
+            if xdg {
+                command.env("XDG_CONFIG_HOME", &config_home);
+            } else {
+                command.env_remove("XDG_CONFIG_HOME");
+            }
+        };
+        let mut paste = Command::new("sh");
+        paste.args(["-c", &format!("{shell_line} && cat >> {dir}/config.toml")]);
+        env(&mut paste);
+        let pasted = finish(paste, Some(lines.clone().into_bytes()));
+        assert_eq!(pasted.code, 0, "{}", text(&pasted.stderr));
+        let where_ = if xdg {
+            config_home.join("capexec/config.toml")
+        } else {
+            client.path().join(".config/capexec/config.toml")
+        };
+        assert!(where_.is_file(), "{}", where_.display());
+        let mut run = Command::new(BIN);
+        run.args(["run", "--connect", "build", "--", "echo", "pasted"]);
+        env(&mut run);
+        let ran = finish(run, None);
+        assert_eq!(
+            (ran.code, text(&ran.stdout), text(&ran.stderr)),
+            (0, "pasted\n".to_string(), String::new()),
+            "XDG_CONFIG_HOME set: {xdg}"
+        );
+    }
+}
+
+/// An empty CAPEXEC_CONNECT is as if unset (the embedded executor), and
+/// what is wrong with a set one names the variable, not --connect.
+#[test]
+fn capexec_connect_empty_is_unset_and_its_errors_name_it() {
+    let config = TempDir::new("cli-connect-variable");
+    let file = write_config(
+        config.path(),
+        "[servers.box]\naddress = \"unix:/nonexistent\"\n",
+    );
+    let with = |value: &str, args: &[&str]| {
+        let mut command = configured(config.path(), "run", args);
+        command.env("CAPEXEC_CONNECT", value);
+        finish(command, None)
+    };
+    let embedded = with("", &["--", "echo", "embedded"]);
     assert_eq!(
-        (ran.code, text(&ran.stdout), text(&ran.stderr)),
-        (0, "pasted\n".to_string(), String::new())
+        (
+            embedded.code,
+            text(&embedded.stdout),
+            text(&embedded.stderr)
+        ),
+        (0, "embedded\n".to_string(), String::new())
+    );
+    for (value, error) in [
+        (
+            "nope",
+            format!(
+                "capexec: CAPEXEC_CONNECT=\"nope\": no server of that name in {} (it names box); \
+                 an address is unix:PATH or tcp:HOST:PORT\n",
+                file.display()
+            ),
+        ),
+        (
+            "host:http",
+            "capexec: CAPEXEC_CONNECT=\"host:http\": \"http\" is not a port number; write \
+             tcp:HOST:PORT, unix:PATH or the name of a server in the configuration file\n"
+                .to_string(),
+        ),
+    ] {
+        let failed = with(value, &["--", "true"]);
+        assert_eq!((failed.code, text(&failed.stderr)), (125, error));
+    }
+    // The flag wins over the variable, and is named as the flag.
+    let flagged = with("box", &["--connect", "nope", "--", "true"]);
+    assert_eq!(
+        (flagged.code, text(&flagged.stderr)),
+        (
+            125,
+            format!(
+                "capexec: --connect \"nope\": no server of that name in {} (it names box); an \
+                 address is unix:PATH or tcp:HOST:PORT\n",
+                file.display()
+            )
+        )
     );
 }
 
@@ -531,7 +657,29 @@ fn completions_man_pages_and_version_are_generated() {
     ] {
         let text = std::fs::read_to_string(dir.path().join(page)).expect(page);
         assert!(text.starts_with(".ie") && text.contains(".TH"), "{page}");
+        // The page opens with NAME: nothing but its title before it.
+        let lines: Vec<&str> = text.lines().take(4).collect();
+        let (name, sub) = match page.strip_prefix("capexec-") {
+            Some(sub) => (page.trim_end_matches(".1"), sub.trim_end_matches(".1")),
+            None => ("capexec", "capexec"),
+        };
+        assert_eq!(
+            lines[2..],
+            [
+                format!(".TH {name} 1  \"{sub} {}\" ", env!("CARGO_PKG_VERSION")),
+                ".SH NAME".to_string()
+            ],
+            "{page}"
+        );
     }
+    let printed = finish(common::cli::capexec(&["man"]), None);
+    assert_eq!(printed.code, 0, "{}", text(&printed.stderr));
+    assert_eq!(
+        text(&printed.stdout).lines().nth(3),
+        Some(".SH NAME"),
+        "{}",
+        text(&printed.stdout)
+    );
     let version = finish(common::cli::capexec(&["--version"]), None);
     let stdout = text(&version.stdout);
     assert_eq!(version.code, 0);
@@ -674,4 +822,127 @@ fn listed_about(overview: &str, subcommand: &str) -> String {
                 .then(|| words.next().unwrap_or_default().trim().to_string())
         })
         .unwrap_or_else(|| panic!("{subcommand} is not listed in:\n{overview}"))
+}
+
+/// `--json` wherever a command prints a table or a record: one document on
+/// stdout, with the field names the README lists.
+#[test]
+fn tables_and_records_come_as_json_on_request() {
+    let served = Served::start_with(&["--upstream", "far=unix:/nonexistent", "--tls-self-signed"]);
+    let config = TempDir::new("cli-json");
+    let runtime = TempDir::new("cli-json-runtime");
+    let file = write_config(
+        config.path(),
+        &format!(
+            "[servers.box]\naddress = \"{}\"\nenvironment = \"far\"\n\n[servers.net]\naddress = \
+             \"{}\"\ntoken-file = \"{}\"\ntls-pin = \"{}\"\n",
+            served.unix,
+            served.tcp,
+            served.token_arg(),
+            "ab".repeat(32)
+        ),
+    );
+    let output = |subcommand: &str, args: &[&str]| {
+        let mut command = configured(config.path(), subcommand, args);
+        command.env("XDG_RUNTIME_DIR", runtime.path());
+        let done = finish(command, None);
+        assert_eq!(done.code, 0, "{subcommand}: {}", text(&done.stderr));
+        text(&done.stdout)
+    };
+    let json = |subcommand: &str, args: &[&str]| {
+        let stdout = output(subcommand, args);
+        assert!(
+            stdout.ends_with("}\n") || stdout.ends_with("]\n"),
+            "{stdout}"
+        );
+        assert_eq!(stdout.lines().count(), 1, "{stdout}");
+        stdout
+    };
+    assert_eq!(
+        json("servers", &["--json"]),
+        format!(
+            "[{{\"address\":\"{unix}\",\"environment\":\"far\",\"file\":\"{file}\",\"line\":1,\
+             \"name\":\"box\",\"tls\":null,\"tls_ca\":null,\"tls_pin\":null,\"token_file\":null}},\
+             {{\"address\":\"{tcp}\",\"environment\":null,\"file\":\"{file}\",\"line\":5,\
+             \"name\":\"net\",\"tls\":\"pin\",\"tls_ca\":null,\"tls_pin\":\"{pin}\",\
+             \"token_file\":\"{token}\"}},{{\"address\":\"unix:{runtime}/capexec/capexec.sock\",\
+             \"environment\":null,\"file\":null,\"line\":null,\"name\":\"local\",\"tls\":null,\
+             \"tls_ca\":null,\"tls_pin\":null,\"token_file\":null}}]\n",
+            unix = served.unix,
+            tcp = served.tcp,
+            file = file.display(),
+            pin = "ab".repeat(32),
+            token = served.token_arg(),
+            runtime = runtime.path().display()
+        )
+    );
+    assert_eq!(
+        json("environments", &["--connect", &served.unix, "--json"]),
+        "[{\"address\":null,\"default\":true,\"name\":\"local\",\"reason\":null,\
+         \"retry_in_ms\":null,\"state\":\"local\"},{\"address\":\"unix:/nonexistent\",\
+         \"default\":false,\"name\":\"far\",\"reason\":null,\"retry_in_ms\":null,\
+         \"state\":\"idle\"}]\n"
+    );
+    let info: serde_json::Value =
+        serde_json::from_str(&json("info", &["--connect", &served.unix, "--json"]))
+            .expect("info is JSON");
+    let lines = output("info", &["--connect", &served.unix]);
+    let object = info.as_object().expect("an object");
+    let keys: Vec<&str> = object.keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        [
+            "arch",
+            "cwd",
+            "environment",
+            "features",
+            "hostname",
+            "os",
+            "shell",
+            "temp",
+            "version"
+        ]
+    );
+    // The same values as the lines, under the lines' labels.
+    for line in lines.lines() {
+        let (label, value) = line.split_once(": ").expect("label: value");
+        let json_value = match &object[label] {
+            serde_json::Value::Array(features) => features
+                .iter()
+                .map(|f| f.as_str().expect("a feature"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            other => other.as_str().expect("a string").to_string(),
+        };
+        assert_eq!(json_value, value, "{label}");
+    }
+    let cert = served.home.path().join(".config/capexec/server-cert.pem");
+    let fingerprint = capexec::net::TlsServer::certificate_fingerprint(&cert).expect("cert");
+    let client = finish(
+        served.command(
+            "client-config",
+            &[
+                "build",
+                "--address",
+                &served.tcp,
+                "--token-file",
+                &served.token_arg(),
+                "--tls-self-signed",
+                "--json",
+            ],
+        ),
+        None,
+    );
+    assert_eq!(
+        (client.code, text(&client.stdout)),
+        (
+            0,
+            format!(
+                "{{\"address\":\"{}\",\"name\":\"build\",\"tls_pin\":\"{fingerprint}\",\
+                 \"token\":\"{}\"}}\n",
+                served.tcp,
+                served.token().as_str()
+            )
+        )
+    );
 }

@@ -100,36 +100,82 @@ fn a_memory_hog_exits_137_with_a_line_saying_why() {
     );
 }
 
+/// What the server cannot enforce is refused in one line that names the
+/// flag that starts the command anyway, `--best-effort`; with it the
+/// command runs, and a line says what it runs without.
 #[test]
-fn a_sandbox_the_server_cannot_enforce_is_refused_with_one_line() {
+fn a_sandbox_the_server_cannot_enforce_is_refused_naming_best_effort() {
     let served = Served::start_with(&["--hide-kernel-feature", "landlock"]);
-    let done = finish(
-        served.run(&["--connect", &served.unix, "--sandbox", "-n", "--", "true"]),
-        None,
+    let run = |flags: &[&str]| {
+        let mut args = vec!["--connect", served.unix.as_str()];
+        args.extend(flags);
+        args.extend(["-n", "--", "echo", "ran"]);
+        finish(served.run(&args), None)
+    };
+    let refused = run(&["--sandbox"]);
+    assert_eq!(
+        (refused.code, text(&refused.stdout), text(&refused.stderr)),
+        (
+            125,
+            String::new(),
+            "capexec: sandbox: this server cannot enforce filesystem, scope-signals, \
+             scope-abstract-sockets (the kernel has no Landlock (Linux 5.13, enabled in the \
+             `lsm=` boot list); Landlock ABI 6 (Linux 6.12) is needed, the kernel has ABI 0); \
+             bestEffort (capexec run --best-effort) starts it without them\n"
+                .to_string()
+        )
     );
-    assert_eq!(done.code, 125);
-    one_line(
-        &done.stderr,
-        "capexec: sandbox: this server cannot enforce filesystem",
+    let relaxed = run(&["--sandbox", "--best-effort"]);
+    assert_eq!(
+        (relaxed.code, text(&relaxed.stdout), text(&relaxed.stderr)),
+        (
+            0,
+            "ran\n".to_string(),
+            "capexec: best effort: this server does not enforce filesystem, scope-signals, \
+             scope-abstract-sockets; the command runs without them\n"
+                .to_string()
+        )
     );
     // Limits work without a sandbox, and need their controller.
     let served = Served::start_with(&["--hide-kernel-feature", "pids"]);
-    let done = finish(
-        served.run(&[
-            "--connect",
-            &served.unix,
-            "--max-pids",
-            "5",
-            "-n",
-            "--",
-            "true",
-        ]),
-        None,
+    let run = |flags: &[&str]| {
+        let mut args = vec!["--connect", served.unix.as_str(), "--max-pids", "5"];
+        args.extend(flags);
+        args.extend(["-n", "--", "echo", "ran"]);
+        finish(served.run(&args), None)
+    };
+    let refused = run(&[]);
+    assert_eq!(
+        (refused.code, text(&refused.stderr)),
+        (
+            125,
+            "capexec: limits: this server cannot enforce limit-pids (no pids controller is \
+             available to this server); bestEffort (capexec run --best-effort) starts it \
+             without them\n"
+                .to_string()
+        )
     );
-    assert_eq!(done.code, 125);
-    one_line(
-        &done.stderr,
-        "capexec: limits: this server cannot enforce limit-pids",
+    let relaxed = run(&["--best-effort"]);
+    assert_eq!(
+        (relaxed.code, text(&relaxed.stdout), text(&relaxed.stderr)),
+        (
+            0,
+            "ran\n".to_string(),
+            "capexec: best effort: this server does not enforce limit-pids; the command runs \
+             without them\n"
+                .to_string()
+        )
+    );
+    // Alone it relaxes nothing, and says so.
+    let alone = finish(capexec(&["run", "--best-effort", "--", "true"]), None);
+    assert_eq!(
+        (alone.code, text(&alone.stderr)),
+        (
+            125,
+            "capexec: --best-effort needs a sandbox (--sandbox, --read-only, --writable...) or \
+             a limit (--memory, --max-pids, --cpus) to relax\n"
+                .to_string()
+        )
     );
 }
 
@@ -159,7 +205,8 @@ fn a_root_server_that_cannot_run_a_sandbox_as_nobody_refuses_it_unless_kept_root
         &done.stderr,
         "capexec: sandbox: this server cannot enforce unprivileged-user (idmapped mounts are \
          hidden (--hide-kernel-feature idmapped-mounts); keepRoot (capexec run --keep-root) runs \
-         it as root without capabilities); ask for best effort to start anyway\n",
+         it as root without capabilities); bestEffort (capexec run --best-effort) starts it \
+         without them\n",
     );
     // Asked to stay root, it does (and reads what root reads).
     let done = finish(
@@ -595,4 +642,132 @@ fn a_program_outside_the_sandbox_says_which_directory_to_add() {
             format!("capexec: cannot execute {program}: {program} {hint}")
         )
     );
+}
+
+/// `capexec run --sandbox -- python3` where python3 is a pyenv shim: the
+/// shim runs `PYENV_ROOT/libexec/pyenv`, which runs a Python of
+/// `PYENV_ROOT/versions`, which loads its libraries from beside its `bin`.
+/// The refusal names the directory that makes it all run (the manager's),
+/// not the shim's own, which would only move the failure to a bare
+/// "Permission denied" from bash; a Python of the manager named directly
+/// asks for its installation, and one run from a virtualenv for the
+/// virtualenv.
+#[test]
+fn a_sandboxed_pyenv_shim_asks_for_the_directory_that_makes_it_run() {
+    use std::os::unix::fs::PermissionsExt;
+    let home = TempDir::new("cli-sandbox-pyenv");
+    let cwd = TempDir::new("cli-sandbox-cwd");
+    let home_path = std::fs::canonicalize(home.path()).expect("home");
+    let root = home_path.join(".pyenv");
+    let executable = |path: &std::path::Path, text: &str| {
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, text).expect("write");
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    };
+    // As pyenv writes them: the shim execs the manager, the manager the
+    // version's program, which reads its library.
+    let python = root.join("versions/3.12.1/bin/python3");
+    let library = root.join("versions/3.12.1/lib/python3.12/os.py");
+    executable(&library, "");
+    std::fs::write(&library, "stdlib\n").expect("library");
+    executable(&python, &format!("#!/bin/sh\ncat {}\n", library.display()));
+    executable(
+        &root.join("libexec/pyenv"),
+        &format!(
+            "#!/bin/sh\nshift\nexec {}/versions/3.12.1/bin/\"$@\"\n",
+            root.display()
+        ),
+    );
+    executable(
+        &root.join("shims/python3"),
+        &format!(
+            "#!/bin/sh\nexport PYENV_ROOT=\"{root}\"\nexec \"{root}/libexec/pyenv\" exec \
+             python3 \"$@\"\n",
+            root = root.display()
+        ),
+    );
+    let virtualenv = home_path.join("venv");
+    std::fs::create_dir_all(virtualenv.join("bin")).expect("venv");
+    std::fs::write(virtualenv.join("pyvenv.cfg"), "home = /usr/bin\n").expect("cfg");
+    std::os::unix::fs::symlink("/bin/sh", virtualenv.join("bin/python3")).expect("link");
+
+    let cwd_arg = cwd.path().display().to_string();
+    let run = |path_var: &str, flags: &[&str], program: &str| {
+        let mut args = vec!["run", "--cwd", &cwd_arg, "--sandbox"];
+        args.extend(flags);
+        args.extend(["-n", "--", program, "-c", "exit 7"]);
+        let mut command = capexec(&args);
+        command.env("PATH", path_var).env_remove("CAPEXEC_CONNECT");
+        finish(command, None)
+    };
+    let shims = format!("{}/shims:/usr/bin:/bin", root.display());
+    let shimmed = run(&shims, &[], "python3");
+    assert_eq!(
+        (shimmed.code, text(&shimmed.stderr)),
+        (
+            126,
+            format!(
+                "capexec: cannot execute python3: {root}/shims/python3 is outside the sandbox's \
+                 readable roots (a version manager's shim: add the manager's directory with \
+                 --read-only {root})\n",
+                root = root.display()
+            )
+        )
+    );
+    let root_arg = root.display().to_string();
+    let admitted = run(&shims, &["--read-only", &root_arg], "python3");
+    assert_eq!(
+        (
+            admitted.code,
+            text(&admitted.stdout),
+            text(&admitted.stderr)
+        ),
+        (0, "stdlib\n".to_string(), String::new())
+    );
+
+    let installation = root.join("versions/3.12.1");
+    let direct = python.display().to_string();
+    let named = run("/usr/bin:/bin", &[], &direct);
+    assert_eq!(
+        (named.code, text(&named.stderr)),
+        (
+            126,
+            format!(
+                "capexec: cannot execute {direct}: {direct} is outside the sandbox's readable \
+                 roots (add the installation it belongs to with --read-only {})\n",
+                installation.display()
+            )
+        )
+    );
+    let installation_arg = installation.display().to_string();
+    let admitted = run(
+        "/usr/bin:/bin",
+        &["--read-only", &installation_arg],
+        &direct,
+    );
+    assert_eq!(
+        (
+            admitted.code,
+            text(&admitted.stdout),
+            text(&admitted.stderr)
+        ),
+        (0, "stdlib\n".to_string(), String::new())
+    );
+
+    let venv_path = format!("{}/bin:/usr/bin:/bin", virtualenv.display());
+    let in_venv = run(&venv_path, &[], "python3");
+    assert_eq!(
+        (in_venv.code, text(&in_venv.stderr)),
+        (
+            126,
+            format!(
+                "capexec: cannot execute python3: {venv}/bin/python3 is outside the sandbox's \
+                 readable roots (in a virtualenv: add the virtualenv with --read-only {venv})\n",
+                venv = virtualenv.display()
+            )
+        )
+    );
+    let venv_arg = virtualenv.display().to_string();
+    let admitted = run(&venv_path, &["--read-only", &venv_arg], "python3");
+    assert_eq!(admitted.code, 7, "{}", text(&admitted.stderr));
 }
