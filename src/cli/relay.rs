@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 
 use capexec::client::{Command, Connect, Error, RecoveryNote, ResilientProcess, Session};
-use capexec::model::{EventBody, OutputStream, RefusalKind, Signal, show_duration};
+use capexec::model::{EventBody, Exit, OutputStream, RefusalKind, Signal, show_duration};
 
 use crate::cli::local_terminal::RawMode;
 use crate::cli::signals::Interrupted;
@@ -198,7 +198,7 @@ async fn run_to_close(
             break Ok(());
         }
         let batch = match until(&mut ending, events.next_batch()).await {
-            Err(ending) => return Err(end_early(ending, &process, true).await),
+            Err(ending) => return end_early_after(ending, &process, status, args, began).await,
             Ok(Some(Ok(batch))) => batch,
             Ok(Some(Err(error))) => break Err(lost(&error)),
             Ok(None) => break Ok(()),
@@ -213,7 +213,10 @@ async fn run_to_close(
                     },
                     data,
                 )),
-                EventBody::Exited(exit) => status = Some(exit),
+                EventBody::Exited(exit) => {
+                    tracing::debug!("the command exited ({exit}); relaying until its output ends");
+                    status = Some(exit);
+                }
                 EventBody::Closed => closed = true,
                 EventBody::Gap { from_seq } => {
                     let written = async {
@@ -221,7 +224,7 @@ async fn run_to_close(
                         output.flush().await;
                     };
                     if let Err(ending) = until(&mut ending, written).await {
-                        return Err(end_early(ending, &process, true).await);
+                        return end_early_after(ending, &process, status, args, began).await;
                     }
                     stdio::note(&format!(
                         "output lost: events {from_seq}..={} were evicted before they could be relayed",
@@ -231,7 +234,7 @@ async fn run_to_close(
             }
         }
         if let Err(ending) = until(&mut ending, output.write(pieces)).await {
-            return Err(end_early(ending, &process, true).await);
+            return end_early_after(ending, &process, status, args, began).await;
         }
         if let Some(error) = output.failure() {
             return Err(cannot_write(&error, &process).await);
@@ -250,7 +253,7 @@ async fn run_to_close(
         resizes.abort();
     }
     if let Err(ending) = until(&mut ending, output.flush()).await {
-        return Err(end_early(ending, &process, true).await);
+        return end_early_after(ending, &process, status, args, began).await;
     }
     if let Some(error) = output.failure() {
         return Err(cannot_write(&error, &process).await);
@@ -260,6 +263,12 @@ async fn run_to_close(
     // it used; no further round trip.
     let exit =
         status.ok_or_else(|| Failure::capexec("the command closed without an exit status"))?;
+    Ok(reported(&exit, args, began))
+}
+
+/// The exit status capexec reports for the command's `exit`, with the
+/// notes that go with it (usage, a memory or time limit).
+fn reported(exit: &Exit, args: &SessionArgs, began: std::time::Instant) -> i32 {
     if args.usage {
         match exit.usage {
             Some(usage) => stdio::note(&usage.to_string()),
@@ -268,7 +277,7 @@ async fn run_to_close(
     }
     if exit.killed_by_memory_limit {
         stdio::note("the command was killed by its memory limit");
-        return Ok(EXIT_KILLED_BY_MEMORY_LIMIT);
+        return EXIT_KILLED_BY_MEMORY_LIMIT;
     }
     // Like timeout(1): 124 when a time limit ended the command, ours or
     // the executor's (a restricted server's --max-run-time).
@@ -284,9 +293,9 @@ async fn run_to_close(
             )),
             None => stdio::note("the command timed out (the executor's time limit)"),
         }
-        return Ok(EXIT_TIMED_OUT);
+        return EXIT_TIMED_OUT;
     }
-    Ok(exit.status.shell_code())
+    exit.status.shell_code()
 }
 
 /// `work`, unless `ending` comes first.
@@ -324,6 +333,58 @@ async fn cannot_write(error: &str, process: &ResilientProcess) -> Failure {
     )
 }
 
+/// Ends the run on our side once the command has started: as
+/// [`end_early`] while it runs; once it has exited (what it started in
+/// the background still holds its output), what it left running is
+/// terminated and capexec exits as the command did, saying so.
+async fn end_early_after(
+    ending: Ending,
+    process: &ResilientProcess,
+    status: Option<Exit>,
+    args: &SessionArgs,
+    began: std::time::Instant,
+) -> Result<i32, Failure> {
+    let (Some(exit), Ending::Signal(interrupted)) = (status, &ending) else {
+        return Err(end_early(ending, process, true).await);
+    };
+    let left = match terminate_briefly(process, interrupted.unreachable).await {
+        Some(true) => "what it left running was terminated".to_string(),
+        Some(false) => "nothing it started runs any more".to_string(),
+        None => format!("what it left running {}", left_running(process)),
+    };
+    stdio::note(&format!(
+        "{}: stopped waiting for the command's output; it had exited ({}); {left}",
+        interrupted.why, exit.status
+    ));
+    Ok(reported(&exit, args, began))
+}
+
+/// Asks the server to terminate the command's tree, waiting at most
+/// [`TERMINATE_WAIT`]: whether anything of it ran, or `None` if the server
+/// did not say (or is known to be out of reach).
+async fn terminate_briefly(process: &ResilientProcess, unreachable: bool) -> Option<bool> {
+    if unreachable {
+        return None;
+    }
+    tokio::time::timeout(TERMINATE_WAIT, process.current().terminate())
+        .await
+        .ok()
+        .and_then(Result::ok)
+}
+
+/// What becomes of a command capexec could not have terminated.
+fn left_running(process: &ResilientProcess) -> String {
+    match process.grace() {
+        Some(grace) => format!(
+            "may run on without us for up to {} (--resume), then the server terminates it",
+            show_duration(grace)
+        ),
+        None => "may run on until the server notices that the connection is gone, then it is \
+                 terminated"
+            .to_string(),
+    }
+}
+
 /// Ends the run on our side: asks the server (briefly) to terminate the
 /// command, and says what was left behind.
 async fn end_early(ending: Ending, process: &ResilientProcess, started: bool) -> Failure {
@@ -347,25 +408,10 @@ async fn end_early(ending: Ending, process: &ResilientProcess, started: bool) ->
             false,
         ),
     };
-    let terminated = if unreachable {
-        None
-    } else {
-        tokio::time::timeout(TERMINATE_WAIT, process.current().terminate())
-            .await
-            .ok()
-            .and_then(Result::ok)
-    };
-    let left = match (terminated, process.grace()) {
-        (Some(true), _) => "the command was terminated".to_string(),
-        (Some(false), _) => "the command had already exited".to_string(),
-        (None, Some(grace)) => format!(
-            "the command may run on without us for up to {} (--resume), then the server \
-             terminates it",
-            show_duration(grace)
-        ),
-        (None, None) => "the command may run on until the server notices that the connection \
-                         is gone, then it is terminated"
-            .to_string(),
+    let left = match terminate_briefly(process, unreachable).await {
+        Some(true) => "the command was terminated".to_string(),
+        Some(false) => "the command had already exited".to_string(),
+        None => format!("the command {}", left_running(process)),
     };
     Failure::ours(code, format!("{what}; {left}"))
 }
