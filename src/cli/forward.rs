@@ -49,21 +49,39 @@ fn announce(line: &str) {
     let _ = stdout.flush();
 }
 
+/// The signals that end `capexec forward`, with their names.
+const CAUGHT: [(i32, &str); 3] = [
+    (libc::SIGINT, "SIGINT"),
+    (libc::SIGTERM, "SIGTERM"),
+    (libc::SIGHUP, "SIGHUP"),
+];
+
 async fn forward(args: ForwardArgs) -> Result<i32, String> {
     if args.local.is_empty() && args.remote.is_empty() {
         return Err("nothing to forward: give -L or -R (see capexec forward --help)".to_string());
     }
     // Caught from the start, so that none of them kills us half set up.
     let mut signals = Vec::new();
-    for kind in [
-        SignalKind::interrupt(),
-        SignalKind::terminate(),
-        SignalKind::hangup(),
-    ] {
+    for (number, _) in CAUGHT {
+        let kind = SignalKind::from_raw(number);
         signals.push(signal(kind).map_err(|error| format!("cannot catch signals: {error}"))?);
     }
-    let mut target = target::target(&args.connect).await?;
-    target.established().await?;
+    // Connecting may wait for an answer on the terminal (trust on first
+    // use), or for a server that says nothing: a signal ends it at once.
+    let connected = async {
+        let target = target::target(&args.connect).await?;
+        target.established().await?;
+        Ok::<_, String>(target)
+    };
+    let signalled = futures::future::select_all(signals.iter_mut().map(|s| Box::pin(s.recv())));
+    let mut target = tokio::select! {
+        target = connected => target?,
+        (_, index, _) = signalled => {
+            let (number, name) = CAUGHT[index];
+            stdio::note(&format!("{name}: stopped before forwarding"));
+            return Ok(128 + number);
+        }
+    };
     let executor = Rc::new(RefCell::new(executor_of(&args, &target)));
     // Local listeners stay across reconnections: their ports do not change,
     // nor does the socket their direct channels are opened on.
