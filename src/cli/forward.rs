@@ -9,7 +9,6 @@
 //! at either end resets the other end too.
 
 use std::cell::RefCell;
-use std::io::Write;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -42,11 +41,16 @@ pub fn main(args: ForwardArgs) -> i32 {
     })
 }
 
-/// Prints a forward's line on stdout (a closed stdout is not our concern).
+/// Prints a forward's line on stdout, under the rule of every
+/// subcommand's stdout (`stdio::unwritten`): a line that cannot be written
+/// ends capexec there, as SIGPIPE ends a local program; its listeners and
+/// its connection close with it, which the server reads as the release of
+/// everything opened through it.
 fn announce(line: &str) {
-    let mut stdout = std::io::stdout();
-    let _ = writeln!(stdout, "{line}");
-    let _ = stdout.flush();
+    let code = stdio::print_answer(format!("{line}\n"), "the forward's line");
+    if code != 0 {
+        std::process::exit(code);
+    }
 }
 
 /// The signals that end `capexec forward`, with their names.
