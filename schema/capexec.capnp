@@ -460,7 +460,8 @@ struct ExecutorInfo {
   #   `info`, with `FileStat.version` and `ifVersion`), "file-watch"
   #   (`Directory.watch`), "directory-executor" (`Directory.executor`), "file-batches"
   #   (`Directory.writeFiles`, `Directory.readFiles`), "ports" (`Executor.dial`, `Executor.listen`),
-  #   "process-ports" (`Process.dial`, `Process.listen`).
+  #   "process-ports" (`Process.dial`, `Process.listen`), "close-output"
+  #   (`Process.closeOutput`).
   # Clients must ignore names they do not know.
 
   os @2 :Text;
@@ -838,6 +839,24 @@ interface Process {
   # still open is reset. Feature "process-ports".
   #
   # Errors: as `Executor.listen`, and `[capexec:forbidden]` on a facet.
+
+  closeOutput @13 (stream :OutputStream);
+  # Stops reading the child's `stream` (`stdout` or `stderr`) for good, as
+  # a reader that goes away does in a local pipeline (`command | head`):
+  # the server closes its end of that pipe, so the next write to it by the
+  # child (or anything of its tree that shares the pipe) gets SIGPIPE, or
+  # EPIPE where SIGPIPE is ignored, exactly as it would locally. What the
+  # pipe held unread is dropped and no more output of that stream is
+  # logged; what was logged before stays readable. The other stream, the
+  # exit and the close event go on (`closed` no longer waits for this
+  # stream). `capexec run` calls it when its own stdout's reader went away.
+  # Idempotent, and a no-op success once the stream has ended, when the
+  # start's stdio was passed (the child writes to the caller's descriptor
+  # itself, see `StartParams.passedStdio`). Feature "close-output".
+  #
+  # Errors: `[capexec:invalid-argument]` for `pty`, or on a `tty` process
+  # (its one terminal carries both streams: send `signal` instead);
+  # `[capexec:forbidden]` on a facet.
 }
 
 struct ReadResult {

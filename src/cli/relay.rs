@@ -191,7 +191,7 @@ async fn run_to_close(
         .then(|| tokio::task::spawn_local(input::resizes(process.clone())));
 
     let mut status = None;
-    let mut sent_sigpipe = false;
+    let mut stdout_let_go = false;
     let mut closed = false;
     let outcome = loop {
         if closed {
@@ -239,14 +239,11 @@ async fn run_to_close(
         if let Some(error) = output.failure() {
             return Err(cannot_write(&error, &process).await);
         }
-        // Like a local pipeline: when our reader goes away, the writer gets
-        // SIGPIPE.
-        if output.stdout_broken() && !sent_sigpipe && status.is_none() {
-            // Sent again only if a broken connection may have eaten it.
-            sent_sigpipe = match process.signal(Signal::Pipe).await {
-                Err(error) => !error.is_transport_loss(),
-                Ok(()) => true,
-            };
+        // Like a local pipeline: when our reader goes away, whoever writes
+        // to the command's stdout next gets SIGPIPE, and its stderr goes on.
+        if output.stdout_broken() && !stdout_let_go {
+            // Done again only if a broken connection may have eaten it.
+            stdout_let_go = reader_gone(&process, args.tty, status.is_some()).await;
         }
     };
     if let Some(resizes) = resizes {
@@ -296,6 +293,29 @@ fn reported(exit: &Exit, args: &SessionArgs, began: std::time::Instant) -> i32 {
         return EXIT_TIMED_OUT;
     }
     exit.status.shell_code()
+}
+
+/// Our stdout's reader went away: the server stops reading the command's
+/// stdout and closes that pipe, so the next write to it gets SIGPIPE, as
+/// in a local pipeline (`command | head`), while its stderr is still
+/// relayed. A terminal carries both streams (and an older server cannot
+/// close one): then the command gets SIGPIPE, unless it has exited.
+/// Whether that was done (false: a broken connection may have eaten it).
+async fn reader_gone(process: &ResilientProcess, tty: bool, exited: bool) -> bool {
+    if !tty {
+        match process.close_output(OutputStream::Stdout).await {
+            Ok(()) => return true,
+            Err(Error::Rpc(error)) if error.kind == capnp::ErrorKind::Unimplemented => {}
+            Err(error) => return !error.is_transport_loss(),
+        }
+    }
+    if exited {
+        return true;
+    }
+    match process.signal(Signal::Pipe).await {
+        Err(error) => !error.is_transport_loss(),
+        Ok(()) => true,
+    }
 }
 
 /// `work`, unless `ending` comes first.

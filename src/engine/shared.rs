@@ -147,6 +147,9 @@ pub(crate) struct Shared {
     pub(crate) owner_released: CancellationToken,
     /// Fired when the tree's termination ends (`Termination::Ended`).
     pub(crate) tree_ended: CancellationToken,
+    /// Fired when the owner stops reading stdout (0) or stderr (1): the
+    /// output pump closes its end of that pipe (`Process::close_output`).
+    pub(crate) output_closed: [CancellationToken; 2],
     pub(crate) terminal: Option<Terminal>,
     runtime: tokio::runtime::Handle,
     pub(crate) span: tracing::Span,
@@ -193,6 +196,7 @@ impl Shared {
             child_exited: CancellationToken::new(),
             owner_released: CancellationToken::new(),
             tree_ended: CancellationToken::new(),
+            output_closed: [CancellationToken::new(), CancellationToken::new()],
             terminal: parts.terminal,
             runtime: tokio::runtime::Handle::current(),
             span: parts.span,

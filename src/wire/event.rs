@@ -8,7 +8,7 @@ use crate::capexec_capnp::{self as wire, event, exit_status, resource_usage};
 use crate::model::{Event, EventBody, Exit, ExitStatus, OutputStream, ResourceUsage, Signal};
 use crate::wire::signal::{signal_from_wire, signal_to_wire};
 
-fn stream_to_wire(stream: OutputStream) -> wire::OutputStream {
+pub fn stream_to_wire(stream: OutputStream) -> wire::OutputStream {
     match stream {
         OutputStream::Stdout => wire::OutputStream::Stdout,
         OutputStream::Stderr => wire::OutputStream::Stderr,
@@ -16,7 +16,7 @@ fn stream_to_wire(stream: OutputStream) -> wire::OutputStream {
     }
 }
 
-fn stream_from_wire(stream: wire::OutputStream) -> OutputStream {
+pub fn stream_from_wire(stream: wire::OutputStream) -> OutputStream {
     match stream {
         wire::OutputStream::Stdout => OutputStream::Stdout,
         wire::OutputStream::Stderr => OutputStream::Stderr,
