@@ -155,7 +155,16 @@ async fn lost(
     let mut listening = true;
     loop {
         tokio::select! {
-            () = &mut closed => return "the connection to the server was lost".to_string(),
+            () = &mut closed => {
+                let said = match &target.connection {
+                    Some(connection) => connection.abort_reason().await,
+                    None => None,
+                };
+                return match said {
+                    Some(reason) => format!("the connection to the server was lost: {reason}"),
+                    None => "the connection to the server was lost".to_string(),
+                };
+            }
             why = listeners.recv(), if listening => match why {
                 Some(why) => return why,
                 None => listening = false,

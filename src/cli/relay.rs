@@ -266,6 +266,15 @@ async fn run_to_close(
 /// The exit status capexec reports for the command's `exit`, with the
 /// notes that go with it (usage, a memory or time limit).
 fn reported(exit: &Exit, args: &SessionArgs, began: std::time::Instant) -> i32 {
+    if exit.server_shutdown {
+        // The one line of an operator's stop: why, and how the command
+        // took it (its status is ours, as with any other ending).
+        stdio::note(&format!(
+            "{} (its operator stopped it): it terminated the command ({})",
+            capexec::net::SHUTDOWN_REASON,
+            exit.status
+        ));
+    }
     if args.usage {
         match exit.usage {
             Some(usage) => stdio::note(&usage.to_string()),

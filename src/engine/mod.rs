@@ -305,7 +305,7 @@ impl Engine {
             live.values().filter_map(Weak::upgrade).collect()
         };
         for shared in &live {
-            shared.start_termination();
+            shared.shut_down();
         }
         let patience = self.inner.limits.kill_grace + Duration::from_secs(3);
         let all_done = futures::future::join_all(live.iter().map(|s| s.tree_ended.cancelled()));

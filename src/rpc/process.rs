@@ -61,6 +61,7 @@ pub(crate) const PROCESS_FEATURES: &[&str] = &[
     "usage",
     "process-ports",
     "close-output",
+    "shutdown-reason",
 ];
 
 /// What an observer may call (the schema's `Process.observer`).

@@ -511,6 +511,67 @@ fn a_server_that_goes_away_is_named_as_such() {
     );
 }
 
+/// A server its operator stops (SIGTERM) while commands run: each client
+/// says so in one line with how its command ended, and exits with the
+/// command's status; a client with no command learns the reason too.
+#[test]
+fn a_server_shut_down_by_its_operator_says_so_with_the_commands_status() {
+    let mut served = Served::start();
+    let token = served.token_arg();
+    let killed = Watched::spawn(served.run(&[
+        "--connect",
+        &served.tcp,
+        "--token-file",
+        &token,
+        "-n",
+        "--",
+        "sh",
+        "-c",
+        "echo ready; exec sleep 1000",
+    ]));
+    let trapped = Watched::spawn(
+        served.run_script("trap 'exit 3' TERM; echo ready; while :; do sleep 0.01; done"),
+    );
+    let idle = Watched::spawn(served.command(
+        "forward",
+        &["--connect", &served.unix, "-L", "127.0.0.1:0:127.0.0.1:9"],
+    ));
+    killed.wait_for_stdout("ready\n");
+    trapped.wait_for_stdout("ready\n");
+    idle.wait_for_stdout(" -> tcp:127.0.0.1:9\n");
+    common::cli::kill(&served.child, libc::SIGTERM);
+    let killed = killed.finish();
+    assert_eq!(
+        (killed.code, text(&killed.stderr)),
+        (
+            128 + libc::SIGTERM,
+            "capexec: the server is shutting down (its operator stopped it): it terminated the \
+             command (killed by SIGTERM)\n"
+                .to_string()
+        )
+    );
+    let trapped = trapped.finish();
+    assert_eq!(
+        (trapped.code, text(&trapped.stderr)),
+        (
+            3,
+            "capexec: the server is shutting down (its operator stopped it): it terminated the \
+             command (exit code 3)\n"
+                .to_string()
+        )
+    );
+    let idle = idle.finish();
+    assert_eq!(
+        (idle.code, text(&idle.stderr)),
+        (
+            125,
+            "capexec: the connection to the server was lost: the server is shutting down\n"
+                .to_string()
+        )
+    );
+    assert_eq!(common::cli::wait(&mut served.child), 0);
+}
+
 /// Warnings are one line in the same style, not log records.
 #[test]
 fn warnings_are_one_line_too() {
