@@ -529,9 +529,8 @@ fn a_server_shut_down_by_its_operator_says_so_with_the_commands_status() {
         "-c",
         "echo ready; exec sleep 1000",
     ]));
-    let trapped = Watched::spawn(
-        served.run_script("trap 'exit 3' TERM; echo ready; while :; do sleep 0.01; done"),
-    );
+    let trapped =
+        Watched::spawn(served.run_script("trap 'exit 3' TERM; echo ready; sleep 1000 & wait"));
     let idle = Watched::spawn(served.command(
         "forward",
         &["--connect", &served.unix, "-L", "127.0.0.1:0:127.0.0.1:9"],
