@@ -181,7 +181,18 @@ fn every_subcommand_has_one_rule_for_its_stdout() {
     let file = home.path().join("file");
     std::fs::write(&file, "copied\n").expect("file");
     let source = format!(":{}", file.display());
-    let cases: [(&[&str], &str); 9] = [
+    // The server's token, which client-config prints.
+    let config = home.path().join(".config/capexec");
+    std::fs::create_dir_all(&config).expect("config directory");
+    std::fs::write(config.join("token"), "0123456789abcdef".repeat(4)).expect("token");
+    std::fs::set_permissions(
+        config.join("token"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .expect("chmod");
+    let admin = format!("unix:{}", home.path().join("admin.sock").display());
+    let _served = Served::start_with(&["--admin", &admin]);
+    let cases: [(&[&str], &str); 11] = [
         (&["man"], "the man pages to stdout"),
         (&["completions", "bash"], "the completion script"),
         (&["--version"], "the version"),
@@ -191,6 +202,11 @@ fn every_subcommand_has_one_rule_for_its_stdout() {
         (&["info"], "the answer"),
         (&["environments"], "the answer"),
         (&["cp", &source, "-"], &format!("{source} to stdout")),
+        (
+            &["client-config", "build", "--address", "tcp:build:7000"],
+            "the configuration",
+        ),
+        (&["ps", "--connect", &admin], "the answer"),
     ];
     for (args, what) in cases {
         let command = || {
