@@ -200,7 +200,7 @@ async fn run_to_close(
         let batch = match until(&mut ending, events.next_batch()).await {
             Err(ending) => return end_early_after(ending, &process, status, args, began).await,
             Ok(Some(Ok(batch))) => batch,
-            Ok(Some(Err(error))) => break Err(lost(&error)),
+            Ok(Some(Err(error))) => break Err(error),
             Ok(None) => break Ok(()),
         };
         let mut pieces = Vec::with_capacity(batch.len());
@@ -255,7 +255,19 @@ async fn run_to_close(
     if let Some(error) = output.failure() {
         return Err(cannot_write(&error, &process).await);
     }
-    outcome.map_err(Failure::capexec)?;
+    if let Err(error) = outcome {
+        // The command's own exit arrived before the loss (what it left
+        // running held its output open): that status stays the truth.
+        let Some(exit) = status else {
+            return Err(Failure::capexec(lost(&error)));
+        };
+        stdio::note(&format!(
+            "the command had exited ({}) when its output was lost: {}",
+            exit.status,
+            lost_reason(&error)
+        ));
+        return Ok(reported(&exit, args, began));
+    }
     // The exit event says whether a time limit ended the command and what
     // it used; no further round trip.
     let exit =
@@ -341,14 +353,15 @@ async fn until<T>(
 
 /// The one line for a run whose events stopped before the command closed.
 fn lost(error: &Error) -> String {
+    format!("lost the command: {}", lost_reason(error))
+}
+
+/// Why a run's events stopped before the command closed.
+fn lost_reason(error: &Error) -> String {
     match error {
-        Error::Recovery { failure, .. } => {
-            format!("lost the command: could not reconnect: {failure}")
-        }
-        error if error.is_transport_loss() => {
-            format!("lost the command: {}", error.loss_reason())
-        }
-        error => format!("lost the command: {error}"),
+        Error::Recovery { failure, .. } => format!("could not reconnect: {failure}"),
+        error if error.is_transport_loss() => error.loss_reason(),
+        error => error.to_string(),
     }
 }
 

@@ -511,6 +511,52 @@ fn a_server_that_goes_away_is_named_as_such() {
     );
 }
 
+/// A server that goes away after the command exited (what it left
+/// running still holding its output): the command's status stays the
+/// truth, and the line says what was lost.
+#[test]
+fn a_server_that_goes_away_after_the_exit_keeps_the_commands_status() {
+    let mut served = Served::start();
+    let run = Watched::spawn(served.run(&[
+        "-v",
+        "--connect",
+        &served.unix,
+        "--relay-stdio",
+        "-n",
+        "--",
+        "sh",
+        "-c",
+        "sleep 1000 & echo \"pid-$!-\"; exit 42",
+    ]));
+    run.wait_for_stdout("-\n");
+    let background = common::pid_after(&run.stdout_text(), "pid-");
+    run.wait_for_stderr(
+        "capexec: debug: the command exited (exit code 42); relaying until its output ends\n",
+    );
+    served.child.kill().expect("kill the server");
+    let _ = served.child.wait();
+    let done = run.finish();
+    // A killed server leaves what its children started behind.
+    // SAFETY: kill(2) on the test's own leftover.
+    unsafe { libc::kill(background as i32, libc::SIGKILL) };
+    let stderr = text(&done.stderr);
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|line| !line.starts_with("capexec: debug: "))
+        .collect();
+    assert_eq!(
+        (done.code, said),
+        (
+            42,
+            vec![
+                "capexec: the command had exited (exit code 42) when its output was lost: the \
+                 server closed the connection"
+            ]
+        ),
+        "{stderr}"
+    );
+}
+
 /// A server its operator stops (SIGTERM) while commands run: each client
 /// says so in one line with how its command ended, and exits with the
 /// command's status; a client with no command learns the reason too.
