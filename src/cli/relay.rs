@@ -261,11 +261,14 @@ async fn run_to_close(
         let Some(exit) = status else {
             return Err(Failure::capexec(lost(&error)));
         };
-        stdio::note(&format!(
-            "the command had exited ({}) when its output was lost: {}",
-            exit.status,
-            lost_reason(&error)
-        ));
+        // A shutdown's line (see `reported`) says all there is.
+        if !exit.server_shutdown {
+            stdio::note(&format!(
+                "the command had exited ({}) when its output was lost: {}",
+                exit.status,
+                lost_reason(&error)
+            ));
+        }
         return Ok(reported(&exit, args, began));
     }
     // The exit event says whether a time limit ended the command and what
