@@ -77,9 +77,11 @@ enum Command {
     ///
     /// SIGINT, SIGTERM and SIGHUP go to the command while the connection
     /// works; if the server does not answer within 1 s, or on a second
-    /// signal, capexec ends on its own (exit 128+N) and says what it left
-    /// behind. Ctrl-Z stops the command too. A write error on our stdout or
-    /// stderr ends the run (exit 125).
+    /// signal, capexec ends on its own (exit 128+N, or the command's status
+    /// if it had exited) and says what it left behind. Ctrl-Z stops the
+    /// command too. When our stdout's reader goes away (`| head`), what
+    /// writes to the command's stdout next gets SIGPIPE, as locally; any
+    /// other write error on our stdout or stderr ends the run (exit 125).
     ///
     /// Exit status: the command's; 128+N if it died of signal N; 124 if
     /// --timeout ended it; 127 if the program was not found, 126 if it
