@@ -161,14 +161,21 @@ fn with_stdout(mut command: Command, stdout: Stdout) -> (i32, String) {
                 .expect("/dev/full"),
         ),
     };
-    let output = command
+    let mut child = command
         .stdin(Stdio::null())
         .stdout(stdout)
         .stderr(Stdio::piped())
-        .output()
+        .spawn()
         .expect("run capexec");
-    let code = output.status.code().unwrap_or(-1);
-    (code, text(&output.stderr))
+    let mut stderr = child.stderr.take().expect("stderr");
+    let said = std::thread::spawn(move || {
+        let mut said = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut said);
+        said
+    });
+    // Within the deadline: `forward` would otherwise run on.
+    let code = wait(&mut child);
+    (code, said.join().expect("stderr reader"))
 }
 
 /// One rule for a stdout that cannot be written, in every subcommand:
@@ -191,8 +198,8 @@ fn every_subcommand_has_one_rule_for_its_stdout() {
     )
     .expect("chmod");
     let admin = format!("unix:{}", home.path().join("admin.sock").display());
-    let _served = Served::start_with(&["--admin", &admin]);
-    let cases: [(&[&str], &str); 11] = [
+    let served = Served::start_with(&["--admin", &admin]);
+    let cases: [(&[&str], &str); 12] = [
         (&["man"], "the man pages to stdout"),
         (&["completions", "bash"], "the completion script"),
         (&["--version"], "the version"),
@@ -207,6 +214,16 @@ fn every_subcommand_has_one_rule_for_its_stdout() {
             "the configuration",
         ),
         (&["ps", "--connect", &admin], "the answer"),
+        (
+            &[
+                "forward",
+                "--connect",
+                &served.unix,
+                "-L",
+                "127.0.0.1:0:127.0.0.1:9",
+            ],
+            "the forward's line",
+        ),
     ];
     for (args, what) in cases {
         let command = || {
