@@ -620,3 +620,24 @@ fn a_clean_shutdown_delivers_the_exits_then_says_why() {
         }
     });
 }
+
+/// A client that reads none of its events cannot hold a clean shutdown
+/// (its subscription's window stays full): the server closes its
+/// connection after the delivery bound all the same, and says why.
+#[test]
+fn a_clean_shutdown_is_not_held_by_a_client_that_does_not_read() {
+    common::run_local(async {
+        let mut server = ServerThread::start(false);
+        let stalled = net::connect(&server.address, None).await.expect("connect");
+        let mut noisy = Command::new("yes");
+        noisy.flow(capexec::model::Flow::Lossless);
+        let noisy = noisy.spawn(&stalled.executor()).await.expect("spawn");
+        let _never_read = noisy.events(0).await.expect("subscribe");
+        let stopped = tokio::task::spawn_blocking(move || server.stop());
+        stopped.await.expect("the server stopped");
+        assert_eq!(
+            stalled.abort_reason().await.as_deref(),
+            Some(net::SHUTDOWN_REASON)
+        );
+    });
+}
