@@ -42,6 +42,9 @@ pub const EXIT_TIMED_OUT: i32 = 124;
 /// The memory limit (`--memory`, or the server's) ended the command: as a
 /// shell reports SIGKILL.
 pub const EXIT_KILLED_BY_MEMORY_LIMIT: i32 = 137;
+/// capexec's stdout's reader went away (`| head`) before an answer was
+/// written: silently, as a shell reports death by SIGPIPE.
+pub const EXIT_STDOUT_CLOSED: i32 = 141;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -74,9 +77,11 @@ enum Command {
     ///
     /// SIGINT, SIGTERM and SIGHUP go to the command while the connection
     /// works; if the server does not answer within 1 s, or on a second
-    /// signal, capexec ends on its own (exit 128+N) and says what it left
-    /// behind. Ctrl-Z stops the command too. A write error on our stdout or
-    /// stderr ends the run (exit 125).
+    /// signal, capexec ends on its own (exit 128+N, or the command's status
+    /// if it had exited) and says what it left behind. Ctrl-Z stops the
+    /// command too. When our stdout's reader goes away (`| head`), what
+    /// writes to the command's stdout next gets SIGPIPE, as locally; any
+    /// other write error on our stdout or stderr ends the run (exit 125).
     ///
     /// Exit status: the command's; 128+N if it died of signal N; 124 if
     /// --timeout ended it; 127 if the program was not found, 126 if it
@@ -552,16 +557,7 @@ pub fn main() -> i32 {
     if asks_only_for_version() {
         // What clap would print, without building the definition of every
         // subcommand first (most of `capexec --version`'s own time).
-        return match stdio::write_answer(&format!("capexec {}\n", version())) {
-            Ok(()) => 0,
-            Err(error) => {
-                stdio::note(&format!(
-                    "cannot write the version: {}",
-                    capexec::model::io_message(&error)
-                ));
-                EXIT_CAPEXEC_FAILURE
-            }
-        };
+        return stdio::print_answer(format!("capexec {}\n", version()), "the version");
     }
     let parsed = command().try_get_matches().and_then(|matches| {
         let mut cli = Cli::from_arg_matches(&matches)?;
@@ -684,8 +680,17 @@ fn asks_only_for_version() -> bool {
 /// line and exit 125.
 fn argument_failure(error: &clap::Error) -> i32 {
     if !error.use_stderr() {
-        let _ = error.print();
-        return 0;
+        // Help and version: in colour on a terminal, as clap prints them;
+        // elsewhere plain, under the rule of every answer on stdout.
+        if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+            let _ = error.print();
+            return 0;
+        }
+        let what = match error.kind() {
+            clap::error::ErrorKind::DisplayVersion => "the version",
+            _ => "the help",
+        };
+        return stdio::print_answer(error.render().to_string(), what);
     }
     let subcommand = std::env::args().nth(1).filter(|name| {
         command()
