@@ -3,6 +3,7 @@
 mod admin;
 mod argument_error;
 mod capacity;
+mod codex_bridge;
 mod config;
 mod confinement;
 mod copy;
@@ -161,6 +162,34 @@ enum Command {
     Cp(Deferred<CpArgs>),
     // Not deferred: its text is its struct's (see `deferred`).
     Forward(ForwardArgs),
+    /// Serve Codex's exec-server protocol from this executor (for Codex's
+    /// environments.toml)
+    ///
+    /// Speaks the protocol of `codex exec-server --listen stdio` on stdin
+    /// and stdout, one JSON message per line, and serves it from the
+    /// embedded executor or from the capexec server --connect names: every
+    /// command, file read, write and patch of a Codex agent runs there.
+    /// Diagnostics go to stderr. It exits when stdin closes; the processes
+    /// it started end with it. See docs/CODEX.md.
+    #[command(after_help = "In $CODEX_HOME/environments.toml:\n\n  \
+        [[environments]]\n  id = \"build-box\"\n  program = \"capexec\"\n  \
+        args = [\"codex-bridge\", \"--connect\", \"build\"]")]
+    CodexBridge(Deferred<CodexBridgeArgs>),
+}
+
+#[derive(Args, Debug)]
+pub struct CodexBridgeArgs {
+    #[command(flatten)]
+    connect: ConnectArgs,
+    /// Serve through the executor of this environment (NAME, or
+    /// NAME/NAME... through several hops).
+    #[arg(long, value_name = "NAME")]
+    environment: Option<String>,
+    /// Serve only this directory of the executor's machine: files beneath
+    /// it, commands through its confined executor (they may write only
+    /// beneath it), and it is the working directory Codex is told.
+    #[arg(long, value_name = "DIR")]
+    root: Option<std::path::PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -612,6 +641,10 @@ pub fn main() -> i32 {
             logging::init(tracing::Level::WARN, logging::Style::Client, verbose);
             forward::main(args)
         }
+        Command::CodexBridge(Deferred(args)) => {
+            logging::init(tracing::Level::WARN, logging::Style::Client, verbose);
+            codex_bridge::main(args)
+        }
     }
 }
 
@@ -625,6 +658,7 @@ impl Command {
             Command::Info(Deferred(args)) => Some(&mut args.connect),
             Command::Cp(Deferred(args)) => Some(&mut args.connect),
             Command::Forward(args) => Some(&mut args.connect),
+            Command::CodexBridge(Deferred(args)) => Some(&mut args.connect),
             _ => None,
         }
     }
