@@ -177,7 +177,10 @@ impl CodexHome {
         command
             .env("CODEX_HOME", &self.home)
             .env("HOME", self.root.path().join("user-home"))
-            .env("TMPDIR", self.root.path().join("tmp"));
+            .env("TMPDIR", self.root.path().join("tmp"))
+            // Codex logs its environment program's stderr (the bridge's
+            // diagnostics) at this level only: shown when a test fails.
+            .env("RUST_LOG", "warn,codex_exec_server::client_transport=debug");
         let mut child = command.spawn().expect("start codex");
         let group = child.id().expect("codex's pid") as i32;
         let mut stdout = child.stdout.take().expect("stdout");
