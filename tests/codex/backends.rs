@@ -141,6 +141,11 @@ impl Server {
         }
     }
 
+    /// The server's process id, to take it away under the bridge.
+    pub fn pid(&self) -> u32 {
+        self.watched.child.id()
+    }
+
     /// The sample `name` (with its labels) of the server's metrics.
     pub fn metric(&self, name: &str) -> Option<f64> {
         let mut stream = std::net::TcpStream::connect(&self.metrics).expect("connect to metrics");

@@ -340,6 +340,62 @@ async fn workspace_write_denies_writes_outside_the_workspace(ctx: Ctx) {
     ctx.assert_ran_on_server(2);
 }
 
+/// The capexec server vanishing under the bridge while Codex polls a
+/// running command: Codex gets an answer that the command is gone (an
+/// error, or an end), never a command running forever, and its turn ends.
+async fn a_server_lost_under_the_bridge_is_an_error_not_a_hang(ctx: Ctx) {
+    let server = ctx
+        .prepared
+        .server
+        .as_ref()
+        .expect("a served backend")
+        .pid();
+    let home = ctx.home(SandboxMode::DangerFullAccess);
+    let turn = ctx
+        .turn(
+            &home,
+            vec![
+                Step::call(
+                    "exec_command",
+                    exec_command(
+                        "printf started; exec sleep 5",
+                        json!({"yield_time_ms": 300}),
+                    ),
+                ),
+                Step::from(move |request| {
+                    let reply = write_to_running(request, "")?;
+                    // SAFETY: kill(2) of the server this test started.
+                    if unsafe { libc::kill(server as i32, libc::SIGKILL) } != 0 {
+                        return Err(format!(
+                            "kill the server: {}",
+                            std::io::Error::last_os_error()
+                        ));
+                    }
+                    Ok(reply)
+                }),
+                Step::message("done"),
+            ],
+        )
+        .await;
+    let outputs = turn.tool_outputs();
+    assert_eq!(outputs.len(), 2, "{outputs:?}");
+    assert!(
+        matches!(
+            outputs[0].command().map(|o| o.status),
+            Ok(Status::Running(_))
+        ),
+        "{outputs:?}"
+    );
+    assert!(
+        !matches!(
+            outputs[1].command().map(|o| o.status),
+            Ok(Status::Running(_))
+        ),
+        "{outputs:?}\n{}",
+        turn.finished.context()
+    );
+}
+
 /// Instantiates each scenario once per backend, in a module named after
 /// it: `bridge_tls::a_terminal_gets_typed_input`.
 macro_rules! on_backends {
@@ -364,4 +420,9 @@ on_backends!(
     a_terminal_gets_typed_input,
     apply_patch_adds_updates_and_deletes_files,
     workspace_write_denies_writes_outside_the_workspace,
+);
+
+on_backends!(
+    []:
+    a_server_lost_under_the_bridge_is_an_error_not_a_hang,
 );
