@@ -1,0 +1,8 @@
+#[macro_use]
+#[path = "../common/mod.rs"]
+mod common;
+
+mod backends;
+mod codex_home;
+mod end_to_end;
+mod scripted_model;
