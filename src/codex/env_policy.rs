@@ -8,9 +8,10 @@ use std::collections::BTreeMap;
 
 use super::protocol::EnvPolicy;
 
-/// What `inherit: "core"` keeps.
+/// What `inherit: "core"` keeps (Codex 0.169.0 keeps LANG too, as
+/// observed side by side).
 const CORE_VARIABLES: &[&str] = &[
-    "HOME", "LOGNAME", "PATH", "SHELL", "USER", "USERNAME", "TMPDIR", "TEMP", "TMP",
+    "HOME", "LANG", "LOGNAME", "PATH", "SHELL", "USER", "USERNAME", "TMPDIR", "TEMP", "TMP",
 ];
 
 /// Names that look like secrets, dropped unless `ignoreDefaultExcludes`.

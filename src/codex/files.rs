@@ -199,7 +199,7 @@ impl Files {
     async fn write_file(&self, params: WriteFile) -> Result<Value, RpcError> {
         let data = BASE64
             .decode(params.data_base64.as_bytes())
-            .map_err(|error| RpcError::invalid_params(format!("dataBase64: {error}")))?;
+            .map_err(|error| RpcError::invalid_request(format!("dataBase64: {error}")))?;
         // A symlink is written through, as a local write would.
         let file = match self.locate(&params.path, true).await {
             Err(error) if error.code == jsonrpc::NOT_FOUND => {
@@ -215,7 +215,7 @@ impl Files {
     }
 
     async fn read_directory(&self, params: PathOnly) -> Result<Value, RpcError> {
-        let (directory, _) = self.directory(&params.path).await?;
+        let (directory, base) = self.directory(&params.path).await?;
         let mut listing = directory.read_dir(".").await;
         let mut entries = Vec::new();
         while let Some(entry) = listing.next().await {
@@ -225,7 +225,21 @@ impl Files {
                     "the directory holds more than {LARGEST_LISTING} entries"
                 )));
             }
-            let kind = entry.stat.as_ref().map(|stat| stat.kind);
+            let mut kind = entry.stat.as_ref().map(|stat| stat.kind);
+            if kind == Some(FileKind::Symlink) {
+                // Told as what it leads to, as a local listing that
+                // follows links would.
+                let path = base.join(OsStr::from_bytes(&entry.path));
+                kind = match self.locate_path(path, true).await {
+                    Ok(target) => target
+                        .directory
+                        .metadata(&target.name)
+                        .await
+                        .ok()
+                        .map(|stat| stat.kind),
+                    Err(_) => None,
+                };
+            }
             entries.push(json!({
                 "fileName": OsStr::from_bytes(&entry.path).to_string_lossy(),
                 "isDirectory": kind == Some(FileKind::Directory),
@@ -356,9 +370,6 @@ impl Files {
             }
             let kind = match entry.stat.as_ref().map(|stat| stat.kind) {
                 Some(FileKind::Directory) => {
-                    if params.options.prune_hidden_directories && hidden(&relative) {
-                        continue;
-                    }
                     directories += 1;
                     "directory"
                 }
@@ -523,12 +534,6 @@ fn common_ancestor(a: &Path, b: &Path) -> PathBuf {
     common
 }
 
-fn hidden(relative: &Path) -> bool {
-    relative
-        .file_name()
-        .is_some_and(|name| name.as_bytes().starts_with(b"."))
-}
-
 fn under_hidden_directory(relative: &Path) -> bool {
     relative
         .parent()
@@ -673,6 +678,5 @@ mod tests {
         );
         assert!(under_hidden_directory(Path::new(".git/config")));
         assert!(!under_hidden_directory(Path::new("src/.env")));
-        assert!(hidden(Path::new("src/.cache")));
     }
 }

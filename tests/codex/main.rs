@@ -5,4 +5,6 @@ mod common;
 mod backends;
 mod codex_home;
 mod end_to_end;
+mod peer;
+mod protocol;
 mod scripted_model;
