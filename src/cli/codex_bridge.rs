@@ -36,9 +36,28 @@ async fn serve(args: CodexBridgeArgs) -> Result<(), String> {
     let bridge = Bridge::new(executor, args.root);
     let inbound = codex::stdio::messages(tokio::io::stdin());
     let outbound = codex::stdio::lines(tokio::io::stdout());
-    let served = codex::serve_connection(bridge, inbound, outbound).await;
+    let served = codex::serve_connection(bridge, inbound, outbound);
+    // A bridge whose server is gone can serve nothing: it ends, so that
+    // Codex sees its environment fail instead of waiting for events that
+    // will never come.
+    let lost = async {
+        match &target.connection {
+            Some(connection) => {
+                connection.closed().await;
+                connection.abort_reason().await
+            }
+            None => std::future::pending().await,
+        }
+    };
+    let ended = tokio::select! {
+        served = served => served.map_err(|error| error.to_string()),
+        reason = lost => Err(match reason {
+            Some(reason) => format!("lost the capexec server: {reason}"),
+            None => "lost the capexec server: it closed the connection".to_string(),
+        }),
+    };
     // The connection (and with it every process the bridge held) goes
     // when `target` is dropped here.
     drop(target);
-    served.map_err(|error| error.to_string())
+    ended
 }

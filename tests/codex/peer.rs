@@ -261,6 +261,11 @@ impl Peer {
     /// Closes the peer's stdin and waits for it to exit.
     pub fn close(mut self) -> std::process::ExitStatus {
         self.stdin.take();
+        self.exit()
+    }
+
+    /// Waits for the peer to exit on its own (stdin still open).
+    pub fn exit(&mut self) -> std::process::ExitStatus {
         let started = Instant::now();
         loop {
             if let Some(status) = self.child.try_wait().expect("wait for the peer") {

@@ -639,3 +639,27 @@ fn a_client_that_vanishes_mid_output_releases_its_processes() {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+#[test]
+fn a_server_lost_under_the_bridge_ends_it_instead_of_leaving_codex_waiting() {
+    let served = crate::common::cli::Served::start();
+    let dir = TempDir::new("codex-protocol-lost");
+    let mut command = std::process::Command::new(crate::common::cli::BIN);
+    command.args(["codex-bridge", "--connect", &served.unix]);
+    let mut bridge = Peer::spawn(Kind::Bridge, command);
+    bridge.initialize();
+    start(
+        &mut bridge,
+        dir.path(),
+        "s",
+        &["sh", "-c", "echo started; exec sleep 100"],
+        json!({}),
+    )
+    .expect("start");
+    bridge.wait_for_output("s", "started");
+    let mut served = served;
+    served.child.kill().expect("kill the server");
+    served.child.wait().expect("reap the server");
+    let status = bridge.exit();
+    assert_eq!(status.code(), Some(125), "the bridge ended with {status}");
+}
