@@ -33,7 +33,8 @@ async fn serve(args: CodexBridgeArgs) -> Result<(), String> {
         Some(path) => client::environment(&target.executor, path),
         None => target.executor.clone(),
     };
-    let bridge = Bridge::new(executor, args.root);
+    // Over stdio Codex never reconnects: the session ends with stdin.
+    let bridge = Bridge::new(executor, args.root, std::time::Duration::ZERO);
     let inbound = codex::stdio::messages(tokio::io::stdin());
     let outbound = codex::stdio::lines(tokio::io::stdout());
     let served = codex::serve_connection(bridge, inbound, outbound);

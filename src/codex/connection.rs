@@ -57,14 +57,14 @@ impl std::error::Error for BridgeError {}
 pub struct Outbound(mpsc::Sender<String>);
 
 impl Outbound {
-    /// Queues a message, waiting while the queue is full; false once the
-    /// connection is gone.
-    pub async fn send(&self, message: String) -> bool {
-        self.0.send(message).await.is_ok()
+    /// Queues a message, waiting while the queue is full; once the
+    /// connection is gone, the message comes back.
+    pub async fn send(&self, message: String) -> Result<(), String> {
+        self.0.send(message).await.map_err(|unsent| unsent.0)
     }
 
-    pub async fn notify(&self, method: &str, params: Value) -> bool {
-        self.send(jsonrpc::notification(method, params)).await
+    pub fn is_closed(&self) -> bool {
+        self.0.is_closed()
     }
 }
 
@@ -110,17 +110,31 @@ where
         }
         outbound.close().await
     };
-    let work = read_requests(connection, inbound);
+    let work = read_requests(connection.clone(), inbound);
     futures::pin_mut!(writer, work);
     match futures::future::select(writer, work).await {
-        // The client stopped taking messages: nothing more can be said.
-        futures::future::Either::Left((written, _)) => written.map_err(BridgeError::Transport),
-        // The client said everything: what is still queued goes out.
-        futures::future::Either::Right((read, writer)) => {
-            let written = writer.await;
-            read?;
+        // The client stopped taking messages: nothing more can be said,
+        // and the requests being worked on are dropped with `work`.
+        futures::future::Either::Left((written, _)) => {
+            detach(&connection);
             written.map_err(BridgeError::Transport)
         }
+        // The client said everything: what is still queued goes out.
+        futures::future::Either::Right((read, writer)) => {
+            drop(connection);
+            let written = writer.await;
+            read.and(written.map_err(BridgeError::Transport))
+        }
+    }
+}
+
+/// The client is gone: its session is kept for a resume as long as the
+/// bridge says, or its processes go with it (their capabilities are
+/// released, which ends them on the executor).
+fn detach(connection: &Connection) {
+    let session = connection.session.borrow_mut().take();
+    if let Some(session) = session {
+        super::environment::detach(connection, session);
     }
 }
 
@@ -143,7 +157,7 @@ where
                     &Value::from(-1),
                     &RpcError::invalid_request(error.to_string()),
                 );
-                if !connection.outbound.send(answer).await {
+                if connection.outbound.send(answer).await.is_err() {
                     break Ok(());
                 }
                 continue;
@@ -173,15 +187,12 @@ where
                 Ok(result) => jsonrpc::result(&id, result),
                 Err(error) => jsonrpc::error(&id, &error),
             };
-            outbound.send(text).await;
+            // A client that left takes no answers.
+            let _ = outbound.send(text).await;
             drop(permit);
         });
     };
-    // The client is gone: its session's processes go with it (their
-    // capabilities are released, which ends them on the executor).
-    if let Some(session) = connection.session.borrow_mut().take() {
-        session.close();
-    }
+    detach(&connection);
     drop(connection);
     // Answers already being worked on get a moment to go out (a client
     // may send its last requests and close at once); a long-poll does not

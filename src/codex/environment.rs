@@ -1,7 +1,7 @@
 //! `initialize`, the session it opens, and what the bridge says about the
 //! executor (`environmentInfo`, `environment/status`).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
 use std::io::Read;
@@ -9,8 +9,9 @@ use std::path::Path;
 use std::rc::Rc;
 
 use serde_json::{Value, json};
+use tokio::sync::watch;
 
-use super::connection::{Answer, Connection, later};
+use super::connection::{Answer, Connection, Outbound, later};
 use super::jsonrpc::{self, RpcError};
 use super::process::Entry;
 use super::protocol::Initialize;
@@ -25,16 +26,74 @@ pub struct Session {
     /// The executor's own environment, which `envPolicy` filters.
     pub environment: BTreeMap<String, String>,
     pub processes: RefCell<HashMap<String, Rc<Entry>>>,
+    /// The connection the session's notifications go to; `None` while
+    /// detached (pushes wait for the next one meanwhile).
+    attached: watch::Sender<Option<Outbound>>,
+    /// Counts attachments, so that a detachment's timer knows whether the
+    /// session was resumed since.
+    attachments: Cell<u64>,
 }
+
+/// Codex's code for a session still attached to another connection.
+const SESSION_ALREADY_ATTACHED: i64 = -32010;
 
 impl Session {
     /// Releases every process of the session (the executor ends them).
     pub fn close(&self) {
+        self.attached.send_replace(None);
         let processes = std::mem::take(&mut *self.processes.borrow_mut());
         for entry in processes.values() {
             entry.release();
         }
     }
+
+    /// Where notifications go now, waiting while the session is detached;
+    /// `None` once it is closed for good.
+    pub async fn outbound(&self) -> Option<Outbound> {
+        let mut attached = self.attached.subscribe();
+        attached
+            .wait_for(|outbound| {
+                outbound
+                    .as_ref()
+                    .is_some_and(|outbound| !outbound.is_closed())
+            })
+            .await
+            .ok()?
+            .clone()
+    }
+
+    fn attach(&self, outbound: Outbound) {
+        self.attachments.set(self.attachments.get() + 1);
+        self.attached.send_replace(Some(outbound));
+    }
+
+    fn is_attached(&self) -> bool {
+        self.attached
+            .borrow()
+            .as_ref()
+            .is_some_and(|outbound| !outbound.is_closed())
+    }
+}
+
+/// The connection of `session` is gone: the session is kept for a resume
+/// as long as the bridge says, then closed (unless resumed meanwhile).
+pub fn detach(connection: &Connection, session: Rc<Session>) {
+    let bridge = connection.bridge.clone();
+    if bridge.keep_session.is_zero() {
+        bridge.sessions.borrow_mut().remove(&session.id);
+        session.close();
+        return;
+    }
+    session.attached.send_replace(None);
+    let attachment = session.attachments.get();
+    tokio::task::spawn_local(async move {
+        tokio::time::sleep(bridge.keep_session).await;
+        if session.attachments.get() == attachment && !session.is_attached() {
+            tracing::info!(session = %session.id, "no client resumed the session: its processes end");
+            bridge.sessions.borrow_mut().remove(&session.id);
+            session.close();
+        }
+    });
 }
 
 pub async fn initialize(connection: &Rc<Connection>, params: Value) -> Result<Value, RpcError> {
@@ -45,9 +104,21 @@ pub async fn initialize(connection: &Rc<Connection>, params: Value) -> Result<Va
         ));
     }
     if let Some(resumed) = params.resume_session_id {
-        return Err(RpcError::invalid_request(format!(
-            "session {resumed} cannot be resumed: capexec codex-bridge keeps no session past its connection"
-        )));
+        let session = connection.bridge.sessions.borrow().get(&resumed).cloned();
+        let Some(session) = session else {
+            return Err(RpcError::invalid_request(format!(
+                "unknown session id {resumed}"
+            )));
+        };
+        if session.is_attached() {
+            return Err(RpcError::new(
+                SESSION_ALREADY_ATTACHED,
+                format!("session {resumed} is already attached to another connection"),
+            ));
+        }
+        session.attach(connection.outbound.clone());
+        *connection.session.borrow_mut() = Some(session.clone());
+        return Ok(json!({"sessionId": session.id, "environmentInfo": session.info}));
     }
     let executor = &connection.bridge.executor;
     let (info, environment) =
@@ -80,8 +151,15 @@ pub async fn initialize(connection: &Rc<Connection>, params: Value) -> Result<Va
         info: environment_info.clone(),
         environment,
         processes: RefCell::new(HashMap::new()),
+        attached: watch::channel(Some(connection.outbound.clone())).0,
+        attachments: Cell::new(1),
     });
     let id = session.id.clone();
+    connection
+        .bridge
+        .sessions
+        .borrow_mut()
+        .insert(id.clone(), session.clone());
     *connection.session.borrow_mut() = Some(session);
     Ok(json!({"sessionId": id, "environmentInfo": environment_info}))
 }

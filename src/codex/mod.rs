@@ -21,8 +21,11 @@ mod protocol;
 pub mod stdio;
 mod uri;
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::rc::Rc;
+use std::time::Duration;
 
 use futures::{Sink, Stream};
 
@@ -31,22 +34,43 @@ use crate::capexec_capnp::executor;
 pub use connection::BridgeError;
 
 /// What every connection of one bridge shares: the executor its processes
-/// and files live on, and how the operator confined it.
+/// and files live on, how the operator confined it, and the sessions a
+/// client may resume.
 pub struct Bridge {
     executor: executor::Client,
     root: Option<PathBuf>,
+    keep_session: Duration,
+    sessions: RefCell<HashMap<String, Rc<environment::Session>>>,
 }
 
 impl Bridge {
     /// A bridge to `executor`. With `root`, files are served beneath that
     /// directory only and commands start through its confined executor
-    /// (`Directory.executor`), which writes only beneath it.
-    pub fn new(executor: executor::Client, root: Option<PathBuf>) -> Rc<Bridge> {
+    /// (`Directory.executor`), which writes only beneath it. A session
+    /// whose connection is lost is kept `keep_session` for `initialize`
+    /// with its `resumeSessionId` (its processes running meanwhile, their
+    /// output held back rather than lost); zero ends it with its
+    /// connection.
+    pub fn new(
+        executor: executor::Client,
+        root: Option<PathBuf>,
+        keep_session: Duration,
+    ) -> Rc<Bridge> {
         let executor = match &root {
             Some(root) => crate::client::Directory::open(&executor, root).executor(),
             None => executor,
         };
-        Rc::new(Bridge { executor, root })
+        Rc::new(Bridge {
+            executor,
+            root,
+            keep_session,
+            sessions: RefCell::new(HashMap::new()),
+        })
+    }
+
+    /// Sessions kept for a client to resume (attached or not).
+    pub fn sessions(&self) -> usize {
+        self.sessions.borrow().len()
     }
 }
 

@@ -14,7 +14,7 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 use tokio::task::AbortHandle;
 
-use super::connection::{Answer, Connection, Outbound, later, now};
+use super::connection::{Answer, Connection, later, now};
 use super::env_policy;
 use super::environment::Session;
 use super::jsonrpc::{self, RpcError};
@@ -78,14 +78,12 @@ pub fn start(connection: &Rc<Connection>, session: &Rc<Session>, params: Value) 
                 .borrow_mut()
                 .insert(process_id.clone(), entry.clone());
             let session = session.clone();
-            let outbound = connection.outbound.clone();
             later(async move {
                 if let Err(error) = started.await {
                     session.processes.borrow_mut().remove(&process_id);
                     return Err(start_failure(&error));
                 }
                 let pump = tokio::task::spawn_local(push_events(
-                    outbound,
                     session,
                     process_id.clone(),
                     process,
@@ -174,7 +172,6 @@ fn start_failure(error: &crate::client::Error) -> RpcError {
 /// Pushes the process's events as `process/output`, `process/exited` and
 /// `process/closed`, each sent only once the client's queue has room.
 async fn push_events(
-    outbound: Outbound,
     session: Rc<Session>,
     process_id: String,
     process: RemoteProcess,
@@ -223,12 +220,21 @@ async fn push_events(
             // Lossless: nothing is evicted while this pump reads.
             EventBody::Gap { .. } => continue,
         };
-        if !outbound.notify(method, params).await {
-            return;
+        // To the session's connection of the moment: while it is detached
+        // the push waits (the process is held back, nothing is lost), and a
+        // client that resumes catches up with process/read.
+        let mut message = jsonrpc::notification(method, params);
+        loop {
+            let Some(outbound) = session.outbound().await else {
+                return;
+            };
+            match outbound.send(message).await {
+                Ok(()) => break,
+                Err(unsent) => message = unsent,
+            }
         }
     }
     drop(events);
-    drop(outbound);
     if closed {
         // Kept readable for a while, then the id is free again.
         tokio::time::sleep(KEPT_AFTER_CLOSE).await;

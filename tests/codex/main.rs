@@ -7,4 +7,5 @@ mod codex_home;
 mod end_to_end;
 mod peer;
 mod protocol;
+mod resume;
 mod scripted_model;
