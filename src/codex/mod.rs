@@ -20,6 +20,7 @@ mod process;
 mod protocol;
 pub mod stdio;
 mod uri;
+mod watch_missing;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
