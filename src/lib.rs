@@ -19,6 +19,7 @@
 capnp::generated_code!(pub mod capexec_capnp);
 
 pub mod client;
+pub mod codex;
 pub mod engine;
 pub mod files;
 pub mod local_file;
