@@ -2,3 +2,4 @@
 
 pub mod sandbox_denied;
 pub mod sandbox_intent;
+pub mod websocket;

@@ -1,0 +1,145 @@
+//! The Codex bridge's websocket listener (`--listen ws://`), as a client
+//! meets it: `/readyz` open, 401 without the bearer token or with a wrong
+//! one, 403 for a browser's `Origin`, and JSON messages both ways once
+//! admitted. The listener serves an echo here; the protocol over it is the
+//! bridge's, tested with the rest of the bridge.
+
+mod common;
+
+use std::net::SocketAddr;
+
+use capexec::codex::websocket::{WsListener, parse_listen_url};
+use capexec::net::Token;
+use futures::{SinkExt, StreamExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+const SECRET: &str = "the-listener-token-0123456789abcdef";
+
+/// A listener on loopback whose connections echo every message with a
+/// prefix; its address.
+async fn echo_listener() -> SocketAddr {
+    let listener = WsListener::bind(
+        parse_listen_url("ws://127.0.0.1:0").expect("url"),
+        Token::new(SECRET),
+    )
+    .await
+    .expect("bind");
+    let url = listener.url().expect("url");
+    assert!(url.starts_with("ws://127.0.0.1:"), "{url}");
+    let address = parse_listen_url(&url).expect("printed url");
+    tokio::task::spawn_local(listener.run(|mut inbound, mut outbound| async move {
+        while let Some(Ok(text)) = inbound.next().await {
+            if outbound.send(format!("echo {text}")).await.is_err() {
+                break;
+            }
+        }
+    }));
+    address
+}
+
+/// Sends `request` as it is and reads the whole answer.
+async fn raw(address: SocketAddr, request: &str) -> String {
+    let mut socket = TcpStream::connect(address).await.expect("connect");
+    socket.write_all(request.as_bytes()).await.expect("write");
+    let mut answer = String::new();
+    socket.read_to_string(&mut answer).await.expect("read");
+    answer
+}
+
+fn upgrade(extra: &str) -> String {
+    format!(
+        "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{extra}\r\n"
+    )
+}
+
+fn status_line(answer: &str) -> &str {
+    answer.lines().next().unwrap_or("")
+}
+
+#[test]
+fn readyz_is_open_and_upgrades_need_the_token_and_no_origin() {
+    common::run_local(async {
+        let address = echo_listener().await;
+        let ready = raw(address, "GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert_eq!(status_line(&ready), "HTTP/1.1 200 OK", "{ready}");
+        assert!(ready.ends_with("Content-Length: 0\r\nConnection: close\r\n\r\n"));
+        let missing = raw(address, &upgrade("")).await;
+        assert_eq!(
+            status_line(&missing),
+            "HTTP/1.1 401 Unauthorized",
+            "{missing}"
+        );
+        assert!(
+            missing.contains("WWW-Authenticate: Bearer\r\n"),
+            "{missing}"
+        );
+        assert!(
+            missing.ends_with("\r\n\r\nmissing websocket bearer token"),
+            "{missing}"
+        );
+        let wrong = raw(address, &upgrade("Authorization: Bearer not-the-token\r\n")).await;
+        assert_eq!(status_line(&wrong), "HTTP/1.1 401 Unauthorized", "{wrong}");
+        assert!(
+            wrong.ends_with("\r\n\r\ninvalid websocket bearer token"),
+            "{wrong}"
+        );
+        // A browser is refused before its token is looked at, as Codex does.
+        let unauthenticated_browser =
+            raw(address, &upgrade("Origin: http://evil.example\r\n")).await;
+        assert_eq!(
+            status_line(&unauthenticated_browser),
+            "HTTP/1.1 403 Forbidden",
+            "{unauthenticated_browser}"
+        );
+        let browser = raw(
+            address,
+            &upgrade(&format!(
+                "Authorization: Bearer {SECRET}\r\nOrigin: http://evil.example\r\n"
+            )),
+        )
+        .await;
+        assert_eq!(status_line(&browser), "HTTP/1.1 403 Forbidden", "{browser}");
+        let plain = raw(
+            address,
+            &format!("GET / HTTP/1.1\r\nAuthorization: Bearer {SECRET}\r\n\r\n"),
+        )
+        .await;
+        assert_eq!(status_line(&plain), "HTTP/1.1 400 Bad Request", "{plain}");
+    });
+}
+
+#[test]
+fn an_admitted_client_exchanges_json_messages() {
+    common::run_local(async {
+        let address = echo_listener().await;
+        let mut request = format!("ws://{address}/")
+            .into_client_request()
+            .expect("request");
+        request.headers_mut().insert(
+            "Authorization",
+            format!("Bearer {SECRET}").parse().expect("header"),
+        );
+        let socket = TcpStream::connect(address).await.expect("connect");
+        let (mut websocket, response) = tokio_tungstenite::client_async(request, socket)
+            .await
+            .expect("handshake");
+        assert_eq!(response.status(), 101);
+        for message in [r#"{"id":1,"method":"initialize","params":{}}"#, "{}"] {
+            websocket.send(Message::text(message)).await.expect("send");
+            let answer = websocket.next().await.expect("an answer").expect("read");
+            assert_eq!(answer, Message::text(format!("echo {message}")));
+        }
+        // Binary frames carry messages too, as Codex's listener takes them.
+        websocket
+            .send(Message::binary(b"{\"b\":1}".to_vec()))
+            .await
+            .expect("send");
+        let answer = websocket.next().await.expect("an answer").expect("read");
+        assert_eq!(answer, Message::text("echo {\"b\":1}"));
+        websocket.close(None).await.expect("close");
+    });
+}
