@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use capexec::capexec_capnp::executor;
 use capexec::client::Command;
 use capexec::codex::sandbox_denied::{DenialScan, sandbox_denied};
-use capexec::codex::sandbox_intent::{ExecutorTree, Plan, confinement_for};
+use capexec::codex::sandbox_intent::{Access, ExecutorTree, IntentError, Plan, confinement_for};
 use capexec::engine::Engine;
 use capexec::net::Address;
 use common::data::TempDir;
@@ -247,6 +247,68 @@ async fn the_network_is_off_when_restricted(executor: executor::Client) {
             String::from_utf8_lossy(&output.stderr)
         );
     }
+}
+
+/// `fs/*` under the intent: a directory beneath the deepest root that
+/// allows the call, read-only unless writable; refused elsewhere.
+async fn fs_calls_reach_what_the_intent_allows(executor: executor::Client) {
+    require_kernel_sandbox();
+    let base = Base::new("fs");
+    let ws = workspace(&base);
+    let plan = plan(&executor, &ws, "restricted").await;
+    let (dir, relative) = plan
+        .directory_for(&executor, &ws.join("src/new.rs"), Access::Write)
+        .await
+        .expect("src is writable");
+    assert_eq!(relative, Path::new("new.rs"));
+    dir.write(&relative, b"fn main() {}\n".to_vec())
+        .await
+        .expect("write");
+    assert_eq!(
+        std::fs::read(ws.join("src/new.rs")).expect("written"),
+        b"fn main() {}\n"
+    );
+    let refused = plan
+        .directory_for(&executor, &ws.join(".git/config"), Access::Write)
+        .await
+        .err()
+        .expect(".git is not writable");
+    assert_eq!(
+        refused,
+        IntentError::Unenforceable(format!(
+            "{} is not writable in the sandbox",
+            ws.join(".git/config").display()
+        ))
+    );
+    let (dir, relative) = plan
+        .directory_for(&executor, &ws.join(".git/config"), Access::Read)
+        .await
+        .expect(".git is readable");
+    assert_eq!(dir.read(&relative).await.expect("read"), b"[core]\n");
+    assert!(dir.write(&relative, b"x".to_vec()).await.is_err());
+    assert_eq!(
+        std::fs::read_to_string(ws.join(".git/config")).expect("config"),
+        "[core]\n"
+    );
+    assert!(
+        plan.directory_for(&executor, &base.0.join("outside/f"), Access::Write)
+            .await
+            .is_err()
+    );
+    let (dir, relative) = plan
+        .directory_for(&executor, Path::new("/etc/passwd"), Access::Read)
+        .await
+        .expect("the system directories are readable");
+    assert_eq!(relative, Path::new("passwd"));
+    assert_eq!(
+        dir.read(&relative).await.expect("read"),
+        std::fs::read("/etc/passwd").expect("passwd")
+    );
+}
+
+#[test]
+fn fs_calls_reach_only_what_the_intent_allows() {
+    on_every_backend("fs", fs_calls_reach_what_the_intent_allows);
 }
 
 #[test]
