@@ -197,6 +197,50 @@ async fn a_denied_write_is_reported(executor: executor::Client) {
     assert!(sandbox_denied(code, [&stdout, &stderr]));
 }
 
+/// The whole start as the bridge makes it: planned, started, checked.
+async fn a_confined_start_runs_where_it_may(executor: executor::Client) {
+    require_kernel_sandbox();
+    let base = Base::new("start");
+    let ws = workspace(&base);
+    let intent = intent_for(&ws, "restricted");
+    let confinement = confinement_for(Some(&intent), &ws, false)
+        .expect("intent")
+        .expect("a restricting intent");
+    let mut command = bash("echo made > src/made; echo x >> .git/config");
+    command.current_dir(&ws);
+    let process = confinement
+        .start(&executor, &mut command, None)
+        .await
+        .expect("start");
+    let mut events = process.events(0).await.expect("events");
+    let mut stderr = Vec::new();
+    let mut exit = None;
+    while let Some(event) = futures::StreamExt::next(&mut events).await {
+        match event.expect("event").body {
+            capexec::model::EventBody::Output { data, .. } => stderr.extend_from_slice(&data),
+            capexec::model::EventBody::Exited(status) => exit = Some(status),
+            capexec::model::EventBody::Closed => break,
+            _ => {}
+        }
+    }
+    let text = String::from_utf8_lossy(&stderr);
+    assert!(text.contains(".git/config: Permission denied"), "{text}");
+    assert_eq!(exit.map(|exit| exit.status.shell_code()), Some(1), "{text}");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("src/made")).expect("made"),
+        "made\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join(".git/config")).expect("config"),
+        "[core]\n"
+    );
+}
+
+#[test]
+fn a_confined_start_is_planned_started_and_checked() {
+    on_every_backend("start", a_confined_start_runs_where_it_may);
+}
+
 async fn what_was_applied_was_planned(executor: executor::Client) {
     require_kernel_sandbox();
     let base = Base::new("applied");

@@ -746,6 +746,94 @@ impl Plan {
     }
 }
 
+/// Why a confined start did not start.
+#[derive(Debug)]
+pub enum StartError {
+    /// The intent cannot be enforced, or its plan did not hold.
+    Intent(IntentError),
+    /// The executor refused the start, or could not be reached.
+    Start(crate::client::Error),
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StartError::Intent(error) => write!(f, "{error}"),
+            StartError::Start(error) => write!(f, "{error}"),
+        }
+    }
+}
+
+impl std::error::Error for StartError {}
+
+/// How many times a start is planned again when a root it was given
+/// vanished before the executor opened it (a workspace's entries come
+/// and go).
+const PLAN_ATTEMPTS: usize = 3;
+
+impl Confinement {
+    /// Plans this confinement on `executor`'s machine and gives `command`
+    /// its sandbox: what [`Confinement::start`] does before it starts,
+    /// for a caller that starts otherwise (it then checks the applied
+    /// sandbox with [`Plan::check_applied`]).
+    pub async fn prepare(
+        &self,
+        executor: &executor::Client,
+        command: &mut crate::client::Command,
+        tmpdir: Option<&OsStr>,
+    ) -> Result<Plan, IntentError> {
+        let plan = self
+            .plan(&ExecutorTree::new(executor.clone()), tmpdir)
+            .await?;
+        command.sandbox(plan.sandbox());
+        Ok(plan)
+    }
+
+    /// Starts `command` on `executor` confined by this intent: planned,
+    /// started, and the sandbox the executor applied checked against the
+    /// plan (a process whose sandbox does not hold is released, which ends
+    /// it, and the start fails). Planned again if a root vanished between
+    /// the plan and the start.
+    pub async fn start(
+        &self,
+        executor: &executor::Client,
+        command: &mut crate::client::Command,
+        tmpdir: Option<&OsStr>,
+    ) -> Result<crate::client::RemoteProcess, StartError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let plan = self
+                .prepare(executor, command, tmpdir)
+                .await
+                .map_err(StartError::Intent)?;
+            let process = match command.spawn(executor).await {
+                Ok(process) => process,
+                Err(error) if attempt < PLAN_ATTEMPTS && vanished_root(&error) => continue,
+                Err(error) => return Err(StartError::Start(error)),
+            };
+            let info = process.info().await.map_err(StartError::Start)?;
+            let Some(applied) = info.confinement.sandbox else {
+                return Err(StartError::Intent(IntentError::Executor(
+                    "the executor started the process without a sandbox".into(),
+                )));
+            };
+            plan.check_applied(&applied).map_err(StartError::Intent)?;
+            return Ok(process);
+        }
+    }
+}
+
+/// A refused start whose reason is a root that no longer exists.
+fn vanished_root(error: &crate::client::Error) -> bool {
+    use crate::model::RefusalKind;
+    // Where the roots are resolved (`invalid-argument`), or mounted for
+    // a root server's child (`unsupported`).
+    matches!(error, crate::client::Error::Refused(refusal)
+        if matches!(refusal.kind, RefusalKind::InvalidArgument | RefusalKind::Unsupported)
+            && refusal.message.contains("No such file or directory"))
+}
+
 /// The executor's file system through its `Directory` capabilities.
 pub struct ExecutorTree {
     executor: executor::Client,
