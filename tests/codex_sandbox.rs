@@ -374,3 +374,65 @@ fn what_the_executor_applied_is_what_was_planned() {
 fn the_network_is_off_when_codex_restricts_it() {
     on_every_backend("network", the_network_is_off_when_restricted);
 }
+
+/// `Sandbox.leaveOutSecrets`: a root holding the server's token is split
+/// around it (the token out of reach, the rest readable) instead of
+/// refused, as it is without.
+#[test]
+fn a_root_holding_the_servers_token_is_split_around_it() {
+    require_kernel_sandbox();
+    common::run_local(async {
+        let dir = TempDir(PathBuf::from(format!(
+            "/dev/shm/capexec-codex-secret-{}",
+            std::process::id()
+        )));
+        let _ = std::fs::remove_dir_all(&dir.0);
+        std::fs::create_dir(&dir.0).expect("server directory");
+        std::fs::write(dir.0.join("note"), "readable\n").expect("note");
+        let root = dir.0.clone();
+        let server = ServerThread::start_with(dir, vec![Address::Unix(root.join("capexec.sock"))]);
+        let connection = capexec::net::connect(&server.address, server.token.as_ref())
+            .await
+            .expect("connect");
+        let executor = connection.executor();
+        let cwd = Base::new("secret");
+        let script = format!(
+            "cat {root}/note; if cat {root}/token; then echo READ-THE-TOKEN; fi",
+            root = root.display()
+        );
+        let mut sandbox = capexec::model::Sandbox {
+            read_only: vec![root.clone()],
+            ..capexec::model::Sandbox::default()
+        };
+        let mut command = bash(&script);
+        command.current_dir(&cwd.0).sandbox(sandbox.clone());
+        match command.output(&executor).await {
+            Err(capexec::client::Error::Refused(refusal)) => {
+                assert_eq!(refusal.kind, capexec::model::RefusalKind::NotAllowed);
+                assert!(
+                    refusal.message.contains("contains a capexec login token"),
+                    "{}",
+                    refusal.message
+                );
+            }
+            other => panic!(
+                "a root holding the token was given: {:?}",
+                other.map(|o| o.exit)
+            ),
+        }
+        sandbox.leave_out_secrets = true;
+        command.sandbox(sandbox);
+        let output = command.output(&executor).await.expect("start");
+        assert_eq!(String::from_utf8_lossy(&output.stdout), "readable\n");
+        // Landlock's EACCES; on a root server, whose child sees its roots
+        // as mounts of their own, the token is not even there.
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("token: Permission denied")
+                || stderr.contains("token: No such file or directory"),
+            "{stderr}"
+        );
+        drop(connection);
+        drop(server);
+    });
+}
