@@ -827,10 +827,14 @@ impl Confinement {
 /// A refused start whose reason is a root that no longer exists.
 fn vanished_root(error: &crate::client::Error) -> bool {
     use crate::model::RefusalKind;
-    // Where the roots are resolved (`invalid-argument`), or mounted for
-    // a root server's child (`unsupported`).
+    // Where the roots are resolved (`invalid-argument`), mounted for a
+    // root server's child (`unsupported`) or opened for Landlock
+    // (`spawn-failed`).
     matches!(error, crate::client::Error::Refused(refusal)
-        if matches!(refusal.kind, RefusalKind::InvalidArgument | RefusalKind::Unsupported)
+        if matches!(
+            refusal.kind,
+            RefusalKind::InvalidArgument | RefusalKind::Unsupported | RefusalKind::SpawnFailed
+        ) && refusal.message.starts_with("sandbox: ")
             && refusal.message.contains("No such file or directory"))
 }
 
