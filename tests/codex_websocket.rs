@@ -143,3 +143,29 @@ fn an_admitted_client_exchanges_json_messages() {
         websocket.close(None).await.expect("close");
     });
 }
+
+#[test]
+fn a_listener_without_a_token_is_refused() {
+    common::run_local(async {
+        let serve = |_inbound, _outbound| async {};
+        let refused = capexec::codex::websocket::listen("ws://127.0.0.1:0", None, serve)
+            .await
+            .expect_err("no token");
+        assert_eq!(
+            refused,
+            "--listen ws://127.0.0.1:0 needs --ws-token-file FILE: the listener serves only \
+             clients that present its token (Codex's auth_bearer_token)"
+        );
+        let dir = tempfile::tempdir().expect("tempdir");
+        let short = dir.path().join("short");
+        std::fs::write(&short, "abc\n").expect("write");
+        let refused = capexec::codex::websocket::listen("ws://127.0.0.1:0", Some(&short), serve)
+            .await
+            .expect_err("a short token");
+        assert!(refused.starts_with("--ws-token-file: "), "{refused}");
+        let refused = capexec::codex::websocket::listen("wss://127.0.0.1:0", Some(&short), serve)
+            .await
+            .expect_err("not ws");
+        assert!(refused.contains("expected ws://HOST:PORT"), "{refused}");
+    });
+}

@@ -62,6 +62,46 @@ pub fn parse_listen_url(url: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("--listen {url:?}: expected ws://IP:PORT, such as ws://127.0.0.1:0"))
 }
 
+/// `--listen ws://HOST:PORT --ws-token-file FILE`: loads the token
+/// (required: a listener without one is refused), binds, prints the URL
+/// it listens on as stdout's one line, and serves each connection with
+/// `serve` until accepting fails. Runs on the RPC thread's `LocalSet`.
+pub async fn listen<F, Fut>(
+    url: &str,
+    token_file: Option<&std::path::Path>,
+    serve: F,
+) -> Result<(), String>
+where
+    F: Fn(Inbound, Outbound) -> Fut + 'static,
+    Fut: std::future::Future<Output = ()> + 'static,
+{
+    let address = parse_listen_url(url)?;
+    let Some(token_file) = token_file else {
+        return Err(format!(
+            "--listen {url} needs --ws-token-file FILE: the listener serves only clients \
+             that present its token (Codex's auth_bearer_token)"
+        ));
+    };
+    let token = Token::load(token_file).map_err(|error| format!("--ws-token-file: {error}"))?;
+    let listener = WsListener::bind(address, token)
+        .await
+        .map_err(|error| format!("--listen {url}: {}", crate::model::io_message(&error)))?;
+    let shown = listener
+        .url()
+        .map_err(|error| format!("--listen {url}: {}", crate::model::io_message(&error)))?;
+    {
+        use std::io::Write;
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "{shown}")
+            .and_then(|()| stdout.flush())
+            .map_err(|error| format!("stdout: {}", crate::model::io_message(&error)))?;
+    }
+    listener
+        .run(serve)
+        .await
+        .map_err(|error| format!("--listen {url}: {}", crate::model::io_message(&error)))
+}
+
 /// A bound websocket listener and the token its clients must present.
 pub struct WsListener {
     listener: TcpListener,
