@@ -52,6 +52,15 @@
 #   chain broke), `overloaded` (the connection was closed for exceeding a
 #   limit; the description names it), `unimplemented` (an older server), and
 #   malformed messages.
+# - A server that shuts down cleanly (`capexec serve` receives SIGTERM or
+#   SIGINT) accepts no new connection, terminates every process (each exit
+#   then says `ExitStatus.serverShutdown`), gives every subscription up to
+#   2 s to deliver what its process logged (exits included), then closes
+#   each connection with a Cap'n Proto abort message of type
+#   `disconnected` whose reason ends with `the server is shutting down`.
+#   A connection that ends without one (a reset, end-of-file) means the
+#   server stopped without saying why (it was killed, or crashed), or the
+#   network broke.
 # - Sequence numbers ("seqs") are per process, start at 1 and increase by one
 #   per event. Output chunks (stdout, stderr and pty output alike), the exit
 #   event and the close event all draw from the same counter, so one number
@@ -460,7 +469,9 @@ struct ExecutorInfo {
   #   `info`, with `FileStat.version` and `ifVersion`), "file-watch"
   #   (`Directory.watch`), "directory-executor" (`Directory.executor`), "file-batches"
   #   (`Directory.writeFiles`, `Directory.readFiles`), "ports" (`Executor.dial`, `Executor.listen`),
-  #   "process-ports" (`Process.dial`, `Process.listen`).
+  #   "process-ports" (`Process.dial`, `Process.listen`), "close-output"
+  #   (`Process.closeOutput`), "shutdown-reason" (`ExitStatus.serverShutdown`
+  #   and the abort message of a clean shutdown, see the conventions above).
   # Clients must ignore names they do not know.
 
   os @2 :Text;
@@ -838,6 +849,24 @@ interface Process {
   # still open is reset. Feature "process-ports".
   #
   # Errors: as `Executor.listen`, and `[capexec:forbidden]` on a facet.
+
+  closeOutput @13 (stream :OutputStream);
+  # Stops reading the child's `stream` (`stdout` or `stderr`) for good, as
+  # a reader that goes away does in a local pipeline (`command | head`):
+  # the server closes its end of that pipe, so the next write to it by the
+  # child (or anything of its tree that shares the pipe) gets SIGPIPE, or
+  # EPIPE where SIGPIPE is ignored, exactly as it would locally. What the
+  # pipe held unread is dropped and no more output of that stream is
+  # logged; what was logged before stays readable. The other stream, the
+  # exit and the close event go on (`closed` no longer waits for this
+  # stream). `capexec run` calls it when its own stdout's reader went away.
+  # Idempotent, and a no-op success once the stream has ended, when the
+  # start's stdio was passed (the child writes to the caller's descriptor
+  # itself, see `StartParams.passedStdio`). Feature "close-output".
+  #
+  # Errors: `[capexec:invalid-argument]` for `pty`, or on a `tty` process
+  # (its one terminal carries both streams: send `signal` instead);
+  # `[capexec:forbidden]` on a facet.
 }
 
 struct ReadResult {
@@ -953,6 +982,14 @@ struct ExitStatus {
   # SIGKILL, or exited 137 as a shell does when the command it waited for
   # died that way. Counted by the kernel (the cgroup's `oom_kill`), not
   # guessed from the signal. `capexec run` says so and exits 137.
+
+  serverShutdown @7 :Bool;
+  # The server terminated the process because it was shutting down
+  # cleanly (its operator stopped it: SIGTERM or SIGINT to `capexec
+  # serve`), as `terminate` would (SIGTERM to the tree, SIGKILL after the
+  # grace); the status is what the child made of it. False for a process
+  # that exited before the shutdown reached it, and for every other
+  # ending. `capexec run` says so in one line and exits with the status.
 }
 
 struct ResourceUsage {

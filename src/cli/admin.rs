@@ -74,13 +74,7 @@ pub fn ps_main(args: PsArgs) -> i32 {
                 } else {
                     table(&records, SystemTime::now())
                 };
-                match stdio::write_answer(&text) {
-                    Ok(()) => 0,
-                    Err(error) => fail(&format!(
-                        "cannot write the answer: {}",
-                        capexec::model::io_message(&error)
-                    )),
-                }
+                stdio::print_answer(text, "the answer")
             }
             Err(message) => fail(&message),
         }

@@ -82,6 +82,9 @@ fn split(path: &Path) -> (PathBuf, PathBuf) {
 /// when it is copied, so that one lost on the way cannot go unsaid.
 struct Run {
     failed: Cell<usize>,
+    /// The exit status of a copy to our stdout that could not be written
+    /// (see `stdio::unwritten`).
+    stdout_failed: Cell<Option<i32>>,
     listed: Cell<u64>,
     copied: Cell<u64>,
     progress: ProgressBar,
@@ -195,6 +198,7 @@ pub fn main(args: CpArgs) -> i32 {
         };
         let run = Rc::new(Run {
             failed: Cell::new(0),
+            stdout_failed: Cell::new(None),
             listed: Cell::new(0),
             copied: Cell::new(0),
             progress: progress(),
@@ -212,6 +216,9 @@ pub fn main(args: CpArgs) -> i32 {
             download_all(&executor, &sources, &dest, options, &run).await;
         }
         run.progress.finish_and_clear();
+        if let Some(code) = run.stdout_failed.get() {
+            return code;
+        }
         let lost = run.unaccounted();
         if lost > 0 {
             stdio::note(&format!(
@@ -710,9 +717,17 @@ async fn download_all(
             };
             let (parent, name) = split(&followed);
             let dir = Directory::open(executor, parent);
-            let mut stdout = tokio::io::stdout();
+            let mut stdout = stdio::StreamedAnswer::new();
             if let Err(error) = dir.download(&name, &mut stdout).await {
-                run.fail(source, error);
+                // Our stdout failing is no failed file: the rule of every
+                // subcommand's stdout decides.
+                match stdout.failed() {
+                    Some(failed) => run.stdout_failed.set(Some(stdio::unwritten(
+                        failed,
+                        &format!(":{} to stdout", source.display()),
+                    ))),
+                    None => run.fail(source, error),
+                }
             }
             return;
         }
@@ -1224,6 +1239,7 @@ mod tests {
     fn a_listed_file_neither_copied_nor_failed_is_accounted_as_lost() {
         let run = Run {
             failed: Cell::new(0),
+            stdout_failed: Cell::new(None),
             listed: Cell::new(0),
             copied: Cell::new(0),
             progress: ProgressBar::hidden(),

@@ -9,7 +9,6 @@
 //! at either end resets the other end too.
 
 use std::cell::RefCell;
-use std::io::Write;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -42,12 +41,24 @@ pub fn main(args: ForwardArgs) -> i32 {
     })
 }
 
-/// Prints a forward's line on stdout (a closed stdout is not our concern).
+/// Prints a forward's line on stdout, under the rule of every
+/// subcommand's stdout (`stdio::unwritten`): a line that cannot be written
+/// ends capexec there, as SIGPIPE ends a local program; its listeners and
+/// its connection close with it, which the server reads as the release of
+/// everything opened through it.
 fn announce(line: &str) {
-    let mut stdout = std::io::stdout();
-    let _ = writeln!(stdout, "{line}");
-    let _ = stdout.flush();
+    let code = stdio::print_answer(format!("{line}\n"), "the forward's line");
+    if code != 0 {
+        std::process::exit(code);
+    }
 }
+
+/// The signals that end `capexec forward`, with their names.
+const CAUGHT: [(i32, &str); 3] = [
+    (libc::SIGINT, "SIGINT"),
+    (libc::SIGTERM, "SIGTERM"),
+    (libc::SIGHUP, "SIGHUP"),
+];
 
 async fn forward(args: ForwardArgs) -> Result<i32, String> {
     if args.local.is_empty() && args.remote.is_empty() {
@@ -55,15 +66,26 @@ async fn forward(args: ForwardArgs) -> Result<i32, String> {
     }
     // Caught from the start, so that none of them kills us half set up.
     let mut signals = Vec::new();
-    for kind in [
-        SignalKind::interrupt(),
-        SignalKind::terminate(),
-        SignalKind::hangup(),
-    ] {
+    for (number, _) in CAUGHT {
+        let kind = SignalKind::from_raw(number);
         signals.push(signal(kind).map_err(|error| format!("cannot catch signals: {error}"))?);
     }
-    let mut target = target::target(&args.connect).await?;
-    target.established().await?;
+    // Connecting may wait for an answer on the terminal (trust on first
+    // use), or for a server that says nothing: a signal ends it at once.
+    let connected = async {
+        let target = target::target(&args.connect).await?;
+        target.established().await?;
+        Ok::<_, String>(target)
+    };
+    let signalled = futures::future::select_all(signals.iter_mut().map(|s| Box::pin(s.recv())));
+    let mut target = tokio::select! {
+        target = connected => target?,
+        (_, index, _) = signalled => {
+            let (number, name) = CAUGHT[index];
+            stdio::note(&format!("{name}: stopped before forwarding"));
+            return Ok(128 + number);
+        }
+    };
     let executor = Rc::new(RefCell::new(executor_of(&args, &target)));
     // Local listeners stay across reconnections: their ports do not change,
     // nor does the socket their direct channels are opened on.
@@ -133,7 +155,16 @@ async fn lost(
     let mut listening = true;
     loop {
         tokio::select! {
-            () = &mut closed => return "the connection to the server was lost".to_string(),
+            () = &mut closed => {
+                let said = match &target.connection {
+                    Some(connection) => connection.abort_reason().await,
+                    None => None,
+                };
+                return match said {
+                    Some(reason) => format!("the connection to the server was lost: {reason}"),
+                    None => "the connection to the server was lost".to_string(),
+                };
+            }
             why = listeners.recv(), if listening => match why {
                 Some(why) => return why,
                 None => listening = false,

@@ -3,12 +3,11 @@
 //! prints them (a build step would need the definitions in build.rs too,
 //! and packagers can run the subcommand just as well).
 
-use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::cli::EXIT_CAPEXEC_FAILURE;
+use crate::cli::{EXIT_CAPEXEC_FAILURE, stdio};
 
 #[derive(Args, Debug)]
 pub struct CompletionArgs {
@@ -42,16 +41,7 @@ pub fn completions_main(args: CompletionArgs) -> i32 {
     // Into memory first: clap_complete panics on a write error.
     let mut script = Vec::new();
     clap_complete::generate(shell, &mut command, "capexec", &mut script);
-    match std::io::stdout().write_all(&script) {
-        Ok(()) => 0,
-        Err(error) => {
-            eprintln!(
-                "capexec: cannot write the completion script: {}",
-                capexec::model::io_message(&error)
-            );
-            EXIT_CAPEXEC_FAILURE
-        }
-    }
+    stdio::print_answer(script, "the completion script")
 }
 
 pub fn man_main(args: ManArgs) -> i32 {
@@ -61,20 +51,22 @@ pub fn man_main(args: ManArgs) -> i32 {
     let command = crate::cli::command()
         .version(env!("CARGO_PKG_VERSION"))
         .propagate_version(true);
-    let written = match &args.dir {
-        None => clap_mangen::Man::new(command).render(&mut std::io::stdout()),
-        Some(dir) => {
-            std::fs::create_dir_all(dir).and_then(|()| clap_mangen::generate_to(command, dir))
-        }
+    let Some(dir) = &args.dir else {
+        // Into memory first: a write error is then the one rule's.
+        let mut page = Vec::new();
+        return match clap_mangen::Man::new(command).render(&mut page) {
+            Ok(()) => stdio::print_answer(page, "the man pages to stdout"),
+            Err(error) => stdio::unwritten(&error, "the man pages to stdout"),
+        };
     };
+    let written =
+        std::fs::create_dir_all(dir).and_then(|()| clap_mangen::generate_to(command, dir));
     match written {
         Ok(()) => 0,
         Err(error) => {
-            let place = args
-                .dir
-                .map_or("stdout".to_string(), |dir| dir.display().to_string());
             eprintln!(
-                "capexec: cannot write the man pages to {place}: {}",
+                "capexec: cannot write the man pages to {}: {}",
+                dir.display(),
                 capexec::model::io_message(&error)
             );
             EXIT_CAPEXEC_FAILURE

@@ -103,13 +103,7 @@ fn describe(error: &Error) -> String {
 }
 
 fn print(text: &str) -> i32 {
-    match stdio::write_answer(text) {
-        Ok(()) => 0,
-        Err(error) => fail(&format!(
-            "cannot write the answer: {}",
-            capexec::model::io_message(&error)
-        )),
-    }
+    stdio::print_answer(text, "the answer")
 }
 
 fn fail(message: &str) -> i32 {

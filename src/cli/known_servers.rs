@@ -111,7 +111,7 @@ pub fn remember(file: &Path, address: &Address, fingerprint: &str) -> Result<(),
 /// A certificate seen for the first time: accepted (and remembered) if
 /// `accept` (`--tls-accept-new`) or the user says yes on the terminal;
 /// refused, with what to do, when there is no terminal to ask on.
-pub fn accept_new(
+pub async fn accept_new(
     address: &Address,
     fingerprint: &str,
     file: &Path,
@@ -120,7 +120,7 @@ pub fn accept_new(
     use std::io::IsTerminal;
     if !accept {
         let asked = if std::io::stdin().is_terminal() {
-            ask(address, fingerprint, file).ok()
+            ask(address, fingerprint, file).await.ok()
         } else {
             None
         };
@@ -154,13 +154,18 @@ pub fn accept_new(
 
 /// Asks on the controlling terminal whether to trust the certificate
 /// `fingerprint` of `address`; `Err` if there is no terminal to ask on.
-pub fn ask(address: &Address, fingerprint: &str, file: &Path) -> Result<bool, ()> {
+///
+/// The answer is read on a thread of its own, so the runtime goes on
+/// while the question waits: a signal (Ctrl-C) ends capexec at once, as
+/// its caller decides, instead of after the next Enter. Dropped
+/// unanswered, the question ends its line on the terminal, so that what
+/// capexec says next starts on a line of its own.
+pub async fn ask(address: &Address, fingerprint: &str, file: &Path) -> Result<bool, ()> {
     let terminal = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open("/dev/tty")
         .map_err(drop)?;
-    let mut writer = &terminal;
     let question = format!(
         "The TLS certificate of {address} is not known here.\r\n\
          Its SHA-256 fingerprint is {fingerprint}.\r\n\
@@ -168,15 +173,38 @@ pub fn ask(address: &Address, fingerprint: &str, file: &Path) -> Result<bool, ()
          Trust it and remember it in {}? (yes/no) ",
         file.display()
     );
-    writer.write_all(question.as_bytes()).map_err(drop)?;
-    let mut answer = String::new();
-    std::io::BufReader::new(&terminal)
-        .read_line(&mut answer)
+    (&terminal).write_all(question.as_bytes()).map_err(drop)?;
+    let reader = terminal.try_clone().map_err(drop)?;
+    let (answered, answer) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("capexec-question".into())
+        .spawn(move || {
+            let mut line = String::new();
+            let read = std::io::BufReader::new(reader)
+                .read_line(&mut line)
+                .map(|_| line);
+            let _ = answered.send(read);
+        })
         .map_err(drop)?;
+    let mut pending = Unanswered(Some(terminal));
+    let answer = answer.await.map_err(drop)?.map_err(drop);
+    // Answered: the line ended with the answer's Enter.
+    pending.0 = None;
     Ok(matches!(
-        answer.trim().to_ascii_lowercase().as_str(),
+        answer?.trim().to_ascii_lowercase().as_str(),
         "yes" | "y"
     ))
+}
+
+/// A question on the terminal that is still waiting for its answer.
+struct Unanswered(Option<std::fs::File>);
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        if let Some(terminal) = self.0.take() {
+            let _ = (&terminal).write_all(b"\r\n");
+        }
+    }
 }
 
 #[cfg(test)]

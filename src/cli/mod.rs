@@ -3,6 +3,7 @@
 mod admin;
 mod argument_error;
 mod capacity;
+mod codex_bridge;
 mod config;
 mod confinement;
 mod copy;
@@ -42,6 +43,9 @@ pub const EXIT_TIMED_OUT: i32 = 124;
 /// The memory limit (`--memory`, or the server's) ended the command: as a
 /// shell reports SIGKILL.
 pub const EXIT_KILLED_BY_MEMORY_LIMIT: i32 = 137;
+/// capexec's stdout's reader went away (`| head`) before an answer was
+/// written: silently, as a shell reports death by SIGPIPE.
+pub const EXIT_STDOUT_CLOSED: i32 = 141;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -74,9 +78,11 @@ enum Command {
     ///
     /// SIGINT, SIGTERM and SIGHUP go to the command while the connection
     /// works; if the server does not answer within 1 s, or on a second
-    /// signal, capexec ends on its own (exit 128+N) and says what it left
-    /// behind. Ctrl-Z stops the command too. A write error on our stdout or
-    /// stderr ends the run (exit 125).
+    /// signal, capexec ends on its own (exit 128+N, or the command's status
+    /// if it had exited) and says what it left behind. Ctrl-Z stops the
+    /// command too. When our stdout's reader goes away (`| head`), what
+    /// writes to the command's stdout next gets SIGPIPE, as locally; any
+    /// other write error on our stdout or stderr ends the run (exit 125).
     ///
     /// Exit status: the command's; 128+N if it died of signal N; 124 if
     /// --timeout ended it; 127 if the program was not found, 126 if it
@@ -156,6 +162,34 @@ enum Command {
     Cp(Deferred<CpArgs>),
     // Not deferred: its text is its struct's (see `deferred`).
     Forward(ForwardArgs),
+    /// Serve Codex's exec-server protocol from this executor (for Codex's
+    /// environments.toml)
+    ///
+    /// Speaks the protocol of `codex exec-server --listen stdio` on stdin
+    /// and stdout, one JSON message per line, and serves it from the
+    /// embedded executor or from the capexec server --connect names: every
+    /// command, file read, write and patch of a Codex agent runs there.
+    /// Diagnostics go to stderr. It exits when stdin closes; the processes
+    /// it started end with it. See docs/CODEX.md.
+    #[command(after_help = "In $CODEX_HOME/environments.toml:\n\n  \
+        [[environments]]\n  id = \"build-box\"\n  program = \"capexec\"\n  \
+        args = [\"codex-bridge\", \"--connect\", \"build\"]")]
+    CodexBridge(Deferred<CodexBridgeArgs>),
+}
+
+#[derive(Args, Debug)]
+pub struct CodexBridgeArgs {
+    #[command(flatten)]
+    connect: ConnectArgs,
+    /// Serve through the executor of this environment (NAME, or
+    /// NAME/NAME... through several hops).
+    #[arg(long, value_name = "NAME")]
+    environment: Option<String>,
+    /// Serve only this directory of the executor's machine: files beneath
+    /// it, commands through its confined executor (they may write only
+    /// beneath it), and it is the working directory Codex is told.
+    #[arg(long, value_name = "DIR")]
+    root: Option<std::path::PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -552,16 +586,7 @@ pub fn main() -> i32 {
     if asks_only_for_version() {
         // What clap would print, without building the definition of every
         // subcommand first (most of `capexec --version`'s own time).
-        return match stdio::write_answer(&format!("capexec {}\n", version())) {
-            Ok(()) => 0,
-            Err(error) => {
-                stdio::note(&format!(
-                    "cannot write the version: {}",
-                    capexec::model::io_message(&error)
-                ));
-                EXIT_CAPEXEC_FAILURE
-            }
-        };
+        return stdio::print_answer(format!("capexec {}\n", version()), "the version");
     }
     let parsed = command().try_get_matches().and_then(|matches| {
         let mut cli = Cli::from_arg_matches(&matches)?;
@@ -616,6 +641,10 @@ pub fn main() -> i32 {
             logging::init(tracing::Level::WARN, logging::Style::Client, verbose);
             forward::main(args)
         }
+        Command::CodexBridge(Deferred(args)) => {
+            logging::init(tracing::Level::WARN, logging::Style::Client, verbose);
+            codex_bridge::main(args)
+        }
     }
 }
 
@@ -629,6 +658,7 @@ impl Command {
             Command::Info(Deferred(args)) => Some(&mut args.connect),
             Command::Cp(Deferred(args)) => Some(&mut args.connect),
             Command::Forward(args) => Some(&mut args.connect),
+            Command::CodexBridge(Deferred(args)) => Some(&mut args.connect),
             _ => None,
         }
     }
@@ -684,8 +714,17 @@ fn asks_only_for_version() -> bool {
 /// line and exit 125.
 fn argument_failure(error: &clap::Error) -> i32 {
     if !error.use_stderr() {
-        let _ = error.print();
-        return 0;
+        // Help and version: in colour on a terminal, as clap prints them;
+        // elsewhere plain, under the rule of every answer on stdout.
+        if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+            let _ = error.print();
+            return 0;
+        }
+        let what = match error.kind() {
+            clap::error::ErrorKind::DisplayVersion => "the version",
+            _ => "the help",
+        };
+        return stdio::print_answer(error.render().to_string(), what);
     }
     let subcommand = std::env::args().nth(1).filter(|name| {
         command()

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 
 use capexec::client::{Command, Connect, Error, RecoveryNote, ResilientProcess, Session};
-use capexec::model::{EventBody, OutputStream, RefusalKind, Signal, show_duration};
+use capexec::model::{EventBody, Exit, OutputStream, RefusalKind, Signal, show_duration};
 
 use crate::cli::local_terminal::RawMode;
 use crate::cli::signals::Interrupted;
@@ -191,16 +191,16 @@ async fn run_to_close(
         .then(|| tokio::task::spawn_local(input::resizes(process.clone())));
 
     let mut status = None;
-    let mut sent_sigpipe = false;
+    let mut stdout_let_go = false;
     let mut closed = false;
     let outcome = loop {
         if closed {
             break Ok(());
         }
         let batch = match until(&mut ending, events.next_batch()).await {
-            Err(ending) => return Err(end_early(ending, &process, true).await),
+            Err(ending) => return end_early_after(ending, &process, status, args, began).await,
             Ok(Some(Ok(batch))) => batch,
-            Ok(Some(Err(error))) => break Err(lost(&error)),
+            Ok(Some(Err(error))) => break Err(error),
             Ok(None) => break Ok(()),
         };
         let mut pieces = Vec::with_capacity(batch.len());
@@ -213,7 +213,10 @@ async fn run_to_close(
                     },
                     data,
                 )),
-                EventBody::Exited(exit) => status = Some(exit),
+                EventBody::Exited(exit) => {
+                    tracing::debug!("the command exited ({exit}); relaying until its output ends");
+                    status = Some(exit);
+                }
                 EventBody::Closed => closed = true,
                 EventBody::Gap { from_seq } => {
                     let written = async {
@@ -221,7 +224,7 @@ async fn run_to_close(
                         output.flush().await;
                     };
                     if let Err(ending) = until(&mut ending, written).await {
-                        return Err(end_early(ending, &process, true).await);
+                        return end_early_after(ending, &process, status, args, began).await;
                     }
                     stdio::note(&format!(
                         "output lost: events {from_seq}..={} were evicted before they could be relayed",
@@ -231,35 +234,62 @@ async fn run_to_close(
             }
         }
         if let Err(ending) = until(&mut ending, output.write(pieces)).await {
-            return Err(end_early(ending, &process, true).await);
+            return end_early_after(ending, &process, status, args, began).await;
         }
         if let Some(error) = output.failure() {
             return Err(cannot_write(&error, &process).await);
         }
-        // Like a local pipeline: when our reader goes away, the writer gets
-        // SIGPIPE.
-        if output.stdout_broken() && !sent_sigpipe && status.is_none() {
-            // Sent again only if a broken connection may have eaten it.
-            sent_sigpipe = match process.signal(Signal::Pipe).await {
-                Err(error) => !error.is_transport_loss(),
-                Ok(()) => true,
-            };
+        // Like a local pipeline: when our reader goes away, whoever writes
+        // to the command's stdout next gets SIGPIPE, and its stderr goes on.
+        if output.stdout_broken() && !stdout_let_go {
+            // Done again only if a broken connection may have eaten it.
+            stdout_let_go = reader_gone(&process, args.tty, status.is_some()).await;
         }
     };
     if let Some(resizes) = resizes {
         resizes.abort();
     }
     if let Err(ending) = until(&mut ending, output.flush()).await {
-        return Err(end_early(ending, &process, true).await);
+        return end_early_after(ending, &process, status, args, began).await;
     }
     if let Some(error) = output.failure() {
         return Err(cannot_write(&error, &process).await);
     }
-    outcome.map_err(Failure::capexec)?;
+    if let Err(error) = outcome {
+        // The command's own exit arrived before the loss (what it left
+        // running held its output open): that status stays the truth.
+        let Some(exit) = status else {
+            return Err(Failure::capexec(lost(&error)));
+        };
+        // A shutdown's line (see `reported`) says all there is.
+        if !exit.server_shutdown {
+            stdio::note(&format!(
+                "the command had exited ({}) when its output was lost: {}",
+                exit.status,
+                lost_reason(&error)
+            ));
+        }
+        return Ok(reported(&exit, args, began));
+    }
     // The exit event says whether a time limit ended the command and what
     // it used; no further round trip.
     let exit =
         status.ok_or_else(|| Failure::capexec("the command closed without an exit status"))?;
+    Ok(reported(&exit, args, began))
+}
+
+/// The exit status capexec reports for the command's `exit`, with the
+/// notes that go with it (usage, a memory or time limit).
+fn reported(exit: &Exit, args: &SessionArgs, began: std::time::Instant) -> i32 {
+    if exit.server_shutdown {
+        // The one line of an operator's stop: why, and how the command
+        // took it (its status is ours, as with any other ending).
+        stdio::note(&format!(
+            "{} (its operator stopped it): it terminated the command ({})",
+            capexec::net::SHUTDOWN_REASON,
+            exit.status
+        ));
+    }
     if args.usage {
         match exit.usage {
             Some(usage) => stdio::note(&usage.to_string()),
@@ -268,7 +298,7 @@ async fn run_to_close(
     }
     if exit.killed_by_memory_limit {
         stdio::note("the command was killed by its memory limit");
-        return Ok(EXIT_KILLED_BY_MEMORY_LIMIT);
+        return EXIT_KILLED_BY_MEMORY_LIMIT;
     }
     // Like timeout(1): 124 when a time limit ended the command, ours or
     // the executor's (a restricted server's --max-run-time).
@@ -284,9 +314,32 @@ async fn run_to_close(
             )),
             None => stdio::note("the command timed out (the executor's time limit)"),
         }
-        return Ok(EXIT_TIMED_OUT);
+        return EXIT_TIMED_OUT;
     }
-    Ok(exit.status.shell_code())
+    exit.status.shell_code()
+}
+
+/// Our stdout's reader went away: the server stops reading the command's
+/// stdout and closes that pipe, so the next write to it gets SIGPIPE, as
+/// in a local pipeline (`command | head`), while its stderr is still
+/// relayed. A terminal carries both streams (and an older server cannot
+/// close one): then the command gets SIGPIPE, unless it has exited.
+/// Whether that was done (false: a broken connection may have eaten it).
+async fn reader_gone(process: &ResilientProcess, tty: bool, exited: bool) -> bool {
+    if !tty {
+        match process.close_output(OutputStream::Stdout).await {
+            Ok(()) => return true,
+            Err(Error::Rpc(error)) if error.kind == capnp::ErrorKind::Unimplemented => {}
+            Err(error) => return !error.is_transport_loss(),
+        }
+    }
+    if exited {
+        return true;
+    }
+    match process.signal(Signal::Pipe).await {
+        Err(error) => !error.is_transport_loss(),
+        Ok(()) => true,
+    }
 }
 
 /// `work`, unless `ending` comes first.
@@ -303,14 +356,15 @@ async fn until<T>(
 
 /// The one line for a run whose events stopped before the command closed.
 fn lost(error: &Error) -> String {
+    format!("lost the command: {}", lost_reason(error))
+}
+
+/// Why a run's events stopped before the command closed.
+fn lost_reason(error: &Error) -> String {
     match error {
-        Error::Recovery { failure, .. } => {
-            format!("lost the command: could not reconnect: {failure}")
-        }
-        error if error.is_transport_loss() => {
-            format!("lost the command: {}", error.loss_reason())
-        }
-        error => format!("lost the command: {error}"),
+        Error::Recovery { failure, .. } => format!("could not reconnect: {failure}"),
+        error if error.is_transport_loss() => error.loss_reason(),
+        error => error.to_string(),
     }
 }
 
@@ -322,6 +376,58 @@ async fn cannot_write(error: &str, process: &ResilientProcess) -> Failure {
         EXIT_CAPEXEC_FAILURE,
         format!("cannot write the command's output: {error}"),
     )
+}
+
+/// Ends the run on our side once the command has started: as
+/// [`end_early`] while it runs; once it has exited (what it started in
+/// the background still holds its output), what it left running is
+/// terminated and capexec exits as the command did, saying so.
+async fn end_early_after(
+    ending: Ending,
+    process: &ResilientProcess,
+    status: Option<Exit>,
+    args: &SessionArgs,
+    began: std::time::Instant,
+) -> Result<i32, Failure> {
+    let (Some(exit), Ending::Signal(interrupted)) = (status, &ending) else {
+        return Err(end_early(ending, process, true).await);
+    };
+    let left = match terminate_briefly(process, interrupted.unreachable).await {
+        Some(true) => "what it left running was terminated".to_string(),
+        Some(false) => "nothing it started runs any more".to_string(),
+        None => format!("what it left running {}", left_running(process)),
+    };
+    stdio::note(&format!(
+        "{}: stopped waiting for the command's output; it had exited ({}); {left}",
+        interrupted.why, exit.status
+    ));
+    Ok(reported(&exit, args, began))
+}
+
+/// Asks the server to terminate the command's tree, waiting at most
+/// [`TERMINATE_WAIT`]: whether anything of it ran, or `None` if the server
+/// did not say (or is known to be out of reach).
+async fn terminate_briefly(process: &ResilientProcess, unreachable: bool) -> Option<bool> {
+    if unreachable {
+        return None;
+    }
+    tokio::time::timeout(TERMINATE_WAIT, process.current().terminate())
+        .await
+        .ok()
+        .and_then(Result::ok)
+}
+
+/// What becomes of a command capexec could not have terminated.
+fn left_running(process: &ResilientProcess) -> String {
+    match process.grace() {
+        Some(grace) => format!(
+            "may run on without us for up to {} (--resume), then the server terminates it",
+            show_duration(grace)
+        ),
+        None => "may run on until the server notices that the connection is gone, then it is \
+                 terminated"
+            .to_string(),
+    }
 }
 
 /// Ends the run on our side: asks the server (briefly) to terminate the
@@ -347,25 +453,10 @@ async fn end_early(ending: Ending, process: &ResilientProcess, started: bool) ->
             false,
         ),
     };
-    let terminated = if unreachable {
-        None
-    } else {
-        tokio::time::timeout(TERMINATE_WAIT, process.current().terminate())
-            .await
-            .ok()
-            .and_then(Result::ok)
-    };
-    let left = match (terminated, process.grace()) {
-        (Some(true), _) => "the command was terminated".to_string(),
-        (Some(false), _) => "the command had already exited".to_string(),
-        (None, Some(grace)) => format!(
-            "the command may run on without us for up to {} (--resume), then the server \
-             terminates it",
-            show_duration(grace)
-        ),
-        (None, None) => "the command may run on until the server notices that the connection \
-                         is gone, then it is terminated"
-            .to_string(),
+    let left = match terminate_briefly(process, unreachable).await {
+        Some(true) => "the command was terminated".to_string(),
+        Some(false) => "the command had already exited".to_string(),
+        None => format!("the command {}", left_running(process)),
     };
     Failure::ours(code, format!("{what}; {left}"))
 }

@@ -33,12 +33,9 @@ pub fn list_main(args: ListArgs) -> i32 {
     } else {
         table(&config)
     };
-    if let Err(error) = crate::cli::stdio::write_answer(&text) {
-        eprintln!(
-            "capexec: cannot write the answer: {}",
-            capexec::model::io_message(&error)
-        );
-        return EXIT_CAPEXEC_FAILURE;
+    let code = crate::cli::stdio::print_answer(text, "the answer");
+    if code != 0 {
+        return code;
     }
     for broken in &config.broken {
         eprintln!("capexec: {}", broken.message);
@@ -198,10 +195,7 @@ pub struct ClientConfigArgs {
 
 pub fn client_config_main(args: ClientConfigArgs) -> i32 {
     match client_config(&args) {
-        Ok(text) => {
-            print!("{text}");
-            0
-        }
+        Ok(text) => crate::cli::stdio::print_answer(text, "the configuration"),
         Err(error) => {
             eprintln!("capexec: {error}");
             EXIT_CAPEXEC_FAILURE

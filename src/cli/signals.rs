@@ -146,7 +146,10 @@ impl Signals {
             let current = process.current();
             let sent = current.signal(name);
             match tokio::time::timeout(FORWARD_WAIT, sent).await {
-                Ok(Ok(())) => forwarded = Some(name),
+                Ok(Ok(())) => {
+                    tracing::debug!("{name} forwarded to the command");
+                    forwarded = Some(name);
+                }
                 Ok(Err(error)) if !error.is_transport_loss() => {
                     tracing::warn!(%error, %name, "cannot forward signal");
                     forwarded = Some(name);

@@ -47,15 +47,108 @@ pub fn closed_at_start(fd: i32) -> bool {
         .is_some_and(|closed| closed.load(Ordering::Relaxed))
 }
 
-/// Writes `text` to our stdout as a command's answer (`capexec info`):
+/// Writes `bytes` to our stdout as a command's answer (`capexec info`):
 /// a failed write, or a stdout the caller closed, is an error.
-pub fn write_answer(text: &str) -> io::Result<()> {
+pub fn write_answer(bytes: impl AsRef<[u8]>) -> io::Result<()> {
     if closed_at_start(1) {
         return Err(io::Error::from_raw_os_error(libc::EBADF));
     }
     let mut stdout = io::stdout().lock();
-    stdout.write_all(text.as_bytes())?;
+    stdout.write_all(bytes.as_ref())?;
     stdout.flush()
+}
+
+/// Writes `bytes` (`what`, for the message) to our stdout as a command's
+/// answer, and returns the exit status under [`unwritten`]'s rule: 0 when
+/// it was written.
+pub fn print_answer(bytes: impl AsRef<[u8]>, what: &str) -> i32 {
+    match write_answer(bytes) {
+        Ok(()) => 0,
+        Err(error) => unwritten(&error, what),
+    }
+}
+
+/// The one rule of every subcommand for output it could not write to its
+/// stdout: a reader that went away (EPIPE: `capexec man | head`) ends
+/// capexec silently with 141, as SIGPIPE ends a program in a local
+/// pipeline; any other error (a full disk, a stdout the caller closed) is
+/// one line naming what was not written, and 125. Returns the exit status.
+pub fn unwritten(error: &io::Error, what: &str) -> i32 {
+    if error.kind() == io::ErrorKind::BrokenPipe {
+        tracing::debug!("cannot write {what}: our stdout's reader went away");
+        return crate::cli::EXIT_STDOUT_CLOSED;
+    }
+    note(&format!(
+        "cannot write {what}: {}",
+        capexec::model::io_message(error)
+    ));
+    crate::cli::EXIT_CAPEXEC_FAILURE
+}
+
+/// Our stdout as an `AsyncWrite`, for an answer streamed as it arrives
+/// (`capexec cp :FILE -`): a stdout the caller closed fails the first
+/// write, and the first write error is kept, so the caller can apply
+/// [`unwritten`]'s rule to it rather than to its own description of it.
+pub struct StreamedAnswer {
+    stdout: tokio::io::Stdout,
+    failed: Option<io::Error>,
+}
+
+impl StreamedAnswer {
+    pub fn new() -> StreamedAnswer {
+        StreamedAnswer {
+            stdout: tokio::io::stdout(),
+            failed: None,
+        }
+    }
+
+    /// The first write error, if a write failed.
+    pub fn failed(&self) -> Option<&io::Error> {
+        self.failed.as_ref()
+    }
+
+    fn kept<T>(&mut self, result: io::Result<T>) -> io::Result<T> {
+        if let Err(error) = &result
+            && self.failed.is_none()
+        {
+            self.failed = Some(match error.raw_os_error() {
+                Some(errno) => io::Error::from_raw_os_error(errno),
+                None => error.kind().into(),
+            });
+        }
+        result
+    }
+}
+
+impl tokio::io::AsyncWrite for StreamedAnswer {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bytes: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        if closed_at_start(1) {
+            let closed = Err(io::Error::from_raw_os_error(libc::EBADF));
+            return std::task::Poll::Ready(self.kept(closed));
+        }
+        let written = std::task::ready!(std::pin::Pin::new(&mut self.stdout).poll_write(cx, bytes));
+        std::task::Poll::Ready(self.kept(written))
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        let flushed = std::task::ready!(std::pin::Pin::new(&mut self.stdout).poll_flush(cx));
+        std::task::Poll::Ready(self.kept(flushed))
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        let shut = std::task::ready!(std::pin::Pin::new(&mut self.stdout).poll_shutdown(cx));
+        std::task::Poll::Ready(self.kept(shut))
+    }
 }
 
 enum Message {

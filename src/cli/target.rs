@@ -156,7 +156,7 @@ pub async fn target(args: &ConnectArgs) -> Result<Target, String> {
                     "{address}: the server's certificate is not trusted"
                 ));
             };
-            known_servers::accept_new(&address, &offered, file, args.tls_accept_new)?;
+            known_servers::accept_new(&address, &offered, file, args.tls_accept_new).await?;
             let fingerprint = net::parse_fingerprint(&offered)?;
             options.tls = Some(first_use(Some(fingerprint))?);
             net::connect_to(&address, token.as_ref(), &options).await

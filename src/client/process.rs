@@ -9,7 +9,8 @@ use tokio::task::JoinHandle;
 use crate::capexec_capnp::process;
 use crate::client::{Error, EventStream, PortListener, PortStream, events, ports};
 use crate::model::{
-    Event, EventBody, ExitStatus, ProcessSnapshot, PtySize, ReadOutcome, Signal, WriteStatus,
+    Event, EventBody, ExitStatus, OutputStream, ProcessSnapshot, PtySize, ReadOutcome, Signal,
+    WriteStatus,
 };
 use crate::wire;
 
@@ -145,6 +146,15 @@ impl RemoteProcess {
     pub async fn signal(&self, signal: Signal) -> Result<(), Error> {
         let mut request = self.cap.signal_request();
         request.get().set_signal(wire::signal_to_wire(signal));
+        dispatch(request.send().promise).await?;
+        Ok(())
+    }
+
+    /// Stops reading the child's `stream` for good, as a reader that goes
+    /// away in a local pipeline: its next write there gets SIGPIPE.
+    pub async fn close_output(&self, stream: OutputStream) -> Result<(), Error> {
+        let mut request = self.cap.close_output_request();
+        request.get().set_stream(wire::stream_to_wire(stream));
         dispatch(request.send().promise).await?;
         Ok(())
     }

@@ -17,7 +17,8 @@ use crate::engine::shared::{
 };
 use crate::engine::stdin::{Outcome, StdinOp, StdinState, WriteFailure};
 use crate::model::{
-    Exit, Flow, ProcessSnapshot, PtySize, ReadOutcome, Refusal, RefusalKind, Signal, WriteStatus,
+    Exit, Flow, OutputStream, ProcessSnapshot, PtySize, ReadOutcome, Refusal, RefusalKind, Signal,
+    WriteStatus,
 };
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,6 +77,25 @@ impl fmt::Display for WriteError {
 
 impl std::error::Error for WriteError {}
 
+/// Why an output stream cannot be closed on its own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CloseOutputError {
+    /// A terminal carries both streams.
+    Terminal,
+}
+
+impl fmt::Display for CloseOutputError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CloseOutputError::Terminal => write!(
+                f,
+                "a tty process has one terminal for both streams: one of them cannot be closed \
+                 alone (send a signal instead)"
+            ),
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ResizeError {
     NotATerminal,
@@ -118,6 +138,12 @@ impl From<WriteError> for Refusal {
             WriteError::QueueFull { .. } => RefusalKind::LimitReached,
         };
         Refusal::new(kind, error.to_string())
+    }
+}
+
+impl From<CloseOutputError> for Refusal {
+    fn from(error: CloseOutputError) -> Refusal {
+        Refusal::new(RefusalKind::InvalidArgument, error.to_string())
     }
 }
 
@@ -405,6 +431,25 @@ impl Process {
         }
         tracing::debug!(parent: &self.shared.span, %signal, "signal");
         self.shared.signal_foreground(signal.number());
+        Ok(())
+    }
+
+    /// Stops reading `stream` for good, as a reader that goes away in a
+    /// local pipeline: the pump closes its end of the pipe, so the child's
+    /// next write to it gets SIGPIPE (see the schema's
+    /// `Process.closeOutput`). A no-op once the stream has ended, or when
+    /// the child was handed its stdio.
+    pub fn close_output(&self, stream: OutputStream) -> Result<(), CloseOutputError> {
+        if self.shared.tty {
+            return Err(CloseOutputError::Terminal);
+        }
+        let index = match stream {
+            OutputStream::Stdout => 0,
+            OutputStream::Stderr => 1,
+            OutputStream::Pty => return Err(CloseOutputError::Terminal),
+        };
+        tracing::debug!(parent: &self.shared.span, ?stream, "output closed by the owner");
+        self.shared.output_closed[index].cancel();
         Ok(())
     }
 

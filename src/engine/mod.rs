@@ -30,7 +30,8 @@ use tokio::sync::mpsc;
 
 pub use self::descriptors::close_in_background;
 pub use self::handle::{
-    CloseTicket, Process, ProcessOwner, ReadError, ResizeError, WriteError, WriteTicket,
+    CloseOutputError, CloseTicket, Process, ProcessOwner, ReadError, ResizeError, WriteError,
+    WriteTicket,
 };
 pub(crate) use self::kill::{pidfd_open, signal_process};
 pub use self::log::{Batch, LogLimits};
@@ -304,7 +305,7 @@ impl Engine {
             live.values().filter_map(Weak::upgrade).collect()
         };
         for shared in &live {
-            shared.start_termination();
+            shared.shut_down();
         }
         let patience = self.inner.limits.kill_grace + Duration::from_secs(3);
         let all_done = futures::future::join_all(live.iter().map(|s| s.tree_ended.cancelled()));

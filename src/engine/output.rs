@@ -256,6 +256,11 @@ pub(crate) async fn pump(
                 });
             }
             _ = tokio::time::sleep_until(settling.unwrap_or_else(Instant::now)), if settling.is_some() => {}
+            // The owner's reader went away: as in a local pipeline, the
+            // pipe's read end closes and the child's next write to it
+            // gets SIGPIPE.
+            _ = shared.output_closed[0].cancelled(), if sources[0].is_some() => sources[0] = None,
+            _ = shared.output_closed[1].cancelled(), if sources[1].is_some() => sources[1] = None,
             _ = changes.changed(), if paused => {}
             _ = shared.owner_released.cancelled(), if !released => {}
             _ = tokio::time::sleep_until(abandon_at.unwrap_or_else(Instant::now)), if abandon_at.is_some() => {

@@ -96,10 +96,14 @@ pub(crate) enum Termination {
 /// Why the tree was terminated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Cause {
-    /// `terminate`, the owner's release or the engine's shutdown.
+    /// `terminate`, the owner's release, or the engine's shutdown once
+    /// the child had exited.
     Asked,
     /// The start's timeout expired before the child exited.
     Timeout,
+    /// The engine's shutdown (the server's operator stopped it) before
+    /// the child exited.
+    Shutdown,
 }
 
 impl Life {
@@ -115,6 +119,14 @@ impl Life {
         matches!(
             self.termination,
             Termination::Started(Cause::Timeout) | Termination::Ended(Cause::Timeout)
+        )
+    }
+
+    /// The engine's shutdown terminated the child (see [`Cause::Shutdown`]).
+    pub(crate) fn shut_down(&self) -> bool {
+        matches!(
+            self.termination,
+            Termination::Started(Cause::Shutdown) | Termination::Ended(Cause::Shutdown)
         )
     }
 }
@@ -147,6 +159,9 @@ pub(crate) struct Shared {
     pub(crate) owner_released: CancellationToken,
     /// Fired when the tree's termination ends (`Termination::Ended`).
     pub(crate) tree_ended: CancellationToken,
+    /// Fired when the owner stops reading stdout (0) or stderr (1): the
+    /// output pump closes its end of that pipe (`Process::close_output`).
+    pub(crate) output_closed: [CancellationToken; 2],
     pub(crate) terminal: Option<Terminal>,
     runtime: tokio::runtime::Handle,
     pub(crate) span: tracing::Span,
@@ -193,6 +208,7 @@ impl Shared {
             child_exited: CancellationToken::new(),
             owner_released: CancellationToken::new(),
             tree_ended: CancellationToken::new(),
+            output_closed: [CancellationToken::new(), CancellationToken::new()],
             terminal: parts.terminal,
             runtime: tokio::runtime::Handle::current(),
             span: parts.span,
@@ -368,6 +384,7 @@ impl Shared {
                 timed_out: state.life.timed_out(),
                 usage,
                 killed_by_memory_limit: self.killed_by_memory_limit(status),
+                server_shutdown: state.life.shut_down(),
             };
             state.log.push_exit(exit);
             self.uptime(&state.life)
@@ -435,24 +452,39 @@ impl Shared {
     /// output is closed (or the grace is over), SIGKILL to whatever is left
     /// and the child is reaped.
     pub(crate) fn start_termination(self: &Arc<Self>) {
-        self.terminate_if(Cause::Asked, |_| true);
+        self.terminate_if(|_| Some(Cause::Asked));
+    }
+
+    /// The engine shuts down: terminates the process's tree, its exit then
+    /// saying so unless the child had exited already.
+    pub(crate) fn shut_down(self: &Arc<Self>) {
+        self.terminate_if(|life| {
+            Some(if life.child_exited() {
+                Cause::Asked
+            } else {
+                Cause::Shutdown
+            })
+        });
     }
 
     /// The start's timeout expired: terminates the process for it (so that
     /// its exit says it timed out), unless it has exited or is being
     /// terminated already.
     pub(crate) fn time_out(self: &Arc<Self>) {
-        self.terminate_if(Cause::Timeout, |life| !life.child_exited());
+        self.terminate_if(|life| (!life.child_exited()).then_some(Cause::Timeout));
     }
 
-    /// Starts the termination for `cause` if none has started and `decide`,
-    /// asked under the state lock, agrees.
-    fn terminate_if(self: &Arc<Self>, cause: Cause, decide: impl FnOnce(&Life) -> bool) {
+    /// Starts the termination for the cause `decide` names, asked under the
+    /// state lock, if none has started and it names one.
+    fn terminate_if(self: &Arc<Self>, decide: impl FnOnce(&Life) -> Option<Cause>) {
         {
             let mut state = self.lock();
-            if state.life.termination != Termination::NotStarted || !decide(&state.life) {
+            if state.life.termination != Termination::NotStarted {
                 return;
             }
+            let Some(cause) = decide(&state.life) else {
+                return;
+            };
             state.life.termination = Termination::Started(cause);
         }
         self.kill_tree(libc::SIGTERM);

@@ -103,6 +103,10 @@ pub struct Exit {
     /// process of the tree for exceeding it, and the child died of SIGKILL
     /// (or exited 137, as a shell whose command was killed that way does).
     pub killed_by_memory_limit: bool,
+    /// The server terminated the process because it was shutting down
+    /// (its operator stopped it); the status is what the child made of
+    /// that.
+    pub server_shutdown: bool,
 }
 
 impl Exit {
@@ -113,6 +117,7 @@ impl Exit {
             timed_out: false,
             usage: None,
             killed_by_memory_limit: false,
+            server_shutdown: false,
         }
     }
 }
@@ -126,6 +131,9 @@ impl fmt::Display for Exit {
         }
         if self.killed_by_memory_limit {
             write!(f, " (memory limit)")?;
+        }
+        if self.server_shutdown {
+            write!(f, " (server shutdown)")?;
         }
         Ok(())
     }

@@ -130,6 +130,25 @@ impl Connection {
         self.rpc.is_finished()
     }
 
+    /// Why the server closed the connection, once it has, if it said why
+    /// (its abort message: a clean shutdown says
+    /// [`crate::net::SHUTDOWN_REASON`]); `None` when it ended without a
+    /// word (a crash, a reset). The reason is what every call on the
+    /// connection fails with from then on: a call costs nothing here.
+    pub async fn abort_reason(&self) -> Option<String> {
+        let error = self
+            .executor
+            .environments_request()
+            .send()
+            .promise
+            .await
+            .err()?;
+        error
+            .extra
+            .starts_with("remote exception:")
+            .then(|| crate::model::human_description(&error.extra))
+    }
+
     /// Resolves once the connection has ended, whichever side ended it.
     /// Owns what it needs: it may outlive the connection.
     pub fn closed(&self) -> impl Future<Output = ()> + 'static + use<> {

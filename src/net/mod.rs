@@ -24,6 +24,7 @@ mod passing;
 mod pending;
 mod server;
 mod session;
+mod shutdown;
 mod socket;
 mod tls;
 mod token;
@@ -45,6 +46,7 @@ pub use self::local_socket::{
 };
 pub use self::pending::PendingLimits;
 pub use self::server::{Reloader, ServeError, Server, ServerConfig, serve_stream};
+pub use self::shutdown::SHUTDOWN_REASON;
 pub use self::tls::{ServerTrust, TlsClient, TlsError, TlsServer, parse_fingerprint};
 pub use self::token::{MIN_TOKEN_BYTES, Token, TokenError, default_token_path};
 pub use self::upstream::UpstreamConfig;

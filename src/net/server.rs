@@ -24,6 +24,7 @@ use crate::net::auth::{GatekeeperImpl, LOGIN_DEADLINE, enforce_login_deadline};
 use crate::net::guard::CallLimits;
 use crate::net::pending::{PendingLimits, PendingLogins};
 use crate::net::session::Session;
+use crate::net::shutdown::Closing;
 use crate::net::socket::{self, UnixSocketFile};
 use crate::net::tls::TlsServer;
 use crate::net::token::{Token, TokenError, default_token_path};
@@ -157,6 +158,8 @@ struct Serving {
     connections: Connections,
     /// The unclaimed tickets of direct channels, for every connection.
     direct: rpc::DirectChannels,
+    /// Closes every connection at a clean shutdown, saying why.
+    closing: Closing,
 }
 
 /// What a TCP connection must do before it gets the executor.
@@ -329,6 +332,7 @@ impl Server {
                 limits: config.call_limits,
                 connections: Connections::new(PendingLogins::new(config.pending_logins)),
                 direct: rpc::DirectChannels::default(),
+                closing: Closing::new(),
             }),
             context,
             listeners: Vec::new(),
@@ -514,6 +518,7 @@ impl Server {
         self.context.close_upstreams();
         self.context.detachments().clear();
         self.context.engine().shutdown().await;
+        self.serving.closing.close_all().await;
         self.remove_socket_files();
         tracing::info!("shut down");
     }
@@ -701,7 +706,9 @@ async fn accept_loop(address: Address, listener: Listener, serving: Rc<Serving>)
             async move {
                 let _open = open;
                 if let Some(network) = accepted.network.await {
-                    serve_connection(network, executor, accepted.session, accepted.login).await;
+                    let closing = &serving.closing;
+                    serve_connection(network, executor, accepted.session, accepted.login, closing)
+                        .await;
                 }
                 Connections::return_free_memory_soon(&serving);
             }
@@ -891,7 +898,16 @@ pub async fn serve_stream<R, W>(
 {
     let session = Session::logged_in();
     let network = server_network(reader, writer, limits, &session);
-    serve_connection(network, Rc::new(move || executor.clone()), session, None).await;
+    // Nothing shuts a lone stream down but its peer.
+    let closing = Closing::new();
+    serve_connection(
+        network,
+        Rc::new(move || executor.clone()),
+        session,
+        None,
+        &closing,
+    )
+    .await;
 }
 
 /// One connection: its own RpcSystem, whose bootstrap is the Executor
@@ -903,7 +919,9 @@ async fn serve_connection(
     executor: ConnectionExecutor,
     session: Rc<Session>,
     login: Option<Arc<Login>>,
+    closing: &Closing,
 ) {
+    let _open = closing.opened();
     let started = Instant::now();
     tracing::info!("connected");
     let (bootstrap, deadline) = match login {
@@ -918,7 +936,8 @@ async fn serve_connection(
             (gatekeeper.client, Some(deadline))
         }
     };
-    let system = RpcSystem::new(network, Some(bootstrap));
+    let mut system = RpcSystem::new(network, Some(bootstrap));
+    let disconnector = system.get_disconnector().with_reason(Closing::reason());
     let deadline = async move {
         if let Some(deadline) = deadline {
             deadline.await;
@@ -926,8 +945,13 @@ async fn serve_connection(
         std::future::pending::<()>().await
     };
     let ended = tokio::select! {
-        ended = system => ended,
+        ended = &mut system => ended,
         () = deadline => unreachable!("the deadline never completes"),
+        () = closing.closing() => {
+            // The abort goes out after everything already queued (the
+            // last events); the system ends once it has left.
+            futures::future::join(disconnector, &mut system).await.1
+        }
     };
     match ended {
         Ok(()) => tracing::info!(

@@ -46,6 +46,7 @@ pub use self::port_quota::{MAX_PORT_LISTENERS, MAX_PORT_STREAMS, PortLimits};
 pub use self::ports::MAX_PENDING_ACCEPTS;
 pub use self::process::{MAX_WAIT_MS, ProcessImpl};
 pub use self::quota::Quota;
+pub use self::subscription::deliveries_finished;
 
 /// Output payload budget of one `EventSink.push`. A push carries whatever
 /// has accumulated, up to this much: large batches cut the per-message cost

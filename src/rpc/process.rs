@@ -60,6 +60,8 @@ pub(crate) const PROCESS_FEATURES: &[&str] = &[
     "timeout",
     "usage",
     "process-ports",
+    "close-output",
+    "shutdown-reason",
 ];
 
 /// What an observer may call (the schema's `Process.observer`).
@@ -73,6 +75,7 @@ fn call_in_words(call: &str) -> &str {
         "info" => "ask for info",
         "observer" => "make observers",
         "closeStdin" => "close stdin",
+        "closeOutput" => "close output",
         other => other,
     }
 }
@@ -321,6 +324,24 @@ impl process::Server for ProcessImpl {
             .get()
             .set_subscription(capnp_rpc::new_client(subscription));
         Ok(())
+    }
+
+    async fn close_output(
+        self: Rc<Self>,
+        params: process::CloseOutputParams,
+        _: process::CloseOutputResults,
+    ) -> Result<(), Error> {
+        let owner = self.owner("closeOutput")?;
+        let stream = match params.get()?.get_stream() {
+            Ok(stream) => wire::stream_from_wire(stream),
+            Err(capnp::NotInSchema(ordinal)) => {
+                return Err(invalid(format!(
+                    "unknown output stream (ordinal {ordinal} is not in this server's schema)"
+                ))
+                .into());
+            }
+        };
+        Ok(owner.owner().close_output(stream).map_err(Refusal::from)?)
     }
 
     async fn resize(

@@ -11,6 +11,37 @@ use crate::model::EventBody;
 use crate::rpc::{PUSH_BUDGET_BYTES, SUBSCRIPTION_WINDOW_BYTES};
 use crate::wire;
 
+thread_local! {
+    /// How many deliveries run on this thread: a server's connections all
+    /// run on its one thread, and its shutdown waits (within a bound) for
+    /// them to deliver what their processes logged, exits included.
+    static DELIVERING: tokio::sync::watch::Sender<usize> = tokio::sync::watch::channel(0).0;
+}
+
+/// Counts one delivery while it runs (see [`DELIVERING`]).
+struct Delivering;
+
+impl Delivering {
+    fn new() -> Delivering {
+        DELIVERING.with(|count| count.send_modify(|count| *count += 1));
+        Delivering
+    }
+}
+
+impl Drop for Delivering {
+    fn drop(&mut self) {
+        DELIVERING.with(|count| count.send_modify(|count| *count -= 1));
+    }
+}
+
+/// Completes once no subscription of this thread is delivering any more:
+/// each has delivered its process's `closed` event (and had it
+/// acknowledged), or has ended otherwise (released, its sink failed).
+pub async fn deliveries_finished() {
+    let mut count = DELIVERING.with(|count| count.subscribe());
+    let _ = count.wait_for(|count| *count == 0).await;
+}
+
 /// Delivery stops when the client releases this capability.
 pub struct SubscriptionImpl {
     delivery: AbortHandle,
@@ -49,6 +80,7 @@ impl subscription::Server for SubscriptionImpl {}
 /// carried are safe with the owner, so lossless output that a lost
 /// connection swallowed is still retained for a resumed subscription.)
 async fn deliver(process: Process, sink: event_sink::Client, mut after_seq: u64, owner: bool) {
+    let _delivering = Delivering::new();
     let mut in_flight = FuturesOrdered::new();
     let mut in_flight_bytes = 0usize;
     let mut finished = false;

@@ -8,7 +8,7 @@ use crate::capexec_capnp::{self as wire, event, exit_status, resource_usage};
 use crate::model::{Event, EventBody, Exit, ExitStatus, OutputStream, ResourceUsage, Signal};
 use crate::wire::signal::{signal_from_wire, signal_to_wire};
 
-fn stream_to_wire(stream: OutputStream) -> wire::OutputStream {
+pub fn stream_to_wire(stream: OutputStream) -> wire::OutputStream {
     match stream {
         OutputStream::Stdout => wire::OutputStream::Stdout,
         OutputStream::Stderr => wire::OutputStream::Stderr,
@@ -16,7 +16,7 @@ fn stream_to_wire(stream: OutputStream) -> wire::OutputStream {
     }
 }
 
-fn stream_from_wire(stream: wire::OutputStream) -> OutputStream {
+pub fn stream_from_wire(stream: wire::OutputStream) -> OutputStream {
     match stream {
         wire::OutputStream::Stdout => OutputStream::Stdout,
         wire::OutputStream::Stderr => OutputStream::Stderr,
@@ -40,6 +40,7 @@ pub fn exit_to_wire(exit: &Exit, mut builder: exit_status::Builder<'_>) {
     }
     builder.set_timed_out(exit.timed_out);
     builder.set_killed_by_memory_limit(exit.killed_by_memory_limit);
+    builder.set_server_shutdown(exit.server_shutdown);
     if let Some(usage) = &exit.usage {
         usage_to_wire(usage, builder.init_usage());
     }
@@ -68,6 +69,7 @@ pub fn exit_from_wire(reader: exit_status::Reader<'_>) -> capnp::Result<Exit> {
         timed_out: reader.get_timed_out(),
         usage,
         killed_by_memory_limit: reader.get_killed_by_memory_limit(),
+        server_shutdown: reader.get_server_shutdown(),
     })
 }
 
@@ -197,6 +199,7 @@ mod tests {
                     timed_out: true,
                     usage: Some(usage),
                     killed_by_memory_limit: true,
+                    server_shutdown: true,
                 }),
             },
             Event {

@@ -132,6 +132,7 @@ mod tests {
                 peak_rss_bytes: 3,
             }),
             killed_by_memory_limit: true,
+            server_shutdown: true,
         }
     }
 

@@ -112,6 +112,53 @@ fn a_second_ctrl_c_ends_capexec_and_the_command() {
     common::run_on_runtime(common::procfs::wait_gone(pid));
 }
 
+/// A command that has exited while what it started in the background
+/// still holds its output: a second Ctrl-C ends capexec with the command's
+/// own exit status, and says so; the background is terminated.
+#[test]
+fn a_second_ctrl_c_after_the_exit_reports_the_commands_status() {
+    let served = Served::start();
+    let script = "sleep 1000 & echo \"pid-$!-\"; exit 42";
+    let run = Watched::spawn(served.run(&[
+        "-v",
+        "--connect",
+        &served.tcp,
+        "--token-file",
+        &served.token_arg(),
+        "-n",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]));
+    run.wait_for_stdout("-\n");
+    let background = common::pid_after(&run.stdout_text(), "pid-");
+    run.wait_for_stderr(
+        "capexec: debug: the command exited (exit code 42); relaying until its output ends\n",
+    );
+    kill(&run.child, libc::SIGINT);
+    run.wait_for_stderr("capexec: debug: SIGINT forwarded to the command\n");
+    kill(&run.child, libc::SIGINT);
+    let done = run.finish();
+    let stderr = text(&done.stderr);
+    let last = stderr
+        .lines()
+        .filter(|line| !line.starts_with("capexec: debug: "))
+        .collect::<Vec<_>>();
+    assert_eq!(
+        (done.code, last),
+        (
+            42,
+            vec![
+                "capexec: SIGINT again: stopped waiting for the command's output; it had exited \
+                 (exit code 42); what it left running was terminated"
+            ]
+        ),
+        "{stderr}"
+    );
+    common::run_on_runtime(common::procfs::wait_gone(background));
+}
+
 /// A proxy in front of `served`'s Unix socket, and `capexec run` through
 /// it with `extra` arguments, started once the command has printed its
 /// pid.

@@ -511,6 +511,112 @@ fn a_server_that_goes_away_is_named_as_such() {
     );
 }
 
+/// A server that goes away after the command exited (what it left
+/// running still holding its output): the command's status stays the
+/// truth, and the line says what was lost.
+#[test]
+fn a_server_that_goes_away_after_the_exit_keeps_the_commands_status() {
+    let mut served = Served::start();
+    let run = Watched::spawn(served.run(&[
+        "-v",
+        "--connect",
+        &served.unix,
+        "--relay-stdio",
+        "-n",
+        "--",
+        "sh",
+        "-c",
+        "sleep 1000 & echo \"pid-$!-\"; exit 42",
+    ]));
+    run.wait_for_stdout("-\n");
+    let background = common::pid_after(&run.stdout_text(), "pid-");
+    run.wait_for_stderr(
+        "capexec: debug: the command exited (exit code 42); relaying until its output ends\n",
+    );
+    served.child.kill().expect("kill the server");
+    let _ = served.child.wait();
+    let done = run.finish();
+    // A killed server leaves what its children started behind.
+    // SAFETY: kill(2) on the test's own leftover.
+    unsafe { libc::kill(background as i32, libc::SIGKILL) };
+    let stderr = text(&done.stderr);
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|line| !line.starts_with("capexec: debug: "))
+        .collect();
+    assert_eq!(
+        (done.code, said),
+        (
+            42,
+            vec![
+                "capexec: the command had exited (exit code 42) when its output was lost: the \
+                 server closed the connection"
+            ]
+        ),
+        "{stderr}"
+    );
+}
+
+/// A server its operator stops (SIGTERM) while commands run: each client
+/// says so in one line with how its command ended, and exits with the
+/// command's status; a client with no command learns the reason too.
+#[test]
+fn a_server_shut_down_by_its_operator_says_so_with_the_commands_status() {
+    let mut served = Served::start();
+    let token = served.token_arg();
+    let killed = Watched::spawn(served.run(&[
+        "--connect",
+        &served.tcp,
+        "--token-file",
+        &token,
+        "-n",
+        "--",
+        "sh",
+        "-c",
+        "echo ready; exec sleep 1000",
+    ]));
+    let trapped =
+        Watched::spawn(served.run_script("trap 'exit 3' TERM; echo ready; sleep 1000 & wait"));
+    let idle = Watched::spawn(served.command(
+        "forward",
+        &["--connect", &served.unix, "-L", "127.0.0.1:0:127.0.0.1:9"],
+    ));
+    killed.wait_for_stdout("ready\n");
+    trapped.wait_for_stdout("ready\n");
+    idle.wait_for_stdout(" -> tcp:127.0.0.1:9\n");
+    common::cli::kill(&served.child, libc::SIGTERM);
+    let killed = killed.finish();
+    assert_eq!(
+        (killed.code, text(&killed.stderr)),
+        (
+            128 + libc::SIGTERM,
+            "capexec: the server is shutting down (its operator stopped it): it terminated the \
+             command (killed by SIGTERM)\n"
+                .to_string()
+        )
+    );
+    let trapped = trapped.finish();
+    assert_eq!(
+        (trapped.code, text(&trapped.stderr)),
+        (
+            3,
+            "capexec: the server is shutting down (its operator stopped it): it terminated the \
+             command (exit code 3)\n"
+                .to_string()
+        )
+    );
+    let idle = idle.finish();
+    assert_eq!(
+        (idle.code, text(&idle.stderr)),
+        (
+            125,
+            "capexec: the connection to the server was lost: the server is shutting down\n"
+                .to_string()
+        )
+    );
+    assert_eq!(common::cli::wait(&mut served.child), 0);
+}
+
 /// Warnings are one line in the same style, not log records.
 #[test]
 fn warnings_are_one_line_too() {

@@ -430,3 +430,66 @@ fn capexec_run_prints_why_the_server_closed_its_connection() {
         )
     );
 }
+
+/// `command` with stdin empty, read until its first line, then with its
+/// stdout's reader gone (as `| head -1` leaves it): its exit status and
+/// stderr.
+fn with_reader_gone_after_a_line(mut command: std::process::Command) -> (i32, String) {
+    use std::io::{BufRead, Read};
+    let mut child = command
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read a line");
+    // The reader (and with it the pipe's read end) is gone here.
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .expect("stderr");
+    (wait(&mut child), stderr)
+}
+
+/// Over TCP (output relayed) a stdout whose reader went away ends only
+/// what writes to it, as in a local pipeline: the command's later stderr
+/// arrives and capexec exits as the command does, as the same pipeline
+/// run by sh does.
+#[test]
+fn a_closed_stdout_over_tcp_ends_only_its_writer_as_locally() {
+    let served = Served::start();
+    let script = "yes; echo \"yes ended $?\" >&2; echo after >&2; exit 0";
+    let mut local = std::process::Command::new("sh");
+    local.args(["-c", script]);
+    let local = with_reader_gone_after_a_line(local);
+    assert_eq!(local, (0, "yes ended 141\nafter\n".to_string()));
+    let token = served.token_arg();
+    let remote = served.run(&[
+        "--connect",
+        &served.tcp,
+        "--token-file",
+        &token,
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+    assert_eq!(with_reader_gone_after_a_line(remote), local);
+    // The same through the relay on a Unix socket.
+    let relayed = served.run(&[
+        "--connect",
+        &served.unix,
+        "--relay-stdio",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+    assert_eq!(with_reader_gone_after_a_line(relayed), local);
+}

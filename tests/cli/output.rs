@@ -136,3 +136,116 @@ fn answers_that_cannot_be_written_fail_too() {
     let fine = finish(capexec(&["environments"]), None);
     assert_eq!(fine.code, 0);
 }
+
+/// Where a subcommand's stdout goes in [`stdout_rule`].
+enum Stdout {
+    /// A pipe whose reader has gone (`| head` that has read enough).
+    ReaderGone,
+    /// A full disk.
+    Full,
+}
+
+/// `command` run with its stdout made `stdout`: its exit status and
+/// stderr.
+fn with_stdout(mut command: Command, stdout: Stdout) -> (i32, String) {
+    let stdout = match stdout {
+        Stdout::ReaderGone => {
+            let (reader, writer) = std::io::pipe().expect("pipe");
+            drop(reader);
+            Stdio::from(writer)
+        }
+        Stdout::Full => Stdio::from(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .expect("/dev/full"),
+        ),
+    };
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run capexec");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let said = std::thread::spawn(move || {
+        let mut said = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut said);
+        said
+    });
+    // Within the deadline: `forward` would otherwise run on.
+    let code = wait(&mut child);
+    (code, said.join().expect("stderr reader"))
+}
+
+/// One rule for a stdout that cannot be written, in every subcommand:
+/// a reader that went away ends capexec silently with 141 (as SIGPIPE
+/// ends a program in a local pipeline, and as `run` ends then); any other
+/// write error is one line naming what was not written, and 125.
+#[test]
+fn every_subcommand_has_one_rule_for_its_stdout() {
+    let home = TempDir::new("stdout-rule");
+    let file = home.path().join("file");
+    std::fs::write(&file, "copied\n").expect("file");
+    let source = format!(":{}", file.display());
+    // The server's token, which client-config prints.
+    let config = home.path().join(".config/capexec");
+    std::fs::create_dir_all(&config).expect("config directory");
+    std::fs::write(config.join("token"), "0123456789abcdef".repeat(4)).expect("token");
+    std::fs::set_permissions(
+        config.join("token"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .expect("chmod");
+    let admin = format!("unix:{}", home.path().join("admin.sock").display());
+    let served = Served::start_with(&["--admin", &admin]);
+    let cases: [(&[&str], &str); 12] = [
+        (&["man"], "the man pages to stdout"),
+        (&["completions", "bash"], "the completion script"),
+        (&["--version"], "the version"),
+        (&["run", "--help"], "the help"),
+        (&["servers"], "the answer"),
+        (&["servers", "--json"], "the answer"),
+        (&["info"], "the answer"),
+        (&["environments"], "the answer"),
+        (&["cp", &source, "-"], &format!("{source} to stdout")),
+        (
+            &["client-config", "build", "--address", "tcp:build:7000"],
+            "the configuration",
+        ),
+        (&["ps", "--connect", &admin], "the answer"),
+        (
+            &[
+                "forward",
+                "--connect",
+                &served.unix,
+                "-L",
+                "127.0.0.1:0:127.0.0.1:9",
+            ],
+            "the forward's line",
+        ),
+    ];
+    for (args, what) in cases {
+        let command = || {
+            let mut command = capexec(args);
+            command
+                .env("HOME", home.path())
+                .env_remove("XDG_CONFIG_HOME")
+                .env_remove("CAPEXEC_CONNECT");
+            command
+        };
+        assert_eq!(
+            with_stdout(command(), Stdout::ReaderGone),
+            (141, String::new()),
+            "{args:?} to a pipe without a reader"
+        );
+        assert_eq!(
+            with_stdout(command(), Stdout::Full),
+            (
+                125,
+                format!("capexec: cannot write {what}: No space left on device\n")
+            ),
+            "{args:?} to a full disk"
+        );
+    }
+}

@@ -459,3 +459,50 @@ fn an_unknown_certificate_is_asked_about_on_the_terminal() {
         "{remembered}"
     );
 }
+
+/// Ctrl-C at the trust-on-first-use question ends capexec at once (130),
+/// with its line on a line of its own and nothing remembered; `run` and
+/// `forward` alike.
+#[test]
+fn ctrl_c_at_the_certificate_question_ends_capexec_at_once() {
+    let served = Served::start_with(&["--tls-self-signed"]);
+    let known = served.home.path().join(".config/capexec/known-servers");
+    let token = served.token_arg();
+    let home = served.home.path().to_path_buf();
+    let start = |args: &[&str]| {
+        OnTerminal::spawn(24, 80, args, |command| {
+            command.env("HOME", &home);
+            command.env_remove("XDG_CONFIG_HOME");
+            command.env_remove("CAPEXEC_TOKEN");
+            command.env_remove("CAPEXEC_CONNECT");
+        })
+    };
+    let connect = ["--connect", &served.tcp, "--token-file", &token, "--tls"];
+    let run: Vec<&str> = ["run"]
+        .iter()
+        .chain(&connect)
+        .chain(&["--", "echo", "asked"])
+        .copied()
+        .collect();
+    let forward: Vec<&str> = ["forward"]
+        .iter()
+        .chain(&connect)
+        .chain(&["-L", "127.0.0.1:0:127.0.0.1:9"])
+        .copied()
+        .collect();
+    for (args, line) in [
+        (
+            run,
+            "capexec: SIGINT: stopped before the command started\r\n",
+        ),
+        (forward, "capexec: SIGINT: stopped before forwarding\r\n"),
+    ] {
+        let mut asked = start(&args);
+        asked.expect("(yes/no) ");
+        asked.type_keys(b"\x03");
+        // The terminal turns the question's "\r\n" into "\r\r\n" (ONLCR).
+        asked.expect(&format!("(yes/no) ^C\r\r\n{line}"));
+        assert_eq!(asked.wait(), 130, "{}", text(&asked.seen));
+        assert!(!known.exists());
+    }
+}

@@ -569,3 +569,75 @@ async fn spawn_when_there_is_room(
         }
     }
 }
+
+/// A clean shutdown (what `capexec serve` does on SIGTERM), over both
+/// transports: the exit of each process it terminated says so and reaches
+/// its subscriber, then every call of the connection fails with the
+/// reason, which the connection names.
+#[test]
+fn a_clean_shutdown_delivers_the_exits_then_says_why() {
+    common::run_local(async {
+        for tcp in [false, true] {
+            let mut server = ServerThread::start(tcp);
+            let connection = net::connect(&server.address, server.token.as_ref())
+                .await
+                .expect("connect");
+            let process = sh("echo ready; exec sleep 1000")
+                .spawn(&connection.executor())
+                .await
+                .expect("spawn");
+            let (after, _) = read_until_output_contains(&process, "ready\n").await;
+            let mut events = process.events(after).await.expect("subscribe");
+            // Stopping joins the server's thread: not on this one, which
+            // acknowledges the pushes.
+            let stopped = tokio::task::spawn_blocking(move || server.stop());
+            let mut exit = None;
+            while let Some(batch) = events.next_batch().await {
+                for event in batch.expect("events before the close") {
+                    match event.body {
+                        capexec::model::EventBody::Exited(exited) => exit = Some(exited),
+                        capexec::model::EventBody::Closed => break,
+                        _ => {}
+                    }
+                }
+                if exit.is_some() {
+                    break;
+                }
+            }
+            let exit = exit.expect("the exit was delivered");
+            assert!(exit.server_shutdown, "{exit}");
+            assert_eq!(
+                exit.status.shell_code(),
+                128 + libc::SIGTERM,
+                "tcp={tcp}: {exit}"
+            );
+            stopped.await.expect("the server stopped");
+            assert_eq!(
+                connection.abort_reason().await.as_deref(),
+                Some(net::SHUTDOWN_REASON),
+                "tcp={tcp}"
+            );
+        }
+    });
+}
+
+/// A client that reads none of its events cannot hold a clean shutdown
+/// (its subscription's window stays full): the server closes its
+/// connection after the delivery bound all the same, and says why.
+#[test]
+fn a_clean_shutdown_is_not_held_by_a_client_that_does_not_read() {
+    common::run_local(async {
+        let mut server = ServerThread::start(false);
+        let stalled = net::connect(&server.address, None).await.expect("connect");
+        let mut noisy = Command::new("yes");
+        noisy.flow(capexec::model::Flow::Lossless);
+        let noisy = noisy.spawn(&stalled.executor()).await.expect("spawn");
+        let _never_read = noisy.events(0).await.expect("subscribe");
+        let stopped = tokio::task::spawn_blocking(move || server.stop());
+        stopped.await.expect("the server stopped");
+        assert_eq!(
+            stalled.abort_reason().await.as_deref(),
+            Some(net::SHUTDOWN_REASON)
+        );
+    });
+}

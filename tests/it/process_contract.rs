@@ -724,6 +724,44 @@ async fn children_start_with_clean_signals_and_descriptors(ctx: Ctx) {
     );
 }
 
+/// `closeOutput(stdout)` is a reader going away, as in a local pipeline:
+/// the writer of stdout gets SIGPIPE, the rest of the command goes on, its
+/// stderr and exit arrive, and the close no longer waits for stdout. A
+/// stream of a terminal cannot be closed alone, nor by an observer.
+async fn close_output_ends_only_the_writer_of_that_stream(ctx: Ctx) {
+    let mut command = sh("yes; echo \"yes ended $?\" >&2; exit 0");
+    command.flow(Flow::Lossless);
+    let process = spawn(&ctx, &command).await;
+    let (after, _) = common::read_until_output_contains(&process, "y\n").await;
+    process
+        .close_output(OutputStream::Stdout)
+        .await
+        .expect("close stdout");
+    // Idempotent.
+    process
+        .close_output(OutputStream::Stdout)
+        .await
+        .expect("close stdout again");
+    let events = read_from(&process, after).await;
+    assert_eq!(
+        output_bytes(&events, Some(OutputStream::Stderr)),
+        b"yes ended 141\n"
+    );
+    assert_eq!(exit_of(&events), Some(ExitStatus::Code(0)));
+    let refused = |outcome: Result<(), Error>| match outcome {
+        Err(Error::Refused(refusal)) => refusal.kind,
+        other => panic!("not refused: {other:?}"),
+    };
+    assert_eq!(
+        refused(process.close_output(OutputStream::Pty).await),
+        RefusalKind::InvalidArgument
+    );
+    assert_eq!(
+        refused(process.observer().close_output(OutputStream::Stderr).await),
+        RefusalKind::Forbidden
+    );
+}
+
 backend_tests!(
     starts_and_exits_zero,
     streamed_output_is_collected_by_read,
@@ -752,4 +790,5 @@ backend_tests!(
     read_rejects_a_cursor_past_the_end,
     environment_cwd_and_arg0_are_applied,
     children_start_with_clean_signals_and_descriptors,
+    close_output_ends_only_the_writer_of_that_stream,
 );

@@ -55,7 +55,9 @@ use futures::future::LocalBoxFuture;
 use crate::capexec_capnp::executor;
 use crate::client::error::RecoveryFailure;
 use crate::client::{Command, Error, Pending, PendingWrite, RemoteProcess};
-use crate::model::{ExitStatus, ProcessSnapshot, PtySize, ReadOutcome, Signal, WriteStatus};
+use crate::model::{
+    ExitStatus, OutputStream, ProcessSnapshot, PtySize, ReadOutcome, Signal, WriteStatus,
+};
 
 pub use self::events::ResilientEvents;
 use self::link::{Link, LinkState, Plan};
@@ -376,6 +378,12 @@ impl ResilientProcess {
             }
             other => other,
         }
+    }
+
+    /// See [`RemoteProcess::close_output`]; retried across a reconnection.
+    pub async fn close_output(&self, stream: OutputStream) -> Result<(), Error> {
+        self.retrying(|process| async move { process.close_output(stream).await })
+            .await
     }
 
     pub async fn terminate(&self) -> Result<bool, Error> {

@@ -1741,6 +1741,8 @@ where
 {
     connection_state: Rc<RefCell<Option<Rc<ConnectionState<VatId>>>>>,
     state: DisconnectorState,
+    /// capexec: what the `Abort` message says (see `with_reason`).
+    reason: Option<Error>,
 }
 
 impl<VatId> Disconnector<VatId> {
@@ -1748,13 +1750,23 @@ impl<VatId> Disconnector<VatId> {
         Self {
             connection_state,
             state: DisconnectorState::New,
+            reason: None,
         }
     }
+
+    /// capexec: disconnects with `reason` in the `Abort` message sent to the peer
+    /// (instead of "client requested disconnect"), which the peer's calls
+    /// then fail with.
+    pub fn with_reason(mut self, reason: Error) -> Self {
+        self.reason = Some(reason);
+        self
+    }
+
     fn disconnect(&self) -> Option<future::Shared<Promise<(), Error>>> {
         if let Some(ref state) = *(self.connection_state.borrow()) {
-            state.disconnect(::capnp::Error::disconnected(
-                "client requested disconnect".to_owned(),
-            ));
+            state.disconnect(self.reason.clone().unwrap_or_else(|| {
+                ::capnp::Error::disconnected("client requested disconnect".to_owned())
+            }));
             state.disconnect_promise.borrow().clone()
         } else {
             None

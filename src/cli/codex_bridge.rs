@@ -1,0 +1,64 @@
+//! `capexec codex-bridge`: Codex's exec-server protocol on stdio, served
+//! from the embedded executor or a capexec server (see `capexec::codex`).
+
+use capexec::client;
+use capexec::codex::{self, Bridge};
+
+use crate::cli::{CodexBridgeArgs, EXIT_CAPEXEC_FAILURE, target};
+
+pub fn main(args: CodexBridgeArgs) -> i32 {
+    crate::cli::run_local(async move {
+        match serve(args).await {
+            Ok(()) => 0,
+            Err(message) => {
+                eprintln!("capexec: codex-bridge: {message}");
+                EXIT_CAPEXEC_FAILURE
+            }
+        }
+    })
+}
+
+async fn serve(args: CodexBridgeArgs) -> Result<(), String> {
+    if let Some(root) = &args.root
+        && !root.is_absolute()
+    {
+        return Err(format!(
+            "--root {}: give an absolute path (it names a directory of the executor's machine)",
+            root.display()
+        ));
+    }
+    let target = target::established_target(&args.connect).await?;
+    let environment = args.environment.or_else(|| target.environment.clone());
+    let executor = match &environment {
+        Some(path) => client::environment(&target.executor, path),
+        None => target.executor.clone(),
+    };
+    // Over stdio Codex never reconnects: the session ends with stdin.
+    let bridge = Bridge::new(executor, args.root, std::time::Duration::ZERO);
+    let inbound = codex::stdio::messages(tokio::io::stdin());
+    let outbound = codex::stdio::lines(tokio::io::stdout());
+    let served = codex::serve_connection(bridge, inbound, outbound);
+    // A bridge whose server is gone can serve nothing: it ends, so that
+    // Codex sees its environment fail instead of waiting for events that
+    // will never come.
+    let lost = async {
+        match &target.connection {
+            Some(connection) => {
+                connection.closed().await;
+                connection.abort_reason().await
+            }
+            None => std::future::pending().await,
+        }
+    };
+    let ended = tokio::select! {
+        served = served => served.map_err(|error| error.to_string()),
+        reason = lost => Err(match reason {
+            Some(reason) => format!("lost the capexec server: {reason}"),
+            None => "lost the capexec server: it closed the connection".to_string(),
+        }),
+    };
+    // The connection (and with it every process the bridge held) goes
+    // when `target` is dropped here.
+    drop(target);
+    ended
+}

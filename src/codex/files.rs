@@ -1,0 +1,682 @@
+//! `fs/*`: Codex's file calls on the executor's machine, through
+//! `Directory` capabilities. Codex names absolute paths; without `--root`
+//! each call opens the directory that holds its path by its absolute
+//! name (so a call crosses mount points and follows symlinks as a local
+//! program would, within what the executor may reach), and with `--root`
+//! every path must lie beneath the root and is resolved beneath it by the
+//! executor's kernel.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+use std::rc::Rc;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+use super::Bridge;
+use super::connection::{Answer, Connection, later, now};
+use super::jsonrpc::{self, RpcError};
+use super::protocol::{
+    Copy, CreateDirectory, HandleOnly, Open, PathOnly, ReadBlock, Remove, Walk, WriteFile,
+};
+use super::uri;
+use crate::capexec_capnp::executor;
+use crate::client::{self, Directory};
+use crate::model::{CopyOptions, FileKind, FileStat, RefusalKind, WalkOptions};
+
+/// Symlinks followed in one path before the call is refused (Linux's own
+/// bound).
+const MAX_LINKS_FOLLOWED: usize = 40;
+
+/// The largest file `fs/readFile` returns in one answer; past it Codex
+/// reads with `fs/open` and `fs/readBlock`.
+const LARGEST_READ_FILE: u64 = 64 << 20;
+
+/// The largest block `fs/readBlock` returns (capexec's one-call read).
+const LARGEST_BLOCK: u64 = 4 << 20;
+
+/// Open handles one connection may hold.
+const HANDLES_PER_CONNECTION: usize = 256;
+
+/// Entries `fs/readDirectory` and `fs/walk` return at most.
+const LARGEST_LISTING: usize = 200_000;
+
+/// The files of one connection, and its open handles.
+pub struct Files {
+    executor: executor::Client,
+    root: Option<(PathBuf, Directory)>,
+    handles: RefCell<HashMap<String, Rc<Located>>>,
+}
+
+/// A path as a directory and a name in it.
+struct Located {
+    directory: Directory,
+    name: PathBuf,
+    /// The absolute path, for answers and messages.
+    path: PathBuf,
+}
+
+impl Files {
+    pub fn new(bridge: &Bridge) -> Files {
+        let root = bridge
+            .root
+            .as_ref()
+            .map(|root| (root.clone(), Directory::open(&bridge.executor, root)));
+        Files {
+            executor: bridge.executor.clone(),
+            root,
+            handles: RefCell::new(HashMap::new()),
+        }
+    }
+
+    pub fn dispatch(&self, connection: &Rc<Connection>, method: &str, params: Value) -> Answer {
+        if let Some(sandbox) = params.get("sandbox")
+            && !sandbox.is_null()
+        {
+            return now(Err(RpcError::invalid_params(
+                "capexec codex-bridge refuses a sandboxed file call it cannot enforce yet",
+            )));
+        }
+        let connection = connection.clone();
+        let method = method.to_string();
+        later(async move {
+            let files = &connection.files;
+            match method.as_str() {
+                "fs/getMetadata" => files.metadata(jsonrpc::params(params)?).await,
+                "fs/readFile" => files.read_file(jsonrpc::params(params)?).await,
+                "fs/writeFile" => files.write_file(jsonrpc::params(params)?).await,
+                "fs/readDirectory" => files.read_directory(jsonrpc::params(params)?).await,
+                "fs/createDirectory" => files.create_directory(jsonrpc::params(params)?).await,
+                "fs/remove" => files.remove(jsonrpc::params(params)?).await,
+                "fs/copy" => files.copy(jsonrpc::params(params)?).await,
+                "fs/walk" => files.walk(jsonrpc::params(params)?).await,
+                "fs/canonicalize" => files.canonicalize(jsonrpc::params(params)?).await,
+                "fs/open" => files.open(jsonrpc::params(params)?).await,
+                "fs/readBlock" => files.read_block(jsonrpc::params(params)?).await,
+                "fs/close" => files.close(jsonrpc::params(params)?),
+                other => Err(RpcError::unknown_method(other)),
+            }
+        })
+    }
+
+    /// `path` as a directory and a name; with `follow`, a final symlink
+    /// is followed (the root's kernel does it beneath `--root`).
+    async fn locate(&self, uri_text: &str, follow: bool) -> Result<Located, RpcError> {
+        let path = absolute(uri_text)?;
+        self.locate_path(path, follow).await
+    }
+
+    async fn locate_path(&self, path: PathBuf, follow: bool) -> Result<Located, RpcError> {
+        if let Some((root, directory)) = &self.root {
+            let name = beneath(root, &path)?;
+            return Ok(Located {
+                directory: directory.clone(),
+                name,
+                path,
+            });
+        }
+        let path = if follow {
+            followed(&self.executor, &path).await?
+        } else {
+            path
+        };
+        let (parent, name) = split(&path);
+        Ok(Located {
+            directory: Directory::open(&self.executor, &parent),
+            name,
+            path,
+        })
+    }
+
+    /// The directory `uri_text` names itself, its symlinks followed.
+    async fn directory(&self, uri_text: &str) -> Result<(Directory, PathBuf), RpcError> {
+        let path = absolute(uri_text)?;
+        if let Some((root, directory)) = &self.root {
+            let name = beneath(root, &path)?;
+            return Ok((directory.subdirectory(&name), path));
+        }
+        let path = followed(&self.executor, &path).await?;
+        Ok((Directory::open(&self.executor, &path), path))
+    }
+
+    async fn metadata(&self, params: PathOnly) -> Result<Value, RpcError> {
+        let link = self.locate(&params.path, false).await?;
+        let own = link
+            .directory
+            .symlink_metadata(&link.name)
+            .await
+            .map_err(|error| failed(&error))?;
+        let stat = if own.kind == FileKind::Symlink {
+            let target = self.locate_path(link.path.clone(), true).await?;
+            target
+                .directory
+                .metadata(&target.name)
+                .await
+                .map_err(|error| failed(&error))?
+        } else {
+            own.clone()
+        };
+        Ok(json!({
+            "isDirectory": stat.kind == FileKind::Directory,
+            "isFile": stat.kind == FileKind::File,
+            "isSymlink": own.kind == FileKind::Symlink,
+            "size": stat.size,
+            "createdAtMs": 0,
+            "modifiedAtMs": stat.modified_ns.div_euclid(1_000_000),
+        }))
+    }
+
+    async fn read_file(&self, params: PathOnly) -> Result<Value, RpcError> {
+        let file = self.locate(&params.path, true).await?;
+        let stat = file
+            .directory
+            .metadata(&file.name)
+            .await
+            .map_err(|error| failed(&error))?;
+        if stat.kind != FileKind::File {
+            return Err(not_a_file(&file.path));
+        }
+        if stat.size > LARGEST_READ_FILE {
+            return Err(RpcError::invalid_request(format!(
+                "`{}` is {} bytes, more than fs/readFile returns ({LARGEST_READ_FILE}): read it with fs/open and fs/readBlock",
+                file.path.display(),
+                stat.size
+            )));
+        }
+        let data = file
+            .directory
+            .read(&file.name)
+            .await
+            .map_err(|error| failed(&error))?;
+        Ok(json!({"dataBase64": BASE64.encode(data)}))
+    }
+
+    async fn write_file(&self, params: WriteFile) -> Result<Value, RpcError> {
+        let data = BASE64
+            .decode(params.data_base64.as_bytes())
+            .map_err(|error| RpcError::invalid_request(format!("dataBase64: {error}")))?;
+        // A symlink is written through, as a local write would.
+        let file = match self.locate(&params.path, true).await {
+            Err(error) if error.code == jsonrpc::NOT_FOUND => {
+                self.locate(&params.path, false).await?
+            }
+            other => other?,
+        };
+        file.directory
+            .write(&file.name, data)
+            .await
+            .map_err(|error| failed(&error))?;
+        Ok(json!({}))
+    }
+
+    async fn read_directory(&self, params: PathOnly) -> Result<Value, RpcError> {
+        let (directory, base) = self.directory(&params.path).await?;
+        let mut listing = directory.read_dir(".").await;
+        let mut entries = Vec::new();
+        while let Some(entry) = listing.next().await {
+            let entry = entry.map_err(|error| failed(&error))?;
+            if entries.len() == LARGEST_LISTING {
+                return Err(RpcError::invalid_request(format!(
+                    "the directory holds more than {LARGEST_LISTING} entries"
+                )));
+            }
+            let mut kind = entry.stat.as_ref().map(|stat| stat.kind);
+            if kind == Some(FileKind::Symlink) {
+                // Told as what it leads to, as a local listing that
+                // follows links would.
+                let path = base.join(OsStr::from_bytes(&entry.path));
+                kind = match self.locate_path(path, true).await {
+                    Ok(target) => target
+                        .directory
+                        .metadata(&target.name)
+                        .await
+                        .ok()
+                        .map(|stat| stat.kind),
+                    Err(_) => None,
+                };
+            }
+            entries.push(json!({
+                "fileName": OsStr::from_bytes(&entry.path).to_string_lossy(),
+                "isDirectory": kind == Some(FileKind::Directory),
+                "isFile": kind == Some(FileKind::File),
+            }));
+        }
+        Ok(json!({"entries": entries}))
+    }
+
+    async fn create_directory(&self, params: CreateDirectory) -> Result<Value, RpcError> {
+        let recursive = params.recursive.unwrap_or(true);
+        let path = absolute(&params.path)?;
+        if recursive && self.root.is_none() {
+            // The parents may be missing: start from the deepest one there.
+            let (ancestor, rest) = self.existing_ancestor(&path).await?;
+            if rest.as_os_str().is_empty() {
+                return Ok(json!({}));
+            }
+            Directory::open(&self.executor, &ancestor)
+                .create_dir_with(&rest, true, 0o777)
+                .await
+                .map_err(|error| failed(&error))?;
+            return Ok(json!({}));
+        }
+        let place = self.locate_path(path, false).await?;
+        place
+            .directory
+            .create_dir_with(&place.name, recursive, 0o777)
+            .await
+            .map_err(|error| failed(&error))?;
+        Ok(json!({}))
+    }
+
+    /// The deepest existing directory above `path` (or `path` itself) and
+    /// what remains of `path` beneath it.
+    async fn existing_ancestor(&self, path: &Path) -> Result<(PathBuf, PathBuf), RpcError> {
+        let mut ancestor = path.to_path_buf();
+        let mut rest = PathBuf::new();
+        loop {
+            match Directory::open(&self.executor, &ancestor).info().await {
+                Ok(_) => return Ok((ancestor, rest)),
+                Err(error) if error.refusal_kind() == Some(RefusalKind::NotFound) => {}
+                Err(error) => return Err(failed(&error)),
+            }
+            let Some(name) = ancestor.file_name().map(PathBuf::from) else {
+                return Err(RpcError::not_found(format!(
+                    "{}: no directory above it exists",
+                    path.display()
+                )));
+            };
+            rest = name.join(rest);
+            ancestor.pop();
+        }
+    }
+
+    async fn remove(&self, params: Remove) -> Result<Value, RpcError> {
+        let place = self.locate(&params.path, false).await?;
+        place
+            .directory
+            .remove(
+                &place.name,
+                params.recursive.unwrap_or(true),
+                params.force.unwrap_or(true),
+            )
+            .await
+            .map_err(|error| failed(&error))?;
+        Ok(json!({}))
+    }
+
+    async fn copy(&self, params: Copy) -> Result<Value, RpcError> {
+        let source = absolute(&params.source_path)?;
+        let destination = absolute(&params.destination_path)?;
+        let (directory, base) = match &self.root {
+            Some((root, directory)) => (directory.clone(), root.clone()),
+            None => {
+                let base = common_ancestor(&source, &destination);
+                (Directory::open(&self.executor, &base), base)
+            }
+        };
+        let from = beneath(&base, &source)?;
+        let to = beneath(&base, &destination)?;
+        let stat = directory
+            .metadata(&from)
+            .await
+            .map_err(|error| failed(&error))?;
+        if stat.kind == FileKind::Directory && !params.recursive {
+            return Err(RpcError::invalid_request(
+                "fs/copy requires recursive: true when sourcePath is a directory",
+            ));
+        }
+        let options = CopyOptions {
+            recursive: params.recursive,
+            no_replace: false,
+            preserve: false,
+        };
+        directory
+            .copy(&from, &to, &options)
+            .await
+            .map_err(|error| failed(&error))?;
+        Ok(json!({}))
+    }
+
+    async fn walk(&self, params: Walk) -> Result<Value, RpcError> {
+        let (directory, base) = self.directory(&params.path).await?;
+        let options = WalkOptions {
+            max_depth: params.options.max_depth.max(1),
+            max_entries: 0,
+            include: Vec::new(),
+            exclude: Vec::new(),
+        };
+        let limit = usize::try_from(params.options.max_entries)
+            .unwrap_or(usize::MAX)
+            .min(LARGEST_LISTING);
+        let mut walk = directory.walk(".", &options).await;
+        let (mut entries, mut errors) = (Vec::new(), Vec::new());
+        let mut directories = 0u64;
+        let mut truncated = false;
+        while let Some(entry) = walk.next().await {
+            let entry = entry.map_err(|error| failed(&error))?;
+            let relative = PathBuf::from(OsStr::from_bytes(&entry.path));
+            if params.options.prune_hidden_directories && under_hidden_directory(&relative) {
+                continue;
+            }
+            if let Some(error) = &entry.error {
+                errors
+                    .push(json!({"path": uri::from_path(&base.join(&relative)), "message": error}));
+                continue;
+            }
+            let kind = match entry.stat.as_ref().map(|stat| stat.kind) {
+                Some(FileKind::Directory) => {
+                    directories += 1;
+                    "directory"
+                }
+                Some(FileKind::File) => "file",
+                _ => continue,
+            };
+            if entries.len() >= limit || directories > params.options.max_directories {
+                truncated = true;
+                break;
+            }
+            entries.push(json!({"path": uri::from_path(&base.join(&relative)), "kind": kind}));
+        }
+        Ok(json!({"entries": entries, "errors": errors, "truncated": truncated}))
+    }
+
+    async fn canonicalize(&self, params: PathOnly) -> Result<Value, RpcError> {
+        let path = absolute(&params.path)?;
+        let canonical = match &self.root {
+            Some((root, directory)) => {
+                let name = beneath(root, &path)?;
+                let resolved = directory
+                    .canonicalize(&name)
+                    .await
+                    .map_err(|error| failed(&error))?;
+                root.join(OsStr::from_bytes(&resolved))
+            }
+            None => canonical(&self.executor, &path).await?,
+        };
+        Ok(json!({"path": uri::from_path(&canonical)}))
+    }
+
+    async fn open(&self, params: Open) -> Result<Value, RpcError> {
+        if self.handles.borrow().len() >= HANDLES_PER_CONNECTION {
+            return Err(RpcError::invalid_request(format!(
+                "a connection holds at most {HANDLES_PER_CONNECTION} open files: close some first"
+            )));
+        }
+        let file = self.locate(&params.path, true).await?;
+        let stat = file
+            .directory
+            .metadata(&file.name)
+            .await
+            .map_err(|error| failed(&error))?;
+        if stat.kind != FileKind::File {
+            return Err(not_a_file(&file.path));
+        }
+        let mut handles = self.handles.borrow_mut();
+        if handles.contains_key(&params.handle_id) {
+            return Err(RpcError::invalid_request(format!(
+                "file handle `{}` is already open",
+                params.handle_id
+            )));
+        }
+        handles.insert(params.handle_id.clone(), Rc::new(file));
+        Ok(json!({"handleId": params.handle_id}))
+    }
+
+    async fn read_block(&self, params: ReadBlock) -> Result<Value, RpcError> {
+        let file = self.handle(&params.handle_id)?;
+        if params.len == 0 {
+            return Ok(json!({"chunk": "", "eof": false}));
+        }
+        let length = params.len.min(LARGEST_BLOCK);
+        let (data, stat): (Vec<u8>, FileStat) = file
+            .directory
+            .read_range(&file.name, params.offset, length)
+            .await
+            .map_err(|error| failed(&error))?;
+        let eof = params.offset.saturating_add(data.len() as u64) >= stat.size;
+        Ok(json!({"chunk": BASE64.encode(&data), "eof": eof}))
+    }
+
+    fn close(&self, params: HandleOnly) -> Result<Value, RpcError> {
+        match self.handles.borrow_mut().remove(&params.handle_id) {
+            Some(_) => Ok(json!({})),
+            None => Err(unknown_handle(&params.handle_id)),
+        }
+    }
+
+    fn handle(&self, handle_id: &str) -> Result<Rc<Located>, RpcError> {
+        self.handles
+            .borrow()
+            .get(handle_id)
+            .cloned()
+            .ok_or_else(|| unknown_handle(handle_id))
+    }
+}
+
+fn unknown_handle(handle_id: &str) -> RpcError {
+    RpcError::not_found(format!("unknown file handle `{handle_id}`"))
+}
+
+fn not_a_file(path: &Path) -> RpcError {
+    RpcError::invalid_request(format!("path `{}` is not a file", path.display()))
+}
+
+/// A capexec refusal as Codex's client understands it: a missing path is
+/// -32004, a bad parameter -32602, anything else -32603 with the sentence.
+fn failed(error: &client::Error) -> RpcError {
+    match error.refusal_kind() {
+        Some(RefusalKind::NotFound) => RpcError::not_found(error.to_string()),
+        Some(RefusalKind::InvalidArgument) => RpcError::invalid_params(error.to_string()),
+        _ => RpcError::internal(error.to_string()),
+    }
+}
+
+/// The absolute, lexically clean path of a `file://` URI.
+fn absolute(uri_text: &str) -> Result<PathBuf, RpcError> {
+    let path = uri::to_path(uri_text)?;
+    if !path.is_absolute() {
+        return Err(RpcError::invalid_params(format!(
+            "`{uri_text}` does not name an absolute path"
+        )));
+    }
+    let mut clean = PathBuf::from("/");
+    for component in path.components() {
+        match component {
+            Component::Normal(name) => clean.push(name),
+            Component::ParentDir => {
+                clean.pop();
+            }
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    Ok(clean)
+}
+
+/// `path` relative to `base` (`.` for `base` itself), refused outside it.
+fn beneath(base: &Path, path: &Path) -> Result<PathBuf, RpcError> {
+    match path.strip_prefix(base) {
+        Ok(relative) if relative.as_os_str().is_empty() => Ok(PathBuf::from(".")),
+        Ok(relative) => Ok(relative.to_path_buf()),
+        Err(_) => Err(RpcError::invalid_params(format!(
+            "`{}` is outside `{}`, the directory this bridge serves [capexec:{}]",
+            path.display(),
+            base.display(),
+            RefusalKind::OutsideDirectory.code()
+        ))),
+    }
+}
+
+/// The parent of an absolute path and its last name (`/` and `.` for the
+/// root itself).
+fn split(path: &Path) -> (PathBuf, PathBuf) {
+    match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) => (parent.to_path_buf(), PathBuf::from(name)),
+        _ => (PathBuf::from("/"), PathBuf::from(".")),
+    }
+}
+
+fn common_ancestor(a: &Path, b: &Path) -> PathBuf {
+    let (a, b) = (split(a).0, split(b).0);
+    let mut common = PathBuf::from("/");
+    for (x, y) in a.components().zip(b.components()) {
+        if x != y {
+            break;
+        }
+        if let Component::Normal(name) = x {
+            common.push(name);
+        }
+    }
+    common
+}
+
+fn under_hidden_directory(relative: &Path) -> bool {
+    relative
+        .parent()
+        .into_iter()
+        .flat_map(Path::components)
+        .any(|component| matches!(component, Component::Normal(name) if name.as_bytes().starts_with(b".")))
+}
+
+/// `path` with its final symlinks followed, one directory at a time: a
+/// link may lead anywhere the executor may read, which the directory of
+/// the link cannot name.
+async fn followed(executor: &executor::Client, path: &Path) -> Result<PathBuf, RpcError> {
+    let mut path = path.to_path_buf();
+    for _ in 0..MAX_LINKS_FOLLOWED {
+        let (parent, name) = split(&path);
+        let directory = Directory::open(executor, &parent);
+        let stat = directory
+            .symlink_metadata(&name)
+            .await
+            .map_err(|error| failed(&error))?;
+        if stat.kind != FileKind::Symlink {
+            return Ok(path);
+        }
+        let target = PathBuf::from(OsStr::from_bytes(
+            &directory
+                .read_link(&name)
+                .await
+                .map_err(|error| failed(&error))?,
+        ));
+        path = absolute_join(&parent, &target);
+    }
+    Err(too_many_links(&path))
+}
+
+/// Every symlink of `path` resolved, component by component.
+async fn canonical(executor: &executor::Client, path: &Path) -> Result<PathBuf, RpcError> {
+    let mut resolved = PathBuf::from("/");
+    let mut pending: Vec<PathBuf> = path
+        .components()
+        .rev()
+        .filter_map(|component| match component {
+            Component::Normal(name) => Some(PathBuf::from(name)),
+            Component::ParentDir => Some(PathBuf::from("..")),
+            _ => None,
+        })
+        .collect();
+    let mut links = 0;
+    while let Some(name) = pending.pop() {
+        if name == Path::new("..") {
+            resolved.pop();
+            continue;
+        }
+        let directory = Directory::open(executor, &resolved);
+        let stat = directory
+            .symlink_metadata(&name)
+            .await
+            .map_err(|error| failed(&error))?;
+        if stat.kind != FileKind::Symlink {
+            resolved.push(&name);
+            continue;
+        }
+        links += 1;
+        if links > MAX_LINKS_FOLLOWED {
+            return Err(too_many_links(path));
+        }
+        let target = PathBuf::from(OsStr::from_bytes(
+            &directory
+                .read_link(&name)
+                .await
+                .map_err(|error| failed(&error))?,
+        ));
+        if target.is_absolute() {
+            resolved = PathBuf::from("/");
+        }
+        pending.extend(
+            target
+                .components()
+                .rev()
+                .filter_map(|component| match component {
+                    Component::Normal(name) => Some(PathBuf::from(name)),
+                    Component::ParentDir => Some(PathBuf::from("..")),
+                    _ => None,
+                }),
+        );
+    }
+    Ok(resolved)
+}
+
+fn absolute_join(parent: &Path, target: &Path) -> PathBuf {
+    let joined = parent.join(target);
+    let mut clean = PathBuf::from("/");
+    for component in joined.components() {
+        match component {
+            Component::Normal(name) => clean.push(name),
+            Component::ParentDir => {
+                clean.pop();
+            }
+            _ => {}
+        }
+    }
+    clean
+}
+
+fn too_many_links(path: &Path) -> RpcError {
+    RpcError::internal(format!(
+        "{}: more than {MAX_LINKS_FOLLOWED} symlinks to follow",
+        path.display()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_placed_beneath_their_base() {
+        assert_eq!(
+            beneath(Path::new("/w"), Path::new("/w")).unwrap(),
+            PathBuf::from(".")
+        );
+        assert_eq!(
+            beneath(Path::new("/w"), Path::new("/w/a/b")).unwrap(),
+            PathBuf::from("a/b")
+        );
+        assert!(beneath(Path::new("/w"), Path::new("/wx/a")).is_err());
+        assert_eq!(
+            absolute("file:///a/./b/../c").unwrap(),
+            PathBuf::from("/a/c")
+        );
+        assert_eq!(absolute("file:///../..").unwrap(), PathBuf::from("/"));
+        assert_eq!(
+            split(Path::new("/")),
+            (PathBuf::from("/"), PathBuf::from("."))
+        );
+        assert_eq!(
+            common_ancestor(Path::new("/a/b/c"), Path::new("/a/b/d/e")),
+            PathBuf::from("/a/b")
+        );
+        assert_eq!(
+            common_ancestor(Path::new("/x/f"), Path::new("/y/g")),
+            PathBuf::from("/")
+        );
+        assert!(under_hidden_directory(Path::new(".git/config")));
+        assert!(!under_hidden_directory(Path::new("src/.env")));
+    }
+}

@@ -1,0 +1,439 @@
+//! `process/*`: each process id of a session names a capexec process the
+//! bridge owns. Its events are pushed to the client as Codex's
+//! notifications, in seq order, at the pace the client reads them: the
+//! process is started lossless, so a client that stops reading holds the
+//! child back instead of losing its output.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use futures::StreamExt;
+use serde_json::{Value, json};
+use tokio::task::AbortHandle;
+
+use super::connection::{Answer, Connection, later, now};
+use super::env_policy;
+use super::environment::Session;
+use super::jsonrpc::{self, RpcError};
+use super::protocol::{ProcessOnly, Read, Resize, Signal, Start, Write};
+use super::uri;
+use crate::client::{Command, RemoteProcess, Stdin};
+use crate::model::{
+    self, EventBody, ExitStatus, Flow, OutputStream, PtySize, RefusalKind, WriteStatus,
+};
+
+/// Processes one session may hold at once (running, or ended and still
+/// kept for `process/read`).
+const PROCESSES_PER_SESSION: usize = 1024;
+
+/// How long an ended process stays readable (and its id taken), as in
+/// Codex's own server.
+const KEPT_AFTER_CLOSE: Duration = Duration::from_secs(30);
+
+/// Codex's terminal size: its protocol has no way to give one at start.
+const TERMINAL: PtySize = PtySize { rows: 24, cols: 80 };
+
+/// The longest `process/read` long-poll the bridge waits.
+const LONGEST_READ_WAIT: Duration = Duration::from_secs(300);
+
+/// A process of a session.
+pub struct Entry {
+    /// `None` once released.
+    process: RefCell<Option<RemoteProcess>>,
+    stdin_open: bool,
+    exited: Cell<bool>,
+    pump: RefCell<Option<AbortHandle>>,
+}
+
+impl Entry {
+    fn process(&self) -> Option<RemoteProcess> {
+        self.process.borrow().clone()
+    }
+
+    /// Lets the process go: the executor ends it once no capability holds
+    /// it.
+    pub fn release(&self) {
+        self.process.borrow_mut().take();
+        if let Some(pump) = self.pump.borrow_mut().take() {
+            pump.abort();
+        }
+    }
+}
+
+pub fn start(connection: &Rc<Connection>, session: &Rc<Session>, params: Value) -> Answer {
+    match prepared(session, params) {
+        Ok((process_id, command, stdin_open)) => {
+            let (process, started) = command.spawn_pipelined(&connection.bridge.executor);
+            let entry = Rc::new(Entry {
+                process: RefCell::new(Some(process.clone())),
+                stdin_open,
+                exited: Cell::new(false),
+                pump: RefCell::new(None),
+            });
+            session
+                .processes
+                .borrow_mut()
+                .insert(process_id.clone(), entry.clone());
+            let session = session.clone();
+            later(async move {
+                if let Err(error) = started.await {
+                    session.processes.borrow_mut().remove(&process_id);
+                    return Err(start_failure(&error));
+                }
+                let pump = tokio::task::spawn_local(push_events(
+                    session,
+                    process_id.clone(),
+                    process,
+                    entry.clone(),
+                ));
+                *entry.pump.borrow_mut() = Some(pump.abort_handle());
+                Ok(json!({"processId": process_id, "sandboxType": "none"}))
+            })
+        }
+        Err(error) => now(Err(error)),
+    }
+}
+
+/// The command a `process/start` asks for, checked as Codex's own server
+/// checks it, with its id reserved.
+fn prepared(session: &Session, params: Value) -> Result<(String, Command, bool), RpcError> {
+    let start: Start = jsonrpc::params(params)?;
+    let Some(program) = start.argv.first() else {
+        return Err(RpcError::invalid_params("argv must not be empty"));
+    };
+    let cwd = uri::to_path(&start.cwd)?;
+    if start
+        .sandbox
+        .as_ref()
+        .is_some_and(|sandbox| !sandbox.is_null())
+    {
+        return Err(RpcError::invalid_params(
+            "capexec codex-bridge refuses a sandboxed start it cannot enforce yet: \
+             run Codex with sandbox_mode = \"danger-full-access\" and confine the bridge \
+             with --root, or use a capexec server that enforces the intent",
+        ));
+    }
+    if start.enforce_managed_network {
+        return Err(RpcError::invalid_params(
+            "capexec codex-bridge does not enforce a managed network",
+        ));
+    }
+    {
+        let processes = session.processes.borrow();
+        if processes.contains_key(&start.process_id) {
+            return Err(RpcError::invalid_request(format!(
+                "process {} already exists",
+                start.process_id
+            )));
+        }
+        if processes.len() >= PROCESSES_PER_SESSION {
+            return Err(RpcError::invalid_request(format!(
+                "a session holds at most {PROCESSES_PER_SESSION} processes: \
+                 terminate finished ones first"
+            )));
+        }
+    }
+    let environment =
+        env_policy::child_environment(&session.environment, start.env_policy.as_ref(), &start.env)
+            .map_err(RpcError::invalid_params)?;
+    let mut command = Command::new(program);
+    command
+        .args(&start.argv[1..])
+        .env_clear()
+        .envs(environment)
+        .current_dir(cwd)
+        .flow(Flow::Lossless);
+    if let Some(arg0) = start.arg0 {
+        command.arg0(arg0);
+    }
+    let stdin_open = start.tty || start.pipe_stdin;
+    if start.tty {
+        command.tty(TERMINAL);
+    } else {
+        command.stdin(if stdin_open {
+            Stdin::Piped
+        } else {
+            Stdin::Null
+        });
+    }
+    Ok((start.process_id, command, stdin_open))
+}
+
+fn start_failure(error: &crate::client::Error) -> RpcError {
+    match error.refusal_kind() {
+        Some(RefusalKind::InvalidArgument) => RpcError::invalid_params(error.to_string()),
+        _ => RpcError::internal(error.to_string()),
+    }
+}
+
+/// Pushes the process's events as `process/output`, `process/exited` and
+/// `process/closed`, each sent only once the client's queue has room.
+async fn push_events(
+    session: Rc<Session>,
+    process_id: String,
+    process: RemoteProcess,
+    entry: Rc<Entry>,
+) {
+    let mut events = match process.events(0).await {
+        Ok(events) => events,
+        Err(error) => {
+            tracing::warn!(%process_id, %error, "cannot follow the process's events");
+            return;
+        }
+    };
+    drop(process);
+    let mut closed = false;
+    while let Some(event) = events.next().await {
+        let Ok(event) = event else { break };
+        let (method, params) = match event.body {
+            EventBody::Output { stream, data } => (
+                "process/output",
+                json!({
+                    "processId": process_id,
+                    "seq": event.seq,
+                    "stream": stream_name(stream),
+                    "chunk": BASE64.encode(&data),
+                }),
+            ),
+            EventBody::Exited(exit) => {
+                entry.exited.set(true);
+                (
+                    "process/exited",
+                    json!({
+                        "processId": process_id,
+                        "seq": event.seq,
+                        "exitCode": exit_code(&exit.status),
+                        "sandboxDenied": false,
+                    }),
+                )
+            }
+            EventBody::Closed => {
+                closed = true;
+                (
+                    "process/closed",
+                    json!({"processId": process_id, "seq": event.seq}),
+                )
+            }
+            // Lossless: nothing is evicted while this pump reads.
+            EventBody::Gap { .. } => continue,
+        };
+        // To the session's connection of the moment: while it is detached
+        // the push waits (the process is held back, nothing is lost), and a
+        // client that resumes catches up with process/read.
+        let mut message = jsonrpc::notification(method, params);
+        loop {
+            let Some(outbound) = session.outbound().await else {
+                return;
+            };
+            match outbound.send(message).await {
+                Ok(()) => break,
+                Err(unsent) => message = unsent,
+            }
+        }
+    }
+    drop(events);
+    if closed {
+        // Kept readable for a while, then the id is free again.
+        tokio::time::sleep(KEPT_AFTER_CLOSE).await;
+        let mut processes = session.processes.borrow_mut();
+        if processes
+            .get(&process_id)
+            .is_some_and(|kept| Rc::ptr_eq(kept, &entry))
+        {
+            processes.remove(&process_id);
+        }
+        entry.process.borrow_mut().take();
+    }
+}
+
+fn stream_name(stream: OutputStream) -> &'static str {
+    match stream {
+        OutputStream::Stdout => "stdout",
+        OutputStream::Stderr => "stderr",
+        OutputStream::Pty => "pty",
+    }
+}
+
+/// The exit code Codex reports: the code, or 128 + the signal's number.
+fn exit_code(status: &ExitStatus) -> i32 {
+    status.shell_code()
+}
+
+fn entry(session: &Session, process_id: &str) -> Option<Rc<Entry>> {
+    session.processes.borrow().get(process_id).cloned()
+}
+
+fn unknown_process(process_id: &str) -> RpcError {
+    RpcError::invalid_request(format!("unknown process id {process_id}"))
+}
+
+pub fn read(session: &Rc<Session>, params: Value) -> Answer {
+    let read: Read = match jsonrpc::params(params) {
+        Ok(read) => read,
+        Err(error) => return now(Err(error)),
+    };
+    let Some(process) = entry(session, &read.process_id).and_then(|entry| entry.process()) else {
+        return now(Err(unknown_process(&read.process_id)));
+    };
+    later(async move {
+        let wait = Duration::from_millis(read.wait_ms.unwrap_or(0)).min(LONGEST_READ_WAIT);
+        let max_bytes = read
+            .max_bytes
+            .map(|max| u32::try_from(max).unwrap_or(u32::MAX).max(1))
+            .unwrap_or(0);
+        let outcome = process
+            .read(read.after_seq.unwrap_or(0), max_bytes, wait)
+            .await
+            .map_err(|error| RpcError::internal(error.to_string()))?;
+        let chunks: Vec<Value> = outcome
+            .events
+            .iter()
+            .filter_map(|event| match &event.body {
+                EventBody::Output { stream, data } => Some(json!({
+                    "seq": event.seq,
+                    "stream": stream_name(*stream),
+                    "chunk": BASE64.encode(data),
+                })),
+                _ => None,
+            })
+            .collect();
+        Ok(json!({
+            "chunks": chunks,
+            "nextSeq": outcome.next_seq,
+            "exited": outcome.exit.is_some(),
+            "exitCode": outcome.exit.as_ref().map(|exit| exit_code(&exit.status)),
+            "closed": outcome.closed,
+            "failure": null,
+            "sandboxDenied": false,
+        }))
+    })
+}
+
+pub fn write(session: &Rc<Session>, params: Value) -> Answer {
+    let write: Write = match jsonrpc::params(params) {
+        Ok(write) => write,
+        Err(error) => return now(Err(error)),
+    };
+    if write.write_id.is_empty() {
+        return now(Err(RpcError::invalid_params("writeId must not be empty")));
+    }
+    let data = match BASE64.decode(write.chunk.as_bytes()) {
+        Ok(data) => data,
+        Err(error) => return now(Err(RpcError::invalid_params(format!("chunk: {error}")))),
+    };
+    let Some(entry) = entry(session, &write.process_id) else {
+        return now(Ok(json!({"status": "unknownProcess"})));
+    };
+    if !entry.stdin_open {
+        return now(Ok(json!({"status": "stdinClosed"})));
+    }
+    let Some(process) = entry.process() else {
+        return now(Ok(json!({"status": "unknownProcess"})));
+    };
+    // Sent now, so writes reach stdin in the order they arrived.
+    let pending = process.write_in_order(&data, &write.write_id);
+    later(async move {
+        let status = match pending.outcome().await {
+            Ok(WriteStatus::Accepted) => "accepted",
+            Ok(WriteStatus::StdinClosed) => "stdinClosed",
+            Ok(WriteStatus::Starting) => "starting",
+            Ok(WriteStatus::Exited) => {
+                return Err(RpcError::internal("failed to write to process stdin"));
+            }
+            Err(error) => return Err(RpcError::internal(error.to_string())),
+        };
+        Ok(json!({"status": status}))
+    })
+}
+
+/// Codex names `interrupt`; the bridge also takes the names of Rust's
+/// ProcessSignal variants Codex may add and any POSIX name (`TERM`,
+/// `SIGKILL`, `9`).
+fn signal_named(name: &str) -> Result<model::Signal, RpcError> {
+    let by_word = match name {
+        "interrupt" => Some(model::Signal::Int),
+        "terminate" => Some(model::Signal::Term),
+        "kill" => Some(model::Signal::Kill),
+        "hangup" => Some(model::Signal::Hup),
+        "quit" => Some(model::Signal::Quit),
+        _ => None,
+    };
+    match by_word {
+        Some(signal) => Ok(signal),
+        None => name
+            .parse()
+            .map_err(|error: String| RpcError::invalid_params(error)),
+    }
+}
+
+pub fn signal(session: &Rc<Session>, params: Value) -> Answer {
+    let request: Signal = match jsonrpc::params(params) {
+        Ok(request) => request,
+        Err(error) => return now(Err(error)),
+    };
+    let signal = match signal_named(&request.signal) {
+        Ok(signal) => signal,
+        Err(error) => return now(Err(error)),
+    };
+    // Unknown or ended processes: a silent success, as in Codex's server.
+    let Some(entry) = entry(session, &request.process_id) else {
+        return now(Ok(json!({})));
+    };
+    let Some(process) = entry.process().filter(|_| !entry.exited.get()) else {
+        return now(Ok(json!({})));
+    };
+    later(async move {
+        process
+            .signal(signal)
+            .await
+            .map_err(|error| RpcError::internal(format!("failed to signal process: {error}")))?;
+        Ok(json!({}))
+    })
+}
+
+pub fn terminate(session: &Rc<Session>, params: Value) -> Answer {
+    let request: ProcessOnly = match jsonrpc::params(params) {
+        Ok(request) => request,
+        Err(error) => return now(Err(error)),
+    };
+    let Some(entry) = entry(session, &request.process_id) else {
+        return now(Ok(json!({"running": false})));
+    };
+    let Some(process) = entry.process() else {
+        return now(Ok(json!({"running": false})));
+    };
+    let exited = entry.exited.get();
+    later(async move {
+        // After the exit this still ends what the command left running.
+        let running = process
+            .terminate()
+            .await
+            .map_err(|error| RpcError::internal(format!("failed to terminate process: {error}")))?;
+        Ok(json!({"running": running && !exited}))
+    })
+}
+
+/// Not in Codex's protocol yet: a terminal's new size, honoured when sent.
+pub fn resize(session: &Rc<Session>, params: Value) -> Answer {
+    let request: Resize = match jsonrpc::params(params) {
+        Ok(request) => request,
+        Err(error) => return now(Err(error)),
+    };
+    let Some(process) = entry(session, &request.process_id).and_then(|entry| entry.process())
+    else {
+        return now(Err(unknown_process(&request.process_id)));
+    };
+    later(async move {
+        process
+            .resize(PtySize {
+                rows: request.rows,
+                cols: request.cols,
+            })
+            .await
+            .map_err(|error| RpcError::invalid_params(error.to_string()))?;
+        Ok(json!({}))
+    })
+}

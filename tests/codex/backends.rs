@@ -1,0 +1,187 @@
+//! What Codex's environment is in a scenario: Codex's own exec-server (the
+//! reference the harness is proven against), or `capexec codex-bridge`
+//! with the embedded executor, connected to a `capexec serve` over a Unix
+//! socket, or over TLS with a token. The served backends also tell where
+//! the processes ran: the server's metrics.
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::codex_home::Environment;
+use crate::common::cli::{BIN, Watched};
+use crate::common::data::TempDir;
+use crate::common::pki::Authority;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// `codex exec-server --listen stdio`.
+    CodexExecServer,
+    /// `capexec codex-bridge`: processes are the bridge's children.
+    Embedded,
+    /// `capexec codex-bridge --connect unix:PATH`.
+    Unix,
+    /// `capexec codex-bridge --connect tcp:… --token-file … --tls-ca …`.
+    Tls,
+}
+
+/// A backend ready for Codex: the environment to declare, and the server
+/// behind it, if any.
+pub struct Prepared {
+    pub environment: Environment,
+    pub server: Option<Server>,
+}
+
+impl Backend {
+    pub fn prepare(self, codex: &Path) -> Prepared {
+        let bridge = |args: &[&str]| Environment {
+            program: BIN.into(),
+            args: ["codex-bridge"]
+                .iter()
+                .chain(args)
+                .map(|arg| arg.to_string())
+                .collect(),
+        };
+        match self {
+            Backend::CodexExecServer => Prepared {
+                environment: Environment {
+                    program: codex.to_path_buf(),
+                    args: vec!["exec-server".into(), "--listen".into(), "stdio".into()],
+                },
+                server: None,
+            },
+            Backend::Embedded => Prepared {
+                environment: bridge(&[]),
+                server: None,
+            },
+            Backend::Unix => {
+                let server = Server::start();
+                Prepared {
+                    environment: bridge(&["--connect", &server.unix]),
+                    server: Some(server),
+                }
+            }
+            Backend::Tls => {
+                let server = Server::start();
+                let (token, ca) = (
+                    server.dir.path().join("token").display().to_string(),
+                    server.dir.path().join("ca.pem").display().to_string(),
+                );
+                Prepared {
+                    environment: bridge(&[
+                        "--connect",
+                        &server.tcp,
+                        "--token-file",
+                        &token,
+                        "--tls-ca",
+                        &ca,
+                    ]),
+                    server: Some(server),
+                }
+            }
+        }
+    }
+}
+
+/// A `capexec serve` with a Unix listener, a TLS listener that needs a
+/// token, and metrics.
+pub struct Server {
+    watched: Watched,
+    pub unix: String,
+    pub tcp: String,
+    metrics: String,
+    dir: TempDir,
+}
+
+impl Server {
+    fn start() -> Server {
+        let dir = TempDir::new("codex-serve");
+        let authority = Authority::new(dir.path(), "ca");
+        let (cert, key) = authority.server(dir.path(), "server", &["127.0.0.1"], false);
+        let socket = dir.path().join("capexec.sock");
+        let mut serve = Command::new(BIN);
+        serve
+            .arg("serve")
+            .arg("--listen")
+            .arg(format!("unix:{}", socket.display()))
+            .args(["--listen", "tcp:127.0.0.1:0", "--token-file"])
+            .arg(dir.path().join("token"))
+            .arg("--tls-cert")
+            .arg(cert)
+            .arg("--tls-key")
+            .arg(key)
+            .args(["--metrics", "tcp:127.0.0.1:0"])
+            .env("HOME", dir.path())
+            .env_remove("XDG_CONFIG_HOME");
+        let watched = Watched::spawn(serve);
+        watched.wait_for_stderr("/metrics\n");
+        let metrics = watched
+            .stderr_text()
+            .lines()
+            .find_map(|line| line.strip_prefix("capexec: metrics at http://"))
+            .expect("the metrics address")
+            .trim_end_matches("/metrics")
+            .to_string();
+        // Each listener's line is one write, in the order of --listen.
+        watched.wait_for_stdout("\ntcp:");
+        let stdout = watched.stdout_text();
+        let mut lines = stdout.lines().map(str::to_string);
+        let (unix, tcp) = (
+            lines.next().unwrap_or_default(),
+            lines.next().unwrap_or_default(),
+        );
+        assert_eq!(unix, format!("unix:{}", socket.display()));
+        Server {
+            watched,
+            unix,
+            tcp,
+            metrics,
+            dir,
+        }
+    }
+
+    /// The server's process id, to take it away under the bridge.
+    pub fn pid(&self) -> u32 {
+        self.watched.child.id()
+    }
+
+    /// The sample `name` (with its labels) of the server's metrics.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        let mut stream = std::net::TcpStream::connect(&self.metrics).expect("connect to metrics");
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: capexec\r\n\r\n")
+            .expect("ask for the metrics");
+        let mut response = String::new();
+        stream.read_to_string(&mut response).expect("the metrics");
+        response
+            .lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    /// Asserts that `started` processes ran on this server and that,
+    /// Codex and its bridge gone, the server holds none of them.
+    pub fn assert_ran(&self, started: u64) {
+        assert_eq!(
+            self.metric("capexec_processes_started_total"),
+            Some(started as f64),
+            "processes started on the capexec server"
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.metric("capexec_processes") != Some(0.0) {
+            assert!(
+                Instant::now() < deadline,
+                "the server still holds {:?} processes after Codex and the bridge ended",
+                self.metric("capexec_processes")
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.watched.child.kill();
+        let _ = self.watched.child.wait();
+    }
+}
