@@ -702,6 +702,24 @@ impl Plan {
         path: &Path,
         need: Access,
     ) -> Result<(Directory, PathBuf), IntentError> {
+        let (root, _, directory) = self.confined_root(executor, path, need).await?;
+        let path = normal(path).unwrap_or_default();
+        let relative = path
+            .strip_prefix(&root)
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        Ok((directory, relative))
+    }
+
+    /// The planned root [`Plan::directory_for`] reaches `path` through:
+    /// its path, its access, and the directory (read-only unless
+    /// writable).
+    pub async fn confined_root(
+        &self,
+        executor: &executor::Client,
+        path: &Path,
+        need: Access,
+    ) -> Result<(PathBuf, Access, Directory), IntentError> {
         let path = normal(path).ok_or_else(|| {
             malformed(format!(
                 "{} is not an absolute, normal path",
@@ -724,10 +742,6 @@ impl Plan {
             .filter(|root| root.access >= need)
             .max_by_key(|root| root.path.components().count())
             .ok_or_else(|| IntentError::Unenforceable(format!("{} has no root", path.display())))?;
-        let relative = path
-            .strip_prefix(&root.path)
-            .map(Path::to_path_buf)
-            .unwrap_or_default();
         let mut directory = Directory::open(executor, &root.path);
         if root.access == Access::Read {
             directory = directory.read_only();
@@ -742,7 +756,7 @@ impl Plan {
                 ..Sandbox::default()
             })?;
         }
-        Ok((directory, relative))
+        Ok((root.path, root.access, directory))
     }
 }
 
@@ -827,14 +841,15 @@ impl Confinement {
 /// A refused start whose reason is a root that no longer exists.
 fn vanished_root(error: &crate::client::Error) -> bool {
     use crate::model::RefusalKind;
-    // Where the roots are resolved (`invalid-argument`), mounted for a
-    // root server's child (`unsupported`) or opened for Landlock
-    // (`spawn-failed`).
+    // Where the roots are resolved (`invalid-argument`), prepared as
+    // mounts for a root server's child (`unsupported`), opened for
+    // Landlock, or mounted in the child (`spawn-failed`).
     matches!(error, crate::client::Error::Refused(refusal)
         if matches!(
             refusal.kind,
             RefusalKind::InvalidArgument | RefusalKind::Unsupported | RefusalKind::SpawnFailed
-        ) && refusal.message.starts_with("sandbox: ")
+        ) && (refusal.message.starts_with("sandbox: ")
+            || refusal.message.starts_with("cannot confine "))
             && refusal.message.contains("No such file or directory"))
 }
 
