@@ -169,3 +169,107 @@ fn a_listener_without_a_token_is_refused() {
         assert!(refused.contains("expected ws://HOST:PORT"), "{refused}");
     });
 }
+
+/// `capexec codex-bridge --listen`: the URL as stdout's one line, and
+/// Codex's protocol over the websocket, a command's output pushed.
+#[test]
+fn the_bridge_serves_codex_s_protocol_over_a_websocket() {
+    common::run_local(async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let token_file = dir.path().join("token");
+        std::fs::write(&token_file, format!("{SECRET}\n")).expect("token");
+        std::fs::set_permissions(
+            &token_file,
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .expect("chmod");
+        let mut bridge = tokio::process::Command::new(env!("CARGO_BIN_EXE_capexec"))
+            .args([
+                "codex-bridge",
+                "--listen",
+                "ws://127.0.0.1:0",
+                "--ws-token-file",
+            ])
+            .arg(&token_file)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("capexec codex-bridge");
+        let mut stdout = tokio::io::BufReader::new(bridge.stdout.take().expect("stdout"));
+        let mut url = String::new();
+        tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut url)
+            .await
+            .expect("the URL");
+        let address = parse_listen_url(url.trim_end()).expect("a ws:// URL and a newline");
+        let mut request = format!("ws://{address}/")
+            .into_client_request()
+            .expect("request");
+        request.headers_mut().insert(
+            "Authorization",
+            format!("Bearer {SECRET}").parse().expect("header"),
+        );
+        let socket = TcpStream::connect(address).await.expect("connect");
+        let (mut websocket, _) = tokio_tungstenite::client_async(request, socket)
+            .await
+            .expect("handshake");
+        let mut send = async |message: serde_json::Value| {
+            websocket
+                .send(Message::text(message.to_string()))
+                .await
+                .expect("send");
+        };
+        send(
+            serde_json::json!({"id": 1, "method": "initialize", "params": {"clientName": "test"}}),
+        )
+        .await;
+        send(serde_json::json!({"method": "initialized", "params": {}})).await;
+        send(
+            serde_json::json!({"id": 2, "method": "process/start", "params": {
+                "processId": "p1", "argv": ["sh", "-c", "echo over-ws"],
+                "cwd": format!("file://{}", dir.path().display()), "env": {"PATH": "/usr/bin:/bin"},
+                "tty": false, "pipeStdin": false, "sandbox": null,
+            }}),
+        )
+        .await;
+        let (mut output, mut exit, mut start) = (Vec::new(), None, None);
+        while let Some(message) = websocket.next().await {
+            let Message::Text(text) = message.expect("read") else {
+                continue;
+            };
+            let message: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+            if message["id"] == 2 {
+                start = Some(message["result"].clone());
+            }
+            match message["method"].as_str() {
+                Some("process/output") => output.push(message["params"]["chunk"].clone()),
+                Some("process/exited") => exit = Some(message["params"]["exitCode"].clone()),
+                Some("process/closed") => break,
+                _ => {}
+            }
+        }
+        assert_eq!(
+            start,
+            Some(serde_json::json!({"processId": "p1", "sandboxType": "none"}))
+        );
+        // "over-ws\n" in base64.
+        assert_eq!(output, [serde_json::json!("b3Zlci13cwo=")]);
+        assert_eq!(exit, Some(serde_json::json!(0)));
+    });
+}
+
+/// Without its token file, --listen is refused before anything is served.
+#[test]
+fn the_bridge_will_not_listen_without_a_token() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_capexec"))
+        .args(["codex-bridge", "--listen", "ws://127.0.0.1:0"])
+        .output()
+        .expect("capexec codex-bridge");
+    assert_eq!(output.status.code(), Some(125));
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        "capexec: codex-bridge: --listen ws://127.0.0.1:0 needs --ws-token-file FILE: the \
+         listener serves only clients that present its token (Codex's auth_bearer_token)\n"
+    );
+}
