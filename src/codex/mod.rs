@@ -18,9 +18,12 @@ mod files;
 pub mod jsonrpc;
 mod process;
 mod protocol;
+pub mod sandbox_denied;
+pub mod sandbox_intent;
 pub mod stdio;
 mod uri;
 mod watch_missing;
+pub mod websocket;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
