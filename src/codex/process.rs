@@ -275,6 +275,7 @@ async fn push_events(
     let mut closed = false;
     // Codex's words of denial, per stream, for `sandboxDenied`.
     let mut scans = [DenialScan::new(), DenialScan::new(), DenialScan::new()];
+    let quoted_id = Value::from(process_id.as_str()).to_string();
     while let Some(event) = events.next().await {
         let Ok(event) = event else { break };
         let (method, params) = match event.body {
@@ -282,15 +283,11 @@ async fn push_events(
                 if confined {
                     scans[stream as usize].feed(&data);
                 }
-                (
-                    "process/output",
-                    json!({
-                        "processId": process_id,
-                        "seq": event.seq,
-                        "stream": stream_name(stream),
-                        "chunk": BASE64.encode(&data),
-                    }),
-                )
+                let message = output_notification(&quoted_id, event.seq, stream, &data);
+                if !push(&session, message).await {
+                    return;
+                }
+                continue;
             }
             EventBody::Exited(exit) => {
                 let code = exit_code(&exit.status);
@@ -318,18 +315,8 @@ async fn push_events(
             // Lossless: nothing is evicted while this pump reads.
             EventBody::Gap { .. } => continue,
         };
-        // To the session's connection of the moment: while it is detached
-        // the push waits (the process is held back, nothing is lost), and a
-        // client that resumes catches up with process/read.
-        let mut message = jsonrpc::notification(method, params);
-        loop {
-            let Some(outbound) = session.outbound().await else {
-                return;
-            };
-            match outbound.send(message).await {
-                Ok(()) => break,
-                Err(unsent) => message = unsent,
-            }
+        if !push(&session, jsonrpc::notification(method, params)).await {
+            return;
         }
     }
     drop(events);
@@ -345,6 +332,39 @@ async fn push_events(
         }
         entry.process.borrow_mut().take();
     }
+}
+
+/// Sends `message` to the session's connection of the moment: while it
+/// is detached the push waits (the process is held back, nothing is lost),
+/// and a client that resumes catches up with process/read. False once the
+/// session is closed.
+async fn push(session: &Session, mut message: String) -> bool {
+    loop {
+        let Some(outbound) = session.outbound().await else {
+            return false;
+        };
+        match outbound.send(message).await {
+            Ok(()) => return true,
+            Err(unsent) => message = unsent,
+        }
+    }
+}
+
+/// A `process/output` notification, written in one pass into one buffer:
+/// the data path of the bridge (base64 needs no JSON escaping, and the id
+/// was quoted once per process).
+fn output_notification(quoted_id: &str, seq: u64, stream: OutputStream, data: &[u8]) -> String {
+    let mut text = String::with_capacity(data.len().div_ceil(3) * 4 + quoted_id.len() + 96);
+    text.push_str(r#"{"method":"process/output","params":{"processId":"#);
+    text.push_str(quoted_id);
+    text.push_str(r#","seq":"#);
+    text.push_str(&seq.to_string());
+    text.push_str(r#","stream":""#);
+    text.push_str(stream_name(stream));
+    text.push_str(r#"","chunk":""#);
+    BASE64.encode_string(data, &mut text);
+    text.push_str("\"}}");
+    text
 }
 
 fn stream_name(stream: OutputStream) -> &'static str {
@@ -552,4 +572,23 @@ pub fn resize(session: &Rc<Session>, params: Value) -> Answer {
             .map_err(|error| RpcError::invalid_params(error.to_string()))?;
         Ok(json!({}))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_output_notification_is_the_json_codex_reads() {
+        let quoted = Value::from("p\"1").to_string();
+        let text = output_notification(&quoted, 7, OutputStream::Stderr, b"\x00hi\xff");
+        let parsed: Value = serde_json::from_str(&text).expect("JSON");
+        assert_eq!(
+            parsed,
+            json!({"method": "process/output", "params": {
+                "processId": "p\"1", "seq": 7, "stream": "stderr",
+                "chunk": BASE64.encode(b"\x00hi\xff"),
+            }})
+        );
+    }
 }
