@@ -7,8 +7,9 @@ use capexec::codex::{self, Bridge};
 
 use crate::cli::{CodexBridgeArgs, EXIT_CAPEXEC_FAILURE, target};
 
-/// How long a websocket client's lost session is kept for it to resume
-/// (Codex's own server keeps a detached one 30 s).
+/// How long a websocket client's lost session is kept for it to resume,
+/// unless --keep-session says (Codex's own server keeps a detached one
+/// 30 s).
 const WS_KEEP_SESSION: std::time::Duration = std::time::Duration::from_secs(30);
 
 pub fn main(args: CodexBridgeArgs) -> i32 {
@@ -35,6 +36,13 @@ async fn serve(args: CodexBridgeArgs) -> Result<(), String> {
     if args.ws_token_file.is_some() && args.listen.is_none() {
         return Err("--ws-token-file is the token of --listen ws://HOST:PORT".into());
     }
+    if args.keep_session.is_some() && args.listen.is_none() {
+        return Err(
+            "--keep-session needs --listen ws://HOST:PORT: over stdio Codex never reconnects, \
+             so a session ends with stdin"
+                .into(),
+        );
+    }
     let target = target::established_target(&args.connect).await?;
     let environment = args.environment.or_else(|| target.environment.clone());
     let executor = match &environment {
@@ -46,7 +54,8 @@ async fn serve(args: CodexBridgeArgs) -> Result<(), String> {
             Some(url) => {
                 // A websocket client may reconnect and resume its session,
                 // kept meanwhile as long as Codex's own server keeps one.
-                let bridge = Bridge::new(executor, args.root, WS_KEEP_SESSION);
+                let keep = args.keep_session.unwrap_or(WS_KEEP_SESSION);
+                let bridge = Bridge::new(executor, args.root, keep);
                 Box::pin(codex::websocket::listen(
                     url,
                     args.ws_token_file.as_deref(),

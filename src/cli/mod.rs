@@ -199,6 +199,13 @@ pub struct CodexBridgeArgs {
     /// Codex's `auth_bearer_token`); required with --listen.
     #[arg(long, value_name = "FILE")]
     ws_token_file: Option<std::path::PathBuf>,
+    /// With --listen: how long the session of a lost connection is kept
+    /// for its client to resume (initialize with resumeSessionId), its
+    /// processes running and their output held back meanwhile, in SECS (or
+    /// 90s, 5m...); 0 ends it with its connection. Default: 30, as Codex's
+    /// own exec-server.
+    #[arg(long, value_name = "SECS", value_parser = duration::parse)]
+    keep_session: Option<std::time::Duration>,
 }
 
 #[derive(Args, Debug)]

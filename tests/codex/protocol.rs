@@ -759,3 +759,31 @@ fn a_missing_path_beneath_missing_directories_is_watched_level_by_level() {
         .expect("watch");
     assert_eq!(again, json!({"watching": false}));
 }
+
+#[test]
+fn flags_that_need_a_websocket_are_refused_over_stdio() {
+    for (flags, line) in [
+        (
+            &["--keep-session", "5"][..],
+            "capexec: codex-bridge: --keep-session needs --listen ws://HOST:PORT: over stdio \
+             Codex never reconnects, so a session ends with stdin\n",
+        ),
+        (
+            &["--ws-token-file", "/dev/null"][..],
+            "capexec: codex-bridge: --ws-token-file is the token of --listen ws://HOST:PORT\n",
+        ),
+    ] {
+        let mut args = vec!["codex-bridge"];
+        args.extend(flags);
+        let done = crate::common::cli::finish(crate::common::cli::capexec(&args), Some(Vec::new()));
+        assert_eq!(
+            (
+                done.code,
+                done.stdout.as_slice(),
+                crate::common::cli::text(&done.stderr).as_str()
+            ),
+            (125, &b""[..], line),
+            "{flags:?}"
+        );
+    }
+}
