@@ -38,11 +38,11 @@ impl Ctx {
         Turn { model, finished }
     }
 
-    /// For a served backend, asserts that `started` processes ran on the
+    /// For a served backend, asserts that Codex's `commands` ran on the
     /// capexec server (and none is left there).
-    fn assert_ran_on_server(&self, started: u64) {
+    fn assert_ran_on_server(&self, commands: u64) {
         if let Some(server) = &self.prepared.server {
-            server.assert_ran(started);
+            server.assert_ran(commands);
         }
     }
 }
@@ -341,8 +341,8 @@ async fn workspace_write_denies_writes_outside_the_workspace(ctx: Ctx) {
 }
 
 /// The capexec server vanishing under the bridge while Codex polls a
-/// running command: Codex gets an answer that the command is gone (an
-/// error, or an end), never a command running forever, and its turn ends.
+/// running command: Codex gets an error at once, never a command running
+/// forever, and its turn ends.
 async fn a_server_lost_under_the_bridge_is_an_error_not_a_hang(ctx: Ctx) {
     let server = ctx
         .prepared
@@ -386,12 +386,19 @@ async fn a_server_lost_under_the_bridge_is_an_error_not_a_hang(ctx: Ctx) {
         ),
         "{outputs:?}"
     );
+    // The bridge ends when its server is lost, so Codex's environment
+    // fails at once; the bridge's reason reaches Codex's log.
+    assert_eq!(
+        outputs[1].text,
+        "write_stdin failed: Unified exec process failed: exec-server transport disconnected",
+        "{}",
+        turn.finished.context()
+    );
     assert!(
-        !matches!(
-            outputs[1].command().map(|o| o.status),
-            Ok(Status::Running(_))
-        ),
-        "{outputs:?}\n{}",
+        turn.finished
+            .stderr
+            .contains("exec-server stdio stderr: capexec: codex-bridge: lost the capexec server: "),
+        "{}",
         turn.finished.context()
     );
 }
