@@ -1231,6 +1231,19 @@ struct Sandbox {
   # the system directories and reach root-owned Unix sockets. No effect on
   # other servers. A policy's sandbox without it refuses a start that asks
   # for it (`[capexec:not-allowed]`).
+
+  leaveOutSecrets @8 :Bool;
+  # A root that contains a secret file of the server (see above) is split
+  # instead of refused: it gives its access to each of its entries but the
+  # one leading to the secret, and so on down to the secret, which is left
+  # out; the directories on the way are not roots (nothing can be made or
+  # removed in them), a symbolic link among the entries is not followed
+  # (its target has what its own roots give it), and an entry that vanishes
+  # meanwhile is not a root. Stricter than the root asked for, never
+  # weaker: for a client whose roots come from elsewhere (the Codex bridge:
+  # `/tmp` writable, every directory of `/` readable). More than 4096 roots
+  # in all fail the start with `[capexec:not-allowed]`, as without it.
+  # Servers from before it ignore it and refuse such a root.
 }
 
 enum SandboxNetwork {

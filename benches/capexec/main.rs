@@ -13,10 +13,12 @@
 //! alternate their variants round by round, so a burst of noise lands on
 //! all of them. Sections: latency, output, stdin, pipelining, scale, abuse,
 //! operator, files, sandbox, ports, cli (the `capexec` binary as whole
-//! processes and shell pipelines).
+//! processes and shell pipelines), codex (`capexec codex-bridge` next to
+//! Codex's own exec-server).
 
 mod abuse;
 mod cli;
+mod codex;
 mod exhaustion;
 mod files;
 #[path = "../../tests/common/hostile.rs"]
@@ -116,7 +118,7 @@ impl Plan {
     }
 }
 
-const SECTIONS: [&str; 11] = [
+const SECTIONS: [&str; 12] = [
     "latency",
     "output",
     "stdin",
@@ -128,6 +130,7 @@ const SECTIONS: [&str; 11] = [
     "sandbox",
     "ports",
     "cli",
+    "codex",
 ];
 
 fn main() -> Result<(), Box<dyn Error>> {
@@ -193,6 +196,9 @@ fn main() -> Result<(), Box<dyn Error>> {
         }
         if wanted("cli") {
             cli::run(&plan, &servers, &mut report)?;
+        }
+        if wanted("codex") {
+            codex::run(&plan, &mut report).await?;
         }
         Ok::<_, Box<dyn Error>>(report)
     })?;

@@ -190,6 +190,15 @@ pub struct CodexBridgeArgs {
     /// beneath it), and it is the working directory Codex is told.
     #[arg(long, value_name = "DIR")]
     root: Option<std::path::PathBuf>,
+    /// Serve Codex's `url` environments over a websocket at
+    /// ws://HOST:PORT instead of stdio (port 0: any free one); the URL it
+    /// listens on is printed as stdout's one line.
+    #[arg(long, value_name = "ws://HOST:PORT")]
+    listen: Option<String>,
+    /// The token a websocket client must present (`Authorization: Bearer`,
+    /// Codex's `auth_bearer_token`); required with --listen.
+    #[arg(long, value_name = "FILE")]
+    ws_token_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Args, Debug)]

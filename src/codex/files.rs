@@ -19,11 +19,12 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 
 use super::Bridge;
-use super::connection::{Answer, Connection, later, now};
+use super::connection::{Answer, Connection, later};
 use super::jsonrpc::{self, RpcError};
 use super::protocol::{
     Copy, CreateDirectory, HandleOnly, Open, PathOnly, ReadBlock, Remove, Walk, WriteFile,
 };
+use super::sandbox_intent::{Access, ExecutorTree, IntentError, confinement_for};
 use super::uri;
 use crate::capexec_capnp::executor;
 use crate::client::{self, Directory};
@@ -75,33 +76,98 @@ impl Files {
     }
 
     pub fn dispatch(&self, connection: &Rc<Connection>, method: &str, params: Value) -> Answer {
-        if let Some(sandbox) = params.get("sandbox")
-            && !sandbox.is_null()
-        {
-            return now(Err(RpcError::invalid_params(
-                "capexec codex-bridge refuses a sandboxed file call it cannot enforce yet",
-            )));
-        }
         let connection = connection.clone();
         let method = method.to_string();
-        later(async move {
-            let files = &connection.files;
-            match method.as_str() {
-                "fs/getMetadata" => files.metadata(jsonrpc::params(params)?).await,
-                "fs/readFile" => files.read_file(jsonrpc::params(params)?).await,
-                "fs/writeFile" => files.write_file(jsonrpc::params(params)?).await,
-                "fs/readDirectory" => files.read_directory(jsonrpc::params(params)?).await,
-                "fs/createDirectory" => files.create_directory(jsonrpc::params(params)?).await,
-                "fs/remove" => files.remove(jsonrpc::params(params)?).await,
-                "fs/copy" => files.copy(jsonrpc::params(params)?).await,
-                "fs/walk" => files.walk(jsonrpc::params(params)?).await,
-                "fs/canonicalize" => files.canonicalize(jsonrpc::params(params)?).await,
-                "fs/open" => files.open(jsonrpc::params(params)?).await,
-                "fs/readBlock" => files.read_block(jsonrpc::params(params)?).await,
-                "fs/close" => files.close(jsonrpc::params(params)?),
-                other => Err(RpcError::unknown_method(other)),
+        if let Some(sandbox) = params.get("sandbox").filter(|sandbox| !sandbox.is_null()) {
+            let sandbox = sandbox.clone();
+            return later(
+                async move { connection.files.confined(&method, params, &sandbox).await },
+            );
+        }
+        later(async move { connection.files.call(&method, params).await })
+    }
+
+    /// A call with Codex's sandbox intent: made through a `Files` rooted at
+    /// the planned root that allows it (`sandbox_intent::Plan`), within
+    /// `--root` too; refused where the intent does not allow it.
+    async fn confined(
+        &self,
+        method: &str,
+        params: Value,
+        sandbox: &Value,
+    ) -> Result<Value, RpcError> {
+        let need = match method {
+            "fs/writeFile" | "fs/createDirectory" | "fs/remove" => Access::Write,
+            "fs/getMetadata" | "fs/readFile" | "fs/readDirectory" | "fs/walk"
+            | "fs/canonicalize" => Access::Read,
+            "fs/open" | "fs/readBlock" | "fs/close" | "fs/copy" => {
+                return Err(RpcError::invalid_params(format!(
+                    "capexec codex-bridge does not confine `{method}` by a sandbox yet"
+                )));
             }
-        })
+            other => return Err(RpcError::unknown_method(other)),
+        };
+        let path = absolute(
+            params
+                .get("path")
+                .and_then(Value::as_str)
+                .ok_or_else(|| RpcError::invalid_params("path is missing"))?,
+        )?;
+        let refused = |error: IntentError| RpcError::new(error.code(), error.message());
+        let Some(confinement) = confinement_for(Some(sandbox), &path, false).map_err(refused)?
+        else {
+            return self.call(method, params).await;
+        };
+        let plan = confinement
+            .plan(&ExecutorTree::new(self.executor.clone()), None)
+            .await
+            .map_err(refused)?;
+        let (root, access, directory) = plan
+            .confined_root(&self.executor, &path, need)
+            .await
+            .map_err(refused)?;
+        let root = match &self.root {
+            None => (root, directory),
+            // Within --root as well: the narrower of the two.
+            Some((served, served_directory)) => {
+                beneath(served, &path)?;
+                let narrowed = if served.starts_with(&root) {
+                    (served.clone(), served_directory.clone())
+                } else {
+                    let inner = served_directory.subdirectory(beneath(served, &root)?);
+                    (root, inner)
+                };
+                match access {
+                    Access::Write => narrowed,
+                    _ => (narrowed.0, narrowed.1.read_only()),
+                }
+            }
+        };
+        let confined = Files {
+            executor: self.executor.clone(),
+            root: Some(root),
+            handles: RefCell::new(HashMap::new()),
+        };
+        confined.call(method, params).await
+    }
+
+    async fn call(&self, method: &str, params: Value) -> Result<Value, RpcError> {
+        let files = self;
+        match method {
+            "fs/getMetadata" => files.metadata(jsonrpc::params(params)?).await,
+            "fs/readFile" => files.read_file(jsonrpc::params(params)?).await,
+            "fs/writeFile" => files.write_file(jsonrpc::params(params)?).await,
+            "fs/readDirectory" => files.read_directory(jsonrpc::params(params)?).await,
+            "fs/createDirectory" => files.create_directory(jsonrpc::params(params)?).await,
+            "fs/remove" => files.remove(jsonrpc::params(params)?).await,
+            "fs/copy" => files.copy(jsonrpc::params(params)?).await,
+            "fs/walk" => files.walk(jsonrpc::params(params)?).await,
+            "fs/canonicalize" => files.canonicalize(jsonrpc::params(params)?).await,
+            "fs/open" => files.open(jsonrpc::params(params)?).await,
+            "fs/readBlock" => files.read_block(jsonrpc::params(params)?).await,
+            "fs/close" => files.close(jsonrpc::params(params)?),
+            other => Err(RpcError::unknown_method(other)),
+        }
     }
 
     /// `path` as a directory and a name; with `follow`, a final symlink

@@ -18,8 +18,11 @@ mod files;
 pub mod jsonrpc;
 mod process;
 mod protocol;
+pub mod sandbox_denied;
+pub mod sandbox_intent;
 pub mod stdio;
 mod uri;
+pub mod websocket;
 
 use std::cell::RefCell;
 use std::collections::HashMap;

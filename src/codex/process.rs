@@ -19,6 +19,8 @@ use super::env_policy;
 use super::environment::Session;
 use super::jsonrpc::{self, RpcError};
 use super::protocol::{ProcessOnly, Read, Resize, Signal, Start, Write};
+use super::sandbox_denied::{DenialScan, sandbox_denied};
+use super::sandbox_intent::{Confinement, StartError, confinement_for, sandbox_type};
 use super::uri;
 use crate::client::{Command, RemoteProcess, Stdin};
 use crate::model::{
@@ -41,11 +43,18 @@ const LONGEST_READ_WAIT: Duration = Duration::from_secs(300);
 
 /// A process of a session.
 pub struct Entry {
-    /// `None` once released.
+    /// `None` once released, or while a confined start is prepared.
     process: RefCell<Option<RemoteProcess>>,
     stdin_open: bool,
     exited: Cell<bool>,
     pump: RefCell<Option<AbortHandle>>,
+    /// A confined start is being planned and started.
+    starting: Cell<bool>,
+    /// Released or terminated before its confined start finished: the
+    /// process it gets is let go at once.
+    cancelled: Cell<bool>,
+    /// Codex's `sandboxDenied`, once the confined process exited.
+    sandbox_denied: Cell<bool>,
 }
 
 impl Entry {
@@ -56,6 +65,7 @@ impl Entry {
     /// Lets the process go: the executor ends it once no capability holds
     /// it.
     pub fn release(&self) {
+        self.cancelled.set(true);
         self.process.borrow_mut().take();
         if let Some(pump) = self.pump.borrow_mut().take() {
             pump.abort();
@@ -65,13 +75,24 @@ impl Entry {
 
 pub fn start(connection: &Rc<Connection>, session: &Rc<Session>, params: Value) -> Answer {
     match prepared(session, params) {
-        Ok((process_id, command, stdin_open)) => {
+        Ok((process_id, command, stdin_open, Some(confinement))) => start_confined(
+            connection,
+            session,
+            process_id,
+            command,
+            stdin_open,
+            confinement,
+        ),
+        Ok((process_id, command, stdin_open, None)) => {
             let (process, started) = command.spawn_pipelined(&connection.bridge.executor);
             let entry = Rc::new(Entry {
                 process: RefCell::new(Some(process.clone())),
                 stdin_open,
                 exited: Cell::new(false),
                 pump: RefCell::new(None),
+                starting: Cell::new(false),
+                cancelled: Cell::new(false),
+                sandbox_denied: Cell::new(false),
             });
             session
                 .processes
@@ -88,39 +109,104 @@ pub fn start(connection: &Rc<Connection>, session: &Rc<Session>, params: Value) 
                     process_id.clone(),
                     process,
                     entry.clone(),
+                    false,
                 ));
                 *entry.pump.borrow_mut() = Some(pump.abort_handle());
-                Ok(json!({"processId": process_id, "sandboxType": "none"}))
+                Ok(json!({"processId": process_id, "sandboxType": sandbox_type(None)}))
             })
         }
         Err(error) => now(Err(error)),
     }
 }
 
+/// A start with Codex's sandbox intent: its id reserved at once (a write
+/// meanwhile is told `starting`), then planned on the executor's machine,
+/// started and checked (`sandbox_intent::Confinement::start`).
+fn start_confined(
+    connection: &Rc<Connection>,
+    session: &Rc<Session>,
+    process_id: String,
+    mut command: Command,
+    stdin_open: bool,
+    confinement: Confinement,
+) -> Answer {
+    let entry = Rc::new(Entry {
+        process: RefCell::new(None),
+        stdin_open,
+        exited: Cell::new(false),
+        pump: RefCell::new(None),
+        starting: Cell::new(true),
+        cancelled: Cell::new(false),
+        sandbox_denied: Cell::new(false),
+    });
+    session
+        .processes
+        .borrow_mut()
+        .insert(process_id.clone(), entry.clone());
+    let executor = connection.bridge.executor.clone();
+    let session = session.clone();
+    let tmpdir = command
+        .spec()
+        .env
+        .set
+        .iter()
+        .rev()
+        .find(|(name, _)| name == "TMPDIR")
+        .map(|(_, value)| value.clone());
+    later(async move {
+        let started = confinement
+            .start(&executor, &mut command, tmpdir.as_deref())
+            .await;
+        entry.starting.set(false);
+        let process = match started {
+            Ok(process) if !entry.cancelled.get() => process,
+            Ok(_) => {
+                // Released or terminated meanwhile: dropping it ends it.
+                return Err(RpcError::invalid_request(format!(
+                    "process {process_id} start was cancelled"
+                )));
+            }
+            Err(error) => {
+                let mut processes = session.processes.borrow_mut();
+                if processes
+                    .get(&process_id)
+                    .is_some_and(|kept| Rc::ptr_eq(kept, &entry))
+                {
+                    processes.remove(&process_id);
+                }
+                return Err(match error {
+                    StartError::Intent(error) => RpcError::new(error.code(), error.message()),
+                    StartError::Start(error) => start_failure(&error),
+                });
+            }
+        };
+        *entry.process.borrow_mut() = Some(process.clone());
+        let pump = tokio::task::spawn_local(push_events(
+            session,
+            process_id.clone(),
+            process,
+            entry.clone(),
+            true,
+        ));
+        *entry.pump.borrow_mut() = Some(pump.abort_handle());
+        Ok(json!({"processId": process_id, "sandboxType": sandbox_type(Some(&confinement))}))
+    })
+}
+
 /// The command a `process/start` asks for, checked as Codex's own server
 /// checks it, with its id reserved.
-fn prepared(session: &Session, params: Value) -> Result<(String, Command, bool), RpcError> {
+type Prepared = (String, Command, bool, Option<Confinement>);
+
+fn prepared(session: &Session, params: Value) -> Result<Prepared, RpcError> {
     let start: Start = jsonrpc::params(params)?;
     let Some(program) = start.argv.first() else {
         return Err(RpcError::invalid_params("argv must not be empty"));
     };
     let cwd = uri::to_path(&start.cwd)?;
-    if start
-        .sandbox
-        .as_ref()
-        .is_some_and(|sandbox| !sandbox.is_null())
-    {
-        return Err(RpcError::invalid_params(
-            "capexec codex-bridge refuses a sandboxed start it cannot enforce yet: \
-             run Codex with sandbox_mode = \"danger-full-access\" and confine the bridge \
-             with --root, or use a capexec server that enforces the intent",
-        ));
-    }
-    if start.enforce_managed_network {
-        return Err(RpcError::invalid_params(
-            "capexec codex-bridge does not enforce a managed network",
-        ));
-    }
+    // Codex's sandbox intent, enforced by capexec's sandbox or refused:
+    // never "none" to a restricting intent.
+    let confinement = confinement_for(start.sandbox.as_ref(), &cwd, start.enforce_managed_network)
+        .map_err(|error| RpcError::new(error.code(), error.message()))?;
     {
         let processes = session.processes.borrow();
         if processes.contains_key(&start.process_id) {
@@ -159,7 +245,7 @@ fn prepared(session: &Session, params: Value) -> Result<(String, Command, bool),
             Stdin::Null
         });
     }
-    Ok((start.process_id, command, stdin_open))
+    Ok((start.process_id, command, stdin_open, confinement))
 }
 
 fn start_failure(error: &crate::client::Error) -> RpcError {
@@ -176,6 +262,7 @@ async fn push_events(
     process_id: String,
     process: RemoteProcess,
     entry: Rc<Entry>,
+    confined: bool,
 ) {
     let mut events = match process.events(0).await {
         Ok(events) => events,
@@ -186,27 +273,38 @@ async fn push_events(
     };
     drop(process);
     let mut closed = false;
+    // Codex's words of denial, per stream, for `sandboxDenied`.
+    let mut scans = [DenialScan::new(), DenialScan::new(), DenialScan::new()];
     while let Some(event) = events.next().await {
         let Ok(event) = event else { break };
         let (method, params) = match event.body {
-            EventBody::Output { stream, data } => (
-                "process/output",
-                json!({
-                    "processId": process_id,
-                    "seq": event.seq,
-                    "stream": stream_name(stream),
-                    "chunk": BASE64.encode(&data),
-                }),
-            ),
+            EventBody::Output { stream, data } => {
+                if confined {
+                    scans[stream as usize].feed(&data);
+                }
+                (
+                    "process/output",
+                    json!({
+                        "processId": process_id,
+                        "seq": event.seq,
+                        "stream": stream_name(stream),
+                        "chunk": BASE64.encode(&data),
+                    }),
+                )
+            }
             EventBody::Exited(exit) => {
+                let code = exit_code(&exit.status);
+                entry
+                    .sandbox_denied
+                    .set(confined && sandbox_denied(code, &scans));
                 entry.exited.set(true);
                 (
                     "process/exited",
                     json!({
                         "processId": process_id,
                         "seq": event.seq,
-                        "exitCode": exit_code(&exit.status),
-                        "sandboxDenied": false,
+                        "exitCode": code,
+                        "sandboxDenied": entry.sandbox_denied.get(),
                     }),
                 )
             }
@@ -275,7 +373,16 @@ pub fn read(session: &Rc<Session>, params: Value) -> Answer {
         Ok(read) => read,
         Err(error) => return now(Err(error)),
     };
-    let Some(process) = entry(session, &read.process_id).and_then(|entry| entry.process()) else {
+    let Some(entry) = entry(session, &read.process_id) else {
+        return now(Err(unknown_process(&read.process_id)));
+    };
+    if entry.starting.get() {
+        return now(Err(RpcError::invalid_request(format!(
+            "process id {} is starting",
+            read.process_id
+        ))));
+    }
+    let Some(process) = entry.process() else {
         return now(Err(unknown_process(&read.process_id)));
     };
     later(async move {
@@ -307,7 +414,7 @@ pub fn read(session: &Rc<Session>, params: Value) -> Answer {
             "exitCode": outcome.exit.as_ref().map(|exit| exit_code(&exit.status)),
             "closed": outcome.closed,
             "failure": null,
-            "sandboxDenied": false,
+            "sandboxDenied": outcome.exit.is_some() && entry.sandbox_denied.get(),
         }))
     })
 }
@@ -327,6 +434,9 @@ pub fn write(session: &Rc<Session>, params: Value) -> Answer {
     let Some(entry) = entry(session, &write.process_id) else {
         return now(Ok(json!({"status": "unknownProcess"})));
     };
+    if entry.starting.get() {
+        return now(Ok(json!({"status": "starting"})));
+    }
     if !entry.stdin_open {
         return now(Ok(json!({"status": "stdinClosed"})));
     }
@@ -402,6 +512,12 @@ pub fn terminate(session: &Rc<Session>, params: Value) -> Answer {
     let Some(entry) = entry(session, &request.process_id) else {
         return now(Ok(json!({"running": false})));
     };
+    if entry.starting.get() {
+        // As Codex's server: the reservation goes, the start fails.
+        entry.cancelled.set(true);
+        session.processes.borrow_mut().remove(&request.process_id);
+        return now(Ok(json!({"running": true})));
+    }
     let Some(process) = entry.process() else {
         return now(Ok(json!({"running": false})));
     };

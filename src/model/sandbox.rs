@@ -59,6 +59,9 @@ pub struct Sandbox {
     /// Start even if the kernel cannot enforce all of it, and say what was
     /// not enforced; otherwise such a start is refused.
     pub best_effort: bool,
+    /// A root containing a secret of the server is split around it
+    /// instead of refused (the schema's `Sandbox.leaveOutSecrets`).
+    pub leave_out_secrets: bool,
 }
 
 impl Sandbox {

@@ -345,7 +345,10 @@ pub(crate) fn prepare(
 
     // The sandbox: roots first (refusals for bad roots come before
     // refusals for missing kernel features).
-    let resolved = roots::resolve(sandbox, cwd, "sandbox")?;
+    let mut resolved = roots::resolve(sandbox, cwd, "sandbox")?;
+    if sandbox.leave_out_secrets {
+        resolved = roots::leave_out(resolved, &protected(), "sandbox")?;
+    }
     roots::check(
         &resolved,
         &protected(),

@@ -313,6 +313,7 @@ impl PolicySandbox {
                 allow_namespaces,
                 keep_root,
                 best_effort,
+                leave_out_secrets: asked.leave_out_secrets,
                 ..Sandbox::default()
             },
         ))
@@ -356,6 +357,7 @@ pub(crate) fn explicit(roots: &[Root], flags: &Sandbox) -> Sandbox {
         best_effort: flags.best_effort,
         allow_namespaces: flags.allow_namespaces,
         keep_root: flags.keep_root,
+        leave_out_secrets: flags.leave_out_secrets,
     }
 }
 
@@ -470,6 +472,86 @@ pub(crate) fn check(
     Ok(())
 }
 
+/// The most roots [`leave_out`] makes.
+const MAX_SPLIT_ROOTS: usize = 4096;
+
+/// `roots` with each that contains one of `protected` split around it
+/// (`Sandbox.leaveOutSecrets`): its entries get its access, but the one
+/// that leads to a secret, which is split in turn, down to the secret,
+/// left out. Symbolic links are not followed; entries that vanish while
+/// listed are left out.
+pub(crate) fn leave_out(
+    roots: Vec<Root>,
+    protected: &[Protected],
+    rule: &str,
+) -> Result<Vec<Root>, Refusal> {
+    let secrets: Vec<&Path> = protected.iter().map(|file| file.path.as_path()).collect();
+    if !roots
+        .iter()
+        .any(|root| secrets.iter().any(|secret| secret.starts_with(&root.path)))
+    {
+        return Ok(roots);
+    }
+    let mut result = Vec::new();
+    for root in roots {
+        split_around(&root, &secrets, &mut result, rule)?;
+    }
+    Ok(dedup(result))
+}
+
+fn split_around(
+    root: &Root,
+    secrets: &[&Path],
+    result: &mut Vec<Root>,
+    rule: &str,
+) -> Result<(), Refusal> {
+    if secrets.iter().any(|secret| *secret == root.path) {
+        return Ok(());
+    }
+    if result.len() >= MAX_SPLIT_ROOTS {
+        return Err(Refusal::new(
+            RefusalKind::NotAllowed,
+            format!(
+                "{rule}: leaving the server's secrets out of {} takes more than \
+                 {MAX_SPLIT_ROOTS} roots",
+                shown(&root.path)
+            ),
+        ));
+    }
+    if !secrets.iter().any(|secret| secret.starts_with(&root.path)) {
+        result.push(root.clone());
+        return Ok(());
+    }
+    let entries = match std::fs::read_dir(&root.path) {
+        Ok(entries) => entries,
+        // Gone, or not to be listed: it is no root then.
+        Err(_) => return Ok(()),
+    };
+    for entry in entries.flatten() {
+        let Ok(kind) = entry.file_type() else {
+            continue;
+        };
+        // A link's target has what its own roots give it; a socket, pipe
+        // or device is no root worth mounting (a root server's child has
+        // each root as a mount of its own).
+        if !(kind.is_dir() || kind.is_file()) {
+            continue;
+        }
+        let inner = Root {
+            path: entry.path(),
+            access: root.access,
+            origin: root.origin,
+        };
+        let leads_to_secret = secrets.iter().any(|secret| secret.starts_with(&inner.path));
+        if leads_to_secret && !kind.is_dir() {
+            // The secret itself (or a file in its place).
+            continue;
+        }
+        split_around(&inner, secrets, result, rule)?;
+    }
+    Ok(())
+}
+
 /// Whether `path` may be read (or executed) under `roots`.
 pub(crate) fn readable(roots: &[Root], path: &Path) -> bool {
     access_at(roots, path).is_some()
@@ -544,6 +626,52 @@ mod tests {
             access,
             origin,
         }
+    }
+
+    #[test]
+    fn a_root_is_split_around_the_secrets_it_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(dir.path()).unwrap();
+        for path in ["server/token", "server/other", "work/file", "alone"] {
+            let path = base.join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, "x").unwrap();
+        }
+        std::os::unix::fs::symlink(base.join("server"), base.join("link")).unwrap();
+        let protected = [Protected {
+            path: base.join("server/token"),
+            secret: Secret::LoginToken,
+        }];
+        let roots = vec![
+            Root {
+                path: base.clone(),
+                access: Access::Write,
+                origin: Origin::Asked,
+            },
+            root("/nowhere-near", Access::Read, Origin::Asked),
+        ];
+        let split = leave_out(roots, &protected, "sandbox").unwrap();
+        let mut paths: Vec<(PathBuf, Access)> = split
+            .iter()
+            .map(|root| (root.path.clone(), root.access))
+            .collect();
+        paths.sort();
+        assert_eq!(
+            paths,
+            [
+                (PathBuf::from("/nowhere-near"), Access::Read),
+                (base.join("alone"), Access::Write),
+                (base.join("server/other"), Access::Write),
+                (base.join("work"), Access::Write),
+            ]
+        );
+        assert!(check(&split, &protected, &KernelMounts::default(), "sandbox").is_ok());
+        // Without a secret in them, roots are left as they are.
+        let untouched = vec![root("/usr", Access::Read, Origin::Default)];
+        assert_eq!(
+            leave_out(untouched.clone(), &protected, "s").unwrap(),
+            untouched
+        );
     }
 
     #[test]

@@ -147,6 +147,7 @@ mod tests {
                 best_effort: true,
                 allow_namespaces: true,
                 keep_root: true,
+                leave_out_secrets: true,
             }),
             limits: crate::model::Limits {
                 memory_bytes: Some(1 << 30),

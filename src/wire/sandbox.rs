@@ -28,6 +28,7 @@ pub fn sandbox_to_wire(sandbox: &Sandbox, mut builder: sandbox::Builder<'_>) {
     builder.set_best_effort(sandbox.best_effort);
     builder.set_allow_namespaces(sandbox.allow_namespaces);
     builder.set_keep_root(sandbox.keep_root);
+    builder.set_leave_out_secrets(sandbox.leave_out_secrets);
 }
 
 pub fn sandbox_from_wire(reader: sandbox::Reader<'_>) -> capnp::Result<Sandbox> {
@@ -46,6 +47,7 @@ pub fn sandbox_from_wire(reader: sandbox::Reader<'_>) -> capnp::Result<Sandbox> 
         best_effort: reader.get_best_effort(),
         allow_namespaces: reader.get_allow_namespaces(),
         keep_root: reader.get_keep_root(),
+        leave_out_secrets: reader.get_leave_out_secrets(),
     })
 }
 
@@ -126,6 +128,7 @@ mod tests {
             best_effort: true,
             allow_namespaces: true,
             keep_root: true,
+            leave_out_secrets: true,
         }
     }
 

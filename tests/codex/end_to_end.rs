@@ -406,22 +406,18 @@ async fn a_server_lost_under_the_bridge_is_an_error_not_a_hang(ctx: Ctx) {
 /// Instantiates each scenario once per backend, in a module named after
 /// it: `bridge_tls::a_terminal_gets_typed_input`.
 macro_rules! on_backends {
-    (@tests $backend:ident [$($attrs:tt)*] $name:ident $(, $rest:ident)*) => {
-        #[test]
-        $($attrs)*
-        fn $name() {
-            super::run(super::Backend::$backend, super::$name);
-        }
-        on_backends!(@tests $backend [$($attrs)*] $($rest),*);
-    };
-    (@tests $backend:ident [$($attrs:tt)*]) => {};
-    ($(#[$meta:meta])* [$module:ident: $backend:ident $(, $more:ident: $backends:ident)* $(,)?]: $($name:ident),* $(,)?) => {
+    ([$module:ident: $backend:ident $(, $more:ident: $backends:ident)* $(,)?]: $($name:ident),* $(,)?) => {
         mod $module {
-            on_backends!(@tests $backend [$(#[$meta])*] $($name),*);
+            $(
+                #[test]
+                fn $name() {
+                    super::run(super::Backend::$backend, super::$name);
+                }
+            )*
         }
-        on_backends!($(#[$meta])* [$($more: $backends),*]: $($name),*);
+        on_backends!([$($more: $backends),*]: $($name),*);
     };
-    ($(#[$meta:meta])* []: $($name:ident),* $(,)?) => {};
+    ([]: $($name:ident),* $(,)?) => {};
 }
 
 on_backends!(
@@ -435,24 +431,8 @@ on_backends!(
     a_long_running_command_is_polled_to_its_output,
     a_terminal_gets_typed_input,
     apply_patch_adds_updates_and_deletes_files,
+    workspace_write_denies_writes_outside_the_workspace,
 );
-
-/// Codex's sandbox: the bridge refuses a restricting intent until it
-/// enforces it.
-mod sandbox {
-    use super::{Backend, run, workspace_write_denies_writes_outside_the_workspace};
-
-    on_backends!(
-        [codex_exec_server: CodexExecServer]:
-        workspace_write_denies_writes_outside_the_workspace,
-    );
-
-    on_backends!(
-        #[ignore = "codex-bridge does not enforce Codex's sandbox intent yet (it refuses the start)"]
-        [bridge_embedded: Embedded, bridge_unix: Unix, bridge_tls: Tls]:
-        workspace_write_denies_writes_outside_the_workspace,
-    );
-}
 
 /// Only a served backend has a server to lose.
 mod server_lost {
