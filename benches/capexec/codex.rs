@@ -21,6 +21,10 @@ use crate::report::{Report, Target};
 use crate::servers::CAPEXEC;
 
 const SECTION: &str = "codex";
+/// Runs of `true` per peer, at most: within the bridge's 1024 processes
+/// a session holds (with the other cases' few).
+const MAX_RUNS: usize = 800;
+const MAX_WARMUP: usize = 50;
 /// How long the consumer stops reading in the memory case.
 const STALL: Duration = Duration::from_secs(3);
 
@@ -176,7 +180,7 @@ fn base64_len(text: Option<&str>) -> u64 {
 
 /// Resident memory of `pid`, in bytes.
 fn rss(pid: u32) -> u64 {
-    crate::procfs::status_field(pid, "VmRSS").unwrap_or(0) * 1024
+    crate::procfs::status_field(pid, "VmRSS:").unwrap_or(0) * 1024
 }
 
 fn mib(bytes: u64) -> String {
@@ -195,17 +199,23 @@ pub async fn run(plan: &Plan, report: &mut Report) -> Result<(), Box<dyn Error>>
         Peer::start("capexec codex-bridge", CAPEXEC, &["codex-bridge"]).await?,
     ];
 
-    // Start to closed of `true`, alternating peers run by run.
-    let runs = plan.latency_runs;
+    // Start to closed of `true`, alternating peers run by run; each then
+    // terminated, as Codex does after every command. A session of the
+    // bridge holds at most 1024 processes, ended ones kept 30 s.
+    let runs = plan.latency_runs.min(MAX_RUNS);
+    let warmup = plan.warmup_runs.min(MAX_WARMUP);
     eprintln!("codex: {runs} runs of `true` per peer");
     let mut samples = [Vec::with_capacity(runs), Vec::with_capacity(runs)];
-    for run in 0..plan.warmup_runs + runs {
+    for run in 0..warmup + runs {
         for (index, peer) in peers.iter_mut().enumerate() {
+            let process_id = format!("true-{run}");
             let started = Instant::now();
-            peer.run(&format!("true-{run}"), &["true"]).await?;
-            if run >= plan.warmup_runs {
+            peer.run(&process_id, &["true"]).await?;
+            if run >= warmup {
                 samples[index].push(started.elapsed());
             }
+            peer.call("process/terminate", json!({"processId": process_id}))
+                .await?;
         }
     }
     let [codex_true, bridge_true] = samples;

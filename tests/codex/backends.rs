@@ -159,13 +159,15 @@ impl Server {
             .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
     }
 
-    /// Asserts that `started` processes ran on this server and that,
-    /// Codex and its bridge gone, the server holds none of them.
-    pub fn assert_ran(&self, started: u64) {
+    /// Asserts that Codex's `commands` ran on this server and that, Codex
+    /// and its bridge gone, the server holds none of them. The bridge
+    /// starts one more process per session: `env`, to learn the
+    /// environment its children inherit (for Codex's `envPolicy`).
+    pub fn assert_ran(&self, commands: u64) {
         assert_eq!(
             self.metric("capexec_processes_started_total"),
-            Some(started as f64),
-            "processes started on the capexec server"
+            Some((commands + 1) as f64),
+            "processes started on the capexec server: {commands} commands and the bridge's env"
         );
         let deadline = Instant::now() + Duration::from_secs(30);
         while self.metric("capexec_processes") != Some(0.0) {
