@@ -219,6 +219,7 @@ fn dispatch(connection: &Rc<Connection>, method: &str, params: Value) -> Answer 
         "process/resize" => process::resize(&session, params),
         "environment/info" => now(Ok(session.info.clone())),
         "environment/status" => super::environment::status(connection),
+        "fs/watchMissing" => super::watch_missing::watch_missing(connection, &session, params),
         method if method.starts_with("fs/") => {
             connection.files.dispatch(connection, method, params)
         }

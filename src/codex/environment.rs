@@ -32,6 +32,8 @@ pub struct Session {
     /// Counts attachments, so that a detachment's timer knows whether the
     /// session was resumed since.
     attachments: Cell<u64>,
+    /// `fs/watchMissing` watches by id.
+    pub watches: RefCell<HashMap<u64, tokio::task::AbortHandle>>,
 }
 
 /// Codex's code for a session still attached to another connection.
@@ -41,6 +43,9 @@ impl Session {
     /// Releases every process of the session (the executor ends them).
     pub fn close(&self) {
         self.attached.send_replace(None);
+        for (_, watch) in self.watches.borrow_mut().drain() {
+            watch.abort();
+        }
         let processes = std::mem::take(&mut *self.processes.borrow_mut());
         for entry in processes.values() {
             entry.release();
@@ -141,7 +146,7 @@ pub async fn initialize(connection: &Rc<Connection>, params: Value) -> Result<Va
         "platformOs": info.os,
         "temporaryDirectories": [],
         "tempDir": uri::from_path(&info.temp_dir),
-        "capabilities": {},
+        "capabilities": {"fsWatchMissing": true},
     });
     if let Some(home) = environment.get("HOME").filter(|home| home.starts_with('/')) {
         environment_info["userHomeDir"] = Value::from(uri::from_path(Path::new(home)));
@@ -153,6 +158,7 @@ pub async fn initialize(connection: &Rc<Connection>, params: Value) -> Result<Va
         processes: RefCell::new(HashMap::new()),
         attached: watch::channel(Some(connection.outbound.clone())).0,
         attachments: Cell::new(1),
+        watches: RefCell::new(HashMap::new()),
     });
     let id = session.id.clone();
     connection

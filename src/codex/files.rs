@@ -339,15 +339,45 @@ impl Files {
         Ok(json!({}))
     }
 
+    /// The directory at absolute `path` (beneath the root with `--root`).
+    pub fn directory_at(&self, path: &Path) -> Result<Directory, RpcError> {
+        match &self.root {
+            Some((root, directory)) => Ok(directory.subdirectory(beneath(root, path)?)),
+            None => Ok(Directory::open(&self.executor, path)),
+        }
+    }
+
+    /// Whether `path` exists (a symlink counts, wherever it leads).
+    pub async fn exists(&self, path: &Path) -> Result<bool, RpcError> {
+        let place = self.locate_path(path.to_path_buf(), false).await?;
+        match place.directory.exists(&place.name).await {
+            Ok(exists) => Ok(exists),
+            // A missing or non-directory parent: the path is not there.
+            Err(error)
+                if matches!(
+                    error.refusal_kind(),
+                    Some(RefusalKind::NotFound | RefusalKind::NotADirectory)
+                ) =>
+            {
+                Ok(false)
+            }
+            Err(error) => Err(failed(&error)),
+        }
+    }
+
     /// The deepest existing directory above `path` (or `path` itself) and
     /// what remains of `path` beneath it.
-    async fn existing_ancestor(&self, path: &Path) -> Result<(PathBuf, PathBuf), RpcError> {
+    pub async fn existing_ancestor(&self, path: &Path) -> Result<(PathBuf, PathBuf), RpcError> {
         let mut ancestor = path.to_path_buf();
         let mut rest = PathBuf::new();
         loop {
-            match Directory::open(&self.executor, &ancestor).info().await {
+            match self.directory_at(&ancestor)?.info().await {
                 Ok(_) => return Ok((ancestor, rest)),
-                Err(error) if error.refusal_kind() == Some(RefusalKind::NotFound) => {}
+                Err(error)
+                    if matches!(
+                        error.refusal_kind(),
+                        Some(RefusalKind::NotFound | RefusalKind::NotADirectory)
+                    ) => {}
                 Err(error) => return Err(failed(&error)),
             }
             let Some(name) = ancestor.file_name().map(PathBuf::from) else {
@@ -543,7 +573,7 @@ fn failed(error: &client::Error) -> RpcError {
 }
 
 /// The absolute, lexically clean path of a `file://` URI.
-fn absolute(uri_text: &str) -> Result<PathBuf, RpcError> {
+pub fn absolute(uri_text: &str) -> Result<PathBuf, RpcError> {
     let path = uri::to_path(uri_text)?;
     if !path.is_absolute() {
         return Err(RpcError::invalid_params(format!(

@@ -22,6 +22,7 @@ pub mod sandbox_denied;
 pub mod sandbox_intent;
 pub mod stdio;
 mod uri;
+mod watch_missing;
 pub mod websocket;
 
 use std::cell::RefCell;
