@@ -183,7 +183,7 @@ mod tests {
         );
         assert_eq!(
             child_environment(&server, Some(&policy("core")), &BTreeMap::new()).unwrap(),
-            map(&[("HOME", "/root"), ("PATH", "/bin")])
+            map(&[("HOME", "/root"), ("LANG", "C"), ("PATH", "/bin")])
         );
         assert_eq!(
             child_environment(&server, Some(&policy("none")), &env).unwrap(),
