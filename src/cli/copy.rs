@@ -65,18 +65,6 @@ fn place(arg: &OsStr) -> Place {
 }
 
 /// `path`'s parent (".": a bare name) and last component.
-fn split(path: &Path) -> (PathBuf, PathBuf) {
-    let name = path
-        .file_name()
-        .map_or_else(|| PathBuf::from("."), PathBuf::from);
-    let parent = match path.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
-        _ if path.has_root() && path.file_name().is_none() => path.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    (parent, name)
-}
-
 /// How the run went: failures are counted as they are said, and every
 /// file or link the copy set out to copy is counted when it is listed and
 /// when it is copied, so that one lost on the way cannot go unsaid.
@@ -287,7 +275,7 @@ async fn upload_all(
     let (dir, single_name) = if into {
         (dest_dir, None)
     } else {
-        let (parent, name) = split(dest);
+        let (parent, name) = capexec::client::parent_and_name(dest);
         (Directory::open(executor, parent), Some(name))
     };
     for source in sources {
@@ -306,7 +294,7 @@ async fn upload_all(
             Place::Local(path) => {
                 let name = match &single_name {
                     Some(name) => name.clone(),
-                    None => split(path).1,
+                    None => capexec::client::parent_and_name(path).1,
                 };
                 upload_tree(&dir, path, &name, options, run).await;
             }
@@ -645,7 +633,7 @@ async fn upload_link(dir: &Directory, local: &Path, remote: &Path, run: &Run) {
                 if !matches!(existing.kind, FileKind::Symlink | FileKind::File) {
                     return Err(not_replaced_by_a_link(existing.kind));
                 }
-                let (parent, name) = split(remote);
+                let (parent, name) = capexec::client::parent_and_name(remote);
                 let temporary = parent.join(temporary_name(&name));
                 dir.symlink(&target, &temporary).await?;
                 let renamed = dir.rename(&temporary, remote, false).await;
@@ -711,11 +699,11 @@ async fn download_all(
             let Some(Place::Remote(source)) = sources.first() else {
                 unreachable!("checked: one remote source")
             };
-            let followed = match followed(executor, source).await {
+            let followed = match capexec::client::follow_links(executor, source).await {
                 Ok(followed) => followed,
                 Err(error) => return run.fail(source, error),
             };
-            let (parent, name) = split(&followed);
+            let (parent, name) = capexec::client::parent_and_name(&followed);
             let dir = Directory::open(executor, parent);
             let mut stdout = stdio::StreamedAnswer::new();
             if let Err(error) = dir.download(&name, &mut stdout).await {
@@ -743,20 +731,20 @@ async fn download_all(
             unreachable!("checked: downloads come from there")
         };
         let local = if into {
-            dest.join(split(source).1)
+            dest.join(capexec::client::parent_and_name(source).1)
         } else {
             dest.clone()
         };
         // A source named here is followed if it is a symlink; the copy
         // keeps the name it was given.
-        let followed = match followed(executor, source).await {
+        let followed = match capexec::client::follow_links(executor, source).await {
             Ok(followed) => followed,
             Err(error) => {
                 run.fail(&PathBuf::from(format!(":{}", source.display())), error);
                 continue;
             }
         };
-        let (parent, name) = split(&followed);
+        let (parent, name) = capexec::client::parent_and_name(&followed);
         let dir = Directory::open(executor, &parent);
         let remote = Remote { dir, base: parent };
         download_tree(&remote, &name, &local, options, run).await;
@@ -785,39 +773,6 @@ fn leads_out(relative: &Path, target: &[u8]) -> bool {
         }
     }
     false
-}
-
-/// Most symlinks followed from a source named on the command line, as
-/// the kernel's own limit.
-const MAX_LINKS_FOLLOWED: usize = 40;
-
-/// `source` on the executor's machine with its symlinks followed, one
-/// directory at a time: a link may lead anywhere the executor may read
-/// (`/etc/os-release` to `/usr/lib/os-release`), which the directory of
-/// the link cannot name.
-async fn followed(
-    executor: &capexec::capexec_capnp::executor::Client,
-    source: &Path,
-) -> Result<PathBuf, Error> {
-    let mut path = source.to_path_buf();
-    for _ in 0..MAX_LINKS_FOLLOWED {
-        let (parent, name) = split(&path);
-        let dir = Directory::open(executor, &parent);
-        let stat = dir.symlink_metadata(&name).await?;
-        if stat.kind != FileKind::Symlink {
-            return Ok(path);
-        }
-        let target = PathBuf::from(OsStr::from_bytes(&dir.read_link(&name).await?));
-        path = if target.is_absolute() {
-            target
-        } else {
-            parent.join(target)
-        };
-    }
-    Err(Error::Refused(capexec::model::Refusal::new(
-        RefusalKind::InvalidArgument,
-        format!("more than {MAX_LINKS_FOLLOWED} symlinks to follow"),
-    )))
 }
 
 /// A remote directory and where it is, for messages.
@@ -1151,7 +1106,7 @@ fn place_link(local: &Path, target: &[u8]) -> std::io::Result<()> {
         }
         Err(error) => Err(error),
         Ok(metadata) if metadata.file_type().is_symlink() || metadata.is_file() => {
-            let (parent, name) = split(local);
+            let (parent, name) = capexec::client::parent_and_name(local);
             let temporary = parent.join(temporary_name(&name));
             let _ = std::fs::remove_file(&temporary);
             std::os::unix::fs::symlink(target, &temporary)?;

@@ -27,12 +27,9 @@ use super::protocol::{
 use super::sandbox_intent::{Access, ExecutorTree, IntentError, confinement_for};
 use super::uri;
 use crate::capexec_capnp::executor;
+use crate::client::follow::MAX_LINKS_FOLLOWED;
 use crate::client::{self, Directory};
 use crate::model::{CopyOptions, FileKind, FileStat, RefusalKind, WalkOptions};
-
-/// Symlinks followed in one path before the call is refused (Linux's own
-/// bound).
-const MAX_LINKS_FOLLOWED: usize = 40;
 
 /// The largest file `fs/readFile` returns in one answer; past it Codex
 /// reads with `fs/open` and `fs/readBlock`.
@@ -191,7 +188,7 @@ impl Files {
         } else {
             path
         };
-        let (parent, name) = split(&path);
+        let (parent, name) = client::parent_and_name(&path);
         Ok(Located {
             directory: Directory::open(&self.executor, &parent),
             name,
@@ -237,8 +234,9 @@ impl Files {
         }))
     }
 
-    async fn read_file(&self, params: PathOnly) -> Result<Value, RpcError> {
-        let file = self.locate(&params.path, true).await?;
+    /// The regular file `uri_text` names, its symlinks followed.
+    async fn regular_file(&self, uri_text: &str) -> Result<(Located, FileStat), RpcError> {
+        let file = self.locate(uri_text, true).await?;
         let stat = file
             .directory
             .metadata(&file.name)
@@ -247,6 +245,11 @@ impl Files {
         if stat.kind != FileKind::File {
             return Err(not_a_file(&file.path));
         }
+        Ok((file, stat))
+    }
+
+    async fn read_file(&self, params: PathOnly) -> Result<Value, RpcError> {
+        let (file, stat) = self.regular_file(&params.path).await?;
         if stat.size > LARGEST_READ_FILE {
             return Err(RpcError::invalid_request(format!(
                 "`{}` is {} bytes, more than fs/readFile returns ({LARGEST_READ_FILE}): read it with fs/open and fs/readBlock",
@@ -503,15 +506,7 @@ impl Files {
                 "a connection holds at most {HANDLES_PER_CONNECTION} open files: close some first"
             )));
         }
-        let file = self.locate(&params.path, true).await?;
-        let stat = file
-            .directory
-            .metadata(&file.name)
-            .await
-            .map_err(|error| failed(&error))?;
-        if stat.kind != FileKind::File {
-            return Err(not_a_file(&file.path));
-        }
+        let (file, _) = self.regular_file(&params.path).await?;
         let mut handles = self.handles.borrow_mut();
         if handles.contains_key(&params.handle_id) {
             return Err(RpcError::invalid_request(format!(
@@ -607,17 +602,8 @@ fn beneath(base: &Path, path: &Path) -> Result<PathBuf, RpcError> {
     }
 }
 
-/// The parent of an absolute path and its last name (`/` and `.` for the
-/// root itself).
-fn split(path: &Path) -> (PathBuf, PathBuf) {
-    match (path.parent(), path.file_name()) {
-        (Some(parent), Some(name)) => (parent.to_path_buf(), PathBuf::from(name)),
-        _ => (PathBuf::from("/"), PathBuf::from(".")),
-    }
-}
-
 fn common_ancestor(a: &Path, b: &Path) -> PathBuf {
-    let (a, b) = (split(a).0, split(b).0);
+    let (a, b) = (client::parent_and_name(a).0, client::parent_and_name(b).0);
     let mut common = PathBuf::from("/");
     for (x, y) in a.components().zip(b.components()) {
         if x != y {
@@ -638,30 +624,11 @@ fn under_hidden_directory(relative: &Path) -> bool {
         .any(|component| matches!(component, Component::Normal(name) if name.as_bytes().starts_with(b".")))
 }
 
-/// `path` with its final symlinks followed, one directory at a time: a
-/// link may lead anywhere the executor may read, which the directory of
-/// the link cannot name.
+/// `path` with its final symlinks followed (see [`client::follow_links`]).
 async fn followed(executor: &executor::Client, path: &Path) -> Result<PathBuf, RpcError> {
-    let mut path = path.to_path_buf();
-    for _ in 0..MAX_LINKS_FOLLOWED {
-        let (parent, name) = split(&path);
-        let directory = Directory::open(executor, &parent);
-        let stat = directory
-            .symlink_metadata(&name)
-            .await
-            .map_err(|error| failed(&error))?;
-        if stat.kind != FileKind::Symlink {
-            return Ok(path);
-        }
-        let target = PathBuf::from(OsStr::from_bytes(
-            &directory
-                .read_link(&name)
-                .await
-                .map_err(|error| failed(&error))?,
-        ));
-        path = absolute_join(&parent, &target);
-    }
-    Err(too_many_links(&path))
+    client::follow_links(executor, path)
+        .await
+        .map_err(|error| failed(&error))
 }
 
 /// Every symlink of `path` resolved, component by component.
@@ -718,21 +685,6 @@ async fn canonical(executor: &executor::Client, path: &Path) -> Result<PathBuf, 
     Ok(resolved)
 }
 
-fn absolute_join(parent: &Path, target: &Path) -> PathBuf {
-    let joined = parent.join(target);
-    let mut clean = PathBuf::from("/");
-    for component in joined.components() {
-        match component {
-            Component::Normal(name) => clean.push(name),
-            Component::ParentDir => {
-                clean.pop();
-            }
-            _ => {}
-        }
-    }
-    clean
-}
-
 fn too_many_links(path: &Path) -> RpcError {
     RpcError::internal(format!(
         "{}: more than {MAX_LINKS_FOLLOWED} symlinks to follow",
@@ -761,7 +713,7 @@ mod tests {
         );
         assert_eq!(absolute("file:///../..").unwrap(), PathBuf::from("/"));
         assert_eq!(
-            split(Path::new("/")),
+            client::parent_and_name(Path::new("/")),
             (PathBuf::from("/"), PathBuf::from("."))
         );
         assert_eq!(
