@@ -97,10 +97,29 @@ impl Files {
             "fs/writeFile" | "fs/createDirectory" | "fs/remove" => Access::Write,
             "fs/getMetadata" | "fs/readFile" | "fs/readDirectory" | "fs/walk"
             | "fs/canonicalize" => Access::Read,
-            "fs/open" | "fs/readBlock" | "fs/close" | "fs/copy" => {
-                return Err(RpcError::invalid_params(format!(
-                    "capexec codex-bridge does not confine `{method}` by a sandbox yet"
-                )));
+            // A handle was confined when it was opened.
+            "fs/readBlock" | "fs/close" => return self.call(method, params).await,
+            "fs/open" => {
+                let open: Open = jsonrpc::params(params)?;
+                let path = absolute(&open.path)?;
+                let file = match self.confined_files(sandbox, &path, Access::Read).await? {
+                    Some(confined) => confined.regular_file(&open.path).await?.0,
+                    None => self.regular_file(&open.path).await?.0,
+                };
+                return self.keep_handle(open.handle_id, file);
+            }
+            "fs/copy" => {
+                // Beneath the root that may be written at the destination;
+                // a source outside it is refused by `copy` itself.
+                let copy: Copy = jsonrpc::params(params)?;
+                let destination = absolute(&copy.destination_path)?;
+                return match self
+                    .confined_files(sandbox, &destination, Access::Write)
+                    .await?
+                {
+                    Some(confined) => confined.copy(copy).await,
+                    None => self.copy(copy).await,
+                };
             }
             other => return Err(RpcError::unknown_method(other)),
         };
@@ -110,24 +129,39 @@ impl Files {
                 .and_then(Value::as_str)
                 .ok_or_else(|| RpcError::invalid_params("path is missing"))?,
         )?;
+        match self.confined_files(sandbox, &path, need).await? {
+            Some(confined) => confined.call(method, params).await,
+            None => self.call(method, params).await,
+        }
+    }
+
+    /// The files `sandbox` lets a call reach at `path` with `need`: a
+    /// `Files` rooted at the planned root that allows it (within `--root`
+    /// too), or `None` when the intent confines nothing.
+    async fn confined_files(
+        &self,
+        sandbox: &Value,
+        path: &Path,
+        need: Access,
+    ) -> Result<Option<Files>, RpcError> {
         let refused = |error: IntentError| RpcError::new(error.code(), error.message());
-        let Some(confinement) = confinement_for(Some(sandbox), &path, false).map_err(refused)?
+        let Some(confinement) = confinement_for(Some(sandbox), path, false).map_err(refused)?
         else {
-            return self.call(method, params).await;
+            return Ok(None);
         };
         let plan = confinement
             .plan(&ExecutorTree::new(self.executor.clone()), None)
             .await
             .map_err(refused)?;
         let (root, access, directory) = plan
-            .confined_root(&self.executor, &path, need)
+            .confined_root(&self.executor, path, need)
             .await
             .map_err(refused)?;
         let root = match &self.root {
             None => (root, directory),
             // Within --root as well: the narrower of the two.
             Some((served, served_directory)) => {
-                beneath(served, &path)?;
+                beneath(served, path)?;
                 let narrowed = if served.starts_with(&root) {
                     (served.clone(), served_directory.clone())
                 } else {
@@ -140,12 +174,11 @@ impl Files {
                 }
             }
         };
-        let confined = Files {
+        Ok(Some(Files {
             executor: self.executor.clone(),
             root: Some(root),
             handles: RefCell::new(HashMap::new()),
-        };
-        confined.call(method, params).await
+        }))
     }
 
     async fn call(&self, method: &str, params: Value) -> Result<Value, RpcError> {
@@ -501,21 +534,25 @@ impl Files {
     }
 
     async fn open(&self, params: Open) -> Result<Value, RpcError> {
-        if self.handles.borrow().len() >= HANDLES_PER_CONNECTION {
+        let (file, _) = self.regular_file(&params.path).await?;
+        self.keep_handle(params.handle_id, file)
+    }
+
+    /// Keeps `file` open under `handle_id` for `fs/readBlock`.
+    fn keep_handle(&self, handle_id: String, file: Located) -> Result<Value, RpcError> {
+        let mut handles = self.handles.borrow_mut();
+        if handles.len() >= HANDLES_PER_CONNECTION {
             return Err(RpcError::invalid_request(format!(
                 "a connection holds at most {HANDLES_PER_CONNECTION} open files: close some first"
             )));
         }
-        let (file, _) = self.regular_file(&params.path).await?;
-        let mut handles = self.handles.borrow_mut();
-        if handles.contains_key(&params.handle_id) {
+        if handles.contains_key(&handle_id) {
             return Err(RpcError::invalid_request(format!(
-                "file handle `{}` is already open",
-                params.handle_id
+                "file handle `{handle_id}` is already open"
             )));
         }
-        handles.insert(params.handle_id.clone(), Rc::new(file));
-        Ok(json!({"handleId": params.handle_id}))
+        handles.insert(handle_id.clone(), Rc::new(file));
+        Ok(json!({"handleId": handle_id}))
     }
 
     async fn read_block(&self, params: ReadBlock) -> Result<Value, RpcError> {

@@ -787,3 +787,73 @@ fn flags_that_need_a_websocket_are_refused_over_stdio() {
         );
     }
 }
+
+/// Codex's `workspace-write` intent (as Codex 0.169.0 sent it with
+/// `fs/writeFile`) for the workspace `ws`.
+fn workspace_write_intent(ws: &Path) -> Value {
+    let fixture = include_str!("fixtures/writefile-workspace-write.json")
+        .replace("/tmp/h-cap/ws-p", &ws.display().to_string());
+    let call: Value = serde_json::from_str(&fixture).expect("the fixture is JSON");
+    call["sandbox"].clone()
+}
+
+#[test]
+fn block_reads_and_copies_under_a_sandbox_intent_stay_where_it_allows() {
+    let Some(codex) = codex() else { return };
+    // Not under /tmp, which the intent makes writable.
+    let base = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("codex-intent-fs-{}", std::process::id()));
+    let (ws, outside) = (base.join("ws"), base.join("outside"));
+    std::fs::create_dir_all(&ws).expect("mkdir");
+    std::fs::create_dir_all(&outside).expect("mkdir");
+    std::fs::write(ws.join("a.txt"), "inside\n").expect("write");
+    std::fs::write(outside.join("o.txt"), "outside\n").expect("write");
+    let sandbox = workspace_write_intent(&ws);
+    let mut bridge = Peer::start(Kind::Bridge, codex, &ws);
+    bridge.initialize();
+    let uri = |path: &Path| file_uri(path);
+
+    let opened = bridge.call(
+        "fs/open",
+        json!({"handleId": "h", "path": uri(&ws.join("a.txt")), "sandbox": sandbox}),
+    );
+    assert_eq!(opened, Ok(json!({"handleId": "h"})));
+    let block = bridge
+        .call(
+            "fs/readBlock",
+            json!({"handleId": "h", "offset": 0, "len": 64, "sandbox": sandbox}),
+        )
+        .expect("read a block");
+    assert_eq!(block["chunk"], BASE64.encode("inside\n"));
+    assert_eq!(
+        bridge.call("fs/close", json!({"handleId": "h", "sandbox": sandbox})),
+        Ok(json!({}))
+    );
+    // Readable everywhere the intent reads: the whole file system.
+    let read_outside = bridge.call(
+        "fs/open",
+        json!({"handleId": "o", "path": uri(&outside.join("o.txt")), "sandbox": sandbox}),
+    );
+    assert_eq!(read_outside, Ok(json!({"handleId": "o"})));
+
+    let copied = bridge.call(
+        "fs/copy",
+        json!({"sourcePath": uri(&ws.join("a.txt")), "destinationPath": uri(&ws.join("b.txt")), "recursive": false, "sandbox": sandbox}),
+    );
+    assert_eq!(copied, Ok(json!({})));
+    assert_eq!(
+        std::fs::read_to_string(ws.join("b.txt")).expect("copied"),
+        "inside\n"
+    );
+    let escaped = bridge.call(
+        "fs/copy",
+        json!({"sourcePath": uri(&ws.join("a.txt")), "destinationPath": uri(&outside.join("b.txt")), "recursive": false, "sandbox": sandbox}),
+    );
+    assert!(escaped.is_err(), "a copy out of the workspace: {escaped:?}");
+    assert!(
+        !outside.join("b.txt").exists(),
+        "the copy out of the workspace was made"
+    );
+    drop(bridge);
+    let _ = std::fs::remove_dir_all(&base);
+}
