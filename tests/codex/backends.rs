@@ -24,6 +24,9 @@ pub enum Backend {
     Unix,
     /// `capexec codex-bridge --connect tcp:… --token-file … --tls-ca …`.
     Tls,
+    /// `capexec codex-bridge --listen ws://127.0.0.1:0 --ws-token-file …`,
+    /// declared to Codex as a `url` environment with its bearer token.
+    Websocket,
 }
 
 /// A backend ready for Codex: the environment to declare, and the server
@@ -31,6 +34,8 @@ pub enum Backend {
 pub struct Prepared {
     pub environment: Environment,
     pub server: Option<Server>,
+    /// A bridge listening for Codex (the websocket backend).
+    pub _listening: Option<(Watched, TempDir)>,
 }
 
 impl Backend {
@@ -42,24 +47,58 @@ impl Backend {
                 .chain(args)
                 .map(|arg| arg.to_string())
                 .collect(),
+            url: None,
         };
         match self {
             Backend::CodexExecServer => Prepared {
                 environment: Environment {
                     program: codex.to_path_buf(),
                     args: vec!["exec-server".into(), "--listen".into(), "stdio".into()],
+                    url: None,
                 },
                 server: None,
+                _listening: None,
             },
             Backend::Embedded => Prepared {
                 environment: bridge(&[]),
                 server: None,
+                _listening: None,
             },
+            Backend::Websocket => {
+                let dir = TempDir::new("codex-ws");
+                let token = "codex-ws-test-token-0123456789abcdef";
+                let token_file = dir.path().join("ws-token");
+                std::fs::write(&token_file, token).expect("write the token");
+                let mut listen = Command::new(BIN);
+                listen
+                    .args([
+                        "codex-bridge",
+                        "--listen",
+                        "ws://127.0.0.1:0",
+                        "--ws-token-file",
+                    ])
+                    .arg(&token_file);
+                let watched = Watched::spawn(listen);
+                watched.wait_for_stdout("\n");
+                let url = watched.stdout_text().trim().to_string();
+                assert!(
+                    url.starts_with("ws://127.0.0.1:"),
+                    "the bridge printed {url:?}"
+                );
+                let mut environment = bridge(&[]);
+                environment.url = Some((url, token.to_string()));
+                Prepared {
+                    environment,
+                    server: None,
+                    _listening: Some((watched, dir)),
+                }
+            }
             Backend::Unix => {
                 let server = Server::start();
                 Prepared {
                     environment: bridge(&["--connect", &server.unix]),
                     server: Some(server),
+                    _listening: None,
                 }
             }
             Backend::Tls => {
@@ -78,6 +117,7 @@ impl Backend {
                         &ca,
                     ]),
                     server: Some(server),
+                    _listening: None,
                 }
             }
         }

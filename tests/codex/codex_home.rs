@@ -59,11 +59,14 @@ fn install() -> Option<PathBuf> {
 }
 
 /// The exec-server Codex runs as its environment: a program speaking the
-/// protocol on stdio.
+/// protocol on stdio, or (with `url`) one Codex connects to over a
+/// websocket with a bearer token.
 #[derive(Clone, Debug)]
 pub struct Environment {
     pub program: PathBuf,
     pub args: Vec<String>,
+    /// `ws://HOST:PORT` and the bearer token, instead of the program.
+    pub url: Option<(String, String)>,
 }
 
 /// Codex's `sandbox_mode`.
@@ -107,6 +110,18 @@ impl CodexHome {
         dir("user-home");
         dir("tmp");
         let args: Vec<String> = environment.args.iter().map(|a| toml_string(a)).collect();
+        let declared = match &environment.url {
+            Some((url, token)) => format!(
+                "url = {}\nauth_bearer_token = {}\n",
+                toml_string(url),
+                toml_string(token)
+            ),
+            None => format!(
+                "program = {}\nargs = [{}]\n",
+                toml_string(&environment.program.display().to_string()),
+                args.join(", "),
+            ),
+        };
         std::fs::write(
             home.join("environments.toml"),
             format!(
@@ -115,10 +130,7 @@ impl CodexHome {
                  \n\
                  [[environments]]\n\
                  id = \"under-test\"\n\
-                 program = {}\n\
-                 args = [{}]\n",
-                toml_string(&environment.program.display().to_string()),
-                args.join(", "),
+                 {declared}",
             ),
         )
         .expect("write environments.toml");

@@ -426,6 +426,7 @@ on_backends!(
         bridge_embedded: Embedded,
         bridge_unix: Unix,
         bridge_tls: Tls,
+        bridge_websocket: Websocket,
     ]:
     a_command_s_output_reaches_the_model,
     a_long_running_command_is_polled_to_its_output,
