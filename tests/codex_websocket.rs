@@ -210,9 +210,14 @@ fn the_bridge_serves_codex_s_protocol_over_a_websocket() {
             format!("Bearer {SECRET}").parse().expect("header"),
         );
         let socket = TcpStream::connect(address).await.expect("connect");
+        let our_port = socket.local_addr().expect("local address").port();
         let (mut websocket, _) = tokio_tungstenite::client_async(request, socket)
             .await
             .expect("handshake");
+        // The bridge's end of this connection has Nagle's algorithm off
+        // (Codex's own listener leaves it on, and stalls ~40 ms).
+        let pid = bridge.id().expect("the bridge runs");
+        assert_eq!(peer_socket_nodelay(pid, our_port), Some(true));
         let mut send = async |message: serde_json::Value| {
             websocket
                 .send(Message::text(message.to_string()))
@@ -272,4 +277,56 @@ fn the_bridge_will_not_listen_without_a_token() {
         "capexec: codex-bridge: --listen ws://127.0.0.1:0 needs --ws-token-file FILE: the \
          listener serves only clients that present its token (Codex's auth_bearer_token)\n"
     );
+}
+
+/// Whether the TCP socket of process `pid` connected to our port
+/// `our_port` has TCP_NODELAY set, read through a copy of its descriptor
+/// (pidfd_getfd: this test's user may trace its own children).
+fn peer_socket_nodelay(pid: u32, our_port: u16) -> Option<bool> {
+    // SAFETY: plain system calls on descriptors this function owns.
+    unsafe {
+        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) as libc::c_int;
+        assert!(
+            pidfd >= 0,
+            "pidfd_open: {}",
+            std::io::Error::last_os_error()
+        );
+        let mut found = None;
+        for entry in std::fs::read_dir(format!("/proc/{pid}/fd")).expect("the bridge's descriptors")
+        {
+            let Some(target) = entry
+                .ok()
+                .and_then(|entry| entry.file_name().to_str()?.parse::<libc::c_int>().ok())
+            else {
+                continue;
+            };
+            let fd = libc::syscall(libc::SYS_pidfd_getfd, pidfd, target, 0) as libc::c_int;
+            if fd < 0 {
+                continue;
+            }
+            let mut peer: libc::sockaddr_storage = std::mem::zeroed();
+            let mut length = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            if libc::getpeername(fd, (&raw mut peer).cast(), &mut length) == 0
+                && libc::c_int::from(peer.ss_family) == libc::AF_INET
+            {
+                let peer = &*(&raw const peer).cast::<libc::sockaddr_in>();
+                if u16::from_be(peer.sin_port) == our_port {
+                    let mut value: libc::c_int = 0;
+                    let mut size = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+                    let got = libc::getsockopt(
+                        fd,
+                        libc::IPPROTO_TCP,
+                        libc::TCP_NODELAY,
+                        (&raw mut value).cast(),
+                        &mut size,
+                    );
+                    assert_eq!(got, 0, "getsockopt: {}", std::io::Error::last_os_error());
+                    found = Some(value != 0);
+                }
+            }
+            libc::close(fd);
+        }
+        libc::close(pidfd);
+        found
+    }
 }
