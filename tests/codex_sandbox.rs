@@ -80,7 +80,7 @@ struct Base(PathBuf);
 impl Base {
     fn new(name: &str) -> Base {
         static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        let path = common::data::outside_temporary_directories().join(format!(
             "codex-sandbox-{name}-{}-{}",
             std::process::id(),
             MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed)

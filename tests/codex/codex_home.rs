@@ -3,9 +3,10 @@
 //! makes a stdio exec-server program the one environment, a workspace, and
 //! `codex exec` run there within a deadline.
 //!
-//! Everything lives under Cargo's target temporary directory, not `/tmp`:
-//! Codex's `workspace-write` sandbox lets commands write to `/tmp` and
-//! `$TMPDIR`, so a directory the sandbox must protect cannot be there.
+//! Everything lives outside `/tmp` and `$TMPDIR`
+//! (`common::data::outside_temporary_directories`): Codex's
+//! `workspace-write` sandbox lets commands write there, so a directory the
+//! sandbox must protect cannot be there.
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -99,7 +100,7 @@ impl CodexHome {
     pub fn new(sandbox: SandboxMode, environment: &Environment) -> CodexHome {
         let root = tempfile::Builder::new()
             .prefix("codex-")
-            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+            .tempdir_in(crate::common::data::outside_temporary_directories())
             .expect("a directory for Codex");
         let dir = |name: &str| {
             let path = root.path().join(name);

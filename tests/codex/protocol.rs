@@ -801,7 +801,7 @@ fn workspace_write_intent(ws: &Path) -> Value {
 fn block_reads_and_copies_under_a_sandbox_intent_stay_where_it_allows() {
     let Some(codex) = codex() else { return };
     // Not under /tmp, which the intent makes writable.
-    let base = Path::new(env!("CARGO_TARGET_TMPDIR"))
+    let base = crate::common::data::outside_temporary_directories()
         .join(format!("codex-intent-fs-{}", std::process::id()));
     let (ws, outside) = (base.join("ws"), base.join("outside"));
     std::fs::create_dir_all(&ws).expect("mkdir");

@@ -119,3 +119,34 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// A directory for trees that must lie outside every directory Codex's
+/// `workspace-write` intent makes writable (`/tmp` and `$TMPDIR`): the
+/// build's own temporary directory unless the checkout itself is under one
+/// of them (a clone in /tmp, as CI's check makes), else `/var/tmp`, else
+/// the home directory's cache. Fails loudly when none is outside.
+pub fn outside_temporary_directories() -> std::path::PathBuf {
+    let canonical =
+        |path: &Path| std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut temporary = vec![canonical(Path::new("/tmp"))];
+    if let Some(tmpdir) = std::env::var_os("TMPDIR") {
+        temporary.push(canonical(Path::new(&tmpdir)));
+    }
+    let mut candidates = vec![
+        std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")),
+        "/var/tmp".into(),
+    ];
+    if let Some(home) = std::env::var_os("HOME") {
+        candidates.push(Path::new(&home).join(".cache"));
+    }
+    candidates
+        .into_iter()
+        .find(|candidate| {
+            let candidate = canonical(candidate);
+            candidate.is_dir()
+                && !temporary
+                    .iter()
+                    .any(|temporary| candidate.starts_with(temporary))
+        })
+        .unwrap_or_else(|| panic!("no directory outside {temporary:?} to test the sandbox with"))
+}
