@@ -5,6 +5,7 @@
 //! child back instead of losing its output.
 
 use std::cell::{Cell, RefCell};
+use std::fmt::Write as _;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -357,9 +358,7 @@ fn output_notification(quoted_id: &str, seq: u64, stream: OutputStream, data: &[
     let mut text = String::with_capacity(data.len().div_ceil(3) * 4 + quoted_id.len() + 96);
     text.push_str(r#"{"method":"process/output","params":{"processId":"#);
     text.push_str(quoted_id);
-    text.push_str(r#","seq":"#);
-    text.push_str(&seq.to_string());
-    text.push_str(r#","stream":""#);
+    let _ = write!(text, r#","seq":{seq},"stream":""#);
     text.push_str(stream_name(stream));
     text.push_str(r#"","chunk":""#);
     BASE64.encode_string(data, &mut text);

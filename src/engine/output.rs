@@ -200,6 +200,13 @@ pub(crate) async fn pump(
     let mut exit_logged = false;
     let mut changes = shared.watch_changes();
     let mut abandon_at: Option<Instant> = None;
+    // Made once, not per chunk: each made anew would register with its
+    // token and leave it again on every turn of the loop.
+    let (stdout_closed, stderr_closed) = (
+        shared.output_closed[0].cancelled(),
+        shared.output_closed[1].cancelled(),
+    );
+    tokio::pin!(stdout_closed, stderr_closed);
     loop {
         if let Some(pending) = &mut pending_exit {
             if pending.unread.is_none()
@@ -259,8 +266,8 @@ pub(crate) async fn pump(
             // The owner's reader went away: as in a local pipeline, the
             // pipe's read end closes and the child's next write to it
             // gets SIGPIPE.
-            _ = shared.output_closed[0].cancelled(), if sources[0].is_some() => sources[0] = None,
-            _ = shared.output_closed[1].cancelled(), if sources[1].is_some() => sources[1] = None,
+            _ = &mut stdout_closed, if sources[0].is_some() => sources[0] = None,
+            _ = &mut stderr_closed, if sources[1].is_some() => sources[1] = None,
             _ = changes.changed(), if paused => {}
             _ = shared.owner_released.cancelled(), if !released => {}
             _ = tokio::time::sleep_until(abandon_at.unwrap_or_else(Instant::now)), if abandon_at.is_some() => {
