@@ -483,7 +483,9 @@ struct ExecutorInfo {
   hostname @4 :Text;
 
   defaultShell @5 :Data;
-  # `$SHELL` of the server process, else "/bin/sh".
+  # The login shell of the account the server runs as (its password
+  # database entry, as ssh uses), else `$SHELL` of the server process, else
+  # "/bin/sh".
 
   cwd @6 :Data;
   # The server's working directory: where a start without `cwd` runs.

@@ -91,7 +91,7 @@ enum Command {
     Run(Deferred<RunArgs>),
     /// Start the executor's shell, as `ssh HOST` does.
     ///
-    /// The shell is the server's $SHELL (else /bin/sh), on a terminal if
+    /// The shell is the server account's login shell, as ssh's; on a terminal if
     /// our stdin is one (reading commands from stdin otherwise); the same
     /// as `capexec run` without a program.
     #[command(after_help = "Example: capexec shell --connect build")]

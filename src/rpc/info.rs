@@ -39,13 +39,40 @@ pub fn local_info() -> ExecutorInfo {
         hostname: nix::unistd::gethostname()
             .map(|name| name.to_string_lossy().into_owned())
             .unwrap_or_default(),
-        default_shell: std::env::var_os("SHELL")
-            .filter(|shell| !shell.is_empty())
-            .map_or_else(|| PathBuf::from("/bin/sh"), PathBuf::from),
+        default_shell: default_shell(),
         cwd: std::env::current_dir().unwrap_or_default(),
         temp_dir: std::env::temp_dir(),
         environment: LOCAL_ENVIRONMENT.to_string(),
     }
+}
+
+/// The login shell of the user the server runs as, as ssh (and Codex's
+/// own exec-server) use it: a server started by a service manager or CI
+/// often has no `$SHELL`, and an inherited one describes whoever started
+/// it, not the account the commands run as. A service account's
+/// `nologin` or `false` is no shell to run lines with: `$SHELL` is the
+/// fallback for those and for an account the password database does not
+/// know, then "/bin/sh".
+fn default_shell() -> PathBuf {
+    let login_shell = nix::unistd::User::from_uid(nix::unistd::getuid())
+        .ok()
+        .flatten()
+        .map(|user| user.shell)
+        .filter(|shell| is_a_shell(shell));
+    login_shell
+        .or_else(|| {
+            std::env::var_os("SHELL")
+                .filter(|shell| !shell.is_empty())
+                .map(PathBuf::from)
+        })
+        .unwrap_or_else(|| PathBuf::from("/bin/sh"))
+}
+
+fn is_a_shell(path: &std::path::Path) -> bool {
+    let refuses_logins = path
+        .file_name()
+        .is_some_and(|name| name == "nologin" || name == "false");
+    path.is_absolute() && !refuses_logins && path.is_file()
 }
 
 /// The features of every server, including those from before `info`.
@@ -112,5 +139,22 @@ mod tests {
         assert_eq!(once.environment, "c");
         assert!(!once.features.iter().any(|f| f == "from-the-future"));
         assert_eq!(seen_through_hop(once, "b").environment, "b/c");
+    }
+
+    #[test]
+    fn only_a_shell_that_runs_lines_is_the_default() {
+        assert!(is_a_shell(std::path::Path::new("/bin/sh")));
+        for not_a_shell in [
+            "/usr/sbin/nologin",
+            "/bin/false",
+            "sh",
+            "/nonexistent/sh",
+            "",
+        ] {
+            assert!(
+                !is_a_shell(std::path::Path::new(not_a_shell)),
+                "{not_a_shell}"
+            );
+        }
     }
 }

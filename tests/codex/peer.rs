@@ -55,6 +55,16 @@ pub struct Peer {
 
 impl Peer {
     pub fn start(kind: Kind, codex: &Path, cwd: &Path) -> Peer {
+        Peer::start_with(kind, codex, cwd, |_| {})
+    }
+
+    /// [`Peer::start`], with the command adjusted first (its environment).
+    pub fn start_with(
+        kind: Kind,
+        codex: &Path,
+        cwd: &Path,
+        adjust: impl FnOnce(&mut Command),
+    ) -> Peer {
         let mut command = match kind {
             Kind::Bridge => {
                 let mut command = Command::new(BIN);
@@ -71,6 +81,7 @@ impl Peer {
             }
         };
         command.current_dir(cwd);
+        adjust(&mut command);
         Peer::spawn(kind, command)
     }
 

@@ -132,6 +132,20 @@ fn a_request_before_initialize_is_refused_alike() {
 fn initialize_describes_the_executor_truthfully() {
     let Some(codex) = codex() else { return };
     let dir = TempDir::new("codex-protocol-initialize");
+    // The shell is the account's login shell whatever `$SHELL` says, or
+    // whether it is set at all (as under a service manager or CI).
+    for shell in [None, Some("/bin/sh"), Some("/nonexistent/zsh")] {
+        let adjust = |command: &mut std::process::Command| match shell {
+            Some(shell) => drop(command.env("SHELL", shell)),
+            None => drop(command.env_remove("SHELL")),
+        };
+        let ours = Peer::start_with(Kind::Bridge, codex, dir.path(), adjust).initialize();
+        let theirs = Peer::start_with(Kind::Codex, codex, dir.path(), adjust).initialize();
+        assert_eq!(
+            ours["environmentInfo"]["shell"], theirs["environmentInfo"]["shell"],
+            "environmentInfo.shell with SHELL={shell:?}"
+        );
+    }
     let mut bridge = Peer::start(Kind::Bridge, codex, dir.path());
     let mut reference = Peer::start(Kind::Codex, codex, dir.path());
     let ours = bridge.initialize();
