@@ -18,6 +18,7 @@ mod inspect;
 mod known_servers;
 mod local_terminal;
 mod logging;
+mod mcp;
 mod named;
 mod relay;
 mod restrictions;
@@ -175,6 +176,53 @@ enum Command {
         [[environments]]\n  id = \"build-box\"\n  program = \"capexec\"\n  \
         args = [\"codex-bridge\", \"--connect\", \"build\"]")]
     CodexBridge(Deferred<CodexBridgeArgs>),
+    /// Serve this executor's processes as MCP tools (for coding agents)
+    ///
+    /// A Model Context Protocol server on stdin and stdout (newline-delimited
+    /// JSON-RPC) whose tools (exec, process_output, process_input,
+    /// process_signal, process_terminate, process_list) run on the embedded
+    /// executor or on the capexec server --connect names. By default every
+    /// command is confined to --root (default: the working directory) on the
+    /// executor's machine: it starts there, may write only beneath it, and
+    /// has no network (--network all gives it). --unconfined gives the plain
+    /// executor, and every tool's description says so. Diagnostics go to
+    /// stderr. It exits when stdin closes, ending the processes the session
+    /// started (unless --keep-processes); 125 if the server is lost. See
+    /// docs/MCP.md.
+    #[command(after_help = "For Claude Code:\n\n  \
+        claude mcp add capexec -- capexec mcp --root /path/to/project")]
+    Mcp(Deferred<McpArgs>),
+}
+
+#[derive(Args, Debug)]
+pub struct McpArgs {
+    #[command(flatten)]
+    connect: ConnectArgs,
+    /// Serve through the executor of this environment (NAME, or
+    /// NAME/NAME... through several hops).
+    #[arg(long, value_name = "NAME")]
+    environment: Option<String>,
+    /// The directory of the executor's machine the agent works in (default:
+    /// the working directory; a relative one is taken from it): commands
+    /// start in it and, unless --unconfined, may write only beneath it.
+    #[arg(long, value_name = "DIR")]
+    root: Option<std::path::PathBuf>,
+    /// Commands run with the executor's full access (no sandbox, any
+    /// working directory, the network); every tool's description says so.
+    #[arg(long)]
+    unconfined: bool,
+    /// The network of confined commands: none (Unix sockets only, the
+    /// default) or all.
+    #[arg(long, value_name = "none|all", value_parser = parse_network)]
+    network: Option<capexec::model::Network>,
+    /// The processes a session started go on running when it ends
+    /// (detached on the executor for a day) instead of ending with it.
+    #[arg(long = "keep-processes")]
+    keep_processes: bool,
+}
+
+fn parse_network(text: &str) -> Result<capexec::model::Network, String> {
+    text.parse()
 }
 
 #[derive(Args, Debug)]
@@ -661,6 +709,10 @@ pub fn main() -> i32 {
             logging::init(tracing::Level::WARN, logging::Style::Client, verbose);
             codex_bridge::main(args)
         }
+        Command::Mcp(Deferred(args)) => {
+            logging::init(tracing::Level::WARN, logging::Style::Client, verbose);
+            mcp::main(args)
+        }
     }
 }
 
@@ -675,6 +727,7 @@ impl Command {
             Command::Cp(Deferred(args)) => Some(&mut args.connect),
             Command::Forward(args) => Some(&mut args.connect),
             Command::CodexBridge(Deferred(args)) => Some(&mut args.connect),
+            Command::Mcp(Deferred(args)) => Some(&mut args.connect),
             _ => None,
         }
     }

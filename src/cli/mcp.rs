@@ -1,0 +1,105 @@
+//! `capexec mcp`: an MCP server on stdio whose tools run on the embedded
+//! executor or the capexec server --connect names, confined to --root by
+//! default (see `capexec::mcp` and docs/MCP.md).
+
+use std::path::PathBuf;
+
+use capexec::client;
+use capexec::mcp::{self, Options};
+use capexec::model::Network;
+
+use crate::cli::{EXIT_CAPEXEC_FAILURE, McpArgs, target};
+
+pub fn main(args: McpArgs) -> i32 {
+    crate::cli::run_local(async move {
+        match serve(args).await {
+            Ok(()) => 0,
+            Err(message) => {
+                eprintln!("capexec: mcp: {message}");
+                EXIT_CAPEXEC_FAILURE
+            }
+        }
+    })
+}
+
+/// The root as a path of the executor's machine: absolute as given, a
+/// relative one (and the default, `.`) taken from capexec's working
+/// directory, as `capexec run`'s sandbox paths are.
+fn root(given: Option<PathBuf>) -> Result<PathBuf, String> {
+    let given = given.unwrap_or_else(|| PathBuf::from("."));
+    if given.is_absolute() {
+        return Ok(given);
+    }
+    let here = std::env::current_dir()
+        .map_err(|error| format!("--root: cannot tell the working directory: {error}"))?;
+    let joined = here.join(&given);
+    // `.` adds nothing but noise to every path the agent is told.
+    Ok(if given == std::path::Path::new(".") {
+        here
+    } else {
+        joined
+    })
+}
+
+async fn serve(args: McpArgs) -> Result<(), String> {
+    if args.unconfined && args.network.is_some() {
+        return Err(
+            "--network is the network of confined commands: --unconfined ones have the \
+             executor's own"
+                .into(),
+        );
+    }
+    let options = Options {
+        root: root(args.root)?,
+        confined: !args.unconfined,
+        network: args.network.unwrap_or(Network::None),
+        keep_processes: args.keep_processes,
+    };
+    let target = target::established_target(&args.connect).await?;
+    let environment = args.environment.or_else(|| target.environment.clone());
+    let executor = match &environment {
+        Some(path) => client::environment(&target.executor, path),
+        None => target.executor.clone(),
+    };
+    // The root must be a directory the executor can open: said now, not
+    // at the agent's first call.
+    client::Directory::open(&executor, &options.root)
+        .info()
+        .await
+        .map_err(|error| {
+            let tag = error
+                .refusal_kind()
+                .map(|kind| format!(" {}", kind.tag()))
+                .unwrap_or_default();
+            format!("--root {}: {error}{tag}", options.root.display())
+        })?;
+    let (factory, capabilities) = mcp::prepare(&executor, &options);
+    let stdio = mcp::serve_stdio(factory)
+        .map_err(|error| format!("cannot start the MCP thread: {error}"))?;
+    // A server whose executor is gone can serve nothing: capexec ends, so
+    // that the agent sees its MCP server fail instead of waiting.
+    let lost = async {
+        match &target.connection {
+            Some(connection) => {
+                connection.closed().await;
+                connection.abort_reason().await
+            }
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        () = capabilities.serve() => {}
+        reason = lost => {
+            return Err(match reason {
+                Some(reason) => format!("lost the capexec server: {reason}"),
+                None => "lost the capexec server: it closed the connection".to_string(),
+            });
+        }
+    }
+    // The MCP thread has dropped its last handle: it is ending.
+    let ended = stdio
+        .join()
+        .unwrap_or_else(|_| Err("the MCP thread panicked".into()));
+    drop(target);
+    ended
+}

@@ -1,0 +1,231 @@
+//! The MCP side: rmcp's [`ServerHandler`] for one MCP session, `Send` as
+//! rmcp requires, doing each tool's work on the capability thread through
+//! the [`Seam`].
+
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    InitializeResult, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig,
+    Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+
+use super::local::{Local, Session};
+use super::process::{self, Call};
+use super::seam::{LocalFuture, Seam};
+use super::tools::{self, Confinement};
+
+/// What makes MCP sessions: one per stdio connection, or one per
+/// Streamable HTTP session (a transport's service factory calls
+/// [`Mcp::session`]). `Send + Sync`: it only holds the way to the
+/// capability thread.
+pub struct Mcp {
+    seam: Seam<Local>,
+    ends: mpsc::UnboundedSender<u64>,
+    tools: Arc<Vec<Tool>>,
+    instructions: Arc<str>,
+    next: AtomicU64,
+}
+
+impl Mcp {
+    pub(super) fn new(
+        seam: Seam<Local>,
+        ends: mpsc::UnboundedSender<u64>,
+        confinement: &Confinement,
+    ) -> Mcp {
+        Mcp {
+            seam,
+            ends,
+            tools: Arc::new(tools::definitions(confinement)),
+            instructions: tools::instructions(confinement).into(),
+            next: AtomicU64::new(0),
+        }
+    }
+
+    /// A new MCP session: its own processes, which end when it is dropped
+    /// (unless --keep-processes).
+    pub fn session(&self) -> McpSession {
+        McpSession {
+            seam: self.seam.clone(),
+            key: Arc::new(SessionKey {
+                id: self.next.fetch_add(1, Ordering::Relaxed) + 1,
+                ends: self.ends.clone(),
+            }),
+            tools: self.tools.clone(),
+            instructions: self.instructions.clone(),
+        }
+    }
+}
+
+/// Ends its session on the capability thread once the handler and every
+/// call in flight are gone.
+struct SessionKey {
+    id: u64,
+    ends: mpsc::UnboundedSender<u64>,
+}
+
+impl Drop for SessionKey {
+    fn drop(&mut self) {
+        // Gone already if capexec is ending; the session goes with it.
+        let _ = self.ends.send(self.id);
+    }
+}
+
+/// One MCP session's handler.
+pub struct McpSession {
+    seam: Seam<Local>,
+    key: Arc<SessionKey>,
+    tools: Arc<Vec<Tool>>,
+    instructions: Arc<str>,
+}
+
+type Work<A, R> = fn(Rc<Local>, Rc<Session>, A, Call) -> LocalFuture<Result<R, String>>;
+
+impl McpSession {
+    /// Runs tool `name`'s `work` with `arguments` on the capability
+    /// thread. Arguments that do not fit the tool's schema, and failures,
+    /// are tool errors (`isError`, the reason as text), which the agent
+    /// reads; the session goes on.
+    async fn call<A, R>(
+        &self,
+        name: &str,
+        arguments: serde_json::Value,
+        call: Call,
+        work: Work<A, R>,
+    ) -> Result<CallToolResponse, McpError>
+    where
+        A: DeserializeOwned + Send + 'static,
+        R: Serialize + Send + 'static,
+    {
+        let args: A = match serde_json::from_value(arguments) {
+            Ok(args) => args,
+            Err(error) => {
+                return Ok(failure(format!(
+                    "capexec: {name}: invalid arguments: {error}"
+                )));
+            }
+        };
+        let key = self.key.clone();
+        let answer = self
+            .seam
+            .run(move |local| {
+                let session = local.session(key.id);
+                let work = work(local, session, args, call);
+                Box::pin(async move {
+                    let answer = work.await;
+                    // The session may end only after its last call.
+                    drop(key);
+                    answer.map(|result| serde_json::to_value(result).map_err(|e| e.to_string()))
+                })
+            })
+            .await
+            .map_err(|closed| McpError::internal_error(closed.to_string(), None))?;
+        match answer {
+            Ok(Ok(value)) => Ok(CallToolResult::structured(value).into()),
+            Ok(Err(error)) => Err(McpError::internal_error(
+                format!("capexec: {name}: cannot write the result: {error}"),
+                None,
+            )),
+            Err(error) => Ok(failure(error)),
+        }
+    }
+}
+
+fn failure(text: String) -> CallToolResponse {
+    CallToolResult::error(vec![ContentBlock::text(text)]).into()
+}
+
+impl ServerHandler for McpSession {
+    fn get_info(&self) -> ServerConfig {
+        InitializeResult::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(
+                Implementation::new("capexec", env!("CARGO_PKG_VERSION")).with_title("capexec"),
+            )
+            .with_instructions(self.instructions.to_string())
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items(self.tools.as_ref().clone()))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.tools.iter().find(|tool| tool.name == name).cloned()
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let arguments = serde_json::Value::Object(request.arguments.unwrap_or_default());
+        let call = Call {
+            cancelled: context.ct.clone(),
+            progress: context
+                .meta
+                .get_progress_token()
+                .map(|token| (context.peer.clone(), token)),
+        };
+        let name = request.name.as_ref();
+        match name {
+            "exec" => {
+                self.call(name, arguments, call, |l, s, a, c| {
+                    Box::pin(process::exec(l, s, a, c))
+                })
+                .await
+            }
+            "process_output" => {
+                self.call(name, arguments, call, |l, s, a, c| {
+                    Box::pin(process::output(l, s, a, c))
+                })
+                .await
+            }
+            "process_input" => {
+                self.call(name, arguments, call, |l, s, a, c| {
+                    Box::pin(process::input(l, s, a, c))
+                })
+                .await
+            }
+            "process_signal" => {
+                self.call(name, arguments, call, |l, s, a, c| {
+                    Box::pin(process::signal(l, s, a, c))
+                })
+                .await
+            }
+            "process_terminate" => {
+                self.call(name, arguments, call, |l, s, a, c| {
+                    Box::pin(process::terminate(l, s, a, c))
+                })
+                .await
+            }
+            "process_list" => {
+                self.call(name, arguments, call, |l, s, a, c| {
+                    Box::pin(process::list(l, s, a, c))
+                })
+                .await
+            }
+            // The file tools (src/mcp/files/) join here.
+            _ => Err(McpError::invalid_params(
+                format!(
+                    "capexec: unknown tool {name:?}; the tools are: {}",
+                    self.tools
+                        .iter()
+                        .map(|tool| tool.name.as_ref())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                None,
+            )),
+        }
+    }
+}
