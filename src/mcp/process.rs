@@ -98,6 +98,10 @@ impl Collected {
     }
 
     fn take(&mut self, outcome: ReadOutcome) {
+        // Closed and nothing after `afterSeq`: the close was read before.
+        if outcome.closed && outcome.events.is_empty() {
+            self.closed = true;
+        }
         for event in outcome.events {
             match event.body {
                 EventBody::Output { stream, data } => {

@@ -1,0 +1,86 @@
+//! What a client gets wrong: the answer says what, and the server goes
+//! on serving.
+
+use serde_json::json;
+
+use crate::client::{Backend, Mcp, bytes};
+use crate::common::data::TempDir;
+
+crate::mcp_backend_tests!(bad_input:
+    bad_input_is_answered_and_the_server_goes_on,
+);
+
+/// A normal call still works.
+fn still_serves(mcp: &mut Mcp) {
+    let result = mcp.call("exec", json!({"argv": ["echo", "alive"]}));
+    assert_eq!(bytes(&result["stdout"]), b"alive\n");
+}
+
+pub fn bad_input_is_answered_and_the_server_goes_on(backend: Backend) {
+    let root = TempDir::new("mcp");
+    let mut mcp = Mcp::start(backend, root.path(), &[]);
+    // A line that is not JSON.
+    mcp.send_line("this is not json");
+    still_serves(&mut mcp);
+    // An unknown tool: a JSON-RPC error naming the tools.
+    let answer = mcp.call_raw("rm_rf", json!({}));
+    assert_eq!(answer["error"]["code"], -32602, "{answer}");
+    assert_eq!(
+        answer["error"]["message"],
+        "capexec: unknown tool \"rm_rf\"; the tools are: exec, process_output, process_input, \
+         process_signal, process_terminate, process_list"
+    );
+    // Wrong argument types, unknown fields, missing ones: tool errors.
+    let text = mcp.call_error("exec", json!({"argv": "echo hi"}));
+    assert!(
+        text.starts_with("capexec: exec: invalid arguments: invalid type: string \"echo hi\""),
+        "{text}"
+    );
+    let text = mcp.call_error("exec", json!({"argv": ["true"], "shell": true}));
+    assert!(
+        text.starts_with("capexec: exec: invalid arguments: unknown field `shell`"),
+        "{text}"
+    );
+    let text = mcp.call_error("process_output", json!({}));
+    assert!(text.contains("missing field `process_id`"), "{text}");
+    let text = mcp.call_error("exec", json!({}));
+    assert_eq!(
+        text,
+        "capexec: exec: give argv (a program and its arguments) or command (a line for sh -c)"
+    );
+    let text = mcp.call_error("exec", json!({"argv": ["true"], "command": "true"}));
+    assert_eq!(text, "capexec: exec: give argv or command, not both");
+    let text = mcp.call_error("exec", json!({"argv": []}));
+    assert_eq!(text, "capexec: exec: argv must not be empty");
+    let text = mcp.call_error("exec", json!({"argv": ["no-such-program-here"]}));
+    assert!(text.ends_with("[capexec:program-not-found]"), "{text}");
+    // A huge argument is taken and answered.
+    let huge = "x".repeat(4 << 20);
+    let result = mcp.call("exec", json!({"command": "wc -c", "stdin": huge}));
+    assert_eq!(bytes(&result["stdout"]), b"4194304\n");
+    // Every tool has its input and output schema.
+    let tools = mcp.request("tools/list", json!({}));
+    let names: Vec<_> = tools["result"]["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .map(|tool| {
+            assert_eq!(tool["inputSchema"]["type"], "object", "{tool}");
+            assert_eq!(tool["outputSchema"]["type"], "object", "{tool}");
+            tool["name"].as_str().expect("name").to_string()
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "exec",
+            "process_output",
+            "process_input",
+            "process_signal",
+            "process_terminate",
+            "process_list"
+        ]
+    );
+    still_serves(&mut mcp);
+    assert_eq!(mcp.finish(), 0);
+}
