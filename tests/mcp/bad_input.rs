@@ -19,9 +19,26 @@ fn still_serves(mcp: &mut Mcp) {
 pub fn bad_input_is_answered_and_the_server_goes_on(backend: Backend) {
     let root = TempDir::new("mcp");
     let mut mcp = Mcp::start(backend, root.path(), &[]);
-    // A line that is not JSON.
+    // A line that is not JSON is ignored (as every official MCP SDK does:
+    // an answer could start an error storm with a peer that echoes).
     mcp.send_line("this is not json");
     still_serves(&mut mcp);
+    // JSON that is no JSON-RPC message: Invalid Request.
+    mcp.send_line(r#"{"jsonrpc":"2.0","id":77,"method":5}"#);
+    let answer = mcp.next_message();
+    assert_eq!(
+        answer,
+        json!({"jsonrpc": "2.0", "error": {"code": -32600, "message": "Invalid request"}})
+    );
+    // A line over 16 MiB is dropped without being held, and said on stderr.
+    mcp.send_line(&"y".repeat(17 << 20));
+    still_serves(&mut mcp);
+    assert!(
+        mcp.stderr_text()
+            .contains("Incoming message exceeded the maximum line length, discarding it"),
+        "{}",
+        mcp.stderr_text()
+    );
     // An unknown tool: a JSON-RPC error naming the tools.
     let answer = mcp.call_raw("rm_rf", json!({}));
     assert_eq!(answer["error"]["code"], -32602, "{answer}");

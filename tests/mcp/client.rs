@@ -1,10 +1,10 @@
 //! A minimal MCP client over a `capexec mcp` child's stdio, and the
 //! backends it is run against.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -29,8 +29,10 @@ pub struct Mcp {
     next_id: u64,
     /// Notifications received while waiting for answers, in order.
     pub notifications: Vec<Value>,
+    /// What it wrote to stderr so far.
+    stderr: Arc<Mutex<Vec<u8>>>,
     /// The server, for the Unix backend: dropped after the child.
-    _served: Option<Served>,
+    served: Option<Served>,
 }
 
 impl Mcp {
@@ -50,9 +52,21 @@ impl Mcp {
             .env_remove("XDG_CONFIG_HOME")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+            .stderr(Stdio::piped());
         let mut child = command.spawn().expect("start capexec mcp");
         let stdout = child.stdout.take().expect("stdout");
+        let mut stderr_pipe = child.stderr.take().expect("stderr");
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let collected = stderr.clone();
+        std::thread::spawn(move || {
+            let mut buffer = [0; 4096];
+            while let Ok(n @ 1..) = stderr_pipe.read(&mut buffer) {
+                collected
+                    .lock()
+                    .expect("stderr")
+                    .extend_from_slice(&buffer[..n]);
+            }
+        });
         let (sender, lines) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
@@ -69,7 +83,8 @@ impl Mcp {
             lines,
             next_id: 0,
             notifications: Vec::new(),
-            _served: served,
+            stderr,
+            served,
         };
         let answer = mcp.request(
             "initialize",
@@ -197,9 +212,25 @@ impl Mcp {
         }
     }
 
+    pub fn stderr_text(&self) -> String {
+        String::from_utf8_lossy(&self.stderr.lock().expect("stderr")).into_owned()
+    }
+
+    /// Kills the `capexec serve` of the Unix backend.
+    pub fn kill_server(&mut self) {
+        let served = self.served.as_mut().expect("a server");
+        served.child.kill().expect("kill capexec serve");
+        served.child.wait().expect("wait for capexec serve");
+    }
+
     /// Closes stdin (the session ends) and waits for capexec's exit code.
-    pub fn finish(mut self) -> i32 {
+    pub fn finish(&mut self) -> i32 {
         self.stdin.take();
+        self.wait()
+    }
+
+    /// Waits for capexec's exit code.
+    pub fn wait(&mut self) -> i32 {
         let deadline = Instant::now() + TEST_DEADLINE;
         loop {
             if let Some(status) = self.child.try_wait().expect("wait") {

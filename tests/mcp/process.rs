@@ -351,3 +351,46 @@ pub fn process_list_shows_the_sessions_processes(backend: Backend) {
         json!([])
     );
 }
+
+pub fn losing_the_server_ends_capexec_mcp_with_125(backend: Backend) {
+    let root = TempDir::new("mcp");
+    let mut mcp = Mcp::start(backend, root.path(), &[]);
+    mcp.call("exec", json!({"argv": ["true"]}));
+    mcp.kill_server();
+    assert_eq!(mcp.wait(), 125);
+    let stderr = mcp.stderr_text();
+    assert!(
+        stderr.contains("capexec: mcp: lost the capexec server: "),
+        "{stderr}"
+    );
+}
+
+pub fn kept_processes_outlive_the_session(backend: Backend) {
+    let root = TempDir::new("mcp");
+    let mut mcp = Mcp::start(backend, root.path(), &["--keep-processes"]);
+    let result = mcp.call(
+        "exec",
+        json!({"command": "echo $$ > pid; exec sleep 60", "yield_ms": 0}),
+    );
+    assert_eq!(result["running"], true);
+    let pid = pid_in(&root.path().join("pid"));
+    assert_eq!(mcp.finish(), 0);
+    // Without --keep-processes it would be gone by now (the session's end
+    // waits for that).
+    assert!(!gone(pid), "a kept process ended with its session");
+    // SAFETY: kill(2) of the test's own process, seen alive just now.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    eventually("the kept process is killed", || gone(pid));
+}
+
+pub mod unix_only {
+    #[test]
+    fn losing_the_server_ends_capexec_mcp_with_125() {
+        super::losing_the_server_ends_capexec_mcp_with_125(crate::client::Backend::Unix);
+    }
+
+    #[test]
+    fn kept_processes_outlive_the_session() {
+        super::kept_processes_outlive_the_session(crate::client::Backend::Unix);
+    }
+}
