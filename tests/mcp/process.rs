@@ -18,6 +18,8 @@ crate::mcp_backend_tests!(process:
     exec_reports_progress_while_it_waits,
     the_session_end_ends_its_processes,
     process_list_shows_the_sessions_processes,
+    a_session_holds_at_most_64_processes,
+    output_the_executor_no_longer_has_is_a_gap,
 );
 
 pub fn exec_answers_exact_bytes_and_the_exit_code(backend: Backend) {
@@ -393,4 +395,76 @@ pub mod unix_only {
     fn kept_processes_outlive_the_session() {
         super::kept_processes_outlive_the_session(crate::client::Backend::Unix);
     }
+}
+
+pub fn a_session_holds_at_most_64_processes(backend: Backend) {
+    let root = TempDir::new("mcp");
+    let mut mcp = Mcp::start(backend, root.path(), &[]);
+    mcp.call("exec", json!({"argv": ["true"]}));
+    for _ in 1..64 {
+        let result = mcp.call("exec", json!({"argv": ["sleep", "60"], "yield_ms": 0}));
+        assert_eq!(result["running"], true);
+    }
+    // Full: the ended p1 is forgotten for p65.
+    let result = mcp.call("exec", json!({"argv": ["sleep", "60"], "yield_ms": 0}));
+    assert_eq!(result["process_id"], "p65");
+    let list = mcp.call("process_list", json!({}));
+    assert_eq!(list["processes"].as_array().map(Vec::len), Some(64));
+    assert_eq!(list["processes"][0]["process_id"], "p2");
+    // Full of running ones: refused, saying why.
+    let text = mcp.call_error("exec", json!({"argv": ["true"]}));
+    assert_eq!(
+        text,
+        "capexec: exec: this session holds 64 processes and every one is running: end one \
+         first (process_terminate)"
+    );
+    mcp.call("process_terminate", json!({"process_id": "p2"}));
+    mcp.read_to_end("p2");
+    let result = mcp.call("exec", json!({"argv": ["true"]}));
+    assert_eq!(result["process_id"], "p66");
+    let text = mcp.call_error("process_output", json!({"process_id": "p2"}));
+    assert!(text.contains("no process \"p2\""), "{text}");
+}
+
+pub fn output_the_executor_no_longer_has_is_a_gap(backend: Backend) {
+    let root = TempDir::new("mcp");
+    let mut mcp = Mcp::start(backend, root.path(), &[]);
+    // 4 MiB, written only once the process is handed back and unread.
+    let result = mcp.call(
+        "exec",
+        json!({"command": "read go; head -c 4194304 /dev/zero | tr '\\000' x; echo; echo end",
+               "keep_stdin_open": true, "yield_ms": 0}),
+    );
+    assert_eq!(result["running"], true, "{result}");
+    let id = result["process_id"]
+        .as_str()
+        .expect("process_id")
+        .to_string();
+    mcp.call(
+        "process_input",
+        json!({"process_id": id, "data": "go\n", "close": true}),
+    );
+    eventually("the process ended", || {
+        mcp.call("process_list", json!({}))["processes"][0]["running"] == false
+    });
+    let mut stdout = Vec::new();
+    let mut gaps = Vec::new();
+    let mut after = 0;
+    loop {
+        let answer = mcp.call(
+            "process_output",
+            json!({"process_id": id, "after_seq": after, "max_bytes": 1048576}),
+        );
+        gaps.extend(answer["gaps"].as_array().cloned().unwrap_or_default());
+        stdout.extend(bytes(&answer["stdout"]));
+        after = answer["next_seq"].as_u64().expect("next_seq");
+        if answer["closed"] == true {
+            break;
+        }
+    }
+    assert!(!gaps.is_empty(), "4 MiB fit in a 1 MiB log?");
+    assert_eq!(gaps[0]["from_seq"], 1, "{gaps:?}");
+    assert!(stdout.ends_with(b"x\nend\n"));
+    assert!(stdout.len() < 4 << 20, "what was evicted is not answered");
+    assert!(stdout[..stdout.len() - 5].iter().all(|&byte| byte == b'x'));
 }
