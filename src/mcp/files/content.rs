@@ -58,7 +58,7 @@ pub(super) fn version_bytes(field: &str, text: &str) -> Result<Vec<u8>, FileTool
             "`{field}` {text:?} is not a version read_file, write_file or edit_file answered"
         ))
     };
-    if text.is_empty() || text.len() % 2 != 0 || text.len() > 128 {
+    if text.is_empty() || !text.len().is_multiple_of(2) || text.len() > 128 {
         return Err(bad());
     }
     (0..text.len())

@@ -21,6 +21,8 @@ mod list;
 mod manage;
 mod paths;
 mod read;
+#[cfg(test)]
+mod schema_tests;
 mod search;
 mod write;
 
