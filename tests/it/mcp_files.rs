@@ -876,7 +876,53 @@ async fn a_read_only_root_reads_and_refuses_every_write(ctx: Ctx) {
     );
 }
 
+async fn writes_and_edits_through_a_symlink_change_the_file_it_leads_to(ctx: Ctx) {
+    let temp = TempDir::new("mcp-symlinks");
+    let outside = TempDir::new("mcp-symlinks-outside");
+    std::fs::create_dir(temp.path().join("docs")).expect("mkdir");
+    std::fs::write(temp.path().join("docs/AGENTS.md"), "old\n").expect("write");
+    symlink("docs/AGENTS.md", temp.path().join("CLAUDE.md")).expect("symlink");
+    symlink(outside.path().join("x"), temp.path().join("out")).expect("symlink");
+    let tools = tools(&ctx, &temp).await;
+
+    let written = tools
+        .write_file(write("CLAUDE.md", "new\n"))
+        .await
+        .expect("write through the link");
+    assert_eq!(written.path, "CLAUDE.md");
+    let edited = tools
+        .edit_file(EditFileArgs {
+            path: "CLAUDE.md".into(),
+            edits: vec![edit("new", "newer", None)],
+            if_version: Some(written.version.clone()),
+        })
+        .await
+        .expect("edit through the link");
+    assert_eq!(edited.path, "CLAUDE.md");
+    assert_eq!(
+        std::fs::read(temp.path().join("docs/AGENTS.md")).expect("read"),
+        b"newer\n"
+    );
+    assert_eq!(
+        std::fs::read_link(temp.path().join("CLAUDE.md")).expect("still a link"),
+        Path::new("docs/AGENTS.md")
+    );
+    let real = tools.read_file(read("docs/AGENTS.md")).await.expect("read");
+    assert_eq!(real.version, edited.version);
+    // A link out of the root is refused, not written through nor replaced.
+    let out = failure(tools.write_file(write("out", "x")).await);
+    assert_eq!(out.refusal, Some(RefusalKind::OutsideDirectory));
+    assert!(
+        std::fs::symlink_metadata(temp.path().join("out"))
+            .expect("the link")
+            .file_type()
+            .is_symlink()
+    );
+    assert_eq!(names(outside.path()), Vec::<String>::new());
+}
+
 backend_tests!(
+    writes_and_edits_through_a_symlink_change_the_file_it_leads_to,
     read_file_reads_lines_and_bytes_and_says_where_a_cut_goes_on,
     write_file_is_atomic_and_refuses_a_stale_version,
     edit_file_applies_every_edit_or_none,

@@ -62,8 +62,9 @@ pub struct EditFileResult {
 
 impl FileTools {
     pub async fn edit_file(&self, args: EditFileArgs) -> Result<EditFileResult, FileToolError> {
-        let file = self.place("path", &args.path)?;
+        let named = self.place("path", &args.path)?;
         check_edits(&args.edits)?;
+        let file = self.followed(&named).await?;
         let wanted = match &args.if_version {
             Some(text) => Some(version_bytes("if_version", text)?),
             None => None,
@@ -102,7 +103,7 @@ impl FileTools {
             .await
         {
             Ok(written) => Ok(EditFileResult {
-                path: file.shown(),
+                path: named.shown(),
                 version: version_text(&written),
                 size: written.size,
                 replacements: applied.replacements,

@@ -9,7 +9,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
 use super::{FileToolError, FileTools};
-use crate::model::RefusalKind;
+use crate::model::{FileKind, RefusalKind};
 
 /// A path beneath the root: what the `Directory` is given (`.` for the
 /// root itself) and what results show (the same, as text).
@@ -102,6 +102,29 @@ impl FileTools {
                 relative
             },
         })
+    }
+
+    /// The file `file` names with a final symlink followed (within the
+    /// root: the executor resolves it), so that a write changes the file
+    /// a link leads to and the link stays, as an editor's save does.
+    /// Anything but an existing symlink is `file` itself.
+    pub(super) async fn followed(&self, file: &Placed) -> Result<Placed, FileToolError> {
+        match self.directory.symlink_metadata(&file.relative).await {
+            Ok(stat) if stat.kind == FileKind::Symlink => {}
+            _ => return Ok(file.clone()),
+        }
+        match self.directory.canonicalize(&file.relative).await {
+            Ok(resolved) if !resolved.is_empty() => Ok(Placed {
+                relative: PathBuf::from(OsStr::from_bytes(&resolved)),
+            }),
+            // A dangling link is replaced by the file.
+            Err(error) if error.refusal_kind() == Some(RefusalKind::NotFound) => Ok(file.clone()),
+            Ok(_) => Err(FileToolError::refused(
+                RefusalKind::IsADirectory,
+                format!("{:?} leads to the root itself", file.shown()),
+            )),
+            Err(error) => Err(FileToolError::from_client(error)),
+        }
     }
 
     fn outside(&self, path: &str) -> FileToolError {

@@ -15,7 +15,8 @@ use crate::model::{RefusalKind, WriteOptions};
 #[serde(deny_unknown_fields)]
 pub struct WriteFileArgs {
     /// The file: relative to the root, or absolute beneath it. A symlink
-    /// there is replaced, not followed.
+    /// there is followed (within the root): the file it leads to is
+    /// written, and the link stays.
     pub path: String,
     /// The whole new content.
     pub content: String,
@@ -45,7 +46,8 @@ pub struct WriteFileResult {
 
 impl FileTools {
     pub async fn write_file(&self, args: WriteFileArgs) -> Result<WriteFileResult, FileToolError> {
-        let file = self.place("path", &args.path)?;
+        let named = self.place("path", &args.path)?;
+        let file = self.followed(&named).await?;
         let data = decode(args.content, args.encoding.unwrap_or_default())?;
         let if_version = match &args.if_version {
             Some(text) => version_bytes("if_version", text)?,
@@ -62,7 +64,7 @@ impl FileTools {
             .await
         {
             Ok(stat) => Ok(WriteFileResult {
-                path: file.shown(),
+                path: named.shown(),
                 version: version_text(&stat),
                 size: stat.size,
             }),
