@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
+use super::files::FileTools;
 use super::seam::Jobs;
 use crate::capexec_capnp::executor;
 use crate::client::{Directory, RemoteProcess};
@@ -33,12 +34,13 @@ pub struct Local {
     pub executor: executor::Client,
     /// The root, for file tools: every path of theirs is resolved beneath
     /// it by the executor.
-    #[allow(dead_code, reason = "the file tools' (src/mcp/files/) way to the root")]
     pub directory: Directory,
     /// The root's absolute path on the executor's machine.
     pub root: PathBuf,
     pub keep_processes: bool,
     sessions: RefCell<HashMap<u64, Rc<Session>>>,
+    /// The file tools, once the executor said where the root is.
+    files: RefCell<Option<Rc<FileTools>>>,
 }
 
 impl Local {
@@ -54,7 +56,23 @@ impl Local {
             root,
             keep_processes,
             sessions: RefCell::new(HashMap::new()),
+            files: RefCell::new(None),
         })
+    }
+
+    /// The file tools over the root, made at the first file call (they
+    /// ask the executor where the root is; every session shares them).
+    pub async fn files(&self) -> Result<Rc<FileTools>, String> {
+        if let Some(files) = self.files.borrow().clone() {
+            return Ok(files);
+        }
+        let files = Rc::new(
+            FileTools::new(self.directory.clone(), self.root.clone())
+                .await
+                .map_err(|error| error.message)?,
+        );
+        self.files.replace(Some(files.clone()));
+        Ok(files)
     }
 
     /// Session `key`, made at its first call.

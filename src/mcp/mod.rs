@@ -14,6 +14,7 @@
 //! transport with many sessions (Streamable HTTP) makes one per session
 //! from the same factory; stdio has one ([`serve_stdio`]).
 
+pub mod files;
 mod local;
 mod output;
 mod process;

@@ -142,6 +142,28 @@ fn failure(text: String) -> CallToolResponse {
     CallToolResult::error(vec![ContentBlock::text(text)]).into()
 }
 
+/// A file tool (`src/mcp/files/`): the method of the root's `FileTools`
+/// of the same name, its failure's message (capexec's tag kept) as the
+/// tool error.
+macro_rules! file_tool {
+    ($server:expr, $name:expr, $arguments:expr, $call:expr, $method:ident) => {
+        $server
+            .call($name, $arguments, $call, |local, _session, args, _call| {
+                Box::pin(async move {
+                    let files = local.files().await?;
+                    files.$method(args).await.map_err(|error| {
+                        let message = error
+                            .message
+                            .strip_prefix("capexec: ")
+                            .unwrap_or(&error.message);
+                        format!("capexec: {}: {message}", stringify!($method))
+                    })
+                })
+            })
+            .await
+    };
+}
+
 impl ServerHandler for McpSession {
     fn get_info(&self) -> ServerConfig {
         InitializeResult::new(ServerCapabilities::builder().enable_tools().build())
@@ -214,7 +236,15 @@ impl ServerHandler for McpSession {
                 })
                 .await
             }
-            // The file tools (src/mcp/files/) join here.
+            "read_file" => file_tool!(self, name, arguments, call, read_file),
+            "write_file" => file_tool!(self, name, arguments, call, write_file),
+            "edit_file" => file_tool!(self, name, arguments, call, edit_file),
+            "list_directory" => file_tool!(self, name, arguments, call, list_directory),
+            "search_files" => file_tool!(self, name, arguments, call, search_files),
+            "file_info" => file_tool!(self, name, arguments, call, file_info),
+            "move_path" => file_tool!(self, name, arguments, call, move_path),
+            "remove_path" => file_tool!(self, name, arguments, call, remove_path),
+            "make_directory" => file_tool!(self, name, arguments, call, make_directory),
             _ => Err(McpError::invalid_params(
                 format!(
                     "capexec: unknown tool {name:?}; the tools are: {}",

@@ -8,6 +8,7 @@ use rmcp::handler::server::common::schema_for_type;
 use rmcp::model::{Tool, ToolAnnotations};
 use schemars::JsonSchema;
 
+use super::files;
 use super::types::{
     ExecArgs, ExecResult, InputArgs, InputResult, ListResult, NoArgs, OutputArgs, OutputResult,
     ProcessArgs, SignalArgs, SignalResult, TerminateResult,
@@ -62,6 +63,80 @@ fn tool<A: JsonSchema + 'static, R: JsonSchema + 'static>(
     )
     .with_output_schema::<R>()
     .with_annotations(annotations)
+}
+
+impl Confinement {
+    /// The sentence every file tool's description ends with.
+    pub fn file_sentence(&self) -> String {
+        let paths = format!(
+            "Paths are relative to {} on the executor's machine, or absolute beneath it; a path \
+             outside it is refused.",
+            self.root.display()
+        );
+        if self.confined {
+            paths
+        } else {
+            format!("{paths} {}", self.sentence())
+        }
+    }
+}
+
+/// The description of file tool `name` (`files::TOOL_DESCRIPTIONS`).
+fn file_description(name: &str) -> &'static str {
+    files::TOOL_DESCRIPTIONS
+        .iter()
+        .find(|(tool, _)| *tool == name)
+        .map_or("", |(_, description)| description)
+}
+
+fn file_tool<A: JsonSchema + 'static, R: JsonSchema + 'static>(
+    name: &'static str,
+    confinement: &str,
+    annotations: ToolAnnotations,
+) -> Tool {
+    tool::<A, R>(name, file_description(name), confinement, annotations)
+}
+
+/// The file tools (`src/mcp/files/`).
+fn file_definitions(confinement: &Confinement) -> Vec<Tool> {
+    let note = confinement.file_sentence();
+    let reading = || ToolAnnotations::new().read_only(true).open_world(false);
+    let changing = || {
+        ToolAnnotations::new()
+            .read_only(false)
+            .destructive(true)
+            .open_world(false)
+    };
+    vec![
+        file_tool::<files::ReadFileArgs, files::ReadFileResult>("read_file", &note, reading()),
+        file_tool::<files::WriteFileArgs, files::WriteFileResult>("write_file", &note, changing()),
+        file_tool::<files::EditFileArgs, files::EditFileResult>("edit_file", &note, changing()),
+        file_tool::<files::ListDirectoryArgs, files::ListDirectoryResult>(
+            "list_directory",
+            &note,
+            reading(),
+        ),
+        file_tool::<files::SearchFilesArgs, files::SearchFilesResult>(
+            "search_files",
+            &note,
+            reading(),
+        ),
+        file_tool::<files::FileInfoArgs, files::FileInfoResult>("file_info", &note, reading()),
+        file_tool::<files::MovePathArgs, files::MovePathResult>("move_path", &note, changing()),
+        file_tool::<files::RemovePathArgs, files::RemovePathResult>(
+            "remove_path",
+            &note,
+            changing(),
+        ),
+        file_tool::<files::MakeDirectoryArgs, files::MakeDirectoryResult>(
+            "make_directory",
+            &note,
+            ToolAnnotations::new()
+                .read_only(false)
+                .idempotent(true)
+                .open_world(false),
+        ),
+    ]
 }
 
 /// Every tool of the server.
@@ -125,6 +200,9 @@ pub fn definitions(confinement: &Confinement) -> Vec<Tool> {
             reading(),
         ),
     ]
+    .into_iter()
+    .chain(file_definitions(confinement))
+    .collect()
 }
 
 /// What `initialize` tells the client about the server.

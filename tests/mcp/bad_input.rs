@@ -45,7 +45,8 @@ pub fn bad_input_is_answered_and_the_server_goes_on(backend: Backend) {
     assert_eq!(
         answer["error"]["message"],
         "capexec: unknown tool \"rm_rf\"; the tools are: exec, process_output, process_input, \
-         process_signal, process_terminate, process_list"
+         process_signal, process_terminate, process_list, read_file, write_file, edit_file, \
+         list_directory, search_files, file_info, move_path, remove_path, make_directory"
     );
     // Wrong argument types, unknown fields, missing ones: tool errors.
     let text = mcp.call_error("exec", json!({"argv": "echo hi"}));
@@ -95,7 +96,16 @@ pub fn bad_input_is_answered_and_the_server_goes_on(backend: Backend) {
             "process_input",
             "process_signal",
             "process_terminate",
-            "process_list"
+            "process_list",
+            "read_file",
+            "write_file",
+            "edit_file",
+            "list_directory",
+            "search_files",
+            "file_info",
+            "move_path",
+            "remove_path",
+            "make_directory"
         ]
     );
     still_serves(&mut mcp);

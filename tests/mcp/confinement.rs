@@ -157,7 +157,7 @@ pub fn unconfined_commands_can_write_anywhere_and_every_tool_says_so(backend: Ba
     let mut mcp = Mcp::start(backend, root.path(), &["--unconfined"]);
     let tools = mcp.request("tools/list", json!({}));
     let tools = tools["result"]["tools"].as_array().expect("tools").clone();
-    assert_eq!(tools.len(), 6);
+    assert_eq!(tools.len(), 15);
     for tool in &tools {
         let description = tool["description"].as_str().expect("description");
         assert!(

@@ -11,6 +11,7 @@ mod common;
 mod bad_input;
 mod client;
 mod confinement;
+mod files;
 mod process;
 
 /// Each body as one test per backend: `embedded::NAME` and `unix::NAME`.
