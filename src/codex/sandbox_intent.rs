@@ -635,6 +635,7 @@ impl Plan {
             // A server's secret in one of them (a token in /tmp, or under
             // /root): the root is split around it.
             leave_out_secrets: true,
+            read_only_inside: Vec::new(),
         }
     }
 
