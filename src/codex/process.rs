@@ -145,6 +145,7 @@ fn start_confined(
         .borrow_mut()
         .insert(process_id.clone(), entry.clone());
     let executor = connection.bridge.executor.clone();
+    let carving = session.carving;
     let session = session.clone();
     let tmpdir = command
         .spec()
@@ -156,7 +157,7 @@ fn start_confined(
         .map(|(_, value)| value.clone());
     later(async move {
         let started = confinement
-            .start(&executor, &mut command, tmpdir.as_deref())
+            .start(&executor, &mut command, tmpdir.as_deref(), carving)
             .await;
         entry.starting.set(false);
         let process = match started {

@@ -318,6 +318,19 @@ pub fn confinement_for(
     }))
 }
 
+/// How a path with less access than the root around it is carved out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Carving {
+    /// The root is split along the path to it (any executor; nothing new
+    /// can be made at the top of a split directory).
+    Split,
+    /// A read-only path directly inside a writable root is mounted
+    /// read-only over itself (`Sandbox.readOnlyInside`; executors that
+    /// list "sandbox-read-only-inside"), the root kept whole; anything
+    /// else is split.
+    Mount,
+}
+
 /// A root planned for the kernel.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlannedRoot {
@@ -334,8 +347,26 @@ pub struct Plan {
     /// executor's machine (symbolic links resolved): no writable root may
     /// be or contain one.
     pub protected: Vec<PathBuf>,
+    /// Read-only paths directly inside a writable root, mounted read-only
+    /// ([`Carving::Mount`]), where they are on the executor's machine.
+    pub read_only_inside: Vec<PathBuf>,
+    /// Directories split around what is carved out of them, with the
+    /// access of the root they were split from and the names of their
+    /// entries that are carved out or lead to what is.
+    pub splits: Vec<Split>,
     pub system_roots: bool,
     pub network: Network,
+}
+
+/// A directory split around what is carved out of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Split {
+    pub path: PathBuf,
+    /// Where it is on the executor's machine (symbolic links resolved).
+    pub real_path: PathBuf,
+    pub access: Access,
+    /// Its entries that are carved out, or lead to what is.
+    pub reserved: Vec<OsString>,
 }
 
 /// One entry of a directory listing.
@@ -369,6 +400,16 @@ impl Confinement {
         &self,
         tree: &T,
         tmpdir: Option<&OsStr>,
+    ) -> Result<Plan, IntentError> {
+        self.plan_carving(tree, tmpdir, Carving::Split).await
+    }
+
+    /// [`Confinement::plan`], carving as `carving` says.
+    pub async fn plan_carving<T: Tree>(
+        &self,
+        tree: &T,
+        tmpdir: Option<&OsStr>,
+        carving: Carving,
     ) -> Result<Plan, IntentError> {
         // Every entry where it is on this machine (`$TMPDIR` known now).
         let mut placed: Vec<(PathBuf, Access, bool)> = Vec::new();
@@ -433,8 +474,11 @@ impl Confinement {
         let mut planner = Planner {
             tree,
             entries: &entries,
+            carving,
             roots: Vec::new(),
             protected: Vec::new(),
+            read_only_inside: Vec::new(),
+            splits: Vec::new(),
         };
         for (path, access) in &entries {
             if *access >= Access::Read {
@@ -460,9 +504,14 @@ impl Confinement {
         let mut protected = planner.protected;
         protected.sort();
         protected.dedup();
+        let mut read_only_inside = planner.read_only_inside;
+        read_only_inside.sort();
+        read_only_inside.dedup();
         let plan = Plan {
             roots,
             protected,
+            read_only_inside,
+            splits: planner.splits,
             system_roots: self.system_roots,
             network: self.network,
         };
@@ -526,8 +575,11 @@ fn system_directory_of(path: &Path) -> Option<&'static Path> {
 struct Planner<'a, T> {
     tree: &'a T,
     entries: &'a [(PathBuf, Access)],
+    carving: Carving,
     roots: Vec<PlannedRoot>,
     protected: Vec<PathBuf>,
+    read_only_inside: Vec<PathBuf>,
+    splits: Vec<Split>,
 }
 
 impl<T: Tree> Planner<'_, T> {
@@ -564,6 +616,42 @@ impl<T: Tree> Planner<'_, T> {
         let Some(listing) = self.tree.list(dir).await.map_err(IntentError::Executor)? else {
             return Ok(());
         };
+        let mountable = self.carving == Carving::Mount
+            && access == Access::Write
+            && dir != Path::new("/")
+            && lower.iter().all(|(path, below)| {
+                *below == Access::Read
+                    && path.parent() == Some(dir)
+                    && listing
+                        .entries
+                        .iter()
+                        .any(|listed| dir.join(&listed.name) == *path)
+            });
+        if mountable {
+            // Kept whole; what is below it read-only by mounts, those that
+            // exist (an entry whose path is missing has nothing to keep).
+            self.push(dir, access)?;
+            for listed in &listing.entries {
+                if lower
+                    .iter()
+                    .any(|(path, _)| *path == dir.join(&listed.name))
+                {
+                    self.read_only_inside
+                        .push(listing.real_path.join(&listed.name));
+                }
+            }
+            return Ok(());
+        }
+        self.splits.push(Split {
+            path: dir.to_path_buf(),
+            real_path: listing.real_path.clone(),
+            access,
+            reserved: lower
+                .iter()
+                .filter_map(|(path, _)| path.strip_prefix(dir).ok()?.iter().next())
+                .map(OsStr::to_os_string)
+                .collect(),
+        });
         for listed in &listing.entries {
             let child = dir.join(&listed.name);
             if KERNEL_DIRECTORIES
@@ -635,17 +723,27 @@ impl Plan {
             // A server's secret in one of them (a token in /tmp, or under
             // /root): the root is split around it.
             leave_out_secrets: true,
-            read_only_inside: Vec::new(),
+            read_only_inside: self.read_only_inside.clone(),
         }
     }
 
     /// The access this plan gives `path` (the greatest of the roots above
     /// it, as Landlock unites them).
     pub fn access_at(&self, path: &Path) -> Access {
-        self.roots_of(path)
+        let access = self
+            .roots_of(path)
             .map(|root| root.access)
             .max()
-            .unwrap_or(Access::None)
+            .unwrap_or(Access::None);
+        if self
+            .read_only_inside
+            .iter()
+            .any(|inside| path.starts_with(inside))
+        {
+            access.min(Access::Read)
+        } else {
+            access
+        }
     }
 
     /// The roots above `path` (itself included), capexec's system
@@ -681,6 +779,25 @@ impl Plan {
                      workspace changed while the start was prepared",
                     root.display(),
                     protected.display()
+                )));
+            }
+        }
+        for inside in &self.read_only_inside {
+            if !applied.read_only_inside.contains(inside) {
+                return Err(IntentError::Executor(format!(
+                    "the executor did not keep {} read-only inside its writable root",
+                    inside.display()
+                )));
+            }
+            if let Some(root) = applied
+                .writable
+                .iter()
+                .find(|root| root.starts_with(inside))
+            {
+                return Err(IntentError::Executor(format!(
+                    "the writable root {} is inside {}, which must stay read-only",
+                    root.display(),
+                    inside.display()
                 )));
             }
         }
@@ -796,9 +913,10 @@ impl Confinement {
         executor: &executor::Client,
         command: &mut crate::client::Command,
         tmpdir: Option<&OsStr>,
+        carving: Carving,
     ) -> Result<Plan, IntentError> {
         let plan = self
-            .plan(&ExecutorTree::new(executor.clone()), tmpdir)
+            .plan_carving(&ExecutorTree::new(executor.clone()), tmpdir, carving)
             .await?;
         command.sandbox(plan.sandbox());
         Ok(plan)
@@ -814,12 +932,13 @@ impl Confinement {
         executor: &executor::Client,
         command: &mut crate::client::Command,
         tmpdir: Option<&OsStr>,
+        carving: Carving,
     ) -> Result<crate::client::RemoteProcess, StartError> {
         let mut attempt = 0;
         loop {
             attempt += 1;
             let plan = self
-                .prepare(executor, command, tmpdir)
+                .prepare(executor, command, tmpdir, carving)
                 .await
                 .map_err(StartError::Intent)?;
             let process = match command.spawn(executor).await {

@@ -148,6 +148,10 @@ pub enum Tracking {
     Cgroup,
 }
 
+/// Listed in `ExecutorInfo.features` by a server that can keep paths
+/// read-only inside writable roots (`Sandbox.readOnlyInside`).
+pub const READ_ONLY_INSIDE_FEATURE: &str = "sandbox-read-only-inside";
+
 /// What the server enforced for one process (the schema's `Confinement`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Confinement {

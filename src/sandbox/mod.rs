@@ -180,9 +180,7 @@ pub fn info_features() -> Vec<String> {
 
 /// Whether `feature` (of `Executor.info`) says what a server's host can
 /// enforce, as [`info_features`] names it.
-/// Listed in `ExecutorInfo.features` by a server that can keep paths
-/// read-only inside writable roots (`Sandbox.readOnlyInside`).
-pub const READ_ONLY_INSIDE_FEATURE: &str = "sandbox-read-only-inside";
+pub use crate::model::READ_ONLY_INSIDE_FEATURE;
 
 pub fn is_host_feature(feature: &str) -> bool {
     ["sandbox-landlock-", "limits:", "peer-check:"]
