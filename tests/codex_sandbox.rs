@@ -402,6 +402,35 @@ async fn fs_calls_reach_what_the_intent_allows(executor: executor::Client) {
             .await
             .is_err()
     );
+    // An entry at the top of the split workspace: through the workspace,
+    // by its one name; a link there is replaced, never followed into
+    // `.git`; `.git` itself and what is reached through a link are not.
+    std::os::unix::fs::symlink(".git/config", ws.join("to-config")).expect("link");
+    std::os::unix::fs::symlink(".git", ws.join("to-git")).expect("link");
+    for name in ["new-top", "to-config"] {
+        let (dir, relative) = plan
+            .directory_for(&executor, &ws.join(name), Access::Write)
+            .await
+            .expect("an entry at the top is writable");
+        assert_eq!(relative, Path::new(name));
+        dir.write(&relative, b"top\n".to_vec())
+            .await
+            .expect("write");
+        let meta = std::fs::symlink_metadata(ws.join(name)).expect("written");
+        assert!(meta.is_file(), "{name}: {meta:?}");
+    }
+    for refused in [".git", ".git/config", "to-git/config", "to-git/new"] {
+        assert!(
+            plan.directory_for(&executor, &ws.join(refused), Access::Write)
+                .await
+                .is_err(),
+            "{refused} was writable"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(ws.join(".git/config")).expect("config"),
+        "[core]\n"
+    );
     let (dir, relative) = plan
         .directory_for(&executor, Path::new("/etc/passwd"), Access::Read)
         .await

@@ -762,6 +762,17 @@ impl Plan {
             .chain(system)
     }
 
+    /// The directory split from a writable root that `path` is an entry
+    /// of, unless the entry is carved out or leads to what is.
+    pub fn top_of_split(&self, path: &Path) -> Option<&Split> {
+        let name = path.file_name()?;
+        self.splits.iter().find(|split| {
+            split.access == Access::Write
+                && path.parent() == Some(split.path.as_path())
+                && !split.reserved.iter().any(|reserved| reserved == name)
+        })
+    }
+
     /// Checks what the executor applied (the process's
     /// `confinement.sandbox`, symbolic links resolved): no writable root
     /// may be or contain a protected path, nor lie inside one. A root that
@@ -844,6 +855,25 @@ impl Plan {
                 path.display()
             ))
         })?;
+        if need == Access::Write
+            && let Some(split) = self.top_of_split(&path)
+        {
+            // An entry at the top of a directory split from a writable
+            // root: made, replaced or removed through that directory, by
+            // its one name (nothing on the way to follow), where the
+            // listing found it.
+            let directory = Directory::open(executor, &split.path);
+            let info = directory.info().await.map_err(|error| {
+                IntentError::Executor(format!("{}: {error}", split.path.display()))
+            })?;
+            if info.path != split.real_path {
+                return Err(IntentError::Executor(format!(
+                    "{} moved while the call was prepared",
+                    split.path.display()
+                )));
+            }
+            return Ok((split.path.clone(), Access::Write, directory));
+        }
         if self.access_at(&path) < need.max(Access::Read) {
             return Err(IntentError::Unenforceable(format!(
                 "{} is not {} in the sandbox",
