@@ -60,6 +60,12 @@ struct Located {
 }
 
 impl Files {
+    /// The directory files are served beneath (the bridge's `--root`, or
+    /// a confined call's planned root).
+    fn served_root(&self) -> Option<&Path> {
+        self.root.as_ref().map(|(root, _)| root.as_path())
+    }
+
     pub fn new(bridge: &Bridge) -> Files {
         let root = bridge
             .root
@@ -162,6 +168,7 @@ impl Files {
         else {
             return Ok(());
         };
+        let confinement = confinement.within(self.served_root());
         let plan = confinement
             .plan(&ExecutorTree::new(self.executor.clone()), None)
             .await
@@ -226,6 +233,7 @@ impl Files {
         else {
             return Ok(None);
         };
+        let confinement = confinement.within(self.served_root());
         let plan = confinement
             .plan(&ExecutorTree::new(self.executor.clone()), None)
             .await

@@ -115,6 +115,8 @@ pub struct Confinement {
     system_roots: bool,
     network: Network,
     cwd: PathBuf,
+    /// The bridge's `--root`: what the intent gives is narrowed to it.
+    within: Option<PathBuf>,
 }
 
 /// What `sandboxType` answers for `confinement`.
@@ -315,6 +317,7 @@ pub fn confinement_for(
         system_roots,
         network,
         cwd,
+        within: None,
     }))
 }
 
@@ -426,6 +429,24 @@ impl Confinement {
             };
             placed.push((path, entry.access, entry.skip_missing));
         }
+        let mut system_roots = self.system_roots;
+        let mut network = self.network;
+        if let Some(dir) = &self.within {
+            if !self.cwd.starts_with(dir) {
+                return Err(IntentError::Unenforceable(format!(
+                    "the working directory {} is outside the bridge's --root {}",
+                    self.cwd.display(),
+                    dir.display()
+                )));
+            }
+            // The root readable: so are the system directories, which the
+            // directory's executor keeps readable.
+            system_roots |= placed
+                .iter()
+                .any(|(path, access, _)| path == Path::new("/") && *access >= Access::Read);
+            placed = narrowed_to(placed, dir);
+            network = Network::None;
+        }
         let all: Vec<(PathBuf, Access)> = placed
             .iter()
             .map(|(path, access, _)| (path.clone(), *access))
@@ -460,7 +481,7 @@ impl Confinement {
                 None => entries.push((path, access)),
             }
         }
-        if self.system_roots {
+        if system_roots {
             for (path, access) in &entries {
                 if *access == Access::None && is_system_path(path) {
                     return Err(IntentError::Unenforceable(format!(
@@ -512,8 +533,8 @@ impl Confinement {
             protected,
             read_only_inside,
             splits: planner.splits,
-            system_roots: self.system_roots,
-            network: self.network,
+            system_roots,
+            network,
         };
         // capexec always lets a start read its working directory (and all
         // below it): only where the plan gives that already.
@@ -527,6 +548,17 @@ impl Confinement {
         Ok(plan)
     }
 
+    /// This confinement narrowed to `dir` (the bridge's `--root`, whose
+    /// executor lets commands write only beneath it, read the system
+    /// directories, and reach no network): what the intent gives beneath
+    /// `dir`, `dir` itself what the intent's deepest entry above it gives,
+    /// nothing elsewhere but the system directories where the intent reads
+    /// them, and no network. Stricter than the intent, never weaker.
+    pub fn within(mut self, dir: Option<&Path>) -> Confinement {
+        self.within = dir.map(Path::to_path_buf);
+        self
+    }
+
     /// The working directory the intent names (its own `cwd`, else the
     /// start's).
     pub fn cwd(&self) -> &Path {
@@ -536,6 +568,26 @@ impl Confinement {
     pub fn network(&self) -> Network {
         self.network
     }
+}
+
+/// `placed` narrowed to `dir`: the entries beneath it, and `dir` itself
+/// with the access of the deepest entry at or above it (if any).
+fn narrowed_to(placed: Vec<(PathBuf, Access, bool)>, dir: &Path) -> Vec<(PathBuf, Access, bool)> {
+    let at_dir = placed
+        .iter()
+        .filter(|(path, _, _)| dir.starts_with(path))
+        .max_by_key(|(path, _, _)| path.components().count())
+        .map(|(_, access, _)| *access);
+    let mut narrowed: Vec<(PathBuf, Access, bool)> = at_dir
+        .map(|access| (dir.to_path_buf(), access, false))
+        .into_iter()
+        .collect();
+    narrowed.extend(
+        placed
+            .into_iter()
+            .filter(|(path, _, _)| path.starts_with(dir) && path != dir),
+    );
+    narrowed
 }
 
 /// The access of the deepest entry strictly above `path`.
