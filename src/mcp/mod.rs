@@ -15,6 +15,7 @@
 //! from the same factory; stdio has one ([`serve_stdio`]).
 
 pub mod files;
+pub mod http;
 mod local;
 mod output;
 mod process;
