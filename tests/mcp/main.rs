@@ -11,8 +11,13 @@ mod common;
 mod bad_input;
 mod client;
 mod confinement;
+mod conformance;
 mod files;
+mod http;
+mod http_bad_input;
 mod process;
+mod python;
+mod tools;
 
 /// Each body as one test per backend: `embedded::NAME` and `unix::NAME`.
 macro_rules! mcp_backend_tests {

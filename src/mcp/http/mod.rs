@@ -72,6 +72,15 @@ impl Front {
         }
         let new_session = request.method() == http::Method::POST
             && !request.headers().contains_key("mcp-session-id");
+        if request.method() == http::Method::DELETE {
+            let mut response = self.service.handle(request).await;
+            // rmcp answers 202, but the session has ended by then: clients
+            // (the Python SDK) expect 200 or 204 and warn otherwise.
+            if response.status() == http::StatusCode::ACCEPTED {
+                *response.status_mut() = http::StatusCode::OK;
+            }
+            return response;
+        }
         if !new_session {
             return self.service.handle(request).await;
         }
