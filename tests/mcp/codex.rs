@@ -36,18 +36,53 @@ fn call(tool: &'static str, arguments: Value) -> Step {
 }
 
 #[test]
-fn codex_calls_capexec_exec_and_edit_file() {
+fn codex_calls_capexec_exec_and_edit_file_over_stdio() {
     let Some(codex) = codex() else {
         return;
     };
+    let home = CodexHome::local(SandboxMode::DangerFullAccess);
+    let workspace = home.workspace.display().to_string();
+    let table = format!(
+        "command = {}\nargs = [\"mcp\", \"--root\", {}]\n",
+        toml_string(BIN),
+        toml_string(&workspace),
+    );
+    turn(codex, home, &table);
+}
+
+/// The same with `capexec mcp --listen` on loopback with a bearer token,
+/// declared to Codex by its `url` and the header.
+#[test]
+fn codex_calls_capexec_exec_and_edit_file_over_http_with_a_token() {
+    let Some(codex) = codex() else {
+        return;
+    };
+    let home = CodexHome::local(SandboxMode::DangerFullAccess);
+    let secrets = crate::common::data::TempDir::new("mcp-codex-token");
+    let token = "bearer-token-codex-presents-0123456789";
+    let token_file = secrets.path().join("token");
+    std::fs::write(&token_file, token).expect("token file");
+    std::fs::set_permissions(
+        &token_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .expect("chmod");
+    let file = token_file.display().to_string();
+    let server = crate::http::Listening::start(&home.workspace, &["--http-token-file", &file]);
+    let table = format!(
+        "url = {}\nhttp_headers = {{ Authorization = {} }}\n",
+        toml_string(&server.url),
+        toml_string(&format!("Bearer {token}")),
+    );
+    turn(codex, home, &table);
+    drop(server);
+}
+
+/// One turn of Codex whose `[mcp_servers.capexec]` is `table`: the model
+/// calls capexec's exec, then edit_file.
+fn turn(codex: &'static std::path::Path, mut home: CodexHome, table: &str) {
+    home.add_config(&format!("\n[mcp_servers.capexec]\n{table}"));
     crate::common::run_on_runtime(async move {
-        let mut home = CodexHome::local(SandboxMode::DangerFullAccess);
-        let workspace = home.workspace.display().to_string();
-        home.add_config(&format!(
-            "\n[mcp_servers.capexec]\ncommand = {}\nargs = [\"mcp\", \"--root\", {}]\n",
-            toml_string(BIN),
-            toml_string(&workspace),
-        ));
         let model = ScriptedModel::start(vec![
             call(
                 "exec",
