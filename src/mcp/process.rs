@@ -186,9 +186,12 @@ pub async fn exec(
         .as_ref()
         .map(|data| process.write_in_order(data.as_bytes(), "capexec-mcp-stdin"));
     let closing = (args.stdin.is_some() && !keep_open).then(|| process.close_stdin_in_order());
-    started
-        .await
-        .map_err(|error| failed("exec", &format!("cannot start {:?}", argv[0]), &error))?;
+    let started = tokio::select! {
+        started = started => started,
+        // Dropping the process's only handle ends it once it has started.
+        () = call.cancelled.cancelled() => return Err("capexec: exec: cancelled".into()),
+    };
+    started.map_err(|error| failed("exec", &format!("cannot start {:?}", argv[0]), &error))?;
     let entry = session.add(process.clone(), shown(&argv));
     if let Some(written) = written {
         written

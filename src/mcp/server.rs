@@ -259,3 +259,16 @@ impl ServerHandler for McpSession {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// A transport with many sessions (Streamable HTTP) shares the factory
+    /// between its tasks and hands sessions to rmcp: both must be `Send +
+    /// Sync`, whatever the capability thread holds.
+    #[test]
+    fn the_factory_and_its_sessions_may_cross_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<super::Mcp>();
+        send_sync::<super::McpSession>();
+    }
+}
