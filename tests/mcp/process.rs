@@ -20,6 +20,7 @@ crate::mcp_backend_tests!(process:
     process_list_shows_the_sessions_processes,
     a_session_holds_at_most_64_processes,
     output_the_executor_no_longer_has_is_a_gap,
+    a_client_that_vanishes_mid_call_ends_the_session,
 );
 
 pub fn exec_answers_exact_bytes_and_the_exit_code(backend: Backend) {
@@ -467,4 +468,41 @@ pub fn output_the_executor_no_longer_has_is_a_gap(backend: Backend) {
     assert!(stdout.ends_with(b"x\nend\n"));
     assert!(stdout.len() < 4 << 20, "what was evicted is not answered");
     assert!(stdout[..stdout.len() - 5].iter().all(|&byte| byte == b'x'));
+}
+
+pub fn a_client_that_vanishes_mid_call_ends_the_session(backend: Backend) {
+    let root = TempDir::new("mcp");
+    let mut mcp = Mcp::start(backend, root.path(), &[]);
+    let handed = mcp.call(
+        "exec",
+        json!({"command": "echo $$ > pid1; exec sleep 60", "yield_ms": 0}),
+    );
+    assert_eq!(handed["running"], true);
+    mcp.send_request(
+        "tools/call",
+        json!({"name": "exec", "arguments": {"command": "echo $$ > pid2; exec sleep 60",
+                                             "yield_ms": 300000}}),
+    );
+    mcp.send_request(
+        "tools/call",
+        json!({"name": "process_output", "arguments": {"process_id": "p1", "wait_ms": 300000,
+                                                       "after_seq": handed["next_seq"]}}),
+    );
+    let pids = [
+        pid_in(&root.path().join("pid1")),
+        pid_in(&root.path().join("pid2")),
+    ];
+    // Gone without a word: its end of stdin closes. rmcp gives the calls in
+    // flight 5 s to answer, then cancels them: not the 300 s they asked.
+    let started = std::time::Instant::now();
+    assert_eq!(mcp.finish(), 0);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(60),
+        "capexec mcp waited for the calls in flight"
+    );
+    for pid in pids {
+        eventually(&format!("process {pid} ended with the session"), || {
+            gone(pid)
+        });
+    }
 }
