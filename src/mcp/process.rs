@@ -165,9 +165,15 @@ pub async fn exec(
     command
         .args(&argv[1..])
         .current_dir(working_directory(&local.root, args.cwd.as_deref()))
-        // The retained log (the last MiB): a process nobody reads is never
-        // held back, and what was evicted is said as a gap.
-        .flow(Flow::Retain)
+        // By default the retained log (the last MiB): a process nobody
+        // reads (a server's logs) is never held back, and what was evicted
+        // is said as a gap. Lossless on request, as the Codex bridge starts
+        // every process.
+        .flow(if args.lossless.unwrap_or(false) {
+            Flow::Lossless
+        } else {
+            Flow::Retain
+        })
         .stdin(if args.stdin.is_some() || keep_open {
             Stdin::Piped
         } else {

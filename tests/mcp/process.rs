@@ -21,6 +21,7 @@ crate::mcp_backend_tests!(process:
     a_session_holds_at_most_64_processes,
     output_the_executor_no_longer_has_is_a_gap,
     a_client_that_vanishes_mid_call_ends_the_session,
+    lossless_output_is_never_lost,
 );
 
 pub fn exec_answers_exact_bytes_and_the_exit_code(backend: Backend) {
@@ -505,4 +506,28 @@ pub fn a_client_that_vanishes_mid_call_ends_the_session(backend: Backend) {
             gone(pid)
         });
     }
+}
+
+pub fn lossless_output_is_never_lost(backend: Backend) {
+    let root = TempDir::new("mcp");
+    let mut mcp = Mcp::start(backend, root.path(), &[]);
+    // The same 4 MiB that leave a gap without it.
+    let result = mcp.call(
+        "exec",
+        json!({"command": "read go; head -c 4194304 /dev/zero | tr '\\000' x; echo end",
+               "keep_stdin_open": true, "yield_ms": 0, "lossless": true}),
+    );
+    let id = result["process_id"]
+        .as_str()
+        .expect("process_id")
+        .to_string();
+    mcp.call(
+        "process_input",
+        json!({"process_id": id, "data": "go\n", "close": true}),
+    );
+    let (stdout, _, last) = mcp.read_to_end(&id);
+    assert_eq!(last["exit"]["code"], 0, "{last}");
+    assert_eq!(stdout.len(), (4 << 20) + 4);
+    assert!(stdout.ends_with(b"xend\n"));
+    assert!(stdout[..4 << 20].iter().all(|&byte| byte == b'x'));
 }
