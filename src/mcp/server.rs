@@ -15,12 +15,18 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 
 use super::local::{Local, Session};
 use super::process::{self, Call};
 use super::seam::{LocalFuture, Seam};
 use super::tools::{self, Confinement};
+
+/// Calls of one session being worked on at once. rmcp reads on and spawns
+/// a task per request without limit, each holding its arguments (a line
+/// of up to 16 MiB): past this, a call is answered at once with an error
+/// and its arguments let go.
+pub const CALLS_IN_FLIGHT: usize = 64;
 
 /// What makes MCP sessions: one per stdio connection, or one per
 /// Streamable HTTP session (a transport's service factory calls
@@ -60,6 +66,7 @@ impl Mcp {
             }),
             tools: self.tools.clone(),
             instructions: self.instructions.clone(),
+            in_flight: Arc::new(Semaphore::new(CALLS_IN_FLIGHT)),
         }
     }
 }
@@ -84,6 +91,7 @@ pub struct McpSession {
     key: Arc<SessionKey>,
     tools: Arc<Vec<Tool>>,
     instructions: Arc<str>,
+    in_flight: Arc<Semaphore>,
 }
 
 type Work<A, R> = fn(Rc<Local>, Rc<Session>, A, Call) -> LocalFuture<Result<R, String>>;
@@ -190,6 +198,15 @@ impl ServerHandler for McpSession {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
+        let Ok(_permit) = self.in_flight.clone().try_acquire_owned() else {
+            return Err(McpError::invalid_request(
+                format!(
+                    "capexec: {CALLS_IN_FLIGHT} calls of this session are being worked on: \
+                     wait for their answers"
+                ),
+                None,
+            ));
+        };
         let arguments = serde_json::Value::Object(request.arguments.unwrap_or_default());
         let call = Call {
             cancelled: context.ct.clone(),
