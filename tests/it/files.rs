@@ -1549,6 +1549,38 @@ async fn a_search_matches_lines_on_the_executor_and_skips_what_it_says(ctx: Ctx)
     assert!(result.truncated);
     assert!(result.matches.iter().all(|m| !m.path.starts_with(b"sub")));
 
+    // More files than one step of the executor's takes (256): every one
+    // searched, every match found.
+    std::fs::create_dir(root.join("many")).expect("mkdir");
+    for n in 0..300 {
+        std::fs::write(
+            root.join(format!("many/{n:03}")),
+            format!("x\nfile {n:03}\n"),
+        )
+        .expect("write");
+    }
+    let result = dir
+        .search("many", &search_for("^file"))
+        .await
+        .expect("search");
+    assert_eq!(result.files_searched, 300);
+    let mut lines: Vec<_> = result
+        .matches
+        .iter()
+        .map(|m| (m.path.clone(), m.line_number, m.text.clone()))
+        .collect();
+    lines.sort();
+    let expected: Vec<_> = (0..300)
+        .map(|n| {
+            (
+                format!("{n:03}").into_bytes(),
+                2,
+                format!("file {n:03}").into_bytes(),
+            )
+        })
+        .collect();
+    assert_eq!(lines, expected);
+
     // Refusals: a malformed pattern before anything is read, a path out.
     let (kind, message) = refused(dir.search("", &search_for("a(b")).await);
     assert_eq!(kind, RefusalKind::InvalidArgument);
