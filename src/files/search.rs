@@ -68,7 +68,7 @@ impl Search {
             include: options.include.clone(),
             exclude: options.exclude.clone(),
         };
-        let walk = Walk::open(&base, b"", &walk_options)?;
+        let walk = Walk::open_as(OP, &base, b"", path, &walk_options)?;
         let max_matches = match options.max_matches {
             0 => MAX_SEARCH_MATCHES,
             asked => asked.min(MAX_SEARCH_MATCHES),

@@ -1585,6 +1585,16 @@ async fn a_search_matches_lines_on_the_executor_and_skips_what_it_says(ctx: Ctx)
     let (kind, message) = refused(dir.search("", &search_for("a(b")).await);
     assert_eq!(kind, RefusalKind::InvalidArgument);
     assert_eq!(message, "search \".\": pattern \"a(b\": unclosed group");
+    let options = SearchOptions {
+        include: vec![b"[".to_vec()],
+        ..search_for("a")
+    };
+    let (kind, message) = refused(dir.search("sub", &options).await);
+    assert_eq!(kind, RefusalKind::InvalidArgument);
+    assert!(
+        message.starts_with("search \"sub\": pattern \"[\": "),
+        "{message}"
+    );
     assert_eq!(
         kind_of(dir.search("..", &search_for("a")).await),
         RefusalKind::OutsideDirectory
