@@ -1031,6 +1031,11 @@ async fn limits_are_refused_with_limit(ctx: Ctx) {
         Some(RefusalKind::LimitReached),
         "{error}"
     );
+    // A search is a transfer too.
+    assert_eq!(
+        kind_of(dir.search("", &search_for("x")).await),
+        RefusalKind::LimitReached
+    );
     drop(held);
     // Released uploads give their places back (and leave nothing).
     dir.upload("after", &b"ok"[..], &WriteOptions::default(), None)
