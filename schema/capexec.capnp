@@ -1584,7 +1584,7 @@ interface Directory {
   readOnly @17 () -> (dir :Directory);
   # The same directory, read-only: `stat`, `list`, `walk`, `readFile`,
   # `download`, `readlink`, `canonicalize`, `subdirectory`, `readOnly`,
-  # `watch` and `info` work; every other call fails with
+  # `watch`, `info`, `readFiles` and `search` work; every other call fails with
   # `[capexec:forbidden]` naming the call, and so do the same calls on
   # everything derived from it.
 
