@@ -146,30 +146,57 @@ impl McpSession {
     }
 }
 
-fn failure(text: String) -> CallToolResponse {
-    CallToolResult::error(vec![ContentBlock::text(text)]).into()
-}
+impl McpSession {
+    fn is_file_tool(&self, name: &str) -> bool {
+        super::files::TOOL_DESCRIPTIONS
+            .iter()
+            .any(|(tool, _)| *tool == name)
+    }
 
-/// A file tool (`src/mcp/files/`): the method of the root's `FileTools`
-/// of the same name, its failure's message (capexec's tag kept) as the
-/// tool error.
-macro_rules! file_tool {
-    ($server:expr, $name:expr, $arguments:expr, $call:expr, $method:ident) => {
-        $server
-            .call($name, $arguments, $call, |local, _session, args, _call| {
+    /// File tool `name` (`src/mcp/files/`, by its own dispatch) on the
+    /// capability thread; its failure is a tool error `capexec: TOOL: ...`
+    /// with capexec's tag kept.
+    async fn call_file(
+        &self,
+        name: &str,
+        arguments: serde_json::Value,
+    ) -> Result<CallToolResponse, McpError> {
+        let key = self.key.clone();
+        let tool = name.to_string();
+        let answer = self
+            .seam
+            .run(move |local| {
                 Box::pin(async move {
                     let files = local.files().await?;
-                    files.$method(args).await.map_err(|error| {
-                        let message = error
-                            .message
-                            .strip_prefix("capexec: ")
-                            .unwrap_or(&error.message);
-                        format!("capexec: {}: {message}", stringify!($method))
-                    })
+                    let answer = files.call(&tool, arguments).await;
+                    drop(key);
+                    match answer {
+                        Some(Ok(value)) => Ok(value),
+                        Some(Err(error)) => {
+                            let message = error
+                                .message
+                                .strip_prefix("capexec: ")
+                                .unwrap_or(&error.message);
+                            let message = message
+                                .strip_prefix(&format!("{tool}: "))
+                                .unwrap_or(message);
+                            Err(format!("capexec: {tool}: {message}"))
+                        }
+                        None => Err(format!("capexec: {tool}: not a file tool")),
+                    }
                 })
             })
             .await
-    };
+            .map_err(|closed| McpError::internal_error(closed.to_string(), None))?;
+        Ok(match answer {
+            Ok(value) => CallToolResult::structured(value).into(),
+            Err(error) => failure(error),
+        })
+    }
+}
+
+fn failure(text: String) -> CallToolResponse {
+    CallToolResult::error(vec![ContentBlock::text(text)]).into()
 }
 
 impl ServerHandler for McpSession {
@@ -253,15 +280,7 @@ impl ServerHandler for McpSession {
                 })
                 .await
             }
-            "read_file" => file_tool!(self, name, arguments, call, read_file),
-            "write_file" => file_tool!(self, name, arguments, call, write_file),
-            "edit_file" => file_tool!(self, name, arguments, call, edit_file),
-            "list_directory" => file_tool!(self, name, arguments, call, list_directory),
-            "search_files" => file_tool!(self, name, arguments, call, search_files),
-            "file_info" => file_tool!(self, name, arguments, call, file_info),
-            "move_path" => file_tool!(self, name, arguments, call, move_path),
-            "remove_path" => file_tool!(self, name, arguments, call, remove_path),
-            "make_directory" => file_tool!(self, name, arguments, call, make_directory),
+            name if self.is_file_tool(name) => self.call_file(name, arguments).await,
             _ => Err(McpError::invalid_params(
                 format!(
                     "capexec: unknown tool {name:?}; the tools are: {}",

@@ -13,6 +13,7 @@ mod client;
 mod confinement;
 mod files;
 mod process;
+mod schema;
 
 /// Each body as one test per backend: `embedded::NAME` and `unix::NAME`.
 macro_rules! mcp_backend_tests {
