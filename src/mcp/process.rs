@@ -192,13 +192,25 @@ pub async fn exec(
         .as_ref()
         .map(|data| process.write_in_order(data.as_bytes(), "capexec-mcp-stdin"));
     let closing = (args.stdin.is_some() && !keep_open).then(|| process.close_stdin_in_order());
+    // Listed from now on, so that whatever happens next (a cancellation
+    // included) leaves it in process_list until the start fails.
+    let entry = session.add(process.clone(), shown(&argv));
     let started = tokio::select! {
         started = started => started,
-        // Dropping the process's only handle ends it once it has started.
-        () = call.cancelled.cancelled() => return Err("capexec: exec: cancelled".into()),
+        () = call.cancelled.cancelled() => {
+            // Pipelined behind the start: ends it once it has started.
+            let _ = process.terminate().await;
+            return Err(format!("capexec: exec: cancelled; process {} was terminated", entry.id));
+        }
     };
-    started.map_err(|error| failed("exec", &format!("cannot start {:?}", argv[0]), &error))?;
-    let entry = session.add(process.clone(), shown(&argv));
+    if let Err(error) = started {
+        session.forget(&entry);
+        return Err(failed(
+            "exec",
+            &format!("cannot start {:?}", argv[0]),
+            &error,
+        ));
+    }
     if let Some(written) = written {
         written
             .outcome()

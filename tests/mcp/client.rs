@@ -134,10 +134,13 @@ impl Mcp {
 
     /// The next message from the server, within the test deadline.
     pub fn next_message(&mut self) -> Value {
-        let line = self
-            .lines
-            .recv_timeout(TEST_DEADLINE)
-            .expect("a message from capexec mcp");
+        let line = match self.lines.recv_timeout(TEST_DEADLINE) {
+            Ok(line) => line,
+            Err(error) => panic!(
+                "no message from capexec mcp ({error}); its stderr: {}",
+                self.stderr_text()
+            ),
+        };
         serde_json::from_str(&line).unwrap_or_else(|error| panic!("not JSON ({error}): {line}"))
     }
 
