@@ -144,9 +144,7 @@ impl McpSession {
             Err(error) => Ok(failure(error)),
         }
     }
-}
 
-impl McpSession {
     fn is_file_tool(&self, name: &str) -> bool {
         super::files::TOOL_DESCRIPTIONS
             .iter()
