@@ -182,8 +182,8 @@ pub async fn exec(
     for (name, value) in args.env.iter().flatten() {
         command.env(name, value);
     }
-    if let Some(timeout) = args.timeout_ms {
-        command.timeout(Duration::from_millis(timeout.max(1)));
+    if let Some(timeout) = args.timeout_ms.filter(|&ms| ms > 0) {
+        command.timeout(Duration::from_millis(timeout));
     }
     let (process, started) = command.spawn_pipelined(&local.executor);
     // Pipelined behind the start: stdin's bytes and its end.

@@ -30,7 +30,7 @@ pub struct ExecArgs {
     /// Keep stdin open for `process_input` (default false).
     pub keep_stdin_open: Option<bool>,
     /// End the process (SIGTERM, then SIGKILL) this long after its start;
-    /// its exit then says `timed_out`. Default: no timeout.
+    /// its exit then says `timed_out`. Default (and 0): no timeout.
     pub timeout_ms: Option<u64>,
     /// How long to wait for the process to exit before answering with its
     /// `process_id` while it goes on running. Default 10000, at most
