@@ -1607,7 +1607,7 @@ interface Directory {
   readOnly @17 () -> (dir :Directory);
   # The same directory, read-only: `stat`, `list`, `walk`, `readFile`,
   # `download`, `readlink`, `canonicalize`, `subdirectory`, `readOnly`,
-  # `watch` and `info` work; every other call fails with
+  # `watch`, `info`, `readFiles` and `search` work; every other call fails with
   # `[capexec:forbidden]` naming the call, and so do the same calls on
   # everything derived from it.
 
@@ -1699,7 +1699,8 @@ struct SearchOptions {
   pattern @0 :Text;
   # A regular expression in the syntax of the Rust `regex` crate
   # (https://docs.rs/regex, Unicode-aware; `(?i)` and the other inline
-  # flags work), at most 4,096 bytes, compiled with a size limit of 1 MiB.
+  # flags work), at most 4,096 bytes, compiled with a size limit of 1 MiB
+  # (and matched with a cache of at most 1 MiB).
   # Matched against the bytes of a line: bytes that are not UTF-8 match
   # only escapes such as `(?-u:\xff)`, never `.`.
   caseInsensitive @1 :Bool;

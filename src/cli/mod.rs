@@ -179,9 +179,10 @@ enum Command {
     /// Serve this executor's processes as MCP tools (for coding agents)
     ///
     /// A Model Context Protocol server on stdin and stdout (newline-delimited
-    /// JSON-RPC) whose tools (exec, process_output, process_input,
-    /// process_signal, process_terminate, process_list) run on the embedded
-    /// executor or on the capexec server --connect names. By default every
+    /// JSON-RPC) whose tools (exec and process_* for processes; read_file,
+    /// write_file, edit_file, list_directory, search_files and more for the
+    /// files beneath --root) run on the embedded executor or on the capexec
+    /// server --connect names. By default every
     /// command is confined to --root (default: the working directory) on the
     /// executor's machine: it starts there, may write only beneath it, and
     /// has no network (--network all gives it). --unconfined gives the plain

@@ -32,7 +32,7 @@ pub const STEP_FILES: usize = 256;
 /// Most bytes of content one step reads (a step may pass it by one file).
 pub const STEP_BYTES: usize = 4 * 1024 * 1024;
 
-/// Most memory a compiled pattern may take.
+/// Most memory a compiled pattern may take, and its matching cache.
 const PATTERN_SIZE_LIMIT: usize = 1024 * 1024;
 
 const OP: &str = "search";
@@ -68,7 +68,7 @@ impl Search {
             include: options.include.clone(),
             exclude: options.exclude.clone(),
         };
-        let walk = Walk::open(&base, b"", &walk_options)?;
+        let walk = Walk::open_as(OP, &base, b"", path, &walk_options)?;
         let max_matches = match options.max_matches {
             0 => MAX_SEARCH_MATCHES,
             asked => asked.min(MAX_SEARCH_MATCHES),
@@ -237,6 +237,8 @@ fn compile(path: &[u8], options: &SearchOptions) -> Result<Regex, Refusal> {
     RegexBuilder::new(&options.pattern)
         .case_insensitive(options.case_insensitive)
         .size_limit(PATTERN_SIZE_LIMIT)
+        // The lazy DFA's cache, which grows while it matches: bounded too.
+        .dfa_size_limit(PATTERN_SIZE_LIMIT)
         .build()
         .map_err(|error| {
             bad(format!(

@@ -170,9 +170,7 @@ impl Session {
         let entries: Vec<Rc<Entry>> = self.processes.borrow().iter().cloned().collect();
         for entry in entries {
             if matches!(entry.refresh_exit().await, Ok(Some(_)) | Err(_)) {
-                self.processes
-                    .borrow_mut()
-                    .retain(|kept| !Rc::ptr_eq(kept, &entry));
+                self.forget(&entry);
                 return Ok(());
             }
         }
@@ -200,6 +198,13 @@ impl Session {
         });
         self.processes.borrow_mut().push_back(entry.clone());
         entry
+    }
+
+    /// Forgets a process whose start failed.
+    pub fn forget(&self, entry: &Rc<Entry>) {
+        self.processes
+            .borrow_mut()
+            .retain(|kept| !Rc::ptr_eq(kept, entry));
     }
 
     /// The session is over: its processes end (terminated, then waited

@@ -165,9 +165,15 @@ pub async fn exec(
     command
         .args(&argv[1..])
         .current_dir(working_directory(&local.root, args.cwd.as_deref()))
-        // The retained log (the last MiB): a process nobody reads is never
-        // held back, and what was evicted is said as a gap.
-        .flow(Flow::Retain)
+        // By default the retained log (the last MiB): a process nobody
+        // reads (a server's logs) is never held back, and what was evicted
+        // is said as a gap. Lossless on request, as the Codex bridge starts
+        // every process.
+        .flow(if args.lossless.unwrap_or(false) {
+            Flow::Lossless
+        } else {
+            Flow::Retain
+        })
         .stdin(if args.stdin.is_some() || keep_open {
             Stdin::Piped
         } else {
@@ -176,8 +182,8 @@ pub async fn exec(
     for (name, value) in args.env.iter().flatten() {
         command.env(name, value);
     }
-    if let Some(timeout) = args.timeout_ms {
-        command.timeout(Duration::from_millis(timeout.max(1)));
+    if let Some(timeout) = args.timeout_ms.filter(|&ms| ms > 0) {
+        command.timeout(Duration::from_millis(timeout));
     }
     let (process, started) = command.spawn_pipelined(&local.executor);
     // Pipelined behind the start: stdin's bytes and its end.
@@ -186,10 +192,25 @@ pub async fn exec(
         .as_ref()
         .map(|data| process.write_in_order(data.as_bytes(), "capexec-mcp-stdin"));
     let closing = (args.stdin.is_some() && !keep_open).then(|| process.close_stdin_in_order());
-    started
-        .await
-        .map_err(|error| failed("exec", &format!("cannot start {:?}", argv[0]), &error))?;
+    // Listed from now on, so that whatever happens next (a cancellation
+    // included) leaves it in process_list until the start fails.
     let entry = session.add(process.clone(), shown(&argv));
+    let started = tokio::select! {
+        started = started => started,
+        () = call.cancelled.cancelled() => {
+            // Pipelined behind the start: ends it once it has started.
+            let _ = process.terminate().await;
+            return Err(format!("capexec: exec: cancelled; process {} was terminated", entry.id));
+        }
+    };
+    if let Err(error) = started {
+        session.forget(&entry);
+        return Err(failed(
+            "exec",
+            &format!("cannot start {:?}", argv[0]),
+            &error,
+        ));
+    }
     if let Some(written) = written {
         written
             .outcome()

@@ -19,12 +19,18 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 
 use super::local::{Local, Session};
 use super::process::{self, Call};
 use super::seam::{LocalFuture, Seam};
 use super::tools::{self, Confinement};
+
+/// Calls of one session being worked on at once. rmcp reads on and spawns
+/// a task per request without limit, each holding its arguments (a line
+/// of up to 16 MiB): past this, a call is answered at once with an error
+/// and its arguments let go.
+pub const CALLS_IN_FLIGHT: usize = 64;
 
 /// What makes MCP sessions: one per stdio connection, or one per
 /// Streamable HTTP session (a transport's service factory calls
@@ -76,6 +82,7 @@ impl Mcp {
             }),
             tools: self.tools.clone(),
             instructions: self.instructions.clone(),
+            in_flight: Arc::new(Semaphore::new(CALLS_IN_FLIGHT)),
         }
     }
 }
@@ -103,6 +110,7 @@ pub struct McpSession {
     key: Arc<SessionKey>,
     tools: Arc<Vec<Tool>>,
     instructions: Arc<str>,
+    in_flight: Arc<Semaphore>,
 }
 
 type Work<A, R> = fn(Rc<Local>, Rc<Session>, A, Call) -> LocalFuture<Result<R, String>>;
@@ -155,32 +163,57 @@ impl McpSession {
             Err(error) => Ok(failure(error)),
         }
     }
+
+    fn is_file_tool(&self, name: &str) -> bool {
+        super::files::TOOL_DESCRIPTIONS
+            .iter()
+            .any(|(tool, _)| *tool == name)
+    }
+
+    /// File tool `name` (`src/mcp/files/`, by its own dispatch) on the
+    /// capability thread; its failure is a tool error `capexec: TOOL: ...`
+    /// with capexec's tag kept.
+    async fn call_file(
+        &self,
+        name: &str,
+        arguments: serde_json::Value,
+    ) -> Result<CallToolResponse, McpError> {
+        let key = self.key.clone();
+        let tool = name.to_string();
+        let answer = self
+            .seam
+            .run(move |local| {
+                Box::pin(async move {
+                    let files = local.files().await?;
+                    let answer = files.call(&tool, arguments).await;
+                    drop(key);
+                    match answer {
+                        Some(Ok(value)) => Ok(value),
+                        Some(Err(error)) => {
+                            let message = error
+                                .message
+                                .strip_prefix("capexec: ")
+                                .unwrap_or(&error.message);
+                            let message = message
+                                .strip_prefix(&format!("{tool}: "))
+                                .unwrap_or(message);
+                            Err(format!("capexec: {tool}: {message}"))
+                        }
+                        None => Err(format!("capexec: {tool}: not a file tool")),
+                    }
+                })
+            })
+            .await
+            .map_err(|closed| McpError::internal_error(closed.to_string(), None))?;
+        Ok(match answer {
+            Ok(value) => CallToolResult::structured(value).into(),
+            Err(error) => failure(error),
+        })
+    }
 }
 
 fn failure(text: String) -> CallToolResponse {
     CallToolResult::error(vec![ContentBlock::text(text)]).into()
-}
-
-/// A file tool (`src/mcp/files/`): the method of the root's `FileTools`
-/// of the same name, its failure's message (capexec's tag kept) as the
-/// tool error.
-macro_rules! file_tool {
-    ($server:expr, $name:expr, $arguments:expr, $call:expr, $method:ident) => {
-        $server
-            .call($name, $arguments, $call, |local, _session, args, _call| {
-                Box::pin(async move {
-                    let files = local.files().await?;
-                    files.$method(args).await.map_err(|error| {
-                        let message = error
-                            .message
-                            .strip_prefix("capexec: ")
-                            .unwrap_or(&error.message);
-                        format!("capexec: {}: {message}", stringify!($method))
-                    })
-                })
-            })
-            .await
-    };
 }
 
 impl ServerHandler for McpSession {
@@ -237,6 +270,15 @@ impl ServerHandler for McpSession {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
+        let Ok(_permit) = self.in_flight.clone().try_acquire_owned() else {
+            return Err(McpError::invalid_request(
+                format!(
+                    "capexec: {CALLS_IN_FLIGHT} calls of this session are being worked on: \
+                     wait for their answers"
+                ),
+                None,
+            ));
+        };
         let arguments = serde_json::Value::Object(request.arguments.unwrap_or_default());
         let call = Call {
             cancelled: context.ct.clone(),
@@ -283,15 +325,7 @@ impl ServerHandler for McpSession {
                 })
                 .await
             }
-            "read_file" => file_tool!(self, name, arguments, call, read_file),
-            "write_file" => file_tool!(self, name, arguments, call, write_file),
-            "edit_file" => file_tool!(self, name, arguments, call, edit_file),
-            "list_directory" => file_tool!(self, name, arguments, call, list_directory),
-            "search_files" => file_tool!(self, name, arguments, call, search_files),
-            "file_info" => file_tool!(self, name, arguments, call, file_info),
-            "move_path" => file_tool!(self, name, arguments, call, move_path),
-            "remove_path" => file_tool!(self, name, arguments, call, remove_path),
-            "make_directory" => file_tool!(self, name, arguments, call, make_directory),
+            name if self.is_file_tool(name) => self.call_file(name, arguments).await,
             _ => Err(McpError::invalid_params(
                 format!(
                     "capexec: unknown tool {name:?}; the tools are: {}",
@@ -304,5 +338,18 @@ impl ServerHandler for McpSession {
                 None,
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A transport with many sessions (Streamable HTTP) shares the factory
+    /// between its tasks and hands sessions to rmcp: both must be `Send +
+    /// Sync`, whatever the capability thread holds.
+    #[test]
+    fn the_factory_and_its_sessions_may_cross_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<super::Mcp>();
+        send_sync::<super::McpSession>();
     }
 }

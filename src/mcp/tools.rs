@@ -97,7 +97,12 @@ fn file_tool<A: JsonSchema + 'static, R: JsonSchema + 'static>(
     tool::<A, R>(name, file_description(name), confinement, annotations)
 }
 
-/// The file tools (`src/mcp/files/`).
+/// The file tools (`src/mcp/files/`), with their output schemas made
+/// from their result types for what serialising them writes (rmcp's
+/// serialize contract: a field skipped when empty is not required), so
+/// that a client checking results against them (the MCP Python SDK does)
+/// accepts every result. `files::tool_specs` makes them for what the types
+/// accept, which requires such fields.
 fn file_definitions(confinement: &Confinement) -> Vec<Tool> {
     let note = confinement.file_sentence();
     let reading = || ToolAnnotations::new().read_only(true).open_world(false);

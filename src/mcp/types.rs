@@ -30,12 +30,18 @@ pub struct ExecArgs {
     /// Keep stdin open for `process_input` (default false).
     pub keep_stdin_open: Option<bool>,
     /// End the process (SIGTERM, then SIGKILL) this long after its start;
-    /// its exit then says `timed_out`. Default: no timeout.
+    /// its exit then says `timed_out`. Default (and 0): no timeout.
     pub timeout_ms: Option<u64>,
     /// How long to wait for the process to exit before answering with its
     /// `process_id` while it goes on running. Default 10000, at most
     /// 300000.
     pub yield_ms: Option<u64>,
+    /// Never lose output: the process is held back (its writes wait) while
+    /// 512 KiB of its output has not been read past by `process_output`,
+    /// instead of the executor keeping only the last MiB and saying what
+    /// it evicted as a gap. For output that matters whole; a process nobody
+    /// reads then stops. Default false.
+    pub lossless: Option<bool>,
     /// The most bytes of each stream (stdout, stderr) in the answer: the
     /// first half and the last half are kept, the middle is cut and its
     /// size said. Default 65536, at most 1048576.

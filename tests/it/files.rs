@@ -1031,6 +1031,11 @@ async fn limits_are_refused_with_limit(ctx: Ctx) {
         Some(RefusalKind::LimitReached),
         "{error}"
     );
+    // A search is a transfer too.
+    assert_eq!(
+        kind_of(dir.search("", &search_for("x")).await),
+        RefusalKind::LimitReached
+    );
     drop(held);
     // Released uploads give their places back (and leave nothing).
     dir.upload("after", &b"ok"[..], &WriteOptions::default(), None)
@@ -1549,10 +1554,52 @@ async fn a_search_matches_lines_on_the_executor_and_skips_what_it_says(ctx: Ctx)
     assert!(result.truncated);
     assert!(result.matches.iter().all(|m| !m.path.starts_with(b"sub")));
 
+    // More files than one step of the executor's takes (256): every one
+    // searched, every match found.
+    std::fs::create_dir(root.join("many")).expect("mkdir");
+    for n in 0..300 {
+        std::fs::write(
+            root.join(format!("many/{n:03}")),
+            format!("x\nfile {n:03}\n"),
+        )
+        .expect("write");
+    }
+    let result = dir
+        .search("many", &search_for("^file"))
+        .await
+        .expect("search");
+    assert_eq!(result.files_searched, 300);
+    let mut lines: Vec<_> = result
+        .matches
+        .iter()
+        .map(|m| (m.path.clone(), m.line_number, m.text.clone()))
+        .collect();
+    lines.sort();
+    let expected: Vec<_> = (0..300)
+        .map(|n| {
+            (
+                format!("{n:03}").into_bytes(),
+                2,
+                format!("file {n:03}").into_bytes(),
+            )
+        })
+        .collect();
+    assert_eq!(lines, expected);
+
     // Refusals: a malformed pattern before anything is read, a path out.
     let (kind, message) = refused(dir.search("", &search_for("a(b")).await);
     assert_eq!(kind, RefusalKind::InvalidArgument);
     assert_eq!(message, "search \".\": pattern \"a(b\": unclosed group");
+    let options = SearchOptions {
+        include: vec![b"[".to_vec()],
+        ..search_for("a")
+    };
+    let (kind, message) = refused(dir.search("sub", &options).await);
+    assert_eq!(kind, RefusalKind::InvalidArgument);
+    assert!(
+        message.starts_with("search \"sub\": pattern \"[\": "),
+        "{message}"
+    );
     assert_eq!(
         kind_of(dir.search("..", &search_for("a")).await),
         RefusalKind::OutsideDirectory

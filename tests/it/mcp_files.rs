@@ -18,6 +18,7 @@ use capexec::mcp::files::{
 use capexec::model::RefusalKind;
 use common::Ctx;
 use common::data::TempDir;
+use serde_json::json;
 
 async fn tools(ctx: &Ctx, temp: &TempDir) -> FileTools {
     FileTools::new(Directory::open(&ctx.executor, temp.path()), temp.path())
@@ -921,7 +922,60 @@ async fn writes_and_edits_through_a_symlink_change_the_file_it_leads_to(ctx: Ctx
     assert_eq!(names(outside.path()), Vec::<String>::new());
 }
 
+async fn the_json_entry_point_calls_each_tool_by_name(ctx: Ctx) {
+    let temp = TempDir::new("mcp-json");
+    let tools = tools(&ctx, &temp).await;
+    let call = |name: &'static str, arguments: serde_json::Value| {
+        let tools = &tools;
+        async move { tools.call(name, arguments).await.expect("a file tool") }
+    };
+    let written = call("write_file", json!({"path": "n.txt", "content": "1\n2\n"}))
+        .await
+        .expect("write");
+    let version = written["version"].as_str().expect("version").to_string();
+    assert_eq!(
+        written,
+        json!({"path": "n.txt", "version": version, "size": 4})
+    );
+    let read = call("read_file", json!({"path": "n.txt", "offset": 1}))
+        .await
+        .expect("read");
+    assert_eq!(
+        read,
+        json!({
+            "path": "n.txt",
+            "content": "2\n",
+            "encoding": "utf-8",
+            "version": version,
+            "size": 4,
+            "byte_offset": 2,
+            "byte_length": 2,
+            "first_line": 2,
+            "lines": 1,
+            "total_lines": 2,
+            "truncated": false,
+        })
+    );
+    let listed = call("list_directory", serde_json::Value::Null)
+        .await
+        .expect("list");
+    assert_eq!(
+        listed,
+        json!({
+            "path": ".",
+            "entries": [{"path": "n.txt", "type": "file", "size": 4}],
+            "truncated": false,
+        })
+    );
+    let wrong = call("read_file", json!({"path": ["n.txt"]}))
+        .await
+        .expect_err("an array for a path");
+    assert_eq!(wrong.kind, FileToolErrorKind::InvalidArgument);
+    assert!(tools.call("exec", json!({})).await.is_none());
+}
+
 backend_tests!(
+    the_json_entry_point_calls_each_tool_by_name,
     writes_and_edits_through_a_symlink_change_the_file_it_leads_to,
     read_file_reads_lines_and_bytes_and_says_where_a_cut_goes_on,
     write_file_is_atomic_and_refuses_a_stale_version,

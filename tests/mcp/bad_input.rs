@@ -8,6 +8,7 @@ use crate::common::data::TempDir;
 
 crate::mcp_backend_tests!(bad_input:
     bad_input_is_answered_and_the_server_goes_on,
+    calls_in_flight_are_bounded_per_session,
 );
 
 /// A normal call still works.
@@ -110,4 +111,45 @@ pub fn bad_input_is_answered_and_the_server_goes_on(backend: Backend) {
     );
     still_serves(&mut mcp);
     assert_eq!(mcp.finish(), 0);
+}
+
+pub fn calls_in_flight_are_bounded_per_session(backend: Backend) {
+    let root = TempDir::new("mcp");
+    let mut mcp = Mcp::start(backend, root.path(), &[]);
+    // It ends once the test says so, through a file.
+    let running = mcp.call(
+        "exec",
+        json!({"command": "while [ ! -e go ]; do sleep 0.05; done", "yield_ms": 0}),
+    );
+    let read = json!({"name": "process_output",
+                      "arguments": {"process_id": "p1", "wait_ms": 300000,
+                                    "after_seq": running["next_seq"]}});
+    let ids: Vec<u64> = (0..70)
+        .map(|_| mcp.send_request("tools/call", read.clone()))
+        .collect();
+    // Six are one too many, answered at once; 64 wait for output.
+    let mut refused = Vec::new();
+    while refused.len() < 6 {
+        let message = mcp.next_message();
+        assert_eq!(message["error"]["code"], -32600, "{message}");
+        assert_eq!(
+            message["error"]["message"],
+            "capexec: 64 calls of this session are being worked on: wait for their answers"
+        );
+        refused.push(message["id"].as_u64().expect("id"));
+    }
+    // Any tool: the bound is the session's.
+    let answer = mcp.call_raw("process_list", json!({}));
+    assert_eq!(answer["error"]["code"], -32600, "{answer}");
+    // The process's end answers the others.
+    std::fs::write(root.path().join("go"), "").expect("go");
+    let mut answered = refused.clone();
+    while answered.len() < ids.len() {
+        let message = mcp.next_message();
+        assert_eq!(message["result"]["isError"], false, "{message}");
+        answered.push(message["id"].as_u64().expect("an answer"));
+    }
+    answered.sort_unstable();
+    assert_eq!(answered, ids);
+    still_serves(&mut mcp);
 }

@@ -29,6 +29,8 @@ pub struct Mcp {
     next_id: u64,
     /// Notifications received while waiting for answers, in order.
     pub notifications: Vec<Value>,
+    /// Each tool's output schema, from tools/list.
+    output_schemas: std::collections::HashMap<String, Value>,
     /// What it wrote to stderr so far.
     stderr: Arc<Mutex<Vec<u8>>>,
     /// The server, for the Unix backend: dropped after the child.
@@ -85,6 +87,7 @@ impl Mcp {
             notifications: Vec::new(),
             stderr,
             served,
+            output_schemas: std::collections::HashMap::new(),
         };
         let answer = mcp.request(
             "initialize",
@@ -101,6 +104,12 @@ impl Mcp {
         mcp.send_line(
             &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string(),
         );
+        let tools = mcp.request("tools/list", json!({}));
+        for tool in tools["result"]["tools"].as_array().expect("tools") {
+            let name = tool["name"].as_str().expect("name").to_string();
+            mcp.output_schemas
+                .insert(name, tool["outputSchema"].clone());
+        }
         mcp
     }
 
@@ -125,10 +134,13 @@ impl Mcp {
 
     /// The next message from the server, within the test deadline.
     pub fn next_message(&mut self) -> Value {
-        let line = self
-            .lines
-            .recv_timeout(TEST_DEADLINE)
-            .expect("a message from capexec mcp");
+        let line = match self.lines.recv_timeout(TEST_DEADLINE) {
+            Ok(line) => line,
+            Err(error) => panic!(
+                "no message from capexec mcp ({error}); its stderr: {}",
+                self.stderr_text()
+            ),
+        };
         serde_json::from_str(&line).unwrap_or_else(|error| panic!("not JSON ({error}): {line}"))
     }
 
@@ -174,6 +186,10 @@ impl Mcp {
             text, structured,
             "the text block says what structuredContent says"
         );
+        let schema = &self.output_schemas[tool];
+        if let Some(why) = crate::schema::mismatch(schema, schema, &structured, tool) {
+            panic!("{tool}'s result does not match its outputSchema: {why}");
+        }
         structured
     }
 

@@ -75,7 +75,8 @@ pub fn commands_write_beneath_the_root_only(backend: Backend) {
     );
     // Even a root outside the temporary directories.
     drop(mcp);
-    let elsewhere = outside_temporary_directories().join(format!("mcp-{}", std::process::id()));
+    let elsewhere =
+        outside_temporary_directories().join(format!("mcp-{}-{backend:?}", std::process::id()));
     std::fs::create_dir_all(&elsewhere).expect("mkdir");
     let mut mcp = Mcp::start(backend, &elsewhere, &[]);
     let tmp = std::env::temp_dir().join(format!("mcp-escape-{}", std::process::id()));

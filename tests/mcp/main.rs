@@ -26,6 +26,7 @@ mod http;
 mod http_bad_input;
 mod process;
 mod python;
+mod schema;
 mod tools;
 
 /// Each body as one test per backend: `embedded::NAME` and `unix::NAME`.

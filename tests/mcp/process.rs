@@ -20,6 +20,8 @@ crate::mcp_backend_tests!(process:
     process_list_shows_the_sessions_processes,
     a_session_holds_at_most_64_processes,
     output_the_executor_no_longer_has_is_a_gap,
+    a_client_that_vanishes_mid_call_ends_the_session,
+    lossless_output_is_never_lost,
 );
 
 pub fn exec_answers_exact_bytes_and_the_exit_code(backend: Backend) {
@@ -242,10 +244,13 @@ pub fn cancelling_exec_terminates_its_process(backend: Backend) {
         .to_string(),
     );
     eventually("the cancelled exec's process is gone", || gone(pid));
-    // The server goes on; the process is listed as ended.
-    let list = mcp.call("process_list", json!({}));
-    assert_eq!(list["processes"][0]["process_id"], "p1", "{list}");
-    assert_eq!(list["processes"][0]["running"], false, "{list}");
+    // The server goes on; the process is listed as ended (once the
+    // executor has seen its exit).
+    eventually("p1 is listed as ended", || {
+        let list = mcp.call("process_list", json!({}));
+        assert_eq!(list["processes"][0]["process_id"], "p1", "{list}");
+        list["processes"][0]["running"] == false
+    });
     // A process handed back is not ended by a later cancellation.
     let result = mcp.call(
         "exec",
@@ -467,4 +472,65 @@ pub fn output_the_executor_no_longer_has_is_a_gap(backend: Backend) {
     assert!(stdout.ends_with(b"x\nend\n"));
     assert!(stdout.len() < 4 << 20, "what was evicted is not answered");
     assert!(stdout[..stdout.len() - 5].iter().all(|&byte| byte == b'x'));
+}
+
+pub fn a_client_that_vanishes_mid_call_ends_the_session(backend: Backend) {
+    let root = TempDir::new("mcp");
+    let mut mcp = Mcp::start(backend, root.path(), &[]);
+    let handed = mcp.call(
+        "exec",
+        json!({"command": "echo $$ > pid1; exec sleep 60", "yield_ms": 0}),
+    );
+    assert_eq!(handed["running"], true);
+    mcp.send_request(
+        "tools/call",
+        json!({"name": "exec", "arguments": {"command": "echo $$ > pid2; exec sleep 60",
+                                             "yield_ms": 300000}}),
+    );
+    mcp.send_request(
+        "tools/call",
+        json!({"name": "process_output", "arguments": {"process_id": "p1", "wait_ms": 300000,
+                                                       "after_seq": handed["next_seq"]}}),
+    );
+    let pids = [
+        pid_in(&root.path().join("pid1")),
+        pid_in(&root.path().join("pid2")),
+    ];
+    // Gone without a word: its end of stdin closes. rmcp gives the calls in
+    // flight 5 s to answer, then cancels them: not the 300 s they asked.
+    let started = std::time::Instant::now();
+    assert_eq!(mcp.finish(), 0);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(60),
+        "capexec mcp waited for the calls in flight"
+    );
+    for pid in pids {
+        eventually(&format!("process {pid} ended with the session"), || {
+            gone(pid)
+        });
+    }
+}
+
+pub fn lossless_output_is_never_lost(backend: Backend) {
+    let root = TempDir::new("mcp");
+    let mut mcp = Mcp::start(backend, root.path(), &[]);
+    // The same 4 MiB that leave a gap without it.
+    let result = mcp.call(
+        "exec",
+        json!({"command": "read go; head -c 4194304 /dev/zero | tr '\\000' x; echo end",
+               "keep_stdin_open": true, "yield_ms": 0, "lossless": true}),
+    );
+    let id = result["process_id"]
+        .as_str()
+        .expect("process_id")
+        .to_string();
+    mcp.call(
+        "process_input",
+        json!({"process_id": id, "data": "go\n", "close": true}),
+    );
+    let (stdout, _, last) = mcp.read_to_end(&id);
+    assert_eq!(last["exit"]["code"], 0, "{last}");
+    assert_eq!(stdout.len(), (4 << 20) + 4);
+    assert!(stdout.ends_with(b"xend\n"));
+    assert!(stdout[..4 << 20].iter().all(|&byte| byte == b'x'));
 }

@@ -15,6 +15,7 @@
 //! The handle is `!Send`: the tools run on the capnp `LocalSet` thread.
 
 mod content;
+mod dispatch;
 mod edit;
 mod error;
 mod list;
@@ -31,6 +32,7 @@ use std::path::{Path, PathBuf};
 use crate::client::Directory;
 
 pub use self::content::Encoding;
+pub use self::dispatch::{ToolSpec, tool_specs};
 pub use self::edit::{Edit, EditFileArgs, EditFileResult};
 pub use self::error::{FileToolError, FileToolErrorKind};
 pub use self::list::{EntryType, ListDirectoryArgs, ListDirectoryResult, ListedEntry};
