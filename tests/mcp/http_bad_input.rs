@@ -241,3 +241,41 @@ fn vanished_clients_deleted_sessions_and_sigterm() {
     assert_eq!(code, 0);
     assert!(gone(running), "a session's process outlived capexec mcp");
 }
+
+/// 64 sessions at once: the 65th is refused with 503 and the reason, and
+/// one ending makes room.
+#[test]
+fn sessions_are_bounded() {
+    let root = TempDir::new("mcp-http-sessions");
+    let server = Listening::start(root.path(), &[]);
+    let sessions: Vec<String> = (0..64).map(|_| initialize(&server.authority)).collect();
+    let answer = request(
+        &server.authority,
+        "POST",
+        &mcp_headers(None),
+        json!({
+            "jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                       "clientInfo": {"name": "capexec-tests", "version": "1"}},
+        })
+        .to_string()
+        .as_bytes(),
+    );
+    assert_eq!(answer.status, 503, "{answer:?}");
+    assert_eq!(
+        answer.body,
+        "capexec: mcp: this server holds 64 MCP sessions already; end one (DELETE) or wait \
+         for an idle one to expire"
+    );
+    // The sessions open still serve.
+    still_serves(&server.authority, &sessions[63], 1);
+    let answer = request(
+        &server.authority,
+        "DELETE",
+        &mcp_headers(Some(&sessions[0])),
+        b"",
+    );
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let newer = initialize(&server.authority);
+    still_serves(&server.authority, &newer, 1);
+}

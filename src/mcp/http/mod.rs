@@ -25,6 +25,7 @@ pub mod admission;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -58,8 +59,20 @@ struct Front {
     service: StreamableHttpService<McpSession, LocalSessionManager>,
     sessions: Arc<LocalSessionManager>,
     /// Requests that may be creating a session right now: counted with
-    /// the sessions, under this lock, so that the bound is exact.
-    creating: tokio::sync::Mutex<usize>,
+    /// the sessions, so that the bound is exact. Decremented by a guard,
+    /// so that a request dropped midway (its client gone) is uncounted.
+    creating: Arc<AtomicUsize>,
+    /// Held while a new session's request is counted.
+    admitting: tokio::sync::Mutex<()>,
+}
+
+/// Uncounts a request that may have been creating a session.
+struct Creating(Arc<AtomicUsize>);
+
+impl Drop for Creating {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Front {
@@ -84,20 +97,24 @@ impl Front {
         if !new_session {
             return self.service.handle(request).await;
         }
-        {
-            let mut creating = self.creating.lock().await;
+        let counted = {
+            let _admitting = self.admitting.lock().await;
             let open = self.sessions.sessions.read().await.len();
-            if open + *creating >= MAX_SESSIONS {
+            // A request counted here is uncounted only once rmcp has
+            // added its session (or failed): never both uncounted and
+            // unlisted.
+            if open + self.creating.load(Ordering::SeqCst) >= MAX_SESSIONS {
                 return refusal(
                     503,
                     "capexec: mcp: this server holds 64 MCP sessions already; end one (DELETE) \
                      or wait for an idle one to expire",
                 );
             }
-            *creating += 1;
-        }
+            self.creating.fetch_add(1, Ordering::SeqCst);
+            Creating(self.creating.clone())
+        };
         let response = self.service.handle(request).await;
-        *self.creating.lock().await -= 1;
+        drop(counted);
         response
     }
 }
@@ -201,7 +218,8 @@ async fn run(
         admission,
         service,
         sessions,
-        creating: tokio::sync::Mutex::new(0),
+        creating: Arc::new(AtomicUsize::new(0)),
+        admitting: tokio::sync::Mutex::new(()),
     });
     let accepting = tokio::net::TcpListener::from_std(listener.listener)
         .map_err(|error| format!("--listen: {error}"))?;
