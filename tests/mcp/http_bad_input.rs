@@ -175,6 +175,27 @@ fn off_loopback_without_a_token_is_refused_at_start() {
         "capexec: mcp: --listen http://0.0.0.0:0/mcp is not a loopback address: it needs \
          --http-token-file FILE, whose token clients must present (Authorization: Bearer)\n"
     );
+    let output = Command::new(crate::common::cli::BIN)
+        .args(["mcp", "--http-token-file", "/nonexistent"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run capexec mcp");
+    assert_eq!(output.status.code(), Some(125));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        "capexec: mcp: --http-token-file is the token of --listen http://HOST:PORT/PATH\n"
+    );
+    let output = Command::new(crate::common::cli::BIN)
+        .args(["mcp", "--listen", "ws://127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run capexec mcp");
+    assert_eq!(output.status.code(), Some(125));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        "capexec: mcp: --listen \"ws://127.0.0.1:0\": expected http://IP:PORT/PATH, such as \
+         http://127.0.0.1:0/mcp\n"
+    );
 }
 
 /// A client that vanishes mid-call (its process ends): the server goes
