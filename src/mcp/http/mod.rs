@@ -6,7 +6,7 @@
 //! first passes [`admission`] (Host, Origin, token, path); hyper serves
 //! HTTP/1.1 on the MCP thread's runtime, as stdio does on its own.
 //!
-//! Each MCP session is one [`McpSession`](super::McpSession) from the
+//! Each MCP session is one [`McpSession`] from the
 //! [`Mcp`] factory, made for the handshake-era protocol versions only
 //! (up to 2025-11-25): the 2026-07-28 lifecycle has no sessions over HTTP
 //! (rmcp serves each of its requests with a new handler), and a process
