@@ -26,6 +26,7 @@ import os
 import sys
 import traceback
 
+import anyio
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
@@ -47,6 +48,15 @@ TOOLS = [
     "remove_path",
     "make_directory",
 ]
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 class Check(Exception):
@@ -107,6 +117,7 @@ class Agent:
         for tool in listed.tools:
             check(tool.output_schema is not None, f"{tool.name} has an outputSchema", tool)
         await self.processes()
+        await self.long_work()
         await self.confinement()
         await self.files()
 
@@ -174,6 +185,36 @@ class Agent:
         check(o["text"] == "a" * 500 and o["tail"] == "a" * 500, "head and tail kept", len(o["text"]))
         r = await self.call("exec", command="head -c 1000000 /dev/zero | tr '\\0' b")
         check(r["stdout"]["cut_bytes"] == 1000000 - 65536, "the default 64 KiB", r["stdout"]["cut_bytes"])
+
+    async def long_work(self) -> None:
+        # Progress while exec waits, when the call has a progress token.
+        seen = []
+
+        async def progress(value, total, message):
+            seen.append((value, message))
+
+        result = await self.client.call_tool(
+            "exec", {"argv": ["sleep", "1.5"]}, progress_callback=progress
+        )
+        check(not result.is_error and result.structured_content["exit"]["code"] == 0, "slept", result)
+        check(len(seen) >= 1 and seen[0][0] == 1, "a progress notification a second", seen)
+        # Cancelling the call (the SDK sends notifications/cancelled) ends
+        # the process, which was not handed back.
+        pid_file = f"{self.root}/cancelled.pid"
+        with anyio.move_on_after(1):
+            await self.client.call_tool("exec", {"command": "echo $$ > cancelled.pid; exec sleep 300", "yield_ms": 60000})
+            raise Check("the call was not cancelled")
+        for _ in range(600):
+            if os.path.exists(pid_file) and open(pid_file).read().strip():
+                break
+            await anyio.sleep(0.05)
+        pid = int(open(pid_file).read())
+        for _ in range(600):
+            if not alive(pid):
+                break
+            await anyio.sleep(0.05)
+        check(not alive(pid), "the cancelled exec's process ended", pid)
+        os.remove(pid_file)
 
     async def confinement(self) -> None:
         # Commands write beneath the root only.
