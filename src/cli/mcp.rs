@@ -58,6 +58,13 @@ async fn serve(args: McpArgs) -> Result<(), String> {
         None if args.http_token_file.is_some() => {
             return Err("--http-token-file is the token of --listen http://HOST:PORT/PATH".into());
         }
+        None if args.session_idle.is_some() => {
+            return Err(
+                "--session-idle is for --listen http://HOST:PORT/PATH: over stdio a session \
+                 ends when stdin closes"
+                    .into(),
+            );
+        }
         None => None,
     };
     let options = Options {
@@ -117,7 +124,8 @@ async fn serve(args: McpArgs) -> Result<(), String> {
                 }
                 stop.cancel();
             });
-            mcp::http::serve_http(factory, listener, token, shutdown)
+            let idle = args.session_idle.unwrap_or(mcp::http::SESSION_IDLE);
+            mcp::http::serve_http(factory, listener, token, idle, shutdown)
         }
     }
     .map_err(|error| format!("cannot start the MCP thread: {error}"))?;

@@ -300,3 +300,24 @@ fn sessions_are_bounded() {
     let newer = initialize(&server.authority);
     still_serves(&server.authority, &newer, 1);
 }
+
+/// A session with no request for --session-idle ends, and its processes
+/// with it.
+#[test]
+fn an_idle_session_ends_with_its_processes() {
+    let root = TempDir::new("mcp-http-idle");
+    let server = Listening::start(root.path(), &["--session-idle", "2s"]);
+    let authority = server.authority.as_str();
+    let session = initialize(authority);
+    let answer = call(
+        authority,
+        &session,
+        1,
+        "tools/call",
+        json!({"name": "exec", "arguments": {"command": "echo $$ > idle.pid; exec sleep 300", "yield_ms": 0}}),
+    );
+    assert_eq!(answer["result"]["isError"], false, "{answer}");
+    let pid = pid_in(&root.path().join("idle.pid"));
+    eventually("the idle session's process ends", || gone(pid));
+    assert_eq!(call_status(authority, &session), 404);
+}

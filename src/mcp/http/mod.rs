@@ -15,8 +15,8 @@
 //! back to `initialize` on seeing no modern version.
 //!
 //! Bounds: [`MAX_SESSIONS`] sessions (a new one beyond is answered 503), a
-//! session idle for [`SESSION_IDLE`] ends (rmcp's keep-alive) and its
-//! processes with it, [`MAX_CONNECTIONS`] connections at once (more wait
+//! session idle for [`SESSION_IDLE`] (or `--session-idle`) ends (rmcp's
+//! keep-alive) and its processes with it, [`MAX_CONNECTIONS`] connections at once (more wait
 //! to be accepted), request heads within [`HEAD_DEADLINE`], bodies of at
 //! most [`MAX_BODY_BYTES`] (413 beyond).
 
@@ -40,7 +40,8 @@ use super::{Mcp, McpSession};
 
 /// MCP sessions open at once.
 pub const MAX_SESSIONS: usize = 64;
-/// A session with no request (and nothing sent) for this long ends.
+/// A session with no request (and nothing sent) for this long ends, by
+/// default.
 pub const SESSION_IDLE: Duration = Duration::from_secs(30 * 60);
 /// HTTP connections served at once; more wait to be accepted.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -163,7 +164,8 @@ impl Listener {
     }
 }
 
-/// Serves MCP sessions on `listener` from `mcp`, on a thread of its own
+/// Serves MCP sessions on `listener` from `mcp` (a session idle for `idle`
+/// ends), on a thread of its own
 /// (the MCP thread), until `shutdown` is cancelled: then no connection is
 /// accepted, every session ends (its processes with it, unless
 /// --keep-processes) and the thread ends once the factory and every
@@ -172,6 +174,7 @@ pub fn serve_http(
     mcp: Mcp,
     listener: Listener,
     token: Option<crate::net::Token>,
+    idle: Duration,
     shutdown: CancellationToken,
 ) -> std::io::Result<std::thread::JoinHandle<Result<(), String>>> {
     std::thread::Builder::new()
@@ -181,7 +184,7 @@ pub fn serve_http(
                 .enable_all()
                 .build()
                 .map_err(|error| format!("cannot start the MCP runtime: {error}"))?;
-            let served = runtime.block_on(run(mcp, listener, token, shutdown));
+            let served = runtime.block_on(run(mcp, listener, token, idle, shutdown));
             // Whatever is left (a connection past the drain deadline, its
             // session) is dropped with the runtime.
             runtime.shutdown_background();
@@ -193,13 +196,14 @@ async fn run(
     mcp: Mcp,
     listener: Listener,
     token: Option<crate::net::Token>,
+    idle: Duration,
     shutdown: CancellationToken,
 ) -> Result<(), String> {
     let admission = Admission::new(listener.address, listener.path.clone(), token);
     let sessions = Arc::new({
         let mut manager = LocalSessionManager::default();
         let mut config = SessionConfig::default();
-        config.keep_alive = Some(SESSION_IDLE);
+        config.keep_alive = Some(idle);
         manager.session_config = config;
         manager
     });
