@@ -229,9 +229,11 @@ pub struct McpArgs {
     /// (`Authorization: Bearer TOKEN`); required when HOST is not loopback.
     #[arg(long = "http-token-file", value_name = "FILE")]
     http_token_file: Option<std::path::PathBuf>,
-    /// With --listen: an MCP session with no request for SECS (or 90s,
-    /// 5m...) ends, and its processes with it (unless --keep-processes).
-    /// Default: 30m.
+    /// With --listen: an MCP session with no message either way for SECS
+    /// (or 90s, 5m...) ends, and its processes with it (unless
+    /// --keep-processes); a call waiting without progress notifications
+    /// sends nothing, so keep it above the longest wait (300 s). Default:
+    /// 30m.
     #[arg(long = "session-idle", value_name = "SECS", value_parser = duration::parse_positive)]
     session_idle: Option<std::time::Duration>,
 }
