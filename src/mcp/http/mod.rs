@@ -17,8 +17,9 @@
 //! Bounds: [`MAX_SESSIONS`] sessions (a new one beyond is answered 503), a
 //! session idle for [`SESSION_IDLE`] (or `--session-idle`) ends (rmcp's
 //! keep-alive) and its processes with it, [`MAX_CONNECTIONS`] connections at once (more wait
-//! to be accepted), request heads within [`HEAD_DEADLINE`], bodies of at
-//! most [`MAX_BODY_BYTES`] (413 beyond).
+//! to be accepted), request heads within [`HEAD_DEADLINE`], bodies within
+//! [`REQUEST_DEADLINE`] (408) and of at most [`MAX_BODY_BYTES`] (413
+//! beyond).
 
 pub mod admission;
 
@@ -49,6 +50,9 @@ pub const MAX_CONNECTIONS: usize = 64;
 pub const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
 /// How long a client may take to send a request head.
 pub const HEAD_DEADLINE: Duration = Duration::from_secs(10);
+/// How long a client may take to send a request's body, until it is
+/// queued in its session.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(60);
 /// How long open connections get to finish once serving stops.
 const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
 
@@ -96,7 +100,7 @@ impl Front {
             return response;
         }
         if !new_session {
-            return self.service.handle(request).await;
+            return self.within_deadline(request).await;
         }
         let counted = {
             let _admitting = self.admitting.lock().await;
@@ -114,9 +118,24 @@ impl Front {
             self.creating.fetch_add(1, Ordering::SeqCst);
             Creating(self.creating.clone())
         };
-        let response = self.service.handle(request).await;
+        let response = self.within_deadline(request).await;
         drop(counted);
         response
+    }
+
+    /// rmcp's answer, if the request's body is read and the request handed
+    /// to its session within [`REQUEST_DEADLINE`] (a POST's answer is a
+    /// stream, returned once the request is queued; the tool's work is not
+    /// timed here). A client that sends its body slowly holds no
+    /// connection, or place among the sessions, for longer.
+    async fn within_deadline(&self, request: http::Request<Incoming>) -> Response {
+        match tokio::time::timeout(REQUEST_DEADLINE, self.service.handle(request)).await {
+            Ok(response) => response,
+            Err(_) => refusal(
+                408,
+                "capexec: mcp: the request was not received and queued within 60 s",
+            ),
+        }
     }
 }
 
