@@ -29,12 +29,22 @@ impl Listening {
 
     /// The same through `served` (EXTRA says how to connect).
     pub fn start_with(root: &Path, extra: &[&str], served: Option<Served>) -> Listening {
+        Listening::start_at("http://127.0.0.1:0/mcp", root, extra, served)
+    }
+
+    /// The same listening at `listen`.
+    pub fn start_at(
+        listen: &str,
+        root: &Path,
+        extra: &[&str],
+        served: Option<Served>,
+    ) -> Listening {
         let mut command = Command::new(BIN);
         command
             .arg("mcp")
             .arg("--root")
             .arg(root)
-            .args(["--listen", "http://127.0.0.1:0/mcp"])
+            .args(["--listen", listen])
             .args(extra)
             .env_remove("CAPEXEC_CONNECT")
             .env_remove("XDG_CONFIG_HOME")

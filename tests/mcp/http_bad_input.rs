@@ -321,3 +321,49 @@ fn an_idle_session_ends_with_its_processes() {
     eventually("the idle session's process ends", || gone(pid));
     assert_eq!(call_status(authority, &session), 404);
 }
+
+/// On every address (`0.0.0.0`) with a token: an IP address with the port
+/// is a Host it answers to, a name is not; the token is required.
+#[test]
+fn a_listener_on_every_address_wants_its_token_and_an_ip_host() {
+    let root = TempDir::new("mcp-http-any");
+    let secrets = TempDir::new("mcp-http-any-token");
+    let token_file = secrets.path().join("token");
+    std::fs::write(&token_file, "token-of-the-listener-on-0.0.0.0\n").expect("token");
+    std::fs::set_permissions(
+        &token_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .expect("chmod");
+    let file = token_file.display().to_string();
+    let server = Listening::start_at(
+        "http://0.0.0.0:0/mcp",
+        root.path(),
+        &["--http-token-file", &file],
+        None,
+    );
+    let port = server
+        .authority
+        .strip_prefix("0.0.0.0:")
+        .unwrap_or_else(|| panic!("{}", server.url))
+        .to_string();
+    let loopback = format!("127.0.0.1:{port}");
+    let body = br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    let answer = request(&loopback, "POST", &mcp_headers(None), body);
+    assert_eq!(answer.status, 401, "{answer:?}");
+    let mut headers = mcp_headers(None);
+    headers.push(("Authorization", "Bearer token-of-the-listener-on-0.0.0.0"));
+    let named = format!("attacker.example:{port}");
+    let mut rebinding = headers.clone();
+    rebinding.push(("Host", &named));
+    let answer = request(&loopback, "POST", &rebinding, body);
+    assert_eq!(answer.status, 403, "{answer:?}");
+    let initialize = json!({
+        "jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                   "clientInfo": {"name": "capexec-tests", "version": "1"}},
+    })
+    .to_string();
+    let answer = request(&loopback, "POST", &headers, initialize.as_bytes());
+    assert_eq!(answer.status, 200, "{answer:?}");
+}
