@@ -719,14 +719,15 @@ interface Process {
 
   write @1 (data :Data, writeId :Text) -> (status :WriteStatus);
   # Appends `data` to the child's stdin. `writeId` is chosen by the caller and
-  # must be non-empty; a repeated id (of the last 4096 accepted per process)
+  # must be non-empty and at most 256 bytes (the last 4096 accepted per
+  # process are remembered whole); a repeated id (of those)
   # is answered `accepted` without writing again, so writes can be retried
   # safely. Writes are applied in the order the calls arrive. The result
   # comes once the bytes are in the child's stdin pipe (or pty), which gives
   # callers backpressure. `data` is at most 4 MiB.
   #
-  # Errors: `[capexec:invalid-argument]` for an empty or non-UTF-8 `writeId`
-  # or `data` over 4 MiB; `[capexec:limit]` when earlier writes the child has
+  # Errors: `[capexec:invalid-argument]` for an empty, non-UTF-8 or longer
+  # than 256 bytes `writeId` or `data` over 4 MiB; `[capexec:limit]` when earlier writes the child has
   # not read yet already hold 16 MiB or 4096 writes (wait for their answers);
   # `[capexec:forbidden]` on an observer. A closed stdin or an exited child
   # is not an error but a `status`.
