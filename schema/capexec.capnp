@@ -468,7 +468,8 @@ struct ExecutorInfo {
   #   (`Executor.directory`), "files" (every `Directory` method up to
   #   `info`, with `FileStat.version` and `ifVersion`), "file-watch"
   #   (`Directory.watch`), "directory-executor" (`Directory.executor`), "file-batches"
-  #   (`Directory.writeFiles`, `Directory.readFiles`), "ports" (`Executor.dial`, `Executor.listen`),
+  #   (`Directory.writeFiles`, `Directory.readFiles`), "file-search"
+  #   (`Directory.search`), "ports" (`Executor.dial`, `Executor.listen`),
   #   "process-ports" (`Process.dial`, `Process.listen`), "close-output"
   #   (`Process.closeOutput`), "shutdown-reason" (`ExitStatus.serverShutdown`
   #   and the abort message of a clean shutdown, see the conventions above).
@@ -1607,7 +1608,7 @@ interface Directory {
   readOnly @17 () -> (dir :Directory);
   # The same directory, read-only: `stat`, `list`, `walk`, `readFile`,
   # `download`, `readlink`, `canonicalize`, `subdirectory`, `readOnly`,
-  # `watch` and `info` work; every other call fails with
+  # `watch`, `info`, `readFiles` and `search` work; every other call fails with
   # `[capexec:forbidden]` naming the call, and so do the same calls on
   # everything derived from it.
 
@@ -1666,6 +1667,87 @@ interface Directory {
   # `[capexec:limit]`. The answer carries at most 4 MiB of data in all: a
   # file that would take it past that fails alone with
   # `[capexec:too-large]` (read it on its own). Feature "file-batches".
+
+  search @23 (path :Data, options :SearchOptions) -> (result :SearchResult);
+  # Searches the content of the regular files beneath directory `path` for
+  # a regular expression, on the server: only the matching lines cross the
+  # connection. The files are those `walk(path, ...)` would report with
+  # `options`' `maxDepth`, `include` and `exclude` (depth first, in the
+  # order the file system gives them; `include` chooses the files searched,
+  # `exclude` prunes), of kind `file`: symlinks are never followed (neither
+  # to a file nor into a directory), mount points beneath are not entered,
+  # and each file is opened beneath the directory without following a
+  # symlink swapped in meanwhile. Each file's content is split into lines
+  # at "\n" (the "\n" not part of the line; a "\r" before it is), and the
+  # pattern is matched against each line on its own (never across lines):
+  # a line with a match gives one `SearchMatch` (its first match), in file
+  # order. A file holding a NUL byte is binary and skipped
+  # (`binarySkipped`); a file larger than `maxFileBytes` is skipped
+  # without being read (`tooLargeSkipped`); a file or directory that
+  # cannot be opened or read is skipped (`unreadable`, and the first such
+  # error in `firstError`); the search goes on past each. It stops once
+  # `maxMatches` lines matched (`truncated`: there may be more). A
+  # malformed pattern, or one too large to compile, fails with
+  # `[capexec:invalid-argument]` before any file is read, as do bad globs
+  # (see `WalkOptions`). A read, allowed on read-only directories. Runs on
+  # the server a bounded step at a time (at most 256 files or 4 MiB of
+  # content each), holds a descriptor per level it is in, as `walk` does,
+  # and counts as a transfer. Feature "file-search".
+}
+
+struct SearchOptions {
+  # What `Directory.search` looks for, and where.
+  pattern @0 :Text;
+  # A regular expression in the syntax of the Rust `regex` crate
+  # (https://docs.rs/regex, Unicode-aware; `(?i)` and the other inline
+  # flags work), at most 4,096 bytes, compiled with a size limit of 1 MiB
+  # (and matched with a cache of at most 1 MiB).
+  # Matched against the bytes of a line: bytes that are not UTF-8 match
+  # only escapes such as `(?-u:\xff)`, never `.`.
+  caseInsensitive @1 :Bool;
+  # Letters match either case (as the `i` flag does).
+  maxDepth @2 :UInt32;
+  include @3 :List(Data);
+  exclude @4 :List(Data);
+  # As in `WalkOptions`: which files are searched, relative to `path`.
+  maxMatches @5 :UInt32;
+  # Stop after this many matching lines. 0, or more than 1,000: 1,000.
+  maxFileBytes @6 :UInt64;
+  # Skip files larger than this. 0, or more than 4 MiB: 4 MiB.
+}
+
+struct SearchResult {
+  matches @0 :List(SearchMatch);
+  # In the order they were found.
+  filesSearched @1 :UInt64;
+  # Regular files read and matched (binary ones not counted).
+  binarySkipped @2 :UInt64;
+  tooLargeSkipped @3 :UInt64;
+  unreadable @4 :UInt64;
+  # Files and directories skipped (see `search`).
+  firstError @5 :Text;
+  # Empty, or why the first unreadable one could not be read.
+  truncated @6 :Bool;
+  # `maxMatches` ended the search.
+}
+
+struct SearchMatch {
+  # A line with a match.
+  path @0 :Data;
+  # The file, relative to the searched directory.
+  lineNumber @1 :UInt64;
+  # 1 for the file's first line.
+  lineBytes @2 :UInt64;
+  # The line's whole length in bytes.
+  text @3 :Data;
+  # The line; where it is longer than 512 bytes, the 512 bytes of it that
+  # begin 128 bytes before the match (or at the line's start, or earlier
+  # so as to end at the line's end).
+  textOffset @4 :UInt64;
+  # Where `text` begins in the line (0 unless cut).
+  matchStart @5 :UInt64;
+  matchEnd @6 :UInt64;
+  # The match: bytes `matchStart .. matchEnd` of the line.
 }
 
 struct FileContent {

@@ -23,6 +23,7 @@ pub mod codex;
 pub mod engine;
 pub mod files;
 pub mod local_file;
+pub mod mcp;
 pub mod metrics;
 pub mod model;
 pub mod net;

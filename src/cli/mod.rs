@@ -18,6 +18,7 @@ mod inspect;
 mod known_servers;
 mod local_terminal;
 mod logging;
+mod mcp;
 mod named;
 mod relay;
 mod restrictions;
@@ -175,6 +176,70 @@ enum Command {
         [[environments]]\n  id = \"build-box\"\n  program = \"capexec\"\n  \
         args = [\"codex-bridge\", \"--connect\", \"build\"]")]
     CodexBridge(Deferred<CodexBridgeArgs>),
+    /// Serve this executor's processes as MCP tools (for coding agents)
+    ///
+    /// A Model Context Protocol server on stdin and stdout (newline-delimited
+    /// JSON-RPC) whose tools (exec and process_* for processes; read_file,
+    /// write_file, edit_file, list_directory, search_files and more for the
+    /// files beneath --root) run on the embedded executor or on the capexec
+    /// server --connect names. By default every
+    /// command is confined to --root (default: the working directory) on the
+    /// executor's machine: it starts there, may write only beneath it, and
+    /// has no network (--network all gives it). --unconfined gives the plain
+    /// executor, and every tool's description says so. Diagnostics go to
+    /// stderr. It exits when stdin closes, ending the processes the session
+    /// started (unless --keep-processes); 125 if the server is lost. See
+    /// docs/MCP.md.
+    #[command(after_help = "For Claude Code:\n\n  \
+        claude mcp add capexec -- capexec mcp --root /path/to/project")]
+    Mcp(Deferred<McpArgs>),
+}
+
+#[derive(Args, Debug)]
+pub struct McpArgs {
+    #[command(flatten)]
+    connect: ConnectArgs,
+    /// Serve through the executor of this environment (NAME, or
+    /// NAME/NAME... through several hops).
+    #[arg(long, value_name = "NAME")]
+    environment: Option<String>,
+    /// The directory of the executor's machine the agent works in (default:
+    /// the working directory; a relative one is taken from it): commands
+    /// start in it and, unless --unconfined, may write only beneath it.
+    #[arg(long, value_name = "DIR")]
+    root: Option<std::path::PathBuf>,
+    /// Commands run with the executor's full access (no sandbox, any
+    /// working directory, the network); every tool's description says so.
+    #[arg(long)]
+    unconfined: bool,
+    /// The network of confined commands: none (Unix sockets only, the
+    /// default) or all.
+    #[arg(long, value_name = "none|all", value_parser = parse_network)]
+    network: Option<capexec::model::Network>,
+    /// The processes a session started go on running when it ends
+    /// (detached on the executor for a day) instead of ending with it.
+    #[arg(long = "keep-processes")]
+    keep_processes: bool,
+    /// Serve MCP over Streamable HTTP at http://HOST:PORT/PATH instead of
+    /// stdio (port 0: any free one); the URL it listens on is printed as
+    /// stdout's one line, and it serves until SIGTERM or SIGINT.
+    #[arg(long, value_name = "http://HOST:PORT/PATH")]
+    listen: Option<String>,
+    /// With --listen: clients must present the token in FILE
+    /// (`Authorization: Bearer TOKEN`); required when HOST is not loopback.
+    #[arg(long = "http-token-file", value_name = "FILE")]
+    http_token_file: Option<std::path::PathBuf>,
+    /// With --listen: an MCP session with no message either way for SECS
+    /// (or 90s, 5m...) ends, and its processes with it (unless
+    /// --keep-processes); a call waiting without progress notifications
+    /// sends nothing, so keep it above the longest wait (300 s). Default:
+    /// 30m.
+    #[arg(long = "session-idle", value_name = "SECS", value_parser = duration::parse_positive)]
+    session_idle: Option<std::time::Duration>,
+}
+
+fn parse_network(text: &str) -> Result<capexec::model::Network, String> {
+    text.parse()
 }
 
 #[derive(Args, Debug)]
@@ -661,6 +726,10 @@ pub fn main() -> i32 {
             logging::init(tracing::Level::WARN, logging::Style::Client, verbose);
             codex_bridge::main(args)
         }
+        Command::Mcp(Deferred(args)) => {
+            logging::init(tracing::Level::WARN, logging::Style::Client, verbose);
+            mcp::main(args)
+        }
     }
 }
 
@@ -675,6 +744,7 @@ impl Command {
             Command::Cp(Deferred(args)) => Some(&mut args.connect),
             Command::Forward(args) => Some(&mut args.connect),
             Command::CodexBridge(Deferred(args)) => Some(&mut args.connect),
+            Command::Mcp(Deferred(args)) => Some(&mut args.connect),
             _ => None,
         }
     }

@@ -49,7 +49,8 @@ use crate::capexec_capnp::{
 use crate::client::Error;
 use crate::model::{
     CopyOptions, DOWNLOAD_CHUNK_BYTES, DirEntry, DirectoryInfo, FileStat, MAX_ONE_SHOT_BYTES,
-    Refusal, RefusalKind, WalkOptions, WalkSummary, WatchEvent, WriteOptions,
+    Refusal, RefusalKind, SearchOptions, SearchResult, WalkOptions, WalkSummary, WatchEvent,
+    WriteOptions,
 };
 use crate::wire::{self, TRANSFER_WINDOW_BYTES, Window, stream_call};
 
@@ -429,6 +430,32 @@ impl Directory {
                 })
             }),
         )
+    }
+
+    /// Lines matching a regular expression in the files beneath directory
+    /// `path`, searched on the server (see the schema's `search`). A
+    /// server from before it refuses with `[capexec:unsupported]`.
+    pub async fn search(
+        &self,
+        path: impl AsRef<Path>,
+        options: &SearchOptions,
+    ) -> Result<SearchResult, Error> {
+        let mut request = self.client.search_request();
+        request.get().set_path(bytes(&path));
+        wire::search_options_to_wire(options, request.get().init_options());
+        let response = match request.send().promise.await {
+            Err(error) if error.kind == capnp::ErrorKind::Unimplemented => {
+                return Err(Error::Refused(Refusal::new(
+                    RefusalKind::Unsupported,
+                    "the server is too old to search files (it does not implement \
+                     Directory.search)",
+                )));
+            }
+            other => other.map_err(failure)?,
+        };
+        Ok(wire::search_result_from_wire(
+            response.get()?.get_result()?,
+        )?)
     }
 
     async fn mkdir(&self, path: &[u8], recursive: bool, mode: u32) -> Result<(), Error> {

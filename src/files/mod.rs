@@ -12,6 +12,7 @@
 mod error;
 mod read;
 mod resolve;
+mod search;
 mod stat;
 mod tree;
 mod walk;
@@ -30,7 +31,8 @@ use tokio::sync::mpsc;
 
 use crate::model::{
     CopyOptions, DOWNLOAD_CHUNK_BYTES, DirEntry, DirectoryInfo, FileStat, MAX_UPLOAD_CHUNK_BYTES,
-    Refusal, RefusalKind, WalkOptions, WalkSummary, WriteOptions, excerpt,
+    Refusal, RefusalKind, SearchOptions, SearchResult, WalkOptions, WalkSummary, WriteOptions,
+    excerpt,
 };
 
 pub(crate) use self::resolve::path_of;
@@ -264,6 +266,35 @@ impl Directory {
             })
             .await?;
         Ok(walk.summary())
+    }
+
+    /// Searches the files beneath directory `path` (see `search.rs`), a
+    /// bounded step at a time on the blocking pool; `levels` hears how
+    /// many directories the search holds open after each step, as
+    /// [`Directory::walk`]'s does. A read: allowed when read-only.
+    pub async fn search(
+        &self,
+        path: Vec<u8>,
+        options: SearchOptions,
+        mut levels: impl FnMut(usize) -> Result<(), Refusal>,
+    ) -> Result<SearchResult, Refusal> {
+        let mut search = self
+            .run(move |fd| search::Search::open(fd, &path, &options))
+            .await?;
+        loop {
+            let (back, over) = self
+                .work
+                .run(move || {
+                    let over = search.step();
+                    Ok((search, over))
+                })
+                .await?;
+            search = back;
+            levels(search.open_levels())?;
+            if over? {
+                return Ok(search.finish());
+            }
+        }
     }
 
     /// Runs `next` on `state` one step at a time on the blocking pool,

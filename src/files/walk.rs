@@ -75,6 +75,11 @@ fn describe(dir: impl AsFd, name: &OsStr, path: Vec<u8>) -> Option<DirEntry> {
 }
 
 fn open_listed(op: &str, dir: impl AsFd, raw: &[u8]) -> Result<Dir, Refusal> {
+    open_listed_as(op, dir, raw, raw)
+}
+
+/// Opens directory `raw` to read it; failures name it `shown`.
+fn open_listed_as(op: &str, dir: impl AsFd, raw: &[u8], shown: &[u8]) -> Result<Dir, Refusal> {
     let fd = open_beneath(
         dir,
         checked(op, raw)?,
@@ -82,8 +87,8 @@ fn open_listed(op: &str, dir: impl AsFd, raw: &[u8]) -> Result<Dir, Refusal> {
         Mode::empty(),
         ResolveFlags::empty(),
     )
-    .map_err(|errno| failed(op, raw, errno))?;
-    Dir::new(fd).map_err(|errno| failed(op, raw, errno))
+    .map_err(|errno| failed(op, shown, errno))?;
+    Dir::new(fd).map_err(|errno| failed(op, shown, errno))
 }
 
 /// Reads the next entry's name, skipping "." and "..".
@@ -150,19 +155,19 @@ struct Filter {
 }
 
 impl Filter {
-    fn new(options: &WalkOptions, path: &[u8]) -> Result<Filter, Refusal> {
+    fn new(op: &str, options: &WalkOptions, path: &[u8]) -> Result<Filter, Refusal> {
         let count = options.include.len() + options.exclude.len();
         if count > MAX_WALK_PATTERNS {
             return Err(refused(
                 RefusalKind::InvalidArgument,
-                "walk",
+                op,
                 path,
                 format!("{count} patterns; at most {MAX_WALK_PATTERNS}"),
             ));
         }
         Ok(Filter {
-            include: compile(&options.include, path)?,
-            exclude: compile(&options.exclude, path)?,
+            include: compile(op, &options.include, path)?,
+            exclude: compile(op, &options.exclude, path)?,
         })
     }
 
@@ -179,11 +184,11 @@ impl Filter {
     }
 }
 
-fn compile(patterns: &[Vec<u8>], path: &[u8]) -> Result<Option<GlobSet>, Refusal> {
+fn compile(op: &str, patterns: &[Vec<u8>], path: &[u8]) -> Result<Option<GlobSet>, Refusal> {
     if patterns.is_empty() {
         return Ok(None);
     }
-    let bad = |reason: String| refused(RefusalKind::InvalidArgument, "walk", path, reason);
+    let bad = |reason: String| refused(RefusalKind::InvalidArgument, op, path, reason);
     let mut set = GlobSetBuilder::new();
     for pattern in patterns {
         if pattern.len() > MAX_PATH_BYTES {
@@ -221,12 +226,25 @@ pub struct Walk {
     path: Vec<u8>,
     sent: u64,
     truncated: bool,
+    /// The call it serves, as its messages name it.
+    op: &'static str,
 }
 
 impl Walk {
     pub fn open(dir: impl AsFd, path: &[u8], options: &WalkOptions) -> Result<Walk, Refusal> {
-        const OP: &str = "walk";
-        let filter = Filter::new(options, path)?;
+        Walk::open_as("walk", dir, path, path, options)
+    }
+
+    /// A walk of `path` for call `op` (a search's), whose messages name
+    /// the directory `shown`.
+    pub fn open_as(
+        op: &'static str,
+        dir: impl AsFd,
+        path: &[u8],
+        shown: &[u8],
+        options: &WalkOptions,
+    ) -> Result<Walk, Refusal> {
+        let filter = Filter::new(op, options, shown)?;
         let max_depth = match options.max_depth {
             0 => MAX_WALK_DEPTH,
             depth => depth.min(MAX_WALK_DEPTH),
@@ -236,13 +254,14 @@ impl Walk {
             options: options.clone(),
             max_depth,
             stack: vec![Level {
-                dir: open_listed(OP, dir, path)?,
+                dir: open_listed_as(op, dir, path, shown)?,
                 prefix: Vec::new(),
                 depth: 1,
             }],
-            path: path.to_vec(),
+            path: shown.to_vec(),
             sent: 0,
             truncated: false,
+            op,
         })
     }
 
@@ -261,7 +280,7 @@ impl Walk {
 
     /// The next batch of entries; `None` once the walk is over.
     pub fn next_batch(&mut self) -> Result<Option<Vec<DirEntry>>, Refusal> {
-        const OP: &str = "walk";
+        let op = self.op;
         let mut batch = Batch::default();
         while let Some(level) = self.stack.last_mut() {
             let name = match next_name(&mut level.dir) {
@@ -295,7 +314,7 @@ impl Walk {
             let fd = level
                 .dir
                 .fd()
-                .map_err(|errno| failed(OP, &self.path, errno))?;
+                .map_err(|errno| failed(op, &self.path, errno))?;
             let Some(mut entry) = describe(fd, &name, relative.clone()) else {
                 continue;
             };

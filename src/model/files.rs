@@ -192,3 +192,62 @@ pub struct DirectoryInfo {
     pub path: std::path::PathBuf,
     pub read_only: bool,
 }
+
+/// Most matching lines one `search` answers (and its default).
+pub const MAX_SEARCH_MATCHES: u32 = 1000;
+
+/// Largest file `search` reads (and its default); larger ones are skipped.
+pub const MAX_SEARCH_FILE_BYTES: u64 = MAX_ONE_SHOT_BYTES as u64;
+
+/// Most bytes of a line a search match carries.
+pub const SEARCH_TEXT_BYTES: usize = 512;
+
+/// Bytes of a long line a search match keeps before the match.
+pub const SEARCH_TEXT_BEFORE: usize = 128;
+
+/// What `search` looks for, and where (see the schema's `SearchOptions`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SearchOptions {
+    /// Rust `regex` syntax.
+    pub pattern: String,
+    pub case_insensitive: bool,
+    /// Which files: `max_depth`, `include` and `exclude` as a walk's
+    /// (`max_entries` is not used).
+    pub max_depth: u32,
+    pub include: Vec<Vec<u8>>,
+    pub exclude: Vec<Vec<u8>>,
+    /// 0: [`MAX_SEARCH_MATCHES`].
+    pub max_matches: u32,
+    /// 0: [`MAX_SEARCH_FILE_BYTES`].
+    pub max_file_bytes: u64,
+}
+
+/// A line with a match (see the schema's `SearchMatch`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SearchMatch {
+    /// Relative to the searched directory.
+    pub path: Vec<u8>,
+    /// 1-based.
+    pub line_number: u64,
+    pub line_bytes: u64,
+    /// The line, or a window of [`SEARCH_TEXT_BYTES`] of it.
+    pub text: Vec<u8>,
+    /// Where `text` begins in the line.
+    pub text_offset: u64,
+    /// The match, in bytes of the line.
+    pub match_start: u64,
+    pub match_end: u64,
+}
+
+/// What a search found (see the schema's `SearchResult`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SearchResult {
+    pub matches: Vec<SearchMatch>,
+    pub files_searched: u64,
+    pub binary_skipped: u64,
+    pub too_large_skipped: u64,
+    pub unreadable: u64,
+    pub first_error: Option<String>,
+    /// `max_matches` ended it.
+    pub truncated: bool,
+}

@@ -18,8 +18,13 @@ use crate::rpc::file_limits::{DescriptorHold, FileLimits, FileTicket};
 use crate::wire::{self, TRANSFER_WINDOW_BYTES, Window, stream_call};
 
 /// The features `Directory` implements (see `ExecutorInfo.features`).
-pub(crate) const DIRECTORY_FEATURES: &[&str] =
-    &["files", "file-watch", "directory-executor", "file-batches"];
+pub(crate) const DIRECTORY_FEATURES: &[&str] = &[
+    "files",
+    "file-watch",
+    "directory-executor",
+    "file-batches",
+    "file-search",
+];
 
 /// Unacknowledged bytes of watch events on the way to a client: past
 /// this, events wait on the server, and past their limit an `overflow`
@@ -150,6 +155,30 @@ impl directory::Server for DirectoryImpl {
         let mut results = results.get();
         results.set_entries(summary.entries);
         results.set_truncated(summary.truncated);
+        Ok(())
+    }
+
+    async fn search(
+        self: Rc<Self>,
+        params: directory::SearchParams,
+        mut results: directory::SearchResults,
+    ) -> Result<(), capnp::Error> {
+        let params = params.get()?;
+        let path = data_path(params.get_path())?;
+        let options = wire::search_options_from_wire(params.get_options()?)?;
+        let _ticket = self.limits.transfer()?;
+        // As a walk: the transfer counts the searched directory, each
+        // level entered one more.
+        let mut deeper = None;
+        let levels = |open: usize| {
+            deeper = None;
+            if open > 1 {
+                deeper = Some(self.limits.descriptors(open - 1, "levels of searches")?);
+            }
+            Ok(())
+        };
+        let found = self.dir.search(path, options, levels).await?;
+        wire::search_result_to_wire(&found, results.get().init_result());
         Ok(())
     }
 

@@ -102,6 +102,7 @@ impl directory::Server for ForwardingDirectory {
         canonicalize: canonicalize_request, CanonicalizeParams, CanonicalizeResults;
         watch: watch_request, WatchParams, WatchResults;
         info: info_request, InfoParams, InfoResults;
+        search: search_request, SearchParams, SearchResults;
     }
 
     pipelined! {

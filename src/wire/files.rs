@@ -5,8 +5,8 @@ use std::os::unix::ffi::OsStrExt;
 
 use crate::capexec_capnp as wire;
 use crate::model::{
-    CopyOptions, DirEntry, DirectoryInfo, FileKind, FileStat, WalkOptions, WatchEvent,
-    WatchEventKind, WriteOptions,
+    CopyOptions, DirEntry, DirectoryInfo, FileKind, FileStat, SearchMatch, SearchOptions,
+    SearchResult, WalkOptions, WatchEvent, WatchEventKind, WriteOptions,
 };
 use crate::wire::lists::path;
 
@@ -300,6 +300,99 @@ pub fn directory_info_from_wire(
     })
 }
 
+pub fn search_options_to_wire(
+    options: &SearchOptions,
+    mut builder: wire::search_options::Builder<'_>,
+) {
+    builder.set_pattern(options.pattern.as_str());
+    builder.set_case_insensitive(options.case_insensitive);
+    builder.set_max_depth(options.max_depth);
+    if !options.include.is_empty() {
+        set_data_list(
+            builder
+                .reborrow()
+                .init_include(options.include.len() as u32),
+            &options.include,
+        );
+    }
+    if !options.exclude.is_empty() {
+        set_data_list(
+            builder
+                .reborrow()
+                .init_exclude(options.exclude.len() as u32),
+            &options.exclude,
+        );
+    }
+    builder.set_max_matches(options.max_matches);
+    builder.set_max_file_bytes(options.max_file_bytes);
+}
+
+pub fn search_options_from_wire(
+    reader: wire::search_options::Reader<'_>,
+) -> capnp::Result<SearchOptions> {
+    Ok(SearchOptions {
+        pattern: reader.get_pattern()?.to_str()?.to_string(),
+        case_insensitive: reader.get_case_insensitive(),
+        max_depth: reader.get_max_depth(),
+        include: data_list(reader.get_include()?)?,
+        exclude: data_list(reader.get_exclude()?)?,
+        max_matches: reader.get_max_matches(),
+        max_file_bytes: reader.get_max_file_bytes(),
+    })
+}
+
+pub fn search_result_to_wire(result: &SearchResult, mut builder: wire::search_result::Builder<'_>) {
+    let mut list = builder.reborrow().init_matches(result.matches.len() as u32);
+    for (index, found) in result.matches.iter().enumerate() {
+        let mut item = list.reborrow().get(index as u32);
+        item.set_path(&found.path);
+        item.set_line_number(found.line_number);
+        item.set_line_bytes(found.line_bytes);
+        item.set_text(&found.text);
+        item.set_text_offset(found.text_offset);
+        item.set_match_start(found.match_start);
+        item.set_match_end(found.match_end);
+    }
+    builder.set_files_searched(result.files_searched);
+    builder.set_binary_skipped(result.binary_skipped);
+    builder.set_too_large_skipped(result.too_large_skipped);
+    builder.set_unreadable(result.unreadable);
+    if let Some(error) = &result.first_error {
+        builder.set_first_error(error.as_str());
+    }
+    builder.set_truncated(result.truncated);
+}
+
+pub fn search_result_from_wire(
+    reader: wire::search_result::Reader<'_>,
+) -> capnp::Result<SearchResult> {
+    let matches = reader
+        .get_matches()?
+        .iter()
+        .map(|item| {
+            Ok(SearchMatch {
+                path: item.get_path()?.to_vec(),
+                line_number: item.get_line_number(),
+                line_bytes: item.get_line_bytes(),
+                text: item.get_text()?.to_vec(),
+                text_offset: item.get_text_offset(),
+                match_start: item.get_match_start(),
+                match_end: item.get_match_end(),
+            })
+        })
+        .collect::<capnp::Result<Vec<_>>>()?;
+    let first_error = reader.get_first_error()?.to_str()?;
+    Ok(SearchResult {
+        matches,
+        files_searched: reader.get_files_searched(),
+        binary_skipped: reader.get_binary_skipped(),
+        too_large_skipped: reader.get_too_large_skipped(),
+        unreadable: reader.get_unreadable(),
+        first_error: (!first_error.is_empty()).then(|| first_error.to_string()),
+        truncated: reader.get_truncated(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -397,6 +490,50 @@ mod tests {
         copy_options_to_wire(&copy, message.init_root());
         let reader = message.get_root_as_reader().expect("root");
         assert_eq!(copy_options_from_wire(reader), copy);
+    }
+
+    #[test]
+    fn search_options_and_results_with_every_field_set_round_trip() {
+        let options = SearchOptions {
+            pattern: "fn \\w+\\(".into(),
+            case_insensitive: true,
+            max_depth: 4,
+            include: vec![b"**/*.rs".to_vec()],
+            exclude: vec![b"target".to_vec()],
+            max_matches: 7,
+            max_file_bytes: 99,
+        };
+        let mut message = capnp::message::Builder::new_default();
+        search_options_to_wire(&options, message.init_root());
+        let reader = message.get_root_as_reader().expect("root");
+        assert_eq!(search_options_from_wire(reader).expect("read"), options);
+
+        let result = SearchResult {
+            matches: vec![SearchMatch {
+                path: b"a/\xffb".to_vec(),
+                line_number: 12,
+                line_bytes: 2000,
+                text: b"window".to_vec(),
+                text_offset: 872,
+                match_start: 1000,
+                match_end: 1004,
+            }],
+            files_searched: 3,
+            binary_skipped: 4,
+            too_large_skipped: 5,
+            unreadable: 6,
+            first_error: Some("search \"x\": permission denied".into()),
+            truncated: true,
+        };
+        let mut message = capnp::message::Builder::new_default();
+        search_result_to_wire(&result, message.init_root());
+        let reader = message.get_root_as_reader().expect("root");
+        assert_eq!(search_result_from_wire(reader).expect("read"), result);
+        let empty = SearchResult::default();
+        let mut message = capnp::message::Builder::new_default();
+        search_result_to_wire(&empty, message.init_root());
+        let reader = message.get_root_as_reader().expect("root");
+        assert_eq!(search_result_from_wire(reader).expect("read"), empty);
     }
 
     #[test]

@@ -13,8 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use capexec::capexec_capnp::upload_sink;
 use capexec::client::{Directory, Error};
 use capexec::model::{
-    CopyOptions, DOWNLOAD_CHUNK_BYTES, FileKind, MAX_ONE_SHOT_BYTES, MAX_TRANSFERS_PER_CONNECTION,
-    Policy, RefusalKind, WalkOptions, WatchEvent, WatchEventKind, WriteOptions,
+    CopyOptions, DOWNLOAD_CHUNK_BYTES, FileKind, MAX_ONE_SHOT_BYTES, MAX_SEARCH_FILE_BYTES,
+    MAX_TRANSFERS_PER_CONNECTION, Policy, RefusalKind, SearchMatch, SearchOptions, WalkOptions,
+    WatchEvent, WatchEventKind, WriteOptions,
 };
 use common::Ctx;
 use common::data::{Pattern, TempDir};
@@ -630,6 +631,11 @@ async fn read_only_directories_refuse_every_mutation(ctx: Ctx) {
         );
         let watch = sub.watch("", false).await.expect("watching is reading");
         drop(watch);
+        let found = sub
+            .search("", &search_for("cont"))
+            .await
+            .expect("searching is reading");
+        assert_eq!(found.matches.len(), 1);
         let forbidden = |outcome: Result<(), Error>, call: &str| {
             let (kind, message) = refused(outcome);
             assert_eq!(kind, RefusalKind::Forbidden, "{call}: {message}");
@@ -1024,6 +1030,11 @@ async fn limits_are_refused_with_limit(ctx: Ctx) {
         error.refusal_kind(),
         Some(RefusalKind::LimitReached),
         "{error}"
+    );
+    // A search is a transfer too.
+    assert_eq!(
+        kind_of(dir.search("", &search_for("x")).await),
+        RefusalKind::LimitReached
     );
     drop(held);
     // Released uploads give their places back (and leave nothing).
@@ -1435,7 +1446,172 @@ async fn a_double_star_matches_zero_or_more_directories(ctx: Ctx) {
     assert_eq!(walked(&[], &["**/x"]).await, ["a", "a/b", "a/y"]);
 }
 
+fn search_for(pattern: &str) -> SearchOptions {
+    SearchOptions {
+        pattern: pattern.into(),
+        ..SearchOptions::default()
+    }
+}
+
+fn found(path: &str, line_number: u64, line: &[u8], start: u64, end: u64) -> SearchMatch {
+    SearchMatch {
+        path: path.as_bytes().to_vec(),
+        line_number,
+        line_bytes: line.len() as u64,
+        text: line.to_vec(),
+        text_offset: 0,
+        match_start: start,
+        match_end: end,
+    }
+}
+
+/// Matches sorted by file and line (a search gives them in the file
+/// system's order).
+fn sorted(mut matches: Vec<SearchMatch>) -> Vec<SearchMatch> {
+    matches.sort_by(|a, b| (&a.path, a.line_number).cmp(&(&b.path, b.line_number)));
+    matches
+}
+
+async fn a_search_matches_lines_on_the_executor_and_skips_what_it_says(ctx: Ctx) {
+    let temp = TempDir::new("files-search");
+    let outside = TempDir::new("files-search-outside");
+    std::fs::write(outside.path().join("secret"), b"alpha outside\n").expect("write");
+    let root = temp.path();
+    std::fs::create_dir_all(root.join("sub/deep")).expect("mkdir");
+    std::fs::write(root.join("a.txt"), b"alpha\nbeta\nAlpha beta\n").expect("write");
+    std::fs::write(root.join("sub/b.rs"), b"fn main() {}\nlet alpha = 1;").expect("write");
+    std::fs::write(root.join("sub/deep/c.txt"), b"nothing\n").expect("write");
+    std::fs::write(root.join("bin.dat"), b"alpha\0binary").expect("write");
+    std::fs::write(root.join("latin.txt"), b"\xffalpha\n").expect("write");
+    let big = "alpha\n".repeat(MAX_SEARCH_FILE_BYTES as usize / 6 + 1);
+    std::fs::write(root.join("big.txt"), &big).expect("write");
+    let long = format!("{}alpha{}", "x".repeat(1000), "y".repeat(1000));
+    std::fs::write(root.join("long.txt"), &long).expect("write");
+    symlink(outside.path().join("secret"), root.join("link")).expect("symlink");
+    symlink(outside.path(), root.join("link-dir")).expect("symlink");
+    let dir = open(&ctx, &temp);
+
+    let result = dir.search("", &search_for("alpha")).await.expect("search");
+    assert_eq!(
+        sorted(result.matches),
+        vec![
+            found("a.txt", 1, b"alpha", 0, 5),
+            found("latin.txt", 1, b"\xffalpha", 1, 6),
+            SearchMatch {
+                path: b"long.txt".to_vec(),
+                line_number: 1,
+                line_bytes: 2005,
+                text: long.as_bytes()[872..1384].to_vec(),
+                text_offset: 872,
+                match_start: 1000,
+                match_end: 1005,
+            },
+            found("sub/b.rs", 2, b"let alpha = 1;", 4, 9),
+        ]
+    );
+    // Symlinks (to a file or a directory outside) are never followed.
+    assert_eq!(result.files_searched, 5);
+    assert_eq!(result.binary_skipped, 1);
+    assert_eq!(result.too_large_skipped, 1);
+    assert_eq!((result.unreadable, result.first_error), (0, None));
+    assert!(!result.truncated);
+
+    // Case, globs, a subdirectory, and the bound.
+    let options = SearchOptions {
+        case_insensitive: true,
+        include: vec![b"*.txt".to_vec()],
+        ..search_for("ALPHA b")
+    };
+    let result = dir.search("", &options).await.expect("search");
+    assert_eq!(result.matches, vec![found("a.txt", 3, b"Alpha beta", 0, 7)]);
+    let options = SearchOptions {
+        include: vec![b"**/*.rs".to_vec()],
+        ..search_for("a")
+    };
+    let result = dir.search("", &options).await.expect("search");
+    assert_eq!(
+        result.matches,
+        vec![
+            found("sub/b.rs", 1, b"fn main() {}", 4, 5),
+            found("sub/b.rs", 2, b"let alpha = 1;", 4, 5),
+        ]
+    );
+    let result = dir
+        .search("sub", &search_for("^[a-z]+$"))
+        .await
+        .expect("search");
+    assert_eq!(
+        result.matches,
+        vec![found("deep/c.txt", 1, b"nothing", 0, 7)]
+    );
+    let options = SearchOptions {
+        exclude: vec![b"sub".to_vec(), b"big.txt".to_vec()],
+        max_matches: 2,
+        ..search_for(".")
+    };
+    let result = dir.search("", &options).await.expect("search");
+    assert_eq!(result.matches.len(), 2);
+    assert!(result.truncated);
+    assert!(result.matches.iter().all(|m| !m.path.starts_with(b"sub")));
+
+    // More files than one step of the executor's takes (256): every one
+    // searched, every match found.
+    std::fs::create_dir(root.join("many")).expect("mkdir");
+    for n in 0..300 {
+        std::fs::write(
+            root.join(format!("many/{n:03}")),
+            format!("x\nfile {n:03}\n"),
+        )
+        .expect("write");
+    }
+    let result = dir
+        .search("many", &search_for("^file"))
+        .await
+        .expect("search");
+    assert_eq!(result.files_searched, 300);
+    let mut lines: Vec<_> = result
+        .matches
+        .iter()
+        .map(|m| (m.path.clone(), m.line_number, m.text.clone()))
+        .collect();
+    lines.sort();
+    let expected: Vec<_> = (0..300)
+        .map(|n| {
+            (
+                format!("{n:03}").into_bytes(),
+                2,
+                format!("file {n:03}").into_bytes(),
+            )
+        })
+        .collect();
+    assert_eq!(lines, expected);
+
+    // Refusals: a malformed pattern before anything is read, a path out.
+    let (kind, message) = refused(dir.search("", &search_for("a(b")).await);
+    assert_eq!(kind, RefusalKind::InvalidArgument);
+    assert_eq!(message, "search \".\": pattern \"a(b\": unclosed group");
+    let options = SearchOptions {
+        include: vec![b"[".to_vec()],
+        ..search_for("a")
+    };
+    let (kind, message) = refused(dir.search("sub", &options).await);
+    assert_eq!(kind, RefusalKind::InvalidArgument);
+    assert!(
+        message.starts_with("search \"sub\": pattern \"[\": "),
+        "{message}"
+    );
+    assert_eq!(
+        kind_of(dir.search("..", &search_for("a")).await),
+        RefusalKind::OutsideDirectory
+    );
+    assert_eq!(
+        kind_of(dir.search("link-dir", &search_for("a")).await),
+        RefusalKind::OutsideDirectory
+    );
+}
+
 backend_tests!(
+    a_search_matches_lines_on_the_executor_and_skips_what_it_says,
     a_download_to_a_sink_that_never_reads_holds_back_only_itself,
     binary_files_round_trip_byte_exact_small_and_large,
     ranges_read_exactly_the_bytes_asked,

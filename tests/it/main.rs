@@ -24,6 +24,7 @@ mod files;
 mod handles;
 mod hostile_bytes;
 mod hostile_rpc;
+mod mcp_files;
 mod network;
 mod ports;
 mod process_contract;
