@@ -22,6 +22,13 @@ pub enum Style {
 /// with `verbose` capexec's own debug lines too), so stdout stays the
 /// child's (or the listener addresses).
 pub fn init(default: Level, style: Style, verbose: bool) {
+    init_with(default, style, verbose, None);
+}
+
+/// [`init`], with `quieter` (directives such as `rmcp=error`) added to the
+/// default filter: a library whose warnings are no news to the user.
+/// `RUST_LOG` and `-v` still show everything they ask for.
+pub fn init_with(default: Level, style: Style, verbose: bool, quieter: Option<&str>) {
     let builder = tracing_subscriber::fmt()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
@@ -31,7 +38,10 @@ pub fn init(default: Level, style: Style, verbose: bool) {
     let directives = std::env::var("RUST_LOG")
         .ok()
         .filter(|directives| !directives.is_empty())
-        .or_else(|| verbose.then(|| format!("{},capexec=debug", default.as_str().to_lowercase())));
+        .or_else(|| verbose.then(|| format!("{},capexec=debug", default.as_str().to_lowercase())))
+        .or_else(|| {
+            quieter.map(|quieter| format!("{},{quieter}", default.as_str().to_lowercase()))
+        });
     match (style, directives) {
         (Style::Server, Some(directives)) => builder
             .with_env_filter(tracing_subscriber::EnvFilter::new(directives))

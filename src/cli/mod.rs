@@ -727,7 +727,14 @@ pub fn main() -> i32 {
             codex_bridge::main(args)
         }
         Command::Mcp(Deferred(args)) => {
-            logging::init(tracing::Level::WARN, logging::Style::Client, verbose);
+            // rmcp warns of every error it answers (an unknown tool, a bad
+            // argument): the agent already has the answer.
+            logging::init_with(
+                tracing::Level::WARN,
+                logging::Style::Client,
+                verbose,
+                Some("rmcp::service=error"),
+            );
             mcp::main(args)
         }
     }

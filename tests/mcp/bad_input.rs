@@ -49,6 +49,12 @@ pub fn bad_input_is_answered_and_the_server_goes_on(backend: Backend) {
          process_signal, process_terminate, process_list, read_file, write_file, edit_file, \
          list_directory, search_files, file_info, move_path, remove_path, make_directory"
     );
+    // The answer is the news: nothing on stderr for it.
+    assert!(
+        !mcp.stderr_text().contains("rm_rf"),
+        "{}",
+        mcp.stderr_text()
+    );
     // Wrong argument types, unknown fields, missing ones: tool errors.
     let text = mcp.call_error("exec", json!({"argv": "echo hi"}));
     assert!(

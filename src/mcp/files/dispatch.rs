@@ -22,7 +22,23 @@ pub struct ToolSpec {
 }
 
 fn schema_of<T: JsonSchema>() -> Map<String, Value> {
-    match serde_json::to_value(schema_for!(T)) {
+    object(schema_for!(T))
+}
+
+/// The schema of what serialising a `T` writes: a field skipped when
+/// empty is not required (a client checking results against the schema,
+/// as the MCP Python SDK does, accepts every result).
+fn output_schema_of<T: JsonSchema>() -> Map<String, Value> {
+    object(
+        schemars::generate::SchemaSettings::draft2020_12()
+            .for_serialize()
+            .into_generator()
+            .into_root_schema_for::<T>(),
+    )
+}
+
+fn object(schema: schemars::Schema) -> Map<String, Value> {
+    match serde_json::to_value(schema) {
         Ok(Value::Object(schema)) => schema,
         // A derived schema of a struct is always an object.
         _ => Map::new(),
@@ -62,7 +78,7 @@ macro_rules! file_tools {
                 name: $name,
                 description: description($name),
                 input_schema: schema_of::<$args>(),
-                output_schema: schema_of::<$result>(),
+                output_schema: output_schema_of::<$result>(),
             },)*]
         }
 
