@@ -18,19 +18,27 @@
 
 capnp::generated_code!(pub mod capexec_capnp);
 
+// No module above the engines and the system calls needs `unsafe`: the
+// compiler keeps it so.
+#[forbid(unsafe_code)]
 pub mod client;
+#[forbid(unsafe_code)]
 pub mod codex;
 pub mod engine;
 pub mod files;
 pub mod local_file;
+#[forbid(unsafe_code)]
 pub mod mcp;
+#[forbid(unsafe_code)]
 pub mod metrics;
+#[forbid(unsafe_code)]
 pub mod model;
 pub mod net;
 pub mod ports;
 pub mod rpc;
 pub mod sandbox;
 pub mod secret;
+#[forbid(unsafe_code)]
 pub mod wire;
 
 /// The README's Rust example, compiled as a doctest so that the front page
