@@ -19,15 +19,18 @@ mod walk;
 mod watch;
 pub mod within;
 mod work;
+mod writable;
 mod write;
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 use tokio::sync::mpsc;
+
+pub use self::writable::Writable;
 
 use crate::model::{
     CopyOptions, DOWNLOAD_CHUNK_BYTES, DirEntry, DirectoryInfo, FileStat, MAX_UPLOAD_CHUNK_BYTES,
@@ -169,18 +172,18 @@ impl Directory {
         }
     }
 
+    /// Refuses `call` at once on a read-only directory (before any work;
+    /// [`Directory::write`] checks again where the descriptor is handed out).
     fn writable(&self, call: &str) -> Result<(), Refusal> {
         if self.read_only {
-            return Err(Refusal::new(
-                RefusalKind::Forbidden,
-                format!("`{call}` is not allowed: this directory is read-only"),
-            ));
+            return Err(writable::refusal(call));
         }
         Ok(())
     }
 
-    /// Runs `work` with the directory's descriptor on the blocking pool.
-    async fn run<T: Send + 'static>(
+    /// Runs `work`, which only reads, with the directory's descriptor on
+    /// the blocking pool.
+    async fn read<T: Send + 'static>(
         &self,
         work: impl FnOnce(&OwnedFd) -> Result<T, Refusal> + Send + 'static,
     ) -> Result<T, Refusal> {
@@ -188,9 +191,26 @@ impl Directory {
         self.work.run(move || work(&fd)).await
     }
 
+    /// Runs `work`, which changes what is beneath the directory (call
+    /// `call`), on the blocking pool; refused on a read-only directory.
+    /// The only way to a [`Writable`] descriptor, which every function that
+    /// writes takes.
+    async fn write<T: Send + 'static>(
+        &self,
+        call: &'static str,
+        work: impl FnOnce(Writable<'_>) -> Result<T, Refusal> + Send + 'static,
+    ) -> Result<T, Refusal> {
+        self.writable(call)?;
+        let fd = Arc::clone(&self.fd);
+        let read_only = self.read_only;
+        self.work
+            .run(move || work(Writable::checked(fd.as_fd(), read_only, call)?))
+            .await
+    }
+
     pub async fn info(&self) -> Result<DirectoryInfo, Refusal> {
         let read_only = self.read_only;
-        self.run(move |fd| {
+        self.read(move |fd| {
             let path =
                 resolve::path_of(fd).map_err(|errno| error::failed("info of", b"", errno))?;
             Ok(DirectoryInfo { path, read_only })
@@ -202,7 +222,7 @@ impl Directory {
     pub async fn subdirectory(&self, path: Vec<u8>) -> Result<Directory, Refusal> {
         let read_only = self.read_only;
         let work = self.work.clone();
-        self.run(move |fd| {
+        self.read(move |fd| {
             const OP: &str = "open directory";
             let fd = resolve::open_beneath(
                 fd,
@@ -222,7 +242,7 @@ impl Directory {
     }
 
     pub async fn stat(&self, path: Vec<u8>, no_follow: bool) -> Result<FileStat, Refusal> {
-        self.run(move |fd| {
+        self.read(move |fd| {
             const OP: &str = "stat";
             let target = resolve::locate(fd, resolve::checked(OP, &path)?, no_follow)
                 .map_err(|errno| error::failed(OP, &path, errno))?;
@@ -239,7 +259,7 @@ impl Directory {
         path: Vec<u8>,
         batches: mpsc::Sender<Vec<DirEntry>>,
     ) -> Result<u64, Refusal> {
-        let listing = self.run(move |fd| walk::Listing::open(fd, &path)).await?;
+        let listing = self.read(move |fd| walk::Listing::open(fd, &path)).await?;
         let listing = self
             .send_batches(listing, walk::Listing::next_batch, &batches, |_| Ok(()))
             .await?;
@@ -257,7 +277,7 @@ impl Directory {
         levels: impl FnMut(usize) -> Result<(), Refusal>,
     ) -> Result<WalkSummary, Refusal> {
         let walk = self
-            .run(move |fd| walk::Walk::open(fd, &path, &options))
+            .read(move |fd| walk::Walk::open(fd, &path, &options))
             .await?;
         let mut levels = levels;
         let walk = self
@@ -279,7 +299,7 @@ impl Directory {
         mut levels: impl FnMut(usize) -> Result<(), Refusal>,
     ) -> Result<SearchResult, Refusal> {
         let mut search = self
-            .run(move |fd| search::Search::open(fd, &path, &options))
+            .read(move |fd| search::Search::open(fd, &path, &options))
             .await?;
         loop {
             let (back, over) = self
@@ -333,7 +353,7 @@ impl Directory {
         offset: u64,
         length: u64,
     ) -> Result<(Vec<u8>, FileStat), Refusal> {
-        self.run(move |fd| read::read_file(fd, &path, offset, length))
+        self.read(move |fd| read::read_file(fd, &path, offset, length))
             .await
     }
 
@@ -343,7 +363,6 @@ impl Directory {
         data: Vec<u8>,
         options: WriteOptions,
     ) -> Result<FileStat, Refusal> {
-        self.writable("writeFile")?;
         if data.len() > crate::model::MAX_ONE_SHOT_BYTES {
             return Err(error::refused(
                 RefusalKind::LimitReached,
@@ -356,8 +375,10 @@ impl Directory {
                 ),
             ));
         }
-        self.run(move |fd| write::write_file(fd, &path, &data, &options))
-            .await
+        self.write("writeFile", move |fd| {
+            write::write_file(fd, &path, &data, &options)
+        })
+        .await
     }
 
     /// `writeFiles`: each `(path, data, options)` written as
@@ -370,7 +391,7 @@ impl Directory {
         self.writable("writeFiles")?;
         let bytes: usize = files.iter().map(|(_, data, _)| data.len()).sum();
         check_batch("writeFiles", files.len(), bytes)?;
-        self.run(move |fd| {
+        self.write("writeFiles", move |fd| {
             Ok(files
                 .iter()
                 .map(|(path, data, options)| write::write_file(fd, path, data, options))
@@ -388,7 +409,7 @@ impl Directory {
         paths: Vec<Vec<u8>>,
     ) -> Result<Vec<Result<(Vec<u8>, FileStat), Refusal>>, Refusal> {
         check_batch("readFiles", paths.len(), 0)?;
-        self.run(move |fd| {
+        self.read(move |fd| {
             let mut room = crate::model::MAX_ONE_SHOT_BYTES;
             Ok(paths
                 .iter()
@@ -425,9 +446,8 @@ impl Directory {
         options: WriteOptions,
         expected: Option<u64>,
     ) -> Result<Upload, Refusal> {
-        self.writable("upload")?;
         let pending = self
-            .run(move |fd| {
+            .write("upload", move |fd| {
                 write::PendingFile::begin("upload", fd, &path, &options).map(|p| (p, path))
             })
             .await?;
@@ -449,7 +469,7 @@ impl Directory {
         length: u64,
     ) -> Result<Download, Refusal> {
         let (file, path) = self
-            .run(move |fd| read::open_for_reading("download", fd, &path).map(|f| (f, path)))
+            .read(move |fd| read::open_for_reading("download", fd, &path).map(|f| (f, path)))
             .await?;
         let end = match length {
             0 => file.stat.size,
@@ -500,8 +520,7 @@ impl Directory {
     }
 
     pub async fn mkdir(&self, path: Vec<u8>, recursive: bool, mode: u32) -> Result<(), Refusal> {
-        self.writable("mkdir")?;
-        self.run(move |fd| tree::mkdir(fd, &path, recursive, mode))
+        self.write("mkdir", move |fd| tree::mkdir(fd, &path, recursive, mode))
             .await
     }
 
@@ -511,9 +530,10 @@ impl Directory {
         recursive: bool,
         missing_ok: bool,
     ) -> Result<u64, Refusal> {
-        self.writable("remove")?;
-        self.run(move |fd| tree::remove(fd, &path, recursive, missing_ok))
-            .await
+        self.write("remove", move |fd| {
+            tree::remove(fd, &path, recursive, missing_ok)
+        })
+        .await
     }
 
     pub async fn rename(
@@ -522,8 +542,7 @@ impl Directory {
         to: Vec<u8>,
         no_replace: bool,
     ) -> Result<(), Refusal> {
-        self.writable("rename")?;
-        self.run(move |fd| tree::rename(fd, &from, &to, no_replace))
+        self.write("rename", move |fd| tree::rename(fd, &from, &to, no_replace))
             .await
     }
 
@@ -533,24 +552,24 @@ impl Directory {
         to: Vec<u8>,
         options: CopyOptions,
     ) -> Result<u64, Refusal> {
-        self.writable("copy")?;
-        self.run(move |fd| tree::copy(fd, &from, &to, options))
+        self.write("copy", move |fd| tree::copy(fd, &from, &to, options))
             .await
     }
 
     pub async fn symlink(&self, target: Vec<u8>, path: Vec<u8>) -> Result<(), Refusal> {
-        self.writable("symlink")?;
-        self.run(move |fd| tree::symlink(fd, &target, &path)).await
+        self.write("symlink", move |fd| tree::symlink(fd, &target, &path))
+            .await
     }
 
     pub async fn readlink(&self, path: Vec<u8>) -> Result<Vec<u8>, Refusal> {
-        self.run(move |fd| tree::readlink(fd, &path)).await
+        self.read(move |fd| tree::readlink(fd, &path)).await
     }
 
     pub async fn set_permissions(&self, path: Vec<u8>, mode: u32) -> Result<(), Refusal> {
-        self.writable("setPermissions")?;
-        self.run(move |fd| tree::set_permissions(fd, &path, mode))
-            .await
+        self.write("setPermissions", move |fd| {
+            tree::set_permissions(fd, &path, mode)
+        })
+        .await
     }
 
     pub async fn set_times(
@@ -559,17 +578,18 @@ impl Directory {
         accessed_ns: i64,
         modified_ns: i64,
     ) -> Result<(), Refusal> {
-        self.writable("setTimes")?;
-        self.run(move |fd| tree::set_times(fd, &path, accessed_ns, modified_ns))
-            .await
+        self.write("setTimes", move |fd| {
+            tree::set_times(fd, &path, accessed_ns, modified_ns)
+        })
+        .await
     }
 
     pub async fn canonicalize(&self, path: Vec<u8>) -> Result<Vec<u8>, Refusal> {
-        self.run(move |fd| tree::canonicalize(fd, &path)).await
+        self.read(move |fd| tree::canonicalize(fd, &path)).await
     }
 
     pub async fn watch(&self, path: Vec<u8>, recursive: bool) -> Result<Watcher, Refusal> {
-        self.run(move |fd| Watcher::start(fd, &path, recursive))
+        self.read(move |fd| Watcher::start(fd, &path, recursive))
             .await
     }
 }

@@ -4,13 +4,14 @@
 //! parent's descriptor (see `resolve.rs`).
 
 use std::ffi::OsStr;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use rustix::fs::{AtFlags, Dir, Mode, OFlags, RenameFlags, ResolveFlags};
 use rustix::io::Errno;
 
+use crate::files::Writable;
 use crate::files::error::{failed, refused};
 use crate::files::resolve::{checked, entry, locate, open_beneath, path_of, proc_path, split};
 use crate::files::stat::from_stat;
@@ -19,7 +20,7 @@ use crate::model::{CopyOptions, Refusal, RefusalKind, WriteOptions};
 
 /// `mkdir -p`: `path` and its missing parents, each made relative to the
 /// parent resolved beneath `dir`.
-pub fn make_dirs(op: &str, dir: BorrowedFd<'_>, path: &[u8], mode: u32) -> Result<(), Refusal> {
+pub fn make_dirs(op: &str, dir: Writable<'_>, path: &[u8], mode: u32) -> Result<(), Refusal> {
     let checked_path = checked(op, path)?;
     let Some((parent, name)) = split(checked_path) else {
         // ".", "..", "": exists already, or leaves (which resolving says).
@@ -51,10 +52,10 @@ pub fn make_dirs(op: &str, dir: BorrowedFd<'_>, path: &[u8], mode: u32) -> Resul
     }
 }
 
-pub fn mkdir(dir: impl AsFd, path: &[u8], recursive: bool, mode: u32) -> Result<(), Refusal> {
+pub fn mkdir(dir: Writable<'_>, path: &[u8], recursive: bool, mode: u32) -> Result<(), Refusal> {
     const OP: &str = "mkdir";
     if recursive {
-        return make_dirs(OP, dir.as_fd(), path, mode & 0o7777);
+        return make_dirs(OP, dir, path, mode & 0o7777);
     }
     let target = entry(OP, dir, path)?;
     rustix::fs::mkdirat(
@@ -67,7 +68,7 @@ pub fn mkdir(dir: impl AsFd, path: &[u8], recursive: bool, mode: u32) -> Result<
 
 /// `remove`: how many entries went.
 pub fn remove(
-    dir: impl AsFd,
+    dir: Writable<'_>,
     path: &[u8],
     recursive: bool,
     missing_ok: bool,
@@ -157,7 +158,7 @@ fn empty_dir(fd: OwnedFd) -> Result<u64, Errno> {
     }
 }
 
-pub fn rename(dir: impl AsFd, from: &[u8], to: &[u8], no_replace: bool) -> Result<(), Refusal> {
+pub fn rename(dir: Writable<'_>, from: &[u8], to: &[u8], no_replace: bool) -> Result<(), Refusal> {
     const OP: &str = "rename";
     let source = entry(OP, dir.as_fd(), from)?;
     let target = entry(OP, dir.as_fd(), to)?;
@@ -194,7 +195,7 @@ pub fn rename(dir: impl AsFd, from: &[u8], to: &[u8], no_replace: bool) -> Resul
     })
 }
 
-pub fn symlink(dir: impl AsFd, target: &[u8], path: &[u8]) -> Result<(), Refusal> {
+pub fn symlink(dir: Writable<'_>, target: &[u8], path: &[u8]) -> Result<(), Refusal> {
     const OP: &str = "symlink";
     checked(OP, target)?;
     if target.is_empty() {
@@ -226,7 +227,7 @@ pub fn readlink(dir: impl AsFd, path: &[u8]) -> Result<Vec<u8>, Refusal> {
 }
 
 /// The permission bits of what `path` leads to (within the directory).
-pub fn set_permissions(dir: impl AsFd, path: &[u8], mode: u32) -> Result<(), Refusal> {
+pub fn set_permissions(dir: Writable<'_>, path: &[u8], mode: u32) -> Result<(), Refusal> {
     const OP: &str = "chmod";
     let fail = |errno| failed(OP, path, errno);
     let fd = locate(dir, checked(OP, path)?, false).map_err(fail)?;
@@ -234,7 +235,7 @@ pub fn set_permissions(dir: impl AsFd, path: &[u8], mode: u32) -> Result<(), Ref
 }
 
 pub fn set_times(
-    dir: impl AsFd,
+    dir: Writable<'_>,
     path: &[u8],
     accessed_ns: i64,
     modified_ns: i64,
@@ -264,7 +265,12 @@ pub fn canonicalize(dir: impl AsFd, path: &[u8]) -> Result<Vec<u8>, Refusal> {
 }
 
 /// `copy`: how many entries were copied.
-pub fn copy(dir: impl AsFd, from: &[u8], to: &[u8], options: CopyOptions) -> Result<u64, Refusal> {
+pub fn copy(
+    dir: Writable<'_>,
+    from: &[u8],
+    to: &[u8],
+    options: CopyOptions,
+) -> Result<u64, Refusal> {
     const OP: &str = "copy";
     let dir = dir.as_fd();
     let source = entry(OP, dir, from)?;

@@ -23,6 +23,7 @@ use std::sync::Mutex;
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, ResolveFlags, Timespec, Timestamps};
 use rustix::io::Errno;
 
+use crate::files::Writable;
 use crate::files::error::{failed, refused};
 use crate::files::resolve::{Entry, entry, open_beneath, proc_path};
 use crate::files::stat::{from_stat, of_fd};
@@ -264,7 +265,7 @@ impl PendingFile {
     /// Begins writing `path` beneath `dir` as `options` say.
     pub fn begin(
         op: &'static str,
-        dir: impl AsFd,
+        dir: Writable<'_>,
         path: &[u8],
         options: &WriteOptions,
     ) -> Result<PendingFile, Refusal> {
@@ -280,7 +281,7 @@ impl PendingFile {
             && let Some((parent, _)) =
                 crate::files::resolve::split(crate::files::resolve::checked(op, path)?)
         {
-            make_dirs(op, dir.as_fd(), parent.as_os_str().as_bytes(), 0o777)?;
+            make_dirs(op, dir, parent.as_os_str().as_bytes(), 0o777)?;
         }
         let target = entry(op, dir, path)?;
         PendingFile::begin_entry(op, path, target, options)
@@ -674,7 +675,7 @@ pub fn sync_dir(dir: &OwnedFd) -> Result<(), Errno> {
 
 /// `writeFile`: `data` as the content of `path`.
 pub fn write_file(
-    dir: impl AsFd,
+    dir: Writable<'_>,
     path: &[u8],
     data: &[u8],
     options: &WriteOptions,
@@ -752,7 +753,13 @@ mod tests {
         std::fs::write(dir.join(".capexec-notes"), b"mine").expect("lookalike");
         std::fs::write(dir.join("kept"), b"data").expect("a file");
         forget_swept();
-        write_file(&fd, b"new", b"content", &WriteOptions::default()).expect("write");
+        write_file(
+            Writable::of_own(fd.as_fd()),
+            b"new",
+            b"content",
+            &WriteOptions::default(),
+        )
+        .expect("write");
         assert_eq!(names(&dir), [".capexec-notes", "kept", "new"]);
         std::fs::remove_dir_all(&dir).expect("clean up");
     }
@@ -761,15 +768,26 @@ mod tests {
     fn a_live_uploads_temporary_is_never_swept() {
         let (dir, fd) = scratch("live");
         NAMED_STAGING.set(true);
-        let mut live = PendingFile::begin("upload", &fd, b"big", &WriteOptions::default())
-            .expect("begin an upload");
+        let mut live = PendingFile::begin(
+            "upload",
+            Writable::of_own(fd.as_fd()),
+            b"big",
+            &WriteOptions::default(),
+        )
+        .expect("begin an upload");
         live.write_all(b"first half, ").expect("write");
         let temps = names(&dir);
         assert_eq!(temps.len(), 1, "{temps:?}");
         assert!(temps[0].starts_with(TEMP_PREFIX), "{temps:?}");
         // Another write into the directory sweeps it (again).
         forget_swept();
-        write_file(&fd, b"other", b"x", &WriteOptions::default()).expect("write");
+        write_file(
+            Writable::of_own(fd.as_fd()),
+            b"other",
+            b"x",
+            &WriteOptions::default(),
+        )
+        .expect("write");
         assert!(
             names(&dir).contains(&temps[0]),
             "the live temporary was swept"
@@ -807,7 +825,13 @@ mod tests {
             .expect("read");
         assert_eq!(line, "locked\n");
         forget_swept();
-        write_file(&fd, b"new", b"x", &WriteOptions::default()).expect("write");
+        write_file(
+            Writable::of_own(fd.as_fd()),
+            b"new",
+            b"x",
+            &WriteOptions::default(),
+        )
+        .expect("write");
         assert!(names(&dir).contains(&held), "a held temporary was swept");
         let mut stdin = holder.stdin.take().expect("stdin");
         stdin.write_all(b"\n").expect("release");
@@ -816,7 +840,13 @@ mod tests {
         // Released (its writer gone): the next sweep takes it.
         backdate(&path);
         forget_swept();
-        write_file(&fd, b"new", b"y", &WriteOptions::default()).expect("write");
+        write_file(
+            Writable::of_own(fd.as_fd()),
+            b"new",
+            b"y",
+            &WriteOptions::default(),
+        )
+        .expect("write");
         assert_eq!(names(&dir), ["new"]);
         std::fs::remove_dir_all(&dir).expect("clean up");
     }
@@ -831,11 +861,23 @@ mod tests {
         let path = dir.join(&young);
         std::fs::write(&path, b"just created").expect("temporary");
         forget_swept();
-        write_file(&fd, b"new", b"x", &WriteOptions::default()).expect("write");
+        write_file(
+            Writable::of_own(fd.as_fd()),
+            b"new",
+            b"x",
+            &WriteOptions::default(),
+        )
+        .expect("write");
         assert!(names(&dir).contains(&young), "a fresh temporary was swept");
         // Left young, the directory is looked at again by the next write.
         backdate(&path);
-        write_file(&fd, b"new", b"y", &WriteOptions::default()).expect("write");
+        write_file(
+            Writable::of_own(fd.as_fd()),
+            b"new",
+            b"y",
+            &WriteOptions::default(),
+        )
+        .expect("write");
         assert_eq!(names(&dir), ["new"]);
         std::fs::remove_dir_all(&dir).expect("clean up");
     }
