@@ -25,6 +25,7 @@ mod handles;
 mod hostile_bytes;
 mod hostile_rpc;
 mod mcp_files;
+mod method_table;
 mod network;
 mod ports;
 mod process_contract;

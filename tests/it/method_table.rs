@@ -1,0 +1,159 @@
+//! Every method of `Executor` and `Directory`, read from the schema
+//! (`schema/codegen-request.bin`), is listed here with how a forwarding hop
+//! serves it; a method the schema gains without a line here fails the
+//! test, and so does one a hop leaves out: each is called, with empty
+//! parameters, on every backend (the chained one through a forwarding
+//! hop), and no answer may be `unimplemented`. A forwarder that forgets a
+//! method compiles; this catches it.
+
+use crate::common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use capexec::client::Directory;
+use capnp::schema_capnp::{code_generator_request, node};
+use common::Ctx;
+use common::data::TempDir;
+
+/// How a forwarding hop serves a method.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Hop {
+    /// Sent on whole, answered with the far end's answer.
+    Forwarded,
+    /// Its capability result is published before the far end answers.
+    Pipelined,
+    /// Answered by the hop with the far end's answer amended (its own name
+    /// in the environment path, the features both ends have).
+    Amended,
+}
+
+const EXECUTOR: &[(&str, Hop)] = &[
+    ("start", Hop::Pipelined),
+    ("info", Hop::Amended),
+    ("environments", Hop::Forwarded),
+    ("environment", Hop::Pipelined),
+    ("restore", Hop::Forwarded),
+    ("restrict", Hop::Pipelined),
+    ("directory", Hop::Pipelined),
+    ("dial", Hop::Forwarded),
+    ("listen", Hop::Forwarded),
+];
+
+const DIRECTORY: &[(&str, Hop)] = &[
+    ("stat", Hop::Forwarded),
+    ("list", Hop::Forwarded),
+    ("walk", Hop::Forwarded),
+    ("readFile", Hop::Forwarded),
+    ("writeFile", Hop::Forwarded),
+    ("upload", Hop::Forwarded),
+    ("download", Hop::Forwarded),
+    ("mkdir", Hop::Forwarded),
+    ("remove", Hop::Forwarded),
+    ("rename", Hop::Forwarded),
+    ("copy", Hop::Forwarded),
+    ("symlink", Hop::Forwarded),
+    ("readlink", Hop::Forwarded),
+    ("setPermissions", Hop::Forwarded),
+    ("setTimes", Hop::Forwarded),
+    ("canonicalize", Hop::Forwarded),
+    ("subdirectory", Hop::Pipelined),
+    ("readOnly", Hop::Pipelined),
+    ("watch", Hop::Forwarded),
+    ("info", Hop::Forwarded),
+    ("executor", Hop::Pipelined),
+    ("writeFiles", Hop::Forwarded),
+    ("readFiles", Hop::Forwarded),
+    ("search", Hop::Forwarded),
+];
+
+/// The schema's interfaces by name: their id and their methods' names in
+/// ordinal order.
+fn interfaces() -> BTreeMap<String, (u64, Vec<String>)> {
+    let bytes = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/schema/codegen-request.bin"
+    ))
+    .expect("the committed code generation request");
+    let message = capnp::serialize::read_message_from_flat_slice(
+        &mut bytes.as_slice(),
+        capnp::message::ReaderOptions::new(),
+    )
+    .expect("a message");
+    let request = message
+        .get_root::<code_generator_request::Reader<'_>>()
+        .expect("a code generation request");
+    let mut found = BTreeMap::new();
+    for node in request.get_nodes().expect("nodes") {
+        let Ok(node::Interface(interface)) = node.which() else {
+            continue;
+        };
+        let name = node
+            .get_display_name()
+            .expect("name")
+            .to_string()
+            .expect("utf-8");
+        let short = name[node.get_display_name_prefix_length() as usize..].to_string();
+        let methods = interface
+            .get_methods()
+            .expect("methods")
+            .iter()
+            .map(|method| method.get_name().expect("name").to_string().expect("utf-8"))
+            .collect();
+        found.insert(short, (node.get_id(), methods));
+    }
+    found
+}
+
+#[test]
+fn every_method_of_the_schema_is_in_the_table() {
+    let interfaces = interfaces();
+    for (interface, table) in [("Executor", EXECUTOR), ("Directory", DIRECTORY)] {
+        let (_, methods) = &interfaces[interface];
+        let listed: Vec<&str> = table.iter().map(|(name, _)| *name).collect();
+        assert_eq!(
+            methods.iter().map(String::as_str).collect::<Vec<_>>(),
+            listed,
+            "{interface}: the schema's methods in ordinal order, against this table: \
+             a new method needs its line here (and its forwarding in src/rpc/forward*.rs)"
+        );
+    }
+}
+
+/// What calling `ordinal` of `interface` on `client` with empty parameters
+/// answers, in words: never `unimplemented`.
+async fn called_empty(client: &capnp::capability::Client, interface: u64, ordinal: u16) -> String {
+    let request = client
+        .new_call::<capnp::any_pointer::Owned, capnp::any_pointer::Owned>(interface, ordinal, None);
+    let answer = tokio::time::timeout(Duration::from_secs(30), request.send().promise).await;
+    match answer {
+        Err(_) => "no answer in 30 s".to_string(),
+        Ok(Ok(_)) => "answered".to_string(),
+        Ok(Err(error)) if error.kind == capnp::ErrorKind::Unimplemented => {
+            format!("unimplemented: {error}")
+        }
+        Ok(Err(_)) => "refused".to_string(),
+    }
+}
+
+async fn every_method_is_answered_through_every_backend(ctx: Ctx) {
+    let interfaces = interfaces();
+    let temp = TempDir::new("method-table");
+    let directory = Directory::open(&ctx.executor, temp.path());
+    for (interface, table, client) in [
+        ("Executor", EXECUTOR, ctx.executor.clone().client),
+        ("Directory", DIRECTORY, directory.client().clone().client),
+    ] {
+        let id = interfaces[interface].0;
+        for (ordinal, (name, _)) in table.iter().enumerate() {
+            let answer = called_empty(&client, id, ordinal as u16).await;
+            assert!(
+                answer == "answered" || answer == "refused",
+                "{interface}.{name} on {:?}: {answer}",
+                ctx.backend
+            );
+        }
+    }
+}
+
+backend_tests!(every_method_is_answered_through_every_backend);
