@@ -24,6 +24,8 @@ capnp::generated_code!(pub mod capexec_capnp);
 pub mod client;
 #[forbid(unsafe_code)]
 pub mod codex;
+#[forbid(unsafe_code)]
+pub mod conn;
 pub mod engine;
 pub mod files;
 pub mod local_file;
@@ -38,6 +40,7 @@ pub mod ports;
 pub mod rpc;
 pub mod sandbox;
 pub mod secret;
+pub mod sys;
 #[forbid(unsafe_code)]
 pub mod wire;
 

@@ -2,7 +2,7 @@
 //! spirit of `std::process::Command`.
 //!
 //! It works the same for every executor: the in-process one from
-//! [`crate::rpc::local_executor`], a remote one from [`crate::net::connect`],
+//! `rpc::local_executor`, a remote one from [`crate::net::connect`],
 //! or a chain of them. Like capnp-rpc itself it is `!Send`: use it on one
 //! thread inside a tokio `LocalSet`.
 //!

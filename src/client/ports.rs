@@ -35,7 +35,7 @@ use crate::capexec_capnp::{
 use crate::client::Error;
 use crate::model::{PortConnectionInfo, Refusal, RefusalKind};
 use crate::net::DirectRoute;
-use crate::ports::Socket;
+use crate::sys::Socket;
 use crate::wire::{self, OpenWrite, PortBudget, PortSender};
 
 thread_local! {
@@ -616,11 +616,12 @@ pub(crate) async fn dial_with(
         wire::port_info_from_wire(results.get_info()?)?,
     );
     if let (Some(route), true) = (route, results.has_direct_ticket()) {
-        let ticket: crate::rpc::Ticket = results.get_direct_ticket()?.try_into().map_err(|_| {
-            Error::Rpc(capnp::Error::failed(
-                "a malformed direct-channel ticket".into(),
-            ))
-        })?;
+        let ticket: crate::model::DirectTicket =
+            results.get_direct_ticket()?.try_into().map_err(|_| {
+                Error::Rpc(capnp::Error::failed(
+                    "a malformed direct-channel ticket".into(),
+                ))
+            })?;
         match route.open(&ticket).await {
             Ok(channel) => {
                 stream.inbox.borrow_mut().direct = true;

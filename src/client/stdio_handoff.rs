@@ -8,8 +8,8 @@ use std::fmt;
 use std::os::fd::OwnedFd;
 use std::rc::Rc;
 
+use crate::conn::StdioRoute;
 use crate::model::PassedStdio;
-use crate::rpc::StdioRoute;
 
 /// Descriptors for one start's stdio, and whether the start took them.
 /// Clones share them; they are handed over once, by the first start of a

@@ -12,23 +12,10 @@
 //! divided among processes.
 
 use std::io;
-use std::os::fd::OwnedFd;
+
+pub use crate::sys::close_in_background;
 
 use crate::model::{Refusal, RefusalKind};
-
-/// Closes descriptors a client handed over on one of tokio's blocking
-/// threads (inline outside a runtime): closing a file on a FUSE mount
-/// waits for its daemon (FLUSH), which must not hold up the thread that
-/// serves every connection.
-pub fn close_in_background(fds: Vec<OwnedFd>) {
-    if fds.is_empty() {
-        return;
-    }
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => drop(runtime.spawn_blocking(move || drop(fds))),
-        Err(_) => drop(fds),
-    }
-}
 
 /// Held by one process while it is held: its pidfd and the parent's ends
 /// of stdin, stdout and stderr (a terminal: its pidfd, the master and the

@@ -84,6 +84,14 @@ pub fn port_address(text: &str, use_: PortUse) -> Result<Address, Refusal> {
     }
 }
 
+/// The length of a direct channel's ticket (`DialResults.directTicket`),
+/// in bytes.
+pub const DIRECT_TICKET_BYTES: usize = 32;
+
+/// A direct channel's ticket: what a client writes on the channel it opens
+/// so that the server can tell which `dial` it carries.
+pub type DirectTicket = [u8; DIRECT_TICKET_BYTES];
+
 #[cfg(test)]
 mod tests {
     use super::*;

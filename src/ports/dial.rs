@@ -9,7 +9,7 @@ use tokio::net::{TcpStream, UnixStream};
 
 use crate::model::{Address, PortUse, Refusal, RefusalKind, excerpt, io_message};
 use crate::ports::rules::{PortRules, Target};
-use crate::ports::socket::Socket;
+use crate::sys::Socket;
 
 /// How long a dial may take in all: resolving, and trying each address.
 pub const DIAL_TIMEOUT: Duration = Duration::from_secs(30);

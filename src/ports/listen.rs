@@ -11,7 +11,7 @@ use tokio::net::{TcpListener, UnixListener};
 use crate::model::{Address, PortConnectionInfo, PortUse, Refusal, RefusalKind, excerpt};
 use crate::ports::dial::{listen_target, socket_failure, targets};
 use crate::ports::rules::{PortRules, Target};
-use crate::ports::socket::Socket;
+use crate::sys::Socket;
 
 /// A listening socket. A Unix socket's file is removed when it is
 /// dropped (if it is still the one it bound).

@@ -19,11 +19,10 @@ mod dial;
 mod listen;
 pub mod own;
 mod rules;
-mod socket;
 mod splice;
 
 pub use self::dial::{DIAL_TIMEOUT, dial, socket_failure};
 pub use self::listen::{Listening, listen};
 pub use self::rules::{Closed, MAX_PORT_PATTERNS, PortRules, Target};
-pub use self::socket::Socket;
 pub use self::splice::{PUMP_CHUNK_BYTES, PumpError, pump};
+pub use crate::sys::Socket;

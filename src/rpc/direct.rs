@@ -13,8 +13,7 @@ use tokio::sync::oneshot;
 
 use crate::ports::Socket;
 
-/// The length of a ticket, in bytes.
-pub const TICKET_BYTES: usize = 32;
+pub use crate::model::{DIRECT_TICKET_BYTES as TICKET_BYTES, DirectTicket as Ticket};
 
 /// How long a ticket waits for its channel after the `dial` is answered.
 pub const CLAIM_WITHIN: Duration = Duration::from_secs(10);
@@ -26,8 +25,6 @@ pub const MAX_UNCLAIMED_TICKETS: usize = 1024;
 /// Unclaimed tickets one Cap'n Proto connection holds at most, so that no
 /// client can take the server's whole table.
 pub const MAX_UNCLAIMED_PER_CONNECTION: usize = 32;
-
-pub type Ticket = [u8; TICKET_BYTES];
 
 /// The byte a server writes on a channel once its ticket claimed it.
 pub const CHANNEL_CLAIMED: u8 = 1;

@@ -13,7 +13,6 @@ mod executor;
 mod file_limits;
 mod forward;
 mod forward_directory;
-mod handoff;
 mod holdings;
 mod info;
 mod port_quota;
@@ -36,7 +35,6 @@ pub use self::executor::{
     ExecutorImpl, local_executor, local_executor_with_stdio_route, restricted_root_executor,
     root_executor,
 };
-pub use self::handoff::{DescriptorOutbox, MAX_KEPT_DESCRIPTORS, ReceivedDescriptors, StdioRoute};
 pub use self::holdings::{
     HoldingLimits, MAX_HELD_DESCRIPTORS_PER_CONNECTION, MAX_HELD_MEMORY,
     MAX_HELD_MEMORY_PER_CONNECTION, ServerHoldings,
@@ -47,6 +45,7 @@ pub use self::ports::MAX_PENDING_ACCEPTS;
 pub use self::process::{MAX_WAIT_MS, ProcessImpl};
 pub use self::quota::Quota;
 pub use self::subscription::deliveries_finished;
+pub use crate::conn::{DescriptorOutbox, MAX_KEPT_DESCRIPTORS, ReceivedDescriptors, StdioRoute};
 
 /// Output payload budget of one `EventSink.push`. A push carries whatever
 /// has accumulated, up to this much: large batches cut the per-message cost

@@ -24,6 +24,7 @@ mod files;
 mod handles;
 mod hostile_bytes;
 mod hostile_rpc;
+mod layering;
 mod mcp_files;
 mod method_table;
 mod network;

@@ -14,7 +14,7 @@ use std::os::fd::OwnedFd;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::engine::close_in_background;
+use crate::sys::close_in_background;
 
 /// Most descriptors one connection keeps for starts that have not taken
 /// them yet; the oldest are closed first. A start sends its descriptors

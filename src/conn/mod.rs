@@ -1,0 +1,8 @@
+//! Connection plumbing shared by both ends of a connection, below the
+//! server objects (`rpc`) and the client: descriptors handed over a Unix
+//! socket for a start's stdio. The client names a route to its server here
+//! without importing any server module.
+
+mod handoff;
+
+pub use self::handoff::{DescriptorOutbox, MAX_KEPT_DESCRIPTORS, ReceivedDescriptors, StdioRoute};

@@ -1,0 +1,9 @@
+//! The bottom layer: what talks to the operating system for every other
+//! layer, knowing nothing of them but `model`'s plain values (no capnp, no
+//! engine). Engines, the connection plumbing and the client stand on it.
+
+mod descriptors;
+mod socket;
+
+pub use self::descriptors::close_in_background;
+pub use self::socket::Socket;
