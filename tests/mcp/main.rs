@@ -12,6 +12,7 @@ mod bad_input;
 mod client;
 mod confinement;
 mod files;
+mod hostile;
 mod process;
 mod schema;
 
