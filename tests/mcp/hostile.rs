@@ -35,6 +35,7 @@ crate::mcp_backend_tests!(hostile:
     huge_output_keeps_the_server_bounded_and_its_loss_said,
     closed_streams_and_exited_processes_tell_the_truth,
     protocol_abuse_leaves_the_server_serving,
+    long_write_ids_cannot_grow_the_executor,
 );
 
 /// Every entry beneath `dir`: its kind and its bytes (a file's content, a
@@ -1228,4 +1229,50 @@ fn a_hard_link_placed_in_the_root_is_written_through_by_commands() {
     std::fs::remove_file(&link).expect("rm");
     assert_ne!(code, 0, "a confined command wrote through a hard link");
     outside.unchanged("a command writing through a hard link");
+}
+
+/// The executor remembers the last 4096 write ids of each process whole:
+/// ids as long as a JSON-RPC line allows (16 MiB) made it hold gigabytes
+/// (40 ids of 4 MiB grew capexec mcp by 356 MiB). They are refused past
+/// 256 bytes, and the memory stays where it was.
+pub fn long_write_ids_cannot_grow_the_executor(backend: Backend) {
+    let root = root();
+    let mut mcp = Mcp::start(backend, root.path(), &[]);
+    let holder = mcp
+        .served()
+        .map_or(mcp.child.id(), |served| served.child.id());
+    let reader = mcp.call(
+        "exec",
+        json!({"command": "cat > got", "keep_stdin_open": true, "yield_ms": 0}),
+    );
+    let id = reader["process_id"].as_str().expect("id").to_string();
+    let accepted = mcp.call(
+        "process_input",
+        json!({"process_id": id, "data": "a", "write_id": "w".repeat(256)}),
+    );
+    assert_eq!(accepted["status"], "accepted", "{accepted}");
+    let before = resident_kib(holder);
+    for n in 0..40 {
+        let text = mcp.call_error(
+            "process_input",
+            json!({"process_id": id, "data": "b", "write_id": format!("{n}{}", "w".repeat(4 << 20))}),
+        );
+        assert_eq!(
+            text,
+            format!(
+                "capexec: process_input: write_id is {} bytes; at most 256",
+                (4 << 20) + n.to_string().len()
+            )
+        );
+    }
+    let after = resident_kib(holder);
+    assert!(
+        after < before + 64 * 1024,
+        "resident memory grew from {before} to {after} KiB"
+    );
+    let closed = mcp.call("process_input", json!({"process_id": id, "close": true}));
+    assert_eq!(closed["closed"], true);
+    let (_, _, end) = mcp.read_to_end(&id);
+    assert_eq!(end["exit"]["code"], 0, "{end}");
+    assert_eq!(std::fs::read(root.path().join("got")).expect("got"), b"a");
 }
