@@ -719,14 +719,15 @@ interface Process {
 
   write @1 (data :Data, writeId :Text) -> (status :WriteStatus);
   # Appends `data` to the child's stdin. `writeId` is chosen by the caller and
-  # must be non-empty; a repeated id (of the last 4096 accepted per process)
+  # must be non-empty and at most 256 bytes (the last 4096 accepted per
+  # process are remembered whole); a repeated id (of those)
   # is answered `accepted` without writing again, so writes can be retried
   # safely. Writes are applied in the order the calls arrive. The result
   # comes once the bytes are in the child's stdin pipe (or pty), which gives
   # callers backpressure. `data` is at most 4 MiB.
   #
-  # Errors: `[capexec:invalid-argument]` for an empty or non-UTF-8 `writeId`
-  # or `data` over 4 MiB; `[capexec:limit]` when earlier writes the child has
+  # Errors: `[capexec:invalid-argument]` for an empty, non-UTF-8 or longer
+  # than 256 bytes `writeId` or `data` over 4 MiB; `[capexec:limit]` when earlier writes the child has
   # not read yet already hold 16 MiB or 4096 writes (wait for their answers);
   # `[capexec:forbidden]` on an observer. A closed stdin or an exited child
   # is not an error but a `status`.
@@ -1247,6 +1248,29 @@ struct Sandbox {
   # `/tmp` writable, every directory of `/` readable). More than 4096 roots
   # in all fail the start with `[capexec:not-allowed]`, as without it.
   # Servers from before it ignore it and refuse such a root.
+
+  readOnlyInside @9 :List(Data);
+  # Paths inside a writable root (or the writable working directory) that
+  # stay read-only with all below them, while the root around them stays
+  # writable as a whole (new entries beside them can be made): Codex's
+  # `.git` inside a writable workspace. Each is mounted read-only over
+  # itself in a mount namespace of the process's own (a bind mount with
+  # `MOUNT_ATTR_RDONLY`, idmapped as its root is when the process runs as
+  # `nobody`): writing, making or removing anything beneath it fails with
+  # EROFS, whatever path or link reaches it, and it cannot be removed,
+  # renamed or replaced (EBUSY), nor unmounted (the process holds no
+  # capability, and mounts it did not make are locked in any namespace it
+  # makes). Paths are resolved on the server (symbolic links followed) and
+  # must exist (`[capexec:invalid-argument]` otherwise); one outside every
+  # writable root is read-only already and is not mounted. It needs a root
+  # server with CAP_SYS_ADMIN and a kernel with `open_tree` and
+  # `mount_setattr` (Linux 5.12): elsewhere a start that asks for it is
+  # refused with `[capexec:unsupported]` unless `bestEffort` (then
+  # `notEnforced` says "read-only-inside"). Servers that can list the
+  # feature "sandbox-read-only-inside" in `ExecutorInfo.features`; a
+  # client of a server without it splits the root instead (as
+  # `leaveOutSecrets` splits one around a secret). Enforced under the name
+  # "read-only-inside". Servers from before it ignore it.
 }
 
 enum SandboxNetwork {

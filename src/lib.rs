@@ -32,3 +32,14 @@ pub mod rpc;
 pub mod sandbox;
 pub mod secret;
 pub mod wire;
+
+/// The README's Rust example, compiled as a doctest so that the front page
+/// stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
+/// docs/LIBRARY.md's examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/LIBRARY.md")]
+pub struct LibraryGuideDoctests;

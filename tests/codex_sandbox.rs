@@ -20,7 +20,9 @@ use std::path::{Path, PathBuf};
 use capexec::capexec_capnp::executor;
 use capexec::client::Command;
 use capexec::codex::sandbox_denied::{DenialScan, sandbox_denied};
-use capexec::codex::sandbox_intent::{Access, ExecutorTree, IntentError, Plan, confinement_for};
+use capexec::codex::sandbox_intent::{
+    Access, Carving, ExecutorTree, IntentError, Plan, confinement_for,
+};
 use capexec::engine::Engine;
 use capexec::net::Address;
 use common::data::TempDir;
@@ -125,21 +127,40 @@ fn bash(script: &str) -> Command {
 }
 
 async fn plan(executor: &executor::Client, ws: &Path, network: &str) -> Plan {
+    plan_carving(executor, ws, network, Carving::Split).await
+}
+
+async fn plan_carving(
+    executor: &executor::Client,
+    ws: &Path,
+    network: &str,
+    carving: Carving,
+) -> Plan {
     let intent = intent_for(ws, network);
     let confinement = confinement_for(Some(&intent), ws, false)
         .expect("intent")
         .expect("a restricting intent");
     confinement
-        .plan(&ExecutorTree::new(executor.clone()), None)
+        .plan_carving(&ExecutorTree::new(executor.clone()), None, carving)
         .await
         .expect("plan")
 }
 
+/// Both ways of keeping `.git` read-only: splitting the workspace (any
+/// server; nothing new at its top) and mounting `.git` read-only (a root
+/// server, as CI's; the workspace stays writable as a whole).
 async fn workspace_write_writes_only_where(executor: executor::Client) {
+    for carving in [Carving::Split, Carving::Mount] {
+        workspace_write_writes_only_where_carving(&executor, carving).await;
+    }
+}
+
+async fn workspace_write_writes_only_where_carving(executor: &executor::Client, carving: Carving) {
+    let executor = executor.clone();
     require_kernel_sandbox();
     let base = Base::new("write");
     let ws = workspace(&base);
-    let plan = plan(&executor, &ws, "restricted").await;
+    let plan = plan_carving(&executor, &ws, "restricted", carving).await;
     let in_tmp = Path::new("/tmp").join(base.0.file_name().expect("named"));
     let _ = std::fs::remove_file(&in_tmp);
     let script = format!(
@@ -147,7 +168,8 @@ async fn workspace_write_writes_only_where(executor: executor::Client) {
          if echo x >> .git/config; then echo WROTE-GIT; fi; \
          if echo x > .git/new; then echo MADE-IN-GIT; fi; \
          if mv README .git/README; then echo MOVED-INTO-GIT; fi; \
-         if echo x > ../outside/f; then echo WROTE-OUTSIDE; fi; echo end",
+         if echo x > ../outside/f; then echo WROTE-OUTSIDE; fi; \
+         if echo top > top; then echo made-top; fi; echo end",
         tmp = in_tmp.display()
     );
     let mut command = bash(&script);
@@ -155,13 +177,27 @@ async fn workspace_write_writes_only_where(executor: executor::Client) {
     let output = command.output(&executor).await.expect("start");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
+    let (expected, denied, read_only) = match carving {
+        // Landlock's EACCES, as the shell words it, once per attempt; a
+        // new entry at the top of the split workspace among them.
+        Carving::Split => ("inside\nend\n", 5, 0),
+        // The mount's EROFS for `.git`, Landlock's EACCES outside.
+        Carving::Mount => ("inside\nmade-top\nend\n", 1, 3),
+    };
     assert_eq!(
         (output.exit.status.shell_code(), stdout.as_ref()),
-        (0, "inside\nend\n"),
-        "{stderr}"
+        (0, expected),
+        "{carving:?}: {stderr}"
     );
-    // Landlock's EACCES, as the shell words it, once per attempt.
-    assert_eq!(stderr.matches("Permission denied").count(), 4, "{stderr}");
+    assert_eq!(
+        (
+            stderr.matches("Permission denied").count(),
+            stderr.matches("Read-only file system").count()
+        ),
+        (denied, read_only),
+        "{carving:?}: {stderr}"
+    );
+    assert_eq!(ws.join("top").exists(), carving == Carving::Mount);
     assert_eq!(
         std::fs::read_to_string(ws.join("src/new")).expect("new"),
         "a\n"
@@ -206,10 +242,10 @@ async fn a_confined_start_runs_where_it_may(executor: executor::Client) {
     let confinement = confinement_for(Some(&intent), &ws, false)
         .expect("intent")
         .expect("a restricting intent");
-    let mut command = bash("echo made > src/made; echo x >> .git/config");
+    let mut command = bash("echo made > src/made; echo top > top; echo x >> .git/config");
     command.current_dir(&ws);
     let process = confinement
-        .start(&executor, &mut command, None)
+        .start(&executor, &mut command, None, Carving::Mount)
         .await
         .expect("start");
     let mut events = process.events(0).await.expect("events");
@@ -224,7 +260,14 @@ async fn a_confined_start_runs_where_it_may(executor: executor::Client) {
         }
     }
     let text = String::from_utf8_lossy(&stderr);
-    assert!(text.contains(".git/config: Permission denied"), "{text}");
+    assert!(
+        text.contains(".git/config: Read-only file system"),
+        "{text}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("top")).expect("made at the top"),
+        "top\n"
+    );
     assert_eq!(exit.map(|exit| exit.status.shell_code()), Some(1), "{text}");
     assert_eq!(
         std::fs::read_to_string(ws.join("src/made")).expect("made"),
@@ -266,6 +309,26 @@ async fn what_was_applied_was_planned(executor: executor::Client) {
             .enforced
             .iter()
             .any(|name| name == "network-sockets")
+    );
+    drop(process);
+
+    // Mounted: the workspace writable as a whole, `.git` read-only inside;
+    // a sandbox without the mount (an executor that ignored it) is caught.
+    let plan = plan_carving(&executor, &ws, "restricted", Carving::Mount).await;
+    assert_eq!(plan.read_only_inside, vec![ws.join(".git")]);
+    let mut command = bash("exec sleep 1000");
+    command.current_dir(&ws).sandbox(plan.sandbox());
+    let process = command.spawn(&executor).await.expect("start");
+    let info = process.info().await.expect("info");
+    let mut applied = info.confinement.sandbox.expect("sandboxed");
+    assert_eq!(plan.check_applied(&applied), Ok(()));
+    assert!(applied.writable.contains(&ws), "{applied:?}");
+    assert_eq!(applied.read_only_inside, vec![ws.join(".git")]);
+    applied.read_only_inside.clear();
+    assert!(
+        matches!(plan.check_applied(&applied), Err(IntentError::Executor(why))
+            if why.contains("did not keep") && why.contains(".git")),
+        "{applied:?}"
     );
 }
 
@@ -338,6 +401,35 @@ async fn fs_calls_reach_what_the_intent_allows(executor: executor::Client) {
         plan.directory_for(&executor, &base.0.join("outside/f"), Access::Write)
             .await
             .is_err()
+    );
+    // An entry at the top of the split workspace: through the workspace,
+    // by its one name; a link there is replaced, never followed into
+    // `.git`; `.git` itself and what is reached through a link are not.
+    std::os::unix::fs::symlink(".git/config", ws.join("to-config")).expect("link");
+    std::os::unix::fs::symlink(".git", ws.join("to-git")).expect("link");
+    for name in ["new-top", "to-config"] {
+        let (dir, relative) = plan
+            .directory_for(&executor, &ws.join(name), Access::Write)
+            .await
+            .expect("an entry at the top is writable");
+        assert_eq!(relative, Path::new(name));
+        dir.write(&relative, b"top\n".to_vec())
+            .await
+            .expect("write");
+        let meta = std::fs::symlink_metadata(ws.join(name)).expect("written");
+        assert!(meta.is_file(), "{name}: {meta:?}");
+    }
+    for refused in [".git", ".git/config", "to-git/config", "to-git/new"] {
+        assert!(
+            plan.directory_for(&executor, &ws.join(refused), Access::Write)
+                .await
+                .is_err(),
+            "{refused} was writable"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(ws.join(".git/config")).expect("config"),
+        "[core]\n"
     );
     let (dir, relative) = plan
         .directory_for(&executor, Path::new("/etc/passwd"), Access::Read)

@@ -1,12 +1,16 @@
-//! `capexec mcp`: an MCP server on stdio whose tools run on the embedded
-//! executor or the capexec server --connect names, confined to --root by
-//! default (see `capexec::mcp` and docs/MCP.md).
+//! `capexec mcp`: an MCP server on stdio (or Streamable HTTP with
+//! --listen) whose tools run on the embedded executor or the capexec
+//! server --connect names, confined to --root by default (see
+//! `capexec::mcp` and docs/MCP.md).
 
 use std::path::PathBuf;
 
 use capexec::client;
 use capexec::mcp::{self, Options};
 use capexec::model::Network;
+use capexec::net::Token;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_util::sync::CancellationToken;
 
 use crate::cli::{EXIT_CAPEXEC_FAILURE, McpArgs, target};
 
@@ -49,6 +53,20 @@ async fn serve(args: McpArgs) -> Result<(), String> {
                 .into(),
         );
     }
+    let listen = match &args.listen {
+        Some(url) => Some(http_listen(url, args.http_token_file.as_deref())?),
+        None if args.http_token_file.is_some() => {
+            return Err("--http-token-file is the token of --listen http://HOST:PORT/PATH".into());
+        }
+        None if args.session_idle.is_some() => {
+            return Err(
+                "--session-idle is for --listen http://HOST:PORT/PATH: over stdio a session \
+                 ends when stdin closes"
+                    .into(),
+            );
+        }
+        None => None,
+    };
     let options = Options {
         root: root(args.root)?,
         confined: !args.unconfined,
@@ -74,8 +92,43 @@ async fn serve(args: McpArgs) -> Result<(), String> {
             format!("--root {}: {error}{tag}", options.root.display())
         })?;
     let (factory, capabilities) = mcp::prepare(&executor, &options);
-    let stdio = mcp::serve_stdio(factory)
-        .map_err(|error| format!("cannot start the MCP thread: {error}"))?;
+    let mcp_thread = match listen {
+        None => mcp::serve_stdio(factory),
+        Some((url, token)) => {
+            // Caught from before the URL is printed, so that a signal sent
+            // as soon as it is read ends the server properly.
+            let (mut terminate, mut interrupt) = match (
+                signal(SignalKind::terminate()),
+                signal(SignalKind::interrupt()),
+            ) {
+                (Ok(terminate), Ok(interrupt)) => (terminate, interrupt),
+                (Err(error), _) | (_, Err(error)) => {
+                    return Err(format!("cannot handle signals: {error}"));
+                }
+            };
+            let listener = mcp::http::Listener::bind(url.address, &url.path)
+                .map_err(|error| format!("--listen {}: {}", args_url(&url), io(&error)))?;
+            {
+                use std::io::Write;
+                let mut stdout = std::io::stdout().lock();
+                writeln!(stdout, "{}", listener.url())
+                    .and_then(|()| stdout.flush())
+                    .map_err(|error| format!("stdout: {}", io(&error)))?;
+            }
+            let shutdown = CancellationToken::new();
+            let stop = shutdown.clone();
+            tokio::task::spawn_local(async move {
+                tokio::select! {
+                    _ = terminate.recv() => tracing::info!("SIGTERM received"),
+                    _ = interrupt.recv() => tracing::info!("SIGINT received"),
+                }
+                stop.cancel();
+            });
+            let idle = args.session_idle.unwrap_or(mcp::http::SESSION_IDLE);
+            mcp::http::serve_http(factory, listener, token, idle, shutdown)
+        }
+    }
+    .map_err(|error| format!("cannot start the MCP thread: {error}"))?;
     // A server whose executor is gone can serve nothing: capexec ends, so
     // that the agent sees its MCP server fail instead of waiting.
     let lost = async {
@@ -97,9 +150,36 @@ async fn serve(args: McpArgs) -> Result<(), String> {
         }
     }
     // The MCP thread has dropped its last handle: it is ending.
-    let ended = stdio
+    let ended = mcp_thread
         .join()
         .unwrap_or_else(|_| Err("the MCP thread panicked".into()));
     drop(target);
     ended
+}
+
+/// `--listen http://HOST:PORT/PATH` and its token: required off loopback,
+/// where anyone who can reach the port could otherwise run commands.
+fn http_listen(
+    url: &str,
+    token_file: Option<&std::path::Path>,
+) -> Result<(mcp::http::admission::ListenUrl, Option<Token>), String> {
+    let parsed = mcp::http::admission::parse_listen_url(url)?;
+    let token = token_file
+        .map(|file| Token::load(file).map_err(|error| format!("--http-token-file: {error}")))
+        .transpose()?;
+    if token.is_none() && !parsed.address.ip().is_loopback() {
+        return Err(format!(
+            "--listen {url} is not a loopback address: it needs --http-token-file FILE, whose \
+             token clients must present (Authorization: Bearer)"
+        ));
+    }
+    Ok((parsed, token))
+}
+
+fn args_url(url: &mcp::http::admission::ListenUrl) -> String {
+    mcp::http::admission::shown_url(url.address, &url.path)
+}
+
+fn io(error: &std::io::Error) -> String {
+    capexec::model::io_message(error)
 }

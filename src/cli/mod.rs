@@ -220,6 +220,22 @@ pub struct McpArgs {
     /// (detached on the executor for a day) instead of ending with it.
     #[arg(long = "keep-processes")]
     keep_processes: bool,
+    /// Serve MCP over Streamable HTTP at http://HOST:PORT/PATH instead of
+    /// stdio (port 0: any free one); the URL it listens on is printed as
+    /// stdout's one line, and it serves until SIGTERM or SIGINT.
+    #[arg(long, value_name = "http://HOST:PORT/PATH")]
+    listen: Option<String>,
+    /// With --listen: clients must present the token in FILE
+    /// (`Authorization: Bearer TOKEN`); required when HOST is not loopback.
+    #[arg(long = "http-token-file", value_name = "FILE")]
+    http_token_file: Option<std::path::PathBuf>,
+    /// With --listen: an MCP session with no message either way for SECS
+    /// (or 90s, 5m...) ends, and its processes with it (unless
+    /// --keep-processes); a call waiting without progress notifications
+    /// sends nothing, so keep it above the longest wait (300 s). Default:
+    /// 30m.
+    #[arg(long = "session-idle", value_name = "SECS", value_parser = duration::parse_positive)]
+    session_idle: Option<std::time::Duration>,
 }
 
 fn parse_network(text: &str) -> Result<capexec::model::Network, String> {

@@ -15,6 +15,7 @@ use super::connection::{Answer, Connection, Outbound, later};
 use super::jsonrpc::{self, RpcError};
 use super::process::Entry;
 use super::protocol::Initialize;
+use super::sandbox_intent::Carving;
 use super::uri;
 use crate::client::{self, Command};
 
@@ -23,6 +24,9 @@ use crate::client::{self, Command};
 pub struct Session {
     pub id: String,
     pub info: Value,
+    /// How a start's sandbox keeps `.git` and the like read-only inside a
+    /// writable workspace: by mounts where the executor can make them.
+    pub carving: Carving,
     /// The executor's own environment, which `envPolicy` filters.
     pub environment: BTreeMap<String, String>,
     pub processes: RefCell<HashMap<String, Rc<Entry>>>,
@@ -154,6 +158,15 @@ pub async fn initialize(connection: &Rc<Connection>, params: Value) -> Result<Va
     let session = Rc::new(Session {
         id: session_id(),
         info: environment_info.clone(),
+        carving: if info
+            .features
+            .iter()
+            .any(|feature| feature == crate::model::READ_ONLY_INSIDE_FEATURE)
+        {
+            Carving::Mount
+        } else {
+            Carving::Split
+        },
         environment,
         processes: RefCell::new(HashMap::new()),
         attached: watch::channel(Some(connection.outbound.clone())).0,

@@ -24,7 +24,7 @@ use super::jsonrpc::{self, RpcError};
 use super::protocol::{
     Copy, CreateDirectory, HandleOnly, Open, PathOnly, ReadBlock, Remove, Walk, WriteFile,
 };
-use super::sandbox_intent::{Access, ExecutorTree, IntentError, confinement_for};
+use super::sandbox_intent::{Access, ExecutorTree, IntentError, Tree, confinement_for};
 use super::uri;
 use crate::capexec_capnp::executor;
 use crate::client::follow::MAX_LINKS_FOLLOWED;
@@ -60,6 +60,12 @@ struct Located {
 }
 
 impl Files {
+    /// The directory files are served beneath (the bridge's `--root`, or
+    /// a confined call's planned root).
+    fn served_root(&self) -> Option<&Path> {
+        self.root.as_ref().map(|(root, _)| root.as_path())
+    }
+
     pub fn new(bridge: &Bridge) -> Files {
         let root = bridge
             .root
@@ -129,10 +135,88 @@ impl Files {
                 .and_then(Value::as_str)
                 .ok_or_else(|| RpcError::invalid_params("path is missing"))?,
         )?;
+        let recursive = params
+            .get("recursive")
+            .and_then(Value::as_bool)
+            .unwrap_or(true);
+        if (method == "fs/createDirectory" && recursive) || method == "fs/writeFile" {
+            self.missing_top_of_split(sandbox, &path, method == "fs/createDirectory")
+                .await?;
+        }
         match self.confined_files(sandbox, &path, need).await? {
             Some(confined) => confined.call(method, params).await,
             None => self.call(method, params).await,
         }
+    }
+
+    /// For a call on `path` beneath a directory split from a writable root
+    /// (a workspace with `.git`) whose entry on the way is missing: a
+    /// recursive `fs/createDirectory` (`make`) makes that entry first, by
+    /// its one name in the split directory (failing if anything appeared
+    /// there), so that the rest is made beneath it as a root of its own
+    /// once planned again; an `fs/writeFile` is answered that the parent is
+    /// missing, as a local write would be (Codex then makes the parents).
+    /// Nothing on the way is followed through the split directory.
+    async fn missing_top_of_split(
+        &self,
+        sandbox: &Value,
+        path: &Path,
+        make: bool,
+    ) -> Result<(), RpcError> {
+        let refused = |error: IntentError| RpcError::new(error.code(), error.message());
+        let Some(confinement) = confinement_for(Some(sandbox), path, false).map_err(refused)?
+        else {
+            return Ok(());
+        };
+        let confinement = confinement.within(self.served_root());
+        let plan = confinement
+            .plan(&ExecutorTree::new(self.executor.clone()), None)
+            .await
+            .map_err(refused)?;
+        if plan.access_at(path) == Access::Write {
+            return Ok(());
+        }
+        let Some(split) = plan
+            .splits
+            .iter()
+            .filter(|split| path.starts_with(&split.path) && path != split.path)
+            .max_by_key(|split| split.path.components().count())
+        else {
+            return Ok(());
+        };
+        let Some(first) = path
+            .strip_prefix(&split.path)
+            .ok()
+            .and_then(|rest| rest.iter().next())
+        else {
+            return Ok(());
+        };
+        let top = split.path.join(first);
+        if top == path || plan.top_of_split(&top).is_none() {
+            return Ok(());
+        }
+        let tree = ExecutorTree::new(self.executor.clone());
+        if tree.kind(&top).await.map_err(RpcError::internal)?.is_some() {
+            return Ok(());
+        }
+        if !make {
+            return Err(RpcError::not_found(format!(
+                "{}: No such file or directory (its directory {} is missing)",
+                path.display(),
+                top.display()
+            )));
+        }
+        if let Some(files) = self.confined_files(sandbox, &top, Access::Write).await? {
+            // Already there (made meanwhile): the call plans again and
+            // finds what it is; anything else is said by the call itself.
+            let _ = files
+                .create_directory(CreateDirectory {
+                    path: uri::from_path(&top),
+                    recursive: Some(false),
+                })
+                .await;
+        }
+        Ok(())
     }
 
     /// The files `sandbox` lets a call reach at `path` with `need`: a
@@ -149,6 +233,7 @@ impl Files {
         else {
             return Ok(None);
         };
+        let confinement = confinement.within(self.served_root());
         let plan = confinement
             .plan(&ExecutorTree::new(self.executor.clone()), None)
             .await

@@ -75,7 +75,7 @@ impl Entry {
 }
 
 pub fn start(connection: &Rc<Connection>, session: &Rc<Session>, params: Value) -> Answer {
-    match prepared(session, params) {
+    match prepared(session, params, connection.bridge.root.as_deref()) {
         Ok((process_id, command, stdin_open, Some(confinement))) => start_confined(
             connection,
             session,
@@ -145,6 +145,7 @@ fn start_confined(
         .borrow_mut()
         .insert(process_id.clone(), entry.clone());
     let executor = connection.bridge.executor.clone();
+    let carving = session.carving;
     let session = session.clone();
     let tmpdir = command
         .spec()
@@ -156,7 +157,7 @@ fn start_confined(
         .map(|(_, value)| value.clone());
     later(async move {
         let started = confinement
-            .start(&executor, &mut command, tmpdir.as_deref())
+            .start(&executor, &mut command, tmpdir.as_deref(), carving)
             .await;
         entry.starting.set(false);
         let process = match started {
@@ -198,7 +199,13 @@ fn start_confined(
 /// checks it, with its id reserved.
 type Prepared = (String, Command, bool, Option<Confinement>);
 
-fn prepared(session: &Session, params: Value) -> Result<Prepared, RpcError> {
+/// The start `params` ask for; its confinement narrowed to `root` (the
+/// bridge's `--root`).
+fn prepared(
+    session: &Session,
+    params: Value,
+    root: Option<&std::path::Path>,
+) -> Result<Prepared, RpcError> {
     let start: Start = jsonrpc::params(params)?;
     let Some(program) = start.argv.first() else {
         return Err(RpcError::invalid_params("argv must not be empty"));
@@ -207,7 +214,8 @@ fn prepared(session: &Session, params: Value) -> Result<Prepared, RpcError> {
     // Codex's sandbox intent, enforced by capexec's sandbox or refused:
     // never "none" to a restricting intent.
     let confinement = confinement_for(start.sandbox.as_ref(), &cwd, start.enforce_managed_network)
-        .map_err(|error| RpcError::new(error.code(), error.message()))?;
+        .map_err(|error| RpcError::new(error.code(), error.message()))?
+        .map(|confinement| confinement.within(root));
     {
         let processes = session.processes.borrow();
         if processes.contains_key(&start.process_id) {

@@ -115,6 +115,8 @@ pub struct Confinement {
     system_roots: bool,
     network: Network,
     cwd: PathBuf,
+    /// The bridge's `--root`: what the intent gives is narrowed to it.
+    within: Option<PathBuf>,
 }
 
 /// What `sandboxType` answers for `confinement`.
@@ -315,7 +317,21 @@ pub fn confinement_for(
         system_roots,
         network,
         cwd,
+        within: None,
     }))
+}
+
+/// How a path with less access than the root around it is carved out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Carving {
+    /// The root is split along the path to it (any executor; nothing new
+    /// can be made at the top of a split directory).
+    Split,
+    /// A read-only path directly inside a writable root is mounted
+    /// read-only over itself (`Sandbox.readOnlyInside`; executors that
+    /// list "sandbox-read-only-inside"), the root kept whole; anything
+    /// else is split.
+    Mount,
 }
 
 /// A root planned for the kernel.
@@ -334,8 +350,26 @@ pub struct Plan {
     /// executor's machine (symbolic links resolved): no writable root may
     /// be or contain one.
     pub protected: Vec<PathBuf>,
+    /// Read-only paths directly inside a writable root, mounted read-only
+    /// ([`Carving::Mount`]), where they are on the executor's machine.
+    pub read_only_inside: Vec<PathBuf>,
+    /// Directories split around what is carved out of them, with the
+    /// access of the root they were split from and the names of their
+    /// entries that are carved out or lead to what is.
+    pub splits: Vec<Split>,
     pub system_roots: bool,
     pub network: Network,
+}
+
+/// A directory split around what is carved out of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Split {
+    pub path: PathBuf,
+    /// Where it is on the executor's machine (symbolic links resolved).
+    pub real_path: PathBuf,
+    pub access: Access,
+    /// Its entries that are carved out, or lead to what is.
+    pub reserved: Vec<OsString>,
 }
 
 /// One entry of a directory listing.
@@ -370,6 +404,16 @@ impl Confinement {
         tree: &T,
         tmpdir: Option<&OsStr>,
     ) -> Result<Plan, IntentError> {
+        self.plan_carving(tree, tmpdir, Carving::Split).await
+    }
+
+    /// [`Confinement::plan`], carving as `carving` says.
+    pub async fn plan_carving<T: Tree>(
+        &self,
+        tree: &T,
+        tmpdir: Option<&OsStr>,
+        carving: Carving,
+    ) -> Result<Plan, IntentError> {
         // Every entry where it is on this machine (`$TMPDIR` known now).
         let mut placed: Vec<(PathBuf, Access, bool)> = Vec::new();
         for entry in &self.entries {
@@ -384,6 +428,24 @@ impl Confinement {
                 },
             };
             placed.push((path, entry.access, entry.skip_missing));
+        }
+        let mut system_roots = self.system_roots;
+        let mut network = self.network;
+        if let Some(dir) = &self.within {
+            if !self.cwd.starts_with(dir) {
+                return Err(IntentError::Unenforceable(format!(
+                    "the working directory {} is outside the bridge's --root {}",
+                    self.cwd.display(),
+                    dir.display()
+                )));
+            }
+            // The root readable: so are the system directories, which the
+            // directory's executor keeps readable.
+            system_roots |= placed
+                .iter()
+                .any(|(path, access, _)| path == Path::new("/") && *access >= Access::Read);
+            placed = narrowed_to(placed, dir);
+            network = Network::None;
         }
         let all: Vec<(PathBuf, Access)> = placed
             .iter()
@@ -419,7 +481,7 @@ impl Confinement {
                 None => entries.push((path, access)),
             }
         }
-        if self.system_roots {
+        if system_roots {
             for (path, access) in &entries {
                 if *access == Access::None && is_system_path(path) {
                     return Err(IntentError::Unenforceable(format!(
@@ -433,8 +495,11 @@ impl Confinement {
         let mut planner = Planner {
             tree,
             entries: &entries,
+            carving,
             roots: Vec::new(),
             protected: Vec::new(),
+            read_only_inside: Vec::new(),
+            splits: Vec::new(),
         };
         for (path, access) in &entries {
             if *access >= Access::Read {
@@ -460,11 +525,16 @@ impl Confinement {
         let mut protected = planner.protected;
         protected.sort();
         protected.dedup();
+        let mut read_only_inside = planner.read_only_inside;
+        read_only_inside.sort();
+        read_only_inside.dedup();
         let plan = Plan {
             roots,
             protected,
-            system_roots: self.system_roots,
-            network: self.network,
+            read_only_inside,
+            splits: planner.splits,
+            system_roots,
+            network,
         };
         // capexec always lets a start read its working directory (and all
         // below it): only where the plan gives that already.
@@ -478,6 +548,17 @@ impl Confinement {
         Ok(plan)
     }
 
+    /// This confinement narrowed to `dir` (the bridge's `--root`, whose
+    /// executor lets commands write only beneath it, read the system
+    /// directories, and reach no network): what the intent gives beneath
+    /// `dir`, `dir` itself what the intent's deepest entry above it gives,
+    /// nothing elsewhere but the system directories where the intent reads
+    /// them, and no network. Stricter than the intent, never weaker.
+    pub fn within(mut self, dir: Option<&Path>) -> Confinement {
+        self.within = dir.map(Path::to_path_buf);
+        self
+    }
+
     /// The working directory the intent names (its own `cwd`, else the
     /// start's).
     pub fn cwd(&self) -> &Path {
@@ -487,6 +568,26 @@ impl Confinement {
     pub fn network(&self) -> Network {
         self.network
     }
+}
+
+/// `placed` narrowed to `dir`: the entries beneath it, and `dir` itself
+/// with the access of the deepest entry at or above it (if any).
+fn narrowed_to(placed: Vec<(PathBuf, Access, bool)>, dir: &Path) -> Vec<(PathBuf, Access, bool)> {
+    let at_dir = placed
+        .iter()
+        .filter(|(path, _, _)| dir.starts_with(path))
+        .max_by_key(|(path, _, _)| path.components().count())
+        .map(|(_, access, _)| *access);
+    let mut narrowed: Vec<(PathBuf, Access, bool)> = at_dir
+        .map(|access| (dir.to_path_buf(), access, false))
+        .into_iter()
+        .collect();
+    narrowed.extend(
+        placed
+            .into_iter()
+            .filter(|(path, _, _)| path.starts_with(dir) && path != dir),
+    );
+    narrowed
 }
 
 /// The access of the deepest entry strictly above `path`.
@@ -526,8 +627,11 @@ fn system_directory_of(path: &Path) -> Option<&'static Path> {
 struct Planner<'a, T> {
     tree: &'a T,
     entries: &'a [(PathBuf, Access)],
+    carving: Carving,
     roots: Vec<PlannedRoot>,
     protected: Vec<PathBuf>,
+    read_only_inside: Vec<PathBuf>,
+    splits: Vec<Split>,
 }
 
 impl<T: Tree> Planner<'_, T> {
@@ -564,6 +668,42 @@ impl<T: Tree> Planner<'_, T> {
         let Some(listing) = self.tree.list(dir).await.map_err(IntentError::Executor)? else {
             return Ok(());
         };
+        let mountable = self.carving == Carving::Mount
+            && access == Access::Write
+            && dir != Path::new("/")
+            && lower.iter().all(|(path, below)| {
+                *below == Access::Read
+                    && path.parent() == Some(dir)
+                    && listing
+                        .entries
+                        .iter()
+                        .any(|listed| dir.join(&listed.name) == *path)
+            });
+        if mountable {
+            // Kept whole; what is below it read-only by mounts, those that
+            // exist (an entry whose path is missing has nothing to keep).
+            self.push(dir, access)?;
+            for listed in &listing.entries {
+                if lower
+                    .iter()
+                    .any(|(path, _)| *path == dir.join(&listed.name))
+                {
+                    self.read_only_inside
+                        .push(listing.real_path.join(&listed.name));
+                }
+            }
+            return Ok(());
+        }
+        self.splits.push(Split {
+            path: dir.to_path_buf(),
+            real_path: listing.real_path.clone(),
+            access,
+            reserved: lower
+                .iter()
+                .filter_map(|(path, _)| path.strip_prefix(dir).ok()?.iter().next())
+                .map(OsStr::to_os_string)
+                .collect(),
+        });
         for listed in &listing.entries {
             let child = dir.join(&listed.name);
             if KERNEL_DIRECTORIES
@@ -635,16 +775,27 @@ impl Plan {
             // A server's secret in one of them (a token in /tmp, or under
             // /root): the root is split around it.
             leave_out_secrets: true,
+            read_only_inside: self.read_only_inside.clone(),
         }
     }
 
     /// The access this plan gives `path` (the greatest of the roots above
     /// it, as Landlock unites them).
     pub fn access_at(&self, path: &Path) -> Access {
-        self.roots_of(path)
+        let access = self
+            .roots_of(path)
             .map(|root| root.access)
             .max()
-            .unwrap_or(Access::None)
+            .unwrap_or(Access::None);
+        if self
+            .read_only_inside
+            .iter()
+            .any(|inside| path.starts_with(inside))
+        {
+            access.min(Access::Read)
+        } else {
+            access
+        }
     }
 
     /// The roots above `path` (itself included), capexec's system
@@ -661,6 +812,17 @@ impl Plan {
             .filter(move |root| path.starts_with(&root.path))
             .cloned()
             .chain(system)
+    }
+
+    /// The directory split from a writable root that `path` is an entry
+    /// of, unless the entry is carved out or leads to what is.
+    pub fn top_of_split(&self, path: &Path) -> Option<&Split> {
+        let name = path.file_name()?;
+        self.splits.iter().find(|split| {
+            split.access == Access::Write
+                && path.parent() == Some(split.path.as_path())
+                && !split.reserved.iter().any(|reserved| reserved == name)
+        })
     }
 
     /// Checks what the executor applied (the process's
@@ -680,6 +842,25 @@ impl Plan {
                      workspace changed while the start was prepared",
                     root.display(),
                     protected.display()
+                )));
+            }
+        }
+        for inside in &self.read_only_inside {
+            if !applied.read_only_inside.contains(inside) {
+                return Err(IntentError::Executor(format!(
+                    "the executor did not keep {} read-only inside its writable root",
+                    inside.display()
+                )));
+            }
+            if let Some(root) = applied
+                .writable
+                .iter()
+                .find(|root| root.starts_with(inside))
+            {
+                return Err(IntentError::Executor(format!(
+                    "the writable root {} is inside {}, which must stay read-only",
+                    root.display(),
+                    inside.display()
                 )));
             }
         }
@@ -726,6 +907,25 @@ impl Plan {
                 path.display()
             ))
         })?;
+        if need == Access::Write
+            && let Some(split) = self.top_of_split(&path)
+        {
+            // An entry at the top of a directory split from a writable
+            // root: made, replaced or removed through that directory, by
+            // its one name (nothing on the way to follow), where the
+            // listing found it.
+            let directory = Directory::open(executor, &split.path);
+            let info = directory.info().await.map_err(|error| {
+                IntentError::Executor(format!("{}: {error}", split.path.display()))
+            })?;
+            if info.path != split.real_path {
+                return Err(IntentError::Executor(format!(
+                    "{} moved while the call was prepared",
+                    split.path.display()
+                )));
+            }
+            return Ok((split.path.clone(), Access::Write, directory));
+        }
         if self.access_at(&path) < need.max(Access::Read) {
             return Err(IntentError::Unenforceable(format!(
                 "{} is not {} in the sandbox",
@@ -795,9 +995,10 @@ impl Confinement {
         executor: &executor::Client,
         command: &mut crate::client::Command,
         tmpdir: Option<&OsStr>,
+        carving: Carving,
     ) -> Result<Plan, IntentError> {
         let plan = self
-            .plan(&ExecutorTree::new(executor.clone()), tmpdir)
+            .plan_carving(&ExecutorTree::new(executor.clone()), tmpdir, carving)
             .await?;
         command.sandbox(plan.sandbox());
         Ok(plan)
@@ -813,12 +1014,13 @@ impl Confinement {
         executor: &executor::Client,
         command: &mut crate::client::Command,
         tmpdir: Option<&OsStr>,
+        carving: Carving,
     ) -> Result<crate::client::RemoteProcess, StartError> {
         let mut attempt = 0;
         loop {
             attempt += 1;
             let plan = self
-                .prepare(executor, command, tmpdir)
+                .prepare(executor, command, tmpdir, carving)
                 .await
                 .map_err(StartError::Intent)?;
             let process = match command.spawn(executor).await {

@@ -149,6 +149,79 @@ fn workspace_write_keeps_the_protected_paths_read_only() {
     assert_eq!(plan.access_at(Path::new("/etc/passwd")), Access::Read);
 }
 
+/// Carved by mounts: the workspace writable whole (a new entry at its top
+/// too), `.git` and `.codex` read-only inside it; /tmp still split on the
+/// way to the workspace, whose own entries stay out of reach of a rename.
+#[test]
+fn mounts_keep_the_workspace_whole_and_its_protected_paths_read_only() {
+    let start = fixture("start-workspace-write");
+    let confinement = confinement_for(Some(&start["sandbox"]), Path::new("/elsewhere"), false)
+        .unwrap()
+        .unwrap();
+    let plan =
+        run(confinement.plan_carving(&workspace(), Some(OsStr::new("/var/tmp")), Carving::Mount))
+            .unwrap();
+    let sandbox = plan.sandbox();
+    assert_eq!(
+        paths(&sandbox.writable),
+        [
+            "/tmp/h-cap/other",
+            "/tmp/h-cap/ws-workspace-write",
+            "/tmp/scratch",
+            "/var/tmp",
+        ]
+    );
+    assert_eq!(
+        paths(&sandbox.read_only_inside),
+        [
+            "/tmp/h-cap/ws-workspace-write/.codex",
+            "/tmp/h-cap/ws-workspace-write/.git"
+        ]
+    );
+    assert!(plan.protected.is_empty(), "{:?}", plan.protected);
+    let ws = Path::new(RECORDED_WS);
+    assert_eq!(plan.access_at(&ws.join("new-file")), Access::Write);
+    assert_eq!(plan.access_at(&ws.join(".git/config")), Access::Read);
+    assert_eq!(plan.access_at(&ws.join(".codex")), Access::Read);
+    // /tmp and /tmp/h-cap were split on the way: the workspace cannot be
+    // renamed away and made again with a `.git` of the process's own.
+    assert_eq!(plan.access_at(Path::new("/tmp/h-cap/new")), Access::Read);
+    assert_eq!(
+        plan.splits
+            .iter()
+            .map(|split| split.path.to_str().unwrap())
+            .collect::<Vec<_>>(),
+        ["/", "/tmp", "/tmp/h-cap"]
+    );
+}
+
+/// A path carved to `none`, or one deeper than the top of the root, is
+/// split as without mounts (a mount can only keep a path read-only, and a
+/// deeper one's parent could be renamed away).
+#[test]
+fn mounts_carve_only_read_only_paths_at_the_top_of_a_writable_root() {
+    let ws = Path::new("/srv/ws");
+    let tree = FakeTree::new(&[
+        ("/srv/ws/a/.git/config", FileKind::File),
+        ("/srv/ws/b", FileKind::File),
+    ]);
+    let intent = serde_json::json!({
+        "permissions": {"type": "managed", "network": "restricted", "file_system": {
+            "type": "restricted", "entries": [
+                {"path": {"type": "path", "path": "/srv"}, "access": "read"},
+                {"path": {"type": "path", "path": "/srv/ws"}, "access": "write"},
+                {"path": {"type": "path", "path": "/srv/ws/a/.git"}, "access": "read"},
+            ]}},
+        "cwd": "file:///srv/ws",
+    });
+    let confinement = confinement_for(Some(&intent), ws, false).unwrap().unwrap();
+    let plan = run(confinement.plan_carving(&tree, None, Carving::Mount)).unwrap();
+    assert_eq!(paths(&plan.sandbox().writable), ["/srv/ws/a", "/srv/ws/b"]);
+    assert_eq!(paths(&plan.read_only_inside), ["/srv/ws/a/.git"]);
+    assert_eq!(plan.access_at(&ws.join("new")), Access::Read);
+    assert_eq!(plan.access_at(&ws.join("a/new")), Access::Write);
+}
+
 #[test]
 fn a_missing_protected_path_leaves_the_workspace_whole() {
     let start = fixture("start-workspace-write");

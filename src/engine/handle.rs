@@ -48,6 +48,11 @@ impl std::error::Error for ReadError {}
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WriteError {
     EmptyWriteId,
+    /// Over [`MAX_WRITE_ID_BYTES`]: the last 4096 ids of each process are
+    /// remembered whole, so their size is bounded.
+    LongWriteId {
+        len: usize,
+    },
     TooLarge {
         len: usize,
     },
@@ -57,10 +62,17 @@ pub enum WriteError {
     },
 }
 
+/// The longest `writeId` a caller may choose (the schema's `Process.write`).
+pub const MAX_WRITE_ID_BYTES: usize = 256;
+
 impl fmt::Display for WriteError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             WriteError::EmptyWriteId => write!(f, "writeId must not be empty"),
+            WriteError::LongWriteId { len } => write!(
+                f,
+                "writeId of {len} bytes exceeds the limit of {MAX_WRITE_ID_BYTES} bytes"
+            ),
             WriteError::TooLarge { len } => write!(
                 f,
                 "write of {len} bytes exceeds the limit of {MAX_WRITE_BYTES} bytes per call"
@@ -134,7 +146,9 @@ impl From<ReadError> for Refusal {
 impl From<WriteError> for Refusal {
     fn from(error: WriteError) -> Refusal {
         let kind = match error {
-            WriteError::EmptyWriteId | WriteError::TooLarge { .. } => RefusalKind::InvalidArgument,
+            WriteError::EmptyWriteId
+            | WriteError::LongWriteId { .. }
+            | WriteError::TooLarge { .. } => RefusalKind::InvalidArgument,
             WriteError::QueueFull { .. } => RefusalKind::LimitReached,
         };
         Refusal::new(kind, error.to_string())
@@ -348,6 +362,14 @@ impl Process {
     /// outcome. A retry with an id still remembered reports the outcome of
     /// the first write with it (waiting for it if needed) and writes nothing.
     pub fn submit_write(&self, data: Bytes, write_id: &str) -> Result<WriteTicket, WriteError> {
+        // The prefix a capability adds to its holder's ids (see
+        // rpc/process.rs) on top of the holder's own bound.
+        const CAPABILITY_PREFIX_BYTES: usize = 24;
+        if write_id.len() > MAX_WRITE_ID_BYTES + CAPABILITY_PREFIX_BYTES {
+            return Err(WriteError::LongWriteId {
+                len: write_id.len(),
+            });
+        }
         if write_id.is_empty() {
             return Err(WriteError::EmptyWriteId);
         }

@@ -30,8 +30,8 @@ use tokio::sync::mpsc;
 
 pub use self::descriptors::close_in_background;
 pub use self::handle::{
-    CloseOutputError, CloseTicket, Process, ProcessOwner, ReadError, ResizeError, WriteError,
-    WriteTicket,
+    CloseOutputError, CloseTicket, MAX_WRITE_ID_BYTES, Process, ProcessOwner, ReadError,
+    ResizeError, WriteError, WriteTicket,
 };
 pub(crate) use self::kill::{pidfd_open, signal_process};
 pub use self::log::{Batch, LogLimits};

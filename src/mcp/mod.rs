@@ -9,12 +9,13 @@
 //!
 //! Two threads (see `seam`): rmcp serves MCP on a runtime of its own, its
 //! handlers `Send` ([`McpSession`]); every capability lives on the
-//! capability thread, in a `LocalSet`, whose state is [`local::Local`].
+//! capability thread, in a `LocalSet`, whose state is `local::Local`.
 //! The [`Mcp`] factory makes one [`McpSession`] per MCP session, so a
 //! transport with many sessions (Streamable HTTP) makes one per session
 //! from the same factory; stdio has one ([`serve_stdio`]).
 
 pub mod files;
+pub mod http;
 mod local;
 mod output;
 mod process;

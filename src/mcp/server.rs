@@ -8,9 +8,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    InitializeResult, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig,
-    Tool,
+    InitializeResult, ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities,
+    ServerConfig, Tool,
 };
+// Logging is deprecated from 2026-07-28 (SEP-2577), but the versions with
+// sessions have it and clients of them send `logging/setLevel`.
+#[allow(deprecated)]
+use rmcp::model::SetLevelRequestParams;
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde::Serialize;
@@ -58,7 +62,19 @@ impl Mcp {
     /// A new MCP session: its own processes, which end when it is dropped
     /// (unless --keep-processes).
     pub fn session(&self) -> McpSession {
+        self.make_session(false)
+    }
+
+    /// A new MCP session of the Streamable HTTP transport: the same, for
+    /// the protocol versions that have sessions (up to 2025-11-25; see
+    /// `super::http`).
+    pub fn http_session(&self) -> McpSession {
+        self.make_session(true)
+    }
+
+    fn make_session(&self, handshake_only: bool) -> McpSession {
         McpSession {
+            handshake_only,
             seam: self.seam.clone(),
             key: Arc::new(SessionKey {
                 id: self.next.fetch_add(1, Ordering::Relaxed) + 1,
@@ -87,6 +103,9 @@ impl Drop for SessionKey {
 
 /// One MCP session's handler.
 pub struct McpSession {
+    /// Only the protocol versions with an `initialize` handshake (and so
+    /// sessions) are offered.
+    handshake_only: bool,
     seam: Seam<Local>,
     key: Arc<SessionKey>,
     tools: Arc<Vec<Tool>>,
@@ -198,12 +217,40 @@ fn failure(text: String) -> CallToolResponse {
 }
 
 impl ServerHandler for McpSession {
+    #[allow(deprecated)] // logging: see the import of SetLevelRequestParams
     fn get_info(&self) -> ServerConfig {
-        InitializeResult::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(
-                Implementation::new("capexec", env!("CARGO_PKG_VERSION")).with_title("capexec"),
-            )
-            .with_instructions(self.instructions.to_string())
+        InitializeResult::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_logging()
+                .build(),
+        )
+        .with_server_info(
+            Implementation::new("capexec", env!("CARGO_PKG_VERSION")).with_title("capexec"),
+        )
+        .with_instructions(self.instructions.to_string())
+    }
+
+    fn supported_protocol_versions(&self) -> std::borrow::Cow<'static, [ProtocolVersion]> {
+        if self.handshake_only {
+            std::borrow::Cow::Borrowed(ProtocolVersion::known_up_to(
+                &ProtocolVersion::LATEST_WITH_INITIALIZE,
+            ))
+        } else {
+            std::borrow::Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS)
+        }
+    }
+
+    /// `logging/setLevel` is accepted (clients send it, and an error would
+    /// fail their start-up); capexec sends no log messages, its
+    /// diagnostics go to its stderr.
+    #[allow(deprecated)]
+    async fn set_level(
+        &self,
+        _request: SetLevelRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        Ok(())
     }
 
     async fn list_tools(

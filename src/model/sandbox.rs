@@ -62,6 +62,9 @@ pub struct Sandbox {
     /// A root containing a secret of the server is split around it
     /// instead of refused (the schema's `Sandbox.leaveOutSecrets`).
     pub leave_out_secrets: bool,
+    /// Inside a writable root, kept read-only by a read-only mount (the
+    /// schema's `Sandbox.readOnlyInside`).
+    pub read_only_inside: Vec<PathBuf>,
 }
 
 impl Sandbox {
@@ -145,6 +148,10 @@ pub enum Tracking {
     Cgroup,
 }
 
+/// Listed in `ExecutorInfo.features` by a server that can keep paths
+/// read-only inside writable roots (`Sandbox.readOnlyInside`).
+pub const READ_ONLY_INSIDE_FEATURE: &str = "sandbox-read-only-inside";
+
 /// What the server enforced for one process (the schema's `Confinement`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Confinement {
@@ -187,6 +194,9 @@ pub mod enforcement {
     /// A root server's child runs as an unprivileged user, which owns what
     /// root owns in its roots and nothing elsewhere.
     pub const UNPRIVILEGED_USER: &str = "unprivileged-user";
+    /// Paths inside writable roots mounted read-only over themselves
+    /// (`Sandbox.readOnlyInside`).
+    pub const READ_ONLY_INSIDE: &str = "read-only-inside";
     /// seccomp: io_uring denied (it could bypass the socket rules).
     pub const IO_URING: &str = "io-uring";
     /// seccomp: the calls that change the kernel (modules, kexec, bpf,

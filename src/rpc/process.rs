@@ -241,6 +241,12 @@ impl process::Server for ProcessImpl {
             if write_id.is_empty() {
                 return Err(Refusal::from(crate::engine::WriteError::EmptyWriteId).into());
             }
+            if write_id.len() > crate::engine::MAX_WRITE_ID_BYTES {
+                return Err(Refusal::from(crate::engine::WriteError::LongWriteId {
+                    len: write_id.len(),
+                })
+                .into());
+            }
             let write_id = match &self.access {
                 Access::StdinWriter(_, number) => format!("w{number}:{write_id}"),
                 _ => format!("o:{write_id}"),

@@ -97,7 +97,15 @@ fn reached_through(path: &Path) -> PathBuf {
 /// root's (everyone else's stay theirs): files the child makes there are
 /// root's on disk. Fails where the file system cannot be idmapped.
 pub(crate) fn detached_mapped(tree: &Path) -> io::Result<OwnedFd> {
+    detached(tree, true, false)
+}
+
+/// `tree` (and the mounts below it) as a detached mount, idmapped as
+/// [`detached_mapped`] makes one when `mapped`, and read-only when
+/// `read_only` (the schema's `Sandbox.readOnlyInside`).
+pub(crate) fn detached(tree: &Path, mapped: bool, read_only: bool) -> io::Result<OwnedFd> {
     const OPEN_TREE_CLONE: libc::c_uint = 1;
+    const MOUNT_ATTR_RDONLY: u64 = 0x0000_0001;
     const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
     #[repr(C)]
     struct MountAttr {
@@ -106,7 +114,11 @@ pub(crate) fn detached_mapped(tree: &Path) -> io::Result<OwnedFd> {
         propagation: u64,
         userns_fd: u64,
     }
-    let userns = mapping_namespace()?;
+    let userns = if mapped {
+        Some(mapping_namespace()?)
+    } else {
+        None
+    };
     let path = CString::new(tree.as_os_str().as_bytes())?;
     // SAFETY: open_tree(2) on a NUL-terminated path.
     let fd = unsafe {
@@ -123,11 +135,15 @@ pub(crate) fn detached_mapped(tree: &Path) -> io::Result<OwnedFd> {
     // SAFETY: the kernel just returned this descriptor to us alone.
     let tree = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
     let attr = MountAttr {
-        attr_set: MOUNT_ATTR_IDMAP,
+        attr_set: if mapped { MOUNT_ATTR_IDMAP } else { 0 }
+            | if read_only { MOUNT_ATTR_RDONLY } else { 0 },
         attr_clr: 0,
         propagation: 0,
-        userns_fd: userns.as_raw_fd() as u64,
+        userns_fd: userns.map_or(0, |userns| userns.as_raw_fd() as u64),
     };
+    if attr.attr_set == 0 {
+        return Ok(tree);
+    }
     // SAFETY: mount_setattr(2) on our detached tree, with its attribute
     // struct and size.
     let set = unsafe {

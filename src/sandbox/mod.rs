@@ -172,16 +172,27 @@ pub fn info_features() -> Vec<String> {
     if !limits.is_empty() {
         features.push(format!("limits:{}", limits.join(",")));
     }
+    if can_mount_read_only() {
+        features.push(READ_ONLY_INSIDE_FEATURE.into());
+    }
     features
 }
 
 /// Whether `feature` (of `Executor.info`) says what a server's host can
 /// enforce, as [`info_features`] names it.
+pub use crate::model::READ_ONLY_INSIDE_FEATURE;
+
 pub fn is_host_feature(feature: &str) -> bool {
     ["sandbox-landlock-", "limits:", "peer-check:"]
         .iter()
         .any(|prefix| feature.starts_with(prefix))
-        || ["seccomp", "cgroup-tracking", "process-group-tracking"].contains(&feature)
+        || [
+            "seccomp",
+            "cgroup-tracking",
+            "process-group-tracking",
+            READ_ONLY_INSIDE_FEATURE,
+        ]
+        .contains(&feature)
 }
 
 /// Everything the child applies before its exec, prepared in the parent.
@@ -417,6 +428,17 @@ pub(crate) fn prepare(
         ));
         unprivileged = ready.ok();
     }
+    let read_only_inside = read_only_inside(&resolved, &sandbox.read_only_inside)?;
+    let mut mount_read_only = false;
+    if !read_only_inside.is_empty() {
+        let ready = read_only_mounts();
+        mount_read_only = ready.is_ok();
+        asks.push((
+            name::READ_ONLY_INSIDE,
+            ready.is_ok(),
+            ready.err().unwrap_or_default(),
+        ));
+    }
     if privileged {
         asks.push((name::CAPABILITIES, true, String::new()));
         asks.push((
@@ -461,11 +483,21 @@ pub(crate) fn prepare(
                 Refusal::new(RefusalKind::SpawnFailed, format!("sandbox: {why}"))
             })?);
     }
-    if let Some(mounts) = unprivileged {
+    let mapped = unprivileged.is_some();
+    let mut mounts = unprivileged.unwrap_or_default();
+    if mount_read_only {
+        // Over the mapped trees (the paths are inside them), outer first.
+        for path in &read_only_inside {
+            mounts.push(read_only_mount(path, mapped)?);
+        }
+    }
+    if !mounts.is_empty() {
         use std::os::unix::ffi::OsStrExt;
         let cwd = std::fs::canonicalize(cwd).unwrap_or_else(|_| cwd.to_path_buf());
         prepared.plan.mounted_cwd = std::ffi::CString::new(cwd.as_os_str().as_bytes()).ok();
         prepared.plan.mounts = mounts;
+    }
+    if mapped {
         prepared.plan.user = Some(identity::SANDBOX_ID);
     }
     prepared.plan.no_new_privs = true;
@@ -473,9 +505,93 @@ pub(crate) fn prepare(
     prepared.plan.last_capability = probe::last_capability();
     prepared.plan.bounding_set = probe::bounding_set();
     prepared.plan.clear_ambient = probe::has_ambient();
-    confinement.sandbox = Some(roots::explicit(&resolved, sandbox));
+    let mut applied = roots::explicit(&resolved, sandbox);
+    // What is read-only by a mount of its own; nothing when not enforced.
+    applied.read_only_inside = if mount_read_only {
+        read_only_inside
+    } else {
+        Vec::new()
+    };
+    confinement.sandbox = Some(applied);
     prepared.confinement = confinement;
     Ok(prepared)
+}
+
+/// `Sandbox.readOnlyInside` resolved (symbolic links followed), those
+/// inside a writable root only (the others are read-only already), outer
+/// first, none inside another.
+fn read_only_inside(roots: &[roots::Root], asked: &[PathBuf]) -> Result<Vec<PathBuf>, Refusal> {
+    let mut inside = Vec::new();
+    for path in asked {
+        let real = std::fs::canonicalize(path).map_err(|error| {
+            Refusal::new(
+                RefusalKind::InvalidArgument,
+                format!(
+                    "sandbox: readOnlyInside {}: {}",
+                    path.display(),
+                    crate::model::io_message(&error)
+                ),
+            )
+        })?;
+        if roots::access_at(roots, &real) == Some(roots::Access::Write) {
+            inside.push(real);
+        }
+    }
+    inside.sort();
+    inside.dedup();
+    let all = inside.clone();
+    inside.retain(|path| {
+        !all.iter()
+            .any(|outer| outer != path && path.starts_with(outer))
+    });
+    Ok(inside)
+}
+
+/// Whether read-only mounts can be made for a child (see
+/// `Sandbox.readOnlyInside`), or why not.
+fn read_only_mounts() -> Result<(), String> {
+    if hidden(KernelFeature::IdmappedMounts) {
+        return Err(
+            "detached mounts are hidden (--hide-kernel-feature idmapped-mounts)".to_string(),
+        );
+    }
+    if !probe::is_root() || !probe::can_admin() {
+        return Err(
+            "a read-only mount in a mount namespace of the process's own needs a root \
+             server with CAP_SYS_ADMIN"
+                .to_string(),
+        );
+    }
+    Ok(())
+}
+
+/// Whether this server can keep paths read-only inside writable roots,
+/// as `ExecutorInfo.features` says.
+pub(crate) fn can_mount_read_only() -> bool {
+    read_only_mounts().is_ok()
+}
+
+/// `path` as a detached read-only mount (idmapped when the child runs as
+/// the unprivileged user, as the tree around it is), with its path.
+fn read_only_mount(path: &Path, mapped: bool) -> Result<(std::ffi::CString, OwnedFd), Refusal> {
+    use std::os::unix::ffi::OsStrExt;
+    let tree = identity::detached(path, mapped, true).map_err(|error| {
+        Refusal::new(
+            RefusalKind::Unsupported,
+            format!(
+                "sandbox: readOnlyInside {}: the kernel refused a read-only mount of it ({})",
+                path.display(),
+                crate::model::io_message(&error)
+            ),
+        )
+    })?;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+        Refusal::new(
+            RefusalKind::InvalidArgument,
+            format!("sandbox: readOnlyInside {} has a NUL byte", path.display()),
+        )
+    })?;
+    Ok((c_path, tree))
 }
 
 /// The detached trees a root server's child in `cwd` with `roots` runs

@@ -314,6 +314,11 @@ impl PolicySandbox {
                 keep_root,
                 best_effort,
                 leave_out_secrets: asked.leave_out_secrets,
+                // Every layer's as well: each only makes less writable.
+                read_only_inside: std::iter::once(asked)
+                    .chain(layers.iter().map(|layer| &layer.asked))
+                    .flat_map(|sandbox| sandbox.read_only_inside.iter().cloned())
+                    .collect(),
                 ..Sandbox::default()
             },
         ))
@@ -358,6 +363,7 @@ pub(crate) fn explicit(roots: &[Root], flags: &Sandbox) -> Sandbox {
         allow_namespaces: flags.allow_namespaces,
         keep_root: flags.keep_root,
         leave_out_secrets: flags.leave_out_secrets,
+        read_only_inside: flags.read_only_inside.clone(),
     }
 }
 

@@ -148,6 +148,7 @@ mod tests {
                 allow_namespaces: true,
                 keep_root: true,
                 leave_out_secrets: true,
+                read_only_inside: vec!["/srv/out/.git".into()],
             }),
             limits: crate::model::Limits {
                 memory_bytes: Some(1 << 30),

@@ -29,6 +29,12 @@ pub fn sandbox_to_wire(sandbox: &Sandbox, mut builder: sandbox::Builder<'_>) {
     builder.set_allow_namespaces(sandbox.allow_namespaces);
     builder.set_keep_root(sandbox.keep_root);
     builder.set_leave_out_secrets(sandbox.leave_out_secrets);
+    set_byte_strings(
+        builder
+            .reborrow()
+            .init_read_only_inside(sandbox.read_only_inside.len() as u32),
+        &sandbox.read_only_inside,
+    );
 }
 
 pub fn sandbox_from_wire(reader: sandbox::Reader<'_>) -> capnp::Result<Sandbox> {
@@ -48,6 +54,7 @@ pub fn sandbox_from_wire(reader: sandbox::Reader<'_>) -> capnp::Result<Sandbox> 
         allow_namespaces: reader.get_allow_namespaces(),
         keep_root: reader.get_keep_root(),
         leave_out_secrets: reader.get_leave_out_secrets(),
+        read_only_inside: paths(reader.get_read_only_inside()?)?,
     })
 }
 
@@ -129,6 +136,7 @@ mod tests {
             allow_namespaces: true,
             keep_root: true,
             leave_out_secrets: true,
+            read_only_inside: vec!["/srv/out/.git".into()],
         }
     }
 

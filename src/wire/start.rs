@@ -202,6 +202,7 @@ mod tests {
                 allow_namespaces: true,
                 keep_root: true,
                 leave_out_secrets: true,
+                read_only_inside: vec!["/out/.git".into()],
             }),
             limits: Limits {
                 memory_bytes: Some(1 << 30),

@@ -673,7 +673,7 @@ fn cp_replaces_only_links_and_files_with_a_link_both_ways() {
 }
 
 /// A source named on the command line that is a symlink is followed, as
-/// `cp` and `scp` do (the README's own `cp :/etc/os-release -`); one in a
+/// `cp` and `scp` do (docs/GUIDE.md's own `cp :/etc/os-release -`); one in a
 /// tree is copied as a link, and one leading out of the tree is said.
 #[test]
 fn cp_follows_a_named_symlink_and_says_links_that_leave_a_tree() {

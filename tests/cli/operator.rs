@@ -825,7 +825,7 @@ fn listed_about(overview: &str, subcommand: &str) -> String {
 }
 
 /// `--json` wherever a command prints a table or a record: one document on
-/// stdout, with the field names the README lists.
+/// stdout, with the field names docs/GUIDE.md lists.
 #[test]
 fn tables_and_records_come_as_json_on_request() {
     let served = Served::start_with(&["--upstream", "far=unix:/nonexistent", "--tls-self-signed"]);

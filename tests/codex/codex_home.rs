@@ -94,10 +94,28 @@ pub struct CodexHome {
     /// Outside the workspace and every temporary directory.
     pub outside: PathBuf,
     sandbox: SandboxMode,
+    /// More of `config.toml` (an `[mcp_servers.NAME]` table, say).
+    extra_config: String,
 }
 
 impl CodexHome {
     pub fn new(sandbox: SandboxMode, environment: &Environment) -> CodexHome {
+        CodexHome::with_environment(sandbox, Some(environment))
+    }
+
+    /// Codex with its own local environment (no `environments.toml`).
+    #[allow(dead_code)] // for tests/mcp, which includes this file
+    pub fn local(sandbox: SandboxMode) -> CodexHome {
+        CodexHome::with_environment(sandbox, None)
+    }
+
+    /// Appends `toml` to the `config.toml` each `exec` writes.
+    #[allow(dead_code)] // for tests/mcp, which includes this file
+    pub fn add_config(&mut self, toml: &str) {
+        self.extra_config.push_str(toml);
+    }
+
+    fn with_environment(sandbox: SandboxMode, environment: Option<&Environment>) -> CodexHome {
         let root = tempfile::Builder::new()
             .prefix("codex-")
             .tempdir_in(crate::common::data::outside_temporary_directories())
@@ -110,6 +128,17 @@ impl CodexHome {
         let (home, workspace, outside) = (dir("codex-home"), dir("workspace"), dir("outside"));
         dir("user-home");
         dir("tmp");
+        let home_root = CodexHome {
+            root,
+            home,
+            workspace,
+            outside,
+            sandbox,
+            extra_config: String::new(),
+        };
+        let Some(environment) = environment else {
+            return home_root;
+        };
         let args: Vec<String> = environment.args.iter().map(|a| toml_string(a)).collect();
         let declared = match &environment.url {
             Some((url, token)) => format!(
@@ -124,7 +153,7 @@ impl CodexHome {
             ),
         };
         std::fs::write(
-            home.join("environments.toml"),
+            home_root.home.join("environments.toml"),
             format!(
                 "default = \"under-test\"\n\
                  include_local = false\n\
@@ -135,13 +164,7 @@ impl CodexHome {
             ),
         )
         .expect("write environments.toml");
-        CodexHome {
-            root,
-            home,
-            workspace,
-            outside,
-            sandbox,
-        }
+        home_root
     }
 
     /// Runs `codex exec --skip-git-repo-check PROMPT` in the workspace
@@ -162,9 +185,11 @@ impl CodexHome {
                  base_url = {}\n\
                  wire_api = \"responses\"\n\
                  request_max_retries = 0\n\
-                 stream_max_retries = 0\n",
+                 stream_max_retries = 0\n\
+                 {}",
                 self.sandbox.as_str(),
                 toml_string(model_url),
+                self.extra_config,
             ),
         )
         .expect("write config.toml");
@@ -290,6 +315,6 @@ impl Finished {
 }
 
 /// `text` as a TOML basic string: JSON's escapes are all valid there.
-fn toml_string(text: &str) -> String {
+pub fn toml_string(text: &str) -> String {
     serde_json::to_string(text).unwrap_or_default()
 }

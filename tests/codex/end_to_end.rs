@@ -340,6 +340,87 @@ async fn workspace_write_denies_writes_outside_the_workspace(ctx: Ctx) {
     ctx.assert_ran_on_server(2);
 }
 
+/// In `workspace-write` mode with a `.git` in the workspace (which Codex
+/// keeps read-only): `apply_patch` and commands add files beside it, at the
+/// top of the workspace and deeper, while a patch of `.git/config` and a
+/// command writing to it fail and leave it as it was.
+async fn workspace_write_keeps_git_read_only_and_the_rest_writable(ctx: Ctx) {
+    let home = ctx.home(SandboxMode::WorkspaceWrite);
+    let workspace = &home.workspace;
+    std::fs::create_dir_all(workspace.join(".git")).expect(".git");
+    std::fs::write(workspace.join(".git/config"), "[core]\n").expect(".git/config");
+    let added = "apply_patch <<'PATCH'\n\
+                 *** Begin Patch\n\
+                 *** Add File: top.txt\n\
+                 +top\n\
+                 *** Add File: nested/dir/new.txt\n\
+                 +deep\n\
+                 *** End Patch\n\
+                 PATCH\n";
+    let into_git = "apply_patch <<'PATCH'\n\
+                    *** Begin Patch\n\
+                    *** Update File: .git/config\n\
+                    @@\n\
+                    -[core]\n\
+                    +[core]\n\
+                    +\thooksPath = /tmp\n\
+                    *** End Patch\n\
+                    PATCH\n";
+    let turn = ctx
+        .turn(
+            &home,
+            vec![
+                Step::call("exec_command", exec_command(added, json!({}))),
+                Step::call("exec_command", exec_command(into_git, json!({}))),
+                Step::call(
+                    "exec_command",
+                    exec_command("echo made > by-command.txt; echo status=$?", json!({})),
+                ),
+                Step::call(
+                    "exec_command",
+                    exec_command(
+                        "{ echo x >> .git/config; } 2>/dev/null; echo status=$?",
+                        json!({}),
+                    ),
+                ),
+                Step::message("done"),
+            ],
+        )
+        .await;
+    let outputs = turn.tool_outputs();
+    assert_eq!(outputs.len(), 4, "{outputs:?}");
+    assert!(
+        outputs[0].text.contains("\nExit code: 0\n")
+            && outputs[0].text.ends_with(
+                "\nOutput:\nSuccess. Updated the following files:\nA top.txt\n\
+                 A nested/dir/new.txt\n"
+            ),
+        "{:?}",
+        outputs[0].text
+    );
+    assert!(
+        !outputs[1].text.contains("\nExit code: 0\n") && !outputs[1].text.contains("Success."),
+        "{:?}",
+        outputs[1].text
+    );
+    let commands: Vec<CommandOutput> = outputs[2..]
+        .iter()
+        .map(|output| output.command().expect("a command's output"))
+        .collect();
+    assert_eq!(
+        commands,
+        [
+            CommandOutput::exited(0, "status=0\n"),
+            CommandOutput::exited(0, "status=1\n")
+        ]
+    );
+    let read = |name: &str| std::fs::read_to_string(workspace.join(name)).ok();
+    assert_eq!(read("top.txt").as_deref(), Some("top\n"));
+    assert_eq!(read("nested/dir/new.txt").as_deref(), Some("deep\n"));
+    assert_eq!(read("by-command.txt").as_deref(), Some("made\n"));
+    assert_eq!(read(".git/config").as_deref(), Some("[core]\n"));
+}
+
 /// The capexec server vanishing under the bridge while Codex polls a
 /// running command: Codex gets an error at once, never a command running
 /// forever, and its turn ends.
@@ -433,6 +514,7 @@ on_backends!(
     a_terminal_gets_typed_input,
     apply_patch_adds_updates_and_deletes_files,
     workspace_write_denies_writes_outside_the_workspace,
+    workspace_write_keeps_git_read_only_and_the_rest_writable,
 );
 
 /// Only a served backend has a server to lose.

@@ -871,3 +871,80 @@ fn block_reads_and_copies_under_a_sandbox_intent_stay_where_it_allows() {
     drop(bridge);
     let _ = std::fs::remove_dir_all(&base);
 }
+
+/// `--root DIR`: files beneath DIR only; commands write only beneath it;
+/// Codex's intent narrowed to it (stricter, never refused for asking more
+/// than DIR allows): `.git` read-only, new entries beside it, nothing
+/// written outside nor in /tmp, which the intent would make writable.
+#[test]
+fn the_root_confines_files_commands_and_codexs_intent() {
+    let Some(codex) = codex() else { return };
+    let base = crate::common::data::outside_temporary_directories()
+        .join(format!("codex-root-{}", std::process::id()));
+    let (ws, outside) = (base.join("ws"), base.join("outside"));
+    std::fs::create_dir_all(ws.join(".git")).expect("mkdir");
+    std::fs::create_dir_all(&outside).expect("mkdir");
+    std::fs::write(ws.join(".git/config"), "[core]\n").expect("write");
+    std::fs::write(outside.join("o.txt"), "outside\n").expect("write");
+    let in_tmp = std::env::temp_dir().join(format!("codex-root-{}", std::process::id()));
+    let mut bridge = Peer::start_with(Kind::Bridge, codex, &ws, |command| {
+        command.arg("--root").arg(&ws);
+    });
+    bridge.initialize();
+
+    let read_outside = bridge.call(
+        "fs/readFile",
+        json!({"path": file_uri(&outside.join("o.txt"))}),
+    );
+    assert!(read_outside.is_err(), "{read_outside:?}");
+    assert_eq!(
+        bridge.call(
+            "fs/writeFile",
+            json!({"path": file_uri(&ws.join("a.txt")), "dataBase64": BASE64.encode("a\n")}),
+        ),
+        Ok(json!({}))
+    );
+
+    let script = format!(
+        "try() {{ if out=$(sh -c \"$1\" 2>&1); then echo \"done: $1\"; else echo \"denied: $1\"; fi; }}; \
+         try 'echo top > top'; try 'echo x >> .git/config'; try 'echo x > {outside}/x'; \
+         try 'echo x > {tmp}'",
+        outside = outside.display(),
+        tmp = in_tmp.display()
+    );
+    let expected = |carved: bool| {
+        format!(
+            "done: echo top > top\n{git}denied: echo x > {outside}/x\ndenied: echo x > {tmp}\n",
+            git = if carved {
+                "denied: echo x >> .git/config\n"
+            } else {
+                "done: echo x >> .git/config\n"
+            },
+            outside = outside.display(),
+            tmp = in_tmp.display()
+        )
+    };
+    for (id, extra, carved) in [
+        ("plain", json!({}), false),
+        (
+            "intent",
+            json!({"sandbox": workspace_write_intent(&ws)}),
+            true,
+        ),
+    ] {
+        let started = start(&mut bridge, &ws, id, &["bash", "-c", &script], extra);
+        assert!(started.is_ok(), "{id}: {started:?}");
+        let pushed = bridge.pushed_until_closed(id);
+        assert_eq!(
+            String::from_utf8_lossy(&pushed.stdout),
+            expected(carved),
+            "{id}: {}",
+            String::from_utf8_lossy(&pushed.stderr)
+        );
+        std::fs::write(ws.join(".git/config"), "[core]\n").expect("reset");
+    }
+    assert!(!outside.join("x").exists());
+    assert!(!in_tmp.exists());
+    drop(bridge);
+    let _ = std::fs::remove_dir_all(&base);
+}

@@ -27,6 +27,14 @@ pub enum Reply {
     /// A call of the tool `name` with these arguments (sent as a JSON
     /// string, as the model sends them).
     Call { name: String, arguments: Value },
+    /// A call of the tool `name` of a namespace Codex declared (an MCP
+    /// server's tools are the namespace `mcp__SERVER`; tests/mcp).
+    #[allow(dead_code)]
+    CallIn {
+        namespace: String,
+        name: String,
+        arguments: Value,
+    },
     /// An assistant message: the end of the turn.
     Message(String),
 }
@@ -417,6 +425,18 @@ fn events(number: usize, reply: &Reply) -> Vec<u8> {
             "type": "function_call",
             "id": format!("fc_{number}"),
             "call_id": format!("call_{number}"),
+            "name": name,
+            "arguments": arguments.to_string(),
+        }),
+        Reply::CallIn {
+            namespace,
+            name,
+            arguments,
+        } => json!({
+            "type": "function_call",
+            "id": format!("fc_{number}"),
+            "call_id": format!("call_{number}"),
+            "namespace": namespace,
             "name": name,
             "arguments": arguments.to_string(),
         }),

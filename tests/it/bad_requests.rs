@@ -184,6 +184,14 @@ async fn process_calls_are_refused_with_their_reason(ctx: Ctx) {
         invalid("writeId must not be empty"),
         "empty write id"
     );
+    // Ids are remembered whole (the last 4096 per process): bounded.
+    let longest = "i".repeat(256);
+    assert!(process.write(b"", &longest).await.is_ok(), "a 256-byte id");
+    assert_eq!(
+        refused(process.write(b"x", &"i".repeat(257)).await),
+        invalid("writeId of 257 bytes exceeds the limit of 256 bytes"),
+        "a write id over 256 bytes"
+    );
 
     // The client library rounds a zero grace up; the wire takes any.
     for grace in [0, 86_401] {

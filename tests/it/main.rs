@@ -29,6 +29,7 @@ mod network;
 mod ports;
 mod process_contract;
 mod process_ports;
+mod read_only_inside;
 mod recovery;
 mod resource_usage;
 mod restricted;

@@ -8,13 +8,27 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+// Codex as the client, with the pieces tests/codex runs it with.
+#[allow(dead_code)]
+#[path = "../codex/codex_home.rs"]
+mod codex_home;
+#[allow(dead_code)]
+#[path = "../codex/scripted_model.rs"]
+mod scripted_model;
+
 mod bad_input;
 mod client;
+mod codex;
 mod confinement;
+mod conformance;
 mod files;
 mod hostile;
+mod http;
+mod http_bad_input;
 mod process;
+mod python;
 mod schema;
+mod tools;
 
 /// Each body as one test per backend: `embedded::NAME` and `unix::NAME`.
 macro_rules! mcp_backend_tests {

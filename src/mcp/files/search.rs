@@ -16,6 +16,9 @@ use crate::model::SearchOptions;
 pub struct SearchFilesArgs {
     /// A regular expression in Rust `regex` syntax (https://docs.rs/regex),
     /// matched against each line on its own.
+    // The text is the schema's description, which the agent reads: the
+    // URL stays bare there rather than in rustdoc's angle brackets.
+    #[allow(rustdoc::bare_urls)]
     pub pattern: String,
     /// Where to search: a directory, relative to the root or absolute
     /// beneath it (default: the root).
