@@ -23,6 +23,7 @@ mod confinement;
 mod conformance;
 mod files;
 mod hostile;
+mod hostile_http;
 mod http;
 mod http_bad_input;
 mod process;
