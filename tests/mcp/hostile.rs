@@ -1276,3 +1276,58 @@ pub fn long_write_ids_cannot_grow_the_executor(backend: Backend) {
     assert_eq!(end["exit"]["code"], 0, "{end}");
     assert_eq!(std::fs::read(root.path().join("got")).expect("got"), b"a");
 }
+
+/// A tree deeper than the executor's stack: `Directory.remove` empties
+/// directories recursively (`empty_dir` in src/files/tree.rs), a frame
+/// and a descriptor per level, so `remove_path` with `recursive` on a
+/// tree a confined command made 20,000 levels deep overflows the stack
+/// of the thread that runs it and aborts the whole executor: capexec mcp,
+/// or the `capexec serve` every session of every client runs on.
+fn deep_tree_removal(backend: Backend) {
+    /// Removes the deep tree with rm(1) (which walks it without
+    /// recursion) before the root's TempDir goes, whose remove_dir_all
+    /// recurses and would overflow this thread's stack too.
+    struct RemoveDeep(PathBuf);
+    impl Drop for RemoveDeep {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("rm")
+                .arg("-rf")
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let root = root();
+    let _remove = RemoveDeep(root.path().join("deep"));
+    let mut mcp = Mcp::start(backend, root.path(), &[]);
+    let server = mcp.served().map(|served| served.child.id());
+    let (code, stdout, stderr) = sh(
+        &mut mcp,
+        "perl -e 'mkdir \"deep\" or die; chdir \"deep\"; for (1..20000) \
+         { mkdir \"d\" or die \"$_: $!\"; chdir \"d\" or die } print \"made\\n\"'",
+    );
+    assert_eq!((code, stdout.as_str()), (0, "made\n"), "{stderr}");
+    let answer = mcp.call_raw("remove_path", json!({"path": "deep", "recursive": true}));
+    assert!(answer["result"].is_object(), "{answer}");
+    // The executor is still there: capexec mcp answers, and runs.
+    let (code, _, _) = sh(&mut mcp, "rm -rf deep");
+    assert_eq!(code, 0);
+    if let Some(pid) = server {
+        assert!(!gone(pid as i32), "capexec serve died");
+    }
+}
+
+#[test]
+#[ignore = "finding: remove_path recursive on a tree a confined command made 20,000 levels \
+            deep overflows the stack of the executor (src/files/tree.rs empty_dir recurses \
+            per level) and aborts capexec mcp, or capexec serve for every client"]
+fn a_deep_tree_removed_does_not_crash_the_embedded_executor() {
+    deep_tree_removal(Backend::Embedded);
+}
+
+#[test]
+#[ignore = "finding: remove_path recursive on a tree a confined command made 20,000 levels \
+            deep overflows the stack of the executor (src/files/tree.rs empty_dir recurses \
+            per level) and aborts capexec mcp, or capexec serve for every client"]
+fn a_deep_tree_removed_does_not_crash_capexec_serve() {
+    deep_tree_removal(Backend::Unix);
+}
