@@ -23,6 +23,7 @@ crate::mcp_backend_tests!(hostile:
     paths_outside_the_root_are_refused_by_every_file_tool,
     symlinks_a_command_makes_lead_no_file_tool_out,
     a_symlink_swapped_in_during_writes_never_lets_one_out,
+    a_working_directory_swapped_for_a_link_reads_and_writes_nothing_outside,
     hard_links_out_cannot_be_made_and_one_found_is_replaced_not_written_through,
     the_root_cannot_be_moved_or_removed,
     fifos_in_the_root_do_not_hang_the_server,
@@ -455,6 +456,75 @@ pub fn a_symlink_swapped_in_during_writes_never_lets_one_out(backend: Backend) {
     );
 }
 
+/// Starts commands in `d` while a command flips `d` between a directory
+/// of the root (holding a file `secret` of its own) and a link to the
+/// outside directory: between the check of the working directory and the
+/// child's chdir the link may be there. Returns how many started with
+/// their working directory outside the root; asserts that none of them
+/// read, listed or wrote anything there.
+fn swapped_working_directory(backend: Backend) -> (usize, usize) {
+    let root = root();
+    let outside = Outside::new();
+    let mut mcp = Mcp::start(backend, root.path(), &[]);
+    let o = outside.text();
+    let flipper = mcp.call(
+        "exec",
+        json!({
+            "command": format!(
+                "mkdir real && echo INSIDE > real/secret && ln -s {o} evil && echo ready > ready && \
+                 while :; do mv -T real d; mv -T d real; mv -T evil d; mv -T d evil; done"
+            ),
+            "yield_ms": 0,
+        }),
+    );
+    let flipper_id = flipper["process_id"].as_str().expect("id").to_string();
+    eventually("the flipper runs", || root.path().join("ready").exists());
+    let (mut started, mut outside_cwd) = (0, 0);
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while Instant::now() < deadline {
+        let answer = mcp.call_raw(
+            "exec",
+            json!({"command": "pwd -P; cat secret; ls; echo PWNED > planted", "cwd": "d"}),
+        );
+        if answer["result"]["isError"] == true {
+            continue;
+        }
+        started += 1;
+        let result = &answer["result"]["structuredContent"];
+        let stdout = String::from_utf8_lossy(&bytes(&result["stdout"])).into_owned();
+        if stdout.starts_with(&format!("{o}\n")) {
+            outside_cwd += 1;
+            // Landlock still holds: nothing there is read or listed.
+            assert_eq!(stdout, format!("{o}\n"), "read outside from a swapped cwd");
+        } else {
+            assert!(
+                stdout.starts_with(&format!("{}/", root.path().display())),
+                "{stdout}"
+            );
+        }
+    }
+    mcp.call("process_terminate", json!({"process_id": flipper_id}));
+    outside.unchanged("a working directory swapped for a link");
+    (started, outside_cwd)
+}
+
+pub fn a_working_directory_swapped_for_a_link_reads_and_writes_nothing_outside(backend: Backend) {
+    let (started, _) = swapped_working_directory(backend);
+    assert!(started > 0);
+}
+
+#[test]
+#[ignore = "finding: cwdRoots is checked on the path, then the child chdirs by path: a \
+            directory swapped for a link out in between starts the command with its working \
+            directory outside the root (Landlock still denies reading and writing there)"]
+fn a_working_directory_swapped_for_a_link_never_starts_a_command_outside() {
+    let (started, outside_cwd) = swapped_working_directory(Backend::Embedded);
+    assert_eq!(
+        outside_cwd, 0,
+        "{outside_cwd} of {started} commands started outside the root"
+    );
+}
+
 pub fn hard_links_out_cannot_be_made_and_one_found_is_replaced_not_written_through(
     backend: Backend,
 ) {
@@ -548,7 +618,8 @@ pub fn fifos_in_the_root_do_not_hang_the_server(backend: Backend) {
     let (code, _, stderr) = sh(
         &mut mcp,
         "mkfifo fifo && mkdir tree && mkfifo tree/fifo && echo findme > tree/file && \
-         ln -s /dev/zero zero && ln -s /dev/stdin in",
+         ln -s /dev/zero zero && ln -s /dev/stdin in && \
+         perl -MSocket -e 'socket(S, PF_UNIX, SOCK_STREAM, 0); bind(S, pack_sockaddr_un(\"sock\")) or die'",
     );
     assert_eq!(code, 0, "{stderr}");
     let started = Instant::now();
@@ -566,6 +637,12 @@ pub fn fifos_in_the_root_do_not_hang_the_server(backend: Backend) {
         json!({"path": "fifo", "edits": [{"old_text": "a", "new_text": "b"}]}),
     );
     assert!(text.contains("FIFO"), "{text}");
+    for path in ["sock", "tree"] {
+        let text = mcp.call_error("read_file", json!({"path": path}));
+        assert!(text.contains("[capexec:"), "{text}");
+        let text = mcp.call_error("write_file", json!({"path": path, "content": "X"}));
+        assert!(text.contains("[capexec:"), "{text}");
+    }
     let info = mcp.call("file_info", json!({"path": "fifo"}));
     assert_eq!(info["type"], "other");
     let search = mcp.call("search_files", json!({"pattern": "findme"}));
