@@ -23,7 +23,7 @@ crate::mcp_backend_tests!(hostile:
     paths_outside_the_root_are_refused_by_every_file_tool,
     symlinks_a_command_makes_lead_no_file_tool_out,
     a_symlink_swapped_in_during_writes_never_lets_one_out,
-    a_working_directory_swapped_for_a_link_reads_and_writes_nothing_outside,
+    a_working_directory_swapped_for_a_link_writes_nothing_outside,
     hard_links_out_cannot_be_made_and_one_found_is_replaced_not_written_through,
     the_root_cannot_be_moved_or_removed,
     fifos_in_the_root_do_not_hang_the_server,
@@ -458,11 +458,12 @@ pub fn a_symlink_swapped_in_during_writes_never_lets_one_out(backend: Backend) {
 
 /// Starts commands in `d` while a command flips `d` between a directory
 /// of the root (holding a file `secret` of its own) and a link to the
-/// outside directory: between the check of the working directory and the
-/// child's chdir the link may be there. Returns how many started with
-/// their working directory outside the root; asserts that none of them
-/// read, listed or wrote anything there.
-fn swapped_working_directory(backend: Backend) -> (usize, usize) {
+/// outside directory, for `how_long`: between the cwdRoots check, the
+/// sandbox's resolving of the working directory (made a readable root
+/// wherever it is) and the child's chdir, the link may be there. Returns
+/// (commands started, started outside the root, outside files read);
+/// asserts that nothing outside was written.
+fn swapped_working_directory(backend: Backend, how_long: Duration) -> (usize, usize, usize) {
     let root = root();
     let outside = Outside::new();
     let mut mcp = Mcp::start(backend, root.path(), &[]);
@@ -479,12 +480,17 @@ fn swapped_working_directory(backend: Backend) -> (usize, usize) {
     );
     let flipper_id = flipper["process_id"].as_str().expect("id").to_string();
     eventually("the flipper runs", || root.path().join("ready").exists());
-    let (mut started, mut outside_cwd) = (0, 0);
-    let deadline = Instant::now() + Duration::from_secs(8);
+    let (mut started, mut outside_cwd, mut read) = (0, 0, 0);
+    let deadline = Instant::now() + how_long;
     while Instant::now() < deadline {
         let answer = mcp.call_raw(
             "exec",
-            json!({"command": "pwd -P; cat secret; ls; echo PWNED > planted", "cwd": "d"}),
+            json!({
+                "command": format!(
+                    "pwd -P; cat secret {o}/secret; echo PWNED > planted; echo PWNED > {o}/planted"
+                ),
+                "cwd": "d",
+            }),
         );
         if answer["result"]["isError"] == true {
             continue;
@@ -494,34 +500,33 @@ fn swapped_working_directory(backend: Backend) -> (usize, usize) {
         let stdout = String::from_utf8_lossy(&bytes(&result["stdout"])).into_owned();
         if stdout.starts_with(&format!("{o}\n")) {
             outside_cwd += 1;
-            // Landlock still holds: nothing there is read or listed.
-            assert_eq!(stdout, format!("{o}\n"), "read outside from a swapped cwd");
-        } else {
-            assert!(
-                stdout.starts_with(&format!("{}/", root.path().display())),
-                "{stdout}"
-            );
+        }
+        if stdout.contains("SECRET-OUTSIDE") {
+            read += 1;
         }
     }
     mcp.call("process_terminate", json!({"process_id": flipper_id}));
     outside.unchanged("a working directory swapped for a link");
-    (started, outside_cwd)
+    (started, outside_cwd, read)
 }
 
-pub fn a_working_directory_swapped_for_a_link_reads_and_writes_nothing_outside(backend: Backend) {
-    let (started, _) = swapped_working_directory(backend);
+pub fn a_working_directory_swapped_for_a_link_writes_nothing_outside(backend: Backend) {
+    let (started, _, _) = swapped_working_directory(backend, Duration::from_secs(8));
     assert!(started > 0);
 }
 
 #[test]
-#[ignore = "finding: cwdRoots is checked on the path, then the child chdirs by path: a \
-            directory swapped for a link out in between starts the command with its working \
-            directory outside the root (Landlock still denies reading and writing there)"]
-fn a_working_directory_swapped_for_a_link_never_starts_a_command_outside() {
-    let (started, outside_cwd) = swapped_working_directory(Backend::Embedded);
+#[ignore = "finding: the working directory is resolved three times (cwdRoots, the sandbox's \
+            readable cwd root, the child's chdir); a directory swapped for a link out in \
+            between starts commands outside the root, and now and then (2 in 92,000 tries) \
+            with the outside directory readable: a confined command read a file outside"]
+fn a_working_directory_swapped_for_a_link_never_reads_outside() {
+    let (started, outside_cwd, read) =
+        swapped_working_directory(Backend::Embedded, Duration::from_secs(90));
     assert_eq!(
-        outside_cwd, 0,
-        "{outside_cwd} of {started} commands started outside the root"
+        (outside_cwd, read),
+        (0, 0),
+        "of {started} commands, {outside_cwd} started outside the root and {read} read a file there"
     );
 }
 
