@@ -1449,3 +1449,36 @@ fn a_deep_path_made_does_not_crash_the_embedded_executor() {
 fn a_deep_path_written_does_not_crash_capexec_serve() {
     deep_path_made(Backend::Unix, "write_file");
 }
+
+/// With `--network all`, a confined command that holds a capexec server's
+/// token (found in the root, or in the environment the embedded executor
+/// passes on: `CAPEXEC_TOKEN` included) logs into that server over TCP,
+/// whose peers are not checked for being sandboxed as Unix ones are, and
+/// starts an unconfined process there.
+#[test]
+#[ignore = "finding: with --network all, a confined command holding a token logs into a \
+            capexec serve over TCP (only Unix peers are refused when sandboxed) and writes \
+            outside the root through it; the embedded executor also passes CAPEXEC_TOKEN on"]
+fn a_confined_command_with_the_network_cannot_drive_a_capexec_server_over_tcp() {
+    let root = root();
+    let outside = Outside::new();
+    let served = Served::start();
+    let mut mcp = Mcp::start(Backend::Embedded, root.path(), &["--network", "all"]);
+    std::fs::copy(&served.token_file, root.path().join("token")).expect("copy token");
+    std::fs::copy(BIN, root.path().join("capexec")).expect("copy capexec");
+    let target = outside.path().join("dir/via-tcp");
+    // HOME in the root: capexec run reads its known servers from there.
+    let (code, stdout, stderr) = sh(
+        &mut mcp,
+        &format!(
+            "HOME=$PWD ./capexec run --connect {} --token-file token -- sh -c 'echo PWNED > {}; echo RAN'",
+            served.tcp,
+            target.display()
+        ),
+    );
+    assert!(
+        !stdout.contains("RAN") && code != 0,
+        "a confined command ran a process through capexec serve: {stdout} {stderr}"
+    );
+    outside.unchanged("a capexec server over TCP");
+}
