@@ -27,6 +27,10 @@ const MOST_OUTPUT_BYTES: u64 = 1 << 20;
 const READ_BUDGET: u32 = 256 << 10;
 /// How often `exec` reports progress while it waits, when asked to.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+/// The longest `write_id`, in bytes: the executor remembers the last 4096
+/// ids of each process whole, so without a bound an agent could make it
+/// hold 4096 ids of up to 16 MiB each (a whole JSON-RPC line) per process.
+const MOST_WRITE_ID_BYTES: usize = 256;
 /// The argv `process_list` shows, in bytes.
 const SHOWN_ARGV: usize = 1024;
 
@@ -356,8 +360,15 @@ pub async fn input(
     if args.data.is_none() && !close {
         return Err("capexec: process_input: give data to write, close: true, or both".into());
     }
-    if args.write_id.as_deref() == Some("") {
-        return Err("capexec: process_input: write_id must not be empty".into());
+    match args.write_id.as_deref().map(str::len) {
+        Some(0) => return Err("capexec: process_input: write_id must not be empty".into()),
+        Some(bytes) if bytes > MOST_WRITE_ID_BYTES => {
+            return Err(format!(
+                "capexec: process_input: write_id is {bytes} bytes; at most \
+                 {MOST_WRITE_ID_BYTES}"
+            ));
+        }
+        _ => {}
     }
     let status = match &args.data {
         Some(data) => {

@@ -73,7 +73,7 @@ pub struct InputArgs {
     /// Bytes (UTF-8 text) to write to stdin.
     pub data: Option<String>,
     /// Makes the write idempotent: a write repeated with the same id (of
-    /// the process's last 4096) is applied once.
+    /// the process's last 4096) is applied once. At most 256 bytes.
     pub write_id: Option<String>,
     /// Close stdin (after `data`, if any): the process reads end-of-file.
     pub close: Option<bool>,

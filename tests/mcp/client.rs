@@ -232,6 +232,11 @@ impl Mcp {
         String::from_utf8_lossy(&self.stderr.lock().expect("stderr")).into_owned()
     }
 
+    /// The `capexec serve` of the Unix backend.
+    pub fn served(&self) -> Option<&Served> {
+        self.served.as_ref()
+    }
+
     /// Kills the `capexec serve` of the Unix backend.
     pub fn kill_server(&mut self) {
         let served = self.served.as_mut().expect("a server");

@@ -22,6 +22,8 @@ mod codex;
 mod confinement;
 mod conformance;
 mod files;
+mod hostile;
+mod hostile_http;
 mod http;
 mod http_bad_input;
 mod process;
