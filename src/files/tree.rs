@@ -19,24 +19,47 @@ use crate::files::write::{PendingFile, set_times as set_fd_times};
 use crate::model::{CopyOptions, Refusal, RefusalKind, WriteOptions};
 
 /// `mkdir -p`: `path` and its missing parents, each made relative to the
-/// parent resolved beneath `dir`.
+/// parent resolved beneath `dir`. One level after the other, never by
+/// recursion: a path of thousands of parts (4 KiB of `a/`) is made without
+/// a stack frame per part.
 pub fn make_dirs(op: &str, dir: Writable<'_>, path: &[u8], mode: u32) -> Result<(), Refusal> {
     let checked_path = checked(op, path)?;
-    let Some((parent, name)) = split(checked_path) else {
+    if split(checked_path).is_none() {
         // ".", "..", "": exists already, or leaves (which resolving says).
         return locate(dir, checked_path, false)
             .map(drop)
             .map_err(|errno| failed(op, path, errno));
-    };
-    let target = entry(op, dir, path);
-    let target = match target {
-        Ok(target) => target,
-        Err(refusal) if refusal.kind == RefusalKind::NotFound => {
-            make_dirs(op, dir, parent.as_os_str().as_bytes(), mode)?;
-            entry(op, dir, path)?
+    }
+    // Most often only the last part is missing: one resolution.
+    match make_one(op, dir, path, mode) {
+        Err(refusal) if refusal.kind == RefusalKind::NotFound => {}
+        other => return other,
+    }
+    // Each prefix ending at a part, from the top: its parent exists once
+    // the prefix before it is made.
+    let bytes = checked_path.as_os_str().as_bytes();
+    let ends = bytes
+        .iter()
+        .enumerate()
+        .filter(|&(at, &byte)| byte == b'/' && at > 0 && bytes[at - 1] != b'/')
+        .map(|(at, _)| at)
+        .chain(std::iter::once(bytes.len()));
+    for end in ends {
+        let prefix = &bytes[..end];
+        if split(Path::new(OsStr::from_bytes(prefix))).is_none() {
+            continue;
         }
-        Err(refusal) => return Err(refusal),
+        make_one(op, dir, prefix, mode)?;
+    }
+    Ok(())
+}
+
+/// Makes directory `path` (its parent existing), or finds one there.
+fn make_one(op: &str, dir: Writable<'_>, path: &[u8], mode: u32) -> Result<(), Refusal> {
+    let Some((_, name)) = split(Path::new(OsStr::from_bytes(path))) else {
+        return Ok(());
     };
+    let target = entry(op, dir, path)?;
     match rustix::fs::mkdirat(&target.parent, name, Mode::from_raw_mode(mode)) {
         Ok(()) => Ok(()),
         Err(Errno::EXIST) => {
@@ -117,45 +140,79 @@ fn open_entry(parent: impl AsFd, name: &OsStr, flags: OFlags) -> Result<OwnedFd,
 }
 
 /// Removes everything in directory `fd`, never following symlinks; how
-/// many entries went.
+/// many entries went. Depth first without recursion and with one
+/// directory open at a time (the way back up is `..`, checked to be the
+/// directory it came from): a tree thousands of levels deep takes neither
+/// a stack frame nor a descriptor per level.
 fn empty_dir(fd: OwnedFd) -> Result<u64, Errno> {
-    let mut dir = Dir::new(fd)?;
+    // The directories entered below `fd`: each one's name in its parent,
+    // and the parent's identity, to check the way back up.
+    let mut entered: Vec<(std::ffi::CString, (u64, u64))> = Vec::new();
+    let mut current = fd;
     let mut removed = 0;
-    loop {
+    'directory: loop {
         // Names first, then removals: a directory is not read while it
         // changes. Batches bound the memory a huge directory takes.
-        let mut names = Vec::new();
-        dir.rewind();
-        while let Some(entry) = dir.read() {
-            let entry = entry?;
-            let name = entry.file_name().to_bytes();
-            if name == b"." || name == b".." {
-                continue;
-            }
-            names.push(entry.file_name().to_owned());
-            if names.len() >= 1024 {
-                break;
-            }
-        }
+        let names = first_names(&current, 1024)?;
         if names.is_empty() {
-            return Ok(removed);
+            let Some((name, parent_id)) = entered.pop() else {
+                return Ok(removed);
+            };
+            // `..` is above `current`, which resolving beneath it refuses:
+            // a plain open, whose result is checked instead.
+            let parent = rustix::fs::openat(
+                &current,
+                "..",
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )?;
+            if identity(&parent)? != parent_id {
+                // Moved meanwhile: not a tree to go on removing blindly.
+                return Err(Errno::STALE);
+            }
+            rustix::fs::unlinkat(&parent, name.as_c_str(), AtFlags::REMOVEDIR)?;
+            removed += 1;
+            current = parent;
+            continue;
         }
-        let fd = dir.fd()?;
         for name in names {
-            match rustix::fs::unlinkat(fd, name.as_c_str(), AtFlags::empty()) {
+            match rustix::fs::unlinkat(&current, name.as_c_str(), AtFlags::empty()) {
                 Ok(()) => removed += 1,
                 Err(Errno::ISDIR | Errno::PERM) => {
-                    let os_name = OsStr::from_bytes(name.to_bytes());
-                    let inner = open_dir_entry(fd, os_name)?;
-                    removed += empty_dir(inner)?;
-                    rustix::fs::unlinkat(fd, name.as_c_str(), AtFlags::REMOVEDIR)?;
-                    removed += 1;
+                    let inner = open_dir_entry(&current, OsStr::from_bytes(name.to_bytes()))?;
+                    entered.push((name, identity(&current)?));
+                    current = inner;
+                    continue 'directory;
                 }
                 Err(Errno::NOENT) => {}
                 Err(errno) => return Err(errno),
             }
         }
     }
+}
+
+/// Up to `most` names of directory `fd`'s entries, `.` and `..` left out.
+fn first_names(fd: &OwnedFd, most: usize) -> Result<Vec<std::ffi::CString>, Errno> {
+    let mut dir = Dir::read_from(fd)?;
+    let mut names = Vec::new();
+    while let Some(entry) = dir.read() {
+        let entry = entry?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        names.push(entry.file_name().to_owned());
+        if names.len() >= most {
+            break;
+        }
+    }
+    Ok(names)
+}
+
+/// A directory's device and inode.
+fn identity(fd: &OwnedFd) -> Result<(u64, u64), Errno> {
+    let stat = rustix::fs::fstat(fd)?;
+    Ok((stat.st_dev, stat.st_ino))
 }
 
 pub fn rename(dir: Writable<'_>, from: &[u8], to: &[u8], no_replace: bool) -> Result<(), Refusal> {
@@ -300,12 +357,20 @@ pub fn copy(
                 ),
             ));
         }
-        let mut copier = Copier { options, copied: 0 };
+        let mut copier = Copier {
+            options,
+            copied: 0,
+            depth: 0,
+        };
         copier.copy_dir(source_dir, &stat, &target.parent, &target.name, from, to)?;
         return Ok(copier.copied);
     }
     let target = entry(OP, dir, to)?;
-    let mut copier = Copier { options, copied: 0 };
+    let mut copier = Copier {
+        options,
+        copied: 0,
+        depth: 0,
+    };
     copier.copy_one(
         &source.parent,
         &source.name,
@@ -352,7 +417,15 @@ fn inside(ancestor: &OwnedFd, dir: &OwnedFd) -> Result<bool, Errno> {
 struct Copier {
     options: CopyOptions,
     copied: u64,
+    /// Directories entered below the source: a copy goes a stack frame
+    /// and two descriptors deeper per level, so its depth is bounded.
+    depth: usize,
 }
+
+/// The deepest tree `copy` copies (directories below the source); deeper
+/// is refused with `[capexec:limit]` rather than overflowing the stack
+/// of the thread that copies (a peer can make a tree of any depth).
+pub const MAX_COPY_DEPTH: usize = 256;
 
 impl Copier {
     #[allow(clippy::too_many_arguments)]
@@ -472,9 +545,21 @@ impl Copier {
                 .map_err(|errno| failed(OP, &child_from, errno))?;
             let child_stat = from_stat(&child_stat);
             if child_stat.is_dir() {
+                if self.depth >= MAX_COPY_DEPTH {
+                    return Err(refused(
+                        RefusalKind::LimitReached,
+                        OP,
+                        &child_from,
+                        format!("the tree is deeper than {MAX_COPY_DEPTH} directories"),
+                    ));
+                }
                 let inner = open_dir_entry(&source_path, &name)
                     .map_err(|errno| failed(OP, &child_from, errno))?;
-                self.copy_dir(inner, &child_stat, &target, &name, &child_from, &child_to)?;
+                self.depth += 1;
+                let copied =
+                    self.copy_dir(inner, &child_stat, &target, &name, &child_from, &child_to);
+                self.depth -= 1;
+                copied?;
             } else {
                 self.copy_one(
                     &source_path,

@@ -1317,6 +1317,84 @@ async fn a_download_to_a_sink_that_never_reads_holds_back_only_itself(ctx: Ctx) 
     assert_eq!(sha(&copy), sha(&data));
 }
 
+/// A peer can make a tree of any depth: a copy goes as deep as
+/// `MAX_COPY_DEPTH` (256) directories and refuses deeper, rather than
+/// overflowing the stack of the thread that copies; a tree thousands of
+/// levels deep and a path of thousands of parts are removed and made
+/// without recursion; the server goes on.
+async fn trees_of_any_depth_are_copied_to_a_bound_removed_and_made(ctx: Ctx) {
+    let temp = TempDir::new("files-deep");
+    let dir = open(&ctx, &temp);
+    let recursive = CopyOptions {
+        recursive: true,
+        ..CopyOptions::default()
+    };
+    let deep = |levels: usize| {
+        let mut path = temp.path().join(format!("deep{levels}"));
+        std::fs::create_dir(&path).expect("mkdir");
+        for _ in 0..levels {
+            path.push("d");
+            std::fs::create_dir(&path).expect("mkdir");
+        }
+    };
+    deep(256);
+    assert_eq!(
+        dir.copy("deep256", "copy256", &recursive)
+            .await
+            .expect("copy"),
+        257
+    );
+    deep(257);
+    let refused = dir
+        .copy("deep257", "copy257", &recursive)
+        .await
+        .expect_err("deeper than 256");
+    assert_eq!(
+        refused.refusal_kind(),
+        Some(RefusalKind::LimitReached),
+        "{refused}"
+    );
+    assert!(
+        refused
+            .to_string()
+            .contains("the tree is deeper than 256 directories"),
+        "{refused}"
+    );
+    // 5,000 levels (made by the kernel's *at calls: a path that long
+    // cannot be named whole), removed in one call.
+    let fd = std::fs::File::open(temp.path()).expect("open");
+    let mut at = rustix::fs::openat(
+        &fd,
+        ".",
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY,
+        rustix::fs::Mode::empty(),
+    )
+    .expect("open");
+    for name in std::iter::once("tower").chain(std::iter::repeat_n("t", 5000)) {
+        rustix::fs::mkdirat(&at, name, rustix::fs::Mode::from_raw_mode(0o755)).expect("mkdirat");
+        at = rustix::fs::openat(
+            &at,
+            name,
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY,
+            rustix::fs::Mode::empty(),
+        )
+        .expect("openat");
+    }
+    drop(at);
+    assert_eq!(
+        dir.remove("tower", true, false).await.expect("remove"),
+        5001
+    );
+    assert!(!temp.path().join("tower").exists());
+    // 2,000 parts in one path (4,000 bytes), made as `mkdir -p` would.
+    let parts = "p/".repeat(2000);
+    dir.create_dir_all(&parts).await.expect("mkdir -p");
+    assert!(dir.metadata(&parts).await.expect("made").is_dir());
+    assert_eq!(dir.remove("p", true, false).await.expect("remove"), 2000);
+    // The server goes on.
+    dir.write("alive", b"yes").await.expect("write");
+}
+
 /// `copy` answers how many entries it copied, the top one included.
 async fn a_copy_counts_every_entry_it_copied_the_top_one_included(ctx: Ctx) {
     let temp = TempDir::new("files-copy-count");
@@ -1633,6 +1711,7 @@ backend_tests!(
     a_batch_of_reads_has_an_outcome_per_file,
     a_restricted_executor_hands_out_directories_only_in_its_roots,
     a_copy_counts_every_entry_it_copied_the_top_one_included,
+    trees_of_any_depth_are_copied_to_a_bound_removed_and_made,
     copying_a_directory_without_recursive_is_a_directory,
     an_upload_whose_total_is_not_its_announced_size_is_invalid,
     a_double_star_matches_zero_or_more_directories,

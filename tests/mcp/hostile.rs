@@ -1356,12 +1356,11 @@ pub fn long_write_ids_cannot_grow_the_executor(backend: Backend) {
     assert_eq!(std::fs::read(root.path().join("got")).expect("got"), b"a");
 }
 
-/// A tree deeper than the executor's stack: `Directory.remove` empties
-/// directories recursively (`empty_dir` in src/files/tree.rs), a frame
-/// and a descriptor per level, so `remove_path` with `recursive` on a
-/// tree a confined command made 20,000 levels deep overflows the stack
-/// of the thread that runs it and aborts the whole executor: capexec mcp,
-/// or the `capexec serve` every session of every client runs on.
+/// A tree deeper than the executor's stack, made by a confined command:
+/// `remove_path` with `recursive` once emptied directories recursively, a
+/// frame and a descriptor per level, and aborted the whole executor
+/// (capexec mcp, or the `capexec serve` every client runs on). It is
+/// removed, whole, and the executor goes on.
 fn deep_tree_removal(backend: Backend) {
     /// Removes the deep tree with rm(1) (which walks it without
     /// recursion) before the root's TempDir goes, whose remove_dir_all
@@ -1387,6 +1386,8 @@ fn deep_tree_removal(backend: Backend) {
     assert_eq!((code, stdout.as_str()), (0, "made\n"), "{stderr}");
     let answer = mcp.call_raw("remove_path", json!({"path": "deep", "recursive": true}));
     assert!(answer["result"].is_object(), "{answer}");
+    assert_eq!(answer["result"]["isError"], false, "{answer}");
+    assert!(!root.path().join("deep").exists(), "the tree was removed");
     // The executor is still there: capexec mcp answers, and runs.
     let (code, _, _) = sh(&mut mcp, "rm -rf deep");
     assert_eq!(code, 0);
@@ -1396,26 +1397,19 @@ fn deep_tree_removal(backend: Backend) {
 }
 
 #[test]
-#[ignore = "finding: remove_path recursive on a tree a confined command made 20,000 levels \
-            deep overflows the stack of the executor (src/files/tree.rs empty_dir recurses \
-            per level) and aborts capexec mcp, or capexec serve for every client"]
 fn a_deep_tree_removed_does_not_crash_the_embedded_executor() {
     deep_tree_removal(Backend::Embedded);
 }
 
 #[test]
-#[ignore = "finding: remove_path recursive on a tree a confined command made 20,000 levels \
-            deep overflows the stack of the executor (src/files/tree.rs empty_dir recurses \
-            per level) and aborts capexec mcp, or capexec serve for every client"]
 fn a_deep_tree_removed_does_not_crash_capexec_serve() {
     deep_tree_removal(Backend::Unix);
 }
 
-/// `mkdir -p` in the executor (`make_dirs` in src/files/tree.rs) recurses
-/// once per missing component: one `make_directory` (or a `write_file`,
-/// which makes missing parents by default) of a path of 2,000 components,
-/// within the 4,096 bytes a path may have, overflows the stack of the
-/// thread that runs it (in a debug build) and aborts the executor.
+/// One `make_directory` (or a `write_file`, which makes missing parents by
+/// default) of a path of 2,000 components, within the 4,096 bytes a path
+/// may have: `mkdir -p` in the executor once recursed per component and
+/// overflowed the stack of the thread that ran it, aborting the executor.
 fn deep_path_made(backend: Backend, tool: &str) {
     let root = root();
     let mut mcp = Mcp::start(backend, root.path(), &[]);
@@ -1435,17 +1429,11 @@ fn deep_path_made(backend: Backend, tool: &str) {
 }
 
 #[test]
-#[ignore = "finding: make_directory of a path of 2,000 components overflows the stack of the \
-            executor (src/files/tree.rs make_dirs recurses per component) and aborts \
-            capexec mcp, or capexec serve for every client (seen in a debug build)"]
 fn a_deep_path_made_does_not_crash_the_embedded_executor() {
     deep_path_made(Backend::Embedded, "make_directory");
 }
 
 #[test]
-#[ignore = "finding: write_file (create_parents by default) of a path of 2,000 components \
-            overflows the stack of capexec serve (src/files/tree.rs make_dirs recurses per \
-            component) and aborts it for every client (seen in a debug build)"]
 fn a_deep_path_written_does_not_crash_capexec_serve() {
     deep_path_made(Backend::Unix, "write_file");
 }
