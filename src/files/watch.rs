@@ -198,27 +198,41 @@ impl Hub {
                 self.notice_removed_roots();
                 continue;
             }
-            let mut raw = Vec::new();
-            {
-                let mut reader = inotify::Reader::new(&self.inotify, &mut buffer);
-                // Until the instance has nothing more (EAGAIN) or fails.
-                while let Ok(event) = reader.next() {
-                    raw.push(Raw {
-                        wd: event.wd(),
-                        flags: event.events(),
-                        cookie: event.cookie(),
-                        name: event
-                            .file_name()
-                            .map(|name| name.to_bytes().to_vec())
-                            .unwrap_or_default(),
-                    });
-                    if reader.is_buffer_empty() && raw.len() >= 4096 {
-                        break;
-                    }
-                }
-            }
+            let raw = read_batch(
+                || self.read_available(&mut buffer),
+                |left| {
+                    let mut fds = [PollFd::new(&self.inotify, PollFlags::IN)];
+                    let timeout = rustix::event::Timespec {
+                        tv_sec: left.as_secs() as i64,
+                        tv_nsec: i64::from(left.subsec_nanos()),
+                    };
+                    matches!(rustix::event::poll(&mut fds, Some(&timeout)), Ok(n) if n > 0)
+                },
+            );
             self.deliver(raw);
         }
+    }
+
+    /// Every event the instance holds now (at most about 4096).
+    fn read_available(&self, buffer: &mut [std::mem::MaybeUninit<u8>]) -> Vec<Raw> {
+        let mut raw = Vec::new();
+        let mut reader = inotify::Reader::new(&self.inotify, buffer);
+        // Until the instance has nothing more (EAGAIN) or fails.
+        while let Ok(event) = reader.next() {
+            raw.push(Raw {
+                wd: event.wd(),
+                flags: event.events(),
+                cookie: event.cookie(),
+                name: event
+                    .file_name()
+                    .map(|name| name.to_bytes().to_vec())
+                    .unwrap_or_default(),
+            });
+            if reader.is_buffer_empty() && raw.len() >= 4096 {
+                break;
+            }
+        }
+        raw
     }
 
     /// Hands each watch the events of its kernel watches (and every
@@ -587,6 +601,41 @@ fn unnamed(name: &[u8]) -> bool {
     name.len() > 1 && name[0] == b'#' && name[1..].iter().all(u8::is_ascii_digit)
 }
 
+/// How long a read that ends with the first half of a rename
+/// (IN_MOVED_FROM) waits for the second (IN_MOVED_TO).
+const MOVE_PAIRING_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// One batch of kernel events: what `read` gives, and, while it ends with
+/// an IN_MOVED_FROM, what follows within [`MOVE_PAIRING_WAIT`] (`wait`
+/// says whether more arrived within the time it is given).
+///
+/// The kernel queues a rename's two halves one after the other, not at
+/// once: a read between them (the renaming thread preempted, which a
+/// loaded machine makes likely) would see the first half alone, and
+/// `translate` would report `removed` and `created` (or, for capexec's
+/// own atomic replace, `created`) where the rename is one `renamed` (or a
+/// `modified`), and a renamed directory's watched paths would go stale.
+/// A move out of the tree has no second half: its `removed` comes after
+/// the wait.
+fn read_batch(
+    mut read: impl FnMut() -> Vec<Raw>,
+    mut wait: impl FnMut(std::time::Duration) -> bool,
+) -> Vec<Raw> {
+    let mut raw = read();
+    let deadline = std::time::Instant::now() + MOVE_PAIRING_WAIT;
+    while raw
+        .last()
+        .is_some_and(|event| event.flags.contains(ReadFlags::MOVED_FROM))
+    {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() || !wait(left) {
+            break;
+        }
+        raw.extend(read());
+    }
+    raw
+}
+
 /// One kernel event, as read.
 #[derive(Clone)]
 struct Raw {
@@ -787,6 +836,86 @@ mod tests {
         let (events, gone) = translate(&mut tree, 1, raw, &mut adder);
         assert_eq!(events, vec![WatchEvent::overflow()]);
         assert!(!gone);
+    }
+    fn raw(flags: ReadFlags, cookie: u32, name: &str) -> Raw {
+        Raw {
+            wd: 1,
+            flags,
+            cookie,
+            name: name.as_bytes().to_vec(),
+        }
+    }
+
+    /// `translate` of `raw` in a tree whose root is kernel watch 1.
+    fn translated(raw: Vec<Raw>) -> Vec<WatchEvent> {
+        let inotify = inotify::init(inotify::CreateFlags::CLOEXEC).expect("inotify");
+        let root = rustix::fs::open(".", OFlags::PATH, Mode::empty()).expect("open .");
+        let mut tree = Tree {
+            root,
+            recursive: false,
+            paths: HashMap::from([(1, Vec::new())]),
+        };
+        let mut by_wd = HashMap::new();
+        let mut adder = Adder {
+            inotify: &inotify,
+            by_wd: &mut by_wd,
+            id: 0,
+        };
+        translate(&mut tree, 1, raw, &mut adder).0
+    }
+
+    #[test]
+    fn a_rename_read_in_two_halves_is_one_rename() {
+        // The reader woke between the kernel's IN_MOVED_FROM and
+        // IN_MOVED_TO of one rename: each read gives one half.
+        let mut reads = vec![
+            vec![raw(ReadFlags::MOVED_TO, 7, "c")],
+            vec![raw(ReadFlags::MOVED_FROM, 7, "a")],
+        ];
+        let mut waits = 0;
+        let batch = read_batch(
+            || reads.pop().unwrap_or_default(),
+            |_| {
+                waits += 1;
+                true
+            },
+        );
+        assert_eq!(waits, 1);
+        assert_eq!(
+            translated(batch),
+            vec![WatchEvent {
+                kind: WatchEventKind::Renamed,
+                path: b"a".to_vec(),
+                to_path: b"c".to_vec(),
+                is_directory: false,
+            }]
+        );
+    }
+
+    #[test]
+    fn a_move_out_of_the_tree_is_a_removal_once_nothing_more_comes() {
+        let mut reads = vec![vec![
+            raw(ReadFlags::CREATE, 0, "x"),
+            raw(ReadFlags::MOVED_FROM, 9, "a"),
+        ]];
+        let batch = read_batch(|| reads.pop().unwrap_or_default(), |_| false);
+        assert_eq!(
+            translated(batch),
+            vec![
+                event_of(WatchEventKind::Created, b"x".to_vec(), false),
+                event_of(WatchEventKind::Removed, b"a".to_vec(), false),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_batch_not_ending_in_half_a_rename_waits_for_nothing() {
+        let mut reads = vec![vec![raw(ReadFlags::CREATE, 0, "x")]];
+        let batch = read_batch(
+            || reads.pop().unwrap_or_default(),
+            |_| panic!("waited although no rename was pending"),
+        );
+        assert_eq!(batch.len(), 1);
     }
 }
 
