@@ -361,10 +361,7 @@ impl Server {
                     server.unix_files.push(file);
                     server.admin = Some((address, listener));
                 }
-                Err(error) => {
-                    server.remove_socket_files();
-                    return Err(ServeError::Bind(address, error));
-                }
+                Err(error) => return Err(ServeError::Bind(address, error)),
             }
         }
         for (name, address, listening) in inherited {
@@ -392,7 +389,6 @@ impl Server {
         for address in &config.listen {
             let bound = server.bind_one(address).await;
             if let Err(error) = bound {
-                server.remove_socket_files();
                 return Err(ServeError::Bind(address.clone(), error));
             }
         }
@@ -523,10 +519,10 @@ impl Server {
         tracing::info!("shut down");
     }
 
+    /// Removes the socket files now (each removes itself when dropped:
+    /// on every early return of `bind` too).
     fn remove_socket_files(&mut self) {
-        for file in self.unix_files.drain(..) {
-            file.remove();
-        }
+        self.unix_files.clear();
     }
 }
 
