@@ -151,6 +151,8 @@ pub struct Server {
 impl Server {
     /// Binds every listener (ports chosen where 0 was given) and, if any is
     /// TCP, loads or creates the token. Must run inside a tokio runtime.
+    /// Every step that fails drops what the steps before it made: a socket
+    /// file among them removes itself.
     pub async fn bind(config: ServerConfig, engine: Engine) -> Result<Server, ServeError> {
         if config.listen.is_empty() && config.inherited.is_empty() {
             return Err(ServeError::NoListeners);
@@ -159,70 +161,13 @@ impl Server {
         let inherited_tcp = inherited
             .iter()
             .any(|(_, _, listening)| matches!(listening, Listening::Tcp(_)));
-        // No sandbox may read a login token (its policy's included).
-        if let Some(path) = config.token_file.clone().or_else(default_token_path) {
-            crate::sandbox::protect(&path, crate::sandbox::Secret::LoginToken);
-        }
-        // The cgroups (and their sentinel) from the start: the peer check
-        // of every accept relies on them, and a dead server's are cleaned.
-        crate::sandbox::prepare_host();
-        let rules = match &config.policy {
-            Some(_) if !config.upstreams.is_empty() => {
-                return Err(ServeError::Policy(
-                    "a restricted server runs only its own processes: restrictions cannot be \
-                     combined with upstreams"
-                        .into(),
-                ));
-            }
-            Some(policy) => Some(Rc::new(
-                crate::engine::Rules::unrestricted()
-                    .narrowed(policy)
-                    .map_err(|error| ServeError::Policy(error.message))?,
-            )),
-            None => None,
-        };
-        let links = config
-            .upstreams
-            .iter()
-            .cloned()
-            .map(|config| UpstreamLink::new(config) as Rc<dyn Upstream>)
-            .collect();
-        let context = Rc::new(
-            ServerContext::new(
-                engine,
-                links,
-                config.default_environment.as_deref(),
-                config.retention.unwrap_or(rpc::DEFAULT_RETENTION),
-            )
-            .map_err(ServeError::Environments)?
-            .with_holding_limits(
-                config
-                    .holding_limits
-                    .unwrap_or_else(rpc::HoldingLimits::of_this_process),
-            ),
-        );
-        let (login, token_path) = if config.listen.iter().any(Address::is_tcp) || inherited_tcp {
-            let path = config
-                .token_file
-                .clone()
-                .or_else(default_token_path)
-                .ok_or(ServeError::NoTokenPath)?;
-            let (token, created) = Token::load_or_create(&path).map_err(ServeError::Token)?;
-            if created {
-                tracing::info!(path = %path.display(), "created a new token file");
-            }
-            let login = Login {
-                token: Arc::new(token),
-                deadline: config.login_deadline.unwrap_or(LOGIN_DEADLINE),
-            };
-            (Some(login), Some(path))
-        } else {
-            (None, None)
-        };
-        let takes_descriptors = rules.is_none();
+        prepare_host(&config);
+        let rules = restriction(&config)?;
+        let context = server_context(&config, engine)?;
+        let (login, token_path) = login(&config, inherited_tcp)?;
         let mut server = Server {
             serving: Rc::new(Serving {
-                takes_descriptors,
+                takes_descriptors: rules.is_none(),
                 executor: new_executor(
                     &context,
                     config.max_processes_per_connection,
@@ -244,28 +189,54 @@ impl Server {
             metrics: None,
             served: Vec::new(),
         };
-        if let Some(address @ Address::Tcp { host, port }) = &config.metrics {
+        server.bind_metrics(config.metrics.as_ref()).await?;
+        server.bind_admin(config.admin.as_ref())?;
+        server.adopt(inherited)?;
+        for address in &config.listen {
+            server
+                .bind_one(address)
+                .await
+                .map_err(|error| ServeError::Bind(address.clone(), error))?;
+        }
+        server.served = server.served_sockets();
+        Ok(server)
+    }
+
+    /// The metrics endpoint, if there is one (a tcp: address).
+    async fn bind_metrics(&mut self, address: Option<&Address>) -> Result<(), ServeError> {
+        if let Some(address @ Address::Tcp { host, port }) = address {
             match TcpListener::bind((host.as_str(), *port)).await {
                 Ok(listener) => {
                     let local = listener
                         .local_addr()
                         .map(Address::from_socket_addr)
                         .unwrap_or_else(|_| address.clone());
-                    server.metrics = Some((local, listener));
+                    self.metrics = Some((local, listener));
                 }
                 Err(error) => return Err(ServeError::Bind(address.clone(), error)),
             }
         }
-        if let Some(path) = &config.admin {
+        Ok(())
+    }
+
+    /// The admin socket, if there is one.
+    fn bind_admin(&mut self, path: Option<&PathBuf>) -> Result<(), ServeError> {
+        if let Some(path) = path {
             let address = Address::Unix(path.clone());
             match socket::bind_unix(path) {
                 Ok((listener, file)) => {
-                    server.unix_files.push(file);
-                    server.admin = Some((address, listener));
+                    self.unix_files.push(file);
+                    self.admin = Some((address, listener));
                 }
                 Err(error) => return Err(ServeError::Bind(address, error)),
             }
         }
+        Ok(())
+    }
+
+    /// The sockets a service manager passed, as listeners; the one named
+    /// [`ADMIN_NAME`] as the admin socket.
+    fn adopt(&mut self, inherited: Vec<(String, Address, Listening)>) -> Result<(), ServeError> {
         for (name, address, listening) in inherited {
             let adopted = match listening {
                 Listening::Unix(listener) => UnixListener::from_std(listener).map(Listener::Unix),
@@ -274,7 +245,7 @@ impl Server {
             .map_err(|error| ServeError::Bind(address.clone(), error))?;
             match adopted {
                 Listener::Unix(listener) if name == ADMIN_NAME => {
-                    server.admin = Some((address, listener));
+                    self.admin = Some((address, listener));
                 }
                 Listener::Tcp(_) if name == ADMIN_NAME => {
                     return Err(ServeError::Inherited(
@@ -285,17 +256,10 @@ impl Server {
                         ),
                     ));
                 }
-                listener => server.listeners.push((address, listener)),
+                listener => self.listeners.push((address, listener)),
             }
         }
-        for address in &config.listen {
-            let bound = server.bind_one(address).await;
-            if let Err(error) = bound {
-                return Err(ServeError::Bind(address.clone(), error));
-            }
-        }
-        server.served = server.served_sockets();
-        Ok(server)
+        Ok(())
     }
 
     /// Registers every socket this server listens on with the ports
@@ -426,6 +390,90 @@ impl Server {
     fn remove_socket_files(&mut self) {
         self.unix_files.clear();
     }
+}
+
+/// What the host needs before anything is served: no sandbox may read
+/// the login token, and the cgroups exist.
+fn prepare_host(config: &ServerConfig) {
+    // No sandbox may read a login token (its policy's included).
+    if let Some(path) = config.token_file.clone().or_else(default_token_path) {
+        crate::sandbox::protect(&path, crate::sandbox::Secret::LoginToken);
+    }
+    // The cgroups (and their sentinel) from the start: the peer check
+    // of every accept relies on them, and a dead server's are cleaned.
+    crate::sandbox::prepare_host();
+}
+
+/// The rules of a restricted server, if it is one.
+fn restriction(config: &ServerConfig) -> Result<Option<Rc<crate::engine::Rules>>, ServeError> {
+    let rules = match &config.policy {
+        Some(_) if !config.upstreams.is_empty() => {
+            return Err(ServeError::Policy(
+                "a restricted server runs only its own processes: restrictions cannot be \
+                 combined with upstreams"
+                    .into(),
+            ));
+        }
+        Some(policy) => Some(Rc::new(
+            crate::engine::Rules::unrestricted()
+                .narrowed(policy)
+                .map_err(|error| ServeError::Policy(error.message))?,
+        )),
+        None => None,
+    };
+    Ok(rules)
+}
+
+/// What every executor of the server shares.
+fn server_context(config: &ServerConfig, engine: Engine) -> Result<Rc<ServerContext>, ServeError> {
+    let links = config
+        .upstreams
+        .iter()
+        .cloned()
+        .map(|config| UpstreamLink::new(config) as Rc<dyn Upstream>)
+        .collect();
+    let context = Rc::new(
+        ServerContext::new(
+            engine,
+            links,
+            config.default_environment.as_deref(),
+            config.retention.unwrap_or(rpc::DEFAULT_RETENTION),
+        )
+        .map_err(ServeError::Environments)?
+        .with_holding_limits(
+            config
+                .holding_limits
+                .unwrap_or_else(rpc::HoldingLimits::of_this_process),
+        ),
+    );
+    Ok(context)
+}
+
+/// The login of TCP connections and where its token is, if any listener
+/// is TCP.
+fn login(
+    config: &ServerConfig,
+    inherited_tcp: bool,
+) -> Result<(Option<Login>, Option<PathBuf>), ServeError> {
+    let (login, token_path) = if config.listen.iter().any(Address::is_tcp) || inherited_tcp {
+        let path = config
+            .token_file
+            .clone()
+            .or_else(default_token_path)
+            .ok_or(ServeError::NoTokenPath)?;
+        let (token, created) = Token::load_or_create(&path).map_err(ServeError::Token)?;
+        if created {
+            tracing::info!(path = %path.display(), "created a new token file");
+        }
+        let login = Login {
+            token: Arc::new(token),
+            deadline: config.login_deadline.unwrap_or(LOGIN_DEADLINE),
+        };
+        (Some(login), Some(path))
+    } else {
+        (None, None)
+    };
+    Ok((login, token_path))
 }
 
 /// The name of the passed socket that is the admin socket
