@@ -34,15 +34,19 @@ pub(crate) fn tune_tcp(stream: &TcpStream) -> io::Result<()> {
 }
 
 /// A bound Unix socket file and the lock that marks it as a live capexec's.
+/// Dropping it removes both files, so every way out of a server (a start
+/// that fails after the socket was bound, a clean shutdown) leaves neither
+/// behind.
 pub(crate) struct UnixSocketFile {
     path: PathBuf,
     lock_path: PathBuf,
     _lock: File,
 }
 
-impl UnixSocketFile {
-    /// Removes the socket file and its lock file.
-    pub fn remove(self) {
+impl Drop for UnixSocketFile {
+    /// Removes the socket file, then its lock file (while still holding
+    /// the lock, so no other capexec takes the path in between).
+    fn drop(&mut self) {
         let _ = fs::remove_file(&self.path);
         let _ = fs::remove_file(&self.lock_path);
     }

@@ -641,3 +641,90 @@ fn a_clean_shutdown_is_not_held_by_a_client_that_does_not_read() {
         );
     });
 }
+
+/// The socket file at `path` and its lock file, whichever exist.
+fn socket_files_at(path: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut lock = path.as_os_str().to_owned();
+    lock.push(".lock");
+    [path.to_path_buf(), std::path::PathBuf::from(lock)]
+        .into_iter()
+        .filter(|file| std::fs::symlink_metadata(file).is_ok())
+        .collect()
+}
+
+/// A start that fails after the admin socket was bound (here: a passed
+/// socket named "admin" that is TCP, refused once the admin socket file is
+/// there) leaves neither the socket file nor its lock behind.
+#[test]
+fn a_start_that_fails_after_binding_the_admin_socket_leaves_no_socket_file() {
+    common::run_local(async {
+        let dir = TempDir::new("admin-fails");
+        let admin = dir.path().join("admin.sock");
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let passed = net::activation::InheritedSocket {
+            fd: std::sync::Arc::new(std::os::fd::OwnedFd::from(tcp)),
+            name: "admin".into(),
+        };
+        let started = Server::bind(
+            ServerConfig {
+                admin: Some(admin.clone()),
+                inherited: vec![passed],
+                token_file: Some(dir.path().join("token")),
+                ..ServerConfig::default()
+            },
+            Engine::default(),
+        )
+        .await;
+        let error = started.err().expect("refused").to_string();
+        assert_eq!(
+            error,
+            "socket activation: the socket \"admin\": the admin socket must be a Unix socket \
+             (ListenStream=/PATH)"
+        );
+        assert_eq!(socket_files_at(&admin), Vec::<std::path::PathBuf>::new());
+    });
+}
+
+/// A clean shutdown removes every socket file the server made: each
+/// listener's and the admin socket's, with their lock files.
+#[test]
+fn a_clean_shutdown_removes_every_socket_file_it_made() {
+    common::run_local(async {
+        let dir = TempDir::new("shutdown-files");
+        let listen = dir.path().join("serve.sock");
+        let admin = dir.path().join("admin.sock");
+        let server = Server::bind(
+            ServerConfig {
+                listen: vec![Address::Unix(listen.clone())],
+                admin: Some(admin.clone()),
+                ..ServerConfig::default()
+            },
+            Engine::default(),
+        )
+        .await
+        .expect("bind");
+        for path in [&listen, &admin] {
+            assert_eq!(socket_files_at(path).len(), 2, "{}", path.display());
+        }
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let serving = tokio::task::spawn_local(server.serve_until(async move {
+            let _ = stopped.await;
+        }));
+        let connection = net::connect(&Address::Unix(listen.clone()), None)
+            .await
+            .expect("connect");
+        let status = Command::new("true")
+            .status(&connection.executor())
+            .await
+            .expect("status");
+        assert_eq!(status, ExitStatus::Code(0));
+        stop.send(()).expect("serving");
+        tokio::time::timeout(Duration::from_secs(30), serving)
+            .await
+            .expect("shut down")
+            .expect("serve_until");
+        for path in [&listen, &admin] {
+            assert_eq!(socket_files_at(path), Vec::<std::path::PathBuf>::new());
+        }
+    });
+}

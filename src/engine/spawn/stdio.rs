@@ -1,0 +1,222 @@
+//! The child's standard descriptors: what a client handed over, pipes, or
+//! a terminal, planned in the parent as the steps the child takes.
+
+use std::ffi::{CString, OsStr};
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+
+use super::c_string;
+use crate::engine::{descriptors, os};
+
+/// Standard descriptors a child gets as they are, instead of pipes: a
+/// client's own, which it sent to a server on its machine, so that the
+/// child writes into the client's pipe (or file, or socket) itself. The
+/// server closes its copies once the child has them.
+#[derive(Debug, Default)]
+pub struct GivenStdio {
+    pub stdin: Option<OwnedFd>,
+    pub stdout: Option<OwnedFd>,
+    pub stderr: Option<OwnedFd>,
+}
+
+impl GivenStdio {
+    /// Whether `fd` may be a child's standard descriptor: a pipe, socket,
+    /// regular file or character device (`confined`: a pipe or regular
+    /// file only, since through a socket a sandboxed child could reach, or
+    /// be sent, what its sandbox denies it); never a directory (a handle a
+    /// sandboxed child could open paths under) or an `O_PATH` descriptor.
+    /// Asks only what the kernel has cached (`AT_STATX_DONT_SYNC`): a
+    /// file on a FUSE mount that stops answering must not stop the server.
+    pub fn may_be_stdio(fd: &OwnedFd, confined: bool) -> bool {
+        use rustix::fs::{AtFlags, StatxFlags};
+        use std::os::fd::AsRawFd;
+        // SAFETY: fcntl(F_GETFL) on a descriptor we own.
+        let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+        if flags < 0 || flags & libc::O_PATH != 0 {
+            return false;
+        }
+        let Ok(stat) = rustix::fs::statx(
+            fd,
+            c"",
+            AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC,
+            StatxFlags::TYPE,
+        ) else {
+            return false;
+        };
+        let kind = u32::from(stat.stx_mode) & libc::S_IFMT;
+        match kind {
+            libc::S_IFIFO | libc::S_IFREG => true,
+            libc::S_IFSOCK | libc::S_IFCHR => !confined,
+            _ => false,
+        }
+    }
+
+    /// Whether every one of them [may be](Self::may_be_stdio) a standard
+    /// descriptor.
+    pub fn may_all_be_stdio(&self, confined: bool) -> bool {
+        [&self.stdin, &self.stdout, &self.stderr]
+            .into_iter()
+            .flatten()
+            .all(|fd| GivenStdio::may_be_stdio(fd, confined))
+    }
+
+    fn take_all(&mut self) -> Vec<OwnedFd> {
+        [self.stdin.take(), self.stdout.take(), self.stderr.take()]
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+}
+
+impl Drop for GivenStdio {
+    fn drop(&mut self) {
+        descriptors::close_in_background(self.take_all());
+    }
+}
+
+/// The standard descriptors a child gets.
+pub(crate) enum ChildStdio {
+    /// What `given` has; for the rest, stdin piped or /dev/null, stdout
+    /// and stderr piped.
+    Pipes { pipe_stdin: bool, given: GivenStdio },
+    /// All three on this terminal, opened by the child after it became a
+    /// session leader, which makes it the controlling terminal.
+    Terminal(PathBuf),
+}
+
+/// A close-on-exec pipe whose ends are above the standard descriptors, so
+/// that setting up 0, 1 and 2 in the child cannot clobber one of them.
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: pipe2 writes two descriptors into `fds`.
+    os::cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: the kernel just returned these descriptors to us alone.
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    Ok((above_stdio(read)?, above_stdio(write)?))
+}
+
+fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
+    use std::os::fd::AsRawFd;
+    if fd.as_raw_fd() > 2 {
+        return Ok(fd);
+    }
+    // SAFETY: duplicates a descriptor we own to one numbered 3 or higher.
+    let high = os::cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) })?;
+    // SAFETY: fcntl just returned this descriptor to us alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(high as RawFd) })
+}
+
+/// One step of setting up the child's standard descriptors.
+pub(super) enum StdioAction {
+    /// Make `to` a copy of `from`.
+    Dup { from: RawFd, to: RawFd },
+    /// Open `path` as `to`.
+    Open {
+        path: CString,
+        flags: libc::c_int,
+        to: RawFd,
+    },
+}
+
+/// The child's descriptors, and the parent's ends of its pipes.
+pub(super) struct StdioPlan {
+    pub(super) actions: Vec<StdioAction>,
+    pub(super) parent_stdin: Option<OwnedFd>,
+    pub(super) parent_stdout: Option<OwnedFd>,
+    pub(super) parent_stderr: Option<OwnedFd>,
+    /// The child's ends; closed in the parent once the plan is dropped.
+    _child_ends: Vec<OwnedFd>,
+    /// Given descriptors (a client's): closed off this thread once the
+    /// plan is dropped (see [`descriptors::close_in_background`]).
+    given: Vec<OwnedFd>,
+}
+
+impl Drop for StdioPlan {
+    fn drop(&mut self) {
+        descriptors::close_in_background(std::mem::take(&mut self.given));
+    }
+}
+
+impl StdioPlan {
+    pub(super) fn new(stdio: ChildStdio) -> io::Result<StdioPlan> {
+        use std::os::fd::AsRawFd;
+        let mut plan = StdioPlan {
+            actions: Vec::new(),
+            parent_stdin: None,
+            parent_stdout: None,
+            parent_stderr: None,
+            _child_ends: Vec::new(),
+            given: Vec::new(),
+        };
+        match stdio {
+            ChildStdio::Pipes {
+                pipe_stdin,
+                mut given,
+            } => {
+                if let Some(stdin) = given.stdin.take() {
+                    plan.give(stdin, 0)?;
+                } else if pipe_stdin {
+                    let (read, write) = pipe()?;
+                    plan.actions.push(StdioAction::Dup {
+                        from: read.as_raw_fd(),
+                        to: 0,
+                    });
+                    plan.parent_stdin = Some(write);
+                    plan._child_ends.push(read);
+                } else {
+                    plan.actions.push(StdioAction::Open {
+                        path: c_string(OsStr::new("/dev/null"))?,
+                        flags: libc::O_RDONLY,
+                        to: 0,
+                    });
+                }
+                match given.stdout.take() {
+                    Some(stdout) => plan.give(stdout, 1)?,
+                    None => plan.parent_stdout = Some(plan.output_pipe(1)?),
+                }
+                match given.stderr.take() {
+                    Some(stderr) => plan.give(stderr, 2)?,
+                    None => plan.parent_stderr = Some(plan.output_pipe(2)?),
+                }
+            }
+            ChildStdio::Terminal(slave) => {
+                // Without O_NOCTTY: it becomes the controlling terminal of
+                // the session the child has just created.
+                plan.actions.push(StdioAction::Open {
+                    path: c_string(slave.as_os_str())?,
+                    flags: libc::O_RDWR,
+                    to: 0,
+                });
+                plan.actions.push(StdioAction::Dup { from: 0, to: 1 });
+                plan.actions.push(StdioAction::Dup { from: 0, to: 2 });
+            }
+        }
+        Ok(plan)
+    }
+
+    /// A pipe whose write end is the child's `to`; returns the read end.
+    fn output_pipe(&mut self, to: RawFd) -> io::Result<OwnedFd> {
+        use std::os::fd::AsRawFd;
+        let (read, write) = pipe()?;
+        self.actions.push(StdioAction::Dup {
+            from: write.as_raw_fd(),
+            to,
+        });
+        self._child_ends.push(write);
+        Ok(read)
+    }
+
+    /// `fd` as the child's `to`, kept above the standard descriptors so
+    /// that no earlier step of the plan overwrites it.
+    fn give(&mut self, fd: OwnedFd, to: RawFd) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let fd = above_stdio(fd)?;
+        self.actions.push(StdioAction::Dup {
+            from: fd.as_raw_fd(),
+            to,
+        });
+        self.given.push(fd);
+        Ok(())
+    }
+}

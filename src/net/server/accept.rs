@@ -1,0 +1,252 @@
+//! Accepting on a listener: a Unix peer told apart from a dial's direct
+//! channel, a TCP peer held to the limits on connections that have not
+//! logged in, and the TLS handshake, in the connection's own task.
+
+use super::Listener;
+use super::connection::{serve_connection, server_network};
+use super::serving::{ConnectionExecutor, Connections, Login, Serving};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use futures::FutureExt;
+use futures::future::LocalBoxFuture;
+use tracing::Instrument;
+
+use crate::net::address::Address;
+use crate::net::guard::CallLimits;
+use crate::net::session::Session;
+use crate::net::socket::{self};
+use crate::net::tls::TlsServer;
+use crate::net::transport::Network;
+use crate::rpc;
+
+/// How long a TLS client may take to finish its handshake; a peer that
+/// stalls is dropped without holding anything else up.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A connection just accepted: its network (after a TLS handshake, which
+/// runs in the connection's own task, so a stalling peer holds up nobody
+/// else), who it is, and the state it shares with its guard.
+struct Accepted {
+    network: LocalBoxFuture<'static, Option<Network>>,
+    peer: String,
+    session: Rc<Session>,
+    login: Option<Arc<Login>>,
+    /// What a Unix socket's peer sends for its starts' stdio.
+    received: Option<rpc::ReceivedDescriptors>,
+    /// Where its dials' direct channels are claimed: a Unix socket's.
+    direct: Option<rpc::DirectChannels>,
+}
+
+pub(super) async fn accept_loop(address: Address, listener: Listener, serving: Rc<Serving>) {
+    tracing::info!(%address, tls = serving.tls.borrow().is_some() && address.is_tcp(), "listening");
+    loop {
+        let accepted = match &listener {
+            Listener::Unix(listener) => listener
+                .accept()
+                .await
+                .map(|(stream, _)| accept_unix(stream, &serving)),
+            Listener::Tcp(listener) => listener
+                .accept()
+                .await
+                .map(|(stream, peer)| accept_tcp(stream, peer, &serving)),
+        };
+        let accepted = match accepted {
+            Ok(Some(accepted)) => accepted,
+            Ok(None) => continue,
+            Err(error) => {
+                // Out of descriptors and the like: keep serving the others.
+                tracing::warn!(%error, %address, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let id = serving.connections.opened.fetch_add(1, Ordering::Relaxed) + 1;
+        let span = tracing::info_span!("connection", id, peer = %accepted.peer);
+        let serving = Rc::clone(&serving);
+        let connection = format!("{id} {}", accepted.peer);
+        let make = Rc::clone(&serving.executor);
+        let (received, direct) = (accepted.received.clone(), accepted.direct.clone());
+        let executor: ConnectionExecutor =
+            Rc::new(move || make(&connection, received.as_ref(), direct.as_ref()));
+        let open = crate::metrics::connection_opened();
+        tokio::task::spawn_local(
+            async move {
+                let _open = open;
+                if let Some(network) = accepted.network.await {
+                    let closing = &serving.closing;
+                    serve_connection(network, executor, accepted.session, accepted.login, closing)
+                        .await;
+                }
+                Connections::return_free_memory_soon(&serving);
+            }
+            .instrument(span),
+        );
+    }
+}
+
+/// A Unix socket's peer: file permissions were the authentication; a
+/// sandboxed process (of any capexec server) is refused at once, so that
+/// it cannot ask for an unconfined start. Its first bytes say whether it
+/// is a Cap'n Proto connection or a dial's direct channel.
+fn accept_unix(stream: tokio::net::UnixStream, serving: &Serving) -> Option<Accepted> {
+    use std::os::fd::AsRawFd;
+    if crate::sandbox::peer_is_sandboxed(stream.as_raw_fd()) {
+        tracing::warn!("refusing a connection from a sandboxed process");
+        return None;
+    }
+    let session = Session::logged_in();
+    // A restricted server reads plainly: the kernel drops whatever
+    // descriptors come.
+    let received = serving
+        .takes_descriptors
+        .then(rpc::ReceivedDescriptors::default);
+    let network = {
+        let (limits, direct) = (serving.limits, serving.direct.clone());
+        let (session, received) = (Rc::clone(&session), received.clone());
+        async move {
+            let stream = rpc_or_channel(stream, &direct, |stream| {
+                Ok(crate::ports::Socket::Unix(stream))
+            })
+            .await?;
+            let (reader, writer) = stream.into_split();
+            Some(match received {
+                Some(received) => {
+                    let reader = crate::net::passing::ReceivingReader::new(reader, received);
+                    server_network(reader, writer, limits, &session)
+                }
+                None => server_network(reader, writer, limits, &session),
+            })
+        }
+        .boxed_local()
+    };
+    Some(Accepted {
+        network,
+        peer: "unix".to_string(),
+        session,
+        login: None,
+        received,
+        direct: Some(serving.direct.clone()),
+    })
+}
+
+/// A new plaintext connection back if it is a Cap'n Proto one; if it is
+/// a direct channel instead, it goes (made a [`crate::ports::Socket`] by
+/// `socket`) to the dial whose ticket it presents.
+async fn rpc_or_channel<S: crate::net::direct::Peek>(
+    mut stream: S,
+    direct: &rpc::DirectChannels,
+    socket: impl FnOnce(S) -> std::io::Result<crate::ports::Socket>,
+) -> Option<S> {
+    use crate::net::direct::{Opening, opening};
+    match opening(&mut stream).await {
+        Ok(Opening::Rpc) => Some(stream),
+        Ok(Opening::Channel(ticket)) => {
+            let claimed = socket(stream).is_ok_and(|channel| direct.claim(&ticket, channel));
+            if claimed {
+                tracing::debug!("a direct channel was claimed");
+            } else {
+                // Debug, not info: a local peer could flood the log.
+                tracing::debug!("a direct channel presented an unknown ticket; closed");
+            }
+            None
+        }
+        Err(error) => {
+            tracing::debug!(
+                error = %crate::model::io_message(&error),
+                "a direct channel that did not open properly; closed"
+            );
+            None
+        }
+    }
+}
+
+/// A TCP peer, which must log in; `None` if it is refused at once, beyond
+/// the limits on connections that have not logged in.
+fn accept_tcp(
+    stream: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+    serving: &Serving,
+) -> Option<Accepted> {
+    let place = match serving.connections.pending.admit(peer.ip()) {
+        Ok(place) => place,
+        Err(reason) => {
+            crate::metrics::limit_hit("pending-logins");
+            serving.connections.refused(&peer, &reason);
+            refuse(stream, &reason, serving.tls.borrow().is_some());
+            return None;
+        }
+    };
+    if let Err(error) = socket::tune_tcp(&stream) {
+        tracing::warn!(%error, %peer, "cannot tune the TCP connection");
+    }
+    let session = Session::awaiting_login(Some(place));
+    let tls = serving.tls.borrow().clone();
+    let network = match &tls {
+        None => {
+            let (reader, writer) = stream.into_split();
+            let network = server_network(reader, writer, serving.limits, &session);
+            futures::future::ready(Some(network)).boxed_local()
+        }
+        Some(tls) => {
+            tls_handshake(tls.clone(), stream, serving.limits, Rc::clone(&session)).boxed_local()
+        }
+    };
+    Some(Accepted {
+        network,
+        peer: peer.to_string(),
+        session,
+        login: serving.login.borrow().clone(),
+        received: None,
+        direct: None,
+    })
+}
+
+/// Turns away a connection beyond the limits on connections that have not
+/// logged in: a plaintext peer is told why (a capnp `Abort`, written if
+/// the socket takes it at once), a TLS one just sees the connection close.
+fn refuse(stream: tokio::net::TcpStream, reason: &str, tls: bool) {
+    if !tls {
+        // What the peer already sent is read first, so closing sends a FIN
+        // rather than a reset, which could destroy the goodbye unread.
+        let mut sink = [0u8; 4096];
+        while matches!(stream.try_read(&mut sink), Ok(read) if read > 0) {}
+        let _ = stream.try_write(&abort_frame(reason));
+    }
+}
+
+/// An RPC `Abort` message with an `overloaded` error saying `reason`.
+fn abort_frame(reason: &str) -> Vec<u8> {
+    use capnp_rpc::rpc_capnp::{exception, message};
+    let mut builder = capnp::message::Builder::new_default();
+    let mut abort = builder.init_root::<message::Builder>().init_abort();
+    abort.set_reason(reason);
+    abort.set_type(exception::Type::Overloaded);
+    capnp::serialize::write_message_to_words(&builder)
+}
+
+/// The server's half of a TLS handshake, bounded by [`HANDSHAKE_TIMEOUT`];
+/// `None` (logged) if it fails: a plaintext client gets nothing.
+async fn tls_handshake(
+    tls: TlsServer,
+    stream: tokio::net::TcpStream,
+    limits: CallLimits,
+    session: Rc<Session>,
+) -> Option<Network> {
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(&tls.config));
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => {
+            let (reader, writer) = tokio::io::split(stream);
+            Some(server_network(reader, writer, limits, &session))
+        }
+        Ok(Err(error)) => {
+            tracing::info!(%error, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::info!("no TLS handshake within {}s", HANDSHAKE_TIMEOUT.as_secs());
+            None
+        }
+    }
+}

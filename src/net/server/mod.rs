@@ -1,0 +1,524 @@
+//! `capexec serve`: listeners, one RpcSystem per connection, shutdown.
+//!
+//! One file per concern: configuration, binding and shutdown (this file),
+//! how every connection is served and what a reload changes
+//! (`serving.rs`), accepting on a listener, with the TLS handshake and the
+//! refusals of connections beyond the limits (`accept.rs`), and one
+//! connection's RpcSystem (`connection.rs`).
+
+mod accept;
+mod connection;
+mod serving;
+
+pub use self::connection::serve_stream;
+pub(crate) use self::connection::server_network;
+pub use self::serving::Reloader;
+
+use std::fmt;
+use std::future::Future;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use tokio::net::{TcpListener, UnixListener};
+use tokio::task::JoinHandle;
+
+use self::accept::accept_loop;
+use self::serving::{Connections, Login, Serving, new_executor};
+use crate::engine::Engine;
+use crate::net::activation::Listening;
+use crate::net::address::Address;
+use crate::net::auth::LOGIN_DEADLINE;
+use crate::net::guard::CallLimits;
+use crate::net::pending::{PendingLimits, PendingLogins};
+use crate::net::shutdown::Closing;
+use crate::net::socket::{self, UnixSocketFile};
+use crate::net::tls::TlsServer;
+use crate::net::token::{Token, TokenError, default_token_path};
+use crate::net::upstream::{UpstreamConfig, UpstreamLink};
+use crate::rpc::{self, ServerContext, Upstream};
+
+/// What to serve.
+#[derive(Clone, Debug, Default)]
+pub struct ServerConfig {
+    pub listen: Vec<Address>,
+    /// Token of the TCP listeners; created (mode 0600, 256 random bits) if
+    /// the file does not exist. Default: [`default_token_path`].
+    pub token_file: Option<PathBuf>,
+    /// Executors to forward to, as environments named after them.
+    pub upstreams: Vec<UpstreamConfig>,
+    /// The environment plain `start` uses: "local" (the default) or an
+    /// upstream's name.
+    pub default_environment: Option<String>,
+    /// How long a finished detached process stays restorable (default
+    /// [`rpc::DEFAULT_RETENTION`]).
+    pub retention: Option<std::time::Duration>,
+    /// TLS for every TCP listener (Unix sockets never use it).
+    pub tls: Option<TlsServer>,
+    /// What one connection may have outstanding before it is closed.
+    pub call_limits: CallLimits,
+    /// How many TCP connections may be open without having logged in.
+    pub pending_logins: PendingLimits,
+    /// Most processes one connection's starts may hold at once (`None`: no
+    /// limit but the engine's own).
+    pub max_processes_per_connection: Option<usize>,
+    /// Most port connections and listeners one connection may hold.
+    pub port_limits: rpc::PortLimits,
+    /// Most descriptors and memory every connection's capabilities may
+    /// hold together (one connection half of each). Default: the share
+    /// of the descriptor limit `engine::descriptors` keeps for them, and
+    /// [`rpc::MAX_HELD_MEMORY`].
+    pub holding_limits: Option<rpc::HoldingLimits>,
+    /// How long a TCP connection may go without logging in (default 30 s).
+    pub login_deadline: Option<std::time::Duration>,
+    /// Rules every start must satisfy, on every connection (the root
+    /// executor is restricted by it); not with upstreams.
+    pub policy: Option<crate::model::Policy>,
+    /// The admin socket (mode 0600): its bootstrap is `Admin`, the
+    /// operator's view of every process, reachable from nowhere else.
+    pub admin: Option<PathBuf>,
+    /// Listening sockets passed by the service manager (socket
+    /// activation); one named "admin" is the admin socket.
+    pub inherited: Vec<crate::net::activation::InheritedSocket>,
+    /// Where to serve the Prometheus text of `crate::metrics` (a tcp:
+    /// address).
+    pub metrics: Option<Address>,
+}
+
+#[derive(Debug)]
+pub enum ServeError {
+    NoListeners,
+    Environments(String),
+    Bind(Address, std::io::Error),
+    Token(TokenError),
+    NoTokenPath,
+    Policy(String),
+    /// A socket passed by the service manager that cannot be served.
+    Inherited(String, std::io::Error),
+}
+
+impl fmt::Display for ServeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ServeError::NoListeners => write!(f, "nothing to listen on: give --listen ADDR"),
+            ServeError::Environments(error) => write!(f, "{error}"),
+            ServeError::Bind(address, error) => write!(
+                f,
+                "cannot listen on {address}: {}",
+                crate::model::io_message(error)
+            ),
+            ServeError::Token(error) => write!(f, "{error}"),
+            ServeError::NoTokenPath => write!(
+                f,
+                "tcp listeners need a token: give --token-file FILE (no HOME to find the default)"
+            ),
+            ServeError::Policy(error) => write!(f, "{error}"),
+            ServeError::Inherited(name, error) => write!(
+                f,
+                "socket activation: the socket {name:?}: {}",
+                crate::model::io_message(error)
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ServeError {}
+
+pub(super) enum Listener {
+    Unix(UnixListener),
+    Tcp(TcpListener),
+}
+
+/// Bound listeners, ready to serve.
+pub struct Server {
+    /// What every executor of the server shares (engine, environments,
+    /// detachable processes).
+    context: Rc<ServerContext>,
+    listeners: Vec<(Address, Listener)>,
+    unix_files: Vec<UnixSocketFile>,
+    token_path: Option<PathBuf>,
+    /// How each connection is served.
+    serving: Rc<Serving>,
+    /// The admin socket, if any.
+    admin: Option<(Address, UnixListener)>,
+    /// The metrics endpoint, if any.
+    metrics: Option<(Address, TcpListener)>,
+    /// Every socket above, known to the ports engine as served on, so that
+    /// no dial through this server reaches the server itself.
+    served: Vec<crate::ports::own::ServedSocket>,
+}
+
+impl Server {
+    /// Binds every listener (ports chosen where 0 was given) and, if any is
+    /// TCP, loads or creates the token. Must run inside a tokio runtime.
+    /// Every step that fails drops what the steps before it made: a socket
+    /// file among them removes itself.
+    pub async fn bind(config: ServerConfig, engine: Engine) -> Result<Server, ServeError> {
+        if config.listen.is_empty() && config.inherited.is_empty() {
+            return Err(ServeError::NoListeners);
+        }
+        let inherited = inherited_listeners(&config.inherited)?;
+        let inherited_tcp = inherited
+            .iter()
+            .any(|(_, _, listening)| matches!(listening, Listening::Tcp(_)));
+        prepare_host(&config);
+        let rules = restriction(&config)?;
+        let context = server_context(&config, engine)?;
+        let (login, token_path) = login(&config, inherited_tcp)?;
+        let mut server = Server {
+            serving: Rc::new(Serving {
+                takes_descriptors: rules.is_none(),
+                executor: new_executor(
+                    &context,
+                    config.max_processes_per_connection,
+                    config.port_limits,
+                    rules,
+                ),
+                login: std::cell::RefCell::new(login.map(Arc::new)),
+                tls: std::cell::RefCell::new(config.tls.clone()),
+                limits: config.call_limits,
+                connections: Connections::new(PendingLogins::new(config.pending_logins)),
+                direct: rpc::DirectChannels::default(),
+                closing: Closing::new(),
+            }),
+            context,
+            listeners: Vec::new(),
+            unix_files: Vec::new(),
+            token_path,
+            admin: None,
+            metrics: None,
+            served: Vec::new(),
+        };
+        server.bind_metrics(config.metrics.as_ref()).await?;
+        server.bind_admin(config.admin.as_ref())?;
+        server.adopt(inherited)?;
+        for address in &config.listen {
+            server
+                .bind_one(address)
+                .await
+                .map_err(|error| ServeError::Bind(address.clone(), error))?;
+        }
+        server.served = server.served_sockets();
+        Ok(server)
+    }
+
+    /// The metrics endpoint, if there is one (a tcp: address).
+    async fn bind_metrics(&mut self, address: Option<&Address>) -> Result<(), ServeError> {
+        if let Some(address @ Address::Tcp { host, port }) = address {
+            match TcpListener::bind((host.as_str(), *port)).await {
+                Ok(listener) => {
+                    let local = listener
+                        .local_addr()
+                        .map(Address::from_socket_addr)
+                        .unwrap_or_else(|_| address.clone());
+                    self.metrics = Some((local, listener));
+                }
+                Err(error) => return Err(ServeError::Bind(address.clone(), error)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The admin socket, if there is one.
+    fn bind_admin(&mut self, path: Option<&PathBuf>) -> Result<(), ServeError> {
+        if let Some(path) = path {
+            let address = Address::Unix(path.clone());
+            match socket::bind_unix(path) {
+                Ok((listener, file)) => {
+                    self.unix_files.push(file);
+                    self.admin = Some((address, listener));
+                }
+                Err(error) => return Err(ServeError::Bind(address, error)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The sockets a service manager passed, as listeners; the one named
+    /// [`ADMIN_NAME`] as the admin socket.
+    fn adopt(&mut self, inherited: Vec<(String, Address, Listening)>) -> Result<(), ServeError> {
+        for (name, address, listening) in inherited {
+            let adopted = match listening {
+                Listening::Unix(listener) => UnixListener::from_std(listener).map(Listener::Unix),
+                Listening::Tcp(listener) => TcpListener::from_std(listener).map(Listener::Tcp),
+            }
+            .map_err(|error| ServeError::Bind(address.clone(), error))?;
+            match adopted {
+                Listener::Unix(listener) if name == ADMIN_NAME => {
+                    self.admin = Some((address, listener));
+                }
+                Listener::Tcp(_) if name == ADMIN_NAME => {
+                    return Err(ServeError::Inherited(
+                        name,
+                        std::io::Error::new(
+                            std::io::ErrorKind::InvalidInput,
+                            "the admin socket must be a Unix socket (ListenStream=/PATH)",
+                        ),
+                    ));
+                }
+                listener => self.listeners.push((address, listener)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Registers every socket this server listens on with the ports
+    /// engine: Unix ones by their file, TCP ones by their bound address.
+    fn served_sockets(&self) -> Vec<crate::ports::own::ServedSocket> {
+        let unix = |address: &Address| match address {
+            Address::Unix(path) => match crate::ports::own::serve_unix(path) {
+                Ok(served) => Some(served),
+                Err(error) => {
+                    // Not reachable by its path either, then.
+                    tracing::warn!(%error, %address, "cannot identify a served socket's file");
+                    None
+                }
+            },
+            Address::Tcp { .. } => None,
+        };
+        let tcp =
+            |listener: &TcpListener| listener.local_addr().ok().map(crate::ports::own::serve_tcp);
+        let mut served = Vec::new();
+        for (address, listener) in &self.listeners {
+            served.extend(match listener {
+                Listener::Unix(_) => unix(address),
+                Listener::Tcp(listener) => tcp(listener),
+            });
+        }
+        served.extend(self.admin.as_ref().and_then(|(address, _)| unix(address)));
+        served.extend(
+            self.metrics
+                .as_ref()
+                .and_then(|(_, listener)| tcp(listener)),
+        );
+        served
+    }
+
+    async fn bind_one(&mut self, address: &Address) -> std::io::Result<()> {
+        match address {
+            Address::Unix(path) => {
+                let (listener, file) = socket::bind_unix(path)?;
+                self.unix_files.push(file);
+                self.listeners
+                    .push((address.clone(), Listener::Unix(listener)));
+            }
+            Address::Tcp { host, port } => {
+                let listener = TcpListener::bind((host.as_str(), *port)).await?;
+                let local = listener.local_addr()?;
+                if !local.ip().is_loopback() && self.serving.tls.borrow().is_none() {
+                    tracing::warn!(
+                        address = %Address::from_socket_addr(local),
+                        "listening on a non-loopback address: the login token travels in clear \
+                         text over TCP, so anyone who can watch this network can take it \
+                         (use --tls-cert and --tls-key)"
+                    );
+                }
+                self.listeners
+                    .push((Address::from_socket_addr(local), Listener::Tcp(listener)));
+            }
+        }
+        Ok(())
+    }
+
+    /// The addresses actually listened on (with chosen ports), in order.
+    pub fn addresses(&self) -> Vec<Address> {
+        self.listeners.iter().map(|(a, _)| a.clone()).collect()
+    }
+
+    /// A handle that reloads the token and the TLS certificate of this
+    /// server while it serves (SIGHUP).
+    pub fn reloader(&self) -> Reloader {
+        Reloader {
+            serving: Rc::clone(&self.serving),
+            token_path: self.token_path.clone(),
+        }
+    }
+
+    /// The metrics endpoint's address (port chosen), if there is one.
+    pub fn metrics_address(&self) -> Option<&Address> {
+        self.metrics.as_ref().map(|(address, _)| address)
+    }
+
+    /// The admin socket's address, if there is one.
+    pub fn admin_address(&self) -> Option<&Address> {
+        self.admin.as_ref().map(|(address, _)| address)
+    }
+
+    /// Where the TCP token is, if any listener needs one.
+    pub fn token_path(&self) -> Option<&PathBuf> {
+        self.token_path.as_ref()
+    }
+
+    /// Serves until `shutdown` completes, then stops accepting, terminates
+    /// every child process and removes the socket files. Must run inside a
+    /// `LocalSet`.
+    pub async fn serve_until(mut self, shutdown: impl Future<Output = ()>) {
+        let mut accepting: Vec<JoinHandle<()>> = std::mem::take(&mut self.listeners)
+            .into_iter()
+            .map(|(address, listener)| {
+                tokio::task::spawn_local(accept_loop(address, listener, Rc::clone(&self.serving)))
+            })
+            .collect();
+        if let Some((address, listener)) = self.metrics.take() {
+            accepting.push(tokio::task::spawn_local(
+                crate::net::metrics_http::accept_loop(address, listener, Rc::clone(&self.context)),
+            ));
+        }
+        if let Some((address, listener)) = self.admin.take() {
+            accepting.push(tokio::task::spawn_local(crate::net::admin::accept_loop(
+                address,
+                listener,
+                Rc::clone(&self.context),
+                self.serving.limits,
+            )));
+        }
+        shutdown.await;
+        tracing::info!("shutting down: no new connections; terminating every process");
+        for task in accepting {
+            task.abort();
+        }
+        self.context.close_upstreams();
+        self.context.detachments().clear();
+        self.context.engine().shutdown().await;
+        self.serving.closing.close_all().await;
+        self.remove_socket_files();
+        tracing::info!("shut down");
+    }
+
+    /// Removes the socket files now (each removes itself when dropped:
+    /// on every early return of `bind` too).
+    fn remove_socket_files(&mut self) {
+        self.unix_files.clear();
+    }
+}
+
+/// What the host needs before anything is served: no sandbox may read
+/// the login token, and the cgroups exist.
+fn prepare_host(config: &ServerConfig) {
+    // No sandbox may read a login token (its policy's included).
+    if let Some(path) = config.token_file.clone().or_else(default_token_path) {
+        crate::sandbox::protect(&path, crate::sandbox::Secret::LoginToken);
+    }
+    // The cgroups (and their sentinel) from the start: the peer check
+    // of every accept relies on them, and a dead server's are cleaned.
+    crate::sandbox::prepare_host();
+}
+
+/// The rules of a restricted server, if it is one.
+fn restriction(config: &ServerConfig) -> Result<Option<Rc<crate::engine::Rules>>, ServeError> {
+    let rules = match &config.policy {
+        Some(_) if !config.upstreams.is_empty() => {
+            return Err(ServeError::Policy(
+                "a restricted server runs only its own processes: restrictions cannot be \
+                 combined with upstreams"
+                    .into(),
+            ));
+        }
+        Some(policy) => Some(Rc::new(
+            crate::engine::Rules::unrestricted()
+                .narrowed(policy)
+                .map_err(|error| ServeError::Policy(error.message))?,
+        )),
+        None => None,
+    };
+    Ok(rules)
+}
+
+/// What every executor of the server shares.
+fn server_context(config: &ServerConfig, engine: Engine) -> Result<Rc<ServerContext>, ServeError> {
+    let links = config
+        .upstreams
+        .iter()
+        .cloned()
+        .map(|config| UpstreamLink::new(config) as Rc<dyn Upstream>)
+        .collect();
+    let context = Rc::new(
+        ServerContext::new(
+            engine,
+            links,
+            config.default_environment.as_deref(),
+            config.retention.unwrap_or(rpc::DEFAULT_RETENTION),
+        )
+        .map_err(ServeError::Environments)?
+        .with_holding_limits(
+            config
+                .holding_limits
+                .unwrap_or_else(rpc::HoldingLimits::of_this_process),
+        ),
+    );
+    Ok(context)
+}
+
+/// The login of TCP connections and where its token is, if any listener
+/// is TCP.
+fn login(
+    config: &ServerConfig,
+    inherited_tcp: bool,
+) -> Result<(Option<Login>, Option<PathBuf>), ServeError> {
+    let (login, token_path) = if config.listen.iter().any(Address::is_tcp) || inherited_tcp {
+        let path = config
+            .token_file
+            .clone()
+            .or_else(default_token_path)
+            .ok_or(ServeError::NoTokenPath)?;
+        let (token, created) = Token::load_or_create(&path).map_err(ServeError::Token)?;
+        if created {
+            tracing::info!(path = %path.display(), "created a new token file");
+        }
+        let login = Login {
+            token: Arc::new(token),
+            deadline: config.login_deadline.unwrap_or(LOGIN_DEADLINE),
+        };
+        (Some(login), Some(path))
+    } else {
+        (None, None)
+    };
+    Ok((login, token_path))
+}
+
+/// The name of the passed socket that is the admin socket
+/// (`FileDescriptorName=admin`).
+const ADMIN_NAME: &str = "admin";
+
+/// Passed sockets, checked, with their names and addresses.
+fn inherited_listeners(
+    inherited: &[crate::net::activation::InheritedSocket],
+) -> Result<Vec<(String, Address, Listening)>, ServeError> {
+    let mut listeners = Vec::new();
+    for socket in inherited {
+        let described = |error: std::io::Error| ServeError::Inherited(socket.name.clone(), error);
+        let listening = socket.listener().map_err(described)?;
+        let address = match &listening {
+            Listening::Unix(listener) => {
+                let path = listener
+                    .local_addr()
+                    .ok()
+                    .and_then(|a| a.as_pathname().map(PathBuf::from))
+                    .unwrap_or_else(|| PathBuf::from(format!("<{}>", socket.name)));
+                warn_if_shared(&path);
+                Address::Unix(path)
+            }
+            Listening::Tcp(listener) => {
+                Address::from_socket_addr(listener.local_addr().map_err(described)?)
+            }
+        };
+        listeners.push((socket.name.clone(), address, listening));
+    }
+    Ok(listeners)
+}
+
+/// A Unix socket's permissions are its authentication: a passed one that
+/// others may connect to is said so (the socket unit's `SocketMode=0600`).
+fn warn_if_shared(path: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(meta) = std::fs::metadata(path)
+        && meta.permissions().mode() & 0o077 != 0
+    {
+        tracing::warn!(
+            socket = %path.display(),
+            mode = format!("{:o}", meta.permissions().mode() & 0o777),
+            "the passed socket is open to other users, who can run anything as this server's \
+             user: set SocketMode=0600 in its socket unit"
+        );
+    }
+}
