@@ -19,6 +19,7 @@ mod shared;
 mod spawn;
 mod stdin;
 mod terminal;
+mod working_dir;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -43,6 +44,7 @@ pub use self::shared::{
 };
 pub use self::spawn::{ChildSetup, GivenStdio};
 pub use self::stdin::REMEMBERED_WRITE_IDS;
+pub use self::working_dir::WorkingDir;
 
 use self::output::OutputSource;
 use self::reaper::Leader;
@@ -104,7 +106,20 @@ impl Engine {
     /// Spawns a process whose standard descriptors are `given` where it
     /// has them, pipes where not (ignored, and closed, for a terminal).
     pub fn start_with(&self, spec: &StartSpec, given: GivenStdio) -> Result<ProcessOwner, Refusal> {
-        let started = self.start_uncounted(spec, given);
+        self.start_in(spec, given, None)
+    }
+
+    /// [`Engine::start_with`] in `cwd` when it was opened already (by the
+    /// check of a policy's cwdRoots), else in the directory the spec
+    /// names, opened now: either way opened once, and the directory the
+    /// child enters and its sandbox names is that one.
+    pub fn start_in(
+        &self,
+        spec: &StartSpec,
+        given: GivenStdio,
+        cwd: Option<WorkingDir>,
+    ) -> Result<ProcessOwner, Refusal> {
+        let started = self.start_uncounted(spec, given, cwd);
         crate::metrics::start(started.as_ref().map(drop).map_err(|refusal| refusal.kind));
         started
     }
@@ -113,6 +128,7 @@ impl Engine {
         &self,
         spec: &StartSpec,
         given: GivenStdio,
+        cwd: Option<WorkingDir>,
     ) -> Result<ProcessOwner, Refusal> {
         if self.inner.closing.load(Ordering::Acquire) {
             return Err(shutting_down());
@@ -125,25 +141,35 @@ impl Engine {
                 format!("the executor already holds its maximum of {max} processes"),
             ));
         }
+        spec.validate()?;
+        let cwd = match cwd {
+            Some(cwd) => cwd,
+            None => WorkingDir::of_spec(spec)?,
+        };
         if spec.tty {
-            self.start_on_terminal(spec)
+            self.start_on_terminal(spec, &cwd)
         } else {
-            self.start_on_pipes(spec, given)
+            self.start_on_pipes(spec, given, &cwd)
         }
     }
 
-    fn start_on_pipes(&self, spec: &StartSpec, given: GivenStdio) -> Result<ProcessOwner, Refusal> {
+    fn start_on_pipes(
+        &self,
+        spec: &StartSpec,
+        given: GivenStdio,
+        cwd: &WorkingDir,
+    ) -> Result<ProcessOwner, Refusal> {
         let stdio = ChildStdio::Pipes {
             pipe_stdin: spec.pipe_stdin,
             given,
         };
-        let confined = confine(spec)?;
+        let confined = confine(spec, cwd)?;
         let SpawnedChild {
             leader,
             stdin,
             stdout,
             stderr,
-        } = spawn::spawn(spec, stdio, &self.inner.limits.child, &confined.plan)?;
+        } = spawn::spawn(spec, stdio, &self.inner.limits.child, &confined.plan, cwd)?;
         let confinement = attach(&leader, confined);
         // The Leader owns the child: if anything fails from here on, its
         // drop kills and reaps it.
@@ -170,8 +196,11 @@ impl Engine {
         })
     }
 
-    fn start_on_terminal(&self, spec: &StartSpec) -> Result<ProcessOwner, Refusal> {
-        spec.validate()?;
+    fn start_on_terminal(
+        &self,
+        spec: &StartSpec,
+        cwd: &WorkingDir,
+    ) -> Result<ProcessOwner, Refusal> {
         let (terminal, slave, slave_path) = Terminal::open(spec.pty_size).map_err(|error| {
             if descriptors::is_exhaustion(&error) {
                 return descriptors::exhausted("open a pseudo-terminal", &error);
@@ -181,7 +210,7 @@ impl Engine {
                 format!("cannot open a pseudo-terminal: {error}"),
             )
         })?;
-        let confined = confine(spec)?;
+        let confined = confine(spec, cwd)?;
         if let Some(id) = confined.plan.user {
             // Its own terminal, which it may open again by name.
             rustix::fs::fchown(&slave, Some(rustix::fs::Uid::from_raw(id)), None).map_err(
@@ -198,6 +227,7 @@ impl Engine {
             ChildStdio::Terminal(slave_path),
             &self.inner.limits.child,
             &confined.plan,
+            cwd,
         )?;
         drop(slave);
         let leader = child.leader;
@@ -375,12 +405,13 @@ async fn expire_at(
 
 /// The confinement of `spec` (its sandbox, its limits, its cgroup),
 /// prepared before the spawn.
-fn confine(spec: &StartSpec) -> Result<crate::sandbox::Prepared, Refusal> {
-    let cwd = match spec.effective_cwd() {
-        Some(cwd) => cwd.clone(),
-        None => std::env::current_dir().unwrap_or_else(|_| "/".into()),
-    };
-    crate::sandbox::prepare(spec.sandbox.as_ref(), &spec.limits, &cwd)
+fn confine(spec: &StartSpec, cwd: &WorkingDir) -> Result<crate::sandbox::Prepared, Refusal> {
+    crate::sandbox::prepare(
+        spec.sandbox.as_ref(),
+        &spec.limits,
+        cwd.path(),
+        cwd.identity(),
+    )
 }
 
 /// Gives the spawned child's tree its cgroup; what was enforced.

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::engine::spawn;
+use crate::engine::{WorkingDir, spawn};
 use crate::model::{
     EXCERPT_BYTES, Policy, Refusal, RefusalKind, RuleNames, StartSpec, env_name_problem, excerpt,
     io_message,
@@ -76,6 +76,18 @@ struct Counter {
 #[derive(Debug)]
 pub struct Admission {
     counters: Vec<Arc<Counter>>,
+    /// The working directory cwdRoots checked, opened: the start runs in
+    /// this one (see `working_dir.rs`).
+    working_dir: Option<WorkingDir>,
+}
+
+impl Admission {
+    /// The working directory the cwdRoots check opened and admitted, for
+    /// [`crate::engine::Engine::start_in`]; the admission holds no
+    /// descriptor while the process runs.
+    pub fn take_working_dir(&mut self) -> Option<WorkingDir> {
+        self.working_dir.take()
+    }
 }
 
 impl Drop for Admission {
@@ -446,7 +458,7 @@ impl Rules {
             ));
         }
         self.admit_environment(&mut admitted)?;
-        self.admit_cwd(&mut admitted)?;
+        let working_dir = self.admit_cwd(&mut admitted)?;
         self.admit_program(&mut admitted)?;
         if let Some(max) = self.max_run_time {
             admitted.timeout = Some(admitted.timeout.map_or(max, |asked| asked.min(max)));
@@ -461,7 +473,8 @@ impl Rules {
             )?);
         }
         admitted.limits = spec.limits.and(&self.limits);
-        let admission = self.take_places()?;
+        let mut admission = self.take_places()?;
+        admission.working_dir = working_dir;
         Ok((admitted, admission))
     }
 
@@ -513,9 +526,12 @@ impl Rules {
         Ok(())
     }
 
-    fn admit_cwd(&self, spec: &mut StartSpec) -> Result<(), Refusal> {
+    /// Checks the working directory against cwdRoots, opened once: what
+    /// is checked is what the start runs in, whatever its path names
+    /// later.
+    fn admit_cwd(&self, spec: &mut StartSpec) -> Result<Option<WorkingDir>, Refusal> {
         let Some(roots) = &self.cwd_roots else {
-            return Ok(());
+            return Ok(None);
         };
         let asked = start_cwd(spec)?;
         let outside = |canonical: &Path| {
@@ -533,8 +549,8 @@ impl Rules {
                 ),
             )
         };
-        let canonical = match std::fs::canonicalize(&asked) {
-            Ok(canonical) => canonical,
+        let opened = match WorkingDir::open(&asked) {
+            Ok(opened) => opened,
             // Outside the roots the answer is the same whether or not the
             // directory exists.
             Err(_)
@@ -547,22 +563,14 @@ impl Rules {
             {
                 return Err(outside(&asked));
             }
-            Err(error) => {
-                return Err(Refusal::new(
-                    RefusalKind::BadCwd,
-                    format!(
-                        "working directory {}: {}",
-                        excerpt(&asked.display().to_string()),
-                        io_message(&error)
-                    ),
-                ));
-            }
+            Err(refusal) => return Err(refusal),
         };
+        let canonical = opened.path().to_path_buf();
         if !roots.iter().any(|root| canonical.starts_with(root)) {
             return Err(outside(&canonical));
         }
         spec.cwd = Some(canonical);
-        Ok(())
+        Ok(Some(opened))
     }
 
     fn admit_program(&self, spec: &mut StartSpec) -> Result<(), Refusal> {
@@ -641,6 +649,7 @@ impl Rules {
     fn take_places(&self) -> Result<Admission, Refusal> {
         let mut admission = Admission {
             counters: Vec::with_capacity(self.counters.len()),
+            working_dir: None,
         };
         for counter in &self.counters {
             let taken =

@@ -183,6 +183,9 @@ pub async fn exec(
         } else {
             Stdin::Null
         });
+    // The login token capexec's client reads from the environment is not
+    // the agent's: a command (confined or not) does not inherit it.
+    command.env_remove("CAPEXEC_TOKEN");
     for (name, value) in args.env.iter().flatten() {
         command.env(name, value);
     }

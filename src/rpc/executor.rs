@@ -239,7 +239,16 @@ impl executor::Server for ExecutorImpl {
             .take()
             .inspect_err(|refusal| crate::metrics::refused_start(refusal.kind))?;
         let passed = given.is_some();
-        let owner = self.engine().start_with(&spec, given.unwrap_or_default())?;
+        let (admission, working_dir) = match admission {
+            Some(mut admission) => {
+                let working_dir = admission.take_working_dir();
+                (Some(admission), working_dir)
+            }
+            None => (None, None),
+        };
+        let owner = self
+            .engine()
+            .start_in(&spec, given.unwrap_or_default(), working_dir)?;
         if let Some(admission) = admission {
             owner.handle().hold_while_running(admission);
         }

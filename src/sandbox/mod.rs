@@ -14,6 +14,7 @@ mod roots;
 mod ruleset;
 mod seccomp;
 mod sentinel;
+mod tcp_peer;
 
 use std::collections::HashSet;
 use std::os::fd::OwnedFd;
@@ -260,13 +261,15 @@ pub(crate) struct Prepared {
     pub confinement: Confinement,
 }
 
-/// The confinement of a start running in `cwd` with `sandbox` (already
-/// narrowed by every policy) and `limits`: refused if something that must
-/// be enforced cannot be, or a root is unacceptable.
+/// The confinement of a start running in `cwd` (canonical, opened once by
+/// the engine: `cwd_identity` is the (device, inode) the child enters) with
+/// `sandbox` (already narrowed by every policy) and `limits`: refused if
+/// something that must be enforced cannot be, or a root is unacceptable.
 pub(crate) fn prepare(
     sandbox: Option<&Sandbox>,
     limits: &Limits,
     cwd: &Path,
+    cwd_identity: (u64, u64),
 ) -> Result<Prepared, Refusal> {
     let support = support();
     let mut prepared = Prepared::default();
@@ -356,7 +359,7 @@ pub(crate) fn prepare(
 
     // The sandbox: roots first (refusals for bad roots come before
     // refusals for missing kernel features).
-    let mut resolved = roots::resolve(sandbox, cwd, "sandbox")?;
+    let mut resolved = roots::resolve_in_canonical(sandbox, cwd, "sandbox")?;
     if sandbox.leave_out_secrets {
         resolved = roots::leave_out(resolved, &protected(), "sandbox")?;
     }
@@ -466,10 +469,12 @@ pub(crate) fn prepare(
         confinement.enforced.push(name::NETWORK_TCP.into());
     }
     if coverage.filesystem {
-        prepared.plan.ruleset = Some(
-            ruleset::ruleset(&resolved, sandbox.network, support.landlock_abi)
-                .map_err(|why| Refusal::new(RefusalKind::SpawnFailed, format!("sandbox: {why}")))?,
-        );
+        prepared.plan.ruleset = Some(ruleset::ruleset(
+            &resolved,
+            Some((cwd, cwd_identity)),
+            sandbox.network,
+            support.landlock_abi,
+        )?);
         prepared.plan.roots = Some(resolved.clone());
     }
     if support.seccomp {
@@ -493,7 +498,6 @@ pub(crate) fn prepare(
     }
     if !mounts.is_empty() {
         use std::os::unix::ffi::OsStrExt;
-        let cwd = std::fs::canonicalize(cwd).unwrap_or_else(|_| cwd.to_path_buf());
         prepared.plan.mounted_cwd = std::ffi::CString::new(cwd.as_os_str().as_bytes()).ok();
         prepared.plan.mounts = mounts;
     }
@@ -615,8 +619,7 @@ fn identity_of(
              container's root has none); {KEEP_ROOT}"
         ));
     }
-    let cwd = std::fs::canonicalize(cwd).unwrap_or_else(|_| cwd.to_path_buf());
-    identity::mapped_trees(roots, &cwd)
+    identity::mapped_trees(roots, cwd)
         .into_iter()
         .map(|tree| {
             let mapped = identity::detached_mapped(&tree).map_err(|error| {
@@ -751,6 +754,8 @@ pub fn is_sandboxed_process(pid: i32) -> bool {
         field("NoNewPrivs:").as_deref() == Some("1") && field("Seccomp:").as_deref() == Some("2")
     })
 }
+
+pub use self::tcp_peer::tcp_peer_is_sandboxed;
 
 /// Policies' sandboxes, resolved: what a start may be given.
 pub use self::roots::PolicySandbox;

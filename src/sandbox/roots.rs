@@ -91,15 +91,26 @@ fn is_default_device(path: &Path) -> bool {
 /// A sandbox's roots, resolved: what `sandbox` gives a process that runs
 /// in `cwd` (absolute). Fails for a root that does not resolve.
 pub(crate) fn resolve(sandbox: &Sandbox, cwd: &Path, rule: &str) -> Result<Vec<Root>, Refusal> {
-    let mut roots = resolve_without_cwd(sandbox, rule)?;
     let cwd = std::fs::canonicalize(cwd).map_err(|error| {
         Refusal::new(
             RefusalKind::BadCwd,
             format!("working directory {}: {}", shown(cwd), io_message(&error)),
         )
     })?;
+    resolve_in_canonical(sandbox, &cwd, rule)
+}
+
+/// [`resolve`] for a start whose working directory was resolved already
+/// (`cwd` is canonical, and not resolved again: its path may name another
+/// directory by now).
+pub(crate) fn resolve_in_canonical(
+    sandbox: &Sandbox,
+    cwd: &Path,
+    rule: &str,
+) -> Result<Vec<Root>, Refusal> {
+    let mut roots = resolve_without_cwd(sandbox, rule)?;
     roots.push(Root {
-        path: cwd,
+        path: cwd.to_path_buf(),
         access: if sandbox.read_only_cwd {
             Access::Read
         } else {

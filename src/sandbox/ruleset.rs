@@ -8,7 +8,10 @@
 //! start that asks for the same roots. Its rules name the directories'
 //! inodes as they were when it was built, so a start uses it only while
 //! each root's path still names the same inode (one `statx` per root);
-//! otherwise it is built again.
+//! otherwise it is built again. The working directory's root is pinned:
+//! its rule must name the inode the child enters (opened once by the
+//! engine), compared with what was opened, never with what its path names
+//! by now.
 
 use std::fs::File;
 use std::os::fd::OwnedFd;
@@ -21,7 +24,7 @@ use landlock::{
     RulesetAttr, RulesetCreatedAttr, Scope,
 };
 
-use crate::model::Network;
+use crate::model::{Network, Refusal, RefusalKind};
 use crate::sandbox::roots::{Access as RootAccess, Root};
 
 /// What a ruleset enforces, by the kernel's ABI.
@@ -86,11 +89,20 @@ fn identity(path: &std::path::Path) -> Option<(u64, u64)> {
 
 /// The ruleset [`build`] makes of `roots`, `network` and `version`: a kept
 /// one if its roots still name the same inodes, else built and kept.
+/// `pinned` is the working directory and its (device, inode): a root at
+/// that path must name that inode, or the start is refused.
 pub(crate) fn ruleset(
     roots: &[Root],
+    pinned: Option<(&std::path::Path, (u64, u64))>,
     network: Network,
     version: u32,
-) -> Result<Arc<OwnedFd>, String> {
+) -> Result<Arc<OwnedFd>, Refusal> {
+    let pinned_at = |root: &Root| {
+        pinned
+            .filter(|(path, _)| *path == root.path)
+            .map(|(_, identity)| identity)
+    };
+    let now = |root: &Root| pinned_at(root).or_else(|| identity(&root.path));
     let matches = |kept: &Kept| {
         kept.network == network
             && kept.version == version
@@ -107,14 +119,27 @@ pub(crate) fn ruleset(
             let current = roots
                 .iter()
                 .zip(&kept[index].identities)
-                .all(|(root, &was)| identity(&root.path) == Some(was));
+                .all(|(root, &was)| now(root) == Some(was));
             if current {
                 return Ok(Arc::clone(&kept[index].ruleset));
             }
             kept.remove(index);
         }
     }
-    let (fd, identities) = build(roots, network, version)?;
+    let (fd, identities) = build(roots, network, version)
+        .map_err(|why| Refusal::new(RefusalKind::SpawnFailed, format!("sandbox: {why}")))?;
+    for (root, &built) in roots.iter().zip(&identities) {
+        if pinned_at(root).is_some_and(|pinned| pinned != built) {
+            return Err(Refusal::new(
+                RefusalKind::BadCwd,
+                format!(
+                    "working directory {}: it changed while the start was prepared (its path \
+                     names another directory now)",
+                    root.path.display()
+                ),
+            ));
+        }
+    }
     let ruleset = Arc::new(fd);
     let mut kept = KEPT_RULESETS.lock().unwrap_or_else(|p| p.into_inner());
     if kept.len() >= KEPT {
@@ -214,13 +239,13 @@ mod tests {
             access: RootAccess::Write,
             origin: Origin::Default,
         }];
-        let first = ruleset(&roots, Network::All, version).expect("built");
-        let again = ruleset(&roots, Network::All, version).expect("kept");
+        let first = ruleset(&roots, None, Network::All, version).expect("built");
+        let again = ruleset(&roots, None, Network::All, version).expect("kept");
         assert!(
             Arc::ptr_eq(&first, &again),
             "the same roots share one ruleset"
         );
-        let other = ruleset(&roots, Network::None, version).expect("built");
+        let other = ruleset(&roots, None, Network::None, version).expect("built");
         assert!(
             !Arc::ptr_eq(&first, &other),
             "another network, another ruleset"
@@ -228,7 +253,7 @@ mod tests {
         // The same path, another directory: the kept rules name the old one.
         std::fs::remove_dir(&root).expect("rmdir");
         std::fs::create_dir(&root).expect("mkdir");
-        let rebuilt = ruleset(&roots, Network::All, version).expect("built again");
+        let rebuilt = ruleset(&roots, None, Network::All, version).expect("built again");
         assert!(
             !Arc::ptr_eq(&first, &rebuilt),
             "built again for the new inode"

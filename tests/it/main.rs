@@ -41,3 +41,4 @@ mod stdio_handoff;
 mod terminal_contract;
 mod timeouts;
 mod tls;
+mod working_dir;

@@ -49,7 +49,8 @@ pub(super) struct ChildPlan<'a> {
     pub(super) program: &'a CString,
     pub(super) argv: &'a [*const libc::c_char],
     pub(super) envp: &'a [*const libc::c_char],
-    pub(super) cwd: Option<&'a CString>,
+    /// The working directory, opened (see `working_dir.rs`).
+    pub(super) cwd: RawFd,
     pub(super) stdio: &'a [StdioAction],
     pub(super) max_signal: libc::c_int,
     /// Descriptors to close when close_range(2) is unavailable.
@@ -191,11 +192,15 @@ pub(super) extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         if let Err(result) = plan.extras.confinement.mount_trees() {
             fail(plan, FAILED_IN_CONFINE, result);
         }
-        if let Some(cwd) = plan.cwd {
-            let result = raw(libc::syscall(libc::SYS_chdir, cwd.as_ptr()));
-            if result < 0 {
-                fail(plan, FAILED_IN_CHDIR, result);
-            }
+        // Entered by its descriptor, or, when the trees were mounted over
+        // it (and entered again by path), proven to be the same inode.
+        let result = if plan.extras.confinement.entered_mounted_cwd() {
+            same_directory(plan.cwd)
+        } else {
+            raw(libc::syscall(libc::SYS_fchdir, plan.cwd))
+        };
+        if result < 0 {
+            fail(plan, FAILED_IN_CHDIR, result);
         }
         // After the terminal is open and the directory changed (Landlock
         // rules apply to what is opened from now on), before the
@@ -230,6 +235,44 @@ pub(super) extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
             plan.envp.as_ptr(),
         ));
         fail(plan, FAILED_IN_EXEC, result)
+    }
+}
+
+/// 0 if the working directory is the directory `fd` names (the same
+/// device and inode), else -ESTALE: its path, entered again, named another.
+///
+/// # Safety
+/// Only in the child between clone and exec.
+unsafe fn same_directory(fd: RawFd) -> libc::c_long {
+    // SAFETY: fstatat fills the stat buffers on this stack.
+    unsafe {
+        let mut entered: libc::stat = std::mem::zeroed();
+        let mut opened: libc::stat = std::mem::zeroed();
+        let result = raw(libc::syscall(
+            libc::SYS_newfstatat,
+            libc::AT_FDCWD,
+            c".".as_ptr(),
+            &mut entered as *mut libc::stat,
+            0,
+        ));
+        if result < 0 {
+            return result;
+        }
+        let result = raw(libc::syscall(
+            libc::SYS_newfstatat,
+            fd,
+            c"".as_ptr(),
+            &mut opened as *mut libc::stat,
+            libc::AT_EMPTY_PATH,
+        ));
+        if result < 0 {
+            return result;
+        }
+        if (entered.st_dev, entered.st_ino) == (opened.st_dev, opened.st_ino) {
+            0
+        } else {
+            -libc::c_long::from(libc::ESTALE)
+        }
     }
 }
 

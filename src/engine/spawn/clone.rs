@@ -24,7 +24,7 @@ pub(super) fn launch(
     program: &Path,
     argv: &[&OsStr],
     envp: &[OsString],
-    cwd: Option<&Path>,
+    cwd: RawFd,
     stdio: &[StdioAction],
     extras: &Extras<'_>,
 ) -> io::Result<(i32, OwnedFd)> {
@@ -37,7 +37,6 @@ pub(super) fn launch(
         .iter()
         .map(|e| c_string(e))
         .collect::<io::Result<_>>()?;
-    let cwd = cwd.map(|cwd| c_string(cwd.as_os_str())).transpose()?;
     let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
     argv_ptrs.push(std::ptr::null());
     let mut envp_ptrs: Vec<*const libc::c_char> = envp.iter().map(|e| e.as_ptr()).collect();
@@ -48,7 +47,7 @@ pub(super) fn launch(
         program: &program,
         argv: &argv_ptrs,
         envp: &envp_ptrs,
-        cwd: cwd.as_ref(),
+        cwd,
         stdio,
         max_signal: libc::SIGRTMAX(),
         open_fds: open_fds.as_deref(),

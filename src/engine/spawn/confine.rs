@@ -85,6 +85,13 @@ impl Confinement {
         }
     }
 
+    /// Whether [`Confinement::mount_trees`] enters the working directory
+    /// again, by its path (the trees mounted over it hide the one its
+    /// descriptor names).
+    pub(super) fn entered_mounted_cwd(&self) -> bool {
+        !self.mounts.is_empty() && self.mounted_cwd.is_some()
+    }
+
     /// Moves the prepared trees into place in a mount namespace of the
     /// child's own (slave to ours: what is mounted here later shows
     /// there): raw system calls only. Returns the failed call's -errno.

@@ -30,7 +30,7 @@ use std::path::Path;
 use self::child::Extras;
 use self::clone::launch;
 use self::confine::Confinement;
-use self::program::{Resolved, check_cwd, classify, resolve, spawn_failed};
+use self::program::{Resolved, classify, resolve, spawn_failed};
 // The child's environment, for the policy's tests.
 #[cfg(test)]
 pub(crate) use self::program::child_env;
@@ -58,12 +58,10 @@ pub(crate) fn spawn(
     stdio: ChildStdio,
     setup: &ChildSetup,
     confine: &crate::sandbox::Plan,
+    cwd: &crate::engine::WorkingDir,
 ) -> Result<SpawnedChild, Refusal> {
     spec.validate()?;
-    let Resolved { cwd, env, program } = resolve(spec)?;
-    if let Some(cwd) = &cwd {
-        check_cwd(cwd)?;
-    }
+    let Resolved { env, program } = resolve(spec)?;
     confine.check_program(&spec.argv[0], &program)?;
 
     let arg0 = spec.arg0.as_ref().unwrap_or(&spec.argv[0]);
@@ -96,14 +94,7 @@ pub(crate) fn spawn(
             }),
             confinement: &confinement,
         };
-        match launch(
-            &program,
-            &argv,
-            &envp,
-            cwd.as_deref(),
-            &plan.actions,
-            &extras,
-        ) {
+        match launch(&program, &argv, &envp, cwd.raw_fd(), &plan.actions, &extras) {
             // execvp's rule: a file the kernel cannot execute is a script.
             Err(error) if error.raw_os_error() == Some(libc::ENOEXEC) => {
                 let mut shell_argv = vec![arg0.as_os_str(), program.as_os_str()];
@@ -112,7 +103,7 @@ pub(crate) fn spawn(
                     Path::new(SHELL),
                     &shell_argv,
                     &envp,
-                    cwd.as_deref(),
+                    cwd.raw_fd(),
                     &plan.actions,
                     &extras,
                 )

@@ -17,9 +17,6 @@ const DEFAULT_PATH: &str = "/bin:/usr/bin";
 
 /// What a spec resolves to on this host.
 pub(super) struct Resolved {
-    /// Absolute, so that resolving the program here and the child's chdir
-    /// agree about relative paths.
-    pub(super) cwd: Option<PathBuf>,
     pub(super) env: Vec<(OsString, OsString)>,
     pub(super) program: PathBuf,
 }
@@ -38,7 +35,7 @@ pub(super) fn resolve(spec: &StartSpec) -> Result<Resolved, Refusal> {
         .map(|(_, value)| value.as_os_str());
     let program = resolve_program(&spec.argv[0], path_var, cwd.as_deref())
         .map_err(|error| classify(spec, &error))?;
-    Ok(Resolved { cwd, env, program })
+    Ok(Resolved { env, program })
 }
 
 /// The file `spec` would execute: its program resolved as the spawn
@@ -84,20 +81,6 @@ fn bad_cwd(cwd: &Path, why: &str) -> Refusal {
             excerpt(&cwd.display().to_string())
         ),
     )
-}
-
-pub(super) fn check_cwd(cwd: &Path) -> Result<(), Refusal> {
-    match std::fs::metadata(cwd) {
-        Ok(meta) if meta.is_dir() => Ok(()),
-        Ok(_) => Err(Refusal::new(
-            RefusalKind::BadCwd,
-            format!(
-                "working directory {} is not a directory",
-                excerpt(&cwd.display().to_string())
-            ),
-        )),
-        Err(error) => Err(bad_cwd(cwd, &io_message(&error))),
-    }
 }
 
 /// `execvp`'s search: a name with a slash is used as it is (relative to the
@@ -164,7 +147,15 @@ pub(super) fn classify(spec: &StartSpec, error: &io::Error) -> Refusal {
                     spec.effective_cwd()
                         .map(|cwd| excerpt(&cwd.display().to_string()).into_owned())
                         .unwrap_or_default(),
-                    io_message(&failure.error)
+                    // The child's check that its path, entered again under
+                    // its mounts, is the directory that was opened.
+                    if failure.error.raw_os_error() == Some(libc::ESTALE) {
+                        "it changed while the start was prepared (its path names another \
+                         directory now)"
+                            .to_string()
+                    } else {
+                        io_message(&failure.error)
+                    }
                 ),
             ),
             Step::Cgroup => Refusal::new(

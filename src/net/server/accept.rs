@@ -183,15 +183,25 @@ fn accept_tcp(
     }
     let session = Session::awaiting_login(Some(place));
     let tls = serving.tls.borrow().clone();
-    let network = match &tls {
-        None => {
-            let (reader, writer) = stream.into_split();
-            let network = server_network(reader, writer, serving.limits, &session);
-            futures::future::ready(Some(network)).boxed_local()
+    let limits = serving.limits;
+    let network = {
+        let session = Rc::clone(&session);
+        async move {
+            // Before a byte is read: a sandboxed process of this machine
+            // may not log in, whatever token it holds (see `tcp_peer.rs`).
+            if sandboxed_local_peer(&stream, peer).await {
+                tracing::warn!(%peer, "refusing a TCP connection from a sandboxed process");
+                return None;
+            }
+            match tls {
+                None => {
+                    let (reader, writer) = stream.into_split();
+                    Some(server_network(reader, writer, limits, &session))
+                }
+                Some(tls) => tls_handshake(tls, stream, limits, session).await,
+            }
         }
-        Some(tls) => {
-            tls_handshake(tls.clone(), stream, serving.limits, Rc::clone(&session)).boxed_local()
-        }
+        .boxed_local()
     };
     Some(Accepted {
         network,
@@ -201,6 +211,17 @@ fn accept_tcp(
         received: None,
         direct: None,
     })
+}
+
+/// Whether `stream`'s peer is a sandboxed process of this machine, looked
+/// up off this thread (it reads `/proc` for a peer of this machine).
+async fn sandboxed_local_peer(stream: &tokio::net::TcpStream, peer: std::net::SocketAddr) -> bool {
+    let Ok(local) = stream.local_addr() else {
+        return true;
+    };
+    tokio::task::spawn_blocking(move || crate::sandbox::tcp_peer_is_sandboxed(local, peer))
+        .await
+        .unwrap_or(true)
 }
 
 /// Turns away a connection beyond the limits on connections that have not
