@@ -12,6 +12,7 @@ use capexec::model::PtySize;
 /// Size of the terminal on stdin, stdout or stderr (the first that is one).
 pub fn local_size() -> Option<PtySize> {
     [0, 1, 2].into_iter().find_map(|fd| {
+        // SAFETY: winsize is plain data, valid all zeroes.
         let mut size: libc::winsize = unsafe { std::mem::zeroed() };
         // SAFETY: TIOCGWINSZ fills a winsize; fails harmlessly on non-ttys.
         let ok = unsafe { libc::ioctl(fd, libc::TIOCGWINSZ, &mut size) } == 0;

@@ -45,13 +45,16 @@ fn root(given: Option<PathBuf>) -> Result<PathBuf, String> {
     })
 }
 
-async fn serve(args: McpArgs) -> Result<(), String> {
+async fn serve(mut args: McpArgs) -> Result<(), String> {
     if args.unconfined && args.network.is_some() {
         return Err(
             "--network is the network of confined commands: --unconfined ones have the \
              executor's own"
                 .into(),
         );
+    }
+    if args.listen.is_some() && args.http_token_file.is_none() {
+        args.http_token_file = listen_token_file(&mut args.connect)?;
     }
     let listen = match &args.listen {
         Some(url) => Some(http_listen(url, args.http_token_file.as_deref())?),
@@ -157,6 +160,26 @@ async fn serve(args: McpArgs) -> Result<(), String> {
     ended
 }
 
+/// With `--listen` and the embedded executor, `--token-file FILE` is the
+/// token HTTP clients present (there is no connection for it to log
+/// into). With `--connect` it is the connection's login token, and the
+/// clients' is `--http-token-file`: given only `--token-file`, which one
+/// is meant is asked rather than guessed.
+fn listen_token_file(
+    connect: &mut super::ConnectArgs,
+) -> Result<Option<std::path::PathBuf>, String> {
+    let connects = connect.connect.as_deref().is_some_and(|to| !to.is_empty());
+    match (&connect.token_file, connects) {
+        (None, _) => Ok(None),
+        (Some(_), false) => Ok(connect.token_file.take()),
+        (Some(_), true) => Err(
+            "with --connect, --token-file is the login token of the connection: name the token \
+             of --listen's clients with --http-token-file FILE"
+                .into(),
+        ),
+    }
+}
+
 /// `--listen http://HOST:PORT/PATH` and its token: required off loopback,
 /// where anyone who can reach the port could otherwise run commands.
 fn http_listen(
@@ -169,8 +192,9 @@ fn http_listen(
         .transpose()?;
     if token.is_none() && !parsed.address.ip().is_loopback() {
         return Err(format!(
-            "--listen {url} is not a loopback address: it needs --http-token-file FILE, whose \
-             token clients must present (Authorization: Bearer)"
+            "--listen {url} is not a loopback address: it needs --token-file FILE (with \
+             --connect: --http-token-file FILE), whose token clients must present \
+             (Authorization: Bearer)"
         ));
     }
     Ok((parsed, token))

@@ -227,6 +227,7 @@ pub struct McpArgs {
     listen: Option<String>,
     /// With --listen: clients must present the token in FILE
     /// (`Authorization: Bearer TOKEN`); required when HOST is not loopback.
+    /// Without --connect, --token-file FILE says the same.
     #[arg(long = "http-token-file", value_name = "FILE")]
     http_token_file: Option<std::path::PathBuf>,
     /// With --listen: an MCP session with no message either way for SECS

@@ -230,6 +230,7 @@ fn make_mapping_namespace() -> io::Result<OwnedFd> {
     // SAFETY: write(2) of one byte from a live buffer to our pipe.
     unsafe { libc::write(write.as_raw_fd(), b"x".as_ptr().cast(), 1) };
     drop(write);
+    // SAFETY: siginfo_t is plain data, valid all zeroes.
     let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
     // SAFETY: waits for our own child through its pidfd; __WALL because
     // it has no exit signal.

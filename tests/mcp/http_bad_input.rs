@@ -120,8 +120,17 @@ fn call_status(authority: &str, session: &str) -> u16 {
     .status
 }
 
+/// The issue's spelling, `--listen URL --token-file FILE` (the embedded
+/// executor has no connection for `--token-file` to log into), and
+/// `--http-token-file FILE`, which also works beside `--connect`.
 #[test]
 fn a_token_is_required_when_given_and_compared() {
+    for flag in ["--http-token-file", "--token-file"] {
+        a_token_is_required_when_given_by(flag);
+    }
+}
+
+fn a_token_is_required_when_given_by(flag: &str) {
     let root = TempDir::new("mcp-http-token");
     let secrets = TempDir::new("mcp-http-token-file");
     let token_file = secrets.path().join("token");
@@ -132,7 +141,7 @@ fn a_token_is_required_when_given_and_compared() {
     )
     .expect("chmod");
     let file = token_file.display().to_string();
-    let server = Listening::start(root.path(), &["--http-token-file", &file]);
+    let server = Listening::start(root.path(), &[flag, &file]);
     let body = br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
     let answer = request(&server.authority, "POST", &mcp_headers(None), body);
     assert_eq!(answer.status, 401, "{answer:?}");
@@ -173,7 +182,29 @@ fn off_loopback_without_a_token_is_refused_at_start() {
     assert_eq!(
         String::from_utf8_lossy(&output.stderr),
         "capexec: mcp: --listen http://0.0.0.0:0/mcp is not a loopback address: it needs \
-         --http-token-file FILE, whose token clients must present (Authorization: Bearer)\n"
+         --token-file FILE (with --connect: --http-token-file FILE), whose token clients must \
+         present (Authorization: Bearer)\n"
+    );
+    // Beside --connect, --token-file is the connection's: which token the
+    // clients present is asked, not guessed.
+    let output = Command::new(crate::common::cli::BIN)
+        .args([
+            "mcp",
+            "--connect",
+            "tcp:127.0.0.1:1",
+            "--token-file",
+            "/nonexistent",
+            "--listen",
+            "http://127.0.0.1:0/mcp",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run capexec mcp");
+    assert_eq!(output.status.code(), Some(125));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        "capexec: mcp: with --connect, --token-file is the login token of the connection: name \
+         the token of --listen's clients with --http-token-file FILE\n"
     );
     let output = Command::new(crate::common::cli::BIN)
         .args(["mcp", "--http-token-file", "/nonexistent"])

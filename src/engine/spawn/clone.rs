@@ -133,6 +133,7 @@ pub(super) fn launch(
     let failed = plan.error.load(Ordering::Acquire);
     if failed != 0 {
         // The child has exited; reap it before reporting why.
+        // SAFETY: siginfo_t is plain data, valid all zeroes.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
         // SAFETY: waits on our own pidfd into `info`.
         unsafe {
