@@ -17,7 +17,7 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use crate::capexec_capnp::{executor, policy};
+use crate::capexec_capnp::executor;
 use crate::model::{Refusal, RefusalKind};
 use crate::rpc::context::{Link, ServerContext, Upstream};
 use crate::rpc::forward_directory::ForwardingDirectory;
@@ -25,14 +25,24 @@ use crate::rpc::info;
 use crate::rpc::quota::Quota;
 use crate::wire;
 
+/// A call's parameters as they came, kept to be sent again: fields this
+/// server does not know of yet reach the far end all the same.
+type Kept = Rc<capnp::message::Builder<capnp::message::HeapAllocator>>;
+
 /// One step from the upstream's root executor to the one calls go to.
 #[derive(Clone)]
 enum Step {
-    /// `environment(name)`.
-    Environment(String),
-    /// `restrict(policy)`, the policy as it came: fields this server does
-    /// not know of yet reach the far end all the same.
-    Restrict(Rc<capnp::message::Builder<capnp::message::HeapAllocator>>),
+    /// `environment(...)`, its parameters.
+    Environment(Kept),
+    /// `restrict(...)`, its parameters.
+    Restrict(Kept),
+}
+
+/// `params` kept whole (see [`Kept`]).
+fn kept<T: capnp::traits::Owned>(params: T::Reader<'_>) -> Result<Kept, capnp::Error> {
+    let mut message = capnp::message::Builder::new_default();
+    message.set_root::<T>(params)?;
+    Ok(Rc::new(message))
 }
 
 /// Where a forwarder's far executor is.
@@ -158,19 +168,26 @@ impl ForwardingExecutor {
         let executor = path
             .iter()
             .fold(root.executor, |executor, step| match step {
-                Step::Environment(name) => {
+                Step::Environment(params) => {
                     let mut request = executor.environment_request();
-                    request.get().set_name(name);
-                    request.send().pipeline.get_executor()
+                    match params
+                        .get_root_as_reader()
+                        .and_then(|params| request.set(params))
+                    {
+                        Ok(()) => request.send().pipeline.get_executor(),
+                        Err(error) => executor::Client {
+                            client: capnp_rpc::new_broken_cap(error),
+                        },
+                    }
                 }
-                Step::Restrict(policy) => {
+                Step::Restrict(params) => {
                     let mut request = executor.restrict_request();
                     // A copy this server already read once; should it fail
                     // now, the executor fails rather than go unrestricted.
-                    let copied = policy
-                        .get_root_as_reader::<policy::Reader<'_>>()
-                        .and_then(|policy| request.get().set_policy(policy));
-                    match copied {
+                    match params
+                        .get_root_as_reader()
+                        .and_then(|params| request.set(params))
+                    {
                         Ok(()) => request.send().pipeline.get_executor(),
                         Err(error) => executor::Client {
                             client: capnp_rpc::new_broken_cap(malformed_policy(&error)),
@@ -264,9 +281,10 @@ impl executor::Server for ForwardingExecutor {
         params: executor::StartParams,
         mut results: executor::StartResults,
     ) -> Result<(), capnp::Error> {
-        let params = params.get()?.get_params()?;
+        let params = params.get()?;
+        let spec = params.get_params()?;
         if let (Some(received), Some(passed)) =
-            (&self.received, wire::passed_stdio_from_wire(params)?)
+            (&self.received, wire::passed_stdio_from_wire(spec)?)
             && let Some(fds) = received.take(passed.first, passed.count())
         {
             // Closed now (off this thread): they stay on this machine,
@@ -275,21 +293,28 @@ impl executor::Server for ForwardingExecutor {
         }
         let upstream = self.target().await?.executor;
         let mut request = upstream.start_request();
-        let mut forwarded = request.get();
-        forwarded.set_params(params).map_err(|error| {
+        request.set(params).map_err(|error| {
             Refusal::new(
                 RefusalKind::InvalidArgument,
                 format!("malformed start parameters: {error}"),
             )
         })?;
-        if params.has_passed_stdio() {
-            // The far end's numbers are this hop's, which sends none.
-            forwarded.get_params()?.init_passed_stdio();
+        if spec.has_passed_stdio() {
+            // Hop-local: the far end's numbers are this hop's, which
+            // sends none.
+            request.get().get_params()?.init_passed_stdio();
         }
         let call = request.send();
-        results.get().set_process(call.pipeline.get_process());
+        let process = call.pipeline.get_process();
+        results.get().set_process(process.clone());
         results.set_pipeline()?;
-        call.promise.await.map_err(|error| self.hop_error(error))?;
+        let response = call.promise.await.map_err(|error| self.hop_error(error))?;
+        results.set(response.get()?)?;
+        let mut answer = results.get();
+        // Hop-local: the capability published above, and no descriptors
+        // were passed on (this hop passes none).
+        answer.set_process(process);
+        answer.set_stdio_passed(false);
         Ok(())
     }
 
@@ -301,11 +326,14 @@ impl executor::Server for ForwardingExecutor {
     ) -> Result<(), capnp::Error> {
         let upstream = self.target().await?.executor;
         let mut request = upstream.restore_request();
-        request.get().set_token(params.get()?.get_token()?);
+        request.set(params.get()?)?;
         let call = request.send();
-        results.get().set_process(call.pipeline.get_process());
+        let process = call.pipeline.get_process();
+        results.get().set_process(process.clone());
         results.set_pipeline()?;
-        call.promise.await.map_err(|error| self.hop_error(error))?;
+        let response = call.promise.await.map_err(|error| self.hop_error(error))?;
+        results.set(response.get()?)?;
+        results.get().set_process(process);
         Ok(())
     }
 
@@ -316,13 +344,21 @@ impl executor::Server for ForwardingExecutor {
     ) -> Result<(), capnp::Error> {
         let upstream = self.target().await?.executor;
         let answer = upstream.info_request().send().promise.await;
-        let far = match answer {
-            Ok(response) => wire::info_from_wire(response.get()?.get_info()?)?,
-            Err(error) if error.kind == capnp::ErrorKind::Unimplemented => info::unknown_info(),
+        match answer {
+            Ok(response) => {
+                // Whole, then what this hop changes of it.
+                let far = response.get()?;
+                results.set(far)?;
+                let seen =
+                    info::seen_through_hop(wire::info_from_wire(far.get_info()?)?, self.hop());
+                wire::hop_view_to_wire(&seen, results.get().get_info()?);
+            }
+            Err(error) if error.kind == capnp::ErrorKind::Unimplemented => {
+                let seen = info::seen_through_hop(info::unknown_info(), self.hop());
+                wire::info_to_wire(&seen, results.get().init_info());
+            }
             Err(error) => return Err(self.hop_error(error)),
-        };
-        let seen = info::seen_through_hop(far, self.hop());
-        wire::info_to_wire(&seen, results.get().init_info());
+        }
         Ok(())
     }
 
@@ -344,10 +380,7 @@ impl executor::Server for ForwardingExecutor {
             .promise
             .await
             .map_err(|error| self.hop_error(error))?;
-        results
-            .get()
-            .set_environments(response.get()?.get_environments()?)?;
-        Ok(())
+        results.set(response.get()?)
     }
 
     async fn environment(
@@ -355,24 +388,30 @@ impl executor::Server for ForwardingExecutor {
         params: executor::EnvironmentParams,
         mut results: executor::EnvironmentResults,
     ) -> Result<(), capnp::Error> {
-        let name = params.get()?.get_name()?.to_str()?.to_string();
+        let params = params.get()?;
         if let Some(root) = &self.root {
-            let executor = crate::rpc::executor::environment(&root.context, &root.quota, &name)?;
+            let name = params.get_name()?.to_str()?;
+            let executor = crate::rpc::executor::environment(&root.context, &root.quota, name)?;
             results.get().set_executor(executor);
             return Ok(());
         }
+        let kept = kept::<executor::environment_params::Owned>(params)?;
         let target = self.target().await?;
         let mut request = target.executor.environment_request();
-        request.get().set_name(&name);
+        request.set(params)?;
         let call = request.send();
         let far = self.step(
-            Step::Environment(name),
+            Step::Environment(kept),
             call.pipeline.get_executor(),
             target.generation,
         );
-        results.get().set_executor(capnp_rpc::new_client(far));
+        let executor: executor::Client = capnp_rpc::new_client(far);
+        results.get().set_executor(executor.clone());
         results.set_pipeline()?;
-        call.promise.await.map_err(|error| self.hop_error(error))?;
+        let response = call.promise.await.map_err(|error| self.hop_error(error))?;
+        results.set(response.get()?)?;
+        // Hop-local: the forwarder published above.
+        results.get().set_executor(executor);
         Ok(())
     }
 
@@ -385,25 +424,27 @@ impl executor::Server for ForwardingExecutor {
     ) -> Result<(), capnp::Error> {
         // Kept whole: the same restriction is asked for again on a new
         // connection after the link reconnects.
-        let mut policy = capnp::message::Builder::new_default();
-        policy
-            .set_root(params.get()?.get_policy()?)
+        let params = params.get()?;
+        let kept = kept::<executor::restrict_params::Owned>(params)
             .map_err(|error| malformed_policy(&error))?;
         let target = self.target().await?;
         let mut request = target.executor.restrict_request();
         request
-            .get()
-            .set_policy(policy.get_root_as_reader::<policy::Reader<'_>>()?)
+            .set(params)
             .map_err(|error| malformed_policy(&error))?;
         let call = request.send();
         let far = self.step(
-            Step::Restrict(Rc::new(policy)),
+            Step::Restrict(kept),
             call.pipeline.get_executor(),
             target.generation,
         );
-        results.get().set_executor(capnp_rpc::new_client(far));
+        let executor: executor::Client = capnp_rpc::new_client(far);
+        results.get().set_executor(executor.clone());
         results.set_pipeline()?;
-        call.promise.await.map_err(|error| self.hop_error(error))?;
+        let response = call.promise.await.map_err(|error| self.hop_error(error))?;
+        results.set(response.get()?)?;
+        // Hop-local: the forwarder published above.
+        results.get().set_executor(executor);
         Ok(())
     }
 
@@ -416,16 +457,17 @@ impl executor::Server for ForwardingExecutor {
     ) -> Result<(), capnp::Error> {
         let upstream = self.target().await?.executor;
         let mut request = upstream.directory_request();
-        request.get().set_path(params.get()?.get_path()?);
+        request.set(params.get()?)?;
         let call = request.send();
-        results
-            .get()
-            .set_dir(capnp_rpc::new_client(ForwardingDirectory::new(
-                call.pipeline.get_dir(),
-                self.hop().into(),
-            )));
+        let dir: crate::capexec_capnp::directory::Client = capnp_rpc::new_client(
+            ForwardingDirectory::new(call.pipeline.get_dir(), self.hop().into()),
+        );
+        results.get().set_dir(dir.clone());
         results.set_pipeline()?;
-        call.promise.await.map_err(|error| self.hop_error(error))?;
+        let response = call.promise.await.map_err(|error| self.hop_error(error))?;
+        results.set(response.get()?)?;
+        // Hop-local: the forwarder published above.
+        results.get().set_dir(dir);
         Ok(())
     }
 
@@ -437,17 +479,23 @@ impl executor::Server for ForwardingExecutor {
         params: executor::DialParams,
         mut results: executor::DialResults,
     ) -> Result<(), capnp::Error> {
-        let params = params.get()?;
         let upstream = self.target().await?.executor;
         let mut request = upstream.dial_request();
-        request.get().set_address(params.get_address()?);
-        request.get().set_from_socket(params.get_from_socket()?);
+        request.set(params.get()?)?;
         let call = request.send();
-        results.get().set_connection(call.pipeline.get_connection());
-        results.get().set_to_socket(call.pipeline.get_to_socket());
+        let (connection, to_socket) = (
+            call.pipeline.get_connection(),
+            call.pipeline.get_to_socket(),
+        );
+        results.get().set_connection(connection.clone());
+        results.get().set_to_socket(to_socket.clone());
         results.set_pipeline()?;
         let response = call.promise.await.map_err(|error| self.hop_error(error))?;
-        results.get().set_info(response.get()?.get_info()?)?;
+        results.set(response.get()?)?;
+        // Hop-local: the capabilities published above.
+        let mut answer = results.get();
+        answer.set_connection(connection);
+        answer.set_to_socket(to_socket);
         Ok(())
     }
 
@@ -457,16 +505,17 @@ impl executor::Server for ForwardingExecutor {
         params: executor::ListenParams,
         mut results: executor::ListenResults,
     ) -> Result<(), capnp::Error> {
-        let params = params.get()?;
         let upstream = self.target().await?.executor;
         let mut request = upstream.listen_request();
-        request.get().set_address(params.get_address()?);
-        request.get().set_acceptor(params.get_acceptor()?);
+        request.set(params.get()?)?;
         let call = request.send();
-        results.get().set_listener(call.pipeline.get_listener());
+        let listener = call.pipeline.get_listener();
+        results.get().set_listener(listener.clone());
         results.set_pipeline()?;
         let response = call.promise.await.map_err(|error| self.hop_error(error))?;
-        results.get().set_address(response.get()?.get_address()?);
+        results.set(response.get()?)?;
+        // Hop-local: the capability published above.
+        results.get().set_listener(listener);
         Ok(())
     }
 }

@@ -22,6 +22,17 @@ pub fn info_to_wire(info: &ExecutorInfo, mut builder: wire::executor_info::Build
     builder.set_environment(&info.environment);
 }
 
+/// Over a far executor's info copied whole, what a hop changes of it
+/// (see `rpc::info::seen_through_hop`): its environment path and its
+/// features; every other field, known or not, stays the far end's.
+pub fn hop_view_to_wire(info: &ExecutorInfo, mut builder: wire::executor_info::Builder<'_>) {
+    let mut features = builder.reborrow().init_features(info.features.len() as u32);
+    for (index, feature) in info.features.iter().enumerate() {
+        features.set(index as u32, feature);
+    }
+    builder.set_environment(&info.environment);
+}
+
 pub fn info_from_wire(reader: wire::executor_info::Reader<'_>) -> capnp::Result<ExecutorInfo> {
     let text = |result: capnp::Result<capnp::text::Reader<'_>>| -> capnp::Result<String> {
         Ok(result?.to_string()?)

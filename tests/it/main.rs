@@ -21,6 +21,7 @@ mod directory_executor;
 mod exhaustion;
 mod facets;
 mod files;
+mod forwarding_fields;
 mod handles;
 mod hostile_bytes;
 mod hostile_rpc;
