@@ -60,7 +60,7 @@ impl Default for ProcessLimits {
 }
 
 /// Where one process is in its life. The moments come in this order (see
-/// docs/ARCHITECTURE.md, "Life of one process"): spawned; the child exits
+/// docs/INTERNALS.md, "Life of one process"): spawned; the child exits
 /// (the reaper says so); its exit event is logged once the output it wrote
 /// before is read, and `closed` once every output stream ended (both in the
 /// log); the owner releases it; the tree's termination starts and ends.

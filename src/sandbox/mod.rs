@@ -2,7 +2,7 @@
 //! once), and the plan of one start, prepared in the parent: the Landlock
 //! ruleset, the seccomp filter, the capability drop, the cgroup leaf and
 //! its limits. The child applies the plan with raw system calls only
-//! (`engine/spawn.rs`). No Cap'n Proto here; the values the other layers
+//! (`engine/spawn/`). No Cap'n Proto here; the values the other layers
 //! speak are in `model/sandbox.rs`.
 
 mod cgroup;
