@@ -9,6 +9,16 @@
 //! `environment(...).executor` go on to the upstream immediately, and a
 //! chain of any depth costs one trip per hop.
 //!
+//! Parameters go on whole (a field this server does not know yet reaches
+//! the far end), with the hop's own cleared explicitly: descriptors passed
+//! for stdio, a direct channel. Answers without a capability come back
+//! whole, amended where the hop says something of its own (`info`). An
+//! answer whose capability is published before the far end answers cannot
+//! be copied whole afterwards (capnp 0.27's builder panics overwriting a
+//! struct that holds a capability), so its other fields are set by hand:
+//! `tests/it/method_table.rs` lists them from the schema, and a new one
+//! fails it until it is forwarded here.
+//!
 //! Every `Executor` method is forwarded here once, in the
 //! `executor::Server` impl; a server's root executor whose default
 //! environment is an upstream is a forwarder too (with the server's own
@@ -305,16 +315,11 @@ impl executor::Server for ForwardingExecutor {
             request.get().get_params()?.init_passed_stdio();
         }
         let call = request.send();
-        let process = call.pipeline.get_process();
-        results.get().set_process(process.clone());
+        results.get().set_process(call.pipeline.get_process());
         results.set_pipeline()?;
-        let response = call.promise.await.map_err(|error| self.hop_error(error))?;
-        results.set(response.get()?)?;
-        let mut answer = results.get();
-        // Hop-local: the capability published above, and no descriptors
-        // were passed on (this hop passes none).
-        answer.set_process(process);
-        answer.set_stdio_passed(false);
+        // Its other field is hop-local: no descriptors were passed on
+        // (this hop passes none), so stdioPassed stays false.
+        call.promise.await.map_err(|error| self.hop_error(error))?;
         Ok(())
     }
 
@@ -328,12 +333,9 @@ impl executor::Server for ForwardingExecutor {
         let mut request = upstream.restore_request();
         request.set(params.get()?)?;
         let call = request.send();
-        let process = call.pipeline.get_process();
-        results.get().set_process(process.clone());
+        results.get().set_process(call.pipeline.get_process());
         results.set_pipeline()?;
-        let response = call.promise.await.map_err(|error| self.hop_error(error))?;
-        results.set(response.get()?)?;
-        results.get().set_process(process);
+        call.promise.await.map_err(|error| self.hop_error(error))?;
         Ok(())
     }
 
@@ -405,13 +407,9 @@ impl executor::Server for ForwardingExecutor {
             call.pipeline.get_executor(),
             target.generation,
         );
-        let executor: executor::Client = capnp_rpc::new_client(far);
-        results.get().set_executor(executor.clone());
+        results.get().set_executor(capnp_rpc::new_client(far));
         results.set_pipeline()?;
-        let response = call.promise.await.map_err(|error| self.hop_error(error))?;
-        results.set(response.get()?)?;
-        // Hop-local: the forwarder published above.
-        results.get().set_executor(executor);
+        call.promise.await.map_err(|error| self.hop_error(error))?;
         Ok(())
     }
 
@@ -438,13 +436,9 @@ impl executor::Server for ForwardingExecutor {
             call.pipeline.get_executor(),
             target.generation,
         );
-        let executor: executor::Client = capnp_rpc::new_client(far);
-        results.get().set_executor(executor.clone());
+        results.get().set_executor(capnp_rpc::new_client(far));
         results.set_pipeline()?;
-        let response = call.promise.await.map_err(|error| self.hop_error(error))?;
-        results.set(response.get()?)?;
-        // Hop-local: the forwarder published above.
-        results.get().set_executor(executor);
+        call.promise.await.map_err(|error| self.hop_error(error))?;
         Ok(())
     }
 
@@ -459,15 +453,14 @@ impl executor::Server for ForwardingExecutor {
         let mut request = upstream.directory_request();
         request.set(params.get()?)?;
         let call = request.send();
-        let dir: crate::capexec_capnp::directory::Client = capnp_rpc::new_client(
-            ForwardingDirectory::new(call.pipeline.get_dir(), self.hop().into()),
-        );
-        results.get().set_dir(dir.clone());
+        results
+            .get()
+            .set_dir(capnp_rpc::new_client(ForwardingDirectory::new(
+                call.pipeline.get_dir(),
+                self.hop().into(),
+            )));
         results.set_pipeline()?;
-        let response = call.promise.await.map_err(|error| self.hop_error(error))?;
-        results.set(response.get()?)?;
-        // Hop-local: the forwarder published above.
-        results.get().set_dir(dir);
+        call.promise.await.map_err(|error| self.hop_error(error))?;
         Ok(())
     }
 
@@ -482,20 +475,17 @@ impl executor::Server for ForwardingExecutor {
         let upstream = self.target().await?.executor;
         let mut request = upstream.dial_request();
         request.set(params.get()?)?;
+        // Hop-local: a direct channel is claimed on the far server's socket,
+        // which the client is not connected to; through a hop the bytes go
+        // as messages, and the far end is not asked for a ticket nobody
+        // could claim (it would reset the connection after 10 s).
+        request.get().set_direct(false);
         let call = request.send();
-        let (connection, to_socket) = (
-            call.pipeline.get_connection(),
-            call.pipeline.get_to_socket(),
-        );
-        results.get().set_connection(connection.clone());
-        results.get().set_to_socket(to_socket.clone());
+        results.get().set_connection(call.pipeline.get_connection());
+        results.get().set_to_socket(call.pipeline.get_to_socket());
         results.set_pipeline()?;
         let response = call.promise.await.map_err(|error| self.hop_error(error))?;
-        results.set(response.get()?)?;
-        // Hop-local: the capabilities published above.
-        let mut answer = results.get();
-        answer.set_connection(connection);
-        answer.set_to_socket(to_socket);
+        results.get().set_info(response.get()?.get_info()?)?;
         Ok(())
     }
 
@@ -509,13 +499,10 @@ impl executor::Server for ForwardingExecutor {
         let mut request = upstream.listen_request();
         request.set(params.get()?)?;
         let call = request.send();
-        let listener = call.pipeline.get_listener();
-        results.get().set_listener(listener.clone());
+        results.get().set_listener(call.pipeline.get_listener());
         results.set_pipeline()?;
         let response = call.promise.await.map_err(|error| self.hop_error(error))?;
-        results.set(response.get()?)?;
-        // Hop-local: the capability published above.
-        results.get().set_listener(listener);
+        results.get().set_address(response.get()?.get_address()?);
         Ok(())
     }
 }
