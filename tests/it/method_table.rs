@@ -67,19 +67,21 @@ const DIRECTORY: &[(&str, Hop)] = &[
     ("search", Hop::Forwarded),
 ];
 
-/// The schema's interfaces by name: their id and their methods' names in
-/// ordinal order.
-fn interfaces() -> BTreeMap<String, (u64, Vec<String>)> {
+/// The committed schema, as the code generator was given it.
+fn schema() -> capnp::message::Reader<capnp::serialize::OwnedSegments> {
     let bytes = std::fs::read(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/schema/codegen-request.bin"
     ))
     .expect("the committed code generation request");
-    let message = capnp::serialize::read_message_from_flat_slice(
-        &mut bytes.as_slice(),
-        capnp::message::ReaderOptions::new(),
-    )
-    .expect("a message");
+    capnp::serialize::read_message(bytes.as_slice(), capnp::message::ReaderOptions::new())
+        .expect("a message")
+}
+
+/// The schema's interfaces by name: their id and their methods' names in
+/// ordinal order.
+fn interfaces() -> BTreeMap<String, (u64, Vec<String>)> {
+    let message = schema();
     let request = message
         .get_root::<code_generator_request::Reader<'_>>()
         .expect("a code generation request");
@@ -144,16 +146,7 @@ const SET_BY_HAND: &[(&str, &str, &str)] = &[
 
 #[test]
 fn every_field_of_a_pipelined_result_is_forwarded() {
-    let bytes = std::fs::read(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/schema/codegen-request.bin"
-    ))
-    .expect("the committed code generation request");
-    let message = capnp::serialize::read_message_from_flat_slice(
-        &mut bytes.as_slice(),
-        capnp::message::ReaderOptions::new(),
-    )
-    .expect("a message");
+    let message = schema();
     let request = message
         .get_root::<code_generator_request::Reader<'_>>()
         .expect("a code generation request");
