@@ -158,7 +158,9 @@ pub fn local_executor_with_stdio_route(
     let received = crate::rpc::ReceivedDescriptors::default();
     let executor = root_executor(
         Rc::new(ServerContext::local_only(engine)),
-        Quota::unlimited().with_received_descriptors(received.clone()),
+        Quota::builder(None, Default::default())
+            .received_descriptors(received.clone())
+            .build(),
     );
     (executor, crate::rpc::StdioRoute::InProcess(received))
 }

@@ -43,7 +43,7 @@ pub use self::info::features as protocol_features;
 pub use self::port_quota::{MAX_PORT_LISTENERS, MAX_PORT_STREAMS, PortLimits};
 pub use self::ports::MAX_PENDING_ACCEPTS;
 pub use self::process::{MAX_WAIT_MS, ProcessImpl};
-pub use self::quota::Quota;
+pub use self::quota::{AllowanceBuilder, Quota};
 pub use self::subscription::deliveries_finished;
 pub use crate::conn::{DescriptorOutbox, MAX_KEPT_DESCRIPTORS, ReceivedDescriptors, StdioRoute};
 

@@ -57,14 +57,12 @@ struct State {
     holdings: Holdings,
 }
 
-impl Default for PortQuota {
-    fn default() -> Self {
-        PortQuota::new(PortLimits::default(), Holdings::default())
-    }
-}
-
 impl PortQuota {
-    pub(crate) fn new(limits: PortLimits, holdings: Holdings) -> PortQuota {
+    pub(crate) fn new(
+        limits: PortLimits,
+        holdings: Holdings,
+        direct: Option<DirectChannels>,
+    ) -> PortQuota {
         PortQuota(Rc::new(State {
             streams: Cell::new(0),
             listeners: Cell::new(0),
@@ -72,19 +70,10 @@ impl PortQuota {
             max_listeners: limits.max_listeners,
             freed: Notify::new(),
             budget: PortBudget::default(),
-            direct: None,
+            direct,
             unclaimed: Rc::default(),
             holdings,
         }))
-    }
-
-    /// Lets the connection's dials have direct channels from `channels`
-    /// (before any is opened).
-    pub(crate) fn with_direct_channels(mut self, channels: DirectChannels) -> PortQuota {
-        if let Some(state) = Rc::get_mut(&mut self.0) {
-            state.direct = Some(channels);
-        }
-        self
     }
 
     /// A ticket for a dial that asks for a direct channel, if this

@@ -162,15 +162,16 @@ pub(super) fn new_executor(
         move |connection: &str,
               received: Option<&rpc::ReceivedDescriptors>,
               direct: Option<&rpc::DirectChannels>| {
-            let mut quota = rpc::Quota::for_connection(per_connection, context.holdings())
-                .with_port_limits(port_limits);
+            let mut allowance = rpc::Quota::for_connection(per_connection, context.holdings())
+                .port_limits(port_limits)
+                .owned_by(connection);
             if let Some(received) = received {
-                quota = quota.with_received_descriptors(received.clone());
+                allowance = allowance.received_descriptors(received.clone());
             }
             if let Some(direct) = direct {
-                quota = quota.with_direct_channels(direct.clone());
+                allowance = allowance.direct_channels(direct.clone());
             }
-            let quota = quota.owned_by(connection);
+            let quota = allowance.build();
             match &rules {
                 Some(rules) => {
                     rpc::restricted_root_executor(Rc::clone(&context), quota, Rc::clone(rules))
