@@ -36,6 +36,7 @@ pub mod metrics;
 #[forbid(unsafe_code)]
 pub mod model;
 pub mod net;
+pub mod policy;
 pub mod ports;
 pub mod rpc;
 pub mod sandbox;

@@ -12,7 +12,6 @@ mod log;
 pub(crate) mod os;
 mod output;
 mod pipe_capacity;
-mod policy;
 pub mod proc_stat;
 mod reaper;
 mod shared;
@@ -37,12 +36,15 @@ pub use self::handle::{
 pub(crate) use self::kill::{pidfd_open, signal_process};
 pub use self::log::{Batch, LogLimits};
 pub use self::output::CHUNK_SIZE;
-pub use self::policy::{Admission, Rules};
 pub use self::reaper::{become_subreaper, is_subreaper};
 pub use self::shared::{
     MAX_QUEUED_STDIN_BYTES, MAX_QUEUED_STDIN_WRITES, MAX_WRITE_BYTES, ProcessLimits,
 };
 pub use self::spawn::{ChildSetup, GivenStdio};
+// What the restriction policy (`crate::policy`) checks a start's program by.
+#[cfg(test)]
+pub(crate) use self::spawn::child_env;
+pub(crate) use self::spawn::{program_on_own_path, program_path};
 pub use self::stdin::REMEMBERED_WRITE_IDS;
 pub use self::working_dir::WorkingDir;
 

@@ -1,5 +1,5 @@
 //! What a restriction of an executor asks for (the schema's `Policy`). The
-//! engine resolves it into rules (`engine::Rules`).
+//! engine resolves it into rules (`policy::Rules`).
 
 use std::ffi::OsString;
 use std::path::PathBuf;

@@ -9,8 +9,9 @@ use std::path::PathBuf;
 use std::rc::Rc;
 
 use crate::capexec_capnp::executor;
-use crate::engine::{Engine, GivenStdio, Rules};
+use crate::engine::{Engine, GivenStdio};
 use crate::model::{LOCAL_ENVIRONMENT, Policy, Refusal, RefusalKind, Sandbox};
+use crate::policy::Rules;
 use crate::rpc::context::{Place, ServerContext};
 use crate::rpc::detach::Held;
 use crate::rpc::forward::ForwardingExecutor;

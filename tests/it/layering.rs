@@ -1,6 +1,7 @@
 //! The layers, kept by a test: every `crate::MODULE` a file of `src/`
 //! names (outside comments) must be one its top-level module may import.
 //! The arrows: cli -> client/net -> rpc -> wire -> model <- engines, with
+//! `policy` (restricted executors' rules) between rpc and the engines, and
 //! `conn` (connection plumbing) under client and rpc, and `sys` (the
 //! operating system) under all. Front-ends (codex, mcp) are clients of the
 //! capabilities; engines know nothing of capnp. A new wrong import fails
@@ -21,8 +22,19 @@ fn allowed(module: &str) -> Option<Vec<&'static str>> {
         "conn" => vec!["model", "sys"],
         "wire" => vec!["model", "capexec_capnp"],
         "engine" | "files" | "sandbox" | "ports" => leaves.to_vec(),
-        "rpc" => [&leaves[..], ENGINES, &["wire", "conn", "capexec_capnp"]].concat(),
-        "net" => [&leaves[..], &["rpc", "wire", "conn", "capexec_capnp"]].concat(),
+        // Restricted executors' rules, composed of the engines' own.
+        "policy" => [&leaves[..], ENGINES].concat(),
+        "rpc" => [
+            &leaves[..],
+            ENGINES,
+            &["policy", "wire", "conn", "capexec_capnp"],
+        ]
+        .concat(),
+        "net" => [
+            &leaves[..],
+            &["rpc", "policy", "wire", "conn", "capexec_capnp"],
+        ]
+        .concat(),
         "client" => [&leaves[..], &["net", "wire", "conn", "capexec_capnp"]].concat(),
         "codex" | "mcp" => [
             &leaves[..],
@@ -40,16 +52,6 @@ const DEBTS: &[(&str, &str, &str)] = &[
         "engine",
         "sandbox",
         "the spawn applies the sandbox's plan: to become a rule type the engine takes",
-    ),
-    (
-        "engine",
-        "files",
-        "the engine's working directory checks use files::within",
-    ),
-    (
-        "engine",
-        "ports",
-        "a process's ports are opened by the engine",
     ),
     (
         "files",

@@ -405,7 +405,7 @@ fn prepare_host(config: &ServerConfig) {
 }
 
 /// The rules of a restricted server, if it is one.
-fn restriction(config: &ServerConfig) -> Result<Option<Rc<crate::engine::Rules>>, ServeError> {
+fn restriction(config: &ServerConfig) -> Result<Option<Rc<crate::policy::Rules>>, ServeError> {
     let rules = match &config.policy {
         Some(_) if !config.upstreams.is_empty() => {
             return Err(ServeError::Policy(
@@ -415,7 +415,7 @@ fn restriction(config: &ServerConfig) -> Result<Option<Rc<crate::engine::Rules>>
             ));
         }
         Some(policy) => Some(Rc::new(
-            crate::engine::Rules::unrestricted()
+            crate::policy::Rules::unrestricted()
                 .narrowed(policy)
                 .map_err(|error| ServeError::Policy(error.message))?,
         )),

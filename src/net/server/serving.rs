@@ -155,7 +155,7 @@ pub(super) fn new_executor(
     context: &Rc<ServerContext>,
     per_connection: Option<usize>,
     port_limits: rpc::PortLimits,
-    rules: Option<Rc<crate::engine::Rules>>,
+    rules: Option<Rc<crate::policy::Rules>>,
 ) -> NewExecutor {
     let context = Rc::clone(context);
     Rc::new(

@@ -25,8 +25,8 @@ pub(crate) use self::tied::ProcessPorts;
 use crate::capexec_capnp::{
     port_dial_params, port_dial_results, port_listen_params, port_listen_results,
 };
-use crate::engine::Rules;
 use crate::model::{Refusal, RefusalKind};
+use crate::policy::Rules;
 use crate::ports::PortRules;
 
 /// Accepted connections waiting for the acceptor's answer at once.

@@ -12,8 +12,8 @@ use super::dial::dial;
 use super::listen::Listener;
 use super::listen::listen;
 use super::{DialParams, DialResults, ListenParams, ListenResults, port_rules};
-use crate::engine::Rules;
 use crate::model::{Refusal, RefusalKind};
+use crate::policy::Rules;
 use crate::rpc::port_quota::PortQuota;
 
 /// The forwards made through one `Process` capability (`Process.dial`,

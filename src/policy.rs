@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::engine::{WorkingDir, spawn};
+use crate::engine::{self, WorkingDir};
 use crate::model::{
     EXCERPT_BYTES, Policy, Refusal, RefusalKind, RuleNames, StartSpec, env_name_problem, excerpt,
     io_message,
@@ -605,7 +605,7 @@ impl Rules {
                 ),
             ));
         }
-        let found = spawn::program_path(spec)?;
+        let found = engine::program_path(spec)?;
         let canonical = program_identity(&found).map_err(|error| {
             Refusal::new(
                 RefusalKind::ProgramNotFound,
@@ -716,7 +716,7 @@ fn resolve_allowed_program(program: &OsStr, rule: &str) -> Result<PathBuf, Refus
     } else if program.is_empty() {
         return Err(invalid(rule, "a program name is empty".into()));
     } else {
-        spawn::program_on_own_path(program).map_err(|error| {
+        engine::program_on_own_path(program).map_err(|error| {
             let why = match error.kind() {
                 std::io::ErrorKind::NotFound => String::new(),
                 _ => format!(" ({})", io_message(&error)),
@@ -779,7 +779,7 @@ mod tests {
         spec.env.set = env(&[("EXTRA", "1")]);
         spec.env.unset = vec!["LANG".into()];
         let (admitted, _admission) = rules.admit(&spec).expect("admit");
-        let mut child_env = spawn::child_env(&admitted);
+        let mut child_env = engine::child_env(&admitted);
         child_env.sort();
         assert_eq!(child_env, env(&[("EXTRA", "1"), ("PATH", "/usr/bin:/bin")]));
 
