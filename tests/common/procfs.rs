@@ -1,4 +1,7 @@
 //! Looking at processes and descriptors through /proc.
+//!
+//! Whoever includes this module provides `eventually_async` beside it
+//! (`common` re-exports it from `wait.rs`; so does the benchmark).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -97,7 +97,10 @@ fn a_connection_at_its_quota_leaves_room_for_other_starts_and_connections() {
         drop((first_held, second_held));
         common::eventually_async("room again", async || {
             match Command::new("true").status(&first.executor()).await {
-                Ok(status) => Ok(assert!(status.success())),
+                Ok(status) => {
+                    assert!(status.success());
+                    Ok(())
+                }
                 Err(Error::Refused(error)) if error.kind == RefusalKind::LimitReached => Err(error),
                 Err(other) => panic!("{other}"),
             }
