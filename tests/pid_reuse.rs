@@ -5,7 +5,6 @@
 mod common;
 
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use capexec::client::Command as Start;
 use capexec::engine::Engine;
@@ -55,11 +54,10 @@ fn inner_scenario() {
         let daemon = pid_after(&text, "bg-");
         let group = process.info().await.expect("info").pid;
         process.wait().await.expect("wait");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while session_of(daemon) != Some(daemon) {
-            assert!(Instant::now() < deadline, "the job never left the group");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        common::eventually_async("the job leaves the group", async || {
+            session_of(daemon) == Some(daemon)
+        })
+        .await;
         // The number is free: give it to an unrelated session leader.
         std::fs::write("/proc/sys/kernel/ns_last_pid", format!("{}", group - 1))
             .expect("steer the next pid");
@@ -71,13 +69,19 @@ fn inner_scenario() {
             .spawn()
             .expect("start the unrelated process");
         assert_eq!(unrelated.id(), group, "the number was not reused");
-        procfs::wait_until(|| session_of(group) == Some(group)).await;
+        common::eventually_async("the unrelated process leads its session", async || {
+            session_of(group) == Some(group)
+        })
+        .await;
 
         // Releasing the finished process terminates what is left of its
         // tree: nothing, since its group is gone.
         drop(process);
         drop(executor);
-        procfs::wait_until(|| capexec_live_processes() == 0).await;
+        common::eventually_async("termination runs to its end", async || {
+            capexec_live_processes() == 0
+        })
+        .await;
         // Termination has run to its end, so any signal it sent is either
         // still queued or has already killed the process.
         assert_eq!(procfs::pending_signals(group), 0, "{group} was signalled");

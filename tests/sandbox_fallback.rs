@@ -140,7 +140,7 @@ fn terminate_after_the_exit_ends_what_the_child_left_in_its_group() {
         assert!(info.tree_running, "the background sleep is in its group");
         assert!(alive());
         assert!(process.terminate().await.expect("terminate"), "running");
-        common::procfs::wait_until(|| !alive()).await;
+        common::eventually_async("the background sleep ends", async || !alive()).await;
         assert!(!process.info().await.expect("info").tree_running);
         assert!(
             !process.terminate().await.expect("terminate"),

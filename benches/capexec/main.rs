@@ -32,6 +32,11 @@ mod ports;
 #[path = "../../tests/common/procfs.rs"]
 #[allow(dead_code)]
 mod procfs;
+// The polling helper `procfs` finds beside it, as in the tests' `common`.
+#[path = "../../tests/common/wait.rs"]
+#[allow(dead_code)]
+mod wait;
+use wait::eventually_async;
 mod report;
 mod sandbox;
 mod scale;

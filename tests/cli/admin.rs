@@ -4,7 +4,7 @@
 
 use crate::common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::cli::{Served, Watched, finish, text};
 use common::data::TempDir;
@@ -19,22 +19,21 @@ fn ps(served: &Served, admin: &str) -> Vec<serde_json::Value> {
     }
 }
 
-/// Polls `ps` until `done` holds of its records, within a deadline.
+/// Polls `ps` until `done` holds of its records.
 fn ps_until(
     served: &Served,
     admin: &str,
     what: &str,
     done: impl Fn(&[serde_json::Value]) -> bool,
 ) -> Vec<serde_json::Value> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    common::eventually(what, || {
         let records = ps(served, admin);
         if done(&records) {
-            return records;
+            Ok(records)
+        } else {
+            Err(format!("{records:?}"))
         }
-        assert!(Instant::now() < deadline, "{what}: {records:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    })
 }
 
 fn argv_of(record: &serde_json::Value) -> Vec<String> {

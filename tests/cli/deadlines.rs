@@ -304,7 +304,10 @@ fn a_stalled_consumer_keeps_its_connection() {
         // Nothing is read until the client has probed the quiet connection
         // many times over, for several times the keepalive.
         let before = proxy.calls();
-        common::procfs::wait_until(|| proxy.calls() >= before + 20).await;
+        common::eventually_async("20 probes of the quiet connection", async || {
+            proxy.calls() >= before + 20
+        })
+        .await;
         let mut stdout = child.stdout.take().expect("stdout");
         let mut stderr = child.stderr.take().expect("stderr");
         let done = tokio::task::spawn_blocking(move || {

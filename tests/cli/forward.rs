@@ -156,11 +156,9 @@ fn forward_r_listens_on_the_executors_machine() {
     assert_eq!(done.code, 0, "{}", text(&done.stderr));
     assert_eq!(text(&done.stderr), "");
     // The listener went with it.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while TcpStream::connect(("127.0.0.1", remote)).is_ok() {
-        assert!(std::time::Instant::now() < deadline, "still listening");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    common::eventually("nothing listens", || {
+        TcpStream::connect(("127.0.0.1", remote)).is_err()
+    });
 }
 
 #[test]
@@ -319,15 +317,9 @@ fn run_forwards_for_the_lifetime_of_one_command() {
     );
     assert_eq!(server.join().expect("server"), b"abc");
     // Nothing listens after the command: the socket file is gone.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while socket.exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{} stays",
-            socket.display()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    common::eventually(&format!("{} is removed", socket.display()), || {
+        !socket.exists()
+    });
 }
 
 /// `capexec serve` on a Unix socket at `path` (for a server that is

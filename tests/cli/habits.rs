@@ -211,18 +211,12 @@ fn ctrl_z_stops_the_command_too_and_fg_continues_it() {
     let remote = common::pid_after(&run.stdout_text(), "pid-");
     let local = run.child.id();
     kill(&run.child, libc::SIGTSTP);
-    common::run_on_runtime(async {
-        common::procfs::wait_until(|| {
-            state_of(local) == Some('T') && state_of(remote) == Some('T')
-        })
-        .await;
+    common::eventually("both ends are stopped", || {
+        state_of(local) == Some('T') && state_of(remote) == Some('T')
     });
     kill(&run.child, libc::SIGCONT);
-    common::run_on_runtime(async {
-        common::procfs::wait_until(|| {
-            state_of(local) != Some('T') && state_of(remote).is_some_and(|s| s != 'T')
-        })
-        .await;
+    common::eventually("both ends run again", || {
+        state_of(local) != Some('T') && state_of(remote).is_some_and(|s| s != 'T')
     });
     kill(&run.child, libc::SIGTERM);
     let done = run.finish();

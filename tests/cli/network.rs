@@ -4,7 +4,6 @@ use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use common::cli::{Served, finish, kill, spawn_until_first_line, text, wait};
 use common::data::Pattern;
@@ -14,11 +13,7 @@ fn pid_exists(pid: u32) -> bool {
 }
 
 fn wait_gone(pid: u32) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while pid_exists(pid) {
-        assert!(Instant::now() < deadline, "process {pid} still exists");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::eventually(&format!("process {pid} is gone"), || !pid_exists(pid));
 }
 
 /// `capexec run --connect` of a shell that prints its pid and then runs
@@ -404,11 +399,9 @@ fn capexec_run_prints_why_the_server_closed_its_connection() {
     let open = common::procfs::open_fds(pid);
     let _idle = std::net::TcpStream::connect(served.tcp.trim_start_matches("tcp:")).expect("idle");
     // It holds the address's one place once the server has accepted it.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while common::procfs::open_fds(pid) <= open {
-        assert!(Instant::now() < deadline, "the server never accepted");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::eventually("the server accepts", || {
+        common::procfs::open_fds(pid) > open
+    });
     let refused = finish(
         served.run(&[
             "--connect",

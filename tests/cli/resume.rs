@@ -84,7 +84,7 @@ fn a_cut_during_a_resumable_run_is_invisible_in_its_output() {
 
         proxy.cut();
         std::fs::write(&go, b"").expect("go on");
-        common::procfs::wait_until(|| done.exists()).await;
+        common::eventually_async("the command is done", async || done.exists()).await;
         proxy.restore();
         // Written after the recovery began: it must arrive exactly once.
         use std::io::Write;

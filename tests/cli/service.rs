@@ -10,7 +10,7 @@ use std::io::Write;
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::cli::{BIN, Watched, finish, kill, spawn_reading_first_line, text, wait};
 use common::data::TempDir;
@@ -32,15 +32,7 @@ fn next_state(socket: &UnixDatagram) -> String {
 }
 
 fn wait_for_file(path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !path.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "{} never appeared",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    common::eventually(&format!("{} appears", path.display()), || path.exists());
 }
 
 fn client(home: &Path, args: &[&str]) -> Command {

@@ -119,7 +119,7 @@ fn stdin_stdout_and_stderr_are_exact_handed_or_relayed() {
 /// nothing once its connection ends.
 #[test]
 fn a_peer_flooding_descriptors_costs_the_server_a_window_then_nothing() {
-    use common::procfs::{open_fds, wait_until};
+    use common::procfs::open_fds;
     let served = Served::start();
     let server = served.child.id();
     let address: capexec::net::Address = served.unix.parse().expect("address");
@@ -145,6 +145,9 @@ fn a_peer_flooding_descriptors_costs_the_server_a_window_then_nothing() {
         assert!(during <= before + kept + 4, "{before} -> {during}");
         drop(executor);
         drop(connection);
-        wait_until(|| open_fds(server) <= before).await;
+        common::eventually_async("the server's descriptors are given back", async || {
+            open_fds(server) <= before
+        })
+        .await;
     });
 }

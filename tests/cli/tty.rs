@@ -99,17 +99,14 @@ impl OnTerminal {
     }
 
     fn wait(&mut self) -> u32 {
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                return status.exit_code();
-            }
-            assert!(Instant::now() < deadline, "capexec did not exit");
+        let status = common::eventually("capexec exits", || {
+            let status = self.child.try_wait().expect("wait");
             while let Ok(bytes) = self.output.try_recv() {
                 self.seen.extend(bytes);
             }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+            status
+        });
+        status.exit_code()
     }
 
     fn settings(&self) -> libc::termios {

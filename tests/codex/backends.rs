@@ -7,7 +7,6 @@
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use crate::codex_home::Environment;
 use crate::common::cli::{BIN, Watched};
@@ -209,15 +208,13 @@ impl Server {
             Some((commands + 1) as f64),
             "processes started on the capexec server: {commands} commands and the bridge's env"
         );
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self.metric("capexec_processes") != Some(0.0) {
-            assert!(
-                Instant::now() < deadline,
-                "the server still holds {:?} processes after Codex and the bridge ended",
-                self.metric("capexec_processes")
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        crate::common::eventually(
+            "the server holds no processes after Codex and the bridge ended",
+            || match self.metric("capexec_processes") {
+                Some(0.0) => Ok(()),
+                held => Err(format!("it holds {held:?}")),
+            },
+        );
     }
 }
 

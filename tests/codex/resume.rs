@@ -5,7 +5,7 @@
 
 use std::io;
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -208,14 +208,13 @@ fn a_session_nobody_resumes_ends_with_its_processes() {
             .parse()
             .expect("pid");
         drop(client);
-        let started = Instant::now();
-        while bridge.sessions() > 0 || std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            assert!(
-                started.elapsed() < DEADLINE,
-                "the session or its process outlived the keep time"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        crate::common::eventually_async(
+            "the session and its process end after the keep time",
+            async || {
+                bridge.sessions() == 0 && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+            },
+        )
+        .await;
     });
 }
 
@@ -232,15 +231,10 @@ fn without_a_keep_time_a_session_ends_with_its_connection() {
             client.call("initialize", json!({"clientName": "t"})).await["result"]["sessionId"]
                 .clone();
         drop(client);
-        let started = Instant::now();
-        while bridge.sessions() > 0 {
-            assert!(
-                started.elapsed() < DEADLINE,
-                "the session outlived its connection"
-            );
-            tokio::task::yield_now().await;
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        crate::common::eventually_async("the session ends with its connection", async || {
+            bridge.sessions() == 0
+        })
+        .await;
         let mut again = Client::connect(&bridge);
         let refused = again
             .call(

@@ -8,6 +8,11 @@ pub mod pki;
 pub mod procfs;
 pub mod proxy;
 pub mod server;
+pub mod wait;
+
+// Each test binary uses one or both.
+#[allow(unused_imports)]
+pub use wait::{eventually, eventually_async};
 
 use std::future::Future;
 use std::sync::Once;

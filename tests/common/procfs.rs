@@ -1,4 +1,7 @@
 //! Looking at processes and descriptors through /proc.
+//!
+//! Whoever includes this module provides `eventually_async` beside it
+//! (`common` re-exports it from `wait.rs`; so does the benchmark).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -20,14 +23,13 @@ pub fn state(pid: u32) -> Option<char> {
 
 /// Waits until `pid` no longer exists at all (neither running nor a zombie).
 pub async fn wait_gone(pid: u32) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while let Some(state) = state(pid) {
-        assert!(
-            Instant::now() < deadline,
-            "process {pid} still exists (state {state})"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    super::eventually_async(&format!("process {pid} is gone"), async || {
+        match state(pid) {
+            Some(state) => Err(format!("state {state}")),
+            None => Ok(()),
+        }
+    })
+    .await
 }
 
 pub fn open_fds(pid: u32) -> usize {
@@ -154,15 +156,6 @@ pub fn usage(pid: u32) -> Usage {
     }
 }
 
-/// Polls `condition` until it holds, failing after a generous deadline.
-pub async fn wait_until(mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !condition() {
-        assert!(Instant::now() < deadline, "condition never held");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// Signals queued for `pid` and not yet acted on (process- and
 /// thread-directed), from `/proc/PID/status`.
 pub fn pending_signals(pid: u32) -> u64 {
@@ -224,18 +217,15 @@ impl Drop for PeakRss {
 /// Waits until the RSS of `pid` is at most `kib` (memory freed by closed
 /// connections is handed back a second after they close); returns it.
 pub async fn rss_settles_below(pid: u32, kib: u64) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    super::eventually_async(&format!("RSS of {pid} at most {kib} KiB"), async || {
         let rss = status_field(pid, "VmRSS:").unwrap_or(0);
         if rss <= kib {
-            return rss;
+            Ok(rss)
+        } else {
+            Err(format!("it is {rss} KiB"))
         }
-        assert!(
-            Instant::now() < deadline,
-            "RSS of {pid} stayed at {rss} KiB, above {kib} KiB"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 /// Waits until the RSS of `pid` has stopped changing (the same for half a

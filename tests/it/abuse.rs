@@ -187,9 +187,15 @@ fn answers_never_finished_count_against_the_call_memory_limit() {
 /// its log is full (it runs `sleep`).
 async fn started_and_full(served: &Served, stream: &mut tokio::net::TcpStream, argv: &[&str]) {
     let pid = served.child.id();
-    procfs::wait_until(|| !procfs::has_child_named(pid, "sleep")).await;
+    common::eventually_async("no sleep left from before", async || {
+        !procfs::has_child_named(pid, "sleep")
+    })
+    .await;
     assert!(hostile::send(stream, &hostile::start(2, 1, Some(0), argv)).await);
-    procfs::wait_until(|| procfs::has_child_named(pid, "sleep")).await;
+    common::eventually_async("the sleep started", async || {
+        procfs::has_child_named(pid, "sleep")
+    })
+    .await;
 }
 
 /// Connections that never log in: each costs the server little, one
@@ -240,7 +246,10 @@ fn idle_connections_before_login_are_cheap_and_limited() {
         let status = Command::new("true").status(&connection.executor()).await;
         assert!(status.expect("served over unix").success());
         drop((others, connection));
-        procfs::wait_until(|| procfs::open_fds(served.child.id()) <= open).await;
+        common::eventually_async("the server's descriptors are given back", async || {
+            procfs::open_fds(served.child.id()) <= open
+        })
+        .await;
         honest_start(&served).await;
         assert!(
             peak.peak_kib() < before + ATTACK_BOUND_KIB,
@@ -360,7 +369,10 @@ fn calls_in_the_same_packet_as_the_login_wait_for_it() {
         }
         let mut stream = hostile::connect(&served.tcp).await;
         assert!(hostile::send(&mut stream, &burst).await);
-        procfs::wait_until(|| std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0) == 13).await;
+        common::eventually_async("13 entries in the directory", async || {
+            std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0) == 13
+        })
+        .await;
         let closed = tokio::time::timeout(
             Duration::from_millis(200),
             hostile::goodbye(&mut stream, GOODBYE),

@@ -54,17 +54,19 @@ fn start_error(result: Result<client::RemoteProcess, Error>) -> capexec::model::
     }
 }
 
-/// Waits for `condition` on a proxy counter, within a generous deadline.
+/// Waits until the proxy has seen `calls` calls.
 async fn wait_for_calls(proxy: &Proxy, calls: u64, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while proxy.calls() < calls {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: saw {} calls of {calls}: a hop waited for an answer",
-            proxy.calls()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    common::eventually_async(what, async || {
+        let seen = proxy.calls();
+        if seen >= calls {
+            Ok(())
+        } else {
+            Err(format!(
+                "saw {seen} calls of {calls}: a hop waited for an answer"
+            ))
+        }
+    })
+    .await
 }
 
 fn unix_path(address: &Address) -> std::path::PathBuf {
@@ -444,22 +446,21 @@ fn unknown_names_unreachable_upstreams_and_wrong_tokens_are_clear_errors() {
 }
 
 /// Runs `true` on `executor` until the links it crosses are back (starts
-/// fail as upstream-unavailable meanwhile), within a generous deadline.
+/// fail as upstream-unavailable meanwhile).
 async fn run_once_reconnected(executor: &executor::Client) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    common::eventually_async("reconnected", async || {
         match Command::new("true").status(executor).await {
             Ok(status) => {
                 assert_eq!(status, ExitStatus::Code(0));
-                return;
+                Ok(())
             }
             Err(Error::Refused(error)) if error.kind == RefusalKind::UpstreamUnavailable => {
-                assert!(Instant::now() < deadline, "never reconnected: {error}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                Err(error)
             }
             Err(other) => panic!("unexpected error: {other}"),
         }
-    }
+    })
+    .await
 }
 
 #[test]
@@ -625,14 +626,10 @@ fn a_call_with_a_capability_pipelined_on_a_refused_start_fails_and_the_front_goe
         let returned = proxy.returns();
         let (process, started) =
             Command::new("/nonexistent/capexec-test-program").spawn_pipelined(&executor);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while proxy.returns() == returned {
-            assert!(
-                Instant::now() < deadline,
-                "the front never answered the start"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        common::eventually_async("the front answers the start", async || {
+            proxy.returns() != returned
+        })
+        .await;
         // The front has the far server's refusal; the client does not.
         let calls = proxy.calls();
         let subscribed = tokio::task::spawn_local({

@@ -95,20 +95,17 @@ fn a_connection_at_its_quota_leaves_room_for_other_starts_and_connections() {
         // Released processes give their places back once the releases
         // reach the server.
         drop((first_held, second_held));
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        loop {
+        common::eventually_async("room again", async || {
             match Command::new("true").status(&first.executor()).await {
-                Ok(status) => break assert!(status.success()),
-                Err(Error::Refused(error)) if error.kind == RefusalKind::LimitReached => {
-                    assert!(
-                        std::time::Instant::now() < deadline,
-                        "no room again: {error}"
-                    );
-                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                Ok(status) => {
+                    assert!(status.success());
+                    Ok(())
                 }
+                Err(Error::Refused(error)) if error.kind == RefusalKind::LimitReached => Err(error),
                 Err(other) => panic!("{other}"),
             }
-        }
+        })
+        .await;
     });
 }
 
@@ -128,7 +125,10 @@ fn running_out_of_descriptors_is_a_limit_not_a_spawn_failure() {
         while (procfs::open_fds(pid) as u64) < LIMIT - 4 {
             connections.push(unix(&served).await);
             let expected = before + connections.len();
-            procfs::wait_until(|| procfs::open_fds(pid) >= expected).await;
+            common::eventually_async("the server holds the new connection", async || {
+                procfs::open_fds(pid) >= expected
+            })
+            .await;
         }
         match sleeper().spawn(&working.executor()).await {
             Err(Error::Refused(error)) => {
@@ -144,7 +144,11 @@ fn running_out_of_descriptors_is_a_limit_not_a_spawn_failure() {
         // Released connections give their descriptors back.
         let open = procfs::open_fds(pid);
         connections.truncate(connections.len() - 16);
-        procfs::wait_until(|| procfs::open_fds(pid) + 16 <= open).await;
+        common::eventually_async(
+            "the released connections' descriptors are closed",
+            async || procfs::open_fds(pid) + 16 <= open,
+        )
+        .await;
         let status = Command::new("true").status(&working.executor()).await;
         assert!(status.expect("served again").success());
     });

@@ -217,7 +217,7 @@ async fn a_write_through_the_sinks_of_a_claimed_connection_is_refused(ctx: Ctx) 
         .await
         .expect_err("the peer reads a reset");
     assert_eq!(error.kind(), ErrorKind::ConnectionReset, "{error}");
-    common::procfs::wait_until(|| !dial.heard().is_empty()).await;
+    common::eventually_async("the dial hears", async || !dial.heard().is_empty()).await;
     let heard = dial.heard();
     assert!(
         heard.len() == 1 && heard[0].starts_with("fail ") && heard[0].contains("direct channel"),
@@ -240,7 +240,7 @@ async fn a_ticket_nobody_claims_resets_the_connection(ctx: Ctx) {
         started.elapsed() >= DIRECT_CLAIM_WITHIN,
         "reset before its time"
     );
-    common::procfs::wait_until(|| !dial.heard().is_empty()).await;
+    common::eventually_async("the dial hears", async || !dial.heard().is_empty()).await;
     let heard = dial.heard();
     assert_eq!(
         heard,
@@ -264,7 +264,10 @@ async fn a_declined_channel_leaves_the_bytes_to_the_sinks(ctx: Ctx) {
     let mut two = [0u8; 2];
     far.read_exact(&mut two).await.expect("peer reads");
     assert_eq!(&two, b"up");
-    common::procfs::wait_until(|| dial.heard() == ["write 4"]).await;
+    common::eventually_async("the dial hears the write", async || {
+        dial.heard() == ["write 4"]
+    })
+    .await;
 }
 
 /// A `Process` the front of a chain passes on is the far server's: its
@@ -398,8 +401,10 @@ async fn tcp_connections_are_granted_no_channel(ctx: Ctx) {
     let dial = RawDial::new(&ctx, &address).await;
     assert!(dial.ticket().is_none());
     far.await.expect("peer");
-    common::procfs::wait_until(|| dial.heard().first().map(String::as_str) == Some("write 17"))
-        .await;
+    common::eventually_async("the dial hears the write first", async || {
+        dial.heard().first().map(String::as_str) == Some("write 17")
+    })
+    .await;
 }
 
 mod plain {

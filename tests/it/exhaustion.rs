@@ -142,15 +142,11 @@ fn held_directories_are_bounded_per_connection_and_server_wide() {
         );
         // Released, they are given back.
         drop((held, more, root, other_root, first, second));
-        let deadline = tokio::time::Instant::now() + WEDGED;
-        loop {
+        common::eventually_async("the released directories are given back", async || {
             let again = Directory::open(&third.executor(), work.path());
-            match again.info().await {
-                Ok(_) => break,
-                Err(error) => assert!(tokio::time::Instant::now() < deadline, "{error}"),
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            again.info().await.map(drop)
+        })
+        .await;
     });
 }
 
@@ -503,14 +499,10 @@ fn watches_share_one_instance_within_a_share_of_the_users_watches() {
         // overflow, that it could not watch them all.
         drop(watches);
         let dir = &connections[0].1;
-        let deadline = tokio::time::Instant::now() + WEDGED;
-        let mut deep = loop {
-            match dir.watch("deep", true).await {
-                Ok(watch) => break watch,
-                Err(error) => assert!(tokio::time::Instant::now() < deadline, "{error}"),
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+        let mut deep = common::eventually_async("the kernel watches are given back", async || {
+            dir.watch("deep", true).await
+        })
+        .await;
         let events = tokio::time::timeout(WEDGED, deep.next_batch())
             .await
             .expect("an event in time")

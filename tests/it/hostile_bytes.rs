@@ -178,7 +178,11 @@ fn mutated_and_random_streams_fail_cleanly() {
         }
         // Nothing the hostile connections started is left, and a normal
         // client is served as before.
-        common::procfs::wait_until(|| engine.live_count() == 0).await;
+        common::eventually_async(
+            "nothing the hostile connections started is left",
+            async || engine.live_count() == 0,
+        )
+        .await;
         let (peer, _served) = serve(&executor);
         let (client, _connection) = client_on(peer);
         let output = Command::new("echo")

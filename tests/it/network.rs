@@ -553,21 +553,15 @@ fn unix_server(name: &str, mut config: ServerConfig) -> ServerThread {
 }
 
 /// Starts `command` once a released process's place has come back (the
-/// release travels to the server), within a generous deadline.
+/// release travels to the server).
 async fn spawn_when_there_is_room(
     command: &Command,
     executor: &executor::Client,
 ) -> capexec::client::RemoteProcess {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        match command.spawn(executor).await {
-            Ok(process) => return process,
-            Err(_) if std::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(error) => panic!("the released place never came back: {error}"),
-        }
-    }
+    common::eventually_async("the released place comes back", async || {
+        command.spawn(executor).await
+    })
+    .await
 }
 
 /// A clean shutdown (what `capexec serve` does on SIGTERM), over both

@@ -363,11 +363,10 @@ async fn releasing_a_listener_closes_its_socket_and_connections(ctx: Ctx) {
         "{error}"
     );
     // And nothing listens any more (polled: the release travels first).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
-        assert!(tokio::time::Instant::now() < deadline, "still listening");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::eventually_async("nothing listens", async || {
+        TcpStream::connect(("127.0.0.1", port)).await.is_err()
+    })
+    .await;
 }
 
 async fn unix_sockets_are_dialled_and_listened_on(ctx: Ctx) {
@@ -401,14 +400,7 @@ async fn unix_sockets_are_dialled_and_listened_on(ctx: Ctx) {
     dialled.shutdown().await.expect("half-close");
     assert_eq!(read_all(&mut accepted).await.expect("read"), b"over unix");
     drop(listener);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while path.exists() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the socket file stays"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::eventually_async("the socket file is removed", async || !path.exists()).await;
 }
 
 pub(crate) async fn refusal(result: Result<impl Sized, Error>) -> (RefusalKind, String) {
@@ -564,19 +556,11 @@ async fn a_connection_holds_at_most_its_maximum_of_listeners(ctx: Ctx) {
     assert!(message.contains("listeners"), "{message}");
     drop(held.pop());
     // The place given back (the release travels first: polled).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        match client::listen(&ctx.executor, "tcp:127.0.0.1:0").await {
-            Ok(listener) => {
-                held.push(listener);
-                break;
-            }
-            Err(error) => {
-                assert!(tokio::time::Instant::now() < deadline, "{error}");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    }
+    let listener = common::eventually_async("a listener place is given back", async || {
+        client::listen(&ctx.executor, "tcp:127.0.0.1:0").await
+    })
+    .await;
+    held.push(listener);
 }
 
 /// The real limit (1,024 port connections per connection): every one
@@ -626,16 +610,10 @@ async fn a_connection_holds_at_most_its_maximum_of_port_connections(ctx: Ctx) {
     // (the release travels first: polled) is usable.
     client::info(&ctx.executor).await.expect("info");
     drop(last);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let mut again = loop {
-        match client::dial_via(&ctx.executor, &address, ctx.dial_route.as_ref()).await {
-            Ok(stream) => break stream,
-            Err(error) => {
-                assert!(tokio::time::Instant::now() < deadline, "{error}");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
+    let mut again = common::eventually_async("a port connection place is given back", async || {
+        client::dial_via(&ctx.executor, &address, ctx.dial_route.as_ref()).await
+    })
+    .await;
     again.read_exact(&mut byte).await.expect("a new one reads");
     assert_eq!(&byte, b"!");
     drop((held, idle));

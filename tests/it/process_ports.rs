@@ -45,15 +45,6 @@ fn port_of(address: &str) -> u16 {
     port
 }
 
-/// Polls until `done` holds (the release travels before it takes effect).
-async fn eventually(what: &str, mut done: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !done().await {
-        assert!(tokio::time::Instant::now() < deadline, "{what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 async fn forwards_tied_to_a_process_end_with_its_capability(ctx: Ctx) {
     let process = spawn_cat(&ctx).await;
     let (peer_listener, address) = peer().await;
@@ -104,14 +95,12 @@ async fn forwards_tied_to_a_process_end_with_its_capability(ctx: Ctx) {
         let error = read_all(stream).await.expect_err("reset here too");
         assert!(error.to_string().contains(RELEASED), "{error}");
     }
-    eventually("the TCP listener still listens", async || {
+    // Polled: the release travels before it takes effect.
+    common::eventually_async("the TCP listener stops listening", async || {
         TcpStream::connect(("127.0.0.1", port)).await.is_err()
     })
     .await;
-    eventually("the unix socket's file is still there", async || {
-        !path.exists()
-    })
-    .await;
+    common::eventually_async("the unix socket's file is removed", async || !path.exists()).await;
     assert!(listener.accept().await.is_none());
     drop((listener, unix_listener));
     exchange(&mut untied, &mut untied_far).await;

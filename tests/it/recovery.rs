@@ -67,8 +67,11 @@ async fn read_until(process: &ResilientProcess, needle: &str) -> (u64, String) {
     (after, text)
 }
 
-fn wait_for_file(path: &Path) -> impl std::future::Future<Output = ()> + '_ {
-    procfs::wait_until(move || path.exists())
+async fn wait_for_file(path: &Path) {
+    common::eventually_async(&format!("{} exists", path.display()), async || {
+        path.exists()
+    })
+    .await
 }
 
 /// The reference scenario: `ready`, a cut, `during` while cut, a read that
@@ -152,7 +155,10 @@ async fn a_write_retried_after_a_cut_lands_once(ctx: Ctx) {
     proxy.set_open(false);
     let write = process.write_in_order(b"once\n", "once-1");
     // Applied by the server; its answer is held in the proxy, then lost.
-    procfs::wait_until(|| std::fs::read(&file).is_ok_and(|bytes| bytes == b"once\n")).await;
+    common::eventually_async("the server applies the write", async || {
+        std::fs::read(&file).is_ok_and(|bytes| bytes == b"once\n")
+    })
+    .await;
     proxy.cut();
     proxy.set_open(true);
     proxy.restore();

@@ -326,20 +326,14 @@ async fn what_a_child_leaves_running_still_counts(ctx: Ctx) {
 /// Starts `exit 0` once the executor admits it (a place given back is
 /// noticed within a second or so), and waits for it to close.
 async fn start_once_a_place_is_free(executor: &executor::Client) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let next = loop {
+    let next = common::eventually_async("the place is given back", async || {
         match sh("exit 0").spawn(executor).await {
-            Ok(next) => break next,
-            Err(Error::Refused(error)) if error.kind == RefusalKind::NotAllowed => {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "the place was not given back: {error}"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            Ok(next) => Ok(next),
+            Err(Error::Refused(error)) if error.kind == RefusalKind::NotAllowed => Err(error),
             Err(other) => panic!("unexpected: {other}"),
         }
-    };
+    })
+    .await;
     common::read_until_closed(&next).await;
 }
 
@@ -524,14 +518,10 @@ fn running(pid: u32) -> bool {
 }
 
 async fn wait_dead(pid: u32) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while running(pid) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "process {pid} is still running"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::eventually_async(&format!("process {pid} stops running"), async || {
+        !running(pid)
+    })
+    .await
 }
 
 fn which(name: &str) -> PathBuf {
@@ -601,22 +591,19 @@ fn a_restriction_through_a_chain_survives_a_broken_link() {
         link.restore();
         // The front notices the break on its own time: until then a start
         // fails as the upstream being unavailable.
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        loop {
+        common::eventually_async("the front reconnects", async || {
             match Command::new("true").output(&executor).await {
                 Ok(output) => {
                     assert_eq!(output.exit.status, ExitStatus::Code(0));
-                    break;
+                    Ok(())
                 }
-                Err(Error::Refused(error))
-                    if error.kind == RefusalKind::UpstreamUnavailable
-                        && std::time::Instant::now() < deadline =>
-                {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                Err(Error::Refused(error)) if error.kind == RefusalKind::UpstreamUnavailable => {
+                    Err(error)
                 }
                 Err(other) => panic!("unexpected: {other}"),
             }
-        }
+        })
+        .await;
         assert_refused_by(&refusal(&executor, &sh("true")).await, "programs");
     });
 }

@@ -277,7 +277,7 @@ async fn a_root_servers_sandbox_runs_as_nobody_and_reads_no_root_secret(ctx: Ctx
     // The server, whose memory the child shared until its exec, is made
     // dumpable again after the start (other tests' starts in this process
     // drop the flag for a moment too: wait for it, within a deadline).
-    common::procfs::wait_until(|| dumpable() == 1).await;
+    common::eventually_async("the server is dumpable again", async || dumpable() == 1).await;
     // keepRoot: root without capabilities, which reads /etc/shadow.
     let output = run(true, "id -u; head -c 5 /etc/shadow")
         .output(&ctx.executor)
@@ -677,7 +677,10 @@ async fn an_unsandboxed_child_cannot_move_out_of_its_cgroup(ctx: Ctx) {
     assert_eq!(cgroup_dir(child.0), leaf);
     // Released, nothing it started survives.
     drop(process);
-    common::procfs::wait_until(|| !alive(leader.0) && !alive(child.0)).await;
+    common::eventually_async("the leader and its child end", async || {
+        !alive(leader.0) && !alive(child.0)
+    })
+    .await;
     assert_eq!(
         std::fs::read_to_string(sibling.0.join("cgroup.procs")).expect("procs"),
         ""
@@ -695,15 +698,14 @@ async fn what_leaves_with_setsid_stays_counted_and_dies_with_terminate(ctx: Ctx)
     assert!(info.exit.is_some());
     assert!(info.tree_running, "the session it left is part of its tree");
     process.terminate().await.expect("terminate");
-    common::procfs::wait_until(|| !alive(pid)).await;
-    let mut info = process.info().await.expect("info");
-    while info.tree_running {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        info = process.info().await.expect("info");
-    }
+    common::eventually_async("the session it left ends", async || !alive(pid)).await;
+    common::eventually_async("its tree is no longer running", async || {
+        !process.info().await.expect("info").tree_running
+    })
+    .await;
     // Nothing of it is left once it is released: not even its cgroup.
     drop(process);
-    common::procfs::wait_until(|| !leaf.exists()).await;
+    common::eventually_async("its cgroup is removed", async || !leaf.exists()).await;
 }
 
 async fn what_leaves_with_setsid_dies_with_release(ctx: Ctx) {
@@ -711,13 +713,13 @@ async fn what_leaves_with_setsid_dies_with_release(ctx: Ctx) {
     let leaf = cgroup_dir(pid);
     assert!(leaf.exists());
     drop(process);
-    common::procfs::wait_until(|| !alive(pid)).await;
-    common::procfs::wait_until(|| !leaf.exists()).await;
+    common::eventually_async("the session it left ends", async || !alive(pid)).await;
+    common::eventually_async("its cgroup is removed", async || !leaf.exists()).await;
 }
 
 async fn what_leaves_with_setsid_dies_at_the_timeout(ctx: Ctx) {
     let (_process, pid) = leave_a_session_behind(&ctx, Some(Duration::from_millis(500))).await;
-    common::procfs::wait_until(|| !alive(pid)).await;
+    common::eventually_async("the session it left ends", async || !alive(pid)).await;
 }
 
 async fn a_pids_limit_stops_a_fork_bomb(ctx: Ctx) {
@@ -1107,12 +1109,12 @@ async fn terminate_after_the_exit_ends_what_the_child_left_and_answers_running(c
     assert!(info.tree_running, "the background sleep runs");
     assert!(alive(pid));
     assert!(process.terminate().await.expect("terminate"), "running");
-    common::procfs::wait_until(|| !alive(pid)).await;
-    let mut info = process.info().await.expect("info");
-    while info.tree_running {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        info = process.info().await.expect("info");
-    }
+    common::eventually_async("the background sleep ends", async || !alive(pid)).await;
+    let info = common::eventually_async("its tree is no longer running", async || {
+        let info = process.info().await.expect("info");
+        (!info.tree_running).then_some(info)
+    })
+    .await;
     let after = info.exit.expect("exited");
     assert_eq!(
         (after.status, after.timed_out),

@@ -25,20 +25,18 @@ async fn executor_of(served: &Served) -> net::Connection {
 
 /// The server's usage once releases have settled: no child left and its
 /// descriptors back to `fds` or fewer (releases finish asynchronously, so
-/// a reading may include one on its way out), within a generous deadline.
+/// a reading may include one on its way out).
 async fn settled(pid: u32, fds: u64) -> Usage {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
+    let what = format!("the server settles back to {fds} descriptors and no children");
+    common::eventually_async(&what, async || {
         let now = procfs::usage(pid);
         if now.fds <= fds && now.zombies == 0 && now.children == 0 {
-            return now;
+            Ok(now)
+        } else {
+            Err(format!("{now:?}"))
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the server never settled back to {fds} descriptors and no children: {now:?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    })
+    .await
 }
 
 #[test]
@@ -110,7 +108,10 @@ fn consumers_that_never_read_cost_the_log_bound() {
         let retained = flood.spawn(&executor).await.expect("start");
         let info = retained.info().await.expect("info");
         let child = info.pid;
-        procfs::wait_until(|| procfs::state(child).is_none_or(|s| s == 'Z')).await;
+        common::eventually_async("the flood's process ends", async || {
+            procfs::state(child).is_none_or(|s| s == 'Z')
+        })
+        .await;
         let during = procfs::usage(pid);
         assert!(
             during.rss_kib < before.rss_kib + 16 * 1024,
@@ -122,7 +123,10 @@ fn consumers_that_never_read_cost_the_log_bound() {
         endless.arg("/dev/zero").flow(Flow::Lossless);
         let held = endless.spawn(&executor).await.expect("start");
         let child = held.info().await.expect("info").pid;
-        procfs::wait_until(|| procfs::wchan(child).is_some_and(|w| w.contains("pipe_write"))).await;
+        common::eventually_async("the endless writer blocks in pipe_write", async || {
+            procfs::wchan(child).is_some_and(|w| w.contains("pipe_write"))
+        })
+        .await;
         let written = procfs::bytes_written(child).expect("wchar");
         // The lossless window (1 MiB), what the pipe holds (up to 1 MiB) and
         // the chunk in flight.

@@ -3,7 +3,7 @@
 
 use crate::common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use capexec::client::{Command, RemoteProcess};
 use capexec::model::{EventBody, ExitStatus, OutputStream, PtySize, WriteStatus};
@@ -54,9 +54,9 @@ fn stat(pid: u32) -> Option<(String, String, i32, i32, i32)> {
 /// Waits until a process named `comm` runs in the foreground of session
 /// `sid`'s terminal.
 async fn wait_for_foreground(sid: u32, comm: &str) -> u32 {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let found = std::fs::read_dir("/proc")
+    let what = format!("a foreground {comm} in session {sid}");
+    common::eventually_async(&what, async || {
+        std::fs::read_dir("/proc")
             .expect("/proc")
             .flatten()
             .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
@@ -64,16 +64,9 @@ async fn wait_for_foreground(sid: u32, comm: &str) -> u32 {
                 stat(pid).is_some_and(|(name, state, pgrp, session, tpgid)| {
                     name == comm && state != "Z" && session == sid as i32 && pgrp == tpgid
                 })
-            });
-        if let Some(pid) = found {
-            return pid;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no foreground {comm} in session {sid}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+            })
+    })
+    .await
 }
 
 async fn child_sees_a_terminal_of_the_start_size(ctx: Ctx) {

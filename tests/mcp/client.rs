@@ -5,12 +5,12 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex, mpsc};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::{Value, json};
 
-use crate::common::TEST_DEADLINE;
 use crate::common::cli::{BIN, Served};
+use crate::common::{TEST_DEADLINE, eventually};
 
 /// Where the processes run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -252,14 +252,8 @@ impl Mcp {
 
     /// Waits for capexec's exit code.
     pub fn wait(&mut self) -> i32 {
-        let deadline = Instant::now() + TEST_DEADLINE;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                return status.code().unwrap_or(-1);
-            }
-            assert!(Instant::now() < deadline, "capexec mcp did not end");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let status = eventually("capexec mcp ends", || self.child.try_wait().expect("wait"));
+        status.code().unwrap_or(-1)
     }
 }
 
@@ -301,23 +295,11 @@ pub fn gone(pid: i32) -> bool {
         .unwrap_or(true)
 }
 
-/// Waits until `condition` holds, polling, within the test deadline.
-pub fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + TEST_DEADLINE;
-    while !condition() {
-        assert!(Instant::now() < deadline, "never: {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// The pid a command wrote to `file`, once it is there.
 pub fn pid_in(file: &Path) -> i32 {
-    let mut pid = None;
     eventually(&format!("{} holds a pid", file.display()), || {
-        pid = std::fs::read_to_string(file)
+        std::fs::read_to_string(file)
             .ok()
-            .and_then(|text| text.trim().parse().ok());
-        pid.is_some()
-    });
-    pid.expect("a pid")
+            .and_then(|text| text.trim().parse().ok())
+    })
 }

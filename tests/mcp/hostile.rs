@@ -15,9 +15,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::client::{Backend, Mcp, bytes, eventually, gone, pid_in};
+use crate::client::{Backend, Mcp, bytes, gone, pid_in};
 use crate::common::cli::{BIN, Served};
 use crate::common::data::TempDir;
+use crate::common::eventually;
 
 crate::mcp_backend_tests!(hostile:
     paths_outside_the_root_are_refused_by_every_file_tool,

@@ -162,5 +162,5 @@ fn hostile_http_one_session_cannot_reach_anothers_processes_or_calls() {
         );
         assert_eq!(ended["isError"], false, "{ended}");
     }
-    crate::client::eventually("B's processes end", || gone(victim) && gone(waiter));
+    crate::common::eventually("B's processes end", || gone(victim) && gone(waiter));
 }

@@ -7,8 +7,9 @@ use std::process::{Command, Stdio};
 
 use serde_json::json;
 
-use crate::client::{bytes, eventually, gone, pid_in};
+use crate::client::{bytes, gone, pid_in};
 use crate::common::data::TempDir;
+use crate::common::eventually;
 use crate::http::{Listening, call, initialize, mcp_headers, request};
 
 /// `exec` of `echo alive` in `session` still works.

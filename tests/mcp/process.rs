@@ -4,8 +4,9 @@
 
 use serde_json::json;
 
-use crate::client::{Backend, Mcp, bytes, eventually, gone, pid_in};
+use crate::client::{Backend, Mcp, bytes, gone, pid_in};
 use crate::common::data::TempDir;
+use crate::common::eventually;
 
 crate::mcp_backend_tests!(process:
     exec_answers_exact_bytes_and_the_exit_code,
