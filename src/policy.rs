@@ -565,7 +565,7 @@ impl Rules {
             }
             Err(refusal) => return Err(refusal),
         };
-        let canonical = opened.path().to_path_buf();
+        let canonical = opened.path()?.to_path_buf();
         if !roots.iter().any(|root| canonical.starts_with(root)) {
             return Err(outside(&canonical));
         }

@@ -408,12 +408,12 @@ async fn expire_at(
 /// The confinement of `spec` (its sandbox, its limits, its cgroup),
 /// prepared before the spawn.
 fn confine(spec: &StartSpec, cwd: &WorkingDir) -> Result<crate::sandbox::Prepared, Refusal> {
-    crate::sandbox::prepare(
-        spec.sandbox.as_ref(),
-        &spec.limits,
-        cwd.path(),
-        cwd.identity(),
-    )
+    // The path is read only for a sandbox, whose roots name it.
+    let path = match spec.sandbox {
+        Some(_) => cwd.path()?.to_path_buf(),
+        None => std::path::PathBuf::new(),
+    };
+    crate::sandbox::prepare(spec.sandbox.as_ref(), &spec.limits, &path, cwd.identity())
 }
 
 /// Gives the spawned child's tree its cgroup; what was enforced.

@@ -18,8 +18,12 @@ use crate::model::{Refusal, RefusalKind, StartSpec, excerpt, io_message};
 #[derive(Debug)]
 pub struct WorkingDir {
     fd: OwnedFd,
-    /// Its canonical path, as the kernel names the opened directory.
-    path: PathBuf,
+    /// What refusals call it ("working directory NAME").
+    name: String,
+    /// Its canonical path, as the kernel names the opened directory: read
+    /// when first asked for (a sandbox or cwdRoots needs it; a plain start
+    /// only enters the directory).
+    path: std::sync::OnceLock<PathBuf>,
     /// Its (device, inode).
     identity: (u64, u64),
 }
@@ -60,17 +64,27 @@ impl WorkingDir {
         if stat.st_nlink == 0 {
             return Err(refused("it was removed"));
         }
-        let path = opened_path(&fd).map_err(|error| refused(&io_message(&error)))?;
         Ok(WorkingDir {
             fd,
-            path,
+            name,
+            path: std::sync::OnceLock::new(),
             identity: (stat.st_dev, stat.st_ino),
         })
     }
 
-    /// The canonical path of the directory that was opened.
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// The canonical path of the directory that was opened (the path it
+    /// had when this was first asked), or why it has none.
+    pub fn path(&self) -> Result<&Path, Refusal> {
+        if let Some(path) = self.path.get() {
+            return Ok(path);
+        }
+        let path = opened_path(&self.fd).map_err(|error| {
+            Refusal::new(
+                RefusalKind::BadCwd,
+                format!("{}: {}", self.name, io_message(&error)),
+            )
+        })?;
+        Ok(self.path.get_or_init(|| path))
     }
 
     /// The (device, inode) of the directory that was opened.
@@ -118,7 +132,7 @@ mod tests {
         std::fs::create_dir(canonical.join("real")).expect("mkdir");
         std::os::unix::fs::symlink("real", canonical.join("link")).expect("symlink");
         let dir = WorkingDir::open(&canonical.join("link")).expect("opened");
-        assert_eq!(dir.path(), canonical.join("real"));
+        assert_eq!(dir.path().expect("a path"), canonical.join("real"));
         let meta = std::fs::metadata(canonical.join("real")).expect("meta");
         assert_eq!(dir.identity(), (meta.dev(), meta.ino()));
     }
@@ -143,14 +157,15 @@ mod tests {
         std::fs::create_dir(canonical.join("d")).expect("mkdir");
         std::fs::create_dir(canonical.join("outside")).expect("mkdir");
         let dir = WorkingDir::open(&canonical.join("d")).expect("opened");
+        assert_eq!(dir.path().expect("a path"), canonical.join("d"));
         std::fs::rename(canonical.join("d"), canonical.join("moved")).expect("mv");
         std::os::unix::fs::symlink("outside", canonical.join("d")).expect("symlink");
         let meta = std::fs::metadata(canonical.join("moved")).expect("meta");
         assert_eq!(dir.identity(), (meta.dev(), meta.ino()));
         assert_eq!(
-            dir.path(),
+            dir.path().expect("a path"),
             canonical.join("d"),
-            "the path it had when opened"
+            "the path it had when first asked"
         );
     }
 }
