@@ -20,9 +20,10 @@ fn current_thread<F: std::future::Future>(future: F) -> F::Output {
 }
 
 /// `inside/d` (holding `secret`) and `outside` (holding its own), `d`
-/// opened, then moved to `inside/moved` and replaced by a link to
-/// `outside`: the state a start meets when the swap wins the race.
-fn swapped(temp: &TempDir) -> (WorkingDir, std::path::PathBuf, std::path::PathBuf) {
+/// opened (its path read too when `checked`, as a cwdRoots check reads
+/// it), then moved to `inside/moved` and replaced by a link to `outside`:
+/// the state a start meets when the swap wins the race.
+fn swapped(temp: &TempDir, checked: bool) -> (WorkingDir, std::path::PathBuf, std::path::PathBuf) {
     let base = std::fs::canonicalize(temp.path()).expect("canonical");
     let (inside, outside) = (base.join("inside"), base.join("outside"));
     std::fs::create_dir_all(inside.join("d")).expect("mkdir");
@@ -30,6 +31,9 @@ fn swapped(temp: &TempDir) -> (WorkingDir, std::path::PathBuf, std::path::PathBu
     std::fs::write(inside.join("d/secret"), b"INSIDE\n").expect("write");
     std::fs::write(outside.join("secret"), b"OUTSIDE\n").expect("write");
     let opened = WorkingDir::open(&inside.join("d")).expect("opened");
+    if checked {
+        assert_eq!(opened.path().expect("a path"), inside.join("d"));
+    }
     std::fs::rename(inside.join("d"), inside.join("moved")).expect("mv");
     std::os::unix::fs::symlink(&outside, inside.join("d")).expect("ln");
     (opened, inside, outside)
@@ -44,7 +48,7 @@ fn spec_in(cwd: &Path, script: &str) -> StartSpec {
 #[test]
 fn an_unconfined_start_runs_in_the_directory_that_was_opened() {
     let temp = TempDir::new("cwd-opened");
-    let (opened, inside, outside) = swapped(&temp);
+    let (opened, inside, outside) = swapped(&temp, false);
     current_thread(async {
         let engine = Engine::default();
         let spec = spec_in(&inside.join("d"), "pwd -P > where; cat secret >> where");
@@ -65,10 +69,42 @@ fn an_unconfined_start_runs_in_the_directory_that_was_opened() {
     assert!(!outside.join("where").exists());
 }
 
+/// A sandboxed start whose directory's path was not read before: the
+/// path is read from the opened directory (where it is now), and the
+/// sandbox's rule names it.
+#[test]
+fn a_sandboxed_start_runs_in_the_opened_directory_wherever_it_moved() {
+    let temp = TempDir::new("cwd-moved");
+    let (opened, inside, outside) = swapped(&temp, false);
+    current_thread(async {
+        let engine = Engine::default();
+        let mut spec = spec_in(
+            &inside.join("d"),
+            "pwd -P > where; cat secret >> where; cat ../../outside/secret >> where 2>&1; \
+             echo PWNED > ../../outside/planted",
+        );
+        spec.sandbox = Some(Sandbox::default());
+        let owner = engine
+            .start_in(&spec, GivenStdio::default(), Some(opened))
+            .expect("started");
+        owner.handle().wait_exited().await;
+    });
+    let written = std::fs::read_to_string(inside.join("moved/where")).expect("written there");
+    assert!(
+        written.starts_with(&format!("{}\nINSIDE\n", inside.join("moved").display())),
+        "{written}"
+    );
+    assert!(!written.contains("OUTSIDE"), "{written}");
+    assert!(!outside.join("where").exists() && !outside.join("planted").exists());
+}
+
+/// A sandboxed start whose directory cwdRoots checked (its path read)
+/// and that was swapped since: the sandbox's rule would name another
+/// directory, so the start is refused.
 #[test]
 fn a_sandboxed_start_whose_directory_was_swapped_is_refused_not_run_elsewhere() {
     let temp = TempDir::new("cwd-swapped");
-    let (opened, inside, outside) = swapped(&temp);
+    let (opened, inside, outside) = swapped(&temp, true);
     current_thread(async {
         let engine = Engine::default();
         let mut spec = spec_in(
