@@ -150,3 +150,18 @@ pub fn outside_temporary_directories() -> std::path::PathBuf {
         })
         .unwrap_or_else(|| panic!("no directory outside {temporary:?} to test the sandbox with"))
 }
+
+/// Makes a chain of `depth` directories named `child` under `parent/top`
+/// (`top/child/child/...`), one level at a time with the kernel's *at
+/// calls: a path that deep cannot be named whole, and a command making it
+/// under Landlock checks every level above each mkdir (minutes at 20,000).
+pub fn make_tower(parent: &Path, top: &str, child: &str, depth: usize) {
+    use rustix::fs::{Mode, OFlags, mkdirat, openat};
+    let open_flags = OFlags::RDONLY | OFlags::DIRECTORY;
+    let mut at =
+        openat(rustix::fs::CWD, parent, open_flags, Mode::empty()).expect("open the parent");
+    for name in std::iter::once(top).chain(std::iter::repeat_n(child, depth)) {
+        mkdirat(&at, name, Mode::from_raw_mode(0o755)).expect("mkdirat");
+        at = openat(&at, name, open_flags, Mode::empty()).expect("openat");
+    }
+}

@@ -1360,25 +1360,7 @@ async fn trees_of_any_depth_are_copied_to_a_bound_removed_and_made(ctx: Ctx) {
     );
     // 5,000 levels (made by the kernel's *at calls: a path that long
     // cannot be named whole), removed in one call.
-    let fd = std::fs::File::open(temp.path()).expect("open");
-    let mut at = rustix::fs::openat(
-        &fd,
-        ".",
-        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY,
-        rustix::fs::Mode::empty(),
-    )
-    .expect("open");
-    for name in std::iter::once("tower").chain(std::iter::repeat_n("t", 5000)) {
-        rustix::fs::mkdirat(&at, name, rustix::fs::Mode::from_raw_mode(0o755)).expect("mkdirat");
-        at = rustix::fs::openat(
-            &at,
-            name,
-            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY,
-            rustix::fs::Mode::empty(),
-        )
-        .expect("openat");
-    }
-    drop(at);
+    common::data::make_tower(temp.path(), "tower", "t", 5000);
     assert_eq!(
         dir.remove("tower", true, false).await.expect("remove"),
         5001

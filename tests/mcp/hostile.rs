@@ -1380,28 +1380,8 @@ fn deep_tree_removal(backend: Backend) {
     let _remove = RemoveDeep(root.path().join("deep"));
     let mut mcp = Mcp::start(backend, root.path(), &[]);
     let server = mcp.served().map(|served| served.child.id());
-    // Made by this process with the *at calls, one level at a time: a
-    // command could make it too, but under Landlock each mkdir checks
-    // every level above it, and 20,000 levels take minutes on a loaded
-    // machine.
-    let mut at = rustix::fs::openat(
-        rustix::fs::CWD,
-        root.path(),
-        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY,
-        rustix::fs::Mode::empty(),
-    )
-    .expect("open the root");
-    for name in std::iter::once("deep").chain(std::iter::repeat_n("d", 20000)) {
-        rustix::fs::mkdirat(&at, name, rustix::fs::Mode::from_raw_mode(0o755)).expect("mkdirat");
-        at = rustix::fs::openat(
-            &at,
-            name,
-            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY,
-            rustix::fs::Mode::empty(),
-        )
-        .expect("openat");
-    }
-    drop(at);
+    // Made by this process (see make_tower for why not by a command).
+    crate::common::data::make_tower(root.path(), "deep", "d", 20000);
     let answer = mcp.call_raw("remove_path", json!({"path": "deep", "recursive": true}));
     assert!(answer["result"].is_object(), "{answer}");
     assert_eq!(answer["result"]["isError"], false, "{answer}");
