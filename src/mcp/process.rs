@@ -27,6 +27,12 @@ const MOST_OUTPUT_BYTES: u64 = 1 << 20;
 const READ_BUDGET: u32 = 256 << 10;
 /// How often `exec` reports progress while it waits, when asked to.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+/// How long `exec` goes on reading after the exit event for the output
+/// streams to reach end-of-file (the close event): what the command wrote
+/// comes in the same answer, and the answer does not depend on which of the
+/// two events a read happened to see first. A grandchild that keeps the
+/// streams open is not waited for beyond this.
+const CLOSE_GRACE: Duration = Duration::from_millis(200);
 /// The longest `write_id`, in bytes: the executor remembers the last 4096
 /// ids of each process whole, so without a bound an agent could make it
 /// hold 4096 ids of up to 16 MiB each (a whole JSON-RPC line) per process.
@@ -236,8 +242,11 @@ pub async fn exec(
     let mut collected = Collected::new(limit, 0);
     let mut last_progress = began;
     let mut progress_count = 0u32;
+    // Set at the exit event: reading goes on until the close event or this.
+    let mut close_deadline: Option<Instant> = None;
     loop {
-        let remaining = deadline.saturating_duration_since(Instant::now());
+        let until = close_deadline.map_or(deadline, |close| close.min(deadline));
+        let remaining = until.saturating_duration_since(Instant::now());
         let wait = match &call.progress {
             Some(_) => remaining.min(PROGRESS_EVERY),
             None => remaining,
@@ -254,10 +263,13 @@ pub async fn exec(
         };
         let outcome = outcome.map_err(|error| failed("exec", "cannot read the output", &error))?;
         collected.take(outcome);
-        if collected.exit_event || (collected.closed && collected.exit.is_some()) {
+        if collected.closed && collected.exit.is_some() {
             break;
         }
-        if Instant::now() >= deadline {
+        if collected.exit_event && close_deadline.is_none() {
+            close_deadline = Some(Instant::now() + CLOSE_GRACE);
+        }
+        if Instant::now() >= close_deadline.map_or(deadline, |close| close.min(deadline)) {
             break;
         }
         if let Some((peer, token)) = &call.progress
