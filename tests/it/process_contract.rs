@@ -476,7 +476,8 @@ async fn lagging_subscriber_gets_a_gap(ctx: Ctx) {
 async fn lossless_keeps_every_byte_with_a_slow_reader(ctx: Ctx) {
     let dir = TempDir::new("lossless");
     let file = dir.path().join("data");
-    let len: usize = 256 << 20;
+    // 64 MiB: 128 windows' worth, so the window fills and drains many times.
+    let len: usize = 64 << 20;
     write_pattern_file(&file, 42, len);
     let mut command = Command::new("cat");
     command.arg(&file).flow(Flow::Lossless);
@@ -489,7 +490,7 @@ async fn lossless_keeps_every_byte_with_a_slow_reader(ctx: Ctx) {
     let mut most_unconsumed = 0;
     while !closed {
         reads += 1;
-        if reads.is_multiple_of(64) {
+        if reads.is_multiple_of(16) {
             let info = process.info().await.expect("info");
             most_unconsumed = most_unconsumed.max(info.unconsumed_bytes);
         }
