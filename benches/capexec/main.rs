@@ -14,7 +14,8 @@
 //! all of them. Sections: latency, output, stdin, pipelining, scale, abuse,
 //! operator, files, sandbox, ports, cli (the `capexec` binary as whole
 //! processes and shell pipelines), codex (`capexec codex-bridge` next to
-//! Codex's own exec-server).
+//! Codex's own exec-server), python (the Python package next to the Rust
+//! client).
 
 mod abuse;
 mod cli;
@@ -32,6 +33,7 @@ mod ports;
 #[path = "../../tests/common/procfs.rs"]
 #[allow(dead_code)]
 mod procfs;
+mod python;
 // The polling helper `procfs` finds beside it, as in the tests' `common`.
 #[path = "../../tests/common/wait.rs"]
 #[allow(dead_code)]
@@ -123,7 +125,7 @@ impl Plan {
     }
 }
 
-const SECTIONS: [&str; 12] = [
+const SECTIONS: [&str; 13] = [
     "latency",
     "output",
     "stdin",
@@ -136,6 +138,7 @@ const SECTIONS: [&str; 12] = [
     "ports",
     "cli",
     "codex",
+    "python",
 ];
 
 fn main() -> Result<(), Box<dyn Error>> {
@@ -204,6 +207,9 @@ fn main() -> Result<(), Box<dyn Error>> {
         }
         if wanted("codex") {
             codex::run(&plan, &mut report).await?;
+        }
+        if wanted("python") {
+            python::run(&plan, &servers, &mut report).await?;
         }
         Ok::<_, Box<dyn Error>>(report)
     })?;
