@@ -13,7 +13,7 @@ import contextlib
 import weakref
 from typing import Any
 
-import capnp
+import capnp  # type: ignore[import-untyped]
 
 
 class _Held:

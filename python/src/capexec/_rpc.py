@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-import capnp
+import capnp  # type: ignore[import-untyped]
 
 from . import errors
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import capnp
+import capnp  # type: ignore[import-untyped]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SCHEMA_PATH = os.path.join(_HERE, "schema", "capexec.capnp")

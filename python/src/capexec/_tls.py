@@ -8,7 +8,7 @@ import socket
 import ssl as _ssl
 from typing import Any
 
-import capnp
+import capnp  # type: ignore[import-untyped]
 
 from ._address import TcpAddress
 from .errors import ConnectError

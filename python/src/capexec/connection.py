@@ -7,7 +7,7 @@ import os
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-import capnp
+import capnp  # type: ignore[import-untyped]
 
 from . import _address, _kj, _rpc, errors
 from ._schema import schema

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import ClassVar
 
-import capnp
+import capnp  # type: ignore[import-untyped]
 
 __all__ = [
     "CapexecError",
