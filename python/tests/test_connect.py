@@ -386,8 +386,8 @@ tls-pin = "abc"
     with pytest.raises(capexec.ConnectError) as raised:
         await capexec.connect()
     assert str(raised.value) == (
-        f'CAPEXEC_CONNECT="secrue": no server of that name in {config} (it names broken, plain, '
-        "secure, sock; did you mean secure?); an address is unix:PATH or tcp:HOST:PORT"
+        f'CAPEXEC_CONNECT="secrue": no server of that name in {config} (it names plain, secure, '
+        "sock; did you mean secure?); an address is unix:PATH or tcp:HOST:PORT"
     )
     # Arguments win over the file: a wrong pin given is used.
     wrong = ("0" if tls_pin[0] != "0" else "1") + tls_pin[1:]
