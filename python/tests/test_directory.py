@@ -9,6 +9,7 @@ import asyncio
 import hashlib
 import io
 import os
+import sys
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import TypeVar
@@ -24,6 +25,7 @@ from capexec.directory import (
     WatchEvent,
     WatchEventKind,
 )
+from conftest import Server, isolated_env
 
 T = TypeVar("T")
 
@@ -458,3 +460,23 @@ async def test_directory_executor(directory: Directory, root: Path) -> None:
     inner = executor.directory(str(root))
     await inner.write_bytes("via-executor", b"ok")
     assert (root / "via-executor").read_bytes() == b"ok"
+
+
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+async def test_the_files_example_works(server: Server, transport: str) -> None:
+    example = Path(__file__).resolve().parents[1] / "examples" / "files.py"
+    args = [sys.executable, str(example)]
+    if transport == "unix":
+        args.append(server.unix)
+    else:
+        assert server.token_file is not None
+        args += [server.tcp, "--token-file", str(server.token_file)]
+    process = await asyncio.create_subprocess_exec(
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=isolated_env(server.home),
+    )
+    stdout, stderr = await within(process.communicate(), 120)
+    assert process.returncode == 0, stderr.decode(errors="replace")
+    assert stderr.decode().splitlines()[-1] == "all steps worked"
