@@ -42,8 +42,14 @@ async def far_server(handler: Handler) -> AsyncIterator[int]:
     port. Handlers still running at the end are cancelled."""
     tasks: set[asyncio.Task[None]] = set()
 
+    async def handled(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await handler(reader, writer)
+        finally:
+            writer.close()
+
     def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.ensure_future(handler(reader, writer))
+        task = asyncio.ensure_future(handled(reader, writer))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
