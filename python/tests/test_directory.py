@@ -466,7 +466,7 @@ async def test_many_files_in_one_call(directory: Directory, root: Path) -> None:
     outcomes = await directory.read_many(["a.txt", "absent", "sub/b.txt"])
     first, missing, second = outcomes
     assert isinstance(first, tuple) and first[0] == b"a\x00"
-    assert first[1].version == stats[0].version  # type: ignore[union-attr]
+    assert first[1].version == stats[0].version
     assert isinstance(missing, errors.NotFound)
     assert "absent" in missing.sentence and "[capexec:" not in missing.sentence
     assert isinstance(second, tuple) and second[0] == b"b"
@@ -533,3 +533,16 @@ async def test_the_files_example_works(server: Server, transport: str) -> None:
     stdout, stderr = await within(process.communicate(), 120)
     assert process.returncode == 0, stderr.decode(errors="replace")
     assert stderr.decode().splitlines()[-1] == "all steps worked"
+
+
+async def test_a_watch_ends_with_an_error_when_the_connection_goes(
+    connection: capexec.Connection, root: Path
+) -> None:
+    changes = await connection.executor.directory(str(root)).watch()
+    (root / "before").write_bytes(b"")
+    first = await within(changes.__anext__(), 30)
+    assert first.path == "before"
+    await connection.close()
+    with pytest.raises(errors.Disconnected):
+        async for _event in changes:
+            pass

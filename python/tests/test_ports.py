@@ -392,3 +392,23 @@ async def test_forward_from_a_unix_socket(connection: capexec.Connection, tmp_pa
             assert await within(reader.read()) == b"\x00through a unix socket\xff"
             writer.close()
     assert not os.path.exists(local)
+
+
+async def test_a_lost_server_connection_is_an_error(connection: capexec.Connection) -> None:
+    finish = asyncio.Event()
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"hi")
+        await finish.wait()
+
+    async with far_server(hold) as port:
+        reader, writer = await ports.dial(connection.executor, "127.0.0.1", port)
+        assert await within(reader.readexactly(2)) == b"hi"
+        await connection.close()
+        # Lost, not reset by the far peer, and never an end of file.
+        with pytest.raises(ConnectionAbortedError, match="the connection through the executor was lost"):
+            await within(reader.read())
+        with pytest.raises(ConnectionError):
+            writer.write(b"x")
+            await writer.drain()
+        finish.set()
