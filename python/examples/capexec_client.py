@@ -76,13 +76,17 @@ async def file_round_trip(executor: capexec.Executor) -> bool:
 
 
 async def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description="A capexec client with the capexec package.",
+        usage="%(prog)s ADDRESS [--token-file FILE] [--tls-pin SHA256] [-- PROGRAM ARGS...]",
+    )
     parser.add_argument("address", help="unix:PATH, tcp:HOST:PORT, or a configured name")
     parser.add_argument("--token-file", help="the login token of a tcp: address")
     parser.add_argument("--tls-pin", help="the server's certificate's SHA-256 fingerprint")
-    parser.add_argument("program", nargs="*", help="after --: the command to run")
-    args = parser.parse_args()
-    argv = args.program or DEFAULT
+    given = sys.argv[1:]
+    program = given[given.index("--") + 1 :] if "--" in given else []
+    args = parser.parse_args(given[: given.index("--")] if "--" in given else given)
+    argv = program or DEFAULT
     async with await capexec.connect(
         args.address, token_file=args.token_file, tls_pin=args.tls_pin
     ) as conn:
