@@ -188,9 +188,10 @@ def test_edit(sandbox: CapexecSandbox, workspace: Path) -> None:
     (workspace / "e.txt").write_text("apple banana apple\n")
     multiple = sandbox.edit(path, "apple", "pear")
     assert multiple.error == (
-        "Error: String 'apple' appears 2 times in file. Use replace_all=True to replace all instances, "
+        "Error: String 'apple' appears multiple times (2 occurrences). Use replace_all=True to replace all occurrences, "
         "or provide a more specific string with surrounding context."
     )
+    assert (workspace / "e.txt").read_text() == "apple banana apple\n"
     r = sandbox.edit(path, "apple", "pear", replace_all=True)
     assert (r.error, r.path, r.occurrences) == (None, path, 2)
     assert (workspace / "e.txt").read_text() == "pear banana pear\n"

@@ -341,7 +341,8 @@ class CapexecSandbox(SandboxBackendProtocol):
         if limit < 0:
             raise ValueError(f"timeout must be non-negative, got {limit}")
         try:
-            proc = await self._executor.start(["sh", "-c", command])
+            # stderr joins stdout in the shell, so the output keeps the order it was written in.
+            proc = await self._executor.start(["sh", "-c", "exec 2>&1\n" + command])
         except CapexecError as exc:
             return ExecuteResponse(output=f"Error executing command: {exc}", exit_code=1)
         async with proc:
@@ -356,7 +357,8 @@ class CapexecSandbox(SandboxBackendProtocol):
         return ExecuteResponse(output=text, exit_code=got.exit_code, truncated=got.truncated)
 
     def execute(self, command: str, *, timeout: int | None = None) -> ExecuteResponse:
-        """Runs `sh -c command` in the root; output is stdout and stderr as they came."""
+        """Runs `sh -c command` in the root; the output is stdout and stderr
+        together, in the order written (as `2>&1`)."""
         return self._sync(lambda: self._aexecute(command, timeout))
 
     async def aexecute(self, command: str, *, timeout: int | None = None) -> ExecuteResponse:  # noqa: ASYNC109
@@ -494,6 +496,13 @@ class CapexecSandbox(SandboxBackendProtocol):
             if cand[0] in text:
                 chosen = cand
                 break
+        count = text.count(chosen[0])
+        if count > 1 and not replace_all:
+            # deepagents' sandbox wording ("multiple"), with the count.
+            return EditResult(
+                error=f"Error: String '{old}' appears multiple times ({count} occurrences). "
+                "Use replace_all=True to replace all occurrences, or provide a more specific string with surrounding context."
+            )
         outcome = perform_string_replacement(text, chosen[0], chosen[1], replace_all)
         if isinstance(outcome, str):
             return EditResult(error=outcome)
