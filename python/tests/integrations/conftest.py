@@ -11,10 +11,13 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import capnp
 import pytest
+
+import capexec
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -70,3 +73,14 @@ def workspace(tmp_path: Path) -> Path:
     root.mkdir()
     (tmp_path / "outside.txt").write_text("secret outside the root\n")
     return root
+
+
+@pytest.fixture
+async def integration_executor(integration_server: str) -> AsyncIterator[capexec.Executor]:
+    """The executor of a connection to `integration_server`, on the test's event loop."""
+    async with capnp.kj_loop():
+        conn = await capexec.connect(integration_server)
+        try:
+            yield conn.executor
+        finally:
+            await conn.close()
