@@ -24,6 +24,7 @@ loop thread of its own (deepagents calls sync methods from worker threads).
     from capexec.integrations.deepagents import CapexecSandbox
 
     with CapexecSandbox.open("/srv/ws", connect="unix:/run/capexec.sock") as sandbox:
+        # (or CapexecSandbox.open(connect=...): a new directory, removed on close)
         agent = create_deep_agent(model=..., backend=sandbox)
 """
 
@@ -166,13 +167,14 @@ class CapexecSandbox(SandboxBackendProtocol):
         self._max_output_bytes = max_output_bytes
         self._id = sandbox_id or f"capexec-{uuid.uuid4().hex[:12]}"
         self._closed = False
+        self._owns_root = False
 
     # -- construction -----------------------------------------------------
 
     @classmethod
     def open(
         cls,
-        root: str,
+        root: str | None = None,
         *,
         connect: str | None = None,
         create: bool = True,
@@ -182,27 +184,36 @@ class CapexecSandbox(SandboxBackendProtocol):
     ) -> CapexecSandbox:
         """Connects to the server (`capexec.connect(connect, **connect_options)`)
         on a new loop thread and confines the backend to `root`, an absolute
-        path on the server (created first, with its parents, if `create`)."""
+        path on the server (created first, with its parents, if `create`).
+        Without `root`, a new directory in the server's temporary directory,
+        which `close()` removes."""
         loop = LoopThread("capexec-deepagents")
 
-        async def setup() -> tuple[capexec.Connection, capexec.Directory, capexec.Executor]:
+        async def setup() -> tuple[capexec.Connection, str, capexec.Directory, capexec.Executor]:
             conn = await capexec.connect(connect, **connect_options)
             try:
-                if create:
-                    await conn.executor.directory("/").mkdir(root.lstrip("/") or ".", parents=True)
-                directory = conn.executor.directory(root)
-                return conn, directory, directory.executor()
+                if root is None:
+                    made = await conn.executor.run(["mktemp", "-d", "-t", "deepagents-XXXXXXXX"])
+                    path = made.stdout.decode("utf-8", "replace").strip()
+                    if made.exit_code != 0 or not path.startswith("/"):
+                        raise RuntimeError(f"could not make a directory on the server: {made.stderr.decode('utf-8', 'replace')}")
+                else:
+                    path = root
+                    if create:
+                        await conn.executor.directory("/").mkdir(path.lstrip("/") or ".", parents=True)
+                directory = conn.executor.directory(path)
+                return conn, path, directory, directory.executor()
             except BaseException:
                 await conn.close()
                 raise
 
         try:
-            conn, directory, executor = loop.run(setup())
+            conn, path, directory, executor = loop.run(setup())
         except BaseException:
             loop.close()
             raise
-        return cls(
-            root=root,
+        backend = cls(
+            root=path,
             directory=directory,
             executor=executor,
             loop=loop,
@@ -211,6 +222,8 @@ class CapexecSandbox(SandboxBackendProtocol):
             default_timeout=default_timeout,
             max_output_bytes=max_output_bytes,
         )
+        backend._owns_root = root is None
+        return backend
 
     @classmethod
     def on_loop(
@@ -224,23 +237,38 @@ class CapexecSandbox(SandboxBackendProtocol):
     ) -> CapexecSandbox:
         """A backend on `directory` (the directory `root` of the server), made on
         `loop`, which the caller keeps running and closes."""
+        async def executor_of(directory: capexec.Directory) -> capexec.Executor:
+            return directory.executor()  # pipelined, but made on the loop's thread
+
         return cls(
             root=root,
             directory=directory,
-            executor=directory.executor(),
+            executor=loop.run(executor_of(directory)),
             loop=loop,
             default_timeout=default_timeout,
             max_output_bytes=max_output_bytes,
         )
 
     def close(self) -> None:
-        """Closes the connection and the loop thread if this backend made them."""
+        """Closes the connection and the loop thread if this backend made them
+        (and removes the root if `open` made it)."""
         if self._closed:
             return
         self._closed = True
         conn = self._connection
         if conn is not None:
-            self._loop.run(conn.close())
+            owned = self._owns_root
+            parent, name = posixpath.split(self._root)
+
+            async def finish(conn: capexec.Connection) -> None:
+                # Every capability call, pipelined ones too, is made on the loop's thread.
+                try:
+                    if owned:
+                        await conn.executor.directory(parent).remove(name, recursive=True, missing_ok=True)
+                finally:
+                    await conn.close()
+
+            self._loop.run(finish(conn))
         if self._owns_loop:
             self._loop.close()
 
