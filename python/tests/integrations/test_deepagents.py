@@ -342,3 +342,30 @@ async def test_async_methods(sandbox: CapexecSandbox, workspace: Path) -> None:
     assert await sandbox.adownload_files([f"{workspace}/b.bin"]) == [FileDownloadResponse(path=f"{workspace}/b.bin", content=b"\x00\x01", error=None)]
     assert (await sandbox.adelete(path)).path == path
     assert not Path(path).exists()
+
+
+def test_execute_shell_errors_name_the_commands_line(sandbox: CapexecSandbox) -> None:
+    r = sandbox.execute("no-such-program-xyz")
+    assert (r.output, r.exit_code) == ("sh: 1: no-such-program-xyz: not found\n", 127)
+
+
+def test_on_loop_shares_a_caller_owned_loop(integration_server: str, workspace: Path) -> None:
+    import capexec
+    from capexec.integrations._loop import LoopThread
+
+    loop = LoopThread()
+    try:
+
+        async def setup() -> tuple[capexec.Connection, capexec.Directory]:
+            conn = await capexec.connect(integration_server)
+            return conn, conn.executor.directory(str(workspace))
+
+        conn, directory = loop.run(setup())
+        backend = CapexecSandbox.on_loop(str(workspace), directory, loop)
+        assert backend.write(f"{workspace}/shared.txt", "shared").error is None
+        assert (backend.execute("cat shared.txt").output, backend.execute("true").exit_code) == ("shared", 0)
+        backend.close()  # the caller's connection and loop stay
+        assert backend.execute("echo still").output == "still\n"
+        loop.run(conn.close())
+    finally:
+        loop.close()

@@ -370,7 +370,7 @@ class CapexecSandbox(SandboxBackendProtocol):
             raise ValueError(f"timeout must be non-negative, got {limit}")
         try:
             # stderr joins stdout in the shell, so the output keeps the order it was written in.
-            proc = await self._executor.start(["sh", "-c", "exec 2>&1\n" + command])
+            proc = await self._executor.start(["sh", "-c", "exec 2>&1; " + command])
         except CapexecError as exc:
             return ExecuteResponse(output=f"Error executing command: {exc}", exit_code=1)
         async with proc:
