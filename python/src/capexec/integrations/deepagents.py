@@ -31,7 +31,6 @@ loop thread of its own (deepagents calls sync methods from worker threads).
 from __future__ import annotations
 
 import base64
-import io
 import posixpath
 import uuid
 from collections.abc import Callable, Coroutine
@@ -70,6 +69,7 @@ from deepagents.backends.utils import (
 )
 
 import capexec
+from capexec.directory import DirEntry, FileKind
 from capexec.errors import CapexecError
 
 from ._collect import collect
@@ -200,7 +200,7 @@ class CapexecSandbox(SandboxBackendProtocol):
                 else:
                     path = root
                     if create:
-                        await conn.executor.directory("/").mkdir(path.lstrip("/") or ".", parents=True)
+                        await conn.executor.directory("/").mkdir(path.lstrip("/") or ".", recursive=True)
                 directory = conn.executor.directory(path)
                 return conn, path, directory, directory.executor()
             except BaseException:
@@ -328,7 +328,7 @@ class CapexecSandbox(SandboxBackendProtocol):
     async def _stat_kind(self, rel: str) -> str | None:
         """"file", "directory", "symlink", "other", or None if nothing is there."""
         try:
-            st = await self._directory.stat(rel or ".", follow_symlinks=False)
+            st = await self._directory.stat(rel, follow_symlinks=False)
         except CapexecError as exc:
             if exc.tag == "not-found":
                 return None
@@ -336,29 +336,16 @@ class CapexecSandbox(SandboxBackendProtocol):
         return _kind_name(st.kind)
 
     async def _fetch(self, rel: str) -> bytes:
-        try:
-            return await self._directory.read_bytes(rel)
-        except CapexecError as exc:
-            if exc.tag != "too-large":
-                raise
-        sink = io.BytesIO()
-        await self._directory.download(rel, sink)
-        return sink.getvalue()
+        return await self._directory.read_bytes(rel)
 
     async def _store(self, rel: str, data: bytes) -> None:
-        parent = posixpath.dirname(rel)
-        if parent:
-            await self._directory.mkdir(parent, parents=True)
-        if len(data) <= 4 * 1024 * 1024:
-            await self._directory.write_bytes(rel, data)
-        else:
-            await self._directory.upload(rel, io.BytesIO(data))
+        await self._directory.write_bytes(rel, data, create_parents=True)
 
     async def _list(self, rel: str) -> list[_Entry]:
-        return [_entry(e) async for e in self._directory.list(rel or ".")]
+        return [_entry(e) async for e in self._directory.list(rel)]
 
     async def _walk(self, rel: str) -> list[_Entry]:
-        return [_entry(e) async for e in self._directory.walk(rel or ".")]
+        return [_entry(e) async for e in self._directory.walk(rel)]
 
     # -- execute ----------------------------------------------------------
 
@@ -373,8 +360,12 @@ class CapexecSandbox(SandboxBackendProtocol):
             proc = await self._executor.start(["sh", "-c", "exec 2>&1; " + command])
         except CapexecError as exc:
             return ExecuteResponse(output=f"Error executing command: {exc}", exit_code=1)
-        async with proc:
-            got = await collect(proc, timeout=limit or None, max_bytes=self._max_output_bytes)
+        try:
+            async with proc:
+                got = await collect(proc, timeout=limit or None, max_bytes=self._max_output_bytes)
+        except CapexecError as exc:
+            # The connection broke (or the server shut down) while the command ran.
+            return ExecuteResponse(output=f"Error executing command: {exc}", exit_code=None)
         text = got.combined.decode("utf-8", errors="replace")
         if got.truncated:
             text += f"\n\n... Output truncated at {self._max_output_bytes} bytes."
@@ -433,7 +424,7 @@ class CapexecSandbox(SandboxBackendProtocol):
         except _PathRefused as exc:
             return ReadResult(error=f"File '{file_path}': invalid_path ({exc.reason})")
         try:
-            st = await self._directory.stat(rel or ".")
+            st = await self._directory.stat(rel)
             kind = _kind_name(st.kind)
             if kind == "directory":
                 return ReadResult(error=f"File '{file_path}': is_directory")
@@ -499,7 +490,7 @@ class CapexecSandbox(SandboxBackendProtocol):
         except _PathRefused as exc:
             return EditResult(error=f"Error editing file '{file_path}': invalid_path ({exc.reason})")
         try:
-            st = await self._directory.stat(rel or ".")
+            st = await self._directory.stat(rel)
             if _kind_name(st.kind) != "file":
                 return EditResult(error=f"Error: '{file_path}' is not a regular file")
             raw = await self._fetch(rel)
@@ -759,14 +750,14 @@ def _read_window(text: str, offset: int, limit: int) -> ReadResult:
     )
 
 
-def _kind_name(kind: object) -> str:
-    name = str(getattr(kind, "name", kind)).lower()
-    if name in ("file", "directory", "symlink"):
-        return name
+def _kind_name(kind: FileKind) -> str:
+    if kind in (FileKind.FILE, FileKind.DIRECTORY, FileKind.SYMLINK):
+        return kind.value
     return "other"
 
 
-def _entry(e: Any) -> _Entry:
+def _entry(e: DirEntry) -> _Entry:
     st = e.stat
-    return _Entry(rel=str(e.path), kind=_kind_name(st.kind), size=int(st.size), modified_ns=int(st.modified_ns))
-
+    if st is None:  # gone before its stat, or unreadable: reported as "other"
+        return _Entry(rel=e.path, kind="other", size=0, modified_ns=0)
+    return _Entry(rel=e.path, kind=_kind_name(st.kind), size=st.size, modified_ns=st.modified_ns)

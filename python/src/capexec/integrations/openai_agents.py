@@ -72,6 +72,7 @@ from agents.sandbox.types import ExecResult, ExposedPortEndpoint, Permissions, U
 from agents.sandbox.util.tar_utils import UnsafeTarMemberError, should_skip_tar_member, validate_tarfile
 
 import capexec
+from capexec.directory import FileKind
 from capexec.errors import CapexecError
 
 from ._collect import collect
@@ -157,7 +158,7 @@ class CapexecSandboxSession(BaseSandboxSession):
         if self.state.manifest.users or self.state.manifest.groups:
             raise ValueError("CapexecSandboxSession does not support manifest users or groups")
         try:
-            await self._executor.directory("/").mkdir(self._root.lstrip("/"), parents=True)
+            await self._executor.directory("/").mkdir(self._root.lstrip("/"), recursive=True)
         except CapexecError as exc:
             raise WorkspaceArchiveWriteError(path=Path(self._root), cause=exc) from exc
         self._dir()
@@ -229,14 +230,12 @@ class CapexecSandboxSession(BaseSandboxSession):
             raise ValueError("CapexecSandboxSession does not support `user` on file calls")
         normalized, rel = self._rel(path)
         try:
-            sink = io.BytesIO()
-            await self._dir().download(rel or ".", sink)
+            data = await self._dir().read_bytes(rel)
         except CapexecError as exc:
             if exc.tag == "not-found":
                 raise WorkspaceReadNotFoundError(path=path, cause=exc) from exc
             raise WorkspaceArchiveReadError(path=normalized, cause=exc) from exc
-        sink.seek(0)
-        return sink
+        return io.BytesIO(data)
 
     async def write(self, path: Path, data: io.IOBase, *, user: str | User | None = None) -> None:
         if user is not None:
@@ -246,10 +245,7 @@ class CapexecSandboxSession(BaseSandboxSession):
         content = payload.stream.read()
         blob = content.encode("utf-8") if isinstance(content, str) else bytes(content)
         try:
-            parent = posixpath.dirname(rel)
-            if parent:
-                await self._dir().mkdir(parent, parents=True)
-            await self._dir().upload(rel, io.BytesIO(blob))
+            await self._dir().write_bytes(rel, blob, create_parents=True)
         except CapexecError as exc:
             raise WorkspaceArchiveWriteError(path=normalized, cause=exc) from exc
 
@@ -259,19 +255,21 @@ class CapexecSandboxSession(BaseSandboxSession):
         normalized, rel = self._rel(path)
         listed: list[FileEntry] = []
         try:
-            async for e in self._dir().list(rel or "."):
+            async for e in self._dir().list(rel):
                 st = e.stat
+                if st is None:
+                    continue  # gone before its stat could be had
                 kind = _entry_kind(st.kind)
-                perms = Permissions.from_mode(int(st.permissions))
+                perms = Permissions.from_mode(st.permissions)
                 if kind == EntryKind.DIRECTORY:
                     perms = perms.model_copy(update={"directory": True})
                 listed.append(
                     FileEntry(
-                        path=str(normalized / str(e.path)),
+                        path=str(normalized / e.path),
                         permissions=perms,
                         owner=str(st.uid),
                         group=str(st.gid),
-                        size=int(st.size),
+                        size=st.size,
                         kind=kind,
                     )
                 )
@@ -286,7 +284,7 @@ class CapexecSandboxSession(BaseSandboxSession):
         if not rel:
             return
         try:
-            await self._dir().mkdir(rel, parents=parents)
+            await self._dir().mkdir(rel, recursive=parents)
         except CapexecError as exc:
             raise WorkspaceArchiveWriteError(path=normalized, cause=exc) from exc
 
@@ -295,7 +293,7 @@ class CapexecSandboxSession(BaseSandboxSession):
             raise ValueError("CapexecSandboxSession does not support `user` on file calls")
         normalized, rel = self._rel(path, for_write=True)
         try:
-            await self._dir().remove(rel or ".", recursive=recursive, missing_ok=recursive)
+            await self._dir().remove(rel, recursive=recursive, missing_ok=recursive)
         except CapexecError as exc:
             if exc.tag in ("not-found", "not-empty", "is-a-directory", "not-a-directory"):
                 raise _nonzero(("rm", "-rf" if recursive else "--", str(normalized)), exc) from exc
@@ -308,7 +306,7 @@ class CapexecSandboxSession(BaseSandboxSession):
         dst, dst_rel = self._rel(destination, for_write=True)
         command = ("mv", "-f", "--", str(src), str(dst))
         try:
-            st = await self._dir().stat(src_rel or ".", follow_symlinks=False)
+            st = await self._dir().stat(src_rel, follow_symlinks=False)
             if _entry_kind(st.kind) not in (EntryKind.FILE, EntryKind.SYMLINK):
                 raise ExecNonZeroError(
                     ExecResult(stdout=b"", stderr=b"Move source must be a regular file or symlink\n", exit_code=1),
@@ -334,15 +332,13 @@ class CapexecSandboxSession(BaseSandboxSession):
             result = await self._exec_internal(*argv)
             if result.exit_code != 0:
                 raise WorkspaceArchiveReadError(path=root, context={"stderr": result.stderr.decode("utf-8", "replace"), "exit_code": result.exit_code})
-            sink = io.BytesIO()
-            await self._dir().download(name, sink)
+            blob = await self._dir().read_bytes(name)
         except CapexecError as exc:
             raise WorkspaceArchiveReadError(path=root, cause=exc) from exc
         finally:
             with contextlib.suppress(CapexecError):
                 await self._dir().remove(name, missing_ok=True)
-        sink.seek(0)
-        return sink
+        return io.BytesIO(blob)
 
     async def hydrate_workspace(self, data: io.IOBase) -> None:
         """Unpacks a tar (as `persist_workspace` makes) into the workspace: it is
@@ -360,7 +356,7 @@ class CapexecSandboxSession(BaseSandboxSession):
             raise WorkspaceArchiveWriteError(path=root, cause=exc) from exc
         name = f".capexec-hydrate-{uuid.uuid4().hex}.tar"
         try:
-            await self._dir().upload(name, io.BytesIO(blob))
+            await self._dir().upload(name, blob)
             result = await self._exec_internal("tar", "-xf", name, "--no-same-owner", "-C", ".")
             if result.exit_code != 0:
                 raise WorkspaceArchiveWriteError(path=root, context={"stderr": result.stderr.decode("utf-8", "replace"), "exit_code": result.exit_code})
@@ -599,13 +595,12 @@ class CapexecSandboxClient(BaseSandboxClient[CapexecSandboxClientOptions | None]
         return self._deserialize_session_state_payload(payload, CapexecSandboxSessionState)
 
 
-def _entry_kind(kind: object) -> EntryKind:
-    name = str(getattr(kind, "name", kind)).lower()
-    if name == "file":
+def _entry_kind(kind: FileKind) -> EntryKind:
+    if kind is FileKind.FILE:
         return EntryKind.FILE
-    if name == "directory":
+    if kind is FileKind.DIRECTORY:
         return EntryKind.DIRECTORY
-    if name == "symlink":
+    if kind is FileKind.SYMLINK:
         return EntryKind.SYMLINK
     return EntryKind.OTHER
 
