@@ -351,7 +351,7 @@ def test_execute_shell_errors_name_the_commands_line(sandbox: CapexecSandbox) ->
 
 def test_on_loop_shares_a_caller_owned_loop(integration_server: str, workspace: Path) -> None:
     import capexec
-    from capexec.integrations._loop import LoopThread
+    from capexec.integrations.deepagents import LoopThread
 
     loop = LoopThread()
     try:

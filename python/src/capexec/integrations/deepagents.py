@@ -77,7 +77,7 @@ from ._loop import LoopThread
 
 T = TypeVar("T")
 
-__all__ = ["CapexecSandbox"]
+__all__ = ["CapexecSandbox", "LoopThread"]
 
 MAX_BINARY_READ_BYTES = 500 * 1024
 """Largest binary file `read` returns (base64), as deepagents' `BaseSandbox`."""
@@ -138,8 +138,8 @@ class CapexecSandbox(SandboxBackendProtocol):
 
     Build one with `CapexecSandbox.open(root, connect=...)` (it connects on a
     loop thread of its own and closes the connection with `close()`), or with
-    `CapexecSandbox.on_loop(directory, loop_thread)` for a directory made on a
-    `LoopThread` you keep.
+    `CapexecSandbox.on_loop(root, directory, loop)` for a directory made on a
+    `LoopThread` you keep (several backends can share one connection).
     """
 
     def __init__(
