@@ -9,12 +9,13 @@ shims live outside the sandbox's readable roots).
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import capnp
+import capnp  # type: ignore[import-untyped]
 import pytest
 
 import capexec
@@ -50,7 +51,8 @@ def integration_server() -> Iterator[str]:
         try:
             assert proc.stdout is not None
             # The server prints each address once it listens: the first line is the go-ahead.
-            line = proc.stdout.readline().decode().strip()
+            ready, _, _ = select.select([proc.stdout], [], [], 30)
+            line = proc.stdout.readline().decode().strip() if ready else ""
             if not line:
                 proc.wait(timeout=10)
                 err = (Path(tmp) / "serve.log").read_text()

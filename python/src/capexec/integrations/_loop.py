@@ -15,7 +15,7 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-import capnp
+import capnp  # type: ignore[import-untyped]
 
 T = TypeVar("T")
 
