@@ -369,3 +369,41 @@ def test_on_loop_shares_a_caller_owned_loop(integration_server: str, workspace: 
         loop.run(conn.close())
     finally:
         loop.close()
+
+
+def test_a_deep_agent_uses_the_backend(sandbox: CapexecSandbox, workspace: Path) -> None:
+    """deepagents' own tools (its filesystem middleware and execute tool) on the
+    backend, driven by a scripted chat model (langchain_core's fake one, which
+    replays the tool calls given; no model is asked anything)."""
+    from deepagents import create_deep_agent
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage, ToolMessage
+
+    class Scripted(GenericFakeChatModel):
+        def bind_tools(self, tools: object, **kwargs: object) -> Scripted:  # type: ignore[override]
+            return self
+
+    def call(name: str, args: dict[str, str], n: int) -> AIMessage:
+        return AIMessage(content="", tool_calls=[{"name": name, "args": args, "id": f"call{n}"}])
+
+    script = iter(
+        [
+            call("write_file", {"file_path": f"{workspace}/hello.txt", "content": "hi there\n"}, 1),
+            call("execute", {"command": "cat hello.txt; exit 3"}, 2),
+            call("edit_file", {"file_path": f"{workspace}/hello.txt", "old_string": "there", "new_string": "capexec"}, 3),
+            call("read_file", {"file_path": f"{workspace}/hello.txt"}, 4),
+            call("read_file", {"file_path": "/etc/passwd"}, 5),
+            AIMessage(content="done"),
+        ]
+    )
+    agent = create_deep_agent(model=Scripted(messages=script), backend=sandbox)
+    out = agent.invoke({"messages": [{"role": "user", "content": "go"}]})
+    tool_results = [m.content for m in out["messages"] if isinstance(m, ToolMessage)]
+    assert tool_results == [
+        f"Updated file {workspace}/hello.txt",
+        "hi there\n\n[Command failed with exit code 3]",
+        f"Successfully replaced 1 instance(s) of the string in '{workspace}/hello.txt'",
+        "@@ lines 1-1 of 1 @@\nhi capexec",
+        f"Error: File '/etc/passwd': invalid_path (outside the sandbox root {workspace})",
+    ]
+    assert (workspace / "hello.txt").read_text() == "hi capexec\n"

@@ -372,6 +372,8 @@ class CapexecSandboxSession(BaseSandboxSession):
         return True
 
     async def _pump(self, entry: _PtyEntry) -> None:
+        """Moves the process's output into `entry` until it closed (or the
+        connection broke: then the entry ends without an exit code)."""
         try:
             async for event in entry.process.events():
                 if isinstance(event, capexec.Output):
@@ -382,6 +384,8 @@ class CapexecSandboxSession(BaseSandboxSession):
                     entry.exit_code = event.code if event.code is not None else 128 + (event.signal or 0)
                 elif isinstance(event, capexec.Closed):
                     break
+        except CapexecError:
+            pass
         finally:
             entry.output_closed.set()
             entry.output_notify.set()
@@ -497,7 +501,9 @@ class CapexecSandboxSession(BaseSandboxSession):
                 reason="backend_unavailable",
                 context={"backend": BACKEND_ID, "error": str(exc)},
             ) from exc
-        host, _, local_port = fwd.local_address.rpartition(":")
+        address = fwd.local_address
+        address = address[len("tcp:") :] if address.startswith("tcp:") else address
+        host, _, local_port = address.rpartition(":")
         endpoint = ExposedPortEndpoint(host=host.strip("[]"), port=int(local_port), tls=False)
         self._forwards[port] = endpoint
         return endpoint
