@@ -8,8 +8,10 @@ written.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import select
+import ssl
 import shutil
 import subprocess
 import tempfile
@@ -135,6 +137,63 @@ def server(server_home: Path) -> Iterator[Server]:
     served.stop()
 
 
+@pytest.fixture(scope="session")
+def tls_server(server_home: Path) -> Iterator[Server]:
+    """A server on loopback TCP with a token, serving TLS with a
+    self-signed certificate of its own (`--tls-self-signed`)."""
+    home = server_home / "tls"
+    home.mkdir()
+    served = start_server(home, ["tcp:127.0.0.1:0"], ["--tls-self-signed"])
+    yield served
+    served.stop()
+
+
+def certificate_fingerprint(cert: Path) -> str:
+    """The SHA-256 of the PEM certificate `cert`, as `capexec serve` prints
+    it."""
+    der = ssl.PEM_cert_to_DER_cert(cert.read_text())
+    return hashlib.sha256(der).hexdigest()
+
+
+@pytest.fixture(scope="session")
+def tls_pin(tls_server: Server) -> str:
+    return certificate_fingerprint(tls_server.config_dir / "server-cert.pem")
+
+
+@pytest.fixture(autouse=True)
+def client_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test's client reads nothing of the user's: its own HOME and
+    XDG directories, no CAPEXEC_ variables."""
+    home = tmp_path / "client-home"
+    home.mkdir()
+    for name in list(os.environ):
+        if name.startswith(("CAPEXEC_", "XDG_")) and name != "CAPEXEC_BIN":
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    runtime = home / "run"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    return home
+
+
+TRANSPORTS = ["unix", "tcp", "tls"]
+
+
+async def connect_over(
+    transport: str, server: Server, tls_server: Server, tls_pin: str
+) -> capexec.Connection:
+    """A connection to a real server over `transport`: "unix", "tcp" (with
+    a token) or "tls" (with a token, the certificate pinned)."""
+    if transport == "unix":
+        return await capexec.connect(server.unix)
+    if transport == "tcp":
+        assert server.token_file is not None
+        return await capexec.connect(server.tcp, token_file=server.token_file)
+    assert tls_server.token_file is not None
+    return await capexec.connect(tls_server.tcp, token_file=tls_server.token_file, tls_pin=tls_pin)
+
+
 @pytest.fixture
 async def unix_connection(server: Server) -> AsyncIterator[capexec.Connection]:
     conn = await capexec.connect(server.unix)
@@ -150,15 +209,12 @@ async def tcp_connection(server: Server) -> AsyncIterator[capexec.Connection]:
         yield conn
 
 
-@pytest.fixture(params=["unix", "tcp"])
+@pytest.fixture(params=TRANSPORTS)
 async def connection(
-    request: pytest.FixtureRequest, server: Server
+    request: pytest.FixtureRequest, server: Server, tls_server: Server, tls_pin: str
 ) -> AsyncIterator[capexec.Connection]:
-    """A connection to a real server, once per transport."""
-    if request.param == "unix":
-        conn = await capexec.connect(server.unix)
-    else:
-        assert server.token_file is not None
-        conn = await capexec.connect(server.tcp, token_file=server.token_file)
+    """A connection to a real server, once per transport: a Unix socket,
+    TCP with a token, TLS with a token and the certificate pinned."""
+    conn = await connect_over(request.param, server, tls_server, tls_pin)
     async with conn:
         yield conn

@@ -30,31 +30,37 @@ class TcpAddress:
 Address = UnixAddress | TcpAddress
 
 
+def quote(text: str) -> str:
+    """`text` quoted as the command line quotes it (Rust's `{:?}`)."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
 def parse(text: str) -> Address:
     """`text` as an address; ValueError with the command line's sentence if
     it is not one."""
     if text.startswith("unix:"):
         path = text[len("unix:") :]
         if not path:
-            raise ValueError(f"{text!r}: unix: needs a socket path")
+            raise ValueError(f"{quote(text)}: unix: needs a socket path")
         return UnixAddress(path)
     if text.startswith("tcp:"):
         rest = text[len("tcp:") :]
         host, sep, port_text = rest.rpartition(":")
         if not sep:
-            raise ValueError(f"{text!r}: expected tcp:HOST:PORT")
+            raise ValueError(f"{quote(text)}: expected tcp:HOST:PORT")
         if not port_text.isdigit() or int(port_text) > 65535:
-            raise ValueError(f"{text!r}: {port_text!r} is not a port number")
+            raise ValueError(f"{quote(text)}: {quote(port_text)} is not a port number")
         if host.startswith("[") and host.endswith("]"):
             host = host[1:-1]
         elif ":" in host:
             # Unbracketed, "::1:80" could be ::1 port 80 or ::1:80 with no
             # port: which one is never guessed.
-            raise ValueError(f"{text!r}: an IPv6 address goes in brackets (tcp:[::1]:80)")
+            raise ValueError(f"{quote(text)}: an IPv6 address goes in brackets (tcp:[::1]:80)")
         if not host:
-            raise ValueError(f"{text!r}: expected tcp:HOST:PORT")
+            raise ValueError(f"{quote(text)}: expected tcp:HOST:PORT")
         return TcpAddress(host, int(port_text))
-    raise ValueError(f"{text!r}: an address is unix:PATH or tcp:HOST:PORT")
+    raise ValueError(f"{quote(text)}: an address is unix:PATH or tcp:HOST:PORT")
 
 
 def default_socket_path() -> str:

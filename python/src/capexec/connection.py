@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import capnp  # type: ignore[import-untyped]
 
-from . import _address, _kj, _rpc, errors
+from . import _address, _kj, _tls, errors
 from ._schema import schema
 from .errors import ConnectError
 
@@ -120,8 +121,6 @@ class Connection:
             )
         if isinstance(translated, errors.Disconnected):
             if self._probe_tls is not None:
-                from . import _tls
-
                 if await _tls.speaks_tls(self._probe_tls, timeout=min(self._timeout, 5.0)):
                     return ConnectError(
                         f"the server at {self._address} speaks TLS: give tls_pin=, tls_ca= "
@@ -209,24 +208,25 @@ def _is_socket(path: str) -> bool:
 
 
 def _os_message(error: OSError) -> str:
-    if error.strerror:
-        return error.strerror[0].lower() + error.strerror[1:] if error.strerror else str(error)
-    return str(error)
+    """An OSError as the command line says it ("No such file or
+    directory"), without the errno and path Python adds."""
+    return error.strerror or str(error)
 
 
 async def connect_address(
     address: _address.Address,
     *,
     token: str | None = None,
-    ssl: Any = None,
+    tls: _tls.ClientTls | None = None,
     plaintext_only_to_loopback: bool = True,
     connect_timeout: float | None = None,
+    environment: str | None = None,
 ) -> Connection:
     """Connects to `address` (parsed), logging in with `token` over TCP,
-    over TLS if `ssl` (a `_tls.ClientTls`) is given. Returns as soon as the
-    transport is up: the login travels pipelined with the first calls."""
-    from . import _tls
-
+    over TLS if `tls` is given; `environment` (names joined by "/") picks
+    the executor of that environment. Returns as soon as the transport is
+    up: the login, and the environment hops, travel pipelined with the
+    first calls."""
     timeout = CONNECT_TIMEOUT if connect_timeout is None else connect_timeout
     lease = await _kj.acquire()
     try:
@@ -235,7 +235,7 @@ async def connect_address(
         text = str(address)
         probe: _address.TcpAddress | None = None
         if isinstance(address, _address.UnixAddress):
-            if ssl is not None:
+            if tls is not None:
                 raise ConnectError(
                     f"cannot connect to {text}: TLS is for tcp: addresses; a Unix socket is "
                     "protected by its file permissions",
@@ -248,15 +248,11 @@ async def connect_address(
                     f"{text} needs a login token (token_file= or CAPEXEC_TOKEN)", address=text
                 )
             stream = await _within(
-                _tls.open_tcp(
-                    address,
-                    ssl,
-                    plaintext_only_to_loopback=plaintext_only_to_loopback,
-                ),
+                _tls.open_tcp(address, tls, plaintext_only_to_loopback=plaintext_only_to_loopback),
                 text,
                 timeout,
             )
-            if ssl is None:
+            if tls is None:
                 probe = address
         client = capnp.TwoPartyClient(stream)
         if token is None:
@@ -270,6 +266,9 @@ async def connect_address(
             # Pipelined: the executor is usable before the login answers.
             executor = login.executor
             first = login
+        if environment is not None and environment != "local":
+            for hop in environment.split("/"):
+                executor = executor.environment(name=hop).executor
         connection = Connection(
             address=text,
             client=client,
@@ -305,19 +304,36 @@ async def connect(
     tls: bool = False,
     tls_pin: str | None = None,
     tls_ca: str | os.PathLike[str] | None = None,
+    tls_accept_new: bool = False,
     insecure_plaintext: bool = False,
+    environment: str | None = None,
     connect_timeout: float | None = None,
 ) -> Connection:
     """Connects to a capexec server, as `capexec run --connect` does.
 
-    `address` is `unix:PATH`, `tcp:HOST:PORT`, `local` (the default socket)
-    or the name of a server in the configuration file; None means
-    $CAPEXEC_CONNECT, else `local`. A tcp: address logs in with the token
-    of `token_file`, else $CAPEXEC_TOKEN, else the named server's token
-    file. `tls_pin` (a SHA-256 fingerprint), `tls_ca` (a PEM file) or `tls`
-    (trust on first use, with the known-servers file) choose TLS; without
-    TLS the token goes in clear text only to loopback addresses unless
-    `insecure_plaintext`. Raises ConnectError saying what is wrong.
+    `address` is `unix:PATH`, `tcp:HOST:PORT` (or as people type them,
+    `HOST:PORT` and `/path/to.sock`), `local` (the default socket) or the
+    name of a server in the configuration file; None means
+    $CAPEXEC_CONNECT, else `local`.
+
+    A tcp: address logs in with the token of `token_file`, else the named
+    server's token file, else $CAPEXEC_TOKEN, else the default token file.
+    TLS: `tls_pin` (the SHA-256 fingerprint `capexec serve` prints),
+    `tls_ca` (a PEM file: a CA, or the server's own certificate) or `tls`
+    (trust on first use against the known-servers file: an unknown
+    certificate raises UnknownCertificate unless `tls_accept_new`, which
+    remembers it; a changed one raises ChangedCertificate), else what the
+    configuration file says, else TLS if the known-servers file remembers a
+    certificate for the address. Without TLS the token goes in clear text
+    only to addresses that resolve to loopback, unless
+    `insecure_plaintext`. `environment` ("gpu", or hops "a/b") is the
+    environment `executor` runs in (default: the named server's, else the
+    server's default).
+
+    Returns once the transport is up; the login travels pipelined with the
+    first calls (`await conn.established()` waits for it). Raises
+    ConnectError (UnknownCertificate, ChangedCertificate) saying what is
+    wrong and what to do.
     """
     from . import config
 
@@ -327,15 +343,29 @@ async def connect(
         tls=tls,
         tls_pin=tls_pin,
         tls_ca=tls_ca,
+        tls_accept_new=tls_accept_new,
         insecure_plaintext=insecure_plaintext,
     )
-    return await connect_address(
-        target.address,
-        token=target.token,
-        ssl=target.tls,
-        plaintext_only_to_loopback=not target.insecure_plaintext,
-        connect_timeout=connect_timeout,
-    )
+
+    async def attempt(trust: config.Trust) -> Connection:
+        return await connect_address(
+            target.address,
+            token=target.token,
+            tls=None if trust.kind == "plaintext" else _tls.ClientTls(trust),
+            plaintext_only_to_loopback=not target.insecure_plaintext,
+            connect_timeout=connect_timeout,
+            environment=environment if environment is not None else target.environment,
+        )
+
+    try:
+        return await attempt(target.trust)
+    except errors.UnknownCertificate as unknown:
+        file = target.trust.known_file
+        if not target.tls_accept_new or file is None:
+            raise
+        config.remember_known(file, target.address, unknown.offered)
+        known = config.Known(bytes.fromhex(unknown.offered), 0)
+        return await attempt(dataclasses.replace(target.trust, known=known))
 
 
 async def local(*, connect_timeout: float | None = None) -> Connection:
@@ -345,5 +375,5 @@ async def local(*, connect_timeout: float | None = None) -> Connection:
     try:
         path = _address.default_socket_path()
     except ValueError as error:
-        raise ConnectError(str(error)) from None
+        raise ConnectError(f"local: {error}") from None
     return await connect_address(_address.UnixAddress(path), connect_timeout=connect_timeout)

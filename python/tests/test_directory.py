@@ -1,0 +1,448 @@
+"""Directory against a real server, over every transport the `connection`
+fixture offers. The server runs on this machine, so each test opens its
+own temporary directory through the protocol and checks what the protocol
+did with the local file system too."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import os
+from collections.abc import AsyncIterator, Awaitable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+import capexec
+from capexec import errors
+from capexec.directory import (
+    DirEntry,
+    Directory,
+    FileKind,
+    WatchEvent,
+    WatchEventKind,
+)
+
+T = TypeVar("T")
+
+MiB = 1024 * 1024
+
+# Every byte value, NULs included, and a tail that is not a multiple of
+# anything.
+BINARY = bytes(range(256)) * 1024 + b"\x00\x00end\x00"
+
+
+async def within(awaitable: Awaitable[T], seconds: float = 60) -> T:
+    return await asyncio.wait_for(awaitable, seconds)
+
+
+def pattern(size: int, seed: int = 0) -> bytes:
+    """`size` bytes that differ at every offset modulo a large prime, so a
+    chunk dropped, doubled or shifted shows."""
+    block = hashlib.sha256(str(seed).encode()).digest() * 4099
+    return (block * (size // len(block) + 1))[:size]
+
+
+@pytest.fixture
+async def directory(connection: capexec.Connection, tmp_path: Path) -> Directory:
+    # Pipelined: it needs the running loop, not a round trip.
+    return connection.executor.directory(str(tmp_path))
+
+
+async def test_binary_round_trip_exact(directory: Directory, tmp_path: Path) -> None:
+    stat = await directory.write_bytes("data.bin", BINARY)
+    assert stat.kind is FileKind.FILE
+    assert stat.size == len(BINARY)
+    assert (tmp_path / "data.bin").read_bytes() == BINARY
+    assert await directory.read_bytes("data.bin") == BINARY
+    data, read_stat = await directory.read_range("data.bin", 256, 300)
+    assert data == BINARY[256:556]
+    assert read_stat.version == stat.version
+    # Past the end: what there is; none past it.
+    assert (await directory.read_range("data.bin", len(BINARY) - 3, 100))[0] == b"end"[:0] + BINARY[-3:]
+    assert (await directory.read_range("data.bin", len(BINARY) + 5, 10))[0] == b""
+    assert await directory.read_text("data.bin", errors="surrogateescape") == BINARY.decode(
+        "utf-8", "surrogateescape"
+    )
+
+
+async def test_write_text_and_names_that_are_not_utf8(directory: Directory, tmp_path: Path) -> None:
+    await directory.write_text("héllo.txt", "grüße\n")
+    assert (tmp_path / "héllo.txt").read_text() == "grüße\n"
+    raw = b"raw-\xff\xfe"
+    (tmp_path / os.fsdecode(raw)).write_bytes(b"x")
+    names = sorted(entry.path for entry in await directory.list().collect())
+    assert names == sorted(["héllo.txt", os.fsdecode(raw)])
+    # The name the listing gave leads back to the file.
+    assert await directory.read_bytes(os.fsdecode(raw)) == b"x"
+    assert await directory.read_bytes(raw) == b"x"
+
+
+async def test_write_is_atomic_with_options(directory: Directory, tmp_path: Path) -> None:
+    stat = await directory.write_bytes("run.sh", b"#!/bin/sh\n", mode=0o750)
+    assert stat.permissions == 0o750
+    assert (tmp_path / "run.sh").stat().st_mode & 0o7777 == 0o750
+    # A replaced file keeps its bits by default.
+    stat = await directory.write_bytes("run.sh", b"#!/bin/sh\necho\n")
+    assert stat.permissions == 0o750
+    with pytest.raises(errors.Exists) as refused:
+        await directory.write_bytes("run.sh", b"", exclusive=True)
+    assert refused.value.tag == "exists"
+    with pytest.raises(errors.NotFound) as missing:
+        await directory.write_bytes("nope/run.sh", b"")
+    assert missing.value.tag == "not-found"
+    with pytest.raises(errors.NotFound):
+        await directory.write_bytes("absent", b"", must_exist=True)
+    stat = await directory.write_bytes("a/b/c.txt", b"deep", create_parents=True)
+    assert (tmp_path / "a" / "b" / "c.txt").read_bytes() == b"deep"
+    stat = await directory.write_bytes("timed", b"t", modified_ns=1_000_000_000_123)
+    assert stat.modified_ns == 1_000_000_000_123
+    assert (tmp_path / "timed").stat().st_mtime_ns == 1_000_000_000_123
+
+
+async def test_if_version_conflict(directory: Directory, tmp_path: Path) -> None:
+    first = await directory.write_bytes("shared.txt", b"one")
+    second = await directory.write_bytes("shared.txt", b"two", if_version=first.version)
+    assert second.version != first.version
+    assert (tmp_path / "shared.txt").read_bytes() == b"two"
+    # The first version is stale now: somebody else wrote.
+    with pytest.raises(errors.Conflict) as conflict:
+        await directory.write_bytes("shared.txt", b"three", if_version=first.version)
+    assert conflict.value.tag == "conflict"
+    assert "shared.txt" in conflict.value.sentence
+    assert "[capexec:" not in conflict.value.sentence
+    assert (tmp_path / "shared.txt").read_bytes() == b"two"
+    # Read and version in one call, then a write over exactly that.
+    data, stat = await directory.read_range("shared.txt")
+    assert data == b"two"
+    await directory.write_bytes("shared.txt", b"four", if_version=stat.version)
+    assert (tmp_path / "shared.txt").read_bytes() == b"four"
+    # A missing file is a conflict too.
+    with pytest.raises(errors.Conflict):
+        await directory.write_bytes("missing.txt", b"x", if_version=stat.version)
+    assert not (tmp_path / "missing.txt").exists()
+    # Uploads check it too.
+    with pytest.raises(errors.Conflict):
+        await directory.upload("shared.txt", b"five", if_version=first.version)
+    assert (tmp_path / "shared.txt").read_bytes() == b"four"
+    with pytest.raises(ValueError):
+        await directory.write_bytes("shared.txt", b"x", if_version=b"")
+
+
+async def test_read_only_directory_refuses_writes(directory: Directory, tmp_path: Path) -> None:
+    (tmp_path / "kept.txt").write_bytes(b"kept")
+    (tmp_path / "sub").mkdir()
+    read_only = directory.read_only()
+    assert await read_only.read_bytes("kept.txt") == b"kept"
+    assert (await read_only.info()).read_only is True
+    assert (await directory.info()).read_only is False
+    with pytest.raises(errors.Forbidden) as refused:
+        await read_only.write_bytes("kept.txt", b"changed")
+    assert refused.value.tag == "forbidden"
+    assert type(refused.value) is errors.Forbidden
+    with pytest.raises(errors.Forbidden):
+        await read_only.mkdir("new")
+    with pytest.raises(errors.Forbidden):
+        await read_only.remove("kept.txt")
+    with pytest.raises(errors.Forbidden):
+        await read_only.upload("big.bin", pattern(5 * MiB))
+    # Everything derived from it is read-only too.
+    with pytest.raises(errors.Forbidden):
+        await read_only.subdirectory("sub").write_bytes("x", b"x")
+    assert (tmp_path / "kept.txt").read_bytes() == b"kept"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.txt", "sub"]
+
+
+async def test_errors_have_their_classes(directory: Directory, tmp_path: Path) -> None:
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "f").write_bytes(b"f")
+    cases: list[tuple[Awaitable[object], type[errors.RefusalError], str]] = [
+        (directory.read_bytes("absent"), errors.NotFound, "not-found"),
+        (directory.read_bytes("../outside"), errors.OutsideDirectory, "outside-directory"),
+        (directory.read_bytes("/etc/passwd"), errors.OutsideDirectory, "outside-directory"),
+        (directory.read_bytes("dir"), errors.IsADirectory, "is-a-directory"),
+        (directory.mkdir("dir"), errors.Exists, "exists"),
+        (directory.remove("dir"), errors.NotEmpty, "not-empty"),
+        (directory.read_bytes("dir/f/x"), errors.NotADirectory, "not-a-directory"),
+        (directory.stat("a\x00b"), errors.InvalidArgument, "invalid-argument"),
+        (directory.read_range("dir/f", 0, 5 * MiB), errors.LimitReached, "limit"),
+    ]
+    for call, cls, tag in cases:
+        with pytest.raises(cls) as raised:
+            await call
+        assert type(raised.value) is cls
+        assert raised.value.tag == tag
+    # A missing directory makes the first call on it fail.
+    with pytest.raises(errors.NotFound):
+        await directory.subdirectory("nowhere").list().collect()
+    assert await directory.exists("dir/f")
+    assert not await directory.exists("dir/g")
+
+
+async def test_large_files_stream_both_ways(directory: Directory, tmp_path: Path) -> None:
+    big = pattern(9 * MiB + 12345, seed=1)
+    # write_bytes past 4 MiB uploads; read_bytes past it downloads.
+    stat = await within(directory.write_bytes("big.bin", big))
+    assert stat.size == len(big)
+    assert (tmp_path / "big.bin").read_bytes() == big
+    assert await within(directory.read_bytes("big.bin")) == big
+    # The one-shot call says it is too large.
+    with pytest.raises(errors.TooLarge) as too_large:
+        await directory.read_range("big.bin")
+    assert too_large.value.tag == "too-large"
+
+    # Chunks of at most 256 KiB, in order, with the server's answer.
+    stream = directory.download_iter("big.bin")
+    chunks = [chunk async for chunk in stream]
+    assert all(0 < len(chunk) <= 256 * 1024 for chunk in chunks)
+    assert b"".join(chunks) == big
+    assert stream.size == len(big)
+    assert stream.stat is not None and stream.stat.size == len(big)
+
+    # A range.
+    part = b"".join([c async for c in directory.download_iter("big.bin", offset=7, length=3 * MiB)])
+    assert part == big[7 : 7 + 3 * MiB]
+
+    # Into a local path and into an open file.
+    target = tmp_path / "local-copy.bin"
+    assert await within(directory.download("big.bin", target)) == len(big)
+    assert target.read_bytes() == big
+    buffer = io.BytesIO()
+    assert await within(directory.download("big.bin", buffer)) == len(big)
+    assert buffer.getvalue() == big
+
+
+async def test_upload_sources(directory: Directory, tmp_path: Path) -> None:
+    big = pattern(6 * MiB + 1, seed=2)
+    local = tmp_path / "source.bin"
+    local.write_bytes(big)
+
+    stat = await within(directory.upload("from-path.bin", local))
+    assert stat.size == len(big)
+    assert (tmp_path / "from-path.bin").read_bytes() == big
+
+    with open(local, "rb") as file:
+        await within(directory.upload("from-file.bin", file))
+    assert (tmp_path / "from-file.bin").read_bytes() == big
+
+    async def pieces() -> AsyncIterator[bytes]:
+        # Odd sizes: small ones gathered, big ones split.
+        offset = 0
+        for size in (1, 7, 300_000, 65_536, 1_000_001, 3):
+            yield big[offset : offset + size]
+            offset += size
+        yield big[offset:]
+
+    await within(directory.upload("from-async.bin", pieces()))
+    assert (tmp_path / "from-async.bin").read_bytes() == big
+
+    await within(directory.upload("from-list.bin", [b"a\x00", b"", b"b"]))
+    assert (tmp_path / "from-list.bin").read_bytes() == b"a\x00b"
+
+    await within(directory.upload("empty.bin", b""))
+    assert (tmp_path / "empty.bin").read_bytes() == b""
+
+
+async def test_failed_upload_leaves_nothing(directory: Directory, tmp_path: Path) -> None:
+    (tmp_path / "target.bin").write_bytes(b"old")
+
+    async def broken() -> AsyncIterator[bytes]:
+        yield pattern(2 * MiB)
+        raise OSError("the source broke")
+
+    with pytest.raises(OSError, match="the source broke"):
+        await within(directory.upload("target.bin", broken()))
+    # Announced and delivered sizes that differ.
+    with pytest.raises(errors.InvalidArgument) as wrong_size:
+        await within(directory.upload("target.bin", [b"12345"], size=6))
+    assert wrong_size.value.tag == "invalid-argument"
+    with pytest.raises(errors.InvalidArgument):
+        await within(directory.upload("target.bin", [b"1234567"], size=6))
+    assert (tmp_path / "target.bin").read_bytes() == b"old"
+    # No temporary left behind.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["target.bin"]
+
+
+async def test_list_and_walk(directory: Directory, tmp_path: Path) -> None:
+    (tmp_path / "src" / "pkg").mkdir(parents=True)
+    (tmp_path / "src" / "a.py").write_bytes(b"a" * 10)
+    (tmp_path / "src" / "pkg" / "b.py").write_bytes(b"b" * 20)
+    (tmp_path / "src" / "pkg" / "c.txt").write_bytes(b"")
+    (tmp_path / "link").symlink_to("src/a.py")
+
+    top = {entry.path: entry for entry in await directory.list().collect()}
+    assert sorted(top) == ["link", "src"]
+    assert top["src"].stat is not None and top["src"].stat.is_dir
+    link = top["link"]
+    assert link.stat is not None and link.stat.kind is FileKind.SYMLINK
+    assert link.link_target == "src/a.py"
+    assert link.error is None
+
+    stream = directory.walk("src")
+    walked: dict[str, DirEntry] = {entry.path: entry async for entry in stream}
+    assert sorted(walked) == ["a.py", "pkg", "pkg/b.py", "pkg/c.txt"]
+    assert walked["pkg/b.py"].stat is not None and walked["pkg/b.py"].stat.size == 20
+    assert walked["pkg/b.py"].name == "b.py"
+    assert stream.summary is not None
+    assert stream.summary.entries == 4 and stream.summary.truncated is False
+
+    shallow = [entry.path for entry in await directory.walk("src", max_depth=1).collect()]
+    assert sorted(shallow) == ["a.py", "pkg"]
+    python = [entry.path for entry in await directory.walk("", include=["**/*.py"]).collect()]
+    assert sorted(python) == ["src/a.py", "src/pkg/b.py"]
+    pruned = [entry.path for entry in await directory.walk("", exclude=["src/pkg"]).collect()]
+    assert sorted(pruned) == ["link", "src", "src/a.py"]
+    truncated = directory.walk("", max_entries=2)
+    assert len(await truncated.collect()) == 2
+    assert truncated.summary is not None and truncated.summary.truncated is True
+
+    with pytest.raises(errors.NotADirectory):
+        await directory.list("src/a.py").collect()
+
+
+async def test_a_listing_of_many_batches_and_leaving_early(
+    directory: Directory, tmp_path: Path
+) -> None:
+    many = tmp_path / "many"
+    many.mkdir()
+    names = {f"f{index:05}" for index in range(6000)}
+    for name in names:
+        (many / name).touch()
+    # More than the server's 1,024 a batch, and more batches than queued
+    # here: the server waits for this consumer.
+    stream = directory.list("many")
+    seen = [entry.path async for entry in stream]
+    assert sorted(seen) == sorted(names)
+    assert stream.summary is not None and stream.summary.entries == 6000
+
+    # Leaving a listing early ends it on the server (whose next push
+    # fails): a connection may have 64 transfers at once, so leaked ones
+    # would make the 65th fail. 2,100 entries are three batches, more than
+    # are queued here, so each listing is still going when it is left.
+    some = tmp_path / "some"
+    some.mkdir()
+    for index in range(2100):
+        (some / f"s{index:04}").touch()
+    for _ in range(70):
+        async for _entry in directory.list("some"):
+            break
+    for _ in range(70):
+        stream = directory.walk("some")
+        await stream.__anext__()
+        await stream.aclose()
+    big = pattern(3 * MiB)
+    await directory.write_bytes("big.bin", big)
+    for _ in range(70):
+        async for _chunk in directory.download_iter("big.bin"):
+            break
+    assert len(await directory.list("many").collect()) == 6000
+
+
+async def test_changes(directory: Directory, tmp_path: Path) -> None:
+    await directory.mkdir("a/b/c", recursive=True)
+    assert (tmp_path / "a" / "b" / "c").is_dir()
+    await directory.mkdir("a/b/c", recursive=True)  # mkdir -p: no error
+    await directory.mkdir("m", mode=0o700)
+    assert (tmp_path / "m").stat().st_mode & 0o777 == 0o700
+
+    await directory.write_bytes("a/one", b"1")
+    await directory.write_bytes("a/b/two", b"2")
+    assert await directory.copy("a", "copy", recursive=True) == 5
+    assert (tmp_path / "copy" / "b" / "two").read_bytes() == b"2"
+    assert await directory.copy("a/one", "one-copy") == 1
+    with pytest.raises(errors.IsADirectory):
+        await directory.copy("a", "nope")
+    with pytest.raises(errors.Exists):
+        await directory.copy("a/one", "one-copy", no_replace=True)
+
+    await directory.rename("one-copy", "renamed")
+    assert (tmp_path / "renamed").read_bytes() == b"1"
+    with pytest.raises(errors.Exists):
+        await directory.rename("renamed", "a/one", no_replace=True)
+
+    await directory.symlink("a/one", "to-one")
+    assert await directory.readlink("to-one") == "a/one"
+    assert (await directory.stat("to-one")).kind is FileKind.FILE
+    assert (await directory.stat("to-one", follow_symlinks=False)).kind is FileKind.SYMLINK
+    assert await directory.canonicalize("to-one") == "a/one"
+    assert await directory.canonicalize("a/b/..") == "a"
+
+    await directory.chmod("renamed", 0o600)
+    assert (tmp_path / "renamed").stat().st_mode & 0o7777 == 0o600
+    await directory.set_times("renamed", 5_000_000_000, 7_000_000_001)
+    assert (tmp_path / "renamed").stat().st_mtime_ns == 7_000_000_001
+    assert (tmp_path / "renamed").stat().st_atime_ns == 5_000_000_000
+
+    assert await directory.remove("copy", recursive=True) == 5
+    assert not (tmp_path / "copy").exists()
+    assert await directory.remove("copy", missing_ok=True) == 0
+    assert await directory.remove("renamed") == 1
+    info = await directory.info()
+    assert info.path == str(tmp_path.resolve())
+
+
+async def test_subdirectory_is_confined(directory: Directory, tmp_path: Path) -> None:
+    (tmp_path / "inner").mkdir()
+    (tmp_path / "secret").write_bytes(b"secret")
+    inner = directory.subdirectory("inner")
+    await inner.write_bytes("file", b"in")
+    assert (tmp_path / "inner" / "file").read_bytes() == b"in"
+    with pytest.raises(errors.OutsideDirectory):
+        await inner.read_bytes("../secret")
+    (tmp_path / "inner" / "escape").symlink_to("../secret")
+    with pytest.raises(errors.OutsideDirectory):
+        await inner.read_bytes("escape")
+    assert (await inner.info()).path == str((tmp_path / "inner").resolve())
+
+
+async def test_watch(directory: Directory, tmp_path: Path) -> None:
+    (tmp_path / "watched").mkdir()
+    watched = directory.subdirectory("watched")
+
+    async def next_matching(
+        changes: capexec.directory.Watch, kind: WatchEventKind, path: str
+    ) -> WatchEvent:
+        async for event in changes:
+            if event.kind is kind and event.path == path:
+                return event
+        raise AssertionError(f"the watch ended before {kind} {path}")
+
+    async with directory.watch("watched", recursive=True) as changes:
+        await watched.write_bytes("new.txt", b"x")
+        created = await within(next_matching(changes, WatchEventKind.CREATED, "new.txt"), 30)
+        assert created.is_directory is False
+        await watched.mkdir("sub")
+        made = await within(next_matching(changes, WatchEventKind.CREATED, "sub"), 30)
+        assert made.is_directory is True
+        (tmp_path / "watched" / "sub" / "deep.txt").write_bytes(b"deep")
+        await within(next_matching(changes, WatchEventKind.CREATED, "sub/deep.txt"), 30)
+        os.rename(tmp_path / "watched" / "sub" / "deep.txt", tmp_path / "watched" / "moved.txt")
+        renamed = await within(next_matching(changes, WatchEventKind.RENAMED, "sub/deep.txt"), 30)
+        assert renamed.to_path == "moved.txt"
+        (tmp_path / "watched" / "moved.txt").unlink()
+        await within(next_matching(changes, WatchEventKind.REMOVED, "moved.txt"), 30)
+
+    # The watched directory going away is the last event.
+    changes = await directory.watch("watched")
+    await directory.remove("watched", recursive=True)
+    events = [event async for event in changes]
+    assert events[-1].kind is WatchEventKind.GONE
+    await changes.close()
+
+    with pytest.raises(errors.NotFound):
+        await directory.watch("absent")
+
+
+async def test_directory_executor(directory: Directory, tmp_path: Path) -> None:
+    executor = directory.executor()
+    assert isinstance(executor, capexec.Executor)
+    info = await executor.info()
+    assert "restricted" in info.features
+    # Its directories are confined to this one.
+    with pytest.raises(errors.NotAllowed):
+        await executor.directory("/").list().collect()
+    inner = executor.directory(str(tmp_path))
+    await inner.write_bytes("via-executor", b"ok")
+    assert (tmp_path / "via-executor").read_bytes() == b"ok"
