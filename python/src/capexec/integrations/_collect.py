@@ -6,7 +6,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-import capexec
+from capexec.process import Closed, Exited, Gap, Output, Process
 
 
 @dataclass
@@ -21,7 +21,7 @@ class Collected:
     truncated: bool = False
 
 
-async def collect(proc: capexec.Process, *, timeout: float | None, max_bytes: int) -> Collected:
+async def collect(proc: Process, *, timeout: float | None, max_bytes: int) -> Collected:
     """Reads `proc`'s events until it closed (or `timeout` seconds passed: then
     its tree is terminated and `timed_out` set). Keeps at most `max_bytes` of
     each of `combined`, `stdout` and `stderr`; `truncated` tells that some
@@ -40,17 +40,17 @@ async def collect(proc: capexec.Process, *, timeout: float | None, max_bytes: in
 
     async def read_all() -> None:
         async for event in proc.events():
-            if isinstance(event, capexec.Output):
+            if isinstance(event, Output):
                 keep(out.combined, event.data)
                 keep(out.stderr if event.stream == "stderr" else out.stdout, event.data)
-            elif isinstance(event, capexec.Gap):
+            elif isinstance(event, Gap):
                 out.truncated = True
-            elif isinstance(event, capexec.Exited):
+            elif isinstance(event, Exited):
                 if event.code is not None:
                     out.exit_code = event.code
                 elif event.signal is not None:
                     out.exit_code = 128 + event.signal
-            elif isinstance(event, capexec.Closed):
+            elif isinstance(event, Closed):
                 return
 
     if deadline is None:

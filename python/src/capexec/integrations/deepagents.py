@@ -69,7 +69,7 @@ from deepagents.backends.utils import (
 )
 
 import capexec
-from capexec.directory import DirEntry, FileKind
+from capexec.directory import DirEntry, Directory, FileKind
 from capexec.errors import CapexecError
 
 from ._collect import collect
@@ -146,7 +146,7 @@ class CapexecSandbox(SandboxBackendProtocol):
         self,
         *,
         root: str,
-        directory: capexec.Directory,
+        directory: Directory,
         executor: capexec.Executor,
         loop: LoopThread,
         connection: capexec.Connection | None = None,
@@ -189,7 +189,7 @@ class CapexecSandbox(SandboxBackendProtocol):
         which `close()` removes."""
         loop = LoopThread("capexec-deepagents")
 
-        async def setup() -> tuple[capexec.Connection, str, capexec.Directory, capexec.Executor]:
+        async def setup() -> tuple[capexec.Connection, str, Directory, capexec.Executor]:
             conn = await capexec.connect(connect, **connect_options)
             try:
                 if root is None:
@@ -229,7 +229,7 @@ class CapexecSandbox(SandboxBackendProtocol):
     def on_loop(
         cls,
         root: str,
-        directory: capexec.Directory,
+        directory: Directory,
         loop: LoopThread,
         *,
         default_timeout: float = 300.0,
@@ -237,7 +237,7 @@ class CapexecSandbox(SandboxBackendProtocol):
     ) -> CapexecSandbox:
         """A backend on `directory` (the directory `root` of the server), made on
         `loop`, which the caller keeps running and closes."""
-        async def executor_of(directory: capexec.Directory) -> capexec.Executor:
+        async def executor_of(directory: Directory) -> capexec.Executor:
             return directory.executor()  # pipelined, but made on the loop's thread
 
         return cls(
@@ -357,7 +357,7 @@ class CapexecSandbox(SandboxBackendProtocol):
             raise ValueError(f"timeout must be non-negative, got {limit}")
         try:
             # stderr joins stdout in the shell, so the output keeps the order it was written in.
-            proc = await self._executor.start(["sh", "-c", "exec 2>&1; " + command])
+            proc = await self._executor.start(["sh", "-c", "exec 2>&1; " + command], stdin=False, flow="lossless")
         except CapexecError as exc:
             return ExecuteResponse(output=f"Error executing command: {exc}", exit_code=1)
         try:

@@ -72,8 +72,9 @@ from agents.sandbox.types import ExecResult, ExposedPortEndpoint, Permissions, U
 from agents.sandbox.util.tar_utils import UnsafeTarMemberError, should_skip_tar_member, validate_tarfile
 
 import capexec
-from capexec.directory import FileKind
+from capexec.directory import Directory, FileKind
 from capexec.errors import CapexecError
+from capexec.process import Closed, Exited, Output, Process
 
 from ._collect import collect
 
@@ -110,7 +111,7 @@ class CapexecSandboxSessionState(SandboxSessionState):
 
 @dataclass
 class _PtyEntry:
-    process: capexec.Process
+    process: Process
     tty: bool
     last_used: float = field(default_factory=time.monotonic)
     output_chunks: deque[bytes] = field(default_factory=deque)
@@ -129,7 +130,7 @@ class CapexecSandboxSession(BaseSandboxSession):
     def __init__(self, *, state: CapexecSandboxSessionState, executor: capexec.Executor) -> None:
         self.state = state
         self._executor = executor
-        self._directory: capexec.Directory | None = None
+        self._directory: Directory | None = None
         self._workspace_executor: capexec.Executor | None = None
         self._running = False
         self._pty_lock = asyncio.Lock()
@@ -143,7 +144,7 @@ class CapexecSandboxSession(BaseSandboxSession):
     def _root(self) -> str:
         return posixpath.normpath(self.state.manifest.root)
 
-    def _dir(self) -> capexec.Directory:
+    def _dir(self) -> Directory:
         if self._directory is None:
             self._directory = self._executor.directory(self._root)
             self._workspace_executor = self._directory.executor()
@@ -205,7 +206,7 @@ class CapexecSandboxSession(BaseSandboxSession):
     async def _exec_internal(self, *command: str | Path, timeout: float | None = None) -> ExecResult:
         argv = [str(c) for c in command]
         try:
-            proc = await self._wexec().start(argv, cwd=self._root, env=await self._environment())
+            proc = await self._wexec().start(argv, cwd=self._root, env=await self._environment(), stdin=False, flow="lossless")
         except CapexecError as exc:
             if exc.tag == "program-not-found":
                 return ExecResult(stdout=b"", stderr=f"{argv[0]}: command not found\n".encode(), exit_code=127)
@@ -376,13 +377,13 @@ class CapexecSandboxSession(BaseSandboxSession):
         connection broke: then the entry ends without an exit code)."""
         try:
             async for event in entry.process.events():
-                if isinstance(event, capexec.Output):
+                if isinstance(event, Output):
                     async with entry.output_lock:
                         entry.output_chunks.append(bytes(event.data))
                     entry.output_notify.set()
-                elif isinstance(event, capexec.Exited):
+                elif isinstance(event, Exited):
                     entry.exit_code = event.code if event.code is not None else 128 + (event.signal or 0)
-                elif isinstance(event, capexec.Closed):
+                elif isinstance(event, Closed):
                     break
         except CapexecError:
             pass
@@ -406,7 +407,7 @@ class CapexecSandboxSession(BaseSandboxSession):
             if tty:
                 proc = await self._wexec().start(argv, cwd=self._root, env=await self._environment(), tty=True)
             else:
-                proc = await self._wexec().start(argv, cwd=self._root, env=await self._environment())
+                proc = await self._wexec().start(argv, cwd=self._root, env=await self._environment(), stdin=False)
         except CapexecError as exc:
             raise ExecTransportError(command=argv, cause=exc) from exc
         entry = _PtyEntry(process=proc, tty=tty)
