@@ -752,7 +752,7 @@ def _read_window(text: str, offset: int, limit: int) -> ReadResult:
 
 def _kind_name(kind: FileKind) -> str:
     if kind in (FileKind.FILE, FileKind.DIRECTORY, FileKind.SYMLINK):
-        return kind.value
+        return str(kind.value)
     return "other"
 
 
