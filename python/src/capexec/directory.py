@@ -716,14 +716,16 @@ class _EntrySink(schema.EntrySink.Server):  # type: ignore[misc]
     """Receives a listing's batches; each push is answered once its batch
     is queued."""
 
-    def __init__(self, batches: Channel[list[DirEntry]]) -> None:
+    def __init__(self, batches: Channel[Any]) -> None:
         self._batches = batches
 
-    async def push(self, entries: Any, **_: Any) -> None:
+    async def push(self, entries: Any, _context: Any, **_: Any) -> None:
         try:
             # Copied out (the message is not ours once the call returns),
-            # once there is room for it.
-            await self._batches.put(lambda: [DirEntry._from_wire(entry) for entry in entries])
+            # once there is room for it: a copy of the message, made in one
+            # go; its entries become `DirEntry`s one by one as they are
+            # consumed, so a listing left early costs little here.
+            await self._batches.put(lambda: _context.params.as_builder().entries)
         except ChannelClosed:
             raise RuntimeError("the listing was dropped") from None
 
@@ -738,8 +740,12 @@ class EntryStream:
         self._call = call
         self._owner = owner
         self._walk = walk
-        self._batches: Channel[list[DirEntry]] = Channel(BUFFERED_BATCHES)
-        self._pending: list[DirEntry] = []
+        # Each batch a list of the schema's DirEntry, in a message copied
+        # out of the push.
+        self._batches: Channel[Any] = Channel(BUFFERED_BATCHES)
+        self._batch: Any = None
+        self._index = 0
+        self._count = 0
         self._task: Any = None
         self.summary: WalkSummary | None = None
 
@@ -775,15 +781,20 @@ class EntryStream:
             if self._call is None:
                 raise StopAsyncIteration
             self._start()
-        while not self._pending:
+        while self._index >= self._count:
             try:
-                self._pending = list(reversed(await self._batches.get()))
+                self._batch = await self._batches.get()
             except StopAsyncIteration:
-                if self._task is not None and self._task.done() and not self._task.cancelled():
-                    if self._task.exception() is None:
-                        self.summary = self._task.result()
+                self._batch = None
+                task = self._task
+                if task is not None and task.done() and not task.cancelled():
+                    if task.exception() is None:
+                        self.summary = task.result()
                 raise
-        return self._pending.pop()
+            self._index, self._count = 0, len(self._batch)
+        entry = DirEntry._from_wire(self._batch[self._index])
+        self._index += 1
+        return entry
 
     async def collect(self) -> list[DirEntry]:
         """Every entry, or the first error."""
@@ -796,7 +807,8 @@ class EntryStream:
     def _close(self) -> None:
         self._call = None
         self._batches.close()
-        self._pending = []
+        self._batch = None
+        self._index = self._count = 0
 
     def __del__(self) -> None:
         self._batches.close()

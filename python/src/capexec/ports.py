@@ -28,11 +28,13 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import errors
-from . import _rpc
+from . import _rpc, errors
 from ._schema import schema
+
+if TYPE_CHECKING:
+    from .executor import Executor
 
 __all__ = ["Forward", "PortConnectionInfo", "dial", "format_address", "forward"]
 
@@ -364,8 +366,9 @@ class _PortTransport(asyncio.Transport):
 
     def _lost_sink(self) -> None:
         """`fromSocket` was released with neither `end` nor `fail`: the
-        server, or a link on the way to it, is gone."""
-        if self._released:
+        server, or a link on the way to it, is gone. (After `end` the
+        server has no more use for it: that release loses nothing.)"""
+        if self._released or self._in_ended:
             return
         self._release()
         self._lose(ConnectionAbortedError("the connection through the executor was lost"))
@@ -454,28 +457,28 @@ class _FromSocket(schema.PortSink.Server):  # type: ignore[misc]
 
 
 async def dial(
-    executor_client: Any,
+    executor: Executor,
     host: str,
     port: int | None = None,
     *,
     limit: int = 2**16,
-    owner: _rpc.Owner | None = None,
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """Opens a connection to `host`:`port` (or the address `host`:
-    "tcp:HOST:PORT", "unix:/path") from the machine of the executor
-    `executor_client`, and answers once it is connected. `limit` is the
+    "tcp:HOST:PORT", "unix:/path") from `executor`'s machine, and answers
+    once it is connected (`Executor.dial`). `limit` is the
     reader's buffer limit, as `asyncio.open_connection`'s. Refusals raise
     their capexec class: `SocketFailed` (refused, unreachable, a name
     that does not resolve), `NotAllowed`, `InvalidArgument`,
     `LimitReached`."""
     address = format_address(host, port)
+    owner = executor._owner
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=limit, loop=loop)
     protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
     transport = _PortTransport(loop, protocol, owner)
     protocol.connection_made(transport)
     response = await _rpc.call(
-        executor_client.dial(address=address, fromSocket=_FromSocket(transport), direct=False),
+        executor.client.dial(address=address, fromSocket=_FromSocket(transport), direct=False),
         owner,
     )
     info = PortConnectionInfo(local=str(response.info.local), peer=str(response.info.peer))
@@ -654,21 +657,15 @@ async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> Non
     await sink.drain()
 
 
-def forward(
-    executor_client: Any,
-    local: str | int,
-    remote: str | int,
-    *,
-    owner: _rpc.Owner | None = None,
-) -> Forward:
+def forward(executor: Executor, local: str | int, remote: str | int) -> Forward:
     """Listens on `local` ("127.0.0.1:0", "PORT", "HOST:PORT", "*:PORT",
     "unix:/path"; an int: a port on 127.0.0.1) and connects each accepted
     connection to `remote` ("HOST:PORT", "tcp:HOST:PORT", "unix:/path"; an
     int: a port on localhost) from the executor's machine, like
     `ssh -L`. Use it as `async with forward(...) as fwd:` (listening once
-    entered; `fwd.local_address`, `fwd.local_port`)."""
+    entered; `fwd.local_address`, `fwd.local_port`). `Executor.forward`."""
 
     async def dial_remote(address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        return await dial(executor_client, address, owner=owner)
+        return await dial(executor, address)
 
     return Forward(dial_remote, local, remote)
