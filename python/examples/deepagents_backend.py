@@ -7,31 +7,35 @@ lists, globs and greps, runs a command, and checks that a path outside the
 directory is refused. Exits 0 only if every step gave the expected result.
 
     pip install './python[deepagents]'
-    python3 python/examples/deepagents_backend.py [ADDRESS]
+    python3 python/examples/deepagents_backend.py [ADDRESS] [--token-file FILE]
 
-ADDRESS is what `capexec.connect` takes (a configured server's name,
-unix:PATH, tcp:HOST:PORT...); without it, $CAPEXEC_CONNECT or the local
-server.
+ADDRESS is anything `capexec.connect` takes (unix:PATH, tcp:HOST:PORT, a
+server named in the configuration file); without it, $CAPEXEC_CONNECT or
+the local server's default socket.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from capexec.integrations.deepagents import CapexecSandbox
 
 
-def main(argv: list[str]) -> int:
-    address = argv[1] if len(argv) > 1 else None
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("address", nargs="?")
+    parser.add_argument("--token-file")
+    args = parser.parse_args()
     failures: list[str] = []
 
     def check(what: str, ok: bool) -> None:
-        print(f"{'ok  ' if ok else 'FAIL'} {what}")
+        print(f"{'ok' if ok else 'FAILED'}: {what}", file=sys.stderr)
         if not ok:
             failures.append(what)
 
     # Without a root: a new directory on the server, removed when the sandbox closes.
-    with CapexecSandbox.open(connect=address) as sandbox:
+    with CapexecSandbox.open(connect=args.address, token_file=args.token_file) as sandbox:
         root = sandbox.root
         check("write", sandbox.write(f"{root}/src/app.py", "print('hello')\n").error is None)
         edited = sandbox.edit(f"{root}/src/app.py", "hello", "hello, capexec")
@@ -50,9 +54,9 @@ def main(argv: list[str]) -> int:
         check("a path outside the root is refused", refused.file_data is None and refused.error is not None)
         escaped = sandbox.execute("echo x > /tmp/capexec-example-escape.txt")
         check("a command cannot write outside the root", escaped.exit_code != 0)
-    print("all good" if not failures else f"{len(failures)} step(s) failed")
+    print("all steps worked" if not failures else f"{len(failures)} step(s) failed", file=sys.stderr)
     return 0 if not failures else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main())

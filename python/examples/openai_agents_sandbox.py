@@ -8,20 +8,21 @@ calls, and checks that a path outside the workspace is refused. Exits 0
 only if every step gave the expected result.
 
     pip install './python[openai-agents]'
-    python3 python/examples/openai_agents_sandbox.py [ADDRESS]
+    python3 python/examples/openai_agents_sandbox.py [ADDRESS] [--token-file FILE]
 
-ADDRESS is what `capexec.connect` takes; without it, $CAPEXEC_CONNECT or
-the local server.
+ADDRESS is anything `capexec.connect` takes (unix:PATH, tcp:HOST:PORT, a
+server named in the configuration file); without it, $CAPEXEC_CONNECT or
+the local server's default socket.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import io
 import sys
 from pathlib import Path
 
-import capnp
 from agents.sandbox import Manifest
 from agents.sandbox.entries import File
 from agents.sandbox.errors import InvalidManifestPathError
@@ -30,15 +31,15 @@ import capexec
 from capexec.integrations.openai_agents import CapexecSandboxClient, CapexecSandboxClientOptions
 
 
-async def main(address: str | None) -> int:
+async def main(address: str | None, token_file: str | None) -> int:
     failures: list[str] = []
 
     def check(what: str, ok: bool) -> None:
-        print(f"{'ok  ' if ok else 'FAIL'} {what}")
+        print(f"{'ok' if ok else 'FAILED'}: {what}", file=sys.stderr)
         if not ok:
             failures.append(what)
 
-    conn = await capexec.connect(address)
+    conn = await capexec.connect(address, token_file=token_file)
     try:
         client = CapexecSandboxClient(conn.executor)
         manifest = Manifest(entries={"README.txt": File(content=b"written by the manifest\n")})
@@ -66,14 +67,13 @@ async def main(address: str | None) -> int:
             await client.delete(session)
     finally:
         await conn.close()
-    print("all good" if not failures else f"{len(failures)} step(s) failed")
+    print("all steps worked" if not failures else f"{len(failures)} step(s) failed", file=sys.stderr)
     return 0 if not failures else 1
 
 
-async def run(address: str | None) -> int:
-    async with capnp.kj_loop():
-        return await main(address)
-
-
 if __name__ == "__main__":
-    sys.exit(asyncio.run(run(sys.argv[1] if len(sys.argv) > 1 else None)))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("address", nargs="?")
+    parser.add_argument("--token-file")
+    args = parser.parse_args()
+    sys.exit(asyncio.run(main(args.address, args.token_file)))
