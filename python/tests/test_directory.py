@@ -449,6 +449,59 @@ async def test_watch(directory: Directory, root: Path) -> None:
         await directory.watch("absent")
 
 
+async def test_many_files_in_one_call(directory: Directory, root: Path) -> None:
+    (root / "dir").mkdir()
+    stats = await directory.write_many(
+        [("a.txt", b"a\x00"), ("sub/b.txt", b"b"), ("dir", b"not over a directory")],
+        create_parents=True,
+    )
+    assert isinstance(stats[0], capexec.directory.FileStat) and stats[0].size == 2
+    assert isinstance(stats[1], capexec.directory.FileStat) and stats[1].size == 1
+    # One file failing does not stop the others; its error has its class.
+    assert isinstance(stats[2], errors.IsADirectory)
+    assert stats[2].tag == "is-a-directory"
+    assert (root / "a.txt").read_bytes() == b"a\x00"
+    assert (root / "sub" / "b.txt").read_bytes() == b"b"
+
+    outcomes = await directory.read_many(["a.txt", "absent", "sub/b.txt"])
+    first, missing, second = outcomes
+    assert isinstance(first, tuple) and first[0] == b"a\x00"
+    assert first[1].version == stats[0].version
+    assert isinstance(missing, errors.NotFound)
+    assert "absent" in missing.sentence and "[capexec:" not in missing.sentence
+    assert isinstance(second, tuple) and second[0] == b"b"
+
+    with pytest.raises(errors.LimitReached):
+        await directory.write_many([(f"f{index}", b"") for index in range(1025)])
+    assert not (root / "f0").exists()
+
+
+async def test_search(directory: Directory, root: Path) -> None:
+    (root / "src").mkdir()
+    (root / "src" / "a.py").write_bytes(b"import os\n\ndef Main():\n    return 1\n")
+    (root / "src" / "b.txt").write_bytes(b"no main here? MAIN\n")
+    (root / "src" / "bin").write_bytes(b"main\x00binary")
+    result = await directory.search(r"main\(", "src")
+    assert result.matches == []
+    result = await directory.search(r"def \w+\(", case_insensitive=True)
+    assert [(m.path, m.line_number, m.line) for m in result.matches] == [
+        ("src/a.py", 3, "def Main():")
+    ]
+    match = result.matches[0]
+    assert (match.match_start, match.match_end, match.line_bytes) == (0, 9, 11)
+    found = await directory.search("main", case_insensitive=True, include=["**/*.txt"])
+    assert [m.path for m in found.matches] == ["src/b.txt"]
+    everything = await directory.search("(?i)main")
+    assert sorted(m.path for m in everything.matches) == ["src/a.py", "src/b.txt"]
+    assert everything.binary_skipped == 1
+    assert everything.files_searched == 2
+    assert everything.truncated is False
+    capped = await directory.search(".", max_matches=1)
+    assert len(capped.matches) == 1 and capped.truncated is True
+    with pytest.raises(errors.InvalidArgument):
+        await directory.search("(unclosed")
+
+
 async def test_directory_executor(directory: Directory, root: Path) -> None:
     executor = directory.executor()
     assert isinstance(executor, capexec.Executor)
@@ -480,3 +533,16 @@ async def test_the_files_example_works(server: Server, transport: str) -> None:
     stdout, stderr = await within(process.communicate(), 120)
     assert process.returncode == 0, stderr.decode(errors="replace")
     assert stderr.decode().splitlines()[-1] == "all steps worked"
+
+
+async def test_a_watch_ends_with_an_error_when_the_connection_goes(
+    connection: capexec.Connection, root: Path
+) -> None:
+    changes = await connection.executor.directory(str(root)).watch()
+    (root / "before").write_bytes(b"")
+    first = await within(changes.__anext__(), 30)
+    assert first.path == "before"
+    await connection.close()
+    with pytest.raises(errors.Disconnected):
+        async for _event in changes:
+            pass

@@ -167,6 +167,31 @@ async def test_half_close_both_ways(connection: capexec.Connection) -> None:
         writer.write(b"after close")
 
 
+async def test_close_ends_this_direction_at_once(connection: capexec.Connection) -> None:
+    """`close` sends what is buffered and the end of this direction; it
+    does not wait for the far peer, which reads everything, then end of
+    file."""
+    got: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+    finish = asyncio.Event()
+
+    async def read_then_linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        got.set_result(await reader.read())
+        # Still open on this side until the test is done.
+        await finish.wait()
+
+    async with far_server(read_then_linger) as port:
+        reader, writer = await ports.dial(connection.executor, "127.0.0.1", port)
+        payload = pattern(2 * MiB, seed=5)
+        writer.write(payload)
+        writer.close()
+        assert writer.is_closing()
+        await within(writer.wait_closed(), 30)
+        assert await within(got) == payload
+        with pytest.raises(RuntimeError):
+            writer.write(b"more")
+        finish.set()
+
+
 async def test_a_reset_is_an_error_not_end_of_file(connection: capexec.Connection) -> None:
     async def reset_after_hello(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(b"hello")
@@ -367,3 +392,23 @@ async def test_forward_from_a_unix_socket(connection: capexec.Connection, tmp_pa
             assert await within(reader.read()) == b"\x00through a unix socket\xff"
             writer.close()
     assert not os.path.exists(local)
+
+
+async def test_a_lost_server_connection_is_an_error(connection: capexec.Connection) -> None:
+    finish = asyncio.Event()
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"hi")
+        await finish.wait()
+
+    async with far_server(hold) as port:
+        reader, writer = await ports.dial(connection.executor, "127.0.0.1", port)
+        assert await within(reader.readexactly(2)) == b"hi"
+        await connection.close()
+        # Lost, not reset by the far peer, and never an end of file.
+        with pytest.raises(ConnectionAbortedError, match="the connection through the executor was lost"):
+            await within(reader.read())
+        with pytest.raises(ConnectionError):
+            writer.write(b"x")
+            await writer.drain()
+        finish.set()

@@ -74,10 +74,6 @@ class Channel(Generic[T]):
             self._error = error
             self._wake()
 
-    @property
-    def ended(self) -> bool:
-        return self._ended
-
     def close(self) -> None:
         """The consumer is gone: items are dropped, puts fail."""
         self._closed = True
@@ -100,14 +96,6 @@ class Channel(Generic[T]):
                 raise StopAsyncIteration
             await self._changed()
 
-    def get_nowait(self) -> T | None:
-        """The next item if one is here."""
-        if self._items:
-            item = self._items.popleft()
-            self._wake()
-            return item
-        return None
-
 
 class Window:
     """Calls sent without waiting, at most `limit` bytes of them
@@ -119,10 +107,6 @@ class Window:
         self.limit = limit
         self._pending: deque[tuple[asyncio.Future[Any], int]] = deque()
         self._bytes = 0
-
-    @property
-    def unanswered(self) -> int:
-        return self._bytes
 
     async def _oldest(self) -> None:
         future, size = self._pending[0]
@@ -154,6 +138,9 @@ class Window:
     def cancel(self) -> None:
         """Gives up on every call not answered yet."""
         for future, _ in self._pending:
+            if future.done() and not future.cancelled():
+                # Its failure, if any, is the one being handled already.
+                future.exception()
             future.cancel()
         self._pending.clear()
         self._bytes = 0

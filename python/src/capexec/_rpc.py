@@ -3,6 +3,7 @@ API turns pycapnp's exceptions into the package's."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Protocol
 
 import capnp  # type: ignore[import-untyped]
@@ -15,6 +16,21 @@ class Owner(Protocol):
     could not be established, if that is why they failed."""
 
     async def _failure(self) -> BaseException | None: ...
+
+    def _lost(self) -> asyncio.Future[None] | None:
+        """Resolves when the connection has ended (None: not known)."""
+        ...
+
+    def _check_open(self) -> None:
+        """Raises Disconnected if the connection was closed here (pycapnp
+        can make no call then, not even one that fails)."""
+        ...
+
+
+def check_open(owner: Owner | None) -> None:
+    """Raises Disconnected if `owner`'s connection was closed."""
+    if owner is not None:
+        owner._check_open()
 
 
 async def call(promise: Any, owner: Owner | None = None) -> Any:

@@ -59,6 +59,21 @@ class Connection:
         self._closed = False
         self._probe_tls = probe_tls
         self._established = asyncio.ensure_future(self._establish(first_answer, deadline))
+        self._ended: asyncio.Future[None] = asyncio.ensure_future(self._watch(client))
+
+    @staticmethod
+    async def _watch(client: Any) -> None:
+        try:
+            await client.on_disconnect()
+        except Exception:  # noqa: BLE001 - ended either way
+            pass
+
+    def _lost(self) -> asyncio.Future[None]:
+        return self._ended
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise errors.Disconnected(f"the connection to {self._address} is closed")
 
     @property
     def address(self) -> str:
@@ -72,6 +87,8 @@ class Connection:
         login makes its calls fail with `Unauthenticated`."""
         from .executor import Executor
 
+        if self._executor_client is None:
+            raise errors.Disconnected(f"the connection to {self._address} is closed")
         return Executor._from_client(self._executor_client, self)
 
     @property
@@ -156,6 +173,9 @@ class Connection:
             self._established.cancel()
         try:
             await asyncio.gather(self._established, return_exceptions=True)
+            if not self._ended.done():
+                self._ended.cancel()
+            await asyncio.gather(self._ended, return_exceptions=True)
             self._executor_client = None
             self._client.close()
             self._stream.close()
@@ -268,7 +288,7 @@ async def connect_address(
             first = login
         if environment is not None and environment != "local":
             for hop in environment.split("/"):
-                executor = executor.environment(name=hop).executor
+                executor = executor.environment(hop).executor
         connection = Connection(
             address=text,
             client=client,

@@ -17,17 +17,17 @@ writes unanswered.
 
 from __future__ import annotations
 
+import asyncio
+import builtins
 import enum
 import os
-import asyncio
 from collections.abc import AsyncIterable, AsyncIterator, Generator, Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Union, cast
 
-from . import errors
+from . import _rpc, errors
 from ._flow import Channel, ChannelClosed, Window
-from . import _rpc
 from ._schema import schema
 
 if TYPE_CHECKING:
@@ -209,6 +209,44 @@ class WatchEvent:
             to_path=os.fsdecode(bytes(event.toPath)) if event._has("toPath") else None,
             is_directory=bool(event.isDirectory),
         )
+
+
+@dataclass(frozen=True)
+class SearchMatch:
+    """A line with a match (`Directory.search`): its file, relative to the
+    searched directory; its number (1 for the first) and whole length in
+    bytes; `text`, the line (or, for a line longer than 512 bytes, the 512
+    bytes around the match, starting at `text_offset` in the line); and the
+    match, bytes `match_start` .. `match_end` of the line."""
+
+    path: str
+    line_number: int
+    line_bytes: int
+    text: bytes
+    text_offset: int
+    match_start: int
+    match_end: int
+
+    @property
+    def line(self) -> str:
+        """`text` decoded as UTF-8 (invalid bytes replaced)."""
+        return self.text.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """What `Directory.search` found: the matching lines in the order
+    found, how many files it read, skipped (binary, too large) or could
+    not read (`first_error` says why the first), and whether
+    `max_matches` cut it short."""
+
+    matches: list[SearchMatch]
+    files_searched: int
+    binary_skipped: int
+    too_large_skipped: int
+    unreadable: int
+    first_error: str | None
+    truncated: bool
 
 
 @dataclass(frozen=True)
@@ -602,6 +640,150 @@ class Directory:
         directory went away (the last event: the iteration ends)."""
         return Watch(self._client, _path(path), recursive, self._owner)
 
+    # -- many small files in one call ---------------------------------------
+
+    async def read_many(
+        self, paths: Iterable[PathArg]
+    ) -> builtins.list[tuple[bytes, FileStat] | errors.CapexecError]:
+        """Many small files read whole in one call (at most 1,024 paths,
+        and 4 MiB of data in all, past which a file fails alone with
+        `TooLarge`): each file's content and stat, or its error, in the
+        order given. A server from before `readFiles` gets one pipelined
+        call per file."""
+        wire = [_path(path) for path in paths]
+        try:
+            response = await self._call(self._client.readFiles(paths=wire))
+        except errors.Unimplemented:
+            return list(
+                await asyncio.gather(
+                    *(self._read_one(path) for path in wire), return_exceptions=False
+                )
+            )
+        outcomes = response.outcomes
+        _one_outcome_each("readFiles", len(outcomes), len(wire))
+        results: builtins.list[tuple[bytes, FileStat] | errors.CapexecError] = []
+        for outcome in outcomes:
+            if outcome.which() == "failure":
+                results.append(_outcome_failure(str(outcome.failure)))
+            else:
+                results.append((bytes(outcome.file.data), FileStat._from_wire(outcome.file.stat)))
+        return results
+
+    async def _read_one(self, path: bytes) -> tuple[bytes, FileStat] | errors.CapexecError:
+        try:
+            return await self.read_range(path)
+        except errors.RefusalError as error:
+            return error
+
+    async def write_many(
+        self,
+        files: Iterable[tuple[PathArg, bytes | bytearray | memoryview]],
+        *,
+        mode: int | None = None,
+        new_file_mode: int | None = None,
+        exclusive: bool = False,
+        must_exist: bool = False,
+        create_parents: bool = False,
+        sync: bool = False,
+    ) -> builtins.list[FileStat | errors.CapexecError]:
+        """Many small files written in one call (at most 1,024 files and
+        4 MiB in all, else `LimitReached` and nothing is written), each
+        atomically as `write_bytes` writes it, with the options given, in
+        order: the new stat of each, or its error (a file that fails does
+        not stop the others). A server from before `writeFiles` gets one
+        pipelined call per file."""
+        options = _write_options(
+            if_version=None,
+            mode=mode,
+            new_file_mode=new_file_mode,
+            exclusive=exclusive,
+            must_exist=must_exist,
+            create_parents=create_parents,
+            in_place=False,
+            sync=sync,
+            modified_ns=None,
+        )
+        wire = [
+            {"path": _path(path), "data": bytes(data), "options": options} for path, data in files
+        ]
+        try:
+            response = await self._call(self._client.writeFiles(files=wire))
+        except errors.Unimplemented:
+            return list(await asyncio.gather(*(self._write_one(file) for file in wire)))
+        outcomes = response.outcomes
+        _one_outcome_each("writeFiles", len(outcomes), len(wire))
+        results: builtins.list[FileStat | errors.CapexecError] = []
+        for outcome in outcomes:
+            if outcome.which() == "failure":
+                results.append(_outcome_failure(str(outcome.failure)))
+            else:
+                results.append(FileStat._from_wire(outcome.stat))
+        return results
+
+    async def _write_one(self, file: dict[str, Any]) -> FileStat | errors.CapexecError:
+        try:
+            response = await self._call(self._client.writeFile(**file))
+            return FileStat._from_wire(response.stat)
+        except errors.RefusalError as error:
+            return error
+
+    async def search(
+        self,
+        pattern: str,
+        path: PathArg = "",
+        *,
+        case_insensitive: bool = False,
+        max_depth: int = 0,
+        include: Iterable[PathArg] = (),
+        exclude: Iterable[PathArg] = (),
+        max_matches: int = 0,
+        max_file_bytes: int = 0,
+    ) -> SearchResult:
+        """Lines matching the regular expression `pattern` (the Rust
+        `regex` crate's syntax) in the regular files beneath directory
+        `path`, searched on the server: only matching lines cross the
+        connection. `max_depth`, `include` and `exclude` as `walk`'s;
+        `max_matches` (0: 1,000) stops the search (`truncated`); files
+        larger than `max_file_bytes` (0: 4 MiB) and binary files are
+        skipped. A malformed pattern or glob raises `InvalidArgument`."""
+        options = {
+            "pattern": pattern,
+            "caseInsensitive": case_insensitive,
+            "maxDepth": max_depth,
+            "include": [_path(glob) for glob in include],
+            "exclude": [_path(glob) for glob in exclude],
+            "maxMatches": max_matches,
+            "maxFileBytes": max_file_bytes,
+        }
+        try:
+            response = await self._call(self._client.search(path=_path(path), options=options))
+        except errors.Unimplemented:
+            raise errors.Unsupported(
+                "the server is too old to search files (it does not implement Directory.search)"
+            ) from None
+        result = response.result
+        first_error = str(result.firstError)
+        return SearchResult(
+            matches=[
+                SearchMatch(
+                    path=os.fsdecode(bytes(match.path)),
+                    line_number=int(match.lineNumber),
+                    line_bytes=int(match.lineBytes),
+                    text=bytes(match.text),
+                    text_offset=int(match.textOffset),
+                    match_start=int(match.matchStart),
+                    match_end=int(match.matchEnd),
+                )
+                for match in result.matches
+            ],
+            files_searched=int(result.filesSearched),
+            binary_skipped=int(result.binarySkipped),
+            too_large_skipped=int(result.tooLargeSkipped),
+            unreadable=int(result.unreadable),
+            first_error=first_error or None,
+            truncated=bool(result.truncated),
+        )
+
     # -- changes ------------------------------------------------------------
 
     async def mkdir(self, path: PathArg, *, recursive: bool = False, mode: int = 0o777) -> None:
@@ -671,6 +853,21 @@ class Directory:
         directory ("" for the directory itself)."""
         response = await self._call(self._client.canonicalize(path=_path(path)))
         return os.fsdecode(bytes(response.path))
+
+
+def _one_outcome_each(method: str, outcomes: int, files: int) -> None:
+    """A batch's answer has an outcome for each file it carried."""
+    if outcomes != files:
+        raise errors.RemoteError(f"{method} answered {outcomes} outcomes for {files} files")
+
+
+def _outcome_failure(text: str) -> errors.CapexecError:
+    """The error of one file of a batch, as its own call would have
+    raised it."""
+    for code, cls in errors.REFUSALS.items():
+        if f"[capexec:{code}]" in text:
+            return cls(errors.human_description(text))
+    return errors.RemoteError(errors.human_description(text))
 
 
 # -- chunking ----------------------------------------------------------------

@@ -17,7 +17,7 @@ not be made, or why the configuration that names it is wrong.
 from __future__ import annotations
 
 import re
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import capnp  # type: ignore[import-untyped]
 
@@ -56,6 +56,8 @@ __all__ = [
     "Unimplemented",
     "RemoteError",
     "ConnectError",
+    "OutputLost",
+    "CommandFailed",
     "UnknownCertificate",
     "ChangedCertificate",
     "REFUSALS",
@@ -344,6 +346,37 @@ class ChangedCertificate(ConnectError):
         super().__init__(sentence, address=address)
         self.known = known
         self.offered = offered
+
+
+class OutputLost(CapexecError):
+    """Output was evicted from the server's retained log before it was
+    read (seqs `from_seq` to `to_seq`): `run` never returns output with a
+    hole in it."""
+
+    def __init__(self, from_seq: int, to_seq: int) -> None:
+        super().__init__(
+            "output-lost", f"output was lost before it was read (events {from_seq} to {to_seq})"
+        )
+        self.from_seq = from_seq
+        self.to_seq = to_seq
+
+
+class CommandFailed(CapexecError):
+    """`run(..., check=True)` of a command that did not exit with code 0,
+    as subprocess's CalledProcessError: `argv`, `status` (an ExitStatus),
+    `stdout`, `stderr`."""
+
+    def __init__(self, argv: list[bytes], status: Any, stdout: bytes, stderr: bytes) -> None:
+        program = argv[0].decode(errors="replace") if argv else "?"
+        super().__init__("command-failed", f"{program} ended with {status}")
+        self.argv = argv
+        self.status = status
+        self.stdout = stdout
+        self.stderr = stderr
+
+    @property
+    def returncode(self) -> int:
+        return int(self.status.returncode)
 
 
 _REMOTE_PREFIX = "remote exception:"

@@ -469,7 +469,14 @@ async def dial(
     reader's buffer limit, as `asyncio.open_connection`'s. Refusals raise
     their capexec class: `SocketFailed` (refused, unreachable, a name
     that does not resolve), `NotAllowed`, `InvalidArgument`,
-    `LimitReached`."""
+    `LimitReached`.
+
+    `writer.close()` ends this direction at once and releases the
+    connection once the far peer has ended too (bytes arriving after the
+    close reset it, as a closed socket's kernel does); `writer.transport.
+    abort()` resets it now. A connection neither closed nor aborted stays
+    open (it counts against the server's 1,024 per connection) until the
+    far peer or the connection to the server ends it."""
     address = format_address(host, port)
     owner = executor._owner
     loop = asyncio.get_running_loop()
