@@ -23,7 +23,8 @@ class Collected:
 
 async def collect(proc: Process, *, timeout: float | None, max_bytes: int) -> Collected:
     """Reads `proc`'s events until it closed (or `timeout` seconds passed: then
-    its tree is terminated and `timed_out` set). Keeps at most `max_bytes` of
+    its tree is terminated and `timed_out` set; it is set too when the
+    server ended the process for its start's own timeout). Keeps at most `max_bytes` of
     each of `combined`, `stdout` and `stderr`; `truncated` tells that some
     output was dropped (by this limit, or a gap of the server's retained log).
     A death by signal N is reported as exit code 128 + N, as a shell does."""
@@ -46,6 +47,8 @@ async def collect(proc: Process, *, timeout: float | None, max_bytes: int) -> Co
             elif isinstance(event, Gap):
                 out.truncated = True
             elif isinstance(event, Exited):
+                if event.status.timed_out:
+                    out.timed_out = True  # the start's own timeout, on the server
                 if event.code is not None:
                     out.exit_code = event.code
                 elif event.signal is not None:

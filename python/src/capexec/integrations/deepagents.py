@@ -357,7 +357,10 @@ class CapexecSandbox(SandboxBackendProtocol):
             raise ValueError(f"timeout must be non-negative, got {limit}")
         try:
             # stderr joins stdout in the shell, so the output keeps the order it was written in.
-            proc = await self._executor.start(["sh", "-c", "exec 2>&1; " + command], stdin=False, flow="lossless")
+            # The server ends the command at the deadline too, should this client stall or go.
+            proc = await self._executor.start(
+                ["sh", "-c", "exec 2>&1; " + command], stdin=False, flow="lossless", timeout=limit or None
+            )
         except CapexecError as exc:
             return ExecuteResponse(output=f"Error executing command: {exc}", exit_code=1)
         try:

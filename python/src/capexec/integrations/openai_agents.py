@@ -206,7 +206,9 @@ class CapexecSandboxSession(BaseSandboxSession):
     async def _exec_internal(self, *command: str | Path, timeout: float | None = None) -> ExecResult:
         argv = [str(c) for c in command]
         try:
-            proc = await self._wexec().start(argv, cwd=self._root, env=await self._environment(), stdin=False, flow="lossless")
+            proc = await self._wexec().start(
+                argv, cwd=self._root, env=await self._environment(), stdin=False, flow="lossless", timeout=timeout or None
+            )
         except CapexecError as exc:
             if exc.tag == "program-not-found":
                 return ExecResult(stdout=b"", stderr=f"{argv[0]}: command not found\n".encode(), exit_code=127)
