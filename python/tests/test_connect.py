@@ -165,6 +165,26 @@ async def test_nothing_listening(tmp_path: Path) -> None:
     assert str(raised.value) == f"cannot connect to tcp:127.0.0.1:{port}: Connection refused"
 
 
+async def test_a_server_that_never_answers(tmp_path: Path) -> None:
+    import socket
+
+    token = tmp_path / "token"
+    token.write_text("t" * 32)
+    # Connections wait in the backlog, never accepted: the login is never
+    # answered.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        address = f"tcp:127.0.0.1:{silent.getsockname()[1]}"
+        async with await capexec.connect(address, token_file=token, connect_timeout=0.25) as conn:
+            with pytest.raises(capexec.ConnectError) as raised:
+                await conn.established()
+    assert str(raised.value) == (
+        f"cannot connect to {address}: no answer within 0.25 s (is a capexec server listening "
+        "there?)"
+    )
+
+
 async def test_address_shapes() -> None:
     cases = {
         "tcp:host": '"tcp:host": expected tcp:HOST:PORT',

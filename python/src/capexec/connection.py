@@ -25,10 +25,14 @@ CONNECT_TIMEOUT = 10.0
 
 
 def _show_duration(seconds: float) -> str:
-    if seconds == int(seconds):
-        whole = int(seconds)
-        return f"{whole} s"
-    return f"{seconds:g} s"
+    """A duration as the command line shows it: "10 s", "0.25 s", "2 min"."""
+    whole = seconds == int(seconds)
+    if whole and seconds >= 3600 and int(seconds) % 3600 == 0:
+        return f"{int(seconds) // 3600} h"
+    if whole and seconds >= 60 and int(seconds) % 60 == 0:
+        return f"{int(seconds) // 60} min"
+    text = f"{seconds:.3f}".rstrip("0").rstrip(".")
+    return f"{text} s"
 
 
 class Connection:
