@@ -11,7 +11,7 @@ import pytest
 import capexec
 from capexec import errors
 
-from conftest import Server
+from capexec_servers import Server, start_server
 
 
 async def echo(conn: capexec.Connection) -> None:
@@ -263,8 +263,6 @@ async def test_tls_ca_that_did_not_sign_it(
     # Another server's self-signed certificate is no CA of this one's.
     other = tmp_path / "other-home"
     other.mkdir()
-    from conftest import start_server
-
     made = start_server(other, ["tcp:127.0.0.1:0"], ["--tls-self-signed"])
     made.stop()
     with pytest.raises(capexec.ConnectError) as raised:

@@ -25,7 +25,7 @@ from capexec.directory import (
     WatchEvent,
     WatchEventKind,
 )
-from conftest import Server, isolated_env
+from capexec_servers import Server, isolated_env
 
 T = TypeVar("T")
 

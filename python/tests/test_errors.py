@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import capnp
+import capnp  # type: ignore[import-untyped]
 import pytest
 
 import capexec

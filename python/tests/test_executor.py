@@ -7,11 +7,14 @@ import asyncio
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
 import capexec
 from capexec import errors
+
+from capexec_servers import Server, start_server
 
 
 async def test_run_collects_exact_bytes_and_the_exit_code(connection: capexec.Connection) -> None:
@@ -24,7 +27,7 @@ async def test_run_collects_exact_bytes_and_the_exit_code(connection: capexec.Co
     assert done.returncode == 3
 
 
-async def test_run_with_stdin_cwd_and_env(connection: capexec.Connection, tmp_path: object) -> None:
+async def test_run_with_stdin_cwd_and_env(connection: capexec.Connection) -> None:
     payload = bytes(range(256)) * 4096 + b"end"  # 1 MiB and 3 bytes: two write calls
     done = await connection.executor.run(
         ["sh", "-c", 'pwd; echo "$CAPEXEC_PY_A-${CAPEXEC_PY_B-unset}"; wc -c; exit 0'],
@@ -73,7 +76,7 @@ async def test_refusals_have_their_class(connection: capexec.Connection) -> None
     with pytest.raises(errors.BadCwd):
         await ex.start(["true"], cwd="/capexec/no/such/dir")
     with pytest.raises(TypeError):
-        await ex.run("echo hi")  # type: ignore[arg-type]
+        await ex.run("echo hi")
     with pytest.raises(ValueError):
         await ex.run([])
 
@@ -276,3 +279,23 @@ async def test_connection_close_breaks_capabilities(connection: capexec.Connecti
     with pytest.raises(errors.Disconnected):
         connection.executor
     await connection.close()  # idempotent
+
+
+async def test_environments_of_a_chain(server: Server, server_home: Path) -> None:
+    """A server forwarding to the test server as its environment "inner":
+    `environment()` hops, `run(environment=)` and `connect(environment=)`."""
+    home = server_home / "chain"
+    home.mkdir(exist_ok=True)
+    chain = start_server(home, [f"unix:{home}/chain.sock"], ["--upstream", f"inner={server.unix}"])
+    try:
+        async with await capexec.connect(chain.unix) as conn:
+            ex = conn.executor
+            assert (await ex.environment("inner").info()).environment == "inner"
+            done = await ex.run(["sh", "-c", "echo far; exit 2"], environment="inner")
+            assert (done.exit_code, done.stdout) == (2, b"far\n")
+            names = [(e.name, e.address) for e in await ex.environments()]
+            assert names == [("local", ""), ("inner", server.unix)]
+        async with await capexec.connect(chain.unix, environment="inner") as conn:
+            assert (await conn.executor.info()).environment == "inner"
+    finally:
+        chain.stop()
