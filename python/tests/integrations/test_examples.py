@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Server, isolated_env
+from capexec_servers import Server, isolated_env
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
