@@ -546,3 +546,22 @@ async def test_a_watch_ends_with_an_error_when_the_connection_goes(
     with pytest.raises(errors.Disconnected):
         async for _event in changes:
             pass
+
+
+async def test_a_failed_download_leaves_no_local_file(directory: Directory, root: Path) -> None:
+    (root / "dir").mkdir()
+    target = root / "local.bin"
+    with pytest.raises(errors.IsADirectory):
+        await directory.download("dir", target)
+    assert not target.exists()
+    with pytest.raises(errors.NotFound):
+        async for _chunk in directory.download_iter("absent"):
+            pass
+
+
+async def test_watch_batches(directory: Directory, root: Path) -> None:
+    async with directory.watch() as changes:
+        (root / "one").write_bytes(b"1")
+        batch = await within(changes.next_batch(), 30)
+        assert batch
+        assert batch[0].kind is WatchEventKind.CREATED and batch[0].path == "one"

@@ -84,7 +84,7 @@ def reset(writer: asyncio.StreamWriter) -> None:
 
 async def test_dial_round_trip_exact_bytes(connection: capexec.Connection) -> None:
     async with far_server(echo) as port:
-        reader, writer = await within(ports.dial(connection.executor, "127.0.0.1", port))
+        reader, writer = await within(connection.executor.dial("127.0.0.1", port))
         assert isinstance(reader, asyncio.StreamReader)
         assert isinstance(writer, asyncio.StreamWriter)
         assert writer.get_extra_info("peername") == ("127.0.0.1", port)
@@ -135,7 +135,7 @@ async def test_half_close_both_ways(connection: capexec.Connection) -> None:
         writer.close()
 
     async with far_server(reply_after_eof) as port:
-        reader, writer = await ports.dial(connection.executor, f"tcp:127.0.0.1:{port}")
+        reader, writer = await connection.executor.dial(f"tcp:127.0.0.1:{port}")
         writer.write(b"hello\x00")
         writer.write_eof()
         assert writer.can_write_eof()
@@ -156,7 +156,7 @@ async def test_half_close_both_ways(connection: capexec.Connection) -> None:
         writer.close()
 
     async with far_server(greet_then_read) as port:
-        reader, writer = await ports.dial(connection.executor, "127.0.0.1", port)
+        reader, writer = await connection.executor.dial("127.0.0.1", port)
         assert await within(reader.read()) == b"greeting"
         writer.write(b"still writing \x00 after your end")
         writer.write_eof()
@@ -180,7 +180,7 @@ async def test_close_ends_this_direction_at_once(connection: capexec.Connection)
         await finish.wait()
 
     async with far_server(read_then_linger) as port:
-        reader, writer = await ports.dial(connection.executor, "127.0.0.1", port)
+        reader, writer = await connection.executor.dial("127.0.0.1", port)
         payload = pattern(2 * MiB, seed=5)
         writer.write(payload)
         writer.close()
@@ -200,7 +200,7 @@ async def test_a_reset_is_an_error_not_end_of_file(connection: capexec.Connectio
         reset(writer)
 
     async with far_server(reset_after_hello) as port:
-        reader, writer = await ports.dial(connection.executor, "127.0.0.1", port)
+        reader, writer = await connection.executor.dial("127.0.0.1", port)
         assert await within(reader.readexactly(5)) == b"hello"
         writer.write(b"!")
         with pytest.raises(ConnectionResetError):
@@ -216,7 +216,7 @@ async def test_a_reset_is_an_error_not_end_of_file(connection: capexec.Connectio
             outcome.set_result(error)
 
     async with far_server(read_all) as port:
-        reader, writer = await ports.dial(connection.executor, "127.0.0.1", port)
+        reader, writer = await connection.executor.dial("127.0.0.1", port)
         writer.write(b"partial")
         await writer.drain()
         writer.transport.abort()
@@ -230,23 +230,23 @@ async def test_dial_refusals(connection: capexec.Connection) -> None:
         unused.bind(("127.0.0.1", 0))
         port = unused.getsockname()[1]
         with pytest.raises(errors.SocketFailed) as refused:
-            await within(ports.dial(connection.executor, "127.0.0.1", port))
+            await within(connection.executor.dial("127.0.0.1", port))
     assert refused.value.tag == "socket-failed"
     assert type(refused.value) is errors.SocketFailed
     assert "[capexec:" not in refused.value.sentence
     with pytest.raises(errors.InvalidArgument) as malformed:
-        await ports.dial(connection.executor, "tcp:::1:80")
+        await connection.executor.dial("tcp:::1:80")
     assert malformed.value.tag == "invalid-argument"
     with pytest.raises(errors.InvalidArgument):
-        await ports.dial(connection.executor, "unix:relative/path")
+        await connection.executor.dial("unix:relative/path")
     with pytest.raises(ValueError):
-        await ports.dial(connection.executor, "127.0.0.1", 0)
+        await connection.executor.dial("127.0.0.1", 0)
     with pytest.raises(ValueError):
-        await ports.dial(connection.executor, "127.0.0.1")
+        await connection.executor.dial("127.0.0.1")
     # A directory's executor has no network.
     sandboxed = connection.executor.directory("/tmp").executor()
     with pytest.raises(errors.NotAllowed) as not_allowed:
-        await ports.dial(sandboxed, "127.0.0.1", 9)
+        await sandboxed.dial("127.0.0.1", 9)
     assert not_allowed.value.tag == "not-allowed"
 
 
@@ -254,7 +254,7 @@ async def test_dial_a_unix_socket(connection: capexec.Connection, tmp_path: Path
     path = tmp_path / "far.sock"
     server = await asyncio.start_unix_server(echo, path=str(path))
     try:
-        reader, writer = await ports.dial(connection.executor, f"unix:{path}")
+        reader, writer = await connection.executor.dial(f"unix:{path}")
         assert writer.get_extra_info("peername") == str(path)
         writer.write(b"\x00unix\xff")
         writer.write_eof()
@@ -290,7 +290,7 @@ async def test_flow_control_holds_a_writer_back(connection: capexec.Connection) 
 
     payload = pattern(64 * MiB, seed=3)
     async with far_server(slow_reader) as port:
-        reader, writer = await ports.dial(connection.executor, "127.0.0.1", port)
+        reader, writer = await connection.executor.dial("127.0.0.1", port)
         writer.write(payload)
         # The kernel's buffers and the window take a few MiB, not 64.
         with pytest.raises(asyncio.TimeoutError):
@@ -319,7 +319,7 @@ async def test_flow_control_holds_the_far_writer_back(connection: capexec.Connec
         writer.close()
 
     async with far_server(fast_writer) as port:
-        reader, writer = await ports.dial(connection.executor, "127.0.0.1", port, limit=1 << 16)
+        reader, writer = await connection.executor.dial("127.0.0.1", port, limit=1 << 16)
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(drained.wait(), 1.0)
         hasher = hashlib.sha256()
@@ -335,7 +335,7 @@ async def test_flow_control_holds_the_far_writer_back(connection: capexec.Connec
 
 async def test_forward_like_ssh_l(connection: capexec.Connection) -> None:
     async with far_server(echo) as port:
-        async with ports.forward(connection.executor, "127.0.0.1:0", f"127.0.0.1:{port}") as fwd:
+        async with connection.executor.forward("127.0.0.1:0", f"127.0.0.1:{port}") as fwd:
             assert fwd.local_address == f"tcp:127.0.0.1:{fwd.local_port}"
             assert fwd.remote == f"tcp:127.0.0.1:{port}"
 
@@ -360,7 +360,7 @@ async def test_forward_passes_resets_and_failures_on(connection: capexec.Connect
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
         dead_port = unused.getsockname()[1]
-        async with ports.forward(connection.executor, 0, dead_port) as fwd:
+        async with connection.executor.forward(0, dead_port) as fwd:
             reader, writer = await asyncio.open_connection("127.0.0.1", fwd.local_port)
             # The dial fails: the local connection is reset, not ended.
             with pytest.raises(ConnectionResetError):
@@ -373,7 +373,7 @@ async def test_forward_passes_resets_and_failures_on(connection: capexec.Connect
         reset(writer)
 
     async with far_server(reset_at_once) as port:
-        async with ports.forward(connection.executor, "127.0.0.1:0", port) as fwd:
+        async with connection.executor.forward("127.0.0.1:0", port) as fwd:
             reader, writer = await asyncio.open_connection("127.0.0.1", fwd.local_port)
             writer.write(b"go")
             with pytest.raises(ConnectionResetError):
@@ -384,7 +384,7 @@ async def test_forward_passes_resets_and_failures_on(connection: capexec.Connect
 async def test_forward_from_a_unix_socket(connection: capexec.Connection, tmp_path: Path) -> None:
     local = tmp_path / "local.sock"
     async with far_server(echo) as port:
-        async with ports.forward(connection.executor, f"unix:{local}", f"localhost:{port}") as fwd:
+        async with connection.executor.forward(f"unix:{local}", f"localhost:{port}") as fwd:
             assert fwd.local_address == f"unix:{local}"
             reader, writer = await asyncio.open_unix_connection(str(local))
             writer.write(b"\x00through a unix socket\xff")
@@ -402,7 +402,7 @@ async def test_a_lost_server_connection_is_an_error(connection: capexec.Connecti
         await finish.wait()
 
     async with far_server(hold) as port:
-        reader, writer = await ports.dial(connection.executor, "127.0.0.1", port)
+        reader, writer = await connection.executor.dial("127.0.0.1", port)
         assert await within(reader.readexactly(2)) == b"hi"
         await connection.close()
         # Lost, not reset by the far peer, and never an end of file.
