@@ -7,6 +7,9 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::rc::Rc;
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// The limits on connections that have not logged in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,36 +50,37 @@ impl PeerKey {
     }
 }
 
-#[derive(Default)]
-struct Counts {
-    total: usize,
-    by_peer: HashMap<PeerKey, usize>,
-}
-
-/// The connections of a server that have not logged in yet.
+/// The connections of a server that have not logged in yet: a semaphore
+/// for the server and one for each peer that has some, whose permits are
+/// a [`Place`]'s.
 #[derive(Clone)]
 pub(crate) struct PendingLogins {
     limits: PendingLimits,
-    counts: Rc<RefCell<Counts>>,
+    total: Arc<Semaphore>,
+    by_peer: Rc<RefCell<HashMap<PeerKey, Arc<Semaphore>>>>,
 }
 
 /// One connection counted as not logged in; dropped at its login or when
 /// it closes.
 pub(crate) struct Place {
-    peer: PeerKey,
-    counts: Rc<RefCell<Counts>>,
+    _total: OwnedSemaphorePermit,
+    peer: Option<OwnedSemaphorePermit>,
+    key: PeerKey,
+    by_peer: Rc<RefCell<HashMap<PeerKey, Arc<Semaphore>>>>,
 }
 
 impl Drop for Place {
     fn drop(&mut self) {
         crate::metrics::awaiting_login(-1);
-        let mut counts = self.counts.borrow_mut();
-        counts.total -= 1;
-        if let Some(count) = counts.by_peer.get_mut(&self.peer) {
-            *count -= 1;
-            if *count == 0 {
-                counts.by_peer.remove(&self.peer);
-            }
+        drop(self.peer.take());
+        // A peer with no connection left waiting is forgotten (each
+        // permit holds its semaphore too).
+        let mut by_peer = self.by_peer.borrow_mut();
+        if by_peer
+            .get(&self.key)
+            .is_some_and(|places| Arc::strong_count(places) == 1)
+        {
+            by_peer.remove(&self.key);
         }
     }
 }
@@ -85,40 +89,52 @@ impl PendingLogins {
     pub fn new(limits: PendingLimits) -> PendingLogins {
         PendingLogins {
             limits,
-            counts: Rc::default(),
+            total: Arc::new(Semaphore::new(limits.total.min(Semaphore::MAX_PERMITS))),
+            by_peer: Rc::default(),
         }
     }
 
     /// A place for a new connection from `peer`, or why there is none.
     pub fn admit(&self, peer: IpAddr) -> Result<Place, String> {
         let key = PeerKey::of(peer);
-        let mut counts = self.counts.borrow_mut();
-        if counts.total >= self.limits.total {
+        let Ok(total) = Arc::clone(&self.total).try_acquire_owned() else {
             return Err(format!(
                 "too many connections have not logged in (the server's limit is {}); try again \
                  later",
                 self.limits.total
             ));
-        }
-        if counts.by_peer.get(&key).copied().unwrap_or(0) >= self.limits.per_address {
+        };
+        let mut by_peer = self.by_peer.borrow_mut();
+        let places = by_peer
+            .entry(key)
+            .or_insert_with(|| {
+                Arc::new(Semaphore::new(
+                    self.limits.per_address.min(Semaphore::MAX_PERMITS),
+                ))
+            });
+        let Ok(from_peer) = Arc::clone(places).try_acquire_owned() else {
+            if Arc::strong_count(places) == 1 {
+                // A limit of none: nothing to remember of this peer.
+                by_peer.remove(&key);
+            }
             return Err(format!(
                 "too many connections from this address have not logged in (the limit is {}); \
                  try again later",
                 self.limits.per_address
             ));
-        }
-        counts.total += 1;
-        *counts.by_peer.entry(key).or_default() += 1;
+        };
         crate::metrics::awaiting_login(1);
         Ok(Place {
-            peer: key,
-            counts: Rc::clone(&self.counts),
+            _total: total,
+            peer: Some(from_peer),
+            key,
+            by_peer: Rc::clone(&self.by_peer),
         })
     }
 
     #[cfg(test)]
     fn total(&self) -> usize {
-        self.counts.borrow().total
+        self.limits.total - self.total.available_permits()
     }
 }
 
@@ -150,6 +166,28 @@ mod tests {
         drop(first);
         assert_eq!(pending.total(), 2);
         pending.admit(a).expect("a place came back");
+    }
+
+    #[test]
+    fn a_peer_with_no_connection_waiting_is_forgotten() {
+        let pending = PendingLogins::new(PendingLimits {
+            total: 3,
+            per_address: 2,
+        });
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let places: Vec<_> = (0..2).map(|_| pending.admit(a).expect("room")).collect();
+        assert!(pending.admit(a).is_err());
+        assert_eq!(pending.by_peer.borrow().len(), 1);
+        drop(places);
+        assert_eq!(pending.total(), 0);
+        assert!(pending.by_peer.borrow().is_empty());
+        let none = PendingLogins::new(PendingLimits {
+            total: 3,
+            per_address: 0,
+        });
+        assert!(none.admit(a).is_err());
+        assert!(none.by_peer.borrow().is_empty());
+        assert_eq!(none.total(), 0, "the server's place is given back too");
     }
 
     #[test]
