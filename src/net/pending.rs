@@ -50,38 +50,92 @@ impl PeerKey {
     }
 }
 
+/// Places per peer (see [`PeerKey`]): a semaphore of `per_peer` for each
+/// peer that holds some, forgotten once it holds none.
+#[derive(Clone)]
+pub(crate) struct PeerShares {
+    per_peer: usize,
+    peers: Rc<RefCell<HashMap<PeerKey, Arc<Semaphore>>>>,
+}
+
+/// A place a peer holds in its [`PeerShares`]: the permit, given back
+/// when dropped.
+pub(crate) struct PeerShare {
+    place: Option<OwnedSemaphorePermit>,
+    peer: PeerKey,
+    peers: Rc<RefCell<HashMap<PeerKey, Arc<Semaphore>>>>,
+}
+
+impl PeerShares {
+    pub(crate) fn new(per_peer: usize) -> PeerShares {
+        PeerShares {
+            per_peer,
+            peers: Rc::default(),
+        }
+    }
+
+    /// A place for `peer`, unless it holds its share.
+    pub(crate) fn take(&self, peer: IpAddr) -> Option<PeerShare> {
+        let key = PeerKey::of(peer);
+        let mut peers = self.peers.borrow_mut();
+        let places = peers.entry(key).or_insert_with(|| {
+            Arc::new(Semaphore::new(self.per_peer.min(Semaphore::MAX_PERMITS)))
+        });
+        let Ok(place) = Arc::clone(places).try_acquire_owned() else {
+            forget_if_unused(&mut peers, key);
+            return None;
+        };
+        Some(PeerShare {
+            place: Some(place),
+            peer: key,
+            peers: Rc::clone(&self.peers),
+        })
+    }
+
+    /// Peers that hold a place now.
+    #[cfg(test)]
+    fn peers(&self) -> usize {
+        self.peers.borrow().len()
+    }
+}
+
+/// Forgets `peer` if it holds no place (each permit holds its semaphore
+/// too).
+fn forget_if_unused(peers: &mut HashMap<PeerKey, Arc<Semaphore>>, peer: PeerKey) {
+    if peers
+        .get(&peer)
+        .is_some_and(|places| Arc::strong_count(places) == 1)
+    {
+        peers.remove(&peer);
+    }
+}
+
+impl Drop for PeerShare {
+    fn drop(&mut self) {
+        drop(self.place.take());
+        forget_if_unused(&mut self.peers.borrow_mut(), self.peer);
+    }
+}
+
 /// The connections of a server that have not logged in yet: a semaphore
-/// for the server and one for each peer that has some, whose permits are
-/// a [`Place`]'s.
+/// for the server, and places per peer, whose permits are a [`Place`]'s.
 #[derive(Clone)]
 pub(crate) struct PendingLogins {
     limits: PendingLimits,
     total: Arc<Semaphore>,
-    by_peer: Rc<RefCell<HashMap<PeerKey, Arc<Semaphore>>>>,
+    by_peer: PeerShares,
 }
 
 /// One connection counted as not logged in; dropped at its login or when
 /// it closes.
 pub(crate) struct Place {
     _total: OwnedSemaphorePermit,
-    peer: Option<OwnedSemaphorePermit>,
-    key: PeerKey,
-    by_peer: Rc<RefCell<HashMap<PeerKey, Arc<Semaphore>>>>,
+    _peer: PeerShare,
 }
 
 impl Drop for Place {
     fn drop(&mut self) {
         crate::metrics::awaiting_login(-1);
-        drop(self.peer.take());
-        // A peer with no connection left waiting is forgotten (each
-        // permit holds its semaphore too).
-        let mut by_peer = self.by_peer.borrow_mut();
-        if by_peer
-            .get(&self.key)
-            .is_some_and(|places| Arc::strong_count(places) == 1)
-        {
-            by_peer.remove(&self.key);
-        }
     }
 }
 
@@ -90,13 +144,12 @@ impl PendingLogins {
         PendingLogins {
             limits,
             total: Arc::new(Semaphore::new(limits.total.min(Semaphore::MAX_PERMITS))),
-            by_peer: Rc::default(),
+            by_peer: PeerShares::new(limits.per_address),
         }
     }
 
     /// A place for a new connection from `peer`, or why there is none.
     pub fn admit(&self, peer: IpAddr) -> Result<Place, String> {
-        let key = PeerKey::of(peer);
         let Ok(total) = Arc::clone(&self.total).try_acquire_owned() else {
             return Err(format!(
                 "too many connections have not logged in (the server's limit is {}); try again \
@@ -104,19 +157,7 @@ impl PendingLogins {
                 self.limits.total
             ));
         };
-        let mut by_peer = self.by_peer.borrow_mut();
-        let places = by_peer
-            .entry(key)
-            .or_insert_with(|| {
-                Arc::new(Semaphore::new(
-                    self.limits.per_address.min(Semaphore::MAX_PERMITS),
-                ))
-            });
-        let Ok(from_peer) = Arc::clone(places).try_acquire_owned() else {
-            if Arc::strong_count(places) == 1 {
-                // A limit of none: nothing to remember of this peer.
-                by_peer.remove(&key);
-            }
+        let Some(from_peer) = self.by_peer.take(peer) else {
             return Err(format!(
                 "too many connections from this address have not logged in (the limit is {}); \
                  try again later",
@@ -126,9 +167,7 @@ impl PendingLogins {
         crate::metrics::awaiting_login(1);
         Ok(Place {
             _total: total,
-            peer: Some(from_peer),
-            key,
-            by_peer: Rc::clone(&self.by_peer),
+            _peer: from_peer,
         })
     }
 
@@ -177,16 +216,16 @@ mod tests {
         let a: IpAddr = "10.0.0.1".parse().unwrap();
         let places: Vec<_> = (0..2).map(|_| pending.admit(a).expect("room")).collect();
         assert!(pending.admit(a).is_err());
-        assert_eq!(pending.by_peer.borrow().len(), 1);
+        assert_eq!(pending.by_peer.peers(), 1);
         drop(places);
         assert_eq!(pending.total(), 0);
-        assert!(pending.by_peer.borrow().is_empty());
+        assert_eq!(pending.by_peer.peers(), 0);
         let none = PendingLogins::new(PendingLimits {
             total: 3,
             per_address: 0,
         });
         assert!(none.admit(a).is_err());
-        assert!(none.by_peer.borrow().is_empty());
+        assert_eq!(none.by_peer.peers(), 0);
         assert_eq!(none.total(), 0, "the server's place is given back too");
     }
 
