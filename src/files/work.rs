@@ -148,10 +148,7 @@ mod tests {
         let gave_up = tasks.pop().expect("a waiter");
         gave_up.abort();
         assert!(gave_up.await.is_err_and(|error| error.is_cancelled()));
-        assert_eq!(
-            work.queued(),
-            MAX_FILE_WORK_QUEUED_PER_CONNECTION - 1
-        );
+        assert_eq!(work.queued(), MAX_FILE_WORK_QUEUED_PER_CONNECTION - 1);
         let again = work.clone();
         tasks.push(tokio::spawn(async move { again.run(|| Ok(())).await }));
         for _ in 0..MAX_FILE_WORK_PER_CONNECTION {

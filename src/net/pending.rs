@@ -78,9 +78,9 @@ impl PeerShares {
     pub(crate) fn take(&self, peer: IpAddr) -> Option<PeerShare> {
         let key = PeerKey::of(peer);
         let mut peers = self.peers.borrow_mut();
-        let places = peers.entry(key).or_insert_with(|| {
-            Arc::new(Semaphore::new(self.per_peer.min(Semaphore::MAX_PERMITS)))
-        });
+        let places = peers
+            .entry(key)
+            .or_insert_with(|| Arc::new(Semaphore::new(self.per_peer.min(Semaphore::MAX_PERMITS))));
         let Ok(place) = Arc::clone(places).try_acquire_owned() else {
             forget_if_unused(&mut peers, key);
             return None;

@@ -169,10 +169,7 @@ mod tests {
                 (0..MAX_UNCLAIMED_PER_CONNECTION).map(|_| channels.issue(held).expect("issued"))
             })
             .collect();
-        assert!(
-            channels.issue(&places()).is_none(),
-            "the server's maximum"
-        );
+        assert!(channels.issue(&places()).is_none(), "the server's maximum");
         drop(claims);
         assert!(
             connections
@@ -190,10 +187,7 @@ mod tests {
             .map(|_| channels.issue(&held).expect("issued"))
             .collect();
         assert!(channels.issue(&held).is_none(), "the connection's maximum");
-        assert!(
-            channels.issue(&places()).is_some(),
-            "another connection's"
-        );
+        assert!(channels.issue(&places()).is_some(), "another connection's");
         drop(claims);
         assert!(channels.issue(&held).is_some());
     }

@@ -155,7 +155,10 @@ impl Pool {
     /// The permits of `descriptors` and `memory` more, if there is room
     /// for both.
     fn take(&self, descriptors: usize, memory: usize) -> Option<[OwnedSemaphorePermit; 2]> {
-        Some([self.descriptors.take(descriptors)?, self.memory.take(memory)?])
+        Some([
+            self.descriptors.take(descriptors)?,
+            self.memory.take(memory)?,
+        ])
     }
 }
 
