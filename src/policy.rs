@@ -8,8 +8,9 @@ use std::collections::BTreeSet;
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::engine::{self, WorkingDir};
 use crate::model::{
@@ -51,7 +52,7 @@ pub struct Rules {
     settable_env: Option<BTreeSet<OsString>>,
     forbid_tty: bool,
     max_run_time: Option<Duration>,
-    /// One counter per policy with a `max_processes`, oldest first.
+    /// One semaphore per policy with a `max_processes`, oldest first.
     counters: Vec<Arc<Counter>>,
     /// The sandboxes of the policies that have one, oldest first.
     sandboxes: Vec<crate::sandbox::PolicySandbox>,
@@ -63,19 +64,21 @@ pub struct Rules {
     ports: crate::ports::PortRules,
 }
 
+/// A policy's `max_processes`: its places, whose permits an
+/// [`Admission`] holds.
 #[derive(Debug)]
 struct Counter {
-    running: AtomicUsize,
+    places: Arc<Semaphore>,
     max: usize,
     names: RuleNames,
 }
 
-/// Places taken in the process counters of a start's rules; dropping it
-/// gives them back (the engine holds it while the process runs: see
-/// `Process::hold_while_running`).
+/// Places taken in the process counters of a start's rules, one permit
+/// each; dropping it gives them back (the engine holds it while the
+/// process runs: see `Process::hold_while_running`).
 #[derive(Debug)]
 pub struct Admission {
-    counters: Vec<Arc<Counter>>,
+    places: Vec<OwnedSemaphorePermit>,
     /// The working directory cwdRoots checked, opened: the start runs in
     /// this one (see `working_dir.rs`).
     working_dir: Option<WorkingDir>,
@@ -87,14 +90,6 @@ impl Admission {
     /// descriptor while the process runs.
     pub fn take_working_dir(&mut self) -> Option<WorkingDir> {
         self.working_dir.take()
-    }
-}
-
-impl Drop for Admission {
-    fn drop(&mut self) {
-        for counter in &self.counters {
-            counter.running.fetch_sub(1, Ordering::AcqRel);
-        }
     }
 }
 
@@ -316,7 +311,7 @@ impl Rules {
         rules.limits = self.limits.and(&policy.limits);
         if let Some(max) = policy.max_processes.filter(|&max| max > 0) {
             rules.counters.push(Arc::new(Counter {
-                running: AtomicUsize::new(0),
+                places: Arc::new(Semaphore::new(max as usize)),
                 max: max as usize,
                 names,
             }));
@@ -648,17 +643,11 @@ impl Rules {
 
     fn take_places(&self) -> Result<Admission, Refusal> {
         let mut admission = Admission {
-            counters: Vec::with_capacity(self.counters.len()),
+            places: Vec::with_capacity(self.counters.len()),
             working_dir: None,
         };
         for counter in &self.counters {
-            let taken =
-                counter
-                    .running
-                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |running| {
-                        (running < counter.max).then_some(running + 1)
-                    });
-            if taken.is_err() {
+            let Ok(place) = Arc::clone(&counter.places).try_acquire_owned() else {
                 // Dropping the admission gives back the places taken so far.
                 return Err(not_allowed(
                     &counter.names.refusal("maxProcesses"),
@@ -668,8 +657,8 @@ impl Rules {
                         counter.max
                     ),
                 ));
-            }
-            admission.counters.push(Arc::clone(counter));
+            };
+            admission.places.push(place);
         }
         Ok(admission)
     }

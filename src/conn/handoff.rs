@@ -12,7 +12,8 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::sys::close_in_background;
 
@@ -27,7 +28,15 @@ pub const MAX_KEPT_DESCRIPTORS: usize = 16;
 /// peers cannot take the descriptors the server's budget counts on.
 pub const MAX_KEPT_DESCRIPTORS_IN_SERVER: usize = 1024;
 
-static KEPT_IN_SERVER: AtomicUsize = AtomicUsize::new(0);
+/// The server's places for kept descriptors: each kept one holds a permit.
+static KEPT_IN_SERVER: Semaphore = Semaphore::const_new(MAX_KEPT_DESCRIPTORS_IN_SERVER);
+
+/// A descriptor kept, with its number and its place in the server's count.
+struct Kept {
+    number: u64,
+    fd: OwnedFd,
+    _place: SemaphorePermit<'static>,
+}
 
 /// A connection's received descriptors, numbered from 0 in the order they
 /// arrived (the order the peer sent them). Clones share them. Whatever is
@@ -40,7 +49,7 @@ pub struct ReceivedDescriptors(Rc<RefCell<Received>>);
 struct Received {
     /// The number the next descriptor to arrive gets.
     next: u64,
-    kept: VecDeque<(u64, OwnedFd)>,
+    kept: VecDeque<Kept>,
     /// Some were lost on the way (a read had no room for them), so the
     /// numbers here are no longer the peer's: nothing is handed out again.
     out_of_step: bool,
@@ -49,11 +58,9 @@ struct Received {
 }
 
 impl Received {
-    /// Takes kept entries out of the server-wide count.
-    fn released(&mut self, entries: impl IntoIterator<Item = (u64, OwnedFd)>) -> Vec<OwnedFd> {
-        let fds: Vec<OwnedFd> = entries.into_iter().map(|(_, fd)| fd).collect();
-        KEPT_IN_SERVER.fetch_sub(fds.len(), Ordering::Relaxed);
-        fds
+    /// Kept entries' descriptors, their places given back.
+    fn released(&mut self, entries: impl IntoIterator<Item = Kept>) -> Vec<OwnedFd> {
+        entries.into_iter().map(|kept| kept.fd).collect()
     }
 }
 
@@ -72,18 +79,23 @@ impl ReceivedDescriptors {
         let mut received = self.0.borrow_mut();
         let number = received.next;
         received.next += 1;
-        let full = KEPT_IN_SERVER.load(Ordering::Relaxed) >= MAX_KEPT_DESCRIPTORS_IN_SERVER;
-        if received.out_of_step || received.closed || full {
+        let place = (!received.out_of_step && !received.closed)
+            .then(|| KEPT_IN_SERVER.try_acquire().ok())
+            .flatten();
+        let Some(place) = place else {
             close_in_background(vec![fd]);
             return number;
-        }
+        };
         let mut evicted = Vec::new();
         if received.kept.len() >= MAX_KEPT_DESCRIPTORS {
             evicted.extend(received.kept.pop_front());
         }
         let evicted = received.released(evicted);
-        KEPT_IN_SERVER.fetch_add(1, Ordering::Relaxed);
-        received.kept.push_back((number, fd));
+        received.kept.push_back(Kept {
+            number,
+            fd,
+            _place: place,
+        });
         close_in_background(evicted);
         number
     }
@@ -117,7 +129,7 @@ impl ReceivedDescriptors {
         let mut taken = Vec::new();
         let mut index = 0;
         while index < received.kept.len() {
-            if wanted.contains(&received.kept[index].0) {
+            if wanted.contains(&received.kept[index].number) {
                 taken.extend(received.kept.remove(index));
             } else {
                 index += 1;

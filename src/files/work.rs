@@ -9,7 +9,6 @@
 //! their chunks (`mod.rs`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::Semaphore;
 
@@ -34,14 +33,16 @@ pub struct Work(Arc<Share>);
 
 struct Share {
     running: Arc<Semaphore>,
-    queued: AtomicUsize,
+    /// Places for calls waiting for one of `running`'s: a call holds one
+    /// until it runs (or gives up).
+    queued: Semaphore,
 }
 
 impl Default for Work {
     fn default() -> Self {
         Work(Arc::new(Share {
             running: Arc::new(Semaphore::new(MAX_FILE_WORK_PER_CONNECTION)),
-            queued: AtomicUsize::new(0),
+            queued: Semaphore::new(MAX_FILE_WORK_QUEUED_PER_CONNECTION),
         }))
     }
 }
@@ -54,11 +55,10 @@ impl Work {
         &self,
         work: impl FnOnce() -> Result<T, Refusal> + Send + 'static,
     ) -> Result<T, Refusal> {
-        let queued = self.0.queued.fetch_add(1, Ordering::AcqRel);
-        // Counted out however the wait ends, a caller that gives up too.
-        let waiting = Waiting(&self.0.queued);
+        // Given back however the wait ends, by a caller that gives up too.
+        let waiting = self.0.queued.try_acquire();
         let places = async {
-            if queued >= MAX_FILE_WORK_QUEUED_PER_CONNECTION {
+            if waiting.is_err() {
                 crate::metrics::limit_hit("file-work");
                 return Err(Refusal::new(
                     RefusalKind::LimitReached,
@@ -93,15 +93,6 @@ impl Work {
     }
 }
 
-/// One call counted among a connection's waiting ones while it lives.
-struct Waiting<'a>(&'a AtomicUsize);
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
 fn closed() -> Refusal {
     Refusal::new(RefusalKind::Internal, "the file system call pool is closed")
 }
@@ -109,6 +100,13 @@ fn closed() -> Refusal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl Work {
+        /// Calls waiting for their places now.
+        fn queued(&self) -> usize {
+            MAX_FILE_WORK_QUEUED_PER_CONNECTION - self.0.queued.available_permits()
+        }
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_connection_runs_16_waits_4096_and_is_refused_past_that() {
@@ -137,7 +135,7 @@ mod tests {
             tasks.push(tokio::spawn(async move { work.run(|| Ok(())).await }));
         }
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while work.0.queued.load(Ordering::Acquire) < MAX_FILE_WORK_QUEUED_PER_CONNECTION {
+        while work.queued() < MAX_FILE_WORK_QUEUED_PER_CONNECTION {
             assert!(
                 std::time::Instant::now() < deadline,
                 "the waiters never queued"
@@ -150,10 +148,7 @@ mod tests {
         let gave_up = tasks.pop().expect("a waiter");
         gave_up.abort();
         assert!(gave_up.await.is_err_and(|error| error.is_cancelled()));
-        assert_eq!(
-            work.0.queued.load(Ordering::Acquire),
-            MAX_FILE_WORK_QUEUED_PER_CONNECTION - 1
-        );
+        assert_eq!(work.queued(), MAX_FILE_WORK_QUEUED_PER_CONNECTION - 1);
         let again = work.clone();
         tasks.push(tokio::spawn(async move { again.run(|| Ok(())).await }));
         for _ in 0..MAX_FILE_WORK_PER_CONNECTION {
@@ -162,6 +157,6 @@ mod tests {
         for task in tasks {
             task.await.expect("task").expect("ran");
         }
-        assert_eq!(work.0.queued.load(Ordering::Acquire), 0);
+        assert_eq!(work.queued(), 0);
     }
 }

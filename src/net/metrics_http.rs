@@ -8,9 +8,6 @@
 //! acceptance (however the bytes trickle in), and one address holds at
 //! most [`PER_ADDRESS`] of the [`MAX_CONCURRENT`] requests served at once.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
-use std::net::IpAddr;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -18,7 +15,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 use crate::net::address::Address;
-use crate::net::pending::PeerKey;
+use crate::net::pending::PeerShares;
 use crate::rpc::ServerContext;
 
 /// Most bytes of a request head read; a scraper sends a few hundred.
@@ -43,7 +40,8 @@ pub(crate) async fn accept_loop(
 ) {
     tracing::info!(%address, "serving metrics at /metrics");
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT));
-    let shares = Shares::new(PER_ADDRESS);
+    // The requests each address has in service.
+    let shares = PeerShares::new(PER_ADDRESS);
     loop {
         let Ok(slot) = std::sync::Arc::clone(&slots).acquire_owned().await else {
             return;
@@ -189,56 +187,10 @@ async fn respond<S: AsyncWrite + Unpin>(
     stream.shutdown().await
 }
 
-/// The requests each address has in service.
-struct Shares {
-    per_address: usize,
-    held: Rc<RefCell<HashMap<PeerKey, usize>>>,
-}
-
-/// One request of an address in service; its drop gives the place back.
-struct Share {
-    peer: PeerKey,
-    held: Rc<RefCell<HashMap<PeerKey, usize>>>,
-}
-
-impl Shares {
-    fn new(per_address: usize) -> Shares {
-        Shares {
-            per_address,
-            held: Rc::default(),
-        }
-    }
-
-    /// A place for a request from `peer`, unless it holds its share.
-    fn take(&self, peer: IpAddr) -> Option<Share> {
-        let key = PeerKey::of(peer);
-        let mut held = self.held.borrow_mut();
-        let count = held.entry(key).or_default();
-        if *count >= self.per_address {
-            return None;
-        }
-        *count += 1;
-        Some(Share {
-            peer: key,
-            held: Rc::clone(&self.held),
-        })
-    }
-}
-
-impl Drop for Share {
-    fn drop(&mut self) {
-        let mut held = self.held.borrow_mut();
-        if let Some(count) = held.get_mut(&self.peer) {
-            *count -= 1;
-            if *count == 0 {
-                held.remove(&self.peer);
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::net::IpAddr;
+
     use super::*;
 
     /// A peer that sends a byte every 100 ms never completes its head: it
@@ -289,7 +241,7 @@ mod tests {
 
     #[test]
     fn one_address_holds_its_share_and_others_theirs() {
-        let shares = Shares::new(2);
+        let shares = PeerShares::new(2);
         let a: IpAddr = "192.0.2.1".parse().expect("a");
         let first = shares.take(a).expect("first");
         let _second = shares.take(a).expect("second");

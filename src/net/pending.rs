@@ -7,6 +7,9 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::rc::Rc;
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// The limits on connections that have not logged in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,37 +50,92 @@ impl PeerKey {
     }
 }
 
-#[derive(Default)]
-struct Counts {
-    total: usize,
-    by_peer: HashMap<PeerKey, usize>,
+/// Places per peer (see [`PeerKey`]): a semaphore of `per_peer` for each
+/// peer that holds some, forgotten once it holds none.
+#[derive(Clone)]
+pub(crate) struct PeerShares {
+    per_peer: usize,
+    peers: Rc<RefCell<HashMap<PeerKey, Arc<Semaphore>>>>,
 }
 
-/// The connections of a server that have not logged in yet.
+/// A place a peer holds in its [`PeerShares`]: the permit, given back
+/// when dropped.
+pub(crate) struct PeerShare {
+    place: Option<OwnedSemaphorePermit>,
+    peer: PeerKey,
+    peers: Rc<RefCell<HashMap<PeerKey, Arc<Semaphore>>>>,
+}
+
+impl PeerShares {
+    pub(crate) fn new(per_peer: usize) -> PeerShares {
+        PeerShares {
+            per_peer,
+            peers: Rc::default(),
+        }
+    }
+
+    /// A place for `peer`, unless it holds its share.
+    pub(crate) fn take(&self, peer: IpAddr) -> Option<PeerShare> {
+        let key = PeerKey::of(peer);
+        let mut peers = self.peers.borrow_mut();
+        let places = peers
+            .entry(key)
+            .or_insert_with(|| Arc::new(Semaphore::new(self.per_peer.min(Semaphore::MAX_PERMITS))));
+        let Ok(place) = Arc::clone(places).try_acquire_owned() else {
+            forget_if_unused(&mut peers, key);
+            return None;
+        };
+        Some(PeerShare {
+            place: Some(place),
+            peer: key,
+            peers: Rc::clone(&self.peers),
+        })
+    }
+
+    /// Peers that hold a place now.
+    #[cfg(test)]
+    fn peers(&self) -> usize {
+        self.peers.borrow().len()
+    }
+}
+
+/// Forgets `peer` if it holds no place (each permit holds its semaphore
+/// too).
+fn forget_if_unused(peers: &mut HashMap<PeerKey, Arc<Semaphore>>, peer: PeerKey) {
+    if peers
+        .get(&peer)
+        .is_some_and(|places| Arc::strong_count(places) == 1)
+    {
+        peers.remove(&peer);
+    }
+}
+
+impl Drop for PeerShare {
+    fn drop(&mut self) {
+        drop(self.place.take());
+        forget_if_unused(&mut self.peers.borrow_mut(), self.peer);
+    }
+}
+
+/// The connections of a server that have not logged in yet: a semaphore
+/// for the server, and places per peer, whose permits are a [`Place`]'s.
 #[derive(Clone)]
 pub(crate) struct PendingLogins {
     limits: PendingLimits,
-    counts: Rc<RefCell<Counts>>,
+    total: Arc<Semaphore>,
+    by_peer: PeerShares,
 }
 
 /// One connection counted as not logged in; dropped at its login or when
 /// it closes.
 pub(crate) struct Place {
-    peer: PeerKey,
-    counts: Rc<RefCell<Counts>>,
+    _total: OwnedSemaphorePermit,
+    _peer: PeerShare,
 }
 
 impl Drop for Place {
     fn drop(&mut self) {
         crate::metrics::awaiting_login(-1);
-        let mut counts = self.counts.borrow_mut();
-        counts.total -= 1;
-        if let Some(count) = counts.by_peer.get_mut(&self.peer) {
-            *count -= 1;
-            if *count == 0 {
-                counts.by_peer.remove(&self.peer);
-            }
-        }
     }
 }
 
@@ -85,40 +143,37 @@ impl PendingLogins {
     pub fn new(limits: PendingLimits) -> PendingLogins {
         PendingLogins {
             limits,
-            counts: Rc::default(),
+            total: Arc::new(Semaphore::new(limits.total.min(Semaphore::MAX_PERMITS))),
+            by_peer: PeerShares::new(limits.per_address),
         }
     }
 
     /// A place for a new connection from `peer`, or why there is none.
     pub fn admit(&self, peer: IpAddr) -> Result<Place, String> {
-        let key = PeerKey::of(peer);
-        let mut counts = self.counts.borrow_mut();
-        if counts.total >= self.limits.total {
+        let Ok(total) = Arc::clone(&self.total).try_acquire_owned() else {
             return Err(format!(
                 "too many connections have not logged in (the server's limit is {}); try again \
                  later",
                 self.limits.total
             ));
-        }
-        if counts.by_peer.get(&key).copied().unwrap_or(0) >= self.limits.per_address {
+        };
+        let Some(from_peer) = self.by_peer.take(peer) else {
             return Err(format!(
                 "too many connections from this address have not logged in (the limit is {}); \
                  try again later",
                 self.limits.per_address
             ));
-        }
-        counts.total += 1;
-        *counts.by_peer.entry(key).or_default() += 1;
+        };
         crate::metrics::awaiting_login(1);
         Ok(Place {
-            peer: key,
-            counts: Rc::clone(&self.counts),
+            _total: total,
+            _peer: from_peer,
         })
     }
 
     #[cfg(test)]
     fn total(&self) -> usize {
-        self.counts.borrow().total
+        self.limits.total - self.total.available_permits()
     }
 }
 
@@ -150,6 +205,28 @@ mod tests {
         drop(first);
         assert_eq!(pending.total(), 2);
         pending.admit(a).expect("a place came back");
+    }
+
+    #[test]
+    fn a_peer_with_no_connection_waiting_is_forgotten() {
+        let pending = PendingLogins::new(PendingLimits {
+            total: 3,
+            per_address: 2,
+        });
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let places: Vec<_> = (0..2).map(|_| pending.admit(a).expect("room")).collect();
+        assert!(pending.admit(a).is_err());
+        assert_eq!(pending.by_peer.peers(), 1);
+        drop(places);
+        assert_eq!(pending.total(), 0);
+        assert_eq!(pending.by_peer.peers(), 0);
+        let none = PendingLogins::new(PendingLimits {
+            total: 3,
+            per_address: 0,
+        });
+        assert!(none.admit(a).is_err());
+        assert_eq!(none.by_peer.peers(), 0);
+        assert_eq!(none.total(), 0, "the server's place is given back too");
     }
 
     #[test]

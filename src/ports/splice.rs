@@ -30,8 +30,10 @@ pub const PUMP_BUSY_BYTES: usize = 256 * 1024;
 pub const MAX_BUSY_PIPES: usize = 64;
 
 thread_local! {
-    /// Busy pipes of this thread's pumps (the RPC thread's: all of them).
-    static BUSY_PIPES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// Places for busy pipes of this thread's pumps (the RPC thread's: all
+    /// of them); a busy pipe holds a permit.
+    static BUSY_PIPES: std::sync::Arc<tokio::sync::Semaphore> =
+        std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_BUSY_PIPES));
 }
 
 /// Why a pump stopped before the source's end of file.
@@ -60,16 +62,21 @@ struct Pipe {
     write: OwnedFd,
     /// How much one splice into it moves.
     size: usize,
-    busy: bool,
+    /// Its place among the busy pipes, once grown.
+    busy: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl Pipe {
     /// Grows to [`PUMP_BUSY_BYTES`] if the server has room for another
     /// busy pipe (and the kernel agrees).
     fn grow(&mut self) {
-        if self.busy || BUSY_PIPES.get() >= MAX_BUSY_PIPES {
+        if self.busy.is_some() {
             return;
         }
+        let Ok(place) = BUSY_PIPES.with(|busy| std::sync::Arc::clone(busy).try_acquire_owned())
+        else {
+            return;
+        };
         // SAFETY: F_SETPIPE_SZ only resizes the pipe's buffer.
         let set = unsafe {
             libc::fcntl(
@@ -80,16 +87,7 @@ impl Pipe {
         };
         if let Ok(size @ PUMP_BUSY_BYTES..) = usize::try_from(set) {
             self.size = size;
-            self.busy = true;
-            BUSY_PIPES.set(BUSY_PIPES.get() + 1);
-        }
-    }
-}
-
-impl Drop for Pipe {
-    fn drop(&mut self) {
-        if self.busy {
-            BUSY_PIPES.set(BUSY_PIPES.get().saturating_sub(1));
+            self.busy = Some(place);
         }
     }
 }
@@ -107,7 +105,7 @@ impl Pipe {
             read,
             write,
             size: PUMP_CHUNK_BYTES,
-            busy: false,
+            busy: None,
         })
     }
 }
@@ -219,7 +217,11 @@ mod tests {
         });
         let moved = pump(&from, &to).await.expect("pump");
         assert_eq!(moved, data.len() as u64);
-        assert_eq!(BUSY_PIPES.get(), 0, "the pump's pipe went with it");
+        assert_eq!(
+            BUSY_PIPES.with(|busy| busy.available_permits()),
+            MAX_BUSY_PIPES,
+            "the pump's pipe went with it"
+        );
         writing.await.expect("writer");
         drop(to);
         assert_eq!(reading.await.expect("reader"), data);

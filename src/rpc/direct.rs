@@ -4,12 +4,13 @@
 //! hands its socket to that dial. One table per server, shared by all of
 //! its connections, since a channel arrives on a connection of its own.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::{Rc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::oneshot;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 use crate::ports::Socket;
 
@@ -34,16 +35,19 @@ pub const CHANNEL_CLAIMED: u8 = 1;
 pub struct DirectChannels(Rc<RefCell<HashMap<Ticket, oneshot::Sender<Socket>>>>);
 
 impl DirectChannels {
-    /// A new ticket and the wait for its channel, counted in `held` (a
-    /// connection's unclaimed tickets); `None` if the server or the
-    /// connection holds its maximum of unclaimed tickets, or the kernel
-    /// gave no randomness.
-    pub(crate) fn issue(&self, held: &Rc<Cell<usize>>) -> Option<(Ticket, Claim)> {
+    /// A new ticket and the wait for its channel, holding a place of
+    /// `places` (a connection's [`MAX_UNCLAIMED_PER_CONNECTION`] for
+    /// unclaimed tickets); `None` if the server or the connection holds
+    /// its maximum of unclaimed tickets, or the kernel gave no randomness.
+    pub(crate) fn issue(&self, places: &Arc<Semaphore>) -> Option<(Ticket, Claim)> {
         let mut table = self.0.borrow_mut();
-        if table.len() >= MAX_UNCLAIMED_TICKETS || held.get() >= MAX_UNCLAIMED_PER_CONNECTION {
+        let place = (table.len() < MAX_UNCLAIMED_TICKETS)
+            .then(|| Arc::clone(places).try_acquire_owned().ok())
+            .flatten();
+        let Some(place) = place else {
             crate::metrics::limit_hit("direct-channel-tickets");
             return None;
-        }
+        };
         let mut ticket = [0u8; TICKET_BYTES];
         if let Err(error) = crate::secret::fill_random(&mut ticket) {
             tracing::warn!(%error, "no randomness for a direct channel's ticket");
@@ -51,13 +55,12 @@ impl DirectChannels {
         }
         let (hand, wait) = oneshot::channel();
         table.insert(ticket, hand);
-        held.set(held.get() + 1);
         Some((
             ticket,
             Claim {
                 ticket,
                 table: Rc::downgrade(&self.0),
-                held: Rc::clone(held),
+                _place: place,
                 wait,
             },
         ))
@@ -79,11 +82,12 @@ impl DirectChannels {
     }
 }
 
-/// A dial's wait for its channel; dropping it withdraws the ticket.
+/// A dial's wait for its channel; dropping it withdraws the ticket and
+/// gives its connection's place back.
 pub(crate) struct Claim {
     ticket: Ticket,
     table: Weak<RefCell<HashMap<Ticket, oneshot::Sender<Socket>>>>,
-    held: Rc<Cell<usize>>,
+    _place: OwnedSemaphorePermit,
     wait: oneshot::Receiver<Socket>,
 }
 
@@ -103,7 +107,6 @@ impl Claim {
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        self.held.set(self.held.get().saturating_sub(1));
         if let Some(table) = self.table.upgrade() {
             table.borrow_mut().remove(&self.ticket);
         }
@@ -114,6 +117,11 @@ impl Drop for Claim {
 mod tests {
     use super::*;
 
+    /// A connection's places for unclaimed tickets.
+    fn places() -> Arc<Semaphore> {
+        Arc::new(Semaphore::new(MAX_UNCLAIMED_PER_CONNECTION))
+    }
+
     fn channel() -> Socket {
         let (near, _far) = std::os::unix::net::UnixStream::pair().expect("pair");
         near.set_nonblocking(true).expect("nonblocking");
@@ -123,7 +131,7 @@ mod tests {
     #[tokio::test]
     async fn a_ticket_claims_one_channel_once() {
         let channels = DirectChannels::default();
-        let held = Rc::default();
+        let held = places();
         let (ticket, claim) = channels.issue(&held).expect("issued");
         assert_eq!(channels.unclaimed(), 1);
         assert!(channels.claim(&ticket, channel()));
@@ -136,7 +144,7 @@ mod tests {
     async fn unknown_and_withdrawn_tickets_claim_nothing() {
         let channels = DirectChannels::default();
         assert!(!channels.claim(&[7u8; TICKET_BYTES], channel()));
-        let held = Rc::default();
+        let held = places();
         let (ticket, claim) = channels.issue(&held).expect("issued");
         let (other, _other_claim) = channels.issue(&held).expect("issued");
         assert_ne!(ticket, other, "tickets are random");
@@ -151,9 +159,9 @@ mod tests {
     #[tokio::test]
     async fn a_full_table_grants_none() {
         let channels = DirectChannels::default();
-        let connections: Vec<Rc<Cell<usize>>> = (0..MAX_UNCLAIMED_TICKETS
+        let connections: Vec<Arc<Semaphore>> = (0..MAX_UNCLAIMED_TICKETS
             / MAX_UNCLAIMED_PER_CONNECTION)
-            .map(|_| Rc::default())
+            .map(|_| places())
             .collect();
         let claims: Vec<_> = connections
             .iter()
@@ -161,27 +169,25 @@ mod tests {
                 (0..MAX_UNCLAIMED_PER_CONNECTION).map(|_| channels.issue(held).expect("issued"))
             })
             .collect();
-        assert!(
-            channels.issue(&Rc::default()).is_none(),
-            "the server's maximum"
-        );
+        assert!(channels.issue(&places()).is_none(), "the server's maximum");
         drop(claims);
-        assert!(connections.iter().all(|held| held.get() == 0));
-        assert!(channels.issue(&Rc::default()).is_some());
+        assert!(
+            connections
+                .iter()
+                .all(|held| held.available_permits() == MAX_UNCLAIMED_PER_CONNECTION)
+        );
+        assert!(channels.issue(&places()).is_some());
     }
 
     #[tokio::test]
     async fn one_connection_holds_at_most_its_share() {
         let channels = DirectChannels::default();
-        let held = Rc::default();
+        let held = places();
         let claims: Vec<_> = (0..MAX_UNCLAIMED_PER_CONNECTION)
             .map(|_| channels.issue(&held).expect("issued"))
             .collect();
         assert!(channels.issue(&held).is_none(), "the connection's maximum");
-        assert!(
-            channels.issue(&Rc::default()).is_some(),
-            "another connection's"
-        );
+        assert!(channels.issue(&places()).is_some(), "another connection's");
         drop(claims);
         assert!(channels.issue(&held).is_some());
     }
@@ -189,7 +195,7 @@ mod tests {
     #[tokio::test]
     async fn an_unclaimed_ticket_gives_up_after_its_time() {
         let channels = DirectChannels::default();
-        let (ticket, claim) = channels.issue(&Rc::default()).expect("issued");
+        let (ticket, claim) = channels.issue(&places()).expect("issued");
         assert!(
             claim
                 .channel_within(Duration::from_millis(10))

@@ -1,8 +1,9 @@
 //! How many file transfers and watches one connection may have at once
 //! (see the schema's limits of `Directory`).
 
-use std::cell::Cell;
-use std::rc::Rc;
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::model::{
     DOWNLOAD_CHUNK_BYTES, MAX_TRANSFERS_PER_CONNECTION, MAX_UPLOAD_CHUNK_BYTES,
@@ -11,11 +12,13 @@ use crate::model::{
 use crate::rpc::holdings::{Hold, Holdings};
 use crate::wire::TRANSFER_WINDOW_BYTES;
 
-/// One connection's counters, shared by every directory reached from it.
-#[derive(Clone, Default)]
+/// One connection's places for transfers and watches, shared by every
+/// directory reached from it: a semaphore each, whose permit is the
+/// [`FileTicket`].
+#[derive(Clone)]
 pub(crate) struct FileLimits {
-    transfers: Rc<Cell<usize>>,
-    watches: Rc<Cell<usize>>,
+    transfers: Arc<Semaphore>,
+    watches: Arc<Semaphore>,
     /// What the connection's capabilities hold, directories included.
     holdings: Holdings,
     /// The connection's share of the blocking pool, for its file calls.
@@ -35,16 +38,11 @@ const TRANSFER_MEMORY: usize = {
     }
 };
 
-/// One transfer or watch counted; dropping it gives the place back.
+/// One transfer or watch counted: its permit, given back (with what it
+/// holds) when the ticket drops.
 pub(crate) struct FileTicket {
-    counter: Rc<Cell<usize>>,
+    _place: OwnedSemaphorePermit,
     _held: Hold,
-}
-
-impl Drop for FileTicket {
-    fn drop(&mut self) {
-        self.counter.set(self.counter.get().saturating_sub(1));
-    }
 }
 
 /// Descriptors counted (a directory's, a walk's open levels), given back
@@ -54,8 +52,8 @@ pub(crate) struct DescriptorHold(#[allow(dead_code)] Hold);
 impl FileLimits {
     pub(crate) fn new(holdings: Holdings) -> FileLimits {
         FileLimits {
-            transfers: Rc::default(),
-            watches: Rc::default(),
+            transfers: Arc::new(Semaphore::new(MAX_TRANSFERS_PER_CONNECTION)),
+            watches: Arc::new(Semaphore::new(MAX_WATCHES_PER_CONNECTION)),
             holdings,
             work: crate::files::Work::default(),
         }
@@ -68,23 +66,23 @@ impl FileLimits {
 
     fn take(
         &self,
-        counter: &Rc<Cell<usize>>,
+        places: &Arc<Semaphore>,
         max: usize,
         what: &str,
         metric: &'static str,
         memory: usize,
     ) -> Result<FileTicket, Refusal> {
-        if counter.get() >= max {
+        let Ok(place) = Arc::clone(places).try_acquire_owned() else {
             crate::metrics::limit_hit(metric);
             return Err(Refusal::new(
                 RefusalKind::LimitReached,
                 format!("this connection already has its maximum of {max} {what} in progress"),
             ));
-        }
+        };
+        // Refused here, the place goes back with `place`.
         let held = self.holdings.hold(1, memory, what)?;
-        counter.set(counter.get() + 1);
         Ok(FileTicket {
-            counter: Rc::clone(counter),
+            _place: place,
             _held: held,
         })
     }
@@ -127,7 +125,7 @@ mod tests {
 
     #[test]
     fn places_come_back_when_tickets_drop() {
-        let limits = FileLimits::default();
+        let limits = FileLimits::new(Holdings::default());
         let held: Vec<_> = (0..MAX_WATCHES_PER_CONNECTION)
             .map(|_| limits.watch().expect("room"))
             .collect();

@@ -15,14 +15,19 @@
 //! whole, amended where the hop says something of its own (`info`). An
 //! answer whose capability is published before the far end answers cannot
 //! be copied whole afterwards (capnp 0.27's builder panics overwriting a
-//! struct that holds a capability), so its other fields are set by hand:
+//! struct that holds a capability), so its other fields are copied by name:
 //! `tests/it/method_table.rs` lists them from the schema, and a new one
 //! fails it until it is forwarded here.
 //!
 //! Every `Executor` method is forwarded here once, in the
-//! `executor::Server` impl; a server's root executor whose default
-//! environment is an upstream is a forwarder too (with the server's own
-//! environments for `environments` and `environment`).
+//! `executor::Server` impl: one line each through `rpc/forwarding.rs`
+//! (the mechanism `Directory`'s forwarder shares), except those the hop
+//! answers in part itself (`start` closes the descriptors passed for
+//! stdio, `info` is amended, `environment` and `restrict` record the step
+//! to take again after a reconnection, `environments` of a root is this
+//! server's). A server's root executor whose default environment is an
+//! upstream is a forwarder too (with the server's own environments for
+//! `environments` and `environment`).
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -31,6 +36,7 @@ use crate::capexec_capnp::executor;
 use crate::model::{Refusal, RefusalKind};
 use crate::rpc::context::{Link, ServerContext, Upstream};
 use crate::rpc::forward_directory::ForwardingDirectory;
+use crate::rpc::forwarding::{Forwarder, forward};
 use crate::rpc::info;
 use crate::rpc::quota::Quota;
 use crate::wire;
@@ -250,6 +256,22 @@ impl ForwardingExecutor {
     }
 }
 
+impl Forwarder for ForwardingExecutor {
+    type Far = executor::Client;
+
+    async fn far(&self) -> Result<executor::Client, capnp::Error> {
+        Ok(self.target().await?.executor)
+    }
+
+    fn lost(&self, error: capnp::Error) -> capnp::Error {
+        self.hop_error(error)
+    }
+
+    fn hop(&self) -> Rc<str> {
+        ForwardingExecutor::hop(self).into()
+    }
+}
+
 /// `error` of a call to upstream `hop`: a broken link is the upstream's
 /// failure, tagged `upstream-unavailable`; anything else as it came.
 pub(crate) fn upstream_lost(hop: &str, error: capnp::Error) -> capnp::Error {
@@ -319,22 +341,6 @@ impl executor::Server for ForwardingExecutor {
         results.set_pipeline()?;
         // Its other field is hop-local: no descriptors were passed on
         // (this hop passes none), so stdioPassed stays false.
-        call.promise.await.map_err(|error| self.hop_error(error))?;
-        Ok(())
-    }
-
-    /// `restore` at the far end, pipelined like `start`.
-    async fn restore(
-        self: Rc<Self>,
-        params: executor::RestoreParams,
-        mut results: executor::RestoreResults,
-    ) -> Result<(), capnp::Error> {
-        let upstream = self.target().await?.executor;
-        let mut request = upstream.restore_request();
-        request.set(params.get()?)?;
-        let call = request.send();
-        results.get().set_process(call.pipeline.get_process());
-        results.set_pipeline()?;
         call.promise.await.map_err(|error| self.hop_error(error))?;
         Ok(())
     }
@@ -442,67 +448,31 @@ impl executor::Server for ForwardingExecutor {
         Ok(())
     }
 
-    /// `directory` at the far end, pipelined: calls on the directory go on
-    /// to the upstream before it answers (see `rpc/forward_directory.rs`).
-    async fn directory(
-        self: Rc<Self>,
-        params: executor::DirectoryParams,
-        mut results: executor::DirectoryResults,
-    ) -> Result<(), capnp::Error> {
-        let upstream = self.target().await?.executor;
-        let mut request = upstream.directory_request();
-        request.set(params.get()?)?;
-        let call = request.send();
-        results
-            .get()
-            .set_dir(capnp_rpc::new_client(ForwardingDirectory::new(
-                call.pipeline.get_dir(),
-                self.hop().into(),
-            )));
-        results.set_pipeline()?;
-        call.promise.await.map_err(|error| self.hop_error(error))?;
-        Ok(())
-    }
-
-    /// `dial` at the far end, pipelined like `start`: the client's sink is
-    /// passed on, so both directions' writes cross this hop as calls whose
-    /// answers come from the far end, and flow control holds end to end.
-    async fn dial(
-        self: Rc<Self>,
-        params: executor::DialParams,
-        mut results: executor::DialResults,
-    ) -> Result<(), capnp::Error> {
-        let upstream = self.target().await?.executor;
-        let mut request = upstream.dial_request();
-        request.set(params.get()?)?;
-        // Hop-local: a direct channel is claimed on the far server's socket,
-        // which the client is not connected to; through a hop the bytes go
-        // as messages, and the far end is not asked for a ticket nobody
-        // could claim (it would reset the connection after 10 s).
-        request.get().set_direct(false);
-        let call = request.send();
-        results.get().set_connection(call.pipeline.get_connection());
-        results.get().set_to_socket(call.pipeline.get_to_socket());
-        results.set_pipeline()?;
-        let response = call.promise.await.map_err(|error| self.hop_error(error))?;
-        results.get().set_info(response.get()?.get_info()?)?;
-        Ok(())
-    }
-
-    /// `listen` at the far end, with the client's acceptor passed on.
-    async fn listen(
-        self: Rc<Self>,
-        params: executor::ListenParams,
-        mut results: executor::ListenResults,
-    ) -> Result<(), capnp::Error> {
-        let upstream = self.target().await?.executor;
-        let mut request = upstream.listen_request();
-        request.set(params.get()?)?;
-        let call = request.send();
-        results.get().set_listener(call.pipeline.get_listener());
-        results.set_pipeline()?;
-        let response = call.promise.await.map_err(|error| self.hop_error(error))?;
-        results.get().set_address(response.get()?.get_address()?);
-        Ok(())
+    // `restore`, `directory`, `dial` and `listen` at the far end, their
+    // capability published before it answers (`start` and `restore` are
+    // pipelined alike; calls on the directory go on to the upstream at
+    // once, see `rpc/forward_directory.rs`). A dial passes the client's
+    // sink on, so both directions' writes cross this hop as calls whose
+    // answers come from the far end, and flow control holds end to end;
+    // its direct channel is hop-local: one is claimed on the far server's
+    // socket, which the client is not connected to, so through a hop the
+    // bytes go as messages and the far end is not asked for a ticket
+    // nobody could claim (it would reset the connection after 10 s).
+    forward! { executor;
+        restore: restore_request, RestoreParams, RestoreResults [
+            publish set_process(get_process)
+        ];
+        directory: directory_request, DirectoryParams, DirectoryResults [
+            publish set_dir(get_dir, ForwardingDirectory::new)
+        ];
+        dial: dial_request, DialParams, DialResults [
+            clear set_direct(false);
+            publish set_connection(get_connection), set_to_socket(get_to_socket);
+            copy set_info(get_info)
+        ];
+        listen: listen_request, ListenParams, ListenResults [
+            publish set_listener(get_listener);
+            copy set_address(get_address)
+        ];
     }
 }

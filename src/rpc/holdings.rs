@@ -13,10 +13,10 @@
 //! comes out of its descriptor budget (`engine::descriptors`), never out
 //! of what processes and new connections are kept.
 
-use std::cell::Cell;
 use std::rc::Rc;
+use std::sync::Arc;
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::model::{Refusal, RefusalKind};
 
@@ -78,20 +78,51 @@ impl HoldingLimits {
     }
 }
 
+/// An account of descriptors and memory: a semaphore of each, whose
+/// permits a [`Hold`] carries.
 struct Pool {
-    descriptors: Cell<usize>,
-    memory: Cell<usize>,
+    descriptors: Places,
+    memory: Places,
     limits: HoldingLimits,
     /// Woken when descriptors are given back (accepting listeners wait
     /// for room instead of failing).
     freed: Rc<Notify>,
 }
 
+/// Up to `capacity` units, a semaphore's permits.
+struct Places {
+    semaphore: Arc<Semaphore>,
+    capacity: usize,
+}
+
+impl Places {
+    fn new(capacity: usize) -> Places {
+        let capacity = capacity.min(Semaphore::MAX_PERMITS);
+        Places {
+            semaphore: Arc::new(Semaphore::new(capacity)),
+            capacity,
+        }
+    }
+
+    /// Units taken now.
+    fn held(&self) -> usize {
+        self.capacity - self.semaphore.available_permits()
+    }
+
+    /// `count` units, if there is room for them.
+    fn take(&self, count: usize) -> Option<OwnedSemaphorePermit> {
+        let count = u32::try_from(count).ok()?;
+        Arc::clone(&self.semaphore)
+            .try_acquire_many_owned(count)
+            .ok()
+    }
+}
+
 impl Pool {
     fn new(limits: HoldingLimits, freed: Rc<Notify>) -> Rc<Pool> {
         Rc::new(Pool {
-            descriptors: Cell::new(0),
-            memory: Cell::new(0),
+            descriptors: Places::new(limits.descriptors),
+            memory: Places::new(limits.memory),
             limits,
             freed,
         })
@@ -105,10 +136,10 @@ impl Pool {
         memory: usize,
         limits: HoldingLimits,
     ) -> Option<(&'static str, usize)> {
-        if self.descriptors.get() + descriptors > limits.descriptors {
+        if self.descriptors.held() + descriptors > limits.descriptors {
             return Some(("descriptors", limits.descriptors));
         }
-        if self.memory.get() + memory > limits.memory {
+        if self.memory.held() + memory > limits.memory {
             return Some(("bytes of memory", limits.memory));
         }
         None
@@ -117,19 +148,17 @@ impl Pool {
     /// Whether it would still hold little with `descriptors` and `memory`
     /// more.
     fn light_with(&self, descriptors: usize, memory: usize) -> bool {
-        self.descriptors.get() + descriptors <= LIGHT_DESCRIPTORS
-            && self.memory.get() + memory <= LIGHT_MEMORY
+        self.descriptors.held() + descriptors <= LIGHT_DESCRIPTORS
+            && self.memory.held() + memory <= LIGHT_MEMORY
     }
 
-    fn add(&self, descriptors: usize, memory: usize) {
-        self.descriptors.set(self.descriptors.get() + descriptors);
-        self.memory.set(self.memory.get() + memory);
-    }
-
-    fn remove(&self, descriptors: usize, memory: usize) {
-        self.descriptors
-            .set(self.descriptors.get().saturating_sub(descriptors));
-        self.memory.set(self.memory.get().saturating_sub(memory));
+    /// The permits of `descriptors` and `memory` more, if there is room
+    /// for both.
+    fn take(&self, descriptors: usize, memory: usize) -> Option<[OwnedSemaphorePermit; 2]> {
+        Some([
+            self.descriptors.take(descriptors)?,
+            self.memory.take(memory)?,
+        ])
     }
 }
 
@@ -152,7 +181,7 @@ impl ServerHoldings {
 
     /// Descriptors and memory held now, server-wide.
     pub fn held(&self) -> (usize, usize) {
-        (self.0.descriptors.get(), self.0.memory.get())
+        (self.0.descriptors.held(), self.0.memory.held())
     }
 }
 
@@ -220,13 +249,19 @@ impl Holdings {
                 ),
             ));
         }
-        self.connection.add(descriptors, memory);
-        self.server.add(descriptors, memory);
+        // Room in both was just seen (this thread alone takes from them).
+        let (Some(connection), Some(server)) = (
+            self.connection.take(descriptors, memory),
+            self.server.take(descriptors, memory),
+        ) else {
+            return Err(Refusal::new(
+                RefusalKind::LimitReached,
+                format!("no room for more {what} in this connection's or the server's share"),
+            ));
+        };
         Ok(Hold {
-            server: Rc::clone(&self.server),
-            connection: Rc::clone(&self.connection),
-            descriptors,
-            memory,
+            permits: Some([connection, server]),
+            freed: (descriptors > 0).then(|| Rc::clone(&self.server.freed)),
         })
     }
 
@@ -252,21 +287,19 @@ impl Holdings {
     }
 }
 
-/// Descriptors and memory counted in a [`Holdings`], given back when
-/// dropped.
+/// Descriptors and memory counted in a [`Holdings`]: the permits of the
+/// connection's account and the server's, given back when dropped.
 pub(crate) struct Hold {
-    server: Rc<Pool>,
-    connection: Rc<Pool>,
-    descriptors: usize,
-    memory: usize,
+    permits: Option<[[OwnedSemaphorePermit; 2]; 2]>,
+    /// Woken once descriptors are back.
+    freed: Option<Rc<Notify>>,
 }
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        self.connection.remove(self.descriptors, self.memory);
-        self.server.remove(self.descriptors, self.memory);
-        if self.descriptors > 0 {
-            self.server.freed.notify_waiters();
+        drop(self.permits.take());
+        if let Some(freed) = &self.freed {
+            freed.notify_waiters();
         }
     }
 }

@@ -13,6 +13,7 @@ mod executor;
 mod file_limits;
 mod forward;
 mod forward_directory;
+mod forwarding;
 mod holdings;
 mod info;
 mod port_quota;

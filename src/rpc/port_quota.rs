@@ -1,10 +1,10 @@
 //! How many port connections and listeners one Cap'n Proto connection may
 //! hold at once, and the flow-control budget its senders share.
 
-use std::cell::Cell;
 use std::rc::Rc;
+use std::sync::Arc;
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::model::{Refusal, RefusalKind};
 use crate::rpc::DirectChannels;
@@ -39,8 +39,10 @@ impl Default for PortLimits {
 pub(crate) struct PortQuota(Rc<State>);
 
 struct State {
-    streams: Cell<usize>,
-    listeners: Cell<usize>,
+    /// The connection's places for port connections and listeners: the
+    /// permit of each is a [`PortTicket`]'s.
+    streams: Arc<Semaphore>,
+    listeners: Arc<Semaphore>,
     max_streams: usize,
     max_listeners: usize,
     /// Woken when a stream's place is given back (a listener waits on it
@@ -50,8 +52,8 @@ struct State {
     /// Where tickets for direct channels come from, when this
     /// connection's dials may have one (a Unix socket's).
     direct: Option<DirectChannels>,
-    /// The connection's tickets not claimed yet.
-    unclaimed: Rc<Cell<usize>>,
+    /// The connection's places for tickets not claimed yet.
+    unclaimed: Arc<Semaphore>,
     /// What the connection's capabilities hold: each connection and
     /// listener holds a descriptor there too, within the server's share.
     holdings: Holdings,
@@ -64,14 +66,20 @@ impl PortQuota {
         direct: Option<DirectChannels>,
     ) -> PortQuota {
         PortQuota(Rc::new(State {
-            streams: Cell::new(0),
-            listeners: Cell::new(0),
+            streams: Arc::new(Semaphore::new(
+                limits.max_connections.min(Semaphore::MAX_PERMITS),
+            )),
+            listeners: Arc::new(Semaphore::new(
+                limits.max_listeners.min(Semaphore::MAX_PERMITS),
+            )),
             max_streams: limits.max_connections,
             max_listeners: limits.max_listeners,
             freed: Notify::new(),
             budget: PortBudget::default(),
             direct,
-            unclaimed: Rc::default(),
+            unclaimed: Arc::new(Semaphore::new(
+                crate::rpc::direct::MAX_UNCLAIMED_PER_CONNECTION,
+            )),
             holdings,
         }))
     }
@@ -99,13 +107,12 @@ impl PortQuota {
     }
 
     fn take(&self, listener: bool) -> Result<PortTicket, Refusal> {
-        let (counter, max, what) = if listener {
+        let (places, max, what) = if listener {
             (&self.0.listeners, self.0.max_listeners, "listeners")
         } else {
             (&self.0.streams, self.0.max_streams, "port connections")
         };
-        let held = counter.get();
-        if held >= max {
+        let Ok(place) = Arc::clone(places).try_acquire_owned() else {
             crate::metrics::limit_hit(if listener {
                 "port-listeners"
             } else {
@@ -115,12 +122,12 @@ impl PortQuota {
                 RefusalKind::LimitReached,
                 format!("this connection already holds its maximum of {max} {what}"),
             ));
-        }
+        };
+        // Refused here, the place goes back with `place`.
         let descriptor = self.0.holdings.hold(1, 0, what)?;
-        counter.set(held + 1);
         Ok(PortTicket {
-            state: Rc::clone(&self.0),
-            listener,
+            place: Some(place),
+            freed: (!listener).then(|| Rc::clone(&self.0)),
             _descriptor: descriptor,
         })
     }
@@ -134,7 +141,7 @@ impl PortQuota {
         loop {
             let freed = self.0.freed.notified();
             let elsewhere = server_freed.notified();
-            if self.0.streams.get() < self.0.max_streams && self.0.holdings.has_room_for(1) {
+            if self.0.streams.available_permits() > 0 && self.0.holdings.has_room_for(1) {
                 return;
             }
             tokio::select! {
@@ -155,23 +162,21 @@ impl PortQuota {
     }
 }
 
-/// A place taken in a [`PortQuota`], given back when dropped.
+/// A place taken in a [`PortQuota`]: its permit, given back when the
+/// ticket drops.
 pub(crate) struct PortTicket {
-    state: Rc<State>,
-    listener: bool,
+    place: Option<OwnedSemaphorePermit>,
+    /// A port connection's quota, whose listeners waiting for room are
+    /// woken once its place is back.
+    freed: Option<Rc<State>>,
     _descriptor: Hold,
 }
 
 impl Drop for PortTicket {
     fn drop(&mut self) {
-        let counter = if self.listener {
-            &self.state.listeners
-        } else {
-            &self.state.streams
-        };
-        counter.set(counter.get().saturating_sub(1));
-        if !self.listener {
-            self.state.freed.notify_waiters();
+        drop(self.place.take());
+        if let Some(state) = &self.freed {
+            state.freed.notify_waiters();
         }
     }
 }

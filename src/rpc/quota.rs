@@ -87,7 +87,12 @@ impl AllowanceBuilder {
             connection,
         } = self;
         Quota(Rc::new(State {
-            processes: max_processes.map(|max| (Arc::new(Semaphore::new(max)), max)),
+            processes: max_processes.map(|max| {
+                (
+                    Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS))),
+                    max,
+                )
+            }),
             connection,
             files: FileLimits::new(holdings.clone()),
             ports: PortQuota::new(port_limits, holdings.clone(), direct),
