@@ -32,12 +32,12 @@ use tokio::sync::mpsc;
 
 pub use self::writable::Writable;
 
-use crate::sys::{HostConfig, KernelFeature};
 use crate::model::{
     CopyOptions, DOWNLOAD_CHUNK_BYTES, DirEntry, DirectoryInfo, FileStat, MAX_UPLOAD_CHUNK_BYTES,
     Refusal, RefusalKind, SearchOptions, SearchResult, WalkOptions, WalkSummary, WriteOptions,
     excerpt,
 };
+use crate::sys::{HostConfig, KernelFeature};
 
 pub(crate) use self::resolve::path_of;
 pub use self::watch::{Watcher, coalesce, limit_watches, watch_budget};

@@ -111,4 +111,3 @@ impl std::str::FromStr for KernelFeature {
             })
     }
 }
-
