@@ -65,7 +65,7 @@ where
 /// Landlock and seccomp are what this confinement stands on: a machine
 /// without them fails here, loudly, rather than passing unconfined.
 fn require_kernel_sandbox() {
-    let support = capexec::sandbox::support();
+    let support = capexec::sandbox::support(&capexec::sandbox::HostConfig::default());
     assert!(
         support.landlock_abi >= 1 && support.seccomp,
         "Codex's sandbox needs Landlock and seccomp; this kernel has Landlock ABI {} and \

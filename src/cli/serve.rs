@@ -47,12 +47,6 @@ pub fn main(args: ServeArgs) -> i32 {
             return EXIT_CAPEXEC_FAILURE;
         }
     };
-    if !args.hide_kernel_features.is_empty() {
-        let config = capexec::sandbox::HostConfig {
-            hidden: args.hide_kernel_features.iter().copied().collect(),
-        };
-        let _ = capexec::sandbox::configure(config);
-    }
     let mut listen = Vec::new();
     if args.listen.is_empty() && inherited.is_empty() {
         match default_listener() {
@@ -227,7 +221,10 @@ pub fn main(args: ServeArgs) -> i32 {
         ..ProcessLimits::default()
     };
 
-    crate::cli::run_local(serve(config, Engine::new(limits), capacity, tls_files))
+    // What tests pretend the kernel lacks (--hide-kernel-feature).
+    let host = capexec::sandbox::HostConfig::hiding(args.hide_kernel_features.iter().copied());
+    let engine = Engine::with_host(limits, host);
+    crate::cli::run_local(serve(config, engine, capacity, tls_files))
 }
 
 /// `--metrics tcp:HOST:PORT` (or HOST:PORT).

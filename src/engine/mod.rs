@@ -55,8 +55,10 @@ use self::spawn::{ChildStdio, SpawnedChild};
 use self::stdin::StdinState;
 use self::terminal::{Terminal, TerminalWriter};
 use crate::model::{OutputStream, Refusal, RefusalKind, StartSpec};
+use crate::sys::HostConfig;
 
-/// Starts processes and keeps track of the live ones.
+/// Starts processes and keeps track of the live ones, on a kernel with
+/// what its [`HostConfig`] leaves of it.
 #[derive(Clone)]
 pub struct Engine {
     inner: Arc<EngineInner>,
@@ -64,6 +66,7 @@ pub struct Engine {
 
 struct EngineInner {
     limits: ProcessLimits,
+    host: HostConfig,
     live: Mutex<HashMap<u64, Weak<Shared>>>,
     next_id: AtomicU64,
     closing: AtomicBool,
@@ -84,10 +87,20 @@ impl Default for Engine {
 }
 
 impl Engine {
+    /// An engine with `limits`, on the kernel as it is.
     pub fn new(limits: ProcessLimits) -> Engine {
+        Engine::with_host(limits, HostConfig::default())
+    }
+
+    /// An engine with `limits` that takes the kernel to have what `host`
+    /// leaves of it: its starts, its directories and its server's peer
+    /// checks ask `host` (`capexec serve --hide-kernel-feature`, and tests
+    /// of what happens without a feature).
+    pub fn with_host(limits: ProcessLimits, host: HostConfig) -> Engine {
         Engine {
             inner: Arc::new(EngineInner {
                 limits,
+                host,
                 live: Mutex::new(HashMap::new()),
                 next_id: AtomicU64::new(1),
                 closing: AtomicBool::new(false),
@@ -97,6 +110,11 @@ impl Engine {
 
     pub fn limits(&self) -> ProcessLimits {
         self.inner.limits
+    }
+
+    /// What this engine takes the kernel to support.
+    pub fn host(&self) -> &HostConfig {
+        &self.inner.host
     }
 
     /// Spawns a process. Must be called within a tokio runtime, which then
@@ -165,7 +183,7 @@ impl Engine {
             pipe_stdin: spec.pipe_stdin,
             given,
         };
-        let confined = confine(spec, cwd)?;
+        let confined = confine(&self.inner.host, spec, cwd)?;
         let SpawnedChild {
             leader,
             stdin,
@@ -212,7 +230,7 @@ impl Engine {
                 format!("cannot open a pseudo-terminal: {error}"),
             )
         })?;
-        let confined = confine(spec, cwd)?;
+        let confined = confine(&self.inner.host, spec, cwd)?;
         if let Some(id) = confined.plan.user {
             // Its own terminal, which it may open again by name.
             rustix::fs::fchown(&slave, Some(rustix::fs::Uid::from_raw(id)), None).map_err(
@@ -405,15 +423,22 @@ async fn expire_at(
     }
 }
 
-/// The confinement of `spec` (its sandbox, its limits, its cgroup),
-/// prepared before the spawn.
-fn confine(spec: &StartSpec, cwd: &WorkingDir) -> Result<crate::sandbox::Prepared, Refusal> {
+/// The confinement of `spec` (its sandbox, its limits, its cgroup) on
+/// `host`, prepared before the spawn.
+fn confine(
+    host: &HostConfig,
+    spec: &StartSpec,
+    cwd: &WorkingDir,
+) -> Result<crate::sandbox::Prepared, Refusal> {
     // The path is read only for a sandbox, whose roots name it.
-    let path = match spec.sandbox {
-        Some(_) => cwd.path()?.to_path_buf(),
-        None => std::path::PathBuf::new(),
+    let sandbox = match &spec.sandbox {
+        Some(sandbox) => Some(crate::sandbox::SandboxIn {
+            sandbox,
+            cwd: cwd.path()?,
+        }),
+        None => None,
     };
-    crate::sandbox::prepare(spec.sandbox.as_ref(), &spec.limits, &path, cwd.identity())
+    crate::sandbox::prepare(host, sandbox, &spec.limits, cwd.identity())
 }
 
 /// Gives the spawned child's tree its cgroup; what was enforced.

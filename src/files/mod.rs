@@ -37,6 +37,7 @@ use crate::model::{
     Refusal, RefusalKind, SearchOptions, SearchResult, WalkOptions, WalkSummary, WriteOptions,
     excerpt,
 };
+use crate::sys::{HostConfig, KernelFeature};
 
 pub(crate) use self::resolve::path_of;
 pub use self::watch::{Watcher, coalesce, limit_watches, watch_budget};
@@ -52,19 +53,22 @@ pub struct Directory {
     read_only: bool,
     /// The share of the blocking pool its calls run in.
     work: Work,
+    /// Whether its writes may stage in unnamed files (O_TMPFILE), which
+    /// the host it was opened on may hide.
+    tmpfile: bool,
 }
 
-/// Whether the kernel confines resolution (openat2, Linux 5.6): without
-/// it no directory is handed out.
-fn confinement_available(probe: &OwnedFd) -> Result<(), Refusal> {
+/// Whether the kernel confines resolution (openat2, Linux 5.6), unless
+/// `host` hides it: without it no directory is handed out.
+fn confinement_available(probe: &OwnedFd, host: &HostConfig) -> Result<(), Refusal> {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    let available = *AVAILABLE.get_or_init(|| {
-        !crate::sandbox::hidden(crate::sandbox::KernelFeature::Openat2)
-            && !matches!(
+    let available = !host.hides(KernelFeature::Openat2)
+        && *AVAILABLE.get_or_init(|| {
+            !matches!(
                 resolve::locate(probe, Path::new("."), false),
                 Err(Errno::NOSYS)
             )
-    });
+        });
     if available {
         Ok(())
     } else {
@@ -82,8 +86,9 @@ fn shown_host(path: &Path) -> String {
 
 impl Directory {
     /// The directory at `path` on this machine (relative: from the working
-    /// directory; symlinks followed, as the server's user would).
-    pub fn open(path: &Path) -> Result<Directory, Refusal> {
+    /// directory; symlinks followed, as the server's user would), on a
+    /// kernel with what `host` leaves of it.
+    pub fn open(path: &Path, host: &HostConfig) -> Result<Directory, Refusal> {
         if path.as_os_str().is_empty() {
             return Err(Refusal::new(
                 RefusalKind::InvalidArgument,
@@ -96,11 +101,12 @@ impl Directory {
             Mode::empty(),
         )
         .map_err(|errno| host_failure(path, errno))?;
-        confinement_available(&fd)?;
+        confinement_available(&fd, host)?;
         Ok(Directory {
             fd: Arc::new(fd),
             read_only: false,
             work: Work::default(),
+            tmpfile: !host.hides(KernelFeature::TmpFile),
         })
     }
 
@@ -110,7 +116,11 @@ impl Directory {
     /// A path that does not resolve is `None` too unless it lies within a
     /// root (see `within.rs`): what exists outside is not the caller's to
     /// learn.
-    pub fn open_within(path: &Path, roots: &[PathBuf]) -> Result<Option<Directory>, Refusal> {
+    pub fn open_within(
+        path: &Path,
+        roots: &[PathBuf],
+        host: &HostConfig,
+    ) -> Result<Option<Directory>, Refusal> {
         let canonical = match std::fs::canonicalize(path) {
             Ok(canonical) => canonical,
             Err(_)
@@ -131,7 +141,7 @@ impl Directory {
         let Some(root) = roots.iter().find(|root| canonical.starts_with(root)) else {
             return Ok(None);
         };
-        let base = Directory::open(root)?;
+        let base = Directory::open(root, host)?;
         let relative = canonical.strip_prefix(root).unwrap_or(Path::new(""));
         let relative = if relative.as_os_str().is_empty() {
             Path::new(".")
@@ -148,8 +158,7 @@ impl Directory {
         .map_err(|errno| host_failure(path, errno))?;
         Ok(Some(Directory {
             fd: Arc::new(fd),
-            read_only: false,
-            work: Work::default(),
+            ..base
         }))
     }
 
@@ -166,9 +175,8 @@ impl Directory {
     /// The same directory, read-only.
     pub fn read_only(&self) -> Directory {
         Directory {
-            fd: Arc::clone(&self.fd),
             read_only: true,
-            work: self.work.clone(),
+            ..self.clone()
         }
     }
 
@@ -203,8 +211,9 @@ impl Directory {
         self.writable(call)?;
         let fd = Arc::clone(&self.fd);
         let read_only = self.read_only;
+        let tmpfile = self.tmpfile;
         self.work
-            .run(move || work(Writable::checked(fd.as_fd(), read_only, call)?))
+            .run(move || work(Writable::checked(fd.as_fd(), read_only, tmpfile, call)?))
             .await
     }
 
@@ -222,6 +231,7 @@ impl Directory {
     pub async fn subdirectory(&self, path: Vec<u8>) -> Result<Directory, Refusal> {
         let read_only = self.read_only;
         let work = self.work.clone();
+        let tmpfile = self.tmpfile;
         self.read(move |fd| {
             const OP: &str = "open directory";
             let fd = resolve::open_beneath(
@@ -236,6 +246,7 @@ impl Directory {
                 fd: Arc::new(fd),
                 read_only,
                 work,
+                tmpfile,
             })
         })
         .await

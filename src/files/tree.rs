@@ -329,6 +329,7 @@ pub fn copy(
     options: CopyOptions,
 ) -> Result<u64, Refusal> {
     const OP: &str = "copy";
+    let tmpfile = dir.tmpfile();
     let dir = dir.as_fd();
     let source = entry(OP, dir, from)?;
     let stat = rustix::fs::statat(&source.parent, &source.name, AtFlags::SYMLINK_NOFOLLOW)
@@ -359,6 +360,7 @@ pub fn copy(
         }
         let mut copier = Copier {
             options,
+            tmpfile,
             copied: 0,
             depth: 0,
         };
@@ -368,6 +370,7 @@ pub fn copy(
     let target = entry(OP, dir, to)?;
     let mut copier = Copier {
         options,
+        tmpfile,
         copied: 0,
         depth: 0,
     };
@@ -416,6 +419,8 @@ fn inside(ancestor: &OwnedFd, dir: &OwnedFd) -> Result<bool, Errno> {
 
 struct Copier {
     options: CopyOptions,
+    /// Whether files may stage in unnamed files (see [`Writable::tmpfile`]).
+    tmpfile: bool,
     copied: u64,
     /// Directories entered below the source: a copy goes a stack frame
     /// and two descriptors deeper per level, so its depth is bounded.
@@ -488,7 +493,7 @@ impl Copier {
             })?,
             name: to_name.to_os_string(),
         };
-        let mut pending = PendingFile::begin_entry(OP, to, target, &options)?;
+        let mut pending = PendingFile::begin_entry(OP, to, target, &options, self.tmpfile)?;
         loop {
             match rustix::fs::copy_file_range(&source, None, pending.fd(), None, 1 << 30) {
                 Ok(0) => break,

@@ -13,25 +13,36 @@ use crate::model::{Refusal, RefusalKind};
 #[derive(Clone, Copy, Debug)]
 pub struct Writable<'a> {
     fd: BorrowedFd<'a>,
+    tmpfile: bool,
 }
 
 impl<'a> Writable<'a> {
-    /// `fd` for `call`, unless the directory it belongs to is read-only.
+    /// `fd` for `call`, unless the directory it belongs to is read-only;
+    /// `tmpfile`: whether writes may stage in unnamed files (O_TMPFILE).
     pub(super) fn checked(
         fd: BorrowedFd<'a>,
         read_only: bool,
+        tmpfile: bool,
         call: &str,
     ) -> Result<Writable<'a>, Refusal> {
         if read_only {
             return Err(refusal(call));
         }
-        Ok(Writable { fd })
+        Ok(Writable { fd, tmpfile })
     }
 
-    /// A directory the caller made itself (tests of the write functions).
+    /// A directory the caller made itself (tests of the write functions),
+    /// its writes staged in unnamed files where the kernel can, or in
+    /// named temporaries (`tmpfile` false).
     #[cfg(test)]
-    pub(super) fn of_own(fd: BorrowedFd<'a>) -> Writable<'a> {
-        Writable { fd }
+    pub(super) fn of_own(fd: BorrowedFd<'a>, tmpfile: bool) -> Writable<'a> {
+        Writable { fd, tmpfile }
+    }
+
+    /// Whether writes beneath it may stage in unnamed files (O_TMPFILE):
+    /// not when the host hides them.
+    pub(super) fn tmpfile(&self) -> bool {
+        self.tmpfile
     }
 }
 

@@ -113,15 +113,6 @@ impl Drop for LiveTemp {
     }
 }
 
-/// Whether tests pretend the file system has no O_TMPFILE.
-fn tmpfile_hidden() -> bool {
-    #[cfg(test)]
-    if tests::NAMED_STAGING.get() {
-        return true;
-    }
-    crate::sandbox::hidden(crate::sandbox::KernelFeature::TmpFile)
-}
-
 /// Removes the orphaned hidden temporaries of directory `parent`, the
 /// first time this process writes into it (and again at later writes
 /// while young ones are left): temporaries whose writer is gone (nobody
@@ -284,16 +275,18 @@ impl PendingFile {
             make_dirs(op, dir, parent.as_os_str().as_bytes(), 0o777)?;
         }
         let target = entry(op, dir, path)?;
-        PendingFile::begin_entry(op, path, target, options)
+        PendingFile::begin_entry(op, path, target, options, dir.tmpfile())
     }
 
     /// [`PendingFile::begin`] for an entry already resolved; `path` names
-    /// it in messages.
+    /// it in messages; `tmpfile`: whether it may stage in an unnamed file
+    /// (see [`Writable::tmpfile`]).
     pub fn begin_entry(
         op: &'static str,
         path: &[u8],
         target: Entry,
         options: &WriteOptions,
+        tmpfile: bool,
     ) -> Result<PendingFile, Refusal> {
         sweep_once(&target.parent);
         let existing = check_target(op, path, &target, options)?;
@@ -331,7 +324,7 @@ impl PendingFile {
             }
             (file, Staging::InPlace)
         } else {
-            open_staging(&target.parent).map_err(|errno| failed(op, path, errno))?
+            open_staging(&target.parent, tmpfile).map_err(|errno| failed(op, path, errno))?
         };
         Ok(PendingFile {
             op,
@@ -588,12 +581,12 @@ fn not_a_regular_file(op: &str, path: &[u8], kind: crate::model::FileKind) -> Re
     )
 }
 
-/// A new file without a name in `parent`, or a hidden temporary there.
-/// A named temporary is locked (see [`sweep`]) as soon as it exists, and
-/// entered in [`LIVE_TEMPS`] before.
-fn open_staging(parent: &OwnedFd) -> Result<(OwnedFd, Staging), Errno> {
+/// A new file without a name in `parent` (unless `tmpfile` is false), or a
+/// hidden temporary there. A named temporary is locked (see [`sweep`]) as
+/// soon as it exists, and entered in [`LIVE_TEMPS`] before.
+fn open_staging(parent: &OwnedFd, tmpfile: bool) -> Result<(OwnedFd, Staging), Errno> {
     let dot = std::path::Path::new(".");
-    let unnamed = if tmpfile_hidden() {
+    let unnamed = if !tmpfile {
         Err(Errno::OPNOTSUPP)
     } else {
         open_beneath(
@@ -690,11 +683,6 @@ mod tests {
     use super::*;
     use std::io::{BufRead, Write};
 
-    thread_local! {
-        /// This thread's writes stage in named temporaries.
-        pub(super) static NAMED_STAGING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    }
-
     fn scratch(name: &str) -> (std::path::PathBuf, OwnedFd) {
         let dir = std::env::temp_dir().join(format!("capexec-sweep-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -754,7 +742,7 @@ mod tests {
         std::fs::write(dir.join("kept"), b"data").expect("a file");
         forget_swept();
         write_file(
-            Writable::of_own(fd.as_fd()),
+            Writable::of_own(fd.as_fd(), true),
             b"new",
             b"content",
             &WriteOptions::default(),
@@ -767,10 +755,10 @@ mod tests {
     #[test]
     fn a_live_uploads_temporary_is_never_swept() {
         let (dir, fd) = scratch("live");
-        NAMED_STAGING.set(true);
+        // Staged in named temporaries, as without O_TMPFILE.
         let mut live = PendingFile::begin(
             "upload",
-            Writable::of_own(fd.as_fd()),
+            Writable::of_own(fd.as_fd(), false),
             b"big",
             &WriteOptions::default(),
         )
@@ -782,7 +770,7 @@ mod tests {
         // Another write into the directory sweeps it (again).
         forget_swept();
         write_file(
-            Writable::of_own(fd.as_fd()),
+            Writable::of_own(fd.as_fd(), false),
             b"other",
             b"x",
             &WriteOptions::default(),
@@ -794,7 +782,6 @@ mod tests {
         );
         live.write_all(b"second half").expect("write");
         live.commit(None).expect("commit");
-        NAMED_STAGING.set(false);
         assert_eq!(
             std::fs::read(dir.join("big")).expect("read"),
             b"first half, second half"
@@ -826,7 +813,7 @@ mod tests {
         assert_eq!(line, "locked\n");
         forget_swept();
         write_file(
-            Writable::of_own(fd.as_fd()),
+            Writable::of_own(fd.as_fd(), true),
             b"new",
             b"x",
             &WriteOptions::default(),
@@ -841,7 +828,7 @@ mod tests {
         backdate(&path);
         forget_swept();
         write_file(
-            Writable::of_own(fd.as_fd()),
+            Writable::of_own(fd.as_fd(), true),
             b"new",
             b"y",
             &WriteOptions::default(),
@@ -862,7 +849,7 @@ mod tests {
         std::fs::write(&path, b"just created").expect("temporary");
         forget_swept();
         write_file(
-            Writable::of_own(fd.as_fd()),
+            Writable::of_own(fd.as_fd(), true),
             b"new",
             b"x",
             &WriteOptions::default(),
@@ -872,7 +859,7 @@ mod tests {
         // Left young, the directory is looked at again by the next write.
         backdate(&path);
         write_file(
-            Writable::of_own(fd.as_fd()),
+            Writable::of_own(fd.as_fd(), true),
             b"new",
             b"y",
             &WriteOptions::default(),

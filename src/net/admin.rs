@@ -37,7 +37,8 @@ pub(crate) async fn accept_loop(
         // Mode 0600 admits every process of the server's user, sandboxed
         // ones (of any capexec server) included; `Admin` lists every
         // process's arguments and terminates any of them.
-        if crate::sandbox::peer_is_sandboxed(std::os::fd::AsRawFd::as_raw_fd(&stream)) {
+        let host = context.engine().host();
+        if crate::sandbox::peer_is_sandboxed(host, std::os::fd::AsRawFd::as_raw_fd(&stream)) {
             tracing::warn!(%address, "refusing an admin connection from a sandboxed process");
             continue;
         }

@@ -628,10 +628,12 @@ async fn deliver_events(watcher: Watcher, sink: watch_sink::Client) {
 
 /// Opens the directory an executor hands out (off the RPC thread: the
 /// path may be on a slow file system): anywhere, or with `roots` only in
-/// or beneath one of them.
+/// or beneath one of them; on a kernel with what `host` (its engine's)
+/// leaves of it.
 pub(crate) async fn open_directory(
     path: std::path::PathBuf,
     roots: Option<Vec<std::path::PathBuf>>,
+    host: crate::sys::HostConfig,
     limits: FileLimits,
     origin: Origin,
 ) -> Result<directory::Client, Refusal> {
@@ -639,8 +641,8 @@ pub(crate) async fn open_directory(
     let work = limits.work().clone();
     let dir = work
         .run(move || match roots {
-            None => files::Directory::open(&path),
-            Some(roots) => files::Directory::open_within(&path, &roots)?.ok_or_else(|| {
+            None => files::Directory::open(&path, &host),
+            Some(roots) => files::Directory::open_within(&path, &roots, &host)?.ok_or_else(|| {
                 Refusal::new(
                     crate::model::RefusalKind::NotAllowed,
                     format!(

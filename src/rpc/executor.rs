@@ -281,7 +281,7 @@ impl executor::Server for ExecutorImpl {
         _: executor::InfoParams,
         mut results: executor::InfoResults,
     ) -> Result<(), capnp::Error> {
-        let mut info = info::local_info();
+        let mut info = info::local_info(self.engine().host());
         if self.rules.is_some() {
             info.features.push(info::RESTRICTED_FEATURE.to_string());
         }
@@ -364,6 +364,7 @@ impl executor::Server for ExecutorImpl {
         let dir = crate::rpc::directory::open_directory(
             path,
             roots,
+            self.engine().host().clone(),
             self.quota.files().clone(),
             self.origin(),
         )

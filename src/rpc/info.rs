@@ -22,14 +22,14 @@ fn supported(feature: &str) -> bool {
 /// Listed, besides [`features`], by the `info` of a restricted executor.
 pub const RESTRICTED_FEATURE: &str = "restricted";
 
-/// This server's own description, as of now.
-pub fn local_info() -> ExecutorInfo {
+/// This server's own description, as of now, its engine on `host`.
+pub fn local_info(host: &crate::sys::HostConfig) -> ExecutorInfo {
     ExecutorInfo {
         version: env!("CARGO_PKG_VERSION").to_string(),
         features: features()
             .map(str::to_string)
             .chain(
-                crate::sandbox::info_features()
+                crate::sandbox::info_features(host)
                     .into_iter()
                     .filter(|feature| !supported(feature)),
             )
@@ -133,7 +133,7 @@ mod tests {
 
     #[test]
     fn a_hop_extends_the_path_and_keeps_only_shared_features() {
-        let mut far = local_info();
+        let mut far = local_info(&crate::sys::HostConfig::default());
         far.features.push("from-the-future".to_string());
         let once = seen_through_hop(far, "c");
         assert_eq!(once.environment, "c");

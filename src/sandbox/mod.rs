@@ -16,29 +16,19 @@ mod seccomp;
 mod sentinel;
 mod tcp_peer;
 
-use std::collections::HashSet;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
 pub(crate) use self::cgroup::Leaf;
-pub use self::probe::KernelFeature;
 pub use self::program::AS_READ_ONLY_ROOT;
 pub(crate) use self::seccomp::Program;
 
 use crate::model::enforcement as name;
 use crate::model::{Confinement, Limits, Network, Refusal, RefusalKind, Sandbox, Tracking};
-
-/// How this process's confinement is set up: what tests pretend the kernel
-/// lacks, and the files no sandbox may expose.
-#[derive(Clone, Debug, Default)]
-pub struct HostConfig {
-    /// Kernel features treated as missing (for tests of the refusals and
-    /// of best effort: `capexec serve --hide-kernel-feature`).
-    pub hidden: HashSet<KernelFeature>,
-}
-
-static CONFIG: OnceLock<HostConfig> = OnceLock::new();
+/// What an engine takes the kernel to support, which every function here
+/// that asks is given.
+pub use crate::sys::{HostConfig, KernelFeature};
 
 /// The server's secret files no sandbox's roots may contain.
 static PROTECTED: Mutex<Vec<Protected>> = Mutex::new(Vec::new());
@@ -59,21 +49,6 @@ pub(crate) struct Protected {
     pub secret: Secret,
 }
 
-/// Sets the host configuration; only before the first start (later calls,
-/// and calls after the first use, are refused).
-pub fn configure(config: HostConfig) -> Result<(), HostConfig> {
-    CONFIG.set(config)
-}
-
-fn config() -> &'static HostConfig {
-    CONFIG.get_or_init(HostConfig::default)
-}
-
-/// Whether tests pretend the kernel lacks `feature`.
-pub(crate) fn hidden(feature: KernelFeature) -> bool {
-    config().hidden.contains(&feature)
-}
-
 /// Refuse sandboxes whose roots contain `path`, a file holding `secret`.
 pub fn protect(path: &Path, secret: Secret) {
     let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
@@ -88,7 +63,7 @@ fn protected() -> Vec<Protected> {
     PROTECTED.lock().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
-/// What this host can enforce, as far as the configuration lets it.
+/// What this host can enforce, as far as its [`HostConfig`] lets it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Support {
     /// The Landlock ABI in use (0: none).
@@ -102,32 +77,34 @@ pub struct Support {
 }
 
 /// Probes the host and makes this process's cgroup root now rather than
-/// on the first start (servers do, before they listen).
-pub fn prepare_host() {
-    let _ = support();
+/// on the first start (servers do, before they listen), unless `host`
+/// hides cgroups.
+pub fn prepare_host(host: &HostConfig) {
+    let _ = support(host);
 }
 
-/// What this host can enforce (probed on first use).
-pub fn support() -> Support {
-    let mut abi = if hidden(KernelFeature::Landlock) {
+/// What this host can enforce, `host`'s hidden features left out (the
+/// kernel is probed on first use).
+pub fn support(host: &HostConfig) -> Support {
+    let mut abi = if host.hides(KernelFeature::Landlock) {
         0
     } else {
         probe::landlock_abi()
     };
-    if hidden(KernelFeature::LandlockTcp) {
+    if host.hides(KernelFeature::LandlockTcp) {
         abi = abi.min(3);
     }
-    if hidden(KernelFeature::LandlockScopes) {
+    if host.hides(KernelFeature::LandlockScopes) {
         abi = abi.min(5);
     }
-    let root = cgroup_root();
+    let root = cgroup_root(host);
     let controllers = root.ok().map(|root| root.controllers().clone());
     let has = |feature: KernelFeature, pick: fn(&cgroup::Controllers) -> bool| {
-        !hidden(feature) && controllers.as_ref().is_some_and(pick)
+        !host.hides(feature) && controllers.as_ref().is_some_and(pick)
     };
     Support {
         landlock_abi: abi,
-        seccomp: !hidden(KernelFeature::Seccomp) && probe::seccomp(),
+        seccomp: !host.hides(KernelFeature::Seccomp) && probe::seccomp(),
         cgroups: root.map(drop).map_err(str::to_string),
         memory: has(KernelFeature::MemoryController, |c| c.memory.is_some()),
         pids: has(KernelFeature::PidsController, |c| c.pids.is_some()),
@@ -135,16 +112,18 @@ pub fn support() -> Support {
     }
 }
 
-fn cgroup_root() -> Result<&'static std::sync::Arc<cgroup::CgroupRoot>, &'static str> {
-    if hidden(KernelFeature::Cgroups) {
+fn cgroup_root(
+    host: &HostConfig,
+) -> Result<&'static std::sync::Arc<cgroup::CgroupRoot>, &'static str> {
+    if host.hides(KernelFeature::Cgroups) {
         return Err("cgroups are hidden (--hide-kernel-feature cgroups)");
     }
     cgroup::root()
 }
 
 /// What `Executor.info` lists of this host's confinement (see the schema).
-pub fn info_features() -> Vec<String> {
-    let support = support();
+pub fn info_features(host: &HostConfig) -> Vec<String> {
+    let support = support(host);
     let mut features = Vec::new();
     if support.landlock_abi > 0 {
         features.push(format!("sandbox-landlock-{}", support.landlock_abi));
@@ -173,7 +152,7 @@ pub fn info_features() -> Vec<String> {
     if !limits.is_empty() {
         features.push(format!("limits:{}", limits.join(",")));
     }
-    if can_mount_read_only() {
+    if can_mount_read_only(host) {
         features.push(READ_ONLY_INSIDE_FEATURE.into());
     }
     features
@@ -261,17 +240,27 @@ pub(crate) struct Prepared {
     pub confinement: Confinement,
 }
 
-/// The confinement of a start running in `cwd` (canonical, opened once by
-/// the engine: `cwd_identity` is the (device, inode) the child enters) with
-/// `sandbox` (already narrowed by every policy) and `limits`: refused if
-/// something that must be enforced cannot be, or a root is unacceptable.
+/// A start's sandbox (already narrowed by every policy) and the path of the
+/// directory it starts in (canonical), which its roots name: a path is
+/// read only for a start that has a sandbox.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SandboxIn<'a> {
+    pub sandbox: &'a Sandbox,
+    pub cwd: &'a Path,
+}
+
+/// The confinement of a start with `sandbox` (if it has one) and `limits`,
+/// on a kernel with what `host` leaves of it; `cwd_identity` is the
+/// (device, inode) of the directory the child enters (opened once by the
+/// engine). Refused if something that must be enforced cannot be, or a
+/// root is unacceptable.
 pub(crate) fn prepare(
-    sandbox: Option<&Sandbox>,
+    host: &HostConfig,
+    sandbox: Option<SandboxIn<'_>>,
     limits: &Limits,
-    cwd: &Path,
     cwd_identity: (u64, u64),
 ) -> Result<Prepared, Refusal> {
-    let support = support();
+    let support = support(host);
     let mut prepared = Prepared::default();
     let mut missing: Vec<(String, String)> = Vec::new();
 
@@ -317,11 +306,11 @@ pub(crate) fn prepare(
         ..Confinement::default()
     };
     let mut limit_missing: Vec<String> = missing.drain(..).map(|(what, _)| what).collect();
-    if let Ok(root) = cgroup_root() {
+    if let Ok(root) = cgroup_root(host) {
         match Leaf::create(root, sandbox.is_some(), &enforceable) {
             Ok(new) => {
                 prepared.plan.cgroup = Some(new.dir);
-                prepared.plan.clone_into_cgroup = !hidden(KernelFeature::CloneIntoCgroup);
+                prepared.plan.clone_into_cgroup = !host.hides(KernelFeature::CloneIntoCgroup);
                 prepared.plan.cgroup_procs = new.v1_procs;
                 prepared.plan.cgroup_namespace = root.namespaced();
                 prepared.leaf = Some(new.leaf);
@@ -352,7 +341,7 @@ pub(crate) fn prepare(
     }
     confinement.not_enforced = limit_missing;
 
-    let Some(sandbox) = sandbox else {
+    let Some(SandboxIn { sandbox, cwd }) = sandbox else {
         prepared.confinement = confinement;
         return Ok(prepared);
     };
@@ -423,7 +412,7 @@ pub(crate) fn prepare(
     }
     let mut unprivileged = None;
     if probe::is_root() && !sandbox.keep_root {
-        let ready = identity_of(&resolved, cwd);
+        let ready = identity_of(host, &resolved, cwd);
         asks.push((
             name::UNPRIVILEGED_USER,
             ready.is_ok(),
@@ -434,7 +423,7 @@ pub(crate) fn prepare(
     let read_only_inside = read_only_inside(&resolved, &sandbox.read_only_inside)?;
     let mut mount_read_only = false;
     if !read_only_inside.is_empty() {
-        let ready = read_only_mounts();
+        let ready = read_only_mounts(host);
         mount_read_only = ready.is_ok();
         asks.push((
             name::READ_ONLY_INSIDE,
@@ -553,8 +542,8 @@ fn read_only_inside(roots: &[roots::Root], asked: &[PathBuf]) -> Result<Vec<Path
 
 /// Whether read-only mounts can be made for a child (see
 /// `Sandbox.readOnlyInside`), or why not.
-fn read_only_mounts() -> Result<(), String> {
-    if hidden(KernelFeature::IdmappedMounts) {
+fn read_only_mounts(host: &HostConfig) -> Result<(), String> {
+    if host.hides(KernelFeature::IdmappedMounts) {
         return Err(
             "detached mounts are hidden (--hide-kernel-feature idmapped-mounts)".to_string(),
         );
@@ -571,8 +560,8 @@ fn read_only_mounts() -> Result<(), String> {
 
 /// Whether this server can keep paths read-only inside writable roots,
 /// as `ExecutorInfo.features` says.
-pub(crate) fn can_mount_read_only() -> bool {
-    read_only_mounts().is_ok()
+pub(crate) fn can_mount_read_only(host: &HostConfig) -> bool {
+    read_only_mounts(host).is_ok()
 }
 
 /// `path` as a detached read-only mount (idmapped when the child runs as
@@ -601,13 +590,14 @@ fn read_only_mount(path: &Path, mapped: bool) -> Result<(std::ffi::CString, Owne
 /// The detached trees a root server's child in `cwd` with `roots` runs
 /// in as the unprivileged user, or why it cannot.
 fn identity_of(
+    host: &HostConfig,
     roots: &[roots::Root],
     cwd: &Path,
 ) -> Result<Vec<(std::ffi::CString, OwnedFd)>, String> {
     use std::os::unix::ffi::OsStrExt;
     const KEEP_ROOT: &str =
         "keepRoot (capexec run --keep-root) runs it as root without capabilities";
-    if hidden(KernelFeature::IdmappedMounts) {
+    if host.hides(KernelFeature::IdmappedMounts) {
         return Err(format!(
             "idmapped mounts are hidden (--hide-kernel-feature idmapped-mounts); {KEEP_ROOT}"
         ));
@@ -675,7 +665,7 @@ fn unsupported(what: &str, missing: &[(String, String)]) -> Refusal {
 /// Whether the peer of the accepted Unix socket `socket` is sandboxed (see
 /// [`is_sandboxed_process`]); a peer that cannot be identified for sure
 /// (gone already, its number possibly reused) counts as sandboxed.
-pub fn peer_is_sandboxed(socket: std::os::fd::RawFd) -> bool {
+pub fn peer_is_sandboxed(host: &HostConfig, socket: std::os::fd::RawFd) -> bool {
     const SO_PEERPIDFD: libc::c_int = 77;
     let mut credentials = libc::ucred {
         pid: 0,
@@ -711,7 +701,7 @@ pub fn peer_is_sandboxed(socket: std::os::fd::RawFd) -> bool {
         )
     } == 0
         && pidfd >= 0;
-    let sandboxed = is_sandboxed_process(credentials.pid);
+    let sandboxed = is_sandboxed_process(host, credentials.pid);
     if has_pidfd {
         // SAFETY: the kernel just gave us this descriptor.
         let pidfd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(pidfd) };
@@ -729,8 +719,10 @@ pub fn peer_is_sandboxed(socket: std::os::fd::RawFd) -> bool {
 }
 
 /// Whether process `pid` is a sandboxed process of a capexec server, or
-/// started by one: it may not talk to a server.
-pub fn is_sandboxed_process(pid: i32) -> bool {
+/// started by one: it may not talk to a server. `host` is the asking
+/// server's: without cgroups its sandboxed processes are told by their
+/// no_new_privs and seccomp filter.
+pub fn is_sandboxed_process(host: &HostConfig, pid: i32) -> bool {
     if pid <= 0 {
         return false;
     }
@@ -739,7 +731,7 @@ pub fn is_sandboxed_process(pid: i32) -> bool {
     {
         return true;
     }
-    if cgroup_root().is_ok() {
+    if cgroup_root(host).is_ok() {
         return false;
     }
     // Without cgroups: a sandboxed process has no_new_privs and a filter.

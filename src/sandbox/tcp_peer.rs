@@ -17,15 +17,18 @@
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
+use super::HostConfig;
+
 /// Whether the connection from `peer` to `local` (this server's end) comes
-/// from a sandboxed process of this machine. Blocking: reads `/proc`.
-pub fn tcp_peer_is_sandboxed(local: SocketAddr, peer: SocketAddr) -> bool {
+/// from a sandboxed process of this machine, as a server on `host` tells
+/// them. Blocking: reads `/proc`.
+pub fn tcp_peer_is_sandboxed(host: &HostConfig, local: SocketAddr, peer: SocketAddr) -> bool {
     let (local, peer) = (unmapped(local), unmapped(peer));
     if !is_this_machine(local.ip(), peer.ip()) {
         return false;
     }
     match peer_socket_inode(peer, local) {
-        Ok(Some(inode)) if inode != 0 => held_by_a_sandboxed_process(inode),
+        Ok(Some(inode)) if inode != 0 => held_by_a_sandboxed_process(host, inode),
         Ok(_) => true,
         Err(error) => {
             tracing::warn!(%error, %peer, "cannot look up a local TCP peer's socket: refused");
@@ -251,7 +254,7 @@ fn words_as_bytes(words: &[u64]) -> &[u8] {
 
 /// Whether a sandboxed process holds the socket `inode` (one of its open
 /// descriptors is `socket:[inode]`).
-fn held_by_a_sandboxed_process(inode: u32) -> bool {
+fn held_by_a_sandboxed_process(host: &HostConfig, inode: u32) -> bool {
     let wanted = format!("socket:[{inode}]");
     let Ok(processes) = std::fs::read_dir("/proc") else {
         return true;
@@ -261,7 +264,7 @@ fn held_by_a_sandboxed_process(inode: u32) -> bool {
         let Some(pid) = name.to_str().and_then(|name| name.parse::<i32>().ok()) else {
             continue;
         };
-        if !super::is_sandboxed_process(pid) {
+        if !super::is_sandboxed_process(host, pid) {
             continue;
         }
         let Ok(descriptors) = std::fs::read_dir(process.path().join("fd")) else {
@@ -294,7 +297,7 @@ mod tests {
             .expect("the client's socket is found");
         let meta = std::fs::metadata(format!("/proc/self/fd/{}", client.as_raw_fd())).expect("fd");
         assert_eq!(u64::from(inode), std::os::unix::fs::MetadataExt::ino(&meta));
-        assert!(!tcp_peer_is_sandboxed(local, peer));
+        assert!(!tcp_peer_is_sandboxed(&HostConfig::default(), local, peer));
         // Addresses the other way round name no socket.
         assert_eq!(
             peer_socket_inode(SocketAddr::new(peer.ip(), 1), local).expect("answers"),
@@ -310,9 +313,10 @@ mod tests {
         let (server, peer) = listener.accept().expect("accept");
         drop(client);
         let local = server.local_addr().expect("local");
-        assert!(tcp_peer_is_sandboxed(local, peer));
+        let host = HostConfig::default();
+        assert!(tcp_peer_is_sandboxed(&host, local, peer));
         let remote: SocketAddr = "192.0.2.1:40000".parse().expect("addr");
-        assert!(!tcp_peer_is_sandboxed(local, remote));
+        assert!(!tcp_peer_is_sandboxed(&host, local, remote));
         let mapped: SocketAddr = "[::ffff:127.0.0.1]:1".parse().expect("addr");
         assert_eq!(unmapped(mapped), "127.0.0.1:1".parse().expect("addr"));
     }

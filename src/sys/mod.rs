@@ -3,7 +3,9 @@
 //! engine). Engines, the connection plumbing and the client stand on it.
 
 mod descriptors;
+mod host;
 mod socket;
 
 pub use self::descriptors::close_in_background;
+pub use self::host::{HostConfig, KernelFeature};
 pub use self::socket::Socket;

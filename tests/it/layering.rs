@@ -54,11 +54,6 @@ const DEBTS: &[(&str, &str, &str)] = &[
         "the spawn applies the sandbox's plan: to become a rule type the engine takes",
     ),
     (
-        "files",
-        "sandbox",
-        "a Directory's executor asks the sandbox for its rules",
-    ),
-    (
         "sandbox",
         "engine",
         "the sandbox reads the engine's descriptor budget",

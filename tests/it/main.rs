@@ -37,6 +37,7 @@ mod recovery;
 mod resource_usage;
 mod restricted;
 mod sandbox;
+mod sandbox_fallback;
 mod soak;
 mod stdio_handoff;
 mod terminal_contract;

@@ -50,9 +50,9 @@ pub(crate) struct SpawnedChild {
     pub stderr: Option<OwnedFd>,
 }
 
-/// Spawns `spec` after checking what can be checked first (the spec, the
-/// working directory, the program); what the child gets besides its spec is
-/// `setup` (see [`ChildSetup`]).
+/// Spawns `spec`, validated by the engine already, after checking the
+/// program first; what the child gets besides its spec is `setup` (see
+/// [`ChildSetup`]).
 pub(crate) fn spawn(
     spec: &StartSpec,
     stdio: ChildStdio,
@@ -60,7 +60,6 @@ pub(crate) fn spawn(
     confine: &crate::sandbox::Plan,
     cwd: &crate::engine::WorkingDir,
 ) -> Result<SpawnedChild, Refusal> {
-    spec.validate()?;
     let Resolved { env, program } = resolve(spec)?;
     confine.check_program(&spec.argv[0], &program)?;
 

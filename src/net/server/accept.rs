@@ -92,7 +92,7 @@ pub(super) async fn accept_loop(address: Address, listener: Listener, serving: R
 /// is a Cap'n Proto connection or a dial's direct channel.
 fn accept_unix(stream: tokio::net::UnixStream, serving: &Serving) -> Option<Accepted> {
     use std::os::fd::AsRawFd;
-    if crate::sandbox::peer_is_sandboxed(stream.as_raw_fd()) {
+    if crate::sandbox::peer_is_sandboxed(&serving.host, stream.as_raw_fd()) {
         tracing::warn!("refusing a connection from a sandboxed process");
         return None;
     }
@@ -184,12 +184,13 @@ fn accept_tcp(
     let session = Session::awaiting_login(Some(place));
     let tls = serving.tls.borrow().clone();
     let limits = serving.limits;
+    let host = serving.host.clone();
     let network = {
         let session = Rc::clone(&session);
         async move {
             // Before a byte is read: a sandboxed process of this machine
             // may not log in, whatever token it holds (see `tcp_peer.rs`).
-            if sandboxed_local_peer(&stream, peer).await {
+            if sandboxed_local_peer(&stream, peer, host).await {
                 tracing::warn!(%peer, "refusing a TCP connection from a sandboxed process");
                 return None;
             }
@@ -215,11 +216,15 @@ fn accept_tcp(
 
 /// Whether `stream`'s peer is a sandboxed process of this machine, looked
 /// up off this thread (it reads `/proc` for a peer of this machine).
-async fn sandboxed_local_peer(stream: &tokio::net::TcpStream, peer: std::net::SocketAddr) -> bool {
+async fn sandboxed_local_peer(
+    stream: &tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+    host: crate::sandbox::HostConfig,
+) -> bool {
     let Ok(local) = stream.local_addr() else {
         return true;
     };
-    tokio::task::spawn_blocking(move || crate::sandbox::tcp_peer_is_sandboxed(local, peer))
+    tokio::task::spawn_blocking(move || crate::sandbox::tcp_peer_is_sandboxed(&host, local, peer))
         .await
         .unwrap_or(true)
 }

@@ -161,13 +161,15 @@ impl Server {
         let inherited_tcp = inherited
             .iter()
             .any(|(_, _, listening)| matches!(listening, Listening::Tcp(_)));
-        prepare_host(&config);
+        prepare_host(&config, engine.host());
+        let host = engine.host().clone();
         let rules = restriction(&config)?;
         let context = server_context(&config, engine)?;
         let (login, token_path) = login(&config, inherited_tcp)?;
         let mut server = Server {
             serving: Rc::new(Serving {
                 takes_descriptors: rules.is_none(),
+                host,
                 executor: new_executor(
                     &context,
                     config.max_processes_per_connection,
@@ -393,15 +395,15 @@ impl Server {
 }
 
 /// What the host needs before anything is served: no sandbox may read
-/// the login token, and the cgroups exist.
-fn prepare_host(config: &ServerConfig) {
+/// the login token, and the cgroups exist (unless `host` hides them).
+fn prepare_host(config: &ServerConfig, host: &crate::sandbox::HostConfig) {
     // No sandbox may read a login token (its policy's included).
     if let Some(path) = config.token_file.clone().or_else(default_token_path) {
         crate::sandbox::protect(&path, crate::sandbox::Secret::LoginToken);
     }
     // The cgroups (and their sentinel) from the start: the peer check
     // of every accept relies on them, and a dead server's are cleaned.
-    crate::sandbox::prepare_host();
+    crate::sandbox::prepare_host(host);
 }
 
 /// The rules of a restricted server, if it is one.

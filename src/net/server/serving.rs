@@ -23,6 +23,10 @@ pub(super) struct Serving {
     /// Whether its starts may take the descriptors a Unix socket's peer
     /// sends: not on a restricted server, whose socket reads drop them.
     pub(super) takes_descriptors: bool,
+    /// What the engine takes the kernel to support, which the peer checks
+    /// of every accept ask (without cgroups, sandboxed peers are told by
+    /// their no_new_privs and seccomp filter).
+    pub(super) host: crate::sandbox::HostConfig,
     /// What a TCP connection must do before it gets the executor (the
     /// token can be reloaded: see [`Reloader`]).
     pub(super) login: std::cell::RefCell<Option<Arc<Login>>>,

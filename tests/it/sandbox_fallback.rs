@@ -1,30 +1,30 @@
-//! A host without some kernel features (pretended: this process hides
-//! Landlock and cgroups before its first start, as `capexec serve
-//! --hide-kernel-feature` does): a sandbox or limits that must be enforced
-//! are refused with one sentence naming what is missing; best effort starts
-//! and says in ProcessInfo what was not enforced; trees are tracked by
-//! their process group. Never silently unconfined.
-
-mod common;
+//! A host without some kernel features (pretended: each test's engine
+//! hides Landlock and cgroups, as `capexec serve --hide-kernel-feature`
+//! does, beside the engines of the other tests that have them): a sandbox
+//! or limits that must be enforced are refused with one sentence naming
+//! what is missing; best effort starts and says in ProcessInfo what was
+//! not enforced; trees are tracked by their process group. Never silently
+//! unconfined.
 
 use capexec::client::Command;
-use capexec::engine::Engine;
+use capexec::engine::{Engine, ProcessLimits};
 use capexec::model::{Limits, RefusalKind, Sandbox, Tracking};
 use capexec::sandbox::{HostConfig, KernelFeature};
 
-fn hide_features() {
-    let _ = capexec::sandbox::configure(HostConfig {
-        hidden: [KernelFeature::Landlock, KernelFeature::Cgroups]
-            .into_iter()
-            .collect(),
-    });
+use crate::common;
+
+/// An engine on this kernel without Landlock and cgroups.
+fn engine_without_landlock_and_cgroups() -> Engine {
+    Engine::with_host(
+        ProcessLimits::default(),
+        HostConfig::hiding([KernelFeature::Landlock, KernelFeature::Cgroups]),
+    )
 }
 
 #[test]
 fn what_cannot_be_enforced_is_refused_or_said() {
-    hide_features();
     common::run_local(async {
-        let executor = capexec::rpc::local_executor(Engine::default());
+        let executor = capexec::rpc::local_executor(engine_without_landlock_and_cgroups());
         let cwd = common::data::TempDir::new("fallback");
         let mut command = Command::new("true");
         command.current_dir(cwd.path()).sandbox(Sandbox::default());
@@ -123,9 +123,8 @@ fn what_cannot_be_enforced_is_refused_or_said() {
 /// it answers false.
 #[test]
 fn terminate_after_the_exit_ends_what_the_child_left_in_its_group() {
-    hide_features();
     common::run_local(async {
-        let executor = capexec::rpc::local_executor(Engine::default());
+        let executor = capexec::rpc::local_executor(engine_without_landlock_and_cgroups());
         let process = common::sh("sleep 300 </dev/null >/dev/null 2>&1 & echo $!")
             .spawn(&executor)
             .await
