@@ -22,6 +22,7 @@ pub use crate::net::connect_error::ConnectError;
 use crate::net::direct::DirectRoute;
 use crate::net::guard::CallLimits;
 use crate::net::liveness::{self, Watch, Watched};
+use crate::net::read_ahead::ReadAhead;
 use crate::net::session::Session;
 use crate::net::socket;
 use crate::net::tls::{self, TlsClient};
@@ -464,6 +465,8 @@ async fn open(
                     // says whether it is a capexec server at all.
                     let raw = Watch::raw();
                     let stream = Watched::new(stream, Rc::clone(&raw));
+                    // Read ahead of rustls's 4 KiB reads (`net/read_ahead.rs`).
+                    let stream = ReadAhead::new(stream);
                     let stream =
                         tls.handshake(host, stream)
                             .await

@@ -22,6 +22,7 @@ mod local_socket;
 mod metrics_http;
 mod passing;
 mod pending;
+mod read_ahead;
 mod server;
 mod session;
 mod shutdown;

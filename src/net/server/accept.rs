@@ -15,6 +15,7 @@ use tracing::Instrument;
 
 use crate::net::address::Address;
 use crate::net::guard::CallLimits;
+use crate::net::read_ahead::ReadAhead;
 use crate::net::session::Session;
 use crate::net::socket::{self};
 use crate::net::tls::TlsServer;
@@ -261,6 +262,8 @@ async fn tls_handshake(
     session: Rc<Session>,
 ) -> Option<Network> {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(&tls.config));
+    // The socket is read ahead of rustls's 4 KiB reads (`net/read_ahead.rs`).
+    let stream = ReadAhead::new(stream);
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
         Ok(Ok(stream)) => {
             let (reader, writer) = tokio::io::split(stream);
