@@ -56,7 +56,12 @@ pub async fn run(
             python_true.extend(samples);
         }
     }
-    let baseline = report.baseline(SECTION, "Rust client: `true` start to exit", rust_true, None);
+    let baseline = report.baseline(
+        SECTION,
+        "Rust client: `true` start to exit",
+        rust_true,
+        None,
+    );
     report.case(
         SECTION,
         "Python client: `true` start to exit",
@@ -68,7 +73,11 @@ pub async fn run(
     );
 
     let size = plan.output_bytes;
-    eprintln!("python: {} MiB of output, {} round(s)", size >> 20, plan.output_rounds);
+    eprintln!(
+        "python: {} MiB of output, {} round(s)",
+        size >> 20,
+        plan.output_rounds
+    );
     let (mut rust_output, mut python_output) = (Vec::new(), Vec::new());
     for _ in 0..plan.output_rounds {
         rust_output.push(rust_lossless(&rust, size).await?);
@@ -97,7 +106,9 @@ async fn rust_lossless(
     size: u64,
 ) -> Result<Duration, Box<dyn Error>> {
     let mut command = Command::new("head");
-    command.args(["-c", &size.to_string(), "/dev/zero"]).flow(Flow::Lossless);
+    command
+        .args(["-c", &size.to_string(), "/dev/zero"])
+        .flow(Flow::Lossless);
     let started = Instant::now();
     let (process, spawned) = command.spawn_pipelined(executor);
     let mut events = process.events(0).await?;
@@ -153,7 +164,11 @@ impl PythonClient {
             .map_err(|error| format!("python: cannot run {}: {error}", python.display()))?;
         let input = child.stdin.take().ok_or("python: no stdin")?;
         let output = BufReader::new(child.stdout.take().ok_or("python: no stdout")?);
-        Ok(PythonClient { child, input, output })
+        Ok(PythonClient {
+            child,
+            input,
+            output,
+        })
     }
 
     /// Sends `request`; the answer is one line of durations in seconds.
