@@ -570,10 +570,12 @@ class Directory:
         removed again if the download fails) or an open binary file, and
         answers the number of bytes."""
         stream = self.download_iter(path, offset=offset, length=length)
+        # Written off the event loop, as uploads read: a slow disk must not
+        # hold back every other call of the connection.
         if hasattr(target, "write"):
             written = 0
             async for chunk in stream:
-                target.write(chunk)
+                await asyncio.to_thread(target.write, chunk)
                 written += len(chunk)
             return written
         local = os.fspath(target)
@@ -581,7 +583,7 @@ class Directory:
             with open(local, "wb") as file:
                 written = 0
                 async for chunk in stream:
-                    file.write(chunk)
+                    await asyncio.to_thread(file.write, chunk)
                     written += len(chunk)
                 return written
         except BaseException:
@@ -880,8 +882,10 @@ async def _chunks_of(data: bytes) -> AsyncIterator[bytes]:
 
 
 async def _chunks_of_file(file: IO[bytes]) -> AsyncIterator[bytes]:
+    # Read off the event loop: a slow disk or a pipe must not hold back
+    # every other call of the connection.
     while True:
-        chunk = file.read(CHUNK_BYTES)
+        chunk = await asyncio.to_thread(file.read, CHUNK_BYTES)
         if not chunk:
             return
         yield bytes(chunk)
