@@ -152,6 +152,45 @@ async def test_clear_text_only_to_loopback(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "tls_option",
+    [{"tls": True}, {"tls_accept_new": True}, {"tls_pin": "0" * 64}, {"tls_ca": "/nonexistent"}],
+)
+async def test_insecure_plaintext_and_a_tls_option_are_refused_together(
+    tmp_path: Path, tls_option: dict[str, object]
+) -> None:
+    # As the command line refuses the pair: asking for TLS never yields
+    # clear text. TEST-NET-1: the refusal comes before connecting.
+    token = tmp_path / "token"
+    token.write_text("t" * 32)
+    token.chmod(0o600)
+    with pytest.raises(capexec.ConnectError) as raised:
+        await capexec.connect(
+            "tcp:192.0.2.1:7000",
+            token_file=token,
+            insecure_plaintext=True,
+            **tls_option,  # type: ignore[arg-type]
+        )
+    name = next(iter(tls_option))
+    assert str(raised.value) == f"give insecure_plaintext or {name}, not both"
+
+
+def test_a_token_file_others_may_read_is_warned_about(tmp_path: Path) -> None:
+    from capexec import config
+
+    token = tmp_path / "token"
+    token.write_text("t" * 32)
+    token.chmod(0o640)
+    with pytest.warns(UserWarning, match=r"other users may read it \(mode 640\); chmod 600 it"):
+        assert config.load_token(token) == "t" * 32
+    token.chmod(0o600)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert config.load_token(token) == "t" * 32
+
+
 async def test_nothing_listening(tmp_path: Path) -> None:
     import socket
 

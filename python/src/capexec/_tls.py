@@ -71,6 +71,9 @@ class ClientTls:
     def _context(self, verdict: _Verdict) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
+        # The certificate is checked once, at the handshake: no TLS 1.2
+        # renegotiation may bring another (rustls has none either).
+        context.options |= getattr(ssl, "OP_NO_RENEGOTIATION", 0)
         if self.trust.kind == "ca":
             assert self.trust.ca is not None
             try:

@@ -33,6 +33,7 @@ import os
 import re
 import stat
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,7 +169,21 @@ def load_token(path: str | os.PathLike[str], source: str = "token_file ") -> str
             f"{source}{path}: it holds a token of {len(secret.encode())} bytes; a token has at "
             f"least {MIN_TOKEN_BYTES} (copy the server's token file)"
         )
+    _warn_if_shared(path, source)
     return secret
+
+
+def _warn_if_shared(path: Path, source: str) -> None:
+    """Warns, as the command line does, when others may read the token."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return
+    if mode & 0o077:
+        warnings.warn(
+            f"{source}{path}: other users may read it (mode {mode & 0o777:o}); chmod 600 it",
+            stacklevel=3,
+        )
 
 
 # -- fingerprints and the known-servers file -------------------------------
@@ -732,6 +747,20 @@ def resolve(
     target = named.address
     if tls_pin is not None and tls_ca is not None:
         raise ConnectError("give tls_pin or tls_ca, not both")
+    # As the command line refuses --insecure-plaintext with a TLS option:
+    # a caller that asked for TLS never gets clear text instead.
+    asked_tls = [
+        name
+        for name, given in (
+            ("tls", tls),
+            ("tls_accept_new", tls_accept_new),
+            ("tls_pin", tls_pin is not None),
+            ("tls_ca", tls_ca is not None),
+        )
+        if given
+    ]
+    if insecure_plaintext and asked_tls:
+        raise ConnectError(f"give insecure_plaintext or {asked_tls[0]}, not both")
     if isinstance(target, UnixAddress):
         options = [
             ("token_file", token_file is not None),
