@@ -267,6 +267,8 @@ async def test_restrict(connection: capexec.Connection) -> None:
 async def test_connection_close_breaks_capabilities(connection: capexec.Connection) -> None:
     ex = connection.executor
     proc = await ex.start(["sleep", "60"])
+    directory = ex.directory("/")
+    assert (await directory.stat(".")).kind is not None
     events = proc.events()
     waiting = asyncio.ensure_future(events.__anext__())
     await connection.close()
@@ -276,6 +278,8 @@ async def test_connection_close_breaks_capabilities(connection: capexec.Connecti
         await ex.info()
     with pytest.raises(errors.Disconnected):
         await proc.info()
+    with pytest.raises(errors.Disconnected):
+        await directory.stat(".")
     with pytest.raises(errors.Disconnected):
         connection.executor
     await connection.close()  # idempotent

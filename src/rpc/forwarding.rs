@@ -85,11 +85,9 @@ macro_rules! forward {
             params: $interface::$params,
             mut results: $interface::$results,
         ) -> ::std::result::Result<(), ::capnp::Error> {
-            let mut request = $crate::rpc::forwarding::Forwarder::far(&*self)
-                .await?
-                .$request();
-            request.set(params.get()?)?;
-            $($($crate::rpc::forwarding::Set::done(request.get().$clear($value))?;)+)?
+            let request = $crate::rpc::forwarding::forward!(
+                @request self, params, $request $(, $($clear($value)),+)?
+            );
             let response = request
                 .send()
                 .promise
@@ -109,11 +107,9 @@ macro_rules! forward {
             params: $interface::$params,
             mut results: $interface::$results,
         ) -> ::std::result::Result<(), ::capnp::Error> {
-            let mut request = $crate::rpc::forwarding::Forwarder::far(&*self)
-                .await?
-                .$request();
-            request.set(params.get()?)?;
-            $($($crate::rpc::forwarding::Set::done(request.get().$clear($value))?;)+)?
+            let request = $crate::rpc::forwarding::forward!(
+                @request self, params, $request $(, $($clear($value)),+)?
+            );
             let call = request.send();
             $(
                 results.get().$publish(
@@ -131,6 +127,17 @@ macro_rules! forward {
             Ok(())
         }
     };
+
+    // The request to the far end: the parameters whole, then the hop's own
+    // fields cleared.
+    (@request $self:ident, $params:ident, $request:ident $(, $clear:ident($value:expr))*) => {{
+        let mut request = $crate::rpc::forwarding::Forwarder::far(&*$self)
+            .await?
+            .$request();
+        request.set($params.get()?)?;
+        $($crate::rpc::forwarding::Set::done(request.get().$clear($value))?;)*
+        request
+    }};
 
     (@wrap $self:ident, $far:expr) => { $far };
     (@wrap $self:ident, $far:expr, $wrap:path) => {

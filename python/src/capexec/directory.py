@@ -21,14 +21,16 @@ import asyncio
 import builtins
 import enum
 import os
-from collections.abc import AsyncIterable, AsyncIterator, Generator, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Generator, Iterable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any, Union, cast
+from typing import IO, TYPE_CHECKING, Any, TypeVar, Union, cast
 
 from . import _rpc, errors
 from ._flow import Channel, ChannelClosed, Window
 from ._schema import schema
+
+_Answer = TypeVar("_Answer")
 
 if TYPE_CHECKING:
     from .executor import Executor
@@ -324,7 +326,9 @@ class Directory:
 
     @property
     def client(self) -> Any:
-        """The pycapnp `Directory` client, for calls this class lacks."""
+        """The pycapnp `Directory` client, for calls this class lacks.
+        Disconnected once its connection was closed."""
+        _rpc.check_open(self._owner)
         return self._client
 
     async def _call(self, promise: Any) -> Any:
@@ -334,12 +338,12 @@ class Directory:
 
     def subdirectory(self, path: PathArg) -> Directory:
         """Directory `path` beneath this one, confined to it."""
-        return Directory(self._client.subdirectory(path=_path(path)).dir, _owner=self._owner)
+        return Directory(self.client.subdirectory(path=_path(path)).dir, _owner=self._owner)
 
     def read_only(self) -> Directory:
         """The same directory, read-only, and so is everything derived
         from it: writes fail with `Forbidden`."""
-        return Directory(self._client.readOnly().dir, _owner=self._owner)
+        return Directory(self.client.readOnly().dir, _owner=self._owner)
 
     def executor(self) -> Executor:
         """An executor whose processes run in this directory, may write
@@ -347,10 +351,10 @@ class Directory:
         `Directory.executor`)."""
         from .executor import Executor
 
-        return Executor._from_client(self._client.executor().executor, self._owner)
+        return Executor._from_client(self.client.executor().executor, self._owner)
 
     async def info(self) -> DirectoryInfo:
-        info = (await self._call(self._client.info())).info
+        info = (await self._call(self.client.info())).info
         return DirectoryInfo(path=os.fsdecode(bytes(info.path)), read_only=bool(info.readOnly))
 
     # -- metadata -----------------------------------------------------------
@@ -358,7 +362,7 @@ class Directory:
     async def stat(self, path: PathArg = "", *, follow_symlinks: bool = True) -> FileStat:
         """What `path` is; a final symlink is followed (within the
         directory) unless `follow_symlinks` is false."""
-        response = await self._call(self._client.stat(path=_path(path), noFollow=not follow_symlinks))
+        response = await self._call(self.client.stat(path=_path(path), noFollow=not follow_symlinks))
         return FileStat._from_wire(response.stat)
 
     async def exists(self, path: PathArg) -> bool:
@@ -378,7 +382,7 @@ class Directory:
         to the end), at most 4 MiB, and the file's stat as it was read
         (whose `version` a later `write_bytes(if_version=...)` names)."""
         response = await self._call(
-            self._client.readFile(path=_path(path), offset=offset, length=length)
+            self.client.readFile(path=_path(path), offset=offset, length=length)
         )
         return bytes(response.data), FileStat._from_wire(response.stat)
 
@@ -442,7 +446,7 @@ class Directory:
         if len(data) > MAX_ONE_SHOT_BYTES:
             return await self._upload(path, _chunks_of(data), options, len(data))
         response = await self._call(
-            self._client.writeFile(path=_path(path), data=data, options=options)
+            self.client.writeFile(path=_path(path), data=data, options=options)
         )
         return FileStat._from_wire(response.stat)
 
@@ -525,7 +529,7 @@ class Directory:
         options: dict[str, Any],
         size: int | None,
     ) -> FileStat:
-        call = self._client.upload(
+        call = self.client.upload(
             path=_path(path),
             options=options,
             size=size if size is not None else 0,
@@ -555,7 +559,7 @@ class Directory:
         `length` 0: to the end) as an async iterator of chunks of at most
         256 KiB. The server sends the next chunks only as these are
         consumed; leaving the loop early stops the download."""
-        return Download(self._client, _path(path), offset, length, self._owner)
+        return Download(self.client, _path(path), offset, length, self._owner)
 
     async def download(
         self,
@@ -601,7 +605,7 @@ class Directory:
         followed): `async for entry in d.list("src")`."""
         p = _path(path)
         return EntryStream(
-            lambda sink: self._client.list(path=p, sink=sink), walk=False, owner=self._owner
+            lambda sink: self.client.list(path=p, sink=sink), walk=False, owner=self._owner
         )
 
     def walk(
@@ -628,7 +632,7 @@ class Directory:
             "exclude": [_path(pattern) for pattern in exclude],
         }
         return EntryStream(
-            lambda sink: self._client.walk(path=p, options=options, sink=sink),
+            lambda sink: self.client.walk(path=p, options=options, sink=sink),
             walk=True,
             owner=self._owner,
         )
@@ -640,7 +644,7 @@ class Directory:
         `await changes.close()`). Events come coalesced, in order; an
         `OVERFLOW` event says some were lost (look again), `GONE` that the
         directory went away (the last event: the iteration ends)."""
-        return Watch(self._client, _path(path), recursive, self._owner)
+        return Watch(self.client, _path(path), recursive, self._owner)
 
     # -- many small files in one call ---------------------------------------
 
@@ -654,7 +658,7 @@ class Directory:
         call per file."""
         wire = [_path(path) for path in paths]
         try:
-            response = await self._call(self._client.readFiles(paths=wire))
+            response = await self._call(self.client.readFiles(paths=wire))
         except errors.Unimplemented:
             return list(
                 await asyncio.gather(
@@ -709,7 +713,7 @@ class Directory:
             {"path": _path(path), "data": bytes(data), "options": options} for path, data in files
         ]
         try:
-            response = await self._call(self._client.writeFiles(files=wire))
+            response = await self._call(self.client.writeFiles(files=wire))
         except errors.Unimplemented:
             return list(await asyncio.gather(*(self._write_one(file) for file in wire)))
         outcomes = response.outcomes
@@ -724,7 +728,7 @@ class Directory:
 
     async def _write_one(self, file: dict[str, Any]) -> FileStat | errors.CapexecError:
         try:
-            response = await self._call(self._client.writeFile(**file))
+            response = await self._call(self.client.writeFile(**file))
             return FileStat._from_wire(response.stat)
         except errors.RefusalError as error:
             return error
@@ -758,7 +762,7 @@ class Directory:
             "maxFileBytes": max_file_bytes,
         }
         try:
-            response = await self._call(self._client.search(path=_path(path), options=options))
+            response = await self._call(self.client.search(path=_path(path), options=options))
         except errors.Unimplemented:
             raise errors.Unsupported(
                 "the server is too old to search files (it does not implement Directory.search)"
@@ -792,7 +796,7 @@ class Directory:
         """Creates directory `path` (`mode` less the server's umask).
         `recursive`: its missing parents too, and an existing directory is
         no error (mkdir -p); else `Exists` if it exists."""
-        await self._call(self._client.mkdir(path=_path(path), recursive=recursive, mode=mode))
+        await self._call(self.client.mkdir(path=_path(path), recursive=recursive, mode=mode))
 
     async def remove(
         self, path: PathArg, *, recursive: bool = False, missing_ok: bool = False
@@ -801,7 +805,7 @@ class Directory:
         directory and everything in it; `NotEmpty` without); answers how
         many entries went. `missing_ok`: a missing path removes 0."""
         response = await self._call(
-            self._client.remove(path=_path(path), recursive=recursive, missingOk=missing_ok)
+            self.client.remove(path=_path(path), recursive=recursive, missingOk=missing_ok)
         )
         return int(response.removed)
 
@@ -809,7 +813,7 @@ class Directory:
         """Renames atomically, replacing `target` unless `no_replace`
         (`Exists`)."""
         await self._call(
-            self._client.rename(**{"from": _path(source), "to": _path(target)}, noReplace=no_replace)
+            self.client.rename(**{"from": _path(source), "to": _path(target)}, noReplace=no_replace)
         )
 
     async def copy(
@@ -825,7 +829,7 @@ class Directory:
         or with `recursive` a tree, to `target` (the copy's own name).
         Answers how many entries were copied."""
         response = await self._call(
-            self._client.copy(
+            self.client.copy(
                 **{"from": _path(source), "to": _path(target)},
                 options={"recursive": recursive, "noReplace": no_replace, "preserve": preserve},
             )
@@ -834,26 +838,26 @@ class Directory:
 
     async def symlink(self, target: PathArg, path: PathArg) -> None:
         """Creates symlink `path` pointing to `target`, stored as given."""
-        await self._call(self._client.symlink(target=_path(target), path=_path(path)))
+        await self._call(self.client.symlink(target=_path(target), path=_path(path)))
 
     async def readlink(self, path: PathArg) -> str:
-        response = await self._call(self._client.readlink(path=_path(path)))
+        response = await self._call(self.client.readlink(path=_path(path)))
         return os.fsdecode(bytes(response.target))
 
     async def chmod(self, path: PathArg, mode: int) -> None:
         """Sets the permission bits (0o7777) of `path`."""
-        await self._call(self._client.setPermissions(path=_path(path), mode=mode))
+        await self._call(self.client.setPermissions(path=_path(path), mode=mode))
 
     async def set_times(self, path: PathArg, accessed_ns: int, modified_ns: int) -> None:
         """Sets the access and modification times (ns since the epoch)."""
         await self._call(
-            self._client.setTimes(path=_path(path), accessedNs=accessed_ns, modifiedNs=modified_ns)
+            self.client.setTimes(path=_path(path), accessedNs=accessed_ns, modifiedNs=modified_ns)
         )
 
     async def canonicalize(self, path: PathArg) -> str:
         """`path` with ".", ".." and symlinks resolved, relative to this
         directory ("" for the directory itself)."""
-        response = await self._call(self._client.canonicalize(path=_path(path)))
+        response = await self._call(self.client.canonicalize(path=_path(path)))
         return os.fsdecode(bytes(response.path))
 
 
@@ -958,24 +962,15 @@ class EntryStream:
         promise = self._call(_EntrySink(batches))
         self._call = None
         walk = self._walk
-        owner = self._owner
-
-        async def answered() -> WalkSummary:
-            try:
-                response = await _rpc.call(promise, owner)
-            except BaseException as error:
-                batches.end(error)
-                raise
-            summary = WalkSummary(
+        self._task = _answered_into(
+            batches,
+            promise,
+            self._owner,
+            lambda response: WalkSummary(
                 entries=int(response.entries),
                 truncated=bool(response.truncated) if walk else False,
-            )
-            batches.end()
-            return summary
-
-        self._task = asyncio.ensure_future(answered())
-        # Its error reaches the consumer through the channel.
-        self._task.add_done_callback(_consume_error)
+            ),
+        )
 
     async def __anext__(self) -> DirEntry:
         if self._task is None:
@@ -1013,6 +1008,33 @@ class EntryStream:
 
     def __del__(self) -> None:
         self._batches.close()
+
+
+def _answered_into(
+    channel: Channel[Any],
+    promise: Any,
+    owner: _rpc.Owner | None,
+    convert: Callable[[Any], _Answer],
+) -> asyncio.Future[_Answer]:
+    """The answer to a call that pushes into `channel` (a listing, a
+    download), converted, as a task; the channel ends when the call is
+    answered, with the call's error if it failed, so the consumer sees
+    every pushed item first and then the end or the error."""
+
+    async def answered() -> _Answer:
+        try:
+            response = await _rpc.call(promise, owner)
+        except BaseException as error:
+            channel.end(error)
+            raise
+        result = convert(response)
+        channel.end()
+        return result
+
+    task = asyncio.ensure_future(answered())
+    # Its error reaches the consumer through the channel.
+    task.add_done_callback(_consume_error)
+    return task
 
 
 def _consume_error(task: Any) -> None:
@@ -1059,20 +1081,12 @@ class Download:
             path=self._path, offset=self._offset, length=self._length, sink=_ByteSink(chunks)
         )
         self._client = None
-        owner = self._owner
-
-        async def answered() -> tuple[int, FileStat]:
-            try:
-                response = await _rpc.call(promise, owner)
-            except BaseException as error:
-                chunks.end(error)
-                raise
-            result = (int(response.size), FileStat._from_wire(response.stat))
-            chunks.end()
-            return result
-
-        self._task = asyncio.ensure_future(answered())
-        self._task.add_done_callback(_consume_error)
+        self._task = _answered_into(
+            chunks,
+            promise,
+            self._owner,
+            lambda response: (int(response.size), FileStat._from_wire(response.stat)),
+        )
 
     async def __anext__(self) -> bytes:
         if self._task is None:
