@@ -369,8 +369,9 @@ impl Directory {
             tokio::select! {
                 biased;
                 Some(chunk) = received.recv() => {
-                    write_chunk(&mut writer, &chunk).await?;
-                    written += chunk.len() as u64;
+                    let data = chunk.get()?.get_data()?;
+                    write_chunk(&mut writer, data).await?;
+                    written += data.len() as u64;
                 }
                 response = &mut promise => break response.map_err(failure)?,
             }
@@ -378,8 +379,9 @@ impl Directory {
         // Every chunk was acknowledged before the answer: what is left is
         // here already.
         while let Ok(chunk) = received.try_recv() {
-            write_chunk(&mut writer, &chunk).await?;
-            written += chunk.len() as u64;
+            let data = chunk.get()?.get_data()?;
+            write_chunk(&mut writer, data).await?;
+            written += data.len() as u64;
         }
         writer.flush().await.map_err(local_io)?;
         let response = response.get()?;
@@ -711,15 +713,19 @@ async fn fill(reader: &mut (impl AsyncRead + Unpin), chunk: &mut [u8]) -> Result
     Ok(filled)
 }
 
+/// A download's chunks are passed on as the calls' parameters, and
+/// written from the messages they came in: copying each 256 KiB out first
+/// was the client's largest cost.
 struct ByteSinkImpl {
-    chunks: mpsc::Sender<Vec<u8>>,
+    chunks: mpsc::Sender<byte_sink::WriteParams>,
 }
 
 impl byte_sink::Server for ByteSinkImpl {
     async fn write(self: Rc<Self>, params: byte_sink::WriteParams) -> Result<(), capnp::Error> {
-        let data = params.get()?.get_data()?.to_vec();
+        // A malformed chunk fails its own call, not the download's reader.
+        params.get()?.get_data()?;
         self.chunks
-            .send(data)
+            .send(params)
             .await
             .map_err(|_| capnp::Error::failed("the download's receiver went away".into()))
     }
