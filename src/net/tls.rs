@@ -37,8 +37,30 @@ impl fmt::Display for TlsError {
 
 impl std::error::Error for TlsError {}
 
+/// ring's suites with AES-128-GCM first. ring's own order puts AES-256
+/// first; both are safe, and AES-128 does 10 rounds per block against 14
+/// (the cipher is a tenth of each end's samples on a bulk stream, see
+/// docs/PROFILES.md). The server decides by this order too
+/// (`ignore_client_order`), so other clients (Python's ssl, OpenSSL's
+/// AES-256-first default) get the same suite.
 fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    let mut provider = rustls::crypto::ring::default_provider();
+    provider
+        .cipher_suites
+        .sort_by_key(|suite| suite_preference(suite.suite()));
+    Arc::new(provider)
+}
+
+/// Lower first: AES-128-GCM, then the rest in ring's order (the sort is
+/// stable).
+fn suite_preference(suite: rustls::CipherSuite) -> u8 {
+    use rustls::CipherSuite as Suite;
+    match suite {
+        Suite::TLS13_AES_128_GCM_SHA256
+        | Suite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256
+        | Suite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256 => 0,
+        _ => 1,
+    }
 }
 
 /// The server side: a certificate chain and its private key.
@@ -73,7 +95,7 @@ impl TlsServer {
             .map_err(|why| TlsError(format!("--tls-key {}: {why}", key.display())))?;
         let fingerprint = fingerprint(&chain[0]);
         let expires = certificate::not_after(&chain[0]);
-        let config = rustls::ServerConfig::builder_with_provider(provider())
+        let mut config = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|error| TlsError(format!("TLS set-up: {error}")))?
             .with_no_client_auth()
@@ -92,6 +114,7 @@ impl TlsServer {
                     ),
                 })
             })?;
+        config.ignore_client_order = true;
         Ok(TlsServer {
             config: Arc::new(config),
             fingerprint,
@@ -359,5 +382,23 @@ fn pem_problem(error: &rustls::pki_types::pem::Error, nothing_found: &str) -> St
             "it is not a valid PEM file".to_string()
         }
         other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aes_128_gcm_comes_first_and_every_suite_of_ring_stays() {
+        let ours: Vec<_> = provider().cipher_suites.iter().map(|s| s.suite()).collect();
+        let ring: Vec<_> = rustls::crypto::ring::default_provider()
+            .cipher_suites
+            .iter()
+            .map(|s| s.suite())
+            .collect();
+        assert_eq!(ours[0], rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+        assert_eq!(ours.len(), ring.len());
+        assert!(ring.iter().all(|suite| ours.contains(suite)));
     }
 }
