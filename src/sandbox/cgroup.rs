@@ -181,10 +181,11 @@ impl CgroupRoot {
     /// hierarchy's root on a kernel that also names the root for sockets
     /// it did not attribute (see [`sockets_name_their_cgroup`]).
     ///
-    /// This process's live leaves are known by id; another cgroup is
-    /// looked for in the hierarchy once and what it is remembered: a
-    /// cgroup2 directory is never renamed or moved and the kernel numbers
-    /// each new one above all before it, so an id names one path for good.
+    /// This process's live leaves are known by id. Another cgroup is
+    /// looked for in the hierarchy, one walk at a time (lookups of the
+    /// same new cgroup at once wait for the first), and what is found is
+    /// remembered: a cgroup2 directory is never renamed or moved and the
+    /// kernel never numbers two alike, so an id names one path for good.
     pub fn sandboxed_cgroup(&self, id: u64) -> Option<bool> {
         if id == HIERARCHY_ROOT_ID && !sockets_name_their_cgroup() {
             return None;
@@ -192,17 +193,25 @@ impl CgroupRoot {
         if let Some(&sandboxed) = held(&LEAVES).get(&id) {
             return Some(sandboxed);
         }
-        if let Some(&sandboxed) = held(&FOUND).get(&id) {
-            return Some(sandboxed);
+        if let Some(&known) = held(&FOUND).get(&id) {
+            return known;
         }
-        let path = find(&self.hierarchy, id)?;
-        let sandboxed = path_in_sandbox_leaf(&path.to_string_lossy());
+        let _walking = held(&WALKING);
+        if let Some(&known) = held(&FOUND).get(&id) {
+            return known;
+        }
+        let known = match find(&self.hierarchy, id) {
+            Walk::Found(path) => Some(path_in_sandbox_leaf(&path.to_string_lossy())),
+            Walk::NotThere => None,
+            // Perhaps in what could not be read: not remembered.
+            Walk::Unread => return None,
+        };
         let mut found = held(&FOUND);
         if found.len() >= FOUND_AT_MOST {
             found.clear();
         }
-        found.insert(id, sandboxed);
-        Some(sandboxed)
+        found.insert(id, known);
+        known
     }
 
     /// Makes the root's mirror `v1_root` (one of its v1 places) unless it
@@ -231,9 +240,14 @@ impl CgroupRoot {
 /// it is sandboxed: registered before a child is cloned into one.
 static LEAVES: Mutex<BTreeMap<u64, bool>> = Mutex::new(BTreeMap::new());
 
-/// Other cgroups [`find`] found, by id, each with whether it is a sandbox
-/// leaf or below one; forgotten all at once beyond [`FOUND_AT_MOST`].
-static FOUND: Mutex<BTreeMap<u64, bool>> = Mutex::new(BTreeMap::new());
+/// What walks of the hierarchy found of other cgroups, by id: whether
+/// each is a sandbox leaf or below one, `None` for one not there (gone for
+/// good: ids are not reused); forgotten all at once beyond
+/// [`FOUND_AT_MOST`].
+static FOUND: Mutex<BTreeMap<u64, Option<bool>>> = Mutex::new(BTreeMap::new());
+
+/// Held during a walk of the hierarchy.
+static WALKING: Mutex<()> = Mutex::new(());
 
 const FOUND_AT_MOST: usize = 4096;
 
@@ -270,34 +284,61 @@ fn release_at_least(release: &str, version: (u32, u32)) -> bool {
     }
 }
 
+/// What a walk of the hierarchy found.
+enum Walk {
+    /// The cgroup, as `/proc/PID/cgroup` names it.
+    Found(PathBuf),
+    NotThere,
+    /// Not found, and some directory could not be read.
+    Unread,
+}
+
 /// The cgroup whose id is `id` in the cgroup2 hierarchy mounted as
-/// `mount`, as `/proc/PID/cgroup` names it: looked for directory by
-/// directory (the entries carry the inode numbers, so nothing is stat'ed);
-/// `None` if it is not there (removed, or outside what the mount shows).
-/// Its ancestors cannot go while it is there, so a walk that runs while
-/// others come and go still finds it.
-fn find(mount: &Mount, id: u64) -> Option<PathBuf> {
+/// `mount`, looked for directory by directory (the entries carry the
+/// inode numbers, so nothing is stat'ed). Its ancestors cannot go while
+/// it is there, so a walk while others come and go still finds it. A
+/// directory numbered above `id` is not entered: the kernel numbers a
+/// hierarchy's directories in the order they are made (kernfs: 64-bit
+/// ids, the high half counting the wraps of the low one), so none made
+/// after the cgroup holds it. Were that ever untrue, a cgroup would go
+/// unfound, and its peers be looked up through the processes.
+fn find(mount: &Mount, id: u64) -> Walk {
     use std::os::unix::fs::{DirEntryExt, MetadataExt};
-    if std::fs::metadata(&mount.point).ok()?.ino() == id {
-        return Some(mount.root.clone());
+    match std::fs::metadata(&mount.point) {
+        Ok(top) if top.ino() == id => return Walk::Found(mount.root.clone()),
+        Ok(_) => {}
+        Err(_) => return Walk::Unread,
     }
+    let mut unread = false;
     let mut pending = vec![PathBuf::new()];
     while let Some(relative) = pending.pop() {
         let Ok(entries) = std::fs::read_dir(mount.point.join(&relative)) else {
+            unread = true;
             continue;
         };
-        for entry in entries.flatten() {
-            if !entry.file_type().is_ok_and(|kind| kind.is_dir()) {
-                continue;
+        for entry in entries {
+            let Ok(entry) = entry else {
+                unread = true;
+                break;
+            };
+            match entry.file_type() {
+                Ok(kind) if kind.is_dir() => {}
+                Ok(_) => continue,
+                Err(_) => {
+                    unread = true;
+                    continue;
+                }
             }
             let child = relative.join(entry.file_name());
             if entry.ino() == id {
-                return Some(mount.root.join(child));
+                return Walk::Found(mount.root.join(child));
             }
-            pending.push(child);
+            if entry.ino() < id {
+                pending.push(child);
+            }
         }
     }
-    None
+    if unread { Walk::Unread } else { Walk::NotThere }
 }
 
 /// The cgroup2 options a reconfiguration must say again to keep them (it

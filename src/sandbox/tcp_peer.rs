@@ -489,6 +489,84 @@ mod tests {
         assert_eq!(cgroup, std::fs::metadata(&dir).expect("own cgroup").ino());
     }
 
+    /// The cost of one lookup with 1,000 sandboxed processes running (each
+    /// in a leaf of its own, as a server starts them), by the socket's
+    /// cgroup and through the processes, and of a walk of the hierarchy
+    /// that finds nothing; printed, not asserted:
+    /// `cargo test --lib tcp_peer -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a measurement: runs 1,000 processes"]
+    fn the_cost_of_a_lookup_among_a_thousand_sandboxed_processes() {
+        use std::time::{Duration, Instant};
+        let host = HostConfig::default();
+        let root = super::super::cgroup_root(&host).expect("cgroups");
+        // Cgroups made before the processes' leaves (as a login's usually
+        // is), each looked for once below.
+        let early = super::super::Leaf::create(root, false, &crate::model::Limits::default())
+            .expect("a leaf");
+        let early_ids: Vec<u64> = (0..20)
+            .map(|n| {
+                let dir = format!("/proc/self/fd/{}/early-{n}", early.dir.as_raw_fd());
+                std::fs::create_dir(&dir).expect("a cgroup");
+                std::fs::metadata(&dir).expect("a cgroup").ino()
+            })
+            .collect();
+        let mut running = Vec::new();
+        for _ in 0..1000 {
+            let new = super::super::Leaf::create(root, true, &crate::model::Limits::default())
+                .expect("a leaf");
+            let child = std::process::Command::new("sleep")
+                .arg("600")
+                .spawn()
+                .expect("sleep");
+            std::fs::write(
+                format!("/proc/self/fd/{}/cgroup.procs", new.dir.as_raw_fd()),
+                child.id().to_string(),
+            )
+            .expect("into the leaf");
+            running.push((child, new));
+        }
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let _client =
+            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (server, peer) = listener.accept().expect("accept");
+        let local = server.local_addr().expect("local");
+        let socket = peer_socket(peer, local).expect("answers").expect("found");
+        let each = |times: u32, lookup: &dyn Fn() -> bool| -> Duration {
+            let start = Instant::now();
+            for _ in 0..times {
+                assert!(!lookup());
+            }
+            start.elapsed() / times
+        };
+        let scan = each(20, &|| held_by_a_sandboxed_process(&host, socket.inode));
+        let by_cgroup = each(1000, &|| tcp_peer_is_sandboxed(&host, local, peer));
+        let next = std::cell::Cell::new(0);
+        let first = each(20, &|| {
+            next.set(next.get() + 1);
+            root.sandboxed_cgroup(early_ids[next.get() - 1]) != Some(false)
+        });
+        let nowhere = each(20, &|| {
+            next.set(next.get() + 1);
+            root.sandboxed_cgroup(u64::MAX - next.get() as u64)
+                .is_some()
+        });
+        println!(
+            "one lookup among 1,000 sandboxed processes: through the processes {scan:?}, by \
+             the socket's cgroup {by_cgroup:?}; the first of a cgroup made before them (a walk) \
+             {first:?}; of one not there (a walk of everything) {nowhere:?}"
+        );
+        for (mut child, new) in running {
+            let _ = child.kill();
+            let _ = child.wait();
+            drop(new);
+        }
+        for n in 0..20 {
+            let _ =
+                std::fs::remove_dir(format!("/proc/self/fd/{}/early-{n}", early.dir.as_raw_fd()));
+        }
+    }
+
     /// An answer as the kernel writes it: a header, a socket's
     /// description with `inode`, then `attributes`.
     fn answer(inode: u32, attributes: &[u8]) -> Vec<u8> {
