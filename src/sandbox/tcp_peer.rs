@@ -49,13 +49,15 @@
 //!   race that process chooses to lose. A sandboxed process alone cannot
 //!   make a socket outside its leaf: what it forks stays in the leaf or
 //!   below, and it may not write the cgroup files that would move it out
-//!   (a kernel file system is no root of a sandbox, and a cgroup namespace
-//!   keeps it in where the server can make one); one that moved out anyway
-//!   is outside for the lookup through processes too. The descriptors a
-//!   start inherits from its server are close-on-exec.
+//!   (no writable root of a sandbox holds a kernel file system, and a
+//!   cgroup namespace keeps it in where the server can make one); one
+//!   that moved out anyway is outside for the lookup through processes
+//!   too. The descriptors a start inherits from its server are
+//!   close-on-exec.
 //! - Made in a sandbox leaf since removed (its processes gone, the socket
-//!   held outside): the cgroup is not found, and the processes decide, as
-//!   before.
+//!   held outside): refused if this server had already found that cgroup
+//!   (its id names a sandbox leaf for good), else it is not found and the
+//!   processes decide, as before.
 //!
 //! Connections made for a sandbox by a process that holds them itself (a
 //! proxy on loopback) are that process's, for either lookup.
