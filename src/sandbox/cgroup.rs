@@ -24,6 +24,7 @@
 //! into or out of the namespace's subtree (ENOENT) and any write to the
 //! leaf's own limits from inside it.
 
+use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -67,6 +68,9 @@ pub(crate) struct CgroupRoot {
     dir: PathBuf,
     /// The root as `/proc/PID/cgroup` names it (`0::` lines).
     path: String,
+    /// The cgroup2 hierarchy's mount, where cgroups are looked up by id
+    /// (see [`CgroupRoot::sandboxed_cgroup`]).
+    hierarchy: Mount,
     controllers: Controllers,
     /// Whether children are put in a cgroup namespace at their leaf, which
     /// the kernel keeps them in (see [`namespaces_are_boundaries`]).
@@ -106,6 +110,7 @@ impl CgroupRoot {
             .find_map(|line| line.strip_prefix("0::"))
             .ok_or("this process is in no cgroup2 group")?;
         let parent = inside(v2, own);
+        let hierarchy = v2.clone();
         let namespaced = crate::sandbox::probe::can_admin() && namespaces_are_boundaries(v2);
         let (name, dir, made, lock) = make_locked_root(&parent)?;
         if !dir.join("cgroup.kill").exists() {
@@ -148,6 +153,7 @@ impl CgroupRoot {
         Ok(CgroupRoot {
             dir,
             path,
+            hierarchy,
             controllers,
             namespaced,
             v1_made: Mutex::new(Vec::new()),
@@ -165,6 +171,47 @@ impl CgroupRoot {
     /// which the kernel moves nothing.
     pub fn namespaced(&self) -> bool {
         self.namespaced
+    }
+
+    /// Whether the cgroup numbered `id` (a cgroup id: the inode number of
+    /// its directory, as the kernel names a socket's cgroup) is a sandbox
+    /// leaf of a capexec process or below one, as [`in_sandbox_leaf`]
+    /// tells it from a process's memberships; `None` if this process
+    /// cannot tell: the cgroup is gone or out of its sight, or it is the
+    /// hierarchy's root on a kernel that also names the root for sockets
+    /// it did not attribute (see [`sockets_name_their_cgroup`]).
+    ///
+    /// This process's live leaves are known by id. Another cgroup is
+    /// looked for in the hierarchy, one walk at a time (lookups of the
+    /// same new cgroup at once wait for the first), and what is found is
+    /// remembered: a cgroup2 directory is never renamed or moved and the
+    /// kernel never numbers two alike, so an id names one path for good.
+    pub fn sandboxed_cgroup(&self, id: u64) -> Option<bool> {
+        if id == HIERARCHY_ROOT_ID && !sockets_name_their_cgroup() {
+            return None;
+        }
+        if let Some(&sandboxed) = held(&LEAVES).get(&id) {
+            return Some(sandboxed);
+        }
+        if let Some(&known) = held(&FOUND).get(&id) {
+            return known;
+        }
+        let _walking = held(&WALKING);
+        if let Some(&known) = held(&FOUND).get(&id) {
+            return known;
+        }
+        let known = match find(&self.hierarchy, id) {
+            Walk::Found(path) => Some(path_in_sandbox_leaf(&path.to_string_lossy())),
+            Walk::NotThere => None,
+            // Perhaps in what could not be read: not remembered.
+            Walk::Unread => return None,
+        };
+        let mut found = held(&FOUND);
+        if found.len() >= FOUND_AT_MOST {
+            found.clear();
+        }
+        found.insert(id, known);
+        known
     }
 
     /// Makes the root's mirror `v1_root` (one of its v1 places) unless it
@@ -187,6 +234,111 @@ impl CgroupRoot {
         made.push(v1_root.to_path_buf());
         Ok(())
     }
+}
+
+/// This process's leaves not dropped yet, by cgroup id, each with whether
+/// it is sandboxed: registered before a child is cloned into one.
+static LEAVES: Mutex<BTreeMap<u64, bool>> = Mutex::new(BTreeMap::new());
+
+/// What walks of the hierarchy found of other cgroups, by id: whether
+/// each is a sandbox leaf or below one, `None` for one not there (gone for
+/// good: ids are not reused); forgotten all at once beyond
+/// [`FOUND_AT_MOST`].
+static FOUND: Mutex<BTreeMap<u64, Option<bool>>> = Mutex::new(BTreeMap::new());
+
+/// Held during a walk of the hierarchy.
+static WALKING: Mutex<()> = Mutex::new(());
+
+const FOUND_AT_MOST: usize = 4096;
+
+/// The id of the cgroup2 hierarchy's root (on 64-bit kernels, where an id
+/// is the inode number; on 32-bit ones inode numbers are an id's low half,
+/// so no directory is ever found by id there and peers are looked up as
+/// without ids).
+const HIERARCHY_ROOT_ID: u64 = 1;
+
+fn held<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether the kernel names a socket's own cgroup whatever else is
+/// configured: before Linux 5.15, once a cgroup v1 net_cls or net_prio
+/// controller had been configured, it named the hierarchy's root for every
+/// socket made after (the root then says nothing of a socket's maker). A
+/// kernel whose version cannot be read counts as older.
+fn sockets_name_their_cgroup() -> bool {
+    static FAITHFUL: OnceLock<bool> = OnceLock::new();
+    *FAITHFUL.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .is_ok_and(|release| release_at_least(&release, (5, 15)))
+    })
+}
+
+/// Whether a kernel release (`6.18.44-…`) is at least `version`.
+fn release_at_least(release: &str, version: (u32, u32)) -> bool {
+    let mut numbers = release.trim().split(['.', '-']);
+    let mut next = || numbers.next().and_then(|number| number.parse::<u32>().ok());
+    match (next(), next()) {
+        (Some(major), Some(minor)) => (major, minor) >= version,
+        _ => false,
+    }
+}
+
+/// What a walk of the hierarchy found.
+enum Walk {
+    /// The cgroup, as `/proc/PID/cgroup` names it.
+    Found(PathBuf),
+    NotThere,
+    /// Not found, and some directory could not be read.
+    Unread,
+}
+
+/// The cgroup whose id is `id` in the cgroup2 hierarchy mounted as
+/// `mount`, looked for directory by directory (the entries carry the
+/// inode numbers, so nothing is stat'ed). Its ancestors cannot go while
+/// it is there, so a walk while others come and go still finds it. A
+/// directory numbered above `id` is not entered: the kernel numbers a
+/// hierarchy's directories in the order they are made (kernfs: 64-bit
+/// ids, the high half counting the wraps of the low one), so none made
+/// after the cgroup holds it. Were that ever untrue, a cgroup would go
+/// unfound, and its peers be looked up through the processes.
+fn find(mount: &Mount, id: u64) -> Walk {
+    use std::os::unix::fs::{DirEntryExt, MetadataExt};
+    match std::fs::metadata(&mount.point) {
+        Ok(top) if top.ino() == id => return Walk::Found(mount.root.clone()),
+        Ok(_) => {}
+        Err(_) => return Walk::Unread,
+    }
+    let mut unread = false;
+    let mut pending = vec![PathBuf::new()];
+    while let Some(relative) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(mount.point.join(&relative)) else {
+            unread = true;
+            continue;
+        };
+        for entry in entries {
+            let Ok(entry) = entry else {
+                unread = true;
+                break;
+            };
+            match entry.file_type() {
+                Ok(kind) if kind.is_dir() => {}
+                Ok(_) => continue,
+                Err(_) => {
+                    unread = true;
+                    continue;
+                }
+            }
+            let child = relative.join(entry.file_name());
+            if entry.ino() == id {
+                return Walk::Found(mount.root.join(child));
+            }
+            if entry.ino() < id {
+                pending.push(child);
+            }
+        }
+    }
+    if unread { Walk::Unread } else { Walk::NotThere }
 }
 
 /// The cgroup2 options a reconfiguration must say again to keep them (it
@@ -277,7 +429,7 @@ impl Drop for Made {
 }
 
 /// `group` (a path as `/proc/self/cgroup` says it) under `mount`.
-fn inside(mount: &Mount, group: &str) -> PathBuf {
+pub(super) fn inside(mount: &Mount, group: &str) -> PathBuf {
     let relative = Path::new(group)
         .strip_prefix(&mount.root)
         .unwrap_or(Path::new(group));
@@ -529,6 +681,8 @@ pub(crate) struct Leaf {
     v1: Vec<PathBuf>,
     /// Where its memory limit is, for the out-of-memory kills.
     memory: Option<Place>,
+    /// Its cgroup id, once registered in [`LEAVES`].
+    id: Option<u64>,
     removed: AtomicBool,
 }
 
@@ -555,9 +709,13 @@ impl Leaf {
             path: format!("{}/{name}", root.path),
             v1: Vec::new(),
             memory: limits.memory_bytes.and(root.controllers.memory.clone()),
+            id: None,
             removed: AtomicBool::new(false),
         };
         let dir = open_dir(&leaf.dir)?;
+        let id = rustix::fs::fstat(&dir)?.st_ino;
+        held(&LEAVES).insert(id, sandboxed);
+        leaf.id = Some(id);
         let mut procs = Vec::new();
         let controllers = &root.controllers;
         let mut files: Vec<(&Option<Place>, &str, String)> = Vec::new();
@@ -756,6 +914,11 @@ impl Leaf {
 
 impl Drop for Leaf {
     fn drop(&mut self) {
+        // Its id names it for good, but a cgroup that is gone, or going,
+        // is found by walking the hierarchy, or not at all.
+        if let Some(id) = self.id {
+            held(&LEAVES).remove(&id);
+        }
         if self.remove() {
             return;
         }
@@ -832,17 +995,19 @@ fn read_populated(events: &OwnedFd) -> bool {
 /// Whether a process whose `/proc/PID/cgroup` reads `memberships` is in a
 /// sandboxed capexec leaf (`.../capexec-<pid>-<random>/s-<n>`).
 pub(crate) fn in_sandbox_leaf(memberships: &str) -> bool {
-    memberships.lines().any(|line| {
-        let Some(path) = line.strip_prefix("0::") else {
-            return false;
-        };
-        let parts: Vec<&str> = path.split('/').collect();
-        parts.windows(2).any(|pair| {
-            pair[0].starts_with("capexec-")
-                && pair[1].strip_prefix("s-").is_some_and(|number| {
-                    !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit())
-                })
-        })
+    memberships
+        .lines()
+        .any(|line| line.strip_prefix("0::").is_some_and(path_in_sandbox_leaf))
+}
+
+/// Whether the cgroup2 path `path` is a sandboxed capexec leaf or below one.
+fn path_in_sandbox_leaf(path: &str) -> bool {
+    let parts: Vec<&str> = path.split('/').collect();
+    parts.windows(2).any(|pair| {
+        pair[0].starts_with("capexec-")
+            && pair[1].strip_prefix("s-").is_some_and(|number| {
+                !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit())
+            })
     })
 }
 
@@ -860,6 +1025,44 @@ mod tests {
         assert!(!in_sandbox_leaf("0::/s-3\n"));
         assert!(!in_sandbox_leaf("0::/capexec-12/s-x\n"));
         assert!(!in_sandbox_leaf("4:memory:/capexec-1/s-2\n0::/\n"));
+    }
+
+    /// A cgroup is told by its id: this process's leaves by their own,
+    /// cgroups below them and others by finding them in the hierarchy.
+    #[test]
+    fn cgroups_are_told_sandboxed_by_their_id() {
+        use std::os::unix::fs::MetadataExt;
+        let root = root().expect("a cgroup root (CI runs as root, with cgroup v2)");
+        let id = |dir: &Path| std::fs::metadata(dir).expect("a cgroup").ino();
+        let sandboxed = Leaf::create(root, true, &Limits::default()).expect("a leaf");
+        let plain = Leaf::create(root, false, &Limits::default()).expect("a leaf");
+        let leaf_id = id(&sandboxed.leaf.dir);
+        assert_eq!(root.sandboxed_cgroup(leaf_id), Some(true));
+        assert_eq!(root.sandboxed_cgroup(id(&plain.leaf.dir)), Some(false));
+        assert_eq!(root.sandboxed_cgroup(id(&root.dir)), Some(false));
+        let below = sandboxed.leaf.dir.join("below");
+        std::fs::create_dir_all(below.join("deeper")).expect("cgroups below a leaf");
+        let below_plain = plain.leaf.dir.join("below");
+        std::fs::create_dir(&below_plain).expect("a cgroup below a leaf");
+        assert_eq!(root.sandboxed_cgroup(id(&below.join("deeper"))), Some(true));
+        assert_eq!(root.sandboxed_cgroup(id(&below)), Some(true));
+        assert_eq!(root.sandboxed_cgroup(id(&below_plain)), Some(false));
+        // Gone, or never there: nothing to tell by.
+        remove_tree(&below);
+        remove_tree(&below_plain);
+        drop(sandboxed);
+        drop(plain);
+        assert_eq!(root.sandboxed_cgroup(leaf_id), None);
+        assert_eq!(root.sandboxed_cgroup(u64::MAX), None);
+    }
+
+    #[test]
+    fn kernel_releases_are_compared() {
+        assert!(release_at_least("6.18.44-fc-v1252\n", (5, 15)));
+        assert!(release_at_least("5.15.0-91-generic", (5, 15)));
+        assert!(!release_at_least("5.14.21", (5, 15)));
+        assert!(!release_at_least("4.19", (5, 15)));
+        assert!(!release_at_least("six", (5, 15)));
     }
 
     #[test]

@@ -392,6 +392,20 @@ except (BrokenPipeError, ConnectionResetError):
     print("refused")
 "#;
 
+/// Connects to the TCP server at argv[1]:argv[2] and says whether it
+/// answered a bootstrap request or hung up.
+const TCP_PROBE: &str = r#"
+import socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+s.settimeout(10)
+message = (bytes.fromhex("00000000 05000000 00000000 01000100 08000000 00000000 00000000 00000000 00000000 00000000 00000000 00000000".replace(" ", "")))
+try:
+    s.sendall(message)
+    print("answered" if s.recv(1) else "refused")
+except (BrokenPipeError, ConnectionResetError):
+    print("refused")
+"#;
+
 async fn a_sandboxed_child_cannot_reach_the_server(ctx: Ctx) {
     let cwd = TempDir::new("sandbox-cwd");
     let server = ctx.server_pid;
@@ -429,6 +443,38 @@ async fn a_sandboxed_child_cannot_reach_the_server(ctx: Ctx) {
             );
         }
         // And the server still serves everyone else.
+        let again = ctx.connect_again().await.expect("connect");
+        capexec::client::info(&again.executor())
+            .await
+            .expect("info");
+    }
+    // Its TCP port, from this machine: a sandboxed process's connection is
+    // closed before a byte is read (its socket's cgroup is a sandbox
+    // leaf), whatever its network allows; an unsandboxed one is answered.
+    if let Some(capexec::net::Address::Tcp { host, port }) = &ctx.address {
+        let mut probe = Command::new("/usr/bin/python3");
+        probe.args(["-c", TCP_PROBE, host, &port.to_string()]);
+        let output = probe.output(&ctx.executor).await.expect("start");
+        assert_eq!(
+            String::from_utf8_lossy(&output.stdout),
+            "answered\n",
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        for keep_root in [false, true] {
+            probe.current_dir(cwd.path()).sandbox(Sandbox {
+                network: Network::All,
+                keep_root,
+                ..Sandbox::default()
+            });
+            let output = probe.output(&ctx.executor).await.expect("start");
+            assert_eq!(
+                String::from_utf8_lossy(&output.stdout),
+                "refused\n",
+                "keep_root {keep_root}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
         let again = ctx.connect_again().await.expect("connect");
         capexec::client::info(&again.executor())
             .await
