@@ -20,6 +20,7 @@
 mod abuse;
 mod cli;
 mod codex;
+mod cpu;
 mod exhaustion;
 mod files;
 #[path = "../../tests/common/hostile.rs"]
