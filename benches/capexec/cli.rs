@@ -176,7 +176,8 @@ struct Variant {
     servers: Vec<u32>,
 }
 
-/// Which of the lines [`remote_lines`] makes are TCP's, TLS's and ssh's.
+/// The lines [`remote_lines`] makes, and where the Unix (stdio handed
+/// over), TCP, TLS and ssh ones are among them.
 struct Lines {
     variants: Vec<Variant>,
     unix: usize,
