@@ -1,12 +1,12 @@
-//! Files: a large file downloaded and uploaded over a Unix socket next to
-//! a local `cat FILE | cat > /dev/null` and scp on loopback; `capexec cp
-//! -r` of many small files next to `cp -r` and `scp -r`; a walk of a huge
-//! tree with the server's memory. scp runs against an sshd of the bench's
-//! own on a loopback port; without sshd its rows are skipped, saying why.
+//! Files: a large file downloaded and uploaded over a Unix socket, TCP
+//! and TLS next to a local `cat FILE | cat > /dev/null` and scp (both
+//! ways, aes128-gcm) on loopback; `capexec cp -r` of many small files next
+//! to `cp -r` and `scp -r`; a walk of a huge tree with the server's
+//! memory. scp runs against an sshd of the bench's own on a loopback port
+//! (`ssh.rs`); without sshd its rows are skipped, saying why.
 
 use std::error::Error;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use capexec::client::Directory;
@@ -14,8 +14,9 @@ use capexec::model::{WalkOptions, WriteOptions};
 use futures::StreamExt;
 
 use crate::Plan;
-use crate::report::{Report, Target};
+use crate::report::{Report, RowId, Target};
 use crate::servers::{CAPEXEC, Servers};
+use crate::ssh::Sshd;
 use crate::wall::time_process;
 
 const SECTION: &str = "files";
@@ -30,9 +31,10 @@ pub async fn run(
     let size = plan.file_bytes;
     make_file(&big, size)?;
     settle_disk();
-    let sshd = Sshd::start(dir.path());
+    let sshd = Sshd::start();
     if let Err(reason) = &sshd {
         eprintln!("files: no scp rows: {reason}");
+        report.figure(SECTION, "scp", format!("not measured: {reason}"), None);
     }
     eprintln!(
         "files: {} MiB down and up, {} round(s)",
@@ -41,7 +43,16 @@ pub async fn run(
     );
     let (executor, _connection) = servers.unix.connect().await?;
     let remote = Directory::open(&executor, dir.path());
+    // The same directory through the TCP and the TLS server.
+    let (tcp_executor, _tcp_connection) = servers.tcp.connect().await?;
+    let (tls_executor, _tls_connection) = servers.tls.connect().await?;
+    let networked = [
+        ("tcp", Directory::open(&tcp_executor, dir.path())),
+        ("tls", Directory::open(&tls_executor, dir.path())),
+    ];
     let (mut local, mut down, mut scp) = (Vec::new(), Vec::new(), Vec::new());
+    let mut scp_down = Vec::new();
+    let (mut net_down, mut net_up) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
     let (mut local_new, mut up_new) = (Vec::new(), Vec::new());
     let (mut local_replace, mut up_replace) = (Vec::new(), Vec::new());
     let cat = format!("cat {} | cat > /dev/null", big.display());
@@ -66,15 +77,20 @@ pub async fn run(
     let old_content = b"the old content\n";
     for _ in 0..plan.file_rounds {
         local.push(time_process("sh", &["-c", &cat], None)?);
-        let started = Instant::now();
-        let (got, _) = remote.download("big", tokio::io::sink()).await?;
-        down.push(started.elapsed());
-        if got != size {
-            return Err(format!("download: {got} of {size} bytes").into());
+        down.push(timed_download(&remote, size).await?);
+        for (samples, (_, directory)) in net_down.iter_mut().zip(&networked) {
+            samples.push(timed_download(directory, size).await?);
+        }
+        if let Ok(sshd) = &sshd {
+            let from = sshd.remote(&big);
+            scp_down.push(sshd.scp(&[from.as_ref(), "/dev/null".as_ref()])?);
         }
 
         local_new.push(timed_writing(&cat_to_new, &copy)?);
         up_new.push(timed_upload(&remote, &big, size, &uploaded).await?);
+        for (samples, (_, directory)) in net_up.iter_mut().zip(&networked) {
+            samples.push(timed_upload(directory, &big, size, &uploaded).await?);
+        }
 
         std::fs::write(&copy, old_content)?;
         local_replace.push(timed_writing(&cat_replacing, &copy)?);
@@ -103,6 +119,24 @@ pub async fn run(
         Some(Target::AtLeastShare(0.6)),
         "",
     );
+    // Over TLS at least 60 % of the local copy and twice scp's rate, the
+    // same way; over TCP no target of its own.
+    let mut tls_down = None;
+    for (samples, (name, _)) in net_down.into_iter().zip(&networked) {
+        let tls = *name == "tls";
+        let row = report.case(
+            SECTION,
+            format!("{name}: Directory.download"),
+            samples,
+            baseline,
+            Some(size),
+            tls.then_some(Target::AtLeastShare(0.6)),
+            "",
+        );
+        if tls {
+            tls_down = Some(row);
+        }
+    }
     report.case(
         SECTION,
         "unix: Directory.upload (atomic) of a new file, vs reading",
@@ -112,16 +146,29 @@ pub async fn run(
         None,
         "",
     );
+    let mut scp_up = None;
     if !scp.is_empty() {
-        report.case(
+        scp_up = Some(report.case(
             SECTION,
-            "scp to loopback sshd",
+            "scp to loopback sshd (aes128-gcm)",
             scp,
             baseline,
             Some(size),
             None,
             "",
+        ));
+        let scp_down = report.case(
+            SECTION,
+            "scp from loopback sshd (aes128-gcm) to /dev/null",
+            scp_down,
+            baseline,
+            Some(size),
+            None,
+            "",
         );
+        if let Some(tls_down) = tls_down {
+            report.also(tls_down, twice_scp(scp_down));
+        }
     }
     let writing = report.baseline(
         SECTION,
@@ -141,6 +188,21 @@ pub async fn run(
         Some(Target::AtLeastShare(0.6)),
         "",
     );
+    for (samples, (name, _)) in net_up.into_iter().zip(&networked) {
+        let tls = *name == "tls";
+        let row = report.case(
+            SECTION,
+            format!("{name}: Directory.upload (atomic) of a new file, vs writing"),
+            samples,
+            writing,
+            Some(size),
+            tls.then_some(Target::AtLeastShare(0.6)),
+            "",
+        );
+        if let (true, Some(scp_up)) = (tls, scp_up) {
+            report.also(row, twice_scp(scp_up));
+        }
+    }
     let replacing = report.baseline(
         SECTION,
         "local: cat FILE | cat > TMP && mv TMP OLD (same disk)",
@@ -241,6 +303,28 @@ pub async fn run(
     Ok(())
 }
 
+/// Moves at least twice scp's bytes per second (the row `scp`, the same
+/// direction).
+fn twice_scp(scp: RowId) -> Target {
+    Target::AtLeastRateOf {
+        of: scp,
+        times: 2.0,
+        name: "scp",
+    }
+}
+
+/// The time of downloading the file `big` (`size` bytes) from `remote`
+/// into a sink.
+async fn timed_download(remote: &Directory, size: u64) -> Result<Duration, Box<dyn Error>> {
+    let started = Instant::now();
+    let (got, _) = remote.download("big", tokio::io::sink()).await?;
+    let took = started.elapsed();
+    if got != size {
+        return Err(format!("download: {got} of {size} bytes").into());
+    }
+    Ok(took)
+}
+
 /// The time of shell `line`, which writes `written`; the file is then
 /// removed and the disk left to settle, untimed.
 fn timed_writing(line: &str, written: &Path) -> Result<Duration, Box<dyn Error>> {
@@ -309,114 +393,4 @@ fn make_tree(root: &Path, count: usize) -> std::io::Result<()> {
         std::fs::write(dir.join(format!("f{index}")), vec![b'x'; size])?;
     }
     Ok(())
-}
-
-/// An sshd of the bench's own, on a free loopback port, with a key of its
-/// own.
-struct Sshd {
-    child: Child,
-    port: u16,
-    key: PathBuf,
-}
-
-impl Sshd {
-    fn start(dir: &Path) -> Result<Sshd, String> {
-        let sshd = Path::new("/usr/sbin/sshd");
-        if !sshd.exists() {
-            return Err("/usr/sbin/sshd is missing (apt-get install openssh-server)".into());
-        }
-        let ssh = dir.join("ssh");
-        std::fs::create_dir_all(&ssh).map_err(|e| e.to_string())?;
-        let keygen = |path: &Path| {
-            std::process::Command::new("ssh-keygen")
-                .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-                .arg(path)
-                .status()
-                .map_err(|e| format!("ssh-keygen: {e}"))
-                .and_then(|s| {
-                    s.success()
-                        .then_some(())
-                        .ok_or("ssh-keygen failed".to_string())
-                })
-        };
-        let (host_key, key) = (ssh.join("host"), ssh.join("client"));
-        keygen(&host_key)?;
-        keygen(&key)?;
-        std::fs::copy(ssh.join("client.pub"), ssh.join("authorized_keys"))
-            .map_err(|e| e.to_string())?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| e.to_string())?
-            .port();
-        let config = ssh.join("sshd_config");
-        std::fs::write(
-            &config,
-            format!(
-                "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nAuthorizedKeysFile {}\n\
-                 PidFile {}\nUsePAM no\nStrictModes no\nPermitRootLogin yes\n\
-                 PasswordAuthentication no\nSubsystem sftp /usr/lib/openssh/sftp-server\n",
-                host_key.display(),
-                ssh.join("authorized_keys").display(),
-                ssh.join("pid").display()
-            ),
-        )
-        .map_err(|e| e.to_string())?;
-        std::fs::create_dir_all("/run/sshd").map_err(|e| format!("/run/sshd: {e}"))?;
-        let child = std::process::Command::new(sshd)
-            .args(["-D", "-e", "-f"])
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("sshd: {e}"))?;
-        let sshd = Sshd { child, port, key };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if Instant::now() > deadline {
-                return Err("sshd did not listen within 10 s".into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(sshd)
-    }
-
-    fn remote(&self, path: &Path) -> std::ffi::OsString {
-        format!("{}@127.0.0.1:{}", whoami(), path.display()).into()
-    }
-
-    fn scp(&self, args: &[&std::ffi::OsStr]) -> Result<Duration, Box<dyn Error>> {
-        let mut all: Vec<std::ffi::OsString> = [
-            "-q",
-            "-o",
-            "StrictHostKeyChecking=no",
-            "-o",
-            "UserKnownHostsFile=/dev/null",
-            "-o",
-            "BatchMode=yes",
-            "-P",
-        ]
-        .iter()
-        .map(Into::into)
-        .collect();
-        all.push(self.port.to_string().into());
-        all.push("-i".into());
-        all.push(self.key.clone().into());
-        all.extend(args.iter().map(|a| a.to_os_string()));
-        time_process("scp", &all, None)
-    }
-}
-
-fn whoami() -> String {
-    nix::unistd::User::from_uid(nix::unistd::getuid())
-        .ok()
-        .flatten()
-        .map_or_else(|| "root".to_string(), |user| user.name)
-}
-
-impl Drop for Sshd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }

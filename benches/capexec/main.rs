@@ -9,7 +9,9 @@
 //! ```
 //!
 //! Servers are real `capexec serve` processes (Unix socket, TCP with a
-//! token, and a two-server chain); the clients run in this process. Cases
+//! token, the same over TLS with a pinned certificate, and a two-server
+//! chain); the clients run in this process. ssh, where rows compare with
+//! it, runs against an sshd of the bench's own (`ssh.rs`). Cases
 //! alternate their variants round by round, so a burst of noise lands on
 //! all of them. Sections: latency, output, stdin, pipelining, scale, abuse,
 //! operator, files, sandbox, ports, cli (the `capexec` binary as whole
@@ -20,6 +22,7 @@
 mod abuse;
 mod cli;
 mod codex;
+mod cpu;
 mod exhaustion;
 mod files;
 #[path = "../../tests/common/hostile.rs"]

@@ -1,10 +1,11 @@
 //! Ports: bulk TCP through `Executor.dial` (the path of `capexec forward
-//! -L`) over a Unix socket and over TCP, one way each and both ways at
-//! once, next to a direct loopback TCP copy in the same run; the set-up
-//! of a connection (dial and one byte there and back) next to a direct
-//! connect; and many concurrent forwarded connections with the server's
-//! memory. `ssh -L` through an sshd of our own on loopback is measured
-//! the same way, when sshd can run here (else the rows say why not).
+//! -L`) over a Unix socket, over TCP and over TLS, one way each and both
+//! ways at once, next to a direct loopback TCP copy in the same run; the
+//! set-up of a connection (dial and one byte there and back) next to a
+//! direct connect; and many concurrent forwarded connections with the
+//! server's memory. `ssh -L` (aes128-gcm) through an sshd of our own on
+//! loopback is measured the same way, when sshd can run here (else the
+//! run says why not), and TLS must move at least twice its rate.
 
 use std::error::Error;
 use std::io::{Read, Write};
@@ -19,6 +20,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use crate::Plan;
 use crate::report::{Report, Target};
 use crate::servers::Servers;
+use crate::ssh::Sshd;
 
 const SECTION: &str = "ports";
 const CHUNK: usize = 64 << 10;
@@ -270,10 +272,18 @@ pub async fn run(
     let size = plan.ports_bytes;
     let port = start_peer()?;
     let connections = servers.connect_direct().await?;
-    let ssh = match crate::ssh::SshForward::start(port) {
+    let (tls, _tls_connection) = servers.tls.connect().await?;
+    let sshd = Sshd::start();
+    let forward = |sshd: &Sshd| sshd.forward(port).map_err(|why| why.to_string());
+    let ssh = match sshd
+        .as_ref()
+        .map_err(|why| why.to_string())
+        .and_then(forward)
+    {
         Ok(ssh) => Some(ssh),
         Err(why) => {
             eprintln!("ports: no ssh -L rows: {why}");
+            report.figure(SECTION, "ssh -L", format!("not measured: {why}"), None);
             None
         }
     };
@@ -283,12 +293,20 @@ pub async fn run(
         .as_ref()
         .ok_or("no direct route over unix")?;
     // The paths `capexec forward` takes: over a Unix socket a direct
-    // channel, over TCP Cap'n Proto messages; then the messages over a
-    // Unix socket (what a chain, or a dial without a route, takes).
+    // channel, over TCP and TLS Cap'n Proto messages; then the messages
+    // over a Unix socket (what a chain, or a dial without a route, takes).
+    // Whether each has a target, and whether it must also beat ssh -L.
     let paths = [
-        ("unix: dial, direct channel", unix, Some(unix_route), true),
-        ("tcp: dial", tcp, None, true),
-        ("unix: dial, in messages", unix, None, false),
+        (
+            "unix: dial, direct channel",
+            unix,
+            Some(unix_route),
+            true,
+            false,
+        ),
+        ("tcp: dial", tcp, None, true, false),
+        ("tls: dial", &tls, None, true, true),
+        ("unix: dial, in messages", unix, None, false, false),
     ];
     let (_relay_dir, relay) = start_relay(port)?;
     let tcp_relay = start_tcp_relay(port)?;
@@ -300,6 +318,10 @@ pub async fn run(
         (
             "`capexec forward -L` over tcp",
             CliForward::start(&servers.tcp, port)?,
+        ),
+        (
+            "`capexec forward -L` over tls",
+            CliForward::start(&servers.tls, port)?,
         ),
     ];
     eprintln!(
@@ -313,11 +335,11 @@ pub async fn run(
         ("both ways at once", size, size, 2 * size),
     ] {
         let mut baseline = Vec::new();
-        let mut through = [Vec::new(), Vec::new(), Vec::new()];
+        let mut through = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
         let mut over_ssh = Vec::new();
         let mut over_relay = Vec::new();
         let mut over_tcp_relay = Vec::new();
-        let mut over_cli = [Vec::new(), Vec::new()];
+        let mut over_cli = [Vec::new(), Vec::new(), Vec::new()];
         for _ in 0..plan.ports_rounds {
             baseline.push(direct(port, up, down).await?);
             over_relay.push(relayed(&relay, up, down).await?);
@@ -325,7 +347,7 @@ pub async fn run(
             for (samples, (_, forward)) in over_cli.iter_mut().zip(&forwards) {
                 samples.push(direct(forward.port, up, down).await?);
             }
-            for (samples, (_, executor, route, _)) in through.iter_mut().zip(&paths) {
+            for (samples, (_, executor, route, _, _)) in through.iter_mut().zip(&paths) {
                 samples.push(dialled(executor, *route, port, up, down).await?);
             }
             if let Some(ssh) = &ssh {
@@ -356,8 +378,9 @@ pub async fn run(
             None,
             "the least a forward through a TCP server costs",
         );
-        for (samples, (name, _, _, targeted)) in through.into_iter().zip(&paths) {
-            report.case(
+        let mut against_ssh = Vec::new();
+        for (samples, (name, _, _, targeted, beats_ssh)) in through.into_iter().zip(&paths) {
+            let row = report.case(
                 SECTION,
                 format!("{name}, {what}"),
                 samples,
@@ -366,6 +389,9 @@ pub async fn run(
                 targeted.then_some(Target::AtLeastShare(0.6)),
                 "",
             );
+            if *beats_ssh {
+                against_ssh.push(row);
+            }
         }
         for (samples, (name, _)) in over_cli.into_iter().zip(&forwards) {
             report.case(
@@ -379,7 +405,7 @@ pub async fn run(
             );
         }
         if ssh.is_some() {
-            report.case(
+            let ssh_row = report.case(
                 SECTION,
                 format!("ssh -L, {what}"),
                 over_ssh,
@@ -388,6 +414,16 @@ pub async fn run(
                 None,
                 "",
             );
+            for row in against_ssh {
+                report.also(
+                    row,
+                    Target::AtLeastRateOf {
+                        of: ssh_row,
+                        times: 2.0,
+                        name: "ssh -L",
+                    },
+                );
+            }
         }
     }
 

@@ -4,7 +4,8 @@
 use std::fmt::Write;
 use std::time::Duration;
 
-/// What a case must reach, as a ratio to its baseline's median.
+/// What a case must reach: as a ratio to its baseline's median, or to
+/// another row's (named `name` in the verdict).
 #[derive(Clone, Copy)]
 pub enum Target {
     /// Takes at most this many times the baseline's time.
@@ -13,6 +14,24 @@ pub enum Target {
     AtLeastShare(f64),
     /// Takes at most this long (median), whatever the baseline takes.
     Within(Duration),
+    /// Takes at most `times` the median of the row `of`.
+    AtMostTimesOf {
+        of: RowId,
+        times: f64,
+        name: &'static str,
+    },
+    /// Takes at most `more` longer than the median of the row `of`.
+    AtMostAbove {
+        of: RowId,
+        more: Duration,
+        name: &'static str,
+    },
+    /// Moves at least `times` the bytes per second of the row `of`.
+    AtLeastRateOf {
+        of: RowId,
+        times: f64,
+        name: &'static str,
+    },
 }
 
 struct Row {
@@ -23,7 +42,8 @@ struct Row {
     baseline: Option<usize>,
     /// Bytes delivered per run, for rows that move data.
     bytes: Option<u64>,
-    target: Option<Target>,
+    /// Every target must be met; the verdict says each.
+    targets: Vec<Target>,
     note: String,
 }
 
@@ -53,6 +73,10 @@ pub struct Report {
 #[derive(Clone, Copy)]
 pub struct Baseline(usize);
 
+/// A handle on any row, for a target relative to it.
+#[derive(Clone, Copy)]
+pub struct RowId(usize);
+
 impl Report {
     pub fn new(quick: bool) -> Report {
         Report {
@@ -75,7 +99,7 @@ impl Report {
             samples: sorted(samples),
             baseline: None,
             bytes,
-            target: None,
+            targets: Vec::new(),
             note: String::new(),
         });
         Baseline(self.rows.len() - 1)
@@ -91,16 +115,22 @@ impl Report {
         bytes: Option<u64>,
         target: Option<Target>,
         note: impl Into<String>,
-    ) {
+    ) -> RowId {
         self.rows.push(Row {
             section,
             name: name.into(),
             samples: sorted(samples),
             baseline: Some(baseline.0),
             bytes,
-            target,
+            targets: target.into_iter().collect(),
             note: note.into(),
         });
+        RowId(self.rows.len() - 1)
+    }
+
+    /// Another target `row` must meet as well as those it has.
+    pub fn also(&mut self, row: RowId, target: Target) {
+        self.rows[row.0].targets.push(target);
     }
 
     /// A figure that is not a time; `verdict` is the target and whether it
@@ -123,12 +153,78 @@ impl Report {
     /// The row's cost as a multiple of its baseline's: time per run, or for
     /// rows that move bytes, time per byte delivered.
     fn cost_ratio(&self, row: &Row) -> Option<f64> {
+        self.ratio_at(row, median_of(row))
+    }
+
+    /// What [`Report::cost_ratio`] would be if `row`'s median were `time`.
+    fn ratio_at(&self, row: &Row, time: Duration) -> Option<f64> {
         let base = &self.rows[row.baseline?];
-        let time = secs(median_of(row)) / secs(median_of(base));
+        let time = secs(time) / secs(median_of(base));
         Some(match (row.bytes, base.bytes) {
             (Some(bytes), Some(base_bytes)) => time * base_bytes as f64 / bytes.max(1) as f64,
             _ => time,
         })
+    }
+
+    /// The longest median `row` may have and meet `target`, as a ratio to
+    /// its baseline (what the chart marks).
+    fn limit_ratio(&self, row: &Row, target: Target) -> Option<f64> {
+        let time = match target {
+            Target::AtMost(limit) => return Some(limit),
+            Target::AtLeastShare(share) => return Some(1.0 / share),
+            Target::Within(limit) => limit,
+            Target::AtMostTimesOf { of, times, .. } => median_of(&self.rows[of.0]).mul_f64(times),
+            Target::AtMostAbove { of, more, .. } => median_of(&self.rows[of.0]) + more,
+            Target::AtLeastRateOf { of, times, .. } => {
+                let rate = times * rate_of(&self.rows[of.0])?;
+                Duration::from_secs_f64(row.bytes? as f64 / rate.max(1e-9))
+            }
+        };
+        self.ratio_at(row, time)
+    }
+
+    /// Whether `row` meets `target`, and what the target is, with where
+    /// the row stands for a target relative to another row.
+    fn verdict(&self, row: &Row, target: Target) -> String {
+        let median = median_of(row);
+        let ratio = self.cost_ratio(row).unwrap_or(f64::INFINITY);
+        match target {
+            Target::AtMost(limit) => met(ratio <= limit, &format!("<= {limit}x")),
+            Target::AtLeastShare(share) => {
+                met(1.0 / ratio >= share, &format!(">= {:.0} %", share * 100.0))
+            }
+            Target::Within(limit) => {
+                met(median <= limit, &format!("<= {:.1} s", limit.as_secs_f64()))
+            }
+            Target::AtMostTimesOf { of, times, name } => {
+                let times_of = secs(median) / secs(median_of(&self.rows[of.0]));
+                met(
+                    times_of <= times,
+                    &format!("<= {times}x {name}: {times_of:.2}x"),
+                )
+            }
+            Target::AtMostAbove { of, more, name } => {
+                let above = secs(median) - secs(median_of(&self.rows[of.0]));
+                met(
+                    above <= more.as_secs_f64(),
+                    &format!(
+                        "<= {name} + {} ms: {above_ms:+.2} ms",
+                        more.as_secs_f64() * 1e3,
+                        above_ms = above * 1e3
+                    ),
+                )
+            }
+            Target::AtLeastRateOf { of, times, name } => {
+                let times_of = match (rate_of(row), rate_of(&self.rows[of.0])) {
+                    (Some(rate), Some(other)) => rate / other.max(1e-9),
+                    _ => 0.0,
+                };
+                met(
+                    times_of >= times,
+                    &format!(">= {times}x {name}: {times_of:.2}x"),
+                )
+            }
+        }
     }
 
     fn cells(&self, row: &Row) -> [String; 7] {
@@ -140,17 +236,12 @@ impl Report {
                     Some(_) => format!("{ratio:.2}x ({:.0} %)", 100.0 / ratio),
                     None => format!("{ratio:.2}x"),
                 };
-                let verdict = match row.target {
-                    Some(Target::AtMost(limit)) => met(ratio <= limit, &format!("<= {limit}x")),
-                    Some(Target::AtLeastShare(share)) => {
-                        met(1.0 / ratio >= share, &format!(">= {:.0} %", share * 100.0))
-                    }
-                    Some(Target::Within(limit)) => {
-                        met(median <= limit, &format!("<= {:.1} s", limit.as_secs_f64()))
-                    }
-                    None => String::new(),
-                };
-                (shown, verdict)
+                let verdicts: Vec<String> = row
+                    .targets
+                    .iter()
+                    .map(|target| self.verdict(row, *target))
+                    .collect();
+                (shown, verdicts.join("; "))
             }
         };
         let rate = row
@@ -306,15 +397,13 @@ impl Report {
         }
         for (i, (row, ratio)) in cases.iter().enumerate() {
             let y = top + row_height * i as f64;
-            let limit = match row.target {
-                Some(Target::AtMost(limit)) => Some(limit),
-                Some(Target::AtLeastShare(share)) => Some(1.0 / share),
-                // As a ratio: the limit over what the baseline took.
-                Some(Target::Within(limit)) => row
-                    .baseline
-                    .map(|base| secs(limit) / secs(median_of(&self.rows[base]))),
-                None => None,
-            };
+            // The strictest of the row's targets, as a ratio to its
+            // baseline.
+            let limit = row
+                .targets
+                .iter()
+                .filter_map(|target| self.limit_ratio(row, *target))
+                .reduce(f64::min);
             let colour = match limit {
                 Some(limit) if *ratio > limit => "#d9534f",
                 Some(_) => "#5cb85c",
@@ -369,6 +458,11 @@ fn median(samples: &[Duration]) -> Duration {
 
 fn median_of(row: &Row) -> Duration {
     median(&row.samples)
+}
+
+/// Bytes per second at the row's median, for rows that move bytes.
+fn rate_of(row: &Row) -> Option<f64> {
+    Some(row.bytes? as f64 / secs(median_of(row)))
 }
 
 fn secs(duration: Duration) -> f64 {

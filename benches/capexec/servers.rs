@@ -9,7 +9,7 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use capexec::capexec_capnp::executor;
-use capexec::net::{Address, Connection, Token};
+use capexec::net::{Address, Connection, ServerTrust, TlsClient, TlsServer, Token};
 
 pub const CAPEXEC: &str = env!("CARGO_BIN_EXE_capexec");
 
@@ -19,11 +19,25 @@ fn server_binary() -> String {
     std::env::var("CAPEXEC_BENCH_SERVER").unwrap_or_else(|_| CAPEXEC.to_string())
 }
 
+/// What a server listens on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Listen {
+    Unix,
+    /// TCP on loopback, with a fresh token.
+    Tcp,
+    /// The same over TLS, with a certificate made for the run, which
+    /// clients pin.
+    Tls,
+}
+
 /// One `capexec serve`, stopped (SIGTERM, then waited for) on drop.
 pub struct Serve {
     child: Child,
     pub address: Address,
     pub token: Option<Token>,
+    /// A TLS server's certificate, as clients pin it (SHA-256), and a
+    /// client config pinning it.
+    tls: Option<(String, TlsClient)>,
     _dir: tempfile::TempDir,
 }
 
@@ -31,12 +45,32 @@ impl Serve {
     /// Serves a Unix socket, or TCP on loopback (with a fresh token), with
     /// `extra` arguments.
     pub fn start(tcp: bool, extra: &[String]) -> Result<Serve, Box<dyn Error>> {
+        Serve::listening(if tcp { Listen::Tcp } else { Listen::Unix }, extra)
+    }
+
+    /// Serves as `listen` says, with `extra` arguments.
+    pub fn listening(listen: Listen, extra: &[String]) -> Result<Serve, Box<dyn Error>> {
         let dir = tempfile::tempdir()?;
         let token_file = dir.path().join("token");
-        let listen = if tcp {
-            "tcp:127.0.0.1:0".to_string()
-        } else {
-            format!("unix:{}", dir.path().join("capexec.sock").display())
+        let mut tls_args = Vec::new();
+        let mut tls = None;
+        if listen == Listen::Tls {
+            // As `--tls-self-signed` makes its own (ECDSA P-256).
+            let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()])?;
+            let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+            std::fs::write(&key, made.signing_key.serialize_pem())?;
+            std::fs::write(&cert, made.cert.pem())?;
+            let pin = TlsServer::certificate_fingerprint(&cert)?;
+            let client = TlsClient::new(ServerTrust::Pin(pin.clone()))?;
+            tls = Some((pin, client));
+            tls_args.push("--tls-cert".into());
+            tls_args.push(cert.into_os_string());
+            tls_args.push("--tls-key".into());
+            tls_args.push(key.into_os_string());
+        }
+        let listen = match listen {
+            Listen::Tcp | Listen::Tls => "tcp:127.0.0.1:0".to_string(),
+            Listen::Unix => format!("unix:{}", dir.path().join("capexec.sock").display()),
         };
         let mut command = std::process::Command::new(server_binary());
         // SAFETY: prctl is async-signal-safe; the server dies with us, even
@@ -54,6 +88,7 @@ impl Serve {
             .args(["--listen", &listen])
             .arg("--token-file")
             .arg(&token_file)
+            .args(tls_args)
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -65,6 +100,7 @@ impl Serve {
             child,
             address: Address::Unix(dir.path().join("capexec.sock")),
             token: None,
+            tls,
             _dir: dir,
         };
         let stdout = serve.child.stdout.take().ok_or("no stdout")?;
@@ -74,7 +110,7 @@ impl Serve {
             .trim()
             .parse()
             .map_err(|error| format!("capexec serve printed {line:?}: {error}"))?;
-        if tcp {
+        if matches!(serve.address, Address::Tcp { .. }) {
             serve.token = Some(Token::load(&token_file)?);
         }
         Ok(serve)
@@ -85,13 +121,19 @@ impl Serve {
     }
 
     pub async fn connect(&self) -> Result<(executor::Client, Connection), Box<dyn Error>> {
-        let connection = capexec::net::connect(&self.address, self.token.as_ref()).await?;
+        let tls = self.tls.as_ref().map(|(_, client)| client);
+        let connection =
+            capexec::net::connect_with(&self.address, self.token.as_ref(), tls).await?;
         Ok((connection.executor(), connection))
     }
 
-    /// `--connect ADDR` and, for TCP, the token in the environment.
+    /// `--connect ADDR` (and `--tls-pin SHA256` over TLS) and, for TCP,
+    /// the token in the environment.
     pub fn cli_args(&self) -> (Vec<String>, Option<(&'static str, String)>) {
-        let args = vec!["--connect".to_string(), self.address.to_string()];
+        let mut args = vec!["--connect".to_string(), self.address.to_string()];
+        if let Some((pin, _)) = &self.tls {
+            args.extend(["--tls-pin".to_string(), pin.clone()]);
+        }
         let token = self
             .token
             .as_ref()
@@ -121,11 +163,12 @@ impl Drop for Serve {
     }
 }
 
-/// The servers every section shares: Unix, TCP, and a chain A -> B whose
-/// front forwards plain starts to B.
+/// The servers every section shares: Unix, TCP, TLS, and a chain A -> B
+/// whose front forwards plain starts to B.
 pub struct Servers {
     pub unix: Serve,
     pub tcp: Serve,
+    pub tls: Serve,
     pub chain_front: Serve,
     _chain_back: Serve,
 }
@@ -145,6 +188,7 @@ impl Servers {
         Ok(Servers {
             unix: Serve::start(false, &[])?,
             tcp: Serve::start(true, &[])?,
+            tls: Serve::listening(Listen::Tls, &[])?,
             chain_front: front,
             _chain_back: back,
         })
@@ -178,8 +222,12 @@ impl fmt::Display for Servers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "unix {}, tcp {}, chain {} -> {}",
-            self.unix.address, self.tcp.address, self.chain_front.address, self._chain_back.address
+            "unix {}, tcp {}, tls {}, chain {} -> {}",
+            self.unix.address,
+            self.tcp.address,
+            self.tls.address,
+            self.chain_front.address,
+            self._chain_back.address
         )
     }
 }
