@@ -186,12 +186,13 @@ fn accept_tcp(
     let tls = serving.tls.borrow().clone();
     let limits = serving.limits;
     let host = serving.host.clone();
+    let lookups = std::rc::Rc::clone(&serving.peer_lookups);
     let network = {
         let session = Rc::clone(&session);
         async move {
             // Before a byte is read: a sandboxed process of this machine
             // may not log in, whatever token it holds (see `tcp_peer.rs`).
-            if sandboxed_local_peer(&stream, peer, host).await {
+            if sandboxed_local_peer(&stream, peer, host, &lookups).await {
                 tracing::warn!(%peer, "refusing a TCP connection from a sandboxed process");
                 return None;
             }
@@ -215,14 +216,28 @@ fn accept_tcp(
     })
 }
 
+/// Local TCP peers looked up at once, server-wide. A lookup is a
+/// netlink round trip (microseconds) unless it falls back to reading
+/// `/proc` (tens of milliseconds with a thousand processes); each runs on
+/// a blocking thread, and a burst of connections (a thousand logins at
+/// once, or idle connections an attacker opens) would otherwise start a
+/// thread, with its stack and malloc arena, per connection.
+pub(super) const PEER_LOOKUPS_AT_ONCE: usize = 2;
+
 /// Whether `stream`'s peer is a sandboxed process of this machine, looked
-/// up off this thread (it reads `/proc` for a peer of this machine).
+/// up off this thread (it may read `/proc`), holding one of `lookups`'s
+/// places meanwhile.
 async fn sandboxed_local_peer(
     stream: &tokio::net::TcpStream,
     peer: std::net::SocketAddr,
     host: crate::sandbox::HostConfig,
+    lookups: &tokio::sync::Semaphore,
 ) -> bool {
     let Ok(local) = stream.local_addr() else {
+        return true;
+    };
+    // The semaphore is never closed: no place means refused, as an error.
+    let Ok(_place) = lookups.acquire().await else {
         return true;
     };
     tokio::task::spawn_blocking(move || crate::sandbox::tcp_peer_is_sandboxed(&host, local, peer))

@@ -170,6 +170,9 @@ impl Server {
             serving: Rc::new(Serving {
                 takes_descriptors: rules.is_none(),
                 host,
+                peer_lookups: std::rc::Rc::new(tokio::sync::Semaphore::new(
+                    accept::PEER_LOOKUPS_AT_ONCE,
+                )),
                 executor: new_executor(
                     &context,
                     config.max_processes_per_connection,

@@ -27,6 +27,10 @@ pub(super) struct Serving {
     /// of every accept ask (without cgroups, sandboxed peers are told by
     /// their no_new_privs and seccomp filter).
     pub(super) host: crate::sandbox::HostConfig,
+    /// Places for the peer checks of local TCP connections, each a thread
+    /// while it runs: a burst of connections waits for a place instead of
+    /// starting a thread each (see `accept.rs`).
+    pub(super) peer_lookups: std::rc::Rc<tokio::sync::Semaphore>,
     /// What a TCP connection must do before it gets the executor (the
     /// token can be reloaded: see [`Reloader`]).
     pub(super) login: std::cell::RefCell<Option<Arc<Login>>>,
