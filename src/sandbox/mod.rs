@@ -324,12 +324,7 @@ pub(crate) fn prepare(
                     .extend(limit_names(&enforceable).map(str::to_string));
             }
             Err(error) => {
-                if !enforceable.is_empty() && !limits.best_effort {
-                    return Err(Refusal::new(
-                        RefusalKind::Unsupported,
-                        format!("limits: cannot make the process's cgroup: {error}"),
-                    ));
-                }
+                without_a_cgroup(sandbox.is_some(), &enforceable, &error)?;
                 tracing::warn!(%error, "cannot make a cgroup for a process: tracking its process group");
                 limit_missing.extend(limit_names(&enforceable).map(str::to_string));
                 confinement.limits = Limits {
@@ -747,7 +742,67 @@ pub fn is_sandboxed_process(host: &HostConfig, pid: i32) -> bool {
     })
 }
 
+/// Whether a process may start without the cgroup a server with cgroups
+/// makes for it (`error` says why it could not be made). Not a sandboxed
+/// one: the server tells its sandboxed processes by their cgroup (a
+/// sandboxed process outside one would pass the peer checks of its Unix
+/// and TCP connections to the server), so it is refused rather than
+/// tracked by its process group. Nor one with limits, unless they are
+/// best effort.
+fn without_a_cgroup(
+    sandboxed: bool,
+    limits: &Limits,
+    error: &dyn std::fmt::Display,
+) -> Result<(), Refusal> {
+    if sandboxed {
+        return Err(Refusal::new(
+            RefusalKind::Unsupported,
+            format!(
+                "sandbox: cannot make the process's cgroup, by which this server tells its \
+                 sandboxed processes: {error}"
+            ),
+        ));
+    }
+    if !limits.is_empty() && !limits.best_effort {
+        return Err(Refusal::new(
+            RefusalKind::Unsupported,
+            format!("limits: cannot make the process's cgroup: {error}"),
+        ));
+    }
+    Ok(())
+}
+
 pub use self::tcp_peer::tcp_peer_is_sandboxed;
 
 /// Policies' sandboxes, resolved: what a start may be given.
 pub use self::roots::PolicySandbox;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sandboxed_start_without_its_cgroup_is_refused_and_a_plain_one_goes_on() {
+        let none = Limits::default();
+        let refused = without_a_cgroup(true, &none, &"No space left on device")
+            .expect_err("a sandboxed start is refused");
+        assert_eq!(refused.kind, RefusalKind::Unsupported);
+        assert!(
+            refused
+                .to_string()
+                .contains("sandbox: cannot make the process's cgroup"),
+            "{refused}"
+        );
+        assert!(without_a_cgroup(false, &none, &"EAGAIN").is_ok());
+        let memory = Limits {
+            memory_bytes: Some(1 << 20),
+            ..Limits::default()
+        };
+        assert!(without_a_cgroup(false, &memory, &"EAGAIN").is_err());
+        let best_effort = Limits {
+            best_effort: true,
+            ..memory
+        };
+        assert!(without_a_cgroup(false, &best_effort, &"EAGAIN").is_ok());
+    }
+}
