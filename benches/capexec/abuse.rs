@@ -104,7 +104,7 @@ pub async fn run(plan: &Plan, report: &mut Report) -> Result<(), Box<dyn Error>>
         let held = peak <= before + PEAK_BOUND_KIB && after <= before + SETTLED_KIB;
         report.figure(
             SECTION,
-            format!("server RSS, {}", attack.name()),
+            format!("server anonymous RSS, {}", attack.name()),
             format!("{before} -> peak {peak} -> {after} KiB"),
             Some((
                 format!(

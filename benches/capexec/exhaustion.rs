@@ -120,7 +120,7 @@ pub async fn run(plan: &Plan, report: &mut Report) -> Result<(), Box<dyn Error>>
         let after = procfs::rss_quiet(pid).await;
         report.figure(
             SECTION,
-            format!("server RSS and threads, {}", attack.name()),
+            format!("server anonymous RSS and threads, {}", attack.name()),
             format!("{before} -> peak {peak} -> {after} KiB; {threads} threads while held"),
             None,
         );

@@ -415,7 +415,7 @@ fn transfers_waiting_on_their_client_hold_no_thread() {
         let threads = procfs::status_field(server, "Threads:").expect("threads");
         assert!(threads < 64, "{threads} threads held by stalled transfers");
         // The memory they may hold is bounded server-wide (512 MiB).
-        let rss = procfs::status_field(server, "VmRSS:").expect("rss");
+        let rss = procfs::status_field(server, procfs::HELD).expect("rss");
         assert!(rss < 640 * 1024, "RSS {rss} KiB");
         for task in pending {
             task.abort();
