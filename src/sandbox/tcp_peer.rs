@@ -424,15 +424,23 @@ fn held_by_a_sandboxed_process(host: &HostConfig, inode: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::TcpStream;
     use std::os::unix::fs::MetadataExt;
+
+    /// A loopback TCP connection made by this process: its client's and
+    /// server's sockets (both open), the client's address as the server
+    /// sees it, and the server's address.
+    fn loopback_pair() -> (TcpStream, TcpStream, SocketAddr, SocketAddr) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let client = TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (server, peer) = listener.accept().expect("accept");
+        let local = server.local_addr().expect("local");
+        (client, server, peer, local)
+    }
 
     #[test]
     fn a_connection_of_this_process_is_found_and_not_sandboxed() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let client =
-            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
-        let (server, peer) = listener.accept().expect("accept");
-        let local = server.local_addr().expect("local");
+        let (client, _server, peer, local) = loopback_pair();
         let socket = peer_socket(peer, local)
             .expect("sock_diag answers")
             .expect("the client's socket is found");
@@ -448,12 +456,8 @@ mod tests {
 
     #[test]
     fn a_closed_local_peer_counts_as_sandboxed_and_a_remote_one_is_not_looked_up() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let client =
-            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
-        let (server, peer) = listener.accept().expect("accept");
+        let (client, _server, peer, local) = loopback_pair();
         drop(client);
-        let local = server.local_addr().expect("local");
         let host = HostConfig::default();
         assert!(tcp_peer_is_sandboxed(&host, local, peer));
         let remote: SocketAddr = "192.0.2.1:40000".parse().expect("addr");
@@ -466,11 +470,7 @@ mod tests {
     /// cgroup2 socket data, which CI's kernels have): here, this process's.
     #[test]
     fn a_sockets_cgroup_is_the_directory_of_its_makers_cgroup() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let _client =
-            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
-        let (server, peer) = listener.accept().expect("accept");
-        let local = server.local_addr().expect("local");
+        let (_client, _server, peer, local) = loopback_pair();
         let socket = peer_socket(peer, local)
             .expect("sock_diag answers")
             .expect("the client's socket is found");
@@ -528,11 +528,7 @@ mod tests {
             .expect("into the leaf");
             running.push((child, new));
         }
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let _client =
-            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
-        let (server, peer) = listener.accept().expect("accept");
-        let local = server.local_addr().expect("local");
+        let (_client, _server, peer, local) = loopback_pair();
         let socket = peer_socket(peer, local).expect("answers").expect("found");
         let each = |times: u32, lookup: &dyn Fn() -> bool| -> Duration {
             let start = Instant::now();
