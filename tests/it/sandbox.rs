@@ -372,39 +372,43 @@ async fn a_sandbox_makes_no_namespaces_unless_allowed(ctx: Ctx) {
     );
 }
 
-/// Connects to the Unix socket at argv[1] and says whether the server
-/// answered a bootstrap request or hung up.
-pub(crate) const SOCKET_PROBE: &str = r#"
-import socket, sys
-s = socket.socket(socket.AF_UNIX)
+/// A python3 probe that connects with `$connect` (which leaves the socket
+/// in `s`), sends a Cap'n Proto bootstrap message and prints whether the
+/// server answered it (`answered`) or hung up (`refused`).
+macro_rules! bootstrap_probe {
+    ($connect:literal) => {
+        concat!(
+            "import socket, sys\n",
+            $connect,
+            r#"
+s.settimeout(10)
+# A Cap'n Proto bootstrap message; a server that serves us answers it.
+message = bytes.fromhex("00000000 05000000 00000000 01000100 08000000 00000000 00000000 00000000 00000000 00000000 00000000 00000000".replace(" ", ""))
+try:
+    s.sendall(message)
+    print("answered" if s.recv(1) else "refused")
+except (BrokenPipeError, ConnectionResetError):
+    print("refused")
+"#
+        )
+    };
+}
+
+/// Connects to the Unix socket at argv[1] (`EACCES` if its mode refuses)
+/// and says whether the server answered a bootstrap request or hung up.
+pub(crate) const SOCKET_PROBE: &str = bootstrap_probe!(
+    r#"s = socket.socket(socket.AF_UNIX)
 try:
     s.connect(sys.argv[1])
 except PermissionError:
     print("EACCES")
-    sys.exit()
-s.settimeout(10)
-# A Cap'n Proto bootstrap message; a server that serves us answers it.
-message = (bytes.fromhex("00000000 05000000 00000000 01000100 08000000 00000000 00000000 00000000 00000000 00000000 00000000 00000000".replace(" ", "")))
-try:
-    s.sendall(message)
-    print("answered" if s.recv(1) else "refused")
-except (BrokenPipeError, ConnectionResetError):
-    print("refused")
-"#;
+    sys.exit()"#
+);
 
 /// Connects to the TCP server at argv[1]:argv[2] and says whether it
 /// answered a bootstrap request or hung up.
-const TCP_PROBE: &str = r#"
-import socket, sys
-s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
-s.settimeout(10)
-message = (bytes.fromhex("00000000 05000000 00000000 01000100 08000000 00000000 00000000 00000000 00000000 00000000 00000000 00000000".replace(" ", "")))
-try:
-    s.sendall(message)
-    print("answered" if s.recv(1) else "refused")
-except (BrokenPipeError, ConnectionResetError):
-    print("refused")
-"#;
+const TCP_PROBE: &str =
+    bootstrap_probe!(r#"s = socket.create_connection((sys.argv[1], int(sys.argv[2])))"#);
 
 async fn a_sandboxed_child_cannot_reach_the_server(ctx: Ctx) {
     let cwd = TempDir::new("sandbox-cwd");
