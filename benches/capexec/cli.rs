@@ -6,6 +6,9 @@
 //! | capexec run -- cat | wc -c` and into `wc -c`, each over a Unix
 //! socket, TCP and TLS, with the CPU time of the output; 100 concurrent
 //! `run -- sleep 1` over each, and 1,000 over TCP with the server's memory.
+//! Floors beside the rows they bound: one TCP hop spliced at both ends
+//! ([`hop`]) where the TCP and TLS lines have their connection, and as
+//! many `timeout 10 sleep 1` beside the concurrent runs.
 //! Over a Unix socket the pipelines' pipes are handed to the command; the
 //! `--relay-stdio` rows keep the relay through the server measured.
 
