@@ -6,6 +6,9 @@
 //! | capexec run -- cat | wc -c` and into `wc -c`, each over a Unix
 //! socket, TCP and TLS, with the CPU time of the output; 100 concurrent
 //! `run -- sleep 1` over each, and 1,000 over TCP with the server's memory.
+//! Floors beside the rows they bound: one TCP hop spliced at both ends
+//! ([`hop`]) where the TCP and TLS lines have their connection, and as
+//! many `timeout 10 sleep 1` beside the concurrent runs.
 //! Over a Unix socket the pipelines' pipes are handed to the command; the
 //! `--relay-stdio` rows keep the relay through the server measured.
 
@@ -15,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use crate::Plan;
 use crate::cpu;
+use crate::hop;
 use crate::report::{Report, RowId, Target};
 use crate::servers::{CAPEXEC, Serve, Servers};
 use crate::ssh::{SshMux, Sshd};
@@ -165,10 +169,59 @@ fn start_up(
     Ok(())
 }
 
+/// What a variant runs: a shell line, or the same work with one TCP hop
+/// between its sides ([`hop`]), each side a chain of programs.
+enum Line {
+    Shell(String),
+    Hop {
+        left: Vec<Vec<String>>,
+        right: Vec<Vec<String>>,
+    },
+}
+
+impl Line {
+    /// `shape` with `{N}` the size and `{hop}` where the hop goes, between
+    /// two `|`-joined chains of programs.
+    fn hop(shape: &str, size: u64) -> Line {
+        let chain = |side: &str| -> Vec<Vec<String>> {
+            side.split('|')
+                .map(|program| program.split_whitespace().map(String::from).collect())
+                .filter(|argv: &Vec<String>| !argv.is_empty())
+                .collect()
+        };
+        let shape = shape.replace("{N}", &size.to_string());
+        let (left, right) = shape.split_once("{hop}").unwrap_or((&shape, ""));
+        Line::Hop {
+            left: chain(left),
+            right: chain(right),
+        }
+    }
+
+    /// The line as an error shows it.
+    fn shown(&self) -> String {
+        let joined = |chain: &[Vec<String>]| {
+            chain
+                .iter()
+                .map(|argv| argv.join(" "))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        };
+        match self {
+            Line::Shell(line) => line.clone(),
+            Line::Hop { left, right } => {
+                format!("{} | <TCP hop> | {}", joined(left), joined(right))
+            }
+        }
+    }
+}
+
+/// The name of the floor rows over TCP.
+const HOP_FLOOR: &str = "the TCP-hop floor";
+
 /// One line of a pipeline case.
 struct Variant {
     name: String,
-    line: String,
+    line: Line,
     token: Option<(&'static str, String)>,
     target: Option<Target>,
     /// The processes besides the line's own whose CPU time it costs: its
@@ -177,10 +230,11 @@ struct Variant {
 }
 
 /// The lines [`remote_lines`] makes, and where the Unix (stdio handed
-/// over), TCP, TLS and ssh ones are among them.
+/// over), TCP-hop floor, TCP, TLS and ssh ones are among them.
 struct Lines {
     variants: Vec<Variant>,
     unix: usize,
+    hop: usize,
     tcp: usize,
     tls: usize,
     ssh: Option<usize>,
@@ -191,11 +245,14 @@ struct Lines {
 /// over and relayed; over TCP; over TLS; ssh through the master) and `{N}`
 /// the size. The Unix line must reach `unix_share` of the local rate, TCP
 /// [`TCP_SHARE`], TLS [`TLS_SHARE`] (and twice ssh's, which the caller
-/// adds once ssh's row exists).
+/// adds once ssh's row exists). Before the TCP line, the floor it has:
+/// `hop`, the same work with one TCP hop ([`hop`]) at `{hop}`, where the
+/// TCP line's connection is.
 fn remote_lines(
     servers: &Servers,
     ssh: Option<&SshMux>,
     shape: &str,
+    hop: &str,
     size: u64,
     unix_share: f64,
 ) -> Lines {
@@ -204,9 +261,11 @@ fn remote_lines(
         let run = format!("{CAPEXEC} run {} {run}", connect.join(" "));
         Variant {
             name: format!("`{}`", shape.replace("{run}", shown).replace("{N}", "N")),
-            line: shape
-                .replace("{run}", &run)
-                .replace("{N}", &size.to_string()),
+            line: Line::Shell(
+                shape
+                    .replace("{run}", &run)
+                    .replace("{N}", &size.to_string()),
+            ),
             token,
             target: target.map(Target::AtLeastShare),
             servers: vec![serve.pid()],
@@ -225,6 +284,16 @@ fn remote_lines(
             &servers.unix,
             None,
         ),
+        Variant {
+            name: format!(
+                "`{}` (one TCP hop, splice(2) at both ends: {HOP_FLOOR})",
+                hop.replace("{hop}", "| <TCP hop> |").replace("{N}", "N")
+            ),
+            line: Line::hop(hop, size),
+            token: None,
+            target: None,
+            servers: Vec::new(),
+        },
         variant(
             "capexec run --connect tcp:… --",
             "--",
@@ -246,9 +315,11 @@ fn remote_lines(
                     .replace("{run}", "ssh -S CTL USER@127.0.0.1")
                     .replace("{N}", "N")
             ),
-            line: shape
-                .replace("{run}", &mux.shell_line(""))
-                .replace("{N}", &size.to_string()),
+            line: Line::Shell(
+                shape
+                    .replace("{run}", &mux.shell_line(""))
+                    .replace("{N}", &size.to_string()),
+            ),
             token: None,
             target: None,
             servers: mux.pids().to_vec(),
@@ -258,14 +329,19 @@ fn remote_lines(
     Lines {
         variants,
         unix: 0,
-        tcp: 2,
-        tls: 3,
+        hop: 2,
+        tcp: 3,
+        tls: 4,
         ssh,
     }
 }
 
+/// Where the TCP and TLS lines stand against their floor, one TCP hop, and
 /// TLS's second target: twice ssh's rate.
-fn twice_ssh(report: &mut Report, lines: &Lines, rows: &[Measured]) {
+fn against_floor_and_ssh(report: &mut Report, lines: &Lines, rows: &[Measured]) {
+    for line in [lines.tcp, lines.tls] {
+        report.relative(rows[line].row, rows[lines.hop].row, HOP_FLOOR);
+    }
     if let Some(ssh) = lines.ssh {
         report.also(
             rows[lines.tls].row,
@@ -291,6 +367,7 @@ fn stdout(
         servers,
         ssh,
         "{run} head -c {N} /dev/zero | wc -c",
+        "head -c {N} /dev/zero {hop} wc -c",
         size,
         0.75,
     );
@@ -302,7 +379,7 @@ fn stdout(
         size,
         plan.output_rounds,
     )?;
-    twice_ssh(report, &lines, &rows);
+    against_floor_and_ssh(report, &lines, &rows);
     // CPU per GiB delivered; over TLS at most 1.5x TCP's.
     let moved = size as f64 * plan.output_rounds as f64 / (1u64 << 30) as f64;
     let per_gib = |cpu: Duration| cpu.as_secs_f64() / moved.max(1e-9);
@@ -311,6 +388,11 @@ fn stdout(
     let mut paths = vec![
         ("local", local_cpu, None),
         ("unix", rows[lines.unix].cpu, None),
+        (
+            "one TCP hop, splice(2) (its threads as the server's side)",
+            rows[lines.hop].cpu,
+            None,
+        ),
         ("tcp", rows[lines.tcp].cpu, None),
         (
             "tls",
@@ -352,6 +434,7 @@ fn stdin(
         servers,
         ssh,
         "head -c {N} /dev/zero | {run} cat | wc -c",
+        "head -c {N} /dev/zero {hop} cat | wc -c",
         size,
         0.6,
     );
@@ -363,11 +446,12 @@ fn stdin(
         size,
         plan.stdin_rounds,
     )?;
-    twice_ssh(report, &through_cat, &rows);
+    against_floor_and_ssh(report, &through_cat, &rows);
     let into_wc = remote_lines(
         servers,
         ssh,
         "head -c {N} /dev/zero | {run} wc -c",
+        "head -c {N} /dev/zero {hop} wc -c",
         size,
         0.6,
     );
@@ -379,7 +463,7 @@ fn stdin(
         size,
         plan.stdin_rounds,
     )?;
-    twice_ssh(report, &into_wc, &rows);
+    against_floor_and_ssh(report, &into_wc, &rows);
     Ok(())
 }
 
@@ -426,7 +510,7 @@ fn pipelines(
     let mut samples = vec![Vec::new(); variants.len()];
     let mut cpu = vec![Cpu::default(); variants.len()];
     for _ in 0..rounds {
-        let (took, used) = time_counted(local, None, &[], size)?;
+        let (took, used) = time_counted(&Line::Shell(local.to_string()), None, &[], size)?;
         bare.push(took);
         bare_cpu += used;
         for ((variant, samples), cpu) in variants.iter().zip(&mut samples).zip(&mut cpu) {
@@ -457,28 +541,41 @@ fn pipelines(
     Ok((bare_cpu, measured))
 }
 
-/// Runs `line` under `sh -c` and times it; it must succeed and print
-/// exactly `size`. Also the CPU time it took: its own processes', and what
-/// the trees of `servers` used meanwhile.
+/// Runs `line` (a shell line under `sh -c`, or a pipeline through the TCP
+/// hop) and times it; it must succeed and print exactly `size`. Also the
+/// CPU time it took: its own processes', and what the trees of `servers`
+/// (or the hop's threads) used meanwhile.
 fn time_counted(
-    line: &str,
+    line: &Line,
     env: Option<&(&'static str, String)>,
     servers: &[u32],
     size: u64,
 ) -> Result<(Duration, Cpu), Box<dyn Error>> {
     let server_cpu = || servers.iter().map(|pid| cpu::tree(*pid)).sum::<Duration>();
-    let mut command = prepared("sh", &["-c", line], env, Stdio::piped());
     let (server_before, line_before) = (server_cpu(), cpu::waited_children());
-    let started = Instant::now();
-    let output = command.output()?;
-    let took = started.elapsed();
+    let (took, printed, hop_cpu) = match line {
+        Line::Shell(line) => {
+            let mut command = prepared("sh", &["-c", line], env, Stdio::piped());
+            let started = Instant::now();
+            let output = command.output()?;
+            let took = started.elapsed();
+            let printed = String::from_utf8_lossy(&output.stdout).into_owned();
+            if !output.status.success() {
+                return Err(format!("`{line}`: {}, printed {printed:?}", output.status).into());
+            }
+            (took, printed, Duration::ZERO)
+        }
+        Line::Hop { left, right } => {
+            let hopped = hop::run(left, right)?;
+            (hopped.took, hopped.printed, hopped.hop_cpu)
+        }
+    };
     let used = Cpu {
         line: cpu::waited_children().saturating_sub(line_before),
-        server: server_cpu().saturating_sub(server_before),
+        server: server_cpu().saturating_sub(server_before) + hop_cpu,
     };
-    let printed = String::from_utf8_lossy(&output.stdout);
-    if !output.status.success() || printed.trim() != size.to_string() {
-        return Err(format!("`{line}`: {}, printed {printed:?}", output.status).into());
+    if printed.trim() != size.to_string() {
+        return Err(format!("`{}`: printed {printed:?}", line.shown()).into());
     }
     Ok((took, used))
 }
@@ -502,9 +599,17 @@ fn concurrent(plan: &Plan, servers: &Servers, report: &mut Report) -> Result<(),
     ];
     let rounds = if plan.quick { 1 } else { 3 };
     let one = ["1".to_string()];
-    let (mut bare, mut through) = (Vec::new(), vec![Vec::new(); paths.len()]);
+    let supervised = ["10", "sleep", "1"].map(String::from);
+    let (mut bare, mut floor) = (Vec::new(), Vec::new());
+    let mut through = vec![Vec::new(); paths.len()];
     for _ in 0..rounds {
         bare.push(all_at_once("sleep", &one, None, CONCURRENT_SLEEPS)?);
+        floor.push(all_at_once(
+            "timeout",
+            &supervised,
+            None,
+            CONCURRENT_SLEEPS,
+        )?);
         for ((_, (args, token)), samples) in paths.iter().zip(&mut through) {
             samples.push(all_at_once(
                 CAPEXEC,
@@ -520,8 +625,9 @@ fn concurrent(plan: &Plan, servers: &Servers, report: &mut Report) -> Result<(),
         bare,
         None,
     );
+    let floor = concurrent_floor(report, CONCURRENT_SLEEPS, floor, baseline);
     for ((shown, _), samples) in paths.iter().zip(through) {
-        report.case(
+        let row = report.case(
             SECTION,
             format!("{CONCURRENT_SLEEPS} concurrent `capexec run --connect {shown} -- sleep 1`"),
             samples,
@@ -532,6 +638,7 @@ fn concurrent(plan: &Plan, servers: &Servers, report: &mut Report) -> Result<(),
             Some(Target::Within(Duration::from_millis(1200))),
             "",
         );
+        report.relative(row, floor, SUPERVISED_SLEEP);
     }
 
     // Many more over TCP, to a server of their own, so that its peak
@@ -548,14 +655,16 @@ fn concurrent(plan: &Plan, servers: &Servers, report: &mut Report) -> Result<(),
     )?;
     let before = serve.usage()?;
     let (args, token) = sleep(&serve);
-    let (mut bare, mut through) = (Vec::new(), Vec::new());
+    let (mut bare, mut floor, mut through) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
         bare.push(all_at_once("sleep", &one, None, many)?);
+        floor.push(all_at_once("timeout", &supervised, None, many)?);
         through.push(all_at_once(CAPEXEC, &args, token.as_ref(), many)?);
     }
     let peak = crate::procfs::status_field(serve.pid(), "VmHWM:").ok_or("no VmHWM")?;
     let baseline = report.baseline(SECTION, format!("{many} concurrent `sleep 1`"), bare, None);
-    report.case(
+    let floor = concurrent_floor(report, many, floor, baseline);
+    let row = report.case(
         SECTION,
         format!("{many} concurrent `capexec run --connect tcp:… -- sleep 1`"),
         through,
@@ -564,6 +673,7 @@ fn concurrent(plan: &Plan, servers: &Servers, report: &mut Report) -> Result<(),
         Some(Target::Within(Duration::from_secs(2))),
         "a server of their own",
     );
+    report.relative(row, floor, SUPERVISED_SLEEP);
     let per = peak.saturating_sub(before.rss_kib) as f64 / many as f64;
     report.figure(
         SECTION,
@@ -576,6 +686,29 @@ fn concurrent(plan: &Plan, servers: &Servers, report: &mut Report) -> Result<(),
         None,
     );
     Ok(())
+}
+
+/// The floor of concurrent runs, named in their rows.
+const SUPERVISED_SLEEP: &str = "`timeout 10 sleep 1`";
+
+/// The row of `count` concurrent `timeout 10 sleep 1`: each `sleep 1` with
+/// a C program starting it and waiting for it, the least any supervising
+/// process costs (twice the processes, forks and execs of the baseline).
+fn concurrent_floor(
+    report: &mut Report,
+    count: usize,
+    samples: Vec<Duration>,
+    baseline: crate::report::Baseline,
+) -> RowId {
+    report.case(
+        SECTION,
+        format!("{count} concurrent {SUPERVISED_SLEEP} (a C supervisor of each: the floor)"),
+        samples,
+        baseline,
+        None,
+        None,
+        "",
+    )
 }
 
 /// Starts `count` copies of `program args` and waits for all; any failing

@@ -25,6 +25,7 @@ mod codex;
 mod cpu;
 mod exhaustion;
 mod files;
+mod hop;
 #[path = "../../tests/common/hostile.rs"]
 #[allow(dead_code)]
 mod hostile;

@@ -44,6 +44,9 @@ struct Row {
     bytes: Option<u64>,
     /// Every target must be met; the verdict says each.
     targets: Vec<Target>,
+    /// Rows (a floor, named) this one is also shown against, after its
+    /// verdicts: a share of their rate, or a multiple of their time.
+    relative: Vec<(usize, &'static str)>,
     note: String,
 }
 
@@ -100,6 +103,7 @@ impl Report {
             baseline: None,
             bytes,
             targets: Vec::new(),
+            relative: Vec::new(),
             note: String::new(),
         });
         Baseline(self.rows.len() - 1)
@@ -123,6 +127,7 @@ impl Report {
             baseline: Some(baseline.0),
             bytes,
             targets: target.into_iter().collect(),
+            relative: Vec::new(),
             note: note.into(),
         });
         RowId(self.rows.len() - 1)
@@ -131,6 +136,31 @@ impl Report {
     /// Another target `row` must meet as well as those it has.
     pub fn also(&mut self, row: RowId, target: Target) {
         self.rows[row.0].targets.push(target);
+    }
+
+    /// Shows `row` against the row `of` as well (its floor, say), named
+    /// `name`: no target, where it stands.
+    pub fn relative(&mut self, row: RowId, of: RowId, name: &'static str) {
+        self.rows[row.0].relative.push((of.0, name));
+    }
+
+    /// Where `row` stands against `of`: for rows that move bytes, its rate
+    /// as a share of `of`'s; otherwise its time as a multiple of `of`'s,
+    /// and how much longer.
+    fn standing(&self, row: &Row, of: &Row, name: &str) -> String {
+        match (rate_of(row), rate_of(of)) {
+            (Some(rate), Some(other)) => {
+                format!("{:.0} % of {name}", 100.0 * rate / other.max(1e-9))
+            }
+            _ => {
+                let (median, other) = (secs(median_of(row)), secs(median_of(of)));
+                format!(
+                    "{:.2}x {name} ({:+.0} ms)",
+                    median / other,
+                    (median - other) * 1e3
+                )
+            }
+        }
     }
 
     /// A figure that is not a time; `verdict` is the target and whether it
@@ -240,6 +270,11 @@ impl Report {
                     .targets
                     .iter()
                     .map(|target| self.verdict(row, *target))
+                    .chain(
+                        row.relative
+                            .iter()
+                            .map(|(of, name)| self.standing(row, &self.rows[*of], name)),
+                    )
                     .collect();
                 (shown, verdicts.join("; "))
             }

@@ -1,0 +1,184 @@
+//! One TCP hop at its best, the floor of any command run over TCP: real
+//! processes on each side (`head` on one, `wc` or `cat | wc` on the
+//! other), and between them a loopback TCP connection that two threads of
+//! this process fill and drain with splice(2), pipe to socket and socket
+//! to pipe, so that no byte is copied through user space. `capexec run
+//! --connect tcp:…` puts its connection where this hop is, and must move
+//! the same bytes at least this way; it does more (framing, the server's
+//! reads of the command's pipe, the client's writes into its own).
+
+use std::io;
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::resource::{UsageWho, getrusage};
+
+/// What one pipeline through the hop took: its wall time, what its last
+/// process printed, and the CPU time of the hop's two threads.
+pub struct Hopped {
+    pub took: Duration,
+    pub printed: String,
+    pub hop_cpu: Duration,
+}
+
+/// Runs `left | <one TCP hop> | right`, each side a chain of programs
+/// with their arguments joined by pipes, and waits for every process and
+/// both threads. A process that fails, or a hop that fails, is an error.
+pub fn run(
+    left: &[Vec<String>],
+    right: &[Vec<String>],
+) -> Result<Hopped, Box<dyn std::error::Error>> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let address = listener.local_addr()?;
+    let started = Instant::now();
+    let mut children = Vec::new();
+    let outcome = connect_and_pump(&listener, address, left, right, &mut children);
+    // Every process is waited for, whatever failed, so that none is left
+    // behind; the last one's output is what `wc -c` counted.
+    let mut printed = String::new();
+    let mut failed = Vec::new();
+    let last = children.len().saturating_sub(1);
+    for (i, (name, child)) in children.into_iter().enumerate() {
+        let output = child.wait_with_output();
+        match output {
+            Ok(output) if output.status.success() => {
+                if i == last {
+                    printed = String::from_utf8_lossy(&output.stdout).into_owned();
+                }
+            }
+            Ok(output) => failed.push(format!("{name}: {}", output.status)),
+            Err(why) => failed.push(format!("{name}: {why}")),
+        }
+    }
+    let took = started.elapsed();
+    let hop_cpu = outcome.map_err(|why| format!("the TCP hop: {why}"))?;
+    if !failed.is_empty() {
+        return Err(failed.join("; ").into());
+    }
+    Ok(Hopped {
+        took,
+        printed,
+        hop_cpu,
+    })
+}
+
+/// Starts both sides, connects the hop and pumps it to the end; the
+/// processes started are pushed onto `children` (named) as they start,
+/// for the caller to wait for. Returns the hop's CPU time.
+fn connect_and_pump(
+    listener: &TcpListener,
+    address: std::net::SocketAddr,
+    left: &[Vec<String>],
+    right: &[Vec<String>],
+    children: &mut Vec<(String, Child)>,
+) -> io::Result<Duration> {
+    chain(left, Stdio::null(), children)?;
+    let from = children
+        .last_mut()
+        .and_then(|(_, child)| child.stdout.take())
+        .ok_or_else(|| io::Error::other("the left side has no stdout"))?;
+    let (into, feeds) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    chain(right, Stdio::from(into), children)?;
+    let sender = TcpStream::connect(address)?;
+    let (receiver, _) = listener.accept()?;
+    std::thread::scope(|scope| {
+        let sending = scope.spawn(move || send(from, sender));
+        let receiving = scope.spawn(move || receive(receiver, feeds));
+        let panicked = |_| io::Error::other("a thread of the hop panicked");
+        let received = receiving.join().map_err(panicked)?;
+        let sent = sending.join().map_err(panicked)?;
+        // The receiving side's error first: when it fails, the sender
+        // fails after it, with a broken connection.
+        Ok(received? + sent?)
+    })
+}
+
+/// Starts `programs` joined by pipes, the first reading `stdin`, the last
+/// writing a pipe left in its `Child`.
+fn chain(
+    programs: &[Vec<String>],
+    stdin: Stdio,
+    children: &mut Vec<(String, Child)>,
+) -> io::Result<()> {
+    let mut stdin = Some(stdin);
+    for argv in programs {
+        let (program, args) = argv
+            .split_first()
+            .ok_or_else(|| io::Error::other("an empty command"))?;
+        // The first reads `stdin`; each after it the one before's stdout.
+        let input = match stdin.take() {
+            Some(stdin) => stdin,
+            None => children
+                .last_mut()
+                .and_then(|(_, before)| before.stdout.take())
+                .map(Stdio::from)
+                .ok_or_else(|| io::Error::other("no pipe from the program before"))?,
+        };
+        let child = Command::new(program)
+            .args(args)
+            .stdin(input)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        children.push((argv.join(" "), child));
+    }
+    Ok(())
+}
+
+/// The most one splice(2) call moves.
+const CHUNK: usize = 1 << 20;
+
+/// Pipe to socket until the pipe's end, then the socket's write side
+/// shut, as a client does at its stdin's end.
+fn send(from: ChildStdout, socket: TcpStream) -> io::Result<Duration> {
+    pump(from.as_raw_fd(), socket.as_raw_fd())?;
+    socket.shutdown(Shutdown::Write)?;
+    thread_cpu()
+}
+
+/// Socket to pipe until the connection's end; the pipe closes after, and
+/// its reader sees the end.
+fn receive(socket: TcpStream, into: OwnedFd) -> io::Result<Duration> {
+    pump(socket.as_raw_fd(), into.as_raw_fd())?;
+    drop(into);
+    thread_cpu()
+}
+
+/// splice(2) from `from` to `to` (one of them a pipe) until `from` ends.
+fn pump(from: i32, to: i32) -> io::Result<()> {
+    loop {
+        // SAFETY: both descriptors are open for the call (their owners
+        // outlive it) and no offsets are passed.
+        let moved = unsafe {
+            libc::splice(
+                from,
+                std::ptr::null_mut(),
+                to,
+                std::ptr::null_mut(),
+                CHUNK,
+                libc::SPLICE_F_MOVE | libc::SPLICE_F_MORE,
+            )
+        };
+        match moved {
+            0 => return Ok(()),
+            n if n > 0 => {}
+            _ => {
+                let why = io::Error::last_os_error();
+                if why.kind() != io::ErrorKind::Interrupted {
+                    return Err(why);
+                }
+            }
+        }
+    }
+}
+
+/// The calling thread's CPU time so far, user and system.
+fn thread_cpu() -> io::Result<Duration> {
+    let usage = getrusage(UsageWho::RUSAGE_THREAD)?;
+    let time = |t: nix::sys::time::TimeVal| {
+        Duration::new(t.tv_sec().max(0) as u64, t.tv_usec().max(0) as u32 * 1000)
+    };
+    Ok(time(usage.user_time()) + time(usage.system_time()))
+}
