@@ -49,7 +49,7 @@ pub async fn stdin(process: ResilientProcess, escape: Option<oneshot::Sender<()>
             return;
         }
         count += 1;
-        in_flight.push_back(process.write_in_order(&chunk, &format!("stdin-{count}")));
+        in_flight.push_back(process.write_bytes_in_order(chunk, &format!("stdin-{count}")));
     }
     for write in in_flight {
         if !accepted(write).await {

@@ -352,8 +352,14 @@ impl ResilientProcess {
     /// fails with `overloaded`, and so does every later stdin call, so the
     /// child never sees a hole in its input.
     pub fn write_in_order(&self, data: &[u8], write_id: &str) -> PendingWrite {
+        self.write_bytes_in_order(Bytes::copy_from_slice(data), write_id)
+    }
+
+    /// [`Self::write_in_order`] for bytes the caller already holds as
+    /// [`Bytes`]: kept for a resend without a copy (stdin's data path).
+    pub fn write_bytes_in_order(&self, data: Bytes, write_id: &str) -> PendingWrite {
         self.enqueue(OutgoingKind::Write {
-            data: Bytes::copy_from_slice(data),
+            data,
             write_id: write_id.to_string(),
         })
     }
