@@ -42,6 +42,7 @@ pub mod rpc;
 pub mod sandbox;
 pub mod secret;
 pub mod sys;
+pub mod users;
 #[forbid(unsafe_code)]
 pub mod wire;
 

@@ -30,6 +30,7 @@ mod signals;
 pub(crate) mod stdio;
 mod stdio_handoff;
 mod target;
+mod worker;
 
 use std::ffi::OsString;
 
@@ -550,6 +551,13 @@ pub struct ServeArgs {
     /// pids, cpu, clone-into-cgroup, openat2, o-tmpfile, idmapped-mounts.
     #[arg(long = "hide-kernel-feature", value_name = "FEATURE", hide = true)]
     hide_kernel_features: Vec<capexec::sandbox::KernelFeature>,
+    /// Internal: serve one user's logins, already logged in, on the
+    /// stream socket at descriptor FD (a worker of a server that maps
+    /// logins to users; see docs/design/logins-as-users.md).
+    #[arg(long, value_name = "FD", hide = true,
+          conflicts_with_all = ["listen", "token_file", "upstreams", "admin", "metrics",
+                                "tls_cert", "tls_self_signed"])]
+    worker: Option<i32>,
 }
 
 /// How to run a command: where, in what environment, with what

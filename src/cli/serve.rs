@@ -34,6 +34,9 @@ pub fn main(args: ServeArgs) -> i32 {
         );
         return EXIT_CAPEXEC_FAILURE;
     }
+    if let Some(fd) = args.worker {
+        return crate::cli::worker::main(fd, &args);
+    }
     // SAFETY: nothing has started a thread yet (logging writes from this
     // one), and this is the only place that takes them.
     let inherited = unsafe {
@@ -183,6 +186,7 @@ pub fn main(args: ServeArgs) -> i32 {
             return EXIT_CAPEXEC_FAILURE;
         }
     };
+    let engine = engine(&args, &capacity, descriptor_limit);
     let config = ServerConfig {
         listen,
         token_file: args.token_file,
@@ -210,6 +214,16 @@ pub fn main(args: ServeArgs) -> i32 {
         inherited,
         metrics,
     };
+    crate::cli::run_local(serve(config, engine, capacity, tls_files))
+}
+
+/// The engine a server (or a user's worker) starts processes with: its
+/// process limit and the descriptors its children may hold.
+pub(crate) fn engine(
+    args: &ServeArgs,
+    capacity: &Capacity,
+    descriptor_limit: Option<(u64, u64)>,
+) -> Engine {
     let limits = ProcessLimits {
         max_processes: Some(capacity.max_processes),
         child: ChildSetup {
@@ -220,11 +234,9 @@ pub fn main(args: ServeArgs) -> i32 {
         },
         ..ProcessLimits::default()
     };
-
     // What tests pretend the kernel lacks (--hide-kernel-feature).
     let host = capexec::sandbox::HostConfig::hiding(args.hide_kernel_features.iter().copied());
-    let engine = Engine::with_host(limits, host);
-    crate::cli::run_local(serve(config, engine, capacity, tls_files))
+    Engine::with_host(limits, host)
 }
 
 /// `--metrics tcp:HOST:PORT` (or HOST:PORT).
@@ -494,7 +506,7 @@ fn split_pair<'a>(pair: &'a str, flag: &str, form: &str) -> Result<(&'a str, &'a
 /// process limits are then fitted into. Returns the limit as it was, for
 /// the children: a huge soft limit slows programs that close every
 /// descriptor up to it.
-fn raise_descriptor_limit() -> Option<(u64, u64)> {
+pub(crate) fn raise_descriptor_limit() -> Option<(u64, u64)> {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     match getrlimit(Resource::RLIMIT_NOFILE) {
         Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
@@ -514,7 +526,7 @@ fn raise_descriptor_limit() -> Option<(u64, u64)> {
 
 /// The limits of `args`, fitted into the descriptor limit (see
 /// `cli::capacity`).
-fn descriptor_capacity(args: &ServeArgs) -> Result<Capacity, String> {
+pub(crate) fn descriptor_capacity(args: &ServeArgs) -> Result<Capacity, String> {
     let budget = DescriptorBudget::of_this_process()
         .map_err(|error| format!("cannot work out the descriptor budget: {error}"))?;
     capacity::fit(

@@ -29,3 +29,4 @@ mod security;
 mod service;
 mod stdio_handoff;
 mod tty;
+mod users;

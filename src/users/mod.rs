@@ -1,0 +1,15 @@
+//! Logins as Unix users: the accounts, the `--user-map` that names them,
+//! and the worker process that serves one user's logins with that user's
+//! credentials, so that the kernel applies the user's rights to every
+//! file, signal and port (see docs/design/logins-as-users.md).
+//!
+//! Plain code on the operating system's databases and calls: nothing here
+//! knows Cap'n Proto.
+
+mod account;
+mod map;
+mod worker;
+
+pub use self::account::{Account, AccountError};
+pub use self::map::{Evidence, UserMap};
+pub use self::worker::{Worker, WorkerError, spawn_worker};
