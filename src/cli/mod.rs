@@ -30,7 +30,6 @@ mod signals;
 pub(crate) mod stdio;
 mod stdio_handoff;
 mod target;
-mod worker;
 
 use std::ffi::OsString;
 
@@ -551,9 +550,10 @@ pub struct ServeArgs {
     /// pids, cpu, clone-into-cgroup, openat2, o-tmpfile, idmapped-mounts.
     #[arg(long = "hide-kernel-feature", value_name = "FEATURE", hide = true)]
     hide_kernel_features: Vec<capexec::sandbox::KernelFeature>,
-    /// Internal: serve one user's logins, already logged in, on the
-    /// stream socket at descriptor FD (a worker of a server that maps
-    /// logins to users; see docs/design/logins-as-users.md).
+    /// Internal: serve, as the user this process runs as, on the
+    /// listening Unix socket at descriptor FD only (a user's worker, started
+    /// by a server that maps logins to users and reached only by it; see
+    /// docs/design/logins-as-users.md).
     #[arg(long, value_name = "FD", hide = true,
           conflicts_with_all = ["listen", "token_file", "upstreams", "admin", "metrics",
                                 "tls_cert", "tls_self_signed"])]

@@ -34,19 +34,20 @@ pub fn main(args: ServeArgs) -> i32 {
         );
         return EXIT_CAPEXEC_FAILURE;
     }
-    if let Some(fd) = args.worker {
-        return crate::cli::worker::main(fd, &args);
-    }
-    // SAFETY: nothing has started a thread yet (logging writes from this
-    // one), and this is the only place that takes them.
-    let inherited = unsafe {
-        activation::take_notify_socket();
-        activation::take_listen_fds()
+    let inherited = match args.worker {
+        Some(fd) => worker_socket(fd),
+        // SAFETY: nothing has started a thread yet (logging writes from
+        // this one), and this is the only place that takes them.
+        None => unsafe {
+            activation::take_notify_socket();
+            activation::take_listen_fds()
+        }
+        .map_err(|error| format!("socket activation: {error}")),
     };
     let inherited = match inherited {
         Ok(inherited) => inherited,
         Err(error) => {
-            eprintln!("capexec: socket activation: {error}");
+            eprintln!("capexec: {error}");
             return EXIT_CAPEXEC_FAILURE;
         }
     };
@@ -217,13 +218,31 @@ pub fn main(args: ServeArgs) -> i32 {
     crate::cli::run_local(serve(config, engine, capacity, tls_files))
 }
 
-/// The engine a server (or a user's worker) starts processes with: its
+/// `--worker FD`: the listening socket a user's worker was handed, its
+/// only listener.
+fn worker_socket(fd: i32) -> Result<Vec<activation::InheritedSocket>, String> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    // SAFETY: F_GETFD reads a flag, and fails cleanly on a closed number.
+    if fd < 3 || unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1 {
+        return Err(format!(
+            "--worker {fd}: no open descriptor {fd} was inherited"
+        ));
+    }
+    // SAFETY: open (checked above), and nothing else in this process owns
+    // it; close-on-exec, so no child inherits it.
+    let fd = unsafe {
+        libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        OwnedFd::from_raw_fd(fd)
+    };
+    Ok(vec![activation::InheritedSocket {
+        fd: std::sync::Arc::new(fd),
+        name: "worker".to_string(),
+    }])
+}
+
+/// The engine a server starts processes with: its
 /// process limit and the descriptors its children may hold.
-pub(crate) fn engine(
-    args: &ServeArgs,
-    capacity: &Capacity,
-    descriptor_limit: Option<(u64, u64)>,
-) -> Engine {
+fn engine(args: &ServeArgs, capacity: &Capacity, descriptor_limit: Option<(u64, u64)>) -> Engine {
     let limits = ProcessLimits {
         max_processes: Some(capacity.max_processes),
         child: ChildSetup {
@@ -506,7 +525,7 @@ fn split_pair<'a>(pair: &'a str, flag: &str, form: &str) -> Result<(&'a str, &'a
 /// process limits are then fitted into. Returns the limit as it was, for
 /// the children: a huge soft limit slows programs that close every
 /// descriptor up to it.
-pub(crate) fn raise_descriptor_limit() -> Option<(u64, u64)> {
+fn raise_descriptor_limit() -> Option<(u64, u64)> {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     match getrlimit(Resource::RLIMIT_NOFILE) {
         Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
@@ -526,7 +545,7 @@ pub(crate) fn raise_descriptor_limit() -> Option<(u64, u64)> {
 
 /// The limits of `args`, fitted into the descriptor limit (see
 /// `cli::capacity`).
-pub(crate) fn descriptor_capacity(args: &ServeArgs) -> Result<Capacity, String> {
+fn descriptor_capacity(args: &ServeArgs) -> Result<Capacity, String> {
     let budget = DescriptorBudget::of_this_process()
         .map_err(|error| format!("cannot work out the descriptor budget: {error}"))?;
     capacity::fit(

@@ -12,4 +12,4 @@ mod worker;
 
 pub use self::account::{Account, AccountError};
 pub use self::map::{Evidence, UserMap};
-pub use self::worker::{Worker, WorkerError, spawn_worker};
+pub use self::worker::{WorkerError, spawn_worker};

@@ -1,5 +1,7 @@
 //! A user's worker: `capexec serve --worker FD` started with the user's
-//! credentials, serving the user's logins on one end of a socketpair.
+//! credentials, serving on a listening Unix socket that the privileged
+//! part bound where only the server reaches it, and that the server
+//! forwards the user's logins to (a chain hop).
 //!
 //! Made by the privileged part of a server that maps logins to users (see
 //! docs/design/logins-as-users.md); everything the worker does, the kernel
@@ -8,16 +10,12 @@
 //! of the group database).
 
 use std::ffi::OsString;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::net::UnixStream;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use crate::users::account::Account;
-
-/// The descriptor the worker finds its end of the socketpair on.
-pub const WORKER_FD: i32 = 3;
 
 /// Variables a worker keeps from the server's environment: the locale, the
 /// time zone and what its log shows. The rest is a login's own.
@@ -26,13 +24,6 @@ const KEPT_VARIABLES: &[&str] = &["LANG", "LANGUAGE", "TZ", "RUST_LOG"];
 /// A login's PATH, as `login(1)` sets it for an ordinary user
 /// (`ENV_PATH` of login.defs).
 const LOGIN_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
-
-/// A running worker and the server's end of its socketpair.
-pub struct Worker {
-    pub child: Child,
-    /// A Cap'n Proto connection to the worker's executor, logged in.
-    pub socket: UnixStream,
-}
 
 /// Why a worker could not be started.
 #[derive(Debug)]
@@ -59,22 +50,27 @@ impl std::fmt::Display for WorkerError {
 
 impl std::error::Error for WorkerError {}
 
-/// Starts `program serve --worker 3` as `account`: its ids and groups, the
+/// Starts `program serve --worker FD` as `account`, serving on `listener`
+/// (a listening Unix socket; the worker gets its own descriptor of it):
+/// its ids and groups, the
 /// environment a login of it finds (`HOME`, `USER`, `LOGNAME`, `SHELL`, a
 /// login's `PATH`), in its home directory (`/` if that is missing), with
 /// no descriptor of the server's but stderr. The worker dies with the
 /// process that started it (SIGKILL on its death), as a server's processes
 /// die with the server.
-pub fn spawn_worker(account: &Account, program: &Path) -> Result<Worker, WorkerError> {
+pub fn spawn_worker(
+    account: &Account,
+    program: &Path,
+    listener: &impl AsFd,
+) -> Result<Child, WorkerError> {
     if !nix::unistd::getuid().is_root() || !nix::unistd::geteuid().is_root() {
         return Err(WorkerError::NotRoot);
     }
-    let (ours, theirs) = UnixStream::pair().map_err(WorkerError::Io)?;
-    let theirs = OwnedFd::from(theirs);
+    let socket = listener.as_fd().as_raw_fd();
     let mut command = Command::new(program);
     command
         .args(["serve", "--worker"])
-        .arg(WORKER_FD.to_string())
+        .arg(socket.to_string())
         .env_clear()
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -96,30 +92,30 @@ pub fn spawn_worker(account: &Account, program: &Path) -> Result<Worker, WorkerE
     });
     let parent = std::process::id();
     let (uid, gid, groups) = (account.uid, account.gid, account.groups.clone());
-    let socket = theirs.as_raw_fd();
     // SAFETY: between fork and exec only async-signal-safe calls, on values
     // prepared before the fork (no allocation).
     unsafe {
         command.pre_exec(move || {
-            // The socket at WORKER_FD, open across exec.
-            if socket == WORKER_FD {
-                let flags = libc::fcntl(socket, libc::F_GETFD);
-                check(libc::fcntl(
-                    socket,
-                    libc::F_SETFD,
-                    flags & !libc::FD_CLOEXEC,
-                ))?;
-            } else {
-                check(libc::dup2(socket, WORKER_FD))?;
+            // The listener open across exec, at the number it has here
+            // (a dup2 to a fixed number could land on std's own
+            // exec-error pipe); everything else of the server's closed on
+            // exec (std's pipe is so already).
+            let flags = libc::fcntl(socket, libc::F_GETFD);
+            check(libc::fcntl(
+                socket,
+                libc::F_SETFD,
+                flags & !libc::FD_CLOEXEC,
+            ))?;
+            for (first, last) in [(3, socket - 1), (socket + 1, i32::MAX)] {
+                if first <= last {
+                    check(libc::syscall(
+                        libc::SYS_close_range,
+                        first as u32,
+                        last as u32,
+                        libc::CLOSE_RANGE_CLOEXEC,
+                    ) as libc::c_int)?;
+                }
             }
-            // Nothing else of the server's crosses exec (std's own
-            // exec-error pipe is close-on-exec already).
-            check(libc::syscall(
-                libc::SYS_close_range,
-                WORKER_FD + 1,
-                u32::MAX,
-                libc::CLOSE_RANGE_CLOEXEC,
-            ) as libc::c_int)?;
             // Groups first, then the group, then the user: after setresuid
             // nothing could change the others.
             nix::unistd::setgroups(&groups)?;
@@ -134,12 +130,7 @@ pub fn spawn_worker(account: &Account, program: &Path) -> Result<Worker, WorkerE
             Ok(())
         });
     }
-    let child = command.spawn().map_err(WorkerError::Io)?;
-    drop(theirs);
-    Ok(Worker {
-        child,
-        socket: ours,
-    })
+    command.spawn().map_err(WorkerError::Io)
 }
 
 fn check(result: libc::c_int) -> std::io::Result<()> {

@@ -12,11 +12,12 @@ use std::process::Command as Std;
 use capexec::capexec_capnp::executor;
 use capexec::client::Command;
 use capexec::model::ExitStatus;
-use capexec::users::{Account, Worker, spawn_worker};
+use capexec::net::Address;
+use capexec::users::{Account, spawn_worker};
 
 use crate::common::cli::BIN;
 use crate::common::data::TempDir;
-use crate::common::{raw_client_system, run_on_runtime, sh};
+use crate::common::{run_on_runtime, sh};
 
 const TEAM: &str = "capexec-test-team";
 
@@ -70,24 +71,29 @@ fn group_exists() -> bool {
         .is_empty()
 }
 
-/// `body` with an executor served by a worker of `account`.
+/// `body` with an executor served by a worker of `account` on a socket
+/// only root may reach, and the worker's pid.
 async fn with_worker<F, Fut>(account: &Account, body: F)
 where
     F: FnOnce(executor::Client, u32) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    let Worker { mut child, socket } = spawn_worker(account, Path::new(BIN)).expect("a worker");
-    socket.set_nonblocking(true).expect("nonblocking");
-    let (reader, writer) = tokio::net::UnixStream::from_std(socket)
-        .expect("socket")
-        .into_split();
-    let mut system = raw_client_system(reader, writer);
-    let executor: executor::Client = system.bootstrap(capnp_rpc::rpc_twoparty_capnp::Side::Server);
-    let disconnector = system.get_disconnector();
-    tokio::task::spawn_local(system);
-    body(executor, child.id()).await;
-    disconnector.await.expect("disconnect");
-    // The worker ends when its login's connection does.
+    let dir = TempDir::new("users-worker");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let path = dir.path().join("worker.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+    let mut child = spawn_worker(account, Path::new(BIN), &listener).expect("a worker");
+    drop(listener);
+    let connection = capexec::net::connect(&Address::Unix(path), None)
+        .await
+        .expect("connect to the worker");
+    body(connection.executor(), child.id()).await;
+    drop(connection);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("SIGTERM");
     let status = tokio::task::spawn_blocking(move || child.wait())
         .await
         .expect("join")
