@@ -550,13 +550,21 @@ pub struct ServeArgs {
     /// pids, cpu, clone-into-cgroup, openat2, o-tmpfile, idmapped-mounts.
     #[arg(long = "hide-kernel-feature", value_name = "FEATURE", hide = true)]
     hide_kernel_features: Vec<capexec::sandbox::KernelFeature>,
+    /// Run each login as its own Unix user (a server started as root): a
+    /// Unix-socket peer as the user its credentials name, or the one FILE
+    /// maps its uid to (`unix UID USER` lines; `#` starts a comment).
+    /// Unix listeners become open to every local user. Each user's
+    /// commands, files and ports are served by a worker process with that
+    /// user's ids, groups and login environment.
+    #[arg(long, value_name = "FILE")]
+    user_map: Option<std::path::PathBuf>,
     /// Internal: serve, as the user this process runs as, on the
     /// listening Unix socket at descriptor FD only (a user's worker, started
     /// by a server that maps logins to users and reached only by it; see
     /// docs/design/logins-as-users.md).
     #[arg(long, value_name = "FD", hide = true,
           conflicts_with_all = ["listen", "token_file", "upstreams", "admin", "metrics",
-                                "tls_cert", "tls_self_signed"])]
+                                "tls_cert", "tls_self_signed", "user_map"])]
     worker: Option<i32>,
 }
 

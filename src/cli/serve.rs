@@ -16,7 +16,7 @@ use capexec::engine::{self, ChildSetup, Engine, ProcessLimits};
 use capexec::net::activation;
 use capexec::net::{
     Address, CallLimits, Server, ServerConfig, ServerTrust, TlsClient, TlsServer, Token,
-    UpstreamConfig,
+    UpstreamConfig, UsersConfig,
 };
 use std::time::{Duration, SystemTime};
 
@@ -82,6 +82,13 @@ pub fn main(args: ServeArgs) -> i32 {
             }
         }
     }
+    let users = match args.user_map.as_deref().map(users_config).transpose() {
+        Ok(users) => users,
+        Err(error) => {
+            eprintln!("capexec: {error}");
+            return EXIT_CAPEXEC_FAILURE;
+        }
+    };
     let admin = match args.admin.as_deref().map(admin_socket).transpose() {
         Ok(admin) => admin,
         Err(error) => {
@@ -214,8 +221,53 @@ pub fn main(args: ServeArgs) -> i32 {
         admin,
         inherited,
         metrics,
+        users,
     };
     crate::cli::run_local(serve(config, engine, capacity, tls_files))
+}
+
+/// `--user-map FILE`: refused unless this server runs as root, which alone
+/// can start a process as another user.
+fn users_config(file: &std::path::Path) -> Result<UsersConfig, String> {
+    let uid = nix::unistd::geteuid();
+    if !uid.is_root() {
+        return Err(format!(
+            "--user-map needs a server started as root: it starts each login's processes as \
+             that login's user, which only root can do, and this server runs as uid {uid}"
+        ));
+    }
+    let map = capexec::users::UserMap::read(file)?;
+    if let Some((evidence, account)) = map
+        .entries()
+        .iter()
+        .find(|(evidence, _)| !matches!(evidence, capexec::users::Evidence::UnixUid(_)))
+    {
+        let kind = match evidence {
+            capexec::users::Evidence::TokenFile(_) => "token",
+            _ => "cert",
+        };
+        return Err(format!(
+            "--user-map {}: a `{kind}` line (for {}) maps a TCP login, and this server runs \
+             only Unix-socket logins as users so far: map Unix peers with `unix UID USER`",
+            file.display(),
+            account.name
+        ));
+    }
+    let program = std::env::current_exe()
+        .map_err(|error| format!("--user-map: cannot find capexec's own binary: {error}"))?;
+    let run = PathBuf::from("/run/capexec");
+    std::fs::create_dir_all(&run).map_err(|error| {
+        format!(
+            "--user-map: cannot make {}: {}",
+            run.display(),
+            capexec::model::io_message(&error)
+        )
+    })?;
+    Ok(UsersConfig {
+        map,
+        program,
+        socket_dir: run.join(format!("workers.{}", std::process::id())),
+    })
 }
 
 /// `--worker FD`: the listening socket a user's worker was handed, its

@@ -12,7 +12,7 @@ use crate::capexec_capnp::executor;
 use crate::engine::{Engine, GivenStdio};
 use crate::model::{LOCAL_ENVIRONMENT, Policy, Refusal, RefusalKind, Sandbox};
 use crate::policy::Rules;
-use crate::rpc::context::{Place, ServerContext};
+use crate::rpc::context::{Place, ServerContext, Upstream};
 use crate::rpc::detach::Held;
 use crate::rpc::forward::ForwardingExecutor;
 use crate::rpc::holdings::Hold;
@@ -189,6 +189,18 @@ pub fn root_executor(context: Rc<ServerContext>, quota: Quota) -> executor::Clie
             capnp_rpc::new_client(ForwardingExecutor::root(upstream, context, quota))
         }
     }
+}
+
+/// The root executor of a connection whose every call goes on to
+/// `upstream` (a user's worker, for a server that maps logins to users):
+/// the connection's `quota` bounds what it holds here, as a chain's hop's.
+pub fn forwarded_root_executor(
+    upstream: Rc<dyn Upstream>,
+    context: Rc<ServerContext>,
+    quota: Quota,
+) -> executor::Client {
+    crate::rpc::tune_allocator();
+    capnp_rpc::new_client(ForwardingExecutor::root(upstream, context, quota))
 }
 
 /// `Executor.environment(name)` of a server's own (unrestricted) executors:

@@ -33,8 +33,8 @@ pub use self::direct::{
 };
 pub use self::directory::DirectoryImpl;
 pub use self::executor::{
-    ExecutorImpl, local_executor, local_executor_with_stdio_route, restricted_root_executor,
-    root_executor,
+    ExecutorImpl, forwarded_root_executor, local_executor, local_executor_with_stdio_route,
+    restricted_root_executor, root_executor,
 };
 pub use self::holdings::{
     HoldingLimits, MAX_HELD_DESCRIPTORS_PER_CONNECTION, MAX_HELD_MEMORY,

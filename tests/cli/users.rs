@@ -15,7 +15,7 @@ use capexec::model::ExitStatus;
 use capexec::net::Address;
 use capexec::users::{Account, spawn_worker};
 
-use crate::common::cli::BIN;
+use crate::common::cli::{BIN, finish, kill, spawn_until_first_line, text, wait};
 use crate::common::data::TempDir;
 use crate::common::{run_on_runtime, sh};
 
@@ -72,16 +72,18 @@ fn group_exists() -> bool {
 }
 
 /// `body` with an executor served by a worker of `account` on a socket
-/// only root may reach, and the worker's pid.
+/// only root may connect to (as the server makes them), and the worker's
+/// pid.
 async fn with_worker<F, Fut>(account: &Account, body: F)
 where
     F: FnOnce(executor::Client, u32) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
     let dir = TempDir::new("users-worker");
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).expect("chmod");
     let path = dir.path().join("worker.sock");
     let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let mut child = spawn_worker(account, Path::new(BIN), &listener).expect("a worker");
     drop(listener);
     let connection = capexec::net::connect(&Address::Unix(path), None)
@@ -274,5 +276,221 @@ fn a_worker_without_its_socket_says_so() {
     assert_eq!(
         String::from_utf8_lossy(&output.stderr),
         "capexec: --worker cannot be used with --listen (see capexec serve --help)\n"
+    );
+}
+
+/// `capexec run` on `socket` as the user `uid` (its own HOME, no token).
+fn run_as(uid: u32, gid: u32, home: &str, socket: &str, script: &str) -> Std {
+    use std::os::unix::process::CommandExt;
+    let mut command = Std::new(BIN);
+    command
+        .args(["run", "--connect", socket, "-n", "--", "sh", "-c", script])
+        .env("HOME", home)
+        .env_remove("XDG_CONFIG_HOME")
+        .env_remove("CAPEXEC_TOKEN")
+        .uid(uid)
+        .gid(gid);
+    command
+}
+
+#[test]
+fn a_server_with_a_user_map_runs_each_unix_peer_as_its_user_or_the_mapped_one() {
+    let alice = test_account("capexec-alice", true);
+    let bob = test_account("capexec-bob", false);
+    let dir = TempDir::new("users-serve");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let map = dir.path().join("users");
+    std::fs::write(
+        &map,
+        format!(
+            "# bob's logins run as alice\nunix {} capexec-alice\n",
+            bob.uid
+        ),
+    )
+    .expect("map");
+    let socket = dir.path().join("s.sock");
+    let mut server = Std::new(BIN);
+    server
+        .args(["serve", "--listen"])
+        .arg(format!("unix:{}", socket.display()))
+        .arg("--user-map")
+        .arg(&map);
+    let (mut server, line) = spawn_until_first_line(server);
+    let address = line.trim().to_string();
+    assert_eq!(address, format!("unix:{}", socket.display()));
+    // Open to every local user: the kernel tells them apart.
+    let mode = std::fs::metadata(&socket).expect("socket").mode() & 0o777;
+    assert_eq!(mode, 0o666);
+    let script = "id -un; echo \"$HOME $USER\"; id -u";
+    let cases = [
+        (alice.uid.as_raw(), alice.gid.as_raw(), &alice),
+        (bob.uid.as_raw(), bob.gid.as_raw(), &alice),
+    ];
+    for (uid, gid, runs_as) in cases {
+        let done = finish(run_as(uid, gid, "/", &address, script), None);
+        assert_eq!(
+            (done.code, text(&done.stdout)),
+            (
+                0,
+                format!(
+                    "{name}\n/home/{name} {name}\n{uid}\n",
+                    name = runs_as.name,
+                    uid = runs_as.uid
+                )
+            ),
+            "uid {uid}: {}",
+            text(&done.stderr)
+        );
+    }
+    // Root is root.
+    let done = finish(run_as(0, 0, "/root", &address, "id -un"), None);
+    assert_eq!((done.code, text(&done.stdout).as_str()), (0, "root\n"));
+    // A uid with no account is refused, and told why.
+    let done = finish(run_as(3_999_999, 3_999_999, "/", &address, "id -un"), None);
+    assert_ne!(done.code, 0);
+    assert!(
+        text(&done.stderr).contains("no user with uid 3999999 in the password database"),
+        "{}",
+        text(&done.stderr)
+    );
+    // A worker that ends is started again at its user's next login.
+    let server_pid = server.id();
+    let workers = workers_of(alice.uid.as_raw(), server_pid);
+    assert_eq!(
+        workers.len(),
+        1,
+        "one worker for alice (and bob, mapped to her)"
+    );
+    kill_pid(workers[0], libc::SIGKILL);
+    wait_until(|| !alive(workers[0]));
+    let done = finish(
+        run_as(
+            alice.uid.as_raw(),
+            alice.gid.as_raw(),
+            "/",
+            &address,
+            "id -un",
+        ),
+        None,
+    );
+    assert_eq!(
+        (done.code, text(&done.stdout)),
+        (0, "capexec-alice\n".to_string()),
+        "{}",
+        text(&done.stderr)
+    );
+    let again = workers_of(alice.uid.as_raw(), server_pid);
+    assert_eq!(again.len(), 1);
+    assert_ne!(again, workers);
+    // The workers end with the server (a reparented one would have left
+    // the list, so each is watched by its pid).
+    kill(&server, libc::SIGTERM);
+    assert_eq!(wait(&mut server), 0);
+    wait_until(|| again.iter().all(|pid| !alive(*pid)));
+}
+
+/// The pids of `capexec serve --worker` processes of `uid` that `parent`
+/// started (other tests start workers of the same users).
+fn workers_of(uid: u32, parent: u32) -> Vec<u32> {
+    let mut pids: Vec<u32> = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            status.contains(&format!("\nUid:\t{uid}\t"))
+                && status.contains(&format!("\nPPid:\t{parent}\n"))
+                && cmdline.windows(8).any(|w| w == b"--worker")
+                && !status.contains("\nState:\tZ")
+        })
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// Whether `pid` is a process that has not ended (a zombie has).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .is_ok_and(|status| !status.contains("\nState:\tZ"))
+}
+
+fn kill_pid(pid: u32, signal: libc::c_int) {
+    // SAFETY: kill(2) on a process this test made.
+    assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0);
+}
+
+/// Polls `done` until it holds, within a deadline.
+fn wait_until(done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "not within 20 s");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_user_map_is_refused_where_it_cannot_be_kept() {
+    let alice = test_account("capexec-alice", true);
+    let dir = TempDir::new("users-refused");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let map = dir.path().join("users");
+    std::fs::write(&map, "unix 4000 capexec-alice\n").expect("map");
+    std::fs::set_permissions(&map, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let socket = format!("unix:{}", dir.path().join("s.sock").display());
+    let serve = |args: &[&str], uid: u32| {
+        use std::os::unix::process::CommandExt;
+        let mut command = Std::new(BIN);
+        command
+            .arg("serve")
+            .args(args)
+            .env("HOME", "/")
+            .uid(uid)
+            .gid(alice.gid.as_raw());
+        finish(command, None)
+    };
+    let map_arg = map.display().to_string();
+    // Not as root: a sentence, and exit 125.
+    let done = serve(
+        &["--listen", &socket, "--user-map", &map_arg],
+        alice.uid.as_raw(),
+    );
+    assert_eq!(done.code, 125);
+    assert_eq!(
+        text(&done.stderr),
+        format!(
+            "capexec: --user-map needs a server started as root: it starts each login's \
+             processes as that login's user, which only root can do, and this server runs as \
+             uid {}\n",
+            alice.uid
+        )
+    );
+    // A TCP listener's logins cannot be mapped yet: refused, not served as root.
+    let done = serve(&["--listen", "tcp:127.0.0.1:0", "--user-map", &map_arg], 0);
+    assert_eq!(done.code, 125);
+    assert!(
+        text(&done.stderr)
+            .contains("--user-map: logins as users are served on Unix sockets only so far"),
+        "{}",
+        text(&done.stderr)
+    );
+    // Nor a map that names TCP logins.
+    std::fs::write(&map, "token tokens/ci capexec-alice\n").expect("map");
+    let done = serve(&["--listen", &socket, "--user-map", &map_arg], 0);
+    assert_eq!(done.code, 125);
+    assert_eq!(
+        text(&done.stderr),
+        format!(
+            "capexec: --user-map {map_arg}: a `token` line (for capexec-alice) maps a TCP login, \
+             and this server runs only Unix-socket logins as users so far: map Unix peers with \
+             `unix UID USER`\n"
+        )
+    );
+    // And a map's mistakes name the file and the line.
+    std::fs::write(&map, "\nunix 4000 capexec-no-such-user\n").expect("map");
+    let done = serve(&["--listen", &socket, "--user-map", &map_arg], 0);
+    assert_eq!(done.code, 125);
+    assert_eq!(
+        text(&done.stderr),
+        format!("capexec: {map_arg}:2: no user `capexec-no-such-user` in the password database\n")
     );
 }

@@ -33,9 +33,11 @@ fn allowed(module: &str) -> Option<Vec<&'static str>> {
             &["policy", "wire", "conn", "capexec_capnp"],
         ]
         .concat(),
+        // (`users`: a server that runs logins as users starts their
+        // workers.)
         "net" => [
             &leaves[..],
-            &["rpc", "policy", "wire", "conn", "capexec_capnp"],
+            &["rpc", "policy", "wire", "conn", "capexec_capnp", "users"],
         ]
         .concat(),
         "client" => [&leaves[..], &["net", "wire", "conn", "capexec_capnp"]].concat(),

@@ -38,6 +38,9 @@ struct Accepted {
     received: Option<rpc::ReceivedDescriptors>,
     /// Where its dials' direct channels are claimed: a Unix socket's.
     direct: Option<rpc::DirectChannels>,
+    /// The account it runs as, on a server that runs logins as users (or
+    /// why it has none).
+    account: Option<Result<crate::users::Account, String>>,
 }
 
 pub(super) async fn accept_loop(address: Address, listener: Listener, serving: Rc<Serving>) {
@@ -67,10 +70,19 @@ pub(super) async fn accept_loop(address: Address, listener: Listener, serving: R
         let span = tracing::info_span!("connection", id, peer = %accepted.peer);
         let serving = Rc::clone(&serving);
         let connection = format!("{id} {}", accepted.peer);
-        let make = Rc::clone(&serving.executor);
         let (received, direct) = (accepted.received.clone(), accepted.direct.clone());
-        let executor: ConnectionExecutor =
-            Rc::new(move || make(&connection, received.as_ref(), direct.as_ref()));
+        let executor: ConnectionExecutor = match (&serving.users, accepted.account) {
+            (Some(users), Some(account)) => {
+                let users = Rc::clone(users);
+                Rc::new(move || {
+                    users.executor(&account, &connection, received.as_ref(), direct.as_ref())
+                })
+            }
+            _ => {
+                let make = Rc::clone(&serving.executor);
+                Rc::new(move || make(&connection, received.as_ref(), direct.as_ref()))
+            }
+        };
         let open = crate::metrics::connection_opened();
         tokio::task::spawn_local(
             async move {
@@ -97,6 +109,13 @@ fn accept_unix(stream: tokio::net::UnixStream, serving: &Serving) -> Option<Acce
         tracing::warn!("refusing a connection from a sandboxed process");
         return None;
     }
+    // Who the peer is, as the kernel says, on a server that runs logins
+    // as users.
+    let account = serving.users.as_ref().map(|users| {
+        nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
+            .map_err(|errno| format!("cannot tell who the peer is: {}", errno.desc()))
+            .and_then(|credentials| users.account_of_unix_peer(credentials.uid()))
+    });
     let session = Session::logged_in();
     // A restricted server reads plainly: the kernel drops whatever
     // descriptors come.
@@ -129,6 +148,7 @@ fn accept_unix(stream: tokio::net::UnixStream, serving: &Serving) -> Option<Acce
         login: None,
         received,
         direct: Some(serving.direct.clone()),
+        account,
     })
 }
 
@@ -213,6 +233,8 @@ fn accept_tcp(
         login: serving.login.borrow().clone(),
         received: None,
         direct: None,
+        // (A server that runs logins as users has no TCP listener yet.)
+        account: None,
     })
 }
 

@@ -9,6 +9,9 @@
 mod accept;
 mod connection;
 mod serving;
+mod users;
+
+pub use self::users::UsersConfig;
 
 pub use self::connection::serve_stream;
 pub(crate) use self::connection::server_network;
@@ -83,6 +86,10 @@ pub struct ServerConfig {
     /// Where to serve the Prometheus text of `crate::metrics` (a tcp:
     /// address).
     pub metrics: Option<Address>,
+    /// Run each login as its own Unix user (a server started as root):
+    /// Unix listeners are open to every local user, and each peer's
+    /// connection goes to the worker of its account.
+    pub users: Option<UsersConfig>,
 }
 
 #[derive(Debug)]
@@ -95,6 +102,8 @@ pub enum ServeError {
     Policy(String),
     /// A socket passed by the service manager that cannot be served.
     Inherited(String, std::io::Error),
+    /// Logins as users cannot be served as configured.
+    Users(String),
 }
 
 impl fmt::Display for ServeError {
@@ -118,6 +127,7 @@ impl fmt::Display for ServeError {
                 "socket activation: the socket {name:?}: {}",
                 crate::model::io_message(error)
             ),
+            ServeError::Users(why) => write!(f, "--user-map: {why}"),
         }
     }
 }
@@ -166,6 +176,31 @@ impl Server {
         let rules = restriction(&config)?;
         let context = server_context(&config, engine)?;
         let (login, token_path) = login(&config, inherited_tcp)?;
+        let users = match &config.users {
+            None => None,
+            Some(_) if config.listen.iter().any(Address::is_tcp) || inherited_tcp => {
+                return Err(ServeError::Users(
+                    "logins as users are served on Unix sockets only so far: a TCP login \
+                     (token or certificate lines of the map) cannot be mapped to a user yet"
+                        .to_string(),
+                ));
+            }
+            Some(users) => Some(Rc::new(
+                users::Workers::new(
+                    users.clone(),
+                    Rc::clone(&context),
+                    config.max_processes_per_connection,
+                    config.port_limits,
+                )
+                .map_err(|error| {
+                    ServeError::Users(format!(
+                        "cannot make the workers' directory {}: {}",
+                        users.socket_dir.display(),
+                        crate::model::io_message(&error)
+                    ))
+                })?,
+            )),
+        };
         let mut server = Server {
             serving: Rc::new(Serving {
                 takes_descriptors: rules.is_none(),
@@ -185,6 +220,7 @@ impl Server {
                 connections: Connections::new(PendingLogins::new(config.pending_logins)),
                 direct: rpc::DirectChannels::default(),
                 closing: Closing::new(),
+                users,
             }),
             context,
             listeners: Vec::new(),
@@ -304,6 +340,12 @@ impl Server {
             Address::Unix(path) => {
                 let (listener, file) = socket::bind_unix(path)?;
                 self.unix_files.push(file);
+                if self.serving.users.is_some() {
+                    // Every local user may connect: the kernel says who
+                    // each peer is, and its worker runs as that user.
+                    use std::os::unix::fs::PermissionsExt;
+                    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+                }
                 self.listeners
                     .push((address.clone(), Listener::Unix(listener)));
             }

@@ -42,6 +42,8 @@ pub(super) struct Serving {
     pub(super) direct: rpc::DirectChannels,
     /// Closes every connection at a clean shutdown, saying why.
     pub(super) closing: Closing,
+    /// Each login's user's worker, on a server that runs logins as users.
+    pub(super) users: Option<Rc<super::users::Workers>>,
 }
 
 /// What a TCP connection must do before it gets the executor.
