@@ -25,6 +25,7 @@ mod restrictions;
 mod run;
 mod self_signed;
 mod serve;
+mod serve_users;
 mod servers;
 mod signals;
 pub(crate) mod stdio;
@@ -558,6 +559,30 @@ pub struct ServeArgs {
     /// user's ids, groups and login environment.
     #[arg(long, value_name = "FILE")]
     user_map: Option<std::path::PathBuf>,
+    /// With --user-map: the user the front runs as, the part of the server
+    /// that accepts connections and reads every peer's messages (never
+    /// root). Give it a user of its own: another daemon's user could
+    /// signal or trace it.
+    #[arg(
+        long,
+        value_name = "USER",
+        default_value = "capexec",
+        requires = "user_map"
+    )]
+    privsep_user: String,
+    /// Internal: serve as the front of a server that runs logins as users,
+    /// asking its monitor at descriptor FD which worker serves each login.
+    #[arg(long, value_name = "FD", hide = true)]
+    front: Option<i32>,
+    /// Internal: a listening socket at descriptor FD to serve (NAME
+    /// `admin`: the admin socket); repeatable.
+    #[arg(
+        long = "listen-fd",
+        value_name = "FD[=NAME]",
+        hide = true,
+        requires = "front"
+    )]
+    listen_fds: Vec<String>,
     /// Internal: serve, as the user this process runs as, on the
     /// listening Unix socket at descriptor FD only (a user's worker, started
     /// by a server that maps logins to users and reached only by it; see

@@ -16,7 +16,7 @@ use capexec::engine::{self, ChildSetup, Engine, ProcessLimits};
 use capexec::net::activation;
 use capexec::net::{
     Address, CallLimits, Server, ServerConfig, ServerTrust, TlsClient, TlsServer, Token,
-    UpstreamConfig, UsersConfig,
+    UpstreamConfig,
 };
 use std::time::{Duration, SystemTime};
 
@@ -34,11 +34,12 @@ pub fn main(args: ServeArgs) -> i32 {
         );
         return EXIT_CAPEXEC_FAILURE;
     }
-    let inherited = match args.worker {
-        Some(fd) => worker_socket(fd),
+    let inherited = match (args.worker, args.front) {
+        (Some(fd), _) => worker_socket(fd),
+        (None, Some(_)) => crate::cli::serve_users::front_sockets(&args.listen_fds),
         // SAFETY: nothing has started a thread yet (logging writes from
         // this one), and this is the only place that takes them.
-        None => unsafe {
+        (None, None) => unsafe {
             activation::take_notify_socket();
             activation::take_listen_fds()
         }
@@ -52,7 +53,8 @@ pub fn main(args: ServeArgs) -> i32 {
         }
     };
     let mut listen = Vec::new();
-    if args.listen.is_empty() && inherited.is_empty() {
+    // (A front's listeners are its monitor's.)
+    if args.listen.is_empty() && inherited.is_empty() && args.front.is_none() {
         match default_listener() {
             Ok(address) => listen.push(address),
             Err(error) => {
@@ -82,13 +84,6 @@ pub fn main(args: ServeArgs) -> i32 {
             }
         }
     }
-    let users = match args.user_map.as_deref().map(users_config).transpose() {
-        Ok(users) => users,
-        Err(error) => {
-            eprintln!("capexec: {error}");
-            return EXIT_CAPEXEC_FAILURE;
-        }
-    };
     let admin = match args.admin.as_deref().map(admin_socket).transpose() {
         Ok(admin) => admin,
         Err(error) => {
@@ -96,6 +91,22 @@ pub fn main(args: ServeArgs) -> i32 {
             return EXIT_CAPEXEC_FAILURE;
         }
     };
+    // The front of a server that runs logins as users: its listeners (and
+    // the admin socket) came from the monitor, which bound them.
+    let (users, listen, admin) = match args.front {
+        Some(monitor) => match crate::cli::serve_users::front_config(monitor) {
+            Ok(users) => (Some(users), Vec::new(), None),
+            Err(error) => {
+                eprintln!("capexec: {error}");
+                return EXIT_CAPEXEC_FAILURE;
+            }
+        },
+        None => (None, listen, admin),
+    };
+    // As root with --user-map: bind, start the front, and stay the monitor.
+    if let (Some(map), None) = (&args.user_map, args.front) {
+        return crate::cli::serve_users::monitor_main(map, &args.privsep_user, &listen, admin);
+    }
     let metrics = match args.metrics.as_deref().map(metrics_address).transpose() {
         Ok(metrics) => metrics,
         Err(error) => {
@@ -224,50 +235,6 @@ pub fn main(args: ServeArgs) -> i32 {
         users,
     };
     crate::cli::run_local(serve(config, engine, capacity, tls_files))
-}
-
-/// `--user-map FILE`: refused unless this server runs as root, which alone
-/// can start a process as another user.
-fn users_config(file: &std::path::Path) -> Result<UsersConfig, String> {
-    let uid = nix::unistd::geteuid();
-    if !uid.is_root() {
-        return Err(format!(
-            "--user-map needs a server started as root: it starts each login's processes as \
-             that login's user, which only root can do, and this server runs as uid {uid}"
-        ));
-    }
-    let map = capexec::users::UserMap::read(file)?;
-    if let Some((evidence, account)) = map
-        .entries()
-        .iter()
-        .find(|(evidence, _)| !matches!(evidence, capexec::users::Evidence::UnixUid(_)))
-    {
-        let kind = match evidence {
-            capexec::users::Evidence::TokenFile(_) => "token",
-            _ => "cert",
-        };
-        return Err(format!(
-            "--user-map {}: a `{kind}` line (for {}) maps a TCP login, and this server runs \
-             only Unix-socket logins as users so far: map Unix peers with `unix UID USER`",
-            file.display(),
-            account.name
-        ));
-    }
-    let program = std::env::current_exe()
-        .map_err(|error| format!("--user-map: cannot find capexec's own binary: {error}"))?;
-    let run = PathBuf::from("/run/capexec");
-    std::fs::create_dir_all(&run).map_err(|error| {
-        format!(
-            "--user-map: cannot make {}: {}",
-            run.display(),
-            capexec::model::io_message(&error)
-        )
-    })?;
-    Ok(UsersConfig {
-        map,
-        program,
-        socket_dir: run.join(format!("workers.{}", std::process::id())),
-    })
 }
 
 /// `--worker FD`: the listening socket a user's worker was handed, its

@@ -48,6 +48,7 @@ pub use self::local_socket::{
 pub use self::pending::PendingLimits;
 pub use self::server::{Reloader, ServeError, Server, ServerConfig, UsersConfig, serve_stream};
 pub use self::shutdown::SHUTDOWN_REASON;
+pub use self::socket::{BoundUnixSocket, bind_unix_for_another};
 pub use self::tls::{ServerTrust, TlsClient, TlsError, TlsServer, parse_fingerprint};
 pub use self::token::{MIN_TOKEN_BYTES, Token, TokenError, default_token_path};
 pub use self::upstream::UpstreamConfig;

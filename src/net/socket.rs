@@ -61,6 +61,16 @@ fn lock_path_of(path: &Path) -> PathBuf {
 /// Binds `path` as a mode-0600 socket. A socket left there by a capexec that
 /// died is replaced; anything else at that path is left alone and reported.
 pub(crate) fn bind_unix(path: &Path) -> io::Result<(UnixListener, UnixSocketFile)> {
+    let (listener, file) = bind_unix_std(path)?;
+    listener.set_nonblocking(true)?;
+    Ok((UnixListener::from_std(listener)?, file))
+}
+
+/// [`bind_unix`], for a process that has no runtime (yet): the listener
+/// as the standard library's, blocking.
+pub(crate) fn bind_unix_std(
+    path: &Path,
+) -> io::Result<(std::os::unix::net::UnixListener, UnixSocketFile)> {
     let lock_path = lock_path_of(path);
     let lock_existed = fs::symlink_metadata(&lock_path).is_ok();
     let lock = OpenOptions::new()
@@ -105,8 +115,8 @@ pub(crate) fn bind_unix(path: &Path) -> io::Result<(UnixListener, UnixSocketFile
         .unwrap_or(Path::new("."));
     let staging = tempdir_in(parent)?;
     let staged = staging.join("socket");
-    let result = (|| -> io::Result<UnixListener> {
-        let listener = UnixListener::bind(&staged)?;
+    let result = (|| -> io::Result<std::os::unix::net::UnixListener> {
+        let listener = std::os::unix::net::UnixListener::bind(&staged)?;
         fs::set_permissions(&staged, fs::Permissions::from_mode(0o600))?;
         fs::rename(&staged, path)?;
         Ok(listener)
@@ -136,4 +146,21 @@ fn tempdir_in(parent: &Path) -> io::Result<PathBuf> {
     Err(io::Error::other(
         "cannot create a private directory to bind in",
     ))
+}
+
+/// A Unix socket a server bound for a process of its own to serve (a
+/// front that runs as another user): the file goes when this does.
+pub struct BoundUnixSocket {
+    pub listener: std::os::unix::net::UnixListener,
+    _file: UnixSocketFile,
+}
+
+/// Binds `path` as [`bind_unix`] does, then gives it `mode`.
+pub fn bind_unix_for_another(path: &Path, mode: u32) -> io::Result<BoundUnixSocket> {
+    let (listener, file) = bind_unix_std(path)?;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))?;
+    Ok(BoundUnixSocket {
+        listener,
+        _file: file,
+    })
 }

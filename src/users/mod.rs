@@ -8,8 +8,10 @@
 
 mod account;
 mod map;
+mod monitor;
 mod worker;
 
 pub use self::account::{Account, AccountError};
 pub use self::map::{Evidence, UserMap};
-pub use self::worker::{WorkerError, spawn_worker};
+pub use self::monitor::{Granted, Handed, MonitorSetup, receive_handed, serve_monitor};
+pub use self::worker::{WorkerError, spawn_as, spawn_worker};

@@ -10,7 +10,7 @@
 //! of the group database).
 
 use std::ffi::OsString;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -51,26 +51,42 @@ impl std::fmt::Display for WorkerError {
 impl std::error::Error for WorkerError {}
 
 /// Starts `program serve --worker FD` as `account`, serving on `listener`
-/// (a listening Unix socket; the worker gets its own descriptor of it):
-/// its ids and groups, the
-/// environment a login of it finds (`HOME`, `USER`, `LOGNAME`, `SHELL`, a
-/// login's `PATH`), in its home directory (`/` if that is missing), with
-/// no descriptor of the server's but stderr. The worker dies with the
-/// process that started it (SIGKILL on its death), as a server's processes
-/// die with the server.
+/// (a listening Unix socket; the worker gets its own descriptor of it).
+/// The worker is killed when the process that started it dies, as a
+/// server's processes die with the server.
 pub fn spawn_worker(
     account: &Account,
     program: &Path,
     listener: &impl AsFd,
 ) -> Result<Child, WorkerError> {
+    let socket = listener.as_fd().as_raw_fd();
+    let args = [
+        OsString::from("serve"),
+        "--worker".into(),
+        socket.to_string().into(),
+    ];
+    spawn_as(account, program, &args, &[socket], libc::SIGKILL)
+}
+
+/// Starts `program ARGS` as `account`: its ids and groups, the environment
+/// a login of it finds (`HOME`, `USER`, `LOGNAME`, `SHELL`, a login's
+/// `PATH`), in its home directory (`/` if that is missing), with stdin and
+/// stdout on /dev/null, the server's stderr, and of the server's other
+/// descriptors only `keep` (at their numbers). It gets `death_signal` when
+/// the process that started it dies.
+pub fn spawn_as(
+    account: &Account,
+    program: &Path,
+    args: &[OsString],
+    keep: &[RawFd],
+    death_signal: libc::c_int,
+) -> Result<Child, WorkerError> {
     if !nix::unistd::getuid().is_root() || !nix::unistd::geteuid().is_root() {
         return Err(WorkerError::NotRoot);
     }
-    let socket = listener.as_fd().as_raw_fd();
     let mut command = Command::new(program);
     command
-        .args(["serve", "--worker"])
-        .arg(socket.to_string())
+        .args(args)
         .env_clear()
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -92,29 +108,39 @@ pub fn spawn_worker(
     });
     let parent = std::process::id();
     let (uid, gid, groups) = (account.uid, account.gid, account.groups.clone());
+    // The ranges to close on exec: everything from 3 but `keep`, worked
+    // out before the fork (no allocation after it).
+    let mut kept: Vec<RawFd> = keep.iter().copied().filter(|&fd| fd > 2).collect();
+    kept.sort_unstable();
+    kept.dedup();
+    let mut closed = Vec::with_capacity(kept.len() + 1);
+    let mut first = 3;
+    for &fd in &kept {
+        if first < fd {
+            closed.push((first, fd - 1));
+        }
+        first = fd + 1;
+    }
+    closed.push((first, i32::MAX));
     // SAFETY: between fork and exec only async-signal-safe calls, on values
     // prepared before the fork (no allocation).
     unsafe {
         command.pre_exec(move || {
-            // The listener open across exec, at the number it has here
-            // (a dup2 to a fixed number could land on std's own
+            // The kept descriptors open across exec, at the numbers they
+            // have here (a dup2 to fixed numbers could land on std's own
             // exec-error pipe); everything else of the server's closed on
             // exec (std's pipe is so already).
-            let flags = libc::fcntl(socket, libc::F_GETFD);
-            check(libc::fcntl(
-                socket,
-                libc::F_SETFD,
-                flags & !libc::FD_CLOEXEC,
-            ))?;
-            for (first, last) in [(3, socket - 1), (socket + 1, i32::MAX)] {
-                if first <= last {
-                    check(libc::syscall(
-                        libc::SYS_close_range,
-                        first as u32,
-                        last as u32,
-                        libc::CLOSE_RANGE_CLOEXEC,
-                    ) as libc::c_int)?;
-                }
+            for &fd in &kept {
+                let flags = libc::fcntl(fd, libc::F_GETFD);
+                check(libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC))?;
+            }
+            for &(first, last) in &closed {
+                check(libc::syscall(
+                    libc::SYS_close_range,
+                    first as u32,
+                    last as u32,
+                    libc::CLOSE_RANGE_CLOEXEC,
+                ) as libc::c_int)?;
             }
             // Groups first, then the group, then the user: after setresuid
             // nothing could change the others.
@@ -122,7 +148,7 @@ pub fn spawn_worker(
             nix::unistd::setresgid(gid, gid, gid)?;
             nix::unistd::setresuid(uid, uid, uid)?;
             // After the switch: a change of credentials clears it.
-            check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0))?;
+            check(libc::prctl(libc::PR_SET_PDEATHSIG, death_signal, 0, 0, 0))?;
             if libc::getppid() as u32 != parent {
                 // The server died before the line above.
                 libc::_exit(1);

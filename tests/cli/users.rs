@@ -20,6 +20,8 @@ use crate::common::data::TempDir;
 use crate::common::{run_on_runtime, sh};
 
 const TEAM: &str = "capexec-test-team";
+/// The front's user in these tests (`--privsep-user`).
+const FRONT: &str = "capexec-test-front";
 
 /// The account `name`, made (with a home of its own under /home) if the
 /// machine does not have it yet; in [`TEAM`] if `in_team`.
@@ -309,18 +311,36 @@ fn a_server_with_a_user_map_runs_each_unix_peer_as_its_user_or_the_mapped_one() 
     )
     .expect("map");
     let socket = dir.path().join("s.sock");
+    let front = test_account(FRONT, false);
     let mut server = Std::new(BIN);
     server
         .args(["serve", "--listen"])
         .arg(format!("unix:{}", socket.display()))
         .arg("--user-map")
-        .arg(&map);
+        .arg(&map)
+        .args(["--privsep-user", FRONT]);
     let (mut server, line) = spawn_until_first_line(server);
     let address = line.trim().to_string();
     assert_eq!(address, format!("unix:{}", socket.display()));
     // Open to every local user: the kernel tells them apart.
     let mode = std::fs::metadata(&socket).expect("socket").mode() & 0o777;
     assert_eq!(mode, 0o666);
+    // What reads the peers' messages, the front, is not root and has no
+    // capability; the root monitor only starts workers.
+    let fronts = processes_of(front.uid.as_raw(), server.id(), b"--front");
+    assert_eq!(fronts.len(), 1, "one front");
+    let status = std::fs::read_to_string(format!("/proc/{}/status", fronts[0])).expect("status");
+    let (uid, gid) = (front.uid.as_raw(), front.gid.as_raw());
+    assert!(
+        status.contains(&format!("\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")),
+        "{status}"
+    );
+    assert!(
+        status.contains(&format!("\nGid:\t{gid}\t{gid}\t{gid}\t{gid}\n")),
+        "{status}"
+    );
+    assert!(status.contains("\nCapEff:\t0000000000000000\n"), "{status}");
+    assert!(status.contains("\nCapPrm:\t0000000000000000\n"), "{status}");
     let script = "id -un; echo \"$HOME $USER\"; id -u";
     let cases = [
         (alice.uid.as_raw(), alice.gid.as_raw(), &alice),
@@ -392,6 +412,12 @@ fn a_server_with_a_user_map_runs_each_unix_peer_as_its_user_or_the_mapped_one() 
 /// The pids of `capexec serve --worker` processes of `uid` that `parent`
 /// started (other tests start workers of the same users).
 fn workers_of(uid: u32, parent: u32) -> Vec<u32> {
+    processes_of(uid, parent, b"--worker")
+}
+
+/// The pids of processes of `uid` that `parent` started whose command
+/// line holds `flag`.
+fn processes_of(uid: u32, parent: u32, flag: &[u8]) -> Vec<u32> {
     let mut pids: Vec<u32> = std::fs::read_dir("/proc")
         .expect("/proc")
         .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
@@ -400,7 +426,7 @@ fn workers_of(uid: u32, parent: u32) -> Vec<u32> {
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
             status.contains(&format!("\nUid:\t{uid}\t"))
                 && status.contains(&format!("\nPPid:\t{parent}\n"))
-                && cmdline.windows(8).any(|w| w == b"--worker")
+                && cmdline.windows(flag.len()).any(|w| w == flag)
                 && !status.contains("\nState:\tZ")
         })
         .collect();
@@ -485,6 +511,42 @@ fn a_user_map_is_refused_where_it_cannot_be_kept() {
              `unix UID USER`\n"
         )
     );
+    // The front needs a user of its own, never root.
+    std::fs::write(&map, "unix 4000 capexec-alice\n").expect("map");
+    let done = serve(
+        &[
+            "--listen",
+            &socket,
+            "--user-map",
+            &map_arg,
+            "--privsep-user",
+            "capexec-no-such-user",
+        ],
+        0,
+    );
+    assert_eq!(done.code, 125);
+    assert_eq!(
+        text(&done.stderr),
+        "capexec: --privsep-user capexec-no-such-user: no such user for the front, the part \
+         that reads every peer's messages: make one of its own (`useradd --system \
+         --no-create-home --shell /usr/sbin/nologin capexec-no-such-user`) or name another\n"
+    );
+    let done = serve(
+        &[
+            "--listen",
+            &socket,
+            "--user-map",
+            &map_arg,
+            "--privsep-user",
+            "root",
+        ],
+        0,
+    );
+    assert_eq!(done.code, 125);
+    assert_eq!(
+        text(&done.stderr),
+        "capexec: --privsep-user root: the front must not run as root\n"
+    );
     // And a map's mistakes name the file and the line.
     std::fs::write(&map, "\nunix 4000 capexec-no-such-user\n").expect("map");
     let done = serve(&["--listen", &socket, "--user-map", &map_arg], 0);
@@ -493,4 +555,54 @@ fn a_user_map_is_refused_where_it_cannot_be_kept() {
         text(&done.stderr),
         format!("capexec: {map_arg}:2: no user `capexec-no-such-user` in the password database\n")
     );
+}
+
+#[test]
+fn a_server_with_a_user_map_killed_leaves_no_front_worker_or_command() {
+    let alice = test_account("capexec-alice", true);
+    test_account(FRONT, false);
+    let dir = TempDir::new("users-killed");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let map = dir.path().join("users");
+    std::fs::write(&map, "# every peer as itself\n").expect("map");
+    let socket = dir.path().join("s.sock");
+    let mut server = Std::new(BIN);
+    server
+        .args(["serve", "--listen"])
+        .arg(format!("unix:{}", socket.display()))
+        .arg("--user-map")
+        .arg(&map)
+        .args(["--privsep-user", FRONT]);
+    let (mut server, line) = spawn_until_first_line(server);
+    let address = line.trim().to_string();
+    let server_pid = server.id();
+    let mut client = run_as(
+        alice.uid.as_raw(),
+        alice.gid.as_raw(),
+        "/",
+        &address,
+        "exec sleep 100",
+    )
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null())
+    .spawn()
+    .expect("capexec run");
+    // The worker, and the command below it.
+    wait_until(|| workers_of(alice.uid.as_raw(), server_pid).len() == 1);
+    let worker = workers_of(alice.uid.as_raw(), server_pid)[0];
+    wait_until(|| !processes_of(alice.uid.as_raw(), worker, b"100").is_empty());
+    let command = processes_of(alice.uid.as_raw(), worker, b"100")[0];
+    let front = processes_of(
+        Account::by_name(FRONT).expect("front").uid.as_raw(),
+        server_pid,
+        b"--front",
+    );
+    assert_eq!(front.len(), 1);
+    kill(&server, libc::SIGKILL);
+    let _ = server.wait();
+    for pid in [front[0], worker, command] {
+        wait_until(|| !alive(pid));
+    }
+    let _ = client.kill();
+    let _ = client.wait();
 }

@@ -38,9 +38,9 @@ struct Accepted {
     received: Option<rpc::ReceivedDescriptors>,
     /// Where its dials' direct channels are claimed: a Unix socket's.
     direct: Option<rpc::DirectChannels>,
-    /// The account it runs as, on a server that runs logins as users (or
-    /// why it has none).
-    account: Option<Result<crate::users::Account, String>>,
+    /// On a server that runs logins as users: the worker the monitor
+    /// named for it (or why it refused it).
+    verdict: Option<Result<crate::users::Granted, String>>,
 }
 
 pub(super) async fn accept_loop(address: Address, listener: Listener, serving: Rc<Serving>) {
@@ -50,7 +50,10 @@ pub(super) async fn accept_loop(address: Address, listener: Listener, serving: R
             Listener::Unix(listener) => listener
                 .accept()
                 .await
-                .map(|(stream, _)| accept_unix(stream, &serving)),
+                .map(|(stream, _)| accept_unix(stream, &serving, None)),
+            Listener::Monitor(monitor) => handed_over(monitor)
+                .await
+                .map(|(stream, verdict)| accept_unix(stream, &serving, Some(verdict))),
             Listener::Tcp(listener) => listener
                 .accept()
                 .await
@@ -71,11 +74,11 @@ pub(super) async fn accept_loop(address: Address, listener: Listener, serving: R
         let serving = Rc::clone(&serving);
         let connection = format!("{id} {}", accepted.peer);
         let (received, direct) = (accepted.received.clone(), accepted.direct.clone());
-        let executor: ConnectionExecutor = match (&serving.users, accepted.account) {
-            (Some(users), Some(account)) => {
+        let executor: ConnectionExecutor = match (&serving.users, accepted.verdict) {
+            (Some(users), Some(verdict)) => {
                 let users = Rc::clone(users);
                 Rc::new(move || {
-                    users.executor(&account, &connection, received.as_ref(), direct.as_ref())
+                    users.executor(&verdict, &connection, received.as_ref(), direct.as_ref())
                 })
             }
             _ => {
@@ -103,19 +106,16 @@ pub(super) async fn accept_loop(address: Address, listener: Listener, serving: R
 /// sandboxed process (of any capexec server) is refused at once, so that
 /// it cannot ask for an unconfined start. Its first bytes say whether it
 /// is a Cap'n Proto connection or a dial's direct channel.
-fn accept_unix(stream: tokio::net::UnixStream, serving: &Serving) -> Option<Accepted> {
+fn accept_unix(
+    stream: tokio::net::UnixStream,
+    serving: &Serving,
+    verdict: Option<Result<crate::users::Granted, String>>,
+) -> Option<Accepted> {
     use std::os::fd::AsRawFd;
     if crate::sandbox::peer_is_sandboxed(&serving.host, stream.as_raw_fd()) {
         tracing::warn!("refusing a connection from a sandboxed process");
         return None;
     }
-    // Who the peer is, as the kernel says, on a server that runs logins
-    // as users.
-    let account = serving.users.as_ref().map(|users| {
-        nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
-            .map_err(|errno| format!("cannot tell who the peer is: {}", errno.desc()))
-            .and_then(|credentials| users.account_of_unix_peer(credentials.uid()))
-    });
     let session = Session::logged_in();
     // A restricted server reads plainly: the kernel drops whatever
     // descriptors come.
@@ -148,8 +148,37 @@ fn accept_unix(stream: tokio::net::UnixStream, serving: &Serving) -> Option<Acce
         login: None,
         received,
         direct: Some(serving.direct.clone()),
-        account,
+        verdict,
     })
+}
+
+/// The next connection the monitor of a server that runs logins as users
+/// accepted and handed over, with its verdict. If the monitor has gone,
+/// nothing more comes (the front is ending: the monitor's death signals
+/// it).
+async fn handed_over(
+    monitor: &tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+) -> std::io::Result<(
+    tokio::net::UnixStream,
+    Result<crate::users::Granted, String>,
+)> {
+    use crate::users::{Handed, receive_handed};
+    use std::os::fd::AsFd;
+    loop {
+        let mut ready = monitor.readable().await?;
+        match receive_handed(monitor.get_ref().as_fd())? {
+            Handed::Connection(connection, verdict) => {
+                let stream = std::os::unix::net::UnixStream::from(connection);
+                stream.set_nonblocking(true)?;
+                return Ok((tokio::net::UnixStream::from_std(stream)?, verdict));
+            }
+            Handed::Nothing => ready.clear_ready(),
+            Handed::Closed => {
+                tracing::warn!("the monitor has gone; no more logins");
+                std::future::pending::<()>().await;
+            }
+        }
+    }
 }
 
 /// A new plaintext connection back if it is a Cap'n Proto one; if it is
@@ -234,7 +263,7 @@ fn accept_tcp(
         received: None,
         direct: None,
         // (A server that runs logins as users has no TCP listener yet.)
-        account: None,
+        verdict: None,
     })
 }
 

@@ -137,6 +137,9 @@ impl std::error::Error for ServeError {}
 pub(super) enum Listener {
     Unix(UnixListener),
     Tcp(TcpListener),
+    /// The monitor of a server that runs logins as users, handing over
+    /// the connections it accepted.
+    Monitor(tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>),
 }
 
 /// Bound listeners, ready to serve.
@@ -164,7 +167,7 @@ impl Server {
     /// Every step that fails drops what the steps before it made: a socket
     /// file among them removes itself.
     pub async fn bind(config: ServerConfig, engine: Engine) -> Result<Server, ServeError> {
-        if config.listen.is_empty() && config.inherited.is_empty() {
+        if config.listen.is_empty() && config.inherited.is_empty() && config.users.is_none() {
             return Err(ServeError::NoListeners);
         }
         let inherited = inherited_listeners(&config.inherited)?;
@@ -185,21 +188,11 @@ impl Server {
                         .to_string(),
                 ));
             }
-            Some(users) => Some(Rc::new(
-                users::Workers::new(
-                    users.clone(),
-                    Rc::clone(&context),
-                    config.max_processes_per_connection,
-                    config.port_limits,
-                )
-                .map_err(|error| {
-                    ServeError::Users(format!(
-                        "cannot make the workers' directory {}: {}",
-                        users.socket_dir.display(),
-                        crate::model::io_message(&error)
-                    ))
-                })?,
-            )),
+            Some(_) => Some(Rc::new(users::Workers::new(
+                Rc::clone(&context),
+                config.max_processes_per_connection,
+                config.port_limits,
+            ))),
         };
         let mut server = Server {
             serving: Rc::new(Serving {
@@ -238,6 +231,27 @@ impl Server {
                 .bind_one(address)
                 .await
                 .map_err(|error| ServeError::Bind(address.clone(), error))?;
+        }
+        if let Some(users) = &config.users {
+            let monitor = users
+                .monitor
+                .try_clone()
+                .and_then(|fd| {
+                    // SAFETY: an OwnedFd keeps its descriptor open and
+                    // unchanged for as long as the AsyncFd owns it.
+                    unsafe {
+                        tokio::io::unix::AsyncFd::register_with_interest(
+                            fd,
+                            tokio::io::Interest::READABLE,
+                        )
+                    }
+                    .map_err(|error| error.into_parts().1)
+                })
+                .map_err(|error| ServeError::Users(format!("the monitor's socket: {error}")))?;
+            server.listeners.push((
+                Address::Unix(PathBuf::from("<the monitor>")),
+                Listener::Monitor(monitor),
+            ));
         }
         server.served = server.served_sockets();
         Ok(server)
@@ -324,6 +338,7 @@ impl Server {
             served.extend(match listener {
                 Listener::Unix(_) => unix(address),
                 Listener::Tcp(listener) => tcp(listener),
+                Listener::Monitor(_) => None,
             });
         }
         served.extend(self.admin.as_ref().and_then(|(address, _)| unix(address)));

@@ -1,0 +1,237 @@
+//! `capexec serve --user-map FILE`: the root process binds the listeners,
+//! starts the front as `--privsep-user` (the same `capexec serve`, with
+//! `--front` and the listeners' descriptors), and stays as the monitor,
+//! which starts each user's worker (see `capexec::users`).
+
+use std::ffi::OsString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use capexec::net::activation::InheritedSocket;
+use capexec::net::{Address, BoundUnixSocket, UsersConfig, bind_unix_for_another};
+use capexec::users::{Account, MonitorSetup, UserMap, spawn_as};
+
+use crate::cli::EXIT_CAPEXEC_FAILURE;
+
+/// `--front FD`: the monitor's socket.
+pub fn front_config(monitor: i32) -> Result<UsersConfig, String> {
+    let socket = inherited(monitor, "--front")?;
+    Ok(UsersConfig {
+        monitor: Arc::new(socket),
+    })
+}
+
+/// `--listen-fd FD[=NAME]`: the listening sockets the monitor bound.
+pub fn front_sockets(given: &[String]) -> Result<Vec<InheritedSocket>, String> {
+    given
+        .iter()
+        .map(|text| {
+            let (number, name) = text.split_once('=').unwrap_or((text, "listener"));
+            let fd = number
+                .parse::<i32>()
+                .map_err(|_| format!("--listen-fd {text}: not a descriptor number"))?;
+            Ok(InheritedSocket {
+                fd: Arc::new(inherited(fd, "--listen-fd")?),
+                name: name.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// Descriptor `fd`, passed by the process that started this one.
+fn inherited(fd: i32, flag: &str) -> Result<OwnedFd, String> {
+    // SAFETY: F_GETFD reads a flag, and fails cleanly on a closed number.
+    if fd < 3 || unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1 {
+        return Err(format!(
+            "{flag} {fd}: no open descriptor {fd} was inherited"
+        ));
+    }
+    // SAFETY: open (checked above), and nothing else in this process owns
+    // it; made close-on-exec, so no child inherits it.
+    unsafe {
+        libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        Ok(OwnedFd::from_raw_fd(fd))
+    }
+}
+
+/// The monitor: binds `listen` (Unix sockets open to every local user)
+/// and `admin`, starts the front as `privsep_user`, prints the addresses,
+/// and serves the front's requests until it ends; its exit code is the
+/// front's.
+pub fn monitor_main(
+    map_file: &Path,
+    privsep_user: &str,
+    listen: &[Address],
+    admin: Option<PathBuf>,
+) -> i32 {
+    match start(map_file, privsep_user, listen, admin) {
+        Ok(Started {
+            socket,
+            setup,
+            front,
+            logins,
+            admin,
+        }) => {
+            let listeners: Vec<_> = logins.iter().map(|bound| &bound.listener).collect();
+            let code = capexec::users::serve_monitor(socket, &listeners, &setup, front);
+            drop((logins, admin));
+            code
+        }
+        Err(error) => {
+            eprintln!("capexec: {error}");
+            EXIT_CAPEXEC_FAILURE
+        }
+    }
+}
+
+struct Started {
+    socket: OwnedFd,
+    setup: MonitorSetup,
+    front: nix::unistd::Pid,
+    /// The listeners the monitor accepts logins on; their files go when
+    /// it ends.
+    logins: Vec<BoundUnixSocket>,
+    /// The admin socket the front serves (its file goes with the monitor).
+    admin: Option<BoundUnixSocket>,
+}
+
+fn start(
+    map_file: &Path,
+    privsep_user: &str,
+    listen: &[Address],
+    admin: Option<PathBuf>,
+) -> Result<Started, String> {
+    let uid = nix::unistd::geteuid();
+    if !uid.is_root() {
+        return Err(format!(
+            "--user-map needs a server started as root: it starts each login's processes as \
+             that login's user, which only root can do, and this server runs as uid {uid}"
+        ));
+    }
+    let map = UserMap::read(map_file)?;
+    if let Some((evidence, account)) = map
+        .entries()
+        .iter()
+        .find(|(evidence, _)| !matches!(evidence, capexec::users::Evidence::UnixUid(_)))
+    {
+        let kind = match evidence {
+            capexec::users::Evidence::TokenFile(_) => "token",
+            _ => "cert",
+        };
+        return Err(format!(
+            "--user-map {}: a `{kind}` line (for {}) maps a TCP login, and this server runs \
+             only Unix-socket logins as users so far: map Unix peers with `unix UID USER`",
+            map_file.display(),
+            account.name
+        ));
+    }
+    if listen.iter().any(Address::is_tcp) {
+        return Err(
+            "--user-map: logins as users are served on Unix sockets only so far: a TCP login \
+             (token or certificate lines of the map) cannot be mapped to a user yet"
+                .to_string(),
+        );
+    }
+    let front_account = Account::by_name(privsep_user).map_err(|_| {
+        format!(
+            "--privsep-user {privsep_user}: no such user for the front, the part that reads \
+             every peer's messages: make one of its own (`useradd --system --no-create-home \
+             --shell /usr/sbin/nologin {privsep_user}`) or name another"
+        )
+    })?;
+    if front_account.uid.is_root() {
+        return Err(format!(
+            "--privsep-user {privsep_user}: the front must not run as root"
+        ));
+    }
+    let program = std::env::current_exe()
+        .map_err(|error| format!("--user-map: cannot find capexec's own binary: {error}"))?;
+    // The listeners, bound as root and accepted on by the monitor; open
+    // to every local user (the kernel tells the monitor who each one is).
+    // The admin socket stays root's, and the front serves it.
+    let mut logins = Vec::new();
+    for address in listen {
+        let Address::Unix(path) = address else {
+            continue;
+        };
+        let socket = bind_unix_for_another(path, 0o666)
+            .and_then(|socket| socket.listener.set_nonblocking(true).map(|()| socket))
+            .map_err(|error| {
+                format!("--listen {address}: {}", capexec::model::io_message(&error))
+            })?;
+        logins.push(socket);
+    }
+    let admin = match &admin {
+        Some(path) => Some(bind_unix_for_another(path, 0o600).map_err(|error| {
+            format!(
+                "--admin {}: {}",
+                path.display(),
+                capexec::model::io_message(&error)
+            )
+        })?),
+        None => None,
+    };
+    let run = PathBuf::from("/run/capexec");
+    let socket_dir = run.join(format!("workers.{}", std::process::id()));
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(&run)
+        .and_then(|()| std::fs::DirBuilder::new().mode(0o711).create(&socket_dir))
+        .and_then(|()| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&socket_dir, std::fs::Permissions::from_mode(0o711))
+        })
+        .map_err(|error| {
+            format!(
+                "--user-map: cannot make {}: {}",
+                socket_dir.display(),
+                capexec::model::io_message(&error)
+            )
+        })?;
+    let (ours, theirs) = nix::sys::socket::socketpair(
+        nix::sys::socket::AddressFamily::Unix,
+        nix::sys::socket::SockType::SeqPacket,
+        None,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|errno| format!("--user-map: the monitor's socket: {}", errno.desc()))?;
+    // The front: this same command line, as the front, with the sockets.
+    let mut args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    args.push("--front".into());
+    args.push(theirs.as_raw_fd().to_string().into());
+    let mut keep = vec![theirs.as_raw_fd()];
+    if let Some(admin) = &admin {
+        let fd = admin.listener.as_raw_fd();
+        args.push("--listen-fd".into());
+        args.push(format!("{fd}=admin").into());
+        keep.push(fd);
+    }
+    // The front ends cleanly if the monitor dies.
+    let front = spawn_as(&front_account, &program, &args, &keep, libc::SIGTERM)
+        .map_err(|error| format!("--privsep-user {privsep_user}: {error}"))?;
+    drop(theirs);
+    for address in listen {
+        println!("{address}");
+    }
+    tracing::info!(
+        front = front.id(),
+        user = privsep_user,
+        "serving logins as users: the front reads the peers, this process starts their workers"
+    );
+    Ok(Started {
+        socket: ours,
+        setup: MonitorSetup {
+            map,
+            program,
+            socket_dir,
+            front_uid: front_account.uid,
+            front_gid: front_account.gid,
+        },
+        front: nix::unistd::Pid::from_raw(front.id() as i32),
+        logins,
+        admin,
+    })
+}

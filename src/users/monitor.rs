@@ -1,0 +1,419 @@
+//! The privileged part of a server that runs logins as users, and what
+//! the front receives from it (docs/design/logins-as-users.md).
+//!
+//! The monitor is the root process `capexec serve --user-map` stays as
+//! after binding its listeners and starting the front (an unprivileged
+//! user that parses and forwards every peer's bytes). The monitor accepts
+//! each connection on its Unix listeners itself, asks the kernel who the
+//! peer is (`SO_PEERCRED`), decides the account from that and the map,
+//! starts that account's worker if it is not running, and hands the
+//! connection to the front with its verdict, on a `SOCK_SEQPACKET`
+//! socketpair, in fixed-size messages. It never reads a byte a peer sent,
+//! and it takes nothing from the front but the end of its socket: there is
+//! no request a compromised front could forge. It is single-threaded and
+//! waits only in poll(2).
+
+use std::collections::HashMap;
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use nix::sys::socket::{
+    ControlMessage, ControlMessageOwned, MsgFlags, getsockopt, recvmsg, sendmsg, sockopt,
+};
+use nix::unistd::{Gid, Pid, Uid};
+
+use crate::users::account::Account;
+use crate::users::map::UserMap;
+use crate::users::worker::spawn_worker;
+
+/// A handed-over connection's verdict: status, uid, generation, then a
+/// length-prefixed text (the worker's socket, or why not); the connection
+/// rides along (`SCM_RIGHTS`).
+const REPLY_BYTES: usize = 512;
+const TEXT_BYTES: usize = REPLY_BYTES - 18;
+
+/// A worker the monitor granted a connection: the user's uid, which
+/// worker of that user it is (a new one after the old one ended has a
+/// higher generation), and its socket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Granted {
+    pub uid: u32,
+    pub generation: u64,
+    pub socket: PathBuf,
+}
+
+fn encode(reply: &Result<Granted, String>) -> [u8; REPLY_BYTES] {
+    let mut bytes = [0u8; REPLY_BYTES];
+    let (ok, uid, generation, text) = match reply {
+        Ok(granted) => (
+            1,
+            granted.uid,
+            granted.generation,
+            granted.socket.as_os_str().as_encoded_bytes(),
+        ),
+        Err(why) => (0, 0, 0, why.as_bytes()),
+    };
+    let text = &text[..text.len().min(TEXT_BYTES)];
+    bytes[0] = ok;
+    bytes[4..8].copy_from_slice(&uid.to_le_bytes());
+    bytes[8..16].copy_from_slice(&generation.to_le_bytes());
+    bytes[16..18].copy_from_slice(&(text.len() as u16).to_le_bytes());
+    bytes[18..18 + text.len()].copy_from_slice(text);
+    bytes
+}
+
+fn decode(bytes: &[u8]) -> Result<Granted, String> {
+    if bytes.len() != REPLY_BYTES {
+        return Err(format!(
+            "the monitor answered {} bytes, not {REPLY_BYTES}",
+            bytes.len()
+        ));
+    }
+    let word = |range: std::ops::Range<usize>| -> [u8; 8] {
+        let mut word = [0u8; 8];
+        word[..range.len()].copy_from_slice(&bytes[range]);
+        word
+    };
+    let uid = u64::from_le_bytes(word(4..8)) as u32;
+    let generation = u64::from_le_bytes(word(8..16));
+    let len = (u64::from_le_bytes(word(16..18)) as usize).min(TEXT_BYTES);
+    let text = &bytes[18..18 + len];
+    if bytes[0] == 1 {
+        use std::os::unix::ffi::OsStrExt;
+        Ok(Granted {
+            uid,
+            generation,
+            socket: PathBuf::from(std::ffi::OsStr::from_bytes(text)),
+        })
+    } else {
+        Err(String::from_utf8_lossy(text).into_owned())
+    }
+}
+
+/// What came from the monitor on the front's end of its socket.
+pub enum Handed {
+    /// An accepted connection, and the worker that serves it (or why the
+    /// login is refused).
+    Connection(OwnedFd, Result<Granted, String>),
+    /// Nothing waiting.
+    Nothing,
+    /// The monitor has gone.
+    Closed,
+}
+
+/// Takes the next connection the monitor handed to the front on `socket`
+/// (its end of the socketpair, non-blocking), if one is waiting.
+pub fn receive_handed(socket: BorrowedFd<'_>) -> std::io::Result<Handed> {
+    let mut reply = [0u8; REPLY_BYTES + 1];
+    let mut space = nix::cmsg_space!([RawFd; 2]);
+    let mut iov = [IoSliceMut::new(&mut reply)];
+    let message = match recvmsg::<()>(
+        socket.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT,
+    ) {
+        Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::EINTR) => {
+            return Ok(Handed::Nothing);
+        }
+        Err(errno) => return Err(errno.into()),
+        Ok(message) => message,
+    };
+    let length = message.bytes;
+    let mut passed = owned_descriptors(&message);
+    if length == 0 && passed.is_empty() {
+        return Ok(Handed::Closed);
+    }
+    let verdict = decode(&reply[..length]);
+    match (passed.pop(), passed.is_empty()) {
+        (Some(connection), true) => Ok(Handed::Connection(connection, verdict)),
+        _ => Err(std::io::Error::other(
+            "the monitor handed a message without its one connection",
+        )),
+    }
+}
+
+/// Every descriptor that came with `message`, owned, so none is left open.
+fn owned_descriptors(message: &nix::sys::socket::RecvMsg<'_, '_, ()>) -> Vec<OwnedFd> {
+    let mut passed = Vec::new();
+    if let Ok(messages) = message.cmsgs() {
+        for control in messages {
+            if let ControlMessageOwned::ScmRights(fds) = control {
+                // SAFETY: the kernel just installed these for us.
+                passed.extend(
+                    fds.into_iter()
+                        .map(|fd| unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) }),
+                );
+            }
+        }
+    }
+    passed
+}
+
+/// What the monitor works with.
+pub struct MonitorSetup {
+    pub map: UserMap,
+    /// The capexec binary the workers run.
+    pub program: PathBuf,
+    /// Where the workers' sockets go (made by the caller, mode 0711).
+    pub socket_dir: PathBuf,
+    /// The front's user: the only one that may connect to a worker.
+    pub front_uid: Uid,
+    pub front_gid: Gid,
+}
+
+/// The signal the monitor has to pass on to the front (0: none).
+static PENDING_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn note_signal(signal: libc::c_int) {
+    PENDING_SIGNAL.store(signal, Ordering::Relaxed);
+}
+
+/// Accepts on `listeners` (non-blocking) and hands each connection with
+/// its verdict to the front on `socket`, until the front closes its end
+/// (it has ended), passing SIGTERM, SIGINT and SIGHUP on to the front.
+/// Returns the front's exit code, as a shell would say it.
+pub fn serve_monitor(
+    socket: OwnedFd,
+    listeners: &[&std::os::unix::net::UnixListener],
+    setup: &MonitorSetup,
+    front: Pid,
+) -> i32 {
+    use rustix::event::{PollFd, PollFlags, poll};
+    for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+        // SAFETY: the handler only stores to an atomic; no SA_RESTART, so
+        // a signal interrupts the wait below and is passed on at once.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = note_signal as *const () as usize;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(signal, &action, std::ptr::null_mut());
+        }
+    }
+    let mut workers = Workers::default();
+    let mut front_status = None;
+    'serving: loop {
+        let signal = PENDING_SIGNAL.swap(0, Ordering::Relaxed);
+        if signal != 0
+            && let Ok(signal) = nix::sys::signal::Signal::try_from(signal)
+        {
+            let _ = nix::sys::signal::kill(front, signal);
+        }
+        reap(front, &mut front_status);
+        let mut fds: Vec<PollFd<'_>> = std::iter::once(PollFd::new(&socket, PollFlags::IN))
+            .chain(listeners.iter().map(|l| PollFd::new(*l, PollFlags::IN)))
+            .collect();
+        match poll(&mut fds, None) {
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(errno) => {
+                tracing::error!(error = %errno, "the monitor cannot wait");
+                break;
+            }
+            Ok(_) => {}
+        }
+        let ready: Vec<bool> = fds.iter().map(|fd| !fd.revents().is_empty()).collect();
+        if ready[0] {
+            // The front sends nothing: readable means it closed its end.
+            break;
+        }
+        for (listener, _) in listeners
+            .iter()
+            .zip(&ready[1..])
+            .filter(|(_, ready)| **ready)
+        {
+            while let Ok((connection, _)) = listener.accept() {
+                let connection = OwnedFd::from(connection);
+                let verdict = grant(setup, &mut workers, connection.as_fd());
+                if let Err(why) = &verdict {
+                    tracing::warn!(%why, "refused a login");
+                }
+                let bytes = encode(&verdict);
+                let fds = [connection.as_raw_fd()];
+                if let Err(errno) = sendmsg::<()>(
+                    socket.as_raw_fd(),
+                    &[IoSlice::new(&bytes)],
+                    &[ControlMessage::ScmRights(&fds)],
+                    MsgFlags::MSG_NOSIGNAL,
+                    None,
+                ) {
+                    tracing::error!(
+                        error = errno.desc(),
+                        "the monitor cannot hand a login to the front"
+                    );
+                    break 'serving;
+                }
+            }
+        }
+    }
+    workers.stop();
+    let _ = std::fs::remove_dir_all(&setup.socket_dir);
+    match front_status {
+        Some(code) => code,
+        None => wait_for(front),
+    }
+}
+
+/// The worker for the peer of `connection`, started if need be.
+fn grant(
+    setup: &MonitorSetup,
+    workers: &mut Workers,
+    connection: BorrowedFd<'_>,
+) -> Result<Granted, String> {
+    let credentials = getsockopt(&connection, sockopt::PeerCredentials)
+        .map_err(|errno| format!("cannot tell who the peer is: {}", errno.desc()))?;
+    let account = setup
+        .map
+        .by_unix_peer(credentials.uid())
+        .map_err(|error| format!("this server runs logins as users, and {error}"))?;
+    workers.running(setup, &account)
+}
+
+#[derive(Default)]
+struct Workers {
+    by_uid: HashMap<u32, Running>,
+    /// Numbers the workers started, so the front can tell a new one.
+    started: u64,
+}
+
+struct Running {
+    pid: Pid,
+    /// Readable once the worker has ended.
+    pidfd: OwnedFd,
+    granted: Granted,
+}
+
+impl Workers {
+    fn running(&mut self, setup: &MonitorSetup, account: &Account) -> Result<Granted, String> {
+        let uid = account.uid.as_raw();
+        if let Some(worker) = self.by_uid.get(&uid) {
+            if !ended(&worker.pidfd) {
+                return Ok(worker.granted.clone());
+            }
+            tracing::warn!(user = %account.name, "the user's worker had ended; starting another");
+            self.by_uid.remove(&uid);
+        }
+        let failed = |error: std::io::Error| {
+            format!(
+                "cannot start the worker of user {}: {}",
+                account.name,
+                crate::model::io_message(&error)
+            )
+        };
+        let path = setup.socket_dir.join(format!("{uid}.sock"));
+        match std::fs::remove_file(&path) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                return Err(failed(error));
+            }
+            _ => {}
+        }
+        let listener = std::os::unix::net::UnixListener::bind(&path).map_err(failed)?;
+        // Only the front connects: not the worker's user, not root's other
+        // daemons.
+        std::os::unix::fs::chown(
+            &path,
+            Some(setup.front_uid.as_raw()),
+            Some(setup.front_gid.as_raw()),
+        )
+        .map_err(failed)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(failed)?;
+        let child = spawn_worker(account, &setup.program, &listener)
+            .map_err(|error| format!("user {}: {error}", account.name))?;
+        drop(listener);
+        let pid = Pid::from_raw(child.id() as i32);
+        let pidfd = pidfd(pid).map_err(failed)?;
+        self.started += 1;
+        tracing::info!(user = %account.name, uid, pid = child.id(), "started the user's worker");
+        let granted = Granted {
+            uid,
+            generation: self.started,
+            socket: path,
+        };
+        self.by_uid.insert(
+            uid,
+            Running {
+                pid,
+                pidfd,
+                granted: granted.clone(),
+            },
+        );
+        Ok(granted)
+    }
+
+    /// Ends every worker (their processes end with them).
+    fn stop(&mut self) {
+        for worker in self.by_uid.values() {
+            let _ = nix::sys::signal::kill(worker.pid, nix::sys::signal::Signal::SIGTERM);
+        }
+    }
+}
+
+fn pidfd(pid: Pid) -> std::io::Result<OwnedFd> {
+    let pid = rustix::process::Pid::from_raw(pid.as_raw())
+        .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    Ok(rustix::process::pidfd_open(
+        pid,
+        rustix::process::PidfdFlags::empty(),
+    )?)
+}
+
+/// Whether the process behind `pidfd` has ended (its pidfd is readable).
+fn ended(pidfd: &OwnedFd) -> bool {
+    use rustix::event::{PollFd, PollFlags, poll};
+    let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
+    matches!(poll(&mut fds, Some(&rustix::event::Timespec::default())), Ok(n) if n > 0)
+}
+
+/// Reaps every child that has ended, keeping the front's exit code.
+fn reap(front: Pid, front_status: &mut Option<i32>) {
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+        match status {
+            WaitStatus::StillAlive => break,
+            WaitStatus::Exited(pid, code) if pid == front => *front_status = Some(code),
+            WaitStatus::Signaled(pid, signal, _) if pid == front => {
+                *front_status = Some(128 + signal as i32)
+            }
+            _ => {}
+        }
+    }
+}
+
+fn wait_for(front: Pid) -> i32 {
+    use nix::sys::wait::{WaitStatus, waitpid};
+    loop {
+        match waitpid(front, None) {
+            Ok(WaitStatus::Exited(_, code)) => return code,
+            Ok(WaitStatus::Signaled(_, signal, _)) => return 128 + signal as i32,
+            Err(nix::errno::Errno::EINTR) | Ok(_) => continue,
+            Err(_) => return 1,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_read_back_as_written() {
+        let granted = Granted {
+            uid: 1001,
+            generation: 7,
+            socket: PathBuf::from("/run/capexec/workers.1/1001.sock"),
+        };
+        assert_eq!(decode(&encode(&Ok(granted.clone()))), Ok(granted));
+        let why = "this server runs logins as users, and no user with uid 7".to_string();
+        assert_eq!(decode(&encode(&Err(why.clone()))), Err(why));
+        // A reply of another size is no reply.
+        assert!(decode(&[1u8; 16]).is_err());
+        // Text beyond the room is cut, not overflowing.
+        let long = "x".repeat(2 * REPLY_BYTES);
+        assert_eq!(
+            decode(&encode(&Err(long))).map(|_| ()).unwrap_err().len(),
+            TEXT_BYTES
+        );
+    }
+}
