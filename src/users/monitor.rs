@@ -196,12 +196,7 @@ pub fn serve_monitor(
     let mut workers = Workers::default();
     let mut front_status = None;
     'serving: loop {
-        let signal = PENDING_SIGNAL.swap(0, Ordering::Relaxed);
-        if signal != 0
-            && let Ok(signal) = nix::sys::signal::Signal::try_from(signal)
-        {
-            let _ = nix::sys::signal::kill(front, signal);
-        }
+        pass_signal_on(front);
         reap(front, &mut front_status);
         let mut fds: Vec<PollFd<'_>> = std::iter::once(PollFd::new(&socket, PollFlags::IN))
             .chain(listeners.iter().map(|l| PollFd::new(*l, PollFlags::IN)))
@@ -232,13 +227,21 @@ pub fn serve_monitor(
                 }
                 let bytes = encode(&verdict);
                 let fds = [connection.as_raw_fd()];
-                if let Err(errno) = sendmsg::<()>(
-                    socket.as_raw_fd(),
-                    &[IoSlice::new(&bytes)],
-                    &[ControlMessage::ScmRights(&fds)],
-                    MsgFlags::MSG_NOSIGNAL,
-                    None,
-                ) {
+                // Waits while the front's side is full: the front takes
+                // logins as fast as it can serve them.
+                let handed = loop {
+                    match sendmsg::<()>(
+                        socket.as_raw_fd(),
+                        &[IoSlice::new(&bytes)],
+                        &[ControlMessage::ScmRights(&fds)],
+                        MsgFlags::MSG_NOSIGNAL,
+                        None,
+                    ) {
+                        Err(nix::errno::Errno::EINTR) => pass_signal_on(front),
+                        other => break other,
+                    }
+                };
+                if let Err(errno) = handed {
                     tracing::error!(
                         error = errno.desc(),
                         "the monitor cannot hand a login to the front"
@@ -381,9 +384,21 @@ fn reap(front: Pid, front_status: &mut Option<i32>) {
     }
 }
 
+/// Passes the last signal the monitor got on to the front.
+fn pass_signal_on(front: Pid) {
+    let signal = PENDING_SIGNAL.swap(0, Ordering::Relaxed);
+    if signal != 0
+        && let Ok(signal) = nix::sys::signal::Signal::try_from(signal)
+    {
+        let _ = nix::sys::signal::kill(front, signal);
+    }
+}
+
+/// The front's exit code, once it has ended (signals still passed on).
 fn wait_for(front: Pid) -> i32 {
     use nix::sys::wait::{WaitStatus, waitpid};
     loop {
+        pass_signal_on(front);
         match waitpid(front, None) {
             Ok(WaitStatus::Exited(_, code)) => return code,
             Ok(WaitStatus::Signaled(_, signal, _)) => return 128 + signal as i32,
