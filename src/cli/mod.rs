@@ -553,11 +553,13 @@ pub struct ServeArgs {
     hide_kernel_features: Vec<capexec::sandbox::KernelFeature>,
     /// Run each login as its own Unix user (a server started as root): a
     /// Unix-socket peer as the user its credentials name, or the one FILE
-    /// maps its uid to (`unix UID USER` lines; `#` starts a comment).
-    /// Unix listeners become open to every local user. Each user's
+    /// maps its uid to (`unix UID USER` lines), a TCP login as the user
+    /// its token file maps to (`token FILE USER` lines; no other token
+    /// logs in); `#` starts a comment. Unix listeners become open to every
+    /// local user. Each user's
     /// commands, files and ports are served by a worker process with that
     /// user's ids, groups and login environment.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "token_file")]
     user_map: Option<std::path::PathBuf>,
     /// With --user-map: the user the front runs as, the part of the server
     /// that accepts connections and reads every peer's messages (never
@@ -571,9 +573,13 @@ pub struct ServeArgs {
     )]
     privsep_user: String,
     /// Internal: serve as the front of a server that runs logins as users,
-    /// asking its monitor at descriptor FD which worker serves each login.
+    /// taking the logins its monitor hands over at descriptor FD.
     #[arg(long, value_name = "FD", hide = true)]
     front: Option<i32>,
+    /// Internal: the front's socket for asking its monitor which worker a
+    /// TCP login's token logs in to.
+    #[arg(long, value_name = "FD", hide = true, requires = "front")]
+    monitor_requests: Option<i32>,
     /// Internal: a listening socket at descriptor FD to serve (NAME
     /// `admin`: the admin socket); repeatable.
     #[arg(

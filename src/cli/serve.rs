@@ -94,13 +94,15 @@ pub fn main(args: ServeArgs) -> i32 {
     // The front of a server that runs logins as users: its listeners (and
     // the admin socket) came from the monitor, which bound them.
     let (users, listen, admin) = match args.front {
-        Some(monitor) => match crate::cli::serve_users::front_config(monitor) {
-            Ok(users) => (Some(users), Vec::new(), None),
-            Err(error) => {
-                eprintln!("capexec: {error}");
-                return EXIT_CAPEXEC_FAILURE;
+        Some(monitor) => {
+            match crate::cli::serve_users::front_config(monitor, args.monitor_requests) {
+                Ok(users) => (Some(users), Vec::new(), None),
+                Err(error) => {
+                    eprintln!("capexec: {error}");
+                    return EXIT_CAPEXEC_FAILURE;
+                }
             }
-        },
+        }
         None => (None, listen, admin),
     };
     // As root with --user-map: bind, start the front, and stay the monitor.

@@ -7,19 +7,23 @@ use std::ffi::OsString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use capexec::net::activation::InheritedSocket;
-use capexec::net::{Address, BoundUnixSocket, UsersConfig, bind_unix_for_another};
-use capexec::users::{Account, MonitorSetup, UserMap, spawn_as};
+use capexec::net::{Address, BoundUnixSocket, Token, UsersConfig, bind_unix_for_another};
+use capexec::users::{Account, Evidence, MonitorSetup, TokenCheck, UserMap, spawn_as};
 
 use crate::cli::EXIT_CAPEXEC_FAILURE;
 
-/// `--front FD`: the monitor's socket.
-pub fn front_config(monitor: i32) -> Result<UsersConfig, String> {
+/// `--front FD` and `--monitor-requests FD`: the monitor's sockets.
+pub fn front_config(monitor: i32, requests: Option<i32>) -> Result<UsersConfig, String> {
     let socket = inherited(monitor, "--front")?;
+    let requests = requests
+        .map(|fd| inherited(fd, "--monitor-requests"))
+        .transpose()?;
     Ok(UsersConfig {
         monitor: Arc::new(socket),
+        requests: requests.map(|fd| Arc::new(Mutex::new(fd))),
     })
 }
 
@@ -69,13 +73,15 @@ pub fn monitor_main(
     match start(map_file, privsep_user, listen, admin) {
         Ok(Started {
             socket,
+            requests,
             setup,
             front,
             logins,
             admin,
         }) => {
             let listeners: Vec<_> = logins.iter().map(|bound| &bound.listener).collect();
-            let code = capexec::users::serve_monitor(socket, &listeners, &setup, front);
+            let code =
+                capexec::users::serve_monitor(socket, Some(requests), &listeners, &setup, front);
             drop((logins, admin));
             code
         }
@@ -88,6 +94,8 @@ pub fn monitor_main(
 
 struct Started {
     socket: OwnedFd,
+    /// Where the front asks which worker a token logs in to.
+    requests: OwnedFd,
     setup: MonitorSetup,
     front: nix::unistd::Pid,
     /// The listeners the monitor accepts logins on; their files go when
@@ -111,28 +119,35 @@ fn start(
         ));
     }
     let map = UserMap::read(map_file)?;
-    if let Some((evidence, account)) = map
-        .entries()
-        .iter()
-        .find(|(evidence, _)| !matches!(evidence, capexec::users::Evidence::UnixUid(_)))
-    {
-        let kind = match evidence {
-            capexec::users::Evidence::TokenFile(_) => "token",
-            _ => "cert",
-        };
-        return Err(format!(
-            "--user-map {}: a `{kind}` line (for {}) maps a TCP login, and this server runs \
-             only Unix-socket logins as users so far: map Unix peers with `unix UID USER`",
-            map_file.display(),
-            account.name
-        ));
+    let mut tokens: Vec<(TokenCheck, Account)> = Vec::new();
+    for (evidence, account) in map.entries() {
+        match evidence {
+            Evidence::UnixUid(_) => {}
+            Evidence::TokenFile(path) => {
+                let token = Token::load(path)
+                    .map_err(|error| format!("--user-map {}: {error}", map_file.display()))?;
+                tokens.push((
+                    Box::new(move |candidate| token.matches(candidate)),
+                    account.clone(),
+                ));
+            }
+            Evidence::Certificate(_) => {
+                return Err(format!(
+                    "--user-map {}: a `cert` line (for {}) maps a TLS client certificate, \
+                     which this server does not ask for yet: map TCP logins with `token FILE \
+                     USER`",
+                    map_file.display(),
+                    account.name
+                ));
+            }
+        }
     }
-    if listen.iter().any(Address::is_tcp) {
-        return Err(
-            "--user-map: logins as users are served on Unix sockets only so far: a TCP login \
-             (token or certificate lines of the map) cannot be mapped to a user yet"
-                .to_string(),
-        );
+    if listen.iter().any(Address::is_tcp) && tokens.is_empty() {
+        return Err(format!(
+            "--user-map {}: a tcp: listener, and no `token FILE USER` line: no TCP login \
+             could log in",
+            map_file.display()
+        ));
     }
     let front_account = Account::by_name(privsep_user).map_err(|_| {
         format!(
@@ -152,6 +167,17 @@ fn start(
     // to every local user (the kernel tells the monitor who each one is).
     // The admin socket stays root's, and the front serves it.
     let mut logins = Vec::new();
+    // TCP listeners go to the front, which does TLS and the login.
+    let mut tcp = Vec::new();
+    for address in listen {
+        let Address::Tcp { host, port } = address else {
+            continue;
+        };
+        let listener = std::net::TcpListener::bind((host.as_str(), *port)).map_err(|error| {
+            format!("--listen {address}: {}", capexec::model::io_message(&error))
+        })?;
+        tcp.push(listener);
+    }
     for address in listen {
         let Address::Unix(path) = address else {
             continue;
@@ -191,18 +217,21 @@ fn start(
                 capexec::model::io_message(&error)
             )
         })?;
-    let (ours, theirs) = nix::sys::socket::socketpair(
-        nix::sys::socket::AddressFamily::Unix,
-        nix::sys::socket::SockType::SeqPacket,
-        None,
-        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
-    )
-    .map_err(|errno| format!("--user-map: the monitor's socket: {}", errno.desc()))?;
+    let (ours, theirs) = seqpacket_pair()?;
     // The front: this same command line, as the front, with the sockets.
     let mut args: Vec<OsString> = std::env::args_os().skip(1).collect();
     args.push("--front".into());
     args.push(theirs.as_raw_fd().to_string().into());
-    let mut keep = vec![theirs.as_raw_fd()];
+    let (requests, their_requests) = seqpacket_pair()?;
+    args.push("--monitor-requests".into());
+    args.push(their_requests.as_raw_fd().to_string().into());
+    let mut keep = vec![theirs.as_raw_fd(), their_requests.as_raw_fd()];
+    for listener in &tcp {
+        let fd = listener.as_raw_fd();
+        args.push("--listen-fd".into());
+        args.push(format!("{fd}=tcp").into());
+        keep.push(fd);
+    }
     if let Some(admin) = &admin {
         let fd = admin.listener.as_raw_fd();
         args.push("--listen-fd".into());
@@ -212,10 +241,20 @@ fn start(
     // The front ends cleanly if the monitor dies.
     let front = spawn_as(&front_account, &program, &args, &keep, libc::SIGTERM)
         .map_err(|error| format!("--privsep-user {privsep_user}: {error}"))?;
-    drop(theirs);
+    drop((theirs, their_requests));
+    // As bound: a port of 0 is the one the kernel chose.
+    let mut bound_tcp = tcp.iter();
     for address in listen {
-        println!("{address}");
+        match address {
+            Address::Tcp { .. } => {
+                if let Some(Ok(local)) = bound_tcp.next().map(|listener| listener.local_addr()) {
+                    println!("{}", Address::from_socket_addr(local));
+                }
+            }
+            _ => println!("{address}"),
+        }
     }
+    drop(tcp);
     tracing::info!(
         front = front.id(),
         user = privsep_user,
@@ -229,9 +268,23 @@ fn start(
             socket_dir,
             front_uid: front_account.uid,
             front_gid: front_account.gid,
+            tokens,
         },
+        requests,
         front: nix::unistd::Pid::from_raw(front.id() as i32),
         logins,
         admin,
     })
+}
+
+/// A socketpair between the monitor and the front: messages keep their
+/// bounds, and carry descriptors.
+fn seqpacket_pair() -> Result<(OwnedFd, OwnedFd), String> {
+    nix::sys::socket::socketpair(
+        nix::sys::socket::AddressFamily::Unix,
+        nix::sys::socket::SockType::SeqPacket,
+        None,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|errno| format!("--user-map: the monitor's socket: {}", errno.desc()))
 }

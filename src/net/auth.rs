@@ -6,6 +6,8 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::LocalBoxFuture;
+
 use crate::capexec_capnp::{executor, gatekeeper};
 use crate::net::session::Session;
 use crate::net::token::Token;
@@ -21,12 +23,27 @@ pub(crate) const LOGIN_DEADLINE: Duration = Duration::from_secs(30);
 /// Suffix of every login refusal (see the schema).
 pub const UNAUTHENTICATED_TAG: &str = "[capexec:unauthenticated]";
 
+/// On a server that runs logins as users: the executor a token logs in
+/// to (its user's worker's), or why it does not.
+pub(crate) type UsersLogin =
+    Rc<dyn Fn(String) -> LocalBoxFuture<'static, Result<executor::Client, String>>>;
+
+/// How a login is checked.
+enum Check {
+    /// Against the server's token; every login gets an executor of its own.
+    Token {
+        token: Arc<Token>,
+        new_executor: Rc<dyn Fn() -> executor::Client>,
+    },
+    /// By the monitor of a server that runs logins as users.
+    Users(UsersLogin),
+}
+
 pub(crate) struct GatekeeperImpl {
-    new_executor: Rc<dyn Fn() -> executor::Client>,
+    check: Check,
     /// Made at the first successful login: one root (and so one process
     /// quota) per connection, however often it logs in.
     executor: OnceCell<executor::Client>,
-    token: Arc<Token>,
     session: Rc<Session>,
 }
 
@@ -37,9 +54,20 @@ impl GatekeeperImpl {
         session: Rc<Session>,
     ) -> GatekeeperImpl {
         GatekeeperImpl {
-            new_executor,
+            check: Check::Token {
+                token,
+                new_executor,
+            },
             executor: OnceCell::new(),
-            token,
+            session,
+        }
+    }
+
+    /// A gatekeeper whose logins run as the user their token maps to.
+    pub fn for_users(users: UsersLogin, session: Rc<Session>) -> GatekeeperImpl {
+        GatekeeperImpl {
+            check: Check::Users(users),
+            executor: OnceCell::new(),
             session,
         }
     }
@@ -63,12 +91,36 @@ impl gatekeeper::Server for GatekeeperImpl {
             return Err(too_many_refusals());
         }
         let candidate = params.get()?.get_token()?.to_str().unwrap_or("");
-        if self.token.matches(candidate) {
-            self.session.log_in();
-            let executor = self.executor.get_or_init(|| (self.new_executor)());
-            results.get().set_executor(executor.clone());
-            return Ok(());
-        }
+        let refusal = match &self.check {
+            Check::Token {
+                token,
+                new_executor,
+            } => {
+                if token.matches(candidate) {
+                    self.session.log_in();
+                    let executor = self.executor.get_or_init(|| new_executor());
+                    results.get().set_executor(executor.clone());
+                    return Ok(());
+                }
+                "login refused: wrong token".to_string()
+            }
+            // One user per connection: a token cannot change it.
+            Check::Users(_) if self.executor.get().is_some() => {
+                return Err(capnp::Error::failed(format!(
+                    "this connection has logged in already; a new login needs a new \
+                     connection {UNAUTHENTICATED_TAG}"
+                )));
+            }
+            Check::Users(users) => match users(candidate.to_string()).await {
+                Ok(executor) => {
+                    self.session.log_in();
+                    let executor = self.executor.get_or_init(|| executor);
+                    results.get().set_executor(executor.clone());
+                    return Ok(());
+                }
+                Err(why) => why,
+            },
+        };
         crate::metrics::refused_login();
         let failures = self.session.refused();
         tracing::warn!(failures, "login refused");
@@ -77,7 +129,7 @@ impl gatekeeper::Server for GatekeeperImpl {
             self.session.close(too_many_refusals());
         }
         Err(capnp::Error::failed(format!(
-            "login refused: wrong token {UNAUTHENTICATED_TAG}"
+            "{refusal} {UNAUTHENTICATED_TAG}"
         )))
     }
 }

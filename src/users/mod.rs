@@ -13,5 +13,7 @@ mod worker;
 
 pub use self::account::{Account, AccountError};
 pub use self::map::{Evidence, UserMap};
-pub use self::monitor::{Granted, Handed, MonitorSetup, receive_handed, serve_monitor};
+pub use self::monitor::{
+    Granted, Handed, MonitorSetup, TokenCheck, ask_for_token, receive_handed, serve_monitor,
+};
 pub use self::worker::{WorkerError, spawn_as, spawn_worker};

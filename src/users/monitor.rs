@@ -8,10 +8,13 @@
 //! peer is (`SO_PEERCRED`), decides the account from that and the map,
 //! starts that account's worker if it is not running, and hands the
 //! connection to the front with its verdict, on a `SOCK_SEQPACKET`
-//! socketpair, in fixed-size messages. It never reads a byte a peer sent,
-//! and it takes nothing from the front but the end of its socket: there is
-//! no request a compromised front could forge. It is single-threaded and
-//! waits only in poll(2).
+//! socketpair, in fixed-size messages. It never reads a byte a peer sent
+//! on a Unix socket. For a TCP login the front, which did the login,
+//! asks on a second socketpair which worker a token logs in to: the
+//! monitor compares the token with the map's token files (which only it
+//! reads) and answers; a compromised front learns nothing from it it
+//! could not from the listener, since a token that logs in is one it
+//! already holds. It is single-threaded and waits only in poll(2).
 
 use std::collections::HashMap;
 use std::io::{IoSlice, IoSliceMut};
@@ -28,6 +31,12 @@ use nix::unistd::{Gid, Pid, Uid};
 use crate::users::account::Account;
 use crate::users::map::UserMap;
 use crate::users::worker::spawn_worker;
+
+/// A request for a TCP login: its kind, the token's length (u16), the
+/// token.
+const TOKEN_LOGIN: u8 = 1;
+const MAX_TOKEN_BYTES: usize = 1024;
+const REQUEST_BYTES: usize = 4 + MAX_TOKEN_BYTES;
 
 /// A handed-over connection's verdict: status, uid, generation, then a
 /// length-prefixed text (the worker's socket, or why not); the connection
@@ -163,7 +172,13 @@ pub struct MonitorSetup {
     /// The front's user: the only one that may connect to a worker.
     pub front_uid: Uid,
     pub front_gid: Gid,
+    /// The map's token logins: whether a candidate is the token, and the
+    /// account it logs in as.
+    pub tokens: Vec<(TokenCheck, Account)>,
 }
+
+/// Compares a candidate with one token of the map, in constant time.
+pub type TokenCheck = Box<dyn Fn(&str) -> bool>;
 
 /// The signal the monitor has to pass on to the front (0: none).
 static PENDING_SIGNAL: AtomicI32 = AtomicI32::new(0);
@@ -178,6 +193,7 @@ extern "C" fn note_signal(signal: libc::c_int) {
 /// Returns the front's exit code, as a shell would say it.
 pub fn serve_monitor(
     socket: OwnedFd,
+    requests: Option<OwnedFd>,
     listeners: &[&std::os::unix::net::UnixListener],
     setup: &MonitorSetup,
     front: Pid,
@@ -199,6 +215,7 @@ pub fn serve_monitor(
         pass_signal_on(front);
         reap(front, &mut front_status);
         let mut fds: Vec<PollFd<'_>> = std::iter::once(PollFd::new(&socket, PollFlags::IN))
+            .chain(requests.iter().map(|r| PollFd::new(r, PollFlags::IN)))
             .chain(listeners.iter().map(|l| PollFd::new(*l, PollFlags::IN)))
             .collect();
         match poll(&mut fds, None) {
@@ -211,14 +228,20 @@ pub fn serve_monitor(
         }
         let ready: Vec<bool> = fds.iter().map(|fd| !fd.revents().is_empty()).collect();
         if ready[0] {
-            // The front sends nothing: readable means it closed its end.
+            // The front sends nothing there: readable means it closed its end.
             break;
         }
-        for (listener, _) in listeners
-            .iter()
-            .zip(&ready[1..])
-            .filter(|(_, ready)| **ready)
-        {
+        let listening = match &requests {
+            Some(requests) if ready[1] => {
+                if !answer_request(setup, &mut workers, requests.as_fd(), front) {
+                    break;
+                }
+                &ready[2..]
+            }
+            Some(_) => &ready[2..],
+            None => &ready[1..],
+        };
+        for (listener, _) in listeners.iter().zip(listening).filter(|(_, ready)| **ready) {
             while let Ok((connection, _)) = listener.accept() {
                 let connection = OwnedFd::from(connection);
                 let verdict = grant(setup, &mut workers, connection.as_fd());
@@ -257,6 +280,92 @@ pub fn serve_monitor(
         Some(code) => code,
         None => wait_for(front),
     }
+}
+
+/// Answers one request of the front's on `requests`; false once the front
+/// has closed it.
+fn answer_request(
+    setup: &MonitorSetup,
+    workers: &mut Workers,
+    requests: BorrowedFd<'_>,
+    front: Pid,
+) -> bool {
+    let mut request = [0u8; REQUEST_BYTES + 1];
+    let length =
+        match nix::sys::socket::recv(requests.as_raw_fd(), &mut request, MsgFlags::MSG_DONTWAIT) {
+            Ok(0) => return false,
+            Ok(length) => length,
+            Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::EINTR) => return true,
+            Err(errno) => {
+                tracing::error!(
+                    error = errno.desc(),
+                    "the monitor cannot read the front's request"
+                );
+                return false;
+            }
+        };
+    let verdict = match token_of(&request[..length]) {
+        Some(token) => match setup.tokens.iter().find(|(matches, _)| matches(token)) {
+            Some((_, account)) => workers.running(setup, account),
+            None => Err("login refused: wrong token".to_string()),
+        },
+        None => Err("a malformed request to the monitor".to_string()),
+    };
+    let bytes = encode(&verdict);
+    loop {
+        match nix::sys::socket::send(requests.as_raw_fd(), &bytes, MsgFlags::MSG_NOSIGNAL) {
+            Err(nix::errno::Errno::EINTR) => pass_signal_on(front),
+            Ok(_) => return true,
+            Err(errno) => {
+                tracing::error!(error = errno.desc(), "the monitor cannot answer the front");
+                return false;
+            }
+        }
+    }
+}
+
+/// The token of a login request, if it is one.
+fn token_of(request: &[u8]) -> Option<&str> {
+    let (&[kind, _, low, high], token) = request.split_first_chunk::<4>()?;
+    let length = usize::from(u16::from_le_bytes([low, high]));
+    if kind != TOKEN_LOGIN || token.len() != length {
+        return None;
+    }
+    std::str::from_utf8(token).ok()
+}
+
+/// The front's end of the request socket: which worker a TCP login's
+/// token logs in to. Blocks until the monitor answers (it may start the
+/// worker first): call it off the serving thread, one at a time.
+pub fn ask_for_token(requests: BorrowedFd<'_>, token: &str) -> Result<Granted, String> {
+    if token.len() > MAX_TOKEN_BYTES {
+        return Err("login refused: wrong token".to_string());
+    }
+    let mut request = Vec::with_capacity(4 + token.len());
+    request.extend_from_slice(&[TOKEN_LOGIN, 0]);
+    request.extend_from_slice(&(token.len() as u16).to_le_bytes());
+    request.extend_from_slice(token.as_bytes());
+    let failed =
+        |what: &str, errno: nix::errno::Errno| format!("{what} the monitor: {}", errno.desc());
+    loop {
+        match nix::sys::socket::send(requests.as_raw_fd(), &request, MsgFlags::MSG_NOSIGNAL) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(errno) => return Err(failed("cannot ask", errno)),
+            Ok(_) => break,
+        }
+    }
+    let mut reply = [0u8; REPLY_BYTES + 1];
+    let length = loop {
+        match nix::sys::socket::recv(requests.as_raw_fd(), &mut reply, MsgFlags::empty()) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(errno) => return Err(failed("no answer from", errno)),
+            Ok(length) => break length,
+        }
+    };
+    if length == 0 {
+        return Err("the monitor has gone".to_string());
+    }
+    decode(&reply[..length])
 }
 
 /// The worker for the peer of `connection`, started if need be.
@@ -430,5 +539,17 @@ mod tests {
             decode(&encode(&Err(long))).map(|_| ()).unwrap_err().len(),
             TEXT_BYTES
         );
+    }
+
+    #[test]
+    fn a_login_request_carries_exactly_its_token() {
+        let mut request = vec![TOKEN_LOGIN, 0, 5, 0];
+        request.extend_from_slice(b"hello");
+        assert_eq!(token_of(&request), Some("hello"));
+        // A length that is not the token's, another kind, too short.
+        assert_eq!(token_of(&request[..8]), None);
+        request[0] = 2;
+        assert_eq!(token_of(&request), None);
+        assert_eq!(token_of(&[TOKEN_LOGIN, 0]), None);
     }
 }

@@ -281,6 +281,22 @@ fn a_worker_without_its_socket_says_so() {
     );
 }
 
+/// `capexec serve --user-map MAP --privsep-user FRONT` with `listen`, as
+/// root; its first printed address.
+fn serve_users(listen: &[String], map: &Path) -> (std::process::Child, String) {
+    let mut server = Std::new(BIN);
+    server.arg("serve");
+    for address in listen {
+        server.args(["--listen", address]);
+    }
+    server
+        .arg("--user-map")
+        .arg(map)
+        .args(["--privsep-user", FRONT]);
+    let (server, line) = spawn_until_first_line(server);
+    (server, line.trim().to_string())
+}
+
 /// `capexec run` on `socket` as the user `uid` (its own HOME, no token).
 fn run_as(uid: u32, gid: u32, home: &str, socket: &str, script: &str) -> Std {
     use std::os::unix::process::CommandExt;
@@ -312,15 +328,7 @@ fn a_server_with_a_user_map_runs_each_unix_peer_as_its_user_or_the_mapped_one() 
     .expect("map");
     let socket = dir.path().join("s.sock");
     let front = test_account(FRONT, false);
-    let mut server = Std::new(BIN);
-    server
-        .args(["serve", "--listen"])
-        .arg(format!("unix:{}", socket.display()))
-        .arg("--user-map")
-        .arg(&map)
-        .args(["--privsep-user", FRONT]);
-    let (mut server, line) = spawn_until_first_line(server);
-    let address = line.trim().to_string();
+    let (mut server, address) = serve_users(&[format!("unix:{}", socket.display())], &map);
     assert_eq!(address, format!("unix:{}", socket.display()));
     // Open to every local user: the kernel tells them apart.
     let mode = std::fs::metadata(&socket).expect("socket").mode() & 0o777;
@@ -490,25 +498,48 @@ fn a_user_map_is_refused_where_it_cannot_be_kept() {
             alice.uid
         )
     );
-    // A TCP listener's logins cannot be mapped yet: refused, not served as root.
+    // A TCP listener needs a token line: no other token logs in.
     let done = serve(&["--listen", "tcp:127.0.0.1:0", "--user-map", &map_arg], 0);
     assert_eq!(done.code, 125);
+    assert_eq!(
+        text(&done.stderr),
+        format!(
+            "capexec: --user-map {map_arg}: a tcp: listener, and no `token FILE USER` line: no \
+             TCP login could log in\n"
+        )
+    );
+    // Nor does a server's own token: --token-file has no place here.
+    let done = serve(
+        &[
+            "--listen",
+            &socket,
+            "--user-map",
+            &map_arg,
+            "--token-file",
+            "/x",
+        ],
+        0,
+    );
+    assert_eq!(done.code, 125);
     assert!(
-        text(&done.stderr)
-            .contains("--user-map: logins as users are served on Unix sockets only so far"),
+        text(&done.stderr).contains("--user-map cannot be used with --token-file"),
         "{}",
         text(&done.stderr)
     );
-    // Nor a map that names TCP logins.
-    std::fs::write(&map, "token tokens/ci capexec-alice\n").expect("map");
+    // TLS client certificates are not asked for yet: a cert line is refused.
+    std::fs::write(
+        &map,
+        format!("cert sha256:{} capexec-alice\n", "ab".repeat(32)),
+    )
+    .expect("map");
     let done = serve(&["--listen", &socket, "--user-map", &map_arg], 0);
     assert_eq!(done.code, 125);
     assert_eq!(
         text(&done.stderr),
         format!(
-            "capexec: --user-map {map_arg}: a `token` line (for capexec-alice) maps a TCP login, \
-             and this server runs only Unix-socket logins as users so far: map Unix peers with \
-             `unix UID USER`\n"
+            "capexec: --user-map {map_arg}: a `cert` line (for capexec-alice) maps a TLS client \
+             certificate, which this server does not ask for yet: map TCP logins with `token \
+             FILE USER`\n"
         )
     );
     // The front needs a user of its own, never root.
@@ -566,15 +597,7 @@ fn a_server_with_a_user_map_killed_leaves_no_front_worker_or_command() {
     let map = dir.path().join("users");
     std::fs::write(&map, "# every peer as itself\n").expect("map");
     let socket = dir.path().join("s.sock");
-    let mut server = Std::new(BIN);
-    server
-        .args(["serve", "--listen"])
-        .arg(format!("unix:{}", socket.display()))
-        .arg("--user-map")
-        .arg(&map)
-        .args(["--privsep-user", FRONT]);
-    let (mut server, line) = spawn_until_first_line(server);
-    let address = line.trim().to_string();
+    let (mut server, address) = serve_users(&[format!("unix:{}", socket.display())], &map);
     let server_pid = server.id();
     let mut client = run_as(
         alice.uid.as_raw(),
@@ -605,4 +628,73 @@ fn a_server_with_a_user_map_killed_leaves_no_front_worker_or_command() {
     }
     let _ = client.kill();
     let _ = client.wait();
+}
+
+#[test]
+fn a_tcp_login_runs_as_the_user_its_token_file_maps_to() {
+    test_account("capexec-alice", true);
+    test_account("capexec-bob", false);
+    test_account(FRONT, false);
+    let dir = TempDir::new("users-tcp");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let tokens = dir.path().join("tokens");
+    std::fs::create_dir(&tokens).expect("tokens");
+    for (name, secret) in [
+        ("alice", "alice-secret-0123456789"),
+        ("bob", "bob-secret-9876543210"),
+    ] {
+        let file = tokens.join(name);
+        std::fs::write(&file, format!("{secret}\n")).expect("token");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    }
+    let map = dir.path().join("users");
+    // Token files relative to the map.
+    std::fs::write(
+        &map,
+        "token tokens/alice capexec-alice\ntoken tokens/bob capexec-bob\n",
+    )
+    .expect("map");
+    let socket = dir.path().join("s.sock");
+    let (mut server, address) = serve_users(
+        &[
+            "tcp:127.0.0.1:0".to_string(),
+            format!("unix:{}", socket.display()),
+        ],
+        &map,
+    );
+    assert!(
+        address.starts_with("tcp:127.0.0.1:") && !address.ends_with(":0"),
+        "{address}"
+    );
+    let run = |token_file: &Path| {
+        let mut command = Std::new(BIN);
+        command
+            .args(["run", "--connect", &address, "--token-file"])
+            .arg(token_file)
+            .args(["-n", "--", "sh", "-c", "id -un; echo $HOME"])
+            .env("HOME", "/root")
+            .env_remove("CAPEXEC_TOKEN");
+        finish(command, None)
+    };
+    for (file, name) in [("alice", "capexec-alice"), ("bob", "capexec-bob")] {
+        let done = run(&tokens.join(file));
+        assert_eq!(
+            (done.code, text(&done.stdout)),
+            (0, format!("{name}\n/home/{name}\n")),
+            "{}",
+            text(&done.stderr)
+        );
+    }
+    // Any other token is refused, the server's own included (it has none).
+    let wrong = dir.path().join("wrong");
+    std::fs::write(&wrong, "not-a-mapped-token\n").expect("token");
+    let done = run(&wrong);
+    assert_eq!(done.code, 125);
+    assert!(
+        text(&done.stderr).contains("login refused: wrong token"),
+        "{}",
+        text(&done.stderr)
+    );
+    kill(&server, libc::SIGTERM);
+    assert_eq!(wait(&mut server), 0);
 }

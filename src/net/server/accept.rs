@@ -73,6 +73,7 @@ pub(super) async fn accept_loop(address: Address, listener: Listener, serving: R
         let span = tracing::info_span!("connection", id, peer = %accepted.peer);
         let serving = Rc::clone(&serving);
         let connection = format!("{id} {}", accepted.peer);
+        let connection_name = connection.clone();
         let (received, direct) = (accepted.received.clone(), accepted.direct.clone());
         let executor: ConnectionExecutor = match (&serving.users, accepted.verdict) {
             (Some(users), Some(verdict)) => {
@@ -86,14 +87,30 @@ pub(super) async fn accept_loop(address: Address, listener: Listener, serving: R
                 Rc::new(move || make(&connection, received.as_ref(), direct.as_ref()))
             }
         };
+        // A TCP login on a server that runs logins as users: the monitor
+        // says which user's worker its token logs in to.
+        let users_login: Option<crate::net::auth::UsersLogin> = match &serving.users {
+            Some(users) if accepted.login.is_some() => {
+                let (users, connection) = (Rc::clone(users), connection_name.clone());
+                Some(Rc::new(move |token: String| {
+                    let (users, connection) = (Rc::clone(&users), connection.clone());
+                    async move {
+                        let granted = users.verdict_for_token(token).await?;
+                        Ok(users.executor(&Ok(granted), &connection, None, None))
+                    }
+                    .boxed_local()
+                }))
+            }
+            _ => None,
+        };
+        let login = accepted.login.map(|login| (login, users_login));
         let open = crate::metrics::connection_opened();
         tokio::task::spawn_local(
             async move {
                 let _open = open;
                 if let Some(network) = accepted.network.await {
                     let closing = &serving.closing;
-                    serve_connection(network, executor, accepted.session, accepted.login, closing)
-                        .await;
+                    serve_connection(network, executor, accepted.session, login, closing).await;
                 }
                 Connections::return_free_memory_soon(&serving);
             }

@@ -10,7 +10,7 @@ use capnp_rpc::RpcSystem;
 use capnp_rpc::rpc_twoparty_capnp::Side;
 
 use crate::capexec_capnp::{executor, gatekeeper};
-use crate::net::auth::{GatekeeperImpl, enforce_login_deadline};
+use crate::net::auth::{GatekeeperImpl, UsersLogin, enforce_login_deadline};
 use crate::net::guard::CallLimits;
 use crate::net::session::Session;
 use crate::net::shutdown::Closing;
@@ -66,7 +66,7 @@ pub(super) async fn serve_connection(
     network: Network,
     executor: ConnectionExecutor,
     session: Rc<Session>,
-    login: Option<Arc<Login>>,
+    login: Option<(Arc<Login>, Option<UsersLogin>)>,
     closing: &Closing,
 ) {
     let _open = closing.opened();
@@ -74,12 +74,21 @@ pub(super) async fn serve_connection(
     tracing::info!("connected");
     let (bootstrap, deadline) = match login {
         None => (executor().client, None),
-        Some(login) => {
-            let gatekeeper: gatekeeper::Client = capnp_rpc::new_client(GatekeeperImpl::new(
-                executor,
-                Arc::clone(&login.token),
-                Rc::clone(&session),
-            ));
+        Some((login, users)) => {
+            let gatekeeper = match (&login.token, users) {
+                (_, Some(users)) => GatekeeperImpl::for_users(users, Rc::clone(&session)),
+                (Some(token), None) => {
+                    GatekeeperImpl::new(executor, Arc::clone(token), Rc::clone(&session))
+                }
+                // (A server that runs logins as users always says how.)
+                (None, None) => GatekeeperImpl::for_users(
+                    Rc::new(|_| {
+                        Box::pin(async { Err("login refused: no login is served here".into()) })
+                    }),
+                    Rc::clone(&session),
+                ),
+            };
+            let gatekeeper: gatekeeper::Client = capnp_rpc::new_client(gatekeeper);
             let deadline = enforce_login_deadline(Rc::clone(&session), login.deadline);
             (gatekeeper.client, Some(deadline))
         }

@@ -181,14 +181,8 @@ impl Server {
         let (login, token_path) = login(&config, inherited_tcp)?;
         let users = match &config.users {
             None => None,
-            Some(_) if config.listen.iter().any(Address::is_tcp) || inherited_tcp => {
-                return Err(ServeError::Users(
-                    "logins as users are served on Unix sockets only so far: a TCP login \
-                     (token or certificate lines of the map) cannot be mapped to a user yet"
-                        .to_string(),
-                ));
-            }
-            Some(_) => Some(Rc::new(users::Workers::new(
+            Some(users) => Some(Rc::new(users::Workers::new(
+                users,
                 Rc::clone(&context),
                 config.max_processes_per_connection,
                 config.port_limits,
@@ -517,7 +511,16 @@ fn login(
     config: &ServerConfig,
     inherited_tcp: bool,
 ) -> Result<(Option<Login>, Option<PathBuf>), ServeError> {
-    let (login, token_path) = if config.listen.iter().any(Address::is_tcp) || inherited_tcp {
+    let tcp = config.listen.iter().any(Address::is_tcp) || inherited_tcp;
+    if tcp && config.users.is_some() {
+        // The monitor checks each token against the map's token files.
+        let login = Login {
+            token: None,
+            deadline: config.login_deadline.unwrap_or(LOGIN_DEADLINE),
+        };
+        return Ok((Some(login), None));
+    }
+    let (login, token_path) = if tcp {
         let path = config
             .token_file
             .clone()
@@ -528,7 +531,7 @@ fn login(
             tracing::info!(path = %path.display(), "created a new token file");
         }
         let login = Login {
-            token: Arc::new(token),
+            token: Some(Arc::new(token)),
             deadline: config.login_deadline.unwrap_or(LOGIN_DEADLINE),
         };
         (Some(login), Some(path))

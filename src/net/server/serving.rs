@@ -48,7 +48,9 @@ pub(super) struct Serving {
 
 /// What a TCP connection must do before it gets the executor.
 pub(super) struct Login {
-    pub(super) token: Arc<Token>,
+    /// `None` on a server that runs logins as users: its monitor checks
+    /// each token against the map.
+    pub(super) token: Option<Arc<Token>>,
     pub(super) deadline: std::time::Duration,
 }
 
@@ -145,7 +147,7 @@ impl Reloader {
         let mut login = self.serving.login.borrow_mut();
         if let Some(current) = login.as_ref() {
             *login = Some(Arc::new(Login {
-                token: Arc::new(token),
+                token: Some(Arc::new(token)),
                 deadline: current.deadline,
             }));
         }

@@ -10,7 +10,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::capexec_capnp::executor;
 use crate::net::address::Address;
@@ -25,11 +25,15 @@ pub struct UsersConfig {
     /// The front's end of the monitor's socket, on which the monitor hands
     /// over each connection it accepted, with its worker.
     pub monitor: Arc<OwnedFd>,
+    /// The front's end of the socket on which it asks the monitor which
+    /// worker a TCP login's token logs in to (one question at a time).
+    pub requests: Option<Arc<Mutex<OwnedFd>>>,
 }
 
 /// The links to the workers, by uid, with the generation of the worker
 /// each reaches.
 pub(super) struct Workers {
+    requests: Option<Arc<Mutex<OwnedFd>>>,
     links: RefCell<HashMap<u32, (u64, Rc<UpstreamLink>)>>,
     context: Rc<ServerContext>,
     per_connection: Option<usize>,
@@ -38,11 +42,13 @@ pub(super) struct Workers {
 
 impl Workers {
     pub(super) fn new(
+        config: &UsersConfig,
         context: Rc<ServerContext>,
         per_connection: Option<usize>,
         port_limits: rpc::PortLimits,
     ) -> Workers {
         Workers {
+            requests: config.requests.clone(),
             links: RefCell::new(HashMap::new()),
             context,
             per_connection,
@@ -85,6 +91,23 @@ impl Workers {
             Rc::clone(&self.context),
             allowance.build(),
         )
+    }
+
+    /// The worker a TCP login's `token` logs in to, as the monitor says
+    /// (asked off the serving thread: it may be starting the worker).
+    pub(super) async fn verdict_for_token(&self, token: String) -> Result<Granted, String> {
+        let Some(requests) = self.requests.clone() else {
+            return Err("login refused: this server takes no TCP login".to_string());
+        };
+        tokio::task::spawn_blocking(move || {
+            use std::os::fd::AsFd;
+            let requests = requests
+                .lock()
+                .map_err(|_| "the monitor's socket is unusable".to_string())?;
+            crate::users::ask_for_token(requests.as_fd(), &token)
+        })
+        .await
+        .map_err(|error| format!("asking the monitor failed: {error}"))?
     }
 
     /// The link to the worker `granted` names: the one already made, unless
