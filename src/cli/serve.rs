@@ -242,21 +242,8 @@ pub fn main(args: ServeArgs) -> i32 {
 /// `--worker FD`: the listening socket a user's worker was handed, its
 /// only listener.
 fn worker_socket(fd: i32) -> Result<Vec<activation::InheritedSocket>, String> {
-    use std::os::fd::{FromRawFd, OwnedFd};
-    // SAFETY: F_GETFD reads a flag, and fails cleanly on a closed number.
-    if fd < 3 || unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1 {
-        return Err(format!(
-            "--worker {fd}: no open descriptor {fd} was inherited"
-        ));
-    }
-    // SAFETY: open (checked above), and nothing else in this process owns
-    // it; close-on-exec, so no child inherits it.
-    let fd = unsafe {
-        libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
-        OwnedFd::from_raw_fd(fd)
-    };
     Ok(vec![activation::InheritedSocket {
-        fd: std::sync::Arc::new(fd),
+        fd: std::sync::Arc::new(crate::cli::serve_users::inherited(fd, "--worker")?),
         name: "worker".to_string(),
     }])
 }

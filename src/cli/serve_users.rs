@@ -44,8 +44,9 @@ pub fn front_sockets(given: &[String]) -> Result<Vec<InheritedSocket>, String> {
         .collect()
 }
 
-/// Descriptor `fd`, passed by the process that started this one.
-fn inherited(fd: i32, flag: &str) -> Result<OwnedFd, String> {
+/// Descriptor `fd`, passed by the process that started this one (with
+/// `flag`, which the error names).
+pub fn inherited(fd: i32, flag: &str) -> Result<OwnedFd, String> {
     // SAFETY: F_GETFD reads a flag, and fails cleanly on a closed number.
     if fd < 3 || unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1 {
         return Err(format!(

@@ -544,38 +544,29 @@ fn a_user_map_is_refused_where_it_cannot_be_kept() {
     );
     // The front needs a user of its own, never root.
     std::fs::write(&map, "unix 4000 capexec-alice\n").expect("map");
-    let done = serve(
-        &[
-            "--listen",
-            &socket,
-            "--user-map",
-            &map_arg,
-            "--privsep-user",
-            "capexec-no-such-user",
-        ],
-        0,
-    );
-    assert_eq!(done.code, 125);
+    let front_as = |user: &str| {
+        let done = serve(
+            &[
+                "--listen",
+                &socket,
+                "--user-map",
+                &map_arg,
+                "--privsep-user",
+                user,
+            ],
+            0,
+        );
+        assert_eq!(done.code, 125);
+        text(&done.stderr)
+    };
     assert_eq!(
-        text(&done.stderr),
+        front_as("capexec-no-such-user"),
         "capexec: --privsep-user capexec-no-such-user: no such user for the front, the part \
          that reads every peer's messages: make one of its own (`useradd --system \
          --no-create-home --shell /usr/sbin/nologin capexec-no-such-user`) or name another\n"
     );
-    let done = serve(
-        &[
-            "--listen",
-            &socket,
-            "--user-map",
-            &map_arg,
-            "--privsep-user",
-            "root",
-        ],
-        0,
-    );
-    assert_eq!(done.code, 125);
     assert_eq!(
-        text(&done.stderr),
+        front_as("root"),
         "capexec: --privsep-user root: the front must not run as root\n"
     );
     // And a map's mistakes name the file and the line.

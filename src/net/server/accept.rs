@@ -279,7 +279,8 @@ fn accept_tcp(
         login: serving.login.borrow().clone(),
         received: None,
         direct: None,
-        // (A server that runs logins as users has no TCP listener yet.)
+        // (On a server that runs logins as users, a TCP login's user is
+        // known at its login: see `accept_loop`.)
         verdict: None,
     })
 }

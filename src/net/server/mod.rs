@@ -86,9 +86,10 @@ pub struct ServerConfig {
     /// Where to serve the Prometheus text of `crate::metrics` (a tcp:
     /// address).
     pub metrics: Option<Address>,
-    /// Run each login as its own Unix user (a server started as root):
-    /// Unix listeners are open to every local user, and each peer's
-    /// connection goes to the worker of its account.
+    /// Serve as the front of a server that runs each login as its own
+    /// Unix user: the monitor hands over the Unix logins it accepted, and
+    /// says which worker a TCP login's token logs in to; every login's
+    /// calls go to that worker.
     pub users: Option<UsersConfig>,
 }
 
