@@ -155,7 +155,9 @@ pub struct BoundUnixSocket {
     _file: UnixSocketFile,
 }
 
-/// Binds `path` as [`bind_unix`] does, then gives it `mode`.
+/// Binds `path` as the server binds its own Unix sockets (a socket left
+/// by a capexec that died is replaced, anything else refused), then gives
+/// it `mode`.
 pub fn bind_unix_for_another(path: &Path, mode: u32) -> io::Result<BoundUnixSocket> {
     let (listener, file) = bind_unix_std(path)?;
     fs::set_permissions(path, fs::Permissions::from_mode(mode))?;
