@@ -1377,6 +1377,23 @@ interface Admin {
   # grace) as `Process.terminate` does, answering as it does (`wasRunning`
   # is its `running`); its owner sees it exit. Errors:
   # `[capexec:invalid-argument]` for a pid the server does not hold.
+
+  upgrade @3 () -> ();
+  # Re-executes the server, in the same process, into the binary now at
+  # the path it was started from, handing over its listeners, its cgroups
+  # and every detachable process (`Process.detachable`) with its pipes or
+  # terminal, its retained output and sequence numbers, its stdin queue and
+  # write ids, and its restore token and grace (counted anew). The new
+  # binary is asked first (`capexec serve --handover-check`); the answer
+  # comes once it said yes, before anything is handed over. Then every
+  # connection (this one too) is closed with the reason "the server is
+  # upgrading"; a client that restores its processes
+  # after reconnecting loses no byte and repeats none. Processes no one
+  # can restore (not detachable) end as on any lost connection. Errors
+  # (the server keeps serving as before): `[capexec:unavailable]` when the
+  # new binary cannot take the hand-over (the sentence says what it
+  # answered), when the server cannot be upgraded in place (one that runs
+  # logins as users), or when it was not started by `capexec serve`.
 }
 
 struct ProcessRecord {

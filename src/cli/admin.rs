@@ -38,6 +38,16 @@ pub struct KillArgs {
     pids: Vec<u32>,
 }
 
+#[derive(Args, Debug)]
+pub struct UpgradeArgs {
+    #[command(flatten)]
+    admin: AdminArgs,
+    /// How long to wait for the upgraded server to answer on the admin
+    /// socket again (30s, 2m...).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = crate::cli::duration::parse)]
+    wait: Duration,
+}
+
 fn address(args: &AdminArgs) -> Result<Address, String> {
     let address = match &args.connect {
         Some(text) => named::resolve(text)?.address,
@@ -103,6 +113,47 @@ pub fn kill_main(args: KillArgs) -> i32 {
             }
         }
         code
+    })
+}
+
+/// `capexec upgrade`: the server re-executes into the binary now at its
+/// path, handing everything over; this waits until the upgraded server
+/// answers on the admin socket.
+pub fn upgrade_main(args: UpgradeArgs) -> i32 {
+    crate::cli::run_local(async move {
+        let connection = match connect(&args.admin).await {
+            Ok(connection) => connection,
+            Err(message) => return fail(&message),
+        };
+        if let Err(error) = capexec::client::admin::upgrade(&connection.admin()).await {
+            return fail(&format!(
+                "the server was not upgraded and serves as before: {}",
+                describe(&connection, &error)
+            ));
+        }
+        drop(connection);
+        let deadline = tokio::time::Instant::now() + args.wait;
+        loop {
+            let answered = async {
+                let connection = connect(&args.admin).await?;
+                capexec::client::admin::processes(&connection.admin())
+                    .await
+                    .map_err(|error| describe(&connection, &error))
+            };
+            match answered.await {
+                Ok(_) => {
+                    stdio::note("upgraded: the server serves from the new binary");
+                    return 0;
+                }
+                Err(message) if tokio::time::Instant::now() >= deadline => {
+                    return fail(&format!(
+                        "the server took the new binary but did not answer within {}: {message}",
+                        capexec::model::show_duration(args.wait)
+                    ));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
     })
 }
 

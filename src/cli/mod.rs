@@ -31,6 +31,7 @@ mod signals;
 pub(crate) mod stdio;
 mod stdio_handoff;
 mod target;
+mod upgrade;
 
 use std::ffi::OsString;
 
@@ -139,6 +140,11 @@ enum Command {
     /// then SIGKILL), whoever started them; over its admin socket.
     #[command(after_help = "Example: capexec kill --connect unix:/run/capexec/admin.sock 4242")]
     Kill(Deferred<admin::KillArgs>),
+    /// Upgrade the server in place, ending nothing: it re-executes into the
+    /// binary now at its path (as SIGUSR2 does), handing over its listeners
+    /// and every process a client can restore; over its admin socket.
+    #[command(after_help = "Example: capexec upgrade --connect unix:/run/capexec/admin.sock")]
+    Upgrade(Deferred<admin::UpgradeArgs>),
     /// Print a shell completion script (bash, zsh or fish) on stdout.
     #[command(after_help = "Example: capexec completions bash > /etc/bash_completion.d/capexec")]
     Completions(Deferred<generate::CompletionArgs>),
@@ -597,6 +603,14 @@ pub struct ServeArgs {
           conflicts_with_all = ["listen", "token_file", "upstreams", "admin", "metrics",
                                 "tls_cert", "tls_self_signed", "user_map"])]
     worker: Option<i32>,
+    /// Internal: started by an upgrade of the server before (same
+    /// process): its listeners and processes are described at memfd FD.
+    #[arg(long, value_name = "FD", hide = true, conflicts_with_all = ["worker", "front", "user_map"])]
+    handover: Option<i32>,
+    /// Internal: print the hand-over format this binary takes and exit (an
+    /// upgrading server asks the new binary first).
+    #[arg(long, hide = true)]
+    handover_check: bool,
 }
 
 /// How to run a command: where, in what environment, with what
@@ -758,6 +772,10 @@ pub fn main() -> i32 {
         Command::Kill(Deferred(args)) => {
             logging::init(tracing::Level::WARN, logging::Style::Client, verbose);
             admin::kill_main(args)
+        }
+        Command::Upgrade(Deferred(args)) => {
+            logging::init(tracing::Level::WARN, logging::Style::Client, verbose);
+            admin::upgrade_main(args)
         }
         Command::ClientConfig(Deferred(args)) => servers::client_config_main(args),
         Command::Completions(Deferred(args)) => generate::completions_main(args),

@@ -21,6 +21,23 @@ use capexec::net::{
 use std::time::{Duration, SystemTime};
 
 pub fn main(args: ServeArgs) -> i32 {
+    if args.handover_check {
+        println!("{}", capexec::net::HANDOVER_VERSION);
+        return 0;
+    }
+    // Taken before anything else owns a descriptor: what the binary before
+    // kept open for us.
+    let handover = match args
+        .handover
+        .map(crate::cli::upgrade::handed_over)
+        .transpose()
+    {
+        Ok(handover) => handover,
+        Err(error) => {
+            eprintln!("capexec: cannot take over from the binary before: {error}");
+            return EXIT_CAPEXEC_FAILURE;
+        }
+    };
     // Every process starts as the server's user: a set-user-ID install (or
     // a wrapper that changed only the effective identity) would hand its
     // clients another user's authority without anyone asking for it.
@@ -34,7 +51,12 @@ pub fn main(args: ServeArgs) -> i32 {
         );
         return EXIT_CAPEXEC_FAILURE;
     }
+    let worker_of_a_user = args.worker.is_some();
     let inherited = match (args.worker, args.front) {
+        _ if handover.is_some() => Ok(handover
+            .as_ref()
+            .map(crate::cli::upgrade::listeners)
+            .unwrap_or_default()),
         (Some(fd), _) => worker_socket(fd),
         (None, Some(_)) => crate::cli::serve_users::front_sockets(&args.listen_fds),
         // SAFETY: nothing has started a thread yet (logging writes from
@@ -54,7 +76,8 @@ pub fn main(args: ServeArgs) -> i32 {
     };
     let mut listen = Vec::new();
     // (A front's listeners are its monitor's.)
-    if args.listen.is_empty() && inherited.is_empty() && args.front.is_none() {
+    if args.listen.is_empty() && inherited.is_empty() && args.front.is_none() && handover.is_none()
+    {
         match default_listener() {
             Ok(address) => listen.push(address),
             Err(error) => {
@@ -103,6 +126,8 @@ pub fn main(args: ServeArgs) -> i32 {
                 }
             }
         }
+        // An upgrade's listeners (admin and metrics too) are handed over.
+        None if handover.is_some() => (None, Vec::new(), None),
         None => (None, listen, admin),
     };
     // As root with --user-map: bind, start the front, and stay the monitor.
@@ -193,7 +218,11 @@ pub fn main(args: ServeArgs) -> i32 {
             warn_about_expiry(cert, expires, std::time::SystemTime::now());
         }
     }
-    if let Err(error) = engine::become_subreaper() {
+    // (After an upgrade the server does it once it has taken the
+    // processes over: their exits must not be reaped as nobody's.)
+    if handover.is_none()
+        && let Err(error) = engine::become_subreaper()
+    {
         tracing::warn!(%error, "cannot become a subreaper; orphaned grandchildren will not be reaped here");
     }
     if let Some(max) = args.max_inotify_watches {
@@ -233,10 +262,16 @@ pub fn main(args: ServeArgs) -> i32 {
         policy,
         admin,
         inherited,
-        metrics,
+        // Handed over with the listeners after an upgrade.
+        metrics: if handover.is_some() { None } else { metrics },
         users,
+        handover: handover.map(std::sync::Arc::new),
     };
-    crate::cli::run_local(serve(config, engine, capacity, tls_files))
+    let upgrades = crate::cli::upgrade::Upgrading::prepare(
+        worker_of_a_user
+            .then_some("a user's worker is upgraded with the server that started it, not alone"),
+    );
+    crate::cli::run_local(serve(config, engine, capacity, tls_files, upgrades))
 }
 
 /// `--worker FD`: the listening socket a user's worker was handed, its
@@ -245,6 +280,7 @@ fn worker_socket(fd: i32) -> Result<Vec<activation::InheritedSocket>, String> {
     Ok(vec![activation::InheritedSocket {
         fd: std::sync::Arc::new(crate::cli::serve_users::inherited(fd, "--worker")?),
         name: "worker".to_string(),
+        path: None,
     }])
 }
 
@@ -595,6 +631,7 @@ async fn serve(
     engine: Engine,
     capacity: Capacity,
     tls_files: Option<(PathBuf, PathBuf)>,
+    upgrading: crate::cli::upgrade::Upgrading,
 ) -> i32 {
     // Registered before binding, so a signal that arrives as soon as the
     // addresses are printed is not lost.
@@ -639,28 +676,38 @@ async fn serve(
     let _ = stdout.flush();
     drop(stdout);
     let reloader = server.reloader();
+    let upgrades = match upgrading.start() {
+        Ok(upgrades) => Some(upgrades),
+        Err(error) => {
+            tracing::warn!("upgrades are not available: {error}");
+            None
+        }
+    };
     server
-        .serve_until(async move {
-            activation::notify(&format!("READY=1\nMAINPID={}", std::process::id()));
-            loop {
-                tokio::select! {
-                    _ = terminate.recv() => {
-                        tracing::info!("SIGTERM received");
-                        break;
-                    }
-                    _ = interrupt.recv() => {
-                        tracing::info!("SIGINT received");
-                        break;
-                    }
-                    _ = hangup.recv() => {
-                        activation::notify(&activation::reloading_state());
-                        reload(&reloader, tls_files.as_ref());
-                        activation::notify("READY=1");
+        .serve_until_or_upgraded(
+            async move {
+                activation::notify(&format!("READY=1\nMAINPID={}", std::process::id()));
+                loop {
+                    tokio::select! {
+                        _ = terminate.recv() => {
+                            tracing::info!("SIGTERM received");
+                            break;
+                        }
+                        _ = interrupt.recv() => {
+                            tracing::info!("SIGINT received");
+                            break;
+                        }
+                        _ = hangup.recv() => {
+                            activation::notify(&activation::reloading_state());
+                            reload(&reloader, tls_files.as_ref());
+                            activation::notify("READY=1");
+                        }
                     }
                 }
-            }
-            activation::notify("STOPPING=1");
-        })
+                activation::notify("STOPPING=1");
+            },
+            upgrades,
+        )
         .await;
     0
 }

@@ -39,6 +39,7 @@ pub fn front_sockets(given: &[String]) -> Result<Vec<InheritedSocket>, String> {
             Ok(InheritedSocket {
                 fd: Arc::new(inherited(fd, "--listen-fd")?),
                 name: name.to_string(),
+                path: None,
             })
         })
         .collect()

@@ -31,3 +31,11 @@ pub async fn terminate(admin: &admin::Client, pid: u32) -> Result<bool, Error> {
     let response = request.send().promise.await?;
     Ok(response.get()?.get_was_running())
 }
+
+/// Asks the server to upgrade in place (see `Admin.upgrade`); `Ok` once
+/// the new binary has taken the hand-over, after which this connection is
+/// closed.
+pub async fn upgrade(admin: &admin::Client) -> Result<(), Error> {
+    admin.upgrade_request().send().promise.await?;
+    Ok(())
+}

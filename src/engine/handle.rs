@@ -233,6 +233,11 @@ pub struct Process {
 }
 
 impl Process {
+    /// The engine's id of the process (what a hand-over names it by).
+    pub fn engine_id(&self) -> u64 {
+        self.shared.id
+    }
+
     pub fn pid(&self) -> u32 {
         self.shared.pid() as u32
     }
@@ -410,11 +415,14 @@ impl Process {
         }
         let (done, outcome) = watch::channel(None);
         let len = data.len();
-        let queued = self
-            .shared
-            .stdin_ops
-            .as_ref()
-            .is_some_and(|ops| ops.send(StdinOp::Write { data, done }).is_ok());
+        let queued = self.shared.stdin_ops.as_ref().is_some_and(|ops| {
+            ops.send(StdinOp::Write {
+                data,
+                id: write_id.to_string(),
+                done,
+            })
+            .is_ok()
+        });
         if !queued {
             return Ok(WriteTicket(TicketState::Decided(WriteStatus::Exited)));
         }

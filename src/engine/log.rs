@@ -33,6 +33,33 @@ struct Chunk {
     end_count: u64,
 }
 
+/// An [`OutputLog`] as handed to the next binary.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(crate) struct LogState {
+    chunks: Vec<ChunkState>,
+    peak_bytes: u64,
+    next_seq: u64,
+    evicted_through: u64,
+    exit: Option<(u64, Exit)>,
+    closed: Option<u64>,
+    total_bytes: u64,
+    total_chunks: u64,
+    consumed_seq: u64,
+    consumed_bytes: u64,
+    consumed_chunks: u64,
+    acknowledged_seq: Option<u64>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ChunkState {
+    seq: u64,
+    stream: OutputStream,
+    offset: u64,
+    len: u64,
+    end_offset: u64,
+    end_count: u64,
+}
+
 /// Events after a cursor, as `read` and subscriptions hand them out.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Batch {
@@ -174,6 +201,80 @@ impl OutputLog {
             .is_none_or(|acknowledged| seq <= acknowledged)
     }
 
+    /// The log as the next binary takes it over (`engine::handover`): the
+    /// retained output is appended to `blob`, which the state names by
+    /// offsets.
+    pub(crate) fn export(&self, blob: &mut Vec<u8>) -> LogState {
+        let chunks = self
+            .chunks
+            .iter()
+            .map(|chunk| {
+                let offset = blob.len() as u64;
+                blob.extend_from_slice(&chunk.data);
+                ChunkState {
+                    seq: chunk.seq,
+                    stream: chunk.stream,
+                    offset,
+                    len: chunk.data.len() as u64,
+                    end_offset: chunk.end_offset,
+                    end_count: chunk.end_count,
+                }
+            })
+            .collect();
+        LogState {
+            chunks,
+            peak_bytes: self.peak_bytes as u64,
+            next_seq: self.next_seq,
+            evicted_through: self.evicted_through,
+            exit: self.exit,
+            closed: self.closed,
+            total_bytes: self.total_bytes,
+            total_chunks: self.total_chunks,
+            consumed_seq: self.consumed_seq,
+            consumed_bytes: self.consumed_bytes,
+            consumed_chunks: self.consumed_chunks,
+            acknowledged_seq: self.acknowledged_seq,
+        }
+    }
+
+    /// The log `state` describes, its output sliced out of `blob` without
+    /// copying; `None` if the state names bytes `blob` does not hold.
+    pub(crate) fn import(limits: LogLimits, state: LogState, blob: &Bytes) -> Option<OutputLog> {
+        let mut chunks = VecDeque::with_capacity(state.chunks.len());
+        let mut retained_bytes = 0usize;
+        for chunk in state.chunks {
+            let start = usize::try_from(chunk.offset).ok()?;
+            let end = start.checked_add(usize::try_from(chunk.len).ok()?)?;
+            if end > blob.len() {
+                return None;
+            }
+            retained_bytes += end - start;
+            chunks.push_back(Chunk {
+                seq: chunk.seq,
+                stream: chunk.stream,
+                data: blob.slice(start..end),
+                end_offset: chunk.end_offset,
+                end_count: chunk.end_count,
+            });
+        }
+        Some(OutputLog {
+            limits,
+            chunks,
+            retained_bytes,
+            peak_bytes: usize::try_from(state.peak_bytes).unwrap_or(usize::MAX),
+            next_seq: state.next_seq,
+            evicted_through: state.evicted_through,
+            exit: state.exit,
+            closed: state.closed,
+            total_bytes: state.total_bytes,
+            total_chunks: state.total_chunks,
+            consumed_seq: state.consumed_seq,
+            consumed_bytes: state.consumed_bytes,
+            consumed_chunks: state.consumed_chunks,
+            acknowledged_seq: state.acknowledged_seq,
+        })
+    }
+
     /// Records that the owner holds every event up to `seq`, so it may be
     /// evicted. Only moves forward.
     pub fn acknowledge_through(&mut self, seq: u64) {
@@ -307,6 +408,31 @@ mod tests {
 
     fn seqs(batch: &Batch) -> Vec<u64> {
         batch.events.iter().map(|e| e.seq).collect()
+    }
+
+    #[test]
+    fn a_handed_over_log_reads_as_the_one_it_was() {
+        let limits = LogLimits {
+            max_bytes: 8,
+            max_chunks: 10,
+        };
+        let mut log = OutputLog::new(limits, false);
+        log.push_output(OutputStream::Stdout, Bytes::from_static(b"evicted"));
+        log.push_output(OutputStream::Stderr, Bytes::from_static(b"err"));
+        log.push_output(OutputStream::Stdout, Bytes::from_static(b"out"));
+        log.push_exit(ExitStatus::Code(3).into());
+        log.consume_through(2);
+        let mut blob = b"before".to_vec();
+        let state = log.export(&mut blob);
+        let text = serde_json::to_vec(&state).expect("encode");
+        let state: LogState = serde_json::from_slice(&text).expect("decode");
+        let mut taken = OutputLog::import(limits, state, &Bytes::from(blob)).expect("import");
+        assert_eq!(taken.collect(0, 0), log.collect(0, 0));
+        assert_eq!(taken.unconsumed_bytes(), log.unconsumed_bytes());
+        assert_eq!(taken.retained_bytes(), 6);
+        assert_eq!(taken.push_closed(), 5);
+        let short = log.export(&mut Vec::new());
+        assert!(OutputLog::import(limits, short, &Bytes::from_static(b"ab")).is_none());
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 pub mod descriptors;
 mod handle;
+mod handover;
 mod kill;
 mod log;
 pub(crate) mod os;
@@ -33,6 +34,7 @@ pub use self::handle::{
     CloseOutputError, CloseTicket, MAX_WRITE_ID_BYTES, Process, ProcessOwner, ReadError,
     ResizeError, WriteError, WriteTicket,
 };
+pub use self::handover::{Handover, ProcessState};
 pub(crate) use self::kill::{pidfd_open, signal_process};
 pub use self::log::{Batch, LogLimits};
 pub use self::output::CHUNK_SIZE;
@@ -48,6 +50,7 @@ pub(crate) use self::spawn::{program_on_own_path, program_path};
 pub use self::stdin::REMEMBERED_WRITE_IDS;
 pub use self::working_dir::WorkingDir;
 
+use self::handover::{AdoptedState, HandoverSlot, PumpStart};
 use self::output::OutputSource;
 use self::reaper::Leader;
 use self::shared::{Shared, SharedParts};
@@ -70,6 +73,9 @@ struct EngineInner {
     live: Mutex<HashMap<u64, Weak<Shared>>>,
     next_id: AtomicU64,
     closing: AtomicBool,
+    /// Fired when the processes are handed to the next binary
+    /// (`handover.rs`): their pumps and stdin writers stop.
+    freeze: tokio_util::sync::CancellationToken,
 }
 
 impl EngineInner {
@@ -104,6 +110,7 @@ impl Engine {
                 live: Mutex::new(HashMap::new()),
                 next_id: AtomicU64::new(1),
                 closing: AtomicBool::new(false),
+                freeze: tokio_util::sync::CancellationToken::new(),
             }),
         }
     }
@@ -206,12 +213,20 @@ impl Engine {
         };
         let (stdout, stderr, stdin) =
             attach().map_err(|error| attach_failed(leader.pid(), &error))?;
+        let stdin = stdin.map(|sink| {
+            use std::os::fd::AsRawFd;
+            let fd = sink.as_raw_fd();
+            (
+                Box::new(pipe_capacity::GrowingSender::new(sink)) as StdinSink,
+                fd,
+            )
+        });
         self.launch(Launch {
             spec,
             leader,
             confinement,
             sources: [stdout, stderr],
-            stdin: stdin.map(|sink| Box::new(pipe_capacity::GrowingSender::new(sink)) as StdinSink),
+            stdin,
             terminal: None,
         })
     }
@@ -253,12 +268,16 @@ impl Engine {
         let leader = child.leader;
         let confinement = attach(&leader, confined);
         let io = terminal.io();
+        let fd = {
+            use std::os::fd::AsRawFd;
+            io.get_ref().as_raw_fd()
+        };
         self.launch(Launch {
             spec,
             leader,
             confinement,
             sources: [Some(OutputSource::terminal(Arc::clone(&io))), None],
-            stdin: Some(Box::new(TerminalWriter(io))),
+            stdin: Some((Box::new(TerminalWriter(io)), fd)),
             terminal: Some(terminal),
         })
     }
@@ -292,15 +311,19 @@ impl Engine {
         tracing::info!(parent: &span, tty = spec.tty, flow = ?spec.flow, "process started");
 
         let (stdin_ops, stdin_state, writer) = match stdin {
-            Some(sink) => {
+            Some((sink, fd)) => {
                 let (ops, queue) = mpsc::unbounded_channel();
-                (Some(ops), StdinState::Open, Some((sink, queue)))
+                (Some(ops), StdinState::Open, Some((sink, queue, fd)))
             }
             None => (None, StdinState::NotPiped, None),
         };
-        let engine = Arc::downgrade(&self.inner);
+        let deadline = spec
+            .timeout
+            .map(|timeout| tokio::time::Instant::now() + timeout);
         let leader = Arc::new(leader);
         let shared = Shared::new(SharedParts {
+            id,
+            argv0: spec.argv[0].to_string_lossy().into_owned(),
             leader: Arc::clone(&leader),
             tty: spec.tty,
             flow: spec.flow,
@@ -310,27 +333,103 @@ impl Engine {
             stdin_state,
             terminal,
             span,
-            on_drop: Box::new(move || {
-                if let Some(engine) = engine.upgrade() {
-                    engine.live().remove(&id);
-                }
-            }),
+            on_drop: self.forget_on_drop(id),
+            handover: Arc::new(HandoverSlot::new(
+                self.inner.freeze.clone(),
+                writer.as_ref().map(|(_, _, fd)| *fd),
+                deadline,
+            )),
+            running_for: Duration::ZERO,
         });
         live.insert(id, Arc::downgrade(&shared));
         drop(live);
 
-        if let Some((sink, queue)) = writer {
-            tokio::spawn(stdin::run_writer(
-                sink,
-                queue,
-                shared.child_exited.clone(),
-                shared.stdin_events(),
-            ));
+        if let Some((sink, queue, _)) = writer {
+            spawn_writer(&shared, sink, queue);
         }
-        tokio::spawn(output::pump(Arc::clone(&shared), sources, leader));
-        if let Some(timeout) = spec.timeout {
-            let deadline = tokio::time::Instant::now() + timeout;
+        tokio::spawn(output::pump(
+            Arc::clone(&shared),
+            sources,
+            leader,
+            PumpStart::default(),
+        ));
+        if let (Some(timeout), Some(deadline)) = (spec.timeout, deadline) {
             tokio::spawn(expire_at(Arc::downgrade(&shared), deadline, timeout));
+        }
+        Ok(ProcessOwner::new(shared))
+    }
+
+    /// What a process's `Shared` does when it goes: the engine forgets it.
+    fn forget_on_drop(&self, id: u64) -> Box<dyn FnOnce() + Send> {
+        let engine = Arc::downgrade(&self.inner);
+        Box::new(move || {
+            if let Some(engine) = engine.upgrade() {
+                engine.live().remove(&id);
+            }
+        })
+    }
+
+    /// Takes charge of a process the binary before handed over
+    /// (`handover.rs`), under a new id: shared state as it was, its stdin
+    /// queue, its pump, its timeout, its termination if one had started.
+    pub(crate) fn launch_adopted(
+        &self,
+        adopted: Adopted,
+        mut state: AdoptedState,
+    ) -> Result<ProcessOwner, String> {
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let leader = Arc::new(adopted.leader);
+        let pid = leader.pid();
+        let span = tracing::info_span!("process", id, argv0 = %adopted.argv0, pid);
+        tracing::info!(parent: &span, "process taken over from the binary before");
+        let handover::Requeued {
+            ops,
+            queue,
+            pending,
+            bytes: queued_bytes,
+        } = handover::requeue(std::mem::take(&mut state.queue));
+        let stdin_fd = adopted.stdin.as_ref().map(|(_, fd)| *fd);
+        let start = state.start;
+        let shared = Shared::new(SharedParts {
+            id,
+            argv0: adopted.argv0,
+            leader: Arc::clone(&leader),
+            tty: adopted.tty,
+            flow: adopted.flow,
+            confinement: adopted.confinement,
+            limits: self.inner.limits,
+            stdin_ops: adopted.stdin.as_ref().map(|_| ops),
+            stdin_state: adopted.stdin_state,
+            terminal: adopted.terminal,
+            span,
+            on_drop: self.forget_on_drop(id),
+            handover: Arc::new(HandoverSlot::new(
+                self.inner.freeze.clone(),
+                stdin_fd,
+                adopted.deadline,
+            )),
+            running_for: adopted.running_for,
+        });
+        shared.restore(state, pending, queued_bytes);
+        self.inner.live().insert(id, Arc::downgrade(&shared));
+        if let Some((sink, _)) = adopted.stdin {
+            spawn_writer(&shared, sink, queue);
+        }
+        tokio::spawn(output::pump(
+            Arc::clone(&shared),
+            adopted.sources,
+            leader,
+            start,
+        ));
+        if let Some(deadline) = adopted.deadline {
+            let timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
+            tokio::spawn(expire_at(Arc::downgrade(&shared), deadline, timeout));
+        }
+        if matches!(
+            shared.lock().life.termination,
+            shared::Termination::Started(_)
+        ) {
+            shared.restart_termination();
         }
         Ok(ProcessOwner::new(shared))
     }
@@ -365,15 +464,50 @@ impl Engine {
     }
 }
 
-type StdinSink = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
+pub(crate) type StdinSink = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
 
 struct Launch<'a> {
     spec: &'a StartSpec,
     leader: Leader,
     confinement: crate::model::Confinement,
     sources: [Option<OutputSource>; 2],
-    stdin: Option<StdinSink>,
+    /// The sink and the descriptor it writes to.
+    stdin: Option<(StdinSink, std::os::fd::RawFd)>,
     terminal: Option<Terminal>,
+}
+
+/// A process handed over by the binary before, put together again.
+pub(crate) struct Adopted {
+    pub leader: Leader,
+    pub tty: bool,
+    pub flow: crate::model::Flow,
+    pub confinement: crate::model::Confinement,
+    pub argv0: String,
+    pub running_for: Duration,
+    pub sources: [Option<OutputSource>; 2],
+    pub stdin: Option<(StdinSink, std::os::fd::RawFd)>,
+    pub stdin_state: StdinState,
+    pub terminal: Option<Terminal>,
+    pub deadline: Option<tokio::time::Instant>,
+}
+
+/// Runs the stdin writer of `shared`: what it holds when the engine
+/// freezes goes to the hand-over slot.
+fn spawn_writer(
+    shared: &Arc<Shared>,
+    sink: StdinSink,
+    queue: mpsc::UnboundedReceiver<stdin::StdinOp>,
+) {
+    let slot = Arc::clone(&shared.handover);
+    let stop = shared.child_exited.clone();
+    let events = shared.stdin_events();
+    tokio::spawn(async move {
+        let frozen = stdin::run_writer(sink, queue, stop, slot.freeze.clone(), events).await;
+        if let Some(frozen) = frozen {
+            slot.deposit_writer(frozen);
+        }
+        slot.writer_stopped.cancel();
+    });
 }
 
 /// Terminates the process if it has not exited by `deadline` (its spawn

@@ -13,6 +13,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
 use tokio::time::Instant;
 
+use crate::engine::handover::{FrozenPump, PumpStart};
 use crate::engine::reaper::Leader;
 use crate::engine::shared::Shared;
 use crate::engine::{os, pipe_capacity};
@@ -55,6 +56,14 @@ impl OutputSource {
             reader: Reader::Terminal(master),
             // A terminal's buffer cannot be resized.
             grown: true,
+        }
+    }
+
+    /// The descriptor read, for a hand-over (`handover.rs`).
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        match &self.reader {
+            Reader::Pipe(pipe) => pipe.as_raw_fd(),
+            Reader::Terminal(master) => master.get_ref().as_raw_fd(),
         }
     }
 
@@ -187,17 +196,40 @@ struct PendingExit {
 /// How long a terminal's last output may take to reach its master.
 const TERMINAL_SETTLE: Duration = Duration::from_millis(50);
 
+/// Runs the pump of `shared` (see [`run_pump`]) and says when it stopped.
 pub(crate) async fn pump(
+    shared: Arc<Shared>,
+    sources: [Option<OutputSource>; 2],
+    leader: Arc<Leader>,
+    start: PumpStart,
+) {
+    let slot = Arc::clone(&shared.handover);
+    if let Some(frozen) = run_pump(shared, sources, leader, start).await {
+        slot.deposit_pump(frozen);
+    }
+    slot.pump_stopped.cancel();
+}
+
+/// Drains the output until the child has exited and every stream ended;
+/// returns what it holds instead when the engine freezes for a hand-over.
+async fn run_pump(
     shared: Arc<Shared>,
     mut sources: [Option<OutputSource>; 2],
     leader: Arc<Leader>,
-) {
+    start: PumpStart,
+) -> Option<FrozenPump> {
     let mut buf = BytesMut::with_capacity(CHUNK_SIZE);
     let exit = leader.exited();
     tokio::pin!(exit);
-    let mut exited = false;
-    let mut pending_exit: Option<PendingExit> = None;
-    let mut exit_logged = false;
+    let mut exited = start.exited;
+    let terminal = sources.iter().flatten().any(OutputSource::is_terminal);
+    let mut pending_exit: Option<PendingExit> = start.pending_exit.map(|status| PendingExit {
+        status,
+        unread: (!terminal).then(|| unread_now(&sources)),
+        settle_until: Instant::now() + TERMINAL_SETTLE,
+    });
+    let mut exit_logged = start.exited && start.pending_exit.is_none();
+    let freeze = shared.handover.freeze.clone();
     let mut changes = shared.watch_changes();
     let mut abandon_at: Option<Instant> = None;
     // Made once, not per chunk: each made anew would register with its
@@ -231,8 +263,10 @@ pub(crate) async fn pump(
             }
         }
         if exit_logged && sources.iter().all(Option::is_none) {
-            shared.log_closed_event();
-            return;
+            if !shared.lock().log.is_closed() {
+                shared.log_closed_event();
+            }
+            return None;
         }
         changes.borrow_and_update();
         let paused = shared.output_paused();
@@ -246,6 +280,16 @@ pub(crate) async fn pump(
             .map(|pending| pending.settle_until);
         let mut read = [0usize; 2];
         tokio::select! {
+            _ = freeze.cancelled() => {
+                let mut pending_status = pending_exit.map(|pending| pending.status);
+                if !exited && let Some(ended) = futures::FutureExt::now_or_never(&mut exit) {
+                    // Reaped before the reaper paused: this image is the
+                    // only one that knows.
+                    shared.record_child_exited(ended.usage);
+                    pending_status = Some(ended.status);
+                }
+                return Some(FrozenPump { sources, pending_exit: pending_status });
+            }
             result = readable(&sources[0]), if sources[0].is_some() && !paused => {
                 if result.is_err() { sources[0] = None } else { read[0] = drain_once(&shared, &mut sources[0], &mut buf) }
             }

@@ -51,6 +51,11 @@ static TREES: Mutex<Trees> = Mutex::new(Trees {
 /// Set once anything was started: the reaping mode can no longer change.
 static STARTED_ANY: AtomicBool = AtomicBool::new(false);
 
+/// Set (under the lock) while the processes are handed to the next
+/// binary: the reaper thread leaves every exit for the next binary to
+/// read, so none is read here and lost with this image.
+static PAUSED: AtomicBool = AtomicBool::new(false);
+
 struct Trees {
     subreaper: bool,
     /// Subreaper mode: the children the reaper thread reaps for us.
@@ -93,7 +98,7 @@ pub fn become_subreaper() -> io::Result<()> {
     if SUBREAPER.get().is_some() {
         return Ok(());
     }
-    if STARTED_ANY.load(Ordering::Acquire) {
+    if STARTED_ANY.load(Ordering::Acquire) && trees().leaders.is_none() {
         return Err(io::Error::other(
             "become_subreaper must be called before any process is started",
         ));
@@ -105,7 +110,8 @@ pub fn become_subreaper() -> io::Result<()> {
         {
             let mut trees = trees();
             trees.subreaper = true;
-            trees.leaders = Some(HashMap::new());
+            // Children handed over (`adopt`) are registered already.
+            trees.leaders.get_or_insert_with(HashMap::new);
         }
         result = start_reaper_thread();
     });
@@ -115,6 +121,61 @@ pub fn become_subreaper() -> io::Result<()> {
 /// Whether [`become_subreaper`] is in effect.
 pub fn is_subreaper() -> bool {
     SUBREAPER.get().is_some()
+}
+
+/// Stops reaping for good: the exits of children from now on are left to
+/// the binary this one hands its processes to (see `engine::handover`).
+/// An exit reaped before is already on its way to its pump.
+pub(crate) fn pause_for_handover() {
+    let _trees = trees();
+    PAUSED.store(true, Ordering::Release);
+}
+
+/// A child handed over by the binary before this one (same process, so
+/// still our child): the subreaper mode's reaper thread reports its exit,
+/// or `ended` when the binary before had reaped it already. Must be called
+/// before [`become_subreaper`] starts that thread, or a child that exited
+/// meanwhile would be reaped as nobody's.
+pub(crate) fn adopt(
+    pid: i32,
+    pidfd: OwnedFd,
+    session: bool,
+    members: Vec<OwnedFd>,
+    ended: Option<Ended>,
+) -> Leader {
+    STARTED_ANY.store(true, Ordering::Release);
+    let mut trees = trees();
+    if trees.leaders.is_none() {
+        trees.subreaper = true;
+        trees.leaders = Some(HashMap::new());
+    }
+    let tree = Arc::new(Tree {
+        pid,
+        pidfd,
+        session,
+        leader_reaped: AtomicBool::new(ended.is_some()),
+        gone: AtomicBool::new(false),
+        members: Mutex::new(members),
+        leaf: OnceLock::new(),
+    });
+    let (sender, receiver) = oneshot::channel();
+    match ended {
+        Some(ended) => {
+            let _ = sender.send(ended);
+        }
+        None => {
+            if let Some(leaders) = trees.leaders.as_mut() {
+                leaders.insert(pid, (sender, Arc::downgrade(&tree)));
+            }
+            if !kill::pidfd_group_signals() {
+                trees.by_number.push(Arc::downgrade(&tree));
+            }
+        }
+    }
+    Leader {
+        tree,
+        exit: Exit::Sent(Mutex::new(Some(receiver))),
+    }
 }
 
 fn start_reaper_thread() -> io::Result<()> {
@@ -157,6 +218,9 @@ fn reap_forever(wake: libc::c_int) {
 /// Reaps one exited child, if any, recording what that changes.
 fn reap_one() -> bool {
     let mut trees = trees();
+    if PAUSED.load(Ordering::Acquire) {
+        return false;
+    }
     // Peek first: a terminal child's session is captured while its number
     // is still held by the zombie.
     let Some(pid) = waitable(libc::P_ALL, 0) else {
@@ -305,7 +369,33 @@ impl Tree {
     }
 }
 
+/// What of a tree the next binary needs (see `engine::handover`): its
+/// descriptors stay open across the exec.
+pub(crate) struct TreeParts {
+    pub pid: i32,
+    pub pidfd: std::os::fd::RawFd,
+    pub session: bool,
+    pub reaped: bool,
+    pub members: Vec<std::os::fd::RawFd>,
+}
+
 impl Tree {
+    pub fn handover_parts(&self) -> TreeParts {
+        TreeParts {
+            pid: self.pid,
+            pidfd: self.pidfd.as_raw_fd(),
+            session: self.session,
+            reaped: self.leader_reaped.load(Ordering::Acquire),
+            members: self
+                .members
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .map(AsRawFd::as_raw_fd)
+                .collect(),
+        }
+    }
+
     /// Sends `signal` to the processes of the session's group `pgid` (a
     /// terminal's foreground job), if the session is still the child's.
     pub fn signal_session_group(&self, _lock: &TreeLock, pgid: i32, signal: i32) {

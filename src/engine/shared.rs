@@ -9,9 +9,10 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::engine::handover::{AdoptedState, HandoverSlot};
 use crate::engine::log::{LogLimits, OutputLog};
 use crate::engine::reaper::{self, Leader};
-use crate::engine::stdin::{StdinEvents, StdinOp, StdinState, WriteIds};
+use crate::engine::stdin::{StdinEvents, StdinOp, StdinState, WriteFailure, WriteIds};
 use crate::engine::terminal::Terminal;
 use crate::model::{Exit, ExitStatus, Flow, OutputStream, ResourceUsage};
 
@@ -143,6 +144,9 @@ pub(crate) struct State {
 }
 
 pub(crate) struct Shared {
+    /// The engine's id of it.
+    pub(crate) id: u64,
+    pub(crate) argv0: String,
     pub(crate) tty: bool,
     pub(crate) flow: Flow,
     /// What confines it and how its tree is followed.
@@ -166,9 +170,16 @@ pub(crate) struct Shared {
     runtime: tokio::runtime::Handle,
     pub(crate) span: tracing::Span,
     on_drop: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    /// What its pump and writer leave for a hand-over (`handover.rs`).
+    pub(crate) handover: Arc<HandoverSlot>,
 }
 
 pub(crate) struct SharedParts {
+    pub id: u64,
+    pub argv0: String,
+    pub handover: Arc<HandoverSlot>,
+    /// How long it ran before (in the binary before), zero for a start.
+    pub running_for: Duration,
     pub leader: Arc<Leader>,
     pub tty: bool,
     pub flow: Flow,
@@ -184,12 +195,16 @@ pub(crate) struct SharedParts {
 impl Shared {
     pub(crate) fn new(parts: SharedParts) -> Arc<Shared> {
         let (changes, _) = watch::channel(0);
+        let now = Instant::now();
         Arc::new(Shared {
+            id: parts.id,
+            argv0: parts.argv0,
+            handover: parts.handover,
             tty: parts.tty,
             flow: parts.flow,
             confinement: parts.confinement,
             limits: parts.limits,
-            started: Instant::now(),
+            started: now.checked_sub(parts.running_for).unwrap_or(now),
             leader: parts.leader,
             state: Mutex::new(State {
                 log: OutputLog::new(parts.limits.log, parts.flow == Flow::Lossless),
@@ -218,6 +233,72 @@ impl Shared {
 
     pub(crate) fn pid(&self) -> i32 {
         self.leader.pid()
+    }
+
+    pub(crate) fn leader(&self) -> &Leader {
+        &self.leader
+    }
+
+    /// SIGKILL to the whole tree now, without the termination's grace (a
+    /// released process still running when the processes are handed over).
+    pub(crate) fn kill_tree_now(&self) {
+        self.kill_tree(libc::SIGKILL);
+    }
+
+    /// Puts back what a process handed over by the binary before had
+    /// (`handover.rs`): its log, its life, its stdin's queue and write ids
+    /// (`pending`: the outcome each requeued write's id watches).
+    pub(crate) fn restore(
+        &self,
+        adopted: AdoptedState,
+        pending: Vec<(String, crate::engine::stdin::Outcome)>,
+        queued_bytes: usize,
+    ) {
+        let mut pending: std::collections::HashMap<_, _> = pending.into_iter().collect();
+        let exited = adopted.exited_after.is_some();
+        let ended = matches!(adopted.termination, Some(Termination::Ended(_)));
+        {
+            let mut state = self.lock();
+            state.log = adopted.log;
+            if let Some((after, usage)) = adopted.exited_after {
+                state.life.child = Child::Exited { after, usage };
+            }
+            if let Some(termination) = adopted.termination {
+                state.life.termination = termination;
+            }
+            state.stdin_queued = queued_bytes;
+            state.stdin_queued_writes = pending.len();
+            for (id, outcome) in adopted.write_ids {
+                let outcome = match outcome {
+                    Some(result) => watch::channel(Some(result)).1,
+                    // Queued, so requeued: it watches that write.
+                    None => pending
+                        .remove(&id)
+                        .unwrap_or_else(|| watch::channel(Some(Err(WriteFailure::Closed))).1),
+                };
+                state.write_ids.insert(&id, outcome);
+            }
+        }
+        if exited {
+            self.child_exited.cancel();
+        }
+        if ended {
+            self.tree_ended.cancel();
+        }
+        for (closed, token) in adopted.output_closed.iter().zip(&self.output_closed) {
+            if *closed {
+                token.cancel();
+            }
+        }
+    }
+
+    /// Goes on with a termination the binary before had started: SIGTERM
+    /// again (what it sent died with nothing), then as any termination.
+    pub(crate) fn restart_termination(self: &Arc<Self>) {
+        self.kill_tree(libc::SIGTERM);
+        let shared = Arc::clone(self);
+        self.runtime
+            .spawn(async move { shared.finish_termination().await });
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {

@@ -38,6 +38,8 @@ pub(crate) type Outcome = watch::Receiver<Option<Result<(), WriteFailure>>>;
 pub(crate) enum StdinOp {
     Write {
         data: Bytes,
+        /// The write's id, which a hand-over keeps with what is left of it.
+        id: String,
         done: watch::Sender<Option<Result<(), WriteFailure>>>,
     },
     /// End-of-file after every earlier write. `eof` is written first when
@@ -82,6 +84,14 @@ impl WriteIds {
         }
     }
 
+    /// Every remembered id, oldest first, with its outcome so far.
+    pub fn entries(&self) -> impl Iterator<Item = (String, Option<Result<(), WriteFailure>>)> + '_ {
+        self.order.iter().filter_map(|id| {
+            let outcome = *self.known.get(id)?.borrow();
+            Some((id.clone(), outcome))
+        })
+    }
+
     /// Forgets an id whose write never reached the child, so that a later
     /// retry writes it.
     pub fn forget(&mut self, id: &str) {
@@ -101,14 +111,30 @@ pub(crate) trait StdinEvents: Send + 'static {
     fn child_closed(&self);
 }
 
+/// A writer stopped for a hand-over (`engine::handover`): its sink, what is
+/// left of the write it was in the middle of, and the queue behind it.
+pub(crate) struct FrozenWriter<W> {
+    /// Kept open until the exec.
+    #[allow(dead_code)]
+    pub sink: W,
+    /// Not yet written of the current write (its first bytes are in the
+    /// pipe), with its id; its queued size is still counted in full.
+    pub current: Option<(StdinOp, usize)>,
+    pub ops: mpsc::UnboundedReceiver<StdinOp>,
+}
+
 /// Feeds queued writes into `sink` in order until stdin is closed, the child
-/// closes its end, or `stop` fires (the process exited).
+/// closes its end, or `stop` fires (the process exited). When `freeze`
+/// fires first, stops between two write(2)s and returns what it holds, so
+/// no byte is written twice or lost.
 pub(crate) async fn run_writer<W>(
     mut sink: W,
     mut ops: mpsc::UnboundedReceiver<StdinOp>,
     stop: CancellationToken,
+    freeze: CancellationToken,
     events: impl StdinEvents,
-) where
+) -> Option<FrozenWriter<W>>
+where
     W: AsyncWrite + Unpin,
 {
     let mut failure = None;
@@ -116,15 +142,31 @@ pub(crate) async fn run_writer<W>(
         let op = tokio::select! {
             biased;
             _ = stop.cancelled() => { failure = Some(WriteFailure::Exited); break; }
+            _ = freeze.cancelled() => return Some(FrozenWriter { sink, current: None, ops }),
             op = ops.recv() => op,
         };
         match op {
             None => break,
-            Some(StdinOp::Write { data, done }) => {
-                let written = tokio::select! {
-                    biased;
-                    _ = stop.cancelled() => Err(WriteFailure::Exited),
-                    result = write_all(&mut sink, &data) => result.map_err(|_| WriteFailure::Closed),
+            Some(StdinOp::Write { data, id, done }) => {
+                let mut at = 0;
+                let written = loop {
+                    if at == data.len() {
+                        break sink.flush().await.map_err(|_| WriteFailure::Closed);
+                    }
+                    // A write(2) that has not happened is dropped whole:
+                    // what `at` counts is exactly what the child was given.
+                    tokio::select! {
+                        biased;
+                        _ = stop.cancelled() => break Err(WriteFailure::Exited),
+                        _ = freeze.cancelled() => {
+                            let current = StdinOp::Write { data, id, done };
+                            return Some(FrozenWriter { sink, current: Some((current, at)), ops });
+                        }
+                        result = sink.write(&data[at..]) => match result {
+                            Ok(0) | Err(_) => break Err(WriteFailure::Closed),
+                            Ok(n) => at += n,
+                        },
+                    }
                 };
                 events.dequeued(data.len());
                 match written {
@@ -151,7 +193,7 @@ pub(crate) async fn run_writer<W>(
     let answer = failure.unwrap_or(WriteFailure::Closed);
     while let Ok(op) = ops.try_recv() {
         match op {
-            StdinOp::Write { data, done } => {
+            StdinOp::Write { data, done, .. } => {
                 events.dequeued(data.len());
                 done.send_replace(Some(Err(answer)));
             }
@@ -160,6 +202,7 @@ pub(crate) async fn run_writer<W>(
             }
         }
     }
+    None
 }
 
 async fn write_all<W: AsyncWrite + Unpin>(sink: &mut W, data: &[u8]) -> io::Result<()> {

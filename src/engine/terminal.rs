@@ -1,15 +1,15 @@
-//! Pseudo-terminals: created by portable-pty at the requested size, read and
-//! written through a non-blocking duplicate of the master on the reactor, so
-//! no thread blocks on terminal I/O.
+//! Pseudo-terminals: created by portable-pty at the requested size, read,
+//! written and controlled through a non-blocking duplicate of the master on
+//! the reactor, so no thread blocks on terminal I/O, and a master handed
+//! over by the binary before (`engine::handover`) works the same.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use portable_pty::MasterPty;
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncWrite, Interest};
 
@@ -17,9 +17,7 @@ use crate::engine::{os, reaper};
 use crate::model::PtySize;
 
 pub(crate) struct Terminal {
-    /// portable-pty's handle, for control operations (resize, termios).
-    control: Mutex<Box<dyn MasterPty + Send>>,
-    /// The same master, non-blocking, for output and input.
+    /// The master, non-blocking, for output, input and control.
     io: Arc<AsyncFd<OwnedFd>>,
 }
 
@@ -72,18 +70,17 @@ impl Terminal {
         let borrowed = unsafe { BorrowedFd::borrow_raw(master_fd) };
         let io_fd = borrowed.try_clone_to_owned()?;
         set_nonblocking(&io_fd)?;
+        drop(pair.master);
+        Ok((Terminal::adopt(io_fd)?, slave, slave_path))
+    }
+
+    /// The terminal whose non-blocking master `master` is.
+    pub fn adopt(master: OwnedFd) -> io::Result<Terminal> {
         let io = Arc::new(reaper::register(
-            io_fd,
+            master,
             Interest::READABLE | Interest::WRITABLE,
         )?);
-        Ok((
-            Terminal {
-                control: Mutex::new(pair.master),
-                io,
-            },
-            slave,
-            slave_path,
-        ))
+        Ok(Terminal { io })
     }
 
     pub fn io(&self) -> Arc<AsyncFd<OwnedFd>> {
@@ -92,24 +89,22 @@ impl Terminal {
 
     /// Changes the size; the kernel sends SIGWINCH to the foreground group.
     pub fn resize(&self, size: PtySize) -> io::Result<()> {
-        self.control
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-            .resize(portable_pty::PtySize {
-                rows: size.rows,
-                cols: size.cols,
-                pixel_width: 0,
-                pixel_height: 0,
-            })
-            .map_err(|error| io::Error::other(error.to_string()))
+        let size = libc::winsize {
+            ws_row: size.rows,
+            ws_col: size.cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        // SAFETY: TIOCSWINSZ reads one winsize, which lives across the call.
+        os::cvt(unsafe { libc::ioctl(self.io.get_ref().as_raw_fd(), libc::TIOCSWINSZ, &size) })
+            .map(drop)
     }
 
     /// The terminal's foreground process group, if it has one.
     pub fn foreground_group(&self) -> Option<i32> {
-        self.control
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-            .process_group_leader()
+        nix::unistd::tcgetpgrp(self.io.get_ref())
+            .ok()
+            .map(nix::unistd::Pid::as_raw)
             .filter(|&pgid| pgid > 0)
     }
 
@@ -129,10 +124,7 @@ impl Terminal {
 
     /// The character that makes a canonical-mode reader see end-of-file.
     pub fn eof_char(&self) -> u8 {
-        self.control
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-            .get_termios()
+        nix::sys::termios::tcgetattr(self.io.get_ref())
             .map(|termios| termios.control_chars[libc::VEOF])
             .unwrap_or(0x04)
     }

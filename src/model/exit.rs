@@ -6,7 +6,7 @@ use std::fmt;
 use crate::model::Signal;
 
 /// How the child ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ExitStatus {
     /// Normal exit with this code.
     Code(i32),
@@ -63,7 +63,7 @@ impl fmt::Display for ExitStatus {
 /// itself (the same figures a shell's `time` reports). Descendants still
 /// running when the child exits, or orphaned before they ended, are not
 /// included.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ResourceUsage {
     /// CPU time spent in user mode.
     pub user_cpu: std::time::Duration,
@@ -91,7 +91,7 @@ impl fmt::Display for ResourceUsage {
 }
 
 /// How a process ended: its status and what is known beside it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Exit {
     pub status: ExitStatus,
     /// The start's timeout ended the process (it then usually dies by

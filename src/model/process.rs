@@ -8,7 +8,7 @@ use bytes::Bytes;
 use crate::model::Exit;
 
 /// Which output stream a chunk came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum OutputStream {
     Stdout,
     Stderr,
@@ -17,7 +17,7 @@ pub enum OutputStream {
 }
 
 /// What the server does with output nobody has consumed yet.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Flow {
     /// Always drain the child; evict the oldest retained output when full.
     #[default]
@@ -28,7 +28,7 @@ pub enum Flow {
 }
 
 /// Terminal size in character cells.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PtySize {
     pub rows: u16,
     pub cols: u16,

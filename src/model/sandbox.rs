@@ -6,7 +6,18 @@ use std::fmt;
 use std::path::PathBuf;
 
 /// What network a sandboxed process may reach.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 pub enum Network {
     /// No IP sockets (nor netlink, packet, vsock...); Unix sockets work.
     #[default]
@@ -39,7 +50,7 @@ impl std::str::FromStr for Network {
 /// A sandbox: what a process may read, write and reach. The defaults are
 /// an agent's: the system directories read-only, the working directory
 /// writable, no network (see the schema's `Sandbox`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Sandbox {
     /// Readable (and executable) beyond the system directories.
     pub read_only: Vec<PathBuf>,
@@ -76,7 +87,7 @@ impl Sandbox {
 }
 
 /// Resource limits of a process tree; `None` fields set no limit.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Limits {
     /// Memory the whole tree may use (no swap); the kernel kills a process
     /// of the tree when it is exceeded.
@@ -138,7 +149,7 @@ impl Limits {
 }
 
 /// How a process's tree is followed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Tracking {
     /// Its process group (a terminal: its session); what leaves it
     /// (setsid, setpgid) is not seen, nor ended.
@@ -153,7 +164,7 @@ pub enum Tracking {
 pub const READ_ONLY_INSIDE_FEATURE: &str = "sandbox-read-only-inside";
 
 /// What the server enforced for one process (the schema's `Confinement`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Confinement {
     pub tracking: Tracking,
     /// The sandbox as applied (explicit: see [`Sandbox::is_explicit`]);

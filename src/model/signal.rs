@@ -49,7 +49,7 @@ pub(crate) use signal_table;
 macro_rules! define_signals {
     ($($variant:ident => $number:ident, $name:literal;)*) => {
         /// A signal with a name (see the module documentation).
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
         pub enum Signal {
             $($variant,)*
         }

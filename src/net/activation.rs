@@ -18,6 +18,10 @@ const FIRST_FD: i32 = 3;
 pub struct InheritedSocket {
     pub fd: Arc<OwnedFd>,
     pub name: String,
+    /// The path a Unix socket is known by, when its own address does not
+    /// say it (one bound under a temporary name, then renamed: an
+    /// upgrade's hand-over); `None`: its address.
+    pub path: Option<std::path::PathBuf>,
 }
 
 /// The sockets passed to this process, if any; the variables are removed
@@ -72,6 +76,7 @@ pub unsafe fn take_listen_fds() -> Result<Vec<InheritedSocket>, String> {
         sockets.push(InheritedSocket {
             fd: Arc::new(fd),
             name,
+            path: None,
         });
     }
     Ok(sockets)

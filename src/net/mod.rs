@@ -46,7 +46,10 @@ pub use self::local_socket::{
     default_admin_socket_path, default_socket_dir, default_socket_path, ensure_private_dir,
 };
 pub use self::pending::PendingLimits;
-pub use self::server::{Reloader, ServeError, Server, ServerConfig, UsersConfig, serve_stream};
+pub use self::server::{
+    HANDOVER_VERSION, HandedOver, Reloader, ServeError, Server, ServerConfig, UPGRADE_REASON,
+    UpgradeRequest, Upgrades, UsersConfig, serve_stream,
+};
 pub use self::shutdown::SHUTDOWN_REASON;
 pub use self::socket::{BoundUnixSocket, bind_unix_for_another};
 pub use self::tls::{ServerTrust, TlsClient, TlsError, TlsServer, parse_fingerprint};

@@ -24,6 +24,8 @@ const CLOSE_WAIT: Duration = Duration::from_secs(1);
 pub(crate) struct Closing {
     signal: CancellationToken,
     open: watch::Sender<usize>,
+    /// What the abort messages say: a shutdown, or an upgrade.
+    reason: std::cell::Cell<&'static str>,
 }
 
 /// Counts a served connection while it lives.
@@ -40,6 +42,7 @@ impl Closing {
         Closing {
             signal: CancellationToken::new(),
             open: watch::channel(0).0,
+            reason: std::cell::Cell::new(SHUTDOWN_REASON),
         }
     }
 
@@ -56,8 +59,22 @@ impl Closing {
     }
 
     /// The error every connection is closed with.
-    pub fn reason() -> capnp::Error {
-        capnp::Error::disconnected(SHUTDOWN_REASON.to_string())
+    pub fn reason(&self) -> capnp::Error {
+        capnp::Error::disconnected(self.reason.get().to_string())
+    }
+
+    /// Closes every connection now with `reason` (an upgrade: nothing is
+    /// terminated first, and no delivery is waited for, since a resuming
+    /// client reads on where it was) and waits (within a bound) for them
+    /// to be closed.
+    pub async fn close_all_now(&self, reason: &'static str) {
+        self.reason.set(reason);
+        self.signal.cancel();
+        let mut open = self.open.subscribe();
+        let closed = open.wait_for(|open| *open == 0);
+        if tokio::time::timeout(CLOSE_WAIT, closed).await.is_err() {
+            tracing::warn!("some connections were still closing at the upgrade");
+        }
     }
 
     /// Called once the processes have been terminated: waits (within a

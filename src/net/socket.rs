@@ -43,6 +43,23 @@ pub(crate) struct UnixSocketFile {
     _lock: File,
 }
 
+impl UnixSocketFile {
+    /// The socket file at `path` whose lock the binary before held at
+    /// descriptor `lock` (an upgrade's hand-over).
+    pub(crate) fn taken_over(path: PathBuf, lock: std::os::fd::OwnedFd) -> UnixSocketFile {
+        UnixSocketFile {
+            lock_path: lock_path_of(&path),
+            path,
+            _lock: File::from(lock),
+        }
+    }
+
+    /// Its path and its lock's descriptor, for a hand-over.
+    pub(crate) fn handover_parts(&self) -> (PathBuf, std::os::fd::RawFd) {
+        (self.path.clone(), self._lock.as_raw_fd())
+    }
+}
+
 impl Drop for UnixSocketFile {
     /// Removes the socket file, then its lock file (while still holding
     /// the lock, so no other capexec takes the path in between).

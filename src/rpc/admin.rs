@@ -49,6 +49,25 @@ impl ProcessTable {
         });
     }
 
+    /// What the table says of `held`: its recorded argv and start.
+    pub(crate) fn described(&self, held: &Rc<Held>) -> Option<(Vec<Vec<u8>>, SystemTime)> {
+        let entries = self.entries.borrow();
+        let entry = entries
+            .iter()
+            .find(|entry| std::ptr::eq(entry.held.as_ptr(), Rc::as_ptr(held)))?;
+        Some((entry.argv.clone(), entry.started))
+    }
+
+    /// Lists a process handed over by the binary before, as it was listed
+    /// there.
+    pub(crate) fn add_described(&self, held: &Rc<Held>, argv: Vec<Vec<u8>>, started: SystemTime) {
+        self.entries.borrow_mut().push(Entry {
+            held: Rc::downgrade(held),
+            argv,
+            started,
+        });
+    }
+
     /// Every process still held, in pid order (running before exited for
     /// a pid met twice).
     pub fn records(&self) -> Vec<ProcessRecord> {
@@ -131,6 +150,14 @@ impl admin::Server for AdminImpl {
         let view = ProcessImpl::observer_of(&held);
         results.get().set_view(capnp_rpc::new_client(view));
         Ok(())
+    }
+
+    async fn upgrade(
+        self: Rc<Self>,
+        _: admin::UpgradeParams,
+        _: admin::UpgradeResults,
+    ) -> Result<(), capnp::Error> {
+        Ok(self.context.upgrade().await?)
     }
 
     async fn terminate(

@@ -62,7 +62,14 @@ pub struct ServerContext {
     /// What every connection's capabilities hold together (descriptors,
     /// memory), within the server's limits.
     holdings: crate::rpc::ServerHoldings,
+    /// Where `Admin.upgrade` asks for an upgrade, when the server can be
+    /// upgraded (see `net/server/upgrade.rs`).
+    upgrades: std::cell::RefCell<Option<tokio::sync::mpsc::UnboundedSender<UpgradeRequest>>>,
 }
+
+/// An upgrade asked for; `Some`: who waits for whether the new binary
+/// took it (an error says why not, and the server keeps serving).
+pub type UpgradeRequest = Option<tokio::sync::oneshot::Sender<Result<(), String>>>;
 
 impl ServerContext {
     /// Only the server's own engine.
@@ -74,6 +81,7 @@ impl ServerContext {
             detachments: Detachments::new(DEFAULT_RETENTION),
             processes: crate::rpc::ProcessTable::default(),
             holdings: crate::rpc::ServerHoldings::new(crate::rpc::HoldingLimits::of_this_process()),
+            upgrades: std::cell::RefCell::new(None),
         }
     }
 
@@ -95,6 +103,7 @@ impl ServerContext {
             detachments: Detachments::new(retention),
             processes: crate::rpc::ProcessTable::default(),
             holdings: crate::rpc::ServerHoldings::new(crate::rpc::HoldingLimits::of_this_process()),
+            upgrades: std::cell::RefCell::new(None),
         })
     }
 
@@ -117,6 +126,32 @@ impl ServerContext {
     /// The processes of this server that may outlive their references.
     pub fn processes(&self) -> &crate::rpc::ProcessTable {
         &self.processes
+    }
+
+    /// Lets `Admin.upgrade` ask for upgrades through `requests`.
+    pub fn serve_upgrades(&self, requests: tokio::sync::mpsc::UnboundedSender<UpgradeRequest>) {
+        *self.upgrades.borrow_mut() = Some(requests);
+    }
+
+    /// Asks for an upgrade; says whether the new binary took it.
+    pub async fn upgrade(&self) -> Result<(), Refusal> {
+        let unavailable = |why: String| Refusal::new(RefusalKind::Unavailable, why);
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let sent = self
+            .upgrades
+            .borrow()
+            .as_ref()
+            .is_some_and(|requests| requests.send(Some(answer)).is_ok());
+        if !sent {
+            return Err(unavailable(
+                "this server cannot be upgraded in place (it was not started by `capexec serve`)"
+                    .into(),
+            ));
+        }
+        match answered.await {
+            Ok(result) => result.map_err(unavailable),
+            Err(_) => Err(unavailable("the server stopped before it answered".into())),
+        }
     }
 
     pub fn detachments(&self) -> &Rc<Detachments> {

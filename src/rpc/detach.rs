@@ -148,6 +148,39 @@ impl Held {
         Ok(token)
     }
 
+    /// A detachable process handed over by the binary before, parked
+    /// under its restore token until restored or its grace (counted anew)
+    /// ends.
+    pub(crate) fn take_over_parked(
+        owner: ProcessOwner,
+        registry: &Rc<Detachments>,
+        ticket: Ticket,
+        token: String,
+        grace: Duration,
+    ) -> Rc<Held> {
+        let held = Held::new(owner, registry, ticket);
+        registry.start_expiring();
+        let key = crate::secret::digest(&token);
+        registry.entries.borrow_mut().insert(
+            key,
+            Entry {
+                held: Rc::downgrade(&held),
+                parked: None,
+            },
+        );
+        *held.detach.borrow_mut() = Some(Detach { key, token, grace });
+        held.park_if_detachable();
+        held
+    }
+
+    /// The restore token and grace of a detachable process.
+    pub(crate) fn detached(&self) -> Option<(String, Duration)> {
+        self.detach
+            .borrow()
+            .as_ref()
+            .map(|detach| (detach.token.clone(), detach.grace))
+    }
+
     /// Parks the process if it is detachable and the server still runs.
     fn park_if_detachable(self: &Rc<Self>) {
         let Some((key, grace)) = self
@@ -223,6 +256,16 @@ impl Detachments {
             closed: Cell::new(false),
             expiries: RefCell::new(None),
         })
+    }
+
+    /// Every detachable process still held, parked or not (for a
+    /// hand-over to the next binary).
+    pub(crate) fn held(&self) -> Vec<Rc<Held>> {
+        self.entries
+            .borrow()
+            .values()
+            .filter_map(|entry| entry.held.upgrade())
+            .collect()
     }
 
     /// Processes that are parked right now.

@@ -14,6 +14,7 @@ mod file_limits;
 mod forward;
 mod forward_directory;
 mod forwarding;
+mod handover;
 mod holdings;
 mod info;
 mod port_quota;
@@ -25,7 +26,9 @@ mod subscription;
 
 pub use self::admin::{AdminImpl, ProcessTable};
 pub use self::allocator::{keep_allocator_settings, tune_allocator};
-pub use self::context::{Link, ServerContext, Upstream, check_names as check_environment_names};
+pub use self::context::{
+    Link, ServerContext, UpgradeRequest, Upstream, check_names as check_environment_names,
+};
 pub use self::detach::{DEFAULT_RETENTION, Detachments, MAX_GRACE};
 pub use self::direct::{
     CHANNEL_CLAIMED, CLAIM_WITHIN as DIRECT_CLAIM_WITHIN, DirectChannels,
@@ -36,6 +39,7 @@ pub use self::executor::{
     ExecutorImpl, forwarded_root_executor, local_executor, local_executor_with_stdio_route,
     restricted_root_executor, root_executor,
 };
+pub use self::handover::DetachedState;
 pub use self::holdings::{
     HoldingLimits, MAX_HELD_DESCRIPTORS_PER_CONNECTION, MAX_HELD_MEMORY,
     MAX_HELD_MEMORY_PER_CONNECTION, ServerHoldings,

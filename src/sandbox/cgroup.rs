@@ -46,7 +46,7 @@ use crate::sandbox::sentinel::{self, Sentinel};
 const CPU_PERIOD_MICROS: u64 = 100_000;
 
 /// Where a controller is.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) enum Place {
     /// Enabled for the root's leaves in the cgroup2 hierarchy.
     V2,
@@ -55,7 +55,7 @@ pub(crate) enum Place {
 }
 
 /// The controllers limits can use.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Controllers {
     pub memory: Option<Place>,
     pub pids: Option<Place>,
@@ -82,9 +82,84 @@ pub(crate) struct CgroupRoot {
     _sentinel: Sentinel,
 }
 
+static ROOT: OnceLock<Result<Arc<CgroupRoot>, String>> = OnceLock::new();
+
+/// The cgroup root as an upgrade hands it to the next binary (same
+/// process): its lock and its sentinel's pipe stay open across the exec,
+/// so the sentinel goes on guarding the same root.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct RootState {
+    dir: PathBuf,
+    path: String,
+    controllers: Controllers,
+    namespaced: bool,
+    v1_made: Vec<PathBuf>,
+    next: u64,
+    lock: std::os::fd::RawFd,
+    sentinel: std::os::fd::RawFd,
+}
+
+impl RootState {
+    pub fn lock_fd(&self) -> std::os::fd::RawFd {
+        self.lock
+    }
+
+    pub fn sentinel_fd(&self) -> std::os::fd::RawFd {
+        self.sentinel
+    }
+}
+
+/// This process's root, if it made one, for a hand-over; the descriptors
+/// it names must stay open across the exec.
+pub fn root_for_handover() -> Option<RootState> {
+    let root = ROOT.get()?.as_ref().ok()?;
+    Some(RootState {
+        dir: root.dir.clone(),
+        path: root.path.clone(),
+        controllers: root.controllers.clone(),
+        namespaced: root.namespaced,
+        v1_made: root
+            .v1_made
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone(),
+        next: root.next.load(Ordering::Relaxed),
+        lock: root._lock.as_raw_fd(),
+        sentinel: root._sentinel.raw_fd(),
+    })
+}
+
+/// Takes over the root the binary before handed over; must come before
+/// anything uses the root.
+pub fn take_over_root(state: RootState) -> Result<(), String> {
+    let hierarchy = mounts::mounts()
+        .into_iter()
+        .find(|mount| mount.fstype == "cgroup2")
+        .ok_or("no cgroup2 hierarchy is mounted")?;
+    // SAFETY: kept open across the exec for us, owned by nothing else.
+    let (lock, sentinel) = unsafe {
+        (
+            OwnedFd::from_raw_fd(state.lock),
+            OwnedFd::from_raw_fd(state.sentinel),
+        )
+    };
+    let root = CgroupRoot {
+        dir: state.dir,
+        path: state.path,
+        hierarchy,
+        controllers: state.controllers,
+        namespaced: state.namespaced,
+        v1_made: Mutex::new(state.v1_made),
+        next: AtomicU64::new(state.next),
+        _lock: lock,
+        _sentinel: Sentinel::taken_over(sentinel),
+    };
+    ROOT.set(Ok(Arc::new(root)))
+        .map_err(|_| "the cgroup root was made before the hand-over was read".to_string())
+}
+
 /// The process's root, made on first use; why there is none otherwise.
 pub(crate) fn root() -> Result<&'static Arc<CgroupRoot>, &'static str> {
-    static ROOT: OnceLock<Result<Arc<CgroupRoot>, String>> = OnceLock::new();
     ROOT.get_or_init(|| {
         let root = CgroupRoot::create().map(Arc::new);
         if let Err(reason) = &root {
@@ -696,7 +771,48 @@ pub(crate) struct NewLeaf {
     pub v1_procs: Vec<OwnedFd>,
 }
 
+/// A process's leaf as handed to the next binary.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct LeafState {
+    dir: PathBuf,
+    path: String,
+    v1: Vec<PathBuf>,
+    memory: Option<Place>,
+    id: Option<u64>,
+    sandboxed: bool,
+}
+
 impl Leaf {
+    /// What the next binary needs to take this leaf over.
+    pub fn handover_state(&self) -> LeafState {
+        LeafState {
+            dir: self.dir.clone(),
+            path: self.path.clone(),
+            v1: self.v1.clone(),
+            memory: self.memory.clone(),
+            id: self.id,
+            sandboxed: self
+                .id
+                .and_then(|id| held(&LEAVES).get(&id).copied())
+                .unwrap_or(false),
+        }
+    }
+
+    /// The leaf the binary before handed over.
+    pub fn taken_over(state: LeafState) -> Leaf {
+        if let Some(id) = state.id {
+            held(&LEAVES).insert(id, state.sandboxed);
+        }
+        Leaf {
+            dir: state.dir,
+            path: state.path,
+            v1: state.v1,
+            memory: state.memory,
+            id: state.id,
+            removed: AtomicBool::new(false),
+        }
+    }
+
     /// A leaf in `root` for one process (`sandboxed` or not) with `limits`,
     /// each of which must have its controller in `root`.
     pub fn create(root: &CgroupRoot, sandboxed: bool, limits: &Limits) -> io::Result<NewLeaf> {

@@ -19,7 +19,20 @@ use crate::engine::os;
 
 /// Held by the creator: the pipe's writing end, closed when it exits.
 pub(crate) struct Sentinel {
-    _alive: OwnedFd,
+    alive: OwnedFd,
+}
+
+impl Sentinel {
+    /// The writing end, for a hand-over: kept open across the exec, the
+    /// sentinel goes on waiting for the same process.
+    pub fn raw_fd(&self) -> RawFd {
+        self.alive.as_raw_fd()
+    }
+
+    /// The sentinel whose writing end the binary before kept open.
+    pub fn taken_over(alive: OwnedFd) -> Sentinel {
+        Sentinel { alive }
+    }
 }
 
 /// How long the sentinel waits for the root to empty after killing it.
@@ -93,7 +106,7 @@ pub(crate) fn start(
             )
         }
     }
-    Ok(Sentinel { _alive: write })
+    Ok(Sentinel { alive: write })
 }
 
 /// What the sentinel removes: the cgroup2 root (`root`, at `path`) and

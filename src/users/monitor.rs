@@ -189,7 +189,8 @@ extern "C" fn note_signal(signal: libc::c_int) {
 
 /// Accepts on `listeners` (non-blocking) and hands each connection with
 /// its verdict to the front on `socket`, until the front closes its end
-/// (it has ended), passing SIGTERM, SIGINT and SIGHUP on to the front.
+/// (it has ended), passing SIGTERM, SIGINT, SIGHUP and SIGUSR2 (an
+/// upgrade, which the front refuses with a sentence) on to the front.
 /// Returns the front's exit code, as a shell would say it.
 pub fn serve_monitor(
     socket: OwnedFd,
@@ -199,7 +200,7 @@ pub fn serve_monitor(
     front: Pid,
 ) -> i32 {
     use rustix::event::{PollFd, PollFlags, poll};
-    for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+    for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR2] {
         // SAFETY: the handler only stores to an atomic; no SA_RESTART, so
         // a signal interrupts the wait below and is passed on at once.
         unsafe {

@@ -29,4 +29,5 @@ mod security;
 mod service;
 mod stdio_handoff;
 mod tty;
+mod upgrade;
 mod users;

@@ -503,3 +503,50 @@ fn ctrl_c_at_the_certificate_question_ends_capexec_at_once() {
         assert!(!known.exists());
     }
 }
+
+/// An upgrade of the server in the middle of a terminal session: the
+/// client with --resume reconnects, and keystrokes, resizes and the exit
+/// status go on as before.
+#[test]
+fn a_terminal_session_goes_on_across_an_upgrade() {
+    let served = crate::upgrade::Upgradable::start();
+    let script = "trap 'stty size' WINCH; echo ready; IFS= read -r line; echo \"got:$line\"; \
+                  IFS= read -r line; echo \"then:$line\"; IFS= read -r _; exit 3";
+    let home = served.dir.path().to_path_buf();
+    let args = [
+        "run",
+        "--connect",
+        &served.unix,
+        "--resume",
+        "60",
+        "-t",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ];
+    let mut terminal = OnTerminal::spawn(24, 80, &args, |command| {
+        command.env("HOME", &home);
+        command.env("TERM", "xterm");
+    });
+    terminal.expect("ready");
+    terminal.type_keys(b"hello\r");
+    terminal.expect("got:hello");
+    let upgraded = served.upgrade();
+    assert_eq!(upgraded.code, 0, "{}", text(&upgraded.stderr));
+    terminal.expect("reconnected; the command carries on");
+    terminal.type_keys(b"world\r");
+    terminal.expect("then:world");
+    terminal
+        .master
+        .resize(PtySize {
+            rows: 40,
+            cols: 120,
+            pixel_width: 0,
+            pixel_height: 0,
+        })
+        .expect("resize");
+    terminal.expect("40 120\r\n");
+    terminal.type_keys(b"\r");
+    assert_eq!(terminal.wait(), 3);
+}

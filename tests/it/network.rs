@@ -658,6 +658,7 @@ fn a_start_that_fails_after_binding_the_admin_socket_leaves_no_socket_file() {
         let passed = net::activation::InheritedSocket {
             fd: std::sync::Arc::new(std::os::fd::OwnedFd::from(tcp)),
             name: "admin".into(),
+            path: None,
         };
         let started = Server::bind(
             ServerConfig {

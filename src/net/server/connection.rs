@@ -94,7 +94,6 @@ pub(super) async fn serve_connection(
         }
     };
     let mut system = RpcSystem::new(network, Some(bootstrap));
-    let disconnector = system.get_disconnector().with_reason(Closing::reason());
     let deadline = async move {
         if let Some(deadline) = deadline {
             deadline.await;
@@ -102,11 +101,16 @@ pub(super) async fn serve_connection(
         std::future::pending::<()>().await
     };
     let ended = tokio::select! {
-        ended = &mut system => ended,
+        ended = &mut system => Some(ended),
         () = deadline => unreachable!("the deadline never completes"),
-        () = closing.closing() => {
+        () = closing.closing() => None,
+    };
+    let ended = match ended {
+        Some(ended) => ended,
+        None => {
             // The abort goes out after everything already queued (the
             // last events); the system ends once it has left.
+            let disconnector = system.get_disconnector().with_reason(closing.reason());
             futures::future::join(disconnector, &mut system).await.1
         }
     };

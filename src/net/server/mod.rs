@@ -9,8 +9,10 @@
 mod accept;
 mod connection;
 mod serving;
+mod upgrade;
 mod users;
 
+pub use self::upgrade::{HANDOVER_VERSION, HandedOver, UPGRADE_REASON};
 pub use self::users::UsersConfig;
 
 pub use self::connection::serve_stream;
@@ -91,6 +93,9 @@ pub struct ServerConfig {
     /// says which worker a TCP login's token logs in to; every login's
     /// calls go to that worker.
     pub users: Option<UsersConfig>,
+    /// What the binary before handed over at an upgrade: listeners (which
+    /// replace `listen`, `admin` and `metrics`) and processes.
+    pub handover: Option<Arc<HandedOver>>,
 }
 
 #[derive(Debug)]
@@ -142,6 +147,22 @@ pub(super) enum Listener {
     /// the connections it accepted.
     Monitor(tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>),
 }
+
+/// Where a server's upgrades come from (SIGUSR2, `Admin.upgrade`), each
+/// with where its answer goes, and the binary and arguments it re-executes
+/// into.
+pub struct Upgrades {
+    pub requests: tokio::sync::mpsc::UnboundedReceiver<UpgradeRequest>,
+    /// Where `Admin.upgrade` sends its requests.
+    pub sender: tokio::sync::mpsc::UnboundedSender<UpgradeRequest>,
+    /// Why this server cannot be upgraded in place, if it cannot: every
+    /// request is answered with it.
+    pub refused: Option<String>,
+    pub exe: PathBuf,
+    pub args: Vec<std::ffi::OsString>,
+}
+
+pub use crate::rpc::UpgradeRequest;
 
 /// Bound listeners, ready to serve.
 pub struct Server {
@@ -221,6 +242,9 @@ impl Server {
         server.bind_metrics(config.metrics.as_ref()).await?;
         server.bind_admin(config.admin.as_ref())?;
         server.adopt(inherited)?;
+        if let Some(handover) = &config.handover {
+            server.take_over(handover);
+        }
         for address in &config.listen {
             server
                 .bind_one(address)
@@ -297,6 +321,9 @@ impl Server {
                 Listener::Unix(listener) if name == ADMIN_NAME => {
                     self.admin = Some((address, listener));
                 }
+                Listener::Tcp(listener) if name == upgrade::METRICS_NAME => {
+                    self.metrics = Some((address, listener));
+                }
                 Listener::Tcp(_) if name == ADMIN_NAME => {
                     return Err(ServeError::Inherited(
                         name,
@@ -310,6 +337,40 @@ impl Server {
             }
         }
         Ok(())
+    }
+
+    /// Takes over what the binary before handed over: its socket files
+    /// (removed at the end, as this server's own), then its processes,
+    /// whose exits the reaper thread, started only now, reports.
+    fn take_over(&mut self, handover: &HandedOver) {
+        for listener in &handover.listeners {
+            if let Some((path, lock)) = &listener.file {
+                // SAFETY: kept open across the exec for us; ours alone.
+                let lock =
+                    unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(*lock) };
+                self.unix_files
+                    .push(UnixSocketFile::taken_over(path.clone(), lock));
+            }
+        }
+        let Some(upgrade::Processes {
+            processes,
+            detached,
+            blob,
+        }) = handover.take()
+        else {
+            return;
+        };
+        let count = processes.len();
+        let owners = self.context.engine().take_over(processes, blob);
+        if let Err(error) = crate::engine::become_subreaper() {
+            tracing::error!(%error, "cannot reap the processes taken over");
+        }
+        tracing::info!(
+            processes = count,
+            taken = owners.len(),
+            "took over the processes of the binary before"
+        );
+        self.context.take_over_detached(owners, detached);
     }
 
     /// Registers every socket this server listens on with the ports
@@ -409,7 +470,22 @@ impl Server {
     /// Serves until `shutdown` completes, then stops accepting, terminates
     /// every child process and removes the socket files. Must run inside a
     /// `LocalSet`.
-    pub async fn serve_until(mut self, shutdown: impl Future<Output = ()>) {
+    pub async fn serve_until(self, shutdown: impl Future<Output = ()>) {
+        self.serve_until_or_upgraded(shutdown, None).await;
+    }
+
+    /// [`Server::serve_until`], and upgrades as `upgrades` asks for them:
+    /// re-executes into the binary it names, handing everything over (see
+    /// `upgrade.rs`); returns only at the end of a shutdown.
+    pub async fn serve_until_or_upgraded(
+        mut self,
+        shutdown: impl Future<Output = ()>,
+        mut upgrades: Option<Upgrades>,
+    ) {
+        let handed = self.listeners_to_hand_over();
+        if let Some(upgrades) = &upgrades {
+            self.context.serve_upgrades(upgrades.sender.clone());
+        }
         let mut accepting: Vec<JoinHandle<()>> = std::mem::take(&mut self.listeners)
             .into_iter()
             .map(|(address, listener)| {
@@ -429,7 +505,84 @@ impl Server {
                 self.serving.limits,
             )));
         }
-        shutdown.await;
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            let request = match upgrades.as_mut() {
+                None => {
+                    shutdown.as_mut().await;
+                    break;
+                }
+                Some(upgrades) => tokio::select! {
+                    () = shutdown.as_mut() => break,
+                    request = upgrades.requests.recv() => request,
+                },
+            };
+            let (Some(request), Some(to)) = (request, upgrades.as_ref()) else {
+                upgrades = None;
+                continue;
+            };
+            let answer = |result: Result<(), String>| {
+                if let Some(answer) = request {
+                    let _ = answer.send(result);
+                }
+            };
+            let refused = match &to.refused {
+                Some(why) => Some(why.clone()),
+                None if self.serving.users.is_some() => Some(
+                    "a server that runs logins as users cannot be upgraded in place yet"
+                        .to_string(),
+                ),
+                None => None,
+            };
+            if let Some(why) = refused {
+                tracing::warn!("upgrade refused: {why}");
+                answer(Err(why));
+                continue;
+            }
+            tracing::info!(binary = %to.exe.display(), "upgrade asked for: checking the new binary");
+            if let Err(why) = upgrade::check(self.context.engine(), &to.exe).await {
+                tracing::warn!("upgrade refused, still serving: {why}");
+                answer(Err(why));
+                continue;
+            }
+            answer(Ok(()));
+            tracing::info!("upgrading: closing every connection, handing every process over");
+            for task in &accepting {
+                task.abort();
+            }
+            self.context.close_upstreams();
+            self.serving
+                .closing
+                .close_all_now(upgrade::UPGRADE_REASON)
+                .await;
+            let (handover, detached) = self.context.freeze_for_handover().await;
+            let listeners = handed
+                .iter()
+                .map(|listener| upgrade::ListenerState {
+                    name: listener.name.clone(),
+                    fd: std::os::fd::AsRawFd::as_raw_fd(&listener.fd),
+                    file: listener.file.clone(),
+                })
+                .collect();
+            let pids: Vec<i32> = handover.processes.iter().map(|p| p.pid()).collect();
+            let error = upgrade::exec(
+                &to.exe,
+                &to.args,
+                listeners,
+                handover.processes,
+                detached,
+                &handover.blob,
+                handover.descriptors,
+            );
+            // Nothing can run the frozen processes any more: as a crash,
+            // nothing is left behind.
+            tracing::error!("the upgrade failed after the hand-over began: {error}");
+            for pid in pids {
+                // SAFETY: kill(2) of the process groups of our own children.
+                unsafe { libc::kill(-pid, libc::SIGKILL) };
+            }
+            std::process::exit(125);
+        }
         tracing::info!("shutting down: no new connections; terminating every process");
         for task in accepting {
             task.abort();
@@ -440,6 +593,48 @@ impl Server {
         self.serving.closing.close_all().await;
         self.remove_socket_files();
         tracing::info!("shut down");
+    }
+
+    /// Every listener as an upgrade hands it over: its name, a duplicate
+    /// of its descriptor (open while the accept loops own theirs), and for
+    /// a Unix socket its file and lock.
+    fn listeners_to_hand_over(&self) -> Vec<upgrade::HandedListener> {
+        use std::os::fd::AsFd;
+        let file_of = |address: &Address| match address {
+            Address::Unix(path) => self
+                .unix_files
+                .iter()
+                .map(UnixSocketFile::handover_parts)
+                .find(|(file, _)| file == path),
+            Address::Tcp { .. } => None,
+        };
+        let mut handed = Vec::new();
+        let mut hand = |name: &str, fd: std::os::fd::BorrowedFd<'_>, address: &Address| match fd
+            .try_clone_to_owned()
+        {
+            Ok(fd) => handed.push(upgrade::HandedListener {
+                name: name.to_string(),
+                fd,
+                file: file_of(address),
+            }),
+            Err(error) => {
+                tracing::warn!(%error, %address, "an upgrade could not hand this listener over")
+            }
+        };
+        for (address, listener) in &self.listeners {
+            match listener {
+                Listener::Unix(listener) => hand("listener", listener.as_fd(), address),
+                Listener::Tcp(listener) => hand("listener", listener.as_fd(), address),
+                Listener::Monitor(_) => {}
+            }
+        }
+        if let Some((address, listener)) = &self.admin {
+            hand(ADMIN_NAME, listener.as_fd(), address);
+        }
+        if let Some((address, listener)) = &self.metrics {
+            hand(upgrade::METRICS_NAME, listener.as_fd(), address);
+        }
+        handed
     }
 
     /// Removes the socket files now (each removes itself when dropped:
@@ -556,11 +751,13 @@ fn inherited_listeners(
         let listening = socket.listener().map_err(described)?;
         let address = match &listening {
             Listening::Unix(listener) => {
-                let path = listener
-                    .local_addr()
-                    .ok()
-                    .and_then(|a| a.as_pathname().map(PathBuf::from))
-                    .unwrap_or_else(|| PathBuf::from(format!("<{}>", socket.name)));
+                let path = socket.path.clone().unwrap_or_else(|| {
+                    listener
+                        .local_addr()
+                        .ok()
+                        .and_then(|a| a.as_pathname().map(PathBuf::from))
+                        .unwrap_or_else(|| PathBuf::from(format!("<{}>", socket.name)))
+                });
                 warn_if_shared(&path);
                 Address::Unix(path)
             }

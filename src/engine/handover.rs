@@ -1,0 +1,608 @@
+//! Handing every process to the next binary in the same process
+//! (`capexec serve` re-executing itself for an upgrade), and taking them
+//! over on the other side.
+//!
+//! The children stay ours across execve(2): same pid, still our children.
+//! What lives only in memory is written down first: the retained log with
+//! its sequence numbers, stdin's queue and write ids, the exit the reaper
+//! delivered and the pump has not logged. The descriptors (pidfd, pipes,
+//! terminal master, session members) are kept open at their numbers.
+//!
+//! To have one consistent picture, the engine is *frozen* first: the
+//! reaper stops reaping (an exit after that is read by the next binary),
+//! every output pump stops between two reads and every stdin writer
+//! between two write(2)s, each handing over what it held. Nothing is read
+//! from a child or written to it after that, so nothing is lost or
+//! repeated.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::net::unix::pipe;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::log::{LogState, OutputLog};
+use crate::engine::output::OutputSource;
+use crate::engine::shared::{Cause, Child, Shared, Termination};
+use crate::engine::stdin::{FrozenWriter, StdinOp, StdinState, WriteFailure};
+use crate::engine::terminal::{Terminal, TerminalWriter};
+use crate::engine::{Engine, ProcessOwner, StdinSink, pipe_capacity, reaper};
+use crate::model::{Confinement, ExitStatus, Flow, OutputStream, ResourceUsage};
+
+/// Where a process's pump and stdin writer leave what they hold when the
+/// engine freezes.
+pub(crate) struct HandoverSlot {
+    /// The engine's: fired once, by [`Engine::freeze`].
+    pub freeze: CancellationToken,
+    pub pump: Mutex<Option<FrozenPump>>,
+    pub writer: Mutex<Option<FrozenWriter<StdinSink>>>,
+    /// The pump stopped: frozen, or done for good.
+    pub pump_stopped: CancellationToken,
+    /// The stdin writer stopped (or there never was one).
+    pub writer_stopped: CancellationToken,
+    /// The child's stdin as the writer writes it (a pipe's write end, or
+    /// the terminal's master), open while the writer holds it.
+    pub stdin_fd: Option<RawFd>,
+    /// When the start's timeout ends it.
+    pub deadline: Option<Instant>,
+}
+
+impl HandoverSlot {
+    pub fn new(
+        freeze: CancellationToken,
+        stdin_fd: Option<RawFd>,
+        deadline: Option<Instant>,
+    ) -> Self {
+        let writer_stopped = CancellationToken::new();
+        if stdin_fd.is_none() {
+            writer_stopped.cancel();
+        }
+        HandoverSlot {
+            freeze,
+            pump: Mutex::new(None),
+            writer: Mutex::new(None),
+            pump_stopped: CancellationToken::new(),
+            writer_stopped,
+            stdin_fd,
+            deadline,
+        }
+    }
+
+    pub fn deposit_pump(&self, frozen: FrozenPump) {
+        *self.pump.lock().unwrap_or_else(|p| p.into_inner()) = Some(frozen);
+    }
+
+    pub fn deposit_writer(&self, frozen: FrozenWriter<StdinSink>) {
+        *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(frozen);
+    }
+}
+
+/// What a frozen pump held: its open sources, and an exit it had seen but
+/// not logged yet (the output before it still unread).
+pub(crate) struct FrozenPump {
+    pub sources: [Option<OutputSource>; 2],
+    pub pending_exit: Option<ExitStatus>,
+}
+
+/// How a pump taken over starts.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct PumpStart {
+    /// The child's exit was recorded before the hand-over.
+    pub exited: bool,
+    /// ...and its event is still to be logged, with this status.
+    pub pending_exit: Option<ExitStatus>,
+}
+
+/// One process as handed over. Descriptors are named by number: they are
+/// open, without close-on-exec, in the next binary.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct ProcessState {
+    /// The engine's id of it in the binary before.
+    pub id: u64,
+    pid: i32,
+    pidfd: RawFd,
+    session: bool,
+    members: Vec<RawFd>,
+    reaped: bool,
+    tty: bool,
+    flow: Flow,
+    confinement: Confinement,
+    argv0: String,
+    running_for_ms: u64,
+    child: ChildState,
+    /// A termination started (`Some(false)`) or ended (`Some(true)`), and
+    /// why.
+    termination: Option<(CauseState, bool)>,
+    /// stdout and stderr as pipes, or the terminal (index 0).
+    sources: [Option<RawFd>; 2],
+    terminal: Option<RawFd>,
+    output_closed: [bool; 2],
+    stdin: StdinStateHanded,
+    stdin_fd: Option<RawFd>,
+    stdin_ops: Vec<OpState>,
+    write_ids: Vec<(String, Option<Result<(), FailureState>>)>,
+    log: LogState,
+    timeout_left_ms: Option<u64>,
+    /// Its cgroup, in the root the server hands over too.
+    leaf: Option<crate::sandbox::LeafState>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+enum ChildState {
+    Running,
+    Exited {
+        after_ms: u64,
+        usage: Option<ResourceUsage>,
+        pending_exit: Option<ExitStatus>,
+    },
+}
+
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy)]
+enum CauseState {
+    Asked,
+    Timeout,
+    Shutdown,
+}
+
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy)]
+enum StdinStateHanded {
+    Open,
+    NotPiped,
+    ClosedByClient,
+    ClosedByChild,
+    Exited,
+}
+
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy)]
+enum FailureState {
+    Closed,
+    Exited,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+enum OpState {
+    /// Bytes `offset..offset + len` of the blob, with the write's id.
+    Write {
+        id: String,
+        offset: u64,
+        len: u64,
+    },
+    Close {
+        eof: Option<u8>,
+    },
+}
+
+/// Everything the engine hands over: its processes, the bytes they name
+/// (`blob`), and the descriptors that must stay open across the exec.
+pub struct Handover {
+    pub processes: Vec<ProcessState>,
+    pub blob: Vec<u8>,
+    pub descriptors: Vec<RawFd>,
+}
+
+/// How long a freeze may wait for pumps and writers to stop (they stop at
+/// their next turn; this only bounds a bug).
+const FREEZE_PATIENCE: Duration = Duration::from_secs(5);
+
+impl ProcessState {
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+}
+
+impl Engine {
+    /// Starts nothing more; ends every process released or not `kept`
+    /// (their terminations may take the kill grace; what is left then is
+    /// killed); then freezes the kept ones and writes them down. After
+    /// this the engine is good only for an exec: nothing runs its
+    /// processes any more.
+    pub async fn freeze(&self, kept: impl Fn(u64) -> bool) -> Handover {
+        let live: Vec<Arc<Shared>> = {
+            let live = self.inner.live();
+            self.inner
+                .closing
+                .store(true, std::sync::atomic::Ordering::Release);
+            live.values().filter_map(std::sync::Weak::upgrade).collect()
+        };
+        // Nobody can reach them after the exec: they end as on any lost
+        // connection, but without waiting past the grace.
+        let (kept, ending): (Vec<_>, Vec<_>) = live
+            .into_iter()
+            .partition(|shared| !shared.is_released() && kept(shared.id));
+        for shared in &ending {
+            shared.release();
+        }
+        let ended = futures::future::join_all(ending.iter().map(|s| s.tree_ended.cancelled()));
+        let patience = self.inner.limits.kill_grace + Duration::from_secs(1);
+        if tokio::time::timeout(patience, ended).await.is_err() {
+            for shared in ending.iter().filter(|s| !s.tree_ended.is_cancelled()) {
+                shared.kill_tree_now();
+            }
+        }
+        reaper::pause_for_handover();
+        self.inner.freeze.cancel();
+        let stopped = futures::future::join_all(kept.iter().map(|shared| {
+            let slot = Arc::clone(&shared.handover);
+            async move {
+                slot.pump_stopped.cancelled().await;
+                slot.writer_stopped.cancelled().await;
+            }
+        }));
+        if tokio::time::timeout(FREEZE_PATIENCE, stopped)
+            .await
+            .is_err()
+        {
+            tracing::error!("some processes did not stop for the hand-over in time");
+        }
+        let mut handover = Handover {
+            processes: Vec::new(),
+            blob: Vec::new(),
+            descriptors: Vec::new(),
+        };
+        for shared in &kept {
+            let state = write_down(shared, &mut handover);
+            handover.processes.push(state);
+        }
+        // Held until the exec: their descriptors are what was written down.
+        std::mem::forget(kept);
+        handover
+    }
+
+    /// Takes over the processes the binary before handed over: each one as
+    /// it was (its log and sequence numbers, its stdin and write ids, its
+    /// descriptors), with the id it had there. Must run inside the runtime
+    /// that will run them, before the reaper thread starts
+    /// (`become_subreaper`), once, with the descriptors the states name
+    /// open and owned by nobody else.
+    pub fn take_over(&self, processes: Vec<ProcessState>, blob: Bytes) -> Vec<(u64, ProcessOwner)> {
+        processes
+            .into_iter()
+            .filter_map(|state| {
+                let id = state.id;
+                match self.adopt(state, &blob) {
+                    Ok(owner) => Some((id, owner)),
+                    Err(error) => {
+                        tracing::error!(id, %error, "cannot take over a handed-over process");
+                        None
+                    }
+                }
+            })
+            .collect()
+    }
+
+    fn adopt(&self, state: ProcessState, blob: &Bytes) -> Result<ProcessOwner, String> {
+        // SAFETY: the binary before kept these open for us and nothing
+        // else here owns them (see `take_over`).
+        let own = |fd: RawFd| unsafe { OwnedFd::from_raw_fd(fd) };
+        let log = OutputLog::import(self.inner.limits.log, state.log, blob)
+            .ok_or("its log names bytes the hand-over does not hold")?;
+        let (exited, pending_exit, after, usage) = match state.child {
+            ChildState::Running => (false, None, None, None),
+            ChildState::Exited {
+                after_ms,
+                usage,
+                pending_exit,
+            } => (
+                true,
+                pending_exit,
+                Some(Duration::from_millis(after_ms)),
+                usage,
+            ),
+        };
+        let ended = state.reaped.then(|| reaper::Ended {
+            status: pending_exit
+                .or_else(|| log.exit().map(|exit| exit.status))
+                .unwrap_or(ExitStatus::Code(0)),
+            usage,
+        });
+        let leader = reaper::adopt(
+            state.pid,
+            own(state.pidfd),
+            state.session,
+            state.members.into_iter().map(own).collect(),
+            ended,
+        );
+        if let Some(leaf) = state.leaf {
+            leader
+                .tree()
+                .attach_leaf(crate::sandbox::Leaf::taken_over(leaf));
+        }
+        let terminal = match state.terminal {
+            Some(fd) => Some(Terminal::adopt(own(fd)).map_err(|e| e.to_string())?),
+            None => None,
+        };
+        let sources = match &terminal {
+            Some(terminal) => [
+                state.sources[0].map(|_| OutputSource::terminal(terminal.io())),
+                None,
+            ],
+            None => {
+                let pipe = |stream, fd: Option<RawFd>| {
+                    fd.map(|fd| OutputSource::pipe(stream, own(fd)))
+                        .transpose()
+                        .map_err(|e| e.to_string())
+                };
+                [
+                    pipe(OutputStream::Stdout, state.sources[0])?,
+                    pipe(OutputStream::Stderr, state.sources[1])?,
+                ]
+            }
+        };
+        let stdin: Option<(StdinSink, RawFd)> = match (state.stdin_fd, &terminal) {
+            (Some(_), Some(terminal)) => {
+                let io = terminal.io();
+                let fd = io.get_ref().as_raw_fd();
+                Some((Box::new(TerminalWriter(io)), fd))
+            }
+            (Some(fd), None) => {
+                let sender = pipe::Sender::from_owned_fd(own(fd)).map_err(|e| e.to_string())?;
+                Some((Box::new(pipe_capacity::GrowingSender::new(sender)), fd))
+            }
+            (None, _) => None,
+        };
+        let stdin_state = match state.stdin {
+            StdinStateHanded::Open => StdinState::Open,
+            StdinStateHanded::NotPiped => StdinState::NotPiped,
+            StdinStateHanded::ClosedByClient => StdinState::ClosedByClient,
+            StdinStateHanded::ClosedByChild => StdinState::ClosedByChild,
+            StdinStateHanded::Exited => StdinState::Exited,
+        };
+        let deadline = state
+            .timeout_left_ms
+            .map(|ms| Instant::now() + Duration::from_millis(ms));
+        let mut queue = Vec::new();
+        for op in state.stdin_ops {
+            queue.push(match op {
+                OpState::Write { id, offset, len } => {
+                    let start = usize::try_from(offset).map_err(|e| e.to_string())?;
+                    let end = start
+                        .checked_add(usize::try_from(len).map_err(|e| e.to_string())?)
+                        .filter(|&end| end <= blob.len())
+                        .ok_or("a stdin write names bytes the hand-over does not hold")?;
+                    (Some(id), blob.slice(start..end), None)
+                }
+                OpState::Close { eof } => (None, Bytes::new(), Some(eof)),
+            });
+        }
+        let launch = crate::engine::Adopted {
+            leader,
+            tty: state.tty,
+            flow: state.flow,
+            confinement: state.confinement,
+            argv0: state.argv0,
+            running_for: Duration::from_millis(state.running_for_ms),
+            sources,
+            stdin,
+            stdin_state,
+            terminal,
+            deadline,
+        };
+        let start = PumpStart {
+            exited,
+            pending_exit,
+        };
+        let termination = state.termination.map(|(cause, ended)| {
+            let cause = match cause {
+                CauseState::Asked => Cause::Asked,
+                CauseState::Timeout => Cause::Timeout,
+                CauseState::Shutdown => Cause::Shutdown,
+            };
+            if ended {
+                Termination::Ended(cause)
+            } else {
+                Termination::Started(cause)
+            }
+        });
+        let write_ids = state
+            .write_ids
+            .into_iter()
+            .map(|(id, outcome)| {
+                let outcome = outcome.map(|result| {
+                    result.map_err(|failure| match failure {
+                        FailureState::Closed => WriteFailure::Closed,
+                        FailureState::Exited => WriteFailure::Exited,
+                    })
+                });
+                (id, outcome)
+            })
+            .collect();
+        self.launch_adopted(
+            launch,
+            AdoptedState {
+                log,
+                exited_after: after.map(|after| (after, usage)),
+                start,
+                termination,
+                output_closed: state.output_closed,
+                queue,
+                write_ids,
+            },
+        )
+    }
+}
+
+/// What of an adopted process's state goes into its `Shared`.
+pub(crate) struct AdoptedState {
+    pub log: OutputLog,
+    pub exited_after: Option<(Duration, Option<ResourceUsage>)>,
+    pub start: PumpStart,
+    pub termination: Option<Termination>,
+    pub output_closed: [bool; 2],
+    /// Queued stdin: writes (id, bytes) and closes (the EOF character).
+    pub queue: Vec<(Option<String>, Bytes, Option<Option<u8>>)>,
+    pub write_ids: Vec<(String, Option<Result<(), WriteFailure>>)>,
+}
+
+/// Writes one frozen process down, its bytes into the blob and its
+/// descriptors into the list kept open.
+fn write_down(shared: &Arc<Shared>, handover: &mut Handover) -> ProcessState {
+    let slot = &shared.handover;
+    // Read in place: the descriptors stay open, held by the slot, until
+    // the exec.
+    let pump = slot.pump.lock().unwrap_or_else(|p| p.into_inner());
+    let mut writer = slot.writer.lock().unwrap_or_else(|p| p.into_inner());
+    let tree = shared.leader().tree().handover_parts();
+    let keep = &mut handover.descriptors;
+    keep.push(tree.pidfd);
+    keep.extend(&tree.members);
+    let mut sources = [None, None];
+    let mut pending_exit = None;
+    if let Some(pump) = pump.as_ref() {
+        pending_exit = pump.pending_exit;
+        for (i, source) in pump.sources.iter().enumerate() {
+            if let Some(source) = source {
+                let fd = source.raw_fd();
+                sources[i] = Some(fd);
+                keep.push(fd);
+            }
+        }
+    }
+    let terminal = shared
+        .terminal
+        .as_ref()
+        .map(|t| t.io().get_ref().as_raw_fd());
+    keep.extend(terminal);
+    let mut stdin_ops = Vec::new();
+    let mut stdin_fd = None;
+    if let Some(FrozenWriter { current, ops, .. }) = writer.as_mut() {
+        stdin_fd = slot.stdin_fd;
+        keep.extend(stdin_fd);
+        let write = |op: StdinOp, from: usize, blob: &mut Vec<u8>| match op {
+            StdinOp::Write { data, id, .. } => {
+                let offset = blob.len() as u64;
+                blob.extend_from_slice(&data[from.min(data.len())..]);
+                OpState::Write {
+                    id,
+                    offset,
+                    len: blob.len() as u64 - offset,
+                }
+            }
+            StdinOp::Close { eof, .. } => OpState::Close {
+                eof: eof.and_then(|eof| eof.first().copied()),
+            },
+        };
+        if let Some((op, at)) = current.take() {
+            stdin_ops.push(write(op, at, &mut handover.blob));
+        }
+        while let Ok(op) = ops.try_recv() {
+            stdin_ops.push(write(op, 0, &mut handover.blob));
+        }
+    }
+    let state = shared.lock();
+    let child = match state.life.child {
+        Child::Running => ChildState::Running,
+        Child::Exited { after, usage } => ChildState::Exited {
+            after_ms: after.as_millis() as u64,
+            usage,
+            pending_exit,
+        },
+    };
+    let cause = |cause: Cause| match cause {
+        Cause::Asked => CauseState::Asked,
+        Cause::Timeout => CauseState::Timeout,
+        Cause::Shutdown => CauseState::Shutdown,
+    };
+    let termination = match state.life.termination {
+        Termination::NotStarted => None,
+        Termination::Started(c) => Some((cause(c), false)),
+        Termination::Ended(c) => Some((cause(c), true)),
+    };
+    let stdin = match state.stdin {
+        StdinState::Open => StdinStateHanded::Open,
+        StdinState::NotPiped => StdinStateHanded::NotPiped,
+        StdinState::ClosedByClient => StdinStateHanded::ClosedByClient,
+        StdinState::ClosedByChild => StdinStateHanded::ClosedByChild,
+        StdinState::Exited => StdinStateHanded::Exited,
+    };
+    let write_ids = state
+        .write_ids
+        .entries()
+        .map(|(id, outcome)| {
+            let outcome = outcome.map(|result| {
+                result.map_err(|failure| match failure {
+                    WriteFailure::Closed => FailureState::Closed,
+                    WriteFailure::Exited => FailureState::Exited,
+                })
+            });
+            (id, outcome)
+        })
+        .collect();
+    ProcessState {
+        id: shared.id,
+        pid: tree.pid,
+        pidfd: tree.pidfd,
+        session: tree.session,
+        members: tree.members,
+        reaped: tree.reaped,
+        tty: shared.tty,
+        flow: shared.flow,
+        confinement: shared.confinement.clone(),
+        argv0: shared.argv0.clone(),
+        running_for_ms: shared.started.elapsed().as_millis() as u64,
+        child,
+        termination,
+        sources,
+        terminal,
+        output_closed: [0, 1].map(|i| shared.output_closed[i].is_cancelled()),
+        stdin,
+        stdin_fd,
+        stdin_ops,
+        write_ids,
+        leaf: shared
+            .leader()
+            .tree()
+            .leaf()
+            .map(crate::sandbox::Leaf::handover_state),
+        log: state.log.export(&mut handover.blob),
+        timeout_left_ms: slot.deadline.map(|deadline| {
+            deadline
+                .saturating_duration_since(Instant::now())
+                .as_millis() as u64
+        }),
+    }
+}
+
+/// A stdin queue put together again (see [`requeue`]).
+pub(crate) struct Requeued {
+    pub ops: mpsc::UnboundedSender<StdinOp>,
+    pub queue: mpsc::UnboundedReceiver<StdinOp>,
+    /// The outcome each queued write's id now watches.
+    pub pending: Vec<(String, crate::engine::stdin::Outcome)>,
+    /// The bytes queued.
+    pub bytes: usize,
+}
+
+/// A fresh stdin queue holding `queue` in order.
+pub(crate) fn requeue(queue: Vec<(Option<String>, Bytes, Option<Option<u8>>)>) -> Requeued {
+    let (ops, receiver) = mpsc::unbounded_channel();
+    let mut pending = Vec::new();
+    let mut bytes = 0;
+    for (id, data, close) in queue {
+        match close {
+            Some(eof) => {
+                let (done, _) = tokio::sync::oneshot::channel();
+                let _ = ops.send(StdinOp::Close {
+                    eof: eof.map(|eof| Bytes::copy_from_slice(&[eof])),
+                    done,
+                });
+            }
+            None => {
+                let (done, outcome) = watch::channel(None);
+                let id = id.unwrap_or_default();
+                bytes += data.len();
+                pending.push((id.clone(), outcome));
+                let _ = ops.send(StdinOp::Write { data, id, done });
+            }
+        }
+    }
+    Requeued {
+        ops,
+        queue: receiver,
+        pending,
+        bytes,
+    }
+}

@@ -1,0 +1,297 @@
+//! Upgrades that end nothing: `capexec serve` re-executes itself, in the
+//! same process, into the binary now at its path, handing over its
+//! listeners and every detachable process (see `engine/handover.rs` and
+//! `rpc/handover.rs`).
+//!
+//! In order: the new binary is asked first whether it can take this
+//! hand-over (`serve --handover-check` must print [`HANDOVER_VERSION`]);
+//! if not, nothing else happens and the server says why. Then the
+//! listeners stop accepting (the sockets stay open: a client that
+//! connects meanwhile waits in the backlog), every connection is closed
+//! with [`UPGRADE_REASON`] (a resuming client reconnects and restores), the
+//! engine freezes, and the state is written to a memfd: a little-endian
+//! u64 length, the JSON state, then the bytes it names (logs, queued
+//! stdin). The exec keeps the descriptors the state names open; the same
+//! process (pid, children, cgroups) goes on as the new binary.
+
+use std::ffi::{CString, OsString};
+use std::io::{Read, Seek, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStringExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use bytes::Bytes;
+
+use crate::engine::{Engine, ProcessState};
+use crate::model::StartSpec;
+use crate::rpc::DetachedState;
+
+/// What a binary that can take this hand-over prints for
+/// `serve --handover-check`; a state format change changes it.
+pub const HANDOVER_VERSION: &str = "capexec-handover-1";
+
+/// The name a handed-over metrics listener goes by.
+pub(crate) const METRICS_NAME: &str = "metrics";
+
+/// The reason the connections of an upgrading server are closed with.
+pub const UPGRADE_REASON: &str = "the server is upgrading";
+
+/// How long the new binary may take to answer `--handover-check`.
+const CHECK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// One listening socket handed over.
+#[derive(serde::Serialize, serde::Deserialize, Debug)]
+pub(crate) struct ListenerState {
+    /// `admin`, `metrics`, or `listener`.
+    pub name: String,
+    pub fd: RawFd,
+    /// A Unix socket's file and the lock that keeps its path ours.
+    pub file: Option<(PathBuf, RawFd)>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct State {
+    version: String,
+    /// The server's cgroup root and its sentinel, if it made one.
+    cgroup_root: Option<crate::sandbox::RootState>,
+    listeners: Vec<ListenerState>,
+    processes: Vec<ProcessState>,
+    detached: Vec<DetachedState>,
+}
+
+/// The hand-over the binary before left, read at start-up.
+pub struct HandedOver {
+    pub(crate) listeners: Vec<ListenerState>,
+    taken: Mutex<Option<Processes>>,
+}
+
+/// The processes of a hand-over, and the bytes their states name.
+pub(crate) struct Processes {
+    pub processes: Vec<ProcessState>,
+    pub detached: Vec<DetachedState>,
+    pub blob: Bytes,
+}
+
+/// A listener as an upgrade hands it over (see `Server::serve_until_or_upgraded`).
+pub(crate) struct HandedListener {
+    pub name: String,
+    /// A duplicate, open while the accept loop owns the original.
+    pub fd: OwnedFd,
+    /// A Unix socket's file and its lock's descriptor.
+    pub file: Option<(PathBuf, RawFd)>,
+}
+
+impl std::fmt::Debug for HandedOver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandedOver")
+            .field("listeners", &self.listeners)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HandedOver {
+    /// Reads the state the binary before wrote to `fd` (a memfd), and
+    /// closes it.
+    pub fn read(fd: OwnedFd) -> Result<HandedOver, String> {
+        let mut file = std::fs::File::from(fd);
+        file.rewind().map_err(|e| format!("the hand-over: {e}"))?;
+        let mut length = [0u8; 8];
+        file.read_exact(&mut length)
+            .map_err(|e| format!("the hand-over's length: {e}"))?;
+        let size = file
+            .metadata()
+            .map_err(|e| format!("the hand-over: {e}"))?
+            .len();
+        let length = u64::from_le_bytes(length);
+        let length = usize::try_from(length)
+            .ok()
+            .filter(|&length| (length as u64) <= size.saturating_sub(8))
+            .ok_or_else(|| {
+                format!("the hand-over says {length} bytes of state, its file holds {size}")
+            })?;
+        let mut text = vec![0u8; length];
+        file.read_exact(&mut text)
+            .map_err(|e| format!("the hand-over's state: {e}"))?;
+        let state: State =
+            serde_json::from_slice(&text).map_err(|e| format!("the hand-over's state: {e}"))?;
+        if state.version != HANDOVER_VERSION {
+            return Err(format!(
+                "the hand-over is {:?}, this binary takes {HANDOVER_VERSION:?}",
+                state.version
+            ));
+        }
+        if let Some(root) = state.cgroup_root {
+            crate::sandbox::take_over_root(root)?;
+        }
+        let mut blob = Vec::new();
+        file.read_to_end(&mut blob)
+            .map_err(|e| format!("the hand-over's bytes: {e}"))?;
+        Ok(HandedOver {
+            listeners: state.listeners,
+            taken: Mutex::new(Some(Processes {
+                processes: state.processes,
+                detached: state.detached,
+                blob: Bytes::from(blob),
+            })),
+        })
+    }
+
+    /// The listeners handed over: their names and descriptors.
+    pub fn listeners(&self) -> impl Iterator<Item = (&str, RawFd, Option<PathBuf>)> {
+        self.listeners.iter().map(|l| {
+            let path = l.file.as_ref().map(|(path, _)| path.clone());
+            (l.name.as_str(), l.fd, path)
+        })
+    }
+
+    /// The processes and their bytes, once.
+    pub(crate) fn take(&self) -> Option<Processes> {
+        self.taken.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+/// Asks the binary at `exe` whether it can take this hand-over, running
+/// it as a process of `engine` (the server reaps every child itself).
+pub(crate) async fn check(engine: &Engine, exe: &Path) -> Result<(), String> {
+    let mut spec = StartSpec::new([
+        exe.as_os_str(),
+        "serve".as_ref(),
+        "--handover-check".as_ref(),
+    ]);
+    spec.timeout = Some(CHECK_PATIENCE);
+    let owner = engine
+        .start(&spec)
+        .map_err(|refusal| format!("cannot run {}: {}", exe.display(), refusal.message))?;
+    let process = owner.handle();
+    let mut output = Vec::new();
+    let mut after = 0;
+    loop {
+        let batch = process
+            .next_batch(after, 0)
+            .await
+            .map_err(|e| format!("reading {}: {e}", exe.display()))?;
+        if batch.events.is_empty() {
+            break;
+        }
+        for event in batch.events {
+            if let crate::model::EventBody::Output { data, .. } = event.body
+                && output.len() < 4096
+            {
+                output.extend_from_slice(&data);
+            }
+        }
+        after = batch.next_seq - 1;
+    }
+    let exit = process.exit();
+    let said = String::from_utf8_lossy(&output).trim().to_string();
+    match exit {
+        Some(exit)
+            if exit.status == crate::model::ExitStatus::Code(0) && said == HANDOVER_VERSION =>
+        {
+            Ok(())
+        }
+        Some(exit) => Err(format!(
+            "{} cannot take the hand-over: `serve --handover-check` ended with {} and said {:?} \
+             (expected {HANDOVER_VERSION:?})",
+            exe.display(),
+            exit.status,
+            said
+        )),
+        None => Err(format!(
+            "{} did not answer `serve --handover-check`",
+            exe.display()
+        )),
+    }
+}
+
+/// Writes the state down and re-executes `exe` with `args` plus
+/// `--handover FD`, keeping `keep` open. Returns only if the exec failed.
+pub(crate) fn exec(
+    exe: &Path,
+    args: &[OsString],
+    listeners: Vec<ListenerState>,
+    processes: Vec<ProcessState>,
+    detached: Vec<DetachedState>,
+    blob: &[u8],
+    mut keep: Vec<RawFd>,
+) -> String {
+    let cgroup_root = crate::sandbox::root_for_handover();
+    if let Some(root) = &cgroup_root {
+        keep.extend([root.lock_fd(), root.sentinel_fd()]);
+    }
+    let state = State {
+        version: HANDOVER_VERSION.to_string(),
+        cgroup_root,
+        listeners,
+        processes,
+        detached,
+    };
+    for listener in &state.listeners {
+        keep.push(listener.fd);
+        if let Some((_, lock)) = &listener.file {
+            keep.push(*lock);
+        }
+    }
+    let memfd = match write_state(&state, blob) {
+        Ok(memfd) => memfd,
+        Err(error) => return format!("cannot write the hand-over: {error}"),
+    };
+    keep.push(memfd.as_raw_fd());
+    for fd in &keep {
+        // SAFETY: F_SETFD on descriptors this process holds open.
+        unsafe {
+            let flags = libc::fcntl(*fd, libc::F_GETFD);
+            if flags >= 0 {
+                libc::fcntl(*fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
+            }
+        }
+    }
+    let mut argv: Vec<OsString> = vec![exe.as_os_str().to_owned()];
+    argv.extend(args.iter().cloned());
+    argv.push("--handover".into());
+    argv.push(memfd.as_raw_fd().to_string().into());
+    let error = execv(exe, &argv);
+    // The new binary is not there any more: this one takes its own
+    // processes back, the same way.
+    let _ = execv(Path::new("/proc/self/exe"), &argv);
+    format!("cannot execute {}: {error}", exe.display())
+}
+
+fn write_state(state: &State, blob: &[u8]) -> std::io::Result<OwnedFd> {
+    let text = serde_json::to_vec(state).map_err(std::io::Error::other)?;
+    let name = c"capexec-handover";
+    // SAFETY: memfd_create with a valid name; the descriptor is ours.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: just created, owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut file = std::fs::File::from(fd);
+    file.write_all(&(text.len() as u64).to_le_bytes())?;
+    file.write_all(&text)?;
+    file.write_all(blob)?;
+    file.rewind()?;
+    Ok(OwnedFd::from(file))
+}
+
+fn execv(exe: &Path, argv: &[OsString]) -> std::io::Error {
+    let path = match CString::new(exe.as_os_str().to_owned().into_vec()) {
+        Ok(path) => path,
+        Err(_) => return std::io::Error::other("the path has a NUL byte"),
+    };
+    let args: Result<Vec<CString>, _> = argv
+        .iter()
+        .map(|arg| CString::new(arg.clone().into_vec()))
+        .collect();
+    let Ok(args) = args else {
+        return std::io::Error::other("an argument has a NUL byte");
+    };
+    let mut pointers: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+    pointers.push(std::ptr::null());
+    // SAFETY: NUL-terminated strings and a null-terminated array, alive
+    // across the call; on success this never returns.
+    unsafe { libc::execv(path.as_ptr(), pointers.as_ptr()) };
+    std::io::Error::last_os_error()
+}

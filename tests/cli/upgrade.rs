@@ -1,0 +1,399 @@
+//! Upgrades that end nothing: `capexec serve` re-executes into the binary
+//! now at its path (SIGUSR2, `capexec upgrade`), and a client that resumes
+//! loses no byte and repeats none; a binary that cannot take over leaves
+//! the old server serving; a SIGKILL after an upgrade still leaves nothing.
+
+use crate::common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::cli::{BIN, finish, text};
+use common::data::TempDir;
+
+const DEADLINE: Duration = Duration::from_secs(120);
+
+/// A `capexec serve` started from a copy of the binary, which a test may
+/// replace, with a Unix socket and an admin socket.
+pub struct Upgradable {
+    pub child: Child,
+    pub dir: TempDir,
+    pub exe: PathBuf,
+    pub unix: String,
+    pub admin: String,
+}
+
+impl Upgradable {
+    pub fn start() -> Upgradable {
+        let dir = TempDir::new("upgrade");
+        let exe = dir.path().join("capexec");
+        std::fs::copy(BIN, &exe).expect("copy the binary");
+        let socket = dir.path().join("capexec.sock");
+        let admin = dir.path().join("admin.sock");
+        let log = std::fs::File::create(dir.path().join("serve.log")).expect("log");
+        let mut child = Command::new(&exe)
+            .args(["serve", "--listen"])
+            .arg(format!("unix:{}", socket.display()))
+            .arg("--admin")
+            .arg(format!("unix:{}", admin.display()))
+            .env("HOME", dir.path())
+            .env("RUST_LOG", "info")
+            .env_remove("XDG_CONFIG_HOME")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("start capexec serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let unix = lines.next().expect("unix line").expect("read");
+        assert_eq!(unix, format!("unix:{}", socket.display()));
+        // The upgraded server prints its addresses again: read on.
+        std::thread::spawn(move || lines.for_each(drop));
+        Upgradable {
+            child,
+            exe,
+            unix,
+            admin: format!("unix:{}", admin.display()),
+            dir,
+        }
+    }
+
+    /// A `capexec` subcommand with this server's clean environment.
+    pub fn command(&self, subcommand: &str, args: &[&str]) -> Command {
+        let mut command = Command::new(BIN);
+        command
+            .arg(subcommand)
+            .args(args)
+            .env("HOME", self.dir.path())
+            .env_remove("XDG_CONFIG_HOME")
+            .env_remove("CAPEXEC_TOKEN");
+        command
+    }
+
+    /// `capexec upgrade` over the admin socket, to its end.
+    pub fn upgrade(&self) -> common::cli::Finished {
+        finish(self.command("upgrade", &["--connect", &self.admin]), None)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("serve.log")).unwrap_or_default()
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+}
+
+impl Drop for Upgradable {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `seq 1 N`'s output, as the test expects it, compared as it comes.
+struct Expected {
+    next: u64,
+    pending: Vec<u8>,
+    compared: u64,
+}
+
+impl Expected {
+    fn new() -> Expected {
+        Expected {
+            next: 1,
+            pending: Vec::new(),
+            compared: 0,
+        }
+    }
+
+    /// Checks `bytes`, the stream's next ones; panics at the first that
+    /// differs (a byte lost or repeated).
+    fn check(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            if self.pending.is_empty() {
+                self.pending = format!("{}\n", self.next).into_bytes();
+                self.pending.reverse();
+                self.next += 1;
+            }
+            let want = self.pending.pop().expect("a byte");
+            assert_eq!(
+                byte,
+                want,
+                "byte {} of the stream differs (while writing {})",
+                self.compared,
+                self.next - 1
+            );
+            self.compared += 1;
+        }
+    }
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie is dead too: its state says so.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + DEADLINE;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn sigusr2_in_the_middle_of_256_mib_loses_and_repeats_no_byte() {
+    let served = Upgradable::start();
+    // seq 1 30000000: 258,888,897 bytes (more than 256 MiB).
+    let mut child = served
+        .command(
+            "run",
+            &[
+                "--connect",
+                &served.unix,
+                "--resume",
+                "60",
+                "-n",
+                "--",
+                "sh",
+                "-c",
+                "seq 1 30000000; exit 3",
+            ],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("capexec run");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let errors = std::thread::spawn(move || {
+        let mut all = String::new();
+        let _ = stderr.read_to_string(&mut all);
+        all
+    });
+    let mut expected = Expected::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut signalled = false;
+    loop {
+        let n = stdout.read(&mut buf).expect("read stdout");
+        if n == 0 {
+            break;
+        }
+        expected.check(&buf[..n]);
+        if !signalled && expected.compared >= 64 << 20 {
+            signalled = true;
+            // SAFETY: kill(2) of our own child.
+            assert_eq!(unsafe { libc::kill(served.pid(), libc::SIGUSR2) }, 0);
+        }
+    }
+    let code = common::cli::wait(&mut child);
+    let errors = errors.join().expect("stderr");
+    assert_eq!(expected.compared, 258_888_897, "{errors}");
+    assert_eq!(expected.pending, b"", "the last line is whole");
+    assert_eq!(code, 3, "{errors}");
+    assert!(
+        errors.contains("connection lost: the server is upgrading")
+            && errors.contains("reconnected; the command carries on"),
+        "{errors}"
+    );
+    assert!(
+        served
+            .log()
+            .contains("took over the processes of the binary before processes=1 taken=1"),
+        "{}",
+        served.log()
+    );
+}
+
+#[test]
+fn capexec_upgrade_carries_stdin_output_and_the_operators_view_over() {
+    let served = Upgradable::start();
+    let dir = served.dir.path();
+    let (go, ready) = (dir.join("go"), dir.join("ready"));
+    // Echoes its stdin line by line; says when the first line came back.
+    let script = format!(
+        "read first; echo \"got $first\"; : > {ready}; \
+         while [ ! -e {go} ]; do sleep 0.01; done; cat; exit 4",
+        ready = ready.display(),
+        go = go.display()
+    );
+    let mut child = served
+        .command(
+            "run",
+            &[
+                "--connect",
+                &served.unix,
+                "--resume",
+                "60",
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ],
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("capexec run");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let output = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        let _ = stdout.read_to_end(&mut all);
+        all
+    });
+    stdin.write_all(b"one\n").expect("write");
+    eventually("the first line", || ready.exists());
+    let upgraded = served.upgrade();
+    assert_eq!(upgraded.code, 0, "{}", text(&upgraded.stderr));
+    assert_eq!(
+        text(&upgraded.stderr),
+        "capexec: upgraded: the server serves from the new binary\n"
+    );
+    // The operator still sees it, as detached until the client restores.
+    let listed = finish(served.command("ps", &["--connect", &served.admin]), None);
+    assert_eq!(listed.code, 0, "{}", text(&listed.stderr));
+    assert!(
+        text(&listed.stdout).contains("read first; echo"),
+        "{}",
+        text(&listed.stdout)
+    );
+    // Written while the client reconnects, and after; a second upgrade
+    // takes over what the first one took over.
+    stdin.write_all(b"two\n").expect("write");
+    let again = served.upgrade();
+    assert_eq!(again.code, 0, "{}", text(&again.stderr));
+    stdin.write_all(b"three\n").expect("write");
+    std::fs::write(&go, "").expect("go");
+    drop(stdin);
+    let code = common::cli::wait(&mut child);
+    assert_eq!(
+        text(&output.join().expect("stdout")),
+        "got one\ntwo\nthree\n"
+    );
+    assert_eq!(code, 4);
+}
+
+#[test]
+fn a_process_nobody_can_restore_ends_at_an_upgrade_as_on_a_lost_connection() {
+    let served = Upgradable::start();
+    let (mut running, pid) = sleeping(&served, false);
+    let upgraded = served.upgrade();
+    assert_eq!(upgraded.code, 0, "{}", text(&upgraded.stderr));
+    eventually("the process to end", || !alive(pid));
+    let mut stderr = String::new();
+    running
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .expect("read stderr");
+    assert_eq!(common::cli::wait(&mut running), 125, "{stderr}");
+    assert_eq!(
+        stderr,
+        "capexec: lost the command: the server is upgrading\n"
+    );
+}
+
+/// The binary at the server's path replaced by `content`.
+fn replace_binary(path: &Path, content: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let new = path.with_extension("new");
+    std::fs::write(&new, content).expect("write");
+    std::fs::set_permissions(&new, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::fs::rename(&new, path).expect("replace");
+}
+
+#[test]
+fn an_upgrade_to_a_binary_that_cannot_take_over_leaves_the_old_one_serving() {
+    let served = Upgradable::start();
+    let (mut running, pid) = sleeping(&served, true);
+    for (content, said) in [
+        (
+            Some("#!/bin/sh\necho nope\nexit 3\n"),
+            "ended with exit code 3 and said \"nope\" (expected \"capexec-handover-1\")",
+        ),
+        (None, "cannot run"),
+    ] {
+        match content {
+            Some(content) => replace_binary(&served.exe, content),
+            None => std::fs::remove_file(&served.exe).expect("remove the binary"),
+        }
+        let refused = served.upgrade();
+        assert_eq!(refused.code, 125, "{}", text(&refused.stderr));
+        let message = text(&refused.stderr);
+        assert!(
+            message.starts_with("capexec: the server was not upgraded and serves as before: ")
+                && message.contains(said),
+            "{message}"
+        );
+    }
+    // Nothing was touched: the process runs, its client is connected, and
+    // the server serves.
+    assert!(alive(pid));
+    assert!(running.try_wait().expect("try_wait").is_none());
+    let done = finish(
+        served.command(
+            "run",
+            &["--connect", &served.unix, "-n", "--", "echo", "still"],
+        ),
+        None,
+    );
+    assert_eq!((done.code, text(&done.stdout).as_str()), (0, "still\n"));
+    let _ = running.kill();
+    let _ = running.wait();
+}
+
+#[test]
+fn a_sigkill_after_an_upgrade_still_leaves_nothing_behind() {
+    let mut served = Upgradable::start();
+    let (mut running, pid) = sleeping(&served, true);
+    let upgraded = served.upgrade();
+    assert_eq!(upgraded.code, 0, "{}", text(&upgraded.stderr));
+    assert!(alive(pid), "the upgrade ended the process");
+    served.child.kill().expect("SIGKILL");
+    let _ = served.child.wait();
+    eventually("the process to end with its server", || !alive(pid));
+    let _ = running.kill();
+    let _ = running.wait();
+}
+
+/// A `capexec run` (with `--resume` if `resume`) of a shell that prints
+/// its pid and sleeps; the client and that pid.
+fn sleeping(served: &Upgradable, resume: bool) -> (Child, i32) {
+    let mut args = vec!["--connect", &served.unix];
+    if resume {
+        args.extend(["--resume", "60"]);
+    }
+    args.extend(["-n", "--", "sh", "-c", "echo $$; exec sleep 600"]);
+    let child = served
+        .command("run", &args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("capexec run");
+    let (child, first) = read_first_line(child);
+    (child, first.trim().parse().expect("pid"))
+}
+
+fn read_first_line(mut child: Child) -> (Child, String) {
+    let stdout = child.stdout.take().expect("stdout");
+    let mut reader = BufReader::new(stdout);
+    let mut line = String::new();
+    reader.read_line(&mut line).expect("first line");
+    std::thread::spawn(move || {
+        let mut rest = Vec::new();
+        let _ = reader.read_to_end(&mut rest);
+    });
+    (child, line)
+}
