@@ -689,3 +689,70 @@ fn a_tcp_login_runs_as_the_user_its_token_file_maps_to() {
     kill(&server, libc::SIGTERM);
     assert_eq!(wait(&mut server), 0);
 }
+
+/// An upgrade in place is not built for a server with a user map: SIGUSR2
+/// to its monitor reaches the front, which refuses it (neither dies of
+/// it), and `capexec upgrade` says why; the users' commands run on.
+#[test]
+fn a_server_with_a_user_map_refuses_an_upgrade_and_serves_on() {
+    let alice = test_account("capexec-alice", true);
+    test_account(FRONT, false);
+    let dir = TempDir::new("users-upgrade");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let map = dir.path().join("users");
+    std::fs::write(&map, "# every peer as itself\n").expect("map");
+    let socket = dir.path().join("s.sock");
+    let admin = dir.path().join("admin.sock");
+    let mut server = Std::new(BIN);
+    server
+        .args(["serve", "--listen"])
+        .arg(format!("unix:{}", socket.display()))
+        .arg("--admin")
+        .arg(format!("unix:{}", admin.display()))
+        .arg("--user-map")
+        .arg(&map)
+        .args(["--privsep-user", FRONT]);
+    let (mut server, address) = spawn_until_first_line(server);
+    let address = address.trim().to_string();
+    let server_pid = server.id();
+    let mut client = run_as(
+        alice.uid.as_raw(),
+        alice.gid.as_raw(),
+        "/",
+        &address,
+        "exec sleep 100",
+    )
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null())
+    .spawn()
+    .expect("capexec run");
+    wait_until(|| workers_of(alice.uid.as_raw(), server_pid).len() == 1);
+    let worker = workers_of(alice.uid.as_raw(), server_pid)[0];
+    wait_until(|| !processes_of(alice.uid.as_raw(), worker, b"100").is_empty());
+    let command = processes_of(alice.uid.as_raw(), worker, b"100")[0];
+    kill(&server, libc::SIGUSR2);
+    let mut upgrade = Std::new(BIN);
+    upgrade
+        .args(["upgrade", "--connect"])
+        .arg(format!("unix:{}", admin.display()))
+        .env_remove("XDG_CONFIG_HOME");
+    let refused = finish(upgrade, None);
+    assert_eq!(
+        (refused.code, text(&refused.stderr).as_str()),
+        (
+            125,
+            "capexec: the server was not upgraded and serves as before: a server that runs \
+             logins as users cannot be upgraded in place yet\n"
+        )
+    );
+    assert!(
+        server.try_wait().expect("try_wait").is_none(),
+        "the monitor died"
+    );
+    assert!(alive(command) && alive(worker));
+    assert!(client.try_wait().expect("try_wait").is_none());
+    kill(&server, libc::SIGTERM);
+    assert_eq!(wait(&mut server), 0);
+    let _ = client.kill();
+    let _ = client.wait();
+}
