@@ -78,11 +78,14 @@ def isolated_env(home: Path) -> dict[str, str]:
     return env
 
 
-def start_server(home: Path, listens: list[str], extra: list[str] | None = None) -> Server:
-    """Starts `capexec serve` listening on `listens` and waits (with a
-    deadline) for it to print each resolved address."""
+def start_server(
+    home: Path, listens: list[str], extra: list[str] | None = None, binary: str | None = None
+) -> Server:
+    """Starts `capexec serve` (`binary`, else the one under test)
+    listening on `listens` and waits (with a deadline) for it to print each
+    resolved address."""
     token_file = home / "token" if any(a.startswith("tcp:") for a in listens) else None
-    args = [capexec_binary(), "serve"]
+    args = [binary or capexec_binary(), "serve"]
     for listen in listens:
         args += ["--listen", listen]
     if token_file is not None:
