@@ -756,3 +756,181 @@ fn a_server_with_a_user_map_refuses_an_upgrade_and_serves_on() {
     let _ = client.kill();
     let _ = client.wait();
 }
+
+/// A connection to the Unix socket at `path` made by a process of `uid`
+/// (so its peer credentials are that user's), for this test to use; the
+/// process that made it stays until the returned one is dropped (a server
+/// refuses a peer whose process has gone, since it cannot check it).
+struct ConnectedAs {
+    stream: Option<std::os::unix::net::UnixStream>,
+    /// Dropped, it lets the connecting process end.
+    _carrier: std::os::unix::net::UnixStream,
+}
+
+fn connect_as(uid: u32, gid: u32, path: &Path) -> ConnectedAs {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::process::CommandExt;
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("pair");
+    // SAFETY: an all-zero sockaddr_un is valid; the path fits (tests' paths
+    // are short).
+    let mut address: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    address.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    assert!(bytes.len() < address.sun_path.len(), "a short socket path");
+    for (to, from) in address.sun_path.iter_mut().zip(bytes) {
+        *to = *from as libc::c_char;
+    }
+    let carrier = theirs.as_raw_fd();
+    let mut child = Std::new("/bin/true");
+    child.uid(uid).gid(gid);
+    // SAFETY: between fork and exec only system calls on values prepared
+    // before the fork. The process spawned forks once more and ends: its
+    // child, with the user's ids, connects, sends the connection, closes
+    // every other descriptor (the pipe `spawn` waits on among them) and
+    // stays until the test lets go of the carrier, so the server can still
+    // look at the peer. (Blocking here instead would keep `spawn` waiting.)
+    unsafe {
+        child.pre_exec(move || {
+            if libc::fork() != 0 {
+                libc::_exit(0);
+            }
+            let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            let connected = fd >= 0
+                && libc::connect(
+                    fd,
+                    (&raw const address).cast::<libc::sockaddr>(),
+                    std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+                ) == 0;
+            if !connected {
+                libc::_exit(3);
+            }
+            let mut byte = [0u8; 1];
+            let mut iov = libc::iovec {
+                iov_base: byte.as_mut_ptr().cast(),
+                iov_len: 1,
+            };
+            let mut control = [0u64; 4];
+            let mut message: libc::msghdr = std::mem::zeroed();
+            message.msg_iov = &mut iov;
+            message.msg_iovlen = 1;
+            message.msg_control = control.as_mut_ptr().cast();
+            message.msg_controllen = libc::CMSG_SPACE(4) as usize;
+            let header = libc::CMSG_FIRSTHDR(&message);
+            (*header).cmsg_level = libc::SOL_SOCKET;
+            (*header).cmsg_type = libc::SCM_RIGHTS;
+            (*header).cmsg_len = libc::CMSG_LEN(4) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<libc::c_int>(), fd);
+            if libc::sendmsg(carrier, &message, 0) != 1 {
+                libc::_exit(4);
+            }
+            let last = u32::MAX;
+            let carrier = carrier as u32;
+            if carrier > 0 {
+                libc::syscall(libc::SYS_close_range, 0u32, carrier - 1, 0u32);
+            }
+            libc::syscall(libc::SYS_close_range, carrier + 1, last, 0u32);
+            libc::read(carrier as i32, byte.as_mut_ptr().cast(), 1);
+            libc::_exit(0);
+        });
+    }
+    let mut maker = child.spawn().expect("the connecting process");
+    assert_eq!(wait(&mut maker), 0);
+    drop(theirs);
+    let mut byte = [0u8; 1];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+    let message = nix::sys::socket::recvmsg::<()>(
+        ours.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        nix::sys::socket::MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .expect("recvmsg");
+    let fd = message
+        .cmsgs()
+        .expect("control messages")
+        .find_map(|control| match control {
+            nix::sys::socket::ControlMessageOwned::ScmRights(fds) => fds.first().copied(),
+            _ => None,
+        })
+        .expect("the connection");
+    ConnectedAs {
+        // SAFETY: the kernel just installed it for us.
+        stream: Some(unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) }),
+        _carrier: ours,
+    }
+}
+
+/// The executor of a connection to a server that runs logins as users,
+/// made as `uid` (by the process kept in the returned value).
+fn executor_as(uid: u32, gid: u32, path: &Path) -> (executor::Client, ConnectedAs) {
+    let mut connected = connect_as(uid, gid, path);
+    let stream = connected.stream.take().expect("the stream");
+    stream.set_nonblocking(true).expect("nonblocking");
+    let (reader, writer) = tokio::net::UnixStream::from_std(stream)
+        .expect("stream")
+        .into_split();
+    let mut system = crate::common::raw_client_system(reader, writer);
+    let executor: executor::Client = system.bootstrap(capnp_rpc::rpc_twoparty_capnp::Side::Server);
+    tokio::task::spawn_local(system);
+    (executor, connected)
+}
+
+#[test]
+fn a_user_cannot_restore_another_users_detached_process() {
+    let alice = test_account("capexec-alice", true);
+    let bob = test_account("capexec-bob", false);
+    test_account(FRONT, false);
+    let dir = TempDir::new("users-restore");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let map = dir.path().join("users");
+    std::fs::write(&map, "# every peer as itself\n").expect("map");
+    let socket = dir.path().join("s.sock");
+    let (mut server, _) = serve_users(&[format!("unix:{}", socket.display())], &map);
+    run_on_runtime(async {
+        let (bobs, _bob) = executor_as(bob.uid.as_raw(), bob.gid.as_raw(), &socket);
+        let sleeper = Command::new("sleep")
+            .arg("100")
+            .spawn(&bobs)
+            .await
+            .expect("bob's sleep");
+        let token = sleeper
+            .detachable(std::time::Duration::from_secs(60))
+            .await
+            .expect("detachable");
+        let pid = sleeper.info().await.expect("info").pid;
+        // Alice holds bob's token: her worker has no such process.
+        let (alices, _alice) = executor_as(alice.uid.as_raw(), alice.gid.as_raw(), &socket);
+        let (_, restored) = capexec::client::restore(&alices, &token);
+        let error = restored.await.expect_err("alice restores bob's process");
+        match &error {
+            capexec::client::Error::Refused(refusal) => assert_eq!(
+                (refusal.kind, refusal.message.as_str()),
+                (
+                    capexec::model::RefusalKind::UnknownToken,
+                    "no process has this restore token (it never existed, it was not restored \
+                     within its grace period, or it finished longer ago than the server keeps \
+                     finished processes)"
+                )
+            ),
+            other => panic!("alice's restore failed otherwise: {other}"),
+        }
+        // Nor can she signal it: the kernel refuses her worker.
+        let signalled = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .output(&alices)
+            .await
+            .expect("alice's kill");
+        assert_eq!(signalled.exit.status, ExitStatus::Code(1));
+        assert!(alive(pid));
+        // Bob, on another connection, gets it back.
+        let (again, _bob_again) = executor_as(bob.uid.as_raw(), bob.gid.as_raw(), &socket);
+        let (process, restored) = capexec::client::restore(&again, &token);
+        restored.await.expect("bob restores his process");
+        assert_eq!(process.info().await.expect("info").pid, pid);
+        assert!(process.terminate().await.expect("terminate"));
+    });
+    kill(&server, libc::SIGTERM);
+    assert_eq!(wait(&mut server), 0);
+}
