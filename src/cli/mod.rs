@@ -329,6 +329,20 @@ pub struct ConnectArgs {
     /// with or without colons, `sha256:` or `SHA256 Fingerprint=`).
     #[arg(long, value_name = "SHA256", conflicts_with = "insecure_plaintext")]
     tls_pin: Option<String>,
+    /// Present this PEM certificate (the client's own first, then its
+    /// chain) when the server asks for one: a server that runs logins as
+    /// users logs in a certificate its user map names (then no token is
+    /// needed). With --tls-client-key.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "tls_client_key",
+        conflicts_with = "insecure_plaintext"
+    )]
+    tls_client_cert: Option<std::path::PathBuf>,
+    /// The PEM private key of --tls-client-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_client_cert")]
+    tls_client_key: Option<std::path::PathBuf>,
     /// Send the login token to a non-loopback tcp: address without TLS
     /// (only over a network you trust, or a tunnel).
     #[arg(long)]
@@ -582,6 +596,10 @@ pub struct ServeArgs {
     /// taking the logins its monitor hands over at descriptor FD.
     #[arg(long, value_name = "FD", hide = true)]
     front: Option<i32>,
+    /// Internal: the front asks TLS peers for a client certificate (the
+    /// user map has `cert` lines).
+    #[arg(long, hide = true, requires = "front")]
+    client_certificates: bool,
     /// Internal: the front's socket for asking its monitor which worker a
     /// TCP login's token logs in to.
     #[arg(long, value_name = "FD", hide = true, requires = "front")]

@@ -132,7 +132,8 @@ pub fn main(args: ServeArgs) -> i32 {
     };
     // As root with --user-map: bind, start the front, and stay the monitor.
     if let (Some(map), None) = (&args.user_map, args.front) {
-        return crate::cli::serve_users::monitor_main(map, &args.privsep_user, &listen, admin);
+        let tls = args.tls_cert.is_some() || args.tls_self_signed;
+        return crate::cli::serve_users::monitor_main(map, &args.privsep_user, &listen, admin, tls);
     }
     let metrics = match args.metrics.as_deref().map(metrics_address).transpose() {
         Ok(metrics) => metrics,
@@ -182,8 +183,9 @@ pub fn main(args: ServeArgs) -> i32 {
             }
         }
     }
+    let client_certificates = args.client_certificates;
     let tls = match &tls_files {
-        Some((cert, key)) => match TlsServer::from_files(cert, key) {
+        Some((cert, key)) => match load_tls(cert, key, client_certificates) {
             Ok(tls) => Some(tls),
             Err(error) => {
                 eprintln!("capexec: {error}");
@@ -271,7 +273,14 @@ pub fn main(args: ServeArgs) -> i32 {
         worker_of_a_user
             .then_some("a user's worker is upgraded with the server that started it, not alone"),
     );
-    crate::cli::run_local(serve(config, engine, capacity, tls_files, upgrades))
+    crate::cli::run_local(serve(
+        config,
+        engine,
+        capacity,
+        tls_files,
+        upgrades,
+        client_certificates,
+    ))
 }
 
 /// `--worker FD`: the listening socket a user's worker was handed, its
@@ -632,6 +641,7 @@ async fn serve(
     capacity: Capacity,
     tls_files: Option<(PathBuf, PathBuf)>,
     upgrading: crate::cli::upgrade::Upgrading,
+    client_certificates: bool,
 ) -> i32 {
     // Registered before binding, so a signal that arrives as soon as the
     // addresses are printed is not lost.
@@ -699,7 +709,7 @@ async fn serve(
                         }
                         _ = hangup.recv() => {
                             activation::notify(&activation::reloading_state());
-                            reload(&reloader, tls_files.as_ref());
+                            reload(&reloader, tls_files.as_ref(), client_certificates);
                             activation::notify("READY=1");
                         }
                     }
@@ -717,13 +727,31 @@ async fn serve(
 /// processes are not touched (a connection logged in with the old token
 /// stays); nothing else is reloaded (listeners, limits, upstreams,
 /// restrictions need a restart).
-fn reload(reloader: &capexec::net::Reloader, tls_files: Option<&(PathBuf, PathBuf)>) {
+/// The TLS certificate and key, asking clients for certificates of their
+/// own if `client_certificates` (a front whose user map has `cert` lines).
+fn load_tls(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+    client_certificates: bool,
+) -> Result<TlsServer, capexec::net::TlsError> {
+    let tls = TlsServer::from_files(cert, key)?;
+    if client_certificates {
+        return tls.asking_client_certificates();
+    }
+    Ok(tls)
+}
+
+fn reload(
+    reloader: &capexec::net::Reloader,
+    tls_files: Option<&(PathBuf, PathBuf)>,
+    client_certificates: bool,
+) {
     tracing::info!("SIGHUP received: reloading the token and the TLS certificate");
     if let Err(error) = reloader.reload_token() {
         tracing::warn!("keeping the old token: {error}");
     }
     if let Some((cert, key)) = tls_files {
-        match TlsServer::from_files(cert, key) {
+        match load_tls(cert, key, client_certificates) {
             Ok(tls) => {
                 tracing::info!(
                     sha256 = tls.fingerprint(),

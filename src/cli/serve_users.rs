@@ -71,8 +71,9 @@ pub fn monitor_main(
     privsep_user: &str,
     listen: &[Address],
     admin: Option<PathBuf>,
+    tls: bool,
 ) -> i32 {
-    match start(map_file, privsep_user, listen, admin) {
+    match start(map_file, privsep_user, listen, admin, tls) {
         Ok(Started {
             socket,
             requests,
@@ -112,6 +113,7 @@ fn start(
     privsep_user: &str,
     listen: &[Address],
     admin: Option<PathBuf>,
+    tls: bool,
 ) -> Result<Started, String> {
     let uid = nix::unistd::geteuid();
     if !uid.is_root() {
@@ -122,6 +124,7 @@ fn start(
     }
     let map = UserMap::read(map_file)?;
     let mut tokens: Vec<(TokenCheck, Account)> = Vec::new();
+    let mut certificates = false;
     for (evidence, account) in map.entries() {
         match evidence {
             Evidence::UnixUid(_) => {}
@@ -133,21 +136,22 @@ fn start(
                     account.clone(),
                 ));
             }
-            Evidence::Certificate(_) => {
+            Evidence::Certificate(_) if !tls => {
                 return Err(format!(
                     "--user-map {}: a `cert` line (for {}) maps a TLS client certificate, \
-                     which this server does not ask for yet: map TCP logins with `token FILE \
-                     USER`",
+                     and this server serves no TLS: give --tls-cert and --tls-key (or \
+                     --tls-self-signed)",
                     map_file.display(),
                     account.name
                 ));
             }
+            Evidence::Certificate(_) => certificates = true,
         }
     }
-    if listen.iter().any(Address::is_tcp) && tokens.is_empty() {
+    if listen.iter().any(Address::is_tcp) && tokens.is_empty() && !certificates {
         return Err(format!(
-            "--user-map {}: a tcp: listener, and no `token FILE USER` line: no TCP login \
-             could log in",
+            "--user-map {}: a tcp: listener, and no `token FILE USER` or `cert SHA256 USER` \
+             line: no TCP login could log in",
             map_file.display()
         ));
     }
@@ -227,6 +231,10 @@ fn start(
     let (requests, their_requests) = seqpacket_pair()?;
     args.push("--monitor-requests".into());
     args.push(their_requests.as_raw_fd().to_string().into());
+    if certificates {
+        // The front asks TLS peers for a certificate.
+        args.push("--client-certificates".into());
+    }
     let mut keep = vec![theirs.as_raw_fd(), their_requests.as_raw_fd()];
     for listener in &tcp {
         let fd = listener.as_raw_fd();

@@ -133,16 +133,38 @@ pub async fn target(args: &ConnectArgs) -> Result<Target, String> {
             }
             (given, _, _) => login_token(given.as_deref())?,
         };
+    let identity = match (&args.tls_client_cert, &args.tls_client_key) {
+        (Some(cert), Some(key)) if address.is_tcp() => Some(
+            net::ClientIdentity::from_files(cert, key)
+                .map_err(|error| format!("--tls-client-cert: {error}"))?,
+        ),
+        _ => None,
+    };
+    // A certificate logs in by itself: an empty token says so.
+    let token = match token {
+        None if identity.is_some() => Some(Token::new(String::new())),
+        token => token,
+    };
     let trust = trust(args, &named, &address).await?;
+    if identity.is_some() && matches!(trust, Trust::Plaintext) {
+        return Err(format!(
+            "--tls-client-cert: {address} is reached without TLS; give --tls-pin, --tls-ca or \
+             --tls"
+        ));
+    }
     if tracing::enabled!(tracing::Level::DEBUG) && address.is_tcp() {
         tracing::debug!("{}", trust.describe());
     }
     let mut options = ConnectOptions {
         tls: match &trust {
             Trust::Given(flag, trust) => Some(
-                net::TlsClient::new(trust.clone()).map_err(|error| format!("{flag} {error}"))?,
+                net::TlsClient::presenting(trust.clone(), identity.clone())
+                    .map_err(|error| format!("{flag} {error}"))?,
             ),
-            Trust::FirstUse(_, known, _) => Some(first_use(known.as_ref().map(|k| k.fingerprint))?),
+            Trust::FirstUse(_, known, _) => Some(first_use(
+                known.as_ref().map(|k| k.fingerprint),
+                identity.clone(),
+            )?),
             Trust::Plaintext => None,
         },
         deadline: args.connect_timeout.unwrap_or(net::CONNECT_TIMEOUT),
@@ -158,7 +180,7 @@ pub async fn target(args: &ConnectArgs) -> Result<Target, String> {
             };
             known_servers::accept_new(&address, &offered, file, args.tls_accept_new).await?;
             let fingerprint = net::parse_fingerprint(&offered)?;
-            options.tls = Some(first_use(Some(fingerprint))?);
+            options.tls = Some(first_use(Some(fingerprint), identity)?);
             net::connect_to(&address, token.as_ref(), &options).await
         }
         Err(ConnectError::ChangedCertificate { known, offered, .. }) => {
@@ -318,8 +340,12 @@ fn no_tls(address: &Address, trust: &Trust) -> String {
     }
 }
 
-fn first_use(known: Option<[u8; 32]>) -> Result<net::TlsClient, String> {
-    net::TlsClient::new(net::ServerTrust::FirstUse(known)).map_err(|error| error.to_string())
+fn first_use(
+    known: Option<[u8; 32]>,
+    identity: Option<net::ClientIdentity>,
+) -> Result<net::TlsClient, String> {
+    net::TlsClient::presenting(net::ServerTrust::FirstUse(known), identity)
+        .map_err(|error| error.to_string())
 }
 
 /// [`target`], once the server has answered: for commands that make one

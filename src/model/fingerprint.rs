@@ -49,6 +49,12 @@ pub fn parse_fingerprint(text: &str) -> Result<[u8; 32], String> {
     Ok(bytes)
 }
 
+/// A SHA-256 fingerprint as `capexec serve` prints one: 64 lowercase hex
+/// digits.
+pub fn show_fingerprint(sha256: &[u8; 32]) -> String {
+    sha256.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -52,6 +52,8 @@ pub use self::server::{
 };
 pub use self::shutdown::SHUTDOWN_REASON;
 pub use self::socket::{BoundUnixSocket, bind_unix_for_another};
-pub use self::tls::{ServerTrust, TlsClient, TlsError, TlsServer, parse_fingerprint};
+pub use self::tls::{
+    ClientIdentity, ServerTrust, TlsClient, TlsError, TlsServer, parse_fingerprint,
+};
 pub use self::token::{MIN_TOKEN_BYTES, Token, TokenError, default_token_path};
 pub use self::upstream::UpstreamConfig;

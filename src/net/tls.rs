@@ -122,6 +122,26 @@ impl TlsServer {
         })
     }
 
+    /// The same certificate, asking each client for a certificate of its
+    /// own (optional, any, its key proven by the handshake): what a user
+    /// map's `cert` lines log in by.
+    pub fn asking_client_certificates(&self) -> Result<TlsServer, TlsError> {
+        let verifier = Arc::new(crate::net::trust::AnyClientCertificate {
+            provider: provider(),
+        });
+        let mut config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|error| TlsError(format!("TLS set-up: {error}")))?
+            .with_client_cert_verifier(verifier)
+            .with_cert_resolver(Arc::clone(&self.config.cert_resolver));
+        config.ignore_client_order = true;
+        Ok(TlsServer {
+            config: Arc::new(config),
+            fingerprint: self.fingerprint.clone(),
+            expires: self.expires,
+        })
+    }
+
     /// When the server's certificate stops being valid (`None` if that
     /// cannot be read from it).
     pub fn expires(&self) -> Option<SystemTime> {
@@ -160,6 +180,69 @@ pub enum ServerTrust {
     FirstUse(Option<[u8; 32]>),
 }
 
+/// A client's certificate chain and private key, presented to a server
+/// that asks for one (a user map's `cert` lines).
+pub struct ClientIdentity {
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    /// The files, for errors.
+    names: String,
+}
+
+impl Clone for ClientIdentity {
+    fn clone(&self) -> ClientIdentity {
+        ClientIdentity {
+            chain: self.chain.clone(),
+            key: self.key.clone_key(),
+            names: self.names.clone(),
+        }
+    }
+}
+
+impl ClientIdentity {
+    /// Loads a PEM certificate chain (the client's own first) and a PEM
+    /// private key; errors name the file.
+    pub fn from_files(cert: &Path, key: &Path) -> Result<ClientIdentity, TlsError> {
+        let chain = load_certificates(cert)
+            .map_err(|why| TlsError(format!("{}: {why}", cert.display())))?;
+        let key_der = read_pem_file(key)
+            .and_then(|pem| {
+                PrivateKeyDer::from_pem_slice(&pem)
+                    .map_err(|error| pem_problem(&error, "no private key in it"))
+            })
+            .map_err(|why| TlsError(format!("{}: {why}", key.display())))?;
+        let names = format!("{} and {}", cert.display(), key.display());
+        // The key must be the certificate's: checked now, not at the
+        // first handshake.
+        provider()
+            .key_provider
+            .load_private_key(key_der.clone_key())
+            .map_err(|error| TlsError(format!("{}: {error}", key.display())))
+            .and_then(|signing| {
+                let certified = rustls::sign::CertifiedKey::new(chain.clone(), signing);
+                certified.keys_match().map_err(|_| {
+                    TlsError(format!(
+                        "{} is not the private key of the certificate in {}",
+                        key.display(),
+                        cert.display()
+                    ))
+                })
+            })?;
+        Ok(ClientIdentity {
+            chain,
+            key: key_der,
+            names,
+        })
+    }
+}
+
+/// The SHA-256 of the certificate a TLS client presented, if it did.
+pub(crate) fn peer_fingerprint(connection: &rustls::ServerConnection) -> Option<[u8; 32]> {
+    use sha2::Digest;
+    let certificate = connection.peer_certificates()?.first()?;
+    Some(sha2::Sha256::digest(certificate.as_ref()).into())
+}
+
 /// The client side of TLS.
 #[derive(Clone)]
 pub struct TlsClient {
@@ -194,6 +277,15 @@ impl TlsClient {
     /// A client trusting as `trust` says. Errors name the file or the
     /// fingerprint, not the flag: callers know which flag gave it.
     pub fn new(trust: ServerTrust) -> Result<TlsClient, TlsError> {
+        TlsClient::presenting(trust, None)
+    }
+
+    /// [`TlsClient::new`], presenting `identity` (a certificate chain and
+    /// its key, from [`ClientIdentity::from_files`]) when the server asks.
+    pub fn presenting(
+        trust: ServerTrust,
+        identity: Option<ClientIdentity>,
+    ) -> Result<TlsClient, TlsError> {
         let builder = rustls::ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|error| TlsError(format!("TLS set-up: {error}")))?;
@@ -214,10 +306,15 @@ impl TlsClient {
             }
             ServerTrust::FirstUse(known) => fingerprints(Expect::FirstUse(*known)),
         };
-        let config = builder
+        let builder = builder
             .dangerous()
-            .with_custom_certificate_verifier(verifier)
-            .with_no_client_auth();
+            .with_custom_certificate_verifier(verifier);
+        let config = match identity {
+            None => builder.with_no_client_auth(),
+            Some(ClientIdentity { chain, key, names }) => builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|error| TlsError(format!("{names}: {error}")))?,
+        };
         Ok(TlsClient {
             config: Arc::new(config),
             trust,

@@ -72,6 +72,37 @@ macro_rules! signatures_checked_by_the_provider {
     };
 }
 
+/// A server's verifier of client certificates where a certificate is an
+/// identity by its fingerprint (`cert` lines of a user map): any
+/// certificate is taken, and none is required, but its holder must sign
+/// the handshake with its key (checked with the provider's algorithms), so
+/// a peer cannot present a certificate it only copied.
+#[derive(Debug)]
+pub(crate) struct AnyClientCertificate {
+    pub provider: Arc<CryptoProvider>,
+}
+
+impl rustls::server::danger::ClientCertVerifier for AnyClientCertificate {
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        Ok(rustls::server::danger::ClientCertVerified::assertion())
+    }
+
+    signatures_checked_by_the_provider!();
+}
+
 impl CaVerifier {
     pub(crate) fn new(
         anchors: Vec<CertificateDer<'static>>,
@@ -216,7 +247,7 @@ impl ServerCertVerifier for FingerprintVerifier {
             Expect::Pin(_) => FingerprintRefusal::NotPinned { offered: offered() },
             Expect::FirstUse(None) => FingerprintRefusal::Unknown { offered: offered() },
             Expect::FirstUse(Some(known)) => FingerprintRefusal::Changed {
-                known: hex(&known),
+                known: crate::model::show_fingerprint(&known),
                 offered: offered(),
             },
         };
@@ -371,14 +402,10 @@ fn alert_words(alert: rustls::AlertDescription) -> String {
 
 /// Hex SHA-256 of a DER certificate.
 pub fn fingerprint(certificate: &CertificateDer<'_>) -> String {
-    hex(&Sha256::digest(certificate.as_ref()).into())
+    crate::model::show_fingerprint(&Sha256::digest(certificate.as_ref()).into())
 }
 
 pub use crate::model::parse_fingerprint;
-
-fn hex(bytes: &[u8; 32]) -> String {
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
-}
 
 #[cfg(test)]
 mod tests {

@@ -35,6 +35,9 @@ use crate::users::worker::spawn_worker;
 /// A request for a TCP login: its kind, the token's length (u16), the
 /// token.
 const TOKEN_LOGIN: u8 = 1;
+/// A request: which worker the TLS client certificate with this SHA-256
+/// (32 bytes) logs in to.
+const CERTIFICATE_LOGIN: u8 = 2;
 const MAX_TOKEN_BYTES: usize = 1024;
 const REQUEST_BYTES: usize = 4 + MAX_TOKEN_BYTES;
 
@@ -305,12 +308,21 @@ fn answer_request(
                 return false;
             }
         };
-    let verdict = match token_of(&request[..length]) {
-        Some(token) => match setup.tokens.iter().find(|(matches, _)| matches(token)) {
+    let request = &request[..length];
+    let verdict = match (token_of(request), certificate_of(request)) {
+        (Some(token), _) => match setup.tokens.iter().find(|(matches, _)| matches(token)) {
             Some((_, account)) => workers.running(setup, account),
             None => Err("login refused: wrong token".to_string()),
         },
-        None => Err("a malformed request to the monitor".to_string()),
+        // Fingerprints are not secrets: no constant-time comparison.
+        (None, Some(sha256)) => match setup.map.by_certificate(&sha256) {
+            Some(account) => workers.running(setup, account),
+            None => Err(format!(
+                "login refused: no user is mapped to the client certificate {}",
+                crate::model::show_fingerprint(&sha256)
+            )),
+        },
+        (None, None) => Err("a malformed request to the monitor".to_string()),
     };
     let bytes = encode(&verdict);
     loop {
@@ -335,6 +347,24 @@ fn token_of(request: &[u8]) -> Option<&str> {
     std::str::from_utf8(token).ok()
 }
 
+/// The certificate of a login request, if it is one.
+fn certificate_of(request: &[u8]) -> Option<[u8; 32]> {
+    let (&[kind, _, _, _], sha256) = request.split_first_chunk::<4>()?;
+    if kind != CERTIFICATE_LOGIN {
+        return None;
+    }
+    sha256.try_into().ok()
+}
+
+/// The front's end of the request socket: which worker the TLS client
+/// certificate with `sha256` logs in to. Blocks as [`ask_for_token`].
+pub fn ask_for_certificate(requests: BorrowedFd<'_>, sha256: &[u8; 32]) -> Result<Granted, String> {
+    let mut request = Vec::with_capacity(4 + 32);
+    request.extend_from_slice(&[CERTIFICATE_LOGIN, 0, 32, 0]);
+    request.extend_from_slice(sha256);
+    ask(requests, &request)
+}
+
 /// The front's end of the request socket: which worker a TCP login's
 /// token logs in to. Blocks until the monitor answers (it may start the
 /// worker first): call it off the serving thread, one at a time.
@@ -346,10 +376,15 @@ pub fn ask_for_token(requests: BorrowedFd<'_>, token: &str) -> Result<Granted, S
     request.extend_from_slice(&[TOKEN_LOGIN, 0]);
     request.extend_from_slice(&(token.len() as u16).to_le_bytes());
     request.extend_from_slice(token.as_bytes());
+    ask(requests, &request)
+}
+
+/// Sends one request and waits for its answer.
+fn ask(requests: BorrowedFd<'_>, request: &[u8]) -> Result<Granted, String> {
     let failed =
         |what: &str, errno: nix::errno::Errno| format!("{what} the monitor: {}", errno.desc());
     loop {
-        match nix::sys::socket::send(requests.as_raw_fd(), &request, MsgFlags::MSG_NOSIGNAL) {
+        match nix::sys::socket::send(requests.as_raw_fd(), request, MsgFlags::MSG_NOSIGNAL) {
             Err(nix::errno::Errno::EINTR) => continue,
             Err(errno) => return Err(failed("cannot ask", errno)),
             Ok(_) => break,
@@ -552,5 +587,11 @@ mod tests {
         request[0] = 2;
         assert_eq!(token_of(&request), None);
         assert_eq!(token_of(&[TOKEN_LOGIN, 0]), None);
+        let mut certificate = vec![CERTIFICATE_LOGIN, 0, 32, 0];
+        certificate.extend_from_slice(&[7; 32]);
+        assert_eq!(certificate_of(&certificate), Some([7; 32]));
+        assert_eq!(token_of(&certificate), None);
+        assert_eq!(certificate_of(&certificate[..35]), None);
+        assert_eq!(certificate_of(&request), None);
     }
 }

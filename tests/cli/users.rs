@@ -504,8 +504,8 @@ fn a_user_map_is_refused_where_it_cannot_be_kept() {
     assert_eq!(
         text(&done.stderr),
         format!(
-            "capexec: --user-map {map_arg}: a tcp: listener, and no `token FILE USER` line: no \
-             TCP login could log in\n"
+            "capexec: --user-map {map_arg}: a tcp: listener, and no `token FILE USER` or `cert \
+             SHA256 USER` line: no TCP login could log in\n"
         )
     );
     // Nor does a server's own token: --token-file has no place here.
@@ -526,7 +526,7 @@ fn a_user_map_is_refused_where_it_cannot_be_kept() {
         "{}",
         text(&done.stderr)
     );
-    // TLS client certificates are not asked for yet: a cert line is refused.
+    // A certificate line needs TLS to be asked for.
     std::fs::write(
         &map,
         format!("cert sha256:{} capexec-alice\n", "ab".repeat(32)),
@@ -538,8 +538,8 @@ fn a_user_map_is_refused_where_it_cannot_be_kept() {
         text(&done.stderr),
         format!(
             "capexec: --user-map {map_arg}: a `cert` line (for capexec-alice) maps a TLS client \
-             certificate, which this server does not ask for yet: map TCP logins with `token \
-             FILE USER`\n"
+             certificate, and this server serves no TLS: give --tls-cert and --tls-key (or \
+             --tls-self-signed)\n"
         )
     );
     // The front needs a user of its own, never root.
@@ -931,6 +931,130 @@ fn a_user_cannot_restore_another_users_detached_process() {
         assert_eq!(process.info().await.expect("info").pid, pid);
         assert!(process.terminate().await.expect("terminate"));
     });
+    kill(&server, libc::SIGTERM);
+    assert_eq!(wait(&mut server), 0);
+}
+
+/// A self-signed certificate and its key in `dir` (0644: the front reads
+/// the server's), and the certificate's SHA-256 as the map names it.
+fn certificate(dir: &Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf, String) {
+    let made = rcgen::generate_simple_self_signed(vec![format!("{name}.test")]).expect("cert");
+    let (cert, key) = (
+        dir.join(format!("{name}.pem")),
+        dir.join(format!("{name}.key")),
+    );
+    std::fs::write(&cert, made.cert.pem()).expect("cert");
+    std::fs::write(&key, made.signing_key.serialize_pem()).expect("key");
+    for file in [&cert, &key] {
+        std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    }
+    let sha256 = capexec::net::TlsServer::certificate_fingerprint(&cert).expect("fingerprint");
+    (cert, key, sha256)
+}
+
+#[test]
+fn a_tls_client_certificate_logs_in_as_the_user_its_cert_line_maps_to() {
+    test_account("capexec-alice", true);
+    test_account("capexec-bob", false);
+    test_account(FRONT, false);
+    let dir = TempDir::new("users-certs");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let (server_cert, server_key, server_sha256) = certificate(dir.path(), "server");
+    let (alice_cert, alice_key, alice_sha256) = certificate(dir.path(), "alice");
+    let (bob_cert, bob_key, bob_sha256) = certificate(dir.path(), "bob");
+    let (stray_cert, stray_key, stray_sha256) = certificate(dir.path(), "stray");
+    let token = dir.path().join("bob-token");
+    std::fs::write(&token, "bob-secret-9876543210\n").expect("token");
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let map = dir.path().join("users");
+    std::fs::write(
+        &map,
+        format!(
+            "cert sha256:{alice_sha256} capexec-alice\ncert {bob_sha256} capexec-bob\n\
+             token bob-token capexec-bob\n"
+        ),
+    )
+    .expect("map");
+    let mut server = Std::new(BIN);
+    server
+        .args(["serve", "--listen", "tcp:127.0.0.1:0", "--tls-cert"])
+        .arg(&server_cert)
+        .arg("--tls-key")
+        .arg(&server_key)
+        .arg("--user-map")
+        .arg(&map)
+        .args(["--privsep-user", FRONT]);
+    let (mut server, address) = spawn_until_first_line(server);
+    let address = address.trim().to_string();
+    let run = |login: &[&str]| {
+        let mut command = Std::new(BIN);
+        command
+            .args(["run", "--connect", &address, "--tls-pin", &server_sha256])
+            .args(login)
+            .args(["-n", "--", "id", "-un"])
+            .env("HOME", "/root")
+            .env_remove("XDG_CONFIG_HOME")
+            .env_remove("CAPEXEC_TOKEN");
+        finish(command, None)
+    };
+    let path = |file: &Path| file.display().to_string();
+    for (cert, key, name) in [
+        (&alice_cert, &alice_key, "capexec-alice"),
+        (&bob_cert, &bob_key, "capexec-bob"),
+    ] {
+        let done = run(&[
+            "--tls-client-cert",
+            &path(cert),
+            "--tls-client-key",
+            &path(key),
+        ]);
+        assert_eq!(
+            (done.code, text(&done.stdout)),
+            (0, format!("{name}\n")),
+            "{}",
+            text(&done.stderr)
+        );
+    }
+    // A certificate the map does not name logs in as nobody.
+    let done = run(&[
+        "--tls-client-cert",
+        &path(&stray_cert),
+        "--tls-client-key",
+        &path(&stray_key),
+    ]);
+    assert_eq!(done.code, 125);
+    assert!(
+        text(&done.stderr).contains(&format!(
+            "login refused: no user is mapped to the client certificate {stray_sha256}"
+        )),
+        "{}",
+        text(&done.stderr)
+    );
+    // A certificate with another's key is refused before anything is sent.
+    let done = run(&[
+        "--tls-client-cert",
+        &path(&alice_cert),
+        "--tls-client-key",
+        &path(&bob_key),
+    ]);
+    assert_eq!(done.code, 125);
+    assert_eq!(
+        text(&done.stderr),
+        format!(
+            "capexec: --tls-client-cert: {} is not the private key of the certificate in {}\n",
+            bob_key.display(),
+            alice_cert.display()
+        )
+    );
+    // Tokens log in beside certificates; no certificate and no token does
+    // not.
+    let done = run(&["--token-file", &path(&token)]);
+    assert_eq!(
+        (done.code, text(&done.stdout).as_str()),
+        (0, "capexec-bob\n")
+    );
+    let done = run(&[]);
+    assert_eq!(done.code, 125, "{}", text(&done.stdout));
     kill(&server, libc::SIGTERM);
     assert_eq!(wait(&mut server), 0);
 }

@@ -41,6 +41,9 @@ struct Accepted {
     /// On a server that runs logins as users: the worker the monitor
     /// named for it (or why it refused it).
     verdict: Option<Result<crate::users::Granted, String>>,
+    /// The SHA-256 of the certificate a TLS client presented, once its
+    /// handshake is done (a user map's `cert` lines log in by it).
+    certificate: Rc<std::cell::Cell<Option<[u8; 32]>>>,
 }
 
 pub(super) async fn accept_loop(address: Address, listener: Listener, serving: Rc<Serving>) {
@@ -89,13 +92,22 @@ pub(super) async fn accept_loop(address: Address, listener: Listener, serving: R
         };
         // A TCP login on a server that runs logins as users: the monitor
         // says which user's worker its token logs in to.
+        // An empty token with a client certificate logs in by the
+        // certificate.
         let users_login: Option<crate::net::auth::UsersLogin> = match &serving.users {
             Some(users) if accepted.login.is_some() => {
                 let (users, connection) = (Rc::clone(users), connection_name.clone());
+                let certificate = Rc::clone(&accepted.certificate);
                 Some(Rc::new(move |token: String| {
                     let (users, connection) = (Rc::clone(&users), connection.clone());
+                    let certificate = certificate.get();
                     async move {
-                        let granted = users.verdict_for_token(token).await?;
+                        let granted = match certificate {
+                            Some(sha256) if token.is_empty() => {
+                                users.verdict_for_certificate(sha256).await?
+                            }
+                            _ => users.verdict_for_token(token).await?,
+                        };
                         Ok(users.executor(&Ok(granted), &connection, None, None))
                     }
                     .boxed_local()
@@ -166,6 +178,7 @@ fn accept_unix(
         received,
         direct: Some(serving.direct.clone()),
         verdict,
+        certificate: Rc::new(std::cell::Cell::new(None)),
     })
 }
 
@@ -253,8 +266,10 @@ fn accept_tcp(
     let limits = serving.limits;
     let host = serving.host.clone();
     let lookups = std::rc::Rc::clone(&serving.peer_lookups);
+    let certificate = Rc::new(std::cell::Cell::new(None));
     let network = {
         let session = Rc::clone(&session);
+        let presented = Rc::clone(&certificate);
         async move {
             // Before a byte is read: a sandboxed process of this machine
             // may not log in, whatever token it holds (see `tcp_peer.rs`).
@@ -267,7 +282,7 @@ fn accept_tcp(
                     let (reader, writer) = stream.into_split();
                     Some(server_network(reader, writer, limits, &session))
                 }
-                Some(tls) => tls_handshake(tls, stream, limits, session).await,
+                Some(tls) => tls_handshake(tls, stream, limits, session, &presented).await,
             }
         }
         .boxed_local()
@@ -282,6 +297,7 @@ fn accept_tcp(
         // (On a server that runs logins as users, a TCP login's user is
         // known at its login: see `accept_loop`.)
         verdict: None,
+        certificate,
     })
 }
 
@@ -344,12 +360,14 @@ async fn tls_handshake(
     stream: tokio::net::TcpStream,
     limits: CallLimits,
     session: Rc<Session>,
+    presented: &std::cell::Cell<Option<[u8; 32]>>,
 ) -> Option<Network> {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(&tls.config));
     // The socket is read ahead of rustls's 4 KiB reads (`net/read_ahead.rs`).
     let stream = ReadAhead::new(stream);
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
         Ok(Ok(stream)) => {
+            presented.set(crate::net::tls::peer_fingerprint(stream.get_ref().1));
             let (reader, writer) = tokio::io::split(stream);
             Some(server_network(reader, writer, limits, &session))
         }
