@@ -94,10 +94,26 @@ impl Workers {
     }
 
     /// The worker the TLS client certificate with `sha256` logs in to, as
-    /// the monitor says (asked as for a token).
+    /// the monitor says.
     pub(super) async fn verdict_for_certificate(
         &self,
         sha256: [u8; 32],
+    ) -> Result<Granted, String> {
+        self.ask(move |requests| crate::users::ask_for_certificate(requests, &sha256))
+            .await
+    }
+
+    /// The worker a TCP login's `token` logs in to, as the monitor says.
+    pub(super) async fn verdict_for_token(&self, token: String) -> Result<Granted, String> {
+        self.ask(move |requests| crate::users::ask_for_token(requests, &token))
+            .await
+    }
+
+    /// Asks the monitor `question` on the request socket, off the serving
+    /// thread (it may be starting the worker), one question at a time.
+    async fn ask(
+        &self,
+        question: impl FnOnce(std::os::fd::BorrowedFd<'_>) -> Result<Granted, String> + Send + 'static,
     ) -> Result<Granted, String> {
         let Some(requests) = self.requests.clone() else {
             return Err("login refused: this server takes no TCP login".to_string());
@@ -107,24 +123,7 @@ impl Workers {
             let requests = requests
                 .lock()
                 .map_err(|_| "the monitor's socket is unusable".to_string())?;
-            crate::users::ask_for_certificate(requests.as_fd(), &sha256)
-        })
-        .await
-        .map_err(|error| format!("asking the monitor failed: {error}"))?
-    }
-
-    /// The worker a TCP login's `token` logs in to, as the monitor says
-    /// (asked off the serving thread: it may be starting the worker).
-    pub(super) async fn verdict_for_token(&self, token: String) -> Result<Granted, String> {
-        let Some(requests) = self.requests.clone() else {
-            return Err("login refused: this server takes no TCP login".to_string());
-        };
-        tokio::task::spawn_blocking(move || {
-            use std::os::fd::AsFd;
-            let requests = requests
-                .lock()
-                .map_err(|_| "the monitor's socket is unusable".to_string())?;
-            crate::users::ask_for_token(requests.as_fd(), &token)
+            question(requests.as_fd())
         })
         .await
         .map_err(|error| format!("asking the monitor failed: {error}"))?
