@@ -280,6 +280,21 @@ fn checked(
             "give tls-pin or tls-ca, not both".to_string(),
         ));
     }
+    match (&entry.tls_client_cert, &entry.tls_client_key) {
+        (Some(given), None) => {
+            return Err(in_entry(
+                given.span(),
+                "tls-client-cert needs tls-client-key, its private key".to_string(),
+            ));
+        }
+        (None, Some(given)) => {
+            return Err(in_entry(
+                given.span(),
+                "tls-client-key needs tls-client-cert, its certificate".to_string(),
+            ));
+        }
+        _ => {}
+    }
     if let Some(pin) = &entry.tls_pin {
         parse_fingerprint(pin.get_ref())
             .map_err(|why| in_entry(pin.span(), format!("tls-pin {why}")))?;
@@ -289,6 +304,10 @@ fn checked(
             ("token-file", entry.token_file.as_ref().map(Spanned::span)),
             ("tls-pin", entry.tls_pin.as_ref().map(Spanned::span)),
             ("tls-ca", entry.tls_ca.as_ref().map(Spanned::span)),
+            (
+                "tls-client-cert",
+                entry.tls_client_cert.as_ref().map(Spanned::span),
+            ),
         ];
         if let Some((key, Some(span))) = tcp_only.into_iter().find(|(_, s)| s.is_some()) {
             return Err(in_entry(
@@ -323,6 +342,7 @@ fn checked(
         ("token-file", &entry.token_file),
         ("tls-ca", &entry.tls_ca),
         ("tls-pin", &entry.tls_pin),
+        ("tls-client-cert", &entry.tls_client_cert),
     ] {
         if let Some(value) = value {
             value_lines.push((key, line_of(value.span().start)));
@@ -341,6 +361,11 @@ fn checked(
         token_file: entry.token_file.as_ref().map(path_of),
         tls_ca: entry.tls_ca.as_ref().map(path_of),
         tls_pin: entry.tls_pin.map(Spanned::into_inner),
+        tls_client: entry
+            .tls_client_cert
+            .as_ref()
+            .map(path_of)
+            .zip(entry.tls_client_key.as_ref().map(path_of)),
         tls: entry.tls.is_some_and(Spanned::into_inner),
         insecure_plaintext: entry.insecure_plaintext.unwrap_or(false),
         environment: entry.environment.map(Spanned::into_inner),
@@ -404,6 +429,8 @@ struct RawEntry {
     token_file: Option<Spanned<String>>,
     tls_pin: Option<Spanned<String>>,
     tls_ca: Option<Spanned<String>>,
+    tls_client_cert: Option<Spanned<String>>,
+    tls_client_key: Option<Spanned<String>>,
     tls: Option<Spanned<bool>>,
     insecure_plaintext: Option<bool>,
     environment: Option<Spanned<String>>,
@@ -537,6 +564,38 @@ mod tests {
         assert_eq!(
             config.get("typed").map(|t| t.server.address.to_string()),
             Some("tcp:typed-box:7000".to_string())
+        );
+    }
+
+    #[test]
+    fn a_client_certificate_is_a_certificate_and_its_key() {
+        let config = parse(
+            "[servers.mine]\naddress = \"tcp:box:7000\"\ntls-pin = \"3f1c3f1c3f1c3f1c3f1c3f1c3f1c\
+             3f1c3f1c3f1c3f1c3f1c3f1c3f1c3f1c3f1c\"\ntls-client-cert = \"me.pem\"\n\
+             tls-client-key = \"/keys/me.key\"\n\
+             [servers.half]\naddress = \"tcp:box:7000\"\ntls-client-cert = \"me.pem\"\n\
+             [servers.unix]\naddress = \"unix:/s\"\ntls-client-cert = \"me.pem\"\n\
+             tls-client-key = \"me.key\"\n",
+        );
+        assert_eq!(
+            config.get("mine").and_then(|m| m.server.tls_client.clone()),
+            Some((
+                PathBuf::from("/home/u/.config/capexec/me.pem"),
+                PathBuf::from("/keys/me.key")
+            ))
+        );
+        let problems: Vec<String> = config.broken.iter().map(|b| b.message.clone()).collect();
+        assert_eq!(
+            problems,
+            [
+                format!(
+                    "{FILE}:8: [servers.half]: tls-client-cert needs tls-client-key, its private key"
+                ),
+                format!(
+                    "{FILE}:11: [servers.unix]: tls-client-cert is for tcp: addresses: a Unix \
+                     socket needs no token and no TLS (its file permissions protect it)"
+                ),
+            ]
         );
     }
 

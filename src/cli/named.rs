@@ -18,6 +18,8 @@ pub struct Named {
     pub token_file: Option<PathBuf>,
     pub tls_ca: Option<PathBuf>,
     pub tls_pin: Option<String>,
+    /// The client's certificate and key, presented when the server asks.
+    pub tls_client: Option<(PathBuf, PathBuf)>,
     pub tls: bool,
     pub insecure_plaintext: bool,
     pub environment: Option<String>,
@@ -173,6 +175,7 @@ pub fn at(address: Address) -> Named {
         token_file: None,
         tls_ca: None,
         tls_pin: None,
+        tls_client: None,
         tls: false,
         insecure_plaintext: false,
         environment: None,

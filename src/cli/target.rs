@@ -133,11 +133,26 @@ pub async fn target(args: &ConnectArgs) -> Result<Target, String> {
             }
             (given, _, _) => login_token(given.as_deref())?,
         };
-    let identity = match (&args.tls_client_cert, &args.tls_client_key) {
-        (Some(cert), Some(key)) if address.is_tcp() => Some(
+    let identity = match (
+        &args.tls_client_cert,
+        &args.tls_client_key,
+        &named.tls_client,
+    ) {
+        _ if !address.is_tcp() => None,
+        (Some(cert), Some(key), _) => Some(
             net::ClientIdentity::from_files(cert, key)
                 .map_err(|error| format!("--tls-client-cert: {error}"))?,
         ),
+        (_, _, Some((cert, key))) => {
+            let place = named.origin.as_ref().map_or_else(
+                || "tls-client-cert".to_string(),
+                |o| o.of("tls-client-cert"),
+            );
+            Some(
+                net::ClientIdentity::from_files(cert, key)
+                    .map_err(|error| format!("{place}: {error}"))?,
+            )
+        }
         _ => None,
     };
     // A certificate logs in by itself: an empty token says so.
