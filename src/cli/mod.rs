@@ -621,6 +621,10 @@ pub struct ServeArgs {
           conflicts_with_all = ["listen", "token_file", "upstreams", "admin", "metrics",
                                 "tls_cert", "tls_self_signed", "user_map"])]
     worker: Option<i32>,
+    /// Internal: a user's worker serves `Admin` on the listening Unix
+    /// socket at descriptor FD (the front's view of the user's processes).
+    #[arg(long, value_name = "FD", hide = true, requires = "worker")]
+    worker_admin: Option<i32>,
     /// Internal: started by an upgrade of the server before (same
     /// process): its listeners and processes are described at memfd FD.
     #[arg(long, value_name = "FD", hide = true, conflicts_with_all = ["worker", "front", "user_map"])]

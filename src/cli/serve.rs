@@ -57,7 +57,7 @@ pub fn main(args: ServeArgs) -> i32 {
             .as_ref()
             .map(crate::cli::upgrade::listeners)
             .unwrap_or_default()),
-        (Some(fd), _) => worker_socket(fd),
+        (Some(fd), _) => worker_socket(fd, args.worker_admin),
         (None, Some(_)) => crate::cli::serve_users::front_sockets(&args.listen_fds),
         // SAFETY: nothing has started a thread yet (logging writes from
         // this one), and this is the only place that takes them.
@@ -284,13 +284,23 @@ pub fn main(args: ServeArgs) -> i32 {
 }
 
 /// `--worker FD`: the listening socket a user's worker was handed, its
-/// only listener.
-fn worker_socket(fd: i32) -> Result<Vec<activation::InheritedSocket>, String> {
-    Ok(vec![activation::InheritedSocket {
+/// only listener, and `--worker-admin FD`, where it serves `Admin` to the
+/// front.
+fn worker_socket(fd: i32, admin: Option<i32>) -> Result<Vec<activation::InheritedSocket>, String> {
+    let mut sockets = vec![activation::InheritedSocket {
         fd: std::sync::Arc::new(crate::cli::serve_users::inherited(fd, "--worker")?),
         name: "worker".to_string(),
         path: None,
-    }])
+    }];
+    if let Some(admin) = admin {
+        // Named so: the server serves `Admin` on it.
+        sockets.push(activation::InheritedSocket {
+            fd: std::sync::Arc::new(crate::cli::serve_users::inherited(admin, "--worker-admin")?),
+            name: "admin".to_string(),
+            path: None,
+        });
+    }
+    Ok(sockets)
 }
 
 /// The engine a server starts processes with: its

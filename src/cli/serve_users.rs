@@ -4,6 +4,7 @@
 //! which starts each user's worker (see `capexec::users`).
 
 use std::ffi::OsString;
+use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
@@ -252,18 +253,24 @@ fn start(
     let front = spawn_as(&front_account, &program, &args, &keep, libc::SIGTERM)
         .map_err(|error| format!("--privsep-user {privsep_user}: {error}"))?;
     drop((theirs, their_requests));
-    // As bound: a port of 0 is the one the kernel chose.
+    // As bound: a port of 0 is the one the kernel chose. A closed stdout
+    // (whoever started us read what it wanted) ends nothing.
     let mut bound_tcp = tcp.iter();
+    let mut stdout = std::io::stdout().lock();
     for address in listen {
         match address {
             Address::Tcp { .. } => {
                 if let Some(Ok(local)) = bound_tcp.next().map(|listener| listener.local_addr()) {
-                    println!("{}", Address::from_socket_addr(local));
+                    let _ = writeln!(stdout, "{}", Address::from_socket_addr(local));
                 }
             }
-            _ => println!("{address}"),
+            _ => {
+                let _ = writeln!(stdout, "{address}");
+            }
         }
     }
+    let _ = stdout.flush();
+    drop(stdout);
     drop(tcp);
     tracing::info!(
         front = front.id(),

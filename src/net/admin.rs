@@ -18,11 +18,22 @@ use crate::net::server::server_network;
 use crate::net::session::Session;
 use crate::rpc::{AdminImpl, ServerContext};
 
+/// Every admin connection's bootstrap: the server's own view
+/// ([`AdminImpl`]), or another (a front's view of its workers).
+pub(crate) type AdminBootstrap = Rc<dyn Fn() -> admin::Client>;
+
+/// The server's own view of its processes.
+pub(crate) fn own_admin(context: &Rc<ServerContext>) -> AdminBootstrap {
+    let context = Rc::clone(context);
+    Rc::new(move || capnp_rpc::new_client(AdminImpl::new(Rc::clone(&context))))
+}
+
 pub(crate) async fn accept_loop(
     address: Address,
     listener: UnixListener,
     context: Rc<ServerContext>,
     limits: CallLimits,
+    bootstrap: AdminBootstrap,
 ) {
     tracing::info!(%address, "admin socket listening");
     loop {
@@ -44,7 +55,7 @@ pub(crate) async fn accept_loop(
         }
         let (reader, writer) = stream.into_split();
         let network = server_network(reader, writer, limits, &Session::logged_in());
-        let admin: admin::Client = capnp_rpc::new_client(AdminImpl::new(Rc::clone(&context)));
+        let admin = bootstrap();
         let system = RpcSystem::new(network, Some(admin.client));
         tokio::task::spawn_local(async move {
             tracing::info!("admin connected");
@@ -68,6 +79,11 @@ pub struct AdminConnection {
 impl AdminConnection {
     pub fn admin(&self) -> admin::Client {
         self.admin.clone()
+    }
+
+    /// Whether the connection has ended.
+    pub fn is_closed(&self) -> bool {
+        self.rpc.is_finished()
     }
 
     /// Once a call failed: why, if what answered is not a capexec server

@@ -15,6 +15,6 @@ pub use self::account::{Account, AccountError};
 pub use self::map::{Evidence, UserMap};
 pub use self::monitor::{
     Granted, Handed, MonitorSetup, TokenCheck, ask_for_certificate, ask_for_token, receive_handed,
-    serve_monitor,
+    serve_monitor, worker_admin_socket,
 };
 pub use self::worker::{WorkerError, spawn_as, spawn_worker};

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use nix::sys::socket::{
@@ -50,11 +50,19 @@ const TEXT_BYTES: usize = REPLY_BYTES - 18;
 /// A worker the monitor granted a connection: the user's uid, which
 /// worker of that user it is (a new one after the old one ended has a
 /// higher generation), and its socket.
+///
+/// Beside it, [`worker_admin_socket`] serves the worker's `Admin`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Granted {
     pub uid: u32,
     pub generation: u64,
     pub socket: PathBuf,
+}
+
+/// The admin socket of the worker whose socket is `socket`: the front
+/// asks it for the operator's view of the user's processes.
+pub fn worker_admin_socket(socket: &Path) -> PathBuf {
+    socket.with_extension("admin.sock")
 }
 
 fn encode(reply: &Result<Granted, String>) -> [u8; REPLY_BYTES] {
@@ -451,25 +459,14 @@ impl Workers {
             )
         };
         let path = setup.socket_dir.join(format!("{uid}.sock"));
-        match std::fs::remove_file(&path) {
-            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
-                return Err(failed(error));
-            }
-            _ => {}
-        }
-        let listener = std::os::unix::net::UnixListener::bind(&path).map_err(failed)?;
-        // Only the front connects: not the worker's user, not root's other
-        // daemons.
-        std::os::unix::fs::chown(
-            &path,
-            Some(setup.front_uid.as_raw()),
-            Some(setup.front_gid.as_raw()),
-        )
-        .map_err(failed)?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(failed)?;
-        let child = spawn_worker(account, &setup.program, &listener)
+        // Its admin socket: the front's operator view of the user's
+        // processes (`worker_admin_socket`).
+        let admin_path = worker_admin_socket(&path);
+        let listener = self.bind_for_front(setup, &path).map_err(failed)?;
+        let admin = self.bind_for_front(setup, &admin_path).map_err(failed)?;
+        let child = spawn_worker(account, &setup.program, &listener, &admin)
             .map_err(|error| format!("user {}: {error}", account.name))?;
-        drop(listener);
+        drop((listener, admin));
         let pid = Pid::from_raw(child.id() as i32);
         let pidfd = pidfd(pid).map_err(failed)?;
         self.started += 1;
@@ -488,6 +485,27 @@ impl Workers {
             },
         );
         Ok(granted)
+    }
+
+    /// A socket at `path` (replacing one left there) that only the front
+    /// may connect to: not the worker's user, not root's other daemons.
+    fn bind_for_front(
+        &self,
+        setup: &MonitorSetup,
+        path: &Path,
+    ) -> std::io::Result<std::os::unix::net::UnixListener> {
+        match std::fs::remove_file(path) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error),
+            _ => {}
+        }
+        let listener = std::os::unix::net::UnixListener::bind(path)?;
+        std::os::unix::fs::chown(
+            path,
+            Some(setup.front_uid.as_raw()),
+            Some(setup.front_gid.as_raw()),
+        )?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        Ok(listener)
     }
 
     /// Ends every worker (their processes end with them).

@@ -53,19 +53,24 @@ impl std::error::Error for WorkerError {}
 /// Starts `program serve --worker FD` as `account`, serving on `listener`
 /// (a listening Unix socket; the worker gets its own descriptor of it).
 /// The worker is killed when the process that started it dies, as a
-/// server's processes die with the server.
+/// server's processes die with the server. It serves `Admin` on `admin`
+/// (`--worker-admin`).
 pub fn spawn_worker(
     account: &Account,
     program: &Path,
     listener: &impl AsFd,
+    admin: &impl AsFd,
 ) -> Result<Child, WorkerError> {
     let socket = listener.as_fd().as_raw_fd();
+    let admin = admin.as_fd().as_raw_fd();
     let args = [
         OsString::from("serve"),
         "--worker".into(),
         socket.to_string().into(),
+        "--worker-admin".into(),
+        admin.to_string().into(),
     ];
-    spawn_as(account, program, &args, &[socket], libc::SIGKILL)
+    spawn_as(account, program, &args, &[socket, admin], libc::SIGKILL)
 }
 
 /// Starts `program ARGS` as `account`: its ids and groups, the environment

@@ -86,8 +86,11 @@ where
     let path = dir.path().join("worker.sock");
     let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let mut child = spawn_worker(account, Path::new(BIN), &listener).expect("a worker");
-    drop(listener);
+    let admin_path = capexec::users::worker_admin_socket(&path);
+    let admin = std::os::unix::net::UnixListener::bind(&admin_path).expect("bind");
+    std::fs::set_permissions(&admin_path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let mut child = spawn_worker(account, Path::new(BIN), &listener, &admin).expect("a worker");
+    drop((listener, admin));
     let connection = capexec::net::connect(&Address::Unix(path), None)
         .await
         .expect("connect to the worker");
@@ -692,9 +695,10 @@ fn a_tcp_login_runs_as_the_user_its_token_file_maps_to() {
 
 /// An upgrade in place is not built for a server with a user map: SIGUSR2
 /// to its monitor reaches the front, which refuses it (neither dies of
-/// it), and `capexec upgrade` says why; the users' commands run on.
+/// it), and `capexec upgrade` says why; the users' commands run on. Its
+/// admin socket lists them with their users, and ends them.
 #[test]
-fn a_server_with_a_user_map_refuses_an_upgrade_and_serves_on() {
+fn a_server_with_a_user_map_refuses_an_upgrade_and_its_admin_sees_the_users_processes() {
     let alice = test_account("capexec-alice", true);
     test_account(FRONT, false);
     let dir = TempDir::new("users-upgrade");
@@ -751,6 +755,41 @@ fn a_server_with_a_user_map_refuses_an_upgrade_and_serves_on() {
     );
     assert!(alive(command) && alive(worker));
     assert!(client.try_wait().expect("try_wait").is_none());
+    // The admin socket sees the users' processes, each owner with its
+    // user, and ends them.
+    let admin_arg = format!("unix:{}", admin.display());
+    let listed = finish(
+        {
+            let mut ps = Std::new(BIN);
+            ps.args(["ps", "--json", "--connect", &admin_arg]);
+            ps
+        },
+        None,
+    );
+    assert_eq!(listed.code, 0, "{}", text(&listed.stderr));
+    let records: serde_json::Value = serde_json::from_slice(&listed.stdout).expect("json");
+    let record = records
+        .as_array()
+        .expect("an array")
+        .iter()
+        .find(|record| record["pid"] == command)
+        .unwrap_or_else(|| panic!("alice's command is not listed: {records}"));
+    assert!(
+        record["owner"]
+            .as_str()
+            .is_some_and(|owner| owner.starts_with("capexec-alice ")),
+        "{record}"
+    );
+    let killed = finish(
+        {
+            let mut kill = Std::new(BIN);
+            kill.args(["kill", "--connect", &admin_arg, &command.to_string()]);
+            kill
+        },
+        None,
+    );
+    assert_eq!(killed.code, 0, "{}", text(&killed.stderr));
+    wait_until(|| !alive(command));
     kill(&server, libc::SIGTERM);
     assert_eq!(wait(&mut server), 0);
     let _ = client.kill();

@@ -11,6 +11,7 @@ mod connection;
 mod serving;
 mod upgrade;
 mod users;
+mod users_admin;
 
 pub use self::upgrade::{HANDOVER_VERSION, HandedOver, UPGRADE_REASON};
 pub use self::users::UsersConfig;
@@ -498,11 +499,20 @@ impl Server {
             ));
         }
         if let Some((address, listener)) = self.admin.take() {
+            // A front holds no process: its operator sees the workers'.
+            let bootstrap: crate::net::admin::AdminBootstrap = match &self.serving.users {
+                Some(workers) => {
+                    let admin = Rc::new(users_admin::UsersAdmin::new(Rc::clone(workers)));
+                    Rc::new(move || capnp_rpc::new_client_from_rc(Rc::clone(&admin)))
+                }
+                None => crate::net::admin::own_admin(&self.context),
+            };
             accepting.push(tokio::task::spawn_local(crate::net::admin::accept_loop(
                 address,
                 listener,
                 Rc::clone(&self.context),
                 self.serving.limits,
+                bootstrap,
             )));
         }
         let mut shutdown = std::pin::pin!(shutdown);

@@ -35,6 +35,8 @@ pub struct UsersConfig {
 pub(super) struct Workers {
     requests: Option<Arc<Mutex<OwnedFd>>>,
     links: RefCell<HashMap<u32, (u64, Rc<UpstreamLink>)>>,
+    /// Each worker's admin socket, by uid (for the operator's view).
+    admin_sockets: RefCell<HashMap<u32, std::path::PathBuf>>,
     context: Rc<ServerContext>,
     per_connection: Option<usize>,
     port_limits: rpc::PortLimits,
@@ -50,6 +52,7 @@ impl Workers {
         Workers {
             requests: config.requests.clone(),
             links: RefCell::new(HashMap::new()),
+            admin_sockets: RefCell::new(HashMap::new()),
             context,
             per_connection,
             port_limits,
@@ -129,9 +132,26 @@ impl Workers {
         .map_err(|error| format!("asking the monitor failed: {error}"))?
     }
 
+    /// The admin socket of every worker a login reached, with its uid, in
+    /// uid order.
+    pub(super) fn admin_sockets(&self) -> Vec<(u32, std::path::PathBuf)> {
+        let mut sockets: Vec<_> = self
+            .admin_sockets
+            .borrow()
+            .iter()
+            .map(|(uid, path)| (*uid, path.clone()))
+            .collect();
+        sockets.sort();
+        sockets
+    }
+
     /// The link to the worker `granted` names: the one already made, unless
     /// that reached an older worker of the user.
     fn link(&self, granted: &Granted) -> Rc<UpstreamLink> {
+        self.admin_sockets.borrow_mut().insert(
+            granted.uid,
+            crate::users::worker_admin_socket(&granted.socket),
+        );
         let mut links = self.links.borrow_mut();
         if let Some((generation, link)) = links.get(&granted.uid) {
             if *generation == granted.generation {
