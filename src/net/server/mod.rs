@@ -182,6 +182,8 @@ pub struct Server {
     /// Every socket above, known to the ports engine as served on, so that
     /// no dial through this server reaches the server itself.
     served: Vec<crate::ports::own::ServedSocket>,
+    /// Each listener as an upgrade hands it over.
+    handed: Vec<upgrade::HandedListener>,
 }
 
 impl Server {
@@ -239,6 +241,7 @@ impl Server {
             admin: None,
             metrics: None,
             served: Vec::new(),
+            handed: Vec::new(),
         };
         server.bind_metrics(config.metrics.as_ref()).await?;
         server.bind_admin(config.admin.as_ref())?;
@@ -274,6 +277,9 @@ impl Server {
             ));
         }
         server.served = server.served_sockets();
+        // Made now, before the addresses are printed: a server's open
+        // descriptors are stable once it says where it listens.
+        server.handed = server.listeners_to_hand_over();
         Ok(server)
     }
 
@@ -483,7 +489,7 @@ impl Server {
         shutdown: impl Future<Output = ()>,
         mut upgrades: Option<Upgrades>,
     ) {
-        let handed = self.listeners_to_hand_over();
+        let handed = std::mem::take(&mut self.handed);
         if let Some(upgrades) = &upgrades {
             self.context.serve_upgrades(upgrades.sender.clone());
         }
