@@ -1384,7 +1384,8 @@ interface Admin {
   # and every detachable process (`Process.detachable`) with its pipes or
   # terminal, its retained output and sequence numbers, its stdin queue and
   # write ids, and its restore token and grace (counted anew). The new
-  # binary is asked first (`capexec serve --handover-check`); the answer
+  # binary is asked first, with the server's own arguments (`capexec serve
+  # ARGS --handover-check`); the answer
   # comes once it said yes, before anything is handed over. Then every
   # connection (this one too) is closed with the reason "the server is
   # upgrading"; a client that restores its processes

@@ -21,9 +21,11 @@ use capexec::net::{
 use std::time::{Duration, SystemTime};
 
 pub fn main(args: ServeArgs) -> i32 {
-    if args.handover_check {
-        println!("{}", capexec::net::HANDOVER_VERSION);
-        return 0;
+    // An upgrading server asks with its own arguments: they are read as
+    // far as they can be without serving (below); a user map's monitor
+    // would bind, so it says yes at once (its servers refuse upgrades).
+    if args.handover_check && args.user_map.is_some() {
+        return handover_check_answer();
     }
     // Taken before anything else owns a descriptor: what the binary before
     // kept open for us.
@@ -220,6 +222,9 @@ pub fn main(args: ServeArgs) -> i32 {
             warn_about_expiry(cert, expires, std::time::SystemTime::now());
         }
     }
+    if args.handover_check {
+        return handover_check_answer();
+    }
     // (After an upgrade the server does it once it has taken the
     // processes over: their exits must not be reaped as nobody's.)
     if handover.is_none()
@@ -281,6 +286,12 @@ pub fn main(args: ServeArgs) -> i32 {
         upgrades,
         client_certificates,
     ))
+}
+
+/// `serve --handover-check`: the hand-over format this binary takes.
+fn handover_check_answer() -> i32 {
+    println!("{}", capexec::net::HANDOVER_VERSION);
+    0
 }
 
 /// `--worker FD`: the listening socket a user's worker was handed, its
@@ -703,6 +714,9 @@ async fn serve(
             None
         }
     };
+    // Every signal is handled from here: what an upgrade held back before
+    // its exec comes in now.
+    capexec::net::unblock_serving_signals();
     server
         .serve_until_or_upgraded(
             async move {

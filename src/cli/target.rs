@@ -131,6 +131,10 @@ pub async fn target(args: &ConnectArgs) -> Result<Target, String> {
                     token_problem(&format!("{} ", origin.of("token-file")), &error)
                 })?)
             }
+            // A client certificate logs in by itself: no token is taken
+            // from CAPEXEC_TOKEN or the default file (it would be tried
+            // instead, and refused).
+            (None, _, _) if args.tls_client_cert.is_some() || named.tls_client.is_some() => None,
             (given, _, _) => login_token(given.as_deref())?,
         };
     let identity = match (

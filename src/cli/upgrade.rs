@@ -25,8 +25,7 @@ impl Upgrading {
     /// worker: its monitor starts it); SIGUSR2 is still taken, and
     /// answered with it.
     pub fn prepare(refused: Option<&str>) -> Upgrading {
-        let exe = std::env::current_exe()
-            .map_err(|error| format!("cannot tell which binary this is: {error}"));
+        let exe = started_from();
         // The arguments as given, less the hand-over of an upgrade before.
         let mut args = Vec::new();
         let mut given = std::env::args_os().skip(1);
@@ -69,6 +68,31 @@ impl Upgrading {
     }
 }
 
+/// The path this binary was started by, as given (`argv[0]`, made absolute,
+/// or looked up on PATH), not resolved through symbolic links: an upgrade
+/// runs what the path names now, so repointing a link upgrades too.
+fn started_from() -> Result<PathBuf, String> {
+    let given = std::env::args_os()
+        .next()
+        .map(PathBuf::from)
+        .filter(|path| !path.as_os_str().is_empty());
+    let found = given.and_then(|path| {
+        if path.components().count() > 1 {
+            return std::path::absolute(&path).ok();
+        }
+        let search = std::env::var_os("PATH")?;
+        std::env::split_paths(&search)
+            .map(|dir| dir.join(&path))
+            .find(|candidate| candidate.is_file())
+            .and_then(|found| std::path::absolute(found).ok())
+    });
+    match found {
+        Some(path) => Ok(path),
+        None => std::env::current_exe()
+            .map_err(|error| format!("cannot tell which binary this is: {error}")),
+    }
+}
+
 /// `--handover FD`: what the binary before left at FD.
 pub fn handed_over(fd: i32) -> Result<HandedOver, String> {
     let fd = crate::cli::serve_users::inherited(fd, "--handover")?;
@@ -80,11 +104,16 @@ pub fn handed_over(fd: i32) -> Result<HandedOver, String> {
 pub fn listeners(handover: &HandedOver) -> Vec<InheritedSocket> {
     handover
         .listeners()
-        .map(|(name, fd, path)| InheritedSocket {
-            // SAFETY: kept open across the exec for us, and taken once.
-            fd: Arc::new(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }),
-            name: name.to_string(),
-            path,
+        .map(|(name, fd, path)| {
+            // Closed at the next exec unless that one hands it over again.
+            // SAFETY: F_SETFD on a descriptor kept open for us.
+            unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+            InheritedSocket {
+                // SAFETY: kept open across the exec for us, and taken once.
+                fd: Arc::new(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }),
+                name: name.to_string(),
+                path,
+            }
         })
         .collect()
 }

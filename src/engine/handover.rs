@@ -262,11 +262,20 @@ impl Engine {
         processes
             .into_iter()
             .filter_map(|state| {
-                let id = state.id;
+                let (id, pid) = (state.id, state.pid);
                 match self.adopt(state, &blob) {
                     Ok(owner) => Some((id, owner)),
                     Err(error) => {
-                        tracing::error!(id, %error, "cannot take over a handed-over process");
+                        // Nobody could ever reach it: it ends, as it would
+                        // with a server that died (its group; its cgroup's
+                        // sentinel sees to the rest at the end).
+                        tracing::error!(id, pid, %error, "cannot take over a handed-over process; killing it");
+                        // SAFETY: kill(2) of our own child's group and of
+                        // the child.
+                        unsafe {
+                            libc::kill(-pid, libc::SIGKILL);
+                            libc::kill(pid, libc::SIGKILL);
+                        }
                         None
                     }
                 }
@@ -277,7 +286,15 @@ impl Engine {
     fn adopt(&self, state: ProcessState, blob: &Bytes) -> Result<ProcessOwner, String> {
         // SAFETY: the binary before kept these open for us and nothing
         // else here owns them (see `take_over`).
-        let own = |fd: RawFd| unsafe { OwnedFd::from_raw_fd(fd) };
+        let own = |fd: RawFd| {
+            // Closed at the next exec unless that one hands it over again.
+            // SAFETY: F_SETFD, then ownership, of a descriptor kept open
+            // for us.
+            unsafe {
+                libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+                OwnedFd::from_raw_fd(fd)
+            }
+        };
         let log = OutputLog::import(self.inner.limits.log, state.log, blob)
             .ok_or("its log names bytes the hand-over does not hold")?;
         let (exited, pending_exit, after, usage) = match state.child {

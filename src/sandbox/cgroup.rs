@@ -138,6 +138,8 @@ pub fn take_over_root(state: RootState) -> Result<(), String> {
         .ok_or("no cgroup2 hierarchy is mounted")?;
     // SAFETY: kept open across the exec for us, owned by nothing else.
     let (lock, sentinel) = unsafe {
+        libc::fcntl(state.lock, libc::F_SETFD, libc::FD_CLOEXEC);
+        libc::fcntl(state.sentinel, libc::F_SETFD, libc::FD_CLOEXEC);
         (
             OwnedFd::from_raw_fd(state.lock),
             OwnedFd::from_raw_fd(state.sentinel),

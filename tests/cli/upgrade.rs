@@ -27,7 +27,22 @@ pub struct Upgradable {
 
 impl Upgradable {
     pub fn start() -> Upgradable {
+        Upgradable::start_with(&[])
+    }
+
+    /// The same with `extra` arguments for `capexec serve`, which may name
+    /// files in the directory `prepare` fills first.
+    pub fn start_with_files(prepare: impl FnOnce(&Path) -> Vec<String>) -> Upgradable {
         let dir = TempDir::new("upgrade");
+        let extra = prepare(dir.path());
+        Upgradable::start_in(dir, &extra)
+    }
+
+    pub fn start_with(extra: &[String]) -> Upgradable {
+        Upgradable::start_in(TempDir::new("upgrade"), extra)
+    }
+
+    fn start_in(dir: TempDir, extra: &[String]) -> Upgradable {
         let exe = dir.path().join("capexec");
         std::fs::copy(BIN, &exe).expect("copy the binary");
         let socket = dir.path().join("capexec.sock");
@@ -38,6 +53,7 @@ impl Upgradable {
             .arg(format!("unix:{}", socket.display()))
             .arg("--admin")
             .arg(format!("unix:{}", admin.display()))
+            .args(extra)
             .env("HOME", dir.path())
             .env("RUST_LOG", "info")
             .env_remove("XDG_CONFIG_HOME")
@@ -303,6 +319,80 @@ fn a_process_nobody_can_restore_ends_at_an_upgrade_as_on_a_lost_connection() {
         stderr,
         "capexec: lost the command: the server is upgrading\n"
     );
+}
+
+/// The inode of a file, or of what `/proc/PID/exe` runs.
+fn inode(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).expect("stat").ino()
+}
+
+#[test]
+fn an_idle_server_upgrades_into_the_binary_now_at_its_path() {
+    let served = Upgradable::start();
+    // A new file at the path (a package manager renames one into place).
+    let new = served.exe.with_extension("new");
+    std::fs::copy(BIN, &new).expect("copy");
+    std::fs::rename(&new, &served.exe).expect("replace");
+    let before = inode(Path::new(&format!("/proc/{}/exe", served.pid())));
+    assert_ne!(before, inode(&served.exe));
+    let upgraded = served.upgrade();
+    assert_eq!(
+        (upgraded.code, text(&upgraded.stderr).as_str()),
+        (
+            0,
+            "capexec: upgraded: the server serves from the new binary\n"
+        )
+    );
+    assert_eq!(
+        inode(Path::new(&format!("/proc/{}/exe", served.pid()))),
+        inode(&served.exe)
+    );
+    let done = finish(
+        served.command(
+            "run",
+            &["--connect", &served.unix, "-n", "--", "echo", "new"],
+        ),
+        None,
+    );
+    assert_eq!((done.code, text(&done.stdout).as_str()), (0, "new\n"));
+}
+
+#[test]
+fn the_new_binary_reads_the_servers_arguments_before_it_takes_over() {
+    // A server whose TLS key has gone since it started: the new binary
+    // could not serve with these arguments, so nothing is handed over.
+    let served = Upgradable::start_with_files(|dir| {
+        let made = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("cert");
+        std::fs::write(dir.join("cert.pem"), made.cert.pem()).expect("cert");
+        std::fs::write(dir.join("key.pem"), made.signing_key.serialize_pem()).expect("key");
+        vec![
+            "--listen".into(),
+            "tcp:127.0.0.1:0".into(),
+            "--tls-cert".into(),
+            dir.join("cert.pem").display().to_string(),
+            "--tls-key".into(),
+            dir.join("key.pem").display().to_string(),
+        ]
+    });
+    let key = served.dir.path().join("key.pem");
+    std::fs::remove_file(&key).expect("remove the key");
+    let refused = served.upgrade();
+    assert_eq!(refused.code, 125, "{}", text(&refused.stderr));
+    let message = text(&refused.stderr);
+    assert!(
+        message.starts_with("capexec: the server was not upgraded and serves as before: ")
+            && message.contains(&format!("--tls-key {}", key.display())),
+        "{message}"
+    );
+    let done = finish(
+        served.command(
+            "run",
+            &["--connect", &served.unix, "-n", "--", "echo", "still"],
+        ),
+        None,
+    );
+    assert_eq!((done.code, text(&done.stdout).as_str()), (0, "still\n"));
 }
 
 /// The binary at the server's path replaced by `content`.

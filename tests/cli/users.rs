@@ -1054,6 +1054,25 @@ fn a_tls_client_certificate_logs_in_as_the_user_its_cert_line_maps_to() {
             text(&done.stderr)
         );
     }
+    // A token in the environment is not tried instead of the certificate.
+    let mut with_token = Std::new(BIN);
+    with_token
+        .args(["run", "--connect", &address, "--tls-pin", &server_sha256])
+        .args([
+            "--tls-client-cert",
+            &path(&alice_cert),
+            "--tls-client-key",
+            &path(&alice_key),
+        ])
+        .args(["-n", "--", "id", "-un"])
+        .env("HOME", "/root")
+        .env_remove("XDG_CONFIG_HOME")
+        .env("CAPEXEC_TOKEN", "some-other-servers-token-0123456789");
+    let done = finish(with_token, None);
+    assert_eq!(
+        (done.code, text(&done.stdout).as_str()),
+        (0, "capexec-alice\n")
+    );
     // A certificate the map does not name logs in as nobody.
     let done = run(&[
         "--tls-client-cert",

@@ -13,7 +13,7 @@ mod upgrade;
 mod users;
 mod users_admin;
 
-pub use self::upgrade::{HANDOVER_VERSION, HandedOver, UPGRADE_REASON};
+pub use self::upgrade::{HANDOVER_VERSION, HandedOver, UPGRADE_REASON, unblock_serving_signals};
 pub use self::users::UsersConfig;
 
 pub use self::connection::serve_stream;
@@ -353,8 +353,10 @@ impl Server {
         for listener in &handover.listeners {
             if let Some((path, lock)) = &listener.file {
                 // SAFETY: kept open across the exec for us; ours alone.
-                let lock =
-                    unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(*lock) };
+                let lock = unsafe {
+                    libc::fcntl(*lock, libc::F_SETFD, libc::FD_CLOEXEC);
+                    <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(*lock)
+                };
                 self.unix_files
                     .push(UnixSocketFile::taken_over(path.clone(), lock));
             }
@@ -556,12 +558,19 @@ impl Server {
                 continue;
             }
             tracing::info!(binary = %to.exe.display(), "upgrade asked for: checking the new binary");
-            if let Err(why) = upgrade::check(self.context.engine(), &to.exe).await {
+            if let Err(why) = upgrade::check(self.context.engine(), &to.exe, &to.args).await {
                 tracing::warn!("upgrade refused, still serving: {why}");
                 answer(Err(why));
                 continue;
             }
             answer(Ok(()));
+            // The answer's task, then the admin connection's writer, run
+            // before anything else is torn down (an idle server has no
+            // other await before the exec); a client that misses it
+            // anyway sees its connection end and confirms by reconnecting.
+            for _ in 0..16 {
+                tokio::task::yield_now().await;
+            }
             tracing::info!("upgrading: closing every connection, handing every process over");
             for task in &accepting {
                 task.abort();

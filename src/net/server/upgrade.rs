@@ -153,12 +153,15 @@ impl HandedOver {
 
 /// Asks the binary at `exe` whether it can take this hand-over, running
 /// it as a process of `engine` (the server reaps every child itself).
-pub(crate) async fn check(engine: &Engine, exe: &Path) -> Result<(), String> {
-    let mut spec = StartSpec::new([
-        exe.as_os_str(),
-        "serve".as_ref(),
-        "--handover-check".as_ref(),
-    ]);
+pub(crate) async fn check(engine: &Engine, exe: &Path, args: &[OsString]) -> Result<(), String> {
+    // With this server's own arguments, in its directory: the new binary
+    // reads them as it will after the exec (its flags, the TLS
+    // certificate and key, the policy) before it says yes.
+    let mut argv = vec![exe.as_os_str().to_owned()];
+    argv.extend(args.iter().cloned());
+    argv.push("--handover-check".into());
+    let mut spec = StartSpec::new(argv);
+    spec.cwd = std::env::current_dir().ok();
     spec.timeout = Some(CHECK_PATIENCE);
     let owner = engine
         .start(&spec)
@@ -247,6 +250,11 @@ pub(crate) fn exec(
             }
         }
     }
+    // Signals that arrive from here until the new binary handles them
+    // again wait, blocked (the mask and what is pending survive the exec),
+    // instead of taking their default action (ending the server) in
+    // between; `unblock_serving_signals` lets them in.
+    block_serving_signals();
     let mut argv: Vec<OsString> = vec![exe.as_os_str().to_owned()];
     argv.extend(args.iter().cloned());
     argv.push("--handover".into());
@@ -256,6 +264,36 @@ pub(crate) fn exec(
     // processes back, the same way.
     let _ = execv(Path::new("/proc/self/exe"), &argv);
     format!("cannot execute {}: {error}", exe.display())
+}
+
+/// The signals a server handles (stop, reload, upgrade).
+const SERVING_SIGNALS: [libc::c_int; 4] =
+    [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR2];
+
+fn serving_signal_set() -> libc::sigset_t {
+    // SAFETY: sigemptyset/sigaddset fill the set we own.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for signal in SERVING_SIGNALS {
+            libc::sigaddset(&mut set, signal);
+        }
+        set
+    }
+}
+
+fn block_serving_signals() {
+    let set = serving_signal_set();
+    // SAFETY: changes this thread's mask, which the exec keeps.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+}
+
+/// Lets in the signals an upgrade blocked before its exec (those that came
+/// meanwhile are delivered now): call once the server handles them.
+pub fn unblock_serving_signals() {
+    let set = serving_signal_set();
+    // SAFETY: changes this thread's mask.
+    unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
 }
 
 fn write_state(state: &State, blob: &[u8]) -> std::io::Result<OwnedFd> {
