@@ -176,8 +176,23 @@ where
                 done.send_replace(Some(written));
             }
             Some(StdinOp::Close { eof, done }) => {
-                if let Some(eof) = eof {
-                    let _ = write_all(&mut sink, &eof).await;
+                if let Some(bytes) = &eof {
+                    // A terminal whose input is full holds this write:
+                    // a freeze takes the close over whole (a write that
+                    // has not happened is dropped whole).
+                    let frozen = tokio::select! {
+                        biased;
+                        _ = freeze.cancelled() => true,
+                        _ = write_all(&mut sink, bytes) => false,
+                    };
+                    if frozen {
+                        let current = StdinOp::Close { eof, done };
+                        return Some(FrozenWriter {
+                            sink,
+                            current: Some((current, 0)),
+                            ops,
+                        });
+                    }
                 }
                 let _ = done.send(());
                 break;
@@ -226,6 +241,65 @@ mod tests {
         assert!(ids.get(&format!("w{REMEMBERED_WRITE_IDS}")).is_some());
         ids.forget("w1");
         assert!(ids.get("w1").is_none());
+    }
+
+    struct NoEvents;
+
+    impl StdinEvents for NoEvents {
+        fn dequeued(&self, _: usize) {}
+        fn child_closed(&self) {}
+    }
+
+    #[test]
+    fn a_freeze_stops_between_two_writes_and_says_what_is_left() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            // A child that has read nothing: 4 bytes fit.
+            let (sink, mut child) = tokio::io::duplex(4);
+            let (ops, queue) = mpsc::unbounded_channel();
+            let (freeze, stop) = (CancellationToken::new(), CancellationToken::new());
+            let writer = tokio::spawn(run_writer(sink, queue, stop, freeze.clone(), NoEvents));
+            let (done, _outcome) = watch::channel(None);
+            let data = Bytes::from_static(b"0123456789");
+            let _ = ops.send(StdinOp::Write {
+                data,
+                id: "w1".into(),
+                done,
+            });
+            let (second, _) = watch::channel(None);
+            let _ = ops.send(StdinOp::Write {
+                data: Bytes::from_static(b"next"),
+                id: "w2".into(),
+                done: second,
+            });
+            let mut read = [0u8; 4];
+            tokio::io::AsyncReadExt::read_exact(&mut child, &mut read)
+                .await
+                .expect("read");
+            assert_eq!(&read, b"0123");
+            // Read, so the writer may have written 4 more: whatever it did
+            // is what `at` says.
+            tokio::task::yield_now().await;
+            freeze.cancel();
+            let mut frozen = writer.await.expect("join").expect("frozen");
+            let Some((StdinOp::Write { data, id, .. }, at)) = frozen.current.take() else {
+                panic!("the write in progress is handed over");
+            };
+            assert_eq!(id, "w1");
+            let mut given = Vec::new();
+            drop(frozen.sink);
+            tokio::io::AsyncReadExt::read_to_end(&mut child, &mut given)
+                .await
+                .expect("read");
+            assert_eq!([&read[..], &given[..]].concat(), data[..at].to_vec());
+            let Ok(StdinOp::Write { id, .. }) = frozen.ops.try_recv() else {
+                panic!("the queued write is handed over");
+            };
+            assert_eq!(id, "w2");
+        });
     }
 
     #[test]
