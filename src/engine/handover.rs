@@ -380,7 +380,7 @@ impl Engine {
                         .checked_add(usize::try_from(len).map_err(|e| e.to_string())?)
                         .filter(|&end| end <= blob.len())
                         .ok_or("a stdin write names bytes the hand-over does not hold")?;
-                    (Some(id), blob.slice(start..end), None)
+                    (Some(id), Bytes::copy_from_slice(&blob[start..end]), None)
                 }
                 OpState::Close { eof } => (None, Bytes::new(), Some(eof)),
             });

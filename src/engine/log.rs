@@ -237,8 +237,8 @@ impl OutputLog {
         }
     }
 
-    /// The log `state` describes, its output sliced out of `blob` without
-    /// copying; `None` if the state names bytes `blob` does not hold.
+    /// The log `state` describes, its output copied out of `blob`; `None`
+    /// if the state names bytes `blob` does not hold.
     pub(crate) fn import(limits: LogLimits, state: LogState, blob: &Bytes) -> Option<OutputLog> {
         let mut chunks = VecDeque::with_capacity(state.chunks.len());
         let mut retained_bytes = 0usize;
@@ -252,7 +252,9 @@ impl OutputLog {
             chunks.push_back(Chunk {
                 seq: chunk.seq,
                 stream: chunk.stream,
-                data: blob.slice(start..end),
+                // Copied: a slice would keep the whole hand-over (every
+                // process's output) alive while any chunk of it is held.
+                data: Bytes::copy_from_slice(&blob[start..end]),
                 end_offset: chunk.end_offset,
                 end_count: chunk.end_count,
             });

@@ -612,6 +612,9 @@ impl Server {
         for task in accepting {
             task.abort();
         }
+        // The listening sockets close now (a client is refused at once, not
+        // left in a backlog nobody accepts from).
+        drop(handed);
         self.context.close_upstreams();
         self.context.detachments().clear();
         self.context.engine().shutdown().await;
