@@ -261,6 +261,38 @@ fn a_worker_cannot_signal_another_users_processes() {
     });
 }
 
+/// A user's commands run with their worker's uid, but the worker holds
+/// what the user's own processes must not reach: its listener, on which
+/// the front forwards every login of the user, and its connections. The
+/// kernel keeps a process of the same uid out of a non-dumpable one's
+/// descriptors, memory and environment (ptrace and /proc need root then).
+#[test]
+fn a_workers_own_commands_cannot_reach_its_descriptors_or_memory() {
+    let alice = test_account("capexec-alice", true);
+    run_on_runtime(async {
+        with_worker(&alice, |executor, worker| async move {
+            let (code, out, err) = stdout_of(
+                &executor,
+                &format!(
+                    "if ls /proc/{worker}/fd >/dev/null 2>&1; then echo 'fd: listed'; \
+                     else echo 'fd: refused'; fi; \
+                     for what in environ mem; do \
+                       if (exec 3</proc/{worker}/$what) 2>/dev/null; \
+                       then echo \"$what: opened\"; else echo \"$what: refused\"; fi; \
+                     done; stat -c %u /proc/{worker}/fd"
+                ),
+            )
+            .await;
+            assert_eq!(code, 0, "{err}");
+            assert_eq!(
+                out, "fd: refused\nenviron: refused\nmem: refused\n0\n",
+                "{err}"
+            );
+        })
+        .await;
+    });
+}
+
 #[test]
 fn a_worker_without_its_socket_says_so() {
     let output = Std::new(BIN)
