@@ -54,6 +54,14 @@ pub fn main(args: ServeArgs) -> i32 {
         return EXIT_CAPEXEC_FAILURE;
     }
     let worker_of_a_user = args.worker.is_some();
+    if (args.worker.is_some() || args.front.is_some())
+        && let Err(error) = not_dumpable()
+    {
+        eprintln!(
+            "capexec: cannot keep this process's memory and descriptors from its user's other processes: {error}"
+        );
+        return EXIT_CAPEXEC_FAILURE;
+    }
     let inherited = match (args.worker, args.front) {
         _ if handover.is_some() => Ok(handover
             .as_ref()
@@ -292,6 +300,21 @@ pub fn main(args: ServeArgs) -> i32 {
 fn handover_check_answer() -> i32 {
     println!("{}", capexec::net::HANDOVER_VERSION);
     0
+}
+
+/// A worker runs with its user's uid, as the user's commands and other
+/// processes do; the front with the privsep user's. Non-dumpable, neither
+/// can be traced nor have its memory, environment or descriptors (the
+/// worker's listener, on which every login of the user arrives; the
+/// front's TLS key and every user's connection) read through /proc by
+/// another process of that uid: the kernel asks for root then. A
+/// command's exec makes it dumpable again, as any process.
+fn not_dumpable() -> std::io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } == -1 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// `--worker FD`: the listening socket a user's worker was handed, its
