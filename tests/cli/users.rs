@@ -1148,3 +1148,63 @@ fn a_tls_client_certificate_logs_in_as_the_user_its_cert_line_maps_to() {
     kill(&server, libc::SIGTERM);
     assert_eq!(wait(&mut server), 0);
 }
+
+/// A token file maps its TCP logins to a user: whoever reads it logs in
+/// as that user, whoever writes it makes a token of theirs do so. One
+/// that another user could read or write is refused at start, as sshd
+/// refuses such an authorized_keys.
+#[test]
+fn a_token_file_another_user_could_read_or_write_is_refused() {
+    let alice = test_account("capexec-alice", true);
+    let bob = test_account("capexec-bob", false);
+    test_account(FRONT, false);
+    let dir = TempDir::new("users-token-modes");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let token = dir.path().join("alice.token");
+    std::fs::write(&token, "alice-secret-0123456789\n").expect("token");
+    let map = dir.path().join("users");
+    std::fs::write(&map, "token alice.token capexec-alice\n").expect("map");
+    let map_arg = map.display().to_string();
+    let serve = || {
+        let mut command = Std::new(BIN);
+        command
+            .args(["serve", "--listen", "tcp:127.0.0.1:0", "--user-map", &map_arg])
+            .args(["--privsep-user", FRONT])
+            .env("HOME", "/root");
+        finish(command, None)
+    };
+    // Readable by everyone: any local user could log in as alice.
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let done = serve();
+    assert_eq!(done.code, 125);
+    assert_eq!(
+        text(&done.stderr),
+        format!(
+            "capexec: --user-map {map_arg}: the token file {} (for capexec-alice) has mode \
+             0644: another user could read or write it and log in as capexec-alice; chmod 600 \
+             it\n",
+            token.display()
+        )
+    );
+    // Private, but bob's: bob could write a token of his in it.
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    std::os::unix::fs::chown(&token, Some(bob.uid.as_raw()), None).expect("chown");
+    let done = serve();
+    assert_eq!(done.code, 125);
+    assert_eq!(
+        text(&done.stderr),
+        format!(
+            "capexec: --user-map {map_arg}: the token file {} (for capexec-alice) is uid {}'s: \
+             that user could write a token of theirs in it and log in as capexec-alice; make it \
+             root's or capexec-alice's\n",
+            token.display(),
+            bob.uid
+        )
+    );
+    // Alice's own, 0600: served.
+    std::os::unix::fs::chown(&token, Some(alice.uid.as_raw()), None).expect("chown");
+    let (mut server, address) = serve_users(&["tcp:127.0.0.1:0".to_string()], &map);
+    assert!(address.starts_with("tcp:127.0.0.1:"), "{address}");
+    kill(&server, libc::SIGTERM);
+    assert_eq!(wait(&mut server), 0);
+}
