@@ -130,6 +130,8 @@ fn start(
         match evidence {
             Evidence::UnixUid(_) => {}
             Evidence::TokenFile(path) => {
+                private_to(path, account)
+                    .map_err(|why| format!("--user-map {}: {why}", map_file.display()))?;
                 let token = Token::load(path)
                     .map_err(|error| format!("--user-map {}: {error}", map_file.display()))?;
                 tokens.push((
@@ -292,6 +294,39 @@ fn start(
         logins,
         admin,
     })
+}
+
+/// Whether the token file at `path`, which logs in as `account`, is kept
+/// from every other user: whoever reads it logs in as `account`, and
+/// whoever writes it can make a token of theirs do so. Only root or
+/// `account` may own it, and no group or other bit may be set.
+fn private_to(path: &Path, account: &Account) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let metadata = std::fs::metadata(path).map_err(|error| {
+        format!(
+            "the token file {}: {}",
+            path.display(),
+            capexec::model::io_message(&error)
+        )
+    })?;
+    let (owner, mode) = (metadata.uid(), metadata.mode() & 0o7777);
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "the token file {} (for {user}) has mode {mode:04o}: another user could read or \
+             write it and log in as {user}; chmod 600 it",
+            path.display(),
+            user = account.name
+        ));
+    }
+    if owner != 0 && owner != account.uid.as_raw() {
+        return Err(format!(
+            "the token file {} (for {user}) is uid {owner}'s: that user could write a token of \
+             theirs in it and log in as {user}; make it root's or {user}'s",
+            path.display(),
+            user = account.name
+        ));
+    }
+    Ok(())
 }
 
 /// A socketpair between the monitor and the front: messages keep their
