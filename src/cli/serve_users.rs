@@ -127,6 +127,15 @@ fn start(
     let mut tokens: Vec<(TokenCheck, Account)> = Vec::new();
     let mut certificates = false;
     for (evidence, account) in map.entries() {
+        if account.uid.is_root() {
+            return Err(format!(
+                "--user-map {}: a line maps logins to {} (uid 0): no login runs as root on a \
+                 server that runs logins as users (a front taken over could reach its worker); \
+                 root uses a server of its own",
+                map_file.display(),
+                account.name
+            ));
+        }
         match evidence {
             Evidence::UnixUid(_) => {}
             Evidence::TokenFile(path) => {

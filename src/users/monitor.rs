@@ -319,12 +319,14 @@ fn answer_request(
     let request = &request[..length];
     let verdict = match (token_of(request), certificate_of(request)) {
         (Some(token), _) => match setup.tokens.iter().find(|(matches, _)| matches(token)) {
-            Some((_, account)) => workers.running(setup, account),
+            Some((_, account)) => {
+                refuse_root(account).and_then(|()| workers.running(setup, account))
+            }
             None => Err("login refused: wrong token".to_string()),
         },
         // Fingerprints are not secrets: no constant-time comparison.
         (None, Some(sha256)) => match setup.map.by_certificate(&sha256) {
-            Some(account) => workers.running(setup, account),
+            Some(account) => refuse_root(account).and_then(|()| workers.running(setup, account)),
             None => Err(format!(
                 "login refused: no user is mapped to the client certificate {}",
                 crate::model::show_fingerprint(&sha256)
@@ -424,7 +426,22 @@ fn grant(
         .map
         .by_unix_peer(credentials.uid())
         .map_err(|error| format!("this server runs logins as users, and {error}"))?;
+    refuse_root(&account)?;
     workers.running(setup, &account)
+}
+
+/// No login runs as root: every worker's socket is the front's to
+/// connect to, so a root worker would give a front taken over root. Root
+/// runs its commands through a server of its own (or the admin socket).
+fn refuse_root(account: &Account) -> Result<(), String> {
+    if account.uid.is_root() {
+        return Err(format!(
+            "login refused: logins do not run as {} (uid 0) on a server that runs logins as \
+             users; root uses a server of its own",
+            account.name
+        ));
+    }
+    Ok(())
 }
 
 #[derive(Default)]

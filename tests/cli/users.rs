@@ -405,9 +405,18 @@ fn a_server_with_a_user_map_runs_each_unix_peer_as_its_user_or_the_mapped_one() 
             text(&done.stderr)
         );
     }
-    // Root is root.
+    // Root does not log in: a front taken over could reach its worker.
     let done = finish(run_as(0, 0, "/root", &address, "id -un"), None);
-    assert_eq!((done.code, text(&done.stdout).as_str()), (0, "root\n"));
+    assert_eq!(done.code, 125, "{}", text(&done.stdout));
+    assert!(
+        text(&done.stderr).contains(
+            "login refused: logins do not run as root (uid 0) on a server that runs logins as \
+             users; root uses a server of its own"
+        ),
+        "{}",
+        text(&done.stderr)
+    );
+    assert!(workers_of(0, server.id()).is_empty());
     // A uid with no account is refused, and told why.
     let done = finish(run_as(3_999_999, 3_999_999, "/", &address, "id -un"), None);
     assert_ne!(done.code, 0);
@@ -575,6 +584,18 @@ fn a_user_map_is_refused_where_it_cannot_be_kept() {
             "capexec: --user-map {map_arg}: a `cert` line (for capexec-alice) maps a TLS client \
              certificate, and this server serves no TLS: give --tls-cert and --tls-key (or \
              --tls-self-signed)\n"
+        )
+    );
+    // No line maps logins to root.
+    std::fs::write(&map, "unix 4000 root\n").expect("map");
+    let done = serve(&["--listen", &socket, "--user-map", &map_arg], 0);
+    assert_eq!(done.code, 125);
+    assert_eq!(
+        text(&done.stderr),
+        format!(
+            "capexec: --user-map {map_arg}: a line maps logins to root (uid 0): no login runs \
+             as root on a server that runs logins as users (a front taken over could reach its \
+             worker); root uses a server of its own\n"
         )
     );
     // The front needs a user of its own, never root.
