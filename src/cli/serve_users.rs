@@ -124,6 +124,21 @@ fn start(
         ));
     }
     let map = UserMap::read(map_file)?;
+    // Whoever may write the map may log in as anyone it names.
+    {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(map_file)
+            .map_err(|error| format!("--user-map {}: {error}", map_file.display()))?;
+        if meta.uid() != 0 || meta.mode() & 0o022 != 0 {
+            return Err(format!(
+                "--user-map {}: it is uid {}'s with mode {:04o}: whoever may write it may log in \
+                 as any user; make it root's and writable by root only",
+                map_file.display(),
+                meta.uid(),
+                meta.mode() & 0o7777
+            ));
+        }
+    }
     let mut tokens: Vec<(TokenCheck, Account)> = Vec::new();
     let mut certificates = false;
     for (evidence, account) in map.entries() {

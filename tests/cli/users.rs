@@ -586,6 +586,20 @@ fn a_user_map_is_refused_where_it_cannot_be_kept() {
              --tls-self-signed)\n"
         )
     );
+    // A map others may write is refused: they could map themselves to
+    // anyone.
+    std::fs::write(&map, "unix 4000 capexec-alice\n").expect("map");
+    std::fs::set_permissions(&map, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let done = serve(&["--listen", &socket, "--user-map", &map_arg], 0);
+    assert_eq!(done.code, 125);
+    assert_eq!(
+        text(&done.stderr),
+        format!(
+            "capexec: --user-map {map_arg}: it is uid 0's with mode 0666: whoever may write it \
+             may log in as any user; make it root's and writable by root only\n"
+        )
+    );
+    std::fs::set_permissions(&map, std::fs::Permissions::from_mode(0o644)).expect("chmod");
     // No line maps logins to root.
     std::fs::write(&map, "unix 4000 root\n").expect("map");
     let done = serve(&["--listen", &socket, "--user-map", &map_arg], 0);
