@@ -48,7 +48,8 @@ impl Upgradable {
         let socket = dir.path().join("capexec.sock");
         let admin = dir.path().join("admin.sock");
         let log = std::fs::File::create(dir.path().join("serve.log")).expect("log");
-        let mut child = Command::new(&exe)
+        let mut command = Command::new(&exe);
+        command
             .args(["serve", "--listen"])
             .arg(format!("unix:{}", socket.display()))
             .arg("--admin")
@@ -59,9 +60,20 @@ impl Upgradable {
             .env_remove("XDG_CONFIG_HOME")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .expect("start capexec serve");
+            .stderr(log);
+        // The copy was just written: a child another test forks meanwhile
+        // holds its write descriptor until that child's exec (ETXTBSY).
+        let deadline = Instant::now() + DEADLINE;
+        let mut child = loop {
+            match command.spawn() {
+                Err(error)
+                    if error.raw_os_error() == Some(libc::ETXTBSY) && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                spawned => break spawned.expect("start capexec serve"),
+            }
+        };
         let stdout = child.stdout.take().expect("stdout");
         let mut lines = BufReader::new(stdout).lines();
         let unix = lines.next().expect("unix line").expect("read");
