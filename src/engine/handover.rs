@@ -116,15 +116,15 @@ pub struct ProcessState {
     child: ChildState,
     /// A termination started (`Some(false)`) or ended (`Some(true)`), and
     /// why.
-    termination: Option<(CauseState, bool)>,
+    termination: Option<(Cause, bool)>,
     /// stdout and stderr as pipes, or the terminal (index 0).
     sources: [Option<RawFd>; 2],
     terminal: Option<RawFd>,
     output_closed: [bool; 2],
-    stdin: StdinStateHanded,
+    stdin: StdinState,
     stdin_fd: Option<RawFd>,
     stdin_ops: Vec<OpState>,
-    write_ids: Vec<(String, Option<Result<(), FailureState>>)>,
+    write_ids: Vec<(String, Option<Result<(), WriteFailure>>)>,
     log: LogState,
     timeout_left_ms: Option<u64>,
     /// Its cgroup, in the root the server hands over too.
@@ -139,28 +139,6 @@ enum ChildState {
         usage: Option<ResourceUsage>,
         pending_exit: Option<ExitStatus>,
     },
-}
-
-#[derive(serde::Serialize, serde::Deserialize, Clone, Copy)]
-enum CauseState {
-    Asked,
-    Timeout,
-    Shutdown,
-}
-
-#[derive(serde::Serialize, serde::Deserialize, Clone, Copy)]
-enum StdinStateHanded {
-    Open,
-    NotPiped,
-    ClosedByClient,
-    ClosedByChild,
-    Exited,
-}
-
-#[derive(serde::Serialize, serde::Deserialize, Clone, Copy)]
-enum FailureState {
-    Closed,
-    Exited,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -361,13 +339,7 @@ impl Engine {
             }
             (None, _) => None,
         };
-        let stdin_state = match state.stdin {
-            StdinStateHanded::Open => StdinState::Open,
-            StdinStateHanded::NotPiped => StdinState::NotPiped,
-            StdinStateHanded::ClosedByClient => StdinState::ClosedByClient,
-            StdinStateHanded::ClosedByChild => StdinState::ClosedByChild,
-            StdinStateHanded::Exited => StdinState::Exited,
-        };
+        let stdin_state = state.stdin;
         let deadline = state
             .timeout_left_ms
             .map(|ms| Instant::now() + Duration::from_millis(ms));
@@ -403,30 +375,12 @@ impl Engine {
             pending_exit,
         };
         let termination = state.termination.map(|(cause, ended)| {
-            let cause = match cause {
-                CauseState::Asked => Cause::Asked,
-                CauseState::Timeout => Cause::Timeout,
-                CauseState::Shutdown => Cause::Shutdown,
-            };
             if ended {
                 Termination::Ended(cause)
             } else {
                 Termination::Started(cause)
             }
         });
-        let write_ids = state
-            .write_ids
-            .into_iter()
-            .map(|(id, outcome)| {
-                let outcome = outcome.map(|result| {
-                    result.map_err(|failure| match failure {
-                        FailureState::Closed => WriteFailure::Closed,
-                        FailureState::Exited => WriteFailure::Exited,
-                    })
-                });
-                (id, outcome)
-            })
-            .collect();
         self.launch_adopted(
             launch,
             AdoptedState {
@@ -436,7 +390,7 @@ impl Engine {
                 termination,
                 output_closed: state.output_closed,
                 queue,
-                write_ids,
+                write_ids: state.write_ids,
             },
         )
     }
@@ -518,36 +472,12 @@ fn write_down(shared: &Arc<Shared>, handover: &mut Handover) -> ProcessState {
             pending_exit,
         },
     };
-    let cause = |cause: Cause| match cause {
-        Cause::Asked => CauseState::Asked,
-        Cause::Timeout => CauseState::Timeout,
-        Cause::Shutdown => CauseState::Shutdown,
-    };
     let termination = match state.life.termination {
         Termination::NotStarted => None,
-        Termination::Started(c) => Some((cause(c), false)),
-        Termination::Ended(c) => Some((cause(c), true)),
+        Termination::Started(cause) => Some((cause, false)),
+        Termination::Ended(cause) => Some((cause, true)),
     };
-    let stdin = match state.stdin {
-        StdinState::Open => StdinStateHanded::Open,
-        StdinState::NotPiped => StdinStateHanded::NotPiped,
-        StdinState::ClosedByClient => StdinStateHanded::ClosedByClient,
-        StdinState::ClosedByChild => StdinStateHanded::ClosedByChild,
-        StdinState::Exited => StdinStateHanded::Exited,
-    };
-    let write_ids = state
-        .write_ids
-        .entries()
-        .map(|(id, outcome)| {
-            let outcome = outcome.map(|result| {
-                result.map_err(|failure| match failure {
-                    WriteFailure::Closed => FailureState::Closed,
-                    WriteFailure::Exited => FailureState::Exited,
-                })
-            });
-            (id, outcome)
-        })
-        .collect();
+    let write_ids = state.write_ids.entries().collect();
     ProcessState {
         id: shared.id,
         pid: tree.pid,
@@ -565,7 +495,7 @@ fn write_down(shared: &Arc<Shared>, handover: &mut Handover) -> ProcessState {
         sources,
         terminal,
         output_closed: [0, 1].map(|i| shared.output_closed[i].is_cancelled()),
-        stdin,
+        stdin: state.stdin,
         stdin_fd,
         stdin_ops,
         write_ids,

@@ -95,7 +95,7 @@ pub(crate) enum Termination {
 }
 
 /// Why the tree was terminated.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) enum Cause {
     /// `terminate`, the owner's release, or the engine's shutdown once
     /// the child had exited.

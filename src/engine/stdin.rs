@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 pub const REMEMBERED_WRITE_IDS: usize = 4096;
 
 /// Why stdin no longer takes writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) enum StdinState {
     Open,
     /// Never opened: started without `pipeStdin`.
@@ -25,7 +25,7 @@ pub(crate) enum StdinState {
 }
 
 /// Failure of a queued write, as the writer task reports it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) enum WriteFailure {
     Closed,
     Exited,
