@@ -160,22 +160,9 @@ impl Expected {
     }
 }
 
+/// Running (a zombie is dead too).
 fn alive(pid: i32) -> bool {
-    // A zombie is dead too: its state says so.
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat
-            .rsplit_once(") ")
-            .is_some_and(|(_, rest)| rest.starts_with('Z')),
-        Err(_) => false,
-    }
-}
-
-fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + DEADLINE;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting: {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    common::procfs::state(pid as u32).is_some_and(|state| state != 'Z')
 }
 
 #[test]
@@ -281,7 +268,7 @@ fn capexec_upgrade_carries_stdin_output_and_the_operators_view_over() {
         all
     });
     stdin.write_all(b"one\n").expect("write");
-    eventually("the first line", || ready.exists());
+    common::wait::eventually("the first line", || ready.exists());
     let upgraded = served.upgrade();
     assert_eq!(upgraded.code, 0, "{}", text(&upgraded.stderr));
     assert_eq!(
@@ -318,7 +305,7 @@ fn a_process_nobody_can_restore_ends_at_an_upgrade_as_on_a_lost_connection() {
     let (mut running, pid) = sleeping(&served, false);
     let upgraded = served.upgrade();
     assert_eq!(upgraded.code, 0, "{}", text(&upgraded.stderr));
-    eventually("the process to end", || !alive(pid));
+    common::wait::eventually("the process to end", || !alive(pid));
     let mut stderr = String::new();
     running
         .stderr
@@ -465,7 +452,7 @@ fn a_sigkill_after_an_upgrade_still_leaves_nothing_behind() {
     assert!(alive(pid), "the upgrade ended the process");
     served.child.kill().expect("SIGKILL");
     let _ = served.child.wait();
-    eventually("the process to end with its server", || !alive(pid));
+    common::wait::eventually("the process to end with its server", || !alive(pid));
     let _ = running.kill();
     let _ = running.wait();
 }
