@@ -592,6 +592,13 @@ pub struct ServeArgs {
         requires = "user_map"
     )]
     privsep_user: String,
+    /// With --user-map: most connections one Unix user may hold open on
+    /// the server's Unix sockets at once, logged in or refused; more are
+    /// turned away at once, so that one local user cannot take the
+    /// descriptors every other user's logins need [default: 256].
+    #[arg(long, value_name = "N", requires = "user_map",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    max_connections_per_user: Option<usize>,
     /// Internal: serve as the front of a server that runs logins as users,
     /// taking the logins its monitor hands over at descriptor FD.
     #[arg(long, value_name = "FD", hide = true)]
@@ -625,6 +632,11 @@ pub struct ServeArgs {
     /// socket at descriptor FD (the front's view of the user's processes).
     #[arg(long, value_name = "FD", hide = true, requires = "worker")]
     worker_admin: Option<i32>,
+    /// Internal: a user's worker makes its processes' cgroups in GROUP (as
+    /// /proc/PID/cgroup names a cgroup), which its monitor delegated to
+    /// the user, instead of in its own.
+    #[arg(long, value_name = "GROUP", hide = true, requires = "worker")]
+    cgroup_parent: Option<String>,
     /// Internal: started by an upgrade of the server before (same
     /// process): its listeners and processes are described at memfd FD.
     #[arg(long, value_name = "FD", hide = true, conflicts_with_all = ["worker", "front", "user_map"])]

@@ -62,6 +62,12 @@ pub fn main(args: ServeArgs) -> i32 {
         );
         return EXIT_CAPEXEC_FAILURE;
     }
+    if let Some(group) = args.cgroup_parent.clone()
+        && let Err(error) = capexec::sandbox::make_root_in(group)
+    {
+        eprintln!("capexec: --cgroup-parent: {error}");
+        return EXIT_CAPEXEC_FAILURE;
+    }
     let inherited = match (args.worker, args.front) {
         _ if handover.is_some() => Ok(handover
             .as_ref()
@@ -128,7 +134,11 @@ pub fn main(args: ServeArgs) -> i32 {
     // the admin socket) came from the monitor, which bound them.
     let (users, listen, admin) = match args.front {
         Some(monitor) => {
-            match crate::cli::serve_users::front_config(monitor, args.monitor_requests) {
+            match crate::cli::serve_users::front_config(
+                monitor,
+                args.monitor_requests,
+                args.max_connections_per_user,
+            ) {
                 Ok(users) => (Some(users), Vec::new(), None),
                 Err(error) => {
                     eprintln!("capexec: {error}");

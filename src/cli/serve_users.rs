@@ -17,7 +17,11 @@ use capexec::users::{Account, Evidence, MonitorSetup, TokenCheck, UserMap, spawn
 use crate::cli::EXIT_CAPEXEC_FAILURE;
 
 /// `--front FD` and `--monitor-requests FD`: the monitor's sockets.
-pub fn front_config(monitor: i32, requests: Option<i32>) -> Result<UsersConfig, String> {
+pub fn front_config(
+    monitor: i32,
+    requests: Option<i32>,
+    per_user: Option<usize>,
+) -> Result<UsersConfig, String> {
     let socket = inherited(monitor, "--front")?;
     let requests = requests
         .map(|fd| inherited(fd, "--monitor-requests"))
@@ -25,6 +29,7 @@ pub fn front_config(monitor: i32, requests: Option<i32>) -> Result<UsersConfig, 
     Ok(UsersConfig {
         monitor: Arc::new(socket),
         requests: requests.map(|fd| Arc::new(Mutex::new(fd))),
+        connections_per_user: per_user.unwrap_or(UsersConfig::CONNECTIONS_PER_USER),
     })
 }
 
@@ -232,13 +237,23 @@ fn start(
         })?),
         None => None,
     };
-    let run = PathBuf::from("/run/capexec");
+    let run = PathBuf::from(RUN_DIR);
     let socket_dir = run.join(format!("workers.{}", std::process::id()));
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o755)
         .create(&run)
-        .and_then(|()| std::fs::DirBuilder::new().mode(0o711).create(&socket_dir))
+        .map_err(|error| {
+            format!(
+                "--user-map: cannot make {}: {}",
+                run.display(),
+                capexec::model::io_message(&error)
+            )
+        })?;
+    root_only_directory(&run)?;
+    std::fs::DirBuilder::new()
+        .mode(0o711)
+        .create(&socket_dir)
         .and_then(|()| {
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(&socket_dir, std::fs::Permissions::from_mode(0o711))
@@ -276,7 +291,7 @@ fn start(
         keep.push(fd);
     }
     // The front ends cleanly if the monitor dies.
-    let front = spawn_as(&front_account, &program, &args, &keep, libc::SIGTERM)
+    let front = spawn_as(&front_account, &program, &args, &keep, libc::SIGTERM, None)
         .map_err(|error| format!("--privsep-user {privsep_user}: {error}"))?;
     drop((theirs, their_requests));
     // As bound: a port of 0 is the one the kernel chose. A closed stdout
@@ -318,6 +333,42 @@ fn start(
         logins,
         admin,
     })
+}
+
+/// Where the workers' sockets go, in a directory of the monitor's own.
+const RUN_DIR: &str = "/run/capexec";
+
+/// Whether `path` is a directory only root may change: the workers'
+/// sockets go in it, and whoever could rename or replace what is there
+/// could put a socket of theirs where the front looks for a user's worker
+/// and read that user's logins. Not a symbolic link, root's, no group or
+/// other write bit.
+fn root_only_directory(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let metadata = std::fs::symlink_metadata(path).map_err(|error| {
+        format!(
+            "--user-map: {}: {}",
+            path.display(),
+            capexec::model::io_message(&error)
+        )
+    })?;
+    let (owner, mode) = (metadata.uid(), metadata.mode() & 0o7777);
+    if !metadata.is_dir() || owner != 0 || mode & 0o022 != 0 {
+        let what = if metadata.file_type().is_symlink() {
+            "a symbolic link".to_string()
+        } else if !metadata.is_dir() {
+            "not a directory".to_string()
+        } else {
+            format!("uid {owner}'s with mode {mode:04o}")
+        };
+        return Err(format!(
+            "--user-map: {} is {what}: the users' workers' sockets go there, and whoever may \
+             change it could stand in for a user's worker; make it a directory of root's, \
+             writable by root only (or remove it: the server makes it)",
+            path.display()
+        ));
+    }
+    Ok(())
 }
 
 /// Whether the token file at `path`, which logs in as `account`, is kept
@@ -363,4 +414,43 @@ fn seqpacket_pair() -> Result<(OwnedFd, OwnedFd), String> {
         nix::sys::socket::SockFlag::SOCK_CLOEXEC,
     )
     .map_err(|errno| format!("--user-map: the monitor's socket: {}", errno.desc()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// Root's own directory passes; one another user owns, one others may
+    /// write and a symbolic link are refused, each saying why.
+    #[test]
+    fn the_run_directory_must_be_roots_alone() {
+        // Only root can give a directory away: the CI runs as root, as
+        // the servers this check guards do.
+        assert!(nix::unistd::geteuid().is_root(), "this test needs root");
+        let scratch = tempfile::tempdir().expect("scratch");
+        let dir = scratch.path().join("run");
+        std::fs::create_dir(&dir).expect("mkdir");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        assert_eq!(root_only_directory(&dir), Ok(()));
+
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let refused = root_only_directory(&dir).expect_err("world-writable");
+        assert!(refused.contains("uid 0's with mode 0777"), "{refused}");
+
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::os::unix::fs::chown(&dir, Some(65534), None).expect("chown");
+        let refused = root_only_directory(&dir).expect_err("another user's");
+        assert!(refused.contains("uid 65534's with mode 0755"), "{refused}");
+        assert!(
+            refused.contains("could stand in for a user's worker"),
+            "{refused}"
+        );
+
+        let link = scratch.path().join("link");
+        std::fs::create_dir(scratch.path().join("target")).expect("mkdir");
+        std::os::unix::fs::symlink(scratch.path().join("target"), &link).expect("symlink");
+        let refused = root_only_directory(&link).expect_err("a link");
+        assert!(refused.contains("is a symbolic link"), "{refused}");
+    }
 }

@@ -50,33 +50,45 @@ impl PeerKey {
     }
 }
 
-/// Places per peer (see [`PeerKey`]): a semaphore of `per_peer` for each
+/// Places per peer (by default a [`PeerKey`]; a Unix user's uid on a
+/// server that runs logins as users): a semaphore of `per_peer` for each
 /// peer that holds some, forgotten once it holds none.
 #[derive(Clone)]
-pub(crate) struct PeerShares {
+pub(crate) struct PeerShares<K: Copy + Eq + std::hash::Hash = PeerKey> {
     per_peer: usize,
-    peers: Rc<RefCell<HashMap<PeerKey, Arc<Semaphore>>>>,
+    peers: Rc<RefCell<HashMap<K, Arc<Semaphore>>>>,
 }
 
 /// A place a peer holds in its [`PeerShares`]: the permit, given back
 /// when dropped.
-pub(crate) struct PeerShare {
+pub(crate) struct PeerShare<K: Copy + Eq + std::hash::Hash = PeerKey> {
     place: Option<OwnedSemaphorePermit>,
-    peer: PeerKey,
-    peers: Rc<RefCell<HashMap<PeerKey, Arc<Semaphore>>>>,
+    peer: K,
+    peers: Rc<RefCell<HashMap<K, Arc<Semaphore>>>>,
 }
 
 impl PeerShares {
-    pub(crate) fn new(per_peer: usize) -> PeerShares {
+    /// A place for the peer at `address`, unless it holds its share.
+    pub(crate) fn take(&self, address: IpAddr) -> Option<PeerShare> {
+        self.take_for(PeerKey::of(address))
+    }
+}
+
+impl<K: Copy + Eq + std::hash::Hash> PeerShares<K> {
+    pub(crate) fn new(per_peer: usize) -> PeerShares<K> {
         PeerShares {
             per_peer,
             peers: Rc::default(),
         }
     }
 
-    /// A place for `peer`, unless it holds its share.
-    pub(crate) fn take(&self, peer: IpAddr) -> Option<PeerShare> {
-        let key = PeerKey::of(peer);
+    /// The most places one peer may hold.
+    pub(crate) fn per_peer(&self) -> usize {
+        self.per_peer
+    }
+
+    /// A place for `key`, unless it holds its share.
+    pub(crate) fn take_for(&self, key: K) -> Option<PeerShare<K>> {
         let mut peers = self.peers.borrow_mut();
         let places = peers
             .entry(key)
@@ -101,7 +113,7 @@ impl PeerShares {
 
 /// Forgets `peer` if it holds no place (each permit holds its semaphore
 /// too).
-fn forget_if_unused(peers: &mut HashMap<PeerKey, Arc<Semaphore>>, peer: PeerKey) {
+fn forget_if_unused<K: Eq + std::hash::Hash>(peers: &mut HashMap<K, Arc<Semaphore>>, peer: K) {
     if peers
         .get(&peer)
         .is_some_and(|places| Arc::strong_count(places) == 1)
@@ -110,7 +122,7 @@ fn forget_if_unused(peers: &mut HashMap<PeerKey, Arc<Semaphore>>, peer: PeerKey)
     }
 }
 
-impl Drop for PeerShare {
+impl<K: Copy + Eq + std::hash::Hash> Drop for PeerShare<K> {
     fn drop(&mut self) {
         drop(self.place.take());
         forget_if_unused(&mut self.peers.borrow_mut(), self.peer);

@@ -84,6 +84,90 @@ pub(crate) struct CgroupRoot {
 
 static ROOT: OnceLock<Result<Arc<CgroupRoot>, String>> = OnceLock::new();
 
+/// The cgroup (as `/proc/PID/cgroup` names it) this process makes its
+/// root in, if not its own: a user's worker's, which the root process
+/// that started it delegated to the user (see [`delegate`]).
+static ROOT_PARENT: OnceLock<String> = OnceLock::new();
+
+/// Makes this process's root in `group` (as `/proc/PID/cgroup` names a
+/// cgroup) instead of in its own; must come before anything uses the root.
+pub fn make_root_in(group: String) -> Result<(), String> {
+    if ROOT.get().is_some() {
+        return Err("the cgroup root was made before its parent was given".to_string());
+    }
+    ROOT_PARENT
+        .set(group)
+        .map_err(|_| "the cgroup root's parent was given twice".to_string())
+}
+
+/// A cgroup made in this process's root for another user (a user's
+/// worker): the user may make cgroups in it and move its processes among
+/// them, and nothing outside it, since every ancestor is root's. The
+/// process started in it joins `worker` below it (a group with processes
+/// cannot pass controllers on, so the worker's own cgroups are its
+/// siblings); this process's sentinel kills and removes it with the root.
+pub struct DelegatedGroup {
+    /// The group's directory.
+    pub dir: PathBuf,
+    /// The group as `/proc/PID/cgroup` names it (a worker's
+    /// `--cgroup-parent`).
+    pub path: String,
+    /// `worker`'s `cgroup.procs`, open for writing: the started process
+    /// writes itself there before it takes the user's ids.
+    pub worker_procs: OwnedFd,
+}
+
+/// Makes `name` in this process's root, the user `uid`'s (group `gid`).
+pub fn delegate(name: &str, uid: u32, gid: u32) -> Result<DelegatedGroup, String> {
+    let root = root().map_err(str::to_string)?;
+    let failed = |what: &Path, error: io::Error| {
+        format!("{}: {}", what.display(), crate::model::io_message(&error))
+    };
+    let dir = root.dir.join(name);
+    std::fs::create_dir(&dir).map_err(|error| failed(&dir, error))?;
+    let made = Made(dir.clone());
+    // The files delegation hands over (cgroup-v2.rst, "Delegation
+    // Containment"): the directory, to make cgroups in; cgroup.procs and
+    // cgroup.threads, so that moves among them are the user's (the kernel
+    // checks the common ancestor's); cgroup.subtree_control, to pass
+    // controllers on.
+    for file in [
+        "",
+        "cgroup.procs",
+        "cgroup.threads",
+        "cgroup.subtree_control",
+    ] {
+        let path = if file.is_empty() {
+            dir.clone()
+        } else {
+            dir.join(file)
+        };
+        std::os::unix::fs::chown(&path, Some(uid), Some(gid))
+            .map_err(|error| failed(&path, error))?;
+    }
+    let worker = dir.join("worker");
+    std::fs::create_dir(&worker).map_err(|error| failed(&worker, error))?;
+    let worker_procs = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(worker.join("cgroup.procs"))
+        .map_err(|error| failed(&worker, error))?;
+    std::mem::forget(made);
+    Ok(DelegatedGroup {
+        path: format!("{}/{name}", root.path.trim_end_matches('/')),
+        dir,
+        worker_procs: worker_procs.into(),
+    })
+}
+
+/// Removes a delegated group whose process has ended, with what is left
+/// below it (kills what still runs there first).
+pub fn remove_delegated(dir: &Path) {
+    let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+    wait_empty_blocking(dir, Duration::from_secs(1));
+    remove_tree(dir);
+}
+
 /// The cgroup root as an upgrade hands it to the next binary (same
 /// process): its lock and its sentinel's pipe stay open across the exec,
 /// so the sentinel goes on guarding the same root.
@@ -182,10 +266,13 @@ impl CgroupRoot {
             .iter()
             .find(|mount| mount.fstype == "cgroup2")
             .ok_or("no cgroup2 hierarchy is mounted")?;
-        let own = memberships
-            .lines()
-            .find_map(|line| line.strip_prefix("0::"))
-            .ok_or("this process is in no cgroup2 group")?;
+        let own = match ROOT_PARENT.get() {
+            Some(given) => given.as_str(),
+            None => memberships
+                .lines()
+                .find_map(|line| line.strip_prefix("0::"))
+                .ok_or("this process is in no cgroup2 group")?,
+        };
         let parent = inside(v2, own);
         let hierarchy = v2.clone();
         let namespaced = crate::sandbox::probe::can_admin() && namespaces_are_boundaries(v2);

@@ -21,7 +21,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 pub(crate) use self::cgroup::Leaf;
-pub use self::cgroup::{LeafState, RootState, root_for_handover, take_over_root};
+pub use self::cgroup::{
+    DelegatedGroup, LeafState, RootState, delegate, make_root_in, remove_delegated,
+    root_for_handover, take_over_root,
+};
 pub use self::program::AS_READ_ONLY_ROOT;
 pub(crate) use self::seccomp::Program;
 

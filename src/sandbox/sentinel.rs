@@ -213,8 +213,19 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
         .any(|window| window == needle)
 }
 
-/// Removes the (empty) directories in `dir`: the leaves of a root.
+/// How deep below a root [`remove_children`] goes: a root's leaves, or a
+/// monitor's groups for its users with their workers' roots and leaves
+/// (`u-UID-N/capexec-…/p-N`).
+const REMOVAL_DEPTH: u32 = 4;
+
+/// Removes the (empty) directories in `dir`: the leaves of a root, and
+/// the cgroups below them up to [`REMOVAL_DEPTH`] levels down.
 unsafe fn remove_children(dir: RawFd) {
+    // SAFETY: as the caller's.
+    unsafe { remove_children_below(dir, REMOVAL_DEPTH) }
+}
+
+unsafe fn remove_children_below(dir: RawFd, depth: u32) {
     let mut buffer = [0u8; 4096];
     // SAFETY: getdents64 writes at most `buffer.len()` bytes of records
     // into `buffer`; each record is read within what it wrote.
@@ -239,11 +250,29 @@ unsafe fn remove_children(dir: RawFd) {
                     let name = buffer.as_ptr().add(at + 19);
                     let dot = *name == b'.'
                         && (*name.add(1) == 0 || (*name.add(1) == b'.' && *name.add(2) == 0));
-                    if kind == libc::DT_DIR
-                        && !dot
-                        && libc::syscall(libc::SYS_unlinkat, dir, name, libc::AT_REMOVEDIR) == 0
-                    {
-                        removed = true;
+                    if kind == libc::DT_DIR && !dot {
+                        let mut gone =
+                            libc::syscall(libc::SYS_unlinkat, dir, name, libc::AT_REMOVEDIR) == 0;
+                        // A cgroup with cgroups in it: those first.
+                        if !gone && depth > 1 {
+                            let child = libc::syscall(
+                                libc::SYS_openat,
+                                dir,
+                                name,
+                                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                            );
+                            if child >= 0 {
+                                remove_children_below(child as RawFd, depth - 1);
+                                libc::syscall(libc::SYS_close, child);
+                                gone = libc::syscall(
+                                    libc::SYS_unlinkat,
+                                    dir,
+                                    name,
+                                    libc::AT_REMOVEDIR,
+                                ) == 0;
+                            }
+                        }
+                        removed |= gone;
                     }
                     if reclen == 0 {
                         break;

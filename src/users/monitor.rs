@@ -14,7 +14,9 @@
 //! monitor compares the token with the map's token files (which only it
 //! reads) and answers; a compromised front learns nothing from it it
 //! could not from the listener, since a token that logs in is one it
-//! already holds. It is single-threaded and waits only in poll(2).
+//! already holds. It waits only in poll(2), on one thread; beside it, one
+//! thread per process it started copies that process's log to its own
+//! stderr (`relay_log`).
 
 use std::collections::HashMap;
 use std::io::{IoSlice, IoSliceMut};
@@ -456,6 +458,18 @@ struct Running {
     /// Readable once the worker has ended.
     pidfd: OwnedFd,
     granted: Granted,
+    /// The cgroup delegated to the worker's user, which the worker and
+    /// every process it starts are in.
+    cgroup: Option<PathBuf>,
+}
+
+impl Running {
+    /// Forgets an ended worker: its cgroup goes with what is left in it.
+    fn ended(self) {
+        if let Some(dir) = self.cgroup {
+            crate::sandbox::remove_delegated(&dir);
+        }
+    }
 }
 
 impl Workers {
@@ -466,7 +480,9 @@ impl Workers {
                 return Ok(worker.granted.clone());
             }
             tracing::warn!(user = %account.name, "the user's worker had ended; starting another");
-            self.by_uid.remove(&uid);
+            if let Some(worker) = self.by_uid.remove(&uid) {
+                worker.ended();
+            }
         }
         let failed = |error: std::io::Error| {
             format!(
@@ -481,16 +497,43 @@ impl Workers {
         let admin_path = worker_admin_socket(&path);
         let listener = self.bind_for_front(setup, &path).map_err(failed)?;
         let admin = self.bind_for_front(setup, &admin_path).map_err(failed)?;
-        let child = spawn_worker(account, &setup.program, &listener, &admin)
-            .map_err(|error| format!("user {}: {error}", account.name))?;
+        // Numbered by the worker, so a new worker never meets what an
+        // ended one left.
+        let generation = self.started + 1;
+        let cgroup = match crate::sandbox::delegate(
+            &format!("u-{uid}-{generation}"),
+            uid,
+            account.gid.as_raw(),
+        ) {
+            Ok(group) => Some(group),
+            Err(why) => {
+                tracing::warn!(
+                    user = %account.name,
+                    %why,
+                    "no cgroup for the user's worker: its processes get none"
+                );
+                None
+            }
+        };
+        let spawned = spawn_worker(account, &setup.program, &listener, &admin, cgroup.as_ref());
+        let cgroup = cgroup.map(|group| group.dir);
+        let child = match spawned {
+            Ok(child) => child,
+            Err(error) => {
+                if let Some(dir) = &cgroup {
+                    crate::sandbox::remove_delegated(dir);
+                }
+                return Err(format!("user {}: {error}", account.name));
+            }
+        };
         drop((listener, admin));
         let pid = Pid::from_raw(child.id() as i32);
         let pidfd = pidfd(pid).map_err(failed)?;
-        self.started += 1;
+        self.started = generation;
         tracing::info!(user = %account.name, uid, pid = child.id(), "started the user's worker");
         let granted = Granted {
             uid,
-            generation: self.started,
+            generation,
             socket: path,
         };
         self.by_uid.insert(
@@ -499,6 +542,7 @@ impl Workers {
                 pid,
                 pidfd,
                 granted: granted.clone(),
+                cgroup,
             },
         );
         Ok(granted)

@@ -54,38 +54,55 @@ impl std::error::Error for WorkerError {}
 /// (a listening Unix socket; the worker gets its own descriptor of it).
 /// The worker is killed when the process that started it dies, as a
 /// server's processes die with the server. It serves `Admin` on `admin`
-/// (`--worker-admin`).
+/// (`--worker-admin`). With a `cgroup` delegated to the user, it starts
+/// in it and makes its processes' cgroups there (`--cgroup-parent`).
 pub fn spawn_worker(
     account: &Account,
     program: &Path,
     listener: &impl AsFd,
     admin: &impl AsFd,
+    cgroup: Option<&crate::sandbox::DelegatedGroup>,
 ) -> Result<Child, WorkerError> {
     let socket = listener.as_fd().as_raw_fd();
     let admin = admin.as_fd().as_raw_fd();
-    let args = [
+    let mut args = vec![
         OsString::from("serve"),
         "--worker".into(),
         socket.to_string().into(),
         "--worker-admin".into(),
         admin.to_string().into(),
     ];
-    spawn_as(account, program, &args, &[socket, admin], libc::SIGKILL)
+    if let Some(group) = cgroup {
+        args.extend(["--cgroup-parent".into(), group.path.clone().into()]);
+    }
+    spawn_as(
+        account,
+        program,
+        &args,
+        &[socket, admin],
+        libc::SIGKILL,
+        cgroup.map(|group| &group.worker_procs),
+    )
 }
 
 /// Starts `program ARGS` as `account`: its ids and groups, the environment
 /// a login of it finds (`HOME`, `USER`, `LOGNAME`, `SHELL`, a login's
 /// `PATH`), in its home directory (`/` if that is missing), with stdin and
-/// stdout on /dev/null, the server's stderr, and of the server's other
-/// descriptors only `keep` (at their numbers). It gets `death_signal` when
-/// the process that started it dies.
+/// stdout on /dev/null, stderr on a pipe whose lines a thread of this
+/// process copies to its own stderr (see [`relay_log`]), and of the
+/// server's other descriptors only `keep` (at their numbers). It gets
+/// `death_signal` when the process that started it dies. Given the
+/// `cgroup.procs` of a cgroup (open for writing), it joins that cgroup
+/// while it is still root.
 pub fn spawn_as(
     account: &Account,
     program: &Path,
     args: &[OsString],
     keep: &[RawFd],
     death_signal: libc::c_int,
+    cgroup_procs: Option<&std::os::fd::OwnedFd>,
 ) -> Result<Child, WorkerError> {
+    let cgroup_procs = cgroup_procs.map(|procs| procs.as_raw_fd());
     if !nix::unistd::getuid().is_root() || !nix::unistd::geteuid().is_root() {
         return Err(WorkerError::NotRoot);
     }
@@ -95,7 +112,10 @@ pub fn spawn_as(
         .env_clear()
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
+        // Not the server's own stderr: that may be root's terminal, where
+        // a process of the user's (or a front taken over) could push
+        // input (TIOCSTI) or escape sequences.
+        .stderr(Stdio::piped());
     for (name, value) in account.login_environment() {
         command.env(name, value);
     }
@@ -147,6 +167,14 @@ pub fn spawn_as(
                     libc::CLOSE_RANGE_CLOEXEC,
                 ) as libc::c_int)?;
             }
+            // "0": the writer itself. Before the ids change: the cgroup's
+            // ancestors are root's.
+            if let Some(procs) = cgroup_procs {
+                let written = libc::write(procs, b"0".as_ptr().cast(), 1);
+                if written != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
             // Groups first, then the group, then the user: after setresuid
             // nothing could change the others.
             nix::unistd::setgroups(&groups)?;
@@ -161,7 +189,53 @@ pub fn spawn_as(
             Ok(())
         });
     }
-    command.spawn().map_err(WorkerError::Io)
+    let mut child = command.spawn().map_err(WorkerError::Io)?;
+    if let Some(log) = child.stderr.take() {
+        let label = format!("{} (uid {})", account.name, account.uid);
+        let relay = std::thread::Builder::new()
+            .name("capexec-log-relay".to_string())
+            .spawn(move || relay_log(log, &label, &mut std::io::stderr()));
+        if let Err(error) = relay {
+            // Its log is lost, not its service: the pipe closes and the
+            // process's writes to stderr fail from then on.
+            tracing::warn!(%error, user = %account.name, "cannot relay the process's log");
+        }
+    }
+    Ok(child)
+}
+
+/// The longest line [`relay_log`] copies whole; longer ones are cut in
+/// pieces of this size.
+const LOG_LINE_BYTES: usize = 8192;
+
+/// Copies the lines of `log` (a process's stderr) to `to` until it ends,
+/// each after `label: `, with every control character but a tab shown as
+/// `\u{..}`, so no byte of theirs acts on a terminal `to` may be.
+pub fn relay_log(log: impl std::io::Read, label: &str, to: &mut impl std::io::Write) {
+    use std::io::BufRead;
+    let mut reader = std::io::BufReader::with_capacity(LOG_LINE_BYTES, log);
+    let mut line = Vec::with_capacity(LOG_LINE_BYTES);
+    loop {
+        line.clear();
+        match std::io::Read::take(&mut reader, LOG_LINE_BYTES as u64).read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let text = String::from_utf8_lossy(line.strip_suffix(b"\n").unwrap_or(&line));
+        let shown: String = text
+            .chars()
+            .map(|c| match c {
+                '\t' => "\t".to_string(),
+                c if c.is_control() => c.escape_unicode().to_string(),
+                c => c.to_string(),
+            })
+            .collect();
+        if writeln!(to, "{label}: {shown}").is_err() {
+            // Nowhere to write: keep draining, so the process never
+            // blocks on its log.
+            continue;
+        }
+    }
 }
 
 fn check(result: libc::c_int) -> std::io::Result<()> {
@@ -169,5 +243,36 @@ fn check(result: libc::c_int) -> std::io::Result<()> {
         Err(std::io::Error::last_os_error())
     } else {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::relay_log;
+
+    #[test]
+    fn a_relayed_log_is_labelled_and_cannot_act_on_a_terminal() {
+        let log: &[u8] = b"plain line\n\x1b[2J\x1b]0;title\x07 and a\ttab\r\nno newline at the end";
+        let mut out = Vec::new();
+        relay_log(log, "alice (uid 1001)", &mut out);
+        assert_eq!(
+            String::from_utf8(out).expect("text"),
+            "alice (uid 1001): plain line\n\
+             alice (uid 1001): \\u{1b}[2J\\u{1b}]0;title\\u{7} and a\ttab\\u{d}\n\
+             alice (uid 1001): no newline at the end\n"
+        );
+    }
+
+    #[test]
+    fn a_long_line_is_cut_not_held() {
+        let log = vec![b'x'; super::LOG_LINE_BYTES * 2 + 10];
+        let mut out = Vec::new();
+        relay_log(log.as_slice(), "u", &mut out);
+        let lines: Vec<usize> = String::from_utf8(out)
+            .expect("text")
+            .lines()
+            .map(|line| line.len() - "u: ".len())
+            .collect();
+        assert_eq!(lines, [super::LOG_LINE_BYTES, super::LOG_LINE_BYTES, 10]);
     }
 }

@@ -89,7 +89,8 @@ where
     let admin_path = capexec::users::worker_admin_socket(&path);
     let admin = std::os::unix::net::UnixListener::bind(&admin_path).expect("bind");
     std::fs::set_permissions(&admin_path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let mut child = spawn_worker(account, Path::new(BIN), &listener, &admin).expect("a worker");
+    let mut child =
+        spawn_worker(account, Path::new(BIN), &listener, &admin, None).expect("a worker");
     drop((listener, admin));
     let connection = capexec::net::connect(&Address::Unix(path), None)
         .await
@@ -319,8 +320,17 @@ fn a_worker_without_its_socket_says_so() {
 /// `capexec serve --user-map MAP --privsep-user FRONT` with `listen`, as
 /// root; its first printed address.
 fn serve_users(listen: &[String], map: &Path) -> (std::process::Child, String) {
+    serve_users_with(listen, map, &[])
+}
+
+/// [`serve_users`] with more of `capexec serve`'s arguments.
+fn serve_users_with(
+    listen: &[String],
+    map: &Path,
+    extra: &[&str],
+) -> (std::process::Child, String) {
     let mut server = Std::new(BIN);
-    server.arg("serve");
+    server.arg("serve").args(extra);
     for address in listen {
         server.args(["--listen", address]);
     }
@@ -433,6 +443,19 @@ fn a_server_with_a_user_map_runs_each_unix_peer_as_its_user_or_the_mapped_one() 
         1,
         "one worker for alice (and bob, mapped to her)"
     );
+    // Neither the front nor a worker holds the server's stderr (root's
+    // terminal, when started from a shell): each writes to a pipe the
+    // monitor relays.
+    let stderr_of = |pid: u32| {
+        std::fs::read_link(format!("/proc/{pid}/fd/2"))
+            .expect("stderr")
+            .display()
+            .to_string()
+    };
+    assert_eq!(stderr_of(server_pid), "/dev/null");
+    for pid in [fronts[0], workers[0]] {
+        assert!(stderr_of(pid).starts_with("pipe:["), "{}", stderr_of(pid));
+    }
     kill_pid(workers[0], libc::SIGKILL);
     wait_until(|| !alive(workers[0]));
     let done = finish(
@@ -674,8 +697,8 @@ fn a_server_with_a_user_map_killed_leaves_no_front_worker_or_command() {
     // The worker, and the command below it.
     wait_until(|| workers_of(alice.uid.as_raw(), server_pid).len() == 1);
     let worker = workers_of(alice.uid.as_raw(), server_pid)[0];
-    wait_until(|| !processes_of(alice.uid.as_raw(), worker, b"100").is_empty());
-    let command = processes_of(alice.uid.as_raw(), worker, b"100")[0];
+    wait_until(|| !processes_of(alice.uid.as_raw(), worker, b"sleep").is_empty());
+    let command = processes_of(alice.uid.as_raw(), worker, b"sleep")[0];
     let front = processes_of(
         Account::by_name(FRONT).expect("front").uid.as_raw(),
         server_pid,
@@ -799,8 +822,8 @@ fn a_server_with_a_user_map_refuses_an_upgrade_and_its_admin_sees_the_users_proc
     .expect("capexec run");
     wait_until(|| workers_of(alice.uid.as_raw(), server_pid).len() == 1);
     let worker = workers_of(alice.uid.as_raw(), server_pid)[0];
-    wait_until(|| !processes_of(alice.uid.as_raw(), worker, b"100").is_empty());
-    let command = processes_of(alice.uid.as_raw(), worker, b"100")[0];
+    wait_until(|| !processes_of(alice.uid.as_raw(), worker, b"sleep").is_empty());
+    let command = processes_of(alice.uid.as_raw(), worker, b"sleep")[0];
     kill(&server, libc::SIGUSR2);
     let mut upgrade = Std::new(BIN);
     upgrade
@@ -871,6 +894,17 @@ struct ConnectedAs {
     stream: Option<std::os::unix::net::UnixStream>,
     /// Dropped, it lets the connecting process end.
     _carrier: std::os::unix::net::UnixStream,
+    /// The RPC system serving the connection, if one does: stopped (the
+    /// connection closed) when this is dropped.
+    system: Option<tokio::task::AbortHandle>,
+}
+
+impl Drop for ConnectedAs {
+    fn drop(&mut self) {
+        if let Some(system) = &self.system {
+            system.abort();
+        }
+    }
 }
 
 fn connect_as(uid: u32, gid: u32, path: &Path) -> ConnectedAs {
@@ -965,6 +999,7 @@ fn connect_as(uid: u32, gid: u32, path: &Path) -> ConnectedAs {
         // SAFETY: the kernel just installed it for us.
         stream: Some(unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) }),
         _carrier: ours,
+        system: None,
     }
 }
 
@@ -979,7 +1014,7 @@ fn executor_as(uid: u32, gid: u32, path: &Path) -> (executor::Client, ConnectedA
         .into_split();
     let mut system = crate::common::raw_client_system(reader, writer);
     let executor: executor::Client = system.bootstrap(capnp_rpc::rpc_twoparty_capnp::Side::Server);
-    tokio::task::spawn_local(system);
+    connected.system = Some(tokio::task::spawn_local(system).abort_handle());
     (executor, connected)
 }
 
@@ -1248,4 +1283,201 @@ fn a_token_file_another_user_could_read_or_write_is_refused() {
     assert!(address.starts_with("tcp:127.0.0.1:"), "{address}");
     kill(&server, libc::SIGKILL);
     let _ = server.wait();
+}
+
+#[test]
+fn one_user_cannot_hold_every_connection_of_the_unix_listener() {
+    let alice = test_account("capexec-alice", true);
+    let bob = test_account("capexec-bob", false);
+    test_account(FRONT, false);
+    let dir = TempDir::new("users-per-user");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let map = dir.path().join("users");
+    std::fs::write(&map, "# every peer as itself\n").expect("map");
+    let socket = dir.path().join("s.sock");
+    let (mut server, _) = serve_users_with(
+        &[format!("unix:{}", socket.display())],
+        &map,
+        &["--max-connections-per-user", "2"],
+    );
+    let (alice_ids, bob_ids) = (
+        (alice.uid.as_raw(), alice.gid.as_raw()),
+        (bob.uid.as_raw(), bob.gid.as_raw()),
+    );
+    run_on_runtime(async {
+        let (first, first_holder) = executor_as(alice_ids.0, alice_ids.1, &socket);
+        let (second, _second_holder) = executor_as(alice_ids.0, alice_ids.1, &socket);
+        for executor in [&first, &second] {
+            assert_eq!(
+                stdout_of(executor, "id -u").await.1,
+                format!("{}\n", alice_ids.0)
+            );
+        }
+        // Her third is turned away, saying why; the server serves on.
+        let (third, _third_holder) = executor_as(alice_ids.0, alice_ids.1, &socket);
+        let refused = sh("id -u").output(&third).await.expect_err("alice's third");
+        assert!(
+            refused.to_string().contains(&format!(
+                "too many connections from uid {} (the limit is 2 per user); close some and \
+                 try again",
+                alice_ids.0
+            )),
+            "{refused}"
+        );
+        // Bob's share is his own.
+        let (bobs, _bob) = executor_as(bob_ids.0, bob_ids.1, &socket);
+        assert_eq!(
+            stdout_of(&bobs, "id -u").await.1,
+            format!("{}\n", bob_ids.0)
+        );
+        // Once she closes one, she may open another (the server sees the
+        // close in its own time).
+        drop((first, first_holder));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let (again, _holder) = executor_as(alice_ids.0, alice_ids.1, &socket);
+            match sh("id -u").output(&again).await {
+                Ok(output) => {
+                    assert_eq!(output.stdout, format!("{}\n", alice_ids.0).into_bytes());
+                    break;
+                }
+                Err(error) => {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "alice's connection after closing one: {error}"
+                    );
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            }
+        }
+        assert_eq!(
+            stdout_of(&second, "id -u").await.1,
+            format!("{}\n", alice_ids.0)
+        );
+    });
+    kill(&server, libc::SIGTERM);
+    assert_eq!(wait(&mut server), 0);
+}
+
+/// Where the cgroup2 hierarchy is mounted.
+fn cgroup2_mount() -> std::path::PathBuf {
+    let mounts = std::fs::read_to_string("/proc/mounts").expect("/proc/mounts");
+    let point = mounts
+        .lines()
+        .find_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            (fields.get(2) == Some(&"cgroup2")).then(|| fields[1].to_string())
+        })
+        .expect("this machine has a cgroup2 hierarchy, as CI's has");
+    std::path::PathBuf::from(point)
+}
+
+#[test]
+fn a_users_processes_are_tracked_in_a_cgroup_delegated_to_that_user_alone() {
+    let alice = test_account("capexec-alice", true);
+    let bob = test_account("capexec-bob", false);
+    test_account(FRONT, false);
+    let dir = TempDir::new("users-cgroups");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let map = dir.path().join("users");
+    std::fs::write(&map, "# every peer as itself\n").expect("map");
+    let socket = dir.path().join("s.sock");
+    let (mut server, address) = serve_users(&[format!("unix:{}", socket.display())], &map);
+    let (uid, gid) = (alice.uid.as_raw(), alice.gid.as_raw());
+    // A command that leaves a process behind in a session of its own,
+    // out of reach of its process group.
+    let done = finish(
+        run_as(
+            uid,
+            gid,
+            "/",
+            &address,
+            "sed -n 's/^0:://p' /proc/self/cgroup; setsid sleep 1000 >/dev/null 2>&1 & echo $!",
+        ),
+        None,
+    );
+    assert_eq!(done.code, 0, "{}", text(&done.stderr));
+    let stdout = text(&done.stdout);
+    let mut lines = stdout.lines();
+    let (group, escaped) = (
+        lines.next().expect("the cgroup").to_string(),
+        lines
+            .next()
+            .and_then(|pid| pid.parse::<u32>().ok())
+            .expect("the escaped pid"),
+    );
+    // The monitor's root, the group it gave alice, her worker's root, the
+    // command's leaf.
+    let workers = workers_of(uid, server.id());
+    assert_eq!(workers.len(), 1, "alice's worker");
+    let segments: Vec<&str> = group.rsplit('/').take(4).collect();
+    assert!(
+        segments.len() == 4
+            && segments[0].starts_with("p-")
+            && segments[1].starts_with(&format!("capexec-{}-", workers[0]))
+            && segments[2].starts_with(&format!("u-{uid}-"))
+            && segments[3].starts_with(&format!("capexec-{}-", server.id())),
+        "{group}"
+    );
+    // What the command left behind ends with it: the worker kills its
+    // cgroup when the command is released (its client has gone).
+    wait_until(|| !alive(escaped));
+    // Alice's group is hers; what holds it is root's, and bob's is his.
+    let mount = cgroup2_mount();
+    // (Leaf and worker root are gone once the command has been released.)
+    let cut = |path: &str, levels: usize| {
+        let mut path = std::path::PathBuf::from(path);
+        for _ in 0..levels {
+            path.pop();
+        }
+        mount.join(path.strip_prefix("/").unwrap_or(&path))
+    };
+    let users_group = cut(&group, 2);
+    let monitors_root = cut(&group, 3);
+
+    let owner = |path: &Path| std::fs::metadata(path).expect("cgroup").uid();
+    assert_eq!(owner(&users_group), uid);
+    assert_eq!(owner(&monitors_root), 0);
+    assert_eq!(owner(&monitors_root.join("cgroup.procs")), 0);
+    // Alice cannot move her commands out of her group, into the monitor's
+    // root or into bob's.
+    let bobs = finish(
+        run_as(
+            bob.uid.as_raw(),
+            bob.gid.as_raw(),
+            "/",
+            &address,
+            "sed -n 's/^0:://p' /proc/self/cgroup",
+        ),
+        None,
+    );
+    assert_eq!(bobs.code, 0, "{}", text(&bobs.stderr));
+    let bobs_group = cut(text(&bobs.stdout).trim(), 2);
+    for target in [
+        monitors_root.clone(),
+        users_group.join("worker"),
+        bobs_group,
+    ] {
+        let moved = finish(
+            run_as(
+                uid,
+                gid,
+                "/",
+                &address,
+                &format!("echo $$ > {}/cgroup.procs", target.display()),
+            ),
+            None,
+        );
+        assert_ne!(moved.code, 0, "alice moved into {}", target.display());
+        assert!(
+            text(&moved.stderr).contains("Permission denied"),
+            "{}: {}",
+            target.display(),
+            text(&moved.stderr)
+        );
+    }
+    kill(&server, libc::SIGTERM);
+    assert_eq!(wait(&mut server), 0);
+    // Nothing is left of the monitor's cgroups.
+    wait_until(|| !monitors_root.exists());
 }

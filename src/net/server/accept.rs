@@ -44,6 +44,9 @@ struct Accepted {
     /// The SHA-256 of the certificate a TLS client presented, once its
     /// handshake is done (a user map's `cert` lines log in by it).
     certificate: Rc<std::cell::Cell<Option<[u8; 32]>>>,
+    /// On a server that runs logins as users: the place the Unix peer's
+    /// user holds among its connections, for as long as this one is open.
+    user_share: Option<crate::net::pending::PeerShare<u32>>,
 }
 
 pub(super) async fn accept_loop(address: Address, listener: Listener, serving: Rc<Serving>) {
@@ -117,9 +120,11 @@ pub(super) async fn accept_loop(address: Address, listener: Listener, serving: R
         };
         let login = accepted.login.map(|login| (login, users_login));
         let open = crate::metrics::connection_opened();
+        let user_share = accepted.user_share;
         tokio::task::spawn_local(
             async move {
                 let _open = open;
+                let _user_share = user_share;
                 if let Some(network) = accepted.network.await {
                     let closing = &serving.closing;
                     serve_connection(network, executor, accepted.session, login, closing).await;
@@ -145,6 +150,26 @@ fn accept_unix(
         tracing::warn!("refusing a connection from a sandboxed process");
         return None;
     }
+    let user_share = match (&serving.users, &verdict) {
+        (Some(users), Some(_)) => match users_share(users, &stream) {
+            Ok(share) => Some(share),
+            Err(reason) => {
+                crate::metrics::limit_hit("connections-per-user");
+                tracing::debug!(%reason, "refused a Unix connection");
+                // Written on the socket itself: the stream's readiness is
+                // not known until the runtime's next turn, and the buffer
+                // of a new connection takes it.
+                let _ = nix::sys::socket::send(
+                    stream.as_raw_fd(),
+                    &abort_frame(&reason),
+                    nix::sys::socket::MsgFlags::MSG_DONTWAIT
+                        | nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
+                );
+                return None;
+            }
+        },
+        _ => None,
+    };
     let session = Session::logged_in();
     // A restricted server reads plainly: the kernel drops whatever
     // descriptors come.
@@ -179,7 +204,21 @@ fn accept_unix(
         direct: Some(serving.direct.clone()),
         verdict,
         certificate: Rc::new(std::cell::Cell::new(None)),
+        user_share,
     })
+}
+
+/// The place a Unix peer's user takes among its connections, by the uid
+/// the kernel gives for the peer.
+fn users_share(
+    users: &super::users::Workers,
+    stream: &tokio::net::UnixStream,
+) -> Result<crate::net::pending::PeerShare<u32>, String> {
+    let uid = stream
+        .peer_cred()
+        .map_err(|error| format!("cannot tell who the peer is: {error}"))?
+        .uid();
+    users.admit(uid)
 }
 
 /// The next connection the monitor of a server that runs logins as users
@@ -298,6 +337,7 @@ fn accept_tcp(
         // known at its login: see `accept_loop`.)
         verdict: None,
         certificate,
+        user_share: None,
     })
 }
 

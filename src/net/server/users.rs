@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use crate::capexec_capnp::executor;
 use crate::net::address::Address;
 use crate::net::auth::UNAUTHENTICATED_TAG;
+use crate::net::pending::{PeerShare, PeerShares};
 use crate::net::upstream::{UpstreamConfig, UpstreamLink};
 use crate::rpc::{self, ServerContext, Upstream};
 use crate::users::Granted;
@@ -28,6 +29,13 @@ pub struct UsersConfig {
     /// The front's end of the socket on which it asks the monitor which
     /// worker a TCP login's token logs in to (one question at a time).
     pub requests: Option<Arc<Mutex<OwnedFd>>>,
+    /// Most connections one Unix user may hold on the Unix listeners.
+    pub connections_per_user: usize,
+}
+
+impl UsersConfig {
+    /// The default of `--max-connections-per-user`.
+    pub const CONNECTIONS_PER_USER: usize = 256;
 }
 
 /// The links to the workers, by uid, with the generation of the worker
@@ -40,6 +48,9 @@ pub(super) struct Workers {
     context: Rc<ServerContext>,
     per_connection: Option<usize>,
     port_limits: rpc::PortLimits,
+    /// The connections each local user holds on the Unix listeners, by
+    /// the uid the kernel gives for the peer.
+    per_user: PeerShares<u32>,
 }
 
 impl Workers {
@@ -56,7 +67,21 @@ impl Workers {
             context,
             per_connection,
             port_limits,
+            per_user: PeerShares::new(config.connections_per_user),
         }
+    }
+
+    /// A place for one more Unix connection from the user with `uid` (the
+    /// kernel's word for the peer, not the monitor's verdict, so a refused
+    /// login counts too), or why there is none.
+    pub(super) fn admit(&self, uid: u32) -> Result<PeerShare<u32>, String> {
+        self.per_user.take_for(uid).ok_or_else(|| {
+            format!(
+                "too many connections from uid {uid} (the limit is {} per user); close some and \
+                 try again",
+                self.per_user.per_peer()
+            )
+        })
     }
 
     /// The root executor of a connection the monitor handed over with
