@@ -23,8 +23,9 @@ fn allowed(module: &str) -> Option<Vec<&'static str>> {
         "wire" => vec!["model", "capexec_capnp"],
         "engine" | "files" | "sandbox" | "ports" => leaves.to_vec(),
         // Accounts, the user map and workers: plain code on the system's
-        // databases and calls, under whatever serves logins as users.
-        "users" => leaves.to_vec(),
+        // databases and calls, under whatever serves logins as users; the
+        // sandbox makes the cgroup each user's worker gets.
+        "users" => [&leaves[..], &["sandbox"]].concat(),
         // Restricted executors' rules, composed of the engines' own.
         "policy" => [&leaves[..], ENGINES].concat(),
         "rpc" => [
