@@ -632,6 +632,12 @@ pub struct ServeArgs {
     /// socket at descriptor FD (the front's view of the user's processes).
     #[arg(long, value_name = "FD", hide = true, requires = "worker")]
     worker_admin: Option<i32>,
+    /// Internal: started by an upgrade of a server that runs logins as
+    /// users (same process): the monitor before described its listeners
+    /// and workers at memfd FD.
+    #[arg(long, value_name = "FD", hide = true, requires = "user_map",
+          conflicts_with_all = ["worker", "front", "handover"])]
+    monitor_handover: Option<i32>,
     /// Internal: a user's worker makes its processes' cgroups in GROUP (as
     /// /proc/PID/cgroup names a cgroup), which its monitor delegated to
     /// the user, instead of in its own.
@@ -639,7 +645,7 @@ pub struct ServeArgs {
     cgroup_parent: Option<String>,
     /// Internal: started by an upgrade of the server before (same
     /// process): its listeners and processes are described at memfd FD.
-    #[arg(long, value_name = "FD", hide = true, conflicts_with_all = ["worker", "front", "user_map"])]
+    #[arg(long, value_name = "FD", hide = true, conflicts_with_all = ["front", "user_map"])]
     handover: Option<i32>,
     /// Internal: print the hand-over format this binary takes and exit (an
     /// upgrading server asks the new binary first).

@@ -23,9 +23,33 @@ use std::time::{Duration, SystemTime};
 pub fn main(args: ServeArgs) -> i32 {
     // An upgrading server asks with its own arguments: they are read as
     // far as they can be without serving (below); a user map's monitor
-    // would bind, so it says yes at once (its servers refuse upgrades).
-    if args.handover_check && args.user_map.is_some() {
-        return handover_check_answer();
+    // would bind, so it reads its map, token files and users only. A
+    // worker's or a front's descriptors are not open for the check: their
+    // arguments are the monitor's making.
+    if args.handover_check {
+        if args.worker.is_some() || args.front.is_some() {
+            return handover_check_answer();
+        }
+        if let Some(map) = &args.user_map {
+            let listen: Vec<Address> = args
+                .listen
+                .iter()
+                .filter_map(|text| text.parse().ok())
+                .collect();
+            let tls = args.tls_cert.is_some() || args.tls_self_signed;
+            return match crate::cli::serve_users::check_monitor(
+                map,
+                &args.privsep_user,
+                &listen,
+                tls,
+            ) {
+                Ok(()) => handover_check_answer(),
+                Err(error) => {
+                    eprintln!("capexec: {error}");
+                    EXIT_CAPEXEC_FAILURE
+                }
+            };
+        }
     }
     // Taken before anything else owns a descriptor: what the binary before
     // kept open for us.
@@ -53,7 +77,6 @@ pub fn main(args: ServeArgs) -> i32 {
         );
         return EXIT_CAPEXEC_FAILURE;
     }
-    let worker_of_a_user = args.worker.is_some();
     if (args.worker.is_some() || args.front.is_some())
         && let Err(error) = not_dumpable()
     {
@@ -62,7 +85,8 @@ pub fn main(args: ServeArgs) -> i32 {
         );
         return EXIT_CAPEXEC_FAILURE;
     }
-    if let Some(group) = args.cgroup_parent.clone()
+    // (After an upgrade the root is the one handed over.)
+    if let Some(group) = args.cgroup_parent.clone().filter(|_| handover.is_none())
         && let Err(error) = capexec::sandbox::make_root_in(group)
     {
         eprintln!("capexec: --cgroup-parent: {error}");
@@ -153,7 +177,14 @@ pub fn main(args: ServeArgs) -> i32 {
     // As root with --user-map: bind, start the front, and stay the monitor.
     if let (Some(map), None) = (&args.user_map, args.front) {
         let tls = args.tls_cert.is_some() || args.tls_self_signed;
-        return crate::cli::serve_users::monitor_main(map, &args.privsep_user, &listen, admin, tls);
+        return crate::cli::serve_users::monitor_main(
+            map,
+            &args.privsep_user,
+            &listen,
+            admin,
+            tls,
+            args.monitor_handover,
+        );
     }
     let metrics = match args.metrics.as_deref().map(metrics_address).transpose() {
         Ok(metrics) => metrics,
@@ -292,10 +323,8 @@ pub fn main(args: ServeArgs) -> i32 {
         users,
         handover: handover.map(std::sync::Arc::new),
     };
-    let upgrades = crate::cli::upgrade::Upgrading::prepare(
-        worker_of_a_user
-            .then_some("a user's worker is upgraded with the server that started it, not alone"),
-    );
+    // A user's worker upgrades itself when its monitor tells it to.
+    let upgrades = crate::cli::upgrade::Upgrading::prepare(None);
     crate::cli::run_local(serve(
         config,
         engine,

@@ -5,14 +5,18 @@
 
 use std::ffi::OsString;
 use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use capexec::net::activation::InheritedSocket;
-use capexec::net::{Address, BoundUnixSocket, Token, UsersConfig, bind_unix_for_another};
-use capexec::users::{Account, Evidence, MonitorSetup, TokenCheck, UserMap, spawn_as};
+use capexec::net::{
+    Address, BoundUnixSocket, BoundUnixSocketState, Token, UsersConfig, bind_unix_for_another,
+};
+use capexec::users::{
+    Account, Evidence, MonitorSetup, MonitorUpgrade, TokenCheck, UserMap, WorkerRecord, spawn_as,
+};
 
 use crate::cli::EXIT_CAPEXEC_FAILURE;
 
@@ -71,27 +75,45 @@ pub fn inherited(fd: i32, flag: &str) -> Result<OwnedFd, String> {
 /// The monitor: binds `listen` (Unix sockets open to every local user)
 /// and `admin`, starts the front as `privsep_user`, prints the addresses,
 /// and serves the front's requests until it ends; its exit code is the
-/// front's.
+/// front's. With `handover`, an upgrade's monitor: it takes the listeners
+/// and workers the monitor before handed over at that descriptor instead
+/// of binding, and starts a front of this binary on them.
 pub fn monitor_main(
     map_file: &Path,
     privsep_user: &str,
     listen: &[Address],
     admin: Option<PathBuf>,
     tls: bool,
+    handover: Option<i32>,
 ) -> i32 {
-    match start(map_file, privsep_user, listen, admin, tls) {
+    capexec::users::handle_monitor_signals();
+    let started =
+        prepare(map_file, privsep_user, listen, tls).and_then(|prepared| match handover {
+            None => bind(listen, admin)
+                .and_then(|bound| Ok((bound, make_socket_dir()?, (Vec::new(), 0))))
+                .and_then(|(bound, dir, workers)| launch(prepared, bound, dir, listen, workers)),
+            Some(fd) => take_over(fd)
+                .and_then(|(bound, dir, workers)| launch(prepared, bound, dir, listen, workers)),
+        });
+    match started {
         Ok(Started {
             socket,
             requests,
             setup,
             front,
-            logins,
-            admin,
+            bound,
+            workers,
         }) => {
-            let listeners: Vec<_> = logins.iter().map(|bound| &bound.listener).collect();
-            let code =
-                capexec::users::serve_monitor(socket, Some(requests), &listeners, &setup, front);
-            drop((logins, admin));
+            let listeners: Vec<_> = bound.logins.iter().map(|bound| &bound.listener).collect();
+            let code = capexec::users::serve_monitor(
+                socket,
+                Some(requests),
+                &listeners,
+                &setup,
+                front,
+                workers,
+            );
+            drop(bound);
             code
         }
         Err(error) => {
@@ -101,26 +123,57 @@ pub fn monitor_main(
     }
 }
 
+/// `serve --user-map FILE --handover-check`: whether this binary would
+/// take over as the monitor with these arguments (the map, its token
+/// files and the front's user as they are now), without binding.
+pub fn check_monitor(
+    map_file: &Path,
+    privsep_user: &str,
+    listen: &[Address],
+    tls: bool,
+) -> Result<(), String> {
+    prepare(map_file, privsep_user, listen, tls).map(drop)
+}
+
 struct Started {
     socket: OwnedFd,
     /// Where the front asks which worker a token logs in to.
     requests: OwnedFd,
     setup: MonitorSetup,
     front: nix::unistd::Pid,
-    /// The listeners the monitor accepts logins on; their files go when
-    /// it ends.
+    /// The listeners; their files go when the monitor ends.
+    bound: Bound,
+    workers: HandedWorkers,
+}
+
+/// The workers an upgrade handed over, and how many had been started.
+type HandedWorkers = (Vec<WorkerRecord>, u64);
+
+/// What the monitor reads before it binds anything (again at an upgrade).
+struct Prepared {
+    map: UserMap,
+    tokens: Vec<(TokenCheck, Account)>,
+    /// Whether the map has `cert` lines.
+    certificates: bool,
+    front_account: Account,
+    program: PathBuf,
+}
+
+/// The sockets the monitor binds: the Unix ones it accepts logins on
+/// itself, and the TCP and admin ones the front serves (kept here too, so
+/// that a new front can take them at an upgrade).
+struct Bound {
     logins: Vec<BoundUnixSocket>,
-    /// The admin socket the front serves (its file goes with the monitor).
+    tcp: Vec<std::net::TcpListener>,
     admin: Option<BoundUnixSocket>,
 }
 
-fn start(
+fn prepare(
     map_file: &Path,
     privsep_user: &str,
     listen: &[Address],
-    admin: Option<PathBuf>,
     tls: bool,
-) -> Result<Started, String> {
+) -> Result<Prepared, String> {
     let uid = nix::unistd::geteuid();
     if !uid.is_root() {
         return Err(format!(
@@ -201,11 +254,19 @@ fn start(
     }
     let program = std::env::current_exe()
         .map_err(|error| format!("--user-map: cannot find capexec's own binary: {error}"))?;
-    // The listeners, bound as root and accepted on by the monitor; open
-    // to every local user (the kernel tells the monitor who each one is).
-    // The admin socket stays root's, and the front serves it.
-    let mut logins = Vec::new();
-    // TCP listeners go to the front, which does TLS and the login.
+    Ok(Prepared {
+        map,
+        tokens,
+        certificates,
+        front_account,
+        program,
+    })
+}
+
+/// Binds the listeners: TCP ones (for the front, which does TLS and the
+/// login), Unix ones open to every local user (the kernel tells the
+/// monitor who each one is), and the admin socket, root's alone.
+fn bind(listen: &[Address], admin: Option<PathBuf>) -> Result<Bound, String> {
     let mut tcp = Vec::new();
     for address in listen {
         let Address::Tcp { host, port } = address else {
@@ -216,6 +277,7 @@ fn start(
         })?;
         tcp.push(listener);
     }
+    let mut logins = Vec::new();
     for address in listen {
         let Address::Unix(path) = address else {
             continue;
@@ -237,6 +299,11 @@ fn start(
         })?),
         None => None,
     };
+    Ok(Bound { logins, tcp, admin })
+}
+
+/// Makes the directory of the workers' sockets.
+fn make_socket_dir() -> Result<PathBuf, String> {
     let run = PathBuf::from(RUN_DIR);
     let socket_dir = run.join(format!("workers.{}", std::process::id()));
     std::fs::DirBuilder::new()
@@ -251,6 +318,7 @@ fn start(
             )
         })?;
     root_only_directory(&run)?;
+    remove_dead_monitors_dirs(&run);
     std::fs::DirBuilder::new()
         .mode(0o711)
         .create(&socket_dir)
@@ -265,9 +333,70 @@ fn start(
                 capexec::model::io_message(&error)
             )
         })?;
+    Ok(socket_dir)
+}
+
+/// Removes the workers' directories of monitors that are gone (killed
+/// with SIGKILL, say: nothing of theirs runs any more, their workers died
+/// with them). A directory whose number is a live process's is left, a
+/// monitor's or not.
+fn remove_dead_monitors_dirs(run: &Path) {
+    let Ok(entries) = std::fs::read_dir(run) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|name| name.strip_prefix("workers."))
+            .and_then(|pid| pid.parse::<i32>().ok())
+            .filter(|pid| *pid > 0)
+        else {
+            continue;
+        };
+        let gone = matches!(
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
+            Err(nix::errno::Errno::ESRCH)
+        );
+        if gone {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// The monitor's own arguments, as given, less an upgrade's hand-over.
+fn own_args() -> Vec<OsString> {
+    let mut args = Vec::new();
+    let mut given = std::env::args_os().skip(1);
+    while let Some(arg) = given.next() {
+        if arg == "--monitor-handover" {
+            given.next();
+            continue;
+        }
+        args.push(arg);
+    }
+    args
+}
+
+/// Starts the front as the privsep user on `bound`, prints the addresses,
+/// and puts together what the monitor serves with.
+fn launch(
+    prepared: Prepared,
+    bound: Bound,
+    socket_dir: PathBuf,
+    listen: &[Address],
+    workers: HandedWorkers,
+) -> Result<Started, String> {
+    let Prepared {
+        map,
+        tokens,
+        certificates,
+        front_account,
+        program,
+    } = prepared;
     let (ours, theirs) = seqpacket_pair()?;
     // The front: this same command line, as the front, with the sockets.
-    let mut args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let mut args = own_args();
     args.push("--front".into());
     args.push(theirs.as_raw_fd().to_string().into());
     let (requests, their_requests) = seqpacket_pair()?;
@@ -278,25 +407,27 @@ fn start(
         args.push("--client-certificates".into());
     }
     let mut keep = vec![theirs.as_raw_fd(), their_requests.as_raw_fd()];
-    for listener in &tcp {
+    for listener in &bound.tcp {
         let fd = listener.as_raw_fd();
         args.push("--listen-fd".into());
         args.push(format!("{fd}=tcp").into());
         keep.push(fd);
     }
-    if let Some(admin) = &admin {
+    if let Some(admin) = &bound.admin {
         let fd = admin.listener.as_raw_fd();
         args.push("--listen-fd".into());
         args.push(format!("{fd}=admin").into());
         keep.push(fd);
     }
+    let privsep_user = front_account.name.clone();
     // The front ends cleanly if the monitor dies.
-    let front = spawn_as(&front_account, &program, &args, &keep, libc::SIGTERM, None)
+    let mut front = spawn_as(&front_account, &program, &args, &keep, libc::SIGTERM, None)
         .map_err(|error| format!("--privsep-user {privsep_user}: {error}"))?;
+    capexec::users::relay_stderr(&mut front, capexec::users::log_label(&front_account));
     drop((theirs, their_requests));
     // As bound: a port of 0 is the one the kernel chose. A closed stdout
     // (whoever started us read what it wanted) ends nothing.
-    let mut bound_tcp = tcp.iter();
+    let mut bound_tcp = bound.tcp.iter();
     let mut stdout = std::io::stdout().lock();
     for address in listen {
         match address {
@@ -312,12 +443,12 @@ fn start(
     }
     let _ = stdout.flush();
     drop(stdout);
-    drop(tcp);
     tracing::info!(
         front = front.id(),
-        user = privsep_user,
+        user = %privsep_user,
         "serving logins as users: the front reads the peers, this process starts their workers"
     );
+    let upgrade = monitor_upgrade(&bound, &socket_dir);
     Ok(Started {
         socket: ours,
         setup: MonitorSetup {
@@ -327,12 +458,236 @@ fn start(
             front_uid: front_account.uid,
             front_gid: front_account.gid,
             tokens,
+            upgrade,
         },
         requests,
         front: nix::unistd::Pid::from_raw(front.id() as i32),
-        logins,
-        admin,
+        bound,
+        workers,
     })
+}
+
+/// What a monitor hands over to the next binary at an upgrade (the same
+/// process): its listeners, the workers' directory and cgroup root, and
+/// the workers, which stay its children.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct MonitorState {
+    version: String,
+    logins: Vec<BoundUnixSocketState>,
+    tcp: Vec<RawFd>,
+    admin: Option<BoundUnixSocketState>,
+    socket_dir: PathBuf,
+    cgroup_root: Option<capexec::sandbox::RootState>,
+    workers: Vec<WorkerRecord>,
+    started: u64,
+}
+
+/// How long the new binary may take to answer `--handover-check`.
+const CHECK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How this monitor upgrades: the binary at the path it was started by,
+/// with its own arguments.
+fn monitor_upgrade(bound: &Bound, socket_dir: &Path) -> MonitorUpgrade {
+    let exe = crate::cli::upgrade::started_from();
+    let args = own_args();
+    let logins: Vec<_> = bound
+        .logins
+        .iter()
+        .map(BoundUnixSocket::handover_state)
+        .collect();
+    let tcp: Vec<RawFd> = bound.tcp.iter().map(AsRawFd::as_raw_fd).collect();
+    let admin = bound.admin.as_ref().map(BoundUnixSocket::handover_state);
+    let socket_dir = socket_dir.to_path_buf();
+    let check = {
+        let (exe, args) = (exe.clone(), args.clone());
+        Box::new(move || check_binary(exe.as_ref().map_err(Clone::clone)?, &args))
+    };
+    let exec = Box::new(move |workers: &[WorkerRecord], started: u64| {
+        let exe = match &exe {
+            Ok(exe) => exe,
+            Err(why) => return why.clone(),
+        };
+        let state = MonitorState {
+            version: capexec::net::HANDOVER_VERSION.to_string(),
+            logins: logins.clone(),
+            tcp: tcp.clone(),
+            admin: admin.clone(),
+            socket_dir: socket_dir.clone(),
+            cgroup_root: capexec::sandbox::root_for_handover(),
+            workers: workers.to_vec(),
+            started,
+        };
+        exec_monitor(exe, &args, &state)
+    });
+    MonitorUpgrade { check, exec }
+}
+
+/// Asks the binary at `exe` (as `serve ARGS --handover-check`, in this
+/// process's directory) whether it takes the hand-over.
+fn check_binary(exe: &Path, args: &[OsString]) -> Result<(), String> {
+    use std::io::Read;
+    let mut child = std::process::Command::new(exe)
+        .args(args)
+        .arg("--handover-check")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|error| {
+            format!(
+                "cannot run {}: {}",
+                exe.display(),
+                capexec::model::io_message(&error)
+            )
+        })?;
+    // Read on threads of their own: a binary that writes much and waits
+    // cannot hold the check up past its deadline.
+    fn read_some(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<String> {
+        std::thread::spawn(move || {
+            let mut text = Vec::new();
+            if let Some(pipe) = pipe {
+                let _ = pipe.take(4096).read_to_end(&mut text);
+            }
+            String::from_utf8_lossy(&text).trim().to_string()
+        })
+    }
+    let said = read_some(child.stdout.take());
+    let complained = read_some(child.stderr.take());
+    let deadline = std::time::Instant::now() + CHECK_PATIENCE;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "{} did not answer `serve --handover-check`",
+                    exe.display()
+                ));
+            }
+        }
+    };
+    let said = said.join().unwrap_or_default();
+    let complained = complained.join().unwrap_or_default();
+    if status.success() && said == capexec::net::HANDOVER_VERSION {
+        return Ok(());
+    }
+    let status = match status.code() {
+        Some(code) => format!("exit code {code}"),
+        None => "a signal".to_string(),
+    };
+    Err(format!(
+        "{} cannot take the hand-over: `serve --handover-check` ended with {status} and said \
+         {said:?} (expected {:?}){}",
+        exe.display(),
+        capexec::net::HANDOVER_VERSION,
+        if complained.is_empty() {
+            String::new()
+        } else {
+            format!(": {complained}")
+        }
+    ))
+}
+
+/// Writes `state` to a memfd and re-executes `exe` with `args` plus
+/// `--monitor-handover FD`, keeping the descriptors the state names open;
+/// if that binary cannot be executed, this one (`/proc/self/exe`) takes the
+/// same hand-over. Returns only if neither could, saying why.
+fn exec_monitor(exe: &Path, args: &[OsString], state: &MonitorState) -> String {
+    use std::io::{Seek, Write};
+    let text = match serde_json::to_vec(state) {
+        Ok(text) => text,
+        Err(error) => return format!("cannot write the hand-over: {error}"),
+    };
+    let memfd = match nix::sys::memfd::memfd_create(
+        c"capexec-monitor-handover",
+        nix::sys::memfd::MFdFlags::MFD_CLOEXEC,
+    ) {
+        Ok(fd) => fd,
+        Err(errno) => return format!("cannot write the hand-over: {}", errno.desc()),
+    };
+    let mut file = std::fs::File::from(memfd);
+    if let Err(error) = file.write_all(&text).and_then(|()| file.rewind()) {
+        return format!("cannot write the hand-over: {error}");
+    }
+    let mut keep = vec![file.as_raw_fd()];
+    for socket in state.logins.iter().chain(&state.admin) {
+        keep.extend([socket.listener, socket.lock]);
+    }
+    keep.extend(&state.tcp);
+    keep.extend(state.workers.iter().filter_map(|worker| worker.log));
+    if let Some(root) = &state.cgroup_root {
+        keep.extend([root.lock_fd(), root.sentinel_fd()]);
+    }
+    for fd in keep {
+        // SAFETY: F_SETFD on descriptors this process holds open.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags >= 0 {
+                libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
+            }
+        }
+    }
+    let mut argv: Vec<OsString> = vec![exe.as_os_str().to_owned()];
+    argv.extend(args.iter().cloned());
+    argv.push("--monitor-handover".into());
+    argv.push(file.as_raw_fd().to_string().into());
+    let error = exec(exe, &argv);
+    let _ = exec(Path::new("/proc/self/exe"), &argv);
+    format!("cannot execute {}: {error}", exe.display())
+}
+
+fn exec(exe: &Path, argv: &[OsString]) -> std::io::Error {
+    use std::os::unix::process::CommandExt;
+    std::process::Command::new(exe)
+        .arg0(&argv[0])
+        .args(&argv[1..])
+        .exec()
+}
+
+/// `--monitor-handover FD`: the listeners, the workers' directory and the
+/// workers the monitor before left at FD (same process).
+fn take_over(fd: i32) -> Result<(Bound, PathBuf, HandedWorkers), String> {
+    use std::io::Read;
+    let fd = inherited(fd, "--monitor-handover")?;
+    let mut text = Vec::new();
+    std::fs::File::from(fd)
+        .read_to_end(&mut text)
+        .map_err(|error| format!("the monitor's hand-over: {error}"))?;
+    let state: MonitorState = serde_json::from_slice(&text)
+        .map_err(|error| format!("the monitor's hand-over: {error}"))?;
+    if state.version != capexec::net::HANDOVER_VERSION {
+        return Err(format!(
+            "the monitor's hand-over is {:?}, this binary takes {:?}",
+            state.version,
+            capexec::net::HANDOVER_VERSION
+        ));
+    }
+    if let Some(root) = state.cgroup_root {
+        capexec::sandbox::take_over_root(root)?;
+    }
+    // SAFETY: kept open across the exec for this process and taken once.
+    let taken = |socket: BoundUnixSocketState| unsafe { BoundUnixSocket::taken_over(socket) };
+    let bound = Bound {
+        logins: state.logins.into_iter().map(taken).collect(),
+        tcp: state
+            .tcp
+            .into_iter()
+            .map(|fd| {
+                // SAFETY: as above; close-on-exec again (each front gets
+                // it by `keep`).
+                unsafe {
+                    libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+                    <std::net::TcpListener as FromRawFd>::from_raw_fd(fd)
+                }
+            })
+            .collect(),
+        admin: state.admin.map(taken),
+    };
+    Ok((bound, state.socket_dir, (state.workers, state.started)))
 }
 
 /// Where the workers' sockets go, in a directory of the monitor's own.

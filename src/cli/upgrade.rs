@@ -71,7 +71,7 @@ impl Upgrading {
 /// The path this binary was started by, as given (`argv[0]`, made absolute,
 /// or looked up on PATH), not resolved through symbolic links: an upgrade
 /// runs what the path names now, so repointing a link upgrades too.
-fn started_from() -> Result<PathBuf, String> {
+pub(crate) fn started_from() -> Result<PathBuf, String> {
     let given = std::env::args_os()
         .next()
         .map(PathBuf::from)

@@ -51,7 +51,7 @@ pub use self::server::{
     UpgradeRequest, Upgrades, UsersConfig, serve_stream, unblock_serving_signals,
 };
 pub use self::shutdown::SHUTDOWN_REASON;
-pub use self::socket::{BoundUnixSocket, bind_unix_for_another};
+pub use self::socket::{BoundUnixSocket, BoundUnixSocketState, bind_unix_for_another};
 pub use self::tls::{
     ClientIdentity, ServerTrust, TlsClient, TlsError, TlsServer, parse_fingerprint,
 };

@@ -172,6 +172,50 @@ pub struct BoundUnixSocket {
     _file: UnixSocketFile,
 }
 
+/// A bound socket as an upgrade hands it over: the listener's descriptor,
+/// the file's path and its lock's descriptor (each to stay open across
+/// the exec).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct BoundUnixSocketState {
+    pub listener: std::os::fd::RawFd,
+    pub path: PathBuf,
+    pub lock: std::os::fd::RawFd,
+}
+
+impl BoundUnixSocket {
+    /// What an upgrade hands over of it (it stays this process's).
+    pub fn handover_state(&self) -> BoundUnixSocketState {
+        let (path, lock) = self._file.handover_parts();
+        BoundUnixSocketState {
+            listener: self.listener.as_raw_fd(),
+            path,
+            lock,
+        }
+    }
+
+    /// Takes over the socket the binary before handed over as `state`.
+    ///
+    /// # Safety
+    /// Its descriptors must be open, kept across the exec for this
+    /// process, and owned by nothing else.
+    pub unsafe fn taken_over(state: BoundUnixSocketState) -> BoundUnixSocket {
+        use std::os::fd::FromRawFd;
+        // SAFETY: as the caller promises; close-on-exec again, so that no
+        // child inherits them.
+        unsafe {
+            libc::fcntl(state.listener, libc::F_SETFD, libc::FD_CLOEXEC);
+            libc::fcntl(state.lock, libc::F_SETFD, libc::FD_CLOEXEC);
+            BoundUnixSocket {
+                listener: std::os::unix::net::UnixListener::from_raw_fd(state.listener),
+                _file: UnixSocketFile::taken_over(
+                    state.path,
+                    std::os::fd::OwnedFd::from_raw_fd(state.lock),
+                ),
+            }
+        }
+    }
+}
+
 /// Binds `path` as the server binds its own Unix sockets (a socket left
 /// by a capexec that died is replaced, anything else refused), then gives
 /// it `mode`.

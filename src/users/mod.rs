@@ -14,7 +14,8 @@ mod worker;
 pub use self::account::{Account, AccountError};
 pub use self::map::{Evidence, UserMap};
 pub use self::monitor::{
-    Granted, Handed, MonitorSetup, TokenCheck, ask_for_certificate, ask_for_token, receive_handed,
-    serve_monitor, worker_admin_socket,
+    Granted, Handed, MonitorSetup, MonitorUpgrade, TokenCheck, WorkerRecord, ask_for_certificate,
+    ask_for_token, ask_for_upgrade, handle_monitor_signals, receive_handed, serve_monitor,
+    worker_admin_socket,
 };
-pub use self::worker::{WorkerError, spawn_as, spawn_worker};
+pub use self::worker::{WorkerError, log_label, relay_from, relay_stderr, spawn_as, spawn_worker};

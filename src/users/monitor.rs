@@ -40,6 +40,9 @@ const TOKEN_LOGIN: u8 = 1;
 /// A request: which worker the TLS client certificate with this SHA-256
 /// (32 bytes) logs in to.
 const CERTIFICATE_LOGIN: u8 = 2;
+/// A request: upgrade the server (the admin's `upgrade`); the answer says
+/// whether the new binary takes over, before the upgrade goes on.
+const UPGRADE: u8 = 3;
 const MAX_TOKEN_BYTES: usize = 1024;
 const REQUEST_BYTES: usize = 4 + MAX_TOKEN_BYTES;
 
@@ -175,6 +178,41 @@ fn owned_descriptors(message: &nix::sys::socket::RecvMsg<'_, '_, ()>) -> Vec<Own
     passed
 }
 
+/// A worker as an upgrade hands it over to the next monitor: the same
+/// process, still this one's child.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct WorkerRecord {
+    pub uid: u32,
+    pub pid: i32,
+    pub generation: u64,
+    pub socket: PathBuf,
+    pub cgroup: Option<PathBuf>,
+    /// The read end of its log's pipe, kept open across the exec.
+    pub log: Option<RawFd>,
+    /// Its log's label.
+    pub label: String,
+}
+
+/// How the monitor upgrades the server in place (SIGUSR2, or the front's
+/// request for the admin's `upgrade`).
+pub struct MonitorUpgrade {
+    /// Whether the binary now at the server's path takes the hand-over,
+    /// or why not.
+    pub check: Box<dyn Fn() -> Result<(), String>>,
+    /// Re-executes this process into that binary, handing over the
+    /// workers and how many were started; returns only if that failed,
+    /// saying why.
+    pub exec: ExecUpgrade,
+}
+
+/// Re-executes the monitor with the workers handed over (see
+/// [`MonitorUpgrade::exec`]).
+pub type ExecUpgrade = Box<dyn Fn(&[WorkerRecord], u64) -> String>;
+
+/// How long the front may take to close its connections and end, at an
+/// upgrade, before it is killed.
+const FRONT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What the monitor works with.
 pub struct MonitorSetup {
     pub map: UserMap,
@@ -188,6 +226,8 @@ pub struct MonitorSetup {
     /// The map's token logins: whether a candidate is the token, and the
     /// account it logs in as.
     pub tokens: Vec<(TokenCheck, Account)>,
+    /// How to upgrade in place.
+    pub upgrade: MonitorUpgrade,
 }
 
 /// Compares a candidate with one token of the map, in constant time.
@@ -196,26 +236,43 @@ pub type TokenCheck = Box<dyn Fn(&str) -> bool>;
 /// The signal the monitor has to pass on to the front (0: none).
 static PENDING_SIGNAL: AtomicI32 = AtomicI32::new(0);
 
+/// Whether SIGUSR2 asked for an upgrade.
+static PENDING_UPGRADE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 extern "C" fn note_signal(signal: libc::c_int) {
-    PENDING_SIGNAL.store(signal, Ordering::Relaxed);
+    if signal == libc::SIGUSR2 {
+        PENDING_UPGRADE.store(true, Ordering::Relaxed);
+    } else {
+        PENDING_SIGNAL.store(signal, Ordering::Relaxed);
+    }
 }
 
-/// Accepts on `listeners` (non-blocking) and hands each connection with
-/// its verdict to the front on `socket`, until the front closes its end
-/// (it has ended), passing SIGTERM, SIGINT, SIGHUP and SIGUSR2 (an
-/// upgrade, which the front refuses with a sentence) on to the front.
-/// Returns the front's exit code, as a shell would say it.
-pub fn serve_monitor(
-    socket: OwnedFd,
-    requests: Option<OwnedFd>,
-    listeners: &[&std::os::unix::net::UnixListener],
-    setup: &MonitorSetup,
-    front: Pid,
-) -> i32 {
-    use rustix::event::{PollFd, PollFlags, poll};
-    for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR2] {
+/// The signals the monitor handles, blocked from just before an upgrade's
+/// exec until the next monitor handles them (the mask survives the exec),
+/// so that none takes its default action (ending the server) in between.
+const MONITOR_SIGNALS: [libc::c_int; 4] =
+    [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR2];
+
+fn mask_monitor_signals(how: libc::c_int) {
+    // SAFETY: fills a set we own and changes this thread's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for signal in MONITOR_SIGNALS {
+            libc::sigaddset(&mut set, signal);
+        }
+        libc::pthread_sigmask(how, &set, std::ptr::null_mut());
+    }
+}
+
+/// Takes the signals the monitor handles (SIGTERM, SIGINT and SIGHUP for
+/// the front, SIGUSR2 for an upgrade): call it first thing, so that one
+/// that comes while the monitor starts waits for [`serve_monitor`] instead
+/// of ending the server. (A child's exec resets them to their defaults.)
+pub fn handle_monitor_signals() {
+    for signal in MONITOR_SIGNALS {
         // SAFETY: the handler only stores to an atomic; no SA_RESTART, so
-        // a signal interrupts the wait below and is passed on at once.
+        // a signal interrupts the monitor's wait and is passed on at once.
         unsafe {
             let mut action: libc::sigaction = std::mem::zeroed();
             action.sa_sigaction = note_signal as *const () as usize;
@@ -223,10 +280,44 @@ pub fn serve_monitor(
             libc::sigaction(signal, &action, std::ptr::null_mut());
         }
     }
+}
+
+/// Accepts on `listeners` (non-blocking) and hands each connection with
+/// its verdict to the front on `socket`, until the front closes its end
+/// (it has ended), passing SIGTERM, SIGINT and SIGHUP on to the front;
+/// SIGUSR2 upgrades the server (see [`MonitorUpgrade`]). `taken_over`:
+/// the workers an upgrade handed over, and how many had been started.
+/// Returns the front's exit code, as a shell would say it.
+pub fn serve_monitor(
+    socket: OwnedFd,
+    requests: Option<OwnedFd>,
+    listeners: &[&std::os::unix::net::UnixListener],
+    setup: &MonitorSetup,
+    front: Pid,
+    taken_over: (Vec<WorkerRecord>, u64),
+) -> i32 {
+    use rustix::event::{PollFd, PollFlags, poll};
+    handle_monitor_signals();
+    // (Blocked by the monitor before, if it handed over to this one.)
+    mask_monitor_signals(libc::SIG_UNBLOCK);
     let mut workers = Workers::default();
+    workers.adopt(taken_over.0, taken_over.1);
+    let front_pidfd = match pidfd(front) {
+        Ok(pidfd) => pidfd,
+        Err(error) => {
+            tracing::error!(%error, "the monitor cannot watch the front");
+            return wait_for(front);
+        }
+    };
     let mut front_status = None;
     'serving: loop {
         pass_signal_on(front);
+        if PENDING_UPGRADE.swap(false, Ordering::Relaxed)
+            && let Upgraded::Failed(why) = upgrade(setup, &mut workers, front, &front_pidfd, None)
+        {
+            tracing::error!("the upgrade failed after the front had ended: {why}");
+            break;
+        }
         reap(front, &mut front_status);
         let mut fds: Vec<PollFd<'_>> = std::iter::once(PollFd::new(&socket, PollFlags::IN))
             .chain(requests.iter().map(|r| PollFd::new(r, PollFlags::IN)))
@@ -247,8 +338,18 @@ pub fn serve_monitor(
         }
         let listening = match &requests {
             Some(requests) if ready[1] => {
-                if !answer_request(setup, &mut workers, requests.as_fd(), front) {
-                    break;
+                match answer_request(setup, &mut workers, requests.as_fd(), front) {
+                    Answered::Closed => break,
+                    Answered::Served => {}
+                    Answered::Upgrade => {
+                        let reply = Some(requests.as_fd());
+                        if let Upgraded::Failed(why) =
+                            upgrade(setup, &mut workers, front, &front_pidfd, reply)
+                        {
+                            tracing::error!("the upgrade failed after the front had ended: {why}");
+                            break;
+                        }
+                    }
                 }
                 &ready[2..]
             }
@@ -296,29 +397,42 @@ pub fn serve_monitor(
     }
 }
 
-/// Answers one request of the front's on `requests`; false once the front
-/// has closed it.
+/// What came of a request of the front's.
+enum Answered {
+    Served,
+    /// An upgrade, to be checked and answered by [`upgrade`].
+    Upgrade,
+    /// The front has closed its end.
+    Closed,
+}
+
+/// Answers one request of the front's on `requests`.
 fn answer_request(
     setup: &MonitorSetup,
     workers: &mut Workers,
     requests: BorrowedFd<'_>,
     front: Pid,
-) -> bool {
+) -> Answered {
     let mut request = [0u8; REQUEST_BYTES + 1];
     let length =
         match nix::sys::socket::recv(requests.as_raw_fd(), &mut request, MsgFlags::MSG_DONTWAIT) {
-            Ok(0) => return false,
+            Ok(0) => return Answered::Closed,
             Ok(length) => length,
-            Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::EINTR) => return true,
+            Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::EINTR) => {
+                return Answered::Served;
+            }
             Err(errno) => {
                 tracing::error!(
                     error = errno.desc(),
                     "the monitor cannot read the front's request"
                 );
-                return false;
+                return Answered::Closed;
             }
         };
     let request = &request[..length];
+    if request == [UPGRADE, 0, 0, 0] {
+        return Answered::Upgrade;
+    }
     let verdict = match (token_of(request), certificate_of(request)) {
         (Some(token), _) => match setup.tokens.iter().find(|(matches, _)| matches(token)) {
             Some((_, account)) => {
@@ -336,7 +450,16 @@ fn answer_request(
         },
         (None, None) => Err("a malformed request to the monitor".to_string()),
     };
-    let bytes = encode(&verdict);
+    if reply(requests, &verdict, front) {
+        Answered::Served
+    } else {
+        Answered::Closed
+    }
+}
+
+/// Sends the front `verdict` on `requests`; false if it cannot.
+fn reply(requests: BorrowedFd<'_>, verdict: &Result<Granted, String>, front: Pid) -> bool {
+    let bytes = encode(verdict);
     loop {
         match nix::sys::socket::send(requests.as_raw_fd(), &bytes, MsgFlags::MSG_NOSIGNAL) {
             Err(nix::errno::Errno::EINTR) => pass_signal_on(front),
@@ -347,6 +470,87 @@ fn answer_request(
             }
         }
     }
+}
+
+/// What came of an upgrade that did not replace this process.
+enum Upgraded {
+    /// The new binary refused: nothing was touched, the server serves on.
+    Refused,
+    /// The front has ended and the exec failed: the server cannot go on.
+    Failed(String),
+}
+
+/// Upgrades the server in place: asks the new binary first (and answers
+/// the front on `reply`, if it asked); if it takes over, tells every
+/// worker to upgrade itself (SIGUSR2: each hands its own processes over
+/// to the new binary, in its own process), ends the front (which closes
+/// every connection saying the server is upgrading; resuming clients come
+/// back), and re-executes this process with the workers handed over. The
+/// new monitor starts a front of the new binary on the same listeners,
+/// which held what connected meanwhile in their backlogs.
+fn upgrade(
+    setup: &MonitorSetup,
+    workers: &mut Workers,
+    front: Pid,
+    front_pidfd: &OwnedFd,
+    reply_on: Option<BorrowedFd<'_>>,
+) -> Upgraded {
+    tracing::info!("upgrade asked for: checking the new binary");
+    let checked = (setup.upgrade.check)();
+    if let Some(requests) = reply_on {
+        let answer = checked.clone().map(|()| Granted {
+            uid: 0,
+            generation: 0,
+            socket: PathBuf::new(),
+        });
+        reply(requests, &answer, front);
+    }
+    if let Err(why) = checked {
+        tracing::warn!("upgrade refused, still serving: {why}");
+        return Upgraded::Refused;
+    }
+    tracing::info!("upgrading: the workers upgrade themselves, the front ends");
+    for worker in workers.by_uid.values() {
+        if !ended(&worker.pidfd) {
+            let _ = nix::sys::signal::kill(worker.pid, nix::sys::signal::Signal::SIGUSR2);
+        }
+    }
+    let _ = nix::sys::signal::kill(front, nix::sys::signal::Signal::SIGUSR2);
+    if !ended_within(front_pidfd, FRONT_PATIENCE) {
+        tracing::warn!("the front did not end within {FRONT_PATIENCE:?}; killing it");
+        let _ = nix::sys::signal::kill(front, nix::sys::signal::Signal::SIGKILL);
+    }
+    let _ = wait_for(front);
+    mask_monitor_signals(libc::SIG_BLOCK);
+    let error = (setup.upgrade.exec)(&workers.records(), workers.started);
+    mask_monitor_signals(libc::SIG_UNBLOCK);
+    Upgraded::Failed(error)
+}
+
+/// Whether the process behind `pidfd` ends within `patience`.
+fn ended_within(pidfd: &OwnedFd, patience: std::time::Duration) -> bool {
+    use rustix::event::{PollFd, PollFlags, poll};
+    let deadline = std::time::Instant::now() + patience;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let timeout = rustix::event::Timespec {
+            tv_sec: left.as_secs() as i64,
+            tv_nsec: i64::from(left.subsec_nanos()),
+        };
+        let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
+        match poll(&mut fds, Some(&timeout)) {
+            Ok(n) if n > 0 => return true,
+            Err(rustix::io::Errno::INTR) => continue,
+            _ => return false,
+        }
+    }
+}
+
+/// The front's end of the request socket: upgrade the server. `Ok` once
+/// the monitor has found that the new binary takes over (the upgrade then
+/// goes on, and ends this front), else why not.
+pub fn ask_for_upgrade(requests: BorrowedFd<'_>) -> Result<(), String> {
+    ask(requests, &[UPGRADE, 0, 0, 0]).map(|_| ())
 }
 
 /// The token of a login request, if it is one.
@@ -461,6 +665,10 @@ struct Running {
     /// The cgroup delegated to the worker's user, which the worker and
     /// every process it starts are in.
     cgroup: Option<PathBuf>,
+    /// A second descriptor of its log's pipe, for an upgrade to hand over
+    /// (a thread relays the first), and the log's label.
+    log: Option<OwnedFd>,
+    label: String,
 }
 
 impl Running {
@@ -473,6 +681,60 @@ impl Running {
 }
 
 impl Workers {
+    /// The workers to hand over at an upgrade.
+    fn records(&self) -> Vec<WorkerRecord> {
+        self.by_uid
+            .values()
+            .map(|worker| WorkerRecord {
+                uid: worker.granted.uid,
+                pid: worker.pid.as_raw(),
+                generation: worker.granted.generation,
+                socket: worker.granted.socket.clone(),
+                cgroup: worker.cgroup.clone(),
+                log: worker.log.as_ref().map(|log| log.as_raw_fd()),
+                label: worker.label.clone(),
+            })
+            .collect()
+    }
+
+    /// Takes over the workers the monitor before handed over (this
+    /// process's children still), relaying their logs again.
+    fn adopt(&mut self, records: Vec<WorkerRecord>, started: u64) {
+        self.started = started;
+        for record in records {
+            // SAFETY: kept open across the exec for us, taken once.
+            let log = record
+                .log
+                .map(|fd| unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+            let log = log.map(|log| {
+                let _ = rustix::io::fcntl_setfd(&log, rustix::io::FdFlags::CLOEXEC);
+                let kept = log.try_clone().ok();
+                crate::users::worker::relay_from(log, record.label.clone());
+                kept
+            });
+            let pid = Pid::from_raw(record.pid);
+            let Ok(pidfd) = pidfd(pid) else {
+                tracing::warn!(pid = record.pid, "a worker handed over is gone");
+                continue;
+            };
+            self.by_uid.insert(
+                record.uid,
+                Running {
+                    pid,
+                    pidfd,
+                    granted: Granted {
+                        uid: record.uid,
+                        generation: record.generation,
+                        socket: record.socket,
+                    },
+                    cgroup: record.cgroup,
+                    log: log.flatten(),
+                    label: record.label,
+                },
+            );
+        }
+    }
+
     fn running(&mut self, setup: &MonitorSetup, account: &Account) -> Result<Granted, String> {
         let uid = account.uid.as_raw();
         if let Some(worker) = self.by_uid.get(&uid) {
@@ -517,7 +779,7 @@ impl Workers {
         };
         let spawned = spawn_worker(account, &setup.program, &listener, &admin, cgroup.as_ref());
         let cgroup = cgroup.map(|group| group.dir);
-        let child = match spawned {
+        let mut child = match spawned {
             Ok(child) => child,
             Err(error) => {
                 if let Some(dir) = &cgroup {
@@ -527,6 +789,8 @@ impl Workers {
             }
         };
         drop((listener, admin));
+        let label = crate::users::worker::log_label(account);
+        let log = crate::users::worker::relay_stderr(&mut child, label.clone());
         let pid = Pid::from_raw(child.id() as i32);
         let pidfd = pidfd(pid).map_err(failed)?;
         self.started = generation;
@@ -543,6 +807,8 @@ impl Workers {
                 pidfd,
                 granted: granted.clone(),
                 cgroup,
+                log,
+                label,
             },
         );
         Ok(granted)

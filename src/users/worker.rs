@@ -89,7 +89,8 @@ pub fn spawn_worker(
 /// a login of it finds (`HOME`, `USER`, `LOGNAME`, `SHELL`, a login's
 /// `PATH`), in its home directory (`/` if that is missing), with stdin and
 /// stdout on /dev/null, stderr on a pipe whose lines a thread of this
-/// process copies to its own stderr (see [`relay_log`]), and of the
+/// process copies to its own stderr (see [`relay_log`]; the child's
+/// `stderr` is that pipe's read end, for [`relay_stderr`]), and of the
 /// server's other descriptors only `keep` (at their numbers). It gets
 /// `death_signal` when the process that started it dies. Given the
 /// `cgroup.procs` of a cgroup (open for writing), it joins that cgroup
@@ -186,22 +187,49 @@ pub fn spawn_as(
                 // The server died before the line above.
                 libc::_exit(1);
             }
+            // The signals a server handles wait, blocked, until it handles
+            // them (`capexec serve` lets them in then): the monitor passes
+            // SIGTERM on as soon as it comes, which could otherwise end
+            // the new process by the default action, as killed.
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR2] {
+                libc::sigaddset(&mut set, signal);
+            }
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
             Ok(())
         });
     }
-    let mut child = command.spawn().map_err(WorkerError::Io)?;
-    if let Some(log) = child.stderr.take() {
-        let label = format!("{} (uid {})", account.name, account.uid);
-        let relay = std::thread::Builder::new()
-            .name("capexec-log-relay".to_string())
-            .spawn(move || relay_log(log, &label, &mut std::io::stderr()));
-        if let Err(error) = relay {
-            // Its log is lost, not its service: the pipe closes and the
-            // process's writes to stderr fail from then on.
-            tracing::warn!(%error, user = %account.name, "cannot relay the process's log");
-        }
+    command.spawn().map_err(WorkerError::Io)
+}
+
+/// How a started process's log is labelled: `NAME (uid UID)`.
+pub fn log_label(account: &Account) -> String {
+    format!("{} (uid {})", account.name, account.uid)
+}
+
+/// Copies the log of `child` (started by [`spawn_as`]) to this process's
+/// stderr on a thread of its own, and returns a second descriptor of the
+/// pipe's read end, which an upgrade hands over so that the new binary
+/// relays it on ([`relay_from`]).
+pub fn relay_stderr(child: &mut Child, label: String) -> Option<std::os::fd::OwnedFd> {
+    let log = std::os::fd::OwnedFd::from(child.stderr.take()?);
+    let kept = log.try_clone().ok();
+    relay_from(log, label);
+    kept
+}
+
+/// Copies the log at `log` (a pipe's read end) to this process's stderr,
+/// each line after `label`, on a thread of its own.
+pub fn relay_from(log: std::os::fd::OwnedFd, label: String) {
+    let relay = std::thread::Builder::new()
+        .name("capexec-log-relay".to_string())
+        .spawn(move || relay_log(std::fs::File::from(log), &label, &mut std::io::stderr()));
+    if let Err(error) = relay {
+        // Its log is lost, not its service: the pipe closes and the
+        // process's writes to stderr fail from then on.
+        tracing::warn!(%error, "cannot relay a process's log");
     }
-    Ok(child)
 }
 
 /// The longest line [`relay_log`] copies whole; longer ones are cut in

@@ -712,6 +712,15 @@ fn a_server_with_a_user_map_killed_leaves_no_front_worker_or_command() {
     }
     let _ = client.kill();
     let _ = client.wait();
+    // The next server removes what the killed one could not: its workers'
+    // directory (its cgroups went with its sentinel).
+    let dead = std::path::PathBuf::from(format!("/run/capexec/workers.{server_pid}"));
+    assert!(dead.exists());
+    let next_socket = dir.path().join("next.sock");
+    let (mut next, _) = serve_users(&[format!("unix:{}", next_socket.display())], &map);
+    assert!(!dead.exists(), "{} is left", dead.display());
+    kill(&next, libc::SIGTERM);
+    assert_eq!(wait(&mut next), 0);
 }
 
 #[test]
@@ -788,10 +797,10 @@ fn a_tcp_login_runs_as_the_user_its_token_file_maps_to() {
 /// it), and `capexec upgrade` says why; the users' commands run on. Its
 /// admin socket lists them with their users, and ends them.
 #[test]
-fn a_server_with_a_user_map_refuses_an_upgrade_and_its_admin_sees_the_users_processes() {
+fn the_admin_of_a_server_with_a_user_map_sees_and_ends_the_users_processes() {
     let alice = test_account("capexec-alice", true);
     test_account(FRONT, false);
-    let dir = TempDir::new("users-upgrade");
+    let dir = TempDir::new("users-admin");
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let map = dir.path().join("users");
     std::fs::write(&map, "# every peer as itself\n").expect("map");
@@ -824,25 +833,6 @@ fn a_server_with_a_user_map_refuses_an_upgrade_and_its_admin_sees_the_users_proc
     let worker = workers_of(alice.uid.as_raw(), server_pid)[0];
     wait_until(|| !processes_of(alice.uid.as_raw(), worker, b"sleep").is_empty());
     let command = processes_of(alice.uid.as_raw(), worker, b"sleep")[0];
-    kill(&server, libc::SIGUSR2);
-    let mut upgrade = Std::new(BIN);
-    upgrade
-        .args(["upgrade", "--connect"])
-        .arg(format!("unix:{}", admin.display()))
-        .env_remove("XDG_CONFIG_HOME");
-    let refused = finish(upgrade, None);
-    assert_eq!(
-        (refused.code, text(&refused.stderr).as_str()),
-        (
-            125,
-            "capexec: the server was not upgraded and serves as before: a server that runs \
-             logins as users cannot be upgraded in place yet\n"
-        )
-    );
-    assert!(
-        server.try_wait().expect("try_wait").is_none(),
-        "the monitor died"
-    );
     assert!(alive(command) && alive(worker));
     assert!(client.try_wait().expect("try_wait").is_none());
     // The admin socket sees the users' processes, each owner with its
@@ -1480,4 +1470,178 @@ fn a_users_processes_are_tracked_in_a_cgroup_delegated_to_that_user_alone() {
     assert_eq!(wait(&mut server), 0);
     // Nothing is left of the monitor's cgroups.
     wait_until(|| !monitors_root.exists());
+}
+
+/// The inode of the executable `pid` runs (after an upgrade, the new
+/// binary's).
+fn exe_inode(pid: u32) -> u64 {
+    std::fs::metadata(format!("/proc/{pid}/exe"))
+        .expect("exe")
+        .ino()
+}
+
+/// `capexec upgrade` on the admin socket at `admin`.
+fn upgrade_via(admin: &Path) -> crate::common::cli::Finished {
+    let mut upgrade = Std::new(BIN);
+    upgrade
+        .args(["upgrade", "--connect"])
+        .arg(format!("unix:{}", admin.display()))
+        .env_remove("XDG_CONFIG_HOME");
+    finish(upgrade, None)
+}
+
+/// A copy of the binary at `path`, a new file (a new inode).
+fn put_binary(path: &Path, content: Option<&str>) {
+    let new = path.with_extension("new");
+    match content {
+        Some(content) => std::fs::write(&new, content).expect("write"),
+        None => {
+            std::fs::copy(BIN, &new).expect("copy the binary");
+        }
+    }
+    std::fs::set_permissions(&new, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::fs::rename(&new, path).expect("replace");
+}
+
+#[test]
+fn a_server_with_a_user_map_upgrades_in_place_and_ends_nothing() {
+    use std::io::{Read, Write};
+    let alice = test_account("capexec-alice", true);
+    let front = test_account(FRONT, false);
+    let dir = TempDir::new("users-upgrade");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).expect("mkdir");
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let map = dir.path().join("users");
+    std::fs::write(&map, "# every peer as itself\n").expect("map");
+    let (socket, admin) = (dir.path().join("s.sock"), dir.path().join("admin.sock"));
+    let exe = dir.path().join("capexec");
+    put_binary(&exe, None);
+    let log = std::fs::File::create(dir.path().join("serve.log")).expect("log");
+    let mut server = Std::new(&exe);
+    server
+        .args(["serve", "--listen"])
+        .arg(format!("unix:{}", socket.display()))
+        .arg("--admin")
+        .arg(format!("unix:{}", admin.display()))
+        .arg("--user-map")
+        .arg(&map)
+        .args(["--privsep-user", FRONT])
+        .env("RUST_LOG", "info")
+        .stderr(log);
+    let (mut server, address) = crate::common::cli::spawn_reading_first_line(server);
+    let address = address.trim().to_string();
+    let monitor = server.id();
+    let (uid, gid) = (alice.uid.as_raw(), alice.gid.as_raw());
+    // Alice's command echoes its stdin's first line, then waits for `go`
+    // and copies the rest.
+    let (ready, go) = (shared.join("ready"), shared.join("go"));
+    let script = format!(
+        "read first; echo \"got $first\"; : > {ready}; \
+         while [ ! -e {go} ]; do sleep 0.01; done; cat; exit 4",
+        ready = ready.display(),
+        go = go.display()
+    );
+    let mut client = {
+        use std::os::unix::process::CommandExt;
+        let mut command = Std::new(BIN);
+        command
+            .args(["run", "--connect", &address, "--resume", "60", "--"])
+            .args(["sh", "-c", &script])
+            .env("HOME", "/")
+            .env_remove("XDG_CONFIG_HOME")
+            .env_remove("CAPEXEC_TOKEN")
+            .uid(uid)
+            .gid(gid)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        command.spawn().expect("alice's capexec run")
+    };
+    let mut stdin = client.stdin.take().expect("stdin");
+    let mut stdout = client.stdout.take().expect("stdout");
+    let output = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        let _ = stdout.read_to_end(&mut all);
+        all
+    });
+    stdin.write_all(b"one\n").expect("write");
+    wait_until(|| ready.exists());
+    let worker = workers_of(uid, monitor)[0];
+    let old_front = processes_of(front.uid.as_raw(), monitor, b"--front")[0];
+    let command = processes_of(uid, worker, b"read first")[0];
+    let old = exe_inode(monitor);
+    assert_eq!(exe_inode(worker), old);
+
+    // A binary that cannot take over: nothing happens, by either way in.
+    put_binary(&exe, Some("#!/bin/sh\necho nope\nexit 3\n"));
+    let refused = upgrade_via(&admin);
+    assert_eq!(refused.code, 125, "{}", text(&refused.stderr));
+    assert!(
+        text(&refused.stderr)
+            .starts_with("capexec: the server was not upgraded and serves as before: ")
+            && text(&refused.stderr).contains(
+                "ended with exit code 3 and said \"nope\" (expected \"capexec-handover-1\")"
+            ),
+        "{}",
+        text(&refused.stderr)
+    );
+    kill(&server, libc::SIGUSR2);
+    let still = finish(run_as(uid, gid, "/", &address, "id -un"), None);
+    assert_eq!(
+        (still.code, text(&still.stdout)),
+        (0, "capexec-alice\n".to_string()),
+        "{}",
+        text(&still.stderr)
+    );
+    assert_eq!(
+        processes_of(front.uid.as_raw(), monitor, b"--front"),
+        [old_front]
+    );
+    assert_eq!(exe_inode(worker), old);
+
+    // The real one: the monitor, the worker and the front run it, the
+    // command goes on, and alice's client carries on where it was.
+    put_binary(&exe, None);
+    let new = std::fs::metadata(&exe).expect("exe").ino();
+    assert_ne!(new, old);
+    let upgraded = upgrade_via(&admin);
+    assert_eq!(upgraded.code, 0, "{}", text(&upgraded.stderr));
+    assert_eq!(
+        text(&upgraded.stderr),
+        "capexec: upgraded: the server serves from the new binary\n"
+    );
+    assert!(server.try_wait().expect("try_wait").is_none());
+    wait_until(|| exe_inode(monitor) == new);
+    wait_until(|| alive(worker) && exe_inode(worker) == new);
+    wait_until(|| {
+        processes_of(front.uid.as_raw(), monitor, b"--front")
+            .iter()
+            .any(|pid| *pid != old_front && exe_inode(*pid) == new)
+    });
+    assert!(alive(command));
+    assert_eq!(workers_of(uid, monitor), [worker]);
+    stdin.write_all(b"two\n").expect("write");
+    std::fs::write(&go, "").expect("go");
+    drop(stdin);
+    let code = wait(&mut client);
+    assert_eq!(text(&output.join().expect("stdout")), "got one\ntwo\n");
+    assert_eq!(code, 4);
+    // A second upgrade, by signal, takes over what the first took over.
+    put_binary(&exe, None);
+    let newer = std::fs::metadata(&exe).expect("exe").ino();
+    kill(&server, libc::SIGUSR2);
+    wait_until(|| exe_inode(monitor) == newer && exe_inode(worker) == newer);
+    let after = finish(run_as(uid, gid, "/", &address, "id -un"), None);
+    assert_eq!(
+        (after.code, text(&after.stdout)),
+        (0, "capexec-alice\n".to_string()),
+        "{}",
+        text(&after.stderr)
+    );
+    assert_eq!(workers_of(uid, monitor), [worker]);
+    kill(&server, libc::SIGTERM);
+    assert_eq!(wait(&mut server), 0);
+    wait_until(|| !alive(worker));
 }

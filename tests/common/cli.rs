@@ -232,7 +232,7 @@ pub struct Watched {
 
 type Collected = (
     std::sync::Arc<(std::sync::Mutex<Vec<u8>>, std::sync::Condvar)>,
-    std::thread::JoinHandle<()>,
+    Option<std::thread::JoinHandle<()>>,
 );
 
 fn collect(mut pipe: impl Read + Send + 'static) -> Collected {
@@ -254,7 +254,7 @@ fn collect(mut pipe: impl Read + Send + 'static) -> Collected {
             }
         }
     });
-    (shared, thread)
+    (shared, Some(thread))
 }
 
 fn wait_for_text(collected: &Collected, needle: &str, what: &str) {
@@ -269,6 +269,17 @@ fn wait_for_text(collected: &Collected, needle: &str, what: &str) {
             text(&seen)
         );
         seen = changed.wait_timeout(seen, left).expect("wait").0;
+    }
+}
+
+/// A child a test let go of without waiting for it ends with the test,
+/// so that no test leaves a process behind.
+impl Drop for Watched {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 
@@ -314,10 +325,16 @@ impl Watched {
     pub fn finish(mut self) -> Finished {
         drop(self.stdin.take());
         let code = wait(&mut self.child);
-        let (stdout, stdout_reader) = self.stdout;
-        let (stderr, stderr_reader) = self.stderr;
-        stdout_reader.join().expect("stdout reader");
-        stderr_reader.join().expect("stderr reader");
+        for reader in [self.stdout.1.take(), self.stderr.1.take()]
+            .into_iter()
+            .flatten()
+        {
+            reader.join().expect("reader");
+        }
+        let (stdout, stderr) = (
+            std::sync::Arc::clone(&self.stdout.0),
+            std::sync::Arc::clone(&self.stderr.0),
+        );
         let bytes = |shared: std::sync::Arc<(std::sync::Mutex<Vec<u8>>, std::sync::Condvar)>| {
             std::mem::take(&mut *shared.0.lock().expect("lock"))
         };

@@ -539,20 +539,27 @@ impl Server {
                 upgrades = None;
                 continue;
             };
+            let asked = request.is_some();
             let answer = |result: Result<(), String>| {
                 if let Some(answer) = request {
                     let _ = answer.send(result);
                 }
             };
-            let refused = match &to.refused {
-                Some(why) => Some(why.clone()),
-                None if self.serving.users.is_some() => Some(
-                    "a server that runs logins as users cannot be upgraded in place yet"
-                        .to_string(),
-                ),
-                None => None,
-            };
-            if let Some(why) = refused {
+            // The front of a server that runs logins as users: its
+            // monitor, upgrading, tells it to end (SIGUSR2) and starts a
+            // front of the new binary on the same listeners.
+            if self.serving.users.is_some() {
+                if asked {
+                    answer(Err("the front is upgraded by its monitor".to_string()));
+                    continue;
+                }
+                tracing::info!(
+                    "upgrading: closing every connection; the monitor starts a new front"
+                );
+                self.close_for_upgrade(&accepting).await;
+                return;
+            }
+            if let Some(why) = to.refused.clone() {
                 tracing::warn!("upgrade refused: {why}");
                 answer(Err(why));
                 continue;
@@ -572,14 +579,7 @@ impl Server {
                 tokio::task::yield_now().await;
             }
             tracing::info!("upgrading: closing every connection, handing every process over");
-            for task in &accepting {
-                task.abort();
-            }
-            self.context.close_upstreams();
-            self.serving
-                .closing
-                .close_all_now(upgrade::UPGRADE_REASON)
-                .await;
+            self.close_for_upgrade(&accepting).await;
             let (handover, detached) = self.context.freeze_for_handover().await;
             let listeners = handed
                 .iter()
@@ -621,6 +621,20 @@ impl Server {
         self.serving.closing.close_all().await;
         self.remove_socket_files();
         tracing::info!("shut down");
+    }
+
+    /// Stops accepting (the listening sockets stay open: what connects
+    /// meanwhile waits in the backlog) and closes every connection, saying
+    /// the server is upgrading.
+    async fn close_for_upgrade(&self, accepting: &[JoinHandle<()>]) {
+        for task in accepting {
+            task.abort();
+        }
+        self.context.close_upstreams();
+        self.serving
+            .closing
+            .close_all_now(upgrade::UPGRADE_REASON)
+            .await;
     }
 
     /// Every listener as an upgrade hands it over: its name, a duplicate

@@ -137,6 +137,21 @@ impl Workers {
             .await
     }
 
+    /// Asks the monitor to upgrade the server: `Ok` once it has found that
+    /// the new binary takes over (the upgrade goes on, and ends this
+    /// front), else why not.
+    pub(super) async fn upgrade(&self) -> Result<(), String> {
+        self.ask(|requests| {
+            crate::users::ask_for_upgrade(requests).map(|()| Granted {
+                uid: 0,
+                generation: 0,
+                socket: std::path::PathBuf::new(),
+            })
+        })
+        .await
+        .map(drop)
+    }
+
     /// Asks the monitor `question` on the request socket, off the serving
     /// thread (it may be starting the worker), one question at a time.
     async fn ask(

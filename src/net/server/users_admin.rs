@@ -159,10 +159,12 @@ impl admin::Server for UsersAdmin {
         _: admin::UpgradeParams,
         _: admin::UpgradeResults,
     ) -> Result<(), capnp::Error> {
-        Err(Refusal::new(
-            RefusalKind::Unavailable,
-            "a server that runs logins as users cannot be upgraded in place yet",
-        )
-        .into())
+        // The monitor asks the new binary and answers; then it upgrades
+        // the workers and this front goes (the client confirms by
+        // reconnecting).
+        self.workers
+            .upgrade()
+            .await
+            .map_err(|why| Refusal::new(RefusalKind::Unavailable, why).into())
     }
 }
