@@ -89,7 +89,7 @@ pub fn spawn_worker(
 /// a login of it finds (`HOME`, `USER`, `LOGNAME`, `SHELL`, a login's
 /// `PATH`), in its home directory (`/` if that is missing), with stdin and
 /// stdout on /dev/null, stderr on a pipe whose lines a thread of this
-/// process copies to its own stderr (see [`relay_log`]; the child's
+/// process copies to its own stderr (see `relay_log`; the child's
 /// `stderr` is that pipe's read end, for [`relay_stderr`]), and of the
 /// server's other descriptors only `keep` (at their numbers). It gets
 /// `death_signal` when the process that started it dies. Given the
