@@ -366,16 +366,7 @@ fn remove_dead_monitors_dirs(run: &Path) {
 
 /// The monitor's own arguments, as given, less an upgrade's hand-over.
 fn own_args() -> Vec<OsString> {
-    let mut args = Vec::new();
-    let mut given = std::env::args_os().skip(1);
-    while let Some(arg) = given.next() {
-        if arg == "--monitor-handover" {
-            given.next();
-            continue;
-        }
-        args.push(arg);
-    }
-    args
+    crate::cli::upgrade::args_without("--monitor-handover")
 }
 
 /// Starts the front as the privsep user on `bound`, prints the addresses,

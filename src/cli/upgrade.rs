@@ -27,15 +27,7 @@ impl Upgrading {
     pub fn prepare(refused: Option<&str>) -> Upgrading {
         let exe = started_from();
         // The arguments as given, less the hand-over of an upgrade before.
-        let mut args = Vec::new();
-        let mut given = std::env::args_os().skip(1);
-        while let Some(arg) = given.next() {
-            if arg == "--handover" {
-                given.next();
-                continue;
-            }
-            args.push(arg);
-        }
+        let args = args_without("--handover");
         Upgrading {
             exe,
             args,
@@ -66,6 +58,21 @@ impl Upgrading {
             args: self.args,
         })
     }
+}
+
+/// This process's arguments as given, less `flag` and its value (an
+/// upgrade's hand-over, which the next exec gives anew).
+pub(crate) fn args_without(flag: &str) -> Vec<OsString> {
+    let mut args = Vec::new();
+    let mut given = std::env::args_os().skip(1);
+    while let Some(arg) = given.next() {
+        if arg == flag {
+            given.next();
+            continue;
+        }
+        args.push(arg);
+    }
+    args
 }
 
 /// The path this binary was started by, as given (`argv[0]`, made absolute,
