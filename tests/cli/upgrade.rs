@@ -123,14 +123,14 @@ impl Drop for Upgradable {
 }
 
 /// `seq 1 N`'s output, as the test expects it, compared as it comes.
-struct Expected {
+pub(crate) struct Expected {
     next: u64,
-    pending: Vec<u8>,
-    compared: u64,
+    pub(crate) pending: Vec<u8>,
+    pub(crate) compared: u64,
 }
 
 impl Expected {
-    fn new() -> Expected {
+    pub(crate) fn new() -> Expected {
         Expected {
             next: 1,
             pending: Vec::new(),
@@ -140,7 +140,7 @@ impl Expected {
 
     /// Checks `bytes`, the stream's next ones; panics at the first that
     /// differs (a byte lost or repeated).
-    fn check(&mut self, bytes: &[u8]) {
+    pub(crate) fn check(&mut self, bytes: &[u8]) {
         for &byte in bytes {
             if self.pending.is_empty() {
                 self.pending = format!("{}\n", self.next).into_bytes();

@@ -1501,6 +1501,57 @@ fn put_binary(path: &Path, content: Option<&str>) {
     }
     std::fs::set_permissions(&new, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     std::fs::rename(&new, path).expect("replace");
+    // A child another test forked while the copy was being written holds
+    // its descriptor until its own exec, and an exec of the copy fails
+    // meanwhile (ETXTBSY): wait until no process has it open.
+    let held = |path: &Path| {
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|process| {
+                std::fs::read_dir(process.path().join("fd"))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == path))
+            })
+    };
+    wait_until(|| !held(path));
+}
+
+/// A server that runs logins as users (every peer as itself), started
+/// from a copy of the binary in `dir` (which a test may replace), with a
+/// Unix listener and an admin socket, logging to `dir/serve.log`: the
+/// server, its address, the admin socket and the binary's path.
+fn upgradable_users_server(
+    dir: &Path,
+) -> (
+    std::process::Child,
+    String,
+    std::path::PathBuf,
+    std::path::PathBuf,
+) {
+    let map = dir.join("users");
+    std::fs::write(&map, "# every peer as itself\n").expect("map");
+    let (socket, admin) = (dir.join("s.sock"), dir.join("admin.sock"));
+    let exe = dir.join("capexec");
+    put_binary(&exe, None);
+    let log = std::fs::File::create(dir.join("serve.log")).expect("log");
+    let mut server = Std::new(&exe);
+    server
+        .args(["serve", "--listen"])
+        .arg(format!("unix:{}", socket.display()))
+        .arg("--admin")
+        .arg(format!("unix:{}", admin.display()))
+        .arg("--user-map")
+        .arg(&map)
+        .args(["--privsep-user", FRONT])
+        .env("RUST_LOG", "info")
+        .stderr(log);
+    let (server, address) = crate::common::cli::spawn_reading_first_line(server);
+    let address = address.trim().to_string();
+    (server, address, admin, exe)
 }
 
 #[test]
@@ -1513,25 +1564,7 @@ fn a_server_with_a_user_map_upgrades_in_place_and_ends_nothing() {
     let shared = dir.path().join("shared");
     std::fs::create_dir(&shared).expect("mkdir");
     std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).expect("chmod");
-    let map = dir.path().join("users");
-    std::fs::write(&map, "# every peer as itself\n").expect("map");
-    let (socket, admin) = (dir.path().join("s.sock"), dir.path().join("admin.sock"));
-    let exe = dir.path().join("capexec");
-    put_binary(&exe, None);
-    let log = std::fs::File::create(dir.path().join("serve.log")).expect("log");
-    let mut server = Std::new(&exe);
-    server
-        .args(["serve", "--listen"])
-        .arg(format!("unix:{}", socket.display()))
-        .arg("--admin")
-        .arg(format!("unix:{}", admin.display()))
-        .arg("--user-map")
-        .arg(&map)
-        .args(["--privsep-user", FRONT])
-        .env("RUST_LOG", "info")
-        .stderr(log);
-    let (mut server, address) = crate::common::cli::spawn_reading_first_line(server);
-    let address = address.trim().to_string();
+    let (mut server, address, admin, exe) = upgradable_users_server(dir.path());
     let monitor = server.id();
     let (uid, gid) = (alice.uid.as_raw(), alice.gid.as_raw());
     // Alice's command echoes its stdin's first line, then waits for `go`
@@ -1644,4 +1677,69 @@ fn a_server_with_a_user_map_upgrades_in_place_and_ends_nothing() {
     kill(&server, libc::SIGTERM);
     assert_eq!(wait(&mut server), 0);
     wait_until(|| !alive(worker));
+}
+
+#[test]
+fn an_upgrade_of_a_server_with_a_user_map_in_the_middle_of_256_mib_loses_and_repeats_no_byte() {
+    use std::io::Read;
+    let alice = test_account("capexec-alice", true);
+    test_account(FRONT, false);
+    let dir = TempDir::new("users-upgrade-bulk");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let (mut server, address, _admin, exe) = upgradable_users_server(dir.path());
+    // seq 1 30000000: 258,888,897 bytes (more than 256 MiB).
+    let mut client = {
+        use std::os::unix::process::CommandExt;
+        let mut command = Std::new(BIN);
+        command
+            .args(["run", "--connect", &address, "--resume", "60", "-n", "--"])
+            .args(["sh", "-c", "seq 1 30000000; exit 3"])
+            .env("HOME", "/")
+            .env_remove("XDG_CONFIG_HOME")
+            .env_remove("CAPEXEC_TOKEN")
+            .uid(alice.uid.as_raw())
+            .gid(alice.gid.as_raw())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        command.spawn().expect("alice's capexec run")
+    };
+    let mut stdout = client.stdout.take().expect("stdout");
+    let mut stderr = client.stderr.take().expect("stderr");
+    let errors = std::thread::spawn(move || {
+        let mut all = String::new();
+        let _ = stderr.read_to_string(&mut all);
+        all
+    });
+    put_binary(&exe, None);
+    let mut expected = crate::upgrade::Expected::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut signalled = false;
+    loop {
+        let n = stdout.read(&mut buf).expect("read stdout");
+        if n == 0 {
+            break;
+        }
+        expected.check(&buf[..n]);
+        if !signalled && expected.compared >= 64 << 20 {
+            signalled = true;
+            kill(&server, libc::SIGUSR2);
+        }
+    }
+    let code = wait(&mut client);
+    let errors = errors.join().expect("stderr");
+    assert_eq!(expected.compared, 258_888_897, "{errors}");
+    assert_eq!(expected.pending, b"", "the last line is whole");
+    assert_eq!(code, 3, "{errors}");
+    assert!(
+        errors.contains("connection lost: the server is upgrading")
+            && errors.contains("reconnected; the command carries on"),
+        "{errors}"
+    );
+    let log = std::fs::read_to_string(dir.path().join("serve.log")).unwrap_or_default();
+    assert!(
+        log.contains("took over the processes of the binary before processes=1 taken=1"),
+        "{log}"
+    );
+    kill(&server, libc::SIGTERM);
+    assert_eq!(wait(&mut server), 0);
 }
