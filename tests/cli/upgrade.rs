@@ -130,7 +130,7 @@ pub(crate) struct Expected {
 }
 
 impl Expected {
-    pub(crate) fn new() -> Expected {
+    fn new() -> Expected {
         Expected {
             next: 1,
             pending: Vec::new(),
@@ -140,7 +140,7 @@ impl Expected {
 
     /// Checks `bytes`, the stream's next ones; panics at the first that
     /// differs (a byte lost or repeated).
-    pub(crate) fn check(&mut self, bytes: &[u8]) {
+    fn check(&mut self, bytes: &[u8]) {
         for &byte in bytes {
             if self.pending.is_empty() {
                 self.pending = format!("{}\n", self.next).into_bytes();
@@ -156,6 +156,26 @@ impl Expected {
                 self.next - 1
             );
             self.compared += 1;
+        }
+    }
+}
+
+/// Reads `seq`'s output from `stdout` to its end, checking every byte as
+/// it comes, and calls `upgrade` once 64 MiB have arrived.
+pub(crate) fn read_seq_signalling(stdout: &mut impl Read, upgrade: impl FnOnce()) -> Expected {
+    let mut expected = Expected::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut upgrade = Some(upgrade);
+    loop {
+        let n = stdout.read(&mut buf).expect("read stdout");
+        if n == 0 {
+            return expected;
+        }
+        expected.check(&buf[..n]);
+        if expected.compared >= 64 << 20
+            && let Some(upgrade) = upgrade.take()
+        {
+            upgrade();
         }
     }
 }
@@ -195,21 +215,10 @@ fn sigusr2_in_the_middle_of_256_mib_loses_and_repeats_no_byte() {
         let _ = stderr.read_to_string(&mut all);
         all
     });
-    let mut expected = Expected::new();
-    let mut buf = vec![0u8; 256 * 1024];
-    let mut signalled = false;
-    loop {
-        let n = stdout.read(&mut buf).expect("read stdout");
-        if n == 0 {
-            break;
-        }
-        expected.check(&buf[..n]);
-        if !signalled && expected.compared >= 64 << 20 {
-            signalled = true;
-            // SAFETY: kill(2) of our own child.
-            assert_eq!(unsafe { libc::kill(served.pid(), libc::SIGUSR2) }, 0);
-        }
-    }
+    let expected = read_seq_signalling(&mut stdout, || {
+        // SAFETY: kill(2) of our own child.
+        assert_eq!(unsafe { libc::kill(served.pid(), libc::SIGUSR2) }, 0);
+    });
     let code = common::cli::wait(&mut child);
     let errors = errors.join().expect("stderr");
     assert_eq!(expected.compared, 258_888_897, "{errors}");

@@ -1711,20 +1711,8 @@ fn an_upgrade_of_a_server_with_a_user_map_in_the_middle_of_256_mib_loses_and_rep
         all
     });
     put_binary(&exe, None);
-    let mut expected = crate::upgrade::Expected::new();
-    let mut buf = vec![0u8; 256 * 1024];
-    let mut signalled = false;
-    loop {
-        let n = stdout.read(&mut buf).expect("read stdout");
-        if n == 0 {
-            break;
-        }
-        expected.check(&buf[..n]);
-        if !signalled && expected.compared >= 64 << 20 {
-            signalled = true;
-            kill(&server, libc::SIGUSR2);
-        }
-    }
+    let expected =
+        crate::upgrade::read_seq_signalling(&mut stdout, || kill(&server, libc::SIGUSR2));
     let code = wait(&mut client);
     let errors = errors.join().expect("stderr");
     assert_eq!(expected.compared, 258_888_897, "{errors}");
