@@ -1654,7 +1654,9 @@ fn a_server_with_a_user_map_upgrades_in_place_and_ends_nothing() {
             .any(|pid| *pid != old_front && exe_inode(*pid) == new)
     });
     assert!(alive(command));
-    assert_eq!(workers_of(uid, monitor), [worker]);
+    // (The exec sets the new executable before the new command line: for
+    // a moment the worker's /proc/PID/cmdline reads empty.)
+    wait_until(|| workers_of(uid, monitor) == [worker]);
     stdin.write_all(b"two\n").expect("write");
     std::fs::write(&go, "").expect("go");
     drop(stdin);
@@ -1673,7 +1675,7 @@ fn a_server_with_a_user_map_upgrades_in_place_and_ends_nothing() {
         "{}",
         text(&after.stderr)
     );
-    assert_eq!(workers_of(uid, monitor), [worker]);
+    wait_until(|| workers_of(uid, monitor) == [worker]);
     kill(&server, libc::SIGTERM);
     assert_eq!(wait(&mut server), 0);
     wait_until(|| !alive(worker));
