@@ -319,16 +319,39 @@ fn a_worker_without_its_socket_says_so() {
 
 /// `capexec serve --user-map MAP --privsep-user FRONT` with `listen`, as
 /// root; its first printed address.
-fn serve_users(listen: &[String], map: &Path) -> (std::process::Child, String) {
+fn serve_users(listen: &[String], map: &Path) -> (Server, String) {
     serve_users_with(listen, map, &[])
 }
 
+/// A server a test started: killed if the test ends (or fails) with it
+/// still running, so that a failing test leaves no server, front or
+/// worker behind.
+struct Server(std::process::Child);
+
+impl std::ops::Deref for Server {
+    type Target = std::process::Child;
+    fn deref(&self) -> &std::process::Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Server {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 /// [`serve_users`] with more of `capexec serve`'s arguments.
-fn serve_users_with(
-    listen: &[String],
-    map: &Path,
-    extra: &[&str],
-) -> (std::process::Child, String) {
+fn serve_users_with(listen: &[String], map: &Path, extra: &[&str]) -> (Server, String) {
     let mut server = Std::new(BIN);
     server.arg("serve").args(extra);
     for address in listen {
@@ -339,7 +362,7 @@ fn serve_users_with(
         .arg(map)
         .args(["--privsep-user", FRONT]);
     let (server, line) = spawn_until_first_line(server);
-    (server, line.trim().to_string())
+    (Server(server), line.trim().to_string())
 }
 
 /// `capexec run` on `socket` as the user `uid` (its own HOME, no token).
@@ -815,7 +838,8 @@ fn the_admin_of_a_server_with_a_user_map_sees_and_ends_the_users_processes() {
         .arg("--user-map")
         .arg(&map)
         .args(["--privsep-user", FRONT]);
-    let (mut server, address) = spawn_until_first_line(server);
+    let (server, address) = spawn_until_first_line(server);
+    let mut server = Server(server);
     let address = address.trim().to_string();
     let server_pid = server.id();
     let mut client = run_as(
@@ -1115,7 +1139,8 @@ fn a_tls_client_certificate_logs_in_as_the_user_its_cert_line_maps_to() {
         .arg("--user-map")
         .arg(&map)
         .args(["--privsep-user", FRONT]);
-    let (mut server, address) = spawn_until_first_line(server);
+    let (server, address) = spawn_until_first_line(server);
+    let mut server = Server(server);
     let address = address.trim().to_string();
     let run = |login: &[&str]| {
         let mut command = Std::new(BIN);
@@ -1524,14 +1549,7 @@ fn put_binary(path: &Path, content: Option<&str>) {
 /// from a copy of the binary in `dir` (which a test may replace), with a
 /// Unix listener and an admin socket, logging to `dir/serve.log`: the
 /// server, its address, the admin socket and the binary's path.
-fn upgradable_users_server(
-    dir: &Path,
-) -> (
-    std::process::Child,
-    String,
-    std::path::PathBuf,
-    std::path::PathBuf,
-) {
+fn upgradable_users_server(dir: &Path) -> (Server, String, std::path::PathBuf, std::path::PathBuf) {
     let map = dir.join("users");
     std::fs::write(&map, "# every peer as itself\n").expect("map");
     let (socket, admin) = (dir.join("s.sock"), dir.join("admin.sock"));
@@ -1551,7 +1569,7 @@ fn upgradable_users_server(
         .stderr(log);
     let (server, address) = crate::common::cli::spawn_reading_first_line(server);
     let address = address.trim().to_string();
-    (server, address, admin, exe)
+    (Server(server), address, admin, exe)
 }
 
 #[test]
