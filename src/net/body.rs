@@ -4,6 +4,7 @@
 //! path moves hundreds of MiB a second through here).
 
 use std::mem::MaybeUninit;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use capnp::Word;
 
@@ -22,37 +23,74 @@ pub(crate) struct Body {
 /// stream of 256 KiB frames faulted in fresh pages for every frame (glibc
 /// maps such allocations afresh, or gives the top of its heap back), each
 /// fault zeroing a page the socket's bytes then overwrite: 15 % of the time
-/// of a client receiving 1 GiB/s. At most [`RECYCLED_COUNT`] bodies of
-/// [`RECYCLED_MIN_BYTES`] to [`RECYCLED_MAX_BYTES`] are kept, and
-/// [`release_recycled`] gives them back.
-const RECYCLED_COUNT: usize = 4;
+/// of a client receiving 1 GiB/s. Bodies of [`RECYCLED_MIN_BYTES`] to
+/// [`RECYCLED_MAX_BYTES`] are kept, [`RECYCLED_TOTAL_BYTES`] at most, and
+/// [`release_recycled`] gives them back. The total, not a count: output
+/// handed on without a copy keeps its frames until it is written (the
+/// pushes in flight, the batches queued, the output thread's), a dozen
+/// 256 KiB bodies on a busy stream.
+const RECYCLED_TOTAL_BYTES: usize = 8 << 20;
 const RECYCLED_MIN_BYTES: usize = 64 * 1024;
 const RECYCLED_MAX_BYTES: usize = 2 << 20;
 
-thread_local! {
-    static RECYCLED: std::cell::RefCell<Vec<Vec<Word>>> = const { std::cell::RefCell::new(Vec::new()) };
+/// One thread's kept bodies. Shared, because a body whose data was handed
+/// on without a copy (`wire::received`) is done with wherever its last
+/// slice is dropped (the client's output thread, a stdin writer), and
+/// belongs back with the thread that reads frames.
+#[derive(Clone, Default)]
+pub(crate) struct Pool(Arc<Mutex<Vec<Vec<Word>>>>);
+
+impl Pool {
+    /// The calling thread's.
+    pub fn home() -> Option<Pool> {
+        RECYCLED.try_with(Pool::clone).ok()
+    }
+
+    /// Bodies kept now.
+    #[cfg(test)]
+    pub fn kept_count(&self) -> usize {
+        self.kept().len()
+    }
+
+    fn kept(&self) -> MutexGuard<'_, Vec<Vec<Word>>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Keeps the memory of a big frame's body that is done with, for the
+    /// pool's thread's next.
+    pub fn recycle(&self, mut words: Vec<Word>) {
+        let bytes = words.capacity() * 8;
+        if !(RECYCLED_MIN_BYTES..=RECYCLED_MAX_BYTES).contains(&bytes) {
+            return;
+        }
+        words.clear();
+        let mut kept = self.kept();
+        let total: usize = kept.iter().map(|body| body.capacity() * 8).sum();
+        if total + bytes <= RECYCLED_TOTAL_BYTES {
+            kept.push(words);
+        }
+    }
 }
 
-/// Keeps the memory of a big frame's body that is done with, for the next.
-pub(crate) fn recycle(mut words: Vec<Word>) {
-    let bytes = words.capacity() * 8;
-    if !(RECYCLED_MIN_BYTES..=RECYCLED_MAX_BYTES).contains(&bytes) {
-        return;
-    }
-    words.clear();
+thread_local! {
+    static RECYCLED: Pool = Pool::default();
+}
+
+/// Keeps the memory of a big frame's body that is done with, for the next
+/// on this thread.
+pub(crate) fn recycle(words: Vec<Word>) {
     // A thread being torn down drops it instead.
-    let _ = RECYCLED.try_with(|recycled| {
-        let mut recycled = recycled.borrow_mut();
-        if recycled.len() < RECYCLED_COUNT {
-            recycled.push(words);
-        }
-    });
+    if let Some(pool) = Pool::home() {
+        pool.recycle(words);
+    }
 }
 
 /// Gives the kept bodies' memory back to the allocator (before it returns
 /// free memory to the system).
 pub(crate) fn release_recycled() {
-    let _ = RECYCLED.try_with(|recycled| recycled.borrow_mut().clear());
+    if let Some(pool) = Pool::home() {
+        pool.kept().clear();
+    }
 }
 
 /// A kept body with room for `words`, if there is one.
@@ -60,20 +98,16 @@ fn recycled(words: usize) -> Option<Vec<Word>> {
     if words * 8 < RECYCLED_MIN_BYTES {
         return None;
     }
-    RECYCLED
-        .try_with(|recycled| {
-            let mut recycled = recycled.borrow_mut();
-            // The smallest that fits: a 2 MiB body kept for a 64 KiB frame
-            // would leave the next 2 MiB frame to fault in fresh pages.
-            let (index, _) = recycled
-                .iter()
-                .enumerate()
-                .filter(|(_, kept)| kept.capacity() >= words)
-                .min_by_key(|(_, kept)| kept.capacity())?;
-            Some(recycled.swap_remove(index))
-        })
-        .ok()
-        .flatten()
+    let pool = Pool::home()?;
+    let mut kept = pool.kept();
+    // The smallest that fits: a 2 MiB body kept for a 64 KiB frame would
+    // leave the next 2 MiB frame to fault in fresh pages.
+    let (index, _) = kept
+        .iter()
+        .enumerate()
+        .filter(|(_, body)| body.capacity() >= words)
+        .min_by_key(|(_, body)| body.capacity())?;
+    Some(kept.swap_remove(index))
 }
 
 impl Body {
@@ -158,6 +192,10 @@ impl Body {
 mod tests {
     use super::*;
 
+    fn kept_here() -> usize {
+        Pool::home().map_or(0, |pool| pool.kept_count())
+    }
+
     #[test]
     fn big_bodies_are_reused_and_small_or_huge_ones_are_not() {
         release_recycled();
@@ -175,13 +213,13 @@ mod tests {
         let huge = Vec::<Word>::with_capacity(RECYCLED_MAX_BYTES / 8 + 1);
         recycle(huge);
         recycle(Vec::with_capacity(RECYCLED_MIN_BYTES / 8 - 1));
-        assert_eq!(RECYCLED.with_borrow(Vec::len), 1);
-        for _ in 0..2 * RECYCLED_COUNT {
+        assert_eq!(kept_here(), 1);
+        for _ in 0..2 * RECYCLED_TOTAL_BYTES / (big * 8) {
             recycle(Vec::with_capacity(big));
         }
-        assert_eq!(RECYCLED.with_borrow(Vec::len), RECYCLED_COUNT);
+        assert_eq!(kept_here(), RECYCLED_TOTAL_BYTES / (big * 8));
         release_recycled();
-        assert_eq!(RECYCLED.with_borrow(Vec::len), 0);
+        assert_eq!(kept_here(), 0);
         drop(bigger);
     }
 
@@ -199,7 +237,7 @@ mod tests {
         assert_eq!(body.words.as_ptr(), small_at);
         let body_large = Body::with_capacity(large / 2);
         assert_eq!(body_large.words.as_ptr(), large_at);
-        assert_eq!(RECYCLED.with_borrow(Vec::len), 0);
+        assert_eq!(kept_here(), 0);
         drop((body, body_large));
     }
 

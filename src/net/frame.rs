@@ -21,7 +21,10 @@ use std::pin::Pin;
 
 use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 
-use crate::net::body::Body;
+use bytes::Bytes;
+
+use crate::net::body::{Body, Pool};
+use crate::wire::received::{self, Received};
 
 /// capnp's own bound on the segments of one message.
 pub(crate) const MAX_SEGMENTS: usize = 512;
@@ -59,15 +62,71 @@ impl Header {
 /// The segments of a received frame: one buffer, split at the segment
 /// boundaries.
 pub(crate) struct FrameSegments {
-    words: Vec<Word>,
+    words: Words,
     /// End of each segment but the last, in words; empty for the usual
     /// single-segment message, which then needs no allocation of its own.
     ends: Box<[usize]>,
 }
 
+/// A frame's buffer: its own, or, for a big frame, shared with the data
+/// slices handed on from it without a copy (`wire::received`).
+enum Words {
+    Owned(Vec<Word>),
+    Shared {
+        bytes: Bytes,
+        _registered: Option<Received>,
+    },
+}
+
+impl Words {
+    fn new(words: Vec<Word>) -> Words {
+        if words.len() * 8 < received::SHARED_MIN_BYTES {
+            return Words::Owned(words);
+        }
+        let bytes = Bytes::from_owner(SharedWords {
+            home: Pool::home(),
+            words,
+        });
+        Words::Shared {
+            _registered: Received::register(&bytes),
+            bytes,
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Words::Owned(words) => Word::words_to_bytes(words),
+            Words::Shared { bytes, .. } => bytes,
+        }
+    }
+}
+
+/// A big frame's words behind [`Bytes`]: given back to the pool of the
+/// thread that read them when the last slice is dropped, wherever that is.
+struct SharedWords {
+    home: Option<Pool>,
+    words: Vec<Word>,
+}
+
+impl AsRef<[u8]> for SharedWords {
+    fn as_ref(&self) -> &[u8] {
+        Word::words_to_bytes(&self.words)
+    }
+}
+
+impl Drop for SharedWords {
+    fn drop(&mut self) {
+        if let Some(home) = &self.home {
+            home.recycle(std::mem::take(&mut self.words));
+        }
+    }
+}
+
 impl Drop for FrameSegments {
     fn drop(&mut self) {
-        crate::net::body::recycle(std::mem::take(&mut self.words));
+        if let Words::Owned(words) = &mut self.words {
+            crate::net::body::recycle(std::mem::take(words));
+        }
     }
 }
 
@@ -77,9 +136,14 @@ impl ReaderSegments for FrameSegments {
         if index > self.ends.len() {
             return None;
         }
-        let start = if index == 0 { 0 } else { self.ends[index - 1] };
-        let end = self.ends.get(index).copied().unwrap_or(self.words.len());
-        Some(Word::words_to_bytes(&self.words[start..end]))
+        let bytes = self.words.as_bytes();
+        let start = if index == 0 {
+            0
+        } else {
+            self.ends[index - 1] * 8
+        };
+        let end = self.ends.get(index).map_or(bytes.len(), |end| end * 8);
+        Some(&bytes[start..end])
     }
 
     fn len(&self) -> usize {
@@ -226,7 +290,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             end += length as usize;
         }
         let segments = FrameSegments {
-            words,
+            words: Words::new(words),
             ends: ends.into_boxed_slice(),
         };
         Ok(Frame {
@@ -381,6 +445,30 @@ mod tests {
                 assert_eq!(texts(frame), vec!["x".repeat(len); segments as usize]);
             }
         }
+    }
+
+    #[tokio::test]
+    async fn data_of_a_big_frame_is_handed_on_without_a_copy_and_its_body_comes_home() {
+        let data: Vec<u8> = (0..64 * 1024).map(|i| (i % 253) as u8).collect();
+        let mut builder = capnp::message::Builder::new_default();
+        builder
+            .initn_root::<capnp::data::Builder>(data.len() as u32)
+            .copy_from_slice(&data);
+        let bytes = capnp::serialize::write_message_to_words(&builder);
+        crate::net::body::release_recycled();
+        let mut frames = read_all(bytes, 4096).await;
+        let frame = frames.remove(0).expect("frame");
+        let field: capnp::data::Reader = frame.get_body().unwrap().get_as().unwrap();
+        let shared = received::bytes_of(field, 2);
+        assert_eq!(shared.as_ptr(), field.as_ptr(), "a slice of the frame");
+        drop(frame);
+        assert_eq!(&shared[..], &data[..]);
+        // Done with on another thread (the client's output thread), the
+        // body is kept for this thread's next frame.
+        let home = Pool::home().expect("a pool");
+        assert_eq!(home.kept_count(), 0);
+        std::thread::spawn(move || drop(shared)).join().unwrap();
+        assert_eq!(home.kept_count(), 1);
     }
 
     #[test]

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use std::rc::Rc;
 
-use bytes::Bytes;
 use capnp::Error;
 
 use crate::capexec_capnp::process;
@@ -21,6 +20,12 @@ use crate::wire;
 
 /// Largest accepted `read.waitMs`: one hour.
 pub const MAX_WAIT_MS: u32 = 3_600_000;
+
+/// A write's data is kept as a slice of the message it came in only if it
+/// is at least half of it: the queue of stdin counts the data's bytes
+/// (`engine::MAX_QUEUED_STDIN_BYTES`), and the memory a peer can make it
+/// hold this way stays within twice that count.
+const STDIN_HELD_PER_BYTE: usize = 2;
 
 /// capnp drops this object when the last client reference to it is
 /// released. When the last owner's object for a process goes, the process
@@ -231,7 +236,7 @@ impl process::Server for ProcessImpl {
         let ticket = (|| -> Result<_, Error> {
             let process = self.allowed("write")?;
             let params = params.get()?;
-            let data = Bytes::copy_from_slice(params.get_data()?);
+            let data = wire::received::bytes_of(params.get_data()?, STDIN_HELD_PER_BYTE);
             let write_id = params
                 .get_write_id()?
                 .to_str()

@@ -2,11 +2,15 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
-
 use crate::capexec_capnp::{self as wire, event, exit_status, resource_usage};
 use crate::model::{Event, EventBody, Exit, ExitStatus, OutputStream, ResourceUsage, Signal};
+use crate::wire::received;
 use crate::wire::signal::{signal_from_wire, signal_to_wire};
+
+/// Received output shares its message's buffer if it is at least an
+/// eighth of it: a push carries up to 256 KiB in a few events, and what a
+/// subscriber keeps is bounded by the pushes it holds (four batches).
+const OUTPUT_HELD_PER_BYTE: usize = 8;
 
 pub fn stream_to_wire(stream: OutputStream) -> wire::OutputStream {
     match stream {
@@ -107,7 +111,7 @@ pub fn event_from_wire(reader: event::Reader<'_>) -> capnp::Result<Event> {
             let output = output?;
             EventBody::Output {
                 stream: stream_from_wire(output.get_stream()?),
-                data: Bytes::copy_from_slice(output.get_data()?),
+                data: received::bytes_of(output.get_data()?, OUTPUT_HELD_PER_BYTE),
             }
         }
         event::Exited(exit) => EventBody::Exited(exit_from_wire(exit?)?),
@@ -154,6 +158,7 @@ pub fn events_from_wire(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
 
     /// One event of every kind, with every field set.
     pub(crate) fn every_kind_of_event() -> Vec<Event> {

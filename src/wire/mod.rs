@@ -13,6 +13,7 @@ mod policy;
 mod port_sink;
 mod ports;
 mod process;
+pub mod received;
 mod sandbox;
 mod signal;
 mod start;
