@@ -7,6 +7,9 @@
 # and goes falls on each alike; CPU figures mean more than wall times on a
 # shared machine.
 #
+# With DIRECTION=stdin, the bytes go the other way and back: `head -c
+# SIZE /dev/zero | BINARY run … -- cat | wc -c`.
+#
 #   scripts/remote-bulk-ab.sh ROUNDS SIZE NAME=BINARY [NAME=BINARY...]
 #   e.g. scripts/remote-bulk-ab.sh 3 268435456 before=/tmp/old/capexec after=target/release/capexec
 set -euo pipefail
@@ -45,9 +48,15 @@ for round in $(seq "$rounds"); do
             trust=()
             [[ $mode == tls ]] && trust=(--tls-pin "$pin")
             before=$(cpu "${pid[$name-$mode]}")
-            timed=$({ /usr/bin/time -f "%e %U %S" "$bin" run --connect "${address[$name-$mode]}" \
-                --token-file "$dir/token" "${trust[@]}" -- head -c "$size" /dev/zero |
-                wc -c >"$dir/count"; } 2>&1 | tail -n 1)
+            client=(/usr/bin/time -f "%e %U %S" "$bin" run --connect "${address[$name-$mode]}"
+                --token-file "$dir/token" "${trust[@]}" --)
+            if [[ ${DIRECTION:-stdout} == stdin ]]; then
+                timed=$({ head -c "$size" /dev/zero | "${client[@]}" cat | wc -c >"$dir/count"; } 2>&1 |
+                    tail -n 1)
+            else
+                timed=$({ "${client[@]}" head -c "$size" /dev/zero | wc -c >"$dir/count"; } 2>&1 |
+                    tail -n 1)
+            fi
             after=$(cpu "${pid[$name-$mode]}")
             read -r wall user system <<<"$timed"
             bytes=$(cat "$dir/count")
