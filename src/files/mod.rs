@@ -26,6 +26,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
+use bytes::Bytes;
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 use tokio::sync::mpsc;
@@ -622,7 +623,7 @@ pub struct Download {
 }
 
 enum UploadStep {
-    Data(Vec<u8>),
+    Data(Bytes),
     Commit,
 }
 
@@ -720,7 +721,7 @@ impl Upload {
     }
 
     /// Queues `data` (waiting while the writer is a few chunks behind).
-    pub async fn write(&mut self, data: Vec<u8>) -> Result<(), Refusal> {
+    pub async fn write(&mut self, data: Bytes) -> Result<(), Refusal> {
         if data.len() > MAX_UPLOAD_CHUNK_BYTES {
             let refusal = error::refused(
                 RefusalKind::LimitReached,

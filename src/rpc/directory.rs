@@ -565,7 +565,10 @@ impl UploadSinkImpl {
 
 impl upload_sink::Server for UploadSinkImpl {
     async fn write(self: Rc<Self>, params: upload_sink::WriteParams) -> Result<(), capnp::Error> {
-        let data = params.get()?.get_data()?.to_vec();
+        // Shared with the message it came in rather than copied: the call
+        // holds that message until the chunk is queued anyway, and at most
+        // two chunks of an upload wait (`files::Upload`).
+        let data = wire::received::bytes_of(params.get()?.get_data()?, 2);
         let mut upload = self.upload.lock().await;
         upload.write(data).await.inspect_err(|_| self.over())?;
         Ok(())
