@@ -38,7 +38,17 @@ const RECYCLED_MAX_BYTES: usize = 2 << 20;
 /// slice is dropped (the client's output thread, a stdin writer), and
 /// belongs back with the thread that reads frames.
 #[derive(Clone, Default)]
-pub(crate) struct Pool(Arc<Mutex<Vec<Vec<Word>>>>);
+pub(crate) struct Pool(Arc<Mutex<Kept>>);
+
+#[derive(Default)]
+struct Kept {
+    bodies: Vec<Vec<Word>>,
+    /// Cleared by [`release_recycled`] until the thread takes a body
+    /// again: a slice dropped after the server gave its memory back (a
+    /// closed connection's stdin, still draining) must not fill the pool
+    /// of a thread that has stopped reading.
+    closed: bool,
+}
 
 impl Pool {
     /// The calling thread's.
@@ -49,10 +59,10 @@ impl Pool {
     /// Bodies kept now.
     #[cfg(test)]
     pub fn kept_count(&self) -> usize {
-        self.kept().len()
+        self.kept().bodies.len()
     }
 
-    fn kept(&self) -> MutexGuard<'_, Vec<Vec<Word>>> {
+    fn kept(&self) -> MutexGuard<'_, Kept> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -65,9 +75,9 @@ impl Pool {
         }
         words.clear();
         let mut kept = self.kept();
-        let total: usize = kept.iter().map(|body| body.capacity() * 8).sum();
-        if total + bytes <= RECYCLED_TOTAL_BYTES {
-            kept.push(words);
+        let total: usize = kept.bodies.iter().map(|body| body.capacity() * 8).sum();
+        if !kept.closed && total + bytes <= RECYCLED_TOTAL_BYTES {
+            kept.bodies.push(words);
         }
     }
 }
@@ -86,34 +96,49 @@ pub(crate) fn recycle(words: Vec<Word>) {
 }
 
 /// Gives the kept bodies' memory back to the allocator (before it returns
-/// free memory to the system).
+/// free memory to the system), and keeps none until the next big frame.
 pub(crate) fn release_recycled() {
     if let Some(pool) = Pool::home() {
-        pool.kept().clear();
+        let mut kept = pool.kept();
+        kept.bodies.clear();
+        kept.closed = true;
     }
 }
 
-/// A kept body with room for `words`, if there is one.
-fn recycled(words: usize) -> Option<Vec<Word>> {
+/// A kept body with room for `words`, if there is one, for a frame of
+/// `expected` words in all.
+fn recycled(words: usize, expected: usize) -> Option<Vec<Word>> {
     if words * 8 < RECYCLED_MIN_BYTES {
         return None;
     }
     let pool = Pool::home()?;
     let mut kept = pool.kept();
-    // The smallest that fits: a 2 MiB body kept for a 64 KiB frame would
-    // leave the next 2 MiB frame to fault in fresh pages.
+    kept.closed = false;
+    // The smallest that fits, and at most twice what the frame needs: a
+    // slice of a received body holds the whole allocation, which the
+    // holder's count of bytes (`wire::received`) must bound, and a 2 MiB
+    // body kept for a 64 KiB frame would leave the next 2 MiB frame to
+    // fault in fresh pages.
+    let most = 2 * words.max(expected);
     let (index, _) = kept
+        .bodies
         .iter()
         .enumerate()
-        .filter(|(_, body)| body.capacity() >= words)
+        .filter(|(_, body)| (words..=most).contains(&body.capacity()))
         .min_by_key(|(_, body)| body.capacity())?;
-    Some(kept.swap_remove(index))
+    Some(kept.bodies.swap_remove(index))
 }
 
 impl Body {
+    #[cfg(test)]
     pub fn with_capacity(words: usize) -> Body {
+        Body::for_frame(words, words)
+    }
+
+    /// Room for `words` now, of a frame of `expected` words in all.
+    pub fn for_frame(words: usize, expected: usize) -> Body {
         Body {
-            words: recycled(words).unwrap_or_else(|| Vec::with_capacity(words)),
+            words: recycled(words, expected).unwrap_or_else(|| Vec::with_capacity(words)),
             filled: 0,
             size: words,
         }
@@ -196,9 +221,46 @@ mod tests {
         Pool::home().map_or(0, |pool| pool.kept_count())
     }
 
+    /// This thread's pool empty, and taking bodies as a reading thread's.
+    fn fresh_pool() {
+        release_recycled();
+        if let Some(pool) = Pool::home() {
+            pool.kept().closed = false;
+        }
+    }
+
+    #[test]
+    fn after_the_memory_is_given_back_nothing_is_kept_until_the_next_big_frame() {
+        fresh_pool();
+        let big = (256 * 1024) / 8;
+        recycle(Vec::with_capacity(big));
+        release_recycled();
+        // A slice of an old frame, dropped after the trim.
+        recycle(Vec::with_capacity(big));
+        assert_eq!(kept_here(), 0);
+        // The thread reads a big frame again: its body is kept after.
+        let body = Body::with_capacity(big);
+        recycle(body.words);
+        assert_eq!(kept_here(), 1);
+    }
+
+    #[test]
+    fn a_kept_body_more_than_twice_the_frame_is_not_taken() {
+        fresh_pool();
+        let kept = Vec::<Word>::with_capacity(RECYCLED_MAX_BYTES / 8);
+        let at = kept.as_ptr();
+        recycle(kept);
+        // 64 KiB: a slice of it would hold 2 MiB.
+        let small = Body::with_capacity((64 * 1024) / 8);
+        assert_ne!(small.words.as_ptr(), at);
+        // 256 KiB now, of a frame of 1 MiB: within twice the frame.
+        let growing = Body::for_frame((256 * 1024) / 8, (1 << 20) / 8);
+        assert_eq!(growing.words.as_ptr(), at);
+    }
+
     #[test]
     fn big_bodies_are_reused_and_small_or_huge_ones_are_not() {
-        release_recycled();
+        fresh_pool();
         let big = (256 * 1024) / 8;
         let first = Body::with_capacity(big);
         let address = first.words.as_ptr();
@@ -225,7 +287,7 @@ mod tests {
 
     #[test]
     fn the_smallest_kept_body_that_fits_is_taken() {
-        release_recycled();
+        fresh_pool();
         let (small, large) = ((128 * 1024) / 8, (1 << 20) / 8);
         let kept_large = Vec::<Word>::with_capacity(large);
         let kept_small = Vec::<Word>::with_capacity(small);

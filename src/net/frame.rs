@@ -83,12 +83,13 @@ impl Words {
         if words.len() * 8 < received::SHARED_MIN_BYTES {
             return Words::Owned(words);
         }
+        let held = words.capacity() * 8;
         let bytes = Bytes::from_owner(SharedWords {
             home: Pool::home(),
             words,
         });
         Words::Shared {
-            _registered: Received::register(&bytes),
+            _registered: Received::register(&bytes, held),
             bytes,
         }
     }
@@ -276,7 +277,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             let at_least = (FIRST_BODY_BYTES / 8).max(buffered.div_ceil(8));
             header.total_words.min(at_least)
         };
-        let mut body = Body::with_capacity(first_words);
+        let mut body = Body::for_frame(first_words, header.total_words);
         self.take_staged(&mut body, buffered);
         while body.filled() < total_bytes {
             if body.room() == 0 {
@@ -384,6 +385,10 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         // A segment table may need more than the buffer has (512
         // segments: about 2 KiB).
         self.grow_staging(wanted);
+        debug_assert!(
+            most >= wanted - self.available(),
+            "a read too short to fill"
+        );
         let limit = self.end.saturating_add(most).min(self.staging.len());
         while self.available() < wanted {
             let read = self.input.read(&mut self.staging[self.end..limit]).await?;
@@ -391,7 +396,8 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 return Ok(false);
             }
             self.end += read;
-            self.busy = self.end == self.staging.len();
+            // A read we limited says nothing of what was waiting.
+            self.busy = most == usize::MAX && self.end == self.staging.len();
         }
         Ok(true)
     }
@@ -485,6 +491,7 @@ mod tests {
             .copy_from_slice(&data);
         let bytes = capnp::serialize::write_message_to_words(&builder);
         crate::net::body::release_recycled();
+        let home = Pool::home().expect("a pool");
         let mut frames = read_all(bytes, 4096).await;
         let frame = frames.remove(0).expect("frame");
         let field: capnp::data::Reader = frame.get_body().unwrap().get_as().unwrap();
@@ -494,7 +501,6 @@ mod tests {
         assert_eq!(&shared[..], &data[..]);
         // Done with on another thread (the client's output thread), the
         // body is kept for this thread's next frame.
-        let home = Pool::home().expect("a pool");
         assert_eq!(home.kept_count(), 0);
         std::thread::spawn(move || drop(shared)).join().unwrap();
         assert_eq!(home.kept_count(), 1);

@@ -114,8 +114,10 @@ const WRITE_METHOD: u16 = 1;
 const LOGIN_METHOD: u16 = 0;
 
 /// What a received call holds while it is outstanding. A stdin write's
-/// data is copied into the process's own stdin queue (bounded per process)
-/// as the call is dispatched, so only the rest of it counts here.
+/// data goes into the process's own stdin queue (bounded per process) as
+/// the call is dispatched, copied or as a slice of its frame that holds at
+/// most twice the data (`rpc/process.rs`), so only the rest of it counts
+/// here.
 fn payload_bytes(
     call: &capnp_rpc::rpc_capnp::call::Reader<'_>,
     body: capnp::any_pointer::Reader<'_>,

@@ -23,8 +23,10 @@ use bytes::Bytes;
 pub const SHARED_MIN_BYTES: usize = 16 * 1024;
 
 thread_local! {
-    /// The registered frames' buffers, by address.
-    static RECEIVED: RefCell<BTreeMap<usize, Bytes>> = const { RefCell::new(BTreeMap::new()) };
+    /// The registered frames' buffers, by address, with the memory each
+    /// keeps alive (its allocation, which may be larger than the frame).
+    static RECEIVED: RefCell<BTreeMap<usize, (Bytes, usize)>> =
+        const { RefCell::new(BTreeMap::new()) };
 }
 
 /// A frame's buffer, registered until this is dropped (with its message).
@@ -33,14 +35,16 @@ pub struct Received {
 }
 
 impl Received {
-    /// Registers `buffer`; `None` for one too small to share from.
-    pub fn register(buffer: &Bytes) -> Option<Received> {
+    /// Registers `buffer`, whose allocation is `held` bytes (a slice of it
+    /// keeps all of them); `None` for one too small to share from.
+    pub fn register(buffer: &Bytes, held: usize) -> Option<Received> {
         if buffer.len() < SHARED_MIN_BYTES {
             return None;
         }
         let start = buffer.as_ptr() as usize;
+        let held = held.max(buffer.len());
         RECEIVED
-            .try_with(|received| received.borrow_mut().insert(start, buffer.clone()))
+            .try_with(|received| received.borrow_mut().insert(start, (buffer.clone(), held)))
             .ok()?;
         Some(Received { start })
     }
@@ -53,9 +57,9 @@ impl Drop for Received {
 }
 
 /// `data` as [`Bytes`]: sharing its frame's buffer if it lies in a
-/// registered one and is at least `1 / most_held_per_byte` of it (so what
-/// the result keeps alive is at most that many times its own length, for
-/// whoever counts the bytes held), else a copy.
+/// registered one and is at least `1 / most_held_per_byte` of the memory
+/// that buffer keeps alive (so what the result holds is at most that many
+/// times its own length, for whoever counts the bytes held), else a copy.
 pub fn bytes_of(data: &[u8], most_held_per_byte: usize) -> Bytes {
     if data.len() >= SHARED_MIN_BYTES
         && let Some(shared) = shared(data, most_held_per_byte)
@@ -70,10 +74,10 @@ fn shared(data: &[u8], most_held_per_byte: usize) -> Option<Bytes> {
     RECEIVED
         .try_with(|received| {
             let received = received.borrow();
-            let (&start, buffer) = received.range(..=at).next_back()?;
+            let (&start, (buffer, held)) = received.range(..=at).next_back()?;
             let from = at - start;
             let to = from.checked_add(data.len())?;
-            let held_enough = data.len().saturating_mul(most_held_per_byte) >= buffer.len();
+            let held_enough = data.len().saturating_mul(most_held_per_byte) >= *held;
             (to <= buffer.len() && held_enough).then(|| buffer.slice(from..to))
         })
         .ok()
@@ -91,7 +95,7 @@ mod tests {
     #[test]
     fn a_slice_of_a_registered_buffer_shares_it_and_others_are_copied() {
         let frame = buffer(64 * 1024);
-        let registered = Received::register(&frame).expect("big enough to register");
+        let registered = Received::register(&frame, frame.len()).expect("big enough to register");
         let data = &frame[1000..1000 + 32 * 1024];
         let shared = bytes_of(data, 2);
         assert_eq!(shared.as_ptr(), data.as_ptr());
@@ -120,7 +124,7 @@ mod tests {
     fn data_reaching_past_its_frame_is_copied() {
         let whole = buffer(96 * 1024);
         let frame = whole.slice(..48 * 1024);
-        let _registered = Received::register(&frame).expect("big enough to register");
+        let _registered = Received::register(&frame, frame.len()).expect("big enough to register");
         // Starts inside the registered frame, ends beyond it.
         let across = &whole[40 * 1024..72 * 1024];
         let copied = bytes_of(across, 2);
@@ -129,7 +133,18 @@ mod tests {
     }
 
     #[test]
+    fn what_a_slice_may_keep_alive_is_the_buffers_whole_allocation() {
+        // A 64 KiB frame read into a kept 2 MiB body: half of the frame is
+        // a thirty-second of what a slice of it would hold.
+        let frame = buffer(64 * 1024);
+        let _registered = Received::register(&frame, 2 << 20).expect("big enough to register");
+        let half = &frame[..32 * 1024];
+        assert_ne!(bytes_of(half, 2).as_ptr(), half.as_ptr());
+        assert_eq!(bytes_of(half, 64).as_ptr(), half.as_ptr());
+    }
+
+    #[test]
     fn small_buffers_are_not_registered() {
-        assert!(Received::register(&buffer(SHARED_MIN_BYTES - 1)).is_none());
+        assert!(Received::register(&buffer(SHARED_MIN_BYTES - 1), 1 << 20).is_none());
     }
 }
