@@ -30,7 +30,7 @@ pub(crate) struct Body {
 /// pushes in flight, the batches queued, the output thread's), a dozen
 /// 256 KiB bodies on a busy stream.
 const RECYCLED_TOTAL_BYTES: usize = 8 << 20;
-const RECYCLED_MIN_BYTES: usize = 64 * 1024;
+pub(crate) const RECYCLED_MIN_BYTES: usize = 64 * 1024;
 const RECYCLED_MAX_BYTES: usize = 2 << 20;
 
 /// One thread's kept bodies. Shared, because a body whose data was handed
@@ -88,7 +88,8 @@ thread_local! {
 
 /// Keeps the memory of a big frame's body that is done with, for the next
 /// on this thread.
-pub(crate) fn recycle(words: Vec<Word>) {
+#[cfg(test)]
+fn recycle(words: Vec<Word>) {
     // A thread being torn down drops it instead.
     if let Some(pool) = Pool::home() {
         pool.recycle(words);

@@ -123,13 +123,9 @@ impl Drop for SharedWords {
     }
 }
 
-impl Drop for FrameSegments {
-    fn drop(&mut self) {
-        if let Words::Owned(words) = &mut self.words {
-            crate::net::body::recycle(std::mem::take(words));
-        }
-    }
-}
+// A body small enough to stay `Owned` is too small to be kept for reuse;
+// every body worth keeping goes back to its pool as `SharedWords`.
+const _: () = assert!(received::SHARED_MIN_BYTES <= crate::net::body::RECYCLED_MIN_BYTES);
 
 impl ReaderSegments for FrameSegments {
     fn get_segment(&self, index: u32) -> Option<&[u8]> {
