@@ -43,7 +43,7 @@ pub(crate) struct Pool(Arc<Mutex<Kept>>);
 #[derive(Default)]
 struct Kept {
     bodies: Vec<Vec<Word>>,
-    /// Cleared by [`release_recycled`] until the thread takes a body
+    /// Set by [`release_recycled`], until the thread takes a body
     /// again: a slice dropped after the server gave its memory back (a
     /// closed connection's stdin, still draining) must not fill the pool
     /// of a thread that has stopped reading.

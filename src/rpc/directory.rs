@@ -568,7 +568,10 @@ impl upload_sink::Server for UploadSinkImpl {
         // Shared with the message it came in rather than copied: the call
         // holds that message until the chunk is queued anyway, and at most
         // two chunks of an upload wait (`files::Upload`).
-        let data = wire::received::bytes_of(params.get()?.get_data()?, 2);
+        let data = wire::received::bytes_of(
+            params.get()?.get_data()?,
+            wire::received::COUNTED_HELD_PER_BYTE,
+        );
         let mut upload = self.upload.lock().await;
         upload.write(data).await.inspect_err(|_| self.over())?;
         Ok(())

@@ -21,12 +21,6 @@ use crate::wire;
 /// Largest accepted `read.waitMs`: one hour.
 pub const MAX_WAIT_MS: u32 = 3_600_000;
 
-/// A write's data is kept as a slice of the message it came in only if it
-/// is at least half of it: the queue of stdin counts the data's bytes
-/// (`engine::MAX_QUEUED_STDIN_BYTES`), and the memory a peer can make it
-/// hold this way stays within twice that count.
-const STDIN_HELD_PER_BYTE: usize = 2;
-
 /// capnp drops this object when the last client reference to it is
 /// released. When the last owner's object for a process goes, the process
 /// is terminated (its owner drops), or parked if it is detachable; facets
@@ -236,7 +230,11 @@ impl process::Server for ProcessImpl {
         let ticket = (|| -> Result<_, Error> {
             let process = self.allowed("write")?;
             let params = params.get()?;
-            let data = wire::received::bytes_of(params.get_data()?, STDIN_HELD_PER_BYTE);
+            // A slice of its message if that holds at most twice the data:
+            // the stdin queue counts the data's bytes
+            // (`engine::MAX_QUEUED_STDIN_BYTES`).
+            let data =
+                wire::received::bytes_of(params.get_data()?, wire::received::COUNTED_HELD_PER_BYTE);
             let write_id = params
                 .get_write_id()?
                 .to_str()

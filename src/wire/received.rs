@@ -22,6 +22,11 @@ use bytes::Bytes;
 /// slice should not keep a big frame's memory.
 pub const SHARED_MIN_BYTES: usize = 16 * 1024;
 
+/// The bound for data whose holder counts it by its bytes (a process's
+/// stdin queue, an upload's waiting chunks): a shared slice keeps at most
+/// twice its length alive.
+pub const COUNTED_HELD_PER_BYTE: usize = 2;
+
 thread_local! {
     /// The registered frames' buffers, by address, with the memory each
     /// keeps alive (its allocation, which may be larger than the frame).
