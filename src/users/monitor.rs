@@ -20,7 +20,7 @@
 
 use std::collections::HashMap;
 use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -239,11 +239,67 @@ static PENDING_SIGNAL: AtomicI32 = AtomicI32::new(0);
 /// Whether SIGUSR2 asked for an upgrade.
 static PENDING_UPGRADE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// The write end of the serving monitor's wake pipe (-1: none yet), which
+/// the handler writes a byte to after noting a signal: the monitor polls
+/// the read end, so a signal that comes after it last looked at the two
+/// flags above, and before it blocks in poll(2), still wakes it.
+static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
+
 extern "C" fn note_signal(signal: libc::c_int) {
     if signal == libc::SIGUSR2 {
         PENDING_UPGRADE.store(true, Ordering::Relaxed);
     } else {
         PENDING_SIGNAL.store(signal, Ordering::Relaxed);
+    }
+    let wake = WAKE_FD.load(Ordering::Relaxed);
+    if wake >= 0 {
+        // SAFETY: write(2) is async-signal-safe; the pipe is non-blocking,
+        // and a full one has woken the monitor already.
+        unsafe { libc::write(wake, [1u8].as_ptr().cast(), 1) };
+    }
+}
+
+/// The pipe a signal wakes the monitor's poll(2) through (see [`WAKE_FD`]).
+/// Made once and open for the life of the process: a handler on another
+/// thread (a log relay's) may be writing to it at any time.
+struct SignalWake {
+    read: OwnedFd,
+    /// Only ever written to through [`WAKE_FD`].
+    write: OwnedFd,
+}
+
+static SIGNAL_WAKE: std::sync::OnceLock<SignalWake> = std::sync::OnceLock::new();
+
+impl SignalWake {
+    /// The pipe, made on first use. Call before the monitor first looks at
+    /// the flags: a signal noted earlier is seen there, any later one also
+    /// writes to the pipe.
+    fn get() -> std::io::Result<&'static SignalWake> {
+        if let Some(wake) = SIGNAL_WAKE.get() {
+            return Ok(wake);
+        }
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 writes two new descriptors into `fds`.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: both were just opened, and nothing else owns them.
+        let made = unsafe {
+            SignalWake {
+                read: OwnedFd::from_raw_fd(fds[0]),
+                write: OwnedFd::from_raw_fd(fds[1]),
+            }
+        };
+        // The monitor is one thread: nothing else makes one meanwhile.
+        let wake = SIGNAL_WAKE.get_or_init(|| made);
+        WAKE_FD.store(wake.write.as_raw_fd(), Ordering::Relaxed);
+        Ok(wake)
+    }
+
+    /// Empties the pipe (the flags say what came).
+    fn drain(&self) {
+        let mut bytes = [0u8; 64];
+        while let Ok(1..) = rustix::io::read(&self.read, &mut bytes) {}
     }
 }
 
@@ -302,8 +358,9 @@ pub fn serve_monitor(
     mask_monitor_signals(libc::SIG_UNBLOCK);
     let mut workers = Workers::default();
     workers.adopt(taken_over.0, taken_over.1);
-    let front_pidfd = match pidfd(front) {
-        Ok(pidfd) => pidfd,
+    let watched = pidfd(front).and_then(|pidfd| Ok((pidfd, SignalWake::get()?)));
+    let (front_pidfd, wake) = match watched {
+        Ok(watched) => watched,
         Err(error) => {
             tracing::error!(%error, "the monitor cannot watch the front");
             return wait_for(front);
@@ -319,7 +376,9 @@ pub fn serve_monitor(
             break;
         }
         reap(front, &mut front_status);
-        let mut fds: Vec<PollFd<'_>> = std::iter::once(PollFd::new(&socket, PollFlags::IN))
+        let mut fds: Vec<PollFd<'_>> = [&socket, &wake.read]
+            .into_iter()
+            .map(|fd| PollFd::new(fd, PollFlags::IN))
             .chain(requests.iter().map(|r| PollFd::new(r, PollFlags::IN)))
             .chain(listeners.iter().map(|l| PollFd::new(*l, PollFlags::IN)))
             .collect();
@@ -336,8 +395,13 @@ pub fn serve_monitor(
             // The front sends nothing there: readable means it closed its end.
             break;
         }
+        if ready[1] {
+            // A signal: the top of the loop acts on it.
+            wake.drain();
+        }
+        let ready = &ready[2..];
         let listening = match &requests {
-            Some(requests) if ready[1] => {
+            Some(requests) if ready[0] => {
                 match answer_request(setup, &mut workers, requests.as_fd(), front) {
                     Answered::Closed => break,
                     Answered::Served => {}
@@ -351,10 +415,10 @@ pub fn serve_monitor(
                         }
                     }
                 }
-                &ready[2..]
+                &ready[1..]
             }
-            Some(_) => &ready[2..],
-            None => &ready[1..],
+            Some(_) => &ready[1..],
+            None => ready,
         };
         for (listener, _) in listeners.iter().zip(listening).filter(|(_, ready)| **ready) {
             while let Ok((connection, _)) = listener.accept() {

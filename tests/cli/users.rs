@@ -728,6 +728,11 @@ fn a_server_with_a_user_map_killed_leaves_no_front_worker_or_command() {
         b"--front",
     );
     assert_eq!(front.len(), 1);
+    // Its workers' directory, which SIGKILL leaves behind. (Checked before
+    // the kill: any other server that starts meanwhile, as tests running
+    // beside this one do, may remove it as soon as its server is dead.)
+    let dead = std::path::PathBuf::from(format!("/run/capexec/workers.{server_pid}"));
+    assert!(dead.exists());
     kill(&server, libc::SIGKILL);
     let _ = server.wait();
     for pid in [front[0], worker, command] {
@@ -737,13 +742,29 @@ fn a_server_with_a_user_map_killed_leaves_no_front_worker_or_command() {
     let _ = client.wait();
     // The next server removes what the killed one could not: its workers'
     // directory (its cgroups went with its sentinel).
-    let dead = std::path::PathBuf::from(format!("/run/capexec/workers.{server_pid}"));
-    assert!(dead.exists());
     let next_socket = dir.path().join("next.sock");
     let (mut next, _) = serve_users(&[format!("unix:{}", next_socket.display())], &map);
     assert!(!dead.exists(), "{} is left", dead.display());
     kill(&next, libc::SIGTERM);
     assert_eq!(wait(&mut next), 0);
+}
+
+/// SIGTERM the moment the server says where it listens, many times over:
+/// one that came while the monitor was between looking for a signal and
+/// blocking in poll(2) used to be held until the next one (a hang).
+#[test]
+fn a_server_with_a_user_map_ends_on_sigterm_however_soon_it_comes() {
+    test_account(FRONT, false);
+    let dir = TempDir::new("users-sigterm");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let map = dir.path().join("users");
+    std::fs::write(&map, "# every peer as itself\n").expect("map");
+    for round in 0..20 {
+        let socket = dir.path().join(format!("s{round}.sock"));
+        let (mut server, _) = serve_users(&[format!("unix:{}", socket.display())], &map);
+        kill(&server, libc::SIGTERM);
+        assert_eq!(wait(&mut server), 0, "round {round}");
+    }
 }
 
 #[test]
