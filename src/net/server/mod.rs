@@ -570,6 +570,13 @@ impl Server {
                 answer(Err(why));
                 continue;
             }
+            // No connection is accepted from here on: what connects waits
+            // in the backlog for the new binary. A client told that the
+            // upgrade goes on confirms it by reconnecting, which must not
+            // reach this binary before its exec.
+            for task in &accepting {
+                task.abort();
+            }
             answer(Ok(()));
             // The answer's task, then the admin connection's writer, run
             // before anything else is torn down (an idle server has no
