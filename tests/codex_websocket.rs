@@ -62,7 +62,7 @@ fn status_line(answer: &str) -> &str {
 
 #[test]
 fn readyz_is_open_and_upgrades_need_the_token_and_no_origin() {
-    common::run_local(async {
+    common::run_on_runtime(async {
         let address = echo_listener().await;
         let ready = raw(address, "GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n").await;
         assert_eq!(status_line(&ready), "HTTP/1.1 200 OK", "{ready}");
@@ -114,7 +114,7 @@ fn readyz_is_open_and_upgrades_need_the_token_and_no_origin() {
 
 #[test]
 fn an_admitted_client_exchanges_json_messages() {
-    common::run_local(async {
+    common::run_on_runtime(async {
         let address = echo_listener().await;
         let mut request = format!("ws://{address}/")
             .into_client_request()
@@ -146,7 +146,7 @@ fn an_admitted_client_exchanges_json_messages() {
 
 #[test]
 fn a_listener_without_a_token_is_refused() {
-    common::run_local(async {
+    common::run_on_runtime(async {
         let serve = |_inbound, _outbound| async {};
         let refused = capexec::codex::websocket::listen("ws://127.0.0.1:0", None, serve)
             .await
@@ -174,7 +174,7 @@ fn a_listener_without_a_token_is_refused() {
 /// Codex's protocol over the websocket, a command's output pushed.
 #[test]
 fn the_bridge_serves_codex_s_protocol_over_a_websocket() {
-    common::run_local(async {
+    common::run_on_runtime(async {
         let dir = tempfile::tempdir().expect("tempdir");
         let token_file = dir.path().join("token");
         std::fs::write(&token_file, format!("{SECRET}\n")).expect("token");

@@ -339,9 +339,7 @@ fn inode(path: &Path) -> u64 {
 fn an_idle_server_upgrades_into_the_binary_now_at_its_path() {
     let served = Upgradable::start();
     // A new file at the path (a package manager renames one into place).
-    let new = served.exe.with_extension("new");
-    std::fs::copy(BIN, &new).expect("copy");
-    std::fs::rename(&new, &served.exe).expect("replace");
+    put_binary(&served.exe, None);
     let before = inode(Path::new(&format!("/proc/{}/exe", served.pid())));
     assert_ne!(before, inode(&served.exe));
     let upgraded = served.upgrade();
@@ -403,13 +401,36 @@ fn the_new_binary_reads_the_servers_arguments_before_it_takes_over() {
     assert_eq!((done.code, text(&done.stdout).as_str()), (0, "still\n"));
 }
 
-/// The binary at the server's path replaced by `content`.
-fn replace_binary(path: &Path, content: &str) {
+/// A copy of the binary (or the script `content`) at `path`, a new file
+/// (a new inode), once no process holds it open.
+pub fn put_binary(path: &Path, content: Option<&str>) {
     use std::os::unix::fs::PermissionsExt;
     let new = path.with_extension("new");
-    std::fs::write(&new, content).expect("write");
+    match content {
+        Some(content) => std::fs::write(&new, content).expect("write"),
+        None => {
+            std::fs::copy(BIN, &new).expect("copy the binary");
+        }
+    }
     std::fs::set_permissions(&new, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     std::fs::rename(&new, path).expect("replace");
+    // A child another test forked while the copy was being written holds
+    // its descriptor until its own exec, and an exec of the copy fails
+    // meanwhile (ETXTBSY): wait until no process has it open.
+    let held = |path: &Path| {
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|process| {
+                std::fs::read_dir(process.path().join("fd"))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == path))
+            })
+    };
+    common::wait::eventually("no process to hold the new binary open", || !held(path));
 }
 
 #[test]
@@ -424,7 +445,7 @@ fn an_upgrade_to_a_binary_that_cannot_take_over_leaves_the_old_one_serving() {
         (None, "cannot run"),
     ] {
         match content {
-            Some(content) => replace_binary(&served.exe, content),
+            Some(content) => put_binary(&served.exe, Some(content)),
             None => std::fs::remove_file(&served.exe).expect("remove the binary"),
         }
         let refused = served.upgrade();

@@ -1536,36 +1536,6 @@ fn upgrade_via(admin: &Path) -> crate::common::cli::Finished {
     finish(upgrade, None)
 }
 
-/// A copy of the binary at `path`, a new file (a new inode).
-fn put_binary(path: &Path, content: Option<&str>) {
-    let new = path.with_extension("new");
-    match content {
-        Some(content) => std::fs::write(&new, content).expect("write"),
-        None => {
-            std::fs::copy(BIN, &new).expect("copy the binary");
-        }
-    }
-    std::fs::set_permissions(&new, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    std::fs::rename(&new, path).expect("replace");
-    // A child another test forked while the copy was being written holds
-    // its descriptor until its own exec, and an exec of the copy fails
-    // meanwhile (ETXTBSY): wait until no process has it open.
-    let held = |path: &Path| {
-        std::fs::read_dir("/proc")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|process| {
-                std::fs::read_dir(process.path().join("fd"))
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                    .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == path))
-            })
-    };
-    wait_until(|| !held(path));
-}
-
 /// A server that runs logins as users (every peer as itself), started
 /// from a copy of the binary in `dir` (which a test may replace), with a
 /// Unix listener and an admin socket, logging to `dir/serve.log`: the
@@ -1575,7 +1545,7 @@ fn upgradable_users_server(dir: &Path) -> (Server, String, std::path::PathBuf, s
     std::fs::write(&map, "# every peer as itself\n").expect("map");
     let (socket, admin) = (dir.join("s.sock"), dir.join("admin.sock"));
     let exe = dir.join("capexec");
-    put_binary(&exe, None);
+    crate::upgrade::put_binary(&exe, None);
     let log = std::fs::File::create(dir.join("serve.log")).expect("log");
     let mut server = Std::new(&exe);
     server
@@ -1647,7 +1617,7 @@ fn a_server_with_a_user_map_upgrades_in_place_and_ends_nothing() {
     assert_eq!(exe_inode(worker), old);
 
     // A binary that cannot take over: nothing happens, by either way in.
-    put_binary(&exe, Some("#!/bin/sh\necho nope\nexit 3\n"));
+    crate::upgrade::put_binary(&exe, Some("#!/bin/sh\necho nope\nexit 3\n"));
     let refused = upgrade_via(&admin);
     assert_eq!(refused.code, 125, "{}", text(&refused.stderr));
     assert!(
@@ -1675,7 +1645,7 @@ fn a_server_with_a_user_map_upgrades_in_place_and_ends_nothing() {
 
     // The real one: the monitor, the worker and the front run it, the
     // command goes on, and alice's client carries on where it was.
-    put_binary(&exe, None);
+    crate::upgrade::put_binary(&exe, None);
     let new = std::fs::metadata(&exe).expect("exe").ino();
     assert_ne!(new, old);
     let upgraded = upgrade_via(&admin);
@@ -1703,7 +1673,7 @@ fn a_server_with_a_user_map_upgrades_in_place_and_ends_nothing() {
     assert_eq!(text(&output.join().expect("stdout")), "got one\ntwo\n");
     assert_eq!(code, 4);
     // A second upgrade, by signal, takes over what the first took over.
-    put_binary(&exe, None);
+    crate::upgrade::put_binary(&exe, None);
     let newer = std::fs::metadata(&exe).expect("exe").ino();
     kill(&server, libc::SIGUSR2);
     wait_until(|| exe_inode(monitor) == newer && exe_inode(worker) == newer);
@@ -1751,7 +1721,7 @@ fn an_upgrade_of_a_server_with_a_user_map_in_the_middle_of_256_mib_loses_and_rep
         let _ = stderr.read_to_string(&mut all);
         all
     });
-    put_binary(&exe, None);
+    crate::upgrade::put_binary(&exe, None);
     let expected =
         crate::upgrade::read_seq_signalling(&mut stdout, || kill(&server, libc::SIGUSR2));
     let code = wait(&mut client);

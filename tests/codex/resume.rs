@@ -15,7 +15,7 @@ use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 
-use crate::common::run_local;
+use crate::common::run_on_runtime;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -98,7 +98,7 @@ fn start(cwd: &std::path::Path, id: &str, script: &str) -> Value {
 
 #[test]
 fn a_resumed_session_finds_its_processes_running_with_their_output() {
-    run_local(async {
+    run_on_runtime(async {
         let bridge = Bridge::new(
             capexec::rpc::local_executor(Engine::default()),
             None,
@@ -184,7 +184,7 @@ fn a_resumed_session_finds_its_processes_running_with_their_output() {
 
 #[test]
 fn a_session_nobody_resumes_ends_with_its_processes() {
-    run_local(async {
+    run_on_runtime(async {
         let bridge = Bridge::new(
             capexec::rpc::local_executor(Engine::default()),
             None,
@@ -220,7 +220,7 @@ fn a_session_nobody_resumes_ends_with_its_processes() {
 
 #[test]
 fn without_a_keep_time_a_session_ends_with_its_connection() {
-    run_local(async {
+    run_on_runtime(async {
         let bridge = Bridge::new(
             capexec::rpc::local_executor(Engine::default()),
             None,

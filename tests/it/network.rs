@@ -451,12 +451,8 @@ fn a_connection_that_never_logs_in_is_closed_at_the_deadline() {
         let Address::Tcp { host, port } = &server.address else {
             panic!("not tcp");
         };
-        let stream = tokio::net::TcpStream::connect((host.as_str(), *port))
-            .await
-            .expect("connect");
-        let (reader, writer) = stream.into_split();
-        let mut idle = common::raw_client_system(reader, writer);
-        let _gatekeeper: gatekeeper::Client = idle.bootstrap(Side::Server);
+        // Logged in before the idle one connects: the deadline is short,
+        // and a loaded machine must not make the member miss it too.
         let member = net::connect(&server.address, Some(&token))
             .await
             .expect("connect");
@@ -464,6 +460,12 @@ fn a_connection_that_never_logs_in_is_closed_at_the_deadline() {
             .status(&member.executor())
             .await
             .expect("logged in");
+        let stream = tokio::net::TcpStream::connect((host.as_str(), *port))
+            .await
+            .expect("connect");
+        let (reader, writer) = stream.into_split();
+        let mut idle = common::raw_client_system(reader, writer);
+        let _gatekeeper: gatekeeper::Client = idle.bootstrap(Side::Server);
         // The idle connection's system ends when the server closes it.
         // Whether it ended cleanly or with an error does not matter: it ended.
         let _ended = tokio::time::timeout(Duration::from_secs(30), idle)

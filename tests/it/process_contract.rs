@@ -586,11 +586,12 @@ async fn dropping_the_process_kills_the_tree(ctx: Ctx) {
 }
 
 async fn start_failures_are_clear_and_leave_nothing_behind(ctx: Ctx) {
-    // Each attempt forks three times; a leak would cost several descriptors
-    // (or a zombie) per attempt, far above what a concurrently running test
-    // (its runtime, a few pipes) can add.
-    const ATTEMPTS: usize = 30;
-    const NOISE: usize = 40;
+    // Each attempt forks three times; a leak would cost a descriptor (or a
+    // zombie) for each of its failures at the least, far above what tests
+    // running beside it in this process can add meanwhile (a chained
+    // backend's runtimes and sockets, a few live children: dozens).
+    const ATTEMPTS: usize = 150;
+    const NOISE: usize = 100;
     let fds_before = procfs::open_fds(ctx.server_pid);
     for _ in 0..ATTEMPTS {
         let missing = Command::new("capexec-no-such-program")

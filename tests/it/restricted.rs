@@ -341,7 +341,8 @@ async fn the_run_time_limit_ends_what_the_child_left_running(ctx: Ctx) {
     let executor = restricted(
         &ctx,
         Policy {
-            max_run_time: Some(Duration::from_millis(500)),
+            // Long enough for the shell to exit first on a loaded machine.
+            max_run_time: Some(Duration::from_secs(2)),
             ..Policy::default()
         },
     );
@@ -355,7 +356,8 @@ async fn run_time_is_capped(ctx: Ctx) {
     let executor = restricted(
         &ctx,
         Policy {
-            max_run_time: Some(Duration::from_millis(300)),
+            // Long enough for `exit 5` below to finish on a loaded machine.
+            max_run_time: Some(Duration::from_millis(1500)),
             ..Policy::default()
         },
     );

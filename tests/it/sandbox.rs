@@ -768,7 +768,9 @@ async fn what_leaves_with_setsid_dies_with_release(ctx: Ctx) {
 }
 
 async fn what_leaves_with_setsid_dies_at_the_timeout(ctx: Ctx) {
-    let (_process, pid) = leave_a_session_behind(&ctx, Some(Duration::from_millis(500))).await;
+    // Long enough for the start and its output to come back (and the
+    // session to be seen running) on a loaded machine first.
+    let (_process, pid) = leave_a_session_behind(&ctx, Some(Duration::from_secs(3))).await;
     common::eventually_async("the session it left ends", async || !alive(pid)).await;
 }
 

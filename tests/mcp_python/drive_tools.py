@@ -194,20 +194,32 @@ class Agent:
             seen.append((value, message))
 
         result = await self.client.call_tool(
-            "exec", {"argv": ["sleep", "1.5"]}, progress_callback=progress
+            "exec", {"argv": ["sleep", "3"]}, progress_callback=progress
         )
         check(not result.is_error and result.structured_content["exit"]["code"] == 0, "slept", result)
         check(len(seen) >= 1 and seen[0][0] == 1, "a progress notification a second", seen)
         # Cancelling the call (the SDK sends notifications/cancelled) ends
         # the process, which was not handed back.
+        # Cancelled once the command has said its pid (a fixed delay could
+        # cancel a loaded machine's start before the command runs).
         pid_file = f"{self.root}/cancelled.pid"
-        with anyio.move_on_after(1):
-            await self.client.call_tool("exec", {"command": "echo $$ > cancelled.pid; exec sleep 300", "yield_ms": 60000})
-            raise Check("the call was not cancelled")
-        for _ in range(600):
-            if os.path.exists(pid_file) and open(pid_file).read().strip():
-                break
-            await anyio.sleep(0.05)
+
+        def said_its_pid() -> bool:
+            return os.path.exists(pid_file) and open(pid_file).read().endswith("\n")
+
+        async with anyio.create_task_group() as calls:
+
+            async def cancelled_exec() -> None:
+                await self.client.call_tool("exec", {"command": "echo $$ > cancelled.pid; exec sleep 300", "yield_ms": 60000})
+                raise Check("the call was not cancelled")
+
+            calls.start_soon(cancelled_exec)
+            for _ in range(600):
+                if said_its_pid():
+                    break
+                await anyio.sleep(0.05)
+            calls.cancel_scope.cancel()
+        check(said_its_pid(), "the cancelled exec's command ran", pid_file)
         pid = int(open(pid_file).read())
         for _ in range(600):
             if not alive(pid):
