@@ -506,11 +506,15 @@ impl Server {
                 crate::net::metrics_http::accept_loop(address, listener, Rc::clone(&self.context)),
             ));
         }
+        let front_accepting = users_admin::Accepting::default();
         if let Some((address, listener)) = self.admin.take() {
             // A front holds no process: its operator sees the workers'.
             let bootstrap: crate::net::admin::AdminBootstrap = match &self.serving.users {
                 Some(workers) => {
-                    let admin = Rc::new(users_admin::UsersAdmin::new(Rc::clone(workers)));
+                    let admin = Rc::new(users_admin::UsersAdmin::new(
+                        Rc::clone(workers),
+                        Rc::clone(&front_accepting),
+                    ));
                     Rc::new(move || capnp_rpc::new_client_from_rc(Rc::clone(&admin)))
                 }
                 None => crate::net::admin::own_admin(&self.context),
@@ -523,6 +527,9 @@ impl Server {
                 bootstrap,
             )));
         }
+        front_accepting
+            .borrow_mut()
+            .extend(accepting.iter().map(JoinHandle::abort_handle));
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
             let request = match upgrades.as_mut() {

@@ -20,13 +20,19 @@ pub(super) struct UsersAdmin {
     workers: Rc<Workers>,
     /// One connection per worker's admin socket, made at first use.
     connections: RefCell<HashMap<PathBuf, Rc<AdminConnection>>>,
+    /// The front's accept loops, stopped once an upgrade is granted.
+    accepting: Accepting,
 }
 
+/// The accept loops of a server (filled once they are spawned).
+pub(super) type Accepting = Rc<RefCell<Vec<tokio::task::AbortHandle>>>;
+
 impl UsersAdmin {
-    pub(super) fn new(workers: Rc<Workers>) -> UsersAdmin {
+    pub(super) fn new(workers: Rc<Workers>, accepting: Accepting) -> UsersAdmin {
         UsersAdmin {
             workers,
             connections: RefCell::new(HashMap::new()),
+            accepting,
         }
     }
 
@@ -160,11 +166,16 @@ impl admin::Server for UsersAdmin {
         _: admin::UpgradeResults,
     ) -> Result<(), capnp::Error> {
         // The monitor asks the new binary and answers; then it upgrades
-        // the workers and this front goes (the client confirms by
-        // reconnecting).
+        // the workers and this front goes. The client confirms by
+        // reconnecting, so this front accepts nothing from now on: what
+        // connects waits in the backlog for the new one.
         self.workers
             .upgrade()
             .await
-            .map_err(|why| Refusal::new(RefusalKind::Unavailable, why).into())
+            .map_err(|why| Refusal::new(RefusalKind::Unavailable, why))?;
+        for task in self.accepting.borrow().iter() {
+            task.abort();
+        }
+        Ok(())
     }
 }
