@@ -1386,7 +1386,9 @@ interface Admin {
   # write ids, and its restore token and grace (counted anew). The new
   # binary is asked first, with the server's own arguments (`capexec serve
   # ARGS --handover-check`); the answer
-  # comes once it said yes, before anything is handed over. Then every
+  # comes once it said yes, before anything is handed over; from then on
+  # the server accepts no connection on any listener (one made after the
+  # answer waits in the backlog for the new binary). Then every
   # connection (this one too) is closed with the reason "the server is
   # upgrading"; a client that restores its processes
   # after reconnecting loses no byte and repeats none. Processes no one
