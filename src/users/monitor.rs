@@ -358,14 +358,23 @@ pub fn serve_monitor(
     mask_monitor_signals(libc::SIG_UNBLOCK);
     let mut workers = Workers::default();
     workers.adopt(taken_over.0, taken_over.1);
-    let watched = pidfd(front).and_then(|pidfd| Ok((pidfd, SignalWake::get()?)));
-    let (front_pidfd, wake) = match watched {
-        Ok(watched) => watched,
+    let front_pidfd = match pidfd(front) {
+        Ok(pidfd) => pidfd,
         Err(error) => {
             tracing::error!(%error, "the monitor cannot watch the front");
             return wait_for(front);
         }
     };
+    let wake = SignalWake::get()
+        .inspect_err(|error| {
+            tracing::warn!(%error, "no pipe for signals: the monitor looks for them every 100 ms")
+        })
+        .ok();
+    let every = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 100_000_000,
+    };
+    let timeout = wake.is_none().then_some(&every);
     let mut front_status = None;
     'serving: loop {
         pass_signal_on(front);
@@ -376,13 +385,13 @@ pub fn serve_monitor(
             break;
         }
         reap(front, &mut front_status);
-        let mut fds: Vec<PollFd<'_>> = [&socket, &wake.read]
-            .into_iter()
+        let mut fds: Vec<PollFd<'_>> = std::iter::once(&socket)
+            .chain(wake.iter().map(|wake| &wake.read))
             .map(|fd| PollFd::new(fd, PollFlags::IN))
             .chain(requests.iter().map(|r| PollFd::new(r, PollFlags::IN)))
             .chain(listeners.iter().map(|l| PollFd::new(*l, PollFlags::IN)))
             .collect();
-        match poll(&mut fds, None) {
+        match poll(&mut fds, timeout) {
             Err(rustix::io::Errno::INTR) => continue,
             Err(errno) => {
                 tracing::error!(error = %errno, "the monitor cannot wait");
@@ -395,11 +404,16 @@ pub fn serve_monitor(
             // The front sends nothing there: readable means it closed its end.
             break;
         }
-        if ready[1] {
-            // A signal: the top of the loop acts on it.
-            wake.drain();
-        }
-        let ready = &ready[2..];
+        let ready = match wake {
+            Some(wake) => {
+                if ready[1] {
+                    // A signal: the top of the loop acts on it.
+                    wake.drain();
+                }
+                &ready[2..]
+            }
+            None => &ready[1..],
+        };
         let listening = match &requests {
             Some(requests) if ready[0] => {
                 match answer_request(setup, &mut workers, requests.as_fd(), front) {
@@ -584,8 +598,17 @@ fn upgrade(
         tracing::warn!("the front did not end within {FRONT_PATIENCE:?}; killing it");
         let _ = nix::sys::signal::kill(front, nix::sys::signal::Signal::SIGKILL);
     }
-    let _ = wait_for(front);
+    // Reaped without passing a signal on: the front has ended, and a
+    // SIGTERM that came during the upgrade is for the next front.
+    reap_ended(front);
     mask_monitor_signals(libc::SIG_BLOCK);
+    // A signal noted meanwhile is made pending again, blocked: the exec
+    // keeps it, and the next monitor passes it on once it serves.
+    let noted = PENDING_SIGNAL.swap(0, Ordering::Relaxed);
+    if noted != 0 {
+        // SAFETY: raise(3) sends a signal to this thread, which blocks it.
+        unsafe { libc::raise(noted) };
+    }
     let error = (setup.upgrade.exec)(&workers.records(), workers.started);
     mask_monitor_signals(libc::SIG_UNBLOCK);
     Upgraded::Failed(error)
@@ -946,6 +969,11 @@ fn pass_signal_on(front: Pid) {
     {
         let _ = nix::sys::signal::kill(front, signal);
     }
+}
+
+/// Reaps the front, which has ended (or been killed).
+fn reap_ended(front: Pid) {
+    while let Err(nix::errno::Errno::EINTR) = nix::sys::wait::waitpid(front, None) {}
 }
 
 /// The front's exit code, once it has ended (signals still passed on).

@@ -33,6 +33,8 @@ pub struct Mcp {
     output_schemas: std::collections::HashMap<String, Value>,
     /// What it wrote to stderr so far.
     stderr: Arc<Mutex<Vec<u8>>>,
+    /// Whether its stderr has ended (every byte is in `stderr`).
+    stderr_ended: Arc<std::sync::atomic::AtomicBool>,
     /// The server, for the Unix backend: dropped after the child.
     served: Option<Served>,
 }
@@ -60,6 +62,8 @@ impl Mcp {
         let mut stderr_pipe = child.stderr.take().expect("stderr");
         let stderr = Arc::new(Mutex::new(Vec::new()));
         let collected = stderr.clone();
+        let stderr_ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ended = stderr_ended.clone();
         std::thread::spawn(move || {
             let mut buffer = [0; 4096];
             while let Ok(n @ 1..) = stderr_pipe.read(&mut buffer) {
@@ -68,6 +72,7 @@ impl Mcp {
                     .expect("stderr")
                     .extend_from_slice(&buffer[..n]);
             }
+            ended.store(true, std::sync::atomic::Ordering::Release);
         });
         let (sender, lines) = mpsc::channel();
         std::thread::spawn(move || {
@@ -86,6 +91,7 @@ impl Mcp {
             next_id: 0,
             notifications: Vec::new(),
             stderr,
+            stderr_ended,
             served,
             output_schemas: std::collections::HashMap::new(),
         };
@@ -250,9 +256,13 @@ impl Mcp {
         self.wait()
     }
 
-    /// Waits for capexec's exit code.
+    /// Waits for capexec's exit code, and for the last of its stderr to
+    /// be collected (the reader thread may be behind the exit).
     pub fn wait(&mut self) -> i32 {
         let status = eventually("capexec mcp ends", || self.child.try_wait().expect("wait"));
+        eventually("capexec mcp's stderr to end", || {
+            self.stderr_ended.load(std::sync::atomic::Ordering::Acquire)
+        });
         status.code().unwrap_or(-1)
     }
 }
