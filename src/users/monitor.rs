@@ -309,7 +309,9 @@ impl SignalWake {
 const MONITOR_SIGNALS: [libc::c_int; 4] =
     [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR2];
 
-fn mask_monitor_signals(how: libc::c_int) {
+/// Blocks or unblocks them in the calling thread (async-signal-safe: also
+/// called between a fork and its exec).
+pub(super) fn mask_monitor_signals(how: libc::c_int) {
     // SAFETY: fills a set we own and changes this thread's mask.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();

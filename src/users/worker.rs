@@ -191,26 +191,11 @@ pub fn spawn_as(
             // them (`capexec serve` lets them in then): the monitor passes
             // SIGTERM on as soon as it comes, which could otherwise end
             // the new process by the default action, as killed.
-            block_serving_signals();
+            super::monitor::mask_monitor_signals(libc::SIG_BLOCK);
             Ok(())
         });
     }
     command.spawn().map_err(WorkerError::Io)
-}
-
-/// Blocks, in the calling thread, the signals a server handles: they go
-/// to its main thread, whose handling (and whose blocking of them before
-/// an upgrade's exec) then covers the whole process.
-fn block_serving_signals() {
-    // SAFETY: fills a set we own and changes this thread's mask.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR2] {
-            libc::sigaddset(&mut set, signal);
-        }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-    }
 }
 
 /// How a started process's log is labelled: `NAME (uid UID)`.
@@ -235,7 +220,10 @@ pub fn relay_from(log: std::os::fd::OwnedFd, label: String) {
     let relay = std::thread::Builder::new()
         .name("capexec-log-relay".to_string())
         .spawn(move || {
-            block_serving_signals();
+            // The server's signals go to its main thread, whose handling
+            // (and whose blocking of them before an upgrade's exec) then
+            // covers the whole process.
+            super::monitor::mask_monitor_signals(libc::SIG_BLOCK);
             relay_log(std::fs::File::from(log), &label, &mut std::io::stderr())
         });
     if let Err(error) = relay {
