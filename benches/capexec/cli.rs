@@ -6,8 +6,10 @@
 //! | capexec run -- cat | wc -c` and into `wc -c`, each over a Unix
 //! socket, TCP and TLS, with the CPU time of the output; 100 concurrent
 //! `run -- sleep 1` over each, and 1,000 over TCP with the server's memory.
-//! Floors beside the rows they bound: one TCP hop spliced at both ends
-//! ([`hop`]) where the TCP and TLS lines have their connection, and as
+//! Floors beside the rows they bound: TCP hops spliced at both ends
+//! ([`hop`]) where the TCP and TLS lines have their connection (one for
+//! output or for stdin into `wc`, two for stdin through `cat`, whose bytes
+//! go there and back), and as
 //! many `timeout 10 sleep 1` beside the concurrent runs.
 //! Over a Unix socket the pipelines' pipes are handed to the command; the
 //! `--relay-stdio` rows keep the relay through the server measured.
@@ -169,20 +171,17 @@ fn start_up(
     Ok(())
 }
 
-/// What a variant runs: a shell line, or the same work with one TCP hop
-/// between its sides ([`hop`]), each side a chain of programs.
+/// What a variant runs: a shell line, or the same work with TCP hops
+/// between chains of programs ([`hop`]).
 enum Line {
     Shell(String),
-    Hop {
-        left: Vec<Vec<String>>,
-        right: Vec<Vec<String>>,
-    },
+    Hops(Vec<Vec<Vec<String>>>),
 }
 
 impl Line {
-    /// `shape` with `{N}` the size and `{hop}` where the hop goes, between
-    /// two `|`-joined chains of programs.
-    fn hop(shape: &str, size: u64) -> Line {
+    /// `shape` with `{N}` the size and `{hop}` where each hop goes,
+    /// between `|`-joined chains of programs.
+    fn hops(shape: &str, size: u64) -> Line {
         let chain = |side: &str| -> Vec<Vec<String>> {
             side.split('|')
                 .map(|program| program.split_whitespace().map(String::from).collect())
@@ -190,11 +189,7 @@ impl Line {
                 .collect()
         };
         let shape = shape.replace("{N}", &size.to_string());
-        let (left, right) = shape.split_once("{hop}").unwrap_or((&shape, ""));
-        Line::Hop {
-            left: chain(left),
-            right: chain(right),
-        }
+        Line::Hops(shape.split("{hop}").map(chain).collect())
     }
 
     /// The line as an error shows it.
@@ -208,9 +203,11 @@ impl Line {
         };
         match self {
             Line::Shell(line) => line.clone(),
-            Line::Hop { left, right } => {
-                format!("{} | <TCP hop> | {}", joined(left), joined(right))
-            }
+            Line::Hops(chains) => chains
+                .iter()
+                .map(|chain| joined(chain))
+                .collect::<Vec<_>>()
+                .join(" | <TCP hop> | "),
         }
     }
 }
@@ -246,8 +243,8 @@ struct Lines {
 /// the size. The Unix line must reach `unix_share` of the local rate, TCP
 /// [`TCP_SHARE`], TLS [`TLS_SHARE`] (and twice ssh's, which the caller
 /// adds once ssh's row exists). Before the TCP line, the floor it has:
-/// `hop`, the same work with one TCP hop ([`hop`]) at `{hop}`, where the
-/// TCP line's connection is.
+/// `hop`, the same work with a TCP hop ([`hop`]) at each `{hop}`, where
+/// the TCP line's connection carries the bytes.
 fn remote_lines(
     servers: &Servers,
     ssh: Option<&SshMux>,
@@ -286,10 +283,14 @@ fn remote_lines(
         ),
         Variant {
             name: format!(
-                "`{}` (one TCP hop, splice(2) at both ends: {HOP_FLOOR})",
-                hop.replace("{hop}", "| <TCP hop> |").replace("{N}", "N")
+                "`{}` ({}, splice(2) at both ends: {HOP_FLOOR})",
+                hop.replace("{hop}", "| <TCP hop> |").replace("{N}", "N"),
+                match hop.matches("{hop}").count() {
+                    1 => "one TCP hop",
+                    _ => "two TCP hops, there and back",
+                }
             ),
-            line: Line::hop(hop, size),
+            line: Line::hops(hop, size),
             token: None,
             target: None,
             servers: Vec::new(),
@@ -434,7 +435,7 @@ fn stdin(
         servers,
         ssh,
         "head -c {N} /dev/zero | {run} cat | wc -c",
-        "head -c {N} /dev/zero {hop} cat | wc -c",
+        "head -c {N} /dev/zero {hop} cat {hop} wc -c",
         size,
         0.6,
     );
@@ -565,8 +566,8 @@ fn time_counted(
             }
             (took, printed, Duration::ZERO)
         }
-        Line::Hop { left, right } => {
-            let hopped = hop::run(left, right)?;
+        Line::Hops(chains) => {
+            let hopped = hop::run(chains)?;
             (hopped.took, hopped.printed, hopped.hop_cpu)
         }
     };

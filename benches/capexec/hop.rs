@@ -1,11 +1,14 @@
-//! One TCP hop at its best, the floor of any command run over TCP: real
-//! processes on each side (`head` on one, `wc` or `cat | wc` on the
-//! other), and between them a loopback TCP connection that two threads of
-//! this process fill and drain with splice(2), pipe to socket and socket
-//! to pipe, so that no byte is copied through user space. `capexec run
-//! --connect tcp:…` puts its connection where this hop is, and must move
-//! the same bytes at least this way; it does more (framing, the server's
-//! reads of the command's pipe, the client's writes into its own).
+//! TCP hops at their best, the floor of any command run over TCP: real
+//! processes on each side (`head` on one, `wc` on the other), and between
+//! them a loopback TCP connection that two threads of this process fill
+//! and drain with splice(2), pipe to socket and socket to pipe, so that no
+//! byte is copied through user space. `capexec run --connect tcp:…` puts
+//! its connection where this hop is, and must move the same bytes at least
+//! this way; it does more (framing, the server's reads of the command's
+//! pipe, the client's writes into its own). A remote command that reads
+//! its stdin and writes what it read (`… | capexec run -- cat | wc`) has
+//! every byte cross the connection twice, there and back: its floor is two
+//! hops, `head | <hop> | cat | <hop> | wc`.
 
 use std::io;
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -15,26 +18,22 @@ use std::time::{Duration, Instant};
 
 use nix::sys::resource::{UsageWho, getrusage};
 
-/// What one pipeline through the hop took: its wall time, what its last
-/// process printed, and the CPU time of the hop's two threads.
+/// What one pipeline through the hops took: its wall time, what its last
+/// process printed, and the CPU time of the hops' threads.
 pub struct Hopped {
     pub took: Duration,
     pub printed: String,
     pub hop_cpu: Duration,
 }
 
-/// Runs `left | <one TCP hop> | right`, each side a chain of programs
-/// with their arguments joined by pipes, and waits for every process and
-/// both threads. A process that fails, or a hop that fails, is an error.
-pub fn run(
-    left: &[Vec<String>],
-    right: &[Vec<String>],
-) -> Result<Hopped, Box<dyn std::error::Error>> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let address = listener.local_addr()?;
+/// Runs `chains[0] | <TCP hop> | chains[1] | <TCP hop> | …`, each chain
+/// programs with their arguments joined by pipes, and waits for every
+/// process and every hop's threads. A process that fails, or a hop that
+/// fails, is an error.
+pub fn run(chains: &[Vec<Vec<String>>]) -> Result<Hopped, Box<dyn std::error::Error>> {
     let started = Instant::now();
     let mut children = Vec::new();
-    let outcome = connect_and_pump(&listener, address, left, right, &mut children);
+    let outcome = start_and_pump(chains, &mut children);
     // Every process is waited for, whatever failed, so that none is left
     // behind; the last one's output is what `wc -c` counted.
     let mut printed = String::new();
@@ -53,7 +52,7 @@ pub fn run(
         }
     }
     let took = started.elapsed();
-    let hop_cpu = outcome.map_err(|why| format!("the TCP hop: {why}"))?;
+    let hop_cpu = outcome.map_err(|why| format!("a TCP hop: {why}"))?;
     if !failed.is_empty() {
         return Err(failed.join("; ").into());
     }
@@ -64,34 +63,70 @@ pub fn run(
     })
 }
 
-/// Starts both sides, connects the hop and pumps it to the end; the
-/// processes started are pushed onto `children` (named) as they start,
-/// for the caller to wait for. Returns the hop's CPU time.
-fn connect_and_pump(
-    listener: &TcpListener,
-    address: std::net::SocketAddr,
-    left: &[Vec<String>],
-    right: &[Vec<String>],
+/// One hop's ends before it pumps: the pipe it drains, its connection's
+/// two sockets, and the pipe it fills.
+struct Hop {
+    from: ChildStdout,
+    sender: TcpStream,
+    receiver: TcpStream,
+    feeds: OwnedFd,
+}
+
+/// Starts every chain with a hop's connection between each and the next,
+/// then pumps the hops to the end; the processes started are pushed onto
+/// `children` (named) as they start, for the caller to wait for. Returns
+/// the hops' CPU time.
+fn start_and_pump(
+    chains: &[Vec<Vec<String>>],
     children: &mut Vec<(String, Child)>,
 ) -> io::Result<Duration> {
-    chain(left, Stdio::null(), children)?;
-    let from = children
-        .last_mut()
-        .and_then(|(_, child)| child.stdout.take())
-        .ok_or_else(|| io::Error::other("the left side has no stdout"))?;
-    let (into, feeds) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-    chain(right, Stdio::from(into), children)?;
-    let sender = TcpStream::connect(address)?;
-    let (receiver, _) = listener.accept()?;
+    let (first, rest) = chains
+        .split_first()
+        .ok_or_else(|| io::Error::other("no programs"))?;
+    chain(first, Stdio::null(), children)?;
+    let mut hops = Vec::new();
+    for next in rest {
+        let from = children
+            .last_mut()
+            .and_then(|(_, child)| child.stdout.take())
+            .ok_or_else(|| io::Error::other("a chain before a hop has no stdout"))?;
+        let (into, feeds) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        chain(next, Stdio::from(into), children)?;
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let sender = TcpStream::connect(listener.local_addr()?)?;
+        let (receiver, _) = listener.accept()?;
+        hops.push(Hop {
+            from,
+            sender,
+            receiver,
+            feeds,
+        });
+    }
     std::thread::scope(|scope| {
-        let sending = scope.spawn(move || send(from, sender));
-        let receiving = scope.spawn(move || receive(receiver, feeds));
-        let panicked = |_| io::Error::other("a thread of the hop panicked");
-        let received = receiving.join().map_err(panicked)?;
-        let sent = sending.join().map_err(panicked)?;
-        // The receiving side's error first: when it fails, the sender
-        // fails after it, with a broken connection.
-        Ok(received? + sent?)
+        let threads: Vec<_> = hops
+            .into_iter()
+            .map(|hop| {
+                let sending = scope.spawn(move || send(hop.from, hop.sender));
+                let receiving = scope.spawn(move || receive(hop.receiver, hop.feeds));
+                (sending, receiving)
+            })
+            .collect();
+        let panicked = |_| io::Error::other("a thread of a hop panicked");
+        let mut cpu = Duration::ZERO;
+        let mut first_failure = None;
+        for (sending, receiving) in threads {
+            // A hop's receiving side's error first: when it fails, the
+            // sender fails after it, with a broken connection.
+            let received = receiving.join().map_err(panicked).and_then(|r| r);
+            let sent = sending.join().map_err(panicked).and_then(|r| r);
+            match received.and_then(|received| Ok(received + sent?)) {
+                Ok(used) => cpu += used,
+                Err(why) => {
+                    first_failure.get_or_insert(why);
+                }
+            }
+        }
+        first_failure.map_or(Ok(cpu), Err)
     })
 }
 
