@@ -1397,6 +1397,18 @@ interface Admin {
   # new binary cannot take the hand-over (the sentence says what it
   # answered), when the server cannot be upgraded in place (one that runs
   # logins as users), or when it was not started by `capexec serve`.
+
+  lastUpgrade @4 () -> (failure :Text);
+  # Null, unless the upgrade that started this server's binary did not
+  # execute the new binary: the exec failed after `upgrade` had answered
+  # (the file removed or replaced between its check and the exec), the
+  # server re-executed the binary it ran before, which took everything
+  # back and serves on, and `failure` says why the new one did not run
+  # (as "cannot execute PATH: REASON"). Null too for a server no upgrade
+  # started, and for one that runs logins as users (its monitor has no
+  # binary to go back to: an exec that fails there ends the server).
+  # `capexec upgrade` asks once it has reconnected, and fails if it is
+  # set; a server from before this method answers `unimplemented`.
 }
 
 struct ProcessRecord {

@@ -144,14 +144,24 @@ pub fn upgrade_main(args: UpgradeArgs) -> i32 {
         loop {
             let answered = async {
                 let connection = connect(&args.admin).await?;
-                capexec::client::admin::processes(&connection.admin())
+                let admin = connection.admin();
+                capexec::client::admin::processes(&admin)
+                    .await
+                    .map_err(|error| describe(&connection, &error))?;
+                capexec::client::admin::last_upgrade_failure(&admin)
                     .await
                     .map_err(|error| describe(&connection, &error))
             };
             match answered.await {
-                Ok(_) => {
+                Ok(None) => {
                     stdio::note("upgraded: the server serves from the new binary");
                     return 0;
+                }
+                Ok(Some(failure)) => {
+                    return fail(&format!(
+                        "the server was not upgraded: {failure}; it serves from the binary \
+                         before, which took everything back"
+                    ));
                 }
                 Err(message) if tokio::time::Instant::now() >= deadline => {
                     return fail(&format!(

@@ -39,3 +39,21 @@ pub async fn upgrade(admin: &admin::Client) -> Result<(), Error> {
     admin.upgrade_request().send().promise.await?;
     Ok(())
 }
+
+/// Why the upgrade that started the server's binary did not execute the
+/// new one, if it did not (see `Admin.lastUpgrade`); `Ok(None)` also from
+/// a server that predates the question (it answers `unimplemented`).
+pub async fn last_upgrade_failure(admin: &admin::Client) -> Result<Option<String>, Error> {
+    let response = match admin.last_upgrade_request().send().promise.await {
+        Ok(response) => response,
+        Err(error) if error.kind == capnp::ErrorKind::Unimplemented => return Ok(None),
+        Err(error) => return Err(error.into()),
+    };
+    let results = response.get()?;
+    if !results.has_failure() {
+        return Ok(None);
+    }
+    Ok(Some(
+        String::from_utf8_lossy(results.get_failure()?.as_bytes()).into_owned(),
+    ))
+}

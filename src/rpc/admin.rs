@@ -160,6 +160,17 @@ impl admin::Server for AdminImpl {
         Ok(self.context.upgrade().await?)
     }
 
+    async fn last_upgrade(
+        self: Rc<Self>,
+        _: admin::LastUpgradeParams,
+        mut results: admin::LastUpgradeResults,
+    ) -> Result<(), capnp::Error> {
+        if let Some(failure) = self.context.failed_upgrade() {
+            results.get().set_failure(&failure);
+        }
+        Ok(())
+    }
+
     async fn terminate(
         self: Rc<Self>,
         params: admin::TerminateParams,

@@ -65,6 +65,9 @@ pub struct ServerContext {
     /// Where `Admin.upgrade` asks for an upgrade, when the server can be
     /// upgraded (see `net/server/upgrade.rs`).
     upgrades: std::cell::RefCell<Option<tokio::sync::mpsc::UnboundedSender<UpgradeRequest>>>,
+    /// Why the upgrade that started this binary did not execute the new
+    /// one (this binary took everything back), for `Admin.lastUpgrade`.
+    failed_upgrade: std::cell::RefCell<Option<String>>,
 }
 
 /// An upgrade asked for; `Some`: who waits for whether the new binary
@@ -82,6 +85,7 @@ impl ServerContext {
             processes: crate::rpc::ProcessTable::default(),
             holdings: crate::rpc::ServerHoldings::new(crate::rpc::HoldingLimits::of_this_process()),
             upgrades: std::cell::RefCell::new(None),
+            failed_upgrade: std::cell::RefCell::new(None),
         }
     }
 
@@ -104,6 +108,7 @@ impl ServerContext {
             processes: crate::rpc::ProcessTable::default(),
             holdings: crate::rpc::ServerHoldings::new(crate::rpc::HoldingLimits::of_this_process()),
             upgrades: std::cell::RefCell::new(None),
+            failed_upgrade: std::cell::RefCell::new(None),
         })
     }
 
@@ -131,6 +136,17 @@ impl ServerContext {
     /// Lets `Admin.upgrade` ask for upgrades through `requests`.
     pub fn serve_upgrades(&self, requests: tokio::sync::mpsc::UnboundedSender<UpgradeRequest>) {
         *self.upgrades.borrow_mut() = Some(requests);
+    }
+
+    /// Notes why the upgrade that started this binary did not execute
+    /// the new one (the hand-over came back to the binary before).
+    pub fn note_failed_upgrade(&self, why: String) {
+        *self.failed_upgrade.borrow_mut() = Some(why);
+    }
+
+    /// Why the last upgrade did not execute the new binary, if it did not.
+    pub fn failed_upgrade(&self) -> Option<String> {
+        self.failed_upgrade.borrow().clone()
     }
 
     /// Asks for an upgrade; says whether the new binary took it.

@@ -110,6 +110,20 @@ impl Upgradable {
         std::fs::read_to_string(self.dir.path().join("serve.log")).unwrap_or_default()
     }
 
+    /// Asserts that the server runs a new command: `echo WORD` prints it.
+    pub fn answers_echo(&self, word: &str) {
+        let done = finish(
+            self.command("run", &["--connect", &self.unix, "-n", "--", "echo", word]),
+            None,
+        );
+        assert_eq!(
+            (done.code, text(&done.stdout)),
+            (0, format!("{word}\n")),
+            "{}",
+            text(&done.stderr)
+        );
+    }
+
     fn pid(&self) -> i32 {
         self.child.id() as i32
     }
@@ -354,14 +368,7 @@ fn an_idle_server_upgrades_into_the_binary_now_at_its_path() {
         inode(Path::new(&format!("/proc/{}/exe", served.pid()))),
         inode(&served.exe)
     );
-    let done = finish(
-        served.command(
-            "run",
-            &["--connect", &served.unix, "-n", "--", "echo", "new"],
-        ),
-        None,
-    );
-    assert_eq!((done.code, text(&done.stdout).as_str()), (0, "new\n"));
+    served.answers_echo("new");
 }
 
 #[test]
@@ -391,14 +398,7 @@ fn the_new_binary_reads_the_servers_arguments_before_it_takes_over() {
             && message.contains(&format!("--tls-key {}", key.display())),
         "{message}"
     );
-    let done = finish(
-        served.command(
-            "run",
-            &["--connect", &served.unix, "-n", "--", "echo", "still"],
-        ),
-        None,
-    );
-    assert_eq!((done.code, text(&done.stdout).as_str()), (0, "still\n"));
+    served.answers_echo("still");
 }
 
 /// A copy of the binary (or the script `content`) at `path`, a new file
@@ -461,14 +461,56 @@ fn an_upgrade_to_a_binary_that_cannot_take_over_leaves_the_old_one_serving() {
     // the server serves.
     assert!(alive(pid));
     assert!(running.try_wait().expect("try_wait").is_none());
-    let done = finish(
-        served.command(
-            "run",
-            &["--connect", &served.unix, "-n", "--", "echo", "still"],
-        ),
-        None,
+    served.answers_echo("still");
+    let _ = running.kill();
+    let _ = running.wait();
+}
+
+#[test]
+fn a_new_binary_gone_by_its_exec_leaves_the_old_one_serving_and_capexec_upgrade_says_so() {
+    let served = Upgradable::start();
+    let (mut running, pid) = sleeping(&served, true);
+    let exe = Path::new(&format!("/proc/{}/exe", served.pid())).to_path_buf();
+    let before = inode(&exe);
+    // The new binary answers its check, and removes itself as it does so:
+    // the exec that follows the answer finds nothing at the path.
+    let real = served.dir.path().join("real-capexec");
+    put_binary(&real, None);
+    put_binary(
+        &served.exe,
+        Some(&format!(
+            "#!/bin/sh\nfor arg; do [ \"$arg\" = --handover-check ] && rm -f \"$0\"; done\n\
+             exec {} \"$@\"\n",
+            real.display()
+        )),
     );
-    assert_eq!((done.code, text(&done.stdout).as_str()), (0, "still\n"));
+    let upgraded = served.upgrade();
+    assert_eq!(
+        (upgraded.code, text(&upgraded.stderr)),
+        (
+            125,
+            format!(
+                "capexec: the server was not upgraded: cannot execute {}: No such file or \
+                 directory (os error 2); it serves from the binary before, which took \
+                 everything back\n",
+                served.exe.display()
+            )
+        )
+    );
+    assert!(!served.exe.exists(), "the script removed itself");
+    // The same server, the same binary, everything taken back: the
+    // process runs on with its client, and new commands run.
+    assert_eq!(inode(&exe), before);
+    assert!(alive(pid), "the failed upgrade ended the process");
+    assert!(running.try_wait().expect("try_wait").is_none());
+    served.answers_echo("still");
+    assert!(
+        served
+            .log()
+            .contains("the upgrade did not execute the new binary (cannot execute"),
+        "{}",
+        served.log()
+    );
     let _ = running.kill();
     let _ = running.wait();
 }

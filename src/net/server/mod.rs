@@ -350,6 +350,13 @@ impl Server {
     /// (removed at the end, as this server's own), then its processes,
     /// whose exits the reaper thread, started only now, reports.
     fn take_over(&mut self, handover: &HandedOver) {
+        if let Some(why) = &handover.failed_upgrade {
+            tracing::error!(
+                "the upgrade did not execute the new binary ({why}): \
+                 serving on from the binary before, which took everything back"
+            );
+            self.context.note_failed_upgrade(why.clone());
+        }
         for listener in &handover.listeners {
             if let Some((path, lock)) = &listener.file {
                 // SAFETY: kept open across the exec for us; ours alone.

@@ -58,12 +58,19 @@ struct State {
     listeners: Vec<ListenerState>,
     processes: Vec<ProcessState>,
     detached: Vec<DetachedState>,
+    /// Set when the exec of the new binary failed and this hand-over goes
+    /// back to the binary that wrote it: why the new one did not run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    failed_upgrade: Option<String>,
 }
 
 /// The hand-over the binary before left, read at start-up.
 pub struct HandedOver {
     pub(crate) listeners: Vec<ListenerState>,
     taken: Mutex<Option<Processes>>,
+    /// Why the upgrade that handed this over did not execute the new
+    /// binary (this binary, the one before, took it back), if it did not.
+    pub(crate) failed_upgrade: Option<String>,
 }
 
 /// The processes of a hand-over, and the bytes their states name.
@@ -129,6 +136,7 @@ impl HandedOver {
             .map_err(|e| format!("the hand-over's bytes: {e}"))?;
         Ok(HandedOver {
             listeners: state.listeners,
+            failed_upgrade: state.failed_upgrade,
             taken: Mutex::new(Some(Processes {
                 processes: state.processes,
                 detached: state.detached,
@@ -223,12 +231,13 @@ pub(crate) fn exec(
     if let Some(root) = &cgroup_root {
         keep.extend([root.lock_fd(), root.sentinel_fd()]);
     }
-    let state = State {
+    let mut state = State {
         version: HANDOVER_VERSION.to_string(),
         cgroup_root,
         listeners,
         processes,
         detached,
+        failed_upgrade: None,
     };
     for listener in &state.listeners {
         keep.push(listener.fd);
@@ -242,13 +251,7 @@ pub(crate) fn exec(
     };
     keep.push(memfd.as_raw_fd());
     for fd in &keep {
-        // SAFETY: F_SETFD on descriptors this process holds open.
-        unsafe {
-            let flags = libc::fcntl(*fd, libc::F_GETFD);
-            if flags >= 0 {
-                libc::fcntl(*fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
-            }
-        }
+        keep_across_exec(*fd);
     }
     // Signals that arrive from here until the new binary handles them
     // again wait, blocked (the mask and what is pending survive the exec),
@@ -260,10 +263,33 @@ pub(crate) fn exec(
     argv.push("--handover".into());
     argv.push(memfd.as_raw_fd().to_string().into());
     let error = execv(exe, &argv);
-    // The new binary is not there any more: this one takes its own
-    // processes back, the same way.
+    let failed = format!("cannot execute {}: {error}", exe.display());
+    // The new binary is not there any more (removed or replaced since its
+    // check): this one takes its own processes back, the same way, and
+    // its state says why, for `Admin.lastUpgrade` to tell.
+    // (Without a second memfd, the first one goes back, saying nothing.)
+    state.failed_upgrade = Some(failed.clone());
+    let back = write_state(&state, blob).ok();
+    if let Some(back) = &back {
+        keep_across_exec(back.as_raw_fd());
+        if let Some(last) = argv.last_mut() {
+            *last = back.as_raw_fd().to_string().into();
+        }
+        drop(memfd);
+    }
     let _ = execv(Path::new("/proc/self/exe"), &argv);
-    format!("cannot execute {}: {error}", exe.display())
+    failed
+}
+
+/// Clears close-on-exec on `fd`, which the next binary is to inherit.
+fn keep_across_exec(fd: RawFd) {
+    // SAFETY: F_GETFD/F_SETFD on a descriptor this process holds open.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFD);
+        if flags >= 0 {
+            libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
+        }
+    }
 }
 
 /// The signals a server handles (stop, reload, upgrade).
