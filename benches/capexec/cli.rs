@@ -286,8 +286,9 @@ fn remote_lines(
                 "`{}` ({}, splice(2) at both ends: {HOP_FLOOR})",
                 hop.replace("{hop}", "| <TCP hop> |").replace("{N}", "N"),
                 match hop.matches("{hop}").count() {
-                    1 => "one TCP hop",
-                    _ => "two TCP hops, there and back",
+                    1 => "one TCP hop".to_string(),
+                    2 => "two TCP hops, there and back".to_string(),
+                    hops => format!("{hops} TCP hops"),
                 }
             ),
             line: Line::hops(hop, size),
@@ -337,7 +338,7 @@ fn remote_lines(
     }
 }
 
-/// Where the TCP and TLS lines stand against their floor, one TCP hop, and
+/// Where the TCP and TLS lines stand against their floor, TCP hops, and
 /// TLS's second target: twice ssh's rate.
 fn against_floor_and_ssh(report: &mut Report, lines: &Lines, rows: &[Measured]) {
     for line in [lines.tcp, lines.tls] {
@@ -542,10 +543,10 @@ fn pipelines(
     Ok((bare_cpu, measured))
 }
 
-/// Runs `line` (a shell line under `sh -c`, or a pipeline through the TCP
-/// hop) and times it; it must succeed and print exactly `size`. Also the
+/// Runs `line` (a shell line under `sh -c`, or a pipeline through TCP
+/// hops) and times it; it must succeed and print exactly `size`. Also the
 /// CPU time it took: its own processes', and what the trees of `servers`
-/// (or the hop's threads) used meanwhile.
+/// (or the hops' threads) used meanwhile.
 fn time_counted(
     line: &Line,
     env: Option<&(&'static str, String)>,
@@ -567,7 +568,7 @@ fn time_counted(
             (took, printed, Duration::ZERO)
         }
         Line::Hops(chains) => {
-            let hopped = hop::run(chains)?;
+            let hopped = hop::run(chains).map_err(|why| format!("`{}`: {why}", line.shown()))?;
             (hopped.took, hopped.printed, hopped.hop_cpu)
         }
     };

@@ -29,7 +29,10 @@ pub struct Hopped {
 /// Runs `chains[0] | <TCP hop> | chains[1] | <TCP hop> | …`, each chain
 /// programs with their arguments joined by pipes, and waits for every
 /// process and every hop's threads. A process that fails, or a hop that
-/// fails, is an error.
+/// fails, is an error (the processes' failures first: a hop fails after
+/// the program it feeds, with a broken pipe). The last program's output
+/// is read once it has ended: it must print little (`wc -c`), or it would
+/// block on a full pipe.
 pub fn run(chains: &[Vec<Vec<String>>]) -> Result<Hopped, Box<dyn std::error::Error>> {
     let started = Instant::now();
     let mut children = Vec::new();
@@ -52,10 +55,13 @@ pub fn run(chains: &[Vec<Vec<String>>]) -> Result<Hopped, Box<dyn std::error::Er
         }
     }
     let took = started.elapsed();
-    let hop_cpu = outcome.map_err(|why| format!("a TCP hop: {why}"))?;
-    if !failed.is_empty() {
-        return Err(failed.join("; ").into());
+    if let Err(why) = &outcome {
+        failed.push(format!("a TCP hop: {why}"));
     }
+    let hop_cpu = match outcome {
+        Ok(hop_cpu) if failed.is_empty() => hop_cpu,
+        _ => return Err(failed.join("; ").into()),
+    };
     Ok(Hopped {
         took,
         printed,
@@ -156,7 +162,8 @@ fn chain(
             .stdin(input)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
-            .spawn()?;
+            .spawn()
+            .map_err(|why| io::Error::new(why.kind(), format!("cannot start {program}: {why}")))?;
         children.push((argv.join(" "), child));
     }
     Ok(())
