@@ -611,6 +611,10 @@ pub struct ServeArgs {
     /// TCP login's token logs in to.
     #[arg(long, value_name = "FD", hide = true, requires = "front")]
     monitor_requests: Option<i32>,
+    /// Internal: why the monitor's last upgrade did not execute the new
+    /// binary (it went back to this one), for `Admin.lastUpgrade`.
+    #[arg(long, value_name = "TEXT", hide = true, requires = "front")]
+    failed_upgrade: Option<String>,
     /// Internal: a listening socket at descriptor FD to serve (NAME
     /// `admin`: the admin socket); repeatable.
     #[arg(

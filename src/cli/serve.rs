@@ -162,6 +162,7 @@ pub fn main(args: ServeArgs) -> i32 {
                 monitor,
                 args.monitor_requests,
                 args.max_connections_per_user,
+                args.failed_upgrade.clone(),
             ) {
                 Ok(users) => (Some(users), Vec::new(), None),
                 Err(error) => {

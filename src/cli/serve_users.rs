@@ -15,16 +15,19 @@ use capexec::net::{
     Address, BoundUnixSocket, BoundUnixSocketState, Token, UsersConfig, bind_unix_for_another,
 };
 use capexec::users::{
-    Account, Evidence, MonitorSetup, MonitorUpgrade, TokenCheck, UserMap, WorkerRecord, spawn_as,
+    Account, Evidence, MonitorSetup, MonitorUpgrade, Program, TokenCheck, UserMap, WorkerRecord,
+    spawn_as,
 };
 
 use crate::cli::EXIT_CAPEXEC_FAILURE;
 
-/// `--front FD` and `--monitor-requests FD`: the monitor's sockets.
+/// `--front FD` and `--monitor-requests FD`: the monitor's sockets;
+/// `--failed-upgrade TEXT`: what it says of its last upgrade.
 pub fn front_config(
     monitor: i32,
     requests: Option<i32>,
     per_user: Option<usize>,
+    failed_upgrade: Option<String>,
 ) -> Result<UsersConfig, String> {
     let socket = inherited(monitor, "--front")?;
     let requests = requests
@@ -34,6 +37,7 @@ pub fn front_config(
         monitor: Arc::new(socket),
         requests: requests.map(|fd| Arc::new(Mutex::new(fd))),
         connections_per_user: per_user.unwrap_or(UsersConfig::CONNECTIONS_PER_USER),
+        failed_upgrade,
     })
 }
 
@@ -90,10 +94,13 @@ pub fn monitor_main(
     let started =
         prepare(map_file, privsep_user, listen, tls).and_then(|prepared| match handover {
             None => bind(listen, admin)
-                .and_then(|bound| Ok((bound, make_socket_dir()?, (Vec::new(), 0))))
-                .and_then(|(bound, dir, workers)| launch(prepared, bound, dir, listen, workers)),
-            Some(fd) => take_over(fd)
-                .and_then(|(bound, dir, workers)| launch(prepared, bound, dir, listen, workers)),
+                .and_then(|bound| Ok((bound, make_socket_dir()?, (Vec::new(), 0), None)))
+                .and_then(|(bound, dir, workers, failed)| {
+                    launch(prepared, bound, dir, listen, workers, failed)
+                }),
+            Some(fd) => take_over(fd).and_then(|(bound, dir, workers, failed)| {
+                launch(prepared, bound, dir, listen, workers, failed)
+            }),
         });
     match started {
         Ok(Started {
@@ -156,7 +163,7 @@ struct Prepared {
     /// Whether the map has `cert` lines.
     certificates: bool,
     front_account: Account,
-    program: PathBuf,
+    program: Program,
 }
 
 /// The sockets the monitor binds: the Unix ones it accepts logins on
@@ -252,7 +259,10 @@ fn prepare(
             "--privsep-user {privsep_user}: the front must not run as root"
         ));
     }
-    let program = std::env::current_exe()
+    // The path the monitor was started by (where its upgrade looks, too):
+    // the name its front and workers go by; they run its own binary.
+    let program = crate::cli::upgrade::started_from()
+        .map(Program::own)
         .map_err(|error| format!("--user-map: cannot find capexec's own binary: {error}"))?;
     Ok(Prepared {
         map,
@@ -377,6 +387,7 @@ fn launch(
     socket_dir: PathBuf,
     listen: &[Address],
     workers: HandedWorkers,
+    failed_upgrade: Option<String>,
 ) -> Result<Started, String> {
     let Prepared {
         map,
@@ -396,6 +407,11 @@ fn launch(
     if certificates {
         // The front asks TLS peers for a certificate.
         args.push("--client-certificates".into());
+    }
+    if let Some(why) = failed_upgrade {
+        // For `Admin.lastUpgrade`, which the front serves.
+        args.push("--failed-upgrade".into());
+        args.push(why.into());
     }
     let mut keep = vec![theirs.as_raw_fd(), their_requests.as_raw_fd()];
     for listener in &bound.tcp {
@@ -471,6 +487,10 @@ struct MonitorState {
     cgroup_root: Option<capexec::sandbox::RootState>,
     workers: Vec<WorkerRecord>,
     started: u64,
+    /// Set when the exec of the new binary failed and this hand-over goes
+    /// back to the binary that wrote it: why the new one did not run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    failed_upgrade: Option<String>,
 }
 
 /// How long the new binary may take to answer `--handover-check`.
@@ -507,8 +527,9 @@ fn monitor_upgrade(bound: &Bound, socket_dir: &Path) -> MonitorUpgrade {
             cgroup_root: capexec::sandbox::root_for_handover(),
             workers: workers.to_vec(),
             started,
+            failed_upgrade: None,
         };
-        exec_monitor(exe, &args, &state)
+        exec_monitor(exe, &args, state)
     });
     MonitorUpgrade { check, exec }
 }
@@ -586,25 +607,14 @@ fn check_binary(exe: &Path, args: &[OsString]) -> Result<(), String> {
 /// Writes `state` to a memfd and re-executes `exe` with `args` plus
 /// `--monitor-handover FD`, keeping the descriptors the state names open;
 /// if that binary cannot be executed, this one (`/proc/self/exe`) takes the
-/// same hand-over. Returns only if neither could, saying why.
-fn exec_monitor(exe: &Path, args: &[OsString], state: &MonitorState) -> String {
-    use std::io::{Seek, Write};
-    let text = match serde_json::to_vec(state) {
-        Ok(text) => text,
+/// same hand-over, which says why the new one did not run. Returns only if
+/// neither could, saying why.
+fn exec_monitor(exe: &Path, args: &[OsString], mut state: MonitorState) -> String {
+    let memfd = match monitor_memfd(&state) {
+        Ok(memfd) => memfd,
         Err(error) => return format!("cannot write the hand-over: {error}"),
     };
-    let memfd = match nix::sys::memfd::memfd_create(
-        c"capexec-monitor-handover",
-        nix::sys::memfd::MFdFlags::MFD_CLOEXEC,
-    ) {
-        Ok(fd) => fd,
-        Err(errno) => return format!("cannot write the hand-over: {}", errno.desc()),
-    };
-    let mut file = std::fs::File::from(memfd);
-    if let Err(error) = file.write_all(&text).and_then(|()| file.rewind()) {
-        return format!("cannot write the hand-over: {error}");
-    }
-    let mut keep = vec![file.as_raw_fd()];
+    let mut keep = vec![memfd.as_raw_fd()];
     for socket in state.logins.iter().chain(&state.admin) {
         keep.extend([socket.listener, socket.lock]);
     }
@@ -614,21 +624,42 @@ fn exec_monitor(exe: &Path, args: &[OsString], state: &MonitorState) -> String {
         keep.extend([root.lock_fd(), root.sentinel_fd()]);
     }
     for fd in keep {
-        // SAFETY: F_SETFD on descriptors this process holds open.
-        unsafe {
-            let flags = libc::fcntl(fd, libc::F_GETFD);
-            if flags >= 0 {
-                libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
-            }
-        }
+        capexec::net::keep_across_exec(fd);
     }
     let mut argv: Vec<OsString> = vec![exe.as_os_str().to_owned()];
     argv.extend(args.iter().cloned());
     argv.push("--monitor-handover".into());
-    argv.push(file.as_raw_fd().to_string().into());
+    argv.push(memfd.as_raw_fd().to_string().into());
     let error = exec(exe, &argv);
+    let failed = format!("cannot execute {}: {error}", exe.display());
+    // The state is small (no bytes follow it): written again, saying why.
+    state.failed_upgrade = Some(failed.clone());
+    let back = monitor_memfd(&state).ok();
+    if let Some(back) = &back {
+        capexec::net::keep_across_exec(back.as_raw_fd());
+        if let Some(last) = argv.last_mut() {
+            *last = back.as_raw_fd().to_string().into();
+        }
+        drop(memfd);
+    }
     let _ = exec(Path::new("/proc/self/exe"), &argv);
-    format!("cannot execute {}: {error}", exe.display())
+    failed
+}
+
+/// `state` in a new memfd (close-on-exec), read from its start.
+fn monitor_memfd(state: &MonitorState) -> Result<OwnedFd, String> {
+    use std::io::{Seek, Write};
+    let text = serde_json::to_vec(state).map_err(|error| error.to_string())?;
+    let memfd = nix::sys::memfd::memfd_create(
+        c"capexec-monitor-handover",
+        nix::sys::memfd::MFdFlags::MFD_CLOEXEC,
+    )
+    .map_err(|errno| errno.desc().to_string())?;
+    let mut file = std::fs::File::from(memfd);
+    file.write_all(&text)
+        .and_then(|()| file.rewind())
+        .map_err(|error| error.to_string())?;
+    Ok(OwnedFd::from(file))
 }
 
 fn exec(exe: &Path, argv: &[OsString]) -> std::io::Error {
@@ -641,7 +672,7 @@ fn exec(exe: &Path, argv: &[OsString]) -> std::io::Error {
 
 /// `--monitor-handover FD`: the listeners, the workers' directory and the
 /// workers the monitor before left at FD (same process).
-fn take_over(fd: i32) -> Result<(Bound, PathBuf, HandedWorkers), String> {
+fn take_over(fd: i32) -> Result<(Bound, PathBuf, HandedWorkers, Option<String>), String> {
     use std::io::Read;
     let fd = inherited(fd, "--monitor-handover")?;
     let mut text = Vec::new();
@@ -678,7 +709,18 @@ fn take_over(fd: i32) -> Result<(Bound, PathBuf, HandedWorkers), String> {
             .collect(),
         admin: state.admin.map(taken),
     };
-    Ok((bound, state.socket_dir, (state.workers, state.started)))
+    if let Some(why) = &state.failed_upgrade {
+        tracing::error!(
+            "the upgrade did not execute the new binary ({why}): \
+             serving on from the binary before, which took everything back"
+        );
+    }
+    Ok((
+        bound,
+        state.socket_dir,
+        (state.workers, state.started),
+        state.failed_upgrade,
+    ))
 }
 
 /// Where the workers' sockets go, in a directory of the monitor's own.

@@ -48,7 +48,7 @@ pub use self::local_socket::{
 pub use self::pending::PendingLimits;
 pub use self::server::{
     HANDOVER_VERSION, HandedOver, Reloader, ServeError, Server, ServerConfig, UPGRADE_REASON,
-    UpgradeRequest, Upgrades, UsersConfig, serve_stream, unblock_serving_signals,
+    UpgradeRequest, Upgrades, UsersConfig, keep_across_exec, serve_stream, unblock_serving_signals,
 };
 pub use self::shutdown::SHUTDOWN_REASON;
 pub use self::socket::{BoundUnixSocket, BoundUnixSocketState, bind_unix_for_another};

@@ -18,4 +18,6 @@ pub use self::monitor::{
     ask_for_token, ask_for_upgrade, handle_monitor_signals, receive_handed, serve_monitor,
     worker_admin_socket,
 };
-pub use self::worker::{WorkerError, log_label, relay_from, relay_stderr, spawn_as, spawn_worker};
+pub use self::worker::{
+    Program, WorkerError, log_label, relay_from, relay_stderr, spawn_as, spawn_worker,
+};

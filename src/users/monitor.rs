@@ -217,7 +217,7 @@ const FRONT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
 pub struct MonitorSetup {
     pub map: UserMap,
     /// The capexec binary the workers run.
-    pub program: PathBuf,
+    pub program: crate::users::Program,
     /// Where the workers' sockets go (made by the caller, mode 0711).
     pub socket_dir: PathBuf,
     /// The front's user: the only one that may connect to a worker.

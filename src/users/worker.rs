@@ -12,7 +12,7 @@
 use std::ffi::OsString;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use crate::users::account::Account;
@@ -50,6 +50,35 @@ impl std::fmt::Display for WorkerError {
 
 impl std::error::Error for WorkerError {}
 
+/// The capexec binary a front or worker runs, and the name it goes by
+/// (its `argv[0]`: where its own upgrade looks for a new binary).
+#[derive(Clone, Debug)]
+pub struct Program {
+    run: PathBuf,
+    name: PathBuf,
+}
+
+impl Program {
+    /// This process's own binary, whatever is at `name` now (a package
+    /// manager may have renamed a new one into place, or an upgrade that
+    /// could not execute it come back to this one): a monitor's front and
+    /// workers speak its protocol.
+    pub fn own(name: PathBuf) -> Program {
+        Program {
+            run: PathBuf::from("/proc/self/exe"),
+            name,
+        }
+    }
+
+    /// The binary at `path`.
+    pub fn at(path: &Path) -> Program {
+        Program {
+            run: path.to_path_buf(),
+            name: path.to_path_buf(),
+        }
+    }
+}
+
 /// Starts `program serve --worker FD` as `account`, serving on `listener`
 /// (a listening Unix socket; the worker gets its own descriptor of it).
 /// The worker is killed when the process that started it dies, as a
@@ -58,7 +87,7 @@ impl std::error::Error for WorkerError {}
 /// in it and makes its processes' cgroups there (`--cgroup-parent`).
 pub fn spawn_worker(
     account: &Account,
-    program: &Path,
+    program: &Program,
     listener: &impl AsFd,
     admin: &impl AsFd,
     cgroup: Option<&crate::sandbox::DelegatedGroup>,
@@ -97,7 +126,7 @@ pub fn spawn_worker(
 /// while it is still root.
 pub fn spawn_as(
     account: &Account,
-    program: &Path,
+    program: &Program,
     args: &[OsString],
     keep: &[RawFd],
     death_signal: libc::c_int,
@@ -107,8 +136,9 @@ pub fn spawn_as(
     if !nix::unistd::getuid().is_root() || !nix::unistd::geteuid().is_root() {
         return Err(WorkerError::NotRoot);
     }
-    let mut command = Command::new(program);
+    let mut command = Command::new(&program.run);
     command
+        .arg0(&program.name)
         .args(args)
         .env_clear()
         .stdin(Stdio::null())

@@ -401,6 +401,32 @@ fn the_new_binary_reads_the_servers_arguments_before_it_takes_over() {
     served.answers_echo("still");
 }
 
+/// At `exe`, a new binary that answers its check (`--handover-check`, as
+/// a copy of the binary beside it) and removes itself as it does so: the
+/// upgrade's exec that follows finds nothing at the path.
+pub fn put_binary_gone_by_its_exec(exe: &Path) {
+    let real = exe.with_file_name("real-capexec");
+    put_binary(&real, None);
+    put_binary(
+        exe,
+        Some(&format!(
+            "#!/bin/sh\nfor arg; do [ \"$arg\" = --handover-check ] && rm -f \"$0\"; done\n\
+             exec {} \"$@\"\n",
+            real.display()
+        )),
+    );
+}
+
+/// What `capexec upgrade` says when the new binary at `exe` was gone by
+/// the exec.
+pub fn gone_by_its_exec_said(exe: &Path) -> String {
+    format!(
+        "capexec: the server was not upgraded: cannot execute {}: No such file or directory \
+         (os error 2); it serves from the binary before, which took everything back\n",
+        exe.display()
+    )
+}
+
 /// A copy of the binary (or the script `content`) at `path`, a new file
 /// (a new inode), once no process holds it open.
 pub fn put_binary(path: &Path, content: Option<&str>) {
@@ -472,30 +498,11 @@ fn a_new_binary_gone_by_its_exec_leaves_the_old_one_serving_and_capexec_upgrade_
     let (mut running, pid) = sleeping(&served, true);
     let exe = Path::new(&format!("/proc/{}/exe", served.pid())).to_path_buf();
     let before = inode(&exe);
-    // The new binary answers its check, and removes itself as it does so:
-    // the exec that follows the answer finds nothing at the path.
-    let real = served.dir.path().join("real-capexec");
-    put_binary(&real, None);
-    put_binary(
-        &served.exe,
-        Some(&format!(
-            "#!/bin/sh\nfor arg; do [ \"$arg\" = --handover-check ] && rm -f \"$0\"; done\n\
-             exec {} \"$@\"\n",
-            real.display()
-        )),
-    );
+    put_binary_gone_by_its_exec(&served.exe);
     let upgraded = served.upgrade();
     assert_eq!(
         (upgraded.code, text(&upgraded.stderr)),
-        (
-            125,
-            format!(
-                "capexec: the server was not upgraded: cannot execute {}: No such file or \
-                 directory (os error 2); it serves from the binary before, which took \
-                 everything back\n",
-                served.exe.display()
-            )
-        )
+        (125, gone_by_its_exec_said(&served.exe))
     );
     assert!(!served.exe.exists(), "the script removed itself");
     // The same server, the same binary, everything taken back: the

@@ -13,7 +13,7 @@ use capexec::capexec_capnp::executor;
 use capexec::client::Command;
 use capexec::model::ExitStatus;
 use capexec::net::Address;
-use capexec::users::{Account, spawn_worker};
+use capexec::users::{Account, Program, spawn_worker};
 
 use crate::common::cli::{BIN, finish, kill, spawn_until_first_line, text, wait};
 use crate::common::data::TempDir;
@@ -89,8 +89,14 @@ where
     let admin_path = capexec::users::worker_admin_socket(&path);
     let admin = std::os::unix::net::UnixListener::bind(&admin_path).expect("bind");
     std::fs::set_permissions(&admin_path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let mut child =
-        spawn_worker(account, Path::new(BIN), &listener, &admin, None).expect("a worker");
+    let mut child = spawn_worker(
+        account,
+        &Program::at(Path::new(BIN)),
+        &listener,
+        &admin,
+        None,
+    )
+    .expect("a worker");
     drop((listener, admin));
     let connection = capexec::net::connect(&Address::Unix(path), None)
         .await
@@ -1526,6 +1532,17 @@ fn exe_inode(pid: u32) -> u64 {
         .ino()
 }
 
+/// Asserts that `uid:gid` runs `id -un` through `address` as `name`.
+fn logs_in_as(uid: u32, gid: u32, address: &str, name: &str) {
+    let done = finish(run_as(uid, gid, "/", address, "id -un"), None);
+    assert_eq!(
+        (done.code, text(&done.stdout)),
+        (0, format!("{name}\n")),
+        "{}",
+        text(&done.stderr)
+    );
+}
+
 /// `capexec upgrade` on the admin socket at `admin`.
 fn upgrade_via(admin: &Path) -> crate::common::cli::Finished {
     let mut upgrade = Std::new(BIN);
@@ -1630,13 +1647,7 @@ fn a_server_with_a_user_map_upgrades_in_place_and_ends_nothing() {
         text(&refused.stderr)
     );
     kill(&server, libc::SIGUSR2);
-    let still = finish(run_as(uid, gid, "/", &address, "id -un"), None);
-    assert_eq!(
-        (still.code, text(&still.stdout)),
-        (0, "capexec-alice\n".to_string()),
-        "{}",
-        text(&still.stderr)
-    );
+    logs_in_as(uid, gid, &address, "capexec-alice");
     assert_eq!(
         processes_of(front.uid.as_raw(), monitor, b"--front"),
         [old_front]
@@ -1679,14 +1690,68 @@ fn a_server_with_a_user_map_upgrades_in_place_and_ends_nothing() {
     let newer = std::fs::metadata(&exe).expect("exe").ino();
     kill(&server, libc::SIGUSR2);
     wait_until(|| exe_inode(monitor) == newer && exe_inode(worker) == newer);
-    let after = finish(run_as(uid, gid, "/", &address, "id -un"), None);
-    assert_eq!(
-        (after.code, text(&after.stdout)),
-        (0, "capexec-alice\n".to_string()),
-        "{}",
-        text(&after.stderr)
-    );
+    logs_in_as(uid, gid, &address, "capexec-alice");
     wait_until(|| workers_of(uid, monitor) == [worker]);
+    kill(&server, libc::SIGTERM);
+    assert_eq!(wait(&mut server), 0);
+    wait_until(|| !alive(worker));
+}
+
+#[test]
+fn a_server_with_a_user_map_starts_workers_of_its_own_binary_once_the_file_is_replaced() {
+    let alice = test_account("capexec-alice", true);
+    test_account(FRONT, false);
+    let dir = TempDir::new("users-replaced");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let (mut server, address, _admin, exe) = upgradable_users_server(dir.path());
+    let monitor = server.id();
+    let old = exe_inode(monitor);
+    // A package manager renames a new binary into place; no upgrade yet.
+    crate::upgrade::put_binary(&exe, None);
+    assert_ne!(std::fs::metadata(&exe).expect("exe").ino(), old);
+    // Alice's first login starts her worker: of the binary the monitor
+    // runs, which speaks its protocol, not of the file now at the path.
+    let (uid, gid) = (alice.uid.as_raw(), alice.gid.as_raw());
+    logs_in_as(uid, gid, &address, "capexec-alice");
+    let worker = workers_of(uid, monitor)[0];
+    assert_eq!(exe_inode(worker), old);
+    kill(&server, libc::SIGTERM);
+    assert_eq!(wait(&mut server), 0);
+    wait_until(|| !alive(worker));
+}
+
+#[test]
+fn a_server_with_a_user_map_whose_new_binary_is_gone_by_its_exec_says_so_and_serves_on() {
+    let alice = test_account("capexec-alice", true);
+    let front = test_account(FRONT, false);
+    let dir = TempDir::new("users-upgrade-gone");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let (mut server, address, admin, exe) = upgradable_users_server(dir.path());
+    let monitor = server.id();
+    let (uid, gid) = (alice.uid.as_raw(), alice.gid.as_raw());
+    logs_in_as(uid, gid, &address, "capexec-alice");
+    let worker = workers_of(uid, monitor)[0];
+    let old_front = processes_of(front.uid.as_raw(), monitor, b"--front")[0];
+    let old = exe_inode(monitor);
+    // The monitor's exec after the check finds nothing at the path.
+    crate::upgrade::put_binary_gone_by_its_exec(&exe);
+    let upgraded = upgrade_via(&admin);
+    assert_eq!(
+        (upgraded.code, text(&upgraded.stderr)),
+        (125, crate::upgrade::gone_by_its_exec_said(&exe))
+    );
+    // The monitor runs the binary it ran, with a new front of it, and its
+    // worker serves on.
+    assert!(server.try_wait().expect("try_wait").is_none());
+    assert_eq!(exe_inode(monitor), old);
+    assert!(
+        processes_of(front.uid.as_raw(), monitor, b"--front")
+            .iter()
+            .any(|pid| *pid != old_front && exe_inode(*pid) == old)
+    );
+    logs_in_as(uid, gid, &address, "capexec-alice");
+    assert_eq!(workers_of(uid, monitor), [worker]);
+    assert_eq!(exe_inode(worker), old);
     kill(&server, libc::SIGTERM);
     assert_eq!(wait(&mut server), 0);
     wait_until(|| !alive(worker));

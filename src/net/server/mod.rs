@@ -13,7 +13,9 @@ mod upgrade;
 mod users;
 mod users_admin;
 
-pub use self::upgrade::{HANDOVER_VERSION, HandedOver, UPGRADE_REASON, unblock_serving_signals};
+pub use self::upgrade::{
+    HANDOVER_VERSION, HandedOver, UPGRADE_REASON, keep_across_exec, unblock_serving_signals,
+};
 pub use self::users::UsersConfig;
 
 pub use self::connection::serve_stream;

@@ -266,23 +266,19 @@ pub(crate) fn exec(
     let failed = format!("cannot execute {}: {error}", exe.display());
     // The new binary is not there any more (removed or replaced since its
     // check): this one takes its own processes back, the same way, and
-    // its state says why, for `Admin.lastUpgrade` to tell.
-    // (Without a second memfd, the first one goes back, saying nothing.)
+    // its state says why, for `Admin.lastUpgrade` to tell. (Should that
+    // not fit, the state goes back as it was, saying nothing.)
     state.failed_upgrade = Some(failed.clone());
-    let back = write_state(&state, blob).ok();
-    if let Some(back) = &back {
-        keep_across_exec(back.as_raw_fd());
-        if let Some(last) = argv.last_mut() {
-            *last = back.as_raw_fd().to_string().into();
-        }
-        drop(memfd);
+    if rewrite_state(&memfd, &state).is_err() {
+        state.failed_upgrade = Some(format!("cannot execute the new binary: {error}"));
+        let _ = rewrite_state(&memfd, &state);
     }
     let _ = execv(Path::new("/proc/self/exe"), &argv);
     failed
 }
 
 /// Clears close-on-exec on `fd`, which the next binary is to inherit.
-fn keep_across_exec(fd: RawFd) {
+pub fn keep_across_exec(fd: RawFd) {
     // SAFETY: F_GETFD/F_SETFD on a descriptor this process holds open.
     unsafe {
         let flags = libc::fcntl(fd, libc::F_GETFD);
@@ -322,8 +318,14 @@ pub fn unblock_serving_signals() {
     unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
 }
 
+/// Room left after the state's JSON, as spaces (which JSON allows after
+/// a value), for the reason a failed exec adds to it in place: the bytes
+/// after it, maybe many (logs, queued stdin), are not written again.
+const FAILURE_ROOM: usize = 8 * 1024;
+
 fn write_state(state: &State, blob: &[u8]) -> std::io::Result<OwnedFd> {
-    let text = serde_json::to_vec(state).map_err(std::io::Error::other)?;
+    let mut text = serde_json::to_vec(state).map_err(std::io::Error::other)?;
+    text.resize(text.len() + FAILURE_ROOM, b' ');
     let name = c"capexec-handover";
     // SAFETY: memfd_create with a valid name; the descriptor is ours.
     let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
@@ -338,6 +340,22 @@ fn write_state(state: &State, blob: &[u8]) -> std::io::Result<OwnedFd> {
     file.write_all(blob)?;
     file.rewind()?;
     Ok(OwnedFd::from(file))
+}
+
+/// Writes `state` over the one [`write_state`] put in `memfd`, within the
+/// room that one left; an error if it does not fit.
+fn rewrite_state(memfd: &OwnedFd, state: &State) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::from(memfd.try_clone()?);
+    let mut length = [0u8; 8];
+    file.read_exact_at(&mut length, 0)?;
+    let room = usize::try_from(u64::from_le_bytes(length)).map_err(std::io::Error::other)?;
+    let mut text = serde_json::to_vec(state).map_err(std::io::Error::other)?;
+    if text.len() > room {
+        return Err(std::io::Error::other("the state outgrew its room"));
+    }
+    text.resize(room, b' ');
+    file.write_all_at(&text, 8)
 }
 
 fn execv(exe: &Path, argv: &[OsString]) -> std::io::Error {
@@ -358,4 +376,46 @@ fn execv(exe: &Path, argv: &[OsString]) -> std::io::Error {
     // across the call; on success this never returns.
     unsafe { libc::execv(path.as_ptr(), pointers.as_ptr()) };
     std::io::Error::last_os_error()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn empty_state() -> State {
+        State {
+            version: HANDOVER_VERSION.to_string(),
+            cgroup_root: None,
+            listeners: Vec::new(),
+            processes: Vec::new(),
+            detached: Vec::new(),
+            failed_upgrade: None,
+        }
+    }
+
+    #[test]
+    fn a_failed_exec_is_written_in_place_and_read_with_the_bytes_after_it_intact() {
+        let mut state = empty_state();
+        let memfd = write_state(&state, b"logs and stdin").expect("write");
+        state.failed_upgrade = Some("cannot execute /usr/bin/capexec: gone".to_string());
+        rewrite_state(&memfd, &state).expect("rewrite");
+        let read = HandedOver::read(memfd).expect("read");
+        assert_eq!(
+            read.failed_upgrade.as_deref(),
+            Some("cannot execute /usr/bin/capexec: gone")
+        );
+        let processes = read.take().expect("the processes");
+        assert_eq!(&processes.blob[..], b"logs and stdin");
+    }
+
+    #[test]
+    fn a_reason_longer_than_its_room_is_refused_and_the_state_stays_as_written() {
+        let mut state = empty_state();
+        let memfd = write_state(&state, b"bytes").expect("write");
+        state.failed_upgrade = Some("x".repeat(FAILURE_ROOM + 1));
+        assert!(rewrite_state(&memfd, &state).is_err());
+        let read = HandedOver::read(memfd).expect("read");
+        assert_eq!(read.failed_upgrade, None);
+        assert_eq!(&read.take().expect("the processes").blob[..], b"bytes");
+    }
 }

@@ -31,6 +31,9 @@ pub struct UsersConfig {
     pub requests: Option<Arc<Mutex<OwnedFd>>>,
     /// Most connections one Unix user may hold on the Unix listeners.
     pub connections_per_user: usize,
+    /// Why the upgrade that started the monitor's binary did not execute
+    /// the new one (see `Admin.lastUpgrade`), if it did not.
+    pub failed_upgrade: Option<String>,
 }
 
 impl UsersConfig {
@@ -60,6 +63,9 @@ impl Workers {
         per_connection: Option<usize>,
         port_limits: rpc::PortLimits,
     ) -> Workers {
+        if let Some(why) = &config.failed_upgrade {
+            context.note_failed_upgrade(why.clone());
+        }
         Workers {
             requests: config.requests.clone(),
             links: RefCell::new(HashMap::new()),
@@ -69,6 +75,12 @@ impl Workers {
             port_limits,
             per_user: PeerShares::new(config.connections_per_user),
         }
+    }
+
+    /// Why the monitor's last upgrade did not execute the new binary, if
+    /// it did not.
+    pub(super) fn failed_upgrade(&self) -> Option<String> {
+        self.context.failed_upgrade()
     }
 
     /// A place for one more Unix connection from the user with `uid` (the

@@ -179,13 +179,15 @@ impl admin::Server for UsersAdmin {
         Ok(())
     }
 
-    /// Always null: the monitor has no binary to go back to (an exec that
-    /// fails there ends the server).
+    /// What the monitor said when it started this front (`--failed-upgrade`).
     async fn last_upgrade(
         self: Rc<Self>,
         _: admin::LastUpgradeParams,
-        _: admin::LastUpgradeResults,
+        mut results: admin::LastUpgradeResults,
     ) -> Result<(), capnp::Error> {
+        if let Some(failure) = self.workers.failed_upgrade() {
+            results.get().set_failure(&failure);
+        }
         Ok(())
     }
 }

@@ -1405,10 +1405,11 @@ interface Admin {
   # server re-executed the binary it ran before, which took everything
   # back and serves on, and `failure` says why the new one did not run
   # (as "cannot execute PATH: REASON"). Null too for a server no upgrade
-  # started, and for one that runs logins as users (its monitor has no
-  # binary to go back to: an exec that fails there ends the server).
-  # `capexec upgrade` asks once it has reconnected, and fails if it is
-  # set; a server from before this method answers `unimplemented`.
+  # started. On a server that runs logins as users this is its monitor's
+  # upgrade (a user's worker that goes back to its binary says so in the
+  # server's log only). `capexec upgrade` asks once it has reconnected,
+  # and fails if it is set; a server from before this method answers
+  # `unimplemented`.
 }
 
 struct ProcessRecord {
