@@ -396,11 +396,15 @@ fn capexec_run_prints_why_the_server_closed_its_connection() {
         );
     }
     let pid = served.child.id();
-    let open = common::procfs::open_fds(pid);
-    let _idle = std::net::TcpStream::connect(served.tcp.trim_start_matches("tcp:")).expect("idle");
-    // It holds the address's one place once the server has accepted it.
+    let idle = std::net::TcpStream::connect(served.tcp.trim_start_matches("tcp:")).expect("idle");
+    let std::net::SocketAddr::V4(from) = idle.local_addr().expect("local address") else {
+        panic!("the server listens on 127.0.0.1");
+    };
+    // It holds the address's one place once the server has accepted it
+    // (a count of the server's descriptors would not tell: those of the
+    // two connections before may still be closing).
     common::eventually("the server accepts", || {
-        common::procfs::open_fds(pid) > open
+        common::procfs::holds_connection_from(pid, from)
     });
     let refused = finish(
         served.run(&[

@@ -32,6 +32,43 @@ pub async fn wait_gone(pid: u32) {
     .await
 }
 
+/// Whether `pid` holds, as one of its descriptors, the accepted end of
+/// the TCP connection made from `peer` (a connection still waiting in a
+/// listener's backlog has no descriptor yet).
+pub fn holds_connection_from(pid: u32, peer: std::net::SocketAddrV4) -> bool {
+    // /proc/net/tcp shows an address as its bytes in network order read
+    // as a native integer, and the port in hex.
+    let wanted = format!(
+        "{:08X}:{:04X}",
+        u32::from_ne_bytes(peer.ip().octets()),
+        peer.port()
+    );
+    let Ok(table) = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")) else {
+        return false;
+    };
+    let sockets: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // remote address, then the socket's inode (0 while unaccepted)
+            (fields.get(2) == Some(&wanted.as_str()))
+                .then(|| fields.get(9).map(|inode| format!("socket:[{inode}]")))
+                .flatten()
+        })
+        .collect();
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .any(|target| {
+            sockets
+                .iter()
+                .any(|socket| target.as_os_str() == socket.as_str())
+        })
+}
+
 pub fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|dir| dir.count())
