@@ -6,6 +6,8 @@ Usage: scripts/concurrent-runs.py CAPEXEC_BINARY N [capexec|capexec-tls|timeout]
 import base64, os, shutil, subprocess, sys, tempfile, time
 bin_, n = sys.argv[1], int(sys.argv[2])
 mode = sys.argv[3] if len(sys.argv) > 3 else "capexec"
+if mode not in ("capexec", "capexec-tls", "timeout"):
+    sys.exit(f"unknown mode {mode!r}: capexec, capexec-tls or timeout")
 d = tempfile.mkdtemp()
 tok = base64.b64encode(os.urandom(24)).decode()
 open(f"{d}/token", "w").write(tok)
@@ -15,7 +17,7 @@ if mode == "capexec-tls":
     subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
                     "-nodes", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
                     "-keyout", f"{d}/key.pem", "-out", f"{d}/cert.pem", "-days", "2"],
-                   check=True, stderr=subprocess.DEVNULL)
+                   check=True, capture_output=True)
     fingerprint = subprocess.run(["openssl", "x509", "-in", f"{d}/cert.pem", "-noout", "-fingerprint",
                                   "-sha256"], check=True, capture_output=True, text=True).stdout
     tls = ["--tls-cert", f"{d}/cert.pem", "--tls-key", f"{d}/key.pem"]
