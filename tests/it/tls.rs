@@ -291,3 +291,111 @@ fn the_server_chooses_aes_128_gcm_over_a_clients_preference() {
         );
     });
 }
+
+/// Forwards one connection from the returned address to `upstream`,
+/// flipping the lowest bit of the byte at `offset` of one direction: the
+/// client's bytes (`to_server`) or the server's.
+async fn tampering_proxy(
+    upstream: std::net::SocketAddr,
+    to_server: bool,
+    offset: usize,
+) -> Address {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds");
+    let address = Address::from_socket_addr(listener.local_addr().expect("its address"));
+    tokio::spawn(async move {
+        let Ok((client, _)) = listener.accept().await else {
+            return;
+        };
+        let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+            return;
+        };
+        let (from_client, to_client) = client.into_split();
+        let (from_server, to_server_half) = server.into_split();
+        let (up, down) = if to_server {
+            (Some(offset), None)
+        } else {
+            (None, Some(offset))
+        };
+        tokio::join!(
+            pass(from_client, to_server_half, up),
+            pass(from_server, to_client, down)
+        );
+    });
+    address
+}
+
+async fn pass(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    flip_at: Option<usize>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut seen = 0;
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        let read = match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(read) => read,
+        };
+        if let Some(at) = flip_at
+            && (seen..seen + read).contains(&at)
+        {
+            buffer[at - seen] ^= 1;
+        }
+        seen += read;
+        if to.write_all(&buffer[..read]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
+/// A record changed on the way, after the handshake, is refused by the
+/// end that opens it (the AEAD's tag), in each direction: the command's
+/// output never arrives with the flipped bit, the connection ends, and the
+/// server goes on serving others.
+#[test]
+fn a_record_changed_on_the_way_ends_the_connection_in_each_direction() {
+    common::run_local(async {
+        let setup = serve(&["127.0.0.1"], false);
+        let token = setup.server.token.clone().expect("token");
+        let Address::Tcp { host, port } = &setup.server.address else {
+            panic!("a TCP server: {}", setup.server.address);
+        };
+        let upstream: std::net::SocketAddr = format!("{host}:{port}").parse().expect("an IP");
+        let tls = trusting(ServerTrust::Pin(setup.fingerprint.clone()));
+
+        // The server's 4 MiB of zeros, a bit flipped 1 MiB in: well past
+        // its handshake flight, in the middle of the output.
+        let proxy = tampering_proxy(upstream, false, 1 << 20).await;
+        let connection = net::connect_with(&proxy, Some(&token), Some(&tls))
+            .await
+            .expect("connects through the proxy");
+        let mut command = Command::new("head");
+        command.args(["-c", "4194304", "/dev/zero"]);
+        match command.output(&connection.executor()).await {
+            Ok(output) => panic!(
+                "{} bytes of output arrived through a changed record, {} of them not zero",
+                output.stdout.len(),
+                output.stdout.iter().filter(|&&byte| byte != 0).count()
+            ),
+            Err(error) => assert!(!error.to_string().is_empty()),
+        }
+
+        // The client's start of a command with a 120 KB argument, a bit
+        // flipped 60 KB in: past the handshake and the login.
+        let proxy = tampering_proxy(upstream, true, 60_000).await;
+        let connection = net::connect_with(&proxy, Some(&token), Some(&tls))
+            .await
+            .expect("connects through the proxy");
+        let mut command = Command::new("true");
+        command.arg("a".repeat(120_000));
+        let ran = command.output(&connection.executor()).await;
+        assert!(ran.is_err(), "a changed record was taken: {ran:?}");
+
+        let output = run_echo(&setup.server.address, &token, &tls).await;
+        assert_eq!(output, Ok(b"over tls\n".to_vec()), "the server serves on");
+    });
+}
