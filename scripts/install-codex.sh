@@ -22,7 +22,7 @@ if [ ! -x "$binary" ]; then
     partial="$cache.partial.$$"
     rm -rf "$partial"
     mkdir -p "$partial"
-    npm install --silent --no-audit --no-fund --prefix "$partial" "@openai/codex@$version" >&2
+    scripts/npm-install.sh --prefix "$partial" "@openai/codex@$version"
     rm -rf "$cache"
     mv "$partial" "$cache"
 fi

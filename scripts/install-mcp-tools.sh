@@ -31,7 +31,7 @@ install_into() { # final-directory command...
 
 npm_install() {
     command -v npm >/dev/null || { echo "install-mcp-tools: npm is needed" >&2; exit 1; }
-    npm install --silent --no-audit --no-fund --prefix "$1" \
+    scripts/npm-install.sh --prefix "$1" \
         "node@$node_version" "@modelcontextprotocol/conformance@$conformance_version"
 }
 
