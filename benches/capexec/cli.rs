@@ -9,7 +9,8 @@
 //! Floors beside the rows they bound: TCP hops spliced at both ends
 //! ([`hop`]) where the TCP and TLS lines have their connection (one for
 //! output or for stdin into `wc`, two for stdin through `cat`, whose bytes
-//! go there and back), and as
+//! go there and back), the same hops carrying sealed TLS records for the
+//! TLS lines and ssh ([`crate::sealed`]), and as
 //! many `timeout 10 sleep 1` beside the concurrent runs.
 //! Over a Unix socket the pipelines' pipes are handed to the command; the
 //! `--relay-stdio` rows keep the relay through the server measured.
@@ -172,16 +173,16 @@ fn start_up(
 }
 
 /// What a variant runs: a shell line, or the same work with TCP hops
-/// between chains of programs ([`hop`]).
+/// of a kind between chains of programs ([`hop`]).
 enum Line {
     Shell(String),
-    Hops(Vec<Vec<Vec<String>>>),
+    Hops(Vec<Vec<Vec<String>>>, hop::Kind),
 }
 
 impl Line {
     /// `shape` with `{N}` the size and `{hop}` where each hop goes,
     /// between `|`-joined chains of programs.
-    fn hops(shape: &str, size: u64) -> Line {
+    fn hops(shape: &str, size: u64, kind: hop::Kind) -> Line {
         let chain = |side: &str| -> Vec<Vec<String>> {
             side.split('|')
                 .map(|program| program.split_whitespace().map(String::from).collect())
@@ -189,7 +190,7 @@ impl Line {
                 .collect()
         };
         let shape = shape.replace("{N}", &size.to_string());
-        Line::Hops(shape.split("{hop}").map(chain).collect())
+        Line::Hops(shape.split("{hop}").map(chain).collect(), kind)
     }
 
     /// The line as an error shows it.
@@ -203,17 +204,19 @@ impl Line {
         };
         match self {
             Line::Shell(line) => line.clone(),
-            Line::Hops(chains) => chains
+            Line::Hops(chains, kind) => chains
                 .iter()
                 .map(|chain| joined(chain))
                 .collect::<Vec<_>>()
-                .join(" | <TCP hop> | "),
+                .join(&format!(" | {} | ", kind.shown())),
         }
     }
 }
 
 /// The name of the floor rows over TCP.
 const HOP_FLOOR: &str = "the TCP-hop floor";
+/// The name of the floor rows over TLS.
+const TLS_HOP_FLOOR: &str = "the TLS-hop floor";
 
 /// One line of a pipeline case.
 struct Variant {
@@ -227,12 +230,14 @@ struct Variant {
 }
 
 /// The lines [`remote_lines`] makes, and where the Unix (stdio handed
-/// over), TCP-hop floor, TCP, TLS and ssh ones are among them.
+/// over), TCP-hop floor, TCP, TLS-hop floor, TLS and ssh ones are among
+/// them.
 struct Lines {
     variants: Vec<Variant>,
     unix: usize,
     hop: usize,
     tcp: usize,
+    tls_hop: usize,
     tls: usize,
     ssh: Option<usize>,
 }
@@ -244,7 +249,8 @@ struct Lines {
 /// [`TCP_SHARE`], TLS [`TLS_SHARE`] (and twice ssh's, which the caller
 /// adds once ssh's row exists). Before the TCP line, the floor it has:
 /// `hop`, the same work with a TCP hop ([`hop`]) at each `{hop}`, where
-/// the TCP line's connection carries the bytes.
+/// the TCP line's connection carries the bytes; before the TLS line, the
+/// same with TLS hops, the floor of it and of ssh.
 fn remote_lines(
     servers: &Servers,
     ssh: Option<&SshMux>,
@@ -281,26 +287,23 @@ fn remote_lines(
             &servers.unix,
             None,
         ),
-        Variant {
-            name: format!(
-                "`{}` ({}, splice(2) at both ends: {HOP_FLOOR})",
-                hop.replace("{hop}", "| <TCP hop> |").replace("{N}", "N"),
-                match hop.matches("{hop}").count() {
-                    1 => "one TCP hop".to_string(),
-                    2 => "two TCP hops, there and back".to_string(),
-                    hops => format!("{hops} TCP hops"),
-                }
-            ),
-            line: Line::hops(hop, size),
-            token: None,
-            target: None,
-            servers: Vec::new(),
-        },
+        floor(
+            hop,
+            size,
+            hop::Kind::Spliced,
+            &format!("splice(2) at both ends: {HOP_FLOOR}"),
+        ),
         variant(
             "capexec run --connect tcp:… --",
             "--",
             &servers.tcp,
             Some(TCP_SHARE),
+        ),
+        floor(
+            hop,
+            size,
+            hop::Kind::Sealed,
+            &format!("AES-128-GCM records sealed and opened by aws-lc: {TLS_HOP_FLOOR}"),
         ),
         variant(
             "capexec run --connect tcp:… --tls-pin … --",
@@ -333,27 +336,66 @@ fn remote_lines(
         unix: 0,
         hop: 2,
         tcp: 3,
-        tls: 4,
+        tls_hop: 4,
+        tls: 5,
         ssh,
     }
 }
 
-/// Where the TCP and TLS lines stand against their floor, TCP hops, and
-/// TLS's second target: twice ssh's rate.
-fn against_floor_and_ssh(report: &mut Report, lines: &Lines, rows: &[Measured]) {
+/// The floor line of `hop`'s shape, with hops of `kind` at each `{hop}`;
+/// `how` says what the hops do.
+fn floor(hop: &str, size: u64, kind: hop::Kind, how: &str) -> Variant {
+    let shown = kind.shown();
+    let (one, many) = match kind {
+        hop::Kind::Spliced => ("TCP hop", "TCP hops"),
+        hop::Kind::Sealed => ("TLS hop", "TLS hops"),
+    };
+    Variant {
+        name: format!(
+            "`{}` ({}, {how})",
+            hop.replace("{hop}", &format!("| {shown} |"))
+                .replace("{N}", "N"),
+            match hop.matches("{hop}").count() {
+                1 => format!("one {one}"),
+                2 => format!("two {many}, there and back"),
+                hops => format!("{hops} {many}"),
+            }
+        ),
+        line: Line::hops(hop, size, kind),
+        token: None,
+        target: None,
+        servers: Vec::new(),
+    }
+}
+
+/// Where the TCP and TLS lines stand against their floors, TCP and TLS
+/// hops, and TLS's second target, twice ssh's rate: ssh's line against
+/// the TLS-hop floor too, and whether twice its rate is above that floor
+/// (`case` names the figure).
+fn against_floor_and_ssh(report: &mut Report, case: &str, lines: &Lines, rows: &[Measured]) {
     for line in [lines.tcp, lines.tls] {
         report.relative(rows[line].row, rows[lines.hop].row, HOP_FLOOR);
     }
-    if let Some(ssh) = lines.ssh {
-        report.also(
-            rows[lines.tls].row,
-            Target::AtLeastRateOf {
-                of: rows[ssh].row,
-                times: TLS_TIMES_SSH,
-                name: "ssh",
-            },
-        );
-    }
+    report.relative(rows[lines.tls].row, rows[lines.tls_hop].row, TLS_HOP_FLOOR);
+    let Some(ssh) = lines.ssh else {
+        return;
+    };
+    report.relative(rows[ssh].row, rows[lines.tls_hop].row, TLS_HOP_FLOOR);
+    report.also(
+        rows[lines.tls].row,
+        Target::AtLeastRateOf {
+            of: rows[ssh].row,
+            times: TLS_TIMES_SSH,
+            name: "ssh",
+        },
+    );
+    report.reach(
+        SECTION,
+        format!("{TLS_TIMES_SSH}x ssh's rate against {TLS_HOP_FLOOR}, {case}"),
+        TLS_TIMES_SSH,
+        rows[ssh].row,
+        rows[lines.tls_hop].row,
+    );
 }
 
 fn stdout(
@@ -381,7 +423,7 @@ fn stdout(
         size,
         plan.output_rounds,
     )?;
-    against_floor_and_ssh(report, &lines, &rows);
+    against_floor_and_ssh(report, "stdout into wc -c", &lines, &rows);
     // CPU per GiB delivered; over TLS at most 1.5x TCP's.
     let moved = size as f64 * plan.output_rounds as f64 / (1u64 << 30) as f64;
     let per_gib = |cpu: Duration| cpu.as_secs_f64() / moved.max(1e-9);
@@ -396,6 +438,11 @@ fn stdout(
             None,
         ),
         ("tcp", rows[lines.tcp].cpu, None),
+        (
+            "one TLS hop, records sealed and opened (its threads as the server's side)",
+            rows[lines.tls_hop].cpu,
+            None,
+        ),
         (
             "tls",
             rows[lines.tls].cpu,
@@ -448,7 +495,7 @@ fn stdin(
         size,
         plan.stdin_rounds,
     )?;
-    against_floor_and_ssh(report, &through_cat, &rows);
+    against_floor_and_ssh(report, "stdin through cat", &through_cat, &rows);
     let into_wc = remote_lines(
         servers,
         ssh,
@@ -465,7 +512,7 @@ fn stdin(
         size,
         plan.stdin_rounds,
     )?;
-    against_floor_and_ssh(report, &into_wc, &rows);
+    against_floor_and_ssh(report, "stdin into wc -c", &into_wc, &rows);
     Ok(())
 }
 
@@ -567,8 +614,9 @@ fn time_counted(
             }
             (took, printed, Duration::ZERO)
         }
-        Line::Hops(chains) => {
-            let hopped = hop::run(chains).map_err(|why| format!("`{}`: {why}", line.shown()))?;
+        Line::Hops(chains, kind) => {
+            let hopped =
+                hop::run(chains, *kind).map_err(|why| format!("`{}`: {why}", line.shown()))?;
             (hopped.took, hopped.printed, hopped.hop_cpu)
         }
     };

@@ -8,7 +8,8 @@
 //! pipe, the client's writes into its own). A remote command that reads
 //! its stdin and writes what it read (`… | capexec run -- cat | wc`) has
 //! every byte cross the connection twice, there and back: its floor is two
-//! hops, `head | <hop> | cat | <hop> | wc`.
+//! hops, `head | <hop> | cat | <hop> | wc`. Over TLS the least a hop
+//! costs is more: its bytes are sealed and opened (`sealed.rs`).
 
 use std::io;
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -17,6 +18,28 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::resource::{UsageWho, getrusage};
+
+use crate::sealed;
+
+/// How a hop carries its bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// splice(2) at both ends: no byte through user space.
+    Spliced,
+    /// As TLS 1.3 records, sealed and opened with AES-128-GCM
+    /// (`sealed.rs`).
+    Sealed,
+}
+
+impl Kind {
+    /// The hop as a line shows it.
+    pub fn shown(self) -> &'static str {
+        match self {
+            Kind::Spliced => "<TCP hop>",
+            Kind::Sealed => "<TLS hop>",
+        }
+    }
+}
 
 /// What one pipeline through the hops took: its wall time, what its last
 /// process printed, and the CPU time of the hops' threads.
@@ -33,10 +56,10 @@ pub struct Hopped {
 /// the program it feeds, with a broken pipe). The last program's output
 /// is read once it has ended: it must print little (`wc -c`), or it would
 /// block on a full pipe.
-pub fn run(chains: &[Vec<Vec<String>>]) -> Result<Hopped, Box<dyn std::error::Error>> {
+pub fn run(chains: &[Vec<Vec<String>>], kind: Kind) -> Result<Hopped, Box<dyn std::error::Error>> {
     let started = Instant::now();
     let mut children = Vec::new();
-    let outcome = start_and_pump(chains, &mut children);
+    let outcome = start_and_pump(chains, kind, &mut children);
     // Every process is waited for, whatever failed, so that none is left
     // behind; the last one's output is what `wc -c` counted.
     let mut printed = String::new();
@@ -84,6 +107,7 @@ struct Hop {
 /// the hops' CPU time.
 fn start_and_pump(
     chains: &[Vec<Vec<String>>],
+    kind: Kind,
     children: &mut Vec<(String, Child)>,
 ) -> io::Result<Duration> {
     let (first, rest) = chains
@@ -112,8 +136,8 @@ fn start_and_pump(
         let threads: Vec<_> = hops
             .into_iter()
             .map(|hop| {
-                let sending = scope.spawn(move || send(hop.from, hop.sender));
-                let receiving = scope.spawn(move || receive(hop.receiver, hop.feeds));
+                let sending = scope.spawn(move || send(hop.from, hop.sender, kind));
+                let receiving = scope.spawn(move || receive(hop.receiver, hop.feeds, kind));
                 (sending, receiving)
             })
             .collect();
@@ -174,17 +198,34 @@ const CHUNK: usize = 1 << 20;
 
 /// Pipe to socket until the pipe's end, then the socket's write side
 /// shut, as a client does at its stdin's end.
-fn send(from: ChildStdout, socket: TcpStream) -> io::Result<Duration> {
-    pump(from.as_raw_fd(), socket.as_raw_fd())?;
-    socket.shutdown(Shutdown::Write)?;
+fn send(from: ChildStdout, socket: TcpStream, kind: Kind) -> io::Result<Duration> {
+    match kind {
+        Kind::Spliced => {
+            pump(from.as_raw_fd(), socket.as_raw_fd())?;
+            socket.shutdown(Shutdown::Write)?;
+        }
+        Kind::Sealed => {
+            let mut socket = socket;
+            sealed::send(&from, &mut socket)?;
+            socket.shutdown(Shutdown::Write)?;
+        }
+    }
     thread_cpu()
 }
 
 /// Socket to pipe until the connection's end; the pipe closes after, and
 /// its reader sees the end.
-fn receive(socket: TcpStream, into: OwnedFd) -> io::Result<Duration> {
-    pump(socket.as_raw_fd(), into.as_raw_fd())?;
-    drop(into);
+fn receive(socket: TcpStream, into: OwnedFd, kind: Kind) -> io::Result<Duration> {
+    match kind {
+        Kind::Spliced => {
+            pump(socket.as_raw_fd(), into.as_raw_fd())?;
+            drop(into);
+        }
+        Kind::Sealed => {
+            let (mut socket, mut into) = (socket, std::fs::File::from(into));
+            sealed::receive(&mut socket, &mut into)?;
+        }
+    }
     thread_cpu()
 }
 

@@ -46,6 +46,7 @@ use wait::eventually_async;
 mod report;
 mod sandbox;
 mod scale;
+mod sealed;
 mod servers;
 mod ssh;
 mod stdin;

@@ -136,6 +136,60 @@ fn start_tcp_relay(port: u16) -> Result<u16, Box<dyn Error>> {
     Ok(relay_port)
 }
 
+/// A relay pair in front of the peer that carries each connection
+/// between them as sealed TLS records (`sealed.rs`): the entry accepts on
+/// loopback TCP and seals, the exit opens and connects to the peer, and
+/// the other way back. What a forward over TLS (or `ssh -L`) at least
+/// costs: every byte read into user space, sealed, sent, opened and
+/// written, with four threads a connection and no protocol. Its port.
+fn start_sealed_relay(port: u16) -> Result<u16, Box<dyn Error>> {
+    let entry = TcpListener::bind(("127.0.0.1", 0))?;
+    let exit = TcpListener::bind(("127.0.0.1", 0))?;
+    let entry_port = entry.local_addr()?.port();
+    std::thread::spawn(move || {
+        for client in entry.incoming() {
+            let _ = sealed_tunnel(client, &exit, port);
+        }
+    });
+    Ok(entry_port)
+}
+
+/// One connection through the sealed relay: the client's bytes sealed
+/// into the tunnel and opened on to the peer, and the peer's the other
+/// way, each direction on a thread of its own at each end.
+fn sealed_tunnel(
+    client: std::io::Result<std::net::TcpStream>,
+    exit: &TcpListener,
+    port: u16,
+) -> std::io::Result<()> {
+    use std::net::TcpStream;
+    let client = client?;
+    let near = TcpStream::connect(exit.local_addr()?)?;
+    let (far, _) = exit.accept()?;
+    let peer = TcpStream::connect(("127.0.0.1", port))?;
+    for socket in [&client, &near, &far, &peer] {
+        socket.set_nodelay(true)?;
+    }
+    let pumps = [
+        (client.try_clone()?, near.try_clone()?, true),
+        (far.try_clone()?, peer.try_clone()?, false),
+        (peer, far, true),
+        (near, client, false),
+    ];
+    for (mut from, mut to, seals) in pumps {
+        std::thread::spawn(move || {
+            let _ = if seals {
+                crate::sealed::send(&from, &mut to)
+            } else {
+                crate::sealed::receive(&mut from, &mut to)
+            };
+            // The end passed on, as the relays above do.
+            let _ = to.shutdown(Shutdown::Write);
+        });
+    }
+    Ok(())
+}
+
 /// A half-closable stream of the relay.
 trait HalfClose: Read + Write + Send + 'static {
     fn half_close(&self);
@@ -310,6 +364,7 @@ pub async fn run(
     ];
     let (_relay_dir, relay) = start_relay(port)?;
     let tcp_relay = start_tcp_relay(port)?;
+    let sealed_relay = start_sealed_relay(port)?;
     let forwards = [
         (
             "`capexec forward -L` over unix",
@@ -339,11 +394,13 @@ pub async fn run(
         let mut over_ssh = Vec::new();
         let mut over_relay = Vec::new();
         let mut over_tcp_relay = Vec::new();
+        let mut over_sealed_relay = Vec::new();
         let mut over_cli = [Vec::new(), Vec::new(), Vec::new()];
         for _ in 0..plan.ports_rounds {
             baseline.push(direct(port, up, down).await?);
             over_relay.push(relayed(&relay, up, down).await?);
             over_tcp_relay.push(direct(tcp_relay, up, down).await?);
+            over_sealed_relay.push(direct(sealed_relay, up, down).await?);
             for (samples, (_, forward)) in over_cli.iter_mut().zip(&forwards) {
                 samples.push(direct(forward.port, up, down).await?);
             }
@@ -378,6 +435,15 @@ pub async fn run(
             None,
             "the least a forward through a TCP server costs",
         );
+        let sealed_floor = report.case(
+            SECTION,
+            format!("sealed relay (tcp -> TLS records -> tcp), {what}"),
+            over_sealed_relay,
+            base,
+            Some(bytes),
+            None,
+            "the least `capexec forward -L` over TLS, or ssh -L, costs: the TLS-hop floor",
+        );
         let mut against_ssh = Vec::new();
         for (samples, (name, _, _, targeted, beats_ssh)) in through.into_iter().zip(&paths) {
             let row = report.case(
@@ -394,7 +460,7 @@ pub async fn run(
             }
         }
         for (samples, (name, _)) in over_cli.into_iter().zip(&forwards) {
-            report.case(
+            let row = report.case(
                 SECTION,
                 format!("{name}, {what}"),
                 samples,
@@ -403,6 +469,11 @@ pub async fn run(
                 None,
                 "",
             );
+            // Its shape is the sealed relay's: a process in front of the
+            // peer, one connection into it, a TLS one onwards.
+            if name.ends_with("over tls") {
+                report.relative(row, sealed_floor, "the TLS-hop floor");
+            }
         }
         if ssh.is_some() {
             let ssh_row = report.case(
@@ -413,6 +484,14 @@ pub async fn run(
                 Some(bytes),
                 None,
                 "",
+            );
+            report.relative(ssh_row, sealed_floor, "the TLS-hop floor");
+            report.reach(
+                SECTION,
+                format!("2x ssh -L's rate against the TLS-hop floor, {what}"),
+                2.0,
+                ssh_row,
+                sealed_floor,
             );
             for row in against_ssh {
                 report.also(

@@ -144,6 +144,38 @@ impl Report {
         self.rows[row.0].relative.push((of.0, name));
     }
 
+    /// The bytes per second `row` moved at its median, for rows that
+    /// move bytes.
+    pub fn rate(&self, row: RowId) -> Option<f64> {
+        rate_of(&self.rows[row.0])
+    }
+
+    /// A figure, `name`, saying whether `times` the rate of the row `of`
+    /// is above the rate of the row `floor`: where it is, a target of
+    /// that many times `of`'s rate is out of reach on this machine.
+    pub fn reach(
+        &mut self,
+        section: &'static str,
+        name: impl Into<String>,
+        times: f64,
+        of: RowId,
+        floor: RowId,
+    ) {
+        let mib = |row: RowId| self.rate(row).unwrap_or(0.0) / f64::from(1u32 << 20);
+        let (asked, most) = (times * mib(of), mib(floor));
+        let verdict = if asked > most {
+            "above the floor: out of reach here"
+        } else {
+            "within the floor"
+        };
+        self.figure(
+            section,
+            name,
+            format!("{asked:.0} against {most:.0} MiB/s, {verdict}"),
+            None,
+        );
+    }
+
     /// Where `row` stands against `of`: for rows that move bytes, its rate
     /// as a share of `of`'s; otherwise its time as a multiple of `of`'s,
     /// and how much longer.
