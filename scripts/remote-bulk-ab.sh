@@ -8,7 +8,8 @@
 # shared machine.
 #
 # With DIRECTION=stdin, the bytes go the other way and back: `head -c
-# SIZE /dev/zero | BINARY run … -- cat | wc -c`.
+# SIZE /dev/zero | BINARY run … -- cat | wc -c`; with DIRECTION=stdin-wc,
+# only the other way: `head -c SIZE /dev/zero | BINARY run … -- wc -c`.
 #
 #   scripts/remote-bulk-ab.sh ROUNDS SIZE NAME=BINARY [NAME=BINARY...]
 #   e.g. scripts/remote-bulk-ab.sh 3 268435456 before=/tmp/old/capexec after=target/release/capexec
@@ -52,6 +53,9 @@ for round in $(seq "$rounds"); do
                 --token-file "$dir/token" "${trust[@]}" --)
             if [[ ${DIRECTION:-stdout} == stdin ]]; then
                 timed=$({ head -c "$size" /dev/zero | "${client[@]}" cat | wc -c >"$dir/count"; } 2>&1 |
+                    tail -n 1)
+            elif [[ ${DIRECTION:-stdout} == stdin-wc ]]; then
+                timed=$({ head -c "$size" /dev/zero | "${client[@]}" wc -c >"$dir/count"; } 2>&1 |
                     tail -n 1)
             else
                 timed=$({ "${client[@]}" head -c "$size" /dev/zero | wc -c >"$dir/count"; } 2>&1 |

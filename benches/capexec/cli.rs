@@ -6,12 +6,12 @@
 //! | capexec run -- cat | wc -c` and into `wc -c`, each over a Unix
 //! socket, TCP and TLS, with the CPU time of the output; 100 concurrent
 //! `run -- sleep 1` over each, and 1,000 over TCP with the server's memory.
-//! Floors beside the rows they bound: TCP hops spliced at both ends
-//! ([`hop`]) where the TCP and TLS lines have their connection (one for
-//! output or for stdin into `wc`, two for stdin through `cat`, whose bytes
-//! go there and back), the same hops carrying sealed TLS records for the
-//! TLS lines and ssh ([`crate::sealed`]), and as
-//! many `timeout 10 sleep 1` beside the concurrent runs.
+//! Floors beside the rows they bound: TCP hops ([`hop`]) where the TCP
+//! and TLS lines have their connection (one for output or for stdin into
+//! `wc`, two for stdin through `cat`, whose bytes go there and back),
+//! spliced at both ends and copying at both ends; the same hops carrying
+//! sealed TLS records for the TLS lines and ssh ([`crate::sealed`]); and
+//! as many `timeout 10 sleep 1` beside the concurrent runs.
 //! Over a Unix socket the pipelines' pipes are handed to the command; the
 //! `--relay-stdio` rows keep the relay through the server measured.
 
@@ -213,8 +213,10 @@ impl Line {
     }
 }
 
-/// The name of the floor rows over TCP.
+/// The names of the floor rows over TCP: hops spliced, and hops copying
+/// through user space.
 const HOP_FLOOR: &str = "the TCP-hop floor";
+const COPIED_HOP_FLOOR: &str = "the copying TCP-hop floor";
 /// The name of the floor rows over TLS.
 const TLS_HOP_FLOOR: &str = "the TLS-hop floor";
 
@@ -236,6 +238,7 @@ struct Lines {
     variants: Vec<Variant>,
     unix: usize,
     hop: usize,
+    copied_hop: usize,
     tcp: usize,
     tls_hop: usize,
     tls: usize,
@@ -293,6 +296,12 @@ fn remote_lines(
             hop::Kind::Spliced,
             &format!("splice(2) at both ends: {HOP_FLOOR}"),
         ),
+        floor(
+            hop,
+            size,
+            hop::Kind::Copied,
+            &format!("read(2) and write(2) at both ends: {COPIED_HOP_FLOOR}"),
+        ),
         variant(
             "capexec run --connect tcp:… --",
             "--",
@@ -335,9 +344,10 @@ fn remote_lines(
         variants,
         unix: 0,
         hop: 2,
-        tcp: 3,
-        tls_hop: 4,
-        tls: 5,
+        copied_hop: 3,
+        tcp: 4,
+        tls_hop: 5,
+        tls: 6,
         ssh,
     }
 }
@@ -347,7 +357,7 @@ fn remote_lines(
 fn floor(hop: &str, size: u64, kind: hop::Kind, how: &str) -> Variant {
     let shown = kind.shown();
     let (one, many) = match kind {
-        hop::Kind::Spliced => ("TCP hop", "TCP hops"),
+        hop::Kind::Spliced | hop::Kind::Copied => ("TCP hop", "TCP hops"),
         hop::Kind::Sealed => ("TLS hop", "TLS hops"),
     };
     Variant {
@@ -375,6 +385,7 @@ fn floor(hop: &str, size: u64, kind: hop::Kind, how: &str) -> Variant {
 fn against_floor_and_ssh(report: &mut Report, case: &str, lines: &Lines, rows: &[Measured]) {
     for line in [lines.tcp, lines.tls] {
         report.relative(rows[line].row, rows[lines.hop].row, HOP_FLOOR);
+        report.relative(rows[line].row, rows[lines.copied_hop].row, COPIED_HOP_FLOOR);
     }
     report.relative(rows[lines.tls].row, rows[lines.tls_hop].row, TLS_HOP_FLOOR);
     let Some(ssh) = lines.ssh else {
@@ -435,6 +446,11 @@ fn stdout(
         (
             "one TCP hop, splice(2) (its threads as the server's side)",
             rows[lines.hop].cpu,
+            None,
+        ),
+        (
+            "one TCP hop, read(2) and write(2) (its threads as the server's side)",
+            rows[lines.copied_hop].cpu,
             None,
         ),
         ("tcp", rows[lines.tcp].cpu, None),
