@@ -136,58 +136,108 @@ fn start_tcp_relay(port: u16) -> Result<u16, Box<dyn Error>> {
     Ok(relay_port)
 }
 
-/// A relay pair in front of the peer that carries each connection
-/// between them as sealed TLS records (`sealed.rs`): the entry accepts on
-/// loopback TCP and seals, the exit opens and connects to the peer, and
-/// the other way back. What a forward over TLS (or `ssh -L`) at least
-/// costs: every byte read into user space, sealed, sent, opened and
-/// written, with four threads a connection and no protocol. Its port.
-fn start_sealed_relay(port: u16) -> Result<u16, Box<dyn Error>> {
-    let entry = TcpListener::bind(("127.0.0.1", 0))?;
+/// The opening end of a sealed tunnel in front of the peer: each
+/// connection it accepts carries sealed TLS records (`sealed.rs`), which
+/// it opens on to a connection of its own to the peer, and the peer's
+/// bytes it seals back, each direction on a thread of its own. Its
+/// address.
+fn start_sealed_exit(port: u16) -> Result<std::net::SocketAddr, Box<dyn Error>> {
     let exit = TcpListener::bind(("127.0.0.1", 0))?;
+    let address = exit.local_addr()?;
+    std::thread::spawn(move || {
+        for far in exit.incoming() {
+            let _ = far.and_then(|far| {
+                let peer = std::net::TcpStream::connect(("127.0.0.1", port))?;
+                sealed_pumps(far, peer)
+            });
+        }
+    });
+    Ok(address)
+}
+
+/// Pumps between `sealed` (a connection carrying records) and `plain`, on
+/// two threads: `sealed`'s records opened on to `plain`, `plain`'s bytes
+/// sealed on to `sealed`; each passes its end on as a half-close.
+fn sealed_pumps(sealed: std::net::TcpStream, plain: std::net::TcpStream) -> std::io::Result<()> {
+    for socket in [&sealed, &plain] {
+        socket.set_nodelay(true)?;
+    }
+    let (mut sealed_in, mut plain_out) = (sealed.try_clone()?, plain.try_clone()?);
+    std::thread::spawn(move || {
+        let _ = crate::sealed::receive(&mut sealed_in, &mut plain_out);
+        let _ = plain_out.shutdown(Shutdown::Write);
+    });
+    let (plain_in, mut sealed_out) = (plain, sealed);
+    std::thread::spawn(move || {
+        let _ = crate::sealed::send(&plain_in, &mut sealed_out);
+        let _ = sealed_out.shutdown(Shutdown::Write);
+    });
+    Ok(())
+}
+
+/// A sealed relay in front of the peer: an entry that accepts on loopback
+/// TCP and seals each connection's bytes into a tunnel to the sealed exit
+/// ([`start_sealed_exit`]), and opens what comes back. What `capexec
+/// forward -L` over TLS, or `ssh -L`, at least costs: the shape of both
+/// (a connection into a local process, a TLS one onwards, one more to the
+/// peer), each byte read into user space, sealed, sent, opened and
+/// written, and no protocol. Its port.
+fn start_sealed_relay(port: u16) -> Result<u16, Box<dyn Error>> {
+    let exit = start_sealed_exit(port)?;
+    let entry = TcpListener::bind(("127.0.0.1", 0))?;
     let entry_port = entry.local_addr()?.port();
     std::thread::spawn(move || {
         for client in entry.incoming() {
-            let _ = sealed_tunnel(client, &exit, port);
+            let _ = client.and_then(|client| {
+                let near = std::net::TcpStream::connect(exit)?;
+                sealed_pumps(near, client)
+            });
         }
     });
     Ok(entry_port)
 }
 
-/// One connection through the sealed relay: the client's bytes sealed
-/// into the tunnel and opened on to the peer, and the peer's the other
-/// way, each direction on a thread of its own at each end.
-fn sealed_tunnel(
-    client: std::io::Result<std::net::TcpStream>,
-    exit: &TcpListener,
-    port: u16,
-) -> std::io::Result<()> {
-    use std::net::TcpStream;
-    let client = client?;
-    let near = TcpStream::connect(exit.local_addr()?)?;
-    let (far, _) = exit.accept()?;
-    let peer = TcpStream::connect(("127.0.0.1", port))?;
-    for socket in [&client, &near, &far, &peer] {
-        socket.set_nodelay(true)?;
+/// The exchange of [`direct`] with the client's own bytes sealed into one
+/// connection to the sealed exit, and the peer's opened from it: `dial`'s
+/// shape over TLS (the client's TLS connection to the server, the
+/// server's to the peer) at its least, with the client's bytes copied into
+/// records from memory as a TLS library does. Blocking: its own threads.
+fn sealed_direct(
+    exit: std::net::SocketAddr,
+    up: u64,
+    down: u64,
+) -> Result<Duration, Box<dyn Error>> {
+    /// A sink that counts what it is given.
+    struct Counted(u64);
+    impl Write for Counted {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len() as u64;
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
     }
-    let pumps = [
-        (client.try_clone()?, near.try_clone()?, true),
-        (far.try_clone()?, peer.try_clone()?, false),
-        (peer, far, true),
-        (near, client, false),
-    ];
-    for (mut from, mut to, seals) in pumps {
-        std::thread::spawn(move || {
-            let _ = if seals {
-                crate::sealed::send(&from, &mut to)
-            } else {
-                crate::sealed::receive(&mut from, &mut to)
-            };
-            // The end passed on, as the relays above do.
-            let _ = to.shutdown(Shutdown::Write);
-        });
+    let started = Instant::now();
+    let connection = std::net::TcpStream::connect(exit)?;
+    connection.set_nodelay(true)?;
+    let mut sending = connection.try_clone()?;
+    let sender = std::thread::spawn(move || -> std::io::Result<()> {
+        let bytes = std::io::Read::chain(
+            std::io::Cursor::new(down.to_be_bytes()),
+            std::io::Read::take(std::io::repeat(b'u'), up),
+        );
+        crate::sealed::send_from_memory(bytes, &mut sending)?;
+        sending.shutdown(Shutdown::Write)
+    });
+    let mut counted = Counted(0);
+    let received = crate::sealed::receive(&mut &connection, &mut counted);
+    sender.join().map_err(|_| "the sealed sender panicked")??;
+    received?;
+    if counted.0 != down {
+        return Err(format!("{} of {down} bytes arrived", counted.0).into());
     }
-    Ok(())
+    Ok(started.elapsed())
 }
 
 /// A half-closable stream of the relay.
@@ -365,6 +415,7 @@ pub async fn run(
     let (_relay_dir, relay) = start_relay(port)?;
     let tcp_relay = start_tcp_relay(port)?;
     let sealed_relay = start_sealed_relay(port)?;
+    let sealed_exit = start_sealed_exit(port)?;
     let forwards = [
         (
             "`capexec forward -L` over unix",
@@ -395,12 +446,19 @@ pub async fn run(
         let mut over_relay = Vec::new();
         let mut over_tcp_relay = Vec::new();
         let mut over_sealed_relay = Vec::new();
+        let mut sealed_directly = Vec::new();
         let mut over_cli = [Vec::new(), Vec::new(), Vec::new()];
         for _ in 0..plan.ports_rounds {
             baseline.push(direct(port, up, down).await?);
             over_relay.push(relayed(&relay, up, down).await?);
             over_tcp_relay.push(direct(tcp_relay, up, down).await?);
             over_sealed_relay.push(direct(sealed_relay, up, down).await?);
+            sealed_directly.push(
+                tokio::task::spawn_blocking(move || {
+                    sealed_direct(sealed_exit, up, down).map_err(|why| why.to_string())
+                })
+                .await??,
+            );
             for (samples, (_, forward)) in over_cli.iter_mut().zip(&forwards) {
                 samples.push(direct(forward.port, up, down).await?);
             }
@@ -435,14 +493,23 @@ pub async fn run(
             None,
             "the least a forward through a TCP server costs",
         );
-        let sealed_floor = report.case(
+        let relay_floor = report.case(
             SECTION,
             format!("sealed relay (tcp -> TLS records -> tcp), {what}"),
             over_sealed_relay,
             base,
             Some(bytes),
             None,
-            "the least `capexec forward -L` over TLS, or ssh -L, costs: the TLS-hop floor",
+            "the least `capexec forward -L` over TLS, or ssh -L, costs",
+        );
+        let dial_floor = report.case(
+            SECTION,
+            format!("sealed directly (the client's records -> tcp), {what}"),
+            sealed_directly,
+            base,
+            Some(bytes),
+            None,
+            "the least TLS `dial` costs: the TLS-hop floor",
         );
         let mut against_ssh = Vec::new();
         for (samples, (name, _, _, targeted, beats_ssh)) in through.into_iter().zip(&paths) {
@@ -456,6 +523,7 @@ pub async fn run(
                 "",
             );
             if *beats_ssh {
+                report.relative(row, dial_floor, "the TLS-hop floor");
                 against_ssh.push(row);
             }
         }
@@ -472,7 +540,7 @@ pub async fn run(
             // Its shape is the sealed relay's: a process in front of the
             // peer, one connection into it, a TLS one onwards.
             if name.ends_with("over tls") {
-                report.relative(row, sealed_floor, "the TLS-hop floor");
+                report.relative(row, relay_floor, "the sealed relay");
             }
         }
         if ssh.is_some() {
@@ -485,13 +553,13 @@ pub async fn run(
                 None,
                 "",
             );
-            report.relative(ssh_row, sealed_floor, "the TLS-hop floor");
+            report.relative(ssh_row, relay_floor, "the sealed relay");
             report.reach(
                 SECTION,
-                format!("2x ssh -L's rate against the TLS-hop floor, {what}"),
+                format!("2x ssh -L's rate against the TLS-hop floor of `dial`, {what}"),
                 2.0,
                 ssh_row,
-                sealed_floor,
+                dial_floor,
             );
             for row in against_ssh {
                 report.also(

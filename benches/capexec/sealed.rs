@@ -8,9 +8,10 @@
 //! bulk, opens each in place and writes the plaintext straight from there
 //! into the far side's pipe. No handshake (a fixed key: the cipher's cost
 //! does not depend on it), no framing beyond the records, no event loop,
-//! no copy the cipher does not force. The ports section's sealed relay
-//! (`ports.rs`) runs the same two ends between sockets: the least a
-//! forward over TLS, or `ssh -L`, costs.
+//! no copy the cipher does not force. The ports section (`ports.rs`) runs
+//! the same two ends between sockets, as a relay in front of its peer (the
+//! least a forward over TLS, or `ssh -L`, costs) and, sealing bytes from
+//! memory, as the client of a connection (the least TLS `dial` costs).
 
 use std::io::{self, IoSlice, Read, Write};
 use std::os::fd::AsRawFd;
@@ -71,11 +72,27 @@ fn header(ciphertext: usize) -> [u8; HEADER] {
 /// What `from` (a pipe or a socket) gives, as sealed records written to
 /// `to`, until `from`'s end.
 pub fn send(from: &impl AsRawFd, to: &mut impl Write) -> io::Result<()> {
+    send_filled(|buffer| read_into_slots(from, buffer), to)
+}
+
+/// What `source` reads (bytes in memory), copied into records and sealed,
+/// as a TLS library copies what it is given to send.
+pub fn send_from_memory(mut source: impl Read, to: &mut impl Write) -> io::Result<()> {
+    send_filled(|buffer| copy_into_slots(&mut source, buffer), to)
+}
+
+/// Sealed records written to `to` from what `fill` puts into the buffer's
+/// record slots (the plaintext room of the first slots whole, of the last
+/// in part; how many bytes), until it puts nothing.
+fn send_filled(
+    mut fill: impl FnMut(&mut [u8]) -> io::Result<usize>,
+    to: &mut impl Write,
+) -> io::Result<()> {
     let keys = Keys::new()?;
     let mut buffer = vec![0u8; SLOT * SLOTS];
     let mut sequence = 0u64;
     loop {
-        let read = read_into_slots(from, &mut buffer)?;
+        let read = fill(&mut buffer)?;
         if read == 0 {
             break;
         }
@@ -137,6 +154,26 @@ fn read_into_slots(from: &impl AsRawFd, buffer: &mut [u8]) -> io::Result<usize> 
             }
         }
     }
+}
+
+/// Fills the slots' plaintext rooms in order from `source`, each whole
+/// before the next, until the buffer is full or `source` ends.
+fn copy_into_slots(source: &mut impl Read, buffer: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    for slot in buffer.chunks_exact_mut(SLOT) {
+        let room = &mut slot[HEADER..HEADER + RECORD_PLAINTEXT];
+        let mut at = 0;
+        while at < room.len() {
+            match source.read(&mut room[at..]) {
+                Ok(0) => return Ok(filled + at),
+                Ok(read) => at += read,
+                Err(why) if why.kind() == io::ErrorKind::Interrupted => {}
+                Err(why) => return Err(why),
+            }
+        }
+        filled += at;
+    }
+    Ok(filled)
 }
 
 /// Sealed records read from `from`, opened in place, their plaintext
