@@ -26,8 +26,10 @@ const SECTION: &str = "ports";
 const CHUNK: usize = 64 << 10;
 
 /// A loopback TCP peer: each connection first sends 8 bytes (how many to
-/// send back), then its bytes; the peer sends that many back (then
-/// half-closes) while it reads everything to the end.
+/// send back), then its bytes; the peer sends that many back while it
+/// reads everything to the end, and then 8 bytes more, the count of what
+/// it read after the header (then half-closes): the client learns that
+/// every byte it sent arrived, and stops its clock only then.
 fn start_peer() -> Result<u16, Box<dyn Error>> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let port = listener.local_addr()?.port();
@@ -40,21 +42,30 @@ fn start_peer() -> Result<u16, Box<dyn Error>> {
                 socket.read_exact(&mut header)?;
                 let down = u64::from_be_bytes(header);
                 let mut writer = socket.try_clone()?;
-                let sending = std::thread::spawn(move || -> std::io::Result<()> {
-                    let chunk = vec![b'd'; CHUNK];
-                    let mut left = down;
-                    while left > 0 {
-                        let n = left.min(CHUNK as u64) as usize;
-                        writer.write_all(&chunk[..n])?;
-                        left -= n as u64;
-                    }
-                    writer.shutdown(Shutdown::Write)
-                });
+                let sending =
+                    std::thread::spawn(move || -> std::io::Result<std::net::TcpStream> {
+                        let chunk = vec![b'd'; CHUNK];
+                        let mut left = down;
+                        while left > 0 {
+                            let n = left.min(CHUNK as u64) as usize;
+                            writer.write_all(&chunk[..n])?;
+                            left -= n as u64;
+                        }
+                        Ok(writer)
+                    });
                 let mut buffer = vec![0u8; CHUNK];
-                while socket.read(&mut buffer)? > 0 {}
-                sending
+                let mut received = 0u64;
+                loop {
+                    match socket.read(&mut buffer)? {
+                        0 => break,
+                        n => received += n as u64,
+                    }
+                }
+                let mut writer = sending
                     .join()
-                    .map_err(|_| std::io::Error::other("panicked"))?
+                    .map_err(|_| std::io::Error::other("panicked"))??;
+                writer.write_all(&received.to_be_bytes())?;
+                writer.shutdown(Shutdown::Write)
             });
         }
     });
@@ -87,20 +98,57 @@ async fn exchange<S: AsyncRead + AsyncWrite>(
     };
     let receiving = async {
         let mut buffer = vec![0u8; CHUNK];
-        let mut total = 0u64;
+        let mut answer = Answer::default();
         loop {
             let n = read.read(&mut buffer).await?;
             if n == 0 {
-                return Ok::<_, std::io::Error>(total);
+                return Ok::<_, std::io::Error>(answer);
             }
-            total += n as u64;
+            answer.take(&buffer[..n]);
         }
     };
-    let ((), got) = futures::future::try_join(sending, receiving).await?;
-    if got != down {
-        return Err(format!("{got} of {down} bytes arrived").into());
+    let ((), answer) = futures::future::try_join(sending, receiving).await?;
+    answer.check(up, down)
+}
+
+/// What a client of the peer ([`start_peer`]) received: its bytes'
+/// count, and the last 8, which end with the peer's count of what it
+/// read.
+#[derive(Default)]
+struct Answer {
+    total: u64,
+    last: [u8; 8],
+}
+
+impl Answer {
+    fn take(&mut self, bytes: &[u8]) {
+        self.total += bytes.len() as u64;
+        let kept = bytes.len().min(8);
+        self.last.rotate_left(kept);
+        self.last[8 - kept..].copy_from_slice(&bytes[bytes.len() - kept..]);
     }
-    Ok(())
+
+    /// Both ways whole: `down` bytes and the count, and the peer read `up`.
+    fn check(&self, up: u64, down: u64) -> Result<(), Box<dyn Error>> {
+        if self.total != down + 8 {
+            return Err(format!("{} of {down} bytes and a count arrived", self.total).into());
+        }
+        let read = u64::from_be_bytes(self.last);
+        if read != up {
+            return Err(format!("the peer read {read} of {up} bytes").into());
+        }
+        Ok(())
+    }
+}
+
+impl Write for Answer {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.take(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// A plain relay, the least any forward through a process of its own can
@@ -157,20 +205,28 @@ fn start_sealed_exit(port: u16) -> Result<std::net::SocketAddr, Box<dyn Error>> 
 
 /// Pumps between `sealed` (a connection carrying records) and `plain`, on
 /// two threads: `sealed`'s records opened on to `plain`, `plain`'s bytes
-/// sealed on to `sealed`; each passes its end on as a half-close.
+/// sealed on to `sealed`; each passes its end on as a half-close, or a
+/// failure as a closed connection (and the peer's count, [`Answer`],
+/// tells the client).
 fn sealed_pumps(sealed: std::net::TcpStream, plain: std::net::TcpStream) -> std::io::Result<()> {
     for socket in [&sealed, &plain] {
         socket.set_nodelay(true)?;
     }
     let (mut sealed_in, mut plain_out) = (sealed.try_clone()?, plain.try_clone()?);
     std::thread::spawn(move || {
-        let _ = crate::sealed::receive(&mut sealed_in, &mut plain_out);
-        let _ = plain_out.shutdown(Shutdown::Write);
+        let how = match crate::sealed::receive(&mut sealed_in, &mut plain_out) {
+            Ok(()) => Shutdown::Write,
+            Err(_) => Shutdown::Both,
+        };
+        let _ = plain_out.shutdown(how);
     });
     let (plain_in, mut sealed_out) = (plain, sealed);
     std::thread::spawn(move || {
-        let _ = crate::sealed::send(&plain_in, &mut sealed_out);
-        let _ = sealed_out.shutdown(Shutdown::Write);
+        let how = match crate::sealed::send(&plain_in, &mut sealed_out) {
+            Ok(()) => Shutdown::Write,
+            Err(_) => Shutdown::Both,
+        };
+        let _ = sealed_out.shutdown(how);
     });
     Ok(())
 }
@@ -207,15 +263,17 @@ fn sealed_direct(
     up: u64,
     down: u64,
 ) -> Result<Duration, Box<dyn Error>> {
-    /// A sink that counts what it is given.
-    struct Counted(u64);
-    impl Write for Counted {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0 += bytes.len() as u64;
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
+    /// `left` bytes copied out of a reused chunk, as [`exchange`] sends.
+    struct Chunked {
+        chunk: Vec<u8>,
+        left: u64,
+    }
+    impl Read for Chunked {
+        fn read(&mut self, into: &mut [u8]) -> std::io::Result<usize> {
+            let n = into.len().min(self.chunk.len()).min(self.left as usize);
+            into[..n].copy_from_slice(&self.chunk[..n]);
+            self.left -= n as u64;
+            Ok(n)
         }
     }
     let started = Instant::now();
@@ -223,20 +281,22 @@ fn sealed_direct(
     connection.set_nodelay(true)?;
     let mut sending = connection.try_clone()?;
     let sender = std::thread::spawn(move || -> std::io::Result<()> {
-        let bytes = std::io::Read::chain(
-            std::io::Cursor::new(down.to_be_bytes()),
-            std::io::Read::take(std::io::repeat(b'u'), up),
+        let header = std::io::Cursor::new(down.to_be_bytes());
+        let bytes = Read::chain(
+            header,
+            Chunked {
+                chunk: vec![b'u'; CHUNK],
+                left: up,
+            },
         );
         crate::sealed::send_from_memory(bytes, &mut sending)?;
         sending.shutdown(Shutdown::Write)
     });
-    let mut counted = Counted(0);
-    let received = crate::sealed::receive(&mut &connection, &mut counted);
+    let mut answer = Answer::default();
+    let received = crate::sealed::receive(&mut &connection, &mut answer);
     sender.join().map_err(|_| "the sealed sender panicked")??;
     received?;
-    if counted.0 != down {
-        return Err(format!("{} of {down} bytes arrived", counted.0).into());
-    }
+    answer.check(up, down)?;
     Ok(started.elapsed())
 }
 

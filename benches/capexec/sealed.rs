@@ -27,7 +27,8 @@ const TRAILER: usize = 1 + 16;
 /// One record's room in the sender's buffer.
 const SLOT: usize = HEADER + RECORD_PLAINTEXT + TRAILER;
 /// Records the sender fills with one readv(2) and sends with one writev(2):
-/// 256 KiB of plaintext, four times a pipe's default capacity.
+/// room for 256 KiB of plaintext, though a read from a pipe of the
+/// default size brings at most 64 KiB (four records).
 const SLOTS: usize = 16;
 /// What the receiver reads with one read(2), at least a whole record.
 const RECEIVED: usize = 256 * 1024;
@@ -36,6 +37,8 @@ const APPLICATION_DATA: u8 = 0x17;
 
 /// The key and IV both ends use, and the per-record nonce (RFC 8446,
 /// 5.3: the IV with the record's sequence number XORed into its end).
+/// Both directions share them, which TLS never does; the cipher's cost is
+/// the same.
 struct Keys {
     key: LessSafeKey,
     iv: [u8; NONCE_LEN],
@@ -199,6 +202,9 @@ pub fn receive(from: &mut impl Read, to: &mut impl Write) -> io::Result<()> {
         while end - start >= HEADER {
             let mut header = [0u8; HEADER];
             header.copy_from_slice(&buffer[start..start + HEADER]);
+            if header[..3] != [APPLICATION_DATA, 0x03, 0x03] {
+                return Err(io::Error::other("not an application-data record"));
+            }
             let ciphertext = usize::from(u16::from_be_bytes([header[3], header[4]]));
             if !(TRAILER..=SLOT - HEADER).contains(&ciphertext) {
                 return Err(io::Error::other(format!("a record of {ciphertext} bytes")));
@@ -216,7 +222,10 @@ pub fn receive(from: &mut impl Read, to: &mut impl Write) -> io::Result<()> {
                 )
                 .map_err(|_| io::Error::other("a record failed to open"))?;
             // The plaintext without its inner content type.
-            let plaintext = opened.len().saturating_sub(1);
+            let Some((&APPLICATION_DATA, _)) = opened.split_last() else {
+                return Err(io::Error::other("a record of another content type"));
+            };
+            let plaintext = opened.len() - 1;
             plaintexts.push(record.start..record.start + plaintext);
             sequence += 1;
             start = record.end;
