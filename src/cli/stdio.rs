@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use capexec::engine::pipe_capacity;
 use tokio::sync::{mpsc, oneshot};
 
 /// Most bytes of our stdin forwarded in one `write`: what a pipe holds
@@ -345,7 +346,9 @@ fn write_all_vectored(fd: i32, pieces: &[(i32, Bytes)]) -> io::Result<()> {
 /// Reads our stdin on a thread; `None` marks end-of-file. A read takes what
 /// is there, and then whatever more is already waiting (a producer such as
 /// `head` or `cat` writes 4-8 KiB at a time), up to [`STDIN_CHUNK`]: a fast
-/// stream leaves in big writes, a keystroke at once.
+/// stream leaves in big writes, a keystroke at once. A pipe found full
+/// grows, as the server grows its children's (`engine::pipe_capacity`):
+/// the producer runs further ahead and each read takes up to a chunk.
 pub fn read_stdin() -> mpsc::Receiver<Option<Bytes>> {
     let (chunks, receiver) = mpsc::channel(2);
     let spawned = std::thread::Builder::new()
@@ -358,6 +361,7 @@ pub fn read_stdin() -> mpsc::Receiver<Option<Bytes>> {
             // cost more than the read itself.
             let mut buf: Vec<u8> = Vec::with_capacity(STDIN_CHUNK);
             let mut ended = false;
+            let mut grown = false;
             while !ended {
                 loop {
                     let spare = rustix::buffer::spare_capacity(&mut buf);
@@ -366,7 +370,15 @@ pub fn read_stdin() -> mpsc::Receiver<Option<Bytes>> {
                             ended = true;
                             break;
                         }
-                        Ok(_) => {}
+                        Ok(read) => {
+                            if read >= pipe_capacity::DEFAULT_CAPACITY && !grown {
+                                // A full pipe: the producer writes in bulk.
+                                grown = true;
+                                if is_pipe(&stdin) {
+                                    pipe_capacity::grow(0);
+                                }
+                            }
+                        }
                         Err(rustix::io::Errno::INTR) => continue,
                         Err(errno) => {
                             let error = io::Error::from(errno);
@@ -401,6 +413,13 @@ pub fn read_stdin() -> mpsc::Receiver<Option<Bytes>> {
         tracing::error!(%error, "cannot start the stdin thread");
     }
     receiver
+}
+
+/// Whether `file` is a pipe or FIFO (the only files whose buffer grows).
+fn is_pipe(file: &File) -> bool {
+    rustix::fs::fstat(file).is_ok_and(|stat| {
+        rustix::fs::FileType::from_raw_mode(stat.st_mode) == rustix::fs::FileType::Fifo
+    })
 }
 
 /// Bytes that a read of `fd` would return at once (FIONREAD); 0 when none

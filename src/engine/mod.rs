@@ -12,7 +12,7 @@ mod kill;
 mod log;
 pub(crate) mod os;
 mod output;
-mod pipe_capacity;
+pub mod pipe_capacity;
 pub mod proc_stat;
 mod reaper;
 mod shared;

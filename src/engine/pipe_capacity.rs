@@ -19,7 +19,7 @@ use tokio::net::unix::pipe;
 /// What a pipe holds before it grows (Linux's default).
 pub const DEFAULT_CAPACITY: usize = 64 * 1024;
 /// What it grows to.
-const BULK_CAPACITY: libc::c_int = 1 << 20;
+pub const BULK_CAPACITY: libc::c_int = 1 << 20;
 
 /// Asks for [`BULK_CAPACITY`]; where the system refuses, the pipe keeps
 /// working at its current size.

@@ -151,3 +151,40 @@ fn a_peer_flooding_descriptors_costs_the_server_a_window_then_nothing() {
         .await;
     });
 }
+
+/// The capacity of the pipe behind `fd` (F_GETPIPE_SZ).
+fn pipe_capacity(fd: impl AsFd) -> i32 {
+    nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETPIPE_SZ).expect("F_GETPIPE_SZ")
+}
+
+/// A relayed stdin fed in bulk grows its pipe to 1 MiB once a read finds
+/// it full, as the server grows its children's pipes, so the producer runs
+/// further ahead and each chunk sent is bigger; one fed a few bytes keeps
+/// the size it had. Every byte arrives either way.
+#[test]
+fn a_relayed_stdin_pipe_grows_when_fed_in_bulk_and_only_then() {
+    use std::io::Write;
+    for (bytes, grows) in [(8usize << 20, true), (10, false)] {
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("pipe");
+        let ours = read.try_clone().expect("a read end to ask about the pipe");
+        let before = pipe_capacity(&ours);
+        let child = capexec(&["run", "--relay-stdio", "--", "wc", "-c"])
+            .stdin(Stdio::from(read))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("run capexec");
+        let mut writer = std::fs::File::from(write);
+        writer.write_all(&vec![b'x'; bytes]).expect("write");
+        if grows {
+            common::eventually("the pipe to grow", || pipe_capacity(&ours) == 1 << 20);
+        }
+        drop(writer);
+        let output = child.wait_with_output().expect("wait");
+        assert!(output.status.success(), "{:?}", output.status);
+        assert_eq!(text(&output.stdout).trim(), bytes.to_string());
+        if !grows {
+            assert_eq!(pipe_capacity(&ours), before);
+        }
+    }
+}
