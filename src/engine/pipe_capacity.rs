@@ -21,9 +21,16 @@ pub const DEFAULT_CAPACITY: usize = 64 * 1024;
 /// What it grows to.
 pub const BULK_CAPACITY: libc::c_int = 1 << 20;
 
-/// Asks for [`BULK_CAPACITY`]; where the system refuses, the pipe keeps
-/// working at its current size.
+/// Asks for [`BULK_CAPACITY`] if the pipe holds less: a pipe its maker
+/// made bigger (past `pipe-max-size`, with CAP_SYS_RESOURCE; `capexec
+/// run` grows a pipe it was handed) is never shrunk. Where the system
+/// refuses, the pipe keeps working at its current size.
 pub fn grow(fd: RawFd) {
+    // SAFETY: F_GETPIPE_SZ only reads the pipe's capacity.
+    let capacity = unsafe { libc::fcntl(fd, libc::F_GETPIPE_SZ) };
+    if !(0..BULK_CAPACITY).contains(&capacity) {
+        return;
+    }
     // SAFETY: F_SETPIPE_SZ takes an int and only resizes the pipe buffer.
     let _ = unsafe { libc::fcntl(fd, libc::F_SETPIPE_SZ, BULK_CAPACITY) };
 }
