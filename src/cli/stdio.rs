@@ -373,10 +373,9 @@ pub fn read_stdin() -> mpsc::Receiver<Option<Bytes>> {
                         Ok(read) => {
                             if read >= pipe_capacity::DEFAULT_CAPACITY && !grown {
                                 // A full pipe: the producer writes in bulk.
+                                // (`grow` leaves anything but a pipe alone.)
                                 grown = true;
-                                if is_pipe(&stdin) {
-                                    pipe_capacity::grow(0);
-                                }
+                                pipe_capacity::grow(0);
                             }
                         }
                         Err(rustix::io::Errno::INTR) => continue,
@@ -413,13 +412,6 @@ pub fn read_stdin() -> mpsc::Receiver<Option<Bytes>> {
         tracing::error!(%error, "cannot start the stdin thread");
     }
     receiver
-}
-
-/// Whether `file` is a pipe or FIFO (the only files whose buffer grows).
-fn is_pipe(file: &File) -> bool {
-    rustix::fs::fstat(file).is_ok_and(|stat| {
-        rustix::fs::FileType::from_raw_mode(stat.st_mode) == rustix::fs::FileType::Fifo
-    })
 }
 
 /// Bytes that a read of `fd` would return at once (FIONREAD); 0 when none

@@ -23,7 +23,8 @@ pub const BULK_CAPACITY: libc::c_int = 1 << 20;
 
 /// Asks for [`BULK_CAPACITY`] if the pipe holds less: a pipe its maker
 /// made bigger (past `pipe-max-size`, with CAP_SYS_RESOURCE; `capexec
-/// run` grows a pipe it was handed) is never shrunk. Where the system
+/// run` grows a pipe it was handed) is never shrunk, and a descriptor that
+/// is no pipe (F_GETPIPE_SZ fails) is left alone. Where the system
 /// refuses, the pipe keeps working at its current size.
 pub fn grow(fd: RawFd) {
     // SAFETY: F_GETPIPE_SZ only reads the pipe's capacity.

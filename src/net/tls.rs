@@ -554,13 +554,13 @@ mod tests {
         }
         // Key exchange and randomness from aws-lc would cost every start
         // its random generator's set-up.
-        let names = |groups: &[&'static dyn rustls::crypto::SupportedKxGroup]| {
+        let addresses = |groups: &[&'static dyn rustls::crypto::SupportedKxGroup]| {
             groups
                 .iter()
                 .map(|group| std::ptr::from_ref(*group).cast::<()>())
                 .collect::<Vec<_>>()
         };
-        assert_eq!(names(&ours.kx_groups), names(&ring.kx_groups));
+        assert_eq!(addresses(&ours.kx_groups), addresses(&ring.kx_groups));
         // Both providers' randomness and key loading are unit structs
         // (`Ring`, `AwsLcRs`), which share an address: their names tell.
         assert_eq!(format!("{:?}", ours.secure_random), "Ring");
