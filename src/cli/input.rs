@@ -11,6 +11,7 @@ use capexec::client::{PendingWrite, ResilientProcess};
 use capexec::model::WriteStatus;
 
 use crate::cli::local_terminal;
+use crate::cli::stdin_chunks;
 use crate::cli::stdio;
 
 /// Stdin writes in flight at once: enough to keep the pipe busy across a
@@ -22,7 +23,7 @@ const STDIN_WINDOW: usize = 8;
 /// `~.` after a newline ends the session (`escape` is told), `~~` sends one
 /// `~`, `~?` lists them.
 pub async fn stdin(process: ResilientProcess, escape: Option<oneshot::Sender<()>>) {
-    let mut chunks = stdio::read_stdin();
+    let mut chunks = stdin_chunks::read_stdin();
     let mut in_flight = VecDeque::new();
     let mut count: u64 = 0;
     let mut escapes = escape.map(|escape| (Escapes::default(), escape));

@@ -28,6 +28,7 @@ mod serve;
 mod serve_users;
 mod servers;
 mod signals;
+mod stdin_chunks;
 pub(crate) mod stdio;
 mod stdio_handoff;
 mod target;

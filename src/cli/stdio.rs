@@ -1,6 +1,6 @@
-//! Our own stdin and stdout/stderr, driven by dedicated threads so that a
-//! slow terminal or pipe never blocks the RPC thread, and written without
-//! std's line buffering.
+//! Our own stdout and stderr, written by a dedicated thread so that a slow
+//! terminal or pipe never blocks the RPC thread, and without std's line
+//! buffering (our stdin: `stdin_chunks.rs`).
 
 use std::fs::File;
 use std::io::{self, IoSlice, IsTerminal, Write};
@@ -10,16 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use capexec::engine::pipe_capacity;
 use tokio::sync::{mpsc, oneshot};
-
-/// Most bytes of our stdin forwarded in one `write`: what a pipe holds
-/// when it is growing fast, so a fast producer costs few round trips.
-const STDIN_CHUNK: usize = 256 * 1024;
-
-/// Reads smaller than this are copied into a chunk of their own, so a
-/// keystroke does not hold a whole [`STDIN_CHUNK`] buffer.
-const STDIN_COPY_BELOW: usize = 32 * 1024;
 
 /// Which of fds 0, 1 and 2 were closed when capexec started (Rust's
 /// runtime has put /dev/null there since: see `main.rs`).
@@ -341,86 +332,4 @@ fn write_all_vectored(fd: i32, pieces: &[(i32, Bytes)]) -> io::Result<()> {
         }
     }
     Ok(())
-}
-
-/// Reads our stdin on a thread; `None` marks end-of-file. A read takes what
-/// is there, and then whatever more is already waiting (a producer such as
-/// `head` or `cat` writes 4-8 KiB at a time), up to [`STDIN_CHUNK`]: a fast
-/// stream leaves in big writes, a keystroke at once. A pipe found full
-/// grows, as the server grows its children's (`engine::pipe_capacity`):
-/// the producer runs further ahead and each read takes up to a chunk.
-pub fn read_stdin() -> mpsc::Receiver<Option<Bytes>> {
-    let (chunks, receiver) = mpsc::channel(2);
-    let spawned = std::thread::Builder::new()
-        .name("capexec-stdin".into())
-        .spawn(move || {
-            // SAFETY: fd 0 stays open for the life of the process;
-            // ManuallyDrop keeps this File from closing it.
-            let stdin = ManuallyDrop::new(unsafe { File::from_raw_fd(0) });
-            // Read into spare capacity: zeroing each fresh buffer first
-            // cost more than the read itself.
-            let mut buf: Vec<u8> = Vec::with_capacity(STDIN_CHUNK);
-            let mut ended = false;
-            let mut grown = false;
-            while !ended {
-                loop {
-                    let spare = rustix::buffer::spare_capacity(&mut buf);
-                    match rustix::io::read(&*stdin, spare) {
-                        Ok(0) => {
-                            ended = true;
-                            break;
-                        }
-                        Ok(read) => {
-                            if read >= pipe_capacity::DEFAULT_CAPACITY && !grown {
-                                // A full pipe: the producer writes in bulk.
-                                // (`grow` leaves anything but a pipe alone.)
-                                grown = true;
-                                pipe_capacity::grow(0);
-                            }
-                        }
-                        Err(rustix::io::Errno::INTR) => continue,
-                        Err(errno) => {
-                            let error = io::Error::from(errno);
-                            tracing::warn!(%error, "reading stdin failed; closing the child's stdin");
-                            ended = true;
-                            break;
-                        }
-                    }
-                    if buf.len() >= STDIN_CHUNK || waiting_bytes(0) == 0 {
-                        break;
-                    }
-                }
-                if buf.is_empty() {
-                    continue;
-                }
-                // A small read is copied out and the buffer kept; a big one
-                // leaves as it is, without a copy.
-                let chunk = if buf.len() < STDIN_COPY_BELOW {
-                    let chunk = Bytes::copy_from_slice(&buf);
-                    buf.clear();
-                    chunk
-                } else {
-                    Bytes::from(std::mem::replace(&mut buf, Vec::with_capacity(STDIN_CHUNK)))
-                };
-                if chunks.blocking_send(Some(chunk)).is_err() {
-                    return;
-                }
-            }
-            let _ = chunks.blocking_send(None);
-        });
-    if let Err(error) = spawned {
-        tracing::error!(%error, "cannot start the stdin thread");
-    }
-    receiver
-}
-
-/// Bytes that a read of `fd` would return at once (FIONREAD); 0 when none
-/// or when `fd` cannot tell (a regular file: the next read then decides).
-fn waiting_bytes(fd: i32) -> usize {
-    let mut waiting: libc::c_int = 0;
-    // SAFETY: FIONREAD writes one int into `waiting`.
-    if unsafe { libc::ioctl(fd, libc::FIONREAD, &mut waiting) } < 0 {
-        return 0;
-    }
-    usize::try_from(waiting).unwrap_or(0)
 }

@@ -21,6 +21,7 @@ mod metrics;
 mod network;
 mod operator;
 mod output;
+mod relayed_stdin;
 mod restricted;
 mod resume;
 mod run;
