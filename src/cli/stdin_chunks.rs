@@ -14,8 +14,9 @@
 //! each cost a wake-up of the RPC thread, and on a machine of two vCPUs
 //! often the wake-up of a halted vCPU (docs/BENCHMARKS.md, "Stdin read on
 //! the RPC thread"). Anything else (a terminal, a regular file, a socket),
-//! and a pipe that does not take RWF_NOWAIT, is read by a thread of its
-//! own with blocking reads, so that it never blocks the RPC thread.
+//! and a pipe that refuses RWF_NOWAIT (a named FIFO does), is read by a
+//! thread of its own with blocking reads, so that it never blocks the RPC
+//! thread.
 
 use std::fs::File;
 use std::io;
@@ -35,6 +36,10 @@ const STDIN_CHUNK: usize = 256 * 1024;
 /// Reads smaller than this are copied into a chunk of their own, so a
 /// keystroke does not hold a whole [`STDIN_CHUNK`] buffer.
 const STDIN_COPY_BELOW: usize = 32 * 1024;
+
+/// The biggest packet of a pipe in packet mode (PIPE_BUF): a read into
+/// less room than that loses the rest of the packet.
+const PACKET_BYTES: usize = 4096;
 
 /// Chunks read ahead of the relay.
 const READ_AHEAD_CHUNKS: usize = 2;
@@ -80,8 +85,11 @@ impl Chunk {
         }
     }
 
+    /// Whether to send what was read before reading more: a read into
+    /// less than [`PACKET_BYTES`] of room could cut a packet of a pipe in
+    /// packet mode (`pipe2(O_DIRECT)`), which loses the rest of it.
     fn is_full(&self) -> bool {
-        self.buf.len() >= STDIN_CHUNK
+        self.buf.len() + PACKET_BYTES > STDIN_CHUNK
     }
 
     /// What was read since the last chunk: a small read is copied out and
@@ -137,9 +145,11 @@ enum Read {
     End,
     /// Nothing there yet (EAGAIN).
     Empty,
-    /// The pipe does not take RWF_NOWAIT (older kernels).
-    Unsupported,
-    Failed(io::Error),
+    /// The pipe refused the read: a named FIFO does not take RWF_NOWAIT,
+    /// nor did pipes on older kernels, and a seccomp filter may refuse
+    /// preadv2 itself. The thread's plain reads take over, and report any
+    /// error that is the pipe's own.
+    Refused(io::Error),
 }
 
 /// preadv2(RWF_NOWAIT) of fd 0 into the chunk's spare capacity.
@@ -160,8 +170,7 @@ fn read_without_waiting(chunk: &mut Chunk) -> Read {
             return match error.raw_os_error() {
                 Some(libc::EINTR) => continue,
                 Some(libc::EAGAIN) => Read::Empty,
-                Some(libc::EOPNOTSUPP) => Read::Unsupported,
-                _ => Read::Failed(error),
+                _ => Read::Refused(error),
             };
         };
         if read == 0 {
@@ -174,12 +183,44 @@ fn read_without_waiting(chunk: &mut Chunk) -> Read {
     }
 }
 
-/// Reads the pipe on this thread as it becomes readable; if the pipe
-/// turns out not to take RWF_NOWAIT, hands what it has read to a thread
-/// that reads on with blocking reads.
+/// Reads the pipe on this thread as it becomes readable. Hands what it has
+/// read to a thread that reads on with blocking reads if the pipe refuses
+/// a read without waiting, or if epoll can no longer say when to read.
 async fn read_pipe_here(readiness: PipeReadiness, chunks: mpsc::Sender<Option<Bytes>>) {
     let mut chunk = Chunk::default();
+    // The last read found the pipe empty: wait before the next.
+    let mut drained = false;
+    // epoll has reported the pipe's writers all gone.
+    let mut hung_up = false;
     loop {
+        // However the pipe behaves, the RPC thread's other tasks get
+        // their turn.
+        tokio::task::consume_budget().await;
+        if drained {
+            if hung_up {
+                // A pipe empty but not ended after its last writer left
+                // has been opened for writing again (`exec 3<>/dev/stdin`),
+                // and tokio keeps a hang-up for good: `readable` would
+                // answer at once for ever, and this loop would spin.
+                tracing::debug!("stdin was reopened for writing; reading it on a thread");
+                read_on_a_thread(chunks, chunk);
+                return;
+            }
+            // Edge-triggered: the readiness seen is cleared and the pipe
+            // read again before waiting for the next edge, so a write
+            // that lands in between is never missed.
+            match readiness.0.readable().await {
+                Ok(mut ready) => {
+                    hung_up = ready.ready().is_read_closed();
+                    ready.clear_ready();
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "cannot wait for stdin; closing the child's stdin");
+                    break;
+                }
+            }
+            drained = false;
+        }
         match read_without_waiting(&mut chunk) {
             Read::Bytes(read) => {
                 chunk.took(read);
@@ -187,29 +228,17 @@ async fn read_pipe_here(readiness: PipeReadiness, chunks: mpsc::Sender<Option<By
                     continue;
                 }
             }
-            Read::Empty if chunk.buf.is_empty() => {
-                // Edge-triggered: the readiness seen is cleared and the
-                // pipe read again before waiting for the next edge, so a
-                // write that lands in between is never missed.
-                match readiness.0.readable().await {
-                    Ok(mut ready) => ready.clear_ready(),
-                    Err(error) => {
-                        tracing::warn!(%error, "cannot wait for stdin; closing the child's stdin");
-                        break;
-                    }
+            Read::Empty => {
+                drained = true;
+                if chunk.buf.is_empty() {
+                    continue;
                 }
-                continue;
             }
-            Read::Empty => {}
             Read::End => break,
-            Read::Unsupported => {
-                drop(readiness);
+            Read::Refused(error) => {
+                tracing::debug!(%error, "stdin refuses reads without waiting; reading it on a thread");
                 read_on_a_thread(chunks, chunk);
                 return;
-            }
-            Read::Failed(error) => {
-                tracing::warn!(%error, "reading stdin failed; closing the child's stdin");
-                break;
             }
         }
         if let Some(bytes) = chunk.take()

@@ -176,3 +176,173 @@ fn a_file_or_a_socket_as_stdin_is_relayed_whole() {
         );
     }
 }
+
+/// A named FIFO refuses reads without waiting (preadv2 with RWF_NOWAIT
+/// fails with EOPNOTSUPP): the stdin thread takes it over, and every byte
+/// arrives.
+#[test]
+fn a_named_fifo_as_stdin_is_read_by_the_thread_whole() {
+    let served = Served::start();
+    let data = Pattern::bytes(13, 3 << 20);
+    let dir = TempDir::new("fifo-stdin");
+    for (name, way) in relaying(&served) {
+        let fifo = dir.path().join(format!("fifo-{name}"));
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .expect("mkfifo");
+        let writer = {
+            let (fifo, data) = (fifo.clone(), data.clone());
+            // Opening a FIFO waits for its reader: capexec, below.
+            std::thread::spawn(move || {
+                let mut fifo = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&fifo)
+                    .expect("open the FIFO for writing");
+                fifo.write_all(&data).expect("write the FIFO");
+            })
+        };
+        let output = run(&served, &way, &["cat"])
+            .stdin(std::fs::File::open(&fifo).expect("open the FIFO"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .output()
+            .expect("run capexec");
+        writer.join().expect("writer");
+        assert!(output.status.success(), "{name}: {}", text(&output.stderr));
+        assert!(output.stdout == data, "{name}: a FIFO's bytes altered");
+    }
+}
+
+/// A pipe in packet mode (`pipe2(O_DIRECT)`) gives each write as a packet
+/// of its own, and a read with too little room for one loses the rest of
+/// it: stdin is never read into less room than a whole packet.
+#[test]
+fn a_pipe_in_packet_mode_loses_no_byte() {
+    let served = Served::start();
+    let data = Pattern::bytes(14, 10_000_000);
+    for (name, way) in relaying(&served) {
+        let (read, write) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_DIRECT)
+                .expect("a pipe in packet mode");
+        let child = run(&served, &way, &["wc", "-c"])
+            .stdin(Stdio::from(read))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run capexec");
+        let mut writer = std::fs::File::from(write);
+        for packet in data.chunks(5000) {
+            writer.write_all(packet).expect("write a packet");
+        }
+        drop(writer);
+        let output = child.wait_with_output().expect("wait");
+        assert!(output.status.success(), "{name}: {}", text(&output.stderr));
+        assert_eq!(
+            text(&output.stdout).trim(),
+            data.len().to_string(),
+            "{name}"
+        );
+    }
+}
+
+/// Bytes that a read of the pipe behind `fd` would return now.
+fn waiting(fd: impl AsFd) -> usize {
+    let mut waiting: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int into `waiting`.
+    let asked = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&fd.as_fd()),
+            libc::FIONREAD,
+            &mut waiting,
+        )
+    };
+    assert_eq!(asked, 0, "FIONREAD");
+    usize::try_from(waiting).expect("a count")
+}
+
+/// How often the main thread of process `pid` has gone to sleep (its
+/// voluntary context switches): for `capexec run`, the RPC thread, which
+/// sleeps in epoll_wait.
+fn sleeps(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|count| count.trim().parse().ok())
+        .expect("voluntary_ctxt_switches")
+}
+
+/// A pipe whose writer left while bytes were still in it, and that is
+/// opened for writing again before they are read (`exec 3<>/dev/stdin`),
+/// neither ends stdin early nor keeps `capexec run` from following the
+/// command: it ends with the command, the new writer still open.
+#[test]
+fn a_pipe_opened_again_after_its_writer_left_does_not_hold_the_run() {
+    use std::os::fd::AsRawFd;
+    let served = Served::start();
+    let dir = TempDir::new("reopened-stdin");
+    for (name, way) in relaying(&served) {
+        let go = dir.path().join(format!("go-{name}"));
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("pipe");
+        let ours = read.try_clone().expect("our copy of the read end");
+        // The command reads nothing until told how much, then exactly
+        // that, and ends.
+        let script = format!(
+            "while [ ! -s {go} ]; do sleep 0.01; done; head -c \"$(cat {go})\" | wc -c",
+            go = go.display()
+        );
+        let mut child = run(&served, &way, &["sh", "-c", &script])
+            .stdin(Stdio::from(read))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run capexec");
+        // Fill everything between here and the command, until capexec
+        // stops reading and the pipe stays full.
+        nix::fcntl::fcntl(
+            &write,
+            nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+        )
+        .expect("O_NONBLOCK on our write end");
+        let mut writer = std::fs::File::from(write);
+        let block = vec![b'x'; 64 * 1024];
+        let mut total = 0usize;
+        common::eventually("capexec to stop reading a full pipe", || {
+            let mut wrote = 0;
+            loop {
+                match writer.write(&block) {
+                    Ok(n) => wrote += n,
+                    Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(error) => panic!("{name}: write: {error}"),
+                }
+            }
+            total += wrote;
+            let capacity =
+                nix::fcntl::fcntl(&ours, nix::fcntl::FcntlArg::F_GETPIPE_SZ).expect("F_GETPIPE_SZ");
+            let capacity = usize::try_from(capacity).expect("a size");
+            // More than the pipe holds: capexec is reading it.
+            wrote == 0 && waiting(&ours) == capacity && total > capacity
+        });
+        // The last writer leaves with the pipe full, and once capexec has
+        // seen it go (it wakes, and sleeps again), a new one comes.
+        let pid = child.id();
+        let before = sleeps(pid);
+        drop(writer);
+        common::eventually("capexec to see the writer go", || sleeps(pid) > before);
+        let again = std::fs::OpenOptions::new()
+            .write(true)
+            .open(format!("/proc/self/fd/{}", ours.as_raw_fd()))
+            .expect("open the pipe for writing again");
+        std::fs::write(dir.path().join("count"), total.to_string()).expect("write the count");
+        std::fs::rename(dir.path().join("count"), &go).expect("tell the command");
+        let code = common::cli::wait(&mut child);
+        let mut stdout = String::new();
+        std::io::Read::read_to_string(&mut child.stdout.take().expect("stdout"), &mut stdout)
+            .expect("read");
+        assert_eq!(
+            (code, stdout.trim()),
+            (0, total.to_string().as_str()),
+            "{name}"
+        );
+        drop(again);
+    }
+}
