@@ -16,7 +16,10 @@
 //! the RPC thread"). Anything else (a terminal, a regular file, a socket),
 //! and a pipe that refuses RWF_NOWAIT (a named FIFO does), is read by a
 //! thread of its own with blocking reads, so that it never blocks the RPC
-//! thread.
+//! thread. (RWF_NOWAIT spares a read the wait for data, not the wait for
+//! the pipe's lock: a writer that splices a silent socket into our stdin
+//! holds that lock while it waits, and the read with it, as tokio's own
+//! non-blocking pipes would.)
 
 use std::fs::File;
 use std::io;
