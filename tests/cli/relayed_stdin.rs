@@ -46,6 +46,16 @@ fn thread_names(pid: u32) -> Vec<String> {
 /// The thread that reads a stdin epoll cannot wait for.
 const STDIN_THREAD: &str = "capexec-stdin";
 
+/// Starts `command` reading `stdin`, its stdout and stderr piped.
+fn spawn_reading(mut command: Command, stdin: impl Into<Stdio>) -> std::process::Child {
+    command
+        .stdin(stdin)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run capexec")
+}
+
 fn run(served: &Served, way: &[String], command: &[&str]) -> Command {
     let mut arguments: Vec<&str> = way.iter().map(String::as_str).collect();
     arguments.extend_from_slice(command);
@@ -96,12 +106,7 @@ fn a_relayed_pipe_is_read_without_being_made_non_blocking() {
     for (name, way) in relaying(&served) {
         let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("pipe");
         let shared = read.try_clone().expect("our copy of the read end");
-        let child = run(&served, &way, &["wc", "-c"])
-            .stdin(Stdio::from(read))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run capexec");
+        let child = spawn_reading(run(&served, &way, &["wc", "-c"]), Stdio::from(read));
         let mut writer = std::fs::File::from(write);
         writer.write_all(&data).expect("write");
         assert!(
@@ -130,12 +135,12 @@ fn a_file_or_a_socket_as_stdin_is_relayed_whole() {
     let path = dir.path().join("input");
     std::fs::write(&path, &data).expect("write the input");
     for (name, way) in relaying(&served) {
-        let from_file = run(&served, &way, &["cat"])
-            .stdin(std::fs::File::open(&path).expect("open"))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .output()
-            .expect("run capexec");
+        let from_file = spawn_reading(
+            run(&served, &way, &["cat"]),
+            std::fs::File::open(&path).expect("open"),
+        )
+        .wait_with_output()
+        .expect("wait");
         assert!(
             from_file.status.success(),
             "{name}: {}",
@@ -144,12 +149,10 @@ fn a_file_or_a_socket_as_stdin_is_relayed_whole() {
         assert!(from_file.stdout == data, "{name}: a file's bytes altered");
 
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socketpair");
-        let child = run(&served, &way, &["cat"])
-            .stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run capexec");
+        let child = spawn_reading(
+            run(&served, &way, &["cat"]),
+            Stdio::from(std::os::fd::OwnedFd::from(theirs)),
+        );
         common::eventually("the stdin thread to start", || {
             thread_names(child.id())
                 .iter()
@@ -200,12 +203,12 @@ fn a_named_fifo_as_stdin_is_read_by_the_thread_whole() {
                 fifo.write_all(&data).expect("write the FIFO");
             })
         };
-        let output = run(&served, &way, &["cat"])
-            .stdin(std::fs::File::open(&fifo).expect("open the FIFO"))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .output()
-            .expect("run capexec");
+        let output = spawn_reading(
+            run(&served, &way, &["cat"]),
+            std::fs::File::open(&fifo).expect("open the FIFO"),
+        )
+        .wait_with_output()
+        .expect("wait");
         writer.join().expect("writer");
         assert!(output.status.success(), "{name}: {}", text(&output.stderr));
         assert!(output.stdout == data, "{name}: a FIFO's bytes altered");
@@ -223,12 +226,7 @@ fn a_pipe_in_packet_mode_loses_no_byte() {
         let (read, write) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_DIRECT)
                 .expect("a pipe in packet mode");
-        let child = run(&served, &way, &["wc", "-c"])
-            .stdin(Stdio::from(read))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run capexec");
+        let child = spawn_reading(run(&served, &way, &["wc", "-c"]), Stdio::from(read));
         let mut writer = std::fs::File::from(write);
         for packet in data.chunks(5000) {
             writer.write_all(packet).expect("write a packet");
@@ -290,12 +288,10 @@ fn a_pipe_opened_again_after_its_writer_left_does_not_hold_the_run() {
             "while [ ! -s {go} ]; do sleep 0.01; done; head -c \"$(cat {go})\" | wc -c",
             go = go.display()
         );
-        let mut child = run(&served, &way, &["sh", "-c", &script])
-            .stdin(Stdio::from(read))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run capexec");
+        let mut child = spawn_reading(
+            run(&served, &way, &["sh", "-c", &script]),
+            Stdio::from(read),
+        );
         // Fill everything between here and the command, until capexec
         // stops reading and the pipe stays full.
         nix::fcntl::fcntl(
