@@ -195,7 +195,8 @@ async fn read_pipe_here(readiness: PipeReadiness, chunks: mpsc::Sender<Option<By
     let mut drained = false;
     // epoll has reported the pipe's writers all gone.
     let mut hung_up = false;
-    loop {
+    let mut ended = false;
+    while !ended {
         // However the pipe behaves, the RPC thread's other tasks get
         // their turn.
         tokio::task::consume_budget().await;
@@ -237,7 +238,7 @@ async fn read_pipe_here(readiness: PipeReadiness, chunks: mpsc::Sender<Option<By
                     continue;
                 }
             }
-            Read::End => break,
+            Read::End => ended = true,
             Read::Refused(error) => {
                 tracing::debug!(%error, "stdin refuses reads without waiting; reading it on a thread");
                 read_on_a_thread(chunks, chunk);
@@ -249,11 +250,6 @@ async fn read_pipe_here(readiness: PipeReadiness, chunks: mpsc::Sender<Option<By
         {
             return;
         }
-    }
-    if let Some(bytes) = chunk.take()
-        && chunks.send(Some(bytes)).await.is_err()
-    {
-        return;
     }
     let _ = chunks.send(None).await;
 }

@@ -56,6 +56,14 @@ fn spawn_reading(mut command: Command, stdin: impl Into<Stdio>) -> std::process:
         .expect("run capexec")
 }
 
+/// Waits for a `capexec run … -- wc -c` and checks it succeeded and
+/// counted `bytes`.
+fn counted(child: std::process::Child, bytes: usize, name: &str) {
+    let output = child.wait_with_output().expect("wait");
+    assert!(output.status.success(), "{name}: {}", text(&output.stderr));
+    assert_eq!(text(&output.stdout).trim(), bytes.to_string(), "{name}");
+}
+
 fn run(served: &Served, way: &[String], command: &[&str]) -> Command {
     let mut arguments: Vec<&str> = way.iter().map(String::as_str).collect();
     arguments.extend_from_slice(command);
@@ -114,13 +122,7 @@ fn a_relayed_pipe_is_read_without_being_made_non_blocking() {
             "{name}: made non-blocking while read"
         );
         drop(writer);
-        let output = child.wait_with_output().expect("wait");
-        assert!(output.status.success(), "{name}: {}", text(&output.stderr));
-        assert_eq!(
-            text(&output.stdout).trim(),
-            data.len().to_string(),
-            "{name}"
-        );
+        counted(child, data.len(), name);
         assert!(!non_blocking(&shared), "{name}: left non-blocking");
     }
 }
@@ -232,13 +234,7 @@ fn a_pipe_in_packet_mode_loses_no_byte() {
             writer.write_all(packet).expect("write a packet");
         }
         drop(writer);
-        let output = child.wait_with_output().expect("wait");
-        assert!(output.status.success(), "{name}: {}", text(&output.stderr));
-        assert_eq!(
-            text(&output.stdout).trim(),
-            data.len().to_string(),
-            "{name}"
-        );
+        counted(child, data.len(), name);
     }
 }
 
