@@ -561,9 +561,10 @@ impl Process {
         self.wait_until(|process| process.is_closed()).await
     }
 
-    /// Waits until the child has exited and been reaped.
+    /// Waits until the child's exit is logged ([`Self::exit`] says how it
+    /// ended), which is after the output it wrote before it exited.
     pub async fn wait_exited(&self) {
-        self.wait_until(|process| process.shared.has_exited()).await
+        self.wait_until(|process| process.exit().is_some()).await
     }
 
     async fn wait_until(&self, done: impl Fn(&Process) -> bool) {

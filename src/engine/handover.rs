@@ -203,18 +203,21 @@ impl Engine {
         }
         reaper::pause_for_handover();
         self.inner.freeze.cancel();
-        let stopped = futures::future::join_all(kept.iter().map(|shared| {
-            let slot = Arc::clone(&shared.handover);
-            async move {
-                slot.pump_stopped.cancelled().await;
-                slot.writer_stopped.cancelled().await;
+        if !all_stopped(&kept).await {
+            // What did not stop is inside a call on a pipe whose lock the
+            // process holds (`io_thread.rs`), and the exec would wait for
+            // that thread for ever: the process ends, which frees the lock
+            // (it is handed over as a process that was killed).
+            for shared in kept.iter().filter(|shared| !stopped(shared)) {
+                tracing::warn!(
+                    id = shared.id,
+                    "a process holds its pipes locked; killing it before the hand-over"
+                );
+                shared.kill_tree_now();
             }
-        }));
-        if tokio::time::timeout(FREEZE_PATIENCE, stopped)
-            .await
-            .is_err()
-        {
-            tracing::error!("some processes did not stop for the hand-over in time");
+            if !all_stopped(&kept).await {
+                tracing::error!("some processes did not stop for the hand-over in time");
+            }
         }
         let mut handover = Handover {
             processes: Vec::new(),
@@ -227,6 +230,9 @@ impl Engine {
         }
         // Held until the exec: their descriptors are what was written down.
         std::mem::forget(kept);
+        // What the released ones' frozen pumps and writers hold is closed
+        // by the exec, never here: a child may hold those pipes' locks.
+        std::mem::forget(ending);
         handover
     }
 
@@ -406,6 +412,24 @@ pub(crate) struct AdoptedState {
     /// Queued stdin: writes (id, bytes) and closes (the EOF character).
     pub queue: Vec<(Option<String>, Bytes, Option<Option<u8>>)>,
     pub write_ids: Vec<(String, Option<Result<(), WriteFailure>>)>,
+}
+
+/// Whether the pump and the stdin writer of `shared` have stopped.
+fn stopped(shared: &Shared) -> bool {
+    shared.handover.pump_stopped.is_cancelled() && shared.handover.writer_stopped.is_cancelled()
+}
+
+/// Waits, at most [`FREEZE_PATIENCE`], for every pump and stdin writer of
+/// `kept` to stop; says whether they did.
+async fn all_stopped(kept: &[Arc<Shared>]) -> bool {
+    let stopped = futures::future::join_all(kept.iter().map(|shared| {
+        let slot = Arc::clone(&shared.handover);
+        async move {
+            slot.pump_stopped.cancelled().await;
+            slot.writer_stopped.cancelled().await;
+        }
+    }));
+    tokio::time::timeout(FREEZE_PATIENCE, stopped).await.is_ok()
 }
 
 /// Writes one frozen process down, its bytes into the blob and its

@@ -8,6 +8,7 @@
 pub mod descriptors;
 mod handle;
 mod handover;
+mod io_thread;
 mod kill;
 mod log;
 pub(crate) mod os;
@@ -51,6 +52,7 @@ pub use self::stdin::REMEMBERED_WRITE_IDS;
 pub use self::working_dir::WorkingDir;
 
 use self::handover::{AdoptedState, HandoverSlot, PumpStart};
+use self::io_thread::ChildEnds;
 use self::output::OutputSource;
 use self::reaper::Leader;
 use self::shared::{Shared, SharedParts};
@@ -196,7 +198,9 @@ impl Engine {
             stdin,
             stdout,
             stderr,
+            child_ends,
         } = spawn::spawn(spec, stdio, &self.inner.limits.child, &confined.plan, cwd)?;
+        let child_ends = ChildEnds::new(child_ends);
         let confinement = attach(&leader, confined);
         // The Leader owns the child: if anything fails from here on, its
         // drop kills and reaps it.
@@ -228,6 +232,7 @@ impl Engine {
             sources: [stdout, stderr],
             stdin,
             terminal: None,
+            child_ends,
         })
     }
 
@@ -279,6 +284,7 @@ impl Engine {
             sources: [Some(OutputSource::terminal(Arc::clone(&io))), None],
             stdin: Some((Box::new(TerminalWriter(io)), fd)),
             terminal: Some(terminal),
+            child_ends: ChildEnds::new(child.child_ends),
         })
     }
 
@@ -291,6 +297,7 @@ impl Engine {
             sources,
             stdin,
             terminal,
+            child_ends,
         } = launch;
         let pid = leader.pid();
         // Checked and registered under one lock that shutdown also takes:
@@ -344,15 +351,20 @@ impl Engine {
         live.insert(id, Arc::downgrade(&shared));
         drop(live);
 
-        if let Some((sink, queue, _)) = writer {
-            spawn_writer(&shared, sink, queue);
-        }
-        tokio::spawn(output::pump(
-            Arc::clone(&shared),
+        let writer = writer.map(|(sink, queue, _)| (sink, queue));
+        let started = run_io(
+            &shared,
             sources,
+            writer,
             leader,
             PumpStart::default(),
-        ));
+            child_ends,
+        );
+        if let Err(error) = started {
+            // Dropping `shared` forgets the process and its leader kills
+            // and reaps the child.
+            return Err(no_io_thread(pid, &error));
+        }
         if let (Some(timeout), Some(deadline)) = (spec.timeout, deadline) {
             tokio::spawn(expire_at(Arc::downgrade(&shared), deadline, timeout));
         }
@@ -412,15 +424,16 @@ impl Engine {
         });
         shared.restore(state, pending, queued_bytes);
         self.inner.live().insert(id, Arc::downgrade(&shared));
-        if let Some((sink, _)) = adopted.stdin {
-            spawn_writer(&shared, sink, queue);
-        }
-        tokio::spawn(output::pump(
-            Arc::clone(&shared),
+        let writer = adopted.stdin.map(|(sink, _)| (sink, queue));
+        run_io(
+            &shared,
             adopted.sources,
+            writer,
             leader,
             start,
-        ));
+            ChildEnds::new(Vec::new()),
+        )
+        .map_err(|error| format!("cannot start its I/O thread: {error}"))?;
         if let Some(deadline) = adopted.deadline {
             let timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
             tokio::spawn(expire_at(Arc::downgrade(&shared), deadline, timeout));
@@ -474,6 +487,7 @@ struct Launch<'a> {
     /// The sink and the descriptor it writes to.
     stdin: Option<(StdinSink, std::os::fd::RawFd)>,
     terminal: Option<Terminal>,
+    child_ends: ChildEnds,
 }
 
 /// A process handed over by the binary before, put together again.
@@ -491,23 +505,50 @@ pub(crate) struct Adopted {
     pub deadline: Option<tokio::time::Instant>,
 }
 
-/// Runs the stdin writer of `shared`: what it holds when the engine
-/// freezes goes to the hand-over slot.
-fn spawn_writer(
+/// Runs the output pump and the stdin writer of `shared` on the process's
+/// own thread (`io_thread.rs`), which first closes the child's ends of its
+/// pipes; what they hold when the engine freezes goes to the hand-over
+/// slot. If the system refuses the thread, the tree is killed before what
+/// holds its pipes is dropped here.
+fn run_io(
     shared: &Arc<Shared>,
-    sink: StdinSink,
-    queue: mpsc::UnboundedReceiver<stdin::StdinOp>,
-) {
+    sources: [Option<OutputSource>; 2],
+    writer: Option<(StdinSink, mpsc::UnboundedReceiver<stdin::StdinOp>)>,
+    leader: Arc<Leader>,
+    start: PumpStart,
+    child_ends: ChildEnds,
+) -> std::io::Result<()> {
     let slot = Arc::clone(&shared.handover);
     let stop = shared.child_exited.clone();
     let events = shared.stdin_events();
-    tokio::spawn(async move {
+    let writer = async move {
+        let Some((sink, queue)) = writer else { return };
         let frozen = stdin::run_writer(sink, queue, stop, slot.freeze.clone(), events).await;
         if let Some(frozen) = frozen {
             slot.deposit_writer(frozen);
         }
         slot.writer_stopped.cancel();
-    });
+    };
+    let pump = output::pump(Arc::clone(shared), sources, leader, start);
+    io_thread::spawn(async move {
+        child_ends.close();
+        futures::join!(pump, writer);
+    })
+    .map_err(|(error, work)| {
+        shared.kill_tree_now();
+        drop(work);
+        error
+    })
+}
+
+/// The start failure for a system that refuses the process its thread.
+fn no_io_thread(pid: i32, error: &std::io::Error) -> Refusal {
+    Refusal::new(
+        RefusalKind::LimitReached,
+        format!(
+            "cannot start a thread for the I/O of process {pid}: {error}; release processes and try again"
+        ),
+    )
 }
 
 /// Terminates the process if it has not exited by `deadline` (its spawn
@@ -613,5 +654,38 @@ mod tests {
         send_sync::<ProcessOwner>();
         send_sync::<WriteTicket>();
         send_sync::<CloseTicket>();
+    }
+
+    /// A process whose runtime went away is killed when it is let go, even
+    /// one that ignores SIGTERM: its I/O thread drops what it holds of the
+    /// process when the runtime goes.
+    #[test]
+    fn a_process_outliving_its_runtime_is_killed_when_let_go() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let engine = Engine::default();
+        let spec = StartSpec::new(["/bin/sh", "-c", "trap '' TERM; exec sleep 1000"]);
+        let owner = runtime
+            .block_on(async { engine.start(&spec) })
+            .expect("started");
+        let pid = owner.handle().pid();
+        drop(runtime);
+        drop(owner);
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        // Gone, or a zombie nobody waits for (the test is not a subreaper).
+        let alive = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                stat.rsplit(')')
+                    .next()
+                    .and_then(|rest| rest.split_whitespace().next())
+                    != Some("Z")
+            })
+        };
+        while alive() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(!alive(), "process {pid} outlived its runtime and its owner");
     }
 }

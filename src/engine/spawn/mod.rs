@@ -48,6 +48,9 @@ pub(crate) struct SpawnedChild {
     pub stdin: Option<OwnedFd>,
     pub stdout: Option<OwnedFd>,
     pub stderr: Option<OwnedFd>,
+    /// The child's ends of its pipes, which the parent closes on the
+    /// process's own thread (`io_thread.rs`).
+    pub child_ends: Vec<OwnedFd>,
 }
 
 /// Spawns `spec`, validated by the engine already, after checking the
@@ -116,6 +119,7 @@ pub(crate) fn spawn(
         stdin: plan.parent_stdin.take(),
         stdout: plan.parent_stdout.take(),
         stderr: plan.parent_stderr.take(),
+        child_ends: std::mem::take(&mut plan.child_ends),
     })
 }
 

@@ -125,8 +125,11 @@ pub(super) struct StdioPlan {
     pub(super) parent_stdin: Option<OwnedFd>,
     pub(super) parent_stdout: Option<OwnedFd>,
     pub(super) parent_stderr: Option<OwnedFd>,
-    /// The child's ends; closed in the parent once the plan is dropped.
-    _child_ends: Vec<OwnedFd>,
+    /// The child's ends, open in the parent until the child has them.
+    /// Closed on the process's own thread (`SpawnedChild::child_ends`),
+    /// or off this thread if the plan is dropped with them: once the
+    /// child runs, it may hold their pipes' locks, which close(2) takes.
+    pub(super) child_ends: Vec<OwnedFd>,
     /// Given descriptors (a client's): closed off this thread once the
     /// plan is dropped (see [`descriptors::close_in_background`]).
     given: Vec<OwnedFd>,
@@ -135,6 +138,7 @@ pub(super) struct StdioPlan {
 impl Drop for StdioPlan {
     fn drop(&mut self) {
         descriptors::close_in_background(std::mem::take(&mut self.given));
+        descriptors::close_in_background(std::mem::take(&mut self.child_ends));
     }
 }
 
@@ -146,7 +150,7 @@ impl StdioPlan {
             parent_stdin: None,
             parent_stdout: None,
             parent_stderr: None,
-            _child_ends: Vec::new(),
+            child_ends: Vec::new(),
             given: Vec::new(),
         };
         match stdio {
@@ -163,7 +167,7 @@ impl StdioPlan {
                         to: 0,
                     });
                     plan.parent_stdin = Some(write);
-                    plan._child_ends.push(read);
+                    plan.child_ends.push(read);
                 } else {
                     plan.actions.push(StdioAction::Open {
                         path: c_string(OsStr::new("/dev/null"))?,
@@ -203,7 +207,7 @@ impl StdioPlan {
             from: write.as_raw_fd(),
             to,
         });
-        self._child_ends.push(write);
+        self.child_ends.push(write);
         Ok(read)
     }
 
