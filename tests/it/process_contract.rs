@@ -585,6 +585,27 @@ async fn dropping_the_process_kills_the_tree(ctx: Ctx) {
     procfs::wait_gone(grandchild).await;
 }
 
+/// A write still waiting for room in stdin (the child never reads) does
+/// not keep the process: dropping the last reference ends it all the same
+/// (capnp-rpc patch 0009).
+async fn a_pending_write_does_not_keep_a_dropped_process(ctx: Ctx) {
+    let mut command = sh("echo ready; exec sleep 1000");
+    command.stdin(Stdin::Piped);
+    let process = spawn(&ctx, &command).await;
+    read_until_output_contains(&process, "ready").await;
+    let child = process.info().await.expect("info").pid;
+    // More than a grown pipe holds: the last writes wait for room for ever.
+    let chunk = vec![b'x'; 256 * 1024];
+    let writes: Vec<_> = (0..8)
+        .map(|n| process.write_in_order(&chunk, &format!("w{n}")))
+        .collect();
+    // Every write has reached the server before the reference goes.
+    process.info().await.expect("info after the writes");
+    drop(process);
+    procfs::wait_gone(child).await;
+    drop(writes);
+}
+
 async fn start_failures_are_clear_and_leave_nothing_behind(ctx: Ctx) {
     // Each attempt forks three times; a leak would cost a descriptor (or a
     // zombie) for each of its failures at the least, far above what tests
@@ -788,6 +809,7 @@ backend_tests!(
     lossless_keeps_every_byte_with_a_slow_reader,
     lossless_exit_waits_for_output_written_before_it,
     dropping_the_process_kills_the_tree,
+    a_pending_write_does_not_keep_a_dropped_process,
     start_failures_are_clear_and_leave_nothing_behind,
     read_rejects_a_cursor_past_the_end,
     environment_cwd_and_arg0_are_applied,

@@ -726,6 +726,11 @@ where
         Promise::from_future(async move {
             let _in_line = in_line;
             ClientState::dispatch_undispatched(&state);
+            // capexec: dispatched now (or queued behind a streaming call,
+            // which holds the state and dispatches it): let go of the
+            // capability, as 0.27.3 did. Held until the call returned, it
+            // kept the server object alive while any call on it waited.
+            drop(state);
             match dispatched.await {
                 Ok(promise) => promise.await,
                 Err(e) => Err(crate::canceled_to_error(e)),
