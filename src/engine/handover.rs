@@ -25,6 +25,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::engine::io_thread::IoThread;
 use crate::engine::log::{LogState, OutputLog};
 use crate::engine::output::OutputSource;
 use crate::engine::shared::{Cause, Child, Shared, Termination};
@@ -49,6 +50,9 @@ pub(crate) struct HandoverSlot {
     pub stdin_fd: Option<RawFd>,
     /// When the start's timeout ends it.
     pub deadline: Option<Instant>,
+    /// The thread the pump and the writer run on, which the exec must see
+    /// end (`io_thread.rs`).
+    pub io_thread: Arc<IoThread>,
 }
 
 impl HandoverSlot {
@@ -69,6 +73,7 @@ impl HandoverSlot {
             writer_stopped,
             stdin_fd,
             deadline,
+            io_thread: Arc::default(),
         }
     }
 
@@ -172,7 +177,58 @@ impl ProcessState {
     }
 }
 
+/// How long a process's I/O thread must be seen asleep on a lock, asked
+/// again and again, for its process to count as holding its pipe locked.
+const LOCK_HELD_FOR: Duration = Duration::from_millis(200);
+
+/// A process whose pipe I/O waits on a lock its own tree (or whoever it
+/// gave the pipe to) holds.
+pub struct HoldingItsPipeLocked {
+    pub id: u64,
+    pub pid: i32,
+    pub argv0: String,
+}
+
+impl std::fmt::Display for HoldingItsPipeLocked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "process {} (pid {}, `{}`)",
+            self.id, self.pid, self.argv0
+        )
+    }
+}
+
 impl Engine {
+    /// The processes an exec would wait for: each one's I/O thread sleeps
+    /// on the lock of one of its pipes, which something it started holds
+    /// (a splice into or out of it that waits), and execve(2) waits for
+    /// every thread to end. Asks each thread again for 200 ms (a thread
+    /// also sleeps so for a moment on the disk); returns at once when none
+    /// sleeps so, as it is almost always.
+    pub async fn holding_their_pipes_locked(&self) -> Vec<HoldingItsPipeLocked> {
+        let live: Vec<Arc<Shared>> = self
+            .inner
+            .live()
+            .values()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect();
+        let asleep = |shared: &Arc<Shared>| shared.handover.io_thread.asleep_on_a_lock();
+        let mut held: Vec<Arc<Shared>> = live.into_iter().filter(asleep).collect();
+        let until = Instant::now() + LOCK_HELD_FOR;
+        while !held.is_empty() && Instant::now() < until {
+            tokio::time::sleep(LOCK_HELD_FOR / 8).await;
+            held.retain(asleep);
+        }
+        held.iter()
+            .map(|shared| HoldingItsPipeLocked {
+                id: shared.id,
+                pid: shared.pid(),
+                argv0: shared.argv0.clone(),
+            })
+            .collect()
+    }
+
     /// Starts nothing more; ends every process released or not `kept`
     /// (their terminations may take the kill grace; what is left then is
     /// killed); then freezes the kept ones and writes them down. After

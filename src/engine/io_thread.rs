@@ -20,10 +20,16 @@
 //! (`descriptors.rs`). The thread ends when the pump and the writer are
 //! done, or when the serving runtime goes: it then drops them, and with
 //! them the process's pipes, on itself.
+//!
+//! The thread can be asleep on a lock for as long as the child likes, and
+//! execve(2) waits for every thread of the process to end: [`IoThread`]
+//! says whether it is, so that an upgrade can refuse to begin rather than
+//! wait for ever.
 
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
@@ -31,13 +37,32 @@ use tokio_util::sync::CancellationToken;
 /// Enough for the pump and the writer, which keep their buffers on the heap.
 const STACK_SIZE: usize = 256 * 1024;
 
+/// The thread doing one process's pipe I/O, while it runs.
+#[derive(Default)]
+pub(crate) struct IoThread {
+    /// Its kernel thread id; 0 before it starts and after it ends.
+    tid: AtomicI32,
+}
+
+impl IoThread {
+    /// Whether it sleeps uninterruptibly now (state `D`): nothing it does
+    /// sleeps so but waiting on a pipe's lock, or for a moment on the
+    /// disk or memory, which a caller tells apart by asking again.
+    pub fn asleep_on_a_lock(&self) -> bool {
+        match self.tid.load(Ordering::Acquire) {
+            0 => false,
+            tid => crate::engine::proc_stat::own_thread_state(tid) == Some('D'),
+        }
+    }
+}
+
 /// Runs `work` (the process's pump and writer) to its end on a new
 /// thread, or until the serving runtime goes (then `work` is dropped on
 /// that thread, which drops what it holds of the process there: a process
 /// nobody holds any more is killed, as before). Must be called within the
 /// serving runtime. When the system refuses a thread, gives `work` back
 /// unpolled with the error.
-pub(crate) fn spawn<F>(work: F) -> Result<(), (io::Error, Pin<Box<F>>)>
+pub(crate) fn spawn<F>(work: F, thread: Arc<IoThread>) -> Result<(), (io::Error, Pin<Box<F>>)>
 where
     F: Future<Output = ()> + Send + 'static,
 {
@@ -53,6 +78,10 @@ where
         .name("capexec-io".into())
         .stack_size(STACK_SIZE)
         .spawn(move || {
+            // SAFETY: gettid(2) has no preconditions.
+            thread
+                .tid
+                .store(unsafe { libc::gettid() }, Ordering::Release);
             let work = taken.lock().unwrap_or_else(|p| p.into_inner()).take();
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_time()
@@ -68,6 +97,7 @@ where
                 (_, Err(error)) => tracing::error!(%error, "cannot make a process's I/O runtime"),
                 (None, _) => {}
             }
+            thread.tid.store(0, Ordering::Release);
             thread_done.cancel();
         });
     if let Err(error) = spawned {

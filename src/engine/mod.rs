@@ -35,7 +35,7 @@ pub use self::handle::{
     CloseOutputError, CloseTicket, MAX_WRITE_ID_BYTES, Process, ProcessOwner, ReadError,
     ResizeError, WriteError, WriteTicket,
 };
-pub use self::handover::{Handover, ProcessState};
+pub use self::handover::{Handover, HoldingItsPipeLocked, ProcessState};
 pub(crate) use self::kill::{pidfd_open, signal_process};
 pub use self::log::{Batch, LogLimits};
 pub use self::output::CHUNK_SIZE;
@@ -530,10 +530,14 @@ fn run_io(
         slot.writer_stopped.cancel();
     };
     let pump = output::pump(Arc::clone(shared), sources, leader, start);
-    io_thread::spawn(async move {
-        child_ends.close();
-        futures::join!(pump, writer);
-    })
+    let thread = Arc::clone(&shared.handover.io_thread);
+    io_thread::spawn(
+        async move {
+            child_ends.close();
+            futures::join!(pump, writer);
+        },
+        thread,
+    )
     .map_err(|(error, work)| {
         shared.kill_tree_now();
         drop(work);

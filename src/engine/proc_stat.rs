@@ -1,11 +1,24 @@
 //! What a running child uses now, from `/proc/PID/stat`: CPU time and
-//! resident memory, for the operator's process list.
+//! resident memory, for the operator's process list; and the state of one
+//! of the server's own threads.
 
 /// User plus system CPU milliseconds and resident bytes of `pid`, or
 /// `None` if it cannot be read (gone, or no procfs).
 pub fn cpu_and_memory(pid: u32) -> Option<(u64, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     parse(&stat, clock_ticks()?, page_size()?)
+}
+
+/// The scheduling state of this process's thread `tid` (`R`, `S`, `D`,
+/// ...), or `None` if it is gone.
+pub fn own_thread_state(tid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+    state(&stat)
+}
+
+fn state(stat: &str) -> Option<char> {
+    let (_, after) = stat.rsplit_once(')')?;
+    after.split_whitespace().next()?.chars().next()
 }
 
 /// Fields after the command name (which may hold spaces and parentheses):
@@ -42,7 +55,12 @@ mod tests {
                     1000 10000000 300 18446744073709551615";
         assert_eq!(parse(line, 100, 4096), Some((3000, 300 * 4096)));
         assert_eq!(parse("garbage", 100, 4096), None);
+        assert_eq!(state(line), Some('S'));
+        assert_eq!(state("garbage"), None);
         let (_, memory) = cpu_and_memory(std::process::id()).expect("own stat");
         assert!(memory > 0);
+        // SAFETY: gettid(2) has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        assert_eq!(own_thread_state(tid), Some('R'));
     }
 }

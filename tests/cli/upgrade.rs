@@ -565,3 +565,62 @@ fn read_first_line(mut child: Child) -> (Child, String) {
     });
     (child, line)
 }
+
+/// A process whose pipe is held locked from outside the server's reach
+/// (the command sent its stdout to a process of its own, which splices a
+/// silent socket into it) would keep the exec waiting for as long as that
+/// lasts: execve waits for the process's I/O thread, asleep on the lock,
+/// and ending the command's tree does not end the holder. The upgrade is
+/// refused up front, naming the process, and the server serves on; once
+/// the holder ends, the same upgrade goes through.
+#[test]
+fn an_upgrade_is_refused_while_a_process_s_pipe_is_held_locked_from_outside() {
+    use common::pipe_lock::{self, KillOnDrop};
+    let served = Upgradable::start();
+    let (socket, ready) = (
+        served.dir.path().join("holder.sock"),
+        served.dir.path().join("ready"),
+    );
+    let mut holder = pipe_lock::outside_holder(&socket, &ready);
+    let argv = pipe_lock::sender_argv(&socket);
+    let mut args = vec!["--connect", served.unix.as_str(), "-n", "--"];
+    args.extend(argv.iter().map(String::as_str));
+    // Into a file, which the server relays through a pipe of its own (a
+    // pipe of ours the command would get as it is).
+    let output = served.dir.path().join("output");
+    let mut running = served
+        .command("run", &args)
+        .stdout(std::fs::File::create(&output).expect("output file"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("capexec run");
+    let splicing = common::eventually("the holder holds stdout locked", || {
+        pipe_lock::holder_pid(&ready)
+    });
+    let killer = KillOnDrop::always(splicing);
+    common::eventually("the process's I/O thread waits on the lock", || {
+        pipe_lock::io_thread_states(served.child.id()).contains(&'D')
+    });
+    let refused = served.upgrade();
+    assert_eq!(refused.code, 125, "{}", text(&refused.stderr));
+    let message = text(&refused.stderr);
+    assert!(
+        message.starts_with("capexec: the server was not upgraded and serves as before: process ")
+            && message.contains(", `/usr/bin/python3`) holds a pipe of its own locked")
+            && message.contains("end it or what holds the pipe, and try again"),
+        "{message}"
+    );
+    served.answers_echo("still");
+    assert!(running.try_wait().expect("try_wait").is_none());
+    // The lock goes with the holder: the command's output ends, its
+    // client with it, and the upgrade goes through.
+    drop(killer);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let done = running.wait_with_output().expect("capexec run");
+    assert_eq!(done.status.code(), Some(0), "{}", text(&done.stderr));
+    assert_eq!(std::fs::read(&output).expect("output"), b"");
+    let upgraded = served.upgrade();
+    assert_eq!(upgraded.code, 0, "{}", text(&upgraded.stderr));
+    served.answers_echo("after");
+}

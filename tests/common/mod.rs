@@ -4,6 +4,7 @@
 pub mod cli;
 pub mod data;
 pub mod hostile;
+pub mod pipe_lock;
 pub mod pki;
 pub mod procfs;
 pub mod proxy;

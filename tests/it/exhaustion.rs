@@ -17,6 +17,7 @@ use capexec::model::{Policy, RefusalKind};
 use capexec::net::{Address, Connection};
 use common::cli::Served;
 use common::data::TempDir;
+use common::pipe_lock::{self, KillOnDrop, io_thread_states};
 use common::procfs;
 
 /// How long an honest client may take before the server counts as wedged
@@ -534,69 +535,6 @@ fn watches_share_one_instance_within_a_share_of_the_users_watches() {
     });
 }
 
-/// Holds the child's pipe at descriptor `argv[1]` locked: a descendant
-/// splices a socket that never sends into it (stdout as it is; stdin
-/// reopened for writing), and the kernel keeps a pipe's lock through a
-/// splice into it while the splice waits. Once the descendant sleeps
-/// there, the file `argv[2]` says so, with the descendant's pid. Holding stdout, the command then
-/// exits, so the server looks at what its output pipe still holds;
-/// holding stdin, it stays, and what the server writes waits on the lock.
-const HOLD_PIPE_LOCKED: &str = r#"
-import os, socket, sys, time
-fd, ready, splice = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-quiet, _peer = socket.socketpair()
-child = os.fork()
-if child == 0:
-    target = os.open("/proc/self/fd/0", os.O_WRONLY) if fd == 0 else fd
-    os.splice(quiet.fileno(), target, 65536)
-    os._exit(0)
-while True:
-    with open(f"/proc/{child}/syscall") as f:
-        call = f.read().split()[0]
-    with open(f"/proc/{child}/stat") as f:
-        state = f.read().rsplit(")", 1)[1].split()[0]
-    if call == splice and state == "S":
-        break
-    time.sleep(0.001)
-with open(ready + ".new", "w") as f:
-    f.write(f"{child}\n")
-os.rename(ready + ".new", ready)
-if fd == 0:
-    os.wait()
-"#;
-
-/// SIGKILL to a process when dropped by a failing test.
-struct KillOnDrop(i32);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            // SAFETY: kill(2) of a process this test's command made, still
-            // there: only a test that passed saw it end.
-            unsafe { libc::kill(self.0, libc::SIGKILL) };
-        }
-    }
-}
-
-/// The states of the server's threads that do a process's pipe I/O
-/// (`engine/io_thread.rs`).
-fn io_thread_states(server: u32) -> Vec<char> {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{server}/task")) else {
-        return Vec::new();
-    };
-    tasks
-        .flatten()
-        .filter(|task| {
-            std::fs::read_to_string(task.path().join("comm"))
-                .is_ok_and(|name| name.trim_end() == "capexec-io")
-        })
-        .filter_map(|task| {
-            let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
-            stat.get(stat.rfind(')')? + 2..)?.chars().next()
-        })
-        .collect()
-}
-
 /// A command that keeps one of its own pipes locked makes every call on
 /// that pipe sleep uninterruptibly, O_NONBLOCK or not. It stops its own
 /// output or input, and nothing else: another client and its owner's
@@ -610,28 +548,21 @@ fn holding_a_pipe_locked(fd: i32) {
         let ready = work.path().join("ready");
         let connection = connect(&served).await;
         let executor = connection.executor();
-        let mut holder = Command::new("/usr/bin/python3");
-        holder.args([
-            "-c".to_string(),
-            HOLD_PIPE_LOCKED.to_string(),
-            fd.to_string(),
-            ready.display().to_string(),
-            libc::SYS_splice.to_string(),
-        ]);
+        let argv = pipe_lock::holder_argv(fd, &ready);
+        let mut holder = Command::new(&argv[0]);
+        holder.args(&argv[1..]);
         if fd == 0 {
             holder.stdin(capexec::client::Stdin::Piped);
         }
         let process = holder.spawn(&executor).await.expect("start the holder");
         let holder_pid: i32 =
             common::eventually_async("the holder holds its pipe locked", async || {
-                std::fs::read_to_string(&ready)
-                    .ok()
-                    .and_then(|pid| pid.trim().parse().ok())
+                pipe_lock::holder_pid(&ready)
             })
             .await;
         // Should the server be wedged after all, the test fails rather
         // than wait with it: the lock goes with the descendant.
-        let _unwedge = KillOnDrop(holder_pid);
+        let _unwedge = KillOnDrop::when_failing(holder_pid);
         // Written while the lock is held: it waits for the holder's end.
         let stuck_write = (fd == 0).then(|| process.write_in_order(b"stuck", "w1"));
         an_honest_client_is_served(&served, work.path()).await;

@@ -580,6 +580,13 @@ impl Server {
                 answer(Err(why));
                 continue;
             }
+            let held = self.context.engine().holding_their_pipes_locked().await;
+            if !held.is_empty() {
+                let why = pipes_held_locked(&held);
+                tracing::warn!("upgrade refused, still serving: {why}");
+                answer(Err(why));
+                continue;
+            }
             tracing::info!(binary = %to.exe.display(), "upgrade asked for: checking the new binary");
             if let Err(why) = upgrade::check(self.context.engine(), &to.exe, &to.args).await {
                 tracing::warn!("upgrade refused, still serving: {why}");
@@ -849,4 +856,20 @@ fn warn_if_shared(path: &std::path::Path) {
              user: set SocketMode=0600 in its socket unit"
         );
     }
+}
+
+/// Why an upgrade cannot begin while `held` hold their pipes locked.
+fn pipes_held_locked(held: &[crate::engine::HoldingItsPipeLocked]) -> String {
+    let named: Vec<String> = held.iter().map(ToString::to_string).collect();
+    format!(
+        "{} {} a pipe of its own locked (something it started waits in a splice into or out of it), \
+         and the exec would wait for as long as that lasts; end {} or what holds the pipe, and try again",
+        named.join(", "),
+        if held.len() == 1 {
+            "holds"
+        } else {
+            "each hold"
+        },
+        if held.len() == 1 { "it" } else { "them" },
+    )
 }

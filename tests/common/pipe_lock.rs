@@ -1,0 +1,184 @@
+//! A command that keeps one of its own pipes locked: a process splices a
+//! socket that never sends into it, and the kernel keeps a pipe's lock
+//! through a splice into it while the splice waits. Every other call on
+//! that pipe (read, write, FIONREAD, close; O_NONBLOCK or not) then
+//! sleeps uninterruptibly until that process ends.
+
+use std::path::Path;
+use std::process::Child;
+
+/// Python that forks the holder: it splices the silent socket `quiet`
+/// into the descriptor `target`; the parent waits until it sleeps there,
+/// then writes its pid to the file `ready`.
+const FORK_THE_HOLDER: &str = r#"
+def hold(target, ready, splice):
+    import os, socket, time
+    quiet, peer = socket.socketpair()
+    child = os.fork()
+    if child == 0:
+        os.splice(quiet.fileno(), target, 65536)
+        os._exit(0)
+    while True:
+        with open(f"/proc/{child}/syscall") as f:
+            call = f.read().split()[0]
+        with open(f"/proc/{child}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        if call == splice and state == "S":
+            break
+        time.sleep(0.001)
+    with open(ready + ".new", "w") as f:
+        f.write(f"{child}\n")
+    os.rename(ready + ".new", ready)
+    return peer
+"#;
+
+/// A command that holds its own pipe at descriptor `argv[1]` locked
+/// (stdout as it is; stdin reopened for writing) through a descendant.
+/// Holding stdout, the command then exits, so the server looks at what
+/// its output pipe still holds; holding stdin, it stays, and what the
+/// server writes waits on the lock.
+const HOLD_OWN_PIPE: &str = r#"
+import os, sys
+fd, ready, splice = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+target = os.open("/proc/self/fd/0", os.O_WRONLY) if fd == 0 else fd
+peer = hold(target, ready, splice)
+if fd == 0:
+    os.wait()
+"#;
+
+/// Holds, from outside every tree a server made, a pipe a command sends
+/// it: listens on the Unix socket `argv[1]`, takes one descriptor, and
+/// holds it locked until killed.
+const HOLD_A_PIPE_SENT: &str = r#"
+import os, socket, sys
+listening, ready, splice = sys.argv[1], sys.argv[2], sys.argv[3]
+server = socket.socket(socket.AF_UNIX)
+server.bind(listening)
+server.listen(1)
+peer, _ = server.accept()
+_, fds, _, _ = socket.recv_fds(peer, 1, 1)
+quiet = hold(fds[0], ready, splice)
+os.close(fds[0])
+peer.send(b"k")
+os.wait()
+"#;
+
+/// What a command runs to send its stdout to [`HOLD_A_PIPE_SENT`]
+/// listening at `argv[1]`; it exits once the holder took the pipe.
+const SEND_STDOUT: &str = r#"
+import socket, sys, time
+peer = socket.socket(socket.AF_UNIX)
+while True:
+    try:
+        peer.connect(sys.argv[1])
+        break
+    except (FileNotFoundError, ConnectionRefusedError):
+        time.sleep(0.01)
+socket.send_fds(peer, [b"x"], [1])
+peer.recv(1)
+"#;
+
+fn python(script: &str, args: &[String]) -> Vec<String> {
+    let mut argv = vec![
+        "/usr/bin/python3".to_string(),
+        "-c".to_string(),
+        format!("{FORK_THE_HOLDER}{script}"),
+    ];
+    argv.extend_from_slice(args);
+    argv
+}
+
+/// The command line of a command that holds its own pipe `fd` locked,
+/// saying so in `ready` once it does.
+pub fn holder_argv(fd: i32, ready: &Path) -> Vec<String> {
+    python(
+        HOLD_OWN_PIPE,
+        &[
+            fd.to_string(),
+            ready.display().to_string(),
+            libc::SYS_splice.to_string(),
+        ],
+    )
+}
+
+/// Starts, as a child of the test (outside every tree and cgroup of a
+/// server), a holder of the pipe a command running [`sender_argv`] with
+/// the same `socket` sends it; `ready` says when it holds it locked.
+pub fn outside_holder(socket: &Path, ready: &Path) -> Child {
+    let argv = python(
+        HOLD_A_PIPE_SENT,
+        &[
+            socket.display().to_string(),
+            ready.display().to_string(),
+            libc::SYS_splice.to_string(),
+        ],
+    );
+    std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .spawn()
+        .expect("start the holder")
+}
+
+/// The command line of a command that sends its stdout to the holder at
+/// `socket` and exits.
+pub fn sender_argv(socket: &Path) -> Vec<String> {
+    vec![
+        "/usr/bin/python3".to_string(),
+        "-c".to_string(),
+        SEND_STDOUT.to_string(),
+        socket.display().to_string(),
+    ]
+}
+
+/// The holder's pid, once `ready` names it.
+pub fn holder_pid(ready: &Path) -> Option<i32> {
+    std::fs::read_to_string(ready)
+        .ok()
+        .and_then(|pid| pid.trim().parse().ok())
+}
+
+/// SIGKILL to a process when dropped by a failing test, or always when
+/// made with [`KillOnDrop::always`].
+pub struct KillOnDrop {
+    pub pid: i32,
+    always: bool,
+}
+
+impl KillOnDrop {
+    pub fn when_failing(pid: i32) -> KillOnDrop {
+        KillOnDrop { pid, always: false }
+    }
+
+    pub fn always(pid: i32) -> KillOnDrop {
+        KillOnDrop { pid, always: true }
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if self.always || std::thread::panicking() {
+            // SAFETY: kill(2) of a process this test's command made, still
+            // there: only a test that passed saw it end.
+            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        }
+    }
+}
+
+/// The states of the server `server`'s threads that do a process's pipe
+/// I/O (`engine/io_thread.rs`).
+pub fn io_thread_states(server: u32) -> Vec<char> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{server}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|name| name.trim_end() == "capexec-io")
+        })
+        .filter_map(|task| {
+            let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
+            stat.get(stat.rfind(')')? + 2..)?.chars().next()
+        })
+        .collect()
+}
