@@ -229,12 +229,15 @@ impl Engine {
             .collect()
     }
 
-    /// Starts nothing more; ends every process released or not `kept`
-    /// (their terminations may take the kill grace; what is left then is
-    /// killed); then freezes the kept ones and writes them down. After
-    /// this the engine is good only for an exec: nothing runs its
-    /// processes any more.
-    pub async fn freeze(&self, kept: impl Fn(u64) -> bool) -> Handover {
+    /// Starts nothing more and freezes every process: the reaper pauses,
+    /// and each output pump and stdin writer stops between two calls,
+    /// leaving what it holds in its slot. From here on this binary reads,
+    /// writes and closes no child's pipe (its lock may be held, by
+    /// whatever the process gave it to, for as long as that likes, and
+    /// execve waits for every thread) and reaps nothing: a process let go
+    /// now is only signalled, and the next binary ends it. Then
+    /// [`Self::write_down`] writes them down for the exec.
+    pub async fn freeze(&self) {
         let live: Vec<Arc<Shared>> = {
             let live = self.inner.live();
             self.inner
@@ -242,53 +245,48 @@ impl Engine {
                 .store(true, std::sync::atomic::Ordering::Release);
             live.values().filter_map(std::sync::Weak::upgrade).collect()
         };
-        // Nobody can reach them after the exec: they end as on any lost
-        // connection, but without waiting past the grace.
-        let (kept, ending): (Vec<_>, Vec<_>) = live
-            .into_iter()
-            .partition(|shared| !shared.is_released() && kept(shared.id));
-        for shared in &ending {
-            shared.release();
-        }
-        let ended = futures::future::join_all(ending.iter().map(|s| s.tree_ended.cancelled()));
-        let patience = self.inner.limits.kill_grace + Duration::from_secs(1);
-        if tokio::time::timeout(patience, ended).await.is_err() {
-            for shared in ending.iter().filter(|s| !s.tree_ended.is_cancelled()) {
-                shared.kill_tree_now();
-            }
-        }
         reaper::pause_for_handover();
         self.inner.freeze.cancel();
-        if !all_stopped(&kept).await {
-            // What did not stop is inside a call on a pipe whose lock the
-            // process holds (`io_thread.rs`), and the exec would wait for
-            // that thread for ever: the process ends, which frees the lock
-            // (it is handed over as a process that was killed).
-            for shared in kept.iter().filter(|shared| !stopped(shared)) {
+        if !all_stopped(&live).await {
+            // What did not stop is inside a call on a pipe whose lock is
+            // held (`io_thread.rs`; an upgrade is refused while one is,
+            // so it began since), and the exec would wait for that thread
+            // for as long: the process ends, which frees the lock if its
+            // tree holds it (it is handed over as a process that was
+            // killed).
+            for shared in live.iter().filter(|shared| !stopped(shared)) {
                 tracing::warn!(
                     id = shared.id,
                     "a process holds its pipes locked; killing it before the hand-over"
                 );
                 shared.kill_tree_now();
             }
-            if !all_stopped(&kept).await {
+            if !all_stopped(&live).await {
                 tracing::error!("some processes did not stop for the hand-over in time");
             }
         }
+        *self.inner.frozen.lock().unwrap_or_else(|p| p.into_inner()) = live;
+    }
+
+    /// Every process [`Self::freeze`] froze, written down for the next
+    /// binary, which takes each one over as it was (and ends those nobody
+    /// can reach after the exec, as on any lost connection). After this
+    /// the engine is good only for an exec.
+    pub fn write_down(&self) -> Handover {
+        let frozen =
+            std::mem::take(&mut *self.inner.frozen.lock().unwrap_or_else(|p| p.into_inner()));
         let mut handover = Handover {
             processes: Vec::new(),
             blob: Vec::new(),
             descriptors: Vec::new(),
         };
-        for shared in &kept {
+        for shared in &frozen {
             let state = write_down(shared, &mut handover);
             handover.processes.push(state);
         }
-        // Held until the exec: their descriptors are what was written down.
-        std::mem::forget(kept);
-        // What the released ones' frozen pumps and writers hold is closed
-        // by the exec, never here: a child may hold those pipes' locks.
-        std::mem::forget(ending);
+        // Held until the exec, which closes nothing of theirs: their
+        // descriptors are what was written down.
+        std::mem::forget(frozen);
         handover
     }
 
@@ -476,9 +474,9 @@ fn stopped(shared: &Shared) -> bool {
 }
 
 /// Waits, at most [`FREEZE_PATIENCE`], for every pump and stdin writer of
-/// `kept` to stop; says whether they did.
-async fn all_stopped(kept: &[Arc<Shared>]) -> bool {
-    let stopped = futures::future::join_all(kept.iter().map(|shared| {
+/// `processes` to stop; says whether they did.
+async fn all_stopped(processes: &[Arc<Shared>]) -> bool {
+    let stopped = futures::future::join_all(processes.iter().map(|shared| {
         let slot = Arc::clone(&shared.handover);
         async move {
             slot.pump_stopped.cancelled().await;

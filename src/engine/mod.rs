@@ -78,6 +78,8 @@ struct EngineInner {
     /// Fired when the processes are handed to the next binary
     /// (`handover.rs`): their pumps and stdin writers stop.
     freeze: tokio_util::sync::CancellationToken,
+    /// Every process as the freeze found it, held to the exec.
+    frozen: Mutex<Vec<Arc<Shared>>>,
 }
 
 impl EngineInner {
@@ -112,6 +114,7 @@ impl Engine {
                 live: Mutex::new(HashMap::new()),
                 next_id: AtomicU64::new(1),
                 closing: AtomicBool::new(false),
+                frozen: Mutex::new(Vec::new()),
                 freeze: tokio_util::sync::CancellationToken::new(),
             }),
         }

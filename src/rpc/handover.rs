@@ -1,9 +1,9 @@
 //! What the RPC layer adds to the engine's hand-over (see
 //! `engine/handover.rs`): which processes are detachable, under which
 //! restore token and grace, and how the operator's view listed them.
-//! Only detachable processes can be reached after an upgrade (every
-//! connection is lost), so only they are handed over; the rest end as on
-//! any lost connection.
+//! Every process is handed over, but only detachable ones can be reached
+//! after an upgrade (every connection is lost): the next binary ends the
+//! rest as on any lost connection.
 
 use std::rc::Rc;
 use std::time::{Duration, SystemTime};
@@ -30,10 +30,12 @@ pub struct DetachedState {
 const HANDED_OVER: &str = "handed over by an upgrade";
 
 impl ServerContext {
-    /// Freezes the engine (see `Engine::freeze`) once every connection is
-    /// gone, and says which of its processes are detachable and how. Only
-    /// an exec may follow.
-    pub async fn freeze_for_handover(&self) -> (Handover, Vec<DetachedState>) {
+    /// Writes the frozen engine down (see `Engine::freeze`, then
+    /// `Engine::write_down`) once every connection is gone, and says which
+    /// of its processes are detachable and how: the next binary keeps
+    /// those under their restore tokens and ends the rest. Only an exec
+    /// may follow.
+    pub fn write_down_for_handover(&self) -> (Handover, Vec<DetachedState>) {
         let detached: Vec<DetachedState> = self
             .detachments()
             .held()
@@ -42,9 +44,7 @@ impl ServerContext {
             .collect();
         // Kept to the exec: dropping one would end its process.
         std::mem::forget(self.detachments().held());
-        let ids: std::collections::HashSet<u64> = detached.iter().map(|d| d.engine_id).collect();
-        let handover = self.engine().freeze(|id| ids.contains(&id)).await;
-        (handover, detached)
+        (self.engine().write_down(), detached)
     }
 
     fn detached_state(&self, held: &Rc<Held>) -> Option<DetachedState> {
@@ -91,7 +91,8 @@ impl ServerContext {
             let started = SystemTime::UNIX_EPOCH + Duration::from_millis(state.started_ms);
             self.processes().add_described(&held, state.argv, started);
         }
-        // Owners left (none, unless the states disagree) end here.
+        // The owners left are of processes nobody can reach after the
+        // upgrade: they end here, as on any lost connection.
         drop(owners);
     }
 }

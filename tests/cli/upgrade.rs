@@ -582,22 +582,9 @@ fn an_upgrade_is_refused_while_a_process_s_pipe_is_held_locked_from_outside() {
         served.dir.path().join("ready"),
     );
     let mut holder = pipe_lock::outside_holder(&socket, &ready);
-    let argv = pipe_lock::sender_argv(&socket);
-    let mut args = vec!["--connect", served.unix.as_str(), "-n", "--"];
-    args.extend(argv.iter().map(String::as_str));
-    // Into a file, which the server relays through a pipe of its own (a
-    // pipe of ours the command would get as it is).
     let output = served.dir.path().join("output");
-    let mut running = served
-        .command("run", &args)
-        .stdout(std::fs::File::create(&output).expect("output file"))
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("capexec run");
-    let splicing = common::eventually("the holder holds stdout locked", || {
-        pipe_lock::holder_pid(&ready)
-    });
-    let killer = KillOnDrop::always(splicing);
+    let mut running = running_into(&served, &pipe_lock::sender_argv(&socket, None), &output);
+    let killer = KillOnDrop::always(holding(&ready));
     common::eventually("the process's I/O thread waits on the lock", || {
         pipe_lock::io_thread_states(served.child.id()).contains(&'D')
     });
@@ -623,4 +610,57 @@ fn an_upgrade_is_refused_while_a_process_s_pipe_is_held_locked_from_outside() {
     let upgraded = served.upgrade();
     assert_eq!(upgraded.code, 0, "{}", text(&upgraded.stderr));
     served.answers_echo("after");
+}
+
+/// The same holder, while the process runs on and its I/O thread waits on
+/// nothing: the upgrade goes through. It freezes every process before the
+/// connections' ends let them go, so nothing in the old binary touches
+/// the pipe (the command's end would have had its pump ask the pipe what
+/// it still holds, asleep on the lock, and the exec wait for it); the new
+/// binary ends the process, nobody's to restore, as on a lost connection.
+#[test]
+fn an_upgrade_touches_no_pipe_a_process_s_holder_may_keep_locked() {
+    use common::pipe_lock::{self, KillOnDrop};
+    let served = Upgradable::start();
+    let path = |name: &str| served.dir.path().join(name);
+    let (socket, ready, sender) = (path("holder.sock"), path("ready"), path("sender"));
+    let mut holder = pipe_lock::outside_holder(&socket, &ready);
+    let argv = pipe_lock::sender_argv(&socket, Some(&sender));
+    let mut running = running_into(&served, &argv, &path("output"));
+    let killer = KillOnDrop::always(holding(&ready));
+    let sender = common::eventually("the command sent its stdout", || {
+        pipe_lock::holder_pid(&sender)
+    });
+    let upgraded = served.upgrade();
+    assert_eq!(upgraded.code, 0, "{}", text(&upgraded.stderr));
+    served.answers_echo("after");
+    common::eventually("the command ended", || !alive(sender));
+    let _ = running.wait();
+    drop(killer);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    common::eventually("no I/O thread is left", || {
+        pipe_lock::io_thread_states(served.child.id()).is_empty()
+    });
+}
+
+/// `capexec run` of `argv` with its stdout into the file `output`, which
+/// the server relays through a pipe of its own (a pipe of ours the
+/// command would get as it is).
+fn running_into(served: &Upgradable, argv: &[String], output: &Path) -> Child {
+    let mut args = vec!["--connect", served.unix.as_str(), "-n", "--"];
+    args.extend(argv.iter().map(String::as_str));
+    served
+        .command("run", &args)
+        .stdout(std::fs::File::create(output).expect("output file"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("capexec run")
+}
+
+/// The pid of the holder once `ready` says it holds the pipe locked.
+fn holding(ready: &Path) -> i32 {
+    common::eventually("the holder holds stdout locked", || {
+        common::pipe_lock::holder_pid(ready)
+    })
 }

@@ -64,9 +64,10 @@ os.wait()
 "#;
 
 /// What a command runs to send its stdout to [`HOLD_A_PIPE_SENT`]
-/// listening at `argv[1]`; it exits once the holder took the pipe.
+/// listening at `argv[1]`; it exits once the holder took the pipe, or
+/// with `argv[2]`, writes its pid there and stays.
 const SEND_STDOUT: &str = r#"
-import socket, sys, time
+import os, socket, sys, time
 peer = socket.socket(socket.AF_UNIX)
 while True:
     try:
@@ -76,6 +77,11 @@ while True:
         time.sleep(0.01)
 socket.send_fds(peer, [b"x"], [1])
 peer.recv(1)
+if len(sys.argv) > 2:
+    with open(sys.argv[2] + ".new", "w") as f:
+        f.write(f"{os.getpid()}\n")
+    os.rename(sys.argv[2] + ".new", sys.argv[2])
+    time.sleep(600)
 "#;
 
 fn python(script: &str, args: &[String]) -> Vec<String> {
@@ -120,17 +126,19 @@ pub fn outside_holder(socket: &Path, ready: &Path) -> Child {
 }
 
 /// The command line of a command that sends its stdout to the holder at
-/// `socket` and exits.
-pub fn sender_argv(socket: &Path) -> Vec<String> {
-    vec![
+/// `socket` and exits, or with `stays`, writes its pid there and stays.
+pub fn sender_argv(socket: &Path, stays: Option<&Path>) -> Vec<String> {
+    let mut argv = vec![
         "/usr/bin/python3".to_string(),
         "-c".to_string(),
         SEND_STDOUT.to_string(),
         socket.display().to_string(),
-    ]
+    ];
+    argv.extend(stays.map(|pid| pid.display().to_string()));
+    argv
 }
 
-/// The holder's pid, once `ready` names it.
+/// The pid a file `ready` names, once it does.
 pub fn holder_pid(ready: &Path) -> Option<i32> {
     std::fs::read_to_string(ready)
         .ok()

@@ -609,8 +609,11 @@ impl Server {
                 tokio::task::yield_now().await;
             }
             tracing::info!("upgrading: closing every connection, handing every process over");
+            // Frozen first: the processes the connections' ends let go
+            // are only signalled, their pipes untouched (`Engine::freeze`).
+            self.context.engine().freeze().await;
             self.close_for_upgrade(&accepting).await;
-            let (handover, detached) = self.context.freeze_for_handover().await;
+            let (handover, detached) = self.context.write_down_for_handover();
             let listeners = handed
                 .iter()
                 .map(|listener| upgrade::ListenerState {
