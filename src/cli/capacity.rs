@@ -3,7 +3,10 @@
 //! `engine::descriptors`): the defaults are lowered to fit, with a note at
 //! start (the usual case on a machine with a modest descriptor limit, not
 //! something to warn about); an explicit value lowered is warned about, and
-//! an explicit `--max-processes` that cannot be carried is refused.
+//! an explicit `--max-processes` that cannot be carried is refused. The
+//! system's task limits (`engine::tasks`) lower it too, with a warning
+//! for an explicit value rather than a refusal: those limits are shared
+//! with other processes and change while the server runs.
 //!
 //! The rule that keeps clients from starving each other: processes never
 //! use the descriptors kept for connections, so accepting connections and
@@ -14,6 +17,7 @@
 //! the descriptors kept for connections.
 
 use capexec::engine::descriptors::{DESCRIPTORS_PER_PROCESS, DescriptorBudget};
+use capexec::engine::tasks::TaskBudget;
 use capexec::net::PendingLimits;
 
 pub const DEFAULT_MAX_PROCESSES: usize = 10_000;
@@ -29,13 +33,15 @@ pub struct Asked {
 }
 
 /// What the server will hold.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Capacity {
     pub max_processes: usize,
     pub per_connection: usize,
     pub pending: PendingLimits,
     /// What they were fitted into.
     pub budget: DescriptorBudget,
+    /// The tightest task limit, if any.
+    pub tasks: Option<TaskBudget>,
     /// What was lowered to fit, to say at start.
     pub lowered: [Option<Lowered>; 3],
 }
@@ -62,8 +68,12 @@ impl std::fmt::Display for Lowered {
     }
 }
 
-/// Fits `asked` into `budget`, or says why it cannot be.
-pub fn fit(asked: Asked, budget: DescriptorBudget) -> Result<Capacity, String> {
+/// Fits `asked` into `budget` and `tasks`, or says why it cannot be.
+pub fn fit(
+    asked: Asked,
+    budget: DescriptorBudget,
+    tasks: Option<TaskBudget>,
+) -> Result<Capacity, String> {
     let carried = usize::try_from(budget.processes).unwrap_or(usize::MAX);
     if carried == 0 {
         return Err(format!(
@@ -96,6 +106,29 @@ pub fn fit(asked: Asked, budget: DescriptorBudget) -> Result<Capacity, String> {
             carried
         }
         None => DEFAULT_MAX_PROCESSES,
+    };
+    let by_tasks = tasks.as_ref().map_or(usize::MAX, |tasks| {
+        usize::try_from(tasks.processes)
+            .unwrap_or(usize::MAX)
+            .max(1)
+    });
+    let max_processes = if max_processes > by_tasks {
+        let asked_for = asked.max_processes.is_some();
+        lowered[0] = Some(Lowered {
+            flag: "--max-processes",
+            from: if asked_for {
+                max_processes
+            } else {
+                DEFAULT_MAX_PROCESSES
+            },
+            to: by_tasks,
+            why: "all the task limit carries, two tasks a process (the command and the \
+                  thread for its pipes; raise the limit for more)",
+            asked: asked_for,
+        });
+        by_tasks
+    } else {
+        max_processes
     };
     let fair_share = (max_processes - max_processes / 8).max(1);
     let wanted = asked
@@ -142,6 +175,7 @@ pub fn fit(asked: Asked, budget: DescriptorBudget) -> Result<Capacity, String> {
         per_connection,
         pending: PendingLimits { total, per_address },
         budget,
+        tasks,
         lowered,
     })
 }
@@ -152,7 +186,8 @@ mod tests {
 
     #[test]
     fn a_large_limit_changes_nothing() {
-        let capacity = fit(Asked::default(), DescriptorBudget::new(1 << 20, 16)).expect("fits");
+        let capacity =
+            fit(Asked::default(), DescriptorBudget::new(1 << 20, 16), None).expect("fits");
         assert_eq!(capacity.max_processes, DEFAULT_MAX_PROCESSES);
         assert_eq!(
             capacity.per_connection,
@@ -166,7 +201,7 @@ mod tests {
     fn defaults_are_lowered_to_what_the_limit_carries_and_explicit_values_refused() {
         let budget = DescriptorBudget::new(512, 16);
         let carried = budget.processes as usize;
-        let capacity = fit(Asked::default(), budget).expect("fits");
+        let capacity = fit(Asked::default(), budget, None).expect("fits");
         assert_eq!(capacity.max_processes, carried);
         assert_eq!(capacity.per_connection, carried - carried / 8);
         assert!(capacity.lowered[0].is_some_and(|lowered| !lowered.asked));
@@ -181,6 +216,7 @@ mod tests {
                 ..Asked::default()
             },
             budget,
+            None,
         )
         .expect_err("cannot be carried");
         assert!(
@@ -194,9 +230,59 @@ mod tests {
                 ..Asked::default()
             },
             budget,
+            None,
         )
         .expect("fits");
         assert_eq!((asked.max_processes, asked.per_connection), (10, 9));
         assert!(asked.lowered[1].is_some_and(|lowered| lowered.asked));
+    }
+
+    #[test]
+    fn a_task_limit_lowers_defaults_with_a_note_and_explicit_values_with_a_warning() {
+        let budget = DescriptorBudget::new(1 << 20, 16);
+        let tasks = TaskBudget::new(4915, 15, "pids.max of /sys/fs/cgroup/x".into());
+        let carried = tasks.processes as usize;
+        let capacity = fit(Asked::default(), budget, Some(tasks.clone())).expect("fits");
+        assert_eq!(capacity.max_processes, carried);
+        assert_eq!(capacity.per_connection, carried - carried / 8);
+        let lowered = capacity.lowered[0].expect("lowered");
+        assert_eq!(
+            (lowered.from, lowered.to, lowered.asked),
+            (DEFAULT_MAX_PROCESSES, carried, false)
+        );
+        let asked = fit(
+            Asked {
+                max_processes: Some(carried + 10),
+                ..Asked::default()
+            },
+            budget,
+            Some(tasks.clone()),
+        )
+        .expect("lowered, not refused");
+        assert_eq!(asked.max_processes, carried);
+        assert!(
+            asked.lowered[0]
+                .as_ref()
+                .is_some_and(|lowered| lowered.asked)
+        );
+        // Under the limit, a value asked for stands.
+        let under = fit(
+            Asked {
+                max_processes: Some(100),
+                ..Asked::default()
+            },
+            budget,
+            Some(tasks.clone()),
+        )
+        .expect("fits");
+        assert_eq!((under.max_processes, under.lowered[0]), (100, None));
+        // A limit that carries nothing still lets one process run.
+        let tiny = fit(
+            Asked::default(),
+            budget,
+            Some(TaskBudget::new(50, 10, String::new())),
+        )
+        .expect("fits");
+        assert_eq!(tiny.max_processes, 1);
     }
 }

@@ -680,8 +680,8 @@ fn raise_descriptor_limit() -> Option<(u64, u64)> {
     }
 }
 
-/// The limits of `args`, fitted into the descriptor limit (see
-/// `cli::capacity`).
+/// The limits of `args`, fitted into the descriptor limit and the task
+/// limits (see `cli::capacity`).
 fn descriptor_capacity(args: &ServeArgs) -> Result<Capacity, String> {
     let budget = DescriptorBudget::of_this_process()
         .map_err(|error| format!("cannot work out the descriptor budget: {error}"))?;
@@ -693,6 +693,7 @@ fn descriptor_capacity(args: &ServeArgs) -> Result<Capacity, String> {
             pending_per_address: args.max_pending_logins_per_address,
         },
         budget,
+        capexec::engine::tasks::TaskBudget::of_this_process(),
     )
 }
 
@@ -707,6 +708,15 @@ fn log_capacity(capacity: &Capacity) {
         } else {
             tracing::info!(descriptor_limit = budget.limit, "{lowered}");
         }
+    }
+    if let Some(tasks) = &capacity.tasks {
+        tracing::info!(
+            task_limit = tasks.limit,
+            set_by = %tasks.set_by,
+            tasks_in_use = tasks.used,
+            processes_carried = tasks.processes,
+            "the task limit"
+        );
     }
     tracing::info!(
         descriptor_limit = budget.limit,

@@ -19,6 +19,7 @@ mod reaper;
 mod shared;
 mod spawn;
 mod stdin;
+pub mod tasks;
 mod terminal;
 mod working_dir;
 

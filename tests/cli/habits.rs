@@ -303,6 +303,26 @@ fn serve_warns_about_a_certificate_near_its_end() {
 /// The log of a `capexec serve` with `extra` arguments under a descriptor
 /// limit of `descriptors`, from its start to its SIGTERM.
 fn serve_log(extra: &[&str], descriptors: u64) -> String {
+    serve_log_with(extra, move || {
+        let limit = libc::rlimit {
+            rlim_cur: descriptors,
+            rlim_max: descriptors,
+        };
+        // SAFETY: setrlimit is async-signal-safe.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    })
+}
+
+/// The log of a `capexec serve` with `extra` arguments, started after
+/// `setup` ran in its process (between fork and exec: only
+/// async-signal-safe calls), from its start to its SIGTERM.
+fn serve_log_with(
+    extra: &[&str],
+    setup: impl FnMut() -> std::io::Result<()> + Send + Sync + 'static,
+) -> String {
     use std::os::unix::process::CommandExt;
     let dir = TempDir::new("serve-log");
     let mut command = capexec(&["serve", "--listen", "tcp:127.0.0.1:0", "--token-file"]);
@@ -314,19 +334,8 @@ fn serve_log(extra: &[&str], descriptors: u64) -> String {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    // SAFETY: setrlimit is async-signal-safe.
-    unsafe {
-        command.pre_exec(move || {
-            let limit = libc::rlimit {
-                rlim_cur: descriptors,
-                rlim_max: descriptors,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    // SAFETY: `setup` makes only async-signal-safe calls.
+    unsafe { command.pre_exec(setup) };
     let mut server = command.spawn().expect("serve");
     let mut address = String::new();
     BufReader::new(server.stdout.take().expect("stdout"))
@@ -380,6 +389,104 @@ fn serve_warns_only_about_limits_the_operator_asked_for() {
         "{}",
         warnings[0]
     );
+}
+
+/// In a cgroup whose `pids.max` carries fewer than the default 10,000
+/// processes (each is two tasks: the command and the server's thread for
+/// its pipes), `serve` fits `--max-processes` to it and says so, naming
+/// the limit. The machine must have the pids controller (version 1 or 2).
+#[test]
+fn serve_fits_its_processes_to_its_cgroups_task_limit() {
+    let group = PidsGroup::new(700);
+    let procs = std::ffi::CString::new(
+        group
+            .dir
+            .join("cgroup.procs")
+            .into_os_string()
+            .into_encoded_bytes(),
+    )
+    .expect("path");
+    let log = serve_log_with(&[], move || {
+        // SAFETY: open(2), write(2) and close(2) are async-signal-safe;
+        // "0" moves the writing process.
+        unsafe {
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+            if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::close(fd);
+        }
+        Ok(())
+    });
+    let limit = log
+        .lines()
+        .find(|line| line.contains("capexec::cli::serve: the task limit "))
+        .unwrap_or_else(|| panic!("no line about the task limit in {log}"));
+    let set_by = format!("set_by=pids.max of {}", group.dir.display());
+    assert!(
+        limit.contains("task_limit=700") && limit.contains(&set_by),
+        "{limit}"
+    );
+    let carried: u64 = limit
+        .split_whitespace()
+        .find_map(|field| field.strip_prefix("processes_carried="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{limit}"));
+    // 700, less the server's own tasks at start and 64 kept for its
+    // threads, two a process.
+    assert!((300..=318).contains(&carried), "{limit}");
+    let lowered = log
+        .lines()
+        .find(|line| line.contains("--max-processes is "))
+        .unwrap_or_else(|| panic!("no line about --max-processes in {log}"));
+    assert!(
+        lowered.contains(&format!(
+            " INFO capexec::cli::serve: --max-processes is {carried} instead of 10000: all the \
+             task limit carries, two tasks a process (the command and the thread for its pipes; \
+             raise the limit for more)"
+        )),
+        "{lowered}"
+    );
+    assert!(!log.contains("WARN"), "{log}");
+}
+
+/// A cgroup of the pids controller with a `pids.max`, removed when
+/// dropped (once empty).
+struct PidsGroup {
+    dir: std::path::PathBuf,
+}
+
+impl PidsGroup {
+    fn new(max: u64) -> PidsGroup {
+        let name = format!("capexec-test-tasks-{}", std::process::id());
+        let v1 = std::path::Path::new("/sys/fs/cgroup/pids");
+        let v2 = std::path::Path::new("/sys/fs/cgroup");
+        let root = if v1.join("cgroup.procs").exists() {
+            v1.to_path_buf()
+        } else {
+            let controllers = std::fs::read_to_string(v2.join("cgroup.controllers"))
+                .expect("this machine has no cgroup hierarchy with the pids controller");
+            assert!(
+                controllers.split_whitespace().any(|c| c == "pids"),
+                "this machine's cgroup v2 root has no pids controller: {controllers}"
+            );
+            std::fs::write(v2.join("cgroup.subtree_control"), "+pids")
+                .expect("enable the pids controller for child cgroups");
+            v2.to_path_buf()
+        };
+        let dir = root.join(name);
+        std::fs::create_dir(&dir).expect("make a pids cgroup (as root)");
+        std::fs::write(dir.join("pids.max"), max.to_string()).expect("pids.max");
+        PidsGroup { dir }
+    }
+}
+
+impl Drop for PidsGroup {
+    fn drop(&mut self) {
+        common::wait::eventually("the test cgroup empties", || {
+            std::fs::remove_dir(&self.dir).is_ok()
+        });
+    }
 }
 
 /// `-v` (before or after the subcommand) says what capexec does, as
