@@ -60,18 +60,31 @@ impl IoThread {
 /// thread, or until the serving runtime goes (then `work` is dropped on
 /// that thread, which drops what it holds of the process there: a process
 /// nobody holds any more is killed, as before). Must be called within the
-/// serving runtime. When the system refuses a thread, gives `work` back
-/// unpolled with the error.
+/// serving runtime. When the system refuses a thread or its runtime,
+/// gives `work` back unpolled with the error.
 pub(crate) fn spawn<F>(work: F, thread: Arc<IoThread>) -> Result<(), (io::Error, Pin<Box<F>>)>
 where
     F: Future<Output = ()> + Send + 'static,
 {
+    // Made here, where a failure is the start's: a thread without one
+    // could only drop the process's pump, and its end would never be
+    // told.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => return Err((error, Box::pin(work))),
+    };
     let done = CancellationToken::new();
     let runtime_gone = CancellationToken::new();
     // On the heap: the work is a future of some KiB that block_on and
     // select would otherwise move through the thread's stack, touching
-    // 60 KiB of it per process where 12 do.
-    let given = Arc::new(Mutex::new(Some(Box::pin(work))));
+    // 60 KiB of it per process where 12 do. Both are handed through a
+    // slot, so that a thread the system refuses gives them back rather
+    // than drop them here (a runtime must not be dropped in another's
+    // context).
+    let given = Arc::new(Mutex::new(Some((Box::pin(work), runtime))));
     let taken = Arc::clone(&given);
     let (thread_done, gone) = (done.clone(), runtime_gone.clone());
     let spawned = std::thread::Builder::new()
@@ -82,28 +95,26 @@ where
             thread
                 .tid
                 .store(unsafe { libc::gettid() }, Ordering::Release);
-            let work = taken.lock().unwrap_or_else(|p| p.into_inner()).take();
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_time()
-                .build();
-            match (work, runtime) {
-                (Some(work), Ok(runtime)) => runtime.block_on(async {
+            let given = taken.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some((work, runtime)) = given {
+                runtime.block_on(async {
                     tokio::select! {
                         biased;
                         _ = gone.cancelled() => {}
                         _ = work => {}
                     }
-                }),
-                (_, Err(error)) => tracing::error!(%error, "cannot make a process's I/O runtime"),
-                (None, _) => {}
+                });
             }
             thread.tid.store(0, Ordering::Release);
             thread_done.cancel();
         });
     if let Err(error) = spawned {
-        let work = given.lock().unwrap_or_else(|p| p.into_inner()).take();
-        return match work {
-            Some(work) => Err((error, work)),
+        let given = given.lock().unwrap_or_else(|p| p.into_inner()).take();
+        return match given {
+            Some((work, runtime)) => {
+                runtime.shutdown_background();
+                Err((error, work))
+            }
             None => Ok(()),
         };
     }

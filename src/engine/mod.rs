@@ -549,7 +549,8 @@ fn run_io(
     })
 }
 
-/// The start failure for a system that refuses the process its thread.
+/// The start failure for a system that refuses the process its thread (or
+/// the thread its runtime).
 fn no_io_thread(pid: i32, error: &std::io::Error) -> Refusal {
     Refusal::new(
         RefusalKind::LimitReached,
