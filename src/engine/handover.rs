@@ -31,7 +31,7 @@ use crate::engine::output::OutputSource;
 use crate::engine::shared::{Cause, Child, Shared, Termination};
 use crate::engine::stdin::{FrozenWriter, StdinOp, StdinState, WriteFailure};
 use crate::engine::terminal::{Terminal, TerminalWriter};
-use crate::engine::{Engine, ProcessOwner, StdinSink, pipe_capacity, reaper};
+use crate::engine::{Engine, ProcessOwner, StdinSink, pipe_capacity, pipe_holders, reaper};
 use crate::model::{Confinement, ExitStatus, Flow, OutputStream, ResourceUsage};
 
 /// Where a process's pump and stdin writer leave what they hold when the
@@ -53,6 +53,9 @@ pub(crate) struct HandoverSlot {
     /// The thread the pump and the writer run on, which the exec must see
     /// end (`io_thread.rs`).
     pub io_thread: Arc<IoThread>,
+    /// The inodes of its pipes (`pipe_holders.rs`), known once its I/O
+    /// starts.
+    pub pipes: std::sync::OnceLock<Vec<u64>>,
 }
 
 impl HandoverSlot {
@@ -74,6 +77,7 @@ impl HandoverSlot {
             stdin_fd,
             deadline,
             io_thread: Arc::default(),
+            pipes: std::sync::OnceLock::new(),
         }
     }
 
@@ -262,7 +266,22 @@ impl Engine {
                 shared.kill_tree_now();
             }
             if !all_stopped(&live).await {
-                tracing::error!("some processes did not stop for the hand-over in time");
+                // Something outside the tree holds the lock: whatever
+                // holds those pipes ends, rather than the exec wait for
+                // as long as it likes.
+                let pipes: Vec<u64> = live
+                    .iter()
+                    .filter(|shared| !stopped(shared))
+                    .flat_map(|shared| shared.handover.pipes.get().cloned().unwrap_or_default())
+                    .collect();
+                let killed = pipe_holders::kill_holders(&pipes);
+                tracing::error!(
+                    ?killed,
+                    "processes outside their trees held pipes locked; killed every holder of those pipes before the hand-over"
+                );
+                if !all_stopped(&live).await {
+                    tracing::error!("some processes did not stop for the hand-over in time");
+                }
             }
         }
         *self.inner.frozen.lock().unwrap_or_else(|p| p.into_inner()) = live;

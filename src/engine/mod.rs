@@ -14,6 +14,7 @@ mod log;
 pub(crate) mod os;
 mod output;
 pub mod pipe_capacity;
+mod pipe_holders;
 pub mod proc_stat;
 mod reaper;
 mod shared;
@@ -533,6 +534,13 @@ fn run_io(
         }
         slot.writer_stopped.cancel();
     };
+    let pipes = sources
+        .iter()
+        .flatten()
+        .map(OutputSource::raw_fd)
+        .chain(shared.handover.stdin_fd)
+        .filter_map(pipe_holders::pipe_inode);
+    let _ = shared.handover.pipes.set(pipes.collect());
     let pump = output::pump(Arc::clone(shared), sources, leader, start);
     let thread = Arc::clone(&shared.handover.io_thread);
     io_thread::spawn(
