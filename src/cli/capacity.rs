@@ -30,6 +30,10 @@ pub struct Asked {
     pub per_connection: Option<usize>,
     pub pending: Option<usize>,
     pub pending_per_address: Option<usize>,
+    /// The server takes processes over from the binary before it: a
+    /// value that cannot be carried is lowered, not refused (a refusal
+    /// would end them all).
+    pub handed_over: bool,
 }
 
 /// What the server will hold.
@@ -84,6 +88,17 @@ pub fn fit(
     }
     let mut lowered = [None; 3];
     let max_processes = match asked.max_processes {
+        Some(wanted) if wanted > carried && asked.handed_over => {
+            lowered[0] = Some(Lowered {
+                flag: "--max-processes",
+                from: wanted,
+                to: carried,
+                why: "all the descriptor limit carries, lowered rather than refused after an \
+                      upgrade (raise it with ulimit -n for more)",
+                asked: true,
+            });
+            carried
+        }
         Some(asked) if asked > carried => {
             let reserved = budget.limit - budget.processes * DESCRIPTORS_PER_PROCESS;
             return Err(format!(
@@ -284,5 +299,23 @@ mod tests {
         )
         .expect("fits");
         assert_eq!(tiny.max_processes, 1);
+    }
+
+    #[test]
+    fn after_an_upgrade_a_value_that_cannot_be_carried_is_lowered_not_refused() {
+        let budget = DescriptorBudget::new(512, 16);
+        let carried = budget.processes as usize;
+        let capacity = fit(
+            Asked {
+                max_processes: Some(carried + 3),
+                handed_over: true,
+                ..Asked::default()
+            },
+            budget,
+            None,
+        )
+        .expect("lowered, not refused");
+        assert_eq!(capacity.max_processes, carried);
+        assert!(capacity.lowered[0].is_some_and(|lowered| lowered.asked));
     }
 }

@@ -286,7 +286,10 @@ pub fn main(args: ServeArgs) -> i32 {
         capexec::files::limit_watches(max);
     }
     let descriptor_limit = raise_descriptor_limit();
-    let capacity = match descriptor_capacity(&args) {
+    let held = handover
+        .as_ref()
+        .map(capexec::net::HandedOver::processes_held);
+    let capacity = match descriptor_capacity(&args, held) {
         Ok(capacity) => capacity,
         Err(error) => {
             eprintln!("capexec: {error}");
@@ -681,9 +684,12 @@ fn raise_descriptor_limit() -> Option<(u64, u64)> {
 }
 
 /// The limits of `args`, fitted into the descriptor limit and the task
-/// limits (see `cli::capacity`).
-fn descriptor_capacity(args: &ServeArgs) -> Result<Capacity, String> {
-    let budget = DescriptorBudget::of_this_process()
+/// limits (see `cli::capacity`); after an upgrade, with the processes
+/// handed over and the descriptors they hold (`held`) counted as
+/// processes', not as the server's own.
+fn descriptor_capacity(args: &ServeArgs, held: Option<(u64, u64)>) -> Result<Capacity, String> {
+    let (processes, descriptors) = held.unwrap_or_default();
+    let budget = DescriptorBudget::of_this_process(descriptors)
         .map_err(|error| format!("cannot work out the descriptor budget: {error}"))?;
     capacity::fit(
         Asked {
@@ -691,9 +697,10 @@ fn descriptor_capacity(args: &ServeArgs) -> Result<Capacity, String> {
             per_connection: args.max_processes_per_connection,
             pending: args.max_pending_logins,
             pending_per_address: args.max_pending_logins_per_address,
+            handed_over: held.is_some(),
         },
         budget,
-        capexec::engine::tasks::TaskBudget::of_this_process(),
+        capexec::engine::tasks::TaskBudget::of_this_process(processes),
     )
 }
 

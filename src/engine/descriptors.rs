@@ -71,11 +71,16 @@ impl DescriptorBudget {
         }
     }
 
-    /// The budget of this process's (soft) limit now.
-    pub fn of_this_process() -> io::Result<DescriptorBudget> {
+    /// The budget of this process's (soft) limit now, where `processes'`
+    /// of the descriptors open are held by processes handed over (counted
+    /// as theirs, not as the server's own).
+    pub fn of_this_process(processes: u64) -> io::Result<DescriptorBudget> {
         let (soft, _) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
             .map_err(io::Error::from)?;
-        Ok(DescriptorBudget::new(soft, open_descriptors()?))
+        Ok(DescriptorBudget::new(
+            soft,
+            open_descriptors()?.saturating_sub(processes),
+        ))
     }
 }
 

@@ -179,6 +179,14 @@ impl ProcessState {
     pub fn pid(&self) -> i32 {
         self.pid
     }
+
+    /// The descriptors it names, open in this binary once handed over.
+    pub fn descriptors(&self) -> usize {
+        1 + self.members.len()
+            + self.sources.iter().flatten().count()
+            + usize::from(self.terminal.is_some())
+            + usize::from(self.stdin_fd.is_some())
+    }
 }
 
 /// How long a process's I/O thread must be seen asleep on a lock, asked

@@ -53,13 +53,15 @@ impl TaskBudget {
     /// (version 2, or the version 1 `pids` hierarchy), and `RLIMIT_NPROC`
     /// unless the kernel lets this process past it (root, or
     /// CAP_SYS_RESOURCE or CAP_SYS_ADMIN). `None` when nothing limits it.
-    pub fn of_this_process() -> Option<TaskBudget> {
+    /// `processes` handed over are running already: their tasks are
+    /// counted as theirs, not as in use.
+    pub fn of_this_process(processes: u64) -> Option<TaskBudget> {
         let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
         let mut budgets: Vec<TaskBudget> = pids_cgroup_dirs(&cgroups, Path::new("/sys/fs/cgroup"))
             .into_iter()
-            .filter_map(|dir| cgroup_budget(&dir))
+            .filter_map(|dir| cgroup_budget(&dir, processes))
             .collect();
-        budgets.extend(nproc_budget());
+        budgets.extend(nproc_budget(processes));
         budgets.into_iter().min_by_key(|budget| budget.processes)
     }
 }
@@ -101,14 +103,16 @@ fn pids_cgroup_dirs(cgroups: &str, root: &Path) -> Vec<PathBuf> {
     dirs
 }
 
-/// What `pids.max` in `dir` leaves, if it limits anything.
-fn cgroup_budget(dir: &Path) -> Option<TaskBudget> {
+/// What `pids.max` in `dir` leaves, if it limits anything, besides
+/// `processes` of the server's.
+fn cgroup_budget(dir: &Path, processes: u64) -> Option<TaskBudget> {
     let max = std::fs::read_to_string(dir.join("pids.max")).ok()?;
     let limit: u64 = max.trim().parse().ok()?;
     let used = std::fs::read_to_string(dir.join("pids.current"))
         .ok()
-        .and_then(|current| current.trim().parse().ok())
-        .unwrap_or(0);
+        .and_then(|current| current.trim().parse::<u64>().ok())
+        .unwrap_or(0)
+        .saturating_sub(processes);
     Some(TaskBudget::new(
         limit,
         used,
@@ -116,8 +120,9 @@ fn cgroup_budget(dir: &Path) -> Option<TaskBudget> {
     ))
 }
 
-/// What `RLIMIT_NPROC` leaves, when the kernel holds this process to it.
-fn nproc_budget() -> Option<TaskBudget> {
+/// What `RLIMIT_NPROC` leaves, when the kernel holds this process to it,
+/// besides `processes` of the server's.
+fn nproc_budget(processes: u64) -> Option<TaskBudget> {
     // SAFETY: getuid(2) has no preconditions.
     if unsafe { libc::getuid() } == 0 || exempt_from_nproc() {
         return None;
@@ -129,7 +134,7 @@ fn nproc_budget() -> Option<TaskBudget> {
     }
     Some(TaskBudget::new(
         soft,
-        tasks_of_this_user(),
+        tasks_of_this_user().saturating_sub(processes),
         "RLIMIT_NPROC (ulimit -u)".to_string(),
     ))
 }
@@ -208,12 +213,14 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("capexec-tasks-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
         std::fs::write(dir.join("pids.max"), "max\n").expect("write");
-        assert_eq!(cgroup_budget(&dir), None);
+        assert_eq!(cgroup_budget(&dir, 0), None);
         std::fs::write(dir.join("pids.max"), "1000\n").expect("write");
         std::fs::write(dir.join("pids.current"), "44\n").expect("write");
-        let budget = cgroup_budget(&dir).expect("a limit");
+        let budget = cgroup_budget(&dir, 0).expect("a limit");
         assert_eq!((budget.limit, budget.used), (1000, 44));
         assert_eq!(budget.processes, (1000 - 44 - SERVER_OWN_TASKS) / 2);
+        // After a hand-over, its processes' tasks are not the server's.
+        assert_eq!(cgroup_budget(&dir, 40).expect("a limit").used, 4);
         std::fs::remove_dir_all(&dir).expect("clean up");
     }
 }

@@ -52,7 +52,7 @@ impl HoldingLimits {
     /// The share of this process's descriptor limit kept for capabilities
     /// (see `engine::descriptors`).
     pub fn of_this_process() -> HoldingLimits {
-        let descriptors = crate::engine::descriptors::DescriptorBudget::of_this_process()
+        let descriptors = crate::engine::descriptors::DescriptorBudget::of_this_process(0)
             .map_or(1024, |budget| budget.held as usize);
         HoldingLimits {
             descriptors,

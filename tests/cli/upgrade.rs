@@ -43,6 +43,11 @@ impl Upgradable {
     }
 
     fn start_in(dir: TempDir, extra: &[String]) -> Upgradable {
+        Upgradable::start_limited(dir, extra, None)
+    }
+
+    /// The same under a descriptor limit of `descriptors`, if given.
+    fn start_limited(dir: TempDir, extra: &[String], descriptors: Option<u64>) -> Upgradable {
         let exe = dir.path().join("capexec");
         std::fs::copy(BIN, &exe).expect("copy the binary");
         let socket = dir.path().join("capexec.sock");
@@ -61,6 +66,22 @@ impl Upgradable {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log);
+        if let Some(descriptors) = descriptors {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setrlimit is async-signal-safe.
+            unsafe {
+                command.pre_exec(move || {
+                    let limit = libc::rlimit {
+                        rlim_cur: descriptors,
+                        rlim_max: descriptors,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         // The copy was just written: a child another test forks meanwhile
         // holds its write descriptor until that child's exec (ETXTBSY).
         let deadline = Instant::now() + DEADLINE;
@@ -663,4 +684,46 @@ fn holding(ready: &Path) -> i32 {
     common::eventually("the holder holds stdout locked", || {
         common::pipe_lock::holder_pid(ready)
     })
+}
+
+/// A server whose `--max-processes` is all its descriptor limit carries
+/// upgrades with processes running: the new binary counts the
+/// descriptors they hold as theirs, not as its own (which made it refuse
+/// that value and end, and every process with it).
+#[test]
+fn an_upgrade_at_the_descriptor_limit_s_max_processes_goes_through() {
+    const LIMIT: u64 = 1024;
+    // What the limit carries, as the same server says at its start.
+    let probe = Upgradable::start_limited(TempDir::new("upgrade"), &[], Some(LIMIT));
+    let log = common::eventually("the probe says what its limit carries", || {
+        let log = probe.log();
+        log.contains("process and connection limits").then_some(log)
+    });
+    drop(probe);
+    let most: usize = log
+        .split("--max-processes is ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{log}"));
+    let served = Upgradable::start_limited(
+        TempDir::new("upgrade"),
+        &["--max-processes".to_string(), most.to_string()],
+        Some(LIMIT),
+    );
+    let running: Vec<(Child, i32)> = (0..3).map(|_| sleeping(&served, true)).collect();
+    let upgraded = served.upgrade();
+    assert_eq!(
+        upgraded.code,
+        0,
+        "{}\n{}",
+        text(&upgraded.stderr),
+        served.log()
+    );
+    served.answers_echo("after");
+    for (mut client, pid) in running {
+        assert!(alive(pid), "{}", served.log());
+        let _ = client.kill();
+        let _ = client.wait();
+    }
 }

@@ -145,6 +145,18 @@ impl HandedOver {
         })
     }
 
+    /// The processes handed over, and the descriptors they hold here: a
+    /// server taking them over counts both as its processes', not as
+    /// what it had open before it started.
+    pub fn processes_held(&self) -> (u64, u64) {
+        let taken = self.taken.lock().unwrap_or_else(|p| p.into_inner());
+        let processes = taken.as_ref().map_or(&[][..], |taken| &taken.processes[..]);
+        (
+            processes.len() as u64,
+            processes.iter().map(|p| p.descriptors() as u64).sum(),
+        )
+    }
+
     /// The listeners handed over: their names and descriptors.
     pub fn listeners(&self) -> impl Iterator<Item = (&str, RawFd, Option<PathBuf>)> {
         self.listeners.iter().map(|l| {
