@@ -67,20 +67,7 @@ impl Upgradable {
             .stdout(Stdio::piped())
             .stderr(log);
         if let Some(descriptors) = descriptors {
-            use std::os::unix::process::CommandExt;
-            // SAFETY: setrlimit is async-signal-safe.
-            unsafe {
-                command.pre_exec(move || {
-                    let limit = libc::rlimit {
-                        rlim_cur: descriptors,
-                        rlim_max: descriptors,
-                    };
-                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+            common::cli::limit_descriptors(&mut command, descriptors);
         }
         // The copy was just written: a child another test forks meanwhile
         // holds its write descriptor until that child's exec (ETXTBSY).

@@ -136,20 +136,7 @@ impl Served {
         let token_file = home.path().join("token");
         let mut command = Command::new(BIN);
         if let Some(limit) = descriptors {
-            use std::os::unix::process::CommandExt;
-            // SAFETY: setrlimit is async-signal-safe.
-            unsafe {
-                command.pre_exec(move || {
-                    let limit = libc::rlimit {
-                        rlim_cur: limit,
-                        rlim_max: limit,
-                    };
-                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+            limit_descriptors(&mut command, limit);
         }
         let mut child = command
             .args(["serve", "--listen"])
@@ -408,4 +395,22 @@ pub fn assert_printed(done: &Finished, code: i32, stdout: &str, context: &str) {
         "{context}: {}",
         text(&done.stderr)
     );
+}
+
+/// Runs `command` under a descriptor limit (soft and hard) of `limit`.
+pub fn limit_descriptors(command: &mut Command, limit: u64) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setrlimit is async-signal-safe.
+    unsafe {
+        command.pre_exec(move || {
+            let limit = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: limit,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }
