@@ -172,6 +172,21 @@ fn drain_once(shared: &Shared, slot: &mut Option<OutputSource>, buf: &mut BytesM
     read
 }
 
+/// After `readable` said `result`: reads one chunk from `slot`, or drops
+/// it if it failed. Returns the number of bytes read.
+fn take(
+    shared: &Shared,
+    slot: &mut Option<OutputSource>,
+    result: io::Result<()>,
+    buf: &mut BytesMut,
+) -> usize {
+    if result.is_err() {
+        *slot = None;
+        return 0;
+    }
+    drain_once(shared, slot, buf)
+}
+
 async fn readable(slot: &Option<OutputSource>) -> io::Result<()> {
     match slot {
         Some(source) => source.readable().await,
@@ -240,6 +255,12 @@ async fn run_pump(
     );
     tokio::pin!(stdout_closed, stderr_closed);
     loop {
+        // Once frozen, no call on a pipe: its lock may be held by whatever
+        // the child gave it to, and the exec would wait on this thread.
+        if freeze.is_cancelled() {
+            let pending = pending_exit.map(|pending| pending.status);
+            return Some(frozen(&shared, sources, pending, exited, &mut exit));
+        }
         if let Some(pending) = &mut pending_exit {
             if pending.unread.is_none()
                 && (sources.iter().all(Option::is_none) || Instant::now() >= pending.settle_until)
@@ -280,25 +301,24 @@ async fn run_pump(
             .map(|pending| pending.settle_until);
         let mut read = [0usize; 2];
         tokio::select! {
-            _ = freeze.cancelled() => {
-                let mut pending_status = pending_exit.map(|pending| pending.status);
-                if !exited && let Some(ended) = futures::FutureExt::now_or_never(&mut exit) {
-                    // Reaped before the reaper paused: this image is the
-                    // only one that knows.
-                    shared.record_child_exited(ended.usage);
-                    pending_status = Some(ended.status);
-                }
-                return Some(FrozenPump { sources, pending_exit: pending_status });
-            }
+            _ = freeze.cancelled() => {}
             result = readable(&sources[0]), if sources[0].is_some() && !paused => {
-                if result.is_err() { sources[0] = None } else { read[0] = drain_once(&shared, &mut sources[0], &mut buf) }
+                if !freeze.is_cancelled() {
+                    read[0] = take(&shared, &mut sources[0], result, &mut buf);
+                }
             }
             result = readable(&sources[1]), if sources[1].is_some() && !paused => {
-                if result.is_err() { sources[1] = None } else { read[1] = drain_once(&shared, &mut sources[1], &mut buf) }
+                if !freeze.is_cancelled() {
+                    read[1] = take(&shared, &mut sources[1], result, &mut buf);
+                }
             }
             ended = &mut exit, if !exited => {
                 exited = true;
                 shared.record_child_exited(ended.usage);
+                if freeze.is_cancelled() {
+                    // Not counted: the next binary counts what is unread.
+                    return Some(FrozenPump { sources, pending_exit: Some(ended.status) });
+                }
                 let terminal = sources.iter().flatten().any(OutputSource::is_terminal);
                 pending_exit = Some(PendingExit {
                     status: ended.status,
@@ -310,13 +330,15 @@ async fn run_pump(
             // The owner's reader went away: as in a local pipeline, the
             // pipe's read end closes and the child's next write to it
             // gets SIGPIPE.
-            _ = &mut stdout_closed, if sources[0].is_some() => sources[0] = None,
-            _ = &mut stderr_closed, if sources[1].is_some() => sources[1] = None,
+            _ = &mut stdout_closed, if sources[0].is_some() => if !freeze.is_cancelled() { sources[0] = None },
+            _ = &mut stderr_closed, if sources[1].is_some() => if !freeze.is_cancelled() { sources[1] = None },
             _ = changes.changed(), if paused => {}
             _ = shared.owner_released.cancelled(), if !released => {}
             _ = tokio::time::sleep_until(abandon_at.unwrap_or_else(Instant::now)), if abandon_at.is_some() => {
-                tracing::debug!("abandoning output still held open after release");
-                sources = [None, None];
+                if !freeze.is_cancelled() {
+                    tracing::debug!("abandoning output still held open after release");
+                    sources = [None, None];
+                }
             }
         }
         if read.iter().any(|&n| n > 0 && n < CHUNK_SIZE) {
@@ -338,6 +360,26 @@ async fn run_pump(
                 };
             }
         }
+    }
+}
+
+/// What the pump hands over when the engine freezes: its sources, and the
+/// exit it had seen and not logged, or that the reaper delivered just
+/// before it paused (this image is the only one that knows).
+fn frozen<F: std::future::Future<Output = crate::engine::reaper::Ended>>(
+    shared: &Arc<Shared>,
+    sources: [Option<OutputSource>; 2],
+    mut pending_exit: Option<ExitStatus>,
+    exited: bool,
+    exit: &mut std::pin::Pin<&mut F>,
+) -> FrozenPump {
+    if !exited && let Some(ended) = futures::FutureExt::now_or_never(exit) {
+        shared.record_child_exited(ended.usage);
+        pending_exit = Some(ended.status);
+    }
+    FrozenPump {
+        sources,
+        pending_exit,
     }
 }
 

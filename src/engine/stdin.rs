@@ -125,8 +125,8 @@ pub(crate) struct FrozenWriter<W> {
 
 /// Feeds queued writes into `sink` in order until stdin is closed, the child
 /// closes its end, or `stop` fires (the process exited). When `freeze`
-/// fires first, stops between two write(2)s and returns what it holds, so
-/// no byte is written twice or lost.
+/// fires (before `stop` or with it), stops between two write(2)s and
+/// returns what it holds, so no byte is written twice or lost.
 pub(crate) async fn run_writer<W>(
     mut sink: W,
     mut ops: mpsc::UnboundedReceiver<StdinOp>,
@@ -141,8 +141,11 @@ where
     while failure.is_none() {
         let op = tokio::select! {
             biased;
-            _ = stop.cancelled() => { failure = Some(WriteFailure::Exited); break; }
+            // The freeze first: an exit the pump records as it freezes
+            // must not have the writer close its pipe (its lock may be
+            // held, and the exec would wait on this thread).
             _ = freeze.cancelled() => return Some(FrozenWriter { sink, current: None, ops }),
+            _ = stop.cancelled() => { failure = Some(WriteFailure::Exited); break; }
             op = ops.recv() => op,
         };
         match op {
@@ -157,11 +160,11 @@ where
                     // what `at` counts is exactly what the child was given.
                     tokio::select! {
                         biased;
-                        _ = stop.cancelled() => break Err(WriteFailure::Exited),
                         _ = freeze.cancelled() => {
                             let current = StdinOp::Write { data, id, done };
                             return Some(FrozenWriter { sink, current: Some((current, at)), ops });
                         }
+                        _ = stop.cancelled() => break Err(WriteFailure::Exited),
                         result = sink.write(&data[at..]) => match result {
                             Ok(0) | Err(_) => break Err(WriteFailure::Closed),
                             Ok(n) => at += n,

@@ -580,15 +580,17 @@ impl Server {
                 answer(Err(why));
                 continue;
             }
-            let held = self.context.engine().holding_their_pipes_locked().await;
-            if !held.is_empty() {
-                let why = pipes_held_locked(&held);
+            tracing::info!(binary = %to.exe.display(), "upgrade asked for: checking the new binary");
+            if let Err(why) = upgrade::check(self.context.engine(), &to.exe, &to.args).await {
                 tracing::warn!("upgrade refused, still serving: {why}");
                 answer(Err(why));
                 continue;
             }
-            tracing::info!(binary = %to.exe.display(), "upgrade asked for: checking the new binary");
-            if let Err(why) = upgrade::check(self.context.engine(), &to.exe, &to.args).await {
+            // Last, right before the freeze: a thread asleep on a pipe's
+            // lock would keep the exec waiting (`Engine::freeze`).
+            let held = self.context.engine().holding_their_pipes_locked().await;
+            if !held.is_empty() {
+                let why = pipes_held_locked(&held);
                 tracing::warn!("upgrade refused, still serving: {why}");
                 answer(Err(why));
                 continue;
