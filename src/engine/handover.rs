@@ -257,6 +257,18 @@ impl Engine {
                 .store(true, std::sync::atomic::Ordering::Release);
             live.values().filter_map(std::sync::Weak::upgrade).collect()
         };
+        // One let go whose tree has ended and whose output is closed (the
+        // new binary's check, just now) has nothing to hand over: it is
+        // only not dropped yet.
+        let live: Vec<Arc<Shared>> = live
+            .into_iter()
+            .filter(|shared| {
+                let done = shared.is_released()
+                    && shared.tree_ended.is_cancelled()
+                    && shared.handover.writer_stopped.is_cancelled();
+                !(done && shared.lock().log.is_closed())
+            })
+            .collect();
         reaper::pause_for_handover();
         self.inner.freeze.cancel();
         if !all_stopped(&live).await {

@@ -6,6 +6,8 @@ mod descriptors;
 mod host;
 mod socket;
 
-pub use self::descriptors::close_in_background;
+pub use self::descriptors::{
+    close_in_background, keep_closes_for_the_next_binary, kept_for_the_next_binary,
+};
 pub use self::host::{HostConfig, KernelFeature};
 pub use self::socket::Socket;

@@ -699,6 +699,36 @@ fn an_upgrade_at_the_descriptor_limit_s_max_processes_goes_through() {
         Some(LIMIT),
     );
     let running: Vec<(Child, i32)> = (0..3).map(|_| sleeping(&served, true)).collect();
+    upgrades_and_answers(&served);
+    for (mut client, pid) in running {
+        assert!(alive(pid), "{}", served.log());
+        let _ = client.kill();
+        let _ = client.wait();
+    }
+}
+
+/// A client that sent the server a pipe it holds locked (and never used
+/// it in a start) does not hold the upgrade up: its connection's end
+/// would close that descriptor, asleep on the lock, and the exec wait for
+/// that thread; the descriptor goes to the new binary instead, which
+/// closes it off its serving thread.
+#[test]
+fn a_pipe_a_client_sent_and_holds_locked_does_not_hold_the_upgrade_up() {
+    use common::pipe_lock::{self, KillOnDrop};
+    let served = Upgradable::start();
+    let ready = served.dir.path().join("ready");
+    let socket = served.unix.trim_start_matches("unix:");
+    let _client = pipe_lock::ChildKilledOnDrop(pipe_lock::client_sending_a_locked_pipe(
+        Path::new(socket),
+        &ready,
+    ));
+    let _holder = KillOnDrop::always(holding(&ready));
+    upgrades_and_answers(&served);
+}
+
+/// `capexec upgrade` of `served` succeeds, and the new binary runs a
+/// command.
+fn upgrades_and_answers(served: &Upgradable) {
     let upgraded = served.upgrade();
     assert_eq!(
         upgraded.code,
@@ -708,9 +738,4 @@ fn an_upgrade_at_the_descriptor_limit_s_max_processes_goes_through() {
         served.log()
     );
     served.answers_echo("after");
-    for (mut client, pid) in running {
-        assert!(alive(pid), "{}", served.log());
-        let _ = client.kill();
-        let _ = client.wait();
-    }
 }

@@ -7,15 +7,17 @@
 use std::path::Path;
 use std::process::Child;
 
-/// Python that forks the holder: it splices the silent socket `quiet`
-/// into the descriptor `target`; the parent waits until it sleeps there,
-/// then writes its pid to the file `ready`.
+/// Python that forks the holder: it closes `others` and splices a silent
+/// socket into the descriptor `target`; the parent waits until it sleeps
+/// there, then writes its pid to the file `ready`.
 const FORK_THE_HOLDER: &str = r#"
-def hold(target, ready, splice):
+def hold(target, ready, splice, others=()):
     import os, socket, time
     quiet, peer = socket.socketpair()
     child = os.fork()
     if child == 0:
+        for fd in others:
+            os.close(fd)
         os.splice(quiet.fileno(), target, 65536)
         os._exit(0)
     while True:
@@ -62,6 +64,52 @@ os.close(fds[0])
 peer.send(b"k")
 os.wait()
 "#;
+
+/// A client of the server at the Unix socket `argv[1]` that sends it a
+/// pipe it holds locked: a second open file of the pipe's write end goes
+/// with four bytes (no frame yet), and a child of its own splices a
+/// silent socket into the pipe. Says so in `argv[2]` with the splicing
+/// child's pid, and keeps its connection.
+const SEND_A_LOCKED_PIPE: &str = r#"
+import array, os, socket, sys, time
+listening, ready, splice = sys.argv[1], sys.argv[2], sys.argv[3]
+r, w = os.pipe()
+# Opened before the lock is held (an open of a pipe takes it), and not
+# kept by the holder: the server's close of it is its last, which takes
+# the lock.
+sent = os.open(f"/proc/self/fd/{w}", os.O_WRONLY)
+quiet = hold(w, ready + ".held", splice, others=[sent])
+server = socket.socket(socket.AF_UNIX)
+server.connect(listening)
+server.sendmsg([b"\0\0\0\0"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [sent]))])
+os.close(sent)
+os.rename(ready + ".held", ready)
+time.sleep(600)
+"#;
+
+/// Starts a client of the server listening at `socket` that sends it a
+/// pipe it holds locked (see [`SEND_A_LOCKED_PIPE`]); `ready` names the
+/// holder once it is sent.
+pub fn client_sending_a_locked_pipe(socket: &Path, ready: &Path) -> Child {
+    spawn_python(SEND_A_LOCKED_PIPE, socket, ready)
+}
+
+/// `script` with the Unix socket `socket`, the file `ready` and the
+/// number of splice(2), as a child of the test.
+fn spawn_python(script: &str, socket: &Path, ready: &Path) -> Child {
+    let argv = python(
+        script,
+        &[
+            socket.display().to_string(),
+            ready.display().to_string(),
+            libc::SYS_splice.to_string(),
+        ],
+    );
+    std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .spawn()
+        .expect("start python")
+}
 
 /// What a command runs to send its stdout to [`HOLD_A_PIPE_SENT`]
 /// listening at `argv[1]`; it exits once the holder took the pipe, or
@@ -111,18 +159,7 @@ pub fn holder_argv(fd: i32, ready: &Path) -> Vec<String> {
 /// server), a holder of the pipe a command running [`sender_argv`] with
 /// the same `socket` sends it; `ready` says when it holds it locked.
 pub fn outside_holder(socket: &Path, ready: &Path) -> Child {
-    let argv = python(
-        HOLD_A_PIPE_SENT,
-        &[
-            socket.display().to_string(),
-            ready.display().to_string(),
-            libc::SYS_splice.to_string(),
-        ],
-    );
-    std::process::Command::new(&argv[0])
-        .args(&argv[1..])
-        .spawn()
-        .expect("start the holder")
+    spawn_python(HOLD_A_PIPE_SENT, socket, ready)
 }
 
 /// The command line of a command that sends its stdout to the holder at
@@ -169,6 +206,16 @@ impl Drop for KillOnDrop {
             // there: only a test that passed saw it end.
             unsafe { libc::kill(self.pid, libc::SIGKILL) };
         }
+    }
+}
+
+/// A child of the test, killed and waited for when dropped.
+pub struct ChildKilledOnDrop(pub Child);
+
+impl Drop for ChildKilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 

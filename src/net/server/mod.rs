@@ -370,6 +370,10 @@ impl Server {
                     .push(UnixSocketFile::taken_over(path.clone(), lock));
             }
         }
+        // Off this thread: a close may wait on a pipe's lock.
+        crate::sys::close_in_background(std::mem::take(
+            &mut *handover.to_close.lock().unwrap_or_else(|p| p.into_inner()),
+        ));
         let Some(upgrade::Processes {
             processes,
             detached,
@@ -614,6 +618,9 @@ impl Server {
             // Frozen first: the processes the connections' ends let go
             // are only signalled, their pipes untouched (`Engine::freeze`).
             self.context.engine().freeze().await;
+            // And what the connections' ends would close (descriptors
+            // their clients sent) is left to the next binary.
+            crate::sys::keep_closes_for_the_next_binary();
             self.close_for_upgrade(&accepting).await;
             let (handover, detached) = self.context.write_down_for_handover();
             let listeners = handed

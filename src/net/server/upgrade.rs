@@ -16,7 +16,7 @@
 
 use std::ffi::{CString, OsString};
 use std::io::{Read, Seek, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -62,11 +62,18 @@ struct State {
     /// back to the binary that wrote it: why the new one did not run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     failed_upgrade: Option<String>,
+    /// Descriptors the binary before was to close when it upgraded, left
+    /// open for this one to close off its serving thread (a close may
+    /// wait on a pipe's lock, and the exec would have waited with it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    to_close: Vec<RawFd>,
 }
 
 /// The hand-over the binary before left, read at start-up.
 pub struct HandedOver {
     pub(crate) listeners: Vec<ListenerState>,
+    /// Descriptors to close (`State::to_close`), owned here.
+    pub(crate) to_close: Mutex<Vec<OwnedFd>>,
     taken: Mutex<Option<Processes>>,
     /// Why the upgrade that handed this over did not execute the new
     /// binary (this binary, the one before, took it back), if it did not.
@@ -136,6 +143,15 @@ impl HandedOver {
             .map_err(|e| format!("the hand-over's bytes: {e}"))?;
         Ok(HandedOver {
             listeners: state.listeners,
+            // SAFETY: the binary before kept these open for this one, and
+            // nothing else here owns them.
+            to_close: Mutex::new(
+                state
+                    .to_close
+                    .into_iter()
+                    .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+                    .collect(),
+            ),
             failed_upgrade: state.failed_upgrade,
             taken: Mutex::new(Some(Processes {
                 processes: state.processes,
@@ -207,6 +223,11 @@ pub(crate) async fn check(engine: &Engine, exe: &Path, args: &[OsString]) -> Res
         after = batch.next_seq - 1;
     }
     let exit = process.exit();
+    // Until its tree has ended too, so that the hand-over that may follow
+    // has nothing of it to hand over.
+    let (ended, tree_ended) = tokio::sync::oneshot::channel::<()>();
+    process.hold_while_running(ended);
+    let _ = tokio::time::timeout(CHECK_PATIENCE, tree_ended).await;
     let said = String::from_utf8_lossy(&output).trim().to_string();
     match exit {
         Some(exit)
@@ -250,7 +271,15 @@ pub(crate) fn exec(
         processes,
         detached,
         failed_upgrade: None,
+        // What the connections' ends left to close
+        // (`sys::keep_closes_for_the_next_binary`): open across the exec,
+        // as what is kept, and owned by nobody here any more.
+        to_close: crate::sys::kept_for_the_next_binary()
+            .into_iter()
+            .map(IntoRawFd::into_raw_fd)
+            .collect(),
     };
+    keep.extend(&state.to_close);
     for listener in &state.listeners {
         keep.push(listener.fd);
         if let Some((_, lock)) = &listener.file {
@@ -402,6 +431,7 @@ mod tests {
             processes: Vec::new(),
             detached: Vec::new(),
             failed_upgrade: None,
+            to_close: Vec::new(),
         }
     }
 
