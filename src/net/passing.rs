@@ -26,7 +26,12 @@ use crate::rpc::{DescriptorOutbox, ReceivedDescriptors};
 /// once; beyond (many handed starts coalesced into one write), a start
 /// may be read before its descriptors and has pipes.
 const MAX_PER_WRITE: usize = crate::rpc::MAX_KEPT_DESCRIPTORS;
-const ROOM_PER_READ: usize = 2 * MAX_PER_WRITE;
+/// Room for every descriptor one message can carry (the kernel's
+/// SCM_MAX_FD): those that do not fit a read are closed by the kernel
+/// on the reading thread, and a pipe among them whose lock the peer holds
+/// would put the serving thread to sleep for as long as the peer likes.
+/// Here each is filed, and what is not kept is closed off this thread.
+const ROOM_PER_READ: usize = 253;
 
 /// The server's read half, filing the descriptors that arrive.
 pub(crate) struct ReceivingReader {
@@ -41,10 +46,21 @@ impl ReceivingReader {
 }
 
 /// The connection has ended: what it kept is closed now, even while a
-/// process it started is held (its quota outlives the connection).
+/// process it started is held (its quota outlives the connection). What
+/// the peer sent and nobody read may carry descriptors too, which the
+/// socket's close would release on this thread (a pipe whose lock the
+/// peer holds: asleep for as long as it likes). So the peer can send
+/// nothing more, and what it sent is read out here, its descriptors
+/// closed off this thread.
 impl Drop for ReceivingReader {
     fn drop(&mut self) {
         self.received.close();
+        let socket = self.half.as_ref().as_raw_fd();
+        // SAFETY: shutdown(2) of our own socket; the peer's sends fail
+        // from now on.
+        unsafe { libc::shutdown(socket, libc::SHUT_RD) };
+        let mut scratch = vec![MaybeUninit::<u8>::uninit(); 64 * 1024];
+        while let Ok(1..) = receive(socket, &mut scratch, &self.received) {}
     }
 }
 

@@ -721,6 +721,7 @@ fn a_pipe_a_client_sent_and_holds_locked_does_not_hold_the_upgrade_up() {
     let _client = pipe_lock::ChildKilledOnDrop(pipe_lock::client_sending_a_locked_pipe(
         Path::new(socket),
         &ready,
+        0,
     ));
     let _holder = KillOnDrop::always(holding(&ready));
     upgrades_and_answers(&served);

@@ -67,12 +67,15 @@ os.wait()
 
 /// A client of the server at the Unix socket `argv[1]` that sends it a
 /// pipe it holds locked: a second open file of the pipe's write end goes
-/// with four bytes (no frame yet), and a child of its own splices a
-/// silent socket into the pipe. Says so in `argv[2]` with the splicing
-/// child's pid, and keeps its connection.
+/// with four bytes (no frame yet), after `argv[4]` descriptors of
+/// /dev/null in the same message (with 40, more than a server's read had
+/// room for: the kernel closed the rest on the reading thread), and a
+/// child of its own
+/// splices a silent socket into the pipe. Says so in `argv[2]` with the
+/// splicing child's pid, and keeps its connection.
 const SEND_A_LOCKED_PIPE: &str = r#"
 import array, os, socket, sys, time
-listening, ready, splice = sys.argv[1], sys.argv[2], sys.argv[3]
+listening, ready, splice, before = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 r, w = os.pipe()
 # Opened before the lock is held (an open of a pipe takes it), and not
 # kept by the holder: the server's close of it is its last, which takes
@@ -81,29 +84,34 @@ sent = os.open(f"/proc/self/fd/{w}", os.O_WRONLY)
 quiet = hold(w, ready + ".held", splice, others=[sent])
 server = socket.socket(socket.AF_UNIX)
 server.connect(listening)
-server.sendmsg([b"\0\0\0\0"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [sent]))])
+nulls = [os.open("/dev/null", os.O_RDONLY) for _ in range(before)]
+fds = array.array("i", nulls + [sent])
+server.sendmsg([b"\0\0\0\0"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
 os.close(sent)
 os.rename(ready + ".held", ready)
 time.sleep(600)
 "#;
 
 /// Starts a client of the server listening at `socket` that sends it a
-/// pipe it holds locked (see [`SEND_A_LOCKED_PIPE`]); `ready` names the
-/// holder once it is sent.
-pub fn client_sending_a_locked_pipe(socket: &Path, ready: &Path) -> Child {
-    spawn_python(SEND_A_LOCKED_PIPE, socket, ready)
+/// pipe it holds locked after `before` other descriptors (see
+/// [`SEND_A_LOCKED_PIPE`]); `ready` names the holder once it is sent.
+pub fn client_sending_a_locked_pipe(socket: &Path, ready: &Path, before: usize) -> Child {
+    spawn_python(SEND_A_LOCKED_PIPE, socket, ready, &[before.to_string()])
 }
 
-/// `script` with the Unix socket `socket`, the file `ready` and the
-/// number of splice(2), as a child of the test.
-fn spawn_python(script: &str, socket: &Path, ready: &Path) -> Child {
+/// `script` with the Unix socket `socket`, the file `ready`, the number
+/// of splice(2) and `more`, as a child of the test.
+fn spawn_python(script: &str, socket: &Path, ready: &Path, more: &[String]) -> Child {
     let argv = python(
         script,
         &[
             socket.display().to_string(),
             ready.display().to_string(),
             libc::SYS_splice.to_string(),
-        ],
+        ]
+        .into_iter()
+        .chain(more.iter().cloned())
+        .collect::<Vec<_>>(),
     );
     std::process::Command::new(&argv[0])
         .args(&argv[1..])
@@ -159,7 +167,7 @@ pub fn holder_argv(fd: i32, ready: &Path) -> Vec<String> {
 /// server), a holder of the pipe a command running [`sender_argv`] with
 /// the same `socket` sends it; `ready` says when it holds it locked.
 pub fn outside_holder(socket: &Path, ready: &Path) -> Child {
-    spawn_python(HOLD_A_PIPE_SENT, socket, ready)
+    spawn_python(HOLD_A_PIPE_SENT, socket, ready, &[])
 }
 
 /// The command line of a command that sends its stdout to the holder at

@@ -601,3 +601,37 @@ fn a_command_holding_its_stdout_locked_stalls_only_itself() {
 fn a_command_holding_its_stdin_locked_stalls_only_itself() {
     holding_a_pipe_locked(0);
 }
+
+/// A client that sends a pipe it holds locked where the server's reads
+/// would not take it in (beyond a read's room, or into a restricted
+/// server's plain reads) had the kernel close it on the serving thread,
+/// asleep on the lock: the server stopped for everyone. Every descriptor
+/// that arrives is now read in and closed off that thread, on a server
+/// that keeps descriptors and on a restricted one that keeps none.
+fn a_locked_pipe_sent_unread(extra: &[&str]) {
+    common::run_local(async move {
+        let served = Served::start_with(extra);
+        let work = TempDir::new("unread-pipe");
+        let ready = work.path().join("ready");
+        let _client = pipe_lock::ChildKilledOnDrop(pipe_lock::client_sending_a_locked_pipe(
+            &served.socket,
+            &ready,
+            40,
+        ));
+        let holder =
+            common::eventually_async("the pipe is sent", async || pipe_lock::holder_pid(&ready))
+                .await;
+        let _holder = KillOnDrop::always(holder);
+        an_honest_client_is_served(&served, work.path()).await;
+    });
+}
+
+#[test]
+fn a_locked_pipe_beyond_a_read_s_room_stops_nothing() {
+    a_locked_pipe_sent_unread(&[]);
+}
+
+#[test]
+fn a_locked_pipe_sent_to_a_restricted_server_stops_nothing() {
+    a_locked_pipe_sent_unread(&["--allow-program", "/bin/true"]);
+}

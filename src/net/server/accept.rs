@@ -171,11 +171,14 @@ fn accept_unix(
         _ => None,
     };
     let session = Session::logged_in();
-    // A restricted server reads plainly: the kernel drops whatever
-    // descriptors come.
-    let received = serving
-        .takes_descriptors
-        .then(rpc::ReceivedDescriptors::default);
+    // A restricted server keeps none of the descriptors that come, but
+    // still reads them in (closed off this thread): a plain read would
+    // have the kernel close them on this one, and a pipe among them
+    // whose lock the peer holds would put it to sleep (`net/passing.rs`).
+    let received = rpc::ReceivedDescriptors::default();
+    if !serving.takes_descriptors {
+        received.close();
+    }
     let network = {
         let (limits, direct) = (serving.limits, serving.direct.clone());
         let (session, received) = (Rc::clone(&session), received.clone());
@@ -185,13 +188,8 @@ fn accept_unix(
             })
             .await?;
             let (reader, writer) = stream.into_split();
-            Some(match received {
-                Some(received) => {
-                    let reader = crate::net::passing::ReceivingReader::new(reader, received);
-                    server_network(reader, writer, limits, &session)
-                }
-                None => server_network(reader, writer, limits, &session),
-            })
+            let reader = crate::net::passing::ReceivingReader::new(reader, received);
+            Some(server_network(reader, writer, limits, &session))
         }
         .boxed_local()
     };
@@ -200,7 +198,7 @@ fn accept_unix(
         peer: "unix".to_string(),
         session,
         login: None,
-        received,
+        received: serving.takes_descriptors.then_some(received),
         direct: Some(serving.direct.clone()),
         verdict,
         certificate: Rc::new(std::cell::Cell::new(None)),
