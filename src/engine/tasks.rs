@@ -152,9 +152,9 @@ fn exempt_from_nproc() -> bool {
     bit(24) || bit(21) // CAP_SYS_RESOURCE, CAP_SYS_ADMIN
 }
 
-/// Tasks of this process's real user now, which `RLIMIT_NPROC` counts.
+/// Tasks of this process's real user now, which `RLIMIT_NPROC` counts
+/// (by real uid: the owner of `/proc/PID` is the effective one).
 fn tasks_of_this_user() -> u64 {
-    use std::os::unix::fs::MetadataExt;
     // SAFETY: getuid(2) has no preconditions.
     let uid = unsafe { libc::getuid() };
     let Ok(processes) = std::fs::read_dir("/proc") else {
@@ -168,10 +168,24 @@ fn tasks_of_this_user() -> u64 {
                 .to_str()
                 .is_some_and(|name| name.bytes().all(|b| b.is_ascii_digit()))
         })
-        .filter(|entry| entry.metadata().is_ok_and(|meta| meta.uid() == uid))
+        .filter(|entry| {
+            std::fs::read_to_string(entry.path().join("status"))
+                .is_ok_and(|status| real_uid(&status) == Some(uid))
+        })
         .filter_map(|entry| std::fs::read_dir(entry.path().join("task")).ok())
         .map(|tasks| tasks.count() as u64)
         .sum()
+}
+
+/// The real uid on the `Uid:` line of a `/proc/PID/status`.
+fn real_uid(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 #[cfg(test)]
@@ -206,6 +220,14 @@ mod tests {
             [PathBuf::from("/nonexistent/cgroup")]
         );
         assert!(pids_cgroup_dirs("garbage\n3:cpu:/a\n", root).is_empty());
+    }
+
+    #[test]
+    fn a_user_s_tasks_are_counted_by_real_uid() {
+        let status = "Name:\tx\nUid:\t1000\t0\t0\t0\nGid:\t1000\t1000\t1000\t1000\n";
+        assert_eq!(real_uid(status), Some(1000));
+        assert_eq!(real_uid("Name:\tx\n"), None);
+        assert!(tasks_of_this_user() >= 1);
     }
 
     #[test]
