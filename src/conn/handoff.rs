@@ -15,7 +15,7 @@ use std::rc::Rc;
 
 use tokio::sync::{Semaphore, SemaphorePermit};
 
-use crate::sys::close_in_background;
+use crate::sys::{Closes, waiting_to_close};
 
 /// Most descriptors one connection keeps for starts that have not taken
 /// them yet; the oldest are closed first. A start sends its descriptors
@@ -27,6 +27,15 @@ pub const MAX_KEPT_DESCRIPTORS: usize = 16;
 /// descriptors are closed at once (their starts have pipes), so that
 /// peers cannot take the descriptors the server's budget counts on.
 pub const MAX_KEPT_DESCRIPTORS_IN_SERVER: usize = 1024;
+
+/// Most descriptors of one connection that may wait to close (behind a
+/// close that sleeps: a pipe whose lock the peer holds) while it sends
+/// more: beyond, the connection ends ([`ReceivedDescriptors::overfull`]).
+pub const MAX_WAITING_TO_CLOSE: usize = 64;
+
+/// Most descriptors waiting to close over the whole server while a
+/// connection sends more: beyond, connections that send any end.
+pub const MAX_WAITING_TO_CLOSE_IN_SERVER: usize = MAX_KEPT_DESCRIPTORS_IN_SERVER;
 
 /// The server's places for kept descriptors: each kept one holds a permit.
 static KEPT_IN_SERVER: Semaphore = Semaphore::const_new(MAX_KEPT_DESCRIPTORS_IN_SERVER);
@@ -40,8 +49,9 @@ struct Kept {
 
 /// A connection's received descriptors, numbered from 0 in the order they
 /// arrived (the order the peer sent them). Clones share them. Whatever is
-/// closed here is closed off the calling thread
-/// ([`close_in_background`]).
+/// closed here is closed off the calling thread, in order, one close at
+/// a time ([`Closes`]): a close that sleeps holds up this connection's
+/// closes only, and what waits behind it is counted.
 #[derive(Clone, Default)]
 pub struct ReceivedDescriptors(Rc<RefCell<Received>>);
 
@@ -55,6 +65,8 @@ struct Received {
     out_of_step: bool,
     /// The connection has ended: nothing is kept any more.
     closed: bool,
+    /// Where what is not kept is closed.
+    closes: Closes,
 }
 
 impl Received {
@@ -67,7 +79,8 @@ impl Received {
 impl Drop for Received {
     fn drop(&mut self) {
         let kept = std::mem::take(&mut self.kept);
-        close_in_background(self.released(kept));
+        let fds = self.released(kept);
+        self.closes.close(fds);
     }
 }
 
@@ -83,7 +96,7 @@ impl ReceivedDescriptors {
             .then(|| KEPT_IN_SERVER.try_acquire().ok())
             .flatten();
         let Some(place) = place else {
-            close_in_background(vec![fd]);
+            received.closes.close(vec![fd]);
             return number;
         };
         let mut evicted = Vec::new();
@@ -96,8 +109,30 @@ impl ReceivedDescriptors {
             fd,
             _place: place,
         });
-        close_in_background(evicted);
+        received.closes.close(evicted);
         number
+    }
+
+    /// Whether too many descriptors this connection sent wait to close
+    /// (their closes sleep), on it or server-wide, for it to send more:
+    /// a reader that sees it ends the connection, with what it names.
+    pub fn overfull(&self) -> Option<String> {
+        let waiting = self.0.borrow().closes.waiting();
+        if waiting > MAX_WAITING_TO_CLOSE {
+            return Some(format!(
+                "[capexec:limit] {waiting} descriptors this connection sent wait to close \
+                 (at most {MAX_WAITING_TO_CLOSE}: a close sleeps, on a pipe whose lock \
+                 is held?): the connection ends"
+            ));
+        }
+        let everyone = waiting_to_close();
+        (everyone > MAX_WAITING_TO_CLOSE_IN_SERVER).then(|| {
+            format!(
+                "[capexec:limit] {everyone} descriptors clients sent wait to close \
+                 server-wide (at most {MAX_WAITING_TO_CLOSE_IN_SERVER}): a connection \
+                 that sends more ends"
+            )
+        })
     }
 
     /// Descriptors the peer sent were lost on the way: from now on none
@@ -117,7 +152,7 @@ impl ReceivedDescriptors {
         mark(&mut received);
         let kept = std::mem::take(&mut received.kept);
         let fds = received.released(kept);
-        close_in_background(fds);
+        received.closes.close(fds);
     }
 
     /// Takes the `count` descriptors numbered from `first` on, in order,
@@ -140,7 +175,7 @@ impl ReceivedDescriptors {
         if complete {
             return Some(fds);
         }
-        close_in_background(fds);
+        received.closes.close(fds);
         None
     }
 

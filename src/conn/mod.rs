@@ -5,4 +5,6 @@
 
 mod handoff;
 
-pub use self::handoff::{DescriptorOutbox, MAX_KEPT_DESCRIPTORS, ReceivedDescriptors, StdioRoute};
+pub use self::handoff::{
+    DescriptorOutbox, MAX_KEPT_DESCRIPTORS, MAX_WAITING_TO_CLOSE, ReceivedDescriptors, StdioRoute,
+};

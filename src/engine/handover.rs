@@ -191,7 +191,7 @@ impl ProcessState {
 
 /// How long a process's I/O thread must be seen asleep on a lock, asked
 /// again and again, for its process to count as holding its pipe locked.
-const LOCK_HELD_FOR: Duration = Duration::from_millis(200);
+pub const LOCK_HELD_FOR: Duration = Duration::from_millis(200);
 
 /// A process whose pipe I/O waits on a lock its own tree (or whoever it
 /// gave the pipe to) holds.

@@ -37,7 +37,7 @@ pub use self::handle::{
     CloseOutputError, CloseTicket, MAX_WRITE_ID_BYTES, Process, ProcessOwner, ReadError,
     ResizeError, WriteError, WriteTicket,
 };
-pub use self::handover::{Handover, HoldingItsPipeLocked, ProcessState};
+pub use self::handover::{Handover, HoldingItsPipeLocked, LOCK_HELD_FOR, ProcessState};
 pub(crate) use self::kill::{pidfd_open, signal_process};
 pub use self::log::{Batch, LogLimits};
 pub use self::output::CHUNK_SIZE;

@@ -60,7 +60,7 @@ impl Drop for ReceivingReader {
         // from now on.
         unsafe { libc::shutdown(socket, libc::SHUT_RD) };
         let mut scratch = vec![MaybeUninit::<u8>::uninit(); 64 * 1024];
-        while let Ok(1..) = receive(socket, &mut scratch, &self.received) {}
+        while let Ok((1.., _)) = receive(socket, &mut scratch, &self.received) {}
     }
 }
 
@@ -81,10 +81,16 @@ impl AsyncRead for ReceivingReader {
                 receive(stream.as_raw_fd(), unfilled, &this.received)
             });
             match read {
-                Ok(count) => {
+                Ok((count, descriptors)) => {
                     // SAFETY: recvmsg wrote `count` bytes.
                     unsafe { buf.assume_init(count) };
                     buf.advance(count);
+                    // Their closes wait behind one that sleeps: the peer
+                    // sends no more to this server through here.
+                    if let Some(why) = descriptors.then(|| this.received.overfull()).flatten() {
+                        tracing::warn!("{why}");
+                        return Poll::Ready(Err(io::Error::other(why)));
+                    }
                     return Poll::Ready(Ok(()));
                 }
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
@@ -94,12 +100,13 @@ impl AsyncRead for ReceivingReader {
     }
 }
 
-/// One recvmsg(2) into `data`, filing any descriptors that came with it.
+/// One recvmsg(2) into `data`, filing any descriptors that came with it:
+/// how many bytes it read, and whether descriptors came.
 fn receive(
     socket: RawFd,
     data: &mut [MaybeUninit<u8>],
     received: &ReceivedDescriptors,
-) -> io::Result<usize> {
+) -> io::Result<(usize, bool)> {
     let mut iov = libc::iovec {
         iov_base: data.as_mut_ptr().cast(),
         iov_len: data.len(),
@@ -123,6 +130,7 @@ fn receive(
     if count < 0 {
         return Err(io::Error::last_os_error());
     }
+    let descriptors = message.msg_controllen > 0;
     // SAFETY: walking the control messages recvmsg just wrote.
     unsafe {
         let mut header = libc::CMSG_FIRSTHDR(&message);
@@ -142,7 +150,7 @@ fn receive(
         tracing::warn!("descriptors the peer sent did not fit a read and were closed");
         received.lost_some();
     }
-    Ok(count as usize)
+    Ok((count as usize, descriptors))
 }
 
 const fn control_words(descriptors: usize) -> usize {

@@ -50,7 +50,9 @@ pub use self::ports::MAX_PENDING_ACCEPTS;
 pub use self::process::{MAX_WAIT_MS, ProcessImpl};
 pub use self::quota::{AllowanceBuilder, Quota};
 pub use self::subscription::deliveries_finished;
-pub use crate::conn::{DescriptorOutbox, MAX_KEPT_DESCRIPTORS, ReceivedDescriptors, StdioRoute};
+pub use crate::conn::{
+    DescriptorOutbox, MAX_KEPT_DESCRIPTORS, MAX_WAITING_TO_CLOSE, ReceivedDescriptors, StdioRoute,
+};
 
 /// Output payload budget of one `EventSink.push`. A push carries whatever
 /// has accumulated, up to this much: large batches cut the per-message cost

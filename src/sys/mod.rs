@@ -7,7 +7,8 @@ mod host;
 mod socket;
 
 pub use self::descriptors::{
-    close_in_background, keep_closes_for_the_next_binary, kept_for_the_next_binary,
+    Closes, MAX_CLOSING_THREADS, close_in_background, closing_for, keep_closes_for_the_next_binary,
+    kept_for_the_next_binary, waiting_to_close,
 };
 pub use self::host::{HostConfig, KernelFeature};
 pub use self::socket::Socket;

@@ -727,6 +727,46 @@ fn a_pipe_a_client_sent_and_holds_locked_does_not_hold_the_upgrade_up() {
     upgrades_and_answers(&served);
 }
 
+/// A close that already sleeps on a pipe's lock (a client sent a pipe it
+/// holds locked, then enough descriptors for the server to close it)
+/// would keep the exec waiting for its thread for as long as the client
+/// likes: the upgrade is refused, saying so, and the server serves on;
+/// once the holder lets go, the same upgrade goes through.
+#[test]
+fn an_upgrade_is_refused_while_a_close_sleeps_on_a_pipe_s_lock() {
+    use common::pipe_lock::{self, KillOnDrop};
+    let served = Upgradable::start();
+    let ready = served.dir.path().join("ready");
+    let socket = served.unix.trim_start_matches("unix:");
+    let _client = pipe_lock::ChildKilledOnDrop(pipe_lock::client_sending_locked_pipes(
+        Path::new(socket),
+        &ready,
+        1,
+        capexec::rpc::MAX_KEPT_DESCRIPTORS,
+    ));
+    let holders = common::eventually("the pipe is sent", || pipe_lock::holder_pids(&ready));
+    let holders: Vec<KillOnDrop> = holders.into_iter().map(KillOnDrop::always).collect();
+    common::eventually("a close sleeps on the pipe's lock", || {
+        (pipe_lock::threads_asleep(served.child.id()) == ["capexec-close"]).then_some(())
+    });
+    let refused = served.upgrade();
+    assert_eq!(refused.code, 125, "{}", text(&refused.stderr));
+    let message = text(&refused.stderr);
+    assert!(
+        message.starts_with("capexec: the server was not upgraded and serves as before: 1 close of descriptors sleeps on a lock held elsewhere")
+            && message.contains("end what holds it, and try again"),
+        "{message}"
+    );
+    served.answers_echo("still");
+    drop(holders);
+    common::eventually("the close goes through", || {
+        pipe_lock::threads_asleep(served.child.id())
+            .is_empty()
+            .then_some(())
+    });
+    upgrades_and_answers(&served);
+}
+
 /// `capexec upgrade` of `served` succeeds, and the new binary runs a
 /// command.
 fn upgrades_and_answers(served: &Upgradable) {

@@ -92,6 +92,76 @@ os.rename(ready + ".held", ready)
 time.sleep(600)
 "#;
 
+/// A client of the server at the Unix socket `argv[1]` that sends it
+/// `argv[4]` pipes it holds locked, one after the other, then `argv[5]`
+/// descriptors of /dev/null, one per message, with the bytes of a frame
+/// that never completes. Each pipe's holder is a child of its own, which
+/// splices a silent socket into the pipe's write end; the client sends
+/// a second open file of that end and closes it, so that the server's
+/// close is its last (and takes the lock). Writes the holders' pids to
+/// `argv[2]` once all is sent, then `argv[2]`.ended once the server has
+/// ended the connection.
+const SEND_LOCKED_PIPES: &str = r#"
+import os, socket, sys, time
+listening, ready, splice = sys.argv[1], sys.argv[2], sys.argv[3]
+locked, nulls = int(sys.argv[4]), int(sys.argv[5])
+server = socket.socket(socket.AF_UNIX)
+server.connect(listening)
+# A frame of one segment of 1000 words: the server waits for its bytes.
+header = b"\0\0\0\0\xe8\x03\0\0"
+holders, quiet = [], []
+for index in range(locked):
+    r, w = os.pipe()
+    sent = os.open(f"/proc/self/fd/{w}", os.O_WRONLY)
+    quiet.append(hold(w, ready + f".{index}", splice, others=[sent]))
+    with open(ready + f".{index}") as f:
+        holders.append(f.read().strip())
+    socket.send_fds(server, [header if index == 0 else b"\0"], [sent])
+    os.close(sent)
+try:
+    for _ in range(nulls):
+        null = os.open("/dev/null", os.O_RDONLY)
+        socket.send_fds(server, [b"\0"], [null])
+        os.close(null)
+except OSError:
+    pass
+with open(ready + ".new", "w") as f:
+    f.write(" ".join(holders) + "\n")
+os.rename(ready + ".new", ready)
+try:
+    server.recv(1)
+except OSError:
+    pass
+open(ready + ".ended", "w").close()
+time.sleep(600)
+"#;
+
+/// Starts a client of the server listening at `socket` that sends it
+/// `locked` pipes it holds locked, then `nulls` other descriptors (see
+/// [`SEND_LOCKED_PIPES`]); `ready` names the holders once all is sent,
+/// and `ready`.ended appears once the server ended the connection.
+pub fn client_sending_locked_pipes(
+    socket: &Path,
+    ready: &Path,
+    locked: usize,
+    nulls: usize,
+) -> Child {
+    spawn_python(
+        SEND_LOCKED_PIPES,
+        socket,
+        ready,
+        &[locked.to_string(), nulls.to_string()],
+    )
+}
+
+/// The pids a file `ready` names, once it does.
+pub fn holder_pids(ready: &Path) -> Option<Vec<i32>> {
+    let pids = std::fs::read_to_string(ready).ok()?;
+    pids.split_whitespace()
+        .map(|pid| pid.parse().ok())
+        .collect()
+}
+
 /// Starts a client of the server listening at `socket` that sends it a
 /// pipe it holds locked after `before` other descriptors (see
 /// [`SEND_A_LOCKED_PIPE`]); `ready` names the holder once it is sent.
@@ -230,18 +300,37 @@ impl Drop for ChildKilledOnDrop {
 /// The states of the server `server`'s threads that do a process's pipe
 /// I/O (`engine/io_thread.rs`).
 pub fn io_thread_states(server: u32) -> Vec<char> {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{server}/task")) else {
+    thread_states(server)
+        .into_iter()
+        .filter(|(name, _)| name == "capexec-io")
+        .map(|(_, state)| state)
+        .collect()
+}
+
+/// The names of the server `server`'s threads that sleep uninterruptibly
+/// (state `D`: on a pipe's lock, or for a moment on the disk), sorted.
+pub fn threads_asleep(server: u32) -> Vec<String> {
+    let mut asleep: Vec<String> = thread_states(server)
+        .into_iter()
+        .filter(|&(_, state)| state == 'D')
+        .map(|(name, _)| name)
+        .collect();
+    asleep.sort();
+    asleep
+}
+
+/// Each thread of process `pid`: its name and its state.
+fn thread_states(pid: u32) -> Vec<(String, char)> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return Vec::new();
     };
     tasks
         .flatten()
-        .filter(|task| {
-            std::fs::read_to_string(task.path().join("comm"))
-                .is_ok_and(|name| name.trim_end() == "capexec-io")
-        })
         .filter_map(|task| {
+            let name = std::fs::read_to_string(task.path().join("comm")).ok()?;
             let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
-            stat.get(stat.rfind(')')? + 2..)?.chars().next()
+            let state = stat.get(stat.rfind(')')? + 2..)?.chars().next()?;
+            Some((name.trim_end().to_string(), state))
         })
         .collect()
 }

@@ -635,3 +635,46 @@ fn a_locked_pipe_beyond_a_read_s_room_stops_nothing() {
 fn a_locked_pipe_sent_to_a_restricted_server_stops_nothing() {
     a_locked_pipe_sent_unread(&["--allow-program", "/bin/true"]);
 }
+
+/// A client sends three pipes it holds locked, then more descriptors than
+/// a connection keeps: the server's closes of the three (its last of
+/// each, which take their locks) sleep on one thread of their own, not
+/// one each on the pool file calls use, and the descriptors that wait
+/// behind them are counted: past the bound, the connection ends.
+#[test]
+fn locked_pipes_a_client_sends_hold_one_thread_and_end_its_connection() {
+    common::run_local(async move {
+        let served = Served::start();
+        let server = served.child.id();
+        let work = TempDir::new("locked-pipes");
+        let ready = work.path().join("ready");
+        let nulls = capexec::rpc::MAX_KEPT_DESCRIPTORS + capexec::rpc::MAX_WAITING_TO_CLOSE + 8;
+        let _client = pipe_lock::ChildKilledOnDrop(pipe_lock::client_sending_locked_pipes(
+            &served.socket,
+            &ready,
+            3,
+            nulls,
+        ));
+        let holders = common::eventually_async("the pipes are sent", async || {
+            pipe_lock::holder_pids(&ready)
+        })
+        .await;
+        let holders: Vec<KillOnDrop> = holders.into_iter().map(KillOnDrop::always).collect();
+        let ended = work.path().join("ready.ended");
+        common::eventually_async("the server ends the connection", async || {
+            ended.exists().then_some(())
+        })
+        .await;
+        common::eventually_async("one thread sleeps, closing the first pipe", async || {
+            (pipe_lock::threads_asleep(server) == ["capexec-close"]).then_some(())
+        })
+        .await;
+        an_honest_client_is_served(&served, work.path()).await;
+        drop(holders);
+        common::eventually_async("the closes go through", async || {
+            pipe_lock::threads_asleep(server).is_empty().then_some(())
+        })
+        .await;
+        an_honest_client_is_served(&served, work.path()).await;
+    });
+}

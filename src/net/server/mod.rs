@@ -599,6 +599,19 @@ impl Server {
                 answer(Err(why));
                 continue;
             }
+            let asleep = upgrade::closes_asleep().await;
+            if asleep > 0 {
+                let why = format!(
+                    "{asleep} close{} of descriptors sleep{} on a lock held elsewhere (a pipe a \
+                     client sent and holds locked), and the exec would wait for as long as that \
+                     lasts; end what holds it, and try again",
+                    if asleep == 1 { "" } else { "s" },
+                    if asleep == 1 { "s" } else { "" },
+                );
+                tracing::warn!("upgrade refused, still serving: {why}");
+                answer(Err(why));
+                continue;
+            }
             // No connection is accepted from here on: what connects waits
             // in the backlog for the new binary. A client told that the
             // upgrade goes on confirms it by reconnecting, which must not
