@@ -114,17 +114,24 @@ impl ReceivedDescriptors {
     }
 
     /// Whether too many descriptors this connection sent wait to close
-    /// (their closes sleep), on it or server-wide, for it to send more:
-    /// a reader that sees it ends the connection, with what it names.
+    /// (behind a close that sleeps) for it to read more: a reader asks
+    /// before each read (which can bring in `sys::SCM_MAX_FD` more), and
+    /// ends the connection, with what it names.
     pub fn overfull(&self) -> Option<String> {
         let waiting = self.0.borrow().closes.waiting();
-        if waiting > MAX_WAITING_TO_CLOSE {
-            return Some(format!(
+        (waiting > MAX_WAITING_TO_CLOSE).then(|| {
+            format!(
                 "[capexec:limit] {waiting} descriptors this connection sent wait to close \
                  (at most {MAX_WAITING_TO_CLOSE}: a close sleeps, on a pipe whose lock \
                  is held?): the connection ends"
-            ));
-        }
+            )
+        })
+    }
+
+    /// The same over the whole server, asked after a read that brought
+    /// descriptors: a connection that sends some while too many wait
+    /// ends.
+    pub fn overfull_in_server(&self) -> Option<String> {
         let everyone = waiting_to_close();
         (everyone > MAX_WAITING_TO_CLOSE_IN_SERVER).then(|| {
             format!(
@@ -153,6 +160,13 @@ impl ReceivedDescriptors {
         let kept = std::mem::take(&mut received.kept);
         let fds = received.released(kept);
         received.closes.close(fds);
+    }
+
+    /// Reads out what the Unix `socket` (a copy of the connection's,
+    /// shut for reading) holds and closes it, after this connection's
+    /// other closes, off the calling thread (`sys::Closes`).
+    pub fn read_out_and_close(&self, socket: OwnedFd) {
+        self.0.borrow().closes.read_out_and_close(socket);
     }
 
     /// Takes the `count` descriptors numbered from `first` on, in order,

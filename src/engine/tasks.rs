@@ -20,8 +20,9 @@ use std::path::{Path, PathBuf};
 pub const TASKS_PER_PROCESS: u64 = 2;
 
 /// Kept for the server's own threads at rest (the runtime, the reaper,
-/// upstream links, a few of tokio's blocking pool), and for closing
-/// threads (`sys::MAX_CLOSING_THREADS`). File calls may take
+/// upstream links, a few of tokio's blocking pool, a closing thread or
+/// two). More closing threads (`sys::MAX_CLOSING_THREADS`) run only for
+/// closes that sleep, each on a lock a task of its holder's keeps. File calls may take
 /// up to `files::work::MAX_FILE_WORK` more pool threads for a while,
 /// from the same limit; a server kept to a small limit (a container's
 /// `--pids-limit`) should not be kept from starting for them.

@@ -41,6 +41,11 @@ pub(crate) enum Opening {
 pub(crate) trait Peek: AsRawFd + AsyncRead + Unpin {
     fn try_peek(&self, buf: &mut [u8]) -> io::Result<usize>;
     fn readable(&self) -> impl Future<Output = io::Result<()>>;
+    /// Takes no descriptors from now on; an error if some came already.
+    fn take_no_descriptors(&self) -> io::Result<()>;
+    /// Closes it off this thread: descriptors sent and not read are
+    /// released by the socket's close.
+    fn close_off_this_thread(self);
 }
 
 fn peek_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
@@ -59,12 +64,30 @@ impl Peek for UnixStream {
     fn readable(&self) -> impl Future<Output = io::Result<()>> {
         UnixStream::readable(self)
     }
+    fn take_no_descriptors(&self) -> io::Result<()> {
+        use std::os::fd::AsFd;
+        crate::sys::refuse_descriptors_or_warn(self.as_fd(), "a direct channel");
+        if crate::sys::descriptors_waiting(self.as_fd())? {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "a direct channel's preamble came with descriptors, which a channel takes none of",
+            ));
+        }
+        Ok(())
+    }
+    fn close_off_this_thread(self) {
+        match self.into_std() {
+            Ok(socket) => crate::sys::close_in_background(vec![socket.into()]),
+            Err(error) => tracing::warn!(%error, "a direct channel closed on the serving thread"),
+        }
+    }
 }
 
 /// Looks at a new connection's first four bytes (without taking them, so
 /// descriptors sent with a Cap'n Proto connection's first bytes stay for
 /// its reader) and, if they open a direct channel, reads its preamble.
-/// A channel that is not one (wrong magic, too slow, closed) is an error.
+/// A channel that is not one (wrong magic, too slow, closed, descriptors
+/// sent) is an error.
 pub(crate) async fn opening<S: Peek>(stream: &mut S) -> io::Result<Opening> {
     let started = tokio::time::Instant::now();
     let mut first = [0u8; 4];
@@ -91,6 +114,12 @@ pub(crate) async fn opening<S: Peek>(stream: &mut S) -> io::Result<Opening> {
             Err(_) => return Ok(Opening::Rpc),
         }
     }
+    // A channel from here on: its bytes are read plainly, then spliced,
+    // and either has the kernel close the descriptors that came with them
+    // on this thread (a pipe whose lock the peer holds: asleep for as
+    // long as it likes). So it takes none, and one that sent some is
+    // refused (its caller closes it off this thread).
+    stream.take_no_descriptors()?;
     let mut preamble = [0u8; CHANNEL_MAGIC.len() + TICKET_BYTES];
     tokio::time::timeout_at(started + PREAMBLE_WITHIN, stream.read_exact(&mut preamble))
         .await

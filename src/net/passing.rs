@@ -10,7 +10,7 @@
 
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
@@ -26,12 +26,6 @@ use crate::rpc::{DescriptorOutbox, ReceivedDescriptors};
 /// once; beyond (many handed starts coalesced into one write), a start
 /// may be read before its descriptors and has pipes.
 const MAX_PER_WRITE: usize = crate::rpc::MAX_KEPT_DESCRIPTORS;
-/// Room for every descriptor one message can carry (the kernel's
-/// SCM_MAX_FD): those that do not fit a read are closed by the kernel
-/// on the reading thread, and a pipe among them whose lock the peer holds
-/// would put the serving thread to sleep for as long as the peer likes.
-/// Here each is filed, and what is not kept is closed off this thread.
-const ROOM_PER_READ: usize = 253;
 
 /// The server's read half, filing the descriptors that arrive.
 pub(crate) struct ReceivingReader {
@@ -48,19 +42,29 @@ impl ReceivingReader {
 /// The connection has ended: what it kept is closed now, even while a
 /// process it started is held (its quota outlives the connection). What
 /// the peer sent and nobody read may carry descriptors too, which the
-/// socket's close would release on this thread (a pipe whose lock the
-/// peer holds: asleep for as long as it likes). So the peer can send
-/// nothing more, and what it sent is read out here, its descriptors
-/// closed off this thread.
+/// socket's last close releases on the closing thread (a pipe whose lock
+/// the peer holds: asleep for as long as it likes). So the peer can send
+/// nothing more, and a copy of the socket goes to the connection's
+/// closes, which read it out and close it off this thread: the copy makes
+/// its close the last.
 impl Drop for ReceivingReader {
     fn drop(&mut self) {
         self.received.close();
-        let socket = self.half.as_ref().as_raw_fd();
+        let socket = self.half.as_ref().as_fd();
         // SAFETY: shutdown(2) of our own socket; the peer's sends fail
         // from now on.
-        unsafe { libc::shutdown(socket, libc::SHUT_RD) };
-        let mut scratch = vec![MaybeUninit::<u8>::uninit(); 64 * 1024];
-        while let Ok((1.., _)) = receive(socket, &mut scratch, &self.received) {}
+        unsafe { libc::shutdown(socket.as_raw_fd(), libc::SHUT_RD) };
+        match socket.try_clone_to_owned() {
+            Ok(copy) => self.received.read_out_and_close(copy),
+            Err(error) => {
+                // No descriptor to spare: read out here, each closed off
+                // this thread as it comes.
+                tracing::warn!(%error, "a connection's socket read out on the serving thread");
+                let mut scratch = vec![MaybeUninit::<u8>::uninit(); 64 * 1024];
+                while let Ok((1.., _)) = receive(socket.as_raw_fd(), &mut scratch, &self.received) {
+                }
+            }
+        }
     }
 }
 
@@ -72,6 +76,12 @@ impl AsyncRead for ReceivingReader {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let stream = this.half.as_ref();
+        // Too many of its descriptors wait behind a close that sleeps: a
+        // read could bring in a message's worth more.
+        if let Some(why) = this.received.overfull() {
+            tracing::warn!("{why}");
+            return Poll::Ready(Err(io::Error::other(why)));
+        }
         loop {
             ready!(stream.poll_read_ready(cx))?;
             // SAFETY: recvmsg only writes to the bytes it reports read,
@@ -87,7 +97,10 @@ impl AsyncRead for ReceivingReader {
                     buf.advance(count);
                     // Their closes wait behind one that sleeps: the peer
                     // sends no more to this server through here.
-                    if let Some(why) = descriptors.then(|| this.received.overfull()).flatten() {
+                    if let Some(why) = descriptors
+                        .then(|| this.received.overfull_in_server())
+                        .flatten()
+                    {
                         tracing::warn!("{why}");
                         return Poll::Ready(Err(io::Error::other(why)));
                     }
@@ -101,56 +114,27 @@ impl AsyncRead for ReceivingReader {
 }
 
 /// One recvmsg(2) into `data`, filing any descriptors that came with it:
-/// how many bytes it read, and whether descriptors came.
+/// how many bytes it read, and whether descriptors came. Some that did
+/// not fit (the kernel closed them) end the connection: the numbers are
+/// no longer the peer's, and a peer that sends more than a read has room
+/// for (SCM_MAX_FD) is up to no good.
 fn receive(
     socket: RawFd,
     data: &mut [MaybeUninit<u8>],
     received: &ReceivedDescriptors,
 ) -> io::Result<(usize, bool)> {
-    let mut iov = libc::iovec {
-        iov_base: data.as_mut_ptr().cast(),
-        iov_len: data.len(),
-    };
-    // u64s: a control buffer aligned for cmsghdr.
-    let mut control = [0u64; control_words(ROOM_PER_READ)];
-    // SAFETY: an all-zero msghdr is a valid empty one.
-    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
-    message.msg_iov = &mut iov;
-    message.msg_iovlen = 1;
-    message.msg_control = control.as_mut_ptr().cast();
-    message.msg_controllen = std::mem::size_of_val(&control) as _;
-    // SAFETY: every pointer in `message` is valid for its length.
-    let count = unsafe {
-        libc::recvmsg(
-            socket,
-            &mut message,
-            libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT,
-        )
-    };
-    if count < 0 {
-        return Err(io::Error::last_os_error());
+    let read = crate::sys::receive_with_descriptors(socket, data, libc::MSG_DONTWAIT)?;
+    let descriptors = !read.descriptors.is_empty() || read.cut;
+    for fd in read.descriptors {
+        received.arrived(fd);
     }
-    let descriptors = message.msg_controllen > 0;
-    // SAFETY: walking the control messages recvmsg just wrote.
-    unsafe {
-        let mut header = libc::CMSG_FIRSTHDR(&message);
-        while !header.is_null() {
-            if (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS {
-                let first = libc::CMSG_DATA(header);
-                let bytes = (*header).cmsg_len as usize - (first as usize - header as usize);
-                for index in 0..bytes / std::mem::size_of::<RawFd>() {
-                    let fd = std::ptr::read_unaligned(first.cast::<RawFd>().add(index));
-                    received.arrived(OwnedFd::from_raw_fd(fd));
-                }
-            }
-            header = libc::CMSG_NXTHDR(&message, header);
-        }
-    }
-    if message.msg_flags & libc::MSG_CTRUNC != 0 {
-        tracing::warn!("descriptors the peer sent did not fit a read and were closed");
+    if read.cut {
         received.lost_some();
+        return Err(io::Error::other(
+            "[capexec:limit] descriptors the peer sent did not fit a read and were closed",
+        ));
     }
-    Ok((count as usize, descriptors))
+    Ok((read.bytes, descriptors))
 }
 
 const fn control_words(descriptors: usize) -> usize {
@@ -263,6 +247,7 @@ impl AsyncWrite for SendingWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::OwnedFd;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     fn pipe() -> (std::fs::File, std::fs::File) {

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use tokio::net::{TcpStream, UnixStream};
+use tokio::net::TcpStream;
 
 use crate::model::{Address, PortUse, Refusal, RefusalKind, excerpt, io_message};
 use crate::ports::rules::{PortRules, Target};
@@ -168,7 +168,20 @@ async fn dial_unix(path: &Path, asked: &str, rules: &PortRules) -> Result<Socket
         return Err(served_refusal(asked, &target));
     }
     let through = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file));
-    let stream = UnixStream::connect(&through).await.map_err(|error| {
+    // Refusing descriptors before the connect: the peer is whatever
+    // listens there, and what it sends is read plainly, or spliced
+    // (`sys::refuse_descriptors`).
+    let connecting = tokio::net::UnixSocket::new_stream().inspect(|socket| {
+        crate::sys::refuse_descriptors_or_warn(
+            std::os::fd::AsFd::as_fd(socket),
+            "a dialled Unix socket",
+        );
+    });
+    let connected = match connecting {
+        Ok(socket) => socket.connect(&through).await,
+        Err(error) => Err(error),
+    };
+    let stream = connected.map_err(|error| {
         let doing = if target.to_string() == asked {
             format!("cannot connect to {}", excerpt(asked))
         } else {

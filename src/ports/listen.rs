@@ -112,6 +112,12 @@ fn bind_unix(path: &Path) -> io::Result<(UnixListener, SocketFile)> {
     let staged = staging.join("socket");
     let bound = (|| -> io::Result<(UnixListener, SocketFile)> {
         let listener = UnixListener::bind(&staged)?;
+        // Before anyone can connect (the name is not in place yet): what
+        // connects is read plainly, or spliced (`sys::refuse_descriptors`).
+        crate::sys::refuse_descriptors_or_warn(
+            std::os::fd::AsFd::as_fd(&listener),
+            "a forwarded Unix socket",
+        );
         std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))?;
         rename_no_replace(&staged, path)?;
         let meta = std::fs::symlink_metadata(path)?;

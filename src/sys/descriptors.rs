@@ -14,13 +14,16 @@
 //!   closed in the order given, by one thread at a time. A close that
 //!   sleeps holds up only what its owner gave after it, and the owner
 //!   can see how much waits ([`Closes::waiting`]).
-//! - At most [`MAX_CLOSING_THREADS`] threads close at once; owners beyond
-//!   wait their turn. Descriptors waiting to close are counted server-wide
+//! - At most [`MAX_CLOSING_THREADS`] threads close at once (each that
+//!   sleeps holds a task of whoever holds the lock); owners beyond wait
+//!   their turn. Descriptors waiting to close are counted server-wide
 //!   too ([`waiting_to_close`]).
 //! - An upgrade ([`keep_closes_for_the_next_binary`]) keeps what has not
 //!   been closed yet for the next binary: execve waits for every thread,
-//!   so this binary starts no close from then on. A close that sleeps
-//!   already is reported ([`closing_for`]) and refuses the upgrade.
+//!   so this binary starts no close from then on (each descriptor is
+//!   closed on its own, the upgrade looked at before each). A close in
+//!   progress that does not end ([`no_close_in_progress`]) refuses the
+//!   upgrade, which gives back what was kept ([`close_what_was_kept`]).
 
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
@@ -28,9 +31,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// Most threads closing at once. Kept within the tasks a server keeps for
-/// itself (`engine::tasks::SERVER_OWN_TASKS`).
-pub const MAX_CLOSING_THREADS: usize = 16;
+/// Most threads closing at once. A close is quick but for one that
+/// sleeps, and each that sleeps takes a task of whoever holds its lock
+/// (a splice that waits): the server's threads for it are bounded here,
+/// apart from the pool file calls use.
+pub const MAX_CLOSING_THREADS: usize = 256;
 
 /// Set by an upgrade: what is to be closed from then on is kept for the
 /// next binary instead ([`keep_closes_for_the_next_binary`]).
@@ -61,9 +66,34 @@ struct Owner {
     queue: Mutex<Queue>,
 }
 
+/// What an owner gives to close.
+enum Job {
+    Close(Vec<OwnedFd>),
+    /// A Unix socket whose peer can send no more: what it sent and
+    /// nobody read is read out, its descriptors closed, then the socket.
+    ReadOutAndClose(OwnedFd),
+}
+
+impl Job {
+    /// The descriptors it counts as, waiting.
+    fn counted(&self) -> usize {
+        match self {
+            Job::Close(fds) => fds.len(),
+            Job::ReadOutAndClose(_) => 1,
+        }
+    }
+
+    fn into_fds(self) -> Vec<OwnedFd> {
+        match self {
+            Job::Close(fds) => fds,
+            Job::ReadOutAndClose(socket) => vec![socket],
+        }
+    }
+}
+
 #[derive(Default)]
 struct Queue {
-    batches: VecDeque<Vec<OwnedFd>>,
+    batches: VecDeque<Job>,
     /// Descriptors in `batches` and in the batch being closed.
     waiting: usize,
     /// A thread closes them, or the owner waits for one in `Pool::owners`.
@@ -85,14 +115,35 @@ impl Closes {
         if fds.is_empty() {
             return;
         }
-        let Some(fds) = unless_upgrading(fds) else {
-            return;
-        };
+        if let Some(fds) = unless_upgrading(fds) {
+            self.give(Job::Close(fds));
+        }
+    }
+
+    /// After what this owner was given before, reads out what the Unix
+    /// `socket` (a copy of a connection's, shut for reading) holds,
+    /// closing the descriptors that came with it one at a time, then
+    /// closes it. The copy keeps the connection's socket from being
+    /// closed (and releasing them) wherever the original is: this is its
+    /// last close.
+    pub fn read_out_and_close(&self, socket: OwnedFd) {
+        if let Some(mut socket) = unless_upgrading(vec![socket])
+            && let Some(socket) = socket.pop()
+        {
+            self.give(Job::ReadOutAndClose(socket));
+        }
+    }
+
+    fn give(&self, job: Job) {
         let mut queue = lock(&self.0.queue);
-        queue.waiting += fds.len();
-        WAITING.fetch_add(fds.len(), Ordering::Relaxed);
-        queue.batches.push_back(fds);
+        queue.waiting += job.counted();
+        WAITING.fetch_add(job.counted(), Ordering::Relaxed);
+        queue.batches.push_back(job);
         if std::mem::replace(&mut queue.served, true) {
+            drop(queue);
+            // It waits in line; with no thread left (the system refused
+            // them), try one again.
+            retry_a_thread();
             return;
         }
         drop(queue);
@@ -133,6 +184,21 @@ fn unless_upgrading(fds: Vec<OwnedFd>) -> Option<Vec<OwnedFd>> {
             None
         }
         None => Some(fds),
+    }
+}
+
+/// Starts a thread for the owners in line if none is running (every
+/// spawn so far was refused).
+fn retry_a_thread() {
+    let next = {
+        let mut pool = lock(&POOL);
+        if pool.threads > 0 {
+            return;
+        }
+        pool.owners.pop_front()
+    };
+    if let Some(owner) = next {
+        serve(owner);
     }
 }
 
@@ -192,14 +258,41 @@ fn close_all_of(owner: &Owner, number: u64, tid: i32) {
                 }
             }
         };
-        let count = batch.len();
-        if let Some(batch) = unless_upgrading(batch) {
-            lock(&POOL).closing.push((number, tid, Instant::now()));
-            drop(batch);
-            lock(&POOL).closing.retain(|&(thread, ..)| thread != number);
+        let counted = batch.counted();
+        match batch {
+            Job::Close(fds) => fds.into_iter().for_each(|fd| close_one(fd, number, tid)),
+            Job::ReadOutAndClose(socket) => {
+                read_out(&socket, number, tid);
+                close_one(socket, number, tid);
+            }
         }
-        lock(&owner.queue).waiting -= count;
-        WAITING.fetch_sub(count, Ordering::Relaxed);
+        lock(&owner.queue).waiting -= counted;
+        WAITING.fetch_sub(counted, Ordering::Relaxed);
+    }
+}
+
+/// Closes `fd` unless an upgrade keeps it since, marked as inside a
+/// close while it is.
+fn close_one(fd: OwnedFd, number: u64, tid: i32) {
+    if let Some(fd) = unless_upgrading(vec![fd]) {
+        lock(&POOL).closing.push((number, tid, Instant::now()));
+        drop(fd);
+        lock(&POOL).closing.retain(|&(thread, ..)| thread != number);
+    }
+}
+
+/// Reads out what `socket` holds, closing the descriptors that came with
+/// it one at a time.
+fn read_out(socket: &OwnedFd, number: u64, tid: i32) {
+    use std::os::fd::AsRawFd;
+    let mut scratch = vec![std::mem::MaybeUninit::<u8>::uninit(); 64 * 1024];
+    while let Ok(read) = super::scm::receive(socket.as_raw_fd(), &mut scratch, libc::MSG_DONTWAIT) {
+        for fd in read.descriptors {
+            close_one(fd, number, tid);
+        }
+        if read.bytes == 0 {
+            break;
+        }
     }
 }
 
@@ -215,12 +308,24 @@ pub fn keep_closes_for_the_next_binary() {
     for owner in owners {
         let mut queue = lock(&owner.queue);
         for batch in std::mem::take(&mut queue.batches) {
-            WAITING.fetch_sub(batch.len(), Ordering::Relaxed);
-            queue.waiting -= batch.len();
-            kept.extend(batch);
+            WAITING.fetch_sub(batch.counted(), Ordering::Relaxed);
+            queue.waiting -= batch.counted();
+            kept.extend(batch.into_fds());
         }
         queue.served = false;
     }
+}
+
+/// Undoes [`keep_closes_for_the_next_binary`] (the upgrade did not go
+/// ahead): what was kept is closed here after all.
+pub fn close_what_was_kept() {
+    let kept = lock(&FOR_THE_NEXT_BINARY).take().unwrap_or_default();
+    close_in_background(kept);
+}
+
+/// Whether no thread is inside a close.
+pub fn no_close_in_progress() -> bool {
+    lock(&POOL).closing.is_empty()
 }
 
 /// What was kept since [`keep_closes_for_the_next_binary`], taken.

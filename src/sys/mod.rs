@@ -4,11 +4,20 @@
 
 mod descriptors;
 mod host;
+mod refused_descriptors;
+mod scm;
 mod socket;
 
 pub use self::descriptors::{
-    Closes, MAX_CLOSING_THREADS, close_in_background, closing_for, keep_closes_for_the_next_binary,
-    kept_for_the_next_binary, waiting_to_close,
+    Closes, MAX_CLOSING_THREADS, close_in_background, close_what_was_kept, closing_for,
+    keep_closes_for_the_next_binary, kept_for_the_next_binary, no_close_in_progress,
+    waiting_to_close,
 };
 pub use self::host::{HostConfig, KernelFeature};
+pub use self::refused_descriptors::{
+    descriptors_waiting, kernel_refuses_descriptors, refuse_descriptors, refuse_descriptors_or_warn,
+};
+pub use self::scm::{
+    Received as ReceivedWithDescriptors, SCM_MAX_FD, receive as receive_with_descriptors,
+};
 pub use self::socket::Socket;

@@ -32,6 +32,18 @@ def hold(target, ready, splice, others=()):
         f.write(f"{child}\n")
     os.rename(ready + ".new", ready)
     return peer
+
+def locked_pipe(ready, splice):
+    """A second open file of a pipe's write end, whose holder (named in
+    `ready`) keeps the pipe locked; its close is the pipe's last."""
+    import os
+    r, w = os.pipe()
+    # Opened before the lock is held (an open of a pipe takes it).
+    sent = os.open(f"/proc/self/fd/{w}", os.O_WRONLY)
+    quiet = hold(w, ready, splice, others=[sent])
+    with open(ready) as f:
+        holder = f.read().strip()
+    return sent, holder, (r, w, quiet)
 "#;
 
 /// A command that holds its own pipe at descriptor `argv[1]` locked
@@ -94,7 +106,7 @@ time.sleep(600)
 
 /// A client of the server at the Unix socket `argv[1]` that sends it
 /// `argv[4]` pipes it holds locked, one after the other, then `argv[5]`
-/// descriptors of /dev/null, one per message, with the bytes of a frame
+/// messages of `argv[6]` descriptors of /dev/null each, with the bytes of a frame
 /// that never completes. Each pipe's holder is a child of its own, which
 /// splices a silent socket into the pipe's write end; the client sends
 /// a second open file of that end and closes it, so that the server's
@@ -104,25 +116,26 @@ time.sleep(600)
 const SEND_LOCKED_PIPES: &str = r#"
 import os, socket, sys, time
 listening, ready, splice = sys.argv[1], sys.argv[2], sys.argv[3]
-locked, nulls = int(sys.argv[4]), int(sys.argv[5])
+locked, nulls, per_message = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 server = socket.socket(socket.AF_UNIX)
 server.connect(listening)
 # A frame of one segment of 1000 words: the server waits for its bytes.
 header = b"\0\0\0\0\xe8\x03\0\0"
 holders, quiet = [], []
 for index in range(locked):
-    r, w = os.pipe()
-    sent = os.open(f"/proc/self/fd/{w}", os.O_WRONLY)
-    quiet.append(hold(w, ready + f".{index}", splice, others=[sent]))
-    with open(ready + f".{index}") as f:
-        holders.append(f.read().strip())
+    sent, holder, kept = locked_pipe(ready + f".{index}", splice)
+    holders.append(holder)
+    quiet.append(kept)
     socket.send_fds(server, [header if index == 0 else b"\0"], [sent])
     os.close(sent)
 try:
     for _ in range(nulls):
-        null = os.open("/dev/null", os.O_RDONLY)
-        socket.send_fds(server, [b"\0"], [null])
-        os.close(null)
+        batch = [os.open("/dev/null", os.O_RDONLY) for _ in range(per_message)]
+        try:
+            socket.send_fds(server, [b"\0"], batch)
+        finally:
+            for null in batch:
+                os.close(null)
 except OSError:
     pass
 with open(ready + ".new", "w") as f:
@@ -136,8 +149,71 @@ open(ready + ".ended", "w").close()
 time.sleep(600)
 "#;
 
+/// `argv[4]` clients of the server at the Unix socket `argv[1]`, each on
+/// a connection of its own, that send it a pipe they hold locked and
+/// leave: each connection's end has the server close that pipe (its last
+/// close, which takes the lock). Writes the holders' pids to `argv[2]`.
+const LEAVE_LOCKED_PIPES: &str = r#"
+import os, socket, sys, time
+listening, ready, splice, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+holders, quiet = [], []
+for index in range(count):
+    sent, holder, kept = locked_pipe(ready + f".{index}", splice)
+    holders.append(holder)
+    quiet.append(kept)
+    server = socket.socket(socket.AF_UNIX)
+    server.connect(listening)
+    socket.send_fds(server, [b"\0\0\0\0"], [sent])
+    os.close(sent)
+    server.close()
+with open(ready + ".new", "w") as f:
+    f.write(" ".join(holders) + "\n")
+os.rename(ready + ".new", ready)
+time.sleep(600)
+"#;
+
+/// Starts `count` clients of the server listening at `socket` that each
+/// send it a pipe they hold locked and leave (see
+/// [`LEAVE_LOCKED_PIPES`]); `ready` names the holders once all left.
+pub fn clients_leaving_locked_pipes(socket: &Path, ready: &Path, count: usize) -> Child {
+    spawn_python(LEAVE_LOCKED_PIPES, socket, ready, &[count.to_string()])
+}
+
+/// A service at the Unix socket `argv[1]` that, to whatever connects,
+/// sends a pipe it holds locked with a byte ("x"), then "hello" plainly.
+/// Writes `sent` or `refused` (the kernel failed the send: EPERM) to
+/// `argv[2]`, with the holder's pid.
+const SERVE_A_LOCKED_PIPE: &str = r#"
+import os, socket, sys, time
+listening, ready, splice = sys.argv[1], sys.argv[2], sys.argv[3]
+server = socket.socket(socket.AF_UNIX)
+server.bind(listening)
+server.listen(1)
+peer, _ = server.accept()
+sent, holder, kept = locked_pipe(ready + ".held", splice)
+try:
+    socket.send_fds(peer, [b"x"], [sent])
+    outcome = "sent"
+except PermissionError:
+    outcome = "refused"
+# Not closed: its close here would be the last, and wait on the lock.
+peer.sendall(b"hello")
+with open(ready + ".new", "w") as f:
+    f.write(f"{outcome} {holder}\n")
+os.rename(ready + ".new", ready)
+time.sleep(600)
+"#;
+
+/// Starts a service listening at `socket` that sends whoever connects a
+/// pipe it holds locked (see [`SERVE_A_LOCKED_PIPE`]); `ready` says
+/// whether the send went through, and names the holder.
+pub fn service_sending_a_locked_pipe(socket: &Path, ready: &Path) -> Child {
+    spawn_python(SERVE_A_LOCKED_PIPE, socket, ready, &[])
+}
+
 /// Starts a client of the server listening at `socket` that sends it
-/// `locked` pipes it holds locked, then `nulls` other descriptors (see
+/// `locked` pipes it holds locked, then `nulls` other descriptors, one
+/// per message (see
 /// [`SEND_LOCKED_PIPES`]); `ready` names the holders once all is sent,
 /// and `ready`.ended appears once the server ended the connection.
 pub fn client_sending_locked_pipes(
@@ -146,11 +222,26 @@ pub fn client_sending_locked_pipes(
     locked: usize,
     nulls: usize,
 ) -> Child {
+    client_flooding_behind_locked_pipes(socket, ready, locked, nulls, 1)
+}
+
+/// The same, with `per_message` descriptors in each of the `messages`.
+pub fn client_flooding_behind_locked_pipes(
+    socket: &Path,
+    ready: &Path,
+    locked: usize,
+    messages: usize,
+    per_message: usize,
+) -> Child {
     spawn_python(
         SEND_LOCKED_PIPES,
         socket,
         ready,
-        &[locked.to_string(), nulls.to_string()],
+        &[
+            locked.to_string(),
+            messages.to_string(),
+            per_message.to_string(),
+        ],
     )
 }
 

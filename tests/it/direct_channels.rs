@@ -364,10 +364,69 @@ async fn a_cut_connection_fails_its_channels_at_both_ends(ctx: Ctx) {
     assert_eq!(error.kind(), ErrorKind::ConnectionReset, "{error}");
 }
 
+/// `bytes` with a descriptor of /dev/null, in one sendmsg(2) on `socket`.
+fn send_with_a_descriptor(socket: &impl std::os::fd::AsRawFd, bytes: &[u8]) -> nix::Result<usize> {
+    use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
+    use std::os::fd::AsRawFd;
+    let null = std::fs::File::open("/dev/null").expect("open");
+    let fds = [null.as_raw_fd()];
+    sendmsg::<()>(
+        socket.as_raw_fd(),
+        &[std::io::IoSlice::new(bytes)],
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::empty(),
+        None,
+    )
+}
+
+/// A channel's bytes are spliced, and a splice has the kernel close the
+/// descriptors that came with them on the thread that splices (a pipe
+/// whose lock the peer holds would keep it asleep): a claimed channel
+/// refuses them (the kernel fails the send), and one that sent some with
+/// its ticket is closed unclaimed.
+async fn a_channel_takes_no_descriptors(ctx: Ctx) {
+    let (listener, address) = peer().await;
+    let far = tokio::spawn(async move { listener.accept().await.expect("accept").0 });
+    let dial = RawDial::new(&ctx, &address).await;
+    let ticket = dial.ticket().expect("granted");
+    let mut far = far.await.expect("peer");
+    let channel = route(&ctx).open(&ticket).await.expect("claimed");
+    let refused = send_with_a_descriptor(&channel, b"x").expect_err("refused");
+    assert_eq!(refused, nix::errno::Errno::EPERM);
+    channel.write_all(b"up").await.expect("write");
+    let mut got = [0u8; 2];
+    far.read_exact(&mut got).await.expect("peer reads");
+    assert_eq!(&got, b"up", "only the bytes sent without one");
+
+    // With the ticket, before the server looked: closed, never claimed.
+    let (listener, address) = peer().await;
+    let far = tokio::spawn(async move { listener.accept().await.expect("accept").0 });
+    let dial = RawDial::new(&ctx, &address).await;
+    let ticket = dial.ticket().expect("granted");
+    let _far = far.await.expect("peer");
+    let mut opening = raw(&ctx).await;
+    let mut preamble = CHANNEL_MAGIC.to_vec();
+    preamble.extend_from_slice(&ticket);
+    send_with_a_descriptor(&opening, &preamble).expect("sent before the claim");
+    // Closed with its preamble unread: a reset, and no claim's answer.
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(30), opening.read_to_end(&mut got))
+        .await
+        .expect("the server kept the connection open");
+    assert_eq!(got, b"", "never claimed");
+    assert!(
+        read.as_ref()
+            .map_or_else(|error| error.kind() == ErrorKind::ConnectionReset, |_| true),
+        "{read:?}"
+    );
+    still_serving(&ctx).await;
+}
+
 mod direct {
     use super::*;
     backend_tests!(
         with run_direct on [unix]:
+        a_channel_takes_no_descriptors,
         a_cut_connection_fails_its_channels_at_both_ends,
         unclaimed_tickets_are_bounded_per_connection,
         forged_and_reused_tickets_claim_nothing,

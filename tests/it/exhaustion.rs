@@ -636,6 +636,23 @@ fn a_locked_pipe_sent_to_a_restricted_server_stops_nothing() {
     a_locked_pipe_sent_unread(&["--allow-program", "/bin/true"]);
 }
 
+/// The holders of locked pipes a client names in `ready` once it does
+/// (`what`), each killed when dropped.
+async fn holders_named_in(ready: &std::path::Path, what: &str) -> Vec<KillOnDrop> {
+    let holders = common::eventually_async(what, async || pipe_lock::holder_pids(ready)).await;
+    holders.into_iter().map(KillOnDrop::always).collect()
+}
+
+/// Once the client whose file is `ready` saw the server end its
+/// connection (`ready`.ended).
+async fn the_server_ends_the_connection(ready: &std::path::Path) {
+    let ended = ready.with_extension("ended");
+    common::eventually_async("the server ends the connection", async || {
+        ended.exists().then_some(())
+    })
+    .await;
+}
+
 /// A client sends three pipes it holds locked, then more descriptors than
 /// a connection keeps: the server's closes of the three (its last of
 /// each, which take their locks) sleep on one thread of their own, not
@@ -655,16 +672,8 @@ fn locked_pipes_a_client_sends_hold_one_thread_and_end_its_connection() {
             3,
             nulls,
         ));
-        let holders = common::eventually_async("the pipes are sent", async || {
-            pipe_lock::holder_pids(&ready)
-        })
-        .await;
-        let holders: Vec<KillOnDrop> = holders.into_iter().map(KillOnDrop::always).collect();
-        let ended = work.path().join("ready.ended");
-        common::eventually_async("the server ends the connection", async || {
-            ended.exists().then_some(())
-        })
-        .await;
+        let holders = holders_named_in(&ready, "the pipes are sent").await;
+        the_server_ends_the_connection(&ready).await;
         common::eventually_async("one thread sleeps, closing the first pipe", async || {
             (pipe_lock::threads_asleep(server) == ["capexec-close"]).then_some(())
         })
@@ -676,5 +685,140 @@ fn locked_pipes_a_client_sends_hold_one_thread_and_end_its_connection() {
         })
         .await;
         an_honest_client_is_served(&served, work.path()).await;
+    });
+}
+
+/// A client sends a pipe it holds locked, then floods the connection with
+/// messages of 253 descriptors each: what waits behind the close that
+/// sleeps stays within a bound (the connection ends past 64, before a
+/// read that could bring a message's worth more), and what the client
+/// sent and nobody read stays in the socket, read out and closed behind
+/// that close, never in the server's descriptor table.
+#[test]
+fn a_flood_of_descriptors_behind_a_close_that_sleeps_is_bounded() {
+    common::run_local(async move {
+        let served = Served::start();
+        let server = served.child.id();
+        let before = procfs::open_fds(server);
+        let work = TempDir::new("descriptor-flood");
+        let ready = work.path().join("ready");
+        let _client = pipe_lock::ChildKilledOnDrop(pipe_lock::client_flooding_behind_locked_pipes(
+            &served.socket,
+            &ready,
+            1,
+            400,
+            253,
+        ));
+        let holders = holders_named_in(&ready, "the flood is sent").await;
+        the_server_ends_the_connection(&ready).await;
+        let held = procfs::open_fds(server).saturating_sub(before);
+        let bound = capexec::rpc::MAX_KEPT_DESCRIPTORS
+            + capexec::rpc::MAX_WAITING_TO_CLOSE
+            + capexec::sys::SCM_MAX_FD
+            + 16;
+        assert!(
+            held <= bound,
+            "the server holds {held} more descriptors (bound {bound})"
+        );
+        an_honest_client_is_served(&served, work.path()).await;
+        drop(holders);
+        common::eventually_async("every descriptor of the flood is closed", async || {
+            (procfs::open_fds(server) <= before + 16).then_some(())
+        })
+        .await;
+        an_honest_client_is_served(&served, work.path()).await;
+    });
+}
+
+/// Twenty clients each leave the server a pipe they hold locked: each
+/// connection's end closes its pipe on a closing thread of its own,
+/// asleep on the lock, and the server's other closes (the child's ends
+/// of a start's pipes, another client's descriptors) go on: a start's
+/// output still ends.
+#[test]
+fn closes_that_sleep_leave_the_others_to_go_on() {
+    const LEFT: usize = 20;
+    common::run_local(async move {
+        let served = Served::start();
+        let server = served.child.id();
+        let work = TempDir::new("closes-that-sleep");
+        let ready = work.path().join("ready");
+        let _clients = pipe_lock::ChildKilledOnDrop(pipe_lock::clients_leaving_locked_pipes(
+            &served.socket,
+            &ready,
+            LEFT,
+        ));
+        let holders = holders_named_in(&ready, "the pipes are left").await;
+        common::eventually_async("each close sleeps on its lock", async || {
+            (pipe_lock::threads_asleep(server) == vec!["capexec-close"; LEFT]).then_some(())
+        })
+        .await;
+        an_honest_client_is_served(&served, work.path()).await;
+        // Its stdout is a pipe it hands the server: the server's copy is
+        // closed once the child has it, or the output never ends.
+        let mut run = served.run_script("echo still served");
+        let echoed = tokio::task::spawn_blocking(move || run.output().expect("capexec run"));
+        let echoed = tokio::time::timeout(WEDGED, echoed)
+            .await
+            .expect("the output never ended")
+            .expect("capexec run");
+        assert_eq!(echoed.stdout, b"still served\n");
+        drop(holders);
+        common::eventually_async("the closes go through", async || {
+            pipe_lock::threads_asleep(server).is_empty().then_some(())
+        })
+        .await;
+    });
+}
+
+/// A dial's far end is whatever listens at the path: a hostile service
+/// sends a pipe it holds locked. The server reads that socket plainly (or
+/// splices it, through a direct channel), which would have the kernel
+/// close the pipe on the thread that serves everyone, asleep on its lock;
+/// the socket refuses descriptors instead (the service's send fails), and
+/// the bytes flow.
+#[test]
+fn a_dialled_service_cannot_send_the_server_a_locked_pipe() {
+    common::run_local(async move {
+        let served = Served::start();
+        let work = TempDir::new("dialled-service");
+        let connection = connect(&served).await;
+        let executor = connection.executor();
+        for (name, route) in [("sinks", None), ("direct", connection.direct_route())] {
+            let service = work.path().join(format!("{name}.sock"));
+            let ready = work.path().join(format!("{name}.ready"));
+            let _service = pipe_lock::ChildKilledOnDrop(pipe_lock::service_sending_a_locked_pipe(
+                &service, &ready,
+            ));
+            common::eventually_async("the service listens", async || {
+                service.exists().then_some(())
+            })
+            .await;
+            let address = format!("unix:{}", service.display());
+            let mut stream = capexec::client::dial_via(&executor, &address, route.as_ref())
+                .await
+                .expect("dial");
+            assert_eq!(stream.is_direct(), route.is_some());
+            let outcome = common::eventually_async("the service has sent", async || {
+                std::fs::read_to_string(&ready).ok()
+            })
+            .await;
+            let mut words = outcome.split_whitespace();
+            let said = words.next().map(str::to_string);
+            let holder = words
+                .next()
+                .and_then(|pid| pid.parse().ok())
+                .expect("a pid");
+            let _holder = KillOnDrop::always(holder);
+            assert_eq!(said.as_deref(), Some("refused"), "{name}: {outcome}");
+            let mut got = [0u8; 5];
+            let read = tokio::io::AsyncReadExt::read_exact(&mut stream, &mut got);
+            tokio::time::timeout(WEDGED, read)
+                .await
+                .expect("the server is wedged")
+                .expect("read");
+            assert_eq!(&got, b"hello", "{name}");
+            an_honest_client_is_served(&served, work.path()).await;
+        }
     });
 }

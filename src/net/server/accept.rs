@@ -274,6 +274,7 @@ async fn rpc_or_channel<S: crate::net::direct::Peek>(
                 error = %crate::model::io_message(&error),
                 "a direct channel that did not open properly; closed"
             );
+            stream.close_off_this_thread();
             None
         }
     }

@@ -308,6 +308,12 @@ impl Server {
             let address = Address::Unix(path.clone());
             match socket::bind_unix(path) {
                 Ok((listener, file)) => {
+                    // Its connections are read plainly: a descriptor sent
+                    // would be closed on the serving thread.
+                    crate::sys::refuse_descriptors_or_warn(
+                        std::os::fd::AsFd::as_fd(&listener),
+                        "the admin socket",
+                    );
                     self.unix_files.push(file);
                     self.admin = Some((address, listener));
                 }
@@ -599,8 +605,13 @@ impl Server {
                 answer(Err(why));
                 continue;
             }
-            let asleep = upgrade::closes_asleep().await;
-            if asleep > 0 {
+            // What is to be closed from here on is kept for the next
+            // binary (a descriptor a client sent may be a pipe whose lock
+            // it holds), and the closes in progress must end: one asleep
+            // on such a lock would keep the exec waiting.
+            crate::sys::keep_closes_for_the_next_binary();
+            if let Err(asleep) = upgrade::closes_end().await {
+                crate::sys::close_what_was_kept();
                 let why = format!(
                     "{asleep} close{} of descriptors sleep{} on a lock held elsewhere (a pipe a \
                      client sent and holds locked), and the exec would wait for as long as that \
@@ -631,9 +642,6 @@ impl Server {
             // Frozen first: the processes the connections' ends let go
             // are only signalled, their pipes untouched (`Engine::freeze`).
             self.context.engine().freeze().await;
-            // And what the connections' ends would close (descriptors
-            // their clients sent) is left to the next binary.
-            crate::sys::keep_closes_for_the_next_binary();
             self.close_for_upgrade(&accepting).await;
             let (handover, detached) = self.context.write_down_for_handover();
             let listeners = handed

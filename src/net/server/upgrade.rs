@@ -187,26 +187,20 @@ impl HandedOver {
     }
 }
 
-/// How many threads closing descriptors (`sys::close_in_background`)
-/// sleep on a lock, seen so again and again for
-/// [`crate::engine::LOCK_HELD_FOR`]: the exec would wait for each for as
-/// long as whoever holds the lock likes.
-pub(crate) async fn closes_asleep() -> usize {
-    use crate::engine::{LOCK_HELD_FOR, proc_stat::own_thread_state};
-    let asleep = || -> Vec<i32> {
-        crate::sys::closing_for(std::time::Duration::ZERO)
-            .into_iter()
-            .filter(|&tid| own_thread_state(tid) == Some('D'))
-            .collect()
-    };
-    let mut held = asleep();
-    let until = std::time::Instant::now() + LOCK_HELD_FOR;
-    while !held.is_empty() && std::time::Instant::now() < until {
-        tokio::time::sleep(LOCK_HELD_FOR / 8).await;
-        let now = asleep();
-        held.retain(|tid| now.contains(tid));
+/// Waits for the closes in progress (`sys::close_in_background`) to end,
+/// for as long as a close asleep on a lock must be seen so to count
+/// ([`crate::engine::LOCK_HELD_FOR`]); how many did not, if any did not:
+/// the exec would wait for each for as long as whoever holds the lock
+/// likes.
+pub(crate) async fn closes_end() -> Result<(), usize> {
+    let until = std::time::Instant::now() + crate::engine::LOCK_HELD_FOR;
+    while !crate::sys::no_close_in_progress() {
+        if std::time::Instant::now() >= until {
+            return Err(crate::sys::closing_for(std::time::Duration::ZERO).len());
+        }
+        tokio::time::sleep(crate::engine::LOCK_HELD_FOR / 8).await;
     }
-    held.len()
+    Ok(())
 }
 
 /// Asks the binary at `exe` whether it can take this hand-over, running
