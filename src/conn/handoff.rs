@@ -28,9 +28,10 @@ pub const MAX_KEPT_DESCRIPTORS: usize = 16;
 /// peers cannot take the descriptors the server's budget counts on.
 pub const MAX_KEPT_DESCRIPTORS_IN_SERVER: usize = 1024;
 
-/// Most descriptors of one connection that may wait to close (behind a
-/// close that sleeps: a pipe whose lock the peer holds) while it sends
-/// more: beyond, the connection ends ([`ReceivedDescriptors::overfull`]).
+/// Most descriptors of one connection that may wait to close while it is
+/// read: beyond, its reads wait for closes, and the connection ends if
+/// the close in progress sleeps (a pipe whose lock the peer holds;
+/// [`ReceivedDescriptors::room`]).
 pub const MAX_WAITING_TO_CLOSE: usize = 64;
 
 /// Most descriptors waiting to close over the whole server while a
@@ -113,19 +114,32 @@ impl ReceivedDescriptors {
         number
     }
 
-    /// Whether too many descriptors this connection sent wait to close
-    /// (behind a close that sleeps) for it to read more: a reader asks
-    /// before each read (which can bring in `sys::SCM_MAX_FD` more), and
-    /// ends the connection, with what it names.
-    pub fn overfull(&self) -> Option<String> {
-        let waiting = self.0.borrow().closes.waiting();
-        (waiting > MAX_WAITING_TO_CLOSE).then(|| {
-            format!(
+    /// Whether a reader may read more (which can bring in
+    /// `sys::SCM_MAX_FD` descriptors): `Ready(Ok)` while no more than
+    /// [`MAX_WAITING_TO_CLOSE`] of this connection's wait to close;
+    /// beyond, `Pending` until one is closed (`cx` is woken), or
+    /// `Ready(Err)` naming why the connection ends if the close in
+    /// progress sleeps (on a pipe whose lock the peer holds). A reader
+    /// that waits asks again after `sys::ASLEEP_AFTER`.
+    pub fn room(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), String>> {
+        use std::task::Poll;
+        let closes = self.0.borrow().closes.clone();
+        if closes.waiting() <= MAX_WAITING_TO_CLOSE {
+            return Poll::Ready(Ok(()));
+        }
+        closes.wake_when_one_closes(cx.waker());
+        let waiting = closes.waiting();
+        if waiting <= MAX_WAITING_TO_CLOSE {
+            return Poll::Ready(Ok(()));
+        }
+        if closes.asleep() {
+            return Poll::Ready(Err(format!(
                 "[capexec:limit] {waiting} descriptors this connection sent wait to close \
-                 (at most {MAX_WAITING_TO_CLOSE}: a close sleeps, on a pipe whose lock \
-                 is held?): the connection ends"
-            )
-        })
+                 behind one whose close sleeps (on a pipe whose lock is held?), at most \
+                 {MAX_WAITING_TO_CLOSE}: the connection ends"
+            )));
+        }
+        Poll::Pending
     }
 
     /// The same over the whole server, asked after a read that brought

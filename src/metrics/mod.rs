@@ -138,7 +138,8 @@ pub fn refused_login() {
 /// A limit turned something away: "processes" (a start), "pending-logins"
 /// (a connection), "calls", "call-memory", "login-calls", "login-memory"
 /// (a connection closed by its guard), "file-transfers", "file-watches",
-/// "port-connections", "port-listeners" (a call refused).
+/// "port-connections", "port-listeners" (a call refused),
+/// "descriptors-waiting-to-close" (a connection ended).
 pub fn limit_hit(limit: &'static str) {
     metrics()
         .limit_hits
@@ -203,6 +204,26 @@ pub fn render(running: usize) -> String {
         "Requests or connections turned away by a limit",
         metrics.limit_hits.clone(),
     );
+    let gauge = |value: usize| {
+        let gauge: Gauge = Gauge::default();
+        gauge.set(i64::try_from(value).unwrap_or(i64::MAX));
+        gauge
+    };
+    registry.register(
+        "descriptors_waiting_to_close",
+        "Descriptors given to close (most sent by clients) and not closed yet",
+        gauge(crate::sys::waiting_to_close()),
+    );
+    registry.register(
+        "closing_threads",
+        "Threads closing descriptors now",
+        gauge(crate::sys::closing_threads()),
+    );
+    registry.register(
+        "closes_asleep",
+        "Closes in progress for over 200 ms (asleep on a lock someone else holds, a pipe's or a FUSE daemon's)",
+        gauge(crate::sys::closing_for(std::time::Duration::from_millis(200)).len()),
+    );
     let mut text = String::new();
     if prometheus_client::encoding::text::encode(&mut text, &registry).is_err() {
         text.clear();
@@ -231,6 +252,9 @@ mod tests {
             "# TYPE capexec_output_bytes counter",
             "capexec_processes_failed_total{tag=\"limit\"}",
             "capexec_limit_hits_total{limit=\"processes\"}",
+            "# TYPE capexec_descriptors_waiting_to_close gauge",
+            "# TYPE capexec_closing_threads gauge",
+            "# TYPE capexec_closes_asleep gauge",
             "# EOF",
         ] {
             assert!(text.contains(line), "{line} not in {text}");

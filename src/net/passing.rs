@@ -31,11 +31,42 @@ const MAX_PER_WRITE: usize = crate::rpc::MAX_KEPT_DESCRIPTORS;
 pub(crate) struct ReceivingReader {
     half: OwnedReadHalf,
     received: ReceivedDescriptors,
+    /// While reads wait for the connection's closes: when to look whether
+    /// the close in progress sleeps.
+    look_again: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl ReceivingReader {
     pub fn new(half: OwnedReadHalf, received: ReceivedDescriptors) -> ReceivingReader {
-        ReceivingReader { half, received }
+        ReceivingReader {
+            half,
+            received,
+            look_again: None,
+        }
+    }
+
+    /// Ready once a read may bring in more descriptors (see
+    /// `ReceivedDescriptors::room`): an error if the connection ends.
+    fn poll_room(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            match self.received.room(cx) {
+                Poll::Ready(Ok(())) => {
+                    self.look_again = None;
+                    return Poll::Ready(Ok(()));
+                }
+                Poll::Ready(Err(why)) => {
+                    crate::metrics::limit_hit("descriptors-waiting-to-close");
+                    tracing::warn!("{why}");
+                    return Poll::Ready(Err(io::Error::other(why)));
+                }
+                Poll::Pending => {}
+            }
+            let look_again = self
+                .look_again
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(crate::sys::ASLEEP_AFTER)));
+            ready!(look_again.as_mut().poll(cx));
+            self.look_again = None;
+        }
     }
 }
 
@@ -75,13 +106,10 @@ impl AsyncRead for ReceivingReader {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        // Too many of its descriptors wait to close: a read could bring
+        // in a message's worth more.
+        ready!(this.poll_room(cx))?;
         let stream = this.half.as_ref();
-        // Too many of its descriptors wait behind a close that sleeps: a
-        // read could bring in a message's worth more.
-        if let Some(why) = this.received.overfull() {
-            tracing::warn!("{why}");
-            return Poll::Ready(Err(io::Error::other(why)));
-        }
         loop {
             ready!(stream.poll_read_ready(cx))?;
             // SAFETY: recvmsg only writes to the bytes it reports read,
@@ -101,6 +129,7 @@ impl AsyncRead for ReceivingReader {
                         .then(|| this.received.overfull_in_server())
                         .flatten()
                     {
+                        crate::metrics::limit_hit("descriptors-waiting-to-close");
                         tracing::warn!("{why}");
                         return Poll::Ready(Err(io::Error::other(why)));
                     }

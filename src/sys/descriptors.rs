@@ -37,6 +37,10 @@ use std::time::{Duration, Instant};
 /// apart from the pool file calls use.
 pub const MAX_CLOSING_THREADS: usize = 256;
 
+/// How long one close goes on before it counts as asleep (on a lock
+/// someone else holds) rather than slow.
+pub const ASLEEP_AFTER: Duration = Duration::from_millis(200);
+
 /// Set by an upgrade: what is to be closed from then on is kept for the
 /// next binary instead ([`keep_closes_for_the_next_binary`]).
 static FOR_THE_NEXT_BINARY: Mutex<Option<Vec<OwnedFd>>> = Mutex::new(None);
@@ -98,6 +102,10 @@ struct Queue {
     waiting: usize,
     /// A thread closes them, or the owner waits for one in `Pool::owners`.
     served: bool,
+    /// Since when the close in progress has been going on, if one is.
+    closing_since: Option<Instant>,
+    /// Woken when one of them is closed.
+    waker: Option<std::task::Waker>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -154,6 +162,19 @@ impl Closes {
     pub fn waiting(&self) -> usize {
         lock(&self.0.queue).waiting
     }
+
+    /// Whether the close in progress has gone on for [`ASLEEP_AFTER`]:
+    /// asleep on a lock someone else holds, most likely.
+    pub fn asleep(&self) -> bool {
+        lock(&self.0.queue)
+            .closing_since
+            .is_some_and(|since| since.elapsed() >= ASLEEP_AFTER)
+    }
+
+    /// Wakes `waker` once one of the descriptors given is closed.
+    pub fn wake_when_one_closes(&self, waker: &std::task::Waker) {
+        lock(&self.0.queue).waker = Some(waker.clone());
+    }
 }
 
 /// Closes `fds` off the calling thread (as an owner of their own).
@@ -164,6 +185,11 @@ pub fn close_in_background(fds: Vec<OwnedFd>) {
 /// How many descriptors given to close are not closed yet, server-wide.
 pub fn waiting_to_close() -> usize {
     WAITING.load(Ordering::Relaxed)
+}
+
+/// How many closing threads there are now.
+pub fn closing_threads() -> usize {
+    lock(&POOL).threads
 }
 
 /// The tids of the threads inside one close for at least `at_least`.
@@ -260,35 +286,47 @@ fn close_all_of(owner: &Owner, number: u64, tid: i32) {
         };
         let counted = batch.counted();
         match batch {
-            Job::Close(fds) => fds.into_iter().for_each(|fd| close_one(fd, number, tid)),
+            Job::Close(fds) => fds
+                .into_iter()
+                .for_each(|fd| close_one(fd, owner, number, tid)),
             Job::ReadOutAndClose(socket) => {
-                read_out(&socket, number, tid);
-                close_one(socket, number, tid);
+                read_out(&socket, owner, number, tid);
+                close_one(socket, owner, number, tid);
             }
         }
-        lock(&owner.queue).waiting -= counted;
+        let waker = {
+            let mut queue = lock(&owner.queue);
+            queue.waiting -= counted;
+            queue.waker.take()
+        };
         WAITING.fetch_sub(counted, Ordering::Relaxed);
+        if let Some(waker) = waker {
+            waker.wake();
+        }
     }
 }
 
 /// Closes `fd` unless an upgrade keeps it since, marked as inside a
 /// close while it is.
-fn close_one(fd: OwnedFd, number: u64, tid: i32) {
+fn close_one(fd: OwnedFd, owner: &Owner, number: u64, tid: i32) {
     if let Some(fd) = unless_upgrading(vec![fd]) {
-        lock(&POOL).closing.push((number, tid, Instant::now()));
+        let now = Instant::now();
+        lock(&owner.queue).closing_since = Some(now);
+        lock(&POOL).closing.push((number, tid, now));
         drop(fd);
         lock(&POOL).closing.retain(|&(thread, ..)| thread != number);
+        lock(&owner.queue).closing_since = None;
     }
 }
 
 /// Reads out what `socket` holds, closing the descriptors that came with
 /// it one at a time.
-fn read_out(socket: &OwnedFd, number: u64, tid: i32) {
+fn read_out(socket: &OwnedFd, owner: &Owner, number: u64, tid: i32) {
     use std::os::fd::AsRawFd;
     let mut scratch = vec![std::mem::MaybeUninit::<u8>::uninit(); 64 * 1024];
     while let Ok(read) = super::scm::receive(socket.as_raw_fd(), &mut scratch, libc::MSG_DONTWAIT) {
         for fd in read.descriptors {
-            close_one(fd, number, tid);
+            close_one(fd, owner, number, tid);
         }
         if read.bytes == 0 {
             break;
