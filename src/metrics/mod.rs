@@ -147,13 +147,26 @@ pub fn limit_hit(limit: &'static str) {
         .inc();
 }
 
-/// The Prometheus text exposition of everything, with `running` processes
-/// (the engine's count now).
-pub fn render(running: usize) -> String {
+/// What the server holds now, counted where it is held.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Now {
+    /// The engine's processes.
+    pub processes: usize,
+    /// Descriptors given to close and not closed yet (`sys`).
+    pub descriptors_waiting_to_close: usize,
+    /// Threads closing descriptors.
+    pub closing_threads: usize,
+    /// Closes in progress for over 200 ms.
+    pub closes_asleep: usize,
+}
+
+/// The Prometheus text exposition of everything, with what the server
+/// holds `now`.
+pub fn render(now: &Now) -> String {
     let metrics = metrics();
     let mut registry = Registry::with_prefix("capexec");
     let running_gauge: Gauge = Gauge::default();
-    running_gauge.set(running as i64);
+    running_gauge.set(i64::try_from(now.processes).unwrap_or(i64::MAX));
     registry.register(
         "processes",
         "Processes the server holds now (running, or finished and not yet released)",
@@ -212,17 +225,17 @@ pub fn render(running: usize) -> String {
     registry.register(
         "descriptors_waiting_to_close",
         "Descriptors given to close (most sent by clients) and not closed yet",
-        gauge(crate::sys::waiting_to_close()),
+        gauge(now.descriptors_waiting_to_close),
     );
     registry.register(
         "closing_threads",
         "Threads closing descriptors now",
-        gauge(crate::sys::closing_threads()),
+        gauge(now.closing_threads),
     );
     registry.register(
         "closes_asleep",
         "Closes in progress for over 200 ms (asleep on a lock someone else holds, a pipe's or a FUSE daemon's)",
-        gauge(crate::sys::closing_for(std::time::Duration::from_millis(200)).len()),
+        gauge(now.closes_asleep),
     );
     let mut text = String::new();
     if prometheus_client::encoding::text::encode(&mut text, &registry).is_err() {
@@ -241,7 +254,10 @@ mod tests {
         exit(ExitStatus::Code(127));
         refused_start(RefusalKind::ProgramNotFound);
         refused_start(RefusalKind::LimitReached);
-        let text = render(3);
+        let text = render(&Now {
+            processes: 3,
+            ..Now::default()
+        });
         for line in [
             "# HELP capexec_processes Processes the server holds now",
             "# TYPE capexec_processes gauge",

@@ -11,7 +11,7 @@ use capnp_rpc::RpcSystem;
 use capnp_rpc::rpc_twoparty_capnp::Side;
 use futures::FutureExt;
 use futures::future::{LocalBoxFuture, Shared};
-use tokio::net::{TcpStream, UnixStream};
+use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -419,7 +419,15 @@ async fn open(
                 .to_string(),
         )),
         Address::Unix(path) => {
-            let stream = UnixStream::connect(path)
+            // A client reads its server plainly and takes no descriptors
+            // from it: refused where the kernel can (6.16), so that a
+            // server (an upstream server, for a link) cannot have the
+            // kernel release one on the reading thread. Said nowhere
+            // where it cannot: a client has its server's trust anyway.
+            let socket = tokio::net::UnixSocket::new_stream().map_err(io)?;
+            let _ = crate::sys::refuse_descriptors(std::os::fd::AsFd::as_fd(&socket));
+            let stream = socket
+                .connect(path)
                 .await
                 .map_err(|error| unix_error(address, path, error))?;
             let (reader, writer) = stream.into_split();

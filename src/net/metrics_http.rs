@@ -144,7 +144,12 @@ async fn answer<S: AsyncWrite + Unpin>(
     let path = target.split(|&b| b == b'?').next().unwrap_or_default();
     match (method, path) {
         (b"GET" | b"HEAD", b"/metrics") => {
-            let body = crate::metrics::render(context.engine().live_count());
+            let body = crate::metrics::render(&crate::metrics::Now {
+                processes: context.engine().live_count(),
+                descriptors_waiting_to_close: crate::sys::waiting_to_close(),
+                closing_threads: crate::sys::closing_threads(),
+                closes_asleep: crate::sys::closing_for(crate::sys::ASLEEP_AFTER).len(),
+            });
             let body = if method == b"HEAD" {
                 String::new()
             } else {

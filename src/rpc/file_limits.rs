@@ -134,9 +134,10 @@ mod tests {
         // Operators see it (the counter is process-wide: other tests may
         // have added to it, never taken away).
         assert!(
-            crate::metrics::render(0).contains("capexec_limit_hits_total{limit=\"file-watches\"}"),
+            crate::metrics::render(&crate::metrics::Now::default())
+                .contains("capexec_limit_hits_total{limit=\"file-watches\"}"),
             "{}",
-            crate::metrics::render(0)
+            crate::metrics::render(&crate::metrics::Now::default())
         );
         drop(held);
         assert!(limits.watch().is_ok());

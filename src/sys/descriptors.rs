@@ -309,10 +309,25 @@ fn close_all_of(owner: &Owner, number: u64, tid: i32) {
 /// Closes `fd` unless an upgrade keeps it since, marked as inside a
 /// close while it is.
 fn close_one(fd: OwnedFd, owner: &Owner, number: u64, tid: i32) {
-    if let Some(fd) = unless_upgrading(vec![fd]) {
-        let now = Instant::now();
+    let now = Instant::now();
+    // Listed as inside a close under the same lock as the look at the
+    // upgrade: an upgrade that keeps closes from now on then sees it in
+    // progress (`no_close_in_progress`), or this close sees the upgrade.
+    let fd = {
+        let mut kept = lock(&FOR_THE_NEXT_BINARY);
+        match kept.as_mut() {
+            Some(kept) => {
+                kept.push(fd);
+                None
+            }
+            None => {
+                lock(&POOL).closing.push((number, tid, now));
+                Some(fd)
+            }
+        }
+    };
+    if let Some(fd) = fd {
         lock(&owner.queue).closing_since = Some(now);
-        lock(&POOL).closing.push((number, tid, now));
         drop(fd);
         lock(&POOL).closing.retain(|&(thread, ..)| thread != number);
         lock(&owner.queue).closing_since = None;

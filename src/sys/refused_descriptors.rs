@@ -71,25 +71,46 @@ pub fn kernel_refuses_descriptors() -> bool {
 /// this thread (the socket still holds them: its own close, or a read
 /// that does not take them in, would release them on that thread).
 pub fn descriptors_waiting(fd: BorrowedFd<'_>) -> io::Result<bool> {
-    let mut pending: libc::c_int = 0;
-    // SAFETY: FIONREAD writes one c_int through the pointer given.
-    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::FIONREAD, &mut pending) } != 0 {
-        return Err(io::Error::last_os_error());
+    // A look stops after the first bytes that came with descriptors, so a
+    // look at all that waits finds any. A send that passed the refusal
+    // just before it was set may be queued after FIONREAD was read, but
+    // it holds the lock a look takes until it is queued: after one look,
+    // FIONREAD counts it, and a second look sees it.
+    let (came, looked) = look_at_what_waits(fd, pending_bytes(fd)?)?;
+    if came {
+        return Ok(true);
     }
-    // A look stops after the first bytes that came with descriptors, so
-    // a look at all that waits finds any.
-    let mut data =
-        vec![std::mem::MaybeUninit::uninit(); usize::try_from(pending).unwrap_or(0).max(1)];
+    let pending = pending_bytes(fd)?;
+    if pending <= looked {
+        return Ok(false);
+    }
+    Ok(look_at_what_waits(fd, pending)?.0)
+}
+
+/// A look (MSG_PEEK) at up to `bytes` of what waits on `fd`: whether
+/// descriptors came with them, and how many bytes it saw.
+fn look_at_what_waits(fd: BorrowedFd<'_>, bytes: usize) -> io::Result<(bool, usize)> {
+    let mut data = vec![std::mem::MaybeUninit::uninit(); bytes.max(1)];
     let flags = libc::MSG_PEEK | libc::MSG_DONTWAIT;
     match super::scm::receive(fd.as_raw_fd(), &mut data, flags) {
         Ok(look) => {
             let came = look.cut || !look.descriptors.is_empty();
             super::close_in_background(look.descriptors);
-            Ok(came)
+            Ok((came, look.bytes))
         }
-        Err(error) if error.kind() == io::ErrorKind::WouldBlock => Ok(false),
+        Err(error) if error.kind() == io::ErrorKind::WouldBlock => Ok((false, 0)),
         Err(error) => Err(error),
     }
+}
+
+/// How many bytes wait to be read on `fd` (FIONREAD).
+fn pending_bytes(fd: BorrowedFd<'_>) -> io::Result<usize> {
+    let mut pending: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int through the pointer given.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::FIONREAD, &mut pending) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(usize::try_from(pending).unwrap_or(0))
 }
 
 #[cfg(test)]

@@ -88,6 +88,7 @@ os.wait()
 const SEND_A_LOCKED_PIPE: &str = r#"
 import array, os, socket, sys, time
 listening, ready, splice, before = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+urgent = sys.argv[5] == "urgent"
 r, w = os.pipe()
 # Opened before the lock is held (an open of a pipe takes it), and not
 # kept by the holder: the server's close of it is its last, which takes
@@ -98,7 +99,12 @@ server = socket.socket(socket.AF_UNIX)
 server.connect(listening)
 nulls = [os.open("/dev/null", os.O_RDONLY) for _ in range(before)]
 fds = array.array("i", nulls + [sent])
-server.sendmsg([b"\0\0\0\0"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+if urgent:
+    # One urgent byte (MSG_OOB) carries them, kept apart from the stream.
+    server.sendmsg([b"\0"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)], socket.MSG_OOB)
+    server.sendall(b"\0\0\0")
+else:
+    server.sendmsg([b"\0\0\0\0"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
 os.close(sent)
 os.rename(ready + ".held", ready)
 time.sleep(600)
@@ -257,7 +263,22 @@ pub fn holder_pids(ready: &Path) -> Option<Vec<i32>> {
 /// pipe it holds locked after `before` other descriptors (see
 /// [`SEND_A_LOCKED_PIPE`]); `ready` names the holder once it is sent.
 pub fn client_sending_a_locked_pipe(socket: &Path, ready: &Path, before: usize) -> Child {
-    spawn_python(SEND_A_LOCKED_PIPE, socket, ready, &[before.to_string()])
+    spawn_python(
+        SEND_A_LOCKED_PIPE,
+        socket,
+        ready,
+        &[before.to_string(), "plain".to_string()],
+    )
+}
+
+/// The same, the descriptors carried by an urgent byte (MSG_OOB).
+pub fn client_sending_a_locked_pipe_urgently(socket: &Path, ready: &Path) -> Child {
+    spawn_python(
+        SEND_A_LOCKED_PIPE,
+        socket,
+        ready,
+        &["0".to_string(), "urgent".to_string()],
+    )
 }
 
 /// `script` with the Unix socket `socket`, the file `ready`, the number

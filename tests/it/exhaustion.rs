@@ -608,16 +608,17 @@ fn a_command_holding_its_stdin_locked_stalls_only_itself() {
 /// asleep on the lock: the server stopped for everyone. Every descriptor
 /// that arrives is now read in and closed off that thread, on a server
 /// that keeps descriptors and on a restricted one that keeps none.
-fn a_locked_pipe_sent_unread(extra: &[&str]) {
+fn a_locked_pipe_sent_unread(extra: &[&str], urgently: bool) {
     common::run_local(async move {
         let served = Served::start_with(extra);
         let work = TempDir::new("unread-pipe");
         let ready = work.path().join("ready");
-        let _client = pipe_lock::ChildKilledOnDrop(pipe_lock::client_sending_a_locked_pipe(
-            &served.socket,
-            &ready,
-            40,
-        ));
+        let client = if urgently {
+            pipe_lock::client_sending_a_locked_pipe_urgently(&served.socket, &ready)
+        } else {
+            pipe_lock::client_sending_a_locked_pipe(&served.socket, &ready, 40)
+        };
+        let _client = pipe_lock::ChildKilledOnDrop(client);
         let holder =
             common::eventually_async("the pipe is sent", async || pipe_lock::holder_pid(&ready))
                 .await;
@@ -628,12 +629,20 @@ fn a_locked_pipe_sent_unread(extra: &[&str]) {
 
 #[test]
 fn a_locked_pipe_beyond_a_read_s_room_stops_nothing() {
-    a_locked_pipe_sent_unread(&[]);
+    a_locked_pipe_sent_unread(&[], false);
+}
+
+/// An urgent byte (MSG_OOB) kept apart from the stream: a read skipped it
+/// and the kernel released its descriptors on the serving thread. Urgent
+/// bytes are read in line, their descriptors filed like any.
+#[test]
+fn a_locked_pipe_sent_as_urgent_data_stops_nothing() {
+    a_locked_pipe_sent_unread(&[], true);
 }
 
 #[test]
 fn a_locked_pipe_sent_to_a_restricted_server_stops_nothing() {
-    a_locked_pipe_sent_unread(&["--allow-program", "/bin/true"]);
+    a_locked_pipe_sent_unread(&["--allow-program", "/bin/true"], false);
 }
 
 /// The holders of locked pipes a client names in `ready` once it does

@@ -26,11 +26,13 @@ async fn executor_of(served: &Served) -> net::Connection {
 /// The server's usage once releases have settled: no child left and its
 /// descriptors back to `fds` or fewer (releases finish asynchronously, so
 /// a reading may include one on its way out).
-async fn settled(pid: u32, fds: u64) -> Usage {
-    let what = format!("the server settles back to {fds} descriptors and no children");
+async fn settled(pid: u32, fds: u64, threads: u64) -> Usage {
+    let what =
+        format!("the server settles back to {fds} descriptors, {threads} threads and no children");
     common::eventually_async(&what, async || {
         let now = procfs::usage(pid);
-        if now.fds <= fds && now.zombies == 0 && now.children == 0 {
+        // Threads too: a closing thread ends once it has nothing to close.
+        if now.fds <= fds && now.threads <= threads && now.zombies == 0 && now.children == 0 {
             Ok(now)
         } else {
             Err(format!("{now:?}"))
@@ -50,7 +52,8 @@ fn many_processes_and_clients_leave_the_server_as_they_found_it() {
         for _ in 0..10 {
             truth.status(&executor).await.expect("warm up");
         }
-        let before = settled(pid, procfs::usage(pid).fds).await;
+        let now = procfs::usage(pid);
+        let before = settled(pid, now.fds, now.threads).await;
 
         for _ in 0..SEQUENTIAL {
             assert_eq!(
@@ -80,7 +83,7 @@ fn many_processes_and_clients_leave_the_server_as_they_found_it() {
         });
         join_all(clients).await;
 
-        let after = settled(pid, before.fds).await;
+        let after = settled(pid, before.fds, before.threads).await;
         assert_eq!(after.threads, before.threads, "{before:?} -> {after:?}");
         assert!(
             after.rss_kib < before.rss_kib + 16 * 1024,

@@ -145,9 +145,21 @@ fn accept_unix(
     serving: &Serving,
     verdict: Option<Result<crate::users::Granted, String>>,
 ) -> Option<Accepted> {
+    use crate::net::direct::Peek;
     use std::os::fd::AsRawFd;
+    // Urgent bytes (MSG_OOB) read in line: kept apart, a read skips
+    // them and releases the descriptors they carry on the reading thread
+    // (a pipe whose lock the peer holds: asleep for as long as it likes),
+    // and a look (MSG_PEEK) does not see them.
+    if let Err(error) = socket2::SockRef::from(&stream).set_out_of_band_inline(true) {
+        tracing::warn!(%error, "refusing a Unix connection whose urgent bytes cannot be read in line");
+        stream.close_off_this_thread();
+        return None;
+    }
     if crate::sandbox::peer_is_sandboxed(&serving.host, stream.as_raw_fd()) {
         tracing::warn!("refusing a connection from a sandboxed process");
+        // What it sent may carry descriptors, which the close releases.
+        stream.close_off_this_thread();
         return None;
     }
     let user_share = match (&serving.users, &verdict) {
@@ -165,6 +177,7 @@ fn accept_unix(
                     nix::sys::socket::MsgFlags::MSG_DONTWAIT
                         | nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
                 );
+                stream.close_off_this_thread();
                 return None;
             }
         },
