@@ -51,6 +51,9 @@ pub(crate) async fn accept_loop(
         let host = context.engine().host();
         if crate::sandbox::peer_is_sandboxed(host, std::os::fd::AsRawFd::as_raw_fd(&stream)) {
             tracing::warn!(%address, "refusing an admin connection from a sandboxed process");
+            // Anything it sent before the socket refused descriptors (a
+            // listener a service manager passed) is released by its close.
+            crate::net::direct::Peek::close_off_this_thread(stream);
             continue;
         }
         let (reader, writer) = stream.into_split();

@@ -105,8 +105,11 @@ if urgent:
     server.sendall(b"\0\0\0")
 else:
     server.sendmsg([b"\0\0\0\0"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
-os.close(sent)
+# Said before the close here: a server that closes its copy at once
+# (restricted) may close first, and then this close is the last, asleep
+# on the lock until the test kills the holder.
 os.rename(ready + ".held", ready)
+os.close(sent)
 time.sleep(600)
 "#;
 

@@ -764,19 +764,84 @@ fn closes_that_sleep_leave_the_others_to_go_on() {
         .await;
         an_honest_client_is_served(&served, work.path()).await;
         // Its stdout is a pipe it hands the server: the server's copy is
-        // closed once the child has it, or the output never ends.
+        // closed once the child has it, or the output never ends. Read
+        // to its end, not waited for: this test binary's reaper may reap
+        // the client first.
         let mut run = served.run_script("echo still served");
-        let echoed = tokio::task::spawn_blocking(move || run.output().expect("capexec run"));
+        let mut client = run
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("capexec run");
+        let mut stdout = client.stdout.take().expect("stdout");
+        let echoed = tokio::task::spawn_blocking(move || {
+            let mut all = Vec::new();
+            std::io::Read::read_to_end(&mut stdout, &mut all).map(|_| all)
+        });
         let echoed = tokio::time::timeout(WEDGED, echoed)
             .await
             .expect("the output never ended")
-            .expect("capexec run");
-        assert_eq!(echoed.stdout, b"still served\n");
+            .expect("reader")
+            .expect("read");
+        assert_eq!(echoed, b"still served\n");
+        let _ = client.wait();
         drop(holders);
         common::eventually_async("the closes go through", async || {
             pipe_lock::threads_asleep(server).is_empty().then_some(())
         })
         .await;
+    });
+}
+
+/// Locked pipes a client sends a restricted server (which closes each at
+/// once) while another client starts process after process: a child
+/// between its clone and its exec holds a copy of every descriptor the
+/// server has, and if a closing thread let go of the server's copy then,
+/// the child's close would be the pipe's last, asleep on the lock, with
+/// the serving thread waiting for the child (CLONE_VFORK). Children mark
+/// descriptors close-on-exec instead, and the exec closes them once it
+/// has let the server go: at worst that one start waits for the lock.
+#[test]
+fn starts_are_not_held_up_by_closes_that_sleep() {
+    const LEFT: usize = 40;
+    common::run_local(async move {
+        let served = Served::start_with(&["--allow-program", "/bin/true"]);
+        let work = TempDir::new("starts-and-closes");
+        let ready = work.path().join("ready");
+        let connection = connect(&served).await;
+        let executor = connection.executor();
+        let starting = tokio::task::spawn_local({
+            let executor = executor.clone();
+            async move {
+                let starts = (0..200).map(|_| {
+                    let executor = executor.clone();
+                    async move { Command::new("/bin/true").status(&executor).await }
+                });
+                let mut done = Vec::new();
+                for start in starts {
+                    done.push(tokio::task::spawn_local(start));
+                    tokio::task::yield_now().await;
+                }
+                done
+            }
+        });
+        let _clients = pipe_lock::ChildKilledOnDrop(pipe_lock::clients_leaving_locked_pipes(
+            &served.socket,
+            &ready,
+            LEFT,
+        ));
+        let holders = holders_named_in(&ready, "the pipes are left").await;
+        let started = starting.await.expect("starts");
+        an_honest_client_is_served(&served, work.path()).await;
+        // A start whose child took a last copy waits for its lock.
+        drop(holders);
+        for start in started {
+            let status = tokio::time::timeout(WEDGED, start)
+                .await
+                .expect("a start never ended")
+                .expect("task")
+                .expect("start");
+            assert!(status.success());
+        }
     });
 }
 

@@ -53,7 +53,7 @@ pub(super) struct ChildPlan<'a> {
     pub(super) cwd: RawFd,
     pub(super) stdio: &'a [StdioAction],
     pub(super) max_signal: libc::c_int,
-    /// Descriptors to close when close_range(2) is unavailable.
+    /// Descriptors to mark close-on-exec when close_range(2) cannot.
     pub(super) open_fds: Option<&'a [RawFd]>,
     pub(super) extras: &'a Extras<'a>,
     /// The errno of the step that failed, and which step; shared with the
@@ -208,14 +208,30 @@ pub(super) extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         if let Err(result) = plan.extras.confinement.apply() {
             fail(plan, FAILED_IN_CONFINE, result);
         }
+        // Marked close-on-exec, not closed: this child runs before its
+        // parent's thread (the serving thread, CLONE_VFORK) goes on, and
+        // closing the server's copy of a pipe a peer sent could be that
+        // pipe's last close while a closing thread lets go of its own,
+        // asleep on a lock the peer holds. The exec closes them after it
+        // has let the parent go (so does an exit).
         match plan.open_fds {
             None => {
-                raw(libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32));
+                raw(libc::syscall(
+                    libc::SYS_close_range,
+                    3u32,
+                    u32::MAX,
+                    CLOSE_RANGE_CLOEXEC,
+                ));
             }
             Some(fds) => {
                 for &fd in fds {
                     if fd > 2 {
-                        raw(libc::syscall(libc::SYS_close, fd));
+                        raw(libc::syscall(
+                            libc::SYS_fcntl,
+                            fd,
+                            libc::F_SETFD,
+                            libc::FD_CLOEXEC,
+                        ));
                     }
                 }
             }
@@ -279,6 +295,10 @@ unsafe fn same_directory(fd: RawFd) -> libc::c_long {
 /// Size of the kernel's signal set (64 signals); glibc's `sigset_t` is
 /// larger. MIPS has 128 signals and is not supported.
 pub(super) const KERNEL_SIGSET_BYTES: usize = 8;
+
+/// close_range(2)'s flag that marks the range close-on-exec instead of
+/// closing it (Linux 5.11; not in the libc crate for every target).
+pub(super) const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
 #[cfg(any(target_arch = "mips", target_arch = "mips64"))]
 compile_error!("capexec's spawn assumes a 64-signal kernel sigset");
 

@@ -343,10 +343,17 @@ fn close_range_works() -> bool {
     static WORKS: OnceLock<bool> = OnceLock::new();
     *WORKS.get_or_init(|| {
         // An empty range far above any open descriptor changes nothing but
-        // tells whether the kernel knows the call.
+        // tells whether the kernel knows the call and its flag (5.11).
         let probe = i32::MAX as u32;
         // SAFETY: close_range on an empty range has no effect.
-        unsafe { libc::syscall(libc::SYS_close_range, probe, probe, 0u32) == 0 }
+        unsafe {
+            libc::syscall(
+                libc::SYS_close_range,
+                probe,
+                probe,
+                super::child::CLOSE_RANGE_CLOEXEC,
+            ) == 0
+        }
     })
 }
 

@@ -334,6 +334,11 @@ impl Server {
             .map_err(|error| ServeError::Bind(address.clone(), error))?;
             match adopted {
                 Listener::Unix(listener) if name == ADMIN_NAME => {
+                    // Read plainly, as when bound here (`bind_admin`).
+                    crate::sys::refuse_descriptors_or_warn(
+                        std::os::fd::AsFd::as_fd(&listener),
+                        "the admin socket",
+                    );
                     self.admin = Some((address, listener));
                 }
                 Listener::Tcp(listener) if name == upgrade::METRICS_NAME => {
