@@ -85,6 +85,14 @@ impl Drop for ReceivingReader {
         // SAFETY: shutdown(2) of our own socket; the peer's sends fail
         // from now on.
         unsafe { libc::shutdown(socket.as_raw_fd(), libc::SHUT_RD) };
+        // Nothing left (descriptors come with a byte at least, and
+        // nothing more can come): nothing to read out, no thread to start.
+        let mut left: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one c_int through the pointer given.
+        let asked = unsafe { libc::ioctl(socket.as_raw_fd(), libc::FIONREAD, &mut left) };
+        if asked == 0 && left == 0 {
+            return;
+        }
         match socket.try_clone_to_owned() {
             Ok(copy) => self.received.read_out_and_close(copy),
             Err(error) => {
