@@ -17,7 +17,5 @@ pub use self::host::{HostConfig, KernelFeature};
 pub use self::refused_descriptors::{
     descriptors_waiting, kernel_refuses_descriptors, refuse_descriptors, refuse_descriptors_or_warn,
 };
-pub use self::scm::{
-    Received as ReceivedWithDescriptors, SCM_MAX_FD, receive as receive_with_descriptors,
-};
+pub use self::scm::{SCM_MAX_FD, receive as receive_with_descriptors};
 pub use self::socket::Socket;
