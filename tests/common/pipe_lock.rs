@@ -196,8 +196,11 @@ const SERVE_A_LOCKED_PIPE: &str = r#"
 import os, socket, sys, time
 listening, ready, splice = sys.argv[1], sys.argv[2], sys.argv[3]
 server = socket.socket(socket.AF_UNIX)
-server.bind(listening)
+# The path appears at bind, and a connect refused until listen: it is
+# named only once it listens.
+server.bind(listening + ".new")
 server.listen(1)
+os.rename(listening + ".new", listening)
 peer, _ = server.accept()
 sent, holder, kept = locked_pipe(ready + ".held", splice)
 try:
