@@ -13,8 +13,8 @@
 //! the moment's extra descriptors of a start keep working at any process
 //! count; one connection's quota is at most seven eighths of the server's
 //! processes, so a connection at its quota leaves the rest for the others'
-//! starts; and connections that have not logged in may use at most half of
-//! the descriptors kept for connections.
+//! starts; connections are at most the descriptors kept for them, and
+//! those that have not logged in at most half of those.
 
 use capexec::engine::descriptors::{DESCRIPTORS_PER_PROCESS, DescriptorBudget};
 use capexec::engine::tasks::TaskBudget;
@@ -26,6 +26,7 @@ pub const DEFAULT_MAX_PROCESSES_PER_CONNECTION: usize = 4096;
 /// What was asked for on the command line (`None`: the default).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Asked {
+    pub max_connections: Option<usize>,
     pub max_processes: Option<usize>,
     pub per_connection: Option<usize>,
     pub pending: Option<usize>,
@@ -39,6 +40,7 @@ pub struct Asked {
 /// What the server will hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Capacity {
+    pub max_connections: usize,
     pub max_processes: usize,
     pub per_connection: usize,
     pub pending: PendingLimits,
@@ -47,7 +49,7 @@ pub struct Capacity {
     /// The tightest task limit, if any.
     pub tasks: Option<TaskBudget>,
     /// What was lowered to fit, to say at start.
-    pub lowered: [Option<Lowered>; 3],
+    pub lowered: [Option<Lowered>; 4],
 }
 
 /// A value that was lowered: which, from what, to what, and why.
@@ -86,7 +88,7 @@ pub fn fit(
             budget.limit, budget.connections
         ));
     }
-    let mut lowered = [None; 3];
+    let mut lowered = [None; 4];
     let max_processes = match asked.max_processes {
         Some(wanted) if wanted > carried && asked.handed_over => {
             lowered[0] = Some(Lowered {
@@ -166,15 +168,45 @@ pub fn fit(
     } else {
         wanted
     };
+    let kept = usize::try_from(budget.connections).unwrap_or(usize::MAX);
+    let max_connections = match asked.max_connections {
+        Some(wanted) if wanted > kept && asked.handed_over => {
+            lowered[3] = Some(Lowered {
+                flag: "--max-connections",
+                from: wanted,
+                to: kept,
+                why: "the descriptors the limit keeps for connections, lowered rather than \
+                      refused after an upgrade (raise it with ulimit -n for more)",
+                asked: true,
+            });
+            kept
+        }
+        Some(wanted) if wanted > kept => {
+            return Err(format!(
+                "--max-connections {wanted} needs a descriptor each, but the descriptor limit \
+                 ({}) keeps {kept} for connections (raise it with ulimit -n, or give \
+                 --max-connections {kept} or less)",
+                budget.limit
+            ));
+        }
+        Some(wanted) => wanted,
+        None => kept,
+    };
     let defaults = PendingLimits::default();
-    let room = usize::try_from(budget.connections / 2).unwrap_or(usize::MAX);
+    // Half: peers that never log in cannot take every place from those
+    // that do, nor from Unix clients.
+    let room = usize::try_from(budget.connections / 2)
+        .unwrap_or(usize::MAX)
+        .min(max_connections / 2)
+        .max(1);
     let wanted = asked.pending.unwrap_or(defaults.total);
     let total = if wanted > room {
         lowered[2] = Some(Lowered {
             flag: "--max-pending-logins",
             from: wanted,
             to: room,
-            why: "at most half the descriptors kept for connections",
+            why: "at most half the descriptors kept for connections, and at most half \
+                  of --max-connections",
             asked: asked.pending.is_some(),
         });
         room
@@ -186,6 +218,7 @@ pub fn fit(
         .unwrap_or(defaults.per_address)
         .min(total);
     Ok(Capacity {
+        max_connections,
         max_processes,
         per_connection,
         pending: PendingLimits { total, per_address },
@@ -209,7 +242,55 @@ mod tests {
             DEFAULT_MAX_PROCESSES_PER_CONNECTION
         );
         assert_eq!(capacity.pending, PendingLimits::default());
-        assert_eq!(capacity.lowered, [None; 3]);
+        assert_eq!(capacity.max_connections, (1 << 20) / 8);
+        assert_eq!(capacity.lowered, [None; 4]);
+    }
+
+    /// What Unix peers may have the server hold is what the budget keeps
+    /// for them where the limit is large.
+    #[test]
+    fn the_received_reserve_covers_what_peers_may_have_the_server_hold() {
+        use capexec::conn::{MAX_KEPT_DESCRIPTORS_IN_SERVER, MAX_WAITING_TO_CLOSE_IN_SERVER};
+        use capexec::engine::descriptors::RECEIVED_DESCRIPTORS;
+        use capexec::sys::{MAX_CLOSING_THREADS, MAX_OWNERS_IN_LINE, SCM_MAX_FD};
+        let held = MAX_KEPT_DESCRIPTORS_IN_SERVER
+            + MAX_WAITING_TO_CLOSE_IN_SERVER
+            + 2 * SCM_MAX_FD
+            + 2 * MAX_CLOSING_THREADS
+            + MAX_OWNERS_IN_LINE;
+        assert_eq!(RECEIVED_DESCRIPTORS, held as u64);
+        assert_eq!(
+            capexec::engine::descriptors::PUMP_PIPE_DESCRIPTORS,
+            2 * capexec::ports::MAX_PUMP_PIPES as u64
+        );
+        assert_eq!(
+            DescriptorBudget::new(20_000, 16).received,
+            RECEIVED_DESCRIPTORS
+        );
+    }
+
+    #[test]
+    fn connections_are_what_the_limit_keeps_for_them() {
+        let budget = DescriptorBudget::new(20_000, 16);
+        let capacity = fit(Asked::default(), budget, None).expect("fits");
+        assert_eq!(capacity.max_connections, 2_500);
+        let asked = |max_connections, handed_over| Asked {
+            max_connections: Some(max_connections),
+            handed_over,
+            ..Asked::default()
+        };
+        let fewer = fit(asked(10, false), budget, None).expect("fits");
+        assert_eq!((fewer.max_connections, fewer.pending.total), (10, 5));
+        let refused = fit(asked(2_501, false), budget, None).expect_err("cannot be carried");
+        assert_eq!(
+            refused,
+            "--max-connections 2501 needs a descriptor each, but the descriptor limit (20000) \
+             keeps 2500 for connections (raise it with ulimit -n, or give --max-connections \
+             2500 or less)"
+        );
+        let upgraded = fit(asked(2_501, true), budget, None).expect("lowered");
+        assert_eq!(upgraded.max_connections, 2_500);
+        assert!(upgraded.lowered[3].is_some_and(|lowered| lowered.asked));
     }
 
     #[test]

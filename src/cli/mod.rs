@@ -532,6 +532,15 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N",
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000_000))]
     max_inotify_watches: Option<usize>,
+    /// Connections the server holds open at once, over every listener
+    /// (Unix and TCP, logged in or not; a dial's direct channel until it
+    /// is claimed, then as its port connection); one more is refused at
+    /// once, told why where it can read it. A value the descriptor limit cannot carry is refused
+    /// [default: the descriptors the limit keeps for connections, one
+    /// eighth of it].
+    #[arg(long, value_name = "N",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000_000))]
+    max_connections: Option<usize>,
     /// Connections (on tcp: listeners) that may be open without having
     /// logged in, TLS handshakes included; more are refused at once
     /// [default: 1024, at most half the descriptors kept for connections].
@@ -596,7 +605,8 @@ pub struct ServeArgs {
     /// With --user-map: most connections one Unix user may hold open on
     /// the server's Unix sockets at once, logged in or refused; more are
     /// turned away at once, so that one local user cannot take the
-    /// descriptors every other user's logins need [default: 256].
+    /// descriptors every other user's logins need [default: 256, or half
+    /// of --max-connections if that is less].
     #[arg(long, value_name = "N", requires = "user_map",
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
     max_connections_per_user: Option<usize>,

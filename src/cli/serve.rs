@@ -297,6 +297,16 @@ pub fn main(args: ServeArgs) -> i32 {
         }
     };
     let engine = engine(&args, &capacity, descriptor_limit);
+    // One user may hold at most half the server's connections by
+    // default, so that the others' logins find a place.
+    let users = users.map(|mut users| {
+        if args.max_connections_per_user.is_none() {
+            users.connections_per_user = users
+                .connections_per_user
+                .min((capacity.max_connections / 2).max(1));
+        }
+        users
+    });
     let config = ServerConfig {
         listen,
         token_file: args.token_file,
@@ -309,6 +319,7 @@ pub fn main(args: ServeArgs) -> i32 {
             max_bytes: args.max_call_memory_per_connection << 20,
         },
         pending_logins: capacity.pending,
+        max_connections: Some(capacity.max_connections),
         max_processes_per_connection: Some(capacity.per_connection),
         port_limits: capexec::rpc::PortLimits {
             max_connections: args.max_port_connections_per_connection,
@@ -693,6 +704,7 @@ fn descriptor_capacity(args: &ServeArgs, held: Option<(u64, u64)>) -> Result<Cap
         .map_err(|error| format!("cannot work out the descriptor budget: {error}"))?;
     capacity::fit(
         Asked {
+            max_connections: args.max_connections,
             max_processes: args.max_processes,
             per_connection: args.max_processes_per_connection,
             pending: args.max_pending_logins,
@@ -725,10 +737,35 @@ fn log_capacity(capacity: &Capacity) {
             "the task limit"
         );
     }
+    if budget.received_short() {
+        tracing::warn!(
+            descriptor_limit = budget.limit,
+            "the descriptor limit keeps {} of the {} descriptors clients of the Unix sockets may \
+             have the server hold (kept for their starts, or waiting to close): one that sends \
+             many can fill the table, and a read that finds it full closes what it brought on \
+             the serving thread, which a pipe whose lock the client holds puts to sleep (raise \
+             it with ulimit -n to {} or more)",
+            budget.received,
+            capexec::engine::descriptors::RECEIVED_DESCRIPTORS,
+            capexec::engine::descriptors::RECEIVED_DESCRIPTORS * 4 + 4096
+        );
+    }
+    if budget.pipes_short() {
+        tracing::warn!(
+            descriptor_limit = budget.limit,
+            "the descriptor limit keeps {} of the {} descriptors the pipes of direct channels \
+             may hold: many busy ones can fill the table (raise it with ulimit -n to {} or more)",
+            budget.pipes,
+            capexec::engine::descriptors::PUMP_PIPE_DESCRIPTORS,
+            capexec::engine::descriptors::PUMP_PIPE_DESCRIPTORS * 8 + 4096
+        );
+    }
     tracing::info!(
         descriptor_limit = budget.limit,
         kept_for_connections = budget.connections,
         kept_for_capabilities = budget.held,
+        kept_for_received_descriptors = budget.received,
+        max_connections = capacity.max_connections,
         max_processes = capacity.max_processes,
         max_processes_per_connection = capacity.per_connection,
         max_pending_logins = capacity.pending.total,

@@ -135,7 +135,7 @@ impl ReceivedDescriptors {
         if closes.asleep() {
             return Poll::Ready(Err(format!(
                 "[capexec:limit] {waiting} descriptors this connection sent wait to close \
-                 behind one whose close sleeps (on a pipe whose lock is held?), at most \
+                 behind closes that sleep (on pipes whose locks are held?), at most \
                  {MAX_WAITING_TO_CLOSE}: the connection ends"
             )));
         }

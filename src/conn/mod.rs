@@ -6,5 +6,6 @@
 mod handoff;
 
 pub use self::handoff::{
-    DescriptorOutbox, MAX_KEPT_DESCRIPTORS, MAX_WAITING_TO_CLOSE, ReceivedDescriptors, StdioRoute,
+    DescriptorOutbox, MAX_KEPT_DESCRIPTORS, MAX_KEPT_DESCRIPTORS_IN_SERVER, MAX_WAITING_TO_CLOSE,
+    MAX_WAITING_TO_CLOSE_IN_SERVER, ReceivedDescriptors, StdioRoute,
 };

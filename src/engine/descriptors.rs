@@ -8,8 +8,10 @@
 //! connections. So the budget is worked out at start: a reserve is kept
 //! for connections (and for what the server itself has open), another
 //! for what capabilities hold open (directories, port connections,
-//! transfers, watches: counted by `rpc::holdings`), and the rest is
-//! divided among processes.
+//! transfers, watches: counted by `rpc::holdings`), another for the
+//! descriptors Unix peers send ([`RECEIVED_DESCRIPTORS`]), another for
+//! the pipes of direct channels ([`PUMP_PIPE_DESCRIPTORS`]), and the
+//! rest is divided among processes.
 
 use std::io;
 
@@ -31,9 +33,40 @@ pub const DESCRIPTORS_PER_START: u64 = 3;
 /// budget is worked out: its runtime, listeners, upstream links, logs.
 const SERVER_OWN: u64 = 64;
 
+/// Most descriptors the pipes direct channels' bytes move through hold
+/// (`ports::MAX_PUMP_PIPES`, two each; `cli::capacity`'s tests check it).
+pub const PUMP_PIPE_DESCRIPTORS: u64 = 2 * 256;
+
+/// The share of the limit kept for those pipes: all where the limit
+/// leaves 4,096 for the rest, less (said at start) on a small one.
+fn pipes_reserve(limit: u64) -> u64 {
+    PUMP_PIPE_DESCRIPTORS.min(limit.saturating_sub(4096) / 8)
+}
+
 /// The share of the limit kept for connections: one eighth, at least 64.
 fn connection_reserve(limit: u64) -> u64 {
     (limit / 8).max(64)
+}
+
+/// Most descriptors that Unix sockets' peers may have the server hold at
+/// once: those kept for starts (`conn::handoff`'s 1,024 server-wide),
+/// those waiting to close (1,024, and the 253 of the read that found
+/// more), the 253 the next read may bring (`sys::SCM_MAX_FD`), what
+/// each closing thread holds while it reads out an ended connection's
+/// socket (the socket's copy and one descriptor, 256 threads), and the
+/// owners in line for a thread while every thread sleeps (256, past
+/// which the server takes no new connection: `sys::closes_backed_up`). A read
+/// that finds the table full does not fail: the kernel closes what it
+/// could not hand over on the reading thread, the serving thread, which
+/// a pipe whose lock the peer holds puts to sleep. `cli::capacity`'s
+/// tests check the sum.
+pub const RECEIVED_DESCRIPTORS: u64 = 1024 + 1024 + 253 + 253 + 2 * 256 + 256;
+
+/// The share of the limit kept for the descriptors Unix peers send: all
+/// they may have the server hold ([`RECEIVED_DESCRIPTORS`]) where the
+/// limit leaves 4,096 for the rest, less (said at start) on a small one.
+fn received_reserve(limit: u64) -> u64 {
+    RECEIVED_DESCRIPTORS.min(limit.saturating_sub(4096) / 4)
 }
 
 /// The share of the limit kept for what capabilities hold open
@@ -53,6 +86,12 @@ pub struct DescriptorBudget {
     /// Kept for what capabilities hold open (counted by the RPC layer's
     /// holdings), never used by processes.
     pub held: u64,
+    /// Kept for the descriptors Unix peers send, never used by
+    /// processes: [`RECEIVED_DESCRIPTORS`] unless the limit is small.
+    pub received: u64,
+    /// Kept for the pipes of direct channels' pumps:
+    /// [`PUMP_PIPE_DESCRIPTORS`] unless the limit is small.
+    pub pipes: u64,
     /// Processes the rest carries.
     pub processes: u64,
 }
@@ -62,13 +101,30 @@ impl DescriptorBudget {
     pub fn new(limit: u64, open: u64) -> DescriptorBudget {
         let connections = connection_reserve(limit);
         let held = held_reserve(limit);
-        let reserved = open + SERVER_OWN + connections + held + DESCRIPTORS_PER_START;
+        let received = received_reserve(limit);
+        let pipes = pipes_reserve(limit);
+        let reserved =
+            open + SERVER_OWN + pipes + connections + held + received + DESCRIPTORS_PER_START;
         DescriptorBudget {
             limit,
             connections,
             held,
+            received,
+            pipes,
             processes: limit.saturating_sub(reserved) / DESCRIPTORS_PER_PROCESS,
         }
+    }
+
+    /// Whether the limit keeps less than Unix peers may have the server
+    /// hold: one that sends many can fill the table (say so at start).
+    pub fn received_short(&self) -> bool {
+        self.received < RECEIVED_DESCRIPTORS
+    }
+
+    /// Whether the limit keeps less than the pumps' pipes may hold: many
+    /// busy direct channels can fill the table (say so at start).
+    pub fn pipes_short(&self) -> bool {
+        self.pipes < PUMP_PIPE_DESCRIPTORS
     }
 
     /// The budget of this process's (soft) limit now, where `processes'`
@@ -117,11 +173,25 @@ mod tests {
         let budget = DescriptorBudget::new(20_000, 16);
         assert_eq!(budget.connections, 2_500);
         assert_eq!(budget.held, 2_500);
-        assert_eq!(budget.processes, (20_000 - 16 - 64 - 2_500 - 2_500 - 3) / 4);
+        assert_eq!(budget.received, RECEIVED_DESCRIPTORS);
+        assert!(!budget.received_short());
+        assert_eq!(budget.pipes, PUMP_PIPE_DESCRIPTORS);
+        assert!(!budget.pipes_short());
+        assert_eq!(
+            budget.processes,
+            (20_000 - 16 - 64 - PUMP_PIPE_DESCRIPTORS - 2_500 - 2_500 - RECEIVED_DESCRIPTORS - 3)
+                / 4
+        );
         let small = DescriptorBudget::new(512, 16);
         assert_eq!(small.connections, 64);
         assert_eq!(small.held, 64);
+        assert_eq!(small.received, 0);
+        assert!(small.received_short());
+        assert_eq!(small.pipes, 0);
+        assert!(small.pipes_short());
         assert_eq!(small.processes, (512 - 16 - 64 - 64 - 64 - 3) / 4);
+        let middling = DescriptorBudget::new(8_192, 16);
+        assert_eq!(middling.received, 1_024);
         // A limit that carries nothing says so rather than wrapping.
         assert_eq!(DescriptorBudget::new(200, 50).processes, 0);
     }

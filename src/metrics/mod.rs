@@ -135,8 +135,8 @@ pub fn refused_login() {
     metrics().refused_logins.inc();
 }
 
-/// A limit turned something away: "processes" (a start), "pending-logins"
-/// (a connection), "calls", "call-memory", "login-calls", "login-memory"
+/// A limit turned something away: "processes" (a start), "connections",
+/// "connections-per-user", "pending-logins" (a connection), "calls", "call-memory", "login-calls", "login-memory"
 /// (a connection closed by its guard), "file-transfers", "file-watches",
 /// "port-connections", "port-listeners" (a call refused),
 /// "descriptors-waiting-to-close" (a connection ended).

@@ -24,5 +24,5 @@ mod splice;
 pub use self::dial::{DIAL_TIMEOUT, dial, socket_failure};
 pub use self::listen::{Listening, listen};
 pub use self::rules::{Closed, MAX_PORT_PATTERNS, PortRules, Target};
-pub use self::splice::{PUMP_CHUNK_BYTES, PumpError, pump};
+pub use self::splice::{MAX_PUMP_PIPES, PUMP_CHUNK_BYTES, PumpError, pump};
 pub use crate::sys::Socket;

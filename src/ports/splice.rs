@@ -29,11 +29,21 @@ pub const PUMP_BUSY_BYTES: usize = 256 * 1024;
 /// others stay at the default.
 pub const MAX_BUSY_PIPES: usize = 64;
 
+/// Pipes a server's pumps hold at once (two descriptors each): a
+/// direction that finds no place moves its bytes through a buffer of its
+/// own instead, so that however many direct channels clients hold, their
+/// pipes cannot fill the descriptor table (the server's budget keeps
+/// room for these: `engine::descriptors::PUMP_PIPE_DESCRIPTORS`).
+pub const MAX_PUMP_PIPES: usize = 256;
+
 thread_local! {
     /// Places for busy pipes of this thread's pumps (the RPC thread's: all
     /// of them); a busy pipe holds a permit.
     static BUSY_PIPES: std::sync::Arc<tokio::sync::Semaphore> =
         std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_BUSY_PIPES));
+    /// Places for this thread's pumps' pipes; each pipe holds a permit.
+    static PUMP_PIPES: std::sync::Arc<tokio::sync::Semaphore> =
+        std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_PUMP_PIPES));
 }
 
 /// Why a pump stopped before the source's end of file.
@@ -64,6 +74,8 @@ struct Pipe {
     size: usize,
     /// Its place among the busy pipes, once grown.
     busy: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// Its place among the pumps' pipes.
+    _place: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl Pipe {
@@ -93,7 +105,12 @@ impl Pipe {
 }
 
 impl Pipe {
-    fn new() -> io::Result<Pipe> {
+    /// A new pipe, or `None` if the pumps hold their most.
+    fn new() -> io::Result<Option<Pipe>> {
+        let Ok(place) = PUMP_PIPES.with(|places| std::sync::Arc::clone(places).try_acquire_owned())
+        else {
+            return Ok(None);
+        };
         let mut fds = [0 as RawFd; 2];
         // SAFETY: pipe2 writes two descriptors into `fds`.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } < 0 {
@@ -101,13 +118,62 @@ impl Pipe {
         }
         // SAFETY: both were just created and are ours alone.
         let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        Ok(Pipe {
+        Ok(Some(Pipe {
             read,
             write,
             size: PUMP_CHUNK_BYTES,
             busy: None,
-        })
+            _place: place,
+        }))
     }
+}
+
+/// Moves what `from` has (waiting for some) into `to` through `buffer`,
+/// for a direction with no pipe; how much, 0 at `from`'s end of file.
+async fn copy_some(from: &Socket, to: &Socket, buffer: &mut Vec<u8>) -> Result<usize, PumpError> {
+    buffer.resize(PUMP_CHUNK_BYTES, 0);
+    let read = loop {
+        match from.try_io(Interest::READABLE, || read_into(from.as_raw_fd(), buffer)) {
+            Ok(read) => break read,
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                from.readable().await.map_err(PumpError::Reading)?;
+            }
+            Err(error) => return Err(PumpError::Reading(error)),
+        }
+    };
+    let mut written = 0;
+    while written < read {
+        let taken = to
+            .io(Interest::WRITABLE, || {
+                write_from(to.as_raw_fd(), &buffer[written..read])
+            })
+            .await
+            .map_err(PumpError::Writing)?;
+        if taken == 0 {
+            return Err(PumpError::Writing(io::ErrorKind::WriteZero.into()));
+        }
+        written += taken;
+    }
+    Ok(read)
+}
+
+fn read_into(from: RawFd, buffer: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: read writes at most `buffer.len()` bytes into it.
+    let read = unsafe { libc::read(from, buffer.as_mut_ptr().cast(), buffer.len()) };
+    if read < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(read as usize)
+}
+
+fn write_from(to: RawFd, bytes: &[u8]) -> io::Result<usize> {
+    // SAFETY: send reads at most `bytes.len()` bytes of it; MSG_NOSIGNAL:
+    // a peer gone is EPIPE, not SIGPIPE.
+    let written = unsafe { libc::send(to, bytes.as_ptr().cast(), bytes.len(), libc::MSG_NOSIGNAL) };
+    if written < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(written as usize)
 }
 
 fn splice(from: RawFd, to: RawFd, length: usize) -> io::Result<usize> {
@@ -136,16 +202,27 @@ const PIPE_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
 /// returns how many bytes moved. Neither socket is shut down or closed:
 /// what an end or a failure means is the caller's to say. The pipe is
 /// made when bytes come and let go once the direction has been quiet for
-/// `PIPE_IDLE`, so an idle connection holds none.
+/// `PIPE_IDLE`, so an idle connection holds none. While the pumps hold
+/// their most pipes ([`MAX_PUMP_PIPES`]) the bytes go through a buffer.
 pub async fn pump(from: &Socket, to: &Socket) -> Result<u64, PumpError> {
     let (source, sink) = (from.as_raw_fd(), to.as_raw_fd());
     let mut pipe: Option<Pipe> = None;
+    let mut buffer = Vec::new();
     let mut moved = 0u64;
     from.readable().await.map_err(PumpError::Reading)?;
     loop {
         let through = match &mut pipe {
             Some(pipe) => pipe,
-            None => pipe.insert(Pipe::new().map_err(PumpError::Pipe)?),
+            None => match Pipe::new().map_err(PumpError::Pipe)? {
+                Some(new) => pipe.insert(new),
+                None => match copy_some(from, to, &mut buffer).await? {
+                    0 => return Ok(moved),
+                    copied => {
+                        moved += copied as u64;
+                        continue;
+                    }
+                },
+            },
         };
         let arrived = match from.try_io(Interest::READABLE, || {
             splice(source, through.write.as_raw_fd(), through.size)
@@ -200,11 +277,12 @@ mod tests {
         (Socket::Unix(near), far)
     }
 
-    #[tokio::test]
-    async fn bytes_arrive_exactly_and_the_end_is_reported() {
+    /// Pumps `length` bytes from one socket pair to another and checks
+    /// they arrive exactly, with the end reported.
+    async fn pumped_exactly(length: u32) {
         let (from, mut writer) = pair();
         let (to, mut reader) = pair();
-        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        let data: Vec<u8> = (0..length).map(|i| (i % 251) as u8).collect();
         let sent = data.clone();
         let writing = tokio::spawn(async move {
             writer.write_all(&sent).await.expect("write");
@@ -217,14 +295,36 @@ mod tests {
         });
         let moved = pump(&from, &to).await.expect("pump");
         assert_eq!(moved, data.len() as u64);
+        writing.await.expect("writer");
+        drop(to);
+        assert_eq!(reading.await.expect("reader"), data);
+    }
+
+    #[tokio::test]
+    async fn bytes_arrive_exactly_and_the_end_is_reported() {
+        pumped_exactly(3_000_000).await;
         assert_eq!(
             BUSY_PIPES.with(|busy| busy.available_permits()),
             MAX_BUSY_PIPES,
             "the pump's pipe went with it"
         );
-        writing.await.expect("writer");
-        drop(to);
-        assert_eq!(reading.await.expect("reader"), data);
+        assert_eq!(
+            PUMP_PIPES.with(|places| places.available_permits()),
+            MAX_PUMP_PIPES
+        );
+    }
+
+    #[tokio::test]
+    async fn without_a_pipe_place_the_bytes_go_through_a_buffer() {
+        let places: Vec<_> = (0..MAX_PUMP_PIPES)
+            .map(|_| {
+                PUMP_PIPES
+                    .with(|places| std::sync::Arc::clone(places).try_acquire_owned())
+                    .expect("a place")
+            })
+            .collect();
+        pumped_exactly(1_000_000).await;
+        drop(places);
     }
 
     #[tokio::test]

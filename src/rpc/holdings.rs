@@ -60,6 +60,14 @@ impl HoldingLimits {
         }
     }
 
+    /// The share of this process's descriptor limit kept for
+    /// connections (see `engine::descriptors`): a server's default
+    /// bound on the connections open at once.
+    pub fn connections_of_this_process() -> usize {
+        crate::engine::descriptors::DescriptorBudget::of_this_process(0)
+            .map_or(1024, |budget| budget.connections as usize)
+    }
+
     /// What connections that hold much may take of these together: all
     /// but the quarter kept for those that hold little.
     fn for_heavy_holders(self) -> HoldingLimits {

@@ -35,6 +35,11 @@ impl Default for PortLimits {
     }
 }
 
+/// Descriptors a direct channel holds on top of its port connection's
+/// socket: the channel itself. (The pipes its bytes move through while
+/// they move are the pumps', bounded server-wide: `ports::MAX_PUMP_PIPES`.)
+const DIRECT_CHANNEL_DESCRIPTORS: usize = 1;
+
 #[derive(Clone)]
 pub(crate) struct PortQuota(Rc<State>);
 
@@ -84,11 +89,22 @@ impl PortQuota {
         }))
     }
 
-    /// A ticket for a dial that asks for a direct channel, if this
-    /// connection may have one and neither it nor the server holds its
-    /// maximum of unclaimed tickets.
-    pub(crate) fn issue_direct(&self) -> Option<(crate::rpc::Ticket, crate::rpc::direct::Claim)> {
-        self.0.direct.as_ref()?.issue(&self.0.unclaimed)
+    /// A ticket for a dial that asks for a direct channel, with the hold
+    /// of the descriptors the channel takes, if this connection may have
+    /// one, neither it nor the server holds its maximum of unclaimed
+    /// tickets, and the capabilities' share of descriptors has room (the
+    /// dial goes through the sinks otherwise).
+    pub(crate) fn issue_direct(
+        &self,
+    ) -> Option<(crate::rpc::Ticket, crate::rpc::direct::Claim, Hold)> {
+        let direct = self.0.direct.as_ref()?;
+        let hold = self
+            .0
+            .holdings
+            .hold(DIRECT_CHANNEL_DESCRIPTORS, 0, "port connections")
+            .ok()?;
+        let (ticket, claim) = direct.issue(&self.0.unclaimed)?;
+        Some((ticket, claim, hold))
     }
 
     /// What the connection's senders share.

@@ -41,6 +41,10 @@ pub const MAX_CLOSING_THREADS: usize = 256;
 /// someone else holds) rather than slow.
 pub const ASLEEP_AFTER: Duration = Duration::from_millis(200);
 
+/// Most owners in line for a thread while every thread sleeps before the
+/// server takes no new connection ([`closes_backed_up`]).
+pub const MAX_OWNERS_IN_LINE: usize = 256;
+
 /// Set by an upgrade: what is to be closed from then on is kept for the
 /// next binary instead ([`keep_closes_for_the_next_binary`]).
 static FOR_THE_NEXT_BINARY: Mutex<Option<Vec<OwnedFd>>> = Mutex::new(None);
@@ -63,6 +67,21 @@ struct Pool {
     owners: VecDeque<Arc<Owner>>,
     /// Each thread inside a close: its number, its tid and since when.
     closing: Vec<(u64, i32, Instant)>,
+}
+
+impl Pool {
+    /// Whether every closing thread is inside a close that has gone on
+    /// for [`ASLEEP_AFTER`]: none will serve an owner in line until a
+    /// lock's holder lets go. (Owners wait in line only once there are
+    /// [`MAX_CLOSING_THREADS`], or the system refused more: then with
+    /// fewer, or none.)
+    fn every_thread_asleep(&self) -> bool {
+        self.closing.len() >= self.threads
+            && self
+                .closing
+                .iter()
+                .all(|(_, _, since)| since.elapsed() >= ASLEEP_AFTER)
+    }
 }
 
 #[derive(Default)]
@@ -163,12 +182,18 @@ impl Closes {
         lock(&self.0.queue).waiting
     }
 
-    /// Whether the close in progress has gone on for [`ASLEEP_AFTER`]:
-    /// asleep on a lock someone else holds, most likely.
+    /// Whether this owner's closes are stuck: the close in progress has
+    /// gone on for [`ASLEEP_AFTER`] (asleep on a lock someone else
+    /// holds, most likely), or it waits in line for a thread while every
+    /// thread there may be is inside such a close (then nothing of its
+    /// own closes either, for as long as the holders like).
     pub fn asleep(&self) -> bool {
-        lock(&self.0.queue)
-            .closing_since
-            .is_some_and(|since| since.elapsed() >= ASLEEP_AFTER)
+        let since = lock(&self.0.queue).closing_since;
+        if let Some(since) = since {
+            return since.elapsed() >= ASLEEP_AFTER;
+        }
+        let pool = lock(&POOL);
+        pool.every_thread_asleep() && pool.owners.iter().any(|owner| Arc::ptr_eq(owner, &self.0))
     }
 
     /// Wakes `waker` once one of the descriptors given is closed.
@@ -185,6 +210,17 @@ pub fn close_in_background(fds: Vec<OwnedFd>) {
 /// How many descriptors given to close are not closed yet, server-wide.
 pub fn waiting_to_close() -> usize {
     WAITING.load(Ordering::Relaxed)
+}
+
+/// Whether every closing thread sleeps in a close and at least
+/// [`MAX_OWNERS_IN_LINE`] owners wait for one: what is given to close
+/// only piles up (each owner holds a descriptor at least), so the server
+/// takes no new connection, whose refusal or end would add one, until a
+/// thread wakes. The server's descriptor budget counts the line
+/// (`engine::descriptors::RECEIVED_DESCRIPTORS`).
+pub fn closes_backed_up() -> bool {
+    let pool = lock(&POOL);
+    pool.owners.len() >= MAX_OWNERS_IN_LINE && pool.every_thread_asleep()
 }
 
 /// How many closing threads there are now.
@@ -327,24 +363,48 @@ fn close_one(fd: OwnedFd, owner: &Owner, number: u64, tid: i32) {
         }
     };
     if let Some(fd) = fd {
-        lock(&owner.queue).closing_since = Some(now);
-        drop(fd);
-        lock(&POOL).closing.retain(|&(thread, ..)| thread != number);
-        lock(&owner.queue).closing_since = None;
+        in_progress(owner, number, now, || drop(fd));
     }
 }
 
-/// Reads out what `socket` holds, closing the descriptors that came with
-/// it one at a time.
+/// Runs `close` (listed as inside a close already) with the owner's
+/// close in progress marked, then unlists it.
+fn in_progress<T>(owner: &Owner, number: u64, since: Instant, close: impl FnOnce() -> T) -> T {
+    lock(&owner.queue).closing_since = Some(since);
+    let done = close();
+    lock(&POOL).closing.retain(|&(thread, ..)| thread != number);
+    lock(&owner.queue).closing_since = None;
+    done
+}
+
+/// Reads out what `socket` holds, one message at a time with room for
+/// one descriptor: the kernel closes the others of a message here (this
+/// thread may sleep), so a read-out holds at most one of them in the
+/// table, which the server's budget counts on
+/// (`engine::descriptors::RECEIVED_DESCRIPTORS`). Each read is a close
+/// as an upgrade sees it; once an upgrade keeps closes, the read-out
+/// stops (the socket, with what is left in it, is kept).
 fn read_out(socket: &OwnedFd, owner: &Owner, number: u64, tid: i32) {
     use std::os::fd::AsRawFd;
     let mut scratch = vec![std::mem::MaybeUninit::<u8>::uninit(); 64 * 1024];
-    while let Ok(read) = super::scm::receive(socket.as_raw_fd(), &mut scratch, libc::MSG_DONTWAIT) {
+    loop {
+        let now = Instant::now();
+        {
+            let kept = lock(&FOR_THE_NEXT_BINARY);
+            if kept.is_some() {
+                return;
+            }
+            lock(&POOL).closing.push((number, tid, now));
+        }
+        let read = in_progress(owner, number, now, || {
+            super::scm::receive_one_descriptor(socket.as_raw_fd(), &mut scratch, libc::MSG_DONTWAIT)
+        });
+        let Ok(read) = read else { return };
         for fd in read.descriptors {
             close_one(fd, owner, number, tid);
         }
         if read.bytes == 0 {
-            break;
+            return;
         }
     }
 }
@@ -411,6 +471,92 @@ mod tests {
             assert!(Instant::now() < until, "{what} never happened");
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    /// A second open file of a pipe, whose close is that file's last, and
+    /// a thread that keeps the pipe locked (splicing a silent socket into
+    /// it, asleep there once this returns) until the returned socket is
+    /// dropped.
+    fn locked_pipe() -> (
+        OwnedFd,
+        std::os::unix::net::UnixStream,
+        std::thread::JoinHandle<()>,
+    ) {
+        use std::os::fd::AsRawFd;
+        let (read, write) = pipe();
+        // Opened before the lock is held (an open of a pipe takes it).
+        let second: OwnedFd = std::fs::OpenOptions::new()
+            .write(true)
+            .open(format!("/proc/self/fd/{}", write.as_raw_fd()))
+            .expect("reopen")
+            .into();
+        let (quiet, peer) = std::os::unix::net::UnixStream::pair().expect("pair");
+        let (told, tid) = std::sync::mpsc::channel();
+        let holder = std::thread::spawn(move || {
+            // SAFETY: gettid(2) has no arguments and cannot fail.
+            let _ = told.send(unsafe { libc::gettid() });
+            // SAFETY: both descriptors are open for the call.
+            unsafe {
+                libc::splice(
+                    quiet.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    write.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    65536,
+                    0,
+                );
+            }
+            drop((read, write, quiet));
+        });
+        let tid = tid.recv().expect("the holder's tid");
+        let task = format!("/proc/self/task/{tid}");
+        eventually("the holder sleeps in its splice", || {
+            let call = std::fs::read_to_string(format!("{task}/syscall")).unwrap_or_default();
+            let stat = std::fs::read_to_string(format!("{task}/stat")).unwrap_or_default();
+            let state = stat
+                .rsplit(')')
+                .next()
+                .and_then(|rest| rest.split_whitespace().next());
+            call.split_whitespace().next() == Some(&libc::SYS_splice.to_string())
+                && state == Some("S")
+        });
+        (second, peer, holder)
+    }
+
+    /// With every closing thread asleep on a lock, an owner that waits in
+    /// line for one counts as asleep too: nothing of its closes either;
+    /// and once the line is long, the closes count as backed up.
+    #[test]
+    fn an_owner_in_line_behind_threads_that_all_sleep_is_asleep() {
+        let mut held = Vec::new();
+        for _ in 0..MAX_CLOSING_THREADS {
+            let (second, peer, holder) = locked_pipe();
+            held.push((peer, holder));
+            close_in_background(vec![second]);
+        }
+        let (read, write) = pipe();
+        let in_line = Closes::default();
+        in_line.close(vec![read]);
+        eventually("the owner in line counts as asleep", || in_line.asleep());
+        assert!(!reader_closed(&write));
+        assert!(!closes_backed_up());
+        let behind: Vec<OwnedFd> = (1..MAX_OWNERS_IN_LINE)
+            .map(|_| {
+                let (read, write) = pipe();
+                close_in_background(vec![read]);
+                write
+            })
+            .collect();
+        assert!(closes_backed_up());
+        for (peer, holder) in held {
+            drop(peer);
+            holder.join().expect("holder");
+        }
+        eventually("the owner in line is served", || in_line.waiting() == 0);
+        assert!(!in_line.asleep());
+        assert!(reader_closed(&write));
+        eventually("the line is served", || behind.iter().all(reader_closed));
+        assert!(!closes_backed_up());
     }
 
     #[test]

@@ -9,9 +9,10 @@ mod scm;
 mod socket;
 
 pub use self::descriptors::{
-    ASLEEP_AFTER, Closes, MAX_CLOSING_THREADS, close_in_background, close_what_was_kept,
-    closing_for, closing_threads, keep_closes_for_the_next_binary, kept_for_the_next_binary,
-    no_close_in_progress, waiting_to_close,
+    ASLEEP_AFTER, Closes, MAX_CLOSING_THREADS, MAX_OWNERS_IN_LINE, close_in_background,
+    close_what_was_kept, closes_backed_up, closing_for, closing_threads,
+    keep_closes_for_the_next_binary, kept_for_the_next_binary, no_close_in_progress,
+    waiting_to_close,
 };
 pub use self::host::{HostConfig, KernelFeature};
 pub use self::refused_descriptors::{

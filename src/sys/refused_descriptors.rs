@@ -120,30 +120,7 @@ mod tests {
 
     fn send_a_descriptor(from: &std::os::unix::net::UnixStream) -> io::Result<()> {
         let null = std::fs::File::open("/dev/null")?;
-        let fds = [null.as_raw_fd()];
-        let mut control = [0u64; 4];
-        let mut data = *b"x";
-        let mut iov = libc::iovec {
-            iov_base: data.as_mut_ptr().cast(),
-            iov_len: 1,
-        };
-        // SAFETY: a msghdr built field by field over live buffers.
-        unsafe {
-            let mut message: libc::msghdr = std::mem::zeroed();
-            message.msg_iov = &mut iov;
-            message.msg_iovlen = 1;
-            message.msg_control = control.as_mut_ptr().cast();
-            message.msg_controllen = libc::CMSG_SPACE(4) as _;
-            let header = libc::CMSG_FIRSTHDR(&message);
-            (*header).cmsg_level = libc::SOL_SOCKET;
-            (*header).cmsg_type = libc::SCM_RIGHTS;
-            (*header).cmsg_len = libc::CMSG_LEN(4) as _;
-            std::ptr::copy_nonoverlapping(fds.as_ptr().cast::<u8>(), libc::CMSG_DATA(header), 4);
-            if libc::sendmsg(from.as_raw_fd(), &message, 0) < 0 {
-                return Err(io::Error::last_os_error());
-            }
-        }
-        Ok(())
+        super::super::scm::send_with_byte(from.as_raw_fd(), &[null.as_raw_fd()])
     }
 
     #[test]

@@ -28,6 +28,13 @@ const CONTROL_WORDS: usize = {
     (header.next_multiple_of(8) + data.next_multiple_of(8)) / 8
 };
 
+/// Room for a cmsghdr and one descriptor.
+const ONE_DESCRIPTOR_WORDS: usize = {
+    let header = std::mem::size_of::<libc::cmsghdr>();
+    let data = std::mem::size_of::<RawFd>();
+    (header.next_multiple_of(8) + data.next_multiple_of(8)) / 8
+};
+
 /// One recvmsg(2) of `socket` into `data` with `flags` (and
 /// `MSG_CMSG_CLOEXEC`).
 pub fn receive(
@@ -35,17 +42,45 @@ pub fn receive(
     data: &mut [MaybeUninit<u8>],
     flags: libc::c_int,
 ) -> io::Result<Received> {
+    let mut control = [0u64; CONTROL_WORDS];
+    let room = std::mem::size_of_val(&control);
+    receive_into(socket, data, flags, &mut control, room)
+}
+
+/// The same with room for one descriptor only: the kernel closes the
+/// others that came with the bytes on the calling thread (which must be
+/// one that may sleep), and the caller's table never holds more than
+/// one of them.
+pub fn receive_one_descriptor(
+    socket: RawFd,
+    data: &mut [MaybeUninit<u8>],
+    flags: libc::c_int,
+) -> io::Result<Received> {
+    // The kernel fills what the length leaves after the header: exactly
+    // one descriptor's room, not the padding after it.
+    // SAFETY: CMSG_LEN only computes.
+    let room = unsafe { libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) } as usize;
+    receive_into(socket, data, flags, &mut [0u64; ONE_DESCRIPTOR_WORDS], room)
+}
+
+fn receive_into(
+    socket: RawFd,
+    data: &mut [MaybeUninit<u8>],
+    flags: libc::c_int,
+    control: &mut [u64],
+    room: usize,
+) -> io::Result<Received> {
+    debug_assert!(room <= std::mem::size_of_val(control));
     let mut iov = libc::iovec {
         iov_base: data.as_mut_ptr().cast(),
         iov_len: data.len(),
     };
-    let mut control = [0u64; CONTROL_WORDS];
     // SAFETY: an all-zero msghdr is a valid empty one.
     let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
     message.msg_iov = &mut iov;
     message.msg_iovlen = 1;
     message.msg_control = control.as_mut_ptr().cast();
-    message.msg_controllen = std::mem::size_of_val(&control) as _;
+    message.msg_controllen = room as _;
     // SAFETY: every pointer in `message` is valid for its length.
     let count = unsafe { libc::recvmsg(socket, &mut message, flags | libc::MSG_CMSG_CLOEXEC) };
     if count < 0 {
@@ -73,4 +108,90 @@ pub fn receive(
         descriptors,
         cut: message.msg_flags & libc::MSG_CTRUNC != 0,
     })
+}
+
+/// Sends `fds` with one byte `x` over `socket` (tests: a peer's send).
+#[cfg(test)]
+pub(super) fn send_with_byte(socket: RawFd, fds: &[RawFd]) -> io::Result<()> {
+    let header = std::mem::size_of::<libc::cmsghdr>();
+    let mut control = vec![0u64; (header + std::mem::size_of_val(fds)).div_ceil(8) + 1];
+    let mut byte = [b'x'];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // SAFETY: an all-zero msghdr is a valid empty one; the control buffer
+    // holds one cmsghdr with `fds`.
+    unsafe {
+        let mut message: libc::msghdr = std::mem::zeroed();
+        message.msg_iov = &mut iov;
+        message.msg_iovlen = 1;
+        message.msg_control = control.as_mut_ptr().cast();
+        message.msg_controllen = libc::CMSG_SPACE(std::mem::size_of_val(fds) as u32) as usize as _;
+        let cmsg = libc::CMSG_FIRSTHDR(&message);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(fds) as u32) as _;
+        std::ptr::copy_nonoverlapping(
+            fds.as_ptr(),
+            libc::CMSG_DATA(cmsg).cast::<RawFd>(),
+            fds.len(),
+        );
+        if libc::sendmsg(socket, &message, 0) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::{AsRawFd, OwnedFd};
+
+    /// Whether every reader of the pipe whose write end is `write` is gone.
+    fn reader_closed(write: &OwnedFd) -> bool {
+        let mut probe = std::fs::File::from(write.try_clone().expect("dup"));
+        std::io::Write::write(&mut probe, b"x")
+            .is_err_and(|error| error.kind() == std::io::ErrorKind::BrokenPipe)
+    }
+
+    #[test]
+    fn a_read_with_room_for_one_descriptor_takes_the_first_and_closes_the_rest() {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("pair");
+        let pipes: Vec<(OwnedFd, OwnedFd)> = (0..5)
+            .map(|_| {
+                let (read, write) = std::io::pipe().expect("pipe");
+                (read.into(), write.into())
+            })
+            .collect();
+        let sent: Vec<RawFd> = pipes.iter().map(|(read, _)| read.as_raw_fd()).collect();
+        send_with_byte(theirs.as_raw_fd(), &sent).expect("send");
+        let writes: Vec<OwnedFd> = pipes.into_iter().map(|(_, write)| write).collect();
+        let mut data = [MaybeUninit::<u8>::uninit(); 16];
+        let read = receive_one_descriptor(ours.as_raw_fd(), &mut data, 0).expect("recvmsg");
+        assert_eq!((read.bytes, read.descriptors.len(), read.cut), (1, 1, true));
+        // Ours are the only readers left: the first is held, the kernel
+        // closed the four it had no room for.
+        assert!(!reader_closed(&writes[0]));
+        assert!(writes[1..].iter().all(reader_closed));
+        drop(read);
+        assert!(reader_closed(&writes[0]));
+    }
+
+    #[test]
+    fn a_read_with_room_for_all_takes_them_all() {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("pair");
+        let (read_end, write_end) = std::io::pipe().expect("pipe");
+        let sent = vec![read_end.as_raw_fd(); SCM_MAX_FD];
+        send_with_byte(theirs.as_raw_fd(), &sent).expect("send");
+        drop(read_end);
+        let mut data = [MaybeUninit::<u8>::uninit(); 16];
+        let read = receive(ours.as_raw_fd(), &mut data, 0).expect("recvmsg");
+        assert_eq!((read.descriptors.len(), read.cut), (SCM_MAX_FD, false));
+        let write_end = OwnedFd::from(write_end);
+        assert!(!reader_closed(&write_end));
+        drop(read);
+        assert!(reader_closed(&write_end));
+    }
 }

@@ -60,6 +60,13 @@ impl ServerThread {
             token_file: Some(dir.path().join("token")),
             upstreams,
             default_environment: default_environment.map(str::to_string),
+            // Room for one connection's most port connections through
+            // direct channels (two descriptors each), which the share of
+            // a 20,000 limit (1,250 a connection) does not carry.
+            holding_limits: Some(capexec::rpc::HoldingLimits {
+                descriptors: 8192,
+                memory: capexec::rpc::MAX_HELD_MEMORY,
+            }),
             ..ServerConfig::default()
         };
         ServerThread::serve(dir, config)

@@ -262,6 +262,66 @@ fn idle_connections_before_login_are_cheap_and_limited() {
     });
 }
 
+/// Connections beyond `--max-connections` are refused at once, over any
+/// listener, logged in or not, each told why; a client whose connection is
+/// refused hears the reason from its first call; a place comes free as a
+/// connection closes.
+#[test]
+fn connections_beyond_the_server_s_limit_are_refused_with_the_reason() {
+    const REASON: &str = "the server holds its most connections at once (the limit is 8); try \
+                          again once others have closed";
+    common::run_local(async {
+        let served = Served::start_with(&["--max-connections", "8"]);
+        let unix: Address = served.unix.parse().expect("address");
+        // Held throughout: a connection closed here would come free in
+        // the server's own time, maybe while the others connect.
+        let first = net::connect(&unix, None).await.expect("connect");
+        let status = Command::new("true").status(&first.executor()).await;
+        assert!(status.expect("served").success());
+        // One listener accepts in the order peers connected: the ninth is
+        // accepted once the eight are.
+        let mut held = Vec::new();
+        for _ in 1..8 {
+            let stream = tokio::net::UnixStream::connect(&served.socket).await;
+            held.push(stream.expect("connect"));
+        }
+        let mut ninth = tokio::net::UnixStream::connect(&served.socket)
+            .await
+            .expect("connect");
+        hostile::told(&mut ninth, exception::Type::Overloaded, REASON, GOODBYE).await;
+        let mut over_tcp = hostile::connect(&served.tcp).await;
+        told_overloaded(&mut over_tcp, REASON).await;
+        let refused = match net::connect(&unix, None).await {
+            Ok(connection) => Command::new("true")
+                .status(&connection.executor())
+                .await
+                .expect_err("refused")
+                .to_string(),
+            Err(error) => error.to_string(),
+        };
+        assert!(refused.contains(REASON), "{refused}");
+        held.pop();
+        let deadline = std::time::Instant::now() + GOODBYE;
+        loop {
+            let connection = net::connect(&unix, None).await.expect("connect");
+            match Command::new("true").status(&connection.executor()).await {
+                Ok(status) => {
+                    assert!(status.success());
+                    break;
+                }
+                Err(error) => {
+                    assert!(error.to_string().contains(REASON), "{error}");
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "no place came free: {error}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+    });
+}
+
 /// Logins sent in one go: the first three are checked and refused, the
 /// fourth (with the right token) is not checked at all, the connection is
 /// closed with the reason, and nothing pipelined on it runs.

@@ -115,16 +115,34 @@ fn running_out_of_descriptors_is_a_limit_not_a_spawn_failure() {
         let served = Served::start_limited(&[], Some(LIMIT));
         let pid = served.child.id();
         let working = unix(&served).await;
-        // Connections (one descriptor each at the server) until only a few
-        // descriptors are left: fewer than a start needs.
-        // Counted from before the first: the server opens a descriptor
-        // for a moment on each accept (the peer check), which a count
-        // taken then would include.
+        // Connections (one descriptor each at the server), each handing
+        // over descriptors no start takes (kept for one, up to 16 a
+        // connection: at this limit the server keeps no share for what
+        // clients send, and says so), until only a few descriptors are
+        // left: fewer than a start needs. Connections alone no longer can:
+        // they stop at the share kept for them.
         let mut connections = Vec::new();
-        let before = procfs::open_fds(pid);
         while (procfs::open_fds(pid) as u64) < LIMIT - 4 {
-            connections.push(unix(&served).await);
-            let expected = before + connections.len();
+            // Counted before the connection: the server opens a descriptor
+            // for a moment on each accept (the peer check), which a count
+            // taken then would include.
+            let open = procfs::open_fds(pid);
+            let connection = unix(&served).await;
+            let left = (LIMIT as usize - 4).saturating_sub(open + 1);
+            let handed: Vec<std::os::fd::OwnedFd> = (0..left
+                .min(capexec::rpc::MAX_KEPT_DESCRIPTORS))
+                .map(|_| std::fs::File::open("/dev/null").expect("/dev/null").into())
+                .collect();
+            let expected = open + 1 + handed.len();
+            connection
+                .stdio_route()
+                .expect("a Unix connection")
+                .hand_over(handed);
+            // Sent with the call's bytes.
+            capexec::client::info(&connection.executor())
+                .await
+                .expect("info");
+            connections.push(connection);
             common::eventually_async("the server holds the new connection", async || {
                 procfs::open_fds(pid) >= expected
             })
@@ -143,7 +161,7 @@ fn running_out_of_descriptors_is_a_limit_not_a_spawn_failure() {
         }
         // Released connections give their descriptors back.
         let open = procfs::open_fds(pid);
-        connections.truncate(connections.len() - 16);
+        connections.truncate(connections.len() / 2);
         common::eventually_async(
             "the released connections' descriptors are closed",
             async || procfs::open_fds(pid) + 16 <= open,

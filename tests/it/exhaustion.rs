@@ -739,6 +739,155 @@ fn a_flood_of_descriptors_behind_a_close_that_sleeps_is_bounded() {
     });
 }
 
+/// A client that opens connections until the server refuses one cannot
+/// fill the server's descriptor table: connections stop at the share of
+/// the limit kept for them, what is kept for the descriptors clients
+/// send stays free, and the read that brings a pipe whose lock the
+/// client holds, with a message's worth more, has room for them all and
+/// closes none on the serving thread. (A read that finds the table full
+/// does: before connections were bounded, a client held 2,029 of them at
+/// `ulimit -n 2048` and stalled the server so.)
+#[test]
+fn a_client_cannot_fill_the_descriptor_table_with_connections() {
+    use capexec::engine::descriptors::RECEIVED_DESCRIPTORS;
+    use capnp_rpc::rpc_capnp::exception;
+    /// The smallest limit that keeps all of [`RECEIVED_DESCRIPTORS`].
+    const LIMIT: u64 = 17_408;
+    common::run_local(async move {
+        let served = Served::start_limited(&[], Some(LIMIT));
+        let server = served.child.id();
+        let most = (LIMIT / 8) as usize;
+        let mut held = Vec::with_capacity(most);
+        while held.len() < most {
+            let stream = tokio::net::UnixStream::connect(&served.socket).await;
+            held.push(stream.expect("connect"));
+        }
+        let mut refused = tokio::net::UnixStream::connect(&served.socket)
+            .await
+            .expect("connect");
+        common::hostile::told(
+            &mut refused,
+            exception::Type::Overloaded,
+            &format!(
+                "the server holds its most connections at once (the limit is {most}); try \
+                 again once others have closed"
+            ),
+            WEDGED,
+        )
+        .await;
+        let open = procfs::open_fds(server) as u64;
+        assert!(
+            open + RECEIVED_DESCRIPTORS + capexec::sys::SCM_MAX_FD as u64 <= LIMIT,
+            "the server holds {open} descriptors of {LIMIT} with every connection open"
+        );
+        // Places for the flood's connection and an honest client's.
+        held.truncate(most - 2);
+        common::eventually_async("the server sees two connections close", async || {
+            (procfs::open_fds(server) as u64 <= open - 2).then_some(())
+        })
+        .await;
+        let work = TempDir::new("full-table");
+        let ready = work.path().join("ready");
+        let _client = pipe_lock::ChildKilledOnDrop(pipe_lock::client_flooding_behind_locked_pipes(
+            &served.socket,
+            &ready,
+            1,
+            40,
+            253,
+        ));
+        let holders = holders_named_in(&ready, "the flood is sent").await;
+        the_server_ends_the_connection(&ready).await;
+        an_honest_client_is_served(&served, work.path()).await;
+        drop(holders);
+    });
+}
+
+/// A direct channel holds its socket on top of its port connection's,
+/// and the capabilities' share of descriptors counts both: a client that
+/// dials many at once gets channels while its share has room for one (a
+/// dial with room for its socket alone goes through the sinks), then its
+/// dials are refused. The pipes
+/// the bytes move through are bounded server-wide, with a share of the
+/// budget of their own. (A channel counted as nothing, and its pipes
+/// unbounded, let a connection hold five descriptors per dial beyond the
+/// share kept for capabilities.)
+#[test]
+fn direct_channels_count_every_descriptor_they_hold() {
+    /// The server's limit: a share of 128 for capabilities, 64 for one
+    /// connection.
+    const LIMIT: u64 = 1024;
+    const DIALS: usize = 40;
+    common::run_local(async move {
+        let served = Served::start_limited(&[], Some(LIMIT));
+        let server = served.child.id();
+        let (listener, address) = crate::ports::peer().await;
+        let answering = tokio::task::spawn_local(async move {
+            let mut held = Vec::new();
+            while let Ok((mut socket, _)) = listener.accept().await {
+                // One byte back once one came: the bytes moved both ways.
+                let mut one = [0u8; 1];
+                if tokio::io::AsyncReadExt::read_exact(&mut socket, &mut one)
+                    .await
+                    .is_ok()
+                {
+                    let _ = tokio::io::AsyncWriteExt::write_all(&mut socket, &one).await;
+                }
+                held.push(socket);
+            }
+        });
+        let connection = connect(&served).await;
+        let route = connection.direct_route();
+        assert!(
+            route.is_some(),
+            "a Unix connection has a route for channels"
+        );
+        let before = procfs::open_fds(server);
+        let mut streams = Vec::new();
+        loop {
+            assert!(streams.len() < DIALS, "{DIALS} dials and none refused");
+            let dialled =
+                capexec::client::dial_via(&connection.executor(), &address, route.as_ref()).await;
+            let mut stream = match dialled {
+                Ok(stream) => stream,
+                Err(capexec::client::Error::Refused(refusal)) => {
+                    assert_eq!(refusal.kind, RefusalKind::LimitReached, "{refusal}");
+                    break;
+                }
+                Err(error) => panic!("dial: {error}"),
+            };
+            tokio::io::AsyncWriteExt::write_all(&mut stream, b"x")
+                .await
+                .expect("write");
+            let mut one = [0u8; 1];
+            tokio::io::AsyncReadExt::read_exact(&mut stream, &mut one)
+                .await
+                .expect("the answer");
+            streams.push(stream);
+        }
+        let dials = streams.len();
+        let direct = streams.iter().filter(|stream| stream.is_direct()).count();
+        assert!(direct >= 1, "none of {dials} dials was direct");
+        // Two a direct one (its socket and its channel), one a dial
+        // through the sinks.
+        assert_eq!(
+            direct * 2 + (dials - direct),
+            64,
+            "{direct} of {dials} direct"
+        );
+        // And the pipes the bytes moved through, which the pumps bound.
+        let held = procfs::open_fds(server).saturating_sub(before);
+        let pipes = (direct * 4).min(2 * capexec::ports::MAX_PUMP_PIPES);
+        assert!(
+            held <= 64 + pipes + 8,
+            "{dials} dials ({direct} direct) hold {held} descriptors at the server, more than \
+             one connection's share of 64 and {pipes} for pipes"
+        );
+        an_honest_client_is_served(&served, TempDir::new("direct-count").path()).await;
+        drop(streams);
+        answering.abort();
+    });
+}
+
 /// Twenty clients each leave the server a pipe they hold locked: each
 /// connection's end closes its pipe on a closing thread of its own,
 /// asleep on the lock, and the server's other closes (the child's ends

@@ -5,12 +5,14 @@
 use super::Listener;
 use super::connection::{serve_connection, server_network};
 use super::serving::{ConnectionExecutor, Connections, Login, Serving};
+use crate::net::direct::Peek;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use futures::FutureExt;
 use futures::future::LocalBoxFuture;
+use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
 use crate::net::address::Address;
@@ -47,23 +49,85 @@ struct Accepted {
     /// On a server that runs logins as users: the place the Unix peer's
     /// user holds among its connections, for as long as this one is open.
     user_share: Option<crate::net::pending::PeerShare<u32>>,
+    /// Its place among the server's connections, held as long as it is
+    /// open.
+    place: OwnedSemaphorePermit,
+}
+
+/// A Unix connection just accepted with its place, or `None` once it has
+/// been refused (the server holds its most), told why, and closed off
+/// this thread.
+fn admit_unix(
+    stream: tokio::net::UnixStream,
+    serving: &Serving,
+) -> Option<(tokio::net::UnixStream, OwnedSemaphorePermit)> {
+    match serving.connections.admit() {
+        Ok(place) => Some((stream, place)),
+        Err(reason) => {
+            crate::metrics::limit_hit("connections");
+            serving.connections.refused(&"a Unix peer", &reason);
+            refuse_unix(&stream, &reason);
+            stream.close_off_this_thread();
+            None
+        }
+    }
+}
+
+/// Tells a Unix peer refused at once why (a capnp `Abort`), and closes its
+/// connection off this thread: what it sent may carry descriptors, which
+/// the close releases.
+fn refuse_unix(stream: &tokio::net::UnixStream, reason: &str) {
+    use std::os::fd::AsRawFd;
+    // Written on the socket itself: the stream's readiness is not known
+    // until the runtime's next turn, and the buffer of a new connection
+    // takes it.
+    let _ = nix::sys::socket::send(
+        stream.as_raw_fd(),
+        &abort_frame(reason),
+        nix::sys::socket::MsgFlags::MSG_DONTWAIT | nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
+    );
 }
 
 pub(super) async fn accept_loop(address: Address, listener: Listener, serving: Rc<Serving>) {
     tracing::info!(%address, tls = serving.tls.borrow().is_some() && address.is_tcp(), "listening");
     loop {
+        if crate::sys::closes_backed_up() {
+            // Every closing thread sleeps on a lock and owners pile up
+            // behind them: a connection taken now would add one more
+            // (refused, or ended) for as long as the locks' holders like.
+            // Those that come wait in the listener's backlog meanwhile.
+            tracing::warn!(
+                %address,
+                "not accepting: every thread that closes descriptors clients sent sleeps (on \
+                 pipes whose locks are held?) and {} more wait for one",
+                crate::sys::MAX_OWNERS_IN_LINE
+            );
+            while crate::sys::closes_backed_up() {
+                tokio::time::sleep(crate::sys::ASLEEP_AFTER).await;
+            }
+            tracing::info!(%address, "accepting again");
+        }
         let accepted = match &listener {
-            Listener::Unix(listener) => listener
-                .accept()
-                .await
-                .map(|(stream, _)| accept_unix(stream, &serving, None)),
-            Listener::Monitor(monitor) => handed_over(monitor)
-                .await
-                .map(|(stream, verdict)| accept_unix(stream, &serving, Some(verdict))),
-            Listener::Tcp(listener) => listener
-                .accept()
-                .await
-                .map(|(stream, peer)| accept_tcp(stream, peer, &serving)),
+            Listener::Unix(listener) => listener.accept().await.map(|(stream, _)| {
+                let (stream, place) = admit_unix(stream, &serving)?;
+                accept_unix(stream, &serving, None, place)
+            }),
+            Listener::Monitor(monitor) => handed_over(monitor).await.map(|(stream, verdict)| {
+                let (stream, place) = admit_unix(stream, &serving)?;
+                accept_unix(stream, &serving, Some(verdict), place)
+            }),
+            Listener::Tcp(listener) => listener.accept().await.map(|(stream, peer)| {
+                let place = match serving.connections.admit() {
+                    Ok(place) => place,
+                    Err(reason) => {
+                        crate::metrics::limit_hit("connections");
+                        serving.connections.refused(&peer, &reason);
+                        refuse(stream, &reason, serving.tls.borrow().is_some());
+                        return None;
+                    }
+                };
+                accept_tcp(stream, peer, &serving, place)
+            }),
         };
         let accepted = match accepted {
             Ok(Some(accepted)) => accepted,
@@ -120,10 +184,10 @@ pub(super) async fn accept_loop(address: Address, listener: Listener, serving: R
         };
         let login = accepted.login.map(|login| (login, users_login));
         let open = crate::metrics::connection_opened();
-        let user_share = accepted.user_share;
+        let (user_share, place) = (accepted.user_share, accepted.place);
         tokio::task::spawn_local(
             async move {
-                let _open = open;
+                let _open = (open, place);
                 let _user_share = user_share;
                 if let Some(network) = accepted.network.await {
                     let closing = &serving.closing;
@@ -144,8 +208,8 @@ fn accept_unix(
     stream: tokio::net::UnixStream,
     serving: &Serving,
     verdict: Option<Result<crate::users::Granted, String>>,
+    place: OwnedSemaphorePermit,
 ) -> Option<Accepted> {
-    use crate::net::direct::Peek;
     use std::os::fd::AsRawFd;
     // Urgent bytes (MSG_OOB) read in line: kept apart, a read skips
     // them and releases the descriptors they carry on the reading thread
@@ -168,15 +232,7 @@ fn accept_unix(
             Err(reason) => {
                 crate::metrics::limit_hit("connections-per-user");
                 tracing::debug!(%reason, "refused a Unix connection");
-                // Written on the socket itself: the stream's readiness is
-                // not known until the runtime's next turn, and the buffer
-                // of a new connection takes it.
-                let _ = nix::sys::socket::send(
-                    stream.as_raw_fd(),
-                    &abort_frame(&reason),
-                    nix::sys::socket::MsgFlags::MSG_DONTWAIT
-                        | nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
-                );
+                refuse_unix(&stream, &reason);
                 stream.close_off_this_thread();
                 return None;
             }
@@ -216,6 +272,7 @@ fn accept_unix(
         verdict,
         certificate: Rc::new(std::cell::Cell::new(None)),
         user_share,
+        place,
     })
 }
 
@@ -299,6 +356,7 @@ fn accept_tcp(
     stream: tokio::net::TcpStream,
     peer: std::net::SocketAddr,
     serving: &Serving,
+    among_connections: OwnedSemaphorePermit,
 ) -> Option<Accepted> {
     let place = match serving.connections.pending.admit(peer.ip()) {
         Ok(place) => place,
@@ -350,6 +408,7 @@ fn accept_tcp(
         verdict: None,
         certificate,
         user_share: None,
+        place: among_connections,
     })
 }
 

@@ -67,6 +67,10 @@ pub struct ServerConfig {
     pub call_limits: CallLimits,
     /// How many TCP connections may be open without having logged in.
     pub pending_logins: PendingLimits,
+    /// Most connections open at once over every listener (`None`: the
+    /// share of the descriptor limit `engine::descriptors` keeps for
+    /// them).
+    pub max_connections: Option<usize>,
     /// Most processes one connection's starts may hold at once (`None`: no
     /// limit but the engine's own).
     pub max_processes_per_connection: Option<usize>,
@@ -231,7 +235,12 @@ impl Server {
                 login: std::cell::RefCell::new(login.map(Arc::new)),
                 tls: std::cell::RefCell::new(config.tls.clone()),
                 limits: config.call_limits,
-                connections: Connections::new(PendingLogins::new(config.pending_logins)),
+                connections: Connections::new(
+                    PendingLogins::new(config.pending_logins),
+                    config
+                        .max_connections
+                        .unwrap_or_else(rpc::HoldingLimits::connections_of_this_process),
+                ),
                 direct: rpc::DirectChannels::default(),
                 closing: Closing::new(),
                 users,

@@ -58,6 +58,11 @@ pub(super) struct Login {
 /// is about to be returned.
 pub(super) struct Connections {
     pub(super) opened: AtomicU64,
+    /// A place for each connection open, over every listener: one beyond
+    /// is refused at once ([`Connections::admit`]).
+    open: Arc<tokio::sync::Semaphore>,
+    /// How many places there are.
+    most: usize,
     pub(super) pending: PendingLogins,
     pub(super) trim_pending: std::cell::Cell<bool>,
     /// Refusals since the last one logged, and when that was.
@@ -73,16 +78,30 @@ const REFUSAL_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs
 const TRIM_DELAY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Connections {
-    pub(super) fn new(pending: PendingLogins) -> Connections {
+    pub(super) fn new(pending: PendingLogins, most: usize) -> Connections {
         Connections {
             opened: AtomicU64::new(0),
+            open: Arc::new(tokio::sync::Semaphore::new(most)),
+            most,
             pending,
             trim_pending: std::cell::Cell::new(false),
             refusals: std::cell::Cell::new((0, None)),
         }
     }
 
-    pub(super) fn refused(&self, peer: &std::net::SocketAddr, reason: &str) {
+    /// A place for a connection just accepted, held for as long as it is
+    /// open; or why it is refused (the server holds its most).
+    pub(super) fn admit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, String> {
+        Arc::clone(&self.open).try_acquire_owned().map_err(|_| {
+            format!(
+                "the server holds its most connections at once (the limit is {}); try again \
+                 once others have closed",
+                self.most
+            )
+        })
+    }
+
+    pub(super) fn refused(&self, peer: &dyn std::fmt::Display, reason: &str) {
         let (count, logged) = self.refusals.get();
         let now = Instant::now();
         if logged.is_some_and(|at| now.duration_since(at) < REFUSAL_LOG_INTERVAL) {

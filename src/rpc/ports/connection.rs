@@ -42,6 +42,9 @@ pub(super) struct Connection {
     pub(super) declined: Notify,
     /// That channel, once claimed.
     pub(super) channel: RefCell<Option<Rc<Socket>>>,
+    /// The descriptors a direct channel takes, counted in the
+    /// connection's holdings for as long as the connection is.
+    pub(super) direct_hold: RefCell<Option<crate::rpc::holdings::Hold>>,
 }
 
 /// Where a connection's bytes go.
@@ -77,6 +80,7 @@ impl Connection {
             direct: Cell::new(Direct::No),
             declined: Notify::new(),
             channel: RefCell::new(None),
+            direct_hold: RefCell::new(None),
         })
     }
 

@@ -57,7 +57,8 @@ pub(crate) async fn dial(
     }
     let mut results = results.get();
     match direct {
-        Some((direct_ticket, claim)) => {
+        Some((direct_ticket, claim, hold)) => {
+            *connection.direct_hold.borrow_mut() = Some(hold);
             connection.direct.set(Direct::Offered);
             *connection.from_socket.borrow_mut() = Some(from_socket);
             let relay = spawn_local(relay_direct(Rc::clone(&connection), claim, quota.clone()));
