@@ -765,6 +765,7 @@ fn log_capacity(capacity: &Capacity) {
         kept_for_connections = budget.connections,
         kept_for_capabilities = budget.held,
         kept_for_received_descriptors = budget.received,
+        kept_for_pipes = budget.pipes,
         max_connections = capacity.max_connections,
         max_processes = capacity.max_processes,
         max_processes_per_connection = capacity.per_connection,

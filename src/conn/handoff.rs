@@ -68,6 +68,10 @@ struct Received {
     closed: bool,
     /// Where what is not kept is closed.
     closes: Closes,
+    /// Tests: as if too many waited to close server-wide (the count is
+    /// the whole process's, which other tests share).
+    #[cfg(test)]
+    overfull: bool,
 }
 
 impl Received {
@@ -147,6 +151,12 @@ impl ReceivedDescriptors {
     /// ends.
     pub fn overfull_in_server(&self) -> Option<String> {
         let everyone = waiting_to_close();
+        #[cfg(test)]
+        let everyone = everyone.max(if self.0.borrow().overfull {
+            usize::MAX
+        } else {
+            0
+        });
         (everyone > MAX_WAITING_TO_CLOSE_IN_SERVER).then(|| {
             format!(
                 "[capexec:limit] {everyone} descriptors clients sent wait to close \
@@ -205,6 +215,12 @@ impl ReceivedDescriptors {
         }
         received.closes.close(fds);
         None
+    }
+
+    /// Tests: from now on, as if too many waited to close server-wide.
+    #[cfg(test)]
+    pub(crate) fn as_if_overfull(&self) {
+        self.0.borrow_mut().overfull = true;
     }
 
     /// How many are kept.

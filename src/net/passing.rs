@@ -123,8 +123,30 @@ impl AsyncRead for ReceivingReader {
             // SAFETY: recvmsg only writes to the bytes it reports read,
             // and only those are marked initialised.
             let unfilled = unsafe { buf.unfilled_mut() };
+            // Too many wait to close server-wide: a read takes only bytes
+            // that came without descriptors, and a peer that sends some
+            // now ends before they come in (after would be too late:
+            // every connection could bring a message's worth more). The
+            // look also sees descriptors just after the bytes it covers:
+            // such a peer ends a little early.
+            let room = match this.received.overfull_in_server() {
+                None => unfilled.len(),
+                Some(why) => match stream.try_io(Interest::READABLE, || {
+                    crate::sys::bytes_without_descriptors(stream.as_raw_fd(), unfilled)
+                }) {
+                    Ok(Some(0)) => unfilled.len(),
+                    Ok(Some(bytes)) => bytes,
+                    Ok(None) => {
+                        crate::metrics::limit_hit("descriptors-waiting-to-close");
+                        tracing::warn!("{why}");
+                        return Poll::Ready(Err(io::Error::other(why)));
+                    }
+                    Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
+                    Err(error) => return Poll::Ready(Err(error)),
+                },
+            };
             let read = stream.try_io(Interest::READABLE, || {
-                receive(stream.as_raw_fd(), unfilled, &this.received)
+                receive(stream.as_raw_fd(), &mut unfilled[..room], &this.received)
             });
             match read {
                 Ok((count, descriptors)) => {
@@ -346,6 +368,45 @@ mod tests {
             kept.read_exact(&mut byte).expect("read");
             assert_eq!(byte, [number as u8]);
         }
+    }
+
+    /// While too many descriptors wait to close server-wide, a read takes
+    /// bytes that came without descriptors, and a connection that sends
+    /// some ends before they come into the table (the kernel's read into a
+    /// full table would close them on the serving thread).
+    #[tokio::test]
+    async fn while_too_many_wait_to_close_a_read_takes_no_descriptors() {
+        use std::os::fd::AsRawFd;
+        let (client, server) = std::os::unix::net::UnixStream::pair().expect("pair");
+        server.set_nonblocking(true).expect("nonblocking");
+        let server = tokio::net::UnixStream::from_std(server).expect("tokio");
+        let (server_read, _server_write) = server.into_split();
+        let received = ReceivedDescriptors::default();
+        received.as_if_overfull();
+        let mut reader = ReceivingReader::new(server_read, received.clone());
+        std::io::Write::write_all(&mut &client, b"plain").expect("write");
+        let mut five = [0u8; 5];
+        reader
+            .read_exact(&mut five)
+            .await
+            .expect("bytes without descriptors");
+        assert_eq!(&five, b"plain");
+        let (sent, write_end) = pipe();
+        crate::sys::send_with_byte(client.as_raw_fd(), &[sent.as_raw_fd()]).expect("send");
+        drop(sent);
+        let mut more = [0u8; 64];
+        let error = reader
+            .read(&mut more)
+            .await
+            .expect_err("the connection ends");
+        assert!(
+            error.to_string().contains("wait to close server-wide"),
+            "{error}"
+        );
+        assert!(received.take(0, 1).is_none(), "nothing was filed");
+        // The socket still holds the pipe's read end: no read took it.
+        let mut write_end = write_end;
+        std::io::Write::write_all(&mut write_end, b"x").expect("a reader is left");
     }
 
     #[tokio::test]

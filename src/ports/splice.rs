@@ -128,16 +128,23 @@ impl Pipe {
     }
 }
 
-/// Moves what `from` has (waiting for some) into `to` through `buffer`,
-/// for a direction with no pipe; how much, 0 at `from`'s end of file.
-async fn copy_some(from: &Socket, to: &Socket, buffer: &mut Vec<u8>) -> Result<usize, PumpError> {
-    buffer.resize(PUMP_CHUNK_BYTES, 0);
+/// What a direction with no pipe copies at a time: small, as each such
+/// direction whose destination is slow holds its chunk meanwhile.
+const COPY_CHUNK_BYTES: usize = 16 * 1024;
+
+/// Moves what `from` has (waiting for some) into `to` through a buffer,
+/// for a direction with no pipe; how much, 0 at `from`'s end of file. The
+/// buffer is held only while bytes are in it.
+async fn copy_some(from: &Socket, to: &Socket) -> Result<usize, PumpError> {
+    let mut buffer = Vec::new();
     let read = loop {
-        match from.try_io(Interest::READABLE, || read_into(from.as_raw_fd(), buffer)) {
+        from.readable().await.map_err(PumpError::Reading)?;
+        buffer.resize(COPY_CHUNK_BYTES, 0);
+        match from.try_io(Interest::READABLE, || {
+            read_into(from.as_raw_fd(), &mut buffer)
+        }) {
             Ok(read) => break read,
-            Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
-                from.readable().await.map_err(PumpError::Reading)?;
-            }
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => buffer = Vec::new(),
             Err(error) => return Err(PumpError::Reading(error)),
         }
     };
@@ -207,7 +214,6 @@ const PIPE_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
 pub async fn pump(from: &Socket, to: &Socket) -> Result<u64, PumpError> {
     let (source, sink) = (from.as_raw_fd(), to.as_raw_fd());
     let mut pipe: Option<Pipe> = None;
-    let mut buffer = Vec::new();
     let mut moved = 0u64;
     from.readable().await.map_err(PumpError::Reading)?;
     loop {
@@ -215,7 +221,7 @@ pub async fn pump(from: &Socket, to: &Socket) -> Result<u64, PumpError> {
             Some(pipe) => pipe,
             None => match Pipe::new().map_err(PumpError::Pipe)? {
                 Some(new) => pipe.insert(new),
-                None => match copy_some(from, to, &mut buffer).await? {
+                None => match copy_some(from, to).await? {
                     0 => return Ok(moved),
                     copied => {
                         moved += copied as u64;

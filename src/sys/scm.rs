@@ -110,9 +110,43 @@ fn receive_into(
     })
 }
 
+/// How many of the bytes waiting on the Unix stream `socket` (up to
+/// `data.len()`, looked at there, not taken) a read may take without
+/// taking descriptors: `None` if descriptors came with them, or with the
+/// message right after them (a look goes on to the next message whatever
+/// room is left). A look with no room for descriptors installs none and
+/// closes none for good (the socket still holds them), and a read of at
+/// most that many bytes stops before any that came with descriptors: the
+/// bytes are the same ones, in the same messages.
+pub fn bytes_without_descriptors(
+    socket: RawFd,
+    data: &mut [MaybeUninit<u8>],
+) -> io::Result<Option<usize>> {
+    let mut iov = libc::iovec {
+        iov_base: data.as_mut_ptr().cast(),
+        iov_len: data.len(),
+    };
+    // SAFETY: an all-zero msghdr is a valid empty one (no control room).
+    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+    message.msg_iov = &mut iov;
+    message.msg_iovlen = 1;
+    // SAFETY: every pointer in `message` is valid for its length.
+    let count = unsafe {
+        libc::recvmsg(
+            socket,
+            &mut message,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
+        )
+    };
+    if count < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((message.msg_flags & libc::MSG_CTRUNC == 0).then_some(count as usize))
+}
+
 /// Sends `fds` with one byte `x` over `socket` (tests: a peer's send).
 #[cfg(test)]
-pub(super) fn send_with_byte(socket: RawFd, fds: &[RawFd]) -> io::Result<()> {
+pub(crate) fn send_with_byte(socket: RawFd, fds: &[RawFd]) -> io::Result<()> {
     let header = std::mem::size_of::<libc::cmsghdr>();
     let mut control = vec![0u64; (header + std::mem::size_of_val(fds)).div_ceil(8) + 1];
     let mut byte = [b'x'];
@@ -177,6 +211,32 @@ mod tests {
         assert!(writes[1..].iter().all(reader_closed));
         drop(read);
         assert!(reader_closed(&writes[0]));
+    }
+
+    #[test]
+    fn a_look_tells_how_much_comes_before_descriptors_and_takes_none() {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("pair");
+        std::io::Write::write_all(&mut &theirs, b"plain").expect("write");
+        let mut data = [MaybeUninit::<u8>::uninit(); 64];
+        let look = bytes_without_descriptors(ours.as_raw_fd(), &mut data).expect("look");
+        assert_eq!(look, Some(5));
+        let (read_end, write_end) = std::io::pipe().expect("pipe");
+        send_with_byte(theirs.as_raw_fd(), &[read_end.as_raw_fd()]).expect("send");
+        drop(read_end);
+        let write_end = OwnedFd::from(write_end);
+        // Descriptors come within what a read would take, or right after
+        // (a look goes on to the next message): none installed, none
+        // closed (the socket holds the pipe's reader).
+        let look = bytes_without_descriptors(ours.as_raw_fd(), &mut data).expect("look");
+        assert_eq!(look, None);
+        let look = bytes_without_descriptors(ours.as_raw_fd(), &mut data[..5]).expect("look");
+        assert_eq!(look, None);
+        assert!(!reader_closed(&write_end));
+        // A read of the bytes before them takes none.
+        let read = receive(ours.as_raw_fd(), &mut data[..5], 0).expect("read");
+        assert_eq!((read.bytes, read.descriptors.len()), (5, 0));
+        let read = receive(ours.as_raw_fd(), &mut data, 0).expect("read");
+        assert_eq!((read.bytes, read.descriptors.len()), (1, 1));
     }
 
     #[test]

@@ -90,16 +90,19 @@ fn refuse_unix(stream: &tokio::net::UnixStream, reason: &str) {
 
 pub(super) async fn accept_loop(address: Address, listener: Listener, serving: Rc<Serving>) {
     tracing::info!(%address, tls = serving.tls.borrow().is_some() && address.is_tcp(), "listening");
+    // Only Unix connections add closes (a TCP one is closed in place).
+    let adds_closes = !matches!(listener, Listener::Tcp(_));
     loop {
-        if crate::sys::closes_backed_up() {
-            // Every closing thread sleeps on a lock and owners pile up
-            // behind them: a connection taken now would add one more
-            // (refused, or ended) for as long as the locks' holders like.
-            // Those that come wait in the listener's backlog meanwhile.
+        if adds_closes && crate::sys::closes_backed_up() {
+            // Every closing thread is busy (asleep on locks a client
+            // holds, most likely) and owners pile up behind them: a
+            // connection taken now would add one more (refused, or
+            // ended) for as long as the locks' holders like. Those that
+            // come wait in the listener's backlog meanwhile.
             tracing::warn!(
                 %address,
-                "not accepting: every thread that closes descriptors clients sent sleeps (on \
-                 pipes whose locks are held?) and {} more wait for one",
+                "not accepting: every thread that closes descriptors clients sent is busy (on \
+                 pipes whose locks are held?) and {} closes wait for one",
                 crate::sys::MAX_OWNERS_IN_LINE
             );
             while crate::sys::closes_backed_up() {
