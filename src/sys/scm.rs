@@ -122,26 +122,14 @@ pub fn bytes_without_descriptors(
     socket: RawFd,
     data: &mut [MaybeUninit<u8>],
 ) -> io::Result<Option<usize>> {
-    let mut iov = libc::iovec {
-        iov_base: data.as_mut_ptr().cast(),
-        iov_len: data.len(),
-    };
-    // SAFETY: an all-zero msghdr is a valid empty one (no control room).
-    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
-    message.msg_iov = &mut iov;
-    message.msg_iovlen = 1;
-    // SAFETY: every pointer in `message` is valid for its length.
-    let count = unsafe {
-        libc::recvmsg(
-            socket,
-            &mut message,
-            libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
-        )
-    };
-    if count < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok((message.msg_flags & libc::MSG_CTRUNC == 0).then_some(count as usize))
+    let look = receive_into(
+        socket,
+        data,
+        libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        &mut [],
+        0,
+    )?;
+    Ok((!look.cut && look.descriptors.is_empty()).then_some(look.bytes))
 }
 
 /// Sends `fds` with one byte `x` over `socket` (tests: a peer's send).
