@@ -296,6 +296,7 @@ pub fn main(args: ServeArgs) -> i32 {
             return EXIT_CAPEXEC_FAILURE;
         }
     };
+    capexec::engine::keep_session_members_at_most(capacity.budget.members as usize);
     let engine = engine(&args, &capacity, descriptor_limit);
     // One user may hold at most half the server's connections by
     // default, so that the others' logins find a place.
@@ -750,6 +751,17 @@ fn log_capacity(capacity: &Capacity) {
             capexec::engine::descriptors::RECEIVED_DESCRIPTORS * 4 + 4096
         );
     }
+    if budget.members_short() {
+        tracing::warn!(
+            descriptor_limit = budget.limit,
+            "the descriptor limit keeps {} of the {} descriptors the server uses to follow a \
+             terminal session's processes once its leader has ended: beyond, they are killed \
+             with it (raise it with ulimit -n to {} or more)",
+            budget.members,
+            capexec::engine::descriptors::SESSION_MEMBER_DESCRIPTORS,
+            capexec::engine::descriptors::SESSION_MEMBER_DESCRIPTORS * 8 + 4096
+        );
+    }
     if budget.pipes_short() {
         tracing::warn!(
             descriptor_limit = budget.limit,
@@ -766,6 +778,7 @@ fn log_capacity(capacity: &Capacity) {
         kept_for_capabilities = budget.held,
         kept_for_received_descriptors = budget.received,
         kept_for_pipes = budget.pipes,
+        kept_for_session_members = budget.members,
         max_connections = capacity.max_connections,
         max_processes = capacity.max_processes,
         max_processes_per_connection = capacity.per_connection,

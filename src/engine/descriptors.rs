@@ -10,8 +10,10 @@
 //! for what capabilities hold open (directories, port connections,
 //! transfers, watches: counted by `rpc::holdings`), another for the
 //! descriptors Unix peers send ([`RECEIVED_DESCRIPTORS`]), another for
-//! the pipes of direct channels ([`PUMP_PIPE_DESCRIPTORS`]), and the
-//! rest is divided among processes.
+//! the pipes of direct channels ([`PUMP_PIPE_DESCRIPTORS`]), another for
+//! the members of terminal sessions whose leader has ended
+//! ([`SESSION_MEMBER_DESCRIPTORS`]), and the rest is divided among
+//! processes.
 
 use std::io;
 
@@ -22,7 +24,8 @@ use crate::model::{Refusal, RefusalKind};
 /// Held by one process while it is held: its pidfd and the parent's ends
 /// of stdin, stdout and stderr (a terminal: its pidfd, the master and the
 /// master's non-blocking duplicate). A terminal whose session still has
-/// other members when its child exits holds one more per member.
+/// other members when its child exits holds one more per member, from a
+/// share of their own ([`SESSION_MEMBER_DESCRIPTORS`]).
 pub const DESCRIPTORS_PER_PROCESS: u64 = 4;
 
 /// Held for a moment by a start on top of its process's own: the child's
@@ -41,6 +44,17 @@ pub const PUMP_PIPE_DESCRIPTORS: u64 = 2 * 256;
 /// leaves 4,096 for the rest, less (said at start) on a small one.
 fn pipes_reserve(limit: u64) -> u64 {
     PUMP_PIPE_DESCRIPTORS.min(limit.saturating_sub(4096) / 8)
+}
+
+/// Most pidfds of terminal sessions' members the server keeps once their
+/// leader has ended (`engine::keep_session_members_at_most`).
+pub const SESSION_MEMBER_DESCRIPTORS: u64 = 1024;
+
+/// The share of the limit kept for them: all where the limit leaves
+/// 4,096 for the rest, less (said at start) on a small one; members
+/// beyond are killed when their leader is reaped.
+fn members_reserve(limit: u64) -> u64 {
+    SESSION_MEMBER_DESCRIPTORS.min(limit.saturating_sub(4096) / 8)
 }
 
 /// The share of the limit kept for connections: one eighth, at least 64.
@@ -92,6 +106,10 @@ pub struct DescriptorBudget {
     /// Kept for the pipes of direct channels' pumps:
     /// [`PUMP_PIPE_DESCRIPTORS`] unless the limit is small.
     pub pipes: u64,
+    /// Kept for the pidfds of terminal sessions' members once their
+    /// leader has ended: [`SESSION_MEMBER_DESCRIPTORS`] unless the limit
+    /// is small.
+    pub members: u64,
     /// Processes the rest carries.
     pub processes: u64,
 }
@@ -103,14 +121,22 @@ impl DescriptorBudget {
         let held = held_reserve(limit);
         let received = received_reserve(limit);
         let pipes = pipes_reserve(limit);
-        let reserved =
-            open + SERVER_OWN + pipes + connections + held + received + DESCRIPTORS_PER_START;
+        let members = members_reserve(limit);
+        let reserved = open
+            + SERVER_OWN
+            + pipes
+            + members
+            + connections
+            + held
+            + received
+            + DESCRIPTORS_PER_START;
         DescriptorBudget {
             limit,
             connections,
             held,
             received,
             pipes,
+            members,
             processes: limit.saturating_sub(reserved) / DESCRIPTORS_PER_PROCESS,
         }
     }
@@ -125,6 +151,13 @@ impl DescriptorBudget {
     /// busy direct channels can fill the table (say so at start).
     pub fn pipes_short(&self) -> bool {
         self.pipes < PUMP_PIPE_DESCRIPTORS
+    }
+
+    /// Whether the limit keeps less than [`SESSION_MEMBER_DESCRIPTORS`]:
+    /// fewer of a terminal session's processes outlive its leader (say so
+    /// at start).
+    pub fn members_short(&self) -> bool {
+        self.members < SESSION_MEMBER_DESCRIPTORS
     }
 
     /// The budget of this process's (soft) limit now, where `processes'`
@@ -179,7 +212,15 @@ mod tests {
         assert!(!budget.pipes_short());
         assert_eq!(
             budget.processes,
-            (20_000 - 16 - 64 - PUMP_PIPE_DESCRIPTORS - 2_500 - 2_500 - RECEIVED_DESCRIPTORS - 3)
+            (20_000
+                - 16
+                - 64
+                - PUMP_PIPE_DESCRIPTORS
+                - SESSION_MEMBER_DESCRIPTORS
+                - 2_500
+                - 2_500
+                - RECEIVED_DESCRIPTORS
+                - 3)
                 / 4
         );
         let small = DescriptorBudget::new(512, 16);
@@ -189,6 +230,8 @@ mod tests {
         assert!(small.received_short());
         assert_eq!(small.pipes, 0);
         assert!(small.pipes_short());
+        assert_eq!(small.members, 0);
+        assert!(small.members_short());
         assert_eq!(small.processes, (512 - 16 - 64 - 64 - 64 - 3) / 4);
         let middling = DescriptorBudget::new(8_192, 16);
         assert_eq!(middling.received, 1_024);

@@ -86,12 +86,13 @@ pub(crate) fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
-/// The processes of session `sid` (only those of group `pgid`, if given),
-/// each as a pidfd that is known to name the process that was in the
-/// session, not a later owner of its number.
-pub(crate) fn session_members(sid: i32, pgid: Option<i32>) -> Vec<OwnedFd> {
+/// Gives `each` the processes of session `sid` (only those of group
+/// `pgid`, if given) one at a time, each as a pidfd that is known to name
+/// the process that was in the session, not a later owner of its number:
+/// one open at a time here, however many members the session has.
+pub(crate) fn for_each_session_member(sid: i32, pgid: Option<i32>, mut each: impl FnMut(OwnedFd)) {
     let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
+        return;
     };
     let wanted = |identity: &Identity| {
         identity.session == sid && pgid.is_none_or(|pgid| identity.group == pgid)
@@ -104,7 +105,7 @@ pub(crate) fn session_members(sid: i32, pgid: Option<i32>) -> Vec<OwnedFd> {
             // Same start time after opening: the pidfd names that process.
             (identity(pid) == Some(before)).then_some(pidfd)
         })
-        .collect()
+        .for_each(&mut each);
 }
 
 /// Whether any process (zombies included) belongs to session `sid`.

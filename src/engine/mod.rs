@@ -41,7 +41,7 @@ pub use self::handover::{Handover, HoldingItsPipeLocked, LOCK_HELD_FOR, ProcessS
 pub(crate) use self::kill::{pidfd_open, signal_process};
 pub use self::log::{Batch, LogLimits};
 pub use self::output::CHUNK_SIZE;
-pub use self::reaper::{become_subreaper, is_subreaper};
+pub use self::reaper::{become_subreaper, is_subreaper, keep_session_members_at_most};
 pub use self::shared::{
     MAX_QUEUED_STDIN_BYTES, MAX_QUEUED_STDIN_WRITES, MAX_WRITE_BYTES, ProcessLimits,
 };

@@ -28,7 +28,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use tokio::io::Interest;
@@ -155,7 +155,7 @@ pub(crate) fn adopt(
         session,
         leader_reaped: AtomicBool::new(ended.is_some()),
         gone: AtomicBool::new(false),
-        members: Mutex::new(members),
+        members: Mutex::new(members.into_iter().map(Member::kept).collect()),
         leaf: OnceLock::new(),
     });
     let (sender, receiver) = oneshot::channel();
@@ -285,6 +285,51 @@ fn waitable(idtype: libc::idtype_t, id: libc::id_t) -> Option<i32> {
 
 /// A started child's process tree: its group, and for a terminal its
 /// session.
+/// Default of [`keep_session_members_at_most`].
+const DEFAULT_MAX_MEMBERS_KEPT: usize = 1024;
+
+/// Pidfds of sessions' members kept after their leaders were reaped,
+/// over the server, and most kept: each is a descriptor the server's
+/// budget must carry (`engine::descriptors::DescriptorBudget::members`),
+/// and a session can have as many members as its owner can start.
+static MEMBERS_KEPT: AtomicUsize = AtomicUsize::new(0);
+static MAX_MEMBERS_KEPT: AtomicUsize = AtomicUsize::new(DEFAULT_MAX_MEMBERS_KEPT);
+
+/// Sets how many members of terminal sessions whose leader has ended the
+/// server keeps track of (a pidfd each); a session's members beyond are
+/// killed when its leader is reaped.
+pub fn keep_session_members_at_most(most: usize) {
+    MAX_MEMBERS_KEPT.store(most, Ordering::Relaxed);
+}
+
+/// A session member's pidfd, counted while kept.
+struct Member(OwnedFd);
+
+impl Member {
+    /// Kept if the server has room for one more, else given back.
+    fn keep(pidfd: OwnedFd) -> Result<Member, OwnedFd> {
+        let most = MAX_MEMBERS_KEPT.load(Ordering::Relaxed);
+        match MEMBERS_KEPT.fetch_update(Ordering::AcqRel, Ordering::Acquire, |kept| {
+            (kept < most).then_some(kept + 1)
+        }) {
+            Ok(_) => Ok(Member(pidfd)),
+            Err(_) => Err(pidfd),
+        }
+    }
+
+    /// Kept whatever the count (handed over by the binary before).
+    fn kept(pidfd: OwnedFd) -> Member {
+        MEMBERS_KEPT.fetch_add(1, Ordering::AcqRel);
+        Member(pidfd)
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        MEMBERS_KEPT.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 pub(crate) struct Tree {
     pid: i32,
     pidfd: OwnedFd,
@@ -294,7 +339,7 @@ pub(crate) struct Tree {
     /// Signalling by number only: the group's number is free.
     gone: AtomicBool,
     /// Terminal sessions: the members when the child was reaped.
-    members: Mutex<Vec<OwnedFd>>,
+    members: Mutex<Vec<Member>>,
     /// The cgroup of the tree, where there is one: nothing leaves it.
     leaf: OnceLock<crate::sandbox::Leaf>,
 }
@@ -309,11 +354,34 @@ impl Tree {
         !held
     }
 
+    /// Keeps a pidfd of each member of the session its leader leaves (the
+    /// session's number is free once the leader is reaped), as many as
+    /// the server keeps ([`keep_session_members_at_most`]); the rest are
+    /// killed now, said in the log: a member the server cannot name later
+    /// would outlive the process's release.
     fn capture_session(&self) {
-        if self.session {
-            *self.members.lock().unwrap_or_else(|p| p.into_inner()) =
-                kill::session_members(self.pid, None);
+        if !self.session {
+            return;
         }
+        let mut kept = Vec::new();
+        let mut killed = 0usize;
+        kill::for_each_session_member(self.pid, None, |member| match Member::keep(member) {
+            Ok(member) => kept.push(member),
+            Err(member) => {
+                kill::signal_process(&member, libc::SIGKILL);
+                killed += 1;
+            }
+        });
+        if killed > 0 {
+            tracing::warn!(
+                pid = self.pid,
+                killed,
+                "a terminal session's leader ended leaving more processes than the server keeps \
+                 track of ({} over the server, from the descriptor limit): the rest were killed",
+                MAX_MEMBERS_KEPT.load(Ordering::Relaxed)
+            );
+        }
+        *self.members.lock().unwrap_or_else(|p| p.into_inner()) = kept;
     }
 
     /// Gives the tree its cgroup (once, right after the spawn).
@@ -348,12 +416,10 @@ impl Tree {
             };
             if self.leader_reaped.load(Ordering::Acquire) {
                 let members = self.members.lock().unwrap_or_else(|p| p.into_inner());
-                members.iter().for_each(signal_member);
+                members.iter().for_each(|member| signal_member(&member.0));
             } else {
                 // The child (alive or a zombie) still holds the session.
-                kill::session_members(self.pid, None)
-                    .iter()
-                    .for_each(signal_member);
+                kill::for_each_session_member(self.pid, None, |member| signal_member(&member));
             }
         }
         let result = if by_pidfd {
@@ -391,7 +457,7 @@ impl Tree {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .iter()
-                .map(AsRawFd::as_raw_fd)
+                .map(|member| member.0.as_raw_fd())
                 .collect(),
         }
     }
@@ -402,9 +468,9 @@ impl Tree {
         if self.leader_reaped.load(Ordering::Acquire) {
             return;
         }
-        for member in kill::session_members(self.pid, Some(pgid)) {
+        kill::for_each_session_member(self.pid, Some(pgid), |member| {
             kill::signal_process(&member, signal);
-        }
+        });
     }
 }
 

@@ -171,3 +171,46 @@ fn running_out_of_descriptors_is_a_limit_not_a_spawn_failure() {
         assert!(status.expect("served again").success());
     });
 }
+
+/// The processes a terminal session leaves when its leader ends: where
+/// the limit keeps no room to follow them (a pidfd each; at 256), they
+/// are killed with their leader rather than left to outlive the
+/// process's release or to fill the server's table (a review's client
+/// left 14,282 of them, each a descriptor of the server's); where it
+/// does, one lives on until the process is released. (Its output goes
+/// elsewhere: the terminal's output, and so the exit, ends once every
+/// holder of the terminal has closed it.)
+#[test]
+fn a_terminal_session_s_processes_are_followed_only_as_far_as_the_limit_keeps_room() {
+    common::run_local(async {
+        for (limit, followed) in [(Some(LIMIT), false), (None, true)] {
+            let served = Served::start_limited(&[], limit);
+            let connection = unix(&served).await;
+            let dir = common::data::TempDir::new("session-members");
+            let said = dir.path().join("pid");
+            let mut shell = Command::new("sh");
+            shell
+                .arg("-c")
+                .arg(format!(
+                    "trap '' HUP; sleep 1000 </dev/null >/dev/null 2>&1 & echo $! > {}.new && \
+                     mv {0}.new {0}; exit 0",
+                    said.display()
+                ))
+                .tty(PtySize::default());
+            let process = shell.spawn(&connection.executor()).await.expect("spawn");
+            assert!(process.wait().await.expect("the leader ends").success());
+            let straggler: u32 = common::eventually_async("the pid is written", async || {
+                std::fs::read_to_string(&said).ok()?.trim().parse().ok()
+            })
+            .await;
+            if followed {
+                assert!(
+                    procfs::state(straggler).is_some_and(|state| state != 'Z'),
+                    "the straggler lives on while the process is held"
+                );
+                drop(process);
+            }
+            procfs::wait_gone(straggler).await;
+        }
+    });
+}
