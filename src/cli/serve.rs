@@ -738,39 +738,8 @@ fn log_capacity(capacity: &Capacity) {
             "the task limit"
         );
     }
-    if budget.received_short() {
-        tracing::warn!(
-            descriptor_limit = budget.limit,
-            "the descriptor limit keeps {} of the {} descriptors clients of the Unix sockets may \
-             have the server hold (kept for their starts, or waiting to close): one that sends \
-             many can fill the table, and a read that finds it full closes what it brought on \
-             the serving thread, which a pipe whose lock the client holds puts to sleep (raise \
-             it with ulimit -n to {} or more)",
-            budget.received,
-            capexec::engine::descriptors::RECEIVED_DESCRIPTORS,
-            capexec::engine::descriptors::RECEIVED_DESCRIPTORS * 4 + 4096
-        );
-    }
-    if budget.members_short() {
-        tracing::warn!(
-            descriptor_limit = budget.limit,
-            "the descriptor limit keeps {} of the {} descriptors the server uses to follow a \
-             terminal session's processes once its leader has ended: beyond, they are killed \
-             with it (raise it with ulimit -n to {} or more)",
-            budget.members,
-            capexec::engine::descriptors::SESSION_MEMBER_DESCRIPTORS,
-            capexec::engine::descriptors::SESSION_MEMBER_DESCRIPTORS * 8 + 4096
-        );
-    }
-    if budget.pipes_short() {
-        tracing::warn!(
-            descriptor_limit = budget.limit,
-            "the descriptor limit keeps {} of the {} descriptors the pipes of direct channels \
-             may hold: many busy ones can fill the table (raise it with ulimit -n to {} or more)",
-            budget.pipes,
-            capexec::engine::descriptors::PUMP_PIPE_DESCRIPTORS,
-            capexec::engine::descriptors::PUMP_PIPE_DESCRIPTORS * 8 + 4096
-        );
+    for short in budget.short_shares() {
+        tracing::warn!(descriptor_limit = budget.limit, "{short}");
     }
     tracing::info!(
         descriptor_limit = budget.limit,

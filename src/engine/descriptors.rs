@@ -114,6 +114,28 @@ pub struct DescriptorBudget {
     pub processes: u64,
 }
 
+/// A share of the budget that a small limit keeps less of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShortShare {
+    pub kept: u64,
+    pub meant: u64,
+    /// The smallest limit that keeps all of it.
+    pub limit_for_all: u64,
+    /// What it is for, and what less of it leaves open.
+    pub what: &'static str,
+}
+
+impl std::fmt::Display for ShortShare {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the descriptor limit keeps {} of the {} descriptors {} (raise it with ulimit -n to \
+             {} or more)",
+            self.kept, self.meant, self.what, self.limit_for_all
+        )
+    }
+}
+
 impl DescriptorBudget {
     /// The budget of `limit` descriptors when `open` are in use already.
     pub fn new(limit: u64, open: u64) -> DescriptorBudget {
@@ -141,23 +163,36 @@ impl DescriptorBudget {
         }
     }
 
-    /// Whether the limit keeps less than Unix peers may have the server
-    /// hold: one that sends many can fill the table (say so at start).
-    pub fn received_short(&self) -> bool {
-        self.received < RECEIVED_DESCRIPTORS
-    }
-
-    /// Whether the limit keeps less than the pumps' pipes may hold: many
-    /// busy direct channels can fill the table (say so at start).
-    pub fn pipes_short(&self) -> bool {
-        self.pipes < PUMP_PIPE_DESCRIPTORS
-    }
-
-    /// Whether the limit keeps less than [`SESSION_MEMBER_DESCRIPTORS`]:
-    /// fewer of a terminal session's processes outlive its leader (say so
-    /// at start).
-    pub fn members_short(&self) -> bool {
-        self.members < SESSION_MEMBER_DESCRIPTORS
+    /// The shares this limit keeps less of than they are meant to have
+    /// (a small limit), to say at start.
+    pub fn short_shares(&self) -> Vec<ShortShare> {
+        [
+            ShortShare {
+                kept: self.received,
+                meant: RECEIVED_DESCRIPTORS,
+                limit_for_all: 4096 + 4 * RECEIVED_DESCRIPTORS,
+                what: "clients of the Unix sockets may have the server hold (kept for their \
+                       starts, or waiting to close): one that sends many can fill the table, \
+                       and a read that finds it full closes what it brought on the serving \
+                       thread, which a pipe whose lock the client holds puts to sleep",
+            },
+            ShortShare {
+                kept: self.pipes,
+                meant: PUMP_PIPE_DESCRIPTORS,
+                limit_for_all: 4096 + 8 * PUMP_PIPE_DESCRIPTORS,
+                what: "the pipes of direct channels may hold: many busy ones can fill the table",
+            },
+            ShortShare {
+                kept: self.members,
+                meant: SESSION_MEMBER_DESCRIPTORS,
+                limit_for_all: 4096 + 8 * SESSION_MEMBER_DESCRIPTORS,
+                what: "the server uses to follow a terminal session's processes once its \
+                       leader has ended: beyond, they are killed with it",
+            },
+        ]
+        .into_iter()
+        .filter(|share| share.kept < share.meant)
+        .collect()
     }
 
     /// The budget of this process's (soft) limit now, where `processes'`
@@ -207,9 +242,9 @@ mod tests {
         assert_eq!(budget.connections, 2_500);
         assert_eq!(budget.held, 2_500);
         assert_eq!(budget.received, RECEIVED_DESCRIPTORS);
-        assert!(!budget.received_short());
         assert_eq!(budget.pipes, PUMP_PIPE_DESCRIPTORS);
-        assert!(!budget.pipes_short());
+        assert_eq!(budget.members, SESSION_MEMBER_DESCRIPTORS);
+        assert_eq!(budget.short_shares(), []);
         assert_eq!(
             budget.processes,
             (20_000
@@ -226,15 +261,19 @@ mod tests {
         let small = DescriptorBudget::new(512, 16);
         assert_eq!(small.connections, 64);
         assert_eq!(small.held, 64);
-        assert_eq!(small.received, 0);
-        assert!(small.received_short());
-        assert_eq!(small.pipes, 0);
-        assert!(small.pipes_short());
-        assert_eq!(small.members, 0);
-        assert!(small.members_short());
+        assert_eq!((small.received, small.pipes, small.members), (0, 0, 0));
+        assert_eq!(small.short_shares().len(), 3);
         assert_eq!(small.processes, (512 - 16 - 64 - 64 - 64 - 3) / 4);
         let middling = DescriptorBudget::new(8_192, 16);
         assert_eq!(middling.received, 1_024);
+        // Each share says the least limit that keeps all of it.
+        let [received, members] = middling.short_shares()[..] else {
+            panic!("{:?}", middling.short_shares());
+        };
+        assert_eq!(received.limit_for_all, 17_384);
+        assert_eq!(members.limit_for_all, 12_288);
+        assert_eq!(DescriptorBudget::new(17_384, 16).short_shares(), []);
+        assert_eq!(DescriptorBudget::new(17_383, 16).short_shares().len(), 1);
         // A limit that carries nothing says so rather than wrapping.
         assert_eq!(DescriptorBudget::new(200, 50).processes, 0);
     }

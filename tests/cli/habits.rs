@@ -391,6 +391,27 @@ fn serve_warns_only_about_limits_the_operator_asked_for() {
     );
 }
 
+/// Under a limit too small for the shares kept for what clients send,
+/// for direct channels' pipes and for terminal sessions' members, `serve`
+/// warns of each at start, naming the limit that keeps all of it; at
+/// 20,000 it keeps them all and says nothing.
+#[test]
+fn serve_warns_of_each_share_a_small_limit_keeps_less_of() {
+    let log = serve_log(&[], 4096);
+    let warnings: Vec<&str> = log.lines().filter(|line| line.contains(" WARN ")).collect();
+    let expected = [("3322", "17384"), ("512", "8192"), ("1024", "12288")];
+    assert_eq!(warnings.len(), expected.len(), "{log}");
+    for (line, (meant, limit)) in warnings.iter().zip(expected) {
+        assert!(
+            line.contains(&format!(
+                "the descriptor limit keeps 0 of the {meant} descriptors "
+            )) && line.contains(&format!("(raise it with ulimit -n to {limit} or more)")),
+            "{line}"
+        );
+    }
+    assert!(!serve_log(&[], 20_000).contains(" WARN "));
+}
+
 /// In a cgroup whose `pids.max` carries fewer than the default 10,000
 /// processes (each is two tasks: the command and the server's thread for
 /// its pipes), `serve` fits `--max-processes` to it and says so, naming
