@@ -224,7 +224,11 @@ fn accept_unix(
         return None;
     }
     if crate::sandbox::peer_is_sandboxed(&serving.host, stream.as_raw_fd()) {
-        tracing::warn!("refusing a connection from a sandboxed process");
+        // (A peer gone before the look is refused too: its number may
+        // name another process by then.)
+        tracing::warn!(
+            "refusing a connection from a sandboxed process, or one gone before it was looked at"
+        );
         // What it sent may carry descriptors, which the close releases.
         stream.close_off_this_thread();
         return None;
