@@ -73,9 +73,9 @@ fn admit_unix(
     }
 }
 
-/// Tells a Unix peer refused at once why (a capnp `Abort`), and closes its
-/// connection off this thread: what it sent may carry descriptors, which
-/// the close releases.
+/// Tells a Unix peer refused at once why (a capnp `Abort`); the caller
+/// then closes the connection off this thread (what the peer sent may
+/// carry descriptors, which the close releases).
 fn refuse_unix(stream: &tokio::net::UnixStream, reason: &str) {
     use std::os::fd::AsRawFd;
     // Written on the socket itself: the stream's readiness is not known
