@@ -30,8 +30,8 @@ pub async fn stdin(process: ResilientProcess, escape: Option<oneshot::Sender<()>
     while let Some(Some(chunk)) = chunks.recv().await {
         let chunk = match &mut escapes {
             None => chunk,
-            Some((scanner, _)) => match scanner.scan(&chunk) {
-                Scanned::Send(keys) => keys,
+            Some((scanner, _)) => match scanner.scan(chunk.bytes()) {
+                Scanned::Send(keys) => keys.into(),
                 Scanned::End => {
                     if let Some((_, escape)) = escapes.take() {
                         let _ = escape.send(());
@@ -40,7 +40,7 @@ pub async fn stdin(process: ResilientProcess, escape: Option<oneshot::Sender<()>
                 }
             },
         };
-        if chunk.is_empty() {
+        if chunk.bytes().is_empty() {
             continue;
         }
         if in_flight.len() >= STDIN_WINDOW
@@ -50,7 +50,7 @@ pub async fn stdin(process: ResilientProcess, escape: Option<oneshot::Sender<()>
             return;
         }
         count += 1;
-        in_flight.push_back(process.write_bytes_in_order(chunk, &format!("stdin-{count}")));
+        in_flight.push_back(process.write_outgoing_in_order(chunk, &format!("stdin-{count}")));
     }
     for write in in_flight {
         if !accepted(write).await {

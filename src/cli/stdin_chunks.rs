@@ -27,6 +27,7 @@ use std::mem::ManuallyDrop;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, RawFd};
 
 use bytes::Bytes;
+use capexec::client::{OutgoingBytes, SegmentBuffer};
 use capexec::engine::pipe_capacity;
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
@@ -49,7 +50,7 @@ const READ_AHEAD_CHUNKS: usize = 2;
 
 /// Reads our stdin until its end; `None` marks end-of-file. Must be called
 /// inside a `LocalSet` (a pipe is read by a task of the calling thread).
-pub fn read_stdin() -> mpsc::Receiver<Option<Bytes>> {
+pub fn read_stdin() -> mpsc::Receiver<Option<OutgoingBytes>> {
     let (chunks, receiver) = mpsc::channel(READ_AHEAD_CHUNKS);
     match PipeReadiness::of_stdin() {
         Some(readiness) => {
@@ -63,8 +64,9 @@ pub fn read_stdin() -> mpsc::Receiver<Option<Bytes>> {
 /// The chunk being filled.
 struct Chunk {
     /// Filled into spare capacity: zeroing each fresh buffer first cost
-    /// more than the read itself.
-    buf: Vec<u8>,
+    /// more than the read itself. Laid out to leave as a message segment
+    /// of its own, so that a big chunk is not copied into its `write`.
+    buf: SegmentBuffer,
     /// Whether our stdin pipe has been grown.
     grown: bool,
 }
@@ -72,7 +74,7 @@ struct Chunk {
 impl Default for Chunk {
     fn default() -> Self {
         Chunk {
-            buf: Vec::with_capacity(STDIN_CHUNK),
+            buf: SegmentBuffer::with_capacity(STDIN_CHUNK),
             grown: false,
         }
     }
@@ -97,19 +99,16 @@ impl Chunk {
 
     /// What was read since the last chunk: a small read is copied out and
     /// the buffer kept; a big one leaves as it is, without a copy.
-    fn take(&mut self) -> Option<Bytes> {
+    fn take(&mut self) -> Option<OutgoingBytes> {
         if self.buf.is_empty() {
             return None;
         }
         Some(if self.buf.len() < STDIN_COPY_BELOW {
-            let chunk = Bytes::copy_from_slice(&self.buf);
+            let chunk = Bytes::copy_from_slice(self.buf.as_slice());
             self.buf.clear();
-            chunk
+            chunk.into()
         } else {
-            Bytes::from(std::mem::replace(
-                &mut self.buf,
-                Vec::with_capacity(STDIN_CHUNK),
-            ))
+            std::mem::replace(&mut self.buf, SegmentBuffer::with_capacity(STDIN_CHUNK)).freeze()
         })
     }
 }
@@ -189,7 +188,7 @@ fn read_without_waiting(chunk: &mut Chunk) -> Read {
 /// Reads the pipe on this thread as it becomes readable. Hands what it has
 /// read to a thread that reads on with blocking reads if the pipe refuses
 /// a read without waiting, or if epoll can no longer say when to read.
-async fn read_pipe_here(readiness: PipeReadiness, chunks: mpsc::Sender<Option<Bytes>>) {
+async fn read_pipe_here(readiness: PipeReadiness, chunks: mpsc::Sender<Option<OutgoingBytes>>) {
     let mut chunk = Chunk::default();
     // The last read found the pipe empty: wait before the next.
     let mut drained = false;
@@ -256,7 +255,7 @@ async fn read_pipe_here(readiness: PipeReadiness, chunks: mpsc::Sender<Option<By
 
 /// Reads our stdin on a thread of its own, with blocking reads, starting
 /// with what `chunk` already holds.
-fn read_on_a_thread(chunks: mpsc::Sender<Option<Bytes>>, mut chunk: Chunk) {
+fn read_on_a_thread(chunks: mpsc::Sender<Option<OutgoingBytes>>, mut chunk: Chunk) {
     let spawned = std::thread::Builder::new()
         .name("capexec-stdin".into())
         .spawn(move || {
@@ -266,13 +265,18 @@ fn read_on_a_thread(chunks: mpsc::Sender<Option<Bytes>>, mut chunk: Chunk) {
             let mut ended = false;
             while !ended {
                 loop {
-                    let spare = rustix::buffer::spare_capacity(&mut chunk.buf);
-                    match rustix::io::read(&*stdin, spare) {
-                        Ok(0) => {
+                    match rustix::io::read(&*stdin, chunk.buf.spare_capacity_mut()) {
+                        Ok(([], _)) => {
                             ended = true;
                             break;
                         }
-                        Ok(read) => chunk.took(read),
+                        Ok((read, _)) => {
+                            let read = read.len();
+                            // SAFETY: the kernel initialised `read` bytes of
+                            // the spare capacity.
+                            unsafe { chunk.buf.set_len(chunk.buf.len() + read) };
+                            chunk.took(read);
+                        }
                         Err(rustix::io::Errno::INTR) => continue,
                         Err(errno) => {
                             let error = io::Error::from(errno);

@@ -99,3 +99,4 @@ pub use self::resilient::{
     Connect, MAX_UNANSWERED_WRITES, RecoveryNote, ResilientEvents, ResilientProcess, Session,
 };
 pub use self::stdio_handoff::StdioHandoff;
+pub use crate::net::{OutgoingBytes, SegmentBuffer};

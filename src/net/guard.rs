@@ -399,7 +399,7 @@ impl Guard {
     fn sent(
         &self,
         sent: Option<Sent>,
-        message: &capnp::message::Builder<capnp::message::HeapAllocator>,
+        message: &capnp::message::Builder<capnp_rpc::MessageAllocator>,
     ) {
         let (Some(sent), Some(ledger)) = (sent, &self.ledger) else {
             return;
@@ -678,7 +678,7 @@ impl OutgoingMessage for GuardedOutgoing {
         self: Box<Self>,
     ) -> (
         Promise<(), capnp::Error>,
-        Rc<capnp::message::Builder<capnp::message::HeapAllocator>>,
+        Rc<capnp::message::Builder<capnp_rpc::MessageAllocator>>,
     ) {
         let sent = self.guard.sending(self.inner.as_ref());
         let (promise, message) = self.inner.send();
@@ -686,7 +686,7 @@ impl OutgoingMessage for GuardedOutgoing {
         (promise, message)
     }
 
-    fn take(self: Box<Self>) -> capnp::message::Builder<capnp::message::HeapAllocator> {
+    fn take(self: Box<Self>) -> capnp::message::Builder<capnp_rpc::MessageAllocator> {
         self.inner.take()
     }
 

@@ -20,6 +20,7 @@ mod guard;
 mod liveness;
 mod local_socket;
 mod metrics_http;
+mod outgoing_bytes;
 mod passing;
 mod pending;
 mod read_ahead;
@@ -45,6 +46,7 @@ pub use self::guard::CallLimits;
 pub use self::local_socket::{
     default_admin_socket_path, default_socket_dir, default_socket_path, ensure_private_dir,
 };
+pub use self::outgoing_bytes::{OutgoingBytes, SegmentBuffer};
 pub use self::pending::PendingLimits;
 pub use self::server::{
     HANDOVER_VERSION, HandedOver, Reloader, ServeError, Server, ServerConfig, UPGRADE_REASON,

@@ -54,7 +54,7 @@ use futures::future::LocalBoxFuture;
 
 use crate::capexec_capnp::executor;
 use crate::client::error::RecoveryFailure;
-use crate::client::{Command, Error, Pending, PendingWrite, RemoteProcess};
+use crate::client::{Command, Error, OutgoingBytes, Pending, PendingWrite, RemoteProcess};
 use crate::model::{
     ExitStatus, OutputStream, ProcessSnapshot, PtySize, ReadOutcome, Signal, WriteStatus,
 };
@@ -358,6 +358,13 @@ impl ResilientProcess {
     /// [`Self::write_in_order`] for bytes the caller already holds as
     /// [`Bytes`]: kept for a resend without a copy (stdin's data path).
     pub fn write_bytes_in_order(&self, data: Bytes, write_id: &str) -> PendingWrite {
+        self.write_outgoing_in_order(data.into(), write_id)
+    }
+
+    /// [`Self::write_bytes_in_order`] for bytes that may leave as a
+    /// segment of their own (read into a [`crate::client::SegmentBuffer`]):
+    /// sent without a copy the first time.
+    pub fn write_outgoing_in_order(&self, data: OutgoingBytes, write_id: &str) -> PendingWrite {
         self.enqueue(OutgoingKind::Write {
             data,
             write_id: write_id.to_string(),

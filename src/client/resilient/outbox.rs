@@ -6,12 +6,11 @@
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 
-use bytes::Bytes;
 use tokio::sync::oneshot;
 
 use crate::client::resilient::ResilientProcess;
 use crate::client::resilient::link::LinkState;
-use crate::client::{Error, Pending, RemoteProcess};
+use crate::client::{Error, OutgoingBytes, Pending, RemoteProcess};
 use crate::model::WriteStatus;
 
 /// Most stdin calls that may wait for an answer at once. The server
@@ -30,7 +29,10 @@ struct Outgoing {
 }
 
 pub(super) enum OutgoingKind {
-    Write { data: Bytes, write_id: String },
+    Write {
+        data: OutgoingBytes,
+        write_id: String,
+    },
     CloseStdin,
 }
 
@@ -169,7 +171,7 @@ impl ResilientProcess {
 
 fn send(process: &RemoteProcess, kind: &OutgoingKind) -> Pending<WriteStatus> {
     match kind {
-        OutgoingKind::Write { data, write_id } => process.write_in_order(data, write_id),
+        OutgoingKind::Write { data, write_id } => process.write_outgoing_in_order(data, write_id),
         OutgoingKind::CloseStdin => {
             let closing = process.close_stdin_in_order();
             Pending::spawn(async move {

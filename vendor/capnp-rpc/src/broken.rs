@@ -51,7 +51,7 @@ impl PipelineHook for Pipeline {
 
 pub(crate) struct Request {
     error: Error,
-    message: ::capnp::message::Builder<::capnp::message::HeapAllocator>,
+    message: ::capnp::message::Builder<crate::MessageAllocator>,
     cap_table: Vec<Option<Box<dyn ClientHook>>>,
 }
 
@@ -59,7 +59,7 @@ impl Request {
     pub(crate) fn new(error: Error, _size_hint: Option<::capnp::MessageSize>) -> Self {
         Self {
             error,
-            message: ::capnp::message::Builder::new_default(),
+            message: ::capnp::message::Builder::new(crate::MessageAllocator::new()),
             cap_table: Vec::new(),
         }
     }

@@ -69,6 +69,8 @@ use std::rc::{Rc, Weak};
 use std::task::{Context, Poll};
 
 pub use crate::rpc::Disconnector;
+// capexec: outgoing messages can take a caller's buffer as a segment.
+pub use crate::segment::{with_offered_segment, MessageAllocator, OfferedSegment};
 use crate::task_set::TaskSet;
 
 pub use crate::reconnect::{auto_reconnect, lazy_auto_reconnect, SetTarget};
@@ -104,6 +106,7 @@ mod local;
 mod queued;
 mod reconnect;
 mod rpc;
+mod segment;
 mod sender_queue;
 mod split;
 mod task_set;
@@ -128,11 +131,11 @@ pub trait OutgoingMessage {
         self: Box<Self>,
     ) -> (
         Promise<(), Error>,
-        Rc<message::Builder<message::HeapAllocator>>,
+        Rc<message::Builder<crate::MessageAllocator>>,
     );
 
     /// Takes the inner message out of `self`.
-    fn take(self: Box<Self>) -> ::capnp::message::Builder<::capnp::message::HeapAllocator>;
+    fn take(self: Box<Self>) -> ::capnp::message::Builder<crate::MessageAllocator>;
 
     /// Gets the total size of the message, for flow control purposes. Although the caller
     /// could also call get_body().target_size(), doing that would walk the message tree,

@@ -64,13 +64,13 @@ impl ResponseHook for Response {
 }
 
 struct Params {
-    request: message::Builder<message::HeapAllocator>,
+    request: message::Builder<crate::MessageAllocator>,
     cap_table: Vec<Option<Box<dyn ClientHook>>>,
 }
 
 impl Params {
     fn new(
-        request: message::Builder<message::HeapAllocator>,
+        request: message::Builder<crate::MessageAllocator>,
         cap_table: Vec<Option<Box<dyn ClientHook>>>,
     ) -> Self {
         Self { request, cap_table }
@@ -86,7 +86,7 @@ impl ParamsHook for Params {
 }
 
 struct Results {
-    message: Option<message::Builder<message::HeapAllocator>>,
+    message: Option<message::Builder<crate::MessageAllocator>>,
     cap_table: Vec<Option<Box<dyn ClientHook>>>,
     results_done_fulfiller: Option<oneshot::Sender<Box<dyn ResultsDoneHook>>>,
     pipeline_sender: Option<crate::queued::PipelineInnerSender>,
@@ -98,7 +98,7 @@ impl Results {
         pipeline_sender: crate::queued::PipelineInnerSender,
     ) -> Self {
         Self {
-            message: Some(::capnp::message::Builder::new_default()),
+            message: Some(::capnp::message::Builder::new(crate::MessageAllocator::new())),
             cap_table: Vec::new(),
             results_done_fulfiller: Some(fulfiller),
             pipeline_sender: Some(pipeline_sender),
@@ -140,7 +140,7 @@ impl ResultsHook for Results {
         let root = self.get()?;
         let size = root.target_size()?;
         let mut message2 = capnp::message::Builder::new(
-            capnp::message::HeapAllocator::new().first_segment_words(size.word_count as u32 + 1),
+            crate::MessageAllocator::new().first_segment_words(size.word_count as u32 + 1),
         );
         let mut root2: capnp::any_pointer::Builder = message2.init_root();
         let mut cap_table2 = vec![];
@@ -171,7 +171,7 @@ impl ResultsHook for Results {
 }
 
 struct ResultsDoneInner {
-    message: ::capnp::message::Builder<::capnp::message::HeapAllocator>,
+    message: ::capnp::message::Builder<crate::MessageAllocator>,
     cap_table: Vec<Option<Box<dyn ClientHook>>>,
 }
 
@@ -181,7 +181,7 @@ pub(crate) struct ResultsDone {
 
 impl ResultsDone {
     pub(crate) fn new(
-        message: message::Builder<message::HeapAllocator>,
+        message: message::Builder<crate::MessageAllocator>,
         cap_table: Vec<Option<Box<dyn ClientHook>>>,
     ) -> Self {
         Self {
@@ -204,7 +204,7 @@ impl ResultsDoneHook for ResultsDone {
 }
 
 pub(crate) struct Request {
-    message: message::Builder<::capnp::message::HeapAllocator>,
+    message: message::Builder<crate::MessageAllocator>,
     cap_table: Vec<Option<Box<dyn ClientHook>>>,
     interface_id: u64,
     method_id: u16,
@@ -222,7 +222,7 @@ impl Request {
     ) -> Self {
         let (pipeline_sender, pipeline) = crate::queued::Pipeline::new();
         Self {
-            message: message::Builder::new_default(),
+            message: message::Builder::new(crate::MessageAllocator::new()),
             cap_table: Vec::new(),
             interface_id,
             method_id,

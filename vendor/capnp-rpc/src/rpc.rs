@@ -2448,7 +2448,7 @@ enum ResultsVariant {
         Vec<Option<Box<dyn ClientHook>>>,
     ),
     LocallyRedirected(
-        ::capnp::message::Builder<::capnp::message::HeapAllocator>,
+        ::capnp::message::Builder<crate::MessageAllocator>,
         Vec<Option<Box<dyn ClientHook>>>,
     ),
 }
@@ -2489,7 +2489,7 @@ where
                 }
                 _ => {
                     self.variant = Some(ResultsVariant::LocallyRedirected(
-                        ::capnp::message::Builder::new_default(),
+                        ::capnp::message::Builder::new(crate::MessageAllocator::new()),
                         Vec::new(),
                     ));
                 }
@@ -2579,7 +2579,7 @@ impl<VatId> ResultsHook for Results<VatId> {
         let root = self.get()?;
         let size = root.target_size()?;
         let mut message2 = capnp::message::Builder::new(
-            capnp::message::HeapAllocator::new().first_segment_words(size.word_count as u32 + 1),
+            crate::MessageAllocator::new().first_segment_words(size.word_count as u32 + 1),
         );
         let mut root2: capnp::any_pointer::Builder = message2.init_root();
         let mut cap_table2 = vec![];
@@ -2645,11 +2645,11 @@ impl<VatId> ResultsHook for Results<VatId> {
 
 enum ResultsDoneVariant {
     Rpc(
-        Rc<::capnp::message::Builder<::capnp::message::HeapAllocator>>,
+        Rc<::capnp::message::Builder<crate::MessageAllocator>>,
         Vec<Option<Box<dyn ClientHook>>>,
     ),
     LocallyRedirected(
-        ::capnp::message::Builder<::capnp::message::HeapAllocator>,
+        ::capnp::message::Builder<crate::MessageAllocator>,
         Vec<Option<Box<dyn ClientHook>>>,
     ),
 }
@@ -2782,7 +2782,7 @@ impl ResultsDone {
     }
 
     fn rpc(
-        message: Rc<::capnp::message::Builder<::capnp::message::HeapAllocator>>,
+        message: Rc<::capnp::message::Builder<crate::MessageAllocator>>,
         cap_table: Vec<Option<Box<dyn ClientHook>>>,
     ) -> Self {
         Self {
@@ -2791,7 +2791,7 @@ impl ResultsDone {
     }
 
     fn redirected(
-        message: ::capnp::message::Builder<::capnp::message::HeapAllocator>,
+        message: ::capnp::message::Builder<crate::MessageAllocator>,
         cap_table: Vec<Option<Box<dyn ClientHook>>>,
     ) -> Self {
         Self {

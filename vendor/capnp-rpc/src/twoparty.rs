@@ -49,8 +49,8 @@ impl crate::IncomingMessage for IncomingMessage {
 }
 
 struct OutgoingMessage {
-    message: ::capnp::message::Builder<::capnp::message::HeapAllocator>,
-    sender: ::capnp_futures::Sender<Rc<::capnp::message::Builder<::capnp::message::HeapAllocator>>>,
+    message: ::capnp::message::Builder<crate::MessageAllocator>,
+    sender: ::capnp_futures::Sender<Rc<::capnp::message::Builder<crate::MessageAllocator>>>,
 }
 
 impl crate::OutgoingMessage for OutgoingMessage {
@@ -66,7 +66,7 @@ impl crate::OutgoingMessage for OutgoingMessage {
         self: Box<Self>,
     ) -> (
         Promise<(), ::capnp::Error>,
-        Rc<::capnp::message::Builder<::capnp::message::HeapAllocator>>,
+        Rc<::capnp::message::Builder<crate::MessageAllocator>>,
     ) {
         let tmp = *self;
         let Self {
@@ -80,7 +80,7 @@ impl crate::OutgoingMessage for OutgoingMessage {
         )
     }
 
-    fn take(self: Box<Self>) -> ::capnp::message::Builder<::capnp::message::HeapAllocator> {
+    fn take(self: Box<Self>) -> ::capnp::message::Builder<crate::MessageAllocator> {
         self.message
     }
 
@@ -94,7 +94,7 @@ where
     T: AsyncRead + 'static,
 {
     input_stream: Rc<RefCell<Option<T>>>,
-    sender: ::capnp_futures::Sender<Rc<::capnp::message::Builder<::capnp::message::HeapAllocator>>>,
+    sender: ::capnp_futures::Sender<Rc<::capnp::message::Builder<crate::MessageAllocator>>>,
     side: crate::rpc_twoparty_capnp::Side,
     receive_options: ReaderOptions,
     on_disconnect_fulfiller: Option<oneshot::Sender<()>>,
@@ -129,7 +129,7 @@ where
     fn new(
         input_stream: T,
         sender: ::capnp_futures::Sender<
-            Rc<::capnp::message::Builder<::capnp::message::HeapAllocator>>,
+            Rc<::capnp::message::Builder<crate::MessageAllocator>>,
         >,
         side: crate::rpc_twoparty_capnp::Side,
         receive_options: ReaderOptions,
@@ -161,7 +161,7 @@ where
         first_segment_word_size: u32,
     ) -> Box<dyn crate::OutgoingMessage> {
         let message = ::capnp::message::Builder::new(
-            ::capnp::message::HeapAllocator::new().first_segment_words(first_segment_word_size),
+            crate::MessageAllocator::new().first_segment_words(first_segment_word_size),
         );
         Box::new(OutgoingMessage {
             message,
