@@ -30,7 +30,7 @@ pub async fn stdin(process: ResilientProcess, escape: Option<oneshot::Sender<()>
     while let Some(Some(chunk)) = chunks.recv().await {
         let chunk = match &mut escapes {
             None => chunk,
-            Some((scanner, _)) => match scanner.scan(chunk.bytes()) {
+            Some((scanner, _)) => match scanner.scan(chunk.as_slice()) {
                 Scanned::Send(keys) => keys.into(),
                 Scanned::End => {
                     if let Some((_, escape)) = escapes.take() {
@@ -40,7 +40,7 @@ pub async fn stdin(process: ResilientProcess, escape: Option<oneshot::Sender<()>
                 }
             },
         };
-        if chunk.bytes().is_empty() {
+        if chunk.as_slice().is_empty() {
             continue;
         }
         if in_flight.len() >= STDIN_WINDOW

@@ -120,47 +120,21 @@ impl RemoteProcess {
         let mut request = self.cap.write_request();
         request.get().set_data(data);
         request.get().set_write_id(write_id);
-        self.sent_write(request)
+        Self::answered(request.send())
     }
 
     /// [`Self::write_in_order`] of bytes that may leave as a segment of
     /// their own, without being copied into the message (see
-    /// `outgoing_bytes.rs`); copied as any others when they cannot.
+    /// `net/outgoing_bytes.rs`); copied as any others when they cannot.
     pub fn write_outgoing_in_order(&self, data: &OutgoingBytes, write_id: &str) -> PendingWrite {
-        let mut request = self.cap.write_request();
-        // First, so that it lands in the message's first segment.
-        request.get().set_write_id(write_id);
-        let bytes = data.bytes();
-        match (data.offer(), u32::try_from(bytes.len())) {
-            (Some(segment), Ok(len)) => {
-                let (field, taken) = capnp_rpc::with_offered_segment(segment, || {
-                    request.get().init_data(len).as_ptr()
-                });
-                // Taken, the segment is the field's own: the one allocation
-                // made while it was offered, of exactly its size, which
-                // puts the field right after the landing pad.
-                debug_assert!(!taken || std::ptr::eq(field, bytes.as_ptr()));
-                if !taken {
-                    // The message had room for the field: it lies there,
-                    // zeroed, to be filled as any other.
-                    if let Ok(field) = request.get().get_data() {
-                        field.copy_from_slice(bytes);
-                    }
-                }
-            }
-            _ => request.get().set_data(bytes),
-        }
-        self.sent_write(request)
+        Self::answered(crate::net::send_write(&self.cap, data, write_id))
     }
 
-    fn sent_write(
-        &self,
-        request: capnp::capability::Request<
-            process::write_params::Owned,
-            process::write_results::Owned,
-        >,
+    /// The answer to a `write` sent.
+    fn answered(
+        sent: capnp::capability::RemotePromise<process::write_results::Owned>,
     ) -> PendingWrite {
-        let response = dispatch(request.send().promise);
+        let response = dispatch(sent.promise);
         Pending::spawn(async move {
             let response = response.await?;
             Ok(wire::write_status_from_wire(response.get()?.get_status()?))

@@ -46,6 +46,7 @@ pub use self::guard::CallLimits;
 pub use self::local_socket::{
     default_admin_socket_path, default_socket_dir, default_socket_path, ensure_private_dir,
 };
+pub(crate) use self::outgoing_bytes::send_write;
 pub use self::outgoing_bytes::{OutgoingBytes, SegmentBuffer};
 pub use self::pending::PendingLimits;
 pub use self::server::{

@@ -51,8 +51,20 @@ thread_local! {
 
 /// Runs `build` with `segment` offered: the first segment allocated on
 /// this thread meanwhile whose size is exactly `segment`'s is `segment`.
-/// Returns what `build` returned and whether the segment was taken.
-pub fn with_offered_segment<R>(segment: OfferedSegment, build: impl FnOnce() -> R) -> (R, bool) {
+/// Returns what `build` returned and whether the segment was taken (by
+/// whatever allocated: the caller checks that its field landed there).
+///
+/// # Safety
+///
+/// Once taken, the segment is memory its owner shares, and the message
+/// must never write it again: while the message lives, the field made in
+/// `build` is not set, initialised or cleared anew, nor the message's root
+/// initialised anew (each zeroes the old object, in the segment). `build`
+/// makes no offer of its own.
+pub unsafe fn with_offered_segment<R>(
+    segment: OfferedSegment,
+    build: impl FnOnce() -> R,
+) -> (R, bool) {
     /// Withdraws the offer however `build` ends, unwinding too: left
     /// standing, it would be taken by some later allocation of its size.
     struct Withdraw;
