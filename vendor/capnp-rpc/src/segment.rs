@@ -60,7 +60,8 @@ thread_local! {
 /// must never write it again: while the message lives, the field made in
 /// `build` is not set, initialised or cleared anew, nor the message's root
 /// initialised anew (each zeroes the old object, in the segment). `build`
-/// makes no offer of its own.
+/// makes no offer of its own (one made while another stands panics) and
+/// allocates in no other message, which could take the offer.
 pub unsafe fn with_offered_segment<R>(
     segment: OfferedSegment,
     build: impl FnOnce() -> R,
@@ -73,7 +74,11 @@ pub unsafe fn with_offered_segment<R>(
             OFFERED.with(|offered| offered.borrow_mut().take());
         }
     }
-    OFFERED.with(|offered| *offered.borrow_mut() = Some(segment));
+    OFFERED.with(|offered| {
+        let mut offered = offered.borrow_mut();
+        assert!(offered.is_none(), "a segment offered while another stands");
+        *offered = Some(segment);
+    });
     let withdraw = Withdraw;
     let built = build();
     let taken = OFFERED.with(|offered| offered.borrow().is_none());
