@@ -297,6 +297,14 @@ pub fn main(args: ServeArgs) -> i32 {
         }
     };
     capexec::engine::keep_session_members_at_most(capacity.budget.members as usize);
+    if let Some(handover) = &handover
+        && handover.closes_below(capexec::engine::SPAWNER_COPIES_BELOW)
+    {
+        // The spawner's table would start with copies of them.
+        capexec::engine::forgo_spawner(
+            "the binary before left descriptors (maybe clients') to close among the first 64",
+        );
+    }
     let engine = engine(&args, &capacity, descriptor_limit);
     // One user may hold at most half the server's connections by
     // default, so that the others' logins find a place.

@@ -46,6 +46,7 @@ pub use self::shared::{
     MAX_QUEUED_STDIN_BYTES, MAX_QUEUED_STDIN_WRITES, MAX_WRITE_BYTES, ProcessLimits,
 };
 pub use self::spawn::{ChildSetup, GivenStdio};
+pub use self::spawn::{SPAWNER_COPIES_BELOW, forgo_spawner};
 // What the restriction policy (`crate::policy`) checks a start's program by.
 #[cfg(test)]
 pub(crate) use self::spawn::child_env;
@@ -109,6 +110,10 @@ impl Engine {
     /// checks ask `host` (`capexec serve --hide-kernel-feature`, and tests
     /// of what happens without a feature).
     pub fn with_host(limits: ProcessLimits, host: HostConfig) -> Engine {
+        // The thread children are cloned on starts being made now, before
+        // a server built on this engine takes in a client's descriptor
+        // (see `spawn/spawner.rs`).
+        spawn::prepare_spawner();
         Engine {
             inner: Arc::new(EngineInner {
                 limits,

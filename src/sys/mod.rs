@@ -18,7 +18,6 @@ pub use self::host::{HostConfig, KernelFeature};
 pub use self::refused_descriptors::{
     descriptors_waiting, kernel_refuses_descriptors, refuse_descriptors, refuse_descriptors_or_warn,
 };
-#[cfg(test)]
 pub(crate) use self::scm::send_with_byte;
 pub use self::scm::{SCM_MAX_FD, bytes_without_descriptors, receive as receive_with_descriptors};
 pub use self::socket::Socket;

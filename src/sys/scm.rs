@@ -132,8 +132,8 @@ pub fn bytes_without_descriptors(
     Ok((!look.cut && look.descriptors.is_empty()).then_some(look.bytes))
 }
 
-/// Sends `fds` with one byte `x` over `socket` (tests: a peer's send).
-#[cfg(test)]
+/// Sends `fds` with one byte `x` over `socket`: the spawner's hand-back
+/// (and, in tests, a peer's send).
 pub(crate) fn send_with_byte(socket: RawFd, fds: &[RawFd]) -> io::Result<()> {
     let header = std::mem::size_of::<libc::cmsghdr>();
     let mut control = vec![0u64; (header + std::mem::size_of_val(fds)).div_ceil(8) + 1];

@@ -75,6 +75,51 @@ pub fn open_fds(pid: u32) -> usize {
         .unwrap_or(0)
 }
 
+/// How many threads `pid` has, less the one that clones its children
+/// (`capexec-spawn`, started with the engine and kept for good).
+pub fn threads_but_the_spawner(pid: u32) -> Option<u64> {
+    let threads = status_field(pid, "Threads:")?;
+    let spawner = thread_descriptors(pid, "capexec-spawn").is_some();
+    Some(threads - u64::from(spawner))
+}
+
+/// The children of `pid`'s thread named `thread` (the processes it
+/// cloned that are still there); `None` without such a thread.
+pub fn thread_children(pid: u32, thread: &str) -> Option<Vec<u32>> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let task = tasks.flatten().find(|task| {
+        std::fs::read_to_string(task.path().join("comm")).is_ok_and(|comm| comm.trim() == thread)
+    })?;
+    let children = std::fs::read_to_string(task.path().join("children")).ok()?;
+    Some(
+        children
+            .split_whitespace()
+            .filter_map(|child| child.parse().ok())
+            .collect(),
+    )
+}
+
+/// What each descriptor of the table of `pid`'s thread named `thread`
+/// names (`/proc/<pid>/task/<tid>/fd`), by number; `None` without such a
+/// thread.
+pub fn thread_descriptors(pid: u32, thread: &str) -> Option<Vec<(i32, String)>> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let task = tasks.flatten().find(|task| {
+        std::fs::read_to_string(task.path().join("comm")).is_ok_and(|comm| comm.trim() == thread)
+    })?;
+    let mut fds: Vec<(i32, String)> = std::fs::read_dir(task.path().join("fd"))
+        .ok()?
+        .flatten()
+        .filter_map(|fd| {
+            let number = fd.file_name().to_str()?.parse().ok()?;
+            let target = std::fs::read_link(fd.path()).ok()?;
+            Some((number, target.to_string_lossy().into_owned()))
+        })
+        .collect();
+    fds.sort();
+    Some(fds)
+}
+
 /// Whether `parent` has a child running the program named `name` (its
 /// `comm`).
 pub fn has_child_named(parent: u32, name: &str) -> bool {

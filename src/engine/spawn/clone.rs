@@ -358,7 +358,7 @@ fn close_range_works() -> bool {
 }
 
 fn list_open_fds() -> Vec<RawFd> {
-    std::fs::read_dir("/proc/self/fd")
+    std::fs::read_dir("/proc/thread-self/fd")
         .map(|dir| {
             dir.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
                 .collect()

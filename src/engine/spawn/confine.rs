@@ -85,6 +85,17 @@ impl Confinement {
         }
     }
 
+    /// Every descriptor the child uses (the spawner brings each into its
+    /// table).
+    pub(super) fn descriptors(&self) -> impl Iterator<Item = RawFd> + '_ {
+        self.cgroup
+            .iter()
+            .chain(&self.cgroup_procs)
+            .copied()
+            .chain(self.mounts.iter().map(|&(_, tree)| tree))
+            .chain(self.ruleset)
+    }
+
     /// Whether [`Confinement::mount_trees`] enters the working directory
     /// again, by its path (the trees mounted over it hide the one its
     /// descriptor names).

@@ -8,22 +8,29 @@
 //! calls on memory prepared beforehand; unlike glibc's posix_spawn it resets
 //! every signal, the C library's reserved ones included.
 //!
+//! The clone is made on a thread of its own whose descriptor table holds
+//! only what the child being started needs (`spawner.rs`): a child holds
+//! a copy of its parent's table until its exec, and must never hold the
+//! last copy of a descriptor some client sent.
+//!
 //! One file per concern: the parent's side of a start (this file), where
 //! the program is and what a failure means (`program.rs`), the child's
-//! standard descriptors (`stdio.rs`), the clone and the signal mask around
-//! it (`clone.rs`), the child between clone and exec (`child.rs`) and the
-//! confinement it applies to itself (`confine.rs`). The `unsafe` of a start
-//! lives in the last three.
+//! standard descriptors (`stdio.rs`), the thread that clones
+//! (`spawner.rs`), the clone and the signal mask around it (`clone.rs`),
+//! the child between clone and exec (`child.rs`) and the confinement it
+//! applies to itself (`confine.rs`). The `unsafe` of a start lives in the
+//! last four.
 
 mod child;
 mod clone;
 mod confine;
 mod program;
+mod spawner;
 mod stdio;
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -35,9 +42,12 @@ use self::program::{Resolved, classify, resolve, spawn_failed};
 #[cfg(test)]
 pub(crate) use self::program::child_env;
 pub(crate) use self::program::{program_on_own_path, program_path};
+pub(crate) use self::spawner::prepare as prepare_spawner;
+pub use self::spawner::{COPIES_BELOW as SPAWNER_COPIES_BELOW, forgo as forgo_spawner};
 pub(crate) use self::stdio::ChildStdio;
 pub use self::stdio::GivenStdio;
-use self::stdio::StdioPlan;
+use self::stdio::{StdioAction, StdioPlan};
+use crate::engine::kill;
 use crate::engine::reaper::{self, Leader};
 use crate::model::{Refusal, StartSpec};
 
@@ -82,36 +92,58 @@ pub(crate) fn spawn(
     let session = matches!(stdio, ChildStdio::Terminal(_));
     let mut plan = StdioPlan::new(stdio).map_err(|error| spawn_failed(spec, &error))?;
     let confinement = Confinement::of(confine);
+    // A child that must die with the server and has no cgroup sentinel to
+    // see to it is cloned here, where PR_SET_PDEATHSIG can follow this
+    // thread (see `spawner.rs`). So is one given a file that may flush
+    // when closed (a regular file or a device, maybe on a FUSE mount whose
+    // client does not answer): the spawner closes its copy, and must never
+    // wait on a client.
+    let die_with_this_thread = setup.die_with_parent && confine.cgroup.is_none();
+    let spawner = if die_with_this_thread || plan.given_may_flush() {
+        None
+    } else {
+        spawner::ready()
+    };
+    let needed: Vec<RawFd> = std::iter::once(cwd.raw_fd())
+        .chain(
+            plan.actions
+                .iter()
+                .filter_map(StdioAction::parent_descriptor),
+        )
+        .chain(confinement.descriptors())
+        .collect();
     let leader = reaper::spawn_leader(session, || {
-        let extras = Extras {
-            parent: if setup.die_with_parent {
-                // SAFETY: getpid has no preconditions.
-                unsafe { libc::getpid() }
-            } else {
-                0
-            },
-            descriptor_limit: setup.descriptor_limit.map(|(soft, hard)| libc::rlimit64 {
-                rlim_cur: soft,
-                rlim_max: hard,
-            }),
-            confinement: &confinement,
-        };
-        match launch(&program, &argv, &envp, cwd.raw_fd(), &plan.actions, &extras) {
-            // execvp's rule: a file the kernel cannot execute is a script.
-            Err(error) if error.raw_os_error() == Some(libc::ENOEXEC) => {
-                let mut shell_argv = vec![arg0.as_os_str(), program.as_os_str()];
-                shell_argv.extend(argv[1..].iter().copied());
-                launch(
-                    Path::new(SHELL),
-                    &shell_argv,
-                    &envp,
-                    cwd.raw_fd(),
-                    &plan.actions,
-                    &extras,
-                )
+        launch_from(spawner, &needed, || {
+            let extras = Extras {
+                parent: if setup.die_with_parent && spawner.is_none() {
+                    // SAFETY: getpid has no preconditions.
+                    unsafe { libc::getpid() }
+                } else {
+                    0
+                },
+                descriptor_limit: setup.descriptor_limit.map(|(soft, hard)| libc::rlimit64 {
+                    rlim_cur: soft,
+                    rlim_max: hard,
+                }),
+                confinement: &confinement,
+            };
+            match launch(&program, &argv, &envp, cwd.raw_fd(), &plan.actions, &extras) {
+                // execvp's rule: a file the kernel cannot execute is a script.
+                Err(error) if error.raw_os_error() == Some(libc::ENOEXEC) => {
+                    let mut shell_argv = vec![arg0.as_os_str(), program.as_os_str()];
+                    shell_argv.extend(argv[1..].iter().copied());
+                    launch(
+                        Path::new(SHELL),
+                        &shell_argv,
+                        &envp,
+                        cwd.raw_fd(),
+                        &plan.actions,
+                        &extras,
+                    )
+                }
+                other => other,
             }
-            other => other,
-        }
+        })
     })
     .map_err(|error| classify(spec, &error))?;
     Ok(SpawnedChild {
@@ -123,6 +155,55 @@ pub(crate) fn spawn(
     })
 }
 
+/// `launch` run on the spawner, where children are cloned from a table
+/// holding only their own descriptors (`spawner.rs`), with `needed` there
+/// (or, without it, on this thread); the child's pidfd comes back into
+/// ours.
+fn launch_from(
+    spawner: Option<&spawner::Spawner>,
+    needed: &[RawFd],
+    launch: impl FnOnce() -> io::Result<(i32, OwnedFd)>,
+) -> io::Result<(i32, OwnedFd)> {
+    let job = |hand_back: &mut spawner::HandBack| {
+        let (pid, pidfd) = launch()?;
+        if let Err(error) = pidfd.try_clone().and_then(|copy| hand_back.give(copy)) {
+            kill::signal_process(&pidfd, libc::SIGKILL);
+            reap(libc::P_PIDFD, pidfd.as_raw_fd() as libc::id_t);
+            return Err(error);
+        }
+        Ok(pid)
+    };
+    let ran = match spawner {
+        // SAFETY: `launch` uses the plan's memory, which outlives the call,
+        // and no descriptor but `needed`; it closes none of ours (the
+        // procs file and the child's pidfd it opens are the spawner's).
+        Some(spawner) => unsafe { spawner.in_private_table(needed, job)? },
+        None => spawner::on_this_thread(job),
+    };
+    let pid = ran.value?;
+    match ran.handed_back {
+        Ok(mut given) if given.len() == 1 => Ok((pid, given.remove(0))),
+        other => {
+            // Not reaped yet: only our pidfds or the reaper, under the lock
+            // our caller holds, reap a child. So the number is still its.
+            // SAFETY: kill(2) with a pid and a signal.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            reap(libc::P_PID, pid as libc::id_t);
+            Err(other.err().unwrap_or_else(|| {
+                io::Error::other("the spawner handed back no pidfd for the child")
+            }))
+        }
+    }
+}
+
+/// Waits for the child `id` names to exit, and reaps it.
+fn reap(idtype: libc::idtype_t, id: libc::id_t) {
+    // SAFETY: siginfo_t is plain data, valid all zeroes.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: waits on our own child into `info`.
+    unsafe { libc::waitid(idtype, id, &mut info, libc::WEXITED | libc::__WALL) };
+}
+
 /// How every child of an engine is set up beyond its spec.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ChildSetup {
@@ -131,7 +212,10 @@ pub struct ChildSetup {
     /// processes must not outlive it even when killed with SIGKILL. Set it
     /// only where starts come from a thread that lives as long as the
     /// engine; the kernel drops it for set-user-ID programs, and what a
-    /// child starts itself is orphaned, not killed.
+    /// child starts itself is orphaned, not killed. A child cloned on the
+    /// spawner (`spawner.rs`: only one in a cgroup leaf, whose sentinel
+    /// kills its whole tree when the server dies) is not set so: an
+    /// upgrade's exec ends that thread.
     pub die_with_parent: bool,
     /// The descriptor limit (soft, hard) the child starts with, when the
     /// engine's own was raised: children get what the system gave us.

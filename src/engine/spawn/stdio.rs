@@ -119,6 +119,18 @@ pub(super) enum StdioAction {
     },
 }
 
+impl StdioAction {
+    /// The parent's descriptor this step copies, if any: a step copying
+    /// one the child set up itself (0 onto 1 on a terminal) has none.
+    pub(super) fn parent_descriptor(&self) -> Option<RawFd> {
+        match *self {
+            // The plan keeps every descriptor of the parent's above 2.
+            StdioAction::Dup { from, .. } if from > 2 => Some(from),
+            _ => None,
+        }
+    }
+}
+
 /// The child's descriptors, and the parent's ends of its pipes.
 pub(super) struct StdioPlan {
     pub(super) actions: Vec<StdioAction>,
@@ -143,6 +155,31 @@ impl Drop for StdioPlan {
 }
 
 impl StdioPlan {
+    /// Whether a given descriptor may flush when a copy of it is closed:
+    /// anything but a pipe, a socket, a terminal or a memory device
+    /// (`/dev/null`), whose drivers have no flush. A regular file on a
+    /// FUSE mount waits for its server's answer, and so may a device of
+    /// a driver we do not know (CUSE). Asks only what the kernel has
+    /// cached, as [`GivenStdio::may_be_stdio`] does.
+    pub(super) fn given_may_flush(&self) -> bool {
+        use rustix::fs::{AtFlags, StatxFlags};
+        /// Memory devices, terminals, the console, pseudo-terminals.
+        const NEVER_FLUSH: [u32; 11] = [1, 4, 5, 136, 137, 138, 139, 140, 141, 142, 143];
+        self.given.iter().any(|fd| {
+            rustix::fs::statx(
+                fd,
+                c"",
+                AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC,
+                StatxFlags::TYPE,
+            )
+            .map_or(true, |stat| match u32::from(stat.stx_mode) & libc::S_IFMT {
+                libc::S_IFIFO | libc::S_IFSOCK => false,
+                libc::S_IFCHR => !NEVER_FLUSH.contains(&stat.stx_rdev_major),
+                _ => true,
+            })
+        })
+    }
+
     pub(super) fn new(stdio: ChildStdio) -> io::Result<StdioPlan> {
         use std::os::fd::AsRawFd;
         let mut plan = StdioPlan {
@@ -222,5 +259,40 @@ impl StdioPlan {
         });
         self.given.push(fd);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn given(fd: OwnedFd) -> StdioPlan {
+        StdioPlan::new(ChildStdio::Pipes {
+            pipe_stdin: false,
+            given: GivenStdio {
+                stdin: None,
+                stdout: Some(fd),
+                stderr: None,
+            },
+        })
+        .expect("plan")
+    }
+
+    #[test]
+    fn only_a_given_pipe_or_socket_cannot_flush_when_closed() {
+        let (_, write) = std::io::pipe().expect("pipe");
+        assert!(!given(write.into()).given_may_flush());
+        let (socket, _peer) = std::os::unix::net::UnixStream::pair().expect("pair");
+        assert!(!given(socket.into()).given_may_flush());
+        let file = std::fs::File::open("/proc/self/exe").expect("a regular file");
+        assert!(given(file.into()).given_may_flush());
+        let null = std::fs::File::open("/dev/null").expect("a memory device");
+        assert!(!given(null.into()).given_may_flush());
+        let none = StdioPlan::new(ChildStdio::Pipes {
+            pipe_stdin: true,
+            given: GivenStdio::default(),
+        })
+        .expect("plan");
+        assert!(!none.given_may_flush());
     }
 }

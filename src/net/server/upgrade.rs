@@ -69,6 +69,18 @@ struct State {
     to_close: Vec<RawFd>,
 }
 
+impl HandedOver {
+    /// Whether a descriptor the binary before left to close (maybe a
+    /// client's) has a number below `below`.
+    pub fn closes_below(&self, below: RawFd) -> bool {
+        let to_close = self
+            .to_close
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        to_close.iter().any(|fd| fd.as_raw_fd() < below)
+    }
+}
+
 /// The hand-over the binary before left, read at start-up.
 pub struct HandedOver {
     pub(crate) listeners: Vec<ListenerState>,
