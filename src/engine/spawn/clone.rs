@@ -133,17 +133,9 @@ pub(super) fn launch(
     let failed = plan.error.load(Ordering::Acquire);
     if failed != 0 {
         // The child has exited; reap it before reporting why.
-        // SAFETY: siginfo_t is plain data, valid all zeroes.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: waits on our own pidfd into `info`.
-        unsafe {
+        {
             use std::os::fd::AsRawFd;
-            libc::waitid(
-                3, // P_PIDFD
-                pidfd.as_raw_fd() as libc::id_t,
-                &mut info,
-                libc::WEXITED | libc::__WALL,
-            );
+            super::reap(libc::P_PIDFD, pidfd.as_raw_fd() as libc::id_t);
         }
         let error = io::Error::from_raw_os_error(failed);
         return Err(match plan.step.load(Ordering::Acquire) {

@@ -30,7 +30,7 @@ mod stdio;
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -47,7 +47,6 @@ pub use self::spawner::{COPIES_BELOW as SPAWNER_COPIES_BELOW, forgo as forgo_spa
 pub(crate) use self::stdio::ChildStdio;
 pub use self::stdio::GivenStdio;
 use self::stdio::{StdioAction, StdioPlan};
-use crate::engine::kill;
 use crate::engine::reaper::{self, Leader};
 use crate::model::{Refusal, StartSpec};
 
@@ -104,14 +103,18 @@ pub(crate) fn spawn(
     } else {
         spawner::ready()
     };
-    let needed: Vec<RawFd> = std::iter::once(cwd.raw_fd())
-        .chain(
-            plan.actions
-                .iter()
-                .filter_map(StdioAction::parent_descriptor),
-        )
-        .chain(confinement.descriptors())
-        .collect();
+    // What the spawner brings into its table (nothing for a start here).
+    let needed: Vec<RawFd> = match spawner {
+        Some(_) => std::iter::once(cwd.raw_fd())
+            .chain(
+                plan.actions
+                    .iter()
+                    .filter_map(StdioAction::parent_descriptor),
+            )
+            .chain(confinement.descriptors())
+            .collect(),
+        None => Vec::new(),
+    };
     let leader = reaper::spawn_leader(session, || {
         launch_from(spawner, &needed, || {
             let extras = Extras {
@@ -164,13 +167,12 @@ fn launch_from(
     needed: &[RawFd],
     launch: impl FnOnce() -> io::Result<(i32, OwnedFd)>,
 ) -> io::Result<(i32, OwnedFd)> {
-    let job = |hand_back: &mut spawner::HandBack| {
+    let job = |hand_back: &mut spawner::HandBack| -> io::Result<i32> {
         let (pid, pidfd) = launch()?;
-        if let Err(error) = pidfd.try_clone().and_then(|copy| hand_back.give(copy)) {
-            kill::signal_process(&pidfd, libc::SIGKILL);
-            reap(libc::P_PIDFD, pidfd.as_raw_fd() as libc::id_t);
-            return Err(error);
-        }
+        // The first descriptor a job gives always fits; were it refused,
+        // none would come back, and the child is killed by its number
+        // below.
+        let _ = hand_back.give(pidfd);
         Ok(pid)
     };
     let ran = match spawner {
@@ -197,7 +199,7 @@ fn launch_from(
 }
 
 /// Waits for the child `id` names to exit, and reaps it.
-fn reap(idtype: libc::idtype_t, id: libc::id_t) {
+pub(super) fn reap(idtype: libc::idtype_t, id: libc::id_t) {
     // SAFETY: siginfo_t is plain data, valid all zeroes.
     let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
     // SAFETY: waits on our own child into `info`.
