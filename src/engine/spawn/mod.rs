@@ -98,10 +98,11 @@ pub(crate) fn spawn(
     // client does not answer): the spawner closes its copy, and must never
     // wait on a client.
     let die_with_this_thread = setup.die_with_parent && confine.cgroup.is_none();
+    // Where this thread runs is read here: the job runs on the spawner.
     let spawner = if die_with_this_thread || plan.given_may_flush() {
         None
     } else {
-        spawner::ready()
+        spawner::ready().map(|spawner| (spawner, spawner::Placement::of_this_thread()))
     };
     // What the spawner brings into its table (nothing for a start here).
     let needed: Vec<RawFd> = match spawner {
@@ -163,7 +164,7 @@ pub(crate) fn spawn(
 /// (or, without it, on this thread); the child's pidfd comes back into
 /// ours.
 fn launch_from(
-    spawner: Option<&spawner::Spawner>,
+    spawner: Option<(&spawner::Spawner, spawner::Placement)>,
     needed: &[RawFd],
     launch: impl FnOnce() -> io::Result<(i32, OwnedFd)>,
 ) -> io::Result<(i32, OwnedFd)> {
@@ -179,7 +180,7 @@ fn launch_from(
         // SAFETY: `launch` uses the plan's memory, which outlives the call,
         // and no descriptor but `needed`; it closes none of ours (the
         // procs file and the child's pidfd it opens are the spawner's).
-        Some(spawner) => unsafe { spawner.in_private_table(needed, job)? },
+        Some((spawner, placement)) => unsafe { spawner.in_private_table(placement, needed, job)? },
         None => spawner::on_this_thread(job),
     };
     let pid = ran.value?;
