@@ -3,6 +3,7 @@
 //! engine). Engines, the connection plumbing and the client stand on it.
 
 mod descriptors;
+mod filesystem;
 mod host;
 mod refused_descriptors;
 mod scm;
@@ -14,6 +15,7 @@ pub use self::descriptors::{
     keep_closes_for_the_next_binary, kept_for_the_next_binary, no_close_in_progress,
     waiting_to_close,
 };
+pub use self::filesystem::filesystem_magic;
 pub use self::host::{HostConfig, KernelFeature};
 pub use self::refused_descriptors::{
     descriptors_waiting, kernel_refuses_descriptors, refuse_descriptors, refuse_descriptors_or_warn,

@@ -12,7 +12,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use capexec::capexec_capnp::{byte_sink, directory, entry_sink, executor, upload_sink};
-use capexec::client::{Command, Directory};
+use capexec::client::{Command, Directory, StdioHandoff};
 use capexec::model::{Policy, RefusalKind};
 use capexec::net::{Address, Connection};
 use common::cli::Served;
@@ -689,6 +689,26 @@ fn children_are_cloned_from_a_table_that_holds_nothing_of_the_clients() {
             running.push(process);
             connections.push(connection);
         }
+        // So are starts handed a file of a local filesystem (this test's
+        // directory), whose close cannot flush: a client's `> out.txt`.
+        let connection = connect(&served).await;
+        let route = connection.stdio_route().expect("a Unix socket's route");
+        let out = std::fs::File::create(work.path().join("out.txt")).expect("create");
+        let handoff = StdioHandoff::new(route, None, Some(out.into()), None);
+        let process = Command::new("sh")
+            .args(["-c", "echo to the file; sleep 60"])
+            .pass_stdio(handoff.clone())
+            .spawn(&connection.executor())
+            .await
+            .expect("start");
+        assert!(handoff.taken(), "a regular file is a standard descriptor");
+        running.push(process);
+        connections.push(connection);
+        common::eventually_async("the child writes the file", async || {
+            let written = std::fs::read(work.path().join("out.txt")).unwrap_or_default();
+            (written == b"to the file\n").then_some(())
+        })
+        .await;
         // Cloned there: they are that thread's children.
         let cloned = procfs::thread_children(server, "capexec-spawn").unwrap_or_default();
         for process in &running {

@@ -94,9 +94,9 @@ pub(crate) fn spawn(
     // A child that must die with the server and has no cgroup sentinel to
     // see to it is cloned here, where PR_SET_PDEATHSIG can follow this
     // thread (see `spawner.rs`). So is one given a file that may flush
-    // when closed (a regular file or a device, maybe on a FUSE mount whose
-    // client does not answer): the spawner closes its copy, and must never
-    // wait on a client.
+    // when closed (one on a FUSE mount whose client does not answer, or
+    // on NFS; a device we do not know): the spawner closes its copy, and
+    // must never wait on a client (`StdioPlan::given_may_flush`).
     let die_with_this_thread = setup.die_with_parent && confine.cgroup.is_none();
     // Where this thread runs is read here: the job runs on the spawner.
     let spawner = if die_with_this_thread || plan.given_may_flush() {

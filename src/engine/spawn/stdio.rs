@@ -3,7 +3,7 @@
 
 use std::ffi::{CString, OsStr};
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 
 use super::c_string;
@@ -157,14 +157,22 @@ impl Drop for StdioPlan {
 impl StdioPlan {
     /// Whether a given descriptor may flush when a copy of it is closed:
     /// anything but a pipe, a socket, a terminal or a memory device
-    /// (`/dev/null`), whose drivers have no flush. A regular file on a
-    /// FUSE mount waits for its server's answer, and so may a device of
-    /// a driver we do not know (CUSE). Asks only what the kernel has
-    /// cached, as [`GivenStdio::may_be_stdio`] does.
+    /// (`/dev/null`), whose drivers have no flush, or a file on a local
+    /// filesystem whose files have none (ext2-4, XFS, Btrfs, tmpfs,
+    /// ramfs). A file on a FUSE mount waits for its server's answer, one
+    /// on NFS for the network, one on overlayfs for whatever lies under
+    /// it, and a device of a driver we do not know (CUSE) may wait too.
+    /// Asks only what the kernel has cached, as
+    /// [`GivenStdio::may_be_stdio`] does, and the mount, not the
+    /// filesystem, which it names (`sys::filesystem_magic`).
     pub(super) fn given_may_flush(&self) -> bool {
         use rustix::fs::{AtFlags, StatxFlags};
         /// Memory devices, terminals, the console, pseudo-terminals.
         const NEVER_FLUSH: [u32; 11] = [1, 4, 5, 136, 137, 138, 139, 140, 141, 142, 143];
+        /// ext2-4, XFS, Btrfs, tmpfs, ramfs: `file_operations` with no
+        /// `flush` (Linux 6.18).
+        const NO_FLUSH_FILESYSTEMS: [u64; 5] =
+            [0xEF53, 0x5846_5342, 0x9123_683E, 0x0102_1994, 0x8584_58F6];
         self.given.iter().any(|fd| {
             rustix::fs::statx(
                 fd,
@@ -175,6 +183,8 @@ impl StdioPlan {
             .map_or(true, |stat| match u32::from(stat.stx_mode) & libc::S_IFMT {
                 libc::S_IFIFO | libc::S_IFSOCK => false,
                 libc::S_IFCHR => !NEVER_FLUSH.contains(&stat.stx_rdev_major),
+                libc::S_IFREG => !crate::sys::filesystem_magic(fd.as_fd())
+                    .is_some_and(|magic| NO_FLUSH_FILESYSTEMS.contains(&magic)),
                 _ => true,
             })
         })
@@ -279,13 +289,18 @@ mod tests {
     }
 
     #[test]
-    fn only_a_given_pipe_or_socket_cannot_flush_when_closed() {
+    fn only_pipes_sockets_ttys_memory_devices_and_local_files_cannot_flush() {
         let (_, write) = std::io::pipe().expect("pipe");
         assert!(!given(write.into()).given_may_flush());
         let (socket, _peer) = std::os::unix::net::UnixStream::pair().expect("pair");
         assert!(!given(socket.into()).given_may_flush());
-        let file = std::fs::File::open("/proc/self/exe").expect("a regular file");
-        assert!(given(file.into()).given_may_flush());
+        let proc = std::fs::File::open("/proc/self/stat").expect("a file of procfs");
+        assert!(given(proc.into()).given_may_flush());
+        // A file of the same filesystem as this test's own binary, written
+        // by the build: ext4, XFS or Btrfs on any machine that builds.
+        let built = std::fs::File::open(std::env::current_exe().expect("own path"))
+            .expect("a file the build wrote");
+        assert!(!given(built.into()).given_may_flush());
         let null = std::fs::File::open("/dev/null").expect("a memory device");
         assert!(!given(null.into()).given_may_flush());
         let none = StdioPlan::new(ChildStdio::Pipes {
