@@ -689,11 +689,13 @@ fn children_are_cloned_from_a_table_that_holds_nothing_of_the_clients() {
             running.push(process);
             connections.push(connection);
         }
-        // So are starts handed a file of a local filesystem (this test's
-        // directory), whose close cannot flush: a client's `> out.txt`.
+        // So are starts handed a file of a local filesystem (tmpfs here),
+        // whose close cannot flush: a client's `> out.txt`.
         let connection = connect(&served).await;
         let route = connection.stdio_route().expect("a Unix socket's route");
-        let out = std::fs::File::create(work.path().join("out.txt")).expect("create");
+        let file =
+            tempfile::NamedTempFile::new_in("/dev/shm").expect("a file in /dev/shm, a tmpfs");
+        let out = file.reopen().expect("reopen");
         let handoff = StdioHandoff::new(route, None, Some(out.into()), None);
         let process = Command::new("sh")
             .args(["-c", "echo to the file; sleep 60"])
@@ -705,7 +707,7 @@ fn children_are_cloned_from_a_table_that_holds_nothing_of_the_clients() {
         running.push(process);
         connections.push(connection);
         common::eventually_async("the child writes the file", async || {
-            let written = std::fs::read(work.path().join("out.txt")).unwrap_or_default();
+            let written = std::fs::read(file.path()).unwrap_or_default();
             (written == b"to the file\n").then_some(())
         })
         .await;

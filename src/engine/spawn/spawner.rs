@@ -166,7 +166,8 @@ impl Spawner {
 }
 
 /// Where the caller of a start runs: the spawner runs the job on the
-/// caller's CPU, and lets the child it clones run on the caller's CPUs.
+/// caller's CPU, and lets the child it clones run where the caller may
+/// (see `place`).
 ///
 /// Why: the caller waits while the job runs, so its CPU is the one that
 /// is free; a spawner on another CPU had the child's exec queue beside
@@ -204,35 +205,64 @@ impl Placement {
 }
 
 /// On the spawner thread: moves it to the caller's CPU, if it is not
-/// there, then lets it (and so the child it clones) run on the caller's
-/// CPUs, if it may not already (`allowed`, what it last set). Moving is
-/// by pinning it to that one CPU, which the kernel does at once; the wider
-/// mask after it does not move it again. Refused (a CPU gone from the
-/// process's cpuset since), it stays where it is: slower, never wrong.
+/// there, then lets it (and so the child it clones) run where the caller
+/// may. Moving is by pinning it to that one CPU, which the kernel does at
+/// once; the mask set after it does not move it again.
+///
+/// Which mask: one set on a thread stays with it and with every child it
+/// clones, and a cpuset widened later widens them only within it. So
+/// where the caller may run on every CPU its cpuset allows, the spawner
+/// asks for every CPU, which the kernel cuts to the cpuset and which then
+/// follows the cpuset as it changes, as a child of the serving thread
+/// does; only where the caller was narrowed (an operator's `taskset`)
+/// does it take the caller's CPUs, as a child of the caller would.
+/// `allowed`: the CPUs it may run on since it last set them, if known.
 fn place(placement: Placement, allowed: &mut Option<libc::cpu_set_t>) {
-    let Some((cpu, mask)) = placement.at else {
+    let Some((cpu, caller)) = placement.at else {
         return;
     };
     let size = std::mem::size_of::<libc::cpu_set_t>();
     // SAFETY: sched_getcpu has no preconditions; cpu_set_t is plain data,
-    // valid all zeroes; CPU_SET stays in bounds (`of_this_thread`);
-    // sched_setaffinity changes this thread only.
+    // valid all zeroes or all ones; CPU_SET stays in bounds
+    // (`of_this_thread`); sched_setaffinity and sched_getaffinity touch
+    // this thread and the sets we own only.
     unsafe {
         if usize::try_from(libc::sched_getcpu()).ok() != Some(cpu) {
             let mut one: libc::cpu_set_t = std::mem::zeroed();
             libc::CPU_SET(cpu, &mut one);
             if libc::sched_setaffinity(0, size, &one) == 0 {
-                *allowed = Some(one);
+                *allowed = None;
             }
         }
-        if allowed.is_some_and(|allowed| libc::CPU_EQUAL(&allowed, &mask)) {
+        if allowed.is_some_and(|allowed| libc::CPU_EQUAL(&allowed, &caller)) {
             return;
         }
-        if libc::sched_setaffinity(0, size, &mask) == 0 {
-            *allowed = Some(mask);
+        let mut every: libc::cpu_set_t = std::mem::zeroed();
+        std::ptr::write_bytes(&mut every, 0xFF, 1);
+        let mut now: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_setaffinity(0, size, &every) == 0
+            && libc::sched_getaffinity(0, size, &mut now) == 0
+            && libc::CPU_EQUAL(&now, &caller)
+        {
+            *allowed = Some(now);
+        } else if libc::sched_setaffinity(0, size, &caller) == 0 {
+            *allowed = Some(caller);
+        } else {
+            // Maybe still pinned to one CPU, and the child with it.
+            *allowed = None;
+            if !PLACING_REFUSED.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    "the spawner's CPUs cannot be set ({}): a child it clones may run on \
+                     one CPU only",
+                    io::Error::last_os_error()
+                );
+            }
         }
     }
 }
+
+/// Whether the log has said that the spawner's CPUs cannot be set.
+static PLACING_REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Runs `job` here, in the caller's table: for a child that must die
 /// with this thread (`PR_SET_PDEATHSIG` follows the thread that cloned
