@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 /// `statmount(2)` (Linux 6.8), where its number is 457: every
 /// architecture but alpha and MIPS, whose numbers are offset.
-#[cfg(any(
+const SYS_STATMOUNT: Option<libc::c_long> = if cfg!(any(
     target_arch = "x86_64",
     target_arch = "x86",
     target_arch = "aarch64",
@@ -17,21 +17,11 @@ use std::sync::Mutex;
     target_arch = "powerpc64",
     target_arch = "s390x",
     target_arch = "loongarch64"
-))]
-const SYS_STATMOUNT: Option<libc::c_long> = Some(457);
-#[cfg(not(any(
-    target_arch = "x86_64",
-    target_arch = "x86",
-    target_arch = "aarch64",
-    target_arch = "arm",
-    target_arch = "riscv64",
-    target_arch = "riscv32",
-    target_arch = "powerpc",
-    target_arch = "powerpc64",
-    target_arch = "s390x",
-    target_arch = "loongarch64"
-)))]
-const SYS_STATMOUNT: Option<libc::c_long> = None;
+)) {
+    Some(457)
+} else {
+    None
+};
 /// `STATMOUNT_SB_BASIC`: the superblock's device, magic and flags.
 const STATMOUNT_SB_BASIC: u64 = 0x1;
 /// `MNT_ID_REQ_SIZE_VER0`: the request without a namespace, which looks
