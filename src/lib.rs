@@ -41,6 +41,7 @@ pub mod ports;
 pub mod rpc;
 pub mod sandbox;
 pub mod secret;
+pub mod segment;
 pub mod sys;
 pub mod users;
 #[forbid(unsafe_code)]

@@ -7,7 +7,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{BufMut, BytesMut};
+use bytes::{BufMut, Bytes};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
@@ -18,6 +18,7 @@ use crate::engine::reaper::Leader;
 use crate::engine::shared::Shared;
 use crate::engine::{os, pipe_capacity};
 use crate::model::{ExitStatus, OutputStream};
+use crate::segment::SegmentBuffer;
 
 /// Largest chunk read at once: one pipe buffer, small enough that every
 /// event stays far below Cap'n Proto's message limit.
@@ -82,8 +83,7 @@ impl OutputSource {
 
     /// Appends what is available, at most `max` bytes, to `buf` without
     /// blocking; `Ok(0)` means EOF.
-    fn try_read_into(&self, buf: &mut BytesMut, max: usize) -> io::Result<usize> {
-        buf.reserve(max);
+    fn try_read_into(&self, buf: &mut SegmentBuffer, max: usize) -> io::Result<usize> {
         match &self.reader {
             Reader::Pipe(pipe) => pipe.try_read_buf(&mut (&mut *buf).limit(max)),
             Reader::Terminal(master) => {
@@ -121,21 +121,22 @@ impl OutputSource {
     }
 }
 
-/// Output is read straight into shared buffers that chunks are split off
-/// without copying; a fresh buffer is taken when less than this is left.
-const MIN_SPARE: usize = 16 * 1024;
+/// Output is read straight into a buffer laid out as a Cap'n Proto
+/// segment (`segment.rs`), which a chunk of this size or more keeps, so
+/// that the message that sends it takes it as it is, with neither a
+/// zeroed segment of its own nor a copy. A smaller chunk is copied out
+/// and the buffer read into again: what a chunk holds alive stays within
+/// four times its bytes, which the log counts.
+const LAID_OUT_MIN: usize = 16 * 1024;
 
 /// Reads one chunk from `slot`: whatever is available now, up to
 /// [`CHUNK_SIZE`], coalescing the small writes of a fast producer into one
 /// chunk without waiting for more. Clears the slot at EOF or on error.
 /// Returns the number of bytes read.
-fn drain_once(shared: &Shared, slot: &mut Option<OutputSource>, buf: &mut BytesMut) -> usize {
+fn drain_once(shared: &Shared, slot: &mut Option<OutputSource>, buf: &mut SegmentBuffer) -> usize {
     let Some(source) = slot.as_mut() else {
         return 0;
     };
-    if buf.capacity() - buf.len() < MIN_SPARE {
-        *buf = BytesMut::with_capacity(CHUNK_SIZE);
-    }
     let mut ended = false;
     while buf.len() < CHUNK_SIZE {
         match source.try_read_into(buf, CHUNK_SIZE - buf.len()) {
@@ -164,7 +165,14 @@ fn drain_once(shared: &Shared, slot: &mut Option<OutputSource>, buf: &mut BytesM
     }
     if read > 0 {
         crate::metrics::bytes_out(read);
-        shared.append_output(source.stream, buf.split().freeze());
+        let chunk = if read >= LAID_OUT_MIN {
+            std::mem::replace(buf, SegmentBuffer::with_capacity(CHUNK_SIZE)).freeze_to_bytes()
+        } else {
+            let chunk = Bytes::copy_from_slice(buf.as_slice());
+            buf.clear();
+            chunk
+        };
+        shared.append_output(source.stream, chunk);
     }
     if ended {
         *slot = None;
@@ -178,7 +186,7 @@ fn take(
     shared: &Shared,
     slot: &mut Option<OutputSource>,
     result: io::Result<()>,
-    buf: &mut BytesMut,
+    buf: &mut SegmentBuffer,
 ) -> usize {
     if result.is_err() {
         *slot = None;
@@ -233,7 +241,7 @@ async fn run_pump(
     leader: Arc<Leader>,
     start: PumpStart,
 ) -> Option<FrozenPump> {
-    let mut buf = BytesMut::with_capacity(CHUNK_SIZE);
+    let mut buf = SegmentBuffer::with_capacity(CHUNK_SIZE);
     let exit = leader.exited();
     tokio::pin!(exit);
     let mut exited = start.exited;

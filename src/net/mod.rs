@@ -47,7 +47,6 @@ pub use self::local_socket::{
     default_admin_socket_path, default_socket_dir, default_socket_path, ensure_private_dir,
 };
 pub(crate) use self::outgoing_bytes::send_write;
-pub use self::outgoing_bytes::{OutgoingBytes, SegmentBuffer};
 pub use self::pending::PendingLimits;
 pub use self::server::{
     HANDOVER_VERSION, HandedOver, Reloader, ServeError, Server, ServerConfig, UPGRADE_REASON,
@@ -60,3 +59,4 @@ pub use self::tls::{
 };
 pub use self::token::{MIN_TOKEN_BYTES, Token, TokenError, default_token_path};
 pub use self::upstream::UpstreamConfig;
+pub use crate::segment::{OutgoingBytes, SegmentBuffer};

@@ -5,10 +5,11 @@ use futures::StreamExt;
 use futures::stream::FuturesOrdered;
 use tokio::task::AbortHandle;
 
-use crate::capexec_capnp::{event_sink, subscription};
+use crate::capexec_capnp::{event, event_sink, subscription};
 use crate::engine::Process;
-use crate::model::EventBody;
+use crate::model::{Event, EventBody};
 use crate::rpc::{PUSH_BUDGET_BYTES, SUBSCRIPTION_WINDOW_BYTES};
+use crate::segment::{self, OutgoingBytes};
 use crate::wire;
 
 thread_local! {
@@ -119,17 +120,7 @@ async fn deliver(process: Process, sink: event_sink::Client, mut after_seq: u64,
                 };
                 let last_seq = last.seq;
                 finished = matches!(last.body, EventBody::Closed);
-                let size = wire::events_message_size(&batch.events);
-                let mut request = sink.client.new_call::<event_sink::push_params::Owned, any_pointer::Owned>(
-                    <event_sink::Client as capnp::traits::HasTypeId>::TYPE_ID,
-                    0,
-                    Some(size),
-                );
-                wire::events_to_wire(
-                    &batch.events,
-                    request.get().init_events(batch.events.len() as u32),
-                );
-                let bytes = (size.word_count as usize) * 8;
+                let (request, bytes) = push_request(&sink, &batch.events);
                 let answer = request.send().promise;
                 in_flight.push_back(async move { answer.await.map(|_| (last_seq, bytes)) });
                 in_flight_bytes += bytes;
@@ -139,5 +130,168 @@ async fn deliver(process: Process, sink: event_sink::Client, mut after_seq: u64,
                 after_seq = last_seq;
             }
         }
+    }
+}
+
+type PushRequest = capnp::capability::Request<event_sink::push_params::Owned, any_pointer::Owned>;
+
+/// `push(events)` to `sink`, and the bytes it counts against the window.
+fn push_request(sink: &event_sink::Client, events: &[Event]) -> (PushRequest, usize) {
+    let apart = data_apart(events);
+    let size = wire::events_message_size_but_data(events, |index| apart[index].is_some());
+    let mut request: PushRequest = sink.client.new_call(
+        <event_sink::Client as capnp::traits::HasTypeId>::TYPE_ID,
+        0,
+        Some(size),
+    );
+    // SAFETY: the request is sent as it is built: nothing writes the
+    // events again.
+    let apart_bytes = unsafe { push_params(request.get(), events, &apart) };
+    (request, (size.word_count as usize) * 8 + apart_bytes)
+}
+
+/// The data of the output events that the engine read into memory laid
+/// out as a segment (`segment.rs`), by index: each goes as that segment,
+/// neither copied nor zeroed in the message, unless some other message
+/// took it first (another subscriber's), when it is copied in as any
+/// other.
+fn data_apart(events: &[Event]) -> Vec<Option<OutgoingBytes>> {
+    events
+        .iter()
+        .map(|event| match &event.body {
+            EventBody::Output { data, .. } => {
+                Some(OutgoingBytes::from(data.clone())).filter(OutgoingBytes::is_offerable)
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Sets `params` to `events`, the data `apart` names placed last, each in
+/// a segment of its own (the message's first segment sized for the rest,
+/// `events_message_size_but_data`). Returns the bytes so placed.
+///
+/// # Safety
+///
+/// The events' last write: while the message lives, nothing sets or
+/// initialises the events, or the root, anew (each would zero the old
+/// data, which may be a shared segment).
+unsafe fn push_params(
+    params: event_sink::push_params::Builder<'_>,
+    events: &[Event],
+    apart: &[Option<OutgoingBytes>],
+) -> usize {
+    let mut list = params.init_events(events.len() as u32);
+    wire::events_to_wire_but_data(events, list.reborrow(), |index| apart[index].is_some());
+    let mut bytes = 0;
+    for (index, data) in apart.iter().enumerate() {
+        let Some(data) = data else { continue };
+        let Ok(event::Output(Ok(output))) = list.reborrow().get(index as u32).which() else {
+            unreachable!("an output event is written as one");
+        };
+        // SAFETY: `init_data` makes the field in this message alone, and
+        // nothing writes it again (this function's contract).
+        unsafe { segment::place_data(data, move |len| output.init_data(len)) };
+        bytes += data.len();
+    }
+    bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Exit, ExitStatus, OutputStream};
+    use bytes::{BufMut, Bytes};
+
+    fn laid_out(bytes: &[u8]) -> Bytes {
+        let mut buffer = segment::SegmentBuffer::with_capacity(64 * 1024);
+        buffer.put_slice(bytes);
+        buffer.freeze_to_bytes()
+    }
+
+    fn output(seq: u64, stream: OutputStream, data: Bytes) -> Event {
+        Event {
+            seq,
+            body: EventBody::Output { stream, data },
+        }
+    }
+
+    /// The message `push_params` builds, as the connection writes it, and
+    /// how many segments it has.
+    fn on_the_wire(events: &[Event]) -> (Vec<u8>, usize) {
+        let apart = data_apart(events);
+        let size = wire::events_message_size_but_data(events, |index| apart[index].is_some());
+        let mut message = capnp::message::Builder::new(
+            capnp_rpc::MessageAllocator::new().first_segment_words(size.word_count as u32 + 1),
+        );
+        let params = message.init_root::<event_sink::push_params::Builder>();
+        // SAFETY: nothing writes the message after this.
+        unsafe { push_params(params, events, &apart) };
+        let segments = message.get_segments_for_output().len();
+        let mut wire = Vec::new();
+        capnp::serialize::write_message(&mut wire, &message).expect("write");
+        (wire, segments)
+    }
+
+    fn read_back(wire: &[u8]) -> Vec<Event> {
+        let options = capnp::message::ReaderOptions {
+            traversal_limit_in_words: None,
+            nesting_limit: 64,
+        };
+        let message = capnp::serialize::read_message(&mut &wire[..], options).expect("read");
+        let params: event_sink::push_params::Reader = message.get_root().expect("root");
+        wire::events_from_wire(params.get_events().expect("events")).expect("events")
+    }
+
+    #[test]
+    fn output_read_as_segments_leaves_in_them_and_reads_back_as_sent() {
+        let pattern: Vec<u8> = (0..64 * 1024)
+            .map(|i| (i * 7 + i / 251) as u8 | 1)
+            .collect();
+        let taken = laid_out(&pattern[..20_000]);
+        // Offered to some earlier message: copied into this one.
+        let mut earlier = capnp::message::Builder::new(capnp_rpc::MessageAllocator::new());
+        let field = earlier.init_root::<crate::capexec_capnp::output::Builder>();
+        // SAFETY: nothing writes the message after this.
+        assert!(unsafe {
+            segment::place_data(&OutgoingBytes::from(taken.clone()), move |len| {
+                field.init_data(len)
+            })
+        });
+        let events = vec![
+            output(1, OutputStream::Stdout, laid_out(&pattern)),
+            output(2, OutputStream::Stderr, Bytes::from_static(b"a line\n")),
+            output(3, OutputStream::Stdout, laid_out(&pattern[..16_385])),
+            output(4, OutputStream::Stdout, taken),
+            // A slice: all but the first byte of the chunk, copied.
+            output(
+                5,
+                OutputStream::Stdout,
+                laid_out(&pattern[..30_000]).slice(1..),
+            ),
+            output(6, OutputStream::Stdout, laid_out(&pattern[1..65_535])),
+            Event {
+                seq: 7,
+                body: EventBody::Exited(Exit {
+                    status: ExitStatus::Code(3),
+                    timed_out: false,
+                    usage: None,
+                    killed_by_memory_limit: false,
+                    server_shutdown: false,
+                }),
+            },
+            Event {
+                seq: 8,
+                body: EventBody::Closed,
+            },
+        ];
+        let (wire, segments) = on_the_wire(&events);
+        // The first segment, and one for each of the three taken.
+        assert_eq!(segments, 4);
+        assert_eq!(read_back(&wire), events);
+        // Offered once: a second message copies them all in.
+        let (again, segments) = on_the_wire(&events);
+        assert_eq!(segments, 1);
+        assert_eq!(read_back(&again), events);
     }
 }

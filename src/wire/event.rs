@@ -91,13 +91,21 @@ fn usage_from_wire(usage: resource_usage::Reader<'_>) -> ResourceUsage {
     }
 }
 
-pub fn event_to_wire(event: &Event, mut builder: event::Builder<'_>) {
+pub fn event_to_wire(event: &Event, builder: event::Builder<'_>) {
+    event_to_wire_but_data(event, builder, false);
+}
+
+/// As [`event_to_wire`], leaving an output's data unset if `leave_data`
+/// (for the caller to place, see [`events_to_wire_but_data`]).
+fn event_to_wire_but_data(event: &Event, mut builder: event::Builder<'_>, leave_data: bool) {
     builder.set_seq(event.seq);
     match &event.body {
         EventBody::Output { stream, data } => {
             let mut output = builder.init_output();
             output.set_stream(stream_to_wire(*stream));
-            output.set_data(data);
+            if !leave_data {
+                output.set_data(data);
+            }
         }
         EventBody::Exited(exit) => exit_to_wire(exit, builder.init_exited()),
         EventBody::Closed => builder.set_closed(()),
@@ -130,10 +138,20 @@ pub fn event_from_wire(reader: event::Reader<'_>) -> capnp::Result<Event> {
 /// one allocation, one write. Generous per-event overhead; the payload
 /// dominates.
 pub fn events_message_size(events: &[Event]) -> capnp::MessageSize {
+    events_message_size_but_data(events, |_| false)
+}
+
+/// As [`events_message_size`], without room for the data of the events
+/// `data_apart` names (by index), which go to segments of their own.
+pub fn events_message_size_but_data(
+    events: &[Event],
+    data_apart: impl Fn(usize) -> bool,
+) -> capnp::MessageSize {
     let words: usize = events
         .iter()
-        .map(|event| match &event.body {
-            EventBody::Output { data, .. } => 8 + data.len().div_ceil(8),
+        .enumerate()
+        .map(|(index, event)| match &event.body {
+            EventBody::Output { data, .. } if !data_apart(index) => 8 + data.len().div_ceil(8),
             _ => 8,
         })
         .sum();
@@ -143,9 +161,20 @@ pub fn events_message_size(events: &[Event]) -> capnp::MessageSize {
     }
 }
 
-pub fn events_to_wire(events: &[Event], mut list: capnp::struct_list::Builder<'_, event::Owned>) {
+pub fn events_to_wire(events: &[Event], list: capnp::struct_list::Builder<'_, event::Owned>) {
+    events_to_wire_but_data(events, list, |_| false);
+}
+
+/// As [`events_to_wire`], leaving unset the data of the output events
+/// `data_apart` names (by index), for the caller to place after the rest
+/// of the message is built: each then lands in a segment of its own.
+pub fn events_to_wire_but_data(
+    events: &[Event],
+    mut list: capnp::struct_list::Builder<'_, event::Owned>,
+    data_apart: impl Fn(usize) -> bool,
+) {
     for (index, event) in events.iter().enumerate() {
-        event_to_wire(event, list.reborrow().get(index as u32));
+        event_to_wire_but_data(event, list.reborrow().get(index as u32), data_apart(index));
     }
 }
 

@@ -15,10 +15,10 @@ const ENGINES: &[&str] = &["engine", "files", "sandbox", "ports"];
 
 /// What each top-level module may name besides itself.
 fn allowed(module: &str) -> Option<Vec<&'static str>> {
-    let leaves = ["model", "sys", "metrics", "secret", "local_file"];
+    let leaves = ["model", "sys", "metrics", "secret", "local_file", "segment"];
     Some(match module {
         "model" => vec![],
-        "sys" | "metrics" | "secret" | "local_file" => vec!["model"],
+        "sys" | "metrics" | "secret" | "local_file" | "segment" => vec!["model"],
         "conn" => vec!["model", "sys"],
         "wire" => vec!["model", "capexec_capnp"],
         "engine" | "files" | "sandbox" | "ports" => leaves.to_vec(),
