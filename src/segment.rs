@@ -17,10 +17,18 @@
 //! ([`OutgoingBytes::from`]), by the address they start at, in a table of
 //! every laid-out buffer alive ([`LAID`]).
 //!
-//! Plain memory and layout only: what a message is, and which messages
-//! take such bytes, is for the layers that build them (`net`, `rpc`).
+//! No `&mut` is ever made over bytes a message took: Cap'n Proto's own
+//! `init_data` would make one, which (under Stacked Borrows) ends the
+//! right of every `Bytes` made before it to read them, and the engine's
+//! log keeps reading them (another subscriber, a hand-over). The field is
+//! made as the plain byte list a `Data` field is on the wire instead
+//! ([`data_field`], [`place_data`]), through Cap'n Proto's raw builders.
+//!
+//! Memory, layout and fields only: which messages take such bytes is for
+//! the layers that build them (`net`, `rpc`).
 
 use std::collections::BTreeMap;
+use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,9 +36,22 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use bytes::Bytes;
 use bytes::buf::UninitSlice;
+use capnp::introspect::{Introspect, Type, TypeVariant};
+use capnp::private::layout::{PointerBuilder, StructBuilder, StructReader, StructSize};
+use capnp::schema_capnp::field;
+use capnp::traits::{
+    FromPointerBuilder, HasStructSize, IntoInternalStructReader, OwnedStruct, SetterInput,
+};
+use capnp::{dynamic_value, primitive_list};
 
 /// The bytes of a Cap'n Proto word.
 const WORD: usize = 8;
+
+/// The fewest bytes a buffer handed out as plain [`Bytes`] is listed for
+/// ([`SegmentBuffer::freeze_to_bytes`]): fewer fit a message's first
+/// segment, and are copied into it anyway; and `Bytes` this short are
+/// never looked up.
+pub const LISTED_MIN: usize = 16 * 1024;
 
 /// Every laid-out buffer handed out as plain [`Bytes`] and alive, by the
 /// address its bytes start at: a segment removes itself before its memory
@@ -38,17 +59,15 @@ const WORD: usize = 8;
 /// upgrades.
 static LAID: Mutex<BTreeMap<usize, Weak<Segment>>> = Mutex::new(BTreeMap::new());
 
-/// Memory laid out as a segment: `words` words at `start`, the first the
-/// landing pad's, then the bytes, then zeros; the allocation may go on
-/// beyond them (`allocated` words in all).
+/// Memory laid out as a segment: `words` words at `start` (all of the
+/// allocation), the first the landing pad's, then the bytes, then zeros.
 struct Segment {
     start: NonNull<u64>,
     words: usize,
-    allocated: usize,
     len: usize,
-    /// Offered to a message once: a message writes its landing pad into
-    /// the first word, and a second message must not write it while the
-    /// first may still be reading it on its way out.
+    /// Offered to a message, until it lets go of it: a message writes its
+    /// landing pad into the first word, and a second message must not
+    /// write it while the first may still be reading it on its way out.
     offered: AtomicBool,
     /// In [`LAID`] (handed out as plain `Bytes`).
     listed: bool,
@@ -86,12 +105,11 @@ impl Drop for Segment {
             let mut laid = LAID.lock().unwrap_or_else(PoisonError::into_inner);
             laid.remove(&self.address());
         }
-        // SAFETY: allocated as a boxed slice of `allocated` words in
-        // `SegmentBuffer::with_capacity` and given up in `lay_out`.
+        // SAFETY: a boxed slice of `words` words, given up in `lay_out`.
         drop(unsafe {
             Box::from_raw(std::ptr::slice_from_raw_parts_mut(
                 self.start.as_ptr().cast::<MaybeUninit<u64>>(),
-                self.allocated,
+                self.words,
             ))
         });
     }
@@ -105,6 +123,17 @@ impl std::fmt::Debug for Segment {
 
 /// What keeps a segment handed out as plain [`Bytes`] alive.
 struct SharedSegment(Arc<Segment>);
+
+/// What keeps a segment offered to a message alive, and lets another
+/// message take it once this one has let go of it (its landing pad
+/// written and sent).
+struct Offered(Arc<Segment>);
+
+impl Drop for Offered {
+    fn drop(&mut self) {
+        self.0.offered.store(false, Ordering::Release);
+    }
+}
 
 impl AsRef<[u8]> for SharedSegment {
     fn as_ref(&self) -> &[u8] {
@@ -137,6 +166,9 @@ impl From<Bytes> for OutgoingBytes {
 
 /// The segment `bytes` are exactly the bytes of, if any.
 fn laid_out(bytes: &Bytes) -> Option<Arc<Segment>> {
+    if bytes.len() < LISTED_MIN {
+        return None;
+    }
     let segment = {
         let laid = LAID.lock().unwrap_or_else(PoisonError::into_inner);
         laid.get(&(bytes.as_ptr() as usize))?.upgrade()?
@@ -172,8 +204,8 @@ impl OutgoingBytes {
         matches!(self.0, Shape::Laid(_))
     }
 
-    /// Whether these bytes are laid out as a segment not yet offered to
-    /// any message (which one message only may take).
+    /// Whether these bytes are laid out as a segment that no message
+    /// holds now (one message at a time may take it).
     pub fn is_offerable(&self) -> bool {
         match &self.0 {
             Shape::Laid(segment) => !segment.offered.load(Ordering::Acquire),
@@ -181,9 +213,8 @@ impl OutgoingBytes {
         }
     }
 
-    /// The segment to offer the message that carries these bytes, the
-    /// first time it is asked for: `None` after that, or for bytes that
-    /// are not laid out as one.
+    /// The segment to offer the message that carries these bytes: `None`
+    /// while another message holds it, or for bytes not laid out as one.
     pub(crate) fn offer(&self) -> Option<capnp_rpc::OfferedSegment> {
         let Shape::Laid(segment) = &self.0 else {
             return None;
@@ -191,61 +222,143 @@ impl OutgoingBytes {
         if segment.offered.swap(true, Ordering::AcqRel) {
             return None;
         }
+        let held = Offered(Arc::clone(segment));
         let words = u32::try_from(segment.words).ok()?;
         // SAFETY: `start` is aligned to a word and valid for `words` words
         // while the owner given here (a reference to the segment) lives;
         // the bytes after the first word are the field's, zero-padded to a
         // word (`SegmentBuffer::lay_out`), and nothing else writes any of
-        // it: shared readers only read, and the first word is offered
-        // once.
+        // it: shared readers only read, and the first word is offered to
+        // one message at a time (`offered`, cleared when the owner goes).
         Some(unsafe {
-            capnp_rpc::OfferedSegment::new(
-                segment.start.cast::<u8>(),
-                words,
-                Box::new(Arc::clone(segment)),
-            )
+            capnp_rpc::OfferedSegment::new(segment.start.cast::<u8>(), words, Box::new(held))
         })
     }
 }
 
-/// Makes a message's `Data` field of `data`'s length with `init` (the
-/// field's `init_…`, given the length) and puts `data` in it: as the
-/// segment `data` is laid out as, if the message takes it (it lands right
-/// after the landing pad it leaves room for), else a copy. Returns whether
-/// it was taken.
+/// Makes the `Data` field `field` (see [`data_field`]) of `data`'s length
+/// and puts `data` in it: as the segment `data` is laid out as, if the
+/// message takes it (it lands right after the landing pad it leaves room
+/// for), else a copy. Returns whether it was taken. The field is made as
+/// the byte list it is on the wire, through raw builders: nothing makes a
+/// `&mut` over a taken segment's bytes, which `Bytes` elsewhere may read.
 ///
 /// # Safety
 ///
-/// `init` makes the field, allocating in that one message and making no
-/// offer of its own, and this is the field's last write: while the
-/// message lives, nothing sets, clears or initialises the field anew, nor
-/// anything that holds it (each zeroes the old field, which may be
-/// `data`'s shared segment).
+/// This is the field's last write: while the message lives, nothing sets,
+/// clears or initialises the field anew, nor anything that holds it (each
+/// zeroes the old field, which may be `data`'s shared segment); and the
+/// message allocates nothing else meanwhile (which could take the offer).
 ///
 /// # Panics
 ///
 /// If `data` is 4 GiB or more, which no message could carry.
-pub unsafe fn place_data<'a>(data: &OutgoingBytes, init: impl FnOnce(u32) -> &'a mut [u8]) -> bool {
+pub unsafe fn place_data(data: &OutgoingBytes, field: PointerBuilder<'_>) -> bool {
     let expected = data.as_slice().as_ptr() as usize;
     let len = u32::try_from(data.len()).expect("a field of less than 4 GiB");
-    let field = match data.offer() {
-        Some(segment) => {
-            // SAFETY: the field made here is the message's last write to
-            // it, and `init` makes no offer (this function's contract).
-            let (field, _) = unsafe { capnp_rpc::with_offered_segment(segment, || init(len)) };
-            // Where the field lies, not whether some allocation took the
-            // offer, says whether the bytes are in it.
-            if field.as_ptr() as usize == expected {
-                return true;
-            }
-            field
-        }
-        None => init(len),
+    let mut list = match data.offer() {
+        // SAFETY: the field made here is the message's last write to it,
+        // and nothing else allocates meanwhile (this function's contract).
+        Some(segment) => unsafe {
+            capnp_rpc::with_offered_segment(segment, || {
+                primitive_list::Builder::<u8>::init_pointer(field, len)
+            })
+            .0
+        },
+        None => primitive_list::Builder::<u8>::init_pointer(field, len),
     };
+    // Where the field lies, not whether some allocation took the offer,
+    // says whether the bytes are in it (looked at through a shared view).
+    let lies_at = list
+        .reborrow()
+        .into_reader()
+        .as_slice()
+        .map(|bytes| bytes.as_ptr() as usize);
+    if lies_at == Some(expected) {
+        return true;
+    }
     // Otherwise copied in, as any other data, into the field made zeroed
     // in the message's own memory.
-    field.copy_from_slice(data.as_slice());
+    if let Some(room) = list.as_slice() {
+        room.copy_from_slice(data.as_slice());
+    }
     false
+}
+
+/// The pointer of `builder`'s `Data` field `name`, for [`place_data`]:
+/// found by name in the struct's schema, so no field's place is written
+/// down twice.
+pub fn data_field<'a, T>(builder: T::Builder<'a>, name: &str) -> capnp::Result<PointerBuilder<'a>>
+where
+    T: OwnedStruct,
+    T::Builder<'a>: Into<dynamic_value::Builder<'a>>,
+{
+    let dynamic_value::Builder::Struct(dynamic) = builder.into() else {
+        return Err(capnp::Error::failed(format!("{name}: not in a struct")));
+    };
+    let field = dynamic.get_schema().get_field_by_name(name)?;
+    let pointer = match (field.get_type().which(), field.get_proto().which()?) {
+        (TypeVariant::Data, field::Slot(slot)) => u16::try_from(slot.get_offset())
+            .map_err(|_| capnp::Error::failed(format!("{name}: no pointer field")))?,
+        _ => return Err(capnp::Error::failed(format!("{name}: not a Data field"))),
+    };
+    let Plain(plain, _) = dynamic.downcast::<AsPlain<T>>();
+    Ok(plain.get_pointer_field(pointer.into()))
+}
+
+/// The struct type `T` seen as the plain struct it is on the wire, to
+/// reach its fields' pointers (`data_field`): Cap'n Proto hands a
+/// dynamic struct over to the type whose schema it has, and this one has
+/// `T`'s.
+struct AsPlain<T>(PhantomData<T>);
+
+/// A struct builder of [`AsPlain`].
+struct Plain<'a, T>(StructBuilder<'a>, PhantomData<T>);
+
+/// A struct reader of [`AsPlain`] (which nothing reads as one).
+struct PlainReader<'a>(StructReader<'a>);
+
+impl<T: Introspect> Introspect for AsPlain<T> {
+    fn introspect() -> Type {
+        T::introspect()
+    }
+}
+
+impl<T: OwnedStruct> OwnedStruct for AsPlain<T> {
+    type Reader<'a> = PlainReader<'a>;
+    type Builder<'a> = Plain<'a, T>;
+}
+
+impl<'a, T> From<StructBuilder<'a>> for Plain<'a, T> {
+    fn from(builder: StructBuilder<'a>) -> Self {
+        Plain(builder, PhantomData)
+    }
+}
+
+impl<'a, T: OwnedStruct> HasStructSize for Plain<'a, T> {
+    const STRUCT_SIZE: StructSize = <T::Builder<'a> as HasStructSize>::STRUCT_SIZE;
+}
+
+impl<'a> From<StructReader<'a>> for PlainReader<'a> {
+    fn from(reader: StructReader<'a>) -> Self {
+        PlainReader(reader)
+    }
+}
+
+impl<'a> IntoInternalStructReader<'a> for PlainReader<'a> {
+    fn into_internal_struct_reader(self) -> StructReader<'a> {
+        self.0
+    }
+}
+
+impl<T: OwnedStruct> SetterInput<AsPlain<T>> for PlainReader<'_> {
+    fn set_pointer_builder(
+        mut builder: PointerBuilder<'_>,
+        input: Self,
+        canonicalize: bool,
+    ) -> capnp::Result<()> {
+        builder.set_struct(&input.0, canonicalize)
+    }
 }
 
 /// A buffer that bytes are read into, laid out to leave as a segment.
@@ -332,25 +445,35 @@ impl SegmentBuffer {
 
     /// The bytes read, laid out as their segment, as plain [`Bytes`] to
     /// keep and hand on as any others; [`OutgoingBytes::from`] finds the
-    /// segment again while they live.
+    /// segment again while they live, if they are [`LISTED_MIN`] bytes or
+    /// more.
     pub fn freeze_to_bytes(self) -> Bytes {
-        let segment = Arc::new(self.lay_out(true));
-        let mut laid = LAID.lock().unwrap_or_else(PoisonError::into_inner);
-        laid.insert(segment.address(), Arc::downgrade(&segment));
-        drop(laid);
+        let listed = self.len >= LISTED_MIN;
+        let segment = Arc::new(self.lay_out(listed));
+        if listed {
+            let mut laid = LAID.lock().unwrap_or_else(PoisonError::into_inner);
+            laid.insert(segment.address(), Arc::downgrade(&segment));
+        }
         Bytes::from_owner(SharedSegment(segment))
     }
 
-    /// The words the bytes take, the last one zero-padded. The segment
-    /// offered is just those words (a message takes one only at the exact
-    /// size it asks for), though the allocation goes on to the buffer's
-    /// capacity.
+    /// The words the bytes take: the landing pad's, zeroed, then the
+    /// bytes, the last word zero-padded. The segment offered is just those
+    /// words (a message takes one only at the exact size it asks for), and
+    /// the allocation is cut to them, so that what a chunk keeps alive is
+    /// what it holds (glibc's `realloc` shrinks in place).
     fn lay_out(self, listed: bool) -> Segment {
-        let SegmentBuffer { mut words, len } = self;
+        let SegmentBuffer { words, len } = self;
         let needed = 1 + len.div_ceil(WORD);
+        let mut words = words.into_vec();
+        if needed < words.len() {
+            words.truncate(needed);
+            words.shrink_to_fit();
+        }
+        words[0] = MaybeUninit::new(0);
         let pad = (needed - 1) * WORD - len;
         // SAFETY: bytes WORD + len .. WORD + len + pad lie within the
-        // first `needed` words, which `words` holds.
+        // `needed` words `words` holds.
         unsafe {
             words
                 .as_mut_ptr()
@@ -358,13 +481,11 @@ impl SegmentBuffer {
                 .add(WORD + len)
                 .write_bytes(0, pad)
         };
-        let allocated = words.len();
-        let raw = Box::into_raw(words);
+        let raw = Box::into_raw(words.into_boxed_slice());
         Segment {
             // SAFETY: a boxed slice's pointer is never null.
             start: unsafe { NonNull::new_unchecked(raw.cast::<u64>()) },
             words: needed,
-            allocated,
             len,
             offered: AtomicBool::new(false),
             listed,
@@ -440,37 +561,62 @@ mod tests {
         assert!(!OutgoingBytes::from(bytes.slice(8..)).is_laid_out());
         // Nor an equal copy.
         assert!(!OutgoingBytes::from(Bytes::copy_from_slice(&bytes)).is_laid_out());
-        let address = bytes.as_ptr() as usize;
         let kept = OutgoingBytes::from(bytes.clone());
+        let Shape::Laid(segment) = &kept.0 else {
+            panic!("not laid out");
+        };
+        let (address, segment) = (segment.address(), Arc::downgrade(segment));
+        let listed = || {
+            let laid = LAID.lock().expect("table");
+            laid.get(&address)
+                .is_some_and(|entry| entry.ptr_eq(&segment))
+        };
         drop(bytes);
         // Still listed while anything holds the segment, and gone with it.
-        assert!(LAID.lock().expect("table").contains_key(&address));
+        assert!(listed());
         drop(kept);
-        assert!(!LAID.lock().expect("table").contains_key(&address));
+        assert!(!listed());
+        assert!(segment.upgrade().is_none());
     }
 
     #[test]
-    fn the_bytes_end_in_zeros_to_the_word_and_are_offered_once() {
-        for len in [0, 1, 7, 8, 9, 4095, 65_536] {
+    fn the_bytes_end_in_zeros_to_the_word_and_are_offered_to_one_message_at_a_time() {
+        for len in [0, 1, 7, 8, 9, 4095, 16_383, 16_384, 16_385, 65_536] {
             let mut buffer = SegmentBuffer::with_capacity(65_536);
             buffer.put_slice(&vec![0xff; len]);
-            let data = OutgoingBytes::from(buffer.freeze_to_bytes());
+            let bytes = buffer.freeze_to_bytes();
+            assert_eq!(
+                OutgoingBytes::from(bytes.clone()).is_laid_out(),
+                len >= LISTED_MIN
+            );
+            let mut buffer = SegmentBuffer::with_capacity(65_536);
+            buffer.put_slice(&vec![0xff; len]);
+            let data = buffer.freeze();
             let Shape::Laid(segment) = &data.0 else {
                 panic!("{len} bytes not laid out");
             };
             assert_eq!(segment.words, 1 + len.div_ceil(WORD));
-            // SAFETY: the segment's words after the landing pad's are
-            // initialised, and nothing writes them (never offered yet).
+            // SAFETY: the segment's words are initialised, and nothing
+            // writes them (never offered yet).
             let padded = unsafe {
                 std::slice::from_raw_parts(
-                    segment.start.as_ptr().cast::<u8>().add(WORD),
-                    (segment.words - 1) * WORD,
+                    segment.start.as_ptr().cast::<u8>(),
+                    segment.words * WORD,
                 )
             };
-            assert!(padded[..len].iter().all(|&byte| byte == 0xff));
-            assert!(padded[len..].iter().all(|&byte| byte == 0), "{len}");
-            assert!(data.offer().is_some());
+            assert!(
+                padded[..WORD].iter().all(|&byte| byte == 0),
+                "the landing pad"
+            );
+            assert!(padded[WORD..WORD + len].iter().all(|&byte| byte == 0xff));
+            assert!(padded[WORD + len..].iter().all(|&byte| byte == 0), "{len}");
+            let offer = data.offer();
+            assert!(offer.is_some());
+            assert!(!data.is_offerable());
             assert!(data.clone().offer().is_none());
+            drop(offer);
+            assert!(data.is_offerable());
+            assert!(data.offer().is_some());
         }
     }
 }

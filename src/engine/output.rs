@@ -122,12 +122,12 @@ impl OutputSource {
 }
 
 /// Output is read straight into a buffer laid out as a Cap'n Proto
-/// segment (`segment.rs`), which a chunk of this size or more keeps, so
-/// that the message that sends it takes it as it is, with neither a
-/// zeroed segment of its own nor a copy. A smaller chunk is copied out
-/// and the buffer read into again: what a chunk holds alive stays within
-/// four times its bytes, which the log counts.
-const LAID_OUT_MIN: usize = 16 * 1024;
+/// segment (`segment.rs`), which a chunk of this size or more keeps (cut
+/// to its size), so that the message that sends it takes it as it is,
+/// with neither a zeroed segment of its own nor a copy. A smaller chunk
+/// would be copied into its message anyway: it is copied out, and the
+/// buffer read into again.
+const LAID_OUT_MIN: usize = crate::segment::LISTED_MIN;
 
 /// Reads one chunk from `slot`: whatever is available now, up to
 /// [`CHUNK_SIZE`], coalescing the small writes of a fast producer into one

@@ -3,7 +3,7 @@
 //! on the wire, the message a copy would have made.
 
 use crate::capexec_capnp::process;
-use crate::segment::OutgoingBytes;
+use crate::segment::{self, OutgoingBytes};
 
 /// Sends `write(data, writeId)` on `process`, `data` taken whole as the
 /// data field's own segment the first time it is sent (copied into the
@@ -31,9 +31,12 @@ pub(crate) fn send_write(
 /// The field's last write: while the message lives, nothing sets, clears
 /// or initialises the field anew, nor the message's root.
 unsafe fn place_data(params: process::write_params::Builder<'_>, data: &OutgoingBytes) -> bool {
-    // SAFETY: `init_data` makes the field in this message alone, and the
-    // rest is this function's contract.
-    unsafe { crate::segment::place_data(data, move |len| params.init_data(len)) }
+    let Ok(field) = segment::data_field::<process::write_params::Owned>(params, "data") else {
+        unreachable!("`write` has a Data field `data`");
+    };
+    // SAFETY: the field is made in this message alone, and the rest is
+    // this function's contract.
+    unsafe { segment::place_data(data, field) }
 }
 
 #[cfg(test)]
@@ -176,15 +179,23 @@ mod tests {
     }
 
     #[test]
-    fn bytes_are_offered_to_one_message_only_and_copied_into_the_next() {
+    fn bytes_are_offered_to_one_message_at_a_time_and_copied_meanwhile() {
         let pattern = vec![0x5a_u8; 40_000];
         let data = laid_out(&pattern);
         let kept = data.clone();
+        // A message that holds the segment (as one on its way out does).
+        let mut holding = capnp::message::Builder::new(capnp_rpc::MessageAllocator::new());
+        let params = holding.init_root::<write_params::Builder>();
+        // SAFETY: nothing writes the message after this.
+        assert!(unsafe { place_data(params, &data) });
+        let (copied_in, taken) = on_the_wire(&kept, "stdin-1");
+        assert!(!taken);
+        drop(holding);
         let (first, taken) = on_the_wire(&data, "stdin-1");
         assert!(taken);
         let (again, taken) = on_the_wire(&kept, "stdin-1");
-        assert!(!taken);
-        assert!(first == again);
+        assert!(taken, "let go of with the message before");
+        assert!(first == again && first == copied_in);
         assert_eq!(kept.as_slice(), &pattern[..]);
         assert!(!on_the_wire(&copied(b"not laid out"), "stdin-2").1);
     }

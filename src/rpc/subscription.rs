@@ -5,7 +5,7 @@ use futures::StreamExt;
 use futures::stream::FuturesOrdered;
 use tokio::task::AbortHandle;
 
-use crate::capexec_capnp::{event, event_sink, subscription};
+use crate::capexec_capnp::{event, event_sink, output, subscription};
 use crate::engine::Process;
 use crate::model::{Event, EventBody};
 use crate::rpc::{PUSH_BUDGET_BYTES, SUBSCRIPTION_WINDOW_BYTES};
@@ -138,6 +138,8 @@ type PushRequest = capnp::capability::Request<event_sink::push_params::Owned, an
 /// `push(events)` to `sink`, and the bytes it counts against the window.
 fn push_request(sink: &event_sink::Client, events: &[Event]) -> (PushRequest, usize) {
     let apart = data_apart(events);
+    // What the window counts: the message (capnp-rpc sizes its first
+    // segment by its own rule, not by this) and the data apart.
     let size = wire::events_message_size_but_data(events, |index| apart[index].is_some());
     let mut request: PushRequest = sink.client.new_call(
         <event_sink::Client as capnp::traits::HasTypeId>::TYPE_ID,
@@ -167,9 +169,14 @@ fn data_apart(events: &[Event]) -> Vec<Option<OutgoingBytes>> {
         .collect()
 }
 
-/// Sets `params` to `events`, the data `apart` names placed last, each in
-/// a segment of its own (the message's first segment sized for the rest,
-/// `events_message_size_but_data`). Returns the bytes so placed.
+/// Sets `params` to `events`. Returns the bytes of the data `apart`
+/// names, each placed in a segment of its own.
+///
+/// The outputs' data go in after the rest of the events: first the data
+/// that goes apart, each a new segment of exactly its size, then the data
+/// copied in. The other way round, copied data that did not fit the first
+/// segment would go to a heap segment with room to spare, and a chunk
+/// placed after it would be copied into that room instead of taken.
 ///
 /// # Safety
 ///
@@ -182,19 +189,38 @@ unsafe fn push_params(
     apart: &[Option<OutgoingBytes>],
 ) -> usize {
     let mut list = params.init_events(events.len() as u32);
-    wire::events_to_wire_but_data(events, list.reborrow(), |index| apart[index].is_some());
-    let mut bytes = 0;
+    wire::events_to_wire_without_data(events, list.reborrow());
+    let mut apart_bytes = 0;
     for (index, data) in apart.iter().enumerate() {
         let Some(data) = data else { continue };
-        let Ok(event::Output(Ok(output))) = list.reborrow().get(index as u32).which() else {
-            unreachable!("an output event is written as one");
+        let output = output_of(list.reborrow(), index);
+        let Ok(field) = segment::data_field::<output::Owned>(output, "data") else {
+            unreachable!("`Output` has a Data field `data`");
         };
-        // SAFETY: `init_data` makes the field in this message alone, and
-        // nothing writes it again (this function's contract).
-        unsafe { segment::place_data(data, move |len| output.init_data(len)) };
-        bytes += data.len();
+        // SAFETY: the field is made in this message alone, and nothing
+        // writes it again (this function's contract).
+        unsafe { segment::place_data(data, field) };
+        apart_bytes += data.len();
     }
-    bytes
+    for (index, event) in events.iter().enumerate() {
+        if let EventBody::Output { data, .. } = &event.body
+            && apart[index].is_none()
+        {
+            output_of(list.reborrow(), index).set_data(data);
+        }
+    }
+    apart_bytes
+}
+
+/// The output of the event at `index` of `list`, which is one.
+fn output_of(
+    list: capnp::struct_list::Builder<'_, event::Owned>,
+    index: usize,
+) -> output::Builder<'_> {
+    match list.get(index as u32).which() {
+        Ok(event::Output(Ok(output))) => output,
+        _ => unreachable!("an output event is written as one"),
+    }
 }
 
 #[cfg(test)]
@@ -216,21 +242,40 @@ mod tests {
         }
     }
 
-    /// The message `push_params` builds, as the connection writes it, and
-    /// how many segments it has.
-    fn on_the_wire(events: &[Event]) -> (Vec<u8>, usize) {
+    /// The message `push_params` builds, its first segment the 1024 words
+    /// capnp-rpc gives every call, whatever its size hint.
+    fn built(events: &[Event]) -> capnp::message::Builder<capnp_rpc::MessageAllocator> {
         let apart = data_apart(events);
-        let size = wire::events_message_size_but_data(events, |index| apart[index].is_some());
         let mut message = capnp::message::Builder::new(
-            capnp_rpc::MessageAllocator::new().first_segment_words(size.word_count as u32 + 1),
+            capnp_rpc::MessageAllocator::new().first_segment_words(1024),
         );
         let params = message.init_root::<event_sink::push_params::Builder>();
         // SAFETY: nothing writes the message after this.
         unsafe { push_params(params, events, &apart) };
-        let segments = message.get_segments_for_output().len();
+        message
+    }
+
+    /// How many of `chunks` are segments of `message`, taken whole.
+    fn taken(
+        message: &capnp::message::Builder<capnp_rpc::MessageAllocator>,
+        chunks: &[&Bytes],
+    ) -> usize {
+        let segments = message.get_segments_for_output();
+        chunks
+            .iter()
+            .filter(|chunk| {
+                segments
+                    .iter()
+                    .any(|segment| segment.as_ptr() as usize + 8 == chunk.as_ptr() as usize)
+            })
+            .count()
+    }
+
+    /// `message` as the connection writes it.
+    fn on_the_wire(message: &capnp::message::Builder<capnp_rpc::MessageAllocator>) -> Vec<u8> {
         let mut wire = Vec::new();
-        capnp::serialize::write_message(&mut wire, &message).expect("write");
-        (wire, segments)
+        capnp::serialize::write_message(&mut wire, message).expect("write");
+        wire
     }
 
     fn read_back(wire: &[u8]) -> Vec<Event> {
@@ -248,28 +293,30 @@ mod tests {
         let pattern: Vec<u8> = (0..64 * 1024)
             .map(|i| (i * 7 + i / 251) as u8 | 1)
             .collect();
-        let taken = laid_out(&pattern[..20_000]);
-        // Offered to some earlier message: copied into this one.
-        let mut earlier = capnp::message::Builder::new(capnp_rpc::MessageAllocator::new());
-        let field = earlier.init_root::<crate::capexec_capnp::output::Builder>();
+        let offered = laid_out(&pattern[..20_000]);
+        // Offered to a message that still holds it: copied into this one.
+        let mut holding = capnp::message::Builder::new(capnp_rpc::MessageAllocator::new());
+        let holding_output = holding.init_root::<output::Builder>();
+        let field = segment::data_field::<output::Owned>(holding_output, "data").expect("data");
         // SAFETY: nothing writes the message after this.
-        assert!(unsafe {
-            segment::place_data(&OutgoingBytes::from(taken.clone()), move |len| {
-                field.init_data(len)
-            })
-        });
+        assert!(unsafe { segment::place_data(&OutgoingBytes::from(offered.clone()), field) });
+        let (whole, odd, last) = (
+            laid_out(&pattern),
+            laid_out(&pattern[..16_385]),
+            laid_out(&pattern[1..65_535]),
+        );
         let events = vec![
-            output(1, OutputStream::Stdout, laid_out(&pattern)),
+            output(1, OutputStream::Stdout, whole.clone()),
             output(2, OutputStream::Stderr, Bytes::from_static(b"a line\n")),
-            output(3, OutputStream::Stdout, laid_out(&pattern[..16_385])),
-            output(4, OutputStream::Stdout, taken),
-            // A slice: all but the first byte of the chunk, copied.
+            output(3, OutputStream::Stdout, odd.clone()),
+            output(4, OutputStream::Stdout, offered.clone()),
+            // A slice: all but the first byte of a chunk, copied.
             output(
                 5,
                 OutputStream::Stdout,
                 laid_out(&pattern[..30_000]).slice(1..),
             ),
-            output(6, OutputStream::Stdout, laid_out(&pattern[1..65_535])),
+            output(6, OutputStream::Stdout, last.clone()),
             Event {
                 seq: 7,
                 body: EventBody::Exited(Exit {
@@ -285,13 +332,35 @@ mod tests {
                 body: EventBody::Closed,
             },
         ];
-        let (wire, segments) = on_the_wire(&events);
-        // The first segment, and one for each of the three taken.
-        assert_eq!(segments, 4);
+        let message = built(&events);
+        assert_eq!(taken(&message, &[&whole, &odd, &last, &offered]), 3);
+        let wire = on_the_wire(&message);
         assert_eq!(read_back(&wire), events);
-        // Offered once: a second message copies them all in.
-        let (again, segments) = on_the_wire(&events);
-        assert_eq!(segments, 1);
-        assert_eq!(read_back(&again), events);
+        // While a message holds them, the next copies them in; once it is
+        // gone, the next takes them again.
+        let copied = built(&events);
+        assert_eq!(taken(&copied, &[&whole, &odd, &last]), 0);
+        assert_eq!(read_back(&on_the_wire(&copied)), events);
+        drop((message, copied));
+        assert_eq!(taken(&built(&events), &[&whole, &odd, &last]), 3);
+        drop(holding);
+        assert_eq!(taken(&built(&events), &[&offered]), 1);
+    }
+
+    #[test]
+    fn output_copied_before_a_chunk_leaves_no_room_that_takes_the_chunk() {
+        // Copied data beyond the first segment goes to a heap segment with
+        // room to spare, where a chunk placed after it would be copied.
+        let stderr = |seq, len| output(seq, OutputStream::Stderr, Bytes::from(vec![b'e'; len]));
+        let chunk = laid_out(&[b'o'; 16 * 1024]);
+        let events = vec![
+            stderr(1, 15 * 1024),
+            stderr(2, 1024),
+            stderr(3, 15 * 1024),
+            output(4, OutputStream::Stdout, chunk.clone()),
+        ];
+        let message = built(&events);
+        assert_eq!(taken(&message, &[&chunk]), 1);
+        assert_eq!(read_back(&on_the_wire(&message)), events);
     }
 }

@@ -96,7 +96,7 @@ pub fn event_to_wire(event: &Event, builder: event::Builder<'_>) {
 }
 
 /// As [`event_to_wire`], leaving an output's data unset if `leave_data`
-/// (for the caller to place, see [`events_to_wire_but_data`]).
+/// (for the caller to place, see [`events_to_wire_without_data`]).
 fn event_to_wire_but_data(event: &Event, mut builder: event::Builder<'_>, leave_data: bool) {
     builder.set_seq(event.seq);
     match &event.body {
@@ -161,20 +161,21 @@ pub fn events_message_size_but_data(
     }
 }
 
-pub fn events_to_wire(events: &[Event], list: capnp::struct_list::Builder<'_, event::Owned>) {
-    events_to_wire_but_data(events, list, |_| false);
+pub fn events_to_wire(events: &[Event], mut list: capnp::struct_list::Builder<'_, event::Owned>) {
+    for (index, event) in events.iter().enumerate() {
+        event_to_wire(event, list.reborrow().get(index as u32));
+    }
 }
 
-/// As [`events_to_wire`], leaving unset the data of the output events
-/// `data_apart` names (by index), for the caller to place after the rest
-/// of the message is built: each then lands in a segment of its own.
-pub fn events_to_wire_but_data(
+/// As [`events_to_wire`], leaving every output's data unset, for the
+/// caller to place after the rest of the message is built (as segments of
+/// their own, `rpc/subscription.rs`).
+pub fn events_to_wire_without_data(
     events: &[Event],
     mut list: capnp::struct_list::Builder<'_, event::Owned>,
-    data_apart: impl Fn(usize) -> bool,
 ) {
     for (index, event) in events.iter().enumerate() {
-        event_to_wire_but_data(event, list.reborrow().get(index as u32), data_apart(index));
+        event_to_wire_but_data(event, list.reborrow().get(index as u32), true);
     }
 }
 
