@@ -25,7 +25,8 @@
 //! ([`data_field`], [`place_data`]), through Cap'n Proto's raw builders.
 //!
 //! Memory, layout and fields only: which messages take such bytes is for
-//! the layers that build them (`net`, `rpc`).
+//! the layers that build them (`net`, `rpc`); a message of one such field
+//! is sent safely with [`send_with_data`].
 
 use std::collections::BTreeMap;
 use std::marker::PhantomData;
@@ -285,14 +286,34 @@ pub unsafe fn place_data(data: &OutgoingBytes, field: PointerBuilder<'_>) -> boo
     false
 }
 
-/// The pointer of `builder`'s `Data` field `name`, for [`place_data`]:
-/// found by name in the struct's schema, so no field's place is written
-/// down twice.
-pub fn data_field<'a, T>(builder: T::Builder<'a>, name: &str) -> capnp::Result<PointerBuilder<'a>>
+/// Sends `request` with its `Data` field `name` set to `data`, as
+/// [`place_data`] does: made last (the other fields are set before), and
+/// the request sent at once, so that nothing can write the field again.
+pub fn send_with_data<P, R>(
+    mut request: capnp::capability::Request<P, R>,
+    data: &OutgoingBytes,
+    name: &str,
+) -> capnp::Result<capnp::capability::RemotePromise<R>>
 where
-    T: OwnedStruct,
-    T::Builder<'a>: Into<dynamic_value::Builder<'a>>,
+    P: capnp::traits::Owned + OwnedStruct,
+    for<'a> <P as capnp::traits::Owned>::Builder<'a>: Into<dynamic_value::Builder<'a>>,
+    R: capnp::traits::Pipelined + capnp::traits::Owned + 'static + Unpin,
+    <R as capnp::traits::Pipelined>::Pipeline: capnp::capability::FromTypelessPipeline,
 {
+    let field = data_field::<P>(request.get(), name)?;
+    // SAFETY: the field is made in this request's message alone, which is
+    // sent as it is: nothing writes the field, or what holds it, again.
+    unsafe { place_data(data, field) };
+    Ok(request.send())
+}
+
+/// The pointer of `builder`'s `Data` field `name` (a struct of type `T`),
+/// for [`place_data`]: found by name in the struct's schema, so no field's
+/// place is written down twice.
+pub fn data_field<'a, T: OwnedStruct>(
+    builder: impl Into<dynamic_value::Builder<'a>>,
+    name: &str,
+) -> capnp::Result<PointerBuilder<'a>> {
     let dynamic_value::Builder::Struct(dynamic) = builder.into() else {
         return Err(capnp::Error::failed(format!("{name}: not in a struct")));
     };

@@ -17,32 +17,29 @@ pub(crate) fn send_write(
     let mut request = process.write_request();
     // First, so that it lands in the message's first segment.
     request.get().set_write_id(write_id);
-    // SAFETY: the request is sent as it is: nothing writes the field, or
-    // re-initialises the root, again.
-    unsafe { place_data(request.get(), data) };
-    request.send()
-}
-
-/// Sets the data field of `params` to `data` (`segment::place_data`).
-/// Returns whether the segment was taken.
-///
-/// # Safety
-///
-/// The field's last write: while the message lives, nothing sets, clears
-/// or initialises the field anew, nor the message's root.
-unsafe fn place_data(params: process::write_params::Builder<'_>, data: &OutgoingBytes) -> bool {
-    let Ok(field) = segment::data_field::<process::write_params::Owned>(params, "data") else {
-        unreachable!("`write` has a Data field `data`");
-    };
-    // SAFETY: the field is made in this message alone, and the rest is
-    // this function's contract.
-    unsafe { segment::place_data(data, field) }
+    match segment::send_with_data(request, data, "data") {
+        Ok(sent) => sent,
+        Err(error) => unreachable!("`write` has a Data field `data`: {error}"),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::capexec_capnp::process::write_params;
+
+    /// Sets the data field of `params` to `data`, as `send_write` does.
+    /// Returns whether the segment was taken.
+    ///
+    /// # Safety
+    ///
+    /// The field's last write: while the message lives, nothing sets,
+    /// clears or initialises the field anew, nor the message's root.
+    unsafe fn place_data(params: write_params::Builder<'_>, data: &OutgoingBytes) -> bool {
+        let field = segment::data_field::<write_params::Owned>(params, "data").expect("data");
+        // SAFETY: this function's contract.
+        unsafe { segment::place_data(data, field) }
+    }
     use crate::segment::SegmentBuffer;
     use bytes::{BufMut, Bytes};
     use capnp_rpc::rpc_capnp::message as rpc_message;

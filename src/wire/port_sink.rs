@@ -408,4 +408,80 @@ mod tests {
             assert_eq!(sender.in_flight(), share);
         });
     }
+
+    /// A sink that keeps what it is sent, answering each write at once.
+    #[derive(Default)]
+    struct Collecting(RefCell<Vec<u8>>);
+
+    impl port_sink::Server for Collecting {
+        fn write(
+            self: Rc<Self>,
+            params: port_sink::WriteParams,
+        ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
+            let bytes = params.get().and_then(|params| params.get_bytes());
+            let kept = bytes.map(|bytes| self.0.borrow_mut().extend_from_slice(bytes));
+            std::future::ready(kept)
+        }
+
+        fn end(
+            self: Rc<Self>,
+            _: port_sink::EndParams,
+            _: port_sink::EndResults,
+        ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
+            std::future::ready(Ok(()))
+        }
+    }
+
+    /// Writes of every size, sent, filled in pieces or read, arrive whole
+    /// and in order.
+    #[test]
+    fn every_kind_of_write_arrives_whole_and_in_order() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime");
+        tokio::task::LocalSet::new().block_on(&runtime, async {
+            let sink = Rc::new(Collecting::default());
+            let client: port_sink::Client = capnp_rpc::new_client_from_rc(Rc::clone(&sink));
+            let sender = PortSender::new(client, PortBudget::new(PORT_POOL_BYTES));
+            let pattern: Vec<u8> = (0..PORT_CHUNK_BYTES)
+                .map(|i| (i * 31 + i / 257) as u8)
+                .collect();
+            let mut expected = Vec::new();
+            let mut at = 0;
+            let mut take = |len: usize| {
+                let piece = pattern[at % 1000..at % 1000 + len].to_vec();
+                at += 7;
+                piece
+            };
+            let lens = [1, 16_383, 16_384, 16_385, 100_000, PORT_CHUNK_BYTES - 1000];
+            for len in lens {
+                let piece = take(len);
+                sender.send_now(&piece);
+                expected.extend_from_slice(&piece);
+            }
+            for len in lens {
+                let piece = take(len);
+                let mut open = sender.open_write(len);
+                let (first, rest) = piece.split_at(len / 3);
+                assert_eq!(open.append(first), first.len());
+                assert!(open.is_full() == rest.is_empty());
+                assert_eq!(open.append(rest), rest.len());
+                assert!(open.is_full());
+                sender.send_open(open);
+                expected.extend_from_slice(&piece);
+            }
+            for len in lens {
+                let piece = take(len);
+                // Read short of the room given: only what was read goes.
+                let sent = sender.send_read(len + 5, |buffer| {
+                    buffer[..len].copy_from_slice(&piece);
+                    Ok(len)
+                });
+                assert_eq!(sent.expect("read"), len);
+                expected.extend_from_slice(&piece);
+            }
+            sender.end().await.expect("ended");
+            assert!(*sink.0.borrow() == expected, "the bytes differ");
+        });
+    }
 }
