@@ -15,7 +15,7 @@
 //! or as plain [`Bytes`] (a command's output, kept in the engine's log as
 //! any other): those are recognised again where a message is built
 //! ([`OutgoingBytes::from`]), by the address they start at, in a table of
-//! every laid-out buffer alive ([`LAID`]).
+//! every laid-out buffer alive (`LAID`).
 //!
 //! No `&mut` is ever made over bytes a message took: Cap'n Proto's own
 //! `init_data` would make one, which (under Stacked Borrows) ends the
@@ -26,7 +26,7 @@
 //!
 //! Memory, layout and fields only: which messages take such bytes is for
 //! the layers that build them (`net`, `rpc`); a message of one such field
-//! is sent safely with [`send_with_data`].
+//! is sent with `send_with_data`.
 
 use std::collections::BTreeMap;
 use std::marker::PhantomData;
@@ -49,9 +49,9 @@ use capnp::{dynamic_value, primitive_list};
 const WORD: usize = 8;
 
 /// The fewest bytes a buffer handed out as plain [`Bytes`] is listed for
-/// ([`SegmentBuffer::freeze_to_bytes`]): fewer fit a message's first
-/// segment, and are copied into it anyway; and `Bytes` this short are
-/// never looked up.
+/// ([`SegmentBuffer::freeze_to_bytes`]), and `Bytes` looked up: a copy of
+/// fewer costs little next to a message's other work (capnp-rpc's first
+/// segment holds 8 KiB; fewer bytes than that are copied into it anyway).
 pub const LISTED_MIN: usize = 16 * 1024;
 
 /// Every laid-out buffer handed out as plain [`Bytes`] and alive, by the
@@ -83,9 +83,9 @@ unsafe impl Send for Segment {}
 unsafe impl Sync for Segment {}
 
 impl Segment {
-    /// The bytes, through a reference made afresh from `start` each time:
-    /// a message that took the segment made a `&mut` over them (Cap'n
-    /// Proto's `init_data`), which ends any reference made before it.
+    /// The bytes, through a reference made afresh from `start` each time.
+    /// (A message takes the segment through raw pointers only, see
+    /// [`place_data`]: nothing ends a reference made before.)
     fn bytes(&self) -> &[u8] {
         // SAFETY: `len` bytes after the first word are initialised and lie
         // within the allocation (`words` is enough for them, see
@@ -180,11 +180,8 @@ fn laid_out(bytes: &Bytes) -> Option<Arc<Segment>> {
 }
 
 impl OutgoingBytes {
-    /// The bytes. A view of laid-out bytes is not to be kept across their
-    /// send (`write_outgoing_in_order`): the message makes a `&mut` over
-    /// them as it takes them (Cap'n Proto's `init_data`), which, though it
-    /// never writes through it, Stacked Borrows counts against any view
-    /// made before. Ask again after.
+    /// The bytes (made afresh from the segment each time, see
+    /// `Segment::bytes`).
     pub fn as_slice(&self) -> &[u8] {
         match &self.0 {
             Shape::Shared(bytes) => bytes,
@@ -288,8 +285,15 @@ pub unsafe fn place_data(data: &OutgoingBytes, field: PointerBuilder<'_>) -> boo
 
 /// Sends `request` with its `Data` field `name` set to `data`, as
 /// [`place_data`] does: made last (the other fields are set before), and
-/// the request sent at once, so that nothing can write the field again.
-pub fn send_with_data<P, R>(
+/// the request sent at once.
+///
+/// # Safety
+///
+/// `request` is one of capnp-rpc's (a call on a capability of its RPC
+/// system, local or remote): those never write a request's parameters
+/// once it is sent. A request of another hook could, and would write over
+/// `data`'s shared bytes.
+pub(crate) unsafe fn send_with_data<P, R>(
     mut request: capnp::capability::Request<P, R>,
     data: &OutgoingBytes,
     name: &str,
@@ -302,7 +306,8 @@ where
 {
     let field = data_field::<P>(request.get(), name)?;
     // SAFETY: the field is made in this request's message alone, which is
-    // sent as it is: nothing writes the field, or what holds it, again.
+    // sent as it is, and capnp-rpc writes nothing of it again (this
+    // function's contract).
     unsafe { place_data(data, field) };
     Ok(request.send())
 }
@@ -317,7 +322,26 @@ pub fn data_field<'a, T: OwnedStruct>(
     let dynamic_value::Builder::Struct(dynamic) = builder.into() else {
         return Err(capnp::Error::failed(format!("{name}: not in a struct")));
     };
-    let field = dynamic.get_schema().get_field_by_name(name)?;
+    let TypeVariant::Struct(expected) = T::introspect().which() else {
+        return Err(capnp::Error::failed(format!(
+            "{name}: not asked of a struct"
+        )));
+    };
+    let schema = dynamic.get_schema();
+    if schema.get_proto().get_id()
+        != capnp::schema::StructSchema::new(expected)
+            .get_proto()
+            .get_id()
+    {
+        return Err(capnp::Error::failed(format!(
+            "{name}: a builder of another struct"
+        )));
+    }
+    let field = schema.get_field_by_name(name)?;
+    // A union's member would need its discriminant set too.
+    if field.get_proto().get_discriminant_value() != field::NO_DISCRIMINANT {
+        return Err(capnp::Error::failed(format!("{name}: a member of a union")));
+    }
     let pointer = match (field.get_type().which(), field.get_proto().which()?) {
         (TypeVariant::Data, field::Slot(slot)) => u16::try_from(slot.get_offset())
             .map_err(|_| capnp::Error::failed(format!("{name}: no pointer field")))?,
@@ -487,10 +511,8 @@ impl SegmentBuffer {
         let SegmentBuffer { words, len } = self;
         let needed = 1 + len.div_ceil(WORD);
         let mut words = words.into_vec();
-        if needed < words.len() {
-            words.truncate(needed);
-            words.shrink_to_fit();
-        }
+        // (`into_boxed_slice` below gives back what is cut off.)
+        words.truncate(needed);
         words[0] = MaybeUninit::new(0);
         let pad = (needed - 1) * WORD - len;
         // SAFETY: bytes WORD + len .. WORD + len + pad lie within the

@@ -17,7 +17,8 @@ pub(crate) fn send_write(
     let mut request = process.write_request();
     // First, so that it lands in the message's first segment.
     request.get().set_write_id(write_id);
-    match segment::send_with_data(request, data, "data") {
+    // SAFETY: a request of capnp-rpc's.
+    match unsafe { segment::send_with_data(request, data, "data") } {
         Ok(sent) => sent,
         Err(error) => unreachable!("`write` has a Data field `data`: {error}"),
     }
@@ -241,5 +242,35 @@ mod tests {
         let field = params.reborrow().init_data(40_000);
         assert!(field.iter().all(|&byte| byte == 0));
         assert!(!std::ptr::eq(field.as_ptr(), data.as_slice().as_ptr()));
+    }
+
+    #[test]
+    fn only_a_data_field_outside_a_union_of_the_struct_named_is_found() {
+        let mut message = capnp::message::Builder::new_default();
+        let mut params = message.init_root::<write_params::Builder>();
+        assert!(segment::data_field::<write_params::Owned>(params.reborrow(), "data").is_ok());
+        for (name, why) in [("writeId", "not a Data field"), ("nothing", "")] {
+            let found = segment::data_field::<write_params::Owned>(params.reborrow(), name);
+            let error = found.err().expect(name).to_string();
+            assert!(error.contains(why), "{name}: {error}");
+        }
+        let other = segment::data_field::<crate::capexec_capnp::output::Owned>(params, "data");
+        assert!(
+            other
+                .err()
+                .expect("another struct")
+                .to_string()
+                .contains("another struct")
+        );
+        let mut message = capnp::message::Builder::new_default();
+        let value = message.init_root::<capnp::schema_capnp::value::Builder>();
+        let member = segment::data_field::<capnp::schema_capnp::value::Owned>(value, "data");
+        assert!(
+            member
+                .err()
+                .expect("a union's")
+                .to_string()
+                .contains("a member of a union")
+        );
     }
 }

@@ -177,6 +177,9 @@ fn data_apart(events: &[Event]) -> Vec<Option<OutgoingBytes>> {
 /// copied in. The other way round, copied data that did not fit the first
 /// segment would go to a heap segment with room to spare, and a chunk
 /// placed after it would be copied into that room instead of taken.
+/// (A chunk another thread's message took between `data_apart` and here
+/// would be copied in the first pass, and could leave such room: pushes
+/// are all built on the serving thread, so none can.)
 ///
 /// # Safety
 ///
