@@ -146,17 +146,17 @@ fn push_request(sink: &event_sink::Client, events: &[Event]) -> (PushRequest, us
         0,
         Some(size),
     );
-    // SAFETY: the request is sent as it is built: nothing writes the
-    // events again.
+    // SAFETY: the request is returned to be sent as it is (`deliver`
+    // sends it at once): nothing writes the events again.
     let apart_bytes = unsafe { push_params(request.get(), events, &apart) };
     (request, (size.word_count as usize) * 8 + apart_bytes)
 }
 
 /// The data of the output events that the engine read into memory laid
 /// out as a segment (`segment.rs`), by index: each goes as that segment,
-/// neither copied nor zeroed in the message, unless some other message
-/// took it first (another subscriber's), when it is copied in as any
-/// other.
+/// neither copied nor zeroed in the message, unless another message holds
+/// it now (another subscriber's push on its way), when it is copied in as
+/// any other.
 fn data_apart(events: &[Event]) -> Vec<Option<OutgoingBytes>> {
     events
         .iter()
