@@ -134,15 +134,10 @@ pub fn event_from_wire(reader: event::Reader<'_>) -> capnp::Result<Event> {
     })
 }
 
-/// Room for `events` in one message, so it is built in a single segment:
-/// one allocation, one write. Generous per-event overhead; the payload
-/// dominates.
-pub fn events_message_size(events: &[Event]) -> capnp::MessageSize {
-    events_message_size_but_data(events, |_| false)
-}
-
-/// As [`events_message_size`], without room for the data of the events
-/// `data_apart` names (by index), which go to segments of their own.
+/// Room for `events` in one message, but for the data of the events
+/// `data_apart` names (by index), which go to segments of their own: what
+/// a push counts against its subscription's window with those data's
+/// bytes. Generous per-event overhead; the payload dominates.
 pub fn events_message_size_but_data(
     events: &[Event],
     data_apart: impl Fn(usize) -> bool,
