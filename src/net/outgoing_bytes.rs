@@ -122,15 +122,19 @@ mod tests {
     #[test]
     fn a_stdin_chunk_leaves_as_its_own_segment_byte_for_byte_as_a_copied_one() {
         // What `capexec run` lays out: 32 KiB to 256 KiB, ids `stdin-N`.
-        let pattern = pattern(256 * 1024);
-        for len in [
+        let all = [
             32 * 1024,
             32 * 1024 + 1,
             100_001,
             131_075,
             256 * 1024 - 3,
             256 * 1024,
-        ] {
+        ];
+        // Under Miri (scripts/miri.sh) the two smallest only: the same
+        // calls, in a minute less.
+        let lens = if cfg!(miri) { &all[..2] } else { &all[..] };
+        let pattern = pattern(lens[lens.len() - 1]);
+        for &len in lens {
             for id in ["stdin-1", "stdin-123456789"] {
                 let data = laid_out(&pattern[..len]);
                 let (adopted, taken) = on_the_wire(&data, id);
@@ -155,13 +159,20 @@ mod tests {
         // first segment too full for the target, which a copy would put
         // in the spare room of the data's heap segment), but the message
         // reads back the same.
-        let pattern = pattern(300 * 1024);
         let mut lens = vec![0, 1, 7, 8, 9, 2048, 8000];
         for base in [8 * 1024, 32 * 1024, 256 * 1024] {
             lens.extend((base - 9)..=(base + 8));
         }
         let mut ids = vec![0, 7, 8, 9, 100, 10 * 1024, 16 * 1024 + 8];
         ids.extend((8040..=8100).step_by(3));
+        if cfg!(miri) {
+            // 1,708 messages of up to 264 KiB take Miri hours: the edges
+            // below 32 KiB, with an id that leaves the first segment room
+            // for the target and one that does not.
+            lens.retain(|&len| len <= 32 * 1024 + 1 && (len < 2048 || len % 8 <= 1));
+            ids = vec![0, 9, 8040, 8100];
+        }
+        let pattern = pattern(lens.iter().copied().max().unwrap_or(0));
         let mut taken_count = 0;
         for &id_len in &ids {
             let id = "w".repeat(id_len);

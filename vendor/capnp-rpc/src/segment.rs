@@ -3,8 +3,9 @@
 //
 // A `Data` field is otherwise allocated zeroed in the message's arena and
 // then copied into: two passes over every byte a caller sends in bulk.
-// Offered through `with_offered_segment` around the `init_data` that
-// makes the field, a buffer holding a word of room and then the bytes
+// Offered through `with_offered_segment` around the call that makes the
+// field (`init_data`, or `init_pointer` of a list of bytes, which takes
+// no `&mut` over them), a buffer holding a word of room and then the bytes
 // becomes the segment that field lands in (a field too big for the
 // segment the message has goes to a new segment, behind one word of
 // landing pad), and the bytes are written to the connection from where
