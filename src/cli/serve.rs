@@ -286,6 +286,9 @@ pub fn main(args: ServeArgs) -> i32 {
         capexec::files::limit_watches(max);
     }
     let descriptor_limit = raise_descriptor_limit();
+    // Before the server takes in anything, and counted in its budget
+    // below as its own.
+    keep_first_slots();
     let held = handover
         .as_ref()
         .map(capexec::net::HandedOver::processes_held);
@@ -685,6 +688,32 @@ fn split_pair<'a>(pair: &'a str, flag: &str, form: &str) -> Result<(&'a str, &'a
 /// process limits are then fitted into. Returns the limit as it was, for
 /// the children: a huge soft limit slows programs that close every
 /// descriptor up to it.
+/// Keeps the first 64 descriptor slots for the server's own
+/// (`engine::reserve_spawner_slots`: no client's descriptor there for the
+/// spawner's table to start with, after an upgrade too), where the
+/// descriptor limit is at least 16 times that: under a smaller one they
+/// are a share of it worth more to clients.
+fn keep_first_slots() {
+    use nix::sys::resource::{Resource, getrlimit};
+    const AT_LEAST: u64 = 16 * capexec::engine::SPAWNER_COPIES_BELOW as u64;
+    let limit = getrlimit(Resource::RLIMIT_NOFILE).map_or(0, |(soft, _)| soft);
+    const UNKEPT: &str = "an upgrade that hands over clients' descriptors there leaves the \
+                          new binary cloning its children from its own descriptor table";
+    if limit < AT_LEAST {
+        // A server this small is a test's or a choice: said, not warned of.
+        tracing::debug!(
+            descriptor_limit = limit,
+            "the first 64 descriptor slots are not kept for the server's own under a \
+             descriptor limit below {AT_LEAST}: {UNKEPT}"
+        );
+    } else if let Err(error) = capexec::engine::reserve_spawner_slots() {
+        tracing::warn!(
+            "the first 64 descriptor slots cannot be kept for the server's own ({error}): \
+             {UNKEPT}"
+        );
+    }
+}
+
 fn raise_descriptor_limit() -> Option<(u64, u64)> {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     match getrlimit(Resource::RLIMIT_NOFILE) {

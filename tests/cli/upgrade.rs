@@ -711,7 +711,10 @@ fn an_upgrade_at_the_descriptor_limit_s_max_processes_goes_through() {
 /// it in a start) does not hold the upgrade up: its connection's end
 /// would close that descriptor, asleep on the lock, and the exec wait for
 /// that thread; the descriptor goes to the new binary instead, which
-/// closes it off its serving thread.
+/// closes it off its serving thread. It comes under its number, above
+/// the first 64 slots (the server keeps those for its own), so the new
+/// binary still clones its children on the spawner, whose table starts
+/// with copies of those slots.
 #[test]
 fn a_pipe_a_client_sent_and_holds_locked_does_not_hold_the_upgrade_up() {
     use common::pipe_lock::{self, KillOnDrop};
@@ -725,6 +728,50 @@ fn a_pipe_a_client_sent_and_holds_locked_does_not_hold_the_upgrade_up() {
     ));
     let _holder = KillOnDrop::always(holding(&ready));
     upgrades_and_answers(&served);
+    let log = served.log();
+    assert!(
+        !log.contains("children are cloned from the server's own descriptor table"),
+        "{log}"
+    );
+    common::eventually("the new binary's spawner runs", || {
+        pipe_lock::thread_names(served.child.id())
+            .iter()
+            .any(|name| name == "capexec-spawn")
+            .then_some(())
+    });
+}
+
+/// `capexec serve` keeps its first 64 descriptor slots for its own from
+/// its start, so that nothing it takes in later (a client's) lands where
+/// the spawner's table starts from: every number below 64 is open, and
+/// what the server opens for a connection lands above.
+#[test]
+fn a_server_keeps_its_first_64_descriptor_slots_for_its_own() {
+    let served = Upgradable::start();
+    let open = || -> Vec<i32> {
+        let mut open: Vec<i32> = std::fs::read_dir(format!("/proc/{}/fd", served.child.id()))
+            .expect("the server's descriptors")
+            .flatten()
+            .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+            .collect();
+        open.sort_unstable();
+        open
+    };
+    let before = open();
+    assert_eq!(
+        before.iter().filter(|&&fd| fd < 64).count(),
+        64,
+        "{before:?}"
+    );
+    let socket = served.unix.trim_start_matches("unix:");
+    let client = std::os::unix::net::UnixStream::connect(socket).expect("connect");
+    let after = common::eventually("the server takes the connection in", || {
+        let after = open();
+        (after.len() > before.len()).then_some(after)
+    });
+    let new: Vec<&i32> = after.iter().filter(|fd| !before.contains(fd)).collect();
+    assert!(new.iter().all(|&&fd| fd >= 64), "{new:?}");
+    drop(client);
 }
 
 /// A close that already sleeps on a pipe's lock (a client sent a pipe it

@@ -437,6 +437,14 @@ pub fn threads_asleep(server: u32) -> Vec<String> {
     asleep
 }
 
+/// The names of the threads of process `pid`.
+pub fn thread_names(pid: u32) -> Vec<String> {
+    thread_states(pid)
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect()
+}
+
 /// Each thread of process `pid`: its name and its state.
 fn thread_states(pid: u32) -> Vec<(String, char)> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {

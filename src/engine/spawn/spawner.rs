@@ -18,8 +18,10 @@
 //! comes back with the message that says the job is done.
 //!
 //! The spawner is made in the background when an engine is (`prepare`),
-//! before a server takes in any client's descriptor; starts clone on
-//! their own thread until it is ready. Starts are one at a time here, as
+//! before a server takes in any client's descriptor (and `capexec serve`
+//! keeps the first 64 slots, those the kernel copies, free of them for
+//! good: `reserve_first_slots`); starts clone on their own thread until
+//! it is ready. Starts are one at a time here, as
 //! they already are under the reaper's lock. Where the kernel has neither
 //! call (before Linux 5.9), or a filter denies one, starts run on the
 //! caller's thread as before and the log says what that leaves.
@@ -85,6 +87,8 @@ pub(super) fn ready() -> Option<&'static Spawner> {
 /// client's descriptor: the spawner's table starts as a copy of the first
 /// 64 slots of the server's (the kernel copies at least that many before
 /// it closes them), and a close there of what a client sent could sleep.
+/// (`capexec serve` keeps those slots free of them for good:
+/// [`reserve_first_slots`].)
 pub(crate) fn prepare() {
     if READY.get().is_some() {
         return;
@@ -118,6 +122,45 @@ pub fn forgo(reason: &str) {
              its flush, can hold up another client's start until the server restarts"
         );
     }
+}
+
+/// Fills every free slot of this process's descriptor table below
+/// [`COPIES_BELOW`] with a placeholder (`/dev/null`, close-on-exec), kept
+/// for good, so that nothing opened or taken in from then on gets a
+/// number there. Answers how many it placed.
+///
+/// Why: the spawner's table starts as a copy of those slots, closed at
+/// once (see `prepare`), and a close of a copy of what a client sent
+/// could sleep. With the slots taken before the server takes in anything,
+/// no client's descriptor is ever among them: not when the spawner is
+/// made, not when it is made again after a start that failed for want of
+/// descriptors or memory, and not after an upgrade, whose new binary gets
+/// what this one had not closed yet under the same numbers (an upgrade
+/// from a binary without the placeholders may still leave some there,
+/// and the new binary then does without the spawner: [`forgo`]). Costs
+/// at most 64 descriptors, counted as the server's own.
+pub fn reserve_first_slots() -> io::Result<usize> {
+    let null = std::fs::File::open("/dev/null")?;
+    let mut placed = 0;
+    loop {
+        // The lowest free number (F_DUPFD_CLOEXEC from 0).
+        // SAFETY: fcntl on a descriptor we own; the new one is ours.
+        let copy = os::cvt(unsafe { libc::fcntl(null.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) })?;
+        // SAFETY: just made, owned by nothing else (a descriptor's number
+        // is an int).
+        let copy = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(copy as RawFd) };
+        if copy.as_raw_fd() >= COPIES_BELOW {
+            break;
+        }
+        // Kept for good: a slot given back would be the next one taken.
+        std::mem::forget(copy);
+        placed += 1;
+    }
+    if null.as_raw_fd() < COPIES_BELOW {
+        std::mem::forget(null);
+        placed += 1;
+    }
+    Ok(placed)
 }
 
 /// Not started, being started, or given up for good.
