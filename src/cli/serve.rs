@@ -683,16 +683,11 @@ fn split_pair<'a>(pair: &'a str, flag: &str, form: &str) -> Result<(&'a str, &'a
     }
 }
 
-/// Every process costs the server descriptors (see
-/// `engine::descriptors`): lift the soft limit to the hard one, which the
-/// process limits are then fitted into. Returns the limit as it was, for
-/// the children: a huge soft limit slows programs that close every
-/// descriptor up to it.
 /// Keeps the first 64 descriptor slots for the server's own
-/// (`engine::reserve_spawner_slots`: no client's descriptor there for the
-/// spawner's table to start with, after an upgrade too), where the
-/// descriptor limit is at least 16 times that: under a smaller one they
-/// are a share of it worth more to clients.
+/// (`sys::low_slots`: no client's descriptor there for the spawner's
+/// table to start with, after an upgrade too), where the descriptor limit
+/// is at least 16 times that: under a smaller one they are a share of it
+/// worth more to clients.
 fn keep_first_slots() {
     use nix::sys::resource::{Resource, getrlimit};
     const AT_LEAST: u64 = 16 * capexec::engine::SPAWNER_COPIES_BELOW as u64;
@@ -706,7 +701,7 @@ fn keep_first_slots() {
             "the first 64 descriptor slots are not kept for the server's own under a \
              descriptor limit below {AT_LEAST}: {UNKEPT}"
         );
-    } else if let Err(error) = capexec::engine::reserve_spawner_slots() {
+    } else if let Err(error) = capexec::sys::low_slots::reserve() {
         tracing::warn!(
             "the first 64 descriptor slots cannot be kept for the server's own ({error}): \
              {UNKEPT}"
@@ -714,6 +709,11 @@ fn keep_first_slots() {
     }
 }
 
+/// Every process costs the server descriptors (see
+/// `engine::descriptors`): lift the soft limit to the hard one, which the
+/// process limits are then fitted into. Returns the limit as it was, for
+/// the children: a huge soft limit slows programs that close every
+/// descriptor up to it.
 fn raise_descriptor_limit() -> Option<(u64, u64)> {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     match getrlimit(Resource::RLIMIT_NOFILE) {
@@ -821,6 +821,16 @@ async fn serve(
             return EXIT_CAPEXEC_FAILURE;
         }
     };
+    // Binding closed the sockets passed in (a service manager's, a
+    // monitor's, the binary before's) once it had copies: their slots are
+    // filled again before anything is taken in (nothing is accepted until
+    // `serve_until_or_upgraded`).
+    if let Err(error) = capexec::sys::low_slots::refill() {
+        tracing::warn!(
+            "the first 64 descriptor slots cannot be kept for the server's own ({error}): a \
+             client's descriptor may land there"
+        );
+    }
     log_capacity(&capacity);
     if let Some(Address::Tcp { host, port }) = server.metrics_address() {
         // On stderr, so that stdout stays the list of listeners.

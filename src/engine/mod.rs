@@ -46,7 +46,7 @@ pub use self::shared::{
     MAX_QUEUED_STDIN_BYTES, MAX_QUEUED_STDIN_WRITES, MAX_WRITE_BYTES, ProcessLimits,
 };
 pub use self::spawn::{ChildSetup, GivenStdio};
-pub use self::spawn::{SPAWNER_COPIES_BELOW, forgo_spawner, reserve_spawner_slots};
+pub use self::spawn::{SPAWNER_COPIES_BELOW, forgo_spawner};
 // What the restriction policy (`crate::policy`) checks a start's program by.
 #[cfg(test)]
 pub(crate) use self::spawn::child_env;

@@ -375,7 +375,7 @@ fn close_one(fd: OwnedFd, owner: &Owner, number: u64, tid: i32) {
         }
     };
     if let Some(fd) = fd {
-        in_progress(owner, number, now, || drop(fd));
+        in_progress(owner, number, now, || super::low_slots::close(fd));
     }
 }
 

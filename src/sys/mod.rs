@@ -5,6 +5,7 @@
 mod descriptors;
 mod filesystem;
 mod host;
+pub mod low_slots;
 mod refused_descriptors;
 mod scm;
 mod socket;

@@ -86,6 +86,16 @@ fn sockets_passed_by_socket_activation_are_served_and_readiness_is_notified() {
         next_state(&notifications),
         format!("READY=1\nMAINPID={}", activator.id())
     );
+    // The passed sockets were copied and closed once served: their slots
+    // are kept for the server's own like every other below 64, so no
+    // client's descriptor lands where the spawner's table starts from.
+    let below_64 = std::fs::read_dir(format!("/proc/{}/fd", activator.id()))
+        .expect("the server's descriptors")
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&fd| fd < 64)
+        .count();
+    assert_eq!(below_64, 64);
     // The socket named "admin" is the admin socket, and only it.
     let admin_address = format!("unix:{}", admin.display());
     let listed = finish(

@@ -43,10 +43,7 @@ use self::program::{Resolved, classify, resolve, spawn_failed};
 pub(crate) use self::program::child_env;
 pub(crate) use self::program::{program_on_own_path, program_path};
 pub(crate) use self::spawner::prepare as prepare_spawner;
-pub use self::spawner::{
-    COPIES_BELOW as SPAWNER_COPIES_BELOW, forgo as forgo_spawner,
-    reserve_first_slots as reserve_spawner_slots,
-};
+pub use self::spawner::{COPIES_BELOW as SPAWNER_COPIES_BELOW, forgo as forgo_spawner};
 pub(crate) use self::stdio::ChildStdio;
 pub use self::stdio::GivenStdio;
 use self::stdio::{StdioAction, StdioPlan};

@@ -20,7 +20,7 @@
 //! The spawner is made in the background when an engine is (`prepare`),
 //! before a server takes in any client's descriptor (and `capexec serve`
 //! keeps the first 64 slots, those the kernel copies, free of them for
-//! good: `reserve_first_slots`); starts clone on their own thread until
+//! good: `sys/low_slots.rs`); starts clone on their own thread until
 //! it is ready. Starts are one at a time here, as
 //! they already are under the reaper's lock. Where the kernel has neither
 //! call (before Linux 5.9), or a filter denies one, starts run on the
@@ -88,7 +88,7 @@ pub(super) fn ready() -> Option<&'static Spawner> {
 /// 64 slots of the server's (the kernel copies at least that many before
 /// it closes them), and a close there of what a client sent could sleep.
 /// (`capexec serve` keeps those slots free of them for good:
-/// [`reserve_first_slots`].)
+/// `sys::low_slots`.)
 pub(crate) fn prepare() {
     if READY.get().is_some() {
         return;
@@ -105,8 +105,9 @@ pub(crate) fn prepare() {
 }
 
 /// The kernel copies at least this many slots of the table it unshares
-/// (`NR_OPEN_DEFAULT`) before it closes those from 3 up.
-pub const COPIES_BELOW: RawFd = 64;
+/// (`NR_OPEN_DEFAULT`) before it closes those from 3 up: those
+/// `sys::low_slots` keeps for the server's own.
+pub const COPIES_BELOW: RawFd = crate::sys::low_slots::BELOW;
 
 /// Gives the spawner up before it is started: this process's first 64
 /// slots may hold what a client sent (`reason`), whose copy's close could
@@ -122,45 +123,6 @@ pub fn forgo(reason: &str) {
              its flush, can hold up another client's start until the server restarts"
         );
     }
-}
-
-/// Fills every free slot of this process's descriptor table below
-/// [`COPIES_BELOW`] with a placeholder (`/dev/null`, close-on-exec), kept
-/// for good, so that nothing opened or taken in from then on gets a
-/// number there. Answers how many it placed.
-///
-/// Why: the spawner's table starts as a copy of those slots, closed at
-/// once (see `prepare`), and a close of a copy of what a client sent
-/// could sleep. With the slots taken before the server takes in anything,
-/// no client's descriptor is ever among them: not when the spawner is
-/// made, not when it is made again after a start that failed for want of
-/// descriptors or memory, and not after an upgrade, whose new binary gets
-/// what this one had not closed yet under the same numbers (an upgrade
-/// from a binary without the placeholders may still leave some there,
-/// and the new binary then does without the spawner: [`forgo`]). Costs
-/// at most 64 descriptors, counted as the server's own.
-pub fn reserve_first_slots() -> io::Result<usize> {
-    let null = std::fs::File::open("/dev/null")?;
-    let mut placed = 0;
-    loop {
-        // The lowest free number (F_DUPFD_CLOEXEC from 0).
-        // SAFETY: fcntl on a descriptor we own; the new one is ours.
-        let copy = os::cvt(unsafe { libc::fcntl(null.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) })?;
-        // SAFETY: just made, owned by nothing else (a descriptor's number
-        // is an int).
-        let copy = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(copy as RawFd) };
-        if copy.as_raw_fd() >= COPIES_BELOW {
-            break;
-        }
-        // Kept for good: a slot given back would be the next one taken.
-        std::mem::forget(copy);
-        placed += 1;
-    }
-    if null.as_raw_fd() < COPIES_BELOW {
-        std::mem::forget(null);
-        placed += 1;
-    }
-    Ok(placed)
 }
 
 /// Not started, being started, or given up for good.
