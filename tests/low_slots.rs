@@ -53,9 +53,49 @@ fn kept_slots_stay_taken_and_a_close_below_64_leaves_a_placeholder() {
     assert_eq!(low_slots::reserve().expect("again"), 0);
 
     // A plain drop below 64 frees its slot; refill takes it back.
+    assert!(is_dev_null(41));
     // SAFETY: a placeholder of ours, owned by nothing else from here.
     drop(unsafe { OwnedFd::from_raw_fd(41) });
     assert_eq!(open_below_64(), 63);
     assert_eq!(low_slots::refill().expect("refill"), 1);
     assert!(is_dev_null(41));
+
+    // A socket passed in below 64, closed once copied, leaves a
+    // placeholder too.
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("pair");
+    let passed = 42;
+    assert!(is_dev_null(passed));
+    // SAFETY: dup3 onto a placeholder of ours, which it closes.
+    let moved = unsafe { libc::dup3(theirs.as_raw_fd(), passed, libc::O_CLOEXEC) };
+    assert_eq!(moved, passed);
+    drop(theirs);
+    // SAFETY: just put there, owned by nothing else.
+    let kept = low_slots::KeepsItsSlot::new(unsafe { OwnedFd::from_raw_fd(passed) });
+    drop(kept);
+    ours.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .expect("timeout");
+    let mut peer = std::io::Read::bytes(&ours);
+    assert!(peer.next().is_none(), "the passed socket is closed");
+    assert!(is_dev_null(passed));
+
+    // What the binary before handed over below 64 (a process's pipe)
+    // moves above, still the same pipe, a placeholder in its slot.
+    let (read, write) = std::io::pipe().expect("pipe");
+    let handed = 43;
+    assert!(is_dev_null(handed));
+    // SAFETY: dup3 onto a placeholder of ours, which it closes.
+    let moved = unsafe { libc::dup3(read.as_raw_fd(), handed, libc::O_CLOEXEC) };
+    assert_eq!(moved, handed);
+    drop(read);
+    // SAFETY: just put there, owned by nothing else.
+    let raised = low_slots::raise(unsafe { OwnedFd::from_raw_fd(handed) });
+    assert!(raised.as_raw_fd() >= 64);
+    assert!(is_dev_null(handed));
+    let mut write = std::fs::File::from(OwnedFd::from(write));
+    write.write_all(b"still the pipe").expect("write");
+    drop(write);
+    let mut got = String::new();
+    std::io::Read::read_to_string(&mut std::fs::File::from(raised), &mut got).expect("read");
+    assert_eq!(got, "still the pipe");
+    assert_eq!(open_below_64(), 64);
 }

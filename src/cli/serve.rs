@@ -18,6 +18,7 @@ use capexec::net::{
     Address, CallLimits, Server, ServerConfig, ServerTrust, TlsClient, TlsServer, Token,
     UpstreamConfig,
 };
+use capexec::sys::low_slots::KeepsItsSlot;
 use std::time::{Duration, SystemTime};
 
 pub fn main(args: ServeArgs) -> i32 {
@@ -388,14 +389,19 @@ fn not_dumpable() -> std::io::Result<()> {
 /// front.
 fn worker_socket(fd: i32, admin: Option<i32>) -> Result<Vec<activation::InheritedSocket>, String> {
     let mut sockets = vec![activation::InheritedSocket {
-        fd: std::sync::Arc::new(crate::cli::serve_users::inherited(fd, "--worker")?),
+        fd: std::sync::Arc::new(KeepsItsSlot::new(crate::cli::serve_users::inherited(
+            fd, "--worker",
+        )?)),
         name: "worker".to_string(),
         path: None,
     }];
     if let Some(admin) = admin {
         // Named so: the server serves `Admin` on it.
         sockets.push(activation::InheritedSocket {
-            fd: std::sync::Arc::new(crate::cli::serve_users::inherited(admin, "--worker-admin")?),
+            fd: std::sync::Arc::new(KeepsItsSlot::new(crate::cli::serve_users::inherited(
+                admin,
+                "--worker-admin",
+            )?)),
             name: "admin".to_string(),
             path: None,
         });

@@ -14,6 +14,7 @@ use capexec::net::activation::InheritedSocket;
 use capexec::net::{
     Address, BoundUnixSocket, BoundUnixSocketState, Token, UsersConfig, bind_unix_for_another,
 };
+use capexec::sys::low_slots::KeepsItsSlot;
 use capexec::users::{
     Account, Evidence, MonitorSetup, MonitorUpgrade, Program, TokenCheck, UserMap, WorkerRecord,
     spawn_as,
@@ -51,7 +52,7 @@ pub fn front_sockets(given: &[String]) -> Result<Vec<InheritedSocket>, String> {
                 .parse::<i32>()
                 .map_err(|_| format!("--listen-fd {text}: not a descriptor number"))?;
             Ok(InheritedSocket {
-                fd: Arc::new(inherited(fd, "--listen-fd")?),
+                fd: Arc::new(KeepsItsSlot::new(inherited(fd, "--listen-fd")?)),
                 name: name.to_string(),
                 path: None,
             })

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use capexec::net::activation::InheritedSocket;
 use capexec::net::{HandedOver, Upgrades};
+use capexec::sys::low_slots::KeepsItsSlot;
 use tokio::signal::unix::{SignalKind, signal};
 
 /// The binary and arguments an upgrade re-executes, taken at start-up:
@@ -117,7 +118,9 @@ pub fn listeners(handover: &HandedOver) -> Vec<InheritedSocket> {
             unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
             InheritedSocket {
                 // SAFETY: kept open across the exec for us, and taken once.
-                fd: Arc::new(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }),
+                fd: Arc::new(KeepsItsSlot::new(unsafe {
+                    std::os::fd::OwnedFd::from_raw_fd(fd)
+                })),
                 name: name.to_string(),
                 path,
             }

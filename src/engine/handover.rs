@@ -367,10 +367,16 @@ impl Engine {
             // Closed at the next exec unless that one hands it over again.
             // SAFETY: F_SETFD, then ownership, of a descriptor kept open
             // for us.
-            unsafe {
+            let fd = unsafe {
                 libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
                 OwnedFd::from_raw_fd(fd)
-            }
+            };
+            // Above the slots the spawner's table starts from, where the
+            // binary before (one without the placeholders) had it below:
+            // the slot would be freed when the process ends, for a
+            // client's descriptor to take. The server's own pidfds, pipes
+            // and terminal, whose close cannot sleep.
+            crate::sys::low_slots::raise(fd)
         };
         let log = OutputLog::import(self.inner.limits.log, state.log, blob)
             .ok_or("its log names bytes the hand-over does not hold")?;

@@ -8,6 +8,8 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 
+use crate::sys::low_slots::KeepsItsSlot;
+
 /// The first passed descriptor (`SD_LISTEN_FDS_START`).
 const FIRST_FD: i32 = 3;
 
@@ -16,7 +18,8 @@ const FIRST_FD: i32 = 3;
 /// socket).
 #[derive(Clone, Debug)]
 pub struct InheritedSocket {
-    pub fd: Arc<OwnedFd>,
+    /// Closed through `sys::low_slots` once copied (it may sit below 64).
+    pub fd: Arc<KeepsItsSlot>,
     pub name: String,
     /// The path a Unix socket is known by, when its own address does not
     /// say it (one bound under a temporary name, then renamed: an
@@ -74,7 +77,7 @@ pub unsafe fn take_listen_fds() -> Result<Vec<InheritedSocket>, String> {
             .cloned()
             .unwrap_or_else(|| "unknown".to_string());
         sockets.push(InheritedSocket {
-            fd: Arc::new(fd),
+            fd: Arc::new(KeepsItsSlot::new(fd)),
             name,
             path: None,
         });

@@ -13,12 +13,16 @@
 //! placeholder (`/dev/null`, close-on-exec) before it takes in anything
 //! ([`reserve`]): the kernel gives each new descriptor the lowest free
 //! number, so what it opens or takes in from then on lands above. A slot
-//! freed later would be the next one taken, so none is left free: a
-//! closing thread's close below 64 (of what a binary without the
-//! placeholders handed over) puts a placeholder in its place ([`close`]),
-//! and the slots of sockets passed in, closed once bound (by a service
-//! manager, a users-mode monitor, the binary before), are filled again
-//! ([`refill`]) before the server takes in anything.
+//! freed later would be the next one taken, so none is left free. What
+//! sits below 64 and is let go of while the server serves puts a
+//! placeholder in its place as it closes ([`close`]): sockets passed in
+//! by whoever started the server (a service manager, a users-mode
+//! monitor, the binary before), closed once bound ([`KeepsItsSlot`]), and
+//! what a binary without the placeholders left to close (closing
+//! threads). What such a binary handed over for its processes (pidfds,
+//! pipes, a terminal), freed when a process ends, is moved above 64 when
+//! taken over ([`raise`]). [`refill`], after binding, fills whatever else
+//! was freed before the server takes anything in.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -74,6 +78,78 @@ pub fn refill() -> io::Result<usize> {
     reserve()
 }
 
+/// `fd`, our own, moved above [`BELOW`] if it is below, a placeholder put
+/// in its slot in the same step: for what the binary before handed over
+/// under its numbers (a process's pidfds, pipes and terminal), whose
+/// slots would be freed when the process ends. The copy is close-on-exec.
+/// A descriptor whose close could sleep (one a client sent) must not come
+/// here: putting the placeholder in its slot closes it there (though
+/// never its last close), on the calling thread. As it was where it
+/// cannot be moved (the table full above), or before [`reserve`].
+pub fn raise(fd: OwnedFd) -> OwnedFd {
+    let number = fd.as_raw_fd();
+    let Some(placeholder) = PLACEHOLDER.get().filter(|_| number < BELOW) else {
+        return fd;
+    };
+    // SAFETY: fcntl on a descriptor we own; what it returns is ours.
+    let raised = unsafe { libc::fcntl(number, libc::F_DUPFD_CLOEXEC, BELOW) };
+    if raised < 0 {
+        return fd;
+    }
+    // SAFETY: just made, owned by nothing else.
+    let raised = unsafe { OwnedFd::from_raw_fd(raised) };
+    // SAFETY: dup3 onto a descriptor we own, whose file `raised` holds
+    // too; the slot then holds a placeholder, kept for good.
+    if unsafe { libc::dup3(placeholder.as_raw_fd(), number, libc::O_CLOEXEC) } >= 0 {
+        std::mem::forget(fd);
+    }
+    raised
+}
+
+/// A descriptor that goes through [`close`] when dropped: one that may
+/// sit below [`BELOW`] and be let go of while the server serves (a socket
+/// passed in by whoever started this process, closed once copied).
+#[derive(Debug)]
+pub struct KeepsItsSlot(std::mem::ManuallyDrop<OwnedFd>);
+
+impl KeepsItsSlot {
+    pub fn new(fd: OwnedFd) -> KeepsItsSlot {
+        KeepsItsSlot(std::mem::ManuallyDrop::new(fd))
+    }
+}
+
+impl From<OwnedFd> for KeepsItsSlot {
+    fn from(fd: OwnedFd) -> KeepsItsSlot {
+        KeepsItsSlot::new(fd)
+    }
+}
+
+impl std::ops::Deref for KeepsItsSlot {
+    type Target = OwnedFd;
+    fn deref(&self) -> &OwnedFd {
+        &self.0
+    }
+}
+
+impl std::os::fd::AsFd for KeepsItsSlot {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
+impl AsRawFd for KeepsItsSlot {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+impl Drop for KeepsItsSlot {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here, and never used again.
+        close(unsafe { std::mem::ManuallyDrop::take(&mut self.0) });
+    }
+}
+
 /// Closes `fd`, our own: one below [`BELOW`] by putting a placeholder in
 /// its slot in the same step (`dup3`, which closes what was there as a
 /// close would, and may sleep as long), so that the slot is never free;
@@ -89,8 +165,7 @@ pub fn close(fd: OwnedFd) {
     if unsafe { libc::dup3(placeholder.as_raw_fd(), number, libc::O_CLOEXEC) } >= 0 {
         std::mem::forget(fd);
     } else {
-        // (EBUSY, only in a race with an open of that very slot, which is
-        // not free.)
+        // (Never: dup3's EBUSY is for a slot being filled, not one we own.)
         drop(fd);
     }
 }

@@ -300,6 +300,36 @@ fn a_workers_own_commands_cannot_reach_its_descriptors_or_memory() {
     });
 }
 
+/// A user's worker keeps its first 64 descriptor slots for its own, as
+/// any `capexec serve` does: the sockets its monitor passed it are copied
+/// and their slots filled again before it takes a login in, so nothing a
+/// client sends lands where its spawner's table starts from.
+#[test]
+fn a_workers_first_64_descriptor_slots_are_its_own() {
+    let alice = test_account("capexec-alice", true);
+    run_on_runtime(async {
+        with_worker(&alice, |executor, worker| async move {
+            // Serving (the connection alone may sit in the listener's
+            // queue before the worker has started).
+            let (code, _, err) = stdout_of(&executor, "true").await;
+            assert_eq!(code, 0, "{err}");
+            let open: Vec<i32> = std::fs::read_dir(format!("/proc/{worker}/fd"))
+                .expect("the worker's descriptors (the test runs as root)")
+                .flatten()
+                .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+                .collect();
+            let limits =
+                std::fs::read_to_string(format!("/proc/{worker}/limits")).unwrap_or_default();
+            assert_eq!(
+                open.iter().filter(|&&fd| fd < 64).count(),
+                64,
+                "{open:?}\n{limits}"
+            );
+        })
+        .await;
+    });
+}
+
 #[test]
 fn a_worker_without_its_socket_says_so() {
     let output = Std::new(BIN)

@@ -658,7 +658,9 @@ fn a_start_that_fails_after_binding_the_admin_socket_leaves_no_socket_file() {
         let admin = dir.path().join("admin.sock");
         let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let passed = net::activation::InheritedSocket {
-            fd: std::sync::Arc::new(std::os::fd::OwnedFd::from(tcp)),
+            fd: std::sync::Arc::new(capexec::sys::low_slots::KeepsItsSlot::new(
+                std::os::fd::OwnedFd::from(tcp),
+            )),
             name: "admin".into(),
             path: None,
         };
