@@ -15,7 +15,96 @@ fn is_dev_null(fd: i32) -> bool {
         .is_ok_and(|meta| meta.dev() == null.dev() && meta.ino() == null.ino())
 }
 
+/// One test, in two steps that must run in this order: the first needs a
+/// process that keeps no slots yet.
 #[test]
+fn kept_slots() {
+    a_process_handed_over_below_64_is_moved_above_and_handed_over_again();
+    kept_slots_stay_taken_and_a_close_below_64_leaves_a_placeholder();
+}
+
+/// `body` on a runtime of its own, as each binary of an upgrade has: what
+/// the one before registered with its runtime is gone with it.
+fn on_its_own_runtime<T>(body: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(tokio::task::LocalSet::new().run_until(body))
+}
+
+/// As an upgrade from a binary without the placeholders: the process's
+/// pidfd and pipes come below 64, the new binary moves them above as it
+/// takes them over, and hands them over again under their new numbers
+/// (the stdin pipe's number was once left behind: the next binary found
+/// a placeholder there, and killed the process it could not take over).
+fn a_process_handed_over_below_64_is_moved_above_and_handed_over_again() {
+    use capexec::engine::Engine;
+    use capexec::model::{EventBody, StartSpec, WriteStatus};
+    // The binary before: nothing kept, so the process's descriptors come
+    // below 64 (this test process has few open). What an exec does to it
+    // is forgetting it: nothing of it runs on, nothing is closed.
+    let handed = on_its_own_runtime(async {
+        let before = Engine::default();
+        let mut spec = StartSpec::new(vec!["cat".to_string()]);
+        spec.pipe_stdin = true;
+        let owner = before.start(&spec).expect("start cat");
+        before.freeze().await;
+        let handed = before.write_down();
+        std::mem::forget((owner, before));
+        handed
+    });
+    assert!(
+        handed.descriptors.iter().any(|&fd| fd < 64),
+        "{:?}",
+        handed.descriptors
+    );
+    capexec::sys::low_slots::reserve().expect("keep the first 64 slots");
+    let again = on_its_own_runtime(async {
+        let after = Engine::default();
+        let taken = after.take_over(handed.processes, handed.blob.into());
+        assert_eq!(taken.len(), 1, "the process was taken over");
+        after.freeze().await;
+        let again = after.write_down();
+        std::mem::forget((taken, after));
+        again
+    });
+    assert!(
+        again.descriptors.iter().all(|&fd| fd >= 64),
+        "{:?}",
+        again.descriptors
+    );
+    on_its_own_runtime(async {
+        let last = Engine::default();
+        let mut taken = last.take_over(again.processes, again.blob.into());
+        assert_eq!(taken.len(), 1, "the process was taken over again");
+        let (_, owner) = taken.remove(0);
+        let written = owner
+            .submit_write(bytes::Bytes::from_static(b"still here\n"), "w1")
+            .expect("write")
+            .outcome()
+            .await;
+        assert!(matches!(written, WriteStatus::Accepted), "{written:?}");
+        let mut out = Vec::new();
+        let mut seq = 0;
+        while !out.ends_with(b"still here\n") {
+            let read = owner
+                .read(seq, 1 << 20, std::time::Duration::from_secs(60))
+                .await
+                .expect("read");
+            assert!(!read.events.is_empty(), "no output within 60 s: {out:?}");
+            for event in read.events {
+                seq = event.seq;
+                if let EventBody::Output { data, .. } = event.body {
+                    out.extend_from_slice(&data);
+                }
+            }
+        }
+        assert_eq!(out, b"still here\n");
+        assert!(owner.terminate());
+    });
+}
+
 fn kept_slots_stay_taken_and_a_close_below_64_leaves_a_placeholder() {
     use capexec::sys::low_slots;
     low_slots::reserve().expect("keep the first 64 slots");

@@ -439,7 +439,10 @@ impl Engine {
                 Some((Box::new(TerminalWriter(io)), fd))
             }
             (Some(fd), None) => {
-                let sender = pipe::Sender::from_owned_fd(own(fd)).map_err(|e| e.to_string())?;
+                // The number it has now (`own` may have moved it).
+                let owned = own(fd);
+                let fd = owned.as_raw_fd();
+                let sender = pipe::Sender::from_owned_fd(owned).map_err(|e| e.to_string())?;
                 Some((Box::new(pipe_capacity::GrowingSender::new(sender)), fd))
             }
             (None, _) => None,
