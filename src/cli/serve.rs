@@ -828,8 +828,10 @@ async fn serve(
         }
     };
     // Binding closed the sockets passed in (a service manager's, a
-    // monitor's, the binary before's) once it had copies: their slots are
-    // filled again before anything is taken in (nothing is accepted until
+    // monitor's, the binary before's) once it had copies, each putting a
+    // placeholder in its slot (`KeepsItsSlot`); should anything else
+    // below 64 have been let go of since the slots were kept, it is
+    // filled here, before anything is taken in (nothing is accepted until
     // `serve_until_or_upgraded`).
     if let Err(error) = capexec::sys::low_slots::refill() {
         tracing::warn!(
