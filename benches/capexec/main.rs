@@ -165,6 +165,11 @@ fn main() -> Result<(), Box<dyn Error>> {
         return Err(format!("unknown section {unknown:?}; sections: {SECTIONS:?}").into());
     }
     let wanted = |section: &str| only.is_empty() || only.iter().any(|s| s == section);
+    // Before any section runs: a full run takes minutes, and one that
+    // fails at its last section for want of a Python writes no table.
+    if wanted("python") {
+        python::interpreter()?;
+    }
     let plan = Plan::new(quick);
     watchdog(if quick { 300 } else { 3600 });
 

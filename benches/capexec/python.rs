@@ -132,6 +132,24 @@ async fn rust_lossless(
     Err("Rust client: the event stream ended before `closed`".into())
 }
 
+/// The Python with the capexec package this section runs: `$CAPEXEC_PYTHON`,
+/// else `target/py-venv/bin/python`; an error saying how to make one.
+pub fn interpreter() -> Result<PathBuf, Box<dyn Error>> {
+    let python = match std::env::var_os("CAPEXEC_PYTHON") {
+        Some(python) => PathBuf::from(python),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/py-venv/bin/python"),
+    };
+    if !python.exists() {
+        return Err(format!(
+            "python: no Python with the capexec package at {}: set CAPEXEC_PYTHON, or make it \
+             with `python3 -m venv target/py-venv && target/py-venv/bin/pip install ./python`",
+            python.display()
+        )
+        .into());
+    }
+    Ok(python)
+}
+
 /// The Python benchmark process, asked one line at a time.
 struct PythonClient {
     child: Child,
@@ -142,18 +160,7 @@ struct PythonClient {
 impl PythonClient {
     fn start(address: &str) -> Result<PythonClient, Box<dyn Error>> {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-        let python = match std::env::var_os("CAPEXEC_PYTHON") {
-            Some(python) => PathBuf::from(python),
-            None => root.join("target/py-venv/bin/python"),
-        };
-        if !python.exists() {
-            return Err(format!(
-                "python: no Python with the capexec package at {}: set CAPEXEC_PYTHON, or make it \
-                 with `python3 -m venv target/py-venv && target/py-venv/bin/pip install ./python`",
-                python.display()
-            )
-            .into());
-        }
+        let python = interpreter()?;
         let mut child = std::process::Command::new(&python)
             .arg(root.join("python/benchmarks/client_cost.py"))
             .arg(address)
