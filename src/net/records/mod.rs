@@ -20,6 +20,7 @@
 
 mod handshake;
 mod keys;
+mod opening;
 mod protection;
 mod reader;
 mod writer;

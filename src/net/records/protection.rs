@@ -4,11 +4,14 @@
 //! TLS 1.2's AES-GCM and ChaCha20-Poly1305).
 
 use std::io;
+use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use aws_lc_rs::aead::{AES_128_GCM, AES_256_GCM, Aad, CHACHA20_POLY1305, LessSafeKey, Nonce};
 use aws_lc_rs::aead::{NONCE_LEN, UnboundKey};
 use rustls::ConnectionTrafficSecrets;
+
+use super::opening::{Aead, OpeningKey};
 
 /// A record's header: type, legacy version, length.
 pub(crate) const HEADER: usize = 5;
@@ -35,6 +38,8 @@ pub(crate) enum Version {
 /// One direction's key, IV and next sequence number.
 pub(crate) struct Protection {
     key: LessSafeKey,
+    /// The same key, to open into memory not initialised yet.
+    opening: OpeningKey,
     iv: [u8; NONCE_LEN],
     /// TLS 1.2's AES-GCM sends the nonce's last 8 bytes before the
     /// ciphertext; TLS 1.2's ChaCha20-Poly1305 and TLS 1.3 derive it.
@@ -54,11 +59,15 @@ impl Protection {
         version: Version,
         (seq, secrets): (u64, ConnectionTrafficSecrets),
     ) -> io::Result<Protection> {
-        let (algorithm, key, iv, gcm) = match &secrets {
-            ConnectionTrafficSecrets::Aes128Gcm { key, iv } => (&AES_128_GCM, key, iv, true),
-            ConnectionTrafficSecrets::Aes256Gcm { key, iv } => (&AES_256_GCM, key, iv, true),
+        let (algorithm, aead, key, iv, gcm) = match &secrets {
+            ConnectionTrafficSecrets::Aes128Gcm { key, iv } => {
+                (&AES_128_GCM, Aead::Aes128Gcm, key, iv, true)
+            }
+            ConnectionTrafficSecrets::Aes256Gcm { key, iv } => {
+                (&AES_256_GCM, Aead::Aes256Gcm, key, iv, true)
+            }
             ConnectionTrafficSecrets::Chacha20Poly1305 { key, iv } => {
-                (&CHACHA20_POLY1305, key, iv, false)
+                (&CHACHA20_POLY1305, Aead::Chacha20Poly1305, key, iv, false)
             }
             _ => {
                 return Err(broken(
@@ -66,6 +75,7 @@ impl Protection {
                 ));
             }
         };
+        let opening = OpeningKey::new(aead, key.as_ref())?;
         let key = UnboundKey::new(algorithm, key.as_ref())
             .map_err(|_| broken("the negotiated key does not fit its cipher"))?;
         let iv: [u8; NONCE_LEN] = iv
@@ -74,6 +84,7 @@ impl Protection {
             .map_err(|_| broken("the negotiated IV is not 12 bytes"))?;
         Ok(Protection {
             key: LessSafeKey::new(key),
+            opening,
             iv,
             explicit_nonce: gcm && version == Version::Tls12,
             version,
@@ -175,9 +186,15 @@ impl Protection {
     }
 
     /// Opens the record `record` (header included, `plaintext_of` bytes of
-    /// plaintext) into `out`, which holds exactly that many: its type and
-    /// the range of `out` its content takes.
-    pub(crate) fn open_into(&mut self, record: &[u8], out: &mut [u8]) -> io::Result<(u8, usize)> {
+    /// plaintext) into the start of `out`, which has room for that many
+    /// and need not be initialised: its type and its content, which starts
+    /// `out` (the rest of the plaintext, initialised too, is its inner type
+    /// and padding).
+    pub(crate) fn open_into<'o>(
+        &mut self,
+        record: &[u8],
+        out: &'o mut [MaybeUninit<u8>],
+    ) -> io::Result<(u8, &'o mut [u8])> {
         let header: [u8; HEADER] = record[..HEADER]
             .try_into()
             .map_err(|_| broken("a record shorter than its header"))?;
@@ -189,17 +206,10 @@ impl Protection {
             Version::Tls13 => &header[..],
             Version::Tls12 => &aad_tls12[..],
         };
-        self.key
-            .open_separate_gather(
-                Nonce::assume_unique_for_key(nonce),
-                Aad::from(aad),
-                ciphertext,
-                tag,
-                &mut out[..plaintext],
-            )
-            .map_err(|_| broken("a record failed its integrity check (bad_record_mac)"))?;
+        let opened = self.opening.open(&nonce, aad, ciphertext, tag, out)?;
         self.next_seq()?;
-        self.inner(header[0], &out[..plaintext])
+        let (kind, content) = self.inner(header[0], opened)?;
+        Ok((kind, &mut opened[..content]))
     }
 
     /// Opens the record in `record` (header included) where it lies: its
