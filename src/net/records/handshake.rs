@@ -137,6 +137,7 @@ struct Flight {
 /// Either side's unbuffered connection.
 trait Unbuffered {
     type Data;
+    fn handshaking(&self) -> bool;
     fn process<'c, 'i>(
         &'c mut self,
         incoming: &'i mut [u8],
@@ -145,6 +146,9 @@ trait Unbuffered {
 
 impl Unbuffered for UnbufferedClientConnection {
     type Data = ClientConnectionData;
+    fn handshaking(&self) -> bool {
+        self.is_handshaking()
+    }
     fn process<'c, 'i>(
         &'c mut self,
         incoming: &'i mut [u8],
@@ -155,6 +159,9 @@ impl Unbuffered for UnbufferedClientConnection {
 
 impl Unbuffered for UnbufferedServerConnection {
     type Data = ServerConnectionData;
+    fn handshaking(&self) -> bool {
+        self.is_handshaking()
+    }
     fn process<'c, 'i>(
         &'c mut self,
         incoming: &'i mut [u8],
@@ -179,10 +186,21 @@ where
 {
     let mut incoming = vec![0; 16 * 1024 + 256];
     let mut used = 0;
+    // How many of `incoming`'s first bytes rustls has been given.
+    let mut fed = 0;
     let mut outgoing = Vec::new();
     let mut early = Vec::new();
     loop {
-        let UnbufferedStatus { mut discard, state } = connection.process(&mut incoming[..used]);
+        // One record at a time, and none once the handshake is done: what
+        // follows it is the record layer's (a KeyUpdate or a session
+        // ticket rustls would take in, or a close_notify) and stays in
+        // `incoming` for it.
+        let given = if connection.handshaking() {
+            fed + first_record(&incoming[fed..used])
+        } else {
+            0
+        };
+        let UnbufferedStatus { mut discard, state } = connection.process(&mut incoming[..given]);
         let next = match state {
             Err(error) => Next::Failed(error),
             Ok(ConnectionState::EncodeTlsData(mut data)) => {
@@ -196,7 +214,10 @@ where
                 data.done();
                 Next::Process
             }
+            Ok(ConnectionState::BlockedHandshake) if given < used => Next::Process,
             Ok(ConnectionState::BlockedHandshake) => Next::Read,
+            // A server may send before the client's Finished (0.5-RTT): not
+            // done until the handshake is.
             Ok(ConnectionState::WriteTraffic(_)) => Next::Done,
             Ok(ConnectionState::ReadTraffic(mut traffic)) => {
                 while let Some(record) = traffic.next_record() {
@@ -220,6 +241,15 @@ where
         };
         incoming.copy_within(discard..used, 0);
         used -= discard;
+        // rustls may hold ranges of what it was given (a handshake message
+        // split across records) without discarding them yet: it is given
+        // them again, and the next record after.
+        fed = given.saturating_sub(discard);
+        let next = match next {
+            Next::Done if connection.handshaking() && given < used => Next::Process,
+            Next::Done if connection.handshaking() => Next::Read,
+            other => other,
+        };
         match next {
             Next::Process => {}
             Next::Done => {
@@ -250,6 +280,22 @@ where
                 return Err(tls(error));
             }
         }
+    }
+}
+
+/// How many of `incoming`'s bytes are its first whole record, or all of
+/// them if it holds none whole yet.
+fn first_record(incoming: &[u8]) -> usize {
+    match incoming {
+        [_, _, _, high, low, ..] => {
+            let whole = 5 + usize::from(u16::from_be_bytes([*high, *low]));
+            if whole <= incoming.len() {
+                whole
+            } else {
+                incoming.len()
+            }
+        }
+        _ => incoming.len(),
     }
 }
 

@@ -598,3 +598,71 @@ fn a_handshake_message_split_across_records_is_joined() {
     let error = answer_to(HANDSHAKE, &[4, 0, 0, 3, 1, 2, 3]).expect_err("an error");
     assert!(error.to_string().contains("session ticket"), "{error}");
 }
+
+#[test]
+fn a_key_update_sent_with_the_finished_is_answered() {
+    // A rustls client updates its keys and asks for ours in the flight of
+    // its Finished: the server's handshake must leave that record to the
+    // record layer, or rustls answers it into a queue no one sends and
+    // the keys it hands over are ones the client never heard of.
+    let case = cases()[0];
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bound");
+    let address = listener.local_addr().expect("an address");
+    let config = client_config(case, &IDENTITY);
+    let peer = std::thread::spawn(move || -> Result<Vec<u8>, String> {
+        let mut socket = StdStream::connect(address).map_err(|error| error.to_string())?;
+        let mut connection = rustls::ClientConnection::new(config, name()).expect("a connection");
+        let io = |error: std::io::Error| error.to_string();
+        while connection.wants_write() {
+            connection.write_tls(&mut socket).map_err(io)?;
+        }
+        while connection.is_handshaking() {
+            connection.read_tls(&mut socket).map_err(io)?;
+            connection
+                .process_new_packets()
+                .map_err(|error| error.to_string())?;
+        }
+        connection
+            .refresh_traffic_keys()
+            .map_err(|error| error.to_string())?;
+        connection.writer().write_all(b"k").map_err(io)?;
+        while connection.wants_write() {
+            connection.write_tls(&mut socket).map_err(io)?;
+        }
+        loop {
+            if connection.read_tls(&mut socket).map_err(io)? == 0 {
+                return Err("the end".to_string());
+            }
+            connection
+                .process_new_packets()
+                .map_err(|error| error.to_string())?;
+            let mut hello = [0; 5];
+            if let Ok(5) = connection.reader().read(&mut hello) {
+                return Ok(hello.to_vec());
+            }
+        }
+    });
+    let config = server_config(case, &IDENTITY);
+    on_local(async move {
+        listener.set_nonblocking(true).expect("non-blocking");
+        let listener = tokio::net::TcpListener::from_std(listener).expect("a listener");
+        let (socket, _) = listener.accept().await.expect("accepted");
+        let mut established = server(config, socket).await.expect("a handshake");
+        // The byte the client sent after its KeyUpdate: the update is in.
+        let mut byte = [0];
+        established
+            .reader
+            .read_exact(&mut byte)
+            .await
+            .expect("a byte");
+        assert_eq!(&byte, b"k");
+        established
+            .writer
+            .write_all(b"hello")
+            .await
+            .expect("written");
+        established.writer.flush().await.expect("flushed");
+        assert_eq!(established.writer.updates(), 1);
+    });
+    assert_eq!(peer.join().expect("the peer"), Ok(b"hello".to_vec()));
+}
