@@ -35,6 +35,13 @@ const KEY_UPDATE: u8 = 24;
 const NEW_SESSION_TICKET: u8 = 4;
 const CLOSE_NOTIFY: u8 = 0;
 const USER_CANCELED: u8 = 90;
+const WARNING: u8 = 1;
+const FATAL: u8 = 2;
+/// Records in a row with no data a peer may send (rustls allows 32 empty
+/// ones, and as many KeyUpdates).
+const MAX_QUIET: u32 = 32;
+/// The stack buffer an idle connection reads into.
+const STACK_BYTES: usize = 4096;
 
 pub(crate) struct RecordReader<R> {
     socket: R,
@@ -52,8 +59,10 @@ pub(crate) struct RecordReader<R> {
     handshake: Vec<u8>,
     /// The size of the next buffer allocated.
     next: usize,
-    /// Whether the buffer is kept once drained.
-    keep: bool,
+    /// Records in a row that carried no data.
+    quiet: u32,
+    /// Why the connection ended, for every read after.
+    failed: Option<(io::ErrorKind, String)>,
     /// The peer's close_notify arrived: the end of its data.
     closed: bool,
 }
@@ -80,9 +89,33 @@ impl<R> RecordReader<R> {
             early,
             handshake: Vec::new(),
             next: MIN_BYTES,
-            keep: false,
+            quiet: 0,
+            failed: None,
             closed: false,
         }
+    }
+
+    /// The bytes of buffer held.
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> usize {
+        self.buffer.len()
+    }
+
+    /// What the reader holds once a read of nothing has come back
+    /// pending: polls once.
+    #[cfg(test)]
+    pub(crate) async fn poll_held_while_waiting(&mut self) -> usize
+    where
+        R: AsyncRead + Unpin,
+    {
+        let mut byte = [0];
+        let mut out = ReadBuf::new(&mut byte);
+        let pending = std::future::poll_fn(|cx| {
+            Poll::Ready(Pin::new(&mut *self).poll_read(cx, &mut out).is_pending())
+        })
+        .await;
+        assert!(pending, "there was something to read");
+        self.held()
     }
 
     /// The length of the whole record at `start`, if all of it is here; an
@@ -104,6 +137,12 @@ impl<R> RecordReader<R> {
 
     /// A record that is not data, opened: its content taken in.
     fn take_in(&mut self, kind: u8, content: &[u8]) -> io::Result<()> {
+        if kind != HANDSHAKE && !self.handshake.is_empty() {
+            return Err(broken(
+                "the peer sent another record inside a handshake message",
+            ));
+        }
+        self.quiet()?;
         match kind {
             ALERT => self.alert(content),
             HANDSHAKE => self.post_handshake(content),
@@ -117,20 +156,20 @@ impl<R> RecordReader<R> {
         let &[level, description] = content else {
             return Err(broken("the peer sent a malformed alert"));
         };
-        match description {
-            CLOSE_NOTIFY => {
+        match (level, description) {
+            (WARNING, CLOSE_NOTIFY) => {
                 self.closed = true;
                 Ok(())
             }
-            USER_CANCELED => Ok(()),
-            // TLS 1.2's warnings other than these say nothing to act on.
-            _ if level == 1 && self.keys.version() == Version::Tls12 => Ok(()),
-            _ => Err(broken(format!(
-                "the peer ended the connection with alert {description} ({})",
+            (WARNING, USER_CANCELED) => Ok(()),
+            // TLS 1.2's other warnings say nothing to act on; TLS 1.3 has
+            // none.
+            (WARNING, _) if self.keys.version() == Version::Tls12 => Ok(()),
+            (WARNING | FATAL, _) => Err(broken(format!(
+                "the peer ended the connection with alert {description} ({:?})",
                 rustls::AlertDescription::from(description)
-                    .as_str()
-                    .unwrap_or("unknown")
             ))),
+            _ => Err(broken(format!("the peer sent an alert of level {level}"))),
         }
     }
 
@@ -181,28 +220,157 @@ impl<R> RecordReader<R> {
             at += 4 + length;
         }
         self.handshake.drain(..at);
+        if self.handshake.is_empty() {
+            self.handshake = Vec::new();
+        }
         Ok(())
     }
 
-    /// Room to read more into: a drained buffer let go if the traffic is
-    /// small, the unread bytes (part of one record) moved to the front, the
-    /// buffer allocated or grown as the traffic asks.
-    fn make_room(&mut self) {
+    /// Room to read more into: the unread bytes (part of one record) moved
+    /// to the front, the buffer grown to the size the traffic asks for.
+    /// `None` when nothing is held and the traffic is light: the next read
+    /// goes to the stack first, so that an idle connection holds no buffer
+    /// while it waits.
+    fn make_room(&mut self) -> bool {
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
-            if !self.keep {
+            if self.next == MIN_BYTES {
                 self.buffer = Vec::new();
+                return false;
             }
-        } else if self.start > 0 && self.buffer.len() - self.end < MIN_BYTES {
+            if self.buffer.len() != self.next {
+                self.buffer = vec![0; self.next];
+            }
+        } else if self.buffer.len() - self.end < MIN_BYTES {
             self.buffer.copy_within(self.start..self.end, 0);
             self.end -= self.start;
             self.start = 0;
-        }
-        if self.buffer.len() == self.end {
             let size = self.next.max(self.end + MIN_BYTES);
-            self.buffer.resize(size, 0);
+            if self.buffer.len() < size {
+                self.buffer.resize(size, 0);
+            }
         }
+        true
+    }
+
+    /// The next bytes from the socket into the buffer: how many (0 at its
+    /// end).
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>>
+    where
+        R: AsyncRead + Unpin,
+    {
+        let read = match self.make_room() {
+            true => {
+                let room = &mut self.buffer[self.end..];
+                let free = room.len();
+                let mut room = ReadBuf::new(room);
+                ready!(Pin::new(&mut self.socket).poll_read(cx, &mut room))?;
+                let read = room.filled().len();
+                // Busy: the next buffer is twice the size; light: one
+                // record's, given up once drained.
+                if read == free {
+                    self.next = (self.buffer.len() * 2).min(MAX_BYTES);
+                } else if read < MIN_BYTES / 4 {
+                    self.next = MIN_BYTES;
+                }
+                read
+            }
+            false => {
+                let mut stack = [0; STACK_BYTES];
+                let mut room = ReadBuf::new(&mut stack);
+                ready!(Pin::new(&mut self.socket).poll_read(cx, &mut room))?;
+                let read = room.filled().len();
+                if read == STACK_BYTES {
+                    self.next = MIN_BYTES * 2;
+                }
+                self.buffer = vec![0; MIN_BYTES];
+                self.buffer[..read].copy_from_slice(room.filled());
+                read
+            }
+        };
+        self.end += read;
+        Poll::Ready(Ok(read))
+    }
+
+    fn poll_open(&mut self, cx: &mut Context<'_>, out: &mut ReadBuf<'_>) -> Poll<io::Result<()>>
+    where
+        R: AsyncRead + Unpin,
+    {
+        loop {
+            if !self.opened.is_empty() {
+                let count = out.remaining().min(self.opened.len());
+                out.put_slice(&self.buffer[self.opened.start..self.opened.start + count]);
+                self.opened.start += count;
+                return Poll::Ready(Ok(()));
+            }
+            if self.closed {
+                return Poll::Ready(Ok(()));
+            }
+            if let Some(length) = self.whole_record()? {
+                let record = self.start..self.start + length;
+                self.start = record.end;
+                let (_, plaintext) = self.protection.plaintext_of(length - HEADER)?;
+                let data = self.buffer[record.start] == APPLICATION_DATA;
+                if data && self.handshake.is_empty() && out.remaining() >= plaintext {
+                    // SAFETY: only written to, by the opening, which
+                    // initialises what it writes (and `assume_init` covers
+                    // no more than that); nothing here de-initialises.
+                    let room = unsafe { out.unfilled_mut() };
+                    let (kind, content) = self.protection.open_into(&self.buffer[record], room)?;
+                    let length = content.len();
+                    if kind == APPLICATION_DATA {
+                        // SAFETY: the opening initialised these bytes.
+                        unsafe { out.assume_init(length) };
+                        out.advance(length);
+                        if length > 0 {
+                            self.quiet = 0;
+                            return Poll::Ready(Ok(()));
+                        }
+                        self.quiet()?;
+                    } else {
+                        let content = content.to_vec();
+                        self.take_in(kind, &content)?;
+                    }
+                } else {
+                    let (kind, content) = self
+                        .protection
+                        .open_in_place(&mut self.buffer[record.clone()])?;
+                    let content = record.start + content.start..record.start + content.end;
+                    if kind == APPLICATION_DATA && self.handshake.is_empty() && !content.is_empty()
+                    {
+                        self.quiet = 0;
+                        self.opened = content;
+                    } else {
+                        let content = self.buffer[content].to_vec();
+                        self.take_in(kind, &content)?;
+                    }
+                }
+                continue;
+            }
+            if ready!(self.poll_fill(cx))? == 0 {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    if self.start == self.end {
+                        "TLS: the peer closed the connection without close_notify"
+                    } else {
+                        "TLS: the peer closed the connection inside a record"
+                    },
+                )));
+            }
+        }
+    }
+
+    /// One more record in a row that carried no data: a peer may send a
+    /// few (tickets, a KeyUpdate, an empty record), not a stream of them.
+    fn quiet(&mut self) -> io::Result<()> {
+        self.quiet += 1;
+        if self.quiet > MAX_QUIET {
+            return Err(broken(format!(
+                "the peer sent more than {MAX_QUIET} records in a row with no data"
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -213,6 +381,9 @@ impl<R: AsyncRead + Unpin> AsyncRead for RecordReader<R> {
         out: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if let Some((kind, why)) = &this.failed {
+            return Poll::Ready(Err(io::Error::new(*kind, why.clone())));
+        }
         if out.remaining() == 0 {
             return Poll::Ready(Ok(()));
         }
@@ -220,78 +391,16 @@ impl<R: AsyncRead + Unpin> AsyncRead for RecordReader<R> {
             let count = out.remaining().min(this.early.len());
             out.put_slice(&this.early[..count]);
             this.early.drain(..count);
+            if this.early.is_empty() {
+                this.early = Vec::new();
+            }
             return Poll::Ready(Ok(()));
         }
-        loop {
-            if !this.opened.is_empty() {
-                let count = out.remaining().min(this.opened.len());
-                out.put_slice(&this.buffer[this.opened.start..this.opened.start + count]);
-                this.opened.start += count;
-                return Poll::Ready(Ok(()));
-            }
-            if this.closed {
-                return Poll::Ready(Ok(()));
-            }
-            if let Some(length) = this.whole_record()? {
-                let record = this.start..this.start + length;
-                this.start = record.end;
-                let (_, plaintext) = this.protection.plaintext_of(length - HEADER)?;
-                if this.buffer[record.start] == APPLICATION_DATA && out.remaining() >= plaintext {
-                    // SAFETY: only written to, by the opening, which
-                    // initialises what it writes (and `assume_init` covers
-                    // no more than that); nothing here de-initialises.
-                    let room = unsafe { out.unfilled_mut() };
-                    let (kind, content) = this.protection.open_into(&this.buffer[record], room)?;
-                    let length = content.len();
-                    if kind == APPLICATION_DATA && this.handshake.is_empty() {
-                        // SAFETY: the opening initialised these bytes.
-                        unsafe { out.assume_init(length) };
-                        out.advance(length);
-                        if length > 0 {
-                            return Poll::Ready(Ok(()));
-                        }
-                    } else {
-                        let content = content.to_vec();
-                        this.take_in(kind, &content)?;
-                    }
-                } else {
-                    let (kind, content) = this
-                        .protection
-                        .open_in_place(&mut this.buffer[record.clone()])?;
-                    let content = record.start + content.start..record.start + content.end;
-                    if kind == APPLICATION_DATA && this.handshake.is_empty() {
-                        this.opened = content;
-                    } else {
-                        let content = this.buffer[content].to_vec();
-                        this.take_in(kind, &content)?;
-                    }
-                }
-                continue;
-            }
-            this.make_room();
-            let mut room = ReadBuf::new(&mut this.buffer[this.end..]);
-            ready!(Pin::new(&mut this.socket).poll_read(cx, &mut room))?;
-            let read = room.filled().len();
-            if read == 0 {
-                return Poll::Ready(Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    if this.start == this.end {
-                        "TLS: the peer closed the connection without close_notify"
-                    } else {
-                        "TLS: the peer closed the connection inside a record"
-                    },
-                )));
-            }
-            this.end += read;
-            // Doubled after a read that filled it; let go once drained
-            // after one that brought less than a record.
-            if this.end == this.buffer.len() {
-                this.next = (this.buffer.len() * 2).min(MAX_BYTES);
-                this.keep = true;
-            } else if read < MIN_BYTES {
-                this.next = MIN_BYTES;
-                this.keep = false;
-            }
+        let polled = this.poll_open(cx, out);
+        if let Poll::Ready(Err(error)) = &polled {
+            // The connection is over: every later read says why.
+            this.failed = Some((error.kind(), error.to_string()));
         }
+        polled
     }
 }

@@ -13,7 +13,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, HandshakeKind, ServerConfig, SupportedCipherSuite};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::protection::{ALERT, HANDSHAKE};
+use super::protection::{ALERT, APPLICATION_DATA, HANDSHAKE};
 use super::{Established, client, server};
 
 /// A suite and the version it runs under.
@@ -525,6 +525,12 @@ fn an_end_without_close_notify_is_an_error_not_the_end_of_the_data() {
 /// Our client's reader's answer to a record our server seals by hand
 /// (`kind`, `content`), over an in-memory pipe.
 fn answer_to(kind: u8, content: &'static [u8]) -> std::io::Result<usize> {
+    answers_to(vec![(kind, content)], 1).remove(0)
+}
+
+/// Our client's answers to `reads` reads after our server sealed
+/// `records` by hand.
+fn answers_to(records: Vec<(u8, &'static [u8])>, reads: usize) -> Vec<std::io::Result<usize>> {
     let case = cases()[0];
     let (near, far) = tokio::io::duplex(1 << 20);
     let (server_config, client_config) = (
@@ -534,7 +540,9 @@ fn answer_to(kind: u8, content: &'static [u8]) -> std::io::Result<usize> {
     on_local(async move {
         let serving = tokio::task::spawn_local(async move {
             let mut established = server(server_config, far).await.expect("a handshake");
-            established.writer.seal_raw(kind, content).expect("sealed");
+            for (kind, content) in records {
+                established.writer.seal_raw(kind, content).expect("sealed");
+            }
             established.writer.flush().await.expect("flushed");
             // Kept open until the client has read.
             let mut byte = [0];
@@ -544,10 +552,13 @@ fn answer_to(kind: u8, content: &'static [u8]) -> std::io::Result<usize> {
             .await
             .expect("a handshake");
         let mut buffer = vec![0; 100];
-        let answer = established.reader.read(&mut buffer).await;
+        let mut answers = Vec::new();
+        for _ in 0..reads {
+            answers.push(established.reader.read(&mut buffer).await);
+        }
         drop(established);
         serving.await.expect("the server");
-        answer
+        answers
     })
 }
 
@@ -665,4 +676,140 @@ fn a_key_update_sent_with_the_finished_is_answered() {
         assert_eq!(established.writer.updates(), 1);
     });
     assert_eq!(peer.join().expect("the peer"), Ok(b"hello".to_vec()));
+}
+
+#[test]
+fn a_stream_of_records_without_data_ends_the_connection() {
+    // rustls's server sends its session tickets first, which count too.
+    let mut within = vec![(APPLICATION_DATA, &[][..]); 20];
+    within.push((APPLICATION_DATA, &b"data"[..]));
+    assert_eq!(answers_to(within, 1)[0].as_ref().ok(), Some(&4));
+    let beyond = vec![(APPLICATION_DATA, &[][..]); 33];
+    let error = answers_to(beyond, 1).remove(0).expect_err("an error");
+    assert!(
+        error.to_string().contains("records in a row with no data"),
+        "{error}"
+    );
+    let mut warnings = vec![(ALERT, &[1, 90][..]); 33];
+    warnings.push((APPLICATION_DATA, &b"data"[..]));
+    let error = answers_to(warnings, 1).remove(0).expect_err("an error");
+    assert!(
+        error.to_string().contains("records in a row with no data"),
+        "{error}"
+    );
+}
+
+#[test]
+fn alerts_are_taken_at_their_level() {
+    for (alert, says) in [
+        (&[2, 90][..], "alert 90 (UserCanceled)"),
+        (&[7, 0][..], "an alert of level 7"),
+        (&[2, 0][..], "alert 0 (CloseNotify)"),
+        (&[1, 42][..], "alert 42 (BadCertificate)"),
+    ] {
+        let error = answer_to(ALERT, alert).expect_err("an error");
+        assert!(error.to_string().contains(says), "{says}: {error}");
+    }
+    assert_eq!(answer_to(ALERT, &[1, 0]).ok(), Some(0), "close_notify");
+}
+
+#[test]
+fn a_record_inside_a_split_handshake_message_ends_the_connection() {
+    let error = answers_to(
+        vec![
+            (HANDSHAKE, &[4, 0, 0, 9, 1][..]),
+            (APPLICATION_DATA, &b"data"[..]),
+        ],
+        1,
+    )
+    .remove(0)
+    .expect_err("an error");
+    assert!(
+        error.to_string().contains("inside a handshake message"),
+        "{error}"
+    );
+}
+
+#[test]
+fn after_an_error_every_read_fails_the_same_way() {
+    let answers = answers_to(
+        vec![(ALERT, &[2, 40][..]), (APPLICATION_DATA, &b"after"[..])],
+        2,
+    );
+    for answer in answers {
+        let error = answer.expect_err("an error");
+        assert!(error.to_string().contains("alert 40"), "{error}");
+    }
+}
+
+#[test]
+fn a_tls13_plaintext_longer_than_16_kib_and_its_type_is_refused() {
+    static LONG: [u8; 16 * 1024 + 1] = [1; 16 * 1024 + 1];
+    let error = answer_to(APPLICATION_DATA, &LONG).expect_err("an error");
+    assert!(error.to_string().contains("longer than 16 KiB"), "{error}");
+}
+
+#[test]
+fn an_idle_connection_holds_no_read_buffer_and_a_busy_one_grows_its_own() {
+    let case = cases()[0];
+    let (near, far) = tokio::io::duplex(1 << 22);
+    let (server_config, client_config) = (
+        server_config(case, &IDENTITY),
+        client_config(case, &IDENTITY),
+    );
+    on_local(async move {
+        let serving = tokio::task::spawn_local(async move {
+            let mut established = server(server_config, far).await.expect("a handshake");
+            established
+                .writer
+                .write_all(b"small")
+                .await
+                .expect("written");
+            established.writer.flush().await.expect("flushed");
+            let mut byte = [0];
+            established
+                .reader
+                .read_exact(&mut byte)
+                .await
+                .expect("go on");
+            established
+                .writer
+                .write_all(&vec![1; 2 << 20])
+                .await
+                .expect("written");
+            established.writer.flush().await.expect("flushed");
+            let _ = established.reader.read(&mut byte).await;
+        });
+        let mut established = client(client_config, name(), near)
+            .await
+            .expect("a handshake");
+        let mut small = [0; 5];
+        established
+            .reader
+            .read_exact(&mut small)
+            .await
+            .expect("read");
+        // Drained after light traffic: the next read waits on the stack.
+        assert!(
+            established.reader.poll_held_while_waiting().await == 0,
+            "an idle reader holds a buffer"
+        );
+        established.writer.write_all(b"g").await.expect("written");
+        established.writer.flush().await.expect("flushed");
+        let mut bulk = vec![0; 2 << 20];
+        let mut most = 0;
+        let mut got = 0;
+        while got < bulk.len() {
+            let read = established
+                .reader
+                .read(&mut bulk[got..(got + 1000).min(2 << 20)])
+                .await
+                .expect("read");
+            got += read;
+            most = most.max(established.reader.held());
+        }
+        assert!(most > 2 * (16 * 1024), "the buffer stayed at {most} bytes");
+        drop(established);
+        serving.await.expect("the server");
+    });
 }

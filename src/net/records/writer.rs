@@ -17,11 +17,10 @@ use super::protection::{
     ALERT, APPLICATION_DATA, HANDSHAKE, MAX_CONTENT, Protection, Version, broken,
 };
 
-/// The most content sealed at one call: sixteen records, one write(2).
-const BATCH: usize = 16 * MAX_CONTENT;
-/// A sealed batch's buffer above this size is let go once written, so an
-/// idle connection does not keep a bulk transfer's.
-const KEPT_BYTES: usize = 2 * MAX_CONTENT;
+/// The most content sealed at one call: four records, one write(2). What
+/// the caller counts as sent may be this much ahead of the socket (as much
+/// as rustls's writer held).
+const BATCH: usize = 4 * MAX_CONTENT;
 
 pub(crate) struct RecordWriter<W> {
     socket: W,
@@ -34,6 +33,8 @@ pub(crate) struct RecordWriter<W> {
     closing: bool,
     /// KeyUpdates sent.
     updates: u64,
+    /// A seal failed: what was sealed before it is written, nothing after.
+    failed: bool,
 }
 
 impl<W> RecordWriter<W> {
@@ -46,6 +47,7 @@ impl<W> RecordWriter<W> {
             written: 0,
             closing: false,
             updates: 0,
+            failed: false,
         }
     }
 
@@ -93,8 +95,23 @@ impl<W> RecordWriter<W> {
         Ok(())
     }
 
-    /// Seals up to [`BATCH`] bytes of `slices` into records: how many.
+    /// Seals up to [`BATCH`] bytes of `slices` into records: how many. On
+    /// an error nothing of this call's is left to be written (its content
+    /// would go out in clear), and no later call seals.
     fn seal(&mut self, slices: &[IoSlice<'_>]) -> io::Result<usize> {
+        if self.failed {
+            return Err(broken("a record could not be sealed earlier"));
+        }
+        let before = self.sealed.len();
+        let sealed = self.seal_records(slices);
+        if sealed.is_err() {
+            self.sealed.truncate(before);
+            self.failed = true;
+        }
+        sealed
+    }
+
+    fn seal_records(&mut self, slices: &[IoSlice<'_>]) -> io::Result<usize> {
         if self.closing {
             return Err(io::Error::new(
                 io::ErrorKind::BrokenPipe,
@@ -135,6 +152,9 @@ impl<W> RecordWriter<W> {
 impl<W: AsyncWrite + Unpin> RecordWriter<W> {
     /// Writes out every sealed record.
     fn poll_written(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.sealed.is_empty() {
+            return Poll::Ready(Ok(()));
+        }
         while self.written < self.sealed.len() {
             let count =
                 ready!(Pin::new(&mut self.socket).poll_write(cx, &self.sealed[self.written..]))?;
@@ -143,12 +163,14 @@ impl<W: AsyncWrite + Unpin> RecordWriter<W> {
             }
             self.written += count;
         }
-        self.written = 0;
-        if self.sealed.capacity() > KEPT_BYTES {
+        // A full batch's buffer is kept for the next (a busy connection);
+        // after a smaller one, let go, so an idle connection holds none.
+        if self.sealed.len() < BATCH {
             self.sealed = Vec::new();
         } else {
             self.sealed.clear();
         }
+        self.written = 0;
         Poll::Ready(Ok(()))
     }
 
@@ -199,10 +221,16 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for RecordWriter<W> {
         let this = self.get_mut();
         if !this.closing {
             ready!(this.poll_written(cx))?;
-            let start = this.protection.begin(&mut this.sealed);
-            // close_notify, a warning.
-            this.sealed.extend_from_slice(&[1, 0]);
-            this.protection.seal(&mut this.sealed, start, ALERT)?;
+            if !this.failed {
+                let start = this.protection.begin(&mut this.sealed);
+                // close_notify, a warning.
+                this.sealed.extend_from_slice(&[1, 0]);
+                if let Err(error) = this.protection.seal(&mut this.sealed, start, ALERT) {
+                    this.sealed.truncate(start);
+                    this.failed = true;
+                    return Poll::Ready(Err(error));
+                }
+            }
             this.closing = true;
         }
         ready!(this.poll_written(cx))?;
