@@ -108,6 +108,11 @@ impl Keys {
         Protection::new(self.version, secrets)
     }
 
+    /// Whether this is the client's side.
+    pub(crate) fn is_client(&self) -> bool {
+        matches!(&*self.kernel(), Kernel::Client(_))
+    }
+
     /// A session ticket the server sent after the handshake, for the
     /// client's resumption store; a server's peer sends none.
     pub(crate) fn take_ticket(&self, payload: &[u8]) -> io::Result<()> {

@@ -190,6 +190,23 @@ impl<R> RecordReader<R> {
         let mut at = 0;
         while let [kind, a, b, c, ..] = self.handshake[at..] {
             let length = usize::from(a) << 16 | usize::from(b) << 8 | usize::from(c);
+            // Refused on its header, before any of it is held: what a peer
+            // may send here is short (a KeyUpdate is one byte, a ticket a
+            // few hundred), and a client sends no tickets.
+            match kind {
+                KEY_UPDATE if length != 1 => {
+                    return Err(broken("the peer sent a malformed KeyUpdate"));
+                }
+                NEW_SESSION_TICKET if !self.keys.is_client() => {
+                    return Err(broken("the client sent a session ticket"));
+                }
+                KEY_UPDATE | NEW_SESSION_TICKET => {}
+                other => {
+                    return Err(broken(format!(
+                        "the peer sent handshake message {other} after the handshake"
+                    )));
+                }
+            }
             let Some(message) = self.handshake.get(at + 4..at + 4 + length) else {
                 break;
             };

@@ -813,3 +813,43 @@ fn an_idle_connection_holds_no_read_buffer_and_a_busy_one_grows_its_own() {
         serving.await.expect("the server");
     });
 }
+
+/// Our server's reader's answer to a record our client seals by hand.
+fn server_answer_to(kind: u8, content: &'static [u8]) -> std::io::Result<usize> {
+    let case = cases()[0];
+    let (near, far) = tokio::io::duplex(1 << 20);
+    let (server_config, client_config) = (
+        server_config(case, &IDENTITY),
+        client_config(case, &IDENTITY),
+    );
+    on_local(async move {
+        let serving = tokio::task::spawn_local(async move {
+            let mut established = server(server_config, far).await.expect("a handshake");
+            let mut buffer = vec![0; 100];
+            established.reader.read(&mut buffer).await
+        });
+        let mut established = client(client_config, name(), near)
+            .await
+            .expect("a handshake");
+        established.writer.seal_raw(kind, content).expect("sealed");
+        established.writer.flush().await.expect("flushed");
+        let answer = serving.await.expect("the server");
+        drop(established);
+        answer
+    })
+}
+
+#[test]
+fn a_handshake_message_no_peer_may_send_is_refused_on_its_header() {
+    // A client's "ticket" announcing 60 KiB: refused on its four bytes,
+    // before a server holds any of it.
+    let error = server_answer_to(HANDSHAKE, &[4, 0, 0xF0, 0]).expect_err("an error");
+    assert!(
+        error
+            .to_string()
+            .contains("the client sent a session ticket"),
+        "{error}"
+    );
+    let error = answer_to(HANDSHAKE, &[24, 0, 0, 2]).expect_err("an error");
+    assert!(error.to_string().contains("malformed KeyUpdate"), "{error}");
+}
