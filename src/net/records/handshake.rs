@@ -186,7 +186,8 @@ where
 {
     let mut incoming = vec![0; 16 * 1024 + 256];
     let mut used = 0;
-    // How many of `incoming`'s first bytes rustls has been given.
+    // How many of `incoming`'s first bytes, whole records, rustls has been
+    // given.
     let mut fed = 0;
     let mut outgoing = Vec::new();
     let mut early = Vec::new();
@@ -195,11 +196,16 @@ where
         // follows it is the record layer's (a KeyUpdate or a session
         // ticket rustls would take in, or a close_notify) and stays in
         // `incoming` for it.
-        let given = if connection.handshaking() {
-            fed + first_record(&incoming[fed..used])
-        } else {
-            0
+        let next_record = whole_record(&incoming[fed..used]);
+        // Without a whole record next, rustls sees the part that is here
+        // (and can refuse bytes that are not TLS at once) but `fed` stays
+        // before it.
+        let given = match (connection.handshaking(), next_record) {
+            (false, _) => 0,
+            (true, Some(length)) => fed + length,
+            (true, None) => used,
         };
+        let whole = fed + next_record.unwrap_or(0);
         let UnbufferedStatus { mut discard, state } = connection.process(&mut incoming[..given]);
         let next = match state {
             Err(error) => Next::Failed(error),
@@ -214,7 +220,6 @@ where
                 data.done();
                 Next::Process
             }
-            Ok(ConnectionState::BlockedHandshake) if given < used => Next::Process,
             Ok(ConnectionState::BlockedHandshake) => Next::Read,
             // A server may send before the client's Finished (0.5-RTT): not
             // done until the handshake is.
@@ -244,9 +249,10 @@ where
         // rustls may hold ranges of what it was given (a handshake message
         // split across records) without discarding them yet: it is given
         // them again, and the next record after.
-        fed = given.saturating_sub(discard);
+        fed = whole.min(given).saturating_sub(discard);
+        let more = whole_record(&incoming[fed..used]).is_some();
         let next = match next {
-            Next::Done if connection.handshaking() && given < used => Next::Process,
+            Next::Read | Next::Done if connection.handshaking() && more => Next::Process,
             Next::Done if connection.handshaking() => Next::Read,
             other => other,
         };
@@ -283,19 +289,14 @@ where
     }
 }
 
-/// How many of `incoming`'s bytes are its first whole record, or all of
-/// them if it holds none whole yet.
-fn first_record(incoming: &[u8]) -> usize {
+/// The length of `incoming`'s first record, if all of it is there.
+fn whole_record(incoming: &[u8]) -> Option<usize> {
     match incoming {
         [_, _, _, high, low, ..] => {
             let whole = 5 + usize::from(u16::from_be_bytes([*high, *low]));
-            if whole <= incoming.len() {
-                whole
-            } else {
-                incoming.len()
-            }
+            (whole <= incoming.len()).then_some(whole)
         }
-        _ => incoming.len(),
+        _ => None,
     }
 }
 

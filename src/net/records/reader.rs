@@ -259,6 +259,14 @@ impl<R> RecordReader<R> {
             if self.buffer.len() != self.next {
                 self.buffer = vec![0; self.next];
             }
+        } else if self.next == MIN_BYTES && self.buffer.len() > MIN_BYTES {
+            // Light traffic after busy, part of a record held: into a
+            // buffer of one record's size, which that part fits (a peer
+            // that stops mid-record keeps no more than that).
+            let mut smaller = vec![0; MIN_BYTES];
+            let held = self.end - self.start;
+            smaller[..held].copy_from_slice(&self.buffer[self.start..self.end]);
+            (self.buffer, self.start, self.end) = (smaller, 0, held);
         } else if self.buffer.len() - self.end < MIN_BYTES {
             self.buffer.copy_within(self.start..self.end, 0);
             self.end -= self.start;
@@ -354,10 +362,14 @@ impl<R> RecordReader<R> {
                         .protection
                         .open_in_place(&mut self.buffer[record.clone()])?;
                     let content = record.start + content.start..record.start + content.end;
-                    if kind == APPLICATION_DATA && self.handshake.is_empty() && !content.is_empty()
-                    {
-                        self.quiet = 0;
-                        self.opened = content;
+                    if kind == APPLICATION_DATA && self.handshake.is_empty() {
+                        // Empty (padded, say): a record without data.
+                        if content.is_empty() {
+                            self.quiet()?;
+                        } else {
+                            self.quiet = 0;
+                            self.opened = content;
+                        }
                     } else {
                         let content = self.buffer[content].to_vec();
                         self.take_in(kind, &content)?;

@@ -853,3 +853,90 @@ fn a_handshake_message_no_peer_may_send_is_refused_on_its_header() {
     let error = answer_to(HANDSHAKE, &[24, 0, 0, 2]).expect_err("an error");
     assert!(error.to_string().contains("malformed KeyUpdate"), "{error}");
 }
+
+/// A stream whose reads bring at most 7 bytes.
+struct Trickle<S>(S);
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Trickle<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        out: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let mut few = [0; 7];
+        let mut some = tokio::io::ReadBuf::new(&mut few[..out.remaining().min(7)]);
+        std::task::ready!(std::pin::Pin::new(&mut self.0).poll_read(cx, &mut some))?;
+        out.put_slice(some.filled());
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Trickle<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bytes: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write(cx, bytes)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+#[test]
+fn a_handshake_that_arrives_a_few_bytes_at_a_time_completes() {
+    // Every read partial: records split at every point, on both sides,
+    // and the session tickets that follow the handshake left to the
+    // record layer.
+    for case in cases() {
+        let (near, far) = tokio::io::duplex(1 << 20);
+        let (server_config, client_config) = (
+            server_config(case, &IDENTITY),
+            client_config(case, &IDENTITY),
+        );
+        on_local(async move {
+            let serving = tokio::task::spawn_local(async move {
+                let mut established = server(server_config, Trickle(far))
+                    .await
+                    .expect("a handshake");
+                let mut hello = [0; 5];
+                established
+                    .reader
+                    .read_exact(&mut hello)
+                    .await
+                    .expect("read");
+                established.writer.write_all(&hello).await.expect("written");
+                established.writer.shutdown().await.expect("closed");
+            });
+            let mut established = client(client_config, name(), Trickle(near))
+                .await
+                .expect("a handshake");
+            established
+                .writer
+                .write_all(b"hello")
+                .await
+                .expect("written");
+            established.writer.flush().await.expect("flushed");
+            let mut back = Vec::new();
+            established
+                .reader
+                .read_to_end(&mut back)
+                .await
+                .expect("read");
+            assert_eq!(back, b"hello", "{case:?}");
+            serving.await.expect("the server");
+        });
+    }
+}

@@ -35,6 +35,8 @@ pub(crate) struct RecordWriter<W> {
     updates: u64,
     /// A seal failed: what was sealed before it is written, nothing after.
     failed: bool,
+    /// The socket failed a write: every later call says so.
+    broken: Option<(io::ErrorKind, String)>,
 }
 
 impl<W> RecordWriter<W> {
@@ -48,6 +50,7 @@ impl<W> RecordWriter<W> {
             closing: false,
             updates: 0,
             failed: false,
+            broken: None,
         }
     }
 
@@ -152,6 +155,9 @@ impl<W> RecordWriter<W> {
 impl<W: AsyncWrite + Unpin> RecordWriter<W> {
     /// Writes out every sealed record.
     fn poll_written(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if let Some((kind, why)) = &self.broken {
+            return Poll::Ready(Err(io::Error::new(*kind, why.clone())));
+        }
         if self.sealed.is_empty() {
             return Poll::Ready(Ok(()));
         }
@@ -182,9 +188,12 @@ impl<W: AsyncWrite + Unpin> RecordWriter<W> {
         ready!(self.poll_written(cx))?;
         let taken = self.seal(slices)?;
         // Start the write now; what the socket does not take yet is
-        // written before the next batch is sealed, or at a flush.
+        // written before the next batch is sealed, or at a flush. The
+        // batch is taken either way: an error of the socket's is kept for
+        // the next call, since a caller told that nothing was taken would
+        // give the same bytes again, and they would go out twice.
         if let Poll::Ready(Err(error)) = self.poll_written(cx) {
-            return Poll::Ready(Err(error));
+            self.broken = Some((error.kind(), error.to_string()));
         }
         Poll::Ready(Ok(taken))
     }
