@@ -22,7 +22,6 @@ pub use crate::net::connect_error::ConnectError;
 use crate::net::direct::DirectRoute;
 use crate::net::guard::CallLimits;
 use crate::net::liveness::{self, Watch, Watched};
-use crate::net::read_ahead::ReadAhead;
 use crate::net::session::Session;
 use crate::net::socket;
 use crate::net::tls::{self, TlsClient};
@@ -473,9 +472,7 @@ async fn open(
                     // says whether it is a capexec server at all.
                     let raw = Watch::raw();
                     let stream = Watched::new(stream, Rc::clone(&raw));
-                    // Read ahead of rustls's 4 KiB reads (`net/read_ahead.rs`).
-                    let stream = ReadAhead::new(stream);
-                    let stream =
+                    let established =
                         tls.handshake(host, stream)
                             .await
                             .map_err(|failure| match failure {
@@ -497,9 +494,8 @@ async fn open(
                                     }
                                 }
                             })?;
-                    let (reader, writer) = tokio::io::split(stream);
-                    let reader = Watched::new(reader, Rc::clone(&watch));
-                    let network = client_network(reader, writer);
+                    let reader = Watched::new(established.reader, Rc::clone(&watch));
+                    let network = client_network(reader, established.writer);
                     (network, None)
                 }
             };

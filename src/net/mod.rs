@@ -23,7 +23,7 @@ mod metrics_http;
 mod outgoing_bytes;
 mod passing;
 mod pending;
-mod read_ahead;
+mod records;
 mod server;
 mod session;
 mod shutdown;

@@ -23,6 +23,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
 use crate::model::io_message;
 use crate::net::certificate;
+use crate::net::records;
 use crate::net::trust::{self, CaVerifier, Expect, FingerprintRefusal, FingerprintVerifier};
 pub use crate::net::trust::{fingerprint, parse_fingerprint};
 
@@ -140,6 +141,8 @@ impl TlsServer {
                 })
             })?;
         config.ignore_client_order = true;
+        // capexec's record layer takes the keys after the handshake.
+        config.enable_secret_extraction = true;
         Ok(TlsServer {
             config: Arc::new(config),
             fingerprint,
@@ -160,6 +163,7 @@ impl TlsServer {
             .with_client_cert_verifier(verifier)
             .with_cert_resolver(Arc::clone(&self.config.cert_resolver));
         config.ignore_client_order = true;
+        config.enable_secret_extraction = true;
         Ok(TlsServer {
             config: Arc::new(config),
             fingerprint: self.fingerprint.clone(),
@@ -262,9 +266,9 @@ impl ClientIdentity {
 }
 
 /// The SHA-256 of the certificate a TLS client presented, if it did.
-pub(crate) fn peer_fingerprint(connection: &rustls::ServerConnection) -> Option<[u8; 32]> {
+pub(crate) fn peer_fingerprint(chain: &[CertificateDer<'_>]) -> Option<[u8; 32]> {
     use sha2::Digest;
-    let certificate = connection.peer_certificates()?.first()?;
+    let certificate = chain.first()?;
     Some(sha2::Sha256::digest(certificate.as_ref()).into())
 }
 
@@ -334,12 +338,14 @@ impl TlsClient {
         let builder = builder
             .dangerous()
             .with_custom_certificate_verifier(verifier);
-        let config = match identity {
+        let mut config = match identity {
             None => builder.with_no_client_auth(),
             Some(ClientIdentity { chain, key, names }) => builder
                 .with_client_auth_cert(chain, key)
                 .map_err(|error| TlsError(format!("{names}: {error}")))?,
         };
+        // capexec's record layer takes the keys after the handshake.
+        config.enable_secret_extraction = true;
         Ok(TlsClient {
             config: Arc::new(config),
             trust,
@@ -351,28 +357,29 @@ impl TlsClient {
         &self,
         host: &str,
         stream: S,
-    ) -> Result<tokio_rustls::client::TlsStream<S>, Failure>
+    ) -> Result<records::Established<S>, Failure>
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     {
         let name = ServerName::try_from(host.to_string())
             .map_err(|_| Failure::Refused(format!("TLS: {host:?} is not a valid server name")))?;
-        let connector = tokio_rustls::TlsConnector::from(self.config.clone());
-        connector.connect(name, stream).await.map_err(|error| {
-            let refusal = rustls_error(&error).and_then(trust::fingerprint_refusal);
-            match (rustls_error(&error), refusal) {
-                // Bytes that are not TLS: a plaintext server's answer.
-                (Some(rustls::Error::InvalidMessage(_)), _) => Failure::NotTls,
-                (_, Some(FingerprintRefusal::Unknown { offered })) => {
-                    Failure::Unknown(offered.clone())
+        records::client(self.config.clone(), name, stream)
+            .await
+            .map_err(|error| {
+                let refusal = rustls_error(&error).and_then(trust::fingerprint_refusal);
+                match (rustls_error(&error), refusal) {
+                    // Bytes that are not TLS: a plaintext server's answer.
+                    (Some(rustls::Error::InvalidMessage(_)), _) => Failure::NotTls,
+                    (_, Some(FingerprintRefusal::Unknown { offered })) => {
+                        Failure::Unknown(offered.clone())
+                    }
+                    (_, Some(FingerprintRefusal::Changed { known, offered })) => Failure::Changed {
+                        known: known.clone(),
+                        offered: offered.clone(),
+                    },
+                    _ => Failure::Refused(self.explain(host, &error)),
                 }
-                (_, Some(FingerprintRefusal::Changed { known, offered })) => Failure::Changed {
-                    known: known.clone(),
-                    offered: offered.clone(),
-                },
-                _ => Failure::Refused(self.explain(host, &error)),
-            }
-        })
+            })
     }
 
     /// Why a handshake failed, in the terms of how this client trusts: a
@@ -454,8 +461,9 @@ pub(crate) async fn speaks_tls(host: &str, resolved: &[SocketAddr], deadline: In
         .unwrap_or_else(|_| ServerName::try_from("capexec").expect("a valid name"));
     let probe = async {
         let stream = TcpStream::connect(address).await.ok()?;
-        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-        let error = connector.connect(name, stream).await.err()?;
+        let error = records::client(Arc::new(config), name, stream)
+            .await
+            .err()?;
         let reached = matches!(
             rustls_error(&error).and_then(trust::fingerprint_refusal),
             Some(FingerprintRefusal::Reached)

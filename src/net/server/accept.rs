@@ -17,7 +17,6 @@ use tracing::Instrument;
 
 use crate::net::address::Address;
 use crate::net::guard::CallLimits;
-use crate::net::read_ahead::ReadAhead;
 use crate::net::session::Session;
 use crate::net::socket::{self};
 use crate::net::tls::TlsServer;
@@ -480,14 +479,18 @@ async fn tls_handshake(
     session: Rc<Session>,
     presented: &std::cell::Cell<Option<[u8; 32]>>,
 ) -> Option<Network> {
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(&tls.config));
-    // The socket is read ahead of rustls's 4 KiB reads (`net/read_ahead.rs`).
-    let stream = ReadAhead::new(stream);
-    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-        Ok(Ok(stream)) => {
-            presented.set(crate::net::tls::peer_fingerprint(stream.get_ref().1));
-            let (reader, writer) = tokio::io::split(stream);
-            Some(server_network(reader, writer, limits, &session))
+    let handshake = crate::net::records::server(Arc::clone(&tls.config), stream);
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+        Ok(Ok(established)) => {
+            presented.set(crate::net::tls::peer_fingerprint(
+                &established.peer_certificates,
+            ));
+            Some(server_network(
+                established.reader,
+                established.writer,
+                limits,
+                &session,
+            ))
         }
         Ok(Err(error)) => {
             tracing::info!(%error, "TLS handshake failed");

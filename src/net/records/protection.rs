@@ -1,0 +1,282 @@
+//! One direction's record protection: the AEAD key, its IV and the
+//! record sequence number, and how a record of each TLS version is sealed
+//! and opened (RFC 8446 5.2-5.3 for TLS 1.3; RFC 5288 and RFC 7905 for
+//! TLS 1.2's AES-GCM and ChaCha20-Poly1305).
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::ops::Range;
+
+use aws_lc_rs::aead::{AES_128_GCM, AES_256_GCM, Aad, CHACHA20_POLY1305, LessSafeKey, Nonce};
+use aws_lc_rs::aead::{NONCE_LEN, UnboundKey};
+use rustls::ConnectionTrafficSecrets;
+
+use super::opening::{Aead, OpeningKey};
+
+/// A record's header: type, legacy version, length.
+pub(crate) const HEADER: usize = 5;
+/// The AEAD tag of each suite capexec offers.
+pub(crate) const TAG: usize = 16;
+/// The most content a record carries.
+pub(crate) const MAX_CONTENT: usize = 1 << 14;
+/// The longest record body a peer may send: content, TLS 1.2's explicit
+/// nonce, TLS 1.3's inner type and padding, the tag. TLS 1.3 allows 256
+/// bytes beyond the content, TLS 1.2 2,048 (RFC 5246 6.2.3).
+pub(crate) const MAX_BODY: usize = MAX_CONTENT + 2048;
+
+pub(crate) const ALERT: u8 = 21;
+pub(crate) const HANDSHAKE: u8 = 22;
+pub(crate) const APPLICATION_DATA: u8 = 23;
+
+/// The TLS version the handshake settled on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Version {
+    Tls12,
+    Tls13,
+}
+
+/// One direction's key, IV and next sequence number.
+pub(crate) struct Protection {
+    key: LessSafeKey,
+    /// The same key, to open into memory not initialised yet.
+    opening: OpeningKey,
+    iv: [u8; NONCE_LEN],
+    /// TLS 1.2's AES-GCM sends the nonce's last 8 bytes before the
+    /// ciphertext; TLS 1.2's ChaCha20-Poly1305 and TLS 1.3 derive it.
+    explicit_nonce: bool,
+    version: Version,
+    seq: u64,
+}
+
+/// An error that ends the connection: `InvalidData`, saying what.
+pub(crate) fn broken(what: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {}", what.into()))
+}
+
+impl Protection {
+    /// The protection of one direction from the keys rustls derived.
+    pub(crate) fn new(
+        version: Version,
+        (seq, secrets): (u64, ConnectionTrafficSecrets),
+    ) -> io::Result<Protection> {
+        let (algorithm, aead, key, iv, gcm) = match &secrets {
+            ConnectionTrafficSecrets::Aes128Gcm { key, iv } => {
+                (&AES_128_GCM, Aead::Aes128Gcm, key, iv, true)
+            }
+            ConnectionTrafficSecrets::Aes256Gcm { key, iv } => {
+                (&AES_256_GCM, Aead::Aes256Gcm, key, iv, true)
+            }
+            ConnectionTrafficSecrets::Chacha20Poly1305 { key, iv } => {
+                (&CHACHA20_POLY1305, Aead::Chacha20Poly1305, key, iv, false)
+            }
+            _ => {
+                return Err(broken(
+                    "the negotiated cipher suite has no record layer here",
+                ));
+            }
+        };
+        let opening = OpeningKey::new(aead, key.as_ref())?;
+        let key = UnboundKey::new(algorithm, key.as_ref())
+            .map_err(|_| broken("the negotiated key does not fit its cipher"))?;
+        let iv: [u8; NONCE_LEN] = iv
+            .as_ref()
+            .try_into()
+            .map_err(|_| broken("the negotiated IV is not 12 bytes"))?;
+        Ok(Protection {
+            key: LessSafeKey::new(key),
+            opening,
+            iv,
+            explicit_nonce: gcm && version == Version::Tls12,
+            version,
+            seq,
+        })
+    }
+
+    /// Records protected so far (the next one's sequence number).
+    pub(crate) fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// The IV with the sequence number folded into its last 8 bytes.
+    fn nonce(&self) -> [u8; NONCE_LEN] {
+        let mut nonce = self.iv;
+        for (byte, seq) in nonce[4..].iter_mut().zip(self.seq.to_be_bytes()) {
+            *byte ^= seq;
+        }
+        nonce
+    }
+
+    fn next_seq(&mut self) -> io::Result<()> {
+        self.seq = self
+            .seq
+            .checked_add(1)
+            .ok_or_else(|| broken("the record sequence number would wrap"))?;
+        Ok(())
+    }
+
+    /// TLS 1.2's additional data: sequence number, type, version, length.
+    fn tls12_aad(&self, kind: u8, content: usize) -> [u8; 13] {
+        let mut aad = [0; 13];
+        aad[..8].copy_from_slice(&self.seq.to_be_bytes());
+        aad[8] = kind;
+        aad[9..11].copy_from_slice(&[3, 3]);
+        aad[11..].copy_from_slice(&(content as u16).to_be_bytes());
+        aad
+    }
+
+    /// Starts a record at the end of `out`: its header and nonce, to be
+    /// filled in by [`Protection::seal`] once the caller has appended at
+    /// most [`MAX_CONTENT`] bytes of content.
+    pub(crate) fn begin(&self, out: &mut Vec<u8>) -> usize {
+        let start = out.len();
+        out.extend_from_slice(&[0; HEADER]);
+        if self.explicit_nonce {
+            out.extend_from_slice(&[0; 8]);
+        }
+        start
+    }
+
+    /// Seals the record begun at `start` with the content appended since,
+    /// as type `kind`.
+    pub(crate) fn seal(&mut self, out: &mut Vec<u8>, start: usize, kind: u8) -> io::Result<()> {
+        let body = start + HEADER + if self.explicit_nonce { 8 } else { 0 };
+        let content = out.len() - body;
+        // More only from a test playing a hostile peer.
+        debug_assert!(content <= MAX_CONTENT || cfg!(test));
+        let nonce = self.nonce();
+        let outer = match self.version {
+            Version::Tls13 => {
+                out.push(kind);
+                APPLICATION_DATA
+            }
+            Version::Tls12 => kind,
+        };
+        let length = out.len() - (start + HEADER) + TAG;
+        let header = [outer, 3, 3, (length >> 8) as u8, length as u8];
+        out[start..start + HEADER].copy_from_slice(&header);
+        if self.explicit_nonce {
+            out[start + HEADER..body].copy_from_slice(&nonce[4..]);
+        }
+        let tls12_aad = self.tls12_aad(kind, content);
+        let aad = match self.version {
+            Version::Tls13 => &header[..],
+            Version::Tls12 => &tls12_aad[..],
+        };
+        let tag = self
+            .key
+            .seal_in_place_separate_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(aad),
+                &mut out[body..],
+            )
+            .map_err(|_| broken("a record could not be sealed"))?;
+        out.extend_from_slice(tag.as_ref());
+        self.next_seq()
+    }
+
+    /// Where a record's ciphertext starts after its header, and how long
+    /// its plaintext is (inner type and padding included), for a record
+    /// whose header says `length`; an error for a record too short to be
+    /// one.
+    pub(crate) fn plaintext_of(&self, length: usize) -> io::Result<(usize, usize)> {
+        let nonce = if self.explicit_nonce { 8 } else { 0 };
+        let plaintext = length
+            .checked_sub(nonce + TAG)
+            .ok_or_else(|| broken("the peer sent a record too short to hold its tag"))?;
+        Ok((nonce, plaintext))
+    }
+
+    /// Opens the record `record` (header included, `plaintext_of` bytes of
+    /// plaintext) into the start of `out`, which has room for that many
+    /// and need not be initialised: its type and its content, which starts
+    /// `out` (the rest of the plaintext, initialised too, is its inner type
+    /// and padding).
+    pub(crate) fn open_into<'o>(
+        &mut self,
+        record: &[u8],
+        out: &'o mut [MaybeUninit<u8>],
+    ) -> io::Result<(u8, &'o mut [u8])> {
+        let header: [u8; HEADER] = record[..HEADER]
+            .try_into()
+            .map_err(|_| broken("a record shorter than its header"))?;
+        let (nonce_bytes, plaintext) = self.plaintext_of(record.len() - HEADER)?;
+        let body = &record[HEADER + nonce_bytes..];
+        let (ciphertext, tag) = body.split_at(plaintext);
+        let (nonce, aad_tls12) = self.opening_nonce(&record[HEADER..HEADER + nonce_bytes], &header);
+        let aad = match self.version {
+            Version::Tls13 => &header[..],
+            Version::Tls12 => &aad_tls12[..],
+        };
+        let opened = self.opening.open(&nonce, aad, ciphertext, tag, out)?;
+        self.next_seq()?;
+        let (kind, content) = self.inner(header[0], opened)?;
+        Ok((kind, &mut opened[..content]))
+    }
+
+    /// Opens the record in `record` (header included) where it lies: its
+    /// type and the range of `record` its content takes.
+    pub(crate) fn open_in_place(&mut self, record: &mut [u8]) -> io::Result<(u8, Range<usize>)> {
+        let header: [u8; HEADER] = record[..HEADER]
+            .try_into()
+            .map_err(|_| broken("a record shorter than its header"))?;
+        let (nonce_bytes, _) = self.plaintext_of(record.len() - HEADER)?;
+        let mut explicit = [0; 8];
+        explicit[..nonce_bytes].copy_from_slice(&record[HEADER..HEADER + nonce_bytes]);
+        let (nonce, aad_tls12) = self.opening_nonce(&explicit[..nonce_bytes], &header);
+        let aad = match self.version {
+            Version::Tls13 => &header[..],
+            Version::Tls12 => &aad_tls12[..],
+        };
+        let start = HEADER + nonce_bytes;
+        let plaintext = self
+            .key
+            .open_in_place(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(aad),
+                &mut record[start..],
+            )
+            .map_err(|_| broken("a record failed its integrity check (bad_record_mac)"))?
+            .len();
+        self.next_seq()?;
+        let (kind, content) = self.inner(header[0], &record[start..start + plaintext])?;
+        Ok((kind, start..start + content))
+    }
+
+    /// The nonce of the record being opened and, for TLS 1.2, its
+    /// additional data (whose length field is the plaintext's, known
+    /// before it is opened for the suites here: ciphertext minus tag).
+    fn opening_nonce(&self, explicit: &[u8], header: &[u8; HEADER]) -> ([u8; NONCE_LEN], [u8; 13]) {
+        let mut nonce = self.nonce();
+        if self.explicit_nonce {
+            nonce[4..].copy_from_slice(explicit);
+        }
+        let length = usize::from(u16::from_be_bytes([header[3], header[4]]));
+        let content = length.saturating_sub(explicit.len() + TAG);
+        (nonce, self.tls12_aad(header[0], content))
+    }
+
+    /// The type and content length of an opened plaintext: TLS 1.3's
+    /// inner type is its last byte that is not padding.
+    fn inner(&self, outer: u8, plaintext: &[u8]) -> io::Result<(u8, usize)> {
+        match self.version {
+            Version::Tls12 if plaintext.len() > MAX_CONTENT => {
+                Err(broken("the peer sent a record longer than 16 KiB"))
+            }
+            Version::Tls12 => Ok((outer, plaintext.len())),
+            Version::Tls13 => {
+                if outer != APPLICATION_DATA {
+                    return Err(broken(format!(
+                        "the peer sent a protected record of outer type {outer}"
+                    )));
+                }
+                let Some(last) = plaintext.iter().rposition(|&byte| byte != 0) else {
+                    return Err(broken("the peer sent a record with no content type"));
+                };
+                if last > MAX_CONTENT {
+                    return Err(broken("the peer sent a record longer than 16 KiB"));
+                }
+                Ok((plaintext[last], last))
+            }
+        }
+    }
+}
