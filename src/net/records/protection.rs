@@ -28,6 +28,26 @@ pub(crate) const ALERT: u8 = 21;
 pub(crate) const HANDSHAKE: u8 = 22;
 pub(crate) const APPLICATION_DATA: u8 = 23;
 
+/// A record's header and nonce read before it is opened.
+struct Sealed {
+    /// The header's type.
+    outer: u8,
+    nonce: [u8; NONCE_LEN],
+    /// The additional data: TLS 1.3's header or TLS 1.2's 13 bytes.
+    aad: [u8; 13],
+    aad_len: usize,
+    /// Where the ciphertext starts in the record.
+    start: usize,
+    /// How long the plaintext is.
+    plaintext: usize,
+}
+
+impl Sealed {
+    fn aad(&self) -> &[u8] {
+        &self.aad[..self.aad_len]
+    }
+}
+
 /// The TLS version the handshake settled on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Version {
@@ -196,63 +216,65 @@ impl Protection {
         record: &[u8],
         out: &'o mut [MaybeUninit<u8>],
     ) -> io::Result<(u8, &'o mut [u8])> {
-        let header: [u8; HEADER] = record[..HEADER]
-            .try_into()
-            .map_err(|_| broken("a record shorter than its header"))?;
-        let (nonce_bytes, plaintext) = self.plaintext_of(record.len() - HEADER)?;
-        let body = &record[HEADER + nonce_bytes..];
-        let (ciphertext, tag) = body.split_at(plaintext);
-        let (nonce, aad_tls12) = self.opening_nonce(&record[HEADER..HEADER + nonce_bytes], &header);
-        let aad = match self.version {
-            Version::Tls13 => &header[..],
-            Version::Tls12 => &aad_tls12[..],
-        };
-        let opened = self.opening.open(&nonce, aad, ciphertext, tag, out)?;
+        let sealed = self.sealed(record)?;
+        let (ciphertext, tag) = record[sealed.start..].split_at(sealed.plaintext);
+        let opened = self
+            .opening
+            .open(&sealed.nonce, sealed.aad(), ciphertext, tag, out)?;
         self.next_seq()?;
-        let (kind, content) = self.inner(header[0], opened)?;
+        let (kind, content) = self.inner(sealed.outer, opened)?;
         Ok((kind, &mut opened[..content]))
     }
 
     /// Opens the record in `record` (header included) where it lies: its
     /// type and the range of `record` its content takes.
     pub(crate) fn open_in_place(&mut self, record: &mut [u8]) -> io::Result<(u8, Range<usize>)> {
-        let header: [u8; HEADER] = record[..HEADER]
-            .try_into()
-            .map_err(|_| broken("a record shorter than its header"))?;
-        let (nonce_bytes, _) = self.plaintext_of(record.len() - HEADER)?;
-        let mut explicit = [0; 8];
-        explicit[..nonce_bytes].copy_from_slice(&record[HEADER..HEADER + nonce_bytes]);
-        let (nonce, aad_tls12) = self.opening_nonce(&explicit[..nonce_bytes], &header);
-        let aad = match self.version {
-            Version::Tls13 => &header[..],
-            Version::Tls12 => &aad_tls12[..],
-        };
-        let start = HEADER + nonce_bytes;
-        let plaintext = self
-            .key
+        let sealed = self.sealed(record)?;
+        let start = sealed.start;
+        self.key
             .open_in_place(
-                Nonce::assume_unique_for_key(nonce),
-                Aad::from(aad),
+                Nonce::assume_unique_for_key(sealed.nonce),
+                Aad::from(sealed.aad()),
                 &mut record[start..],
             )
-            .map_err(|_| broken("a record failed its integrity check (bad_record_mac)"))?
-            .len();
+            .map_err(|_| broken("a record failed its integrity check (bad_record_mac)"))?;
         self.next_seq()?;
-        let (kind, content) = self.inner(header[0], &record[start..start + plaintext])?;
+        let plaintext = &record[start..start + sealed.plaintext];
+        let (kind, content) = self.inner(sealed.outer, plaintext)?;
         Ok((kind, start..start + content))
     }
 
-    /// The nonce of the record being opened and, for TLS 1.2, its
-    /// additional data (whose length field is the plaintext's, known
-    /// before it is opened for the suites here: ciphertext minus tag).
-    fn opening_nonce(&self, explicit: &[u8], header: &[u8; HEADER]) -> ([u8; NONCE_LEN], [u8; 13]) {
+    /// What opening `record` (header included) needs from its header and
+    /// explicit nonce, taken before it is opened: TLS 1.2's additional
+    /// data has the plaintext's length, which for the suites here is the
+    /// ciphertext's less the tag.
+    fn sealed(&self, record: &[u8]) -> io::Result<Sealed> {
+        let header: [u8; HEADER] = record
+            .get(..HEADER)
+            .and_then(|header| header.try_into().ok())
+            .ok_or_else(|| broken("a record shorter than its header"))?;
+        let (explicit, plaintext) = self.plaintext_of(record.len() - HEADER)?;
+        let start = HEADER + explicit;
         let mut nonce = self.nonce();
         if self.explicit_nonce {
-            nonce[4..].copy_from_slice(explicit);
+            nonce[4..].copy_from_slice(&record[HEADER..start]);
         }
-        let length = usize::from(u16::from_be_bytes([header[3], header[4]]));
-        let content = length.saturating_sub(explicit.len() + TAG);
-        (nonce, self.tls12_aad(header[0], content))
+        let (aad, aad_len) = match self.version {
+            Version::Tls13 => {
+                let mut aad = [0; 13];
+                aad[..HEADER].copy_from_slice(&header);
+                (aad, HEADER)
+            }
+            Version::Tls12 => (self.tls12_aad(header[0], plaintext), 13),
+        };
+        Ok(Sealed {
+            outer: header[0],
+            nonce,
+            aad,
+            aad_len,
+            start,
+            plaintext,
+        })
     }
 
     /// The type and content length of an opened plaintext: TLS 1.3's
@@ -263,6 +285,11 @@ impl Protection {
                 Err(broken("the peer sent a record longer than 16 KiB"))
             }
             Version::Tls12 => Ok((outer, plaintext.len())),
+            // The inner plaintext, padding included, is at most 2^14 + 1
+            // bytes (RFC 8446 5.4): padding may not stretch a record.
+            Version::Tls13 if plaintext.len() > MAX_CONTENT + 1 => {
+                Err(broken("the peer sent a record longer than 16 KiB"))
+            }
             Version::Tls13 => {
                 if outer != APPLICATION_DATA {
                     return Err(broken(format!(
@@ -272,9 +299,6 @@ impl Protection {
                 let Some(last) = plaintext.iter().rposition(|&byte| byte != 0) else {
                     return Err(broken("the peer sent a record with no content type"));
                 };
-                if last > MAX_CONTENT {
-                    return Err(broken("the peer sent a record longer than 16 KiB"));
-                }
                 Ok((plaintext[last], last))
             }
         }

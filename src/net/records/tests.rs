@@ -749,6 +749,26 @@ fn a_tls13_plaintext_longer_than_16_kib_and_its_type_is_refused() {
     assert!(error.to_string().contains("longer than 16 KiB"), "{error}");
 }
 
+/// TLS 1.3 content of `length` bytes, its type and one byte of padding:
+/// sealed as content `length + 1` bytes long of type 0, whose last byte
+/// is the real type.
+fn padded_by_one(length: usize) -> &'static [u8] {
+    let mut content = vec![1; length];
+    content.push(APPLICATION_DATA);
+    Box::leak(content.into_boxed_slice())
+}
+
+#[test]
+fn padding_counts_towards_a_tls13_records_limit() {
+    let answer = answer_to(0, padded_by_one(16 * 1024 - 1));
+    assert_eq!(
+        answer.expect("16 KiB - 1 of content, padded to the limit"),
+        100
+    );
+    let error = answer_to(0, padded_by_one(16 * 1024)).expect_err("an error");
+    assert!(error.to_string().contains("longer than 16 KiB"), "{error}");
+}
+
 #[test]
 fn an_idle_connection_holds_no_read_buffer_and_a_busy_one_grows_its_own() {
     let case = cases()[0];
