@@ -57,10 +57,8 @@ impl Peer {
         name: &'static str,
         program: &str,
         args: &[&str],
+        home: &std::path::Path,
     ) -> Result<Peer, Box<dyn Error>> {
-        let home =
-            std::env::temp_dir().join(format!("capexec-bench-codex-home-{}", std::process::id()));
-        std::fs::create_dir_all(&home)?;
         let mut child = Command::new(program)
             .args(args)
             .env("CODEX_HOME", &home)
@@ -189,14 +187,23 @@ fn mib(bytes: u64) -> String {
 
 pub async fn run(plan: &Plan, report: &mut Report) -> Result<(), Box<dyn Error>> {
     let codex = codex_binary()?;
+    // Codex's state directory, removed when the section ends.
+    let home = tempfile::tempdir()?;
     let mut peers = [
         Peer::start(
             "codex exec-server",
             &codex,
             &["exec-server", "--listen", "stdio"],
+            home.path(),
         )
         .await?,
-        Peer::start("capexec codex-bridge", CAPEXEC, &["codex-bridge"]).await?,
+        Peer::start(
+            "capexec codex-bridge",
+            CAPEXEC,
+            &["codex-bridge"],
+            home.path(),
+        )
+        .await?,
     ];
 
     // Start to closed of `true`, alternating peers run by run; each then
