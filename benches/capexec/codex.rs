@@ -61,7 +61,7 @@ impl Peer {
     ) -> Result<Peer, Box<dyn Error>> {
         let mut child = Command::new(program)
             .args(args)
-            .env("CODEX_HOME", &home)
+            .env("CODEX_HOME", home)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
