@@ -4,15 +4,15 @@
 //! be updated.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rustls::client::ClientConnectionData;
 use rustls::kernel::KernelConnection;
 use rustls::server::ServerConnectionData;
-use rustls::{ConnectionTrafficSecrets, SupportedCipherSuite};
+use rustls::{AlertDescription, ConnectionTrafficSecrets, SupportedCipherSuite};
 
-use super::protection::{Protection, Version, broken};
+use super::protection::{Protection, Version, broken, refused};
 
 /// rustls's side of a connection whose records capexec protects.
 pub(crate) enum Kernel {
@@ -53,6 +53,10 @@ pub(crate) struct Keys {
     /// The peer's KeyUpdate asked for ours: the writer sends one before
     /// its next record.
     update_requested: AtomicBool,
+    /// The reader refused the peer's records: the fatal alert the writer
+    /// sends in place of anything else (0: none; close_notify, alert 0,
+    /// is never fatal).
+    refusal: AtomicU8,
 }
 
 impl Keys {
@@ -66,6 +70,7 @@ impl Keys {
             version,
             limit: AtomicU64::new(limit.saturating_sub(1 << 16).max(1)),
             update_requested: AtomicBool::new(false),
+            refusal: AtomicU8::new(0),
         })
     }
 
@@ -117,10 +122,32 @@ impl Keys {
     /// client's resumption store; a server's peer sends none.
     pub(crate) fn take_ticket(&self, payload: &[u8]) -> io::Result<()> {
         match &mut *self.kernel() {
-            Kernel::Client(kernel) => kernel
-                .handle_new_session_ticket(payload)
-                .map_err(|error| broken(format!("the server's session ticket: {error}"))),
-            Kernel::Server(_) => Err(broken("the client sent a session ticket")),
+            Kernel::Client(kernel) => kernel.handle_new_session_ticket(payload).map_err(|error| {
+                refused(
+                    AlertDescription::DecodeError,
+                    format!("the server's session ticket: {error}"),
+                )
+            }),
+            Kernel::Server(_) => Err(refused(
+                AlertDescription::UnexpectedMessage,
+                "the client sent a session ticket",
+            )),
+        }
+    }
+
+    /// The reader ended the connection: the writer tells the peer with
+    /// `alert`. The first refusal stands.
+    pub(crate) fn refuse(&self, alert: AlertDescription) {
+        let _ =
+            self.refusal
+                .compare_exchange(0, u8::from(alert), Ordering::AcqRel, Ordering::Relaxed);
+    }
+
+    /// The alert the reader's refusal asks for, once.
+    pub(crate) fn take_refusal(&self) -> Option<AlertDescription> {
+        match self.refusal.swap(0, Ordering::AcqRel) {
+            0 => None,
+            alert => Some(AlertDescription::from(alert)),
         }
     }
 

@@ -11,7 +11,9 @@ use std::mem::MaybeUninit;
 
 use aws_lc_sys::{EVP_AEAD, EVP_AEAD_CTX, EVP_AEAD_CTX_free, EVP_AEAD_CTX_new};
 
-use super::protection::{TAG, broken};
+use rustls::AlertDescription;
+
+use super::protection::{TAG, broken, refused};
 
 /// Which AEAD a key opens.
 #[derive(Clone, Copy)]
@@ -83,7 +85,8 @@ impl OpeningKey {
             )
         };
         if opened != 1 {
-            return Err(broken(
+            return Err(refused(
+                AlertDescription::BadRecordMac,
                 "a record failed its integrity check (bad_record_mac)",
             ));
         }

@@ -9,7 +9,7 @@ use std::ops::Range;
 
 use aws_lc_rs::aead::{AES_128_GCM, AES_256_GCM, Aad, CHACHA20_POLY1305, LessSafeKey, Nonce};
 use aws_lc_rs::aead::{NONCE_LEN, UnboundKey};
-use rustls::ConnectionTrafficSecrets;
+use rustls::{AlertDescription, ConnectionTrafficSecrets};
 
 use super::opening::{Aead, OpeningKey};
 
@@ -68,9 +68,53 @@ pub(crate) struct Protection {
     seq: u64,
 }
 
-/// An error that ends the connection: `InvalidData`, saying what.
+/// An error that ends the connection: `InvalidData`, saying what. Met
+/// while reading, it is answered with an `internal_error` alert.
 pub(crate) fn broken(what: impl Into<String>) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {}", what.into()))
+    ended(Some(AlertDescription::InternalError), what)
+}
+
+/// A peer's records refused: `InvalidData`, saying what, answered with
+/// `alert` (RFC 8446 6.2) before the connection ends.
+pub(crate) fn refused(alert: AlertDescription, what: impl Into<String>) -> io::Error {
+    ended(Some(alert), what)
+}
+
+/// The peer ended the connection with a fatal alert: nothing is sent back.
+pub(crate) fn ended_by_peer(what: impl Into<String>) -> io::Error {
+    ended(None, what)
+}
+
+fn ended(alert: Option<AlertDescription>, what: impl Into<String>) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        Refusal {
+            alert,
+            what: format!("TLS: {}", what.into()),
+        },
+    )
+}
+
+/// Why the record layer ended a connection, and the alert the peer is
+/// told.
+#[derive(Debug)]
+struct Refusal {
+    alert: Option<AlertDescription>,
+    what: String,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.what)
+    }
+}
+
+impl std::error::Error for Refusal {}
+
+/// The alert that answers `error`, one of the record layer's; `None` for
+/// an error of the socket's (the connection is gone) or a peer's alert.
+pub(crate) fn alert_for(error: &io::Error) -> Option<AlertDescription> {
+    error.get_ref()?.downcast_ref::<Refusal>()?.alert
 }
 
 impl Protection {
@@ -200,9 +244,12 @@ impl Protection {
     /// one.
     pub(crate) fn plaintext_of(&self, length: usize) -> io::Result<(usize, usize)> {
         let nonce = if self.explicit_nonce { 8 } else { 0 };
-        let plaintext = length
-            .checked_sub(nonce + TAG)
-            .ok_or_else(|| broken("the peer sent a record too short to hold its tag"))?;
+        let plaintext = length.checked_sub(nonce + TAG).ok_or_else(|| {
+            refused(
+                AlertDescription::BadRecordMac,
+                "the peer sent a record too short to hold its tag",
+            )
+        })?;
         Ok((nonce, plaintext))
     }
 
@@ -237,7 +284,12 @@ impl Protection {
                 Aad::from(sealed.aad()),
                 &mut record[start..],
             )
-            .map_err(|_| broken("a record failed its integrity check (bad_record_mac)"))?;
+            .map_err(|_| {
+                refused(
+                    AlertDescription::BadRecordMac,
+                    "a record failed its integrity check (bad_record_mac)",
+                )
+            })?;
         self.next_seq()?;
         let plaintext = &record[start..start + sealed.plaintext];
         let (kind, content) = self.inner(sealed.outer, plaintext)?;
@@ -281,23 +333,29 @@ impl Protection {
     /// inner type is its last byte that is not padding.
     fn inner(&self, outer: u8, plaintext: &[u8]) -> io::Result<(u8, usize)> {
         match self.version {
-            Version::Tls12 if plaintext.len() > MAX_CONTENT => {
-                Err(broken("the peer sent a record longer than 16 KiB"))
-            }
+            Version::Tls12 if plaintext.len() > MAX_CONTENT => Err(refused(
+                AlertDescription::RecordOverflow,
+                "the peer sent a record longer than 16 KiB",
+            )),
             Version::Tls12 => Ok((outer, plaintext.len())),
             // The inner plaintext, padding included, is at most 2^14 + 1
             // bytes (RFC 8446 5.4): padding may not stretch a record.
-            Version::Tls13 if plaintext.len() > MAX_CONTENT + 1 => {
-                Err(broken("the peer sent a record longer than 16 KiB"))
-            }
+            Version::Tls13 if plaintext.len() > MAX_CONTENT + 1 => Err(refused(
+                AlertDescription::RecordOverflow,
+                "the peer sent a record longer than 16 KiB",
+            )),
             Version::Tls13 => {
                 if outer != APPLICATION_DATA {
-                    return Err(broken(format!(
-                        "the peer sent a protected record of outer type {outer}"
-                    )));
+                    return Err(refused(
+                        AlertDescription::UnexpectedMessage,
+                        format!("the peer sent a protected record of outer type {outer}"),
+                    ));
                 }
                 let Some(last) = plaintext.iter().rposition(|&byte| byte != 0) else {
-                    return Err(broken("the peer sent a record with no content type"));
+                    return Err(refused(
+                        AlertDescription::UnexpectedMessage,
+                        "the peer sent a record with no content type",
+                    ));
                 };
                 Ok((plaintext[last], last))
             }

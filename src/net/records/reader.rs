@@ -18,8 +18,11 @@ use std::task::{Context, Poll, ready};
 use tokio::io::{AsyncRead, ReadBuf};
 
 use super::keys::Keys;
+use rustls::AlertDescription;
+
 use super::protection::{
-    ALERT, APPLICATION_DATA, HANDSHAKE, HEADER, MAX_BODY, Protection, Version, broken,
+    ALERT, APPLICATION_DATA, HANDSHAKE, HEADER, MAX_BODY, Protection, Version, alert_for,
+    ended_by_peer, refused,
 };
 
 /// The first buffer: one whole record of the longest kind.
@@ -126,11 +129,17 @@ impl<R> RecordReader<R> {
             return Ok(None);
         }
         if held[1] != 3 {
-            return Err(broken("the peer sent a record that is not TLS"));
+            return Err(refused(
+                AlertDescription::DecodeError,
+                "the peer sent a record that is not TLS",
+            ));
         }
         let length = usize::from(u16::from_be_bytes([held[3], held[4]]));
         if length > MAX_BODY {
-            return Err(broken("the peer sent a record longer than TLS allows"));
+            return Err(refused(
+                AlertDescription::RecordOverflow,
+                "the peer sent a record longer than TLS allows",
+            ));
         }
         Ok((held.len() >= HEADER + length).then_some(HEADER + length))
     }
@@ -138,7 +147,8 @@ impl<R> RecordReader<R> {
     /// A record that is not data, opened: its content taken in.
     fn take_in(&mut self, kind: u8, content: &[u8]) -> io::Result<()> {
         if kind != HANDSHAKE && !self.handshake.is_empty() {
-            return Err(broken(
+            return Err(refused(
+                AlertDescription::UnexpectedMessage,
                 "the peer sent another record inside a handshake message",
             ));
         }
@@ -146,15 +156,19 @@ impl<R> RecordReader<R> {
         match kind {
             ALERT => self.alert(content),
             HANDSHAKE => self.post_handshake(content),
-            other => Err(broken(format!(
-                "the peer sent a record of type {other} after the handshake"
-            ))),
+            other => Err(refused(
+                AlertDescription::UnexpectedMessage,
+                format!("the peer sent a record of type {other} after the handshake"),
+            )),
         }
     }
 
     fn alert(&mut self, content: &[u8]) -> io::Result<()> {
         let &[level, description] = content else {
-            return Err(broken("the peer sent a malformed alert"));
+            return Err(refused(
+                AlertDescription::DecodeError,
+                "the peer sent a malformed alert",
+            ));
         };
         match (level, description) {
             (WARNING, CLOSE_NOTIFY) => {
@@ -165,11 +179,14 @@ impl<R> RecordReader<R> {
             // TLS 1.2's other warnings say nothing to act on; TLS 1.3 has
             // none.
             (WARNING, _) if self.keys.version() == Version::Tls12 => Ok(()),
-            (WARNING | FATAL, _) => Err(broken(format!(
+            (WARNING | FATAL, _) => Err(ended_by_peer(format!(
                 "the peer ended the connection with alert {description} ({:?})",
                 rustls::AlertDescription::from(description)
             ))),
-            _ => Err(broken(format!("the peer sent an alert of level {level}"))),
+            _ => Err(refused(
+                AlertDescription::IllegalParameter,
+                format!("the peer sent an alert of level {level}"),
+            )),
         }
     }
 
@@ -177,12 +194,11 @@ impl<R> RecordReader<R> {
     /// or share one.
     fn post_handshake(&mut self, content: &[u8]) -> io::Result<()> {
         if self.keys.version() == Version::Tls12 {
-            return Err(broken(
-                "the peer asked to renegotiate, which capexec does not",
-            ));
+            return self.hello_requests(content);
         }
         if self.handshake.len() + content.len() > MAX_HANDSHAKE_MESSAGE {
-            return Err(broken(
+            return Err(refused(
+                AlertDescription::UnexpectedMessage,
                 "the peer sent a handshake message longer than 64 KiB",
             ));
         }
@@ -195,16 +211,23 @@ impl<R> RecordReader<R> {
             // few hundred), and a client sends no tickets.
             match kind {
                 KEY_UPDATE if length != 1 => {
-                    return Err(broken("the peer sent a malformed KeyUpdate"));
+                    return Err(refused(
+                        AlertDescription::DecodeError,
+                        "the peer sent a malformed KeyUpdate",
+                    ));
                 }
                 NEW_SESSION_TICKET if !self.keys.is_client() => {
-                    return Err(broken("the client sent a session ticket"));
+                    return Err(refused(
+                        AlertDescription::UnexpectedMessage,
+                        "the client sent a session ticket",
+                    ));
                 }
                 KEY_UPDATE | NEW_SESSION_TICKET => {}
                 other => {
-                    return Err(broken(format!(
-                        "the peer sent handshake message {other} after the handshake"
-                    )));
+                    return Err(refused(
+                        AlertDescription::UnexpectedMessage,
+                        format!("the peer sent handshake message {other} after the handshake"),
+                    ));
                 }
             }
             let Some(message) = self.handshake.get(at + 4..at + 4 + length) else {
@@ -214,12 +237,16 @@ impl<R> RecordReader<R> {
                 NEW_SESSION_TICKET => self.keys.take_ticket(message)?,
                 KEY_UPDATE => {
                     let &[requested @ (0 | 1)] = message else {
-                        return Err(broken("the peer sent a malformed KeyUpdate"));
+                        return Err(refused(
+                            AlertDescription::DecodeError,
+                            "the peer sent a malformed KeyUpdate",
+                        ));
                     };
                     // RFC 8446 5.1: the next record is under the new key,
                     // so nothing may follow it in this one.
                     if at + 4 + length != self.handshake.len() {
-                        return Err(broken(
+                        return Err(refused(
+                            AlertDescription::UnexpectedMessage,
                             "the peer's KeyUpdate was not at the end of its record",
                         ));
                     }
@@ -229,9 +256,10 @@ impl<R> RecordReader<R> {
                     }
                 }
                 other => {
-                    return Err(broken(format!(
-                        "the peer sent handshake message {other} after the handshake"
-                    )));
+                    return Err(refused(
+                        AlertDescription::UnexpectedMessage,
+                        format!("the peer sent handshake message {other} after the handshake"),
+                    ));
                 }
             }
             at += 4 + length;
@@ -240,6 +268,23 @@ impl<R> RecordReader<R> {
         if self.handshake.is_empty() {
             self.handshake = Vec::new();
         }
+        Ok(())
+    }
+
+    /// TLS 1.2's only message a peer may send after the handshake: a
+    /// server's HelloRequest (type 0, length 0: four zero bytes), asking
+    /// for a renegotiation, which a client may decline by ignoring it (RFC
+    /// 5246 7.4.1.1), as capexec does. Anything else asks to renegotiate.
+    fn hello_requests(&mut self, content: &[u8]) -> io::Result<()> {
+        if !self.keys.is_client() || content.iter().any(|&byte| byte != 0) {
+            return Err(refused(
+                AlertDescription::UnexpectedMessage,
+                "the peer asked to renegotiate, which capexec does not",
+            ));
+        }
+        // Only what is left of a request split across records is kept.
+        let held = (self.handshake.len() + content.len()) % 4;
+        self.handshake = vec![0; held];
         Ok(())
     }
 
@@ -395,9 +440,10 @@ impl<R> RecordReader<R> {
     fn quiet(&mut self) -> io::Result<()> {
         self.quiet += 1;
         if self.quiet > MAX_QUIET {
-            return Err(broken(format!(
-                "the peer sent more than {MAX_QUIET} records in a row with no data"
-            )));
+            return Err(refused(
+                AlertDescription::UnexpectedMessage,
+                format!("the peer sent more than {MAX_QUIET} records in a row with no data"),
+            ));
         }
         Ok(())
     }
@@ -427,8 +473,12 @@ impl<R: AsyncRead + Unpin> AsyncRead for RecordReader<R> {
         }
         let polled = this.poll_open(cx, out);
         if let Poll::Ready(Err(error)) = &polled {
-            // The connection is over: every later read says why.
+            // The connection is over: every later read says why, and the
+            // writer tells the peer, in place of what it would send next.
             this.failed = Some((error.kind(), error.to_string()));
+            if let Some(alert) = alert_for(error) {
+                this.keys.refuse(alert);
+            }
         }
         polled
     }

@@ -522,6 +522,26 @@ fn an_end_without_close_notify_is_an_error_not_the_end_of_the_data() {
     );
 }
 
+/// Two ends of an in-memory pipe holding `capacity` bytes, and the
+/// server's and client's configurations of `case`.
+fn in_memory(
+    case: Case,
+    capacity: usize,
+) -> (
+    tokio::io::DuplexStream,
+    tokio::io::DuplexStream,
+    Arc<ServerConfig>,
+    Arc<ClientConfig>,
+) {
+    let (near, far) = tokio::io::duplex(capacity);
+    (
+        near,
+        far,
+        server_config(case, &IDENTITY),
+        client_config(case, &IDENTITY),
+    )
+}
+
 /// Our client's reader's answer to a record our server seals by hand
 /// (`kind`, `content`), over an in-memory pipe.
 fn answer_to(kind: u8, content: &'static [u8]) -> std::io::Result<usize> {
@@ -531,12 +551,16 @@ fn answer_to(kind: u8, content: &'static [u8]) -> std::io::Result<usize> {
 /// Our client's answers to `reads` reads after our server sealed
 /// `records` by hand.
 fn answers_to(records: Vec<(u8, &'static [u8])>, reads: usize) -> Vec<std::io::Result<usize>> {
-    let case = cases()[0];
-    let (near, far) = tokio::io::duplex(1 << 20);
-    let (server_config, client_config) = (
-        server_config(case, &IDENTITY),
-        client_config(case, &IDENTITY),
-    );
+    answers_in(cases()[0], records, reads)
+}
+
+/// The same in the suite and version of `case`.
+fn answers_in(
+    case: Case,
+    records: Vec<(u8, &'static [u8])>,
+    reads: usize,
+) -> Vec<std::io::Result<usize>> {
+    let (near, far, server_config, client_config) = in_memory(case, 1 << 20);
     on_local(async move {
         let serving = tokio::task::spawn_local(async move {
             let mut established = server(server_config, far).await.expect("a handshake");
@@ -560,6 +584,80 @@ fn answers_to(records: Vec<(u8, &'static [u8])>, reads: usize) -> Vec<std::io::R
         serving.await.expect("the server");
         answers
     })
+}
+
+/// How the client's end goes when our server seals by hand what
+/// `hostile` seals: the client's read, then its write and shutdown (as
+/// capnp-rpc sends its Abort message after a read fails), and what the
+/// server then reads.
+fn refused_by_client(
+    hostile: impl FnOnce(
+        &mut super::writer::RecordWriter<tokio::io::WriteHalf<tokio::io::DuplexStream>>,
+    ) + 'static,
+) -> [std::io::Result<usize>; 3] {
+    let case = cases()[0];
+    let (near, far, server_config, client_config) = in_memory(case, 1 << 20);
+    on_local(async move {
+        let serving = tokio::task::spawn_local(async move {
+            let mut established = server(server_config, far).await.expect("a handshake");
+            hostile(&mut established.writer);
+            established.writer.flush().await.expect("flushed");
+            let mut buffer = [0; 100];
+            established.reader.read(&mut buffer).await
+        });
+        let mut established = client(client_config, name(), near)
+            .await
+            .expect("a handshake");
+        let mut buffer = vec![0; 100];
+        let read = established.reader.read(&mut buffer).await;
+        let written = established.writer.write(b"abort").await;
+        let _ = established.writer.shutdown().await;
+        let seen = serving.await.expect("the server");
+        [read, written, seen]
+    })
+}
+
+#[test]
+fn records_refused_are_answered_with_the_alert_that_says_why() {
+    let bad_mac = refused_by_client(|writer| {
+        writer
+            .seal_raw(APPLICATION_DATA, b"tampered")
+            .expect("sealed");
+        writer.corrupt_last();
+    });
+    let overflow = refused_by_client(|writer| {
+        writer
+            .seal_raw(0, padded_by_one(16 * 1024))
+            .expect("sealed");
+    });
+    let unexpected = refused_by_client(|writer| writer.seal_raw(20, &[1]).expect("sealed"));
+    for ([read, written, seen], says, alert) in [
+        (bad_mac, "bad_record_mac", "alert 20 (BadRecordMac)"),
+        (overflow, "longer than 16 KiB", "alert 22 (RecordOverflow)"),
+        (
+            unexpected,
+            "record of type 20",
+            "alert 10 (UnexpectedMessage)",
+        ),
+    ] {
+        let read = read.expect_err("the client's read fails");
+        assert!(read.to_string().contains(says), "{read}");
+        let written = written.expect_err("nothing is written after");
+        assert_eq!(written.kind(), std::io::ErrorKind::BrokenPipe, "{written}");
+        let seen = seen.expect_err("the server is told");
+        assert!(seen.to_string().contains(alert), "{says}: {seen}");
+    }
+}
+
+#[test]
+fn a_peers_alert_is_not_answered_and_a_clean_end_still_sends_close_notify() {
+    let [read, written, seen] =
+        refused_by_client(|writer| writer.seal_raw(ALERT, &[2, 40]).expect("sealed"));
+    assert!(read.expect_err("an error").to_string().contains("alert 40"));
+    // Nothing refused, so the write goes out (no one reads it) and the
+    // shutdown sends close_notify: the server reads "abort", not an alert.
+    assert_eq!(written.expect("written"), 5);
+    assert_eq!(seen.expect("the data"), 5);
 }
 
 #[test]
@@ -598,6 +696,35 @@ fn records_no_peer_may_send_end_the_connection() {
             "{says}: {error}"
         );
         assert!(error.to_string().contains(says), "{says}: {error}");
+    }
+}
+
+#[test]
+fn a_tls12_servers_hello_request_is_declined_by_ignoring_it() {
+    let tls12 = cases()[3];
+    assert!(tls12.tls12);
+    // Two requests in one record, then one split across two, then data.
+    let answers = answers_in(
+        tls12,
+        vec![
+            (HANDSHAKE, &[0; 8][..]),
+            (HANDSHAKE, &[0; 3][..]),
+            (HANDSHAKE, &[0][..]),
+            (APPLICATION_DATA, &b"after"[..]),
+        ],
+        1,
+    );
+    assert_eq!(answers[0].as_ref().expect("the data after"), &5);
+    // Any other handshake message asks to renegotiate, as does data
+    // inside a split request.
+    for records in [
+        vec![(HANDSHAKE, &[1, 0, 0, 0][..])],
+        vec![(HANDSHAKE, &[0, 0][..]), (APPLICATION_DATA, &b"inside"[..])],
+    ] {
+        let error = answers_in(tls12, records, 1)
+            .remove(0)
+            .expect_err("an error");
+        assert_eq!(error.kind(), std::io::ErrorKind::InvalidData, "{error}");
     }
 }
 
@@ -772,11 +899,7 @@ fn padding_counts_towards_a_tls13_records_limit() {
 #[test]
 fn an_idle_connection_holds_no_read_buffer_and_a_busy_one_grows_its_own() {
     let case = cases()[0];
-    let (near, far) = tokio::io::duplex(1 << 22);
-    let (server_config, client_config) = (
-        server_config(case, &IDENTITY),
-        client_config(case, &IDENTITY),
-    );
+    let (near, far, server_config, client_config) = in_memory(case, 1 << 22);
     on_local(async move {
         let serving = tokio::task::spawn_local(async move {
             let mut established = server(server_config, far).await.expect("a handshake");
@@ -837,11 +960,7 @@ fn an_idle_connection_holds_no_read_buffer_and_a_busy_one_grows_its_own() {
 /// Our server's reader's answer to a record our client seals by hand.
 fn server_answer_to(kind: u8, content: &'static [u8]) -> std::io::Result<usize> {
     let case = cases()[0];
-    let (near, far) = tokio::io::duplex(1 << 20);
-    let (server_config, client_config) = (
-        server_config(case, &IDENTITY),
-        client_config(case, &IDENTITY),
-    );
+    let (near, far, server_config, client_config) = in_memory(case, 1 << 20);
     on_local(async move {
         let serving = tokio::task::spawn_local(async move {
             let mut established = server(server_config, far).await.expect("a handshake");
@@ -921,11 +1040,7 @@ fn a_handshake_that_arrives_a_few_bytes_at_a_time_completes() {
     // and the session tickets that follow the handshake left to the
     // record layer.
     for case in cases() {
-        let (near, far) = tokio::io::duplex(1 << 20);
-        let (server_config, client_config) = (
-            server_config(case, &IDENTITY),
-            client_config(case, &IDENTITY),
-        );
+        let (near, far, server_config, client_config) = in_memory(case, 1 << 20);
         on_local(async move {
             let serving = tokio::task::spawn_local(async move {
                 let mut established = server(server_config, Trickle(far))

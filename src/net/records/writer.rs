@@ -2,8 +2,9 @@
 //! (each copied once into the record and sealed in place, as rustls's
 //! writer does), up to [`BATCH`] at a call, and writes them out before it
 //! takes more. Sends a KeyUpdate when the peer asked for one and before
-//! its key has sealed as many records as its cipher allows, and
-//! close_notify at shutdown.
+//! its key has sealed as many records as its cipher allows, close_notify
+//! at shutdown, and, once the reader has refused the peer's records, the
+//! fatal alert that says why in place of anything more.
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;
@@ -16,6 +17,9 @@ use super::keys::Keys;
 use super::protection::{
     ALERT, APPLICATION_DATA, HANDSHAKE, MAX_CONTENT, Protection, Version, broken,
 };
+
+/// An alert's level: fatal.
+const FATAL: u8 = 2;
 
 /// The most content sealed at one call: four records, one write(2). What
 /// the caller counts as sent may be this much ahead of the socket (as much
@@ -37,6 +41,8 @@ pub(crate) struct RecordWriter<W> {
     failed: bool,
     /// The socket failed a write: every later call says so.
     broken: Option<(io::ErrorKind, String)>,
+    /// The reader refused the peer's records: nothing more is sealed.
+    refused: bool,
 }
 
 impl<W> RecordWriter<W> {
@@ -51,6 +57,7 @@ impl<W> RecordWriter<W> {
             updates: 0,
             failed: false,
             broken: None,
+            refused: false,
         }
     }
 
@@ -67,6 +74,14 @@ impl<W> RecordWriter<W> {
         let start = self.protection.begin(&mut self.sealed);
         self.sealed.extend_from_slice(content);
         self.protection.seal(&mut self.sealed, start, kind)
+    }
+
+    /// Flips a bit of the last record's tag, as a hostile peer might.
+    #[cfg(test)]
+    pub(crate) fn corrupt_last(&mut self) {
+        if let Some(byte) = self.sealed.last_mut() {
+            *byte ^= 1;
+        }
     }
 
     #[cfg(test)]
@@ -98,10 +113,38 @@ impl<W> RecordWriter<W> {
         Ok(())
     }
 
+    /// Once the reader has refused the peer's records: the fatal alert
+    /// that says why sealed after what is sealed already (RFC 8446 6.2),
+    /// and nothing sealed after it.
+    fn answer_refusal(&mut self) {
+        let Some(alert) = self.keys.take_refusal() else {
+            return;
+        };
+        if !self.failed && !self.closing {
+            let start = self.protection.begin(&mut self.sealed);
+            self.sealed.extend_from_slice(&[FATAL, u8::from(alert)]);
+            if self
+                .protection
+                .seal(&mut self.sealed, start, ALERT)
+                .is_err()
+            {
+                self.sealed.truncate(start);
+            }
+        }
+        self.refused = true;
+        self.closing = true;
+    }
+
     /// Seals up to [`BATCH`] bytes of `slices` into records: how many. On
     /// an error nothing of this call's is left to be written (its content
     /// would go out in clear), and no later call seals.
     fn seal(&mut self, slices: &[IoSlice<'_>]) -> io::Result<usize> {
+        if self.refused {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "TLS: the connection ended when the peer's records were refused",
+            ));
+        }
         if self.failed {
             return Err(broken("a record could not be sealed earlier"));
         }
@@ -185,6 +228,7 @@ impl<W: AsyncWrite + Unpin> RecordWriter<W> {
         cx: &mut Context<'_>,
         slices: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        self.answer_refusal();
         ready!(self.poll_written(cx))?;
         let taken = self.seal(slices)?;
         // Start the write now; what the socket does not take yet is
@@ -222,12 +266,14 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for RecordWriter<W> {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        this.answer_refusal();
         ready!(this.poll_written(cx))?;
         Pin::new(&mut this.socket).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        this.answer_refusal();
         if !this.closing {
             ready!(this.poll_written(cx))?;
             if !this.failed {
