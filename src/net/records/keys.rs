@@ -4,7 +4,7 @@
 //! be updated.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rustls::client::ClientConnectionData;
@@ -12,7 +12,13 @@ use rustls::kernel::KernelConnection;
 use rustls::server::ServerConnectionData;
 use rustls::{AlertDescription, ConnectionTrafficSecrets, SupportedCipherSuite};
 
-use super::protection::{Protection, Version, broken, refused};
+use super::protection::{Ending, Protection, Version, broken, refused};
+
+/// `Keys::ending`'s codes: none yet, silent, or an alert (its code in the
+/// low byte).
+const NO_ENDING: u16 = 0;
+const SILENT: u16 = 0x100;
+const ALERT: u16 = 0x200;
 
 /// rustls's side of a connection whose records capexec protects.
 pub(crate) enum Kernel {
@@ -53,10 +59,9 @@ pub(crate) struct Keys {
     /// The peer's KeyUpdate asked for ours: the writer sends one before
     /// its next record.
     update_requested: AtomicBool,
-    /// The reader refused the peer's records: the fatal alert the writer
-    /// sends in place of anything else (0: none; close_notify, alert 0,
-    /// is never fatal).
-    refusal: AtomicU8,
+    /// The reader ended the connection: how the writer ends it, encoded
+    /// (`NO_ENDING`, `SILENT`, or `ALERT` with the alert's code).
+    ending: AtomicU16,
 }
 
 impl Keys {
@@ -70,7 +75,7 @@ impl Keys {
             version,
             limit: AtomicU64::new(limit.saturating_sub(1 << 16).max(1)),
             update_requested: AtomicBool::new(false),
-            refusal: AtomicU8::new(0),
+            ending: AtomicU16::new(NO_ENDING),
         })
     }
 
@@ -135,19 +140,24 @@ impl Keys {
         }
     }
 
-    /// The reader ended the connection: the writer tells the peer with
-    /// `alert`. The first refusal stands.
-    pub(crate) fn refuse(&self, alert: AlertDescription) {
-        let _ =
-            self.refusal
-                .compare_exchange(0, u8::from(alert), Ordering::AcqRel, Ordering::Relaxed);
+    /// The reader ended the connection: the writer ends it as `ending`
+    /// says. The first ending stands.
+    pub(crate) fn end(&self, ending: Ending) {
+        let code = match ending {
+            Ending::Silent => SILENT,
+            Ending::Alert(alert) => ALERT | u16::from(u8::from(alert)),
+        };
+        let _ = self
+            .ending
+            .compare_exchange(NO_ENDING, code, Ordering::AcqRel, Ordering::Relaxed);
     }
 
-    /// The alert the reader's refusal asks for, once.
-    pub(crate) fn take_refusal(&self) -> Option<AlertDescription> {
-        match self.refusal.swap(0, Ordering::AcqRel) {
-            0 => None,
-            alert => Some(AlertDescription::from(alert)),
+    /// How the reader asked the writer to end the connection, once.
+    pub(crate) fn take_ending(&self) -> Option<Ending> {
+        match self.ending.swap(NO_ENDING, Ordering::AcqRel) {
+            NO_ENDING => None,
+            SILENT => Some(Ending::Silent),
+            code => Some(Ending::Alert(AlertDescription::from(code as u8))),
         }
     }
 

@@ -23,6 +23,8 @@ pub(crate) const MAX_CONTENT: usize = 1 << 14;
 /// nonce, TLS 1.3's inner type and padding, the tag. TLS 1.3 allows 256
 /// bytes beyond the content, TLS 1.2 2,048 (RFC 5246 6.2.3).
 pub(crate) const MAX_BODY: usize = MAX_CONTENT + 2048;
+/// TLS 1.3's own limit on a record's body (RFC 8446 5.2).
+pub(crate) const MAX_BODY_TLS13: usize = MAX_CONTENT + 256;
 
 pub(crate) const ALERT: u8 = 21;
 pub(crate) const HANDSHAKE: u8 = 22;
@@ -111,10 +113,24 @@ impl std::fmt::Display for Refusal {
 
 impl std::error::Error for Refusal {}
 
-/// The alert that answers `error`, one of the record layer's; `None` for
-/// an error of the socket's (the connection is gone) or a peer's alert.
-pub(crate) fn alert_for(error: &io::Error) -> Option<AlertDescription> {
-    error.get_ref()?.downcast_ref::<Refusal>()?.alert
+/// How the writer ends a connection the reader ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// With this fatal alert: the peer's records were refused.
+    Alert(AlertDescription),
+    /// With nothing more: the peer ended it with a fatal alert, after
+    /// which neither side sends anything (RFC 8446 6.2).
+    Silent,
+}
+
+/// How the writer ends the connection after the reader's `error`; `None`
+/// for an error of the socket's (the connection is gone).
+pub(crate) fn ending_for(error: &io::Error) -> Option<Ending> {
+    let refusal = error.get_ref()?.downcast_ref::<Refusal>()?;
+    Some(match refusal.alert {
+        Some(alert) => Ending::Alert(alert),
+        None => Ending::Silent,
+    })
 }
 
 impl Protection {

@@ -21,8 +21,8 @@ use super::keys::Keys;
 use rustls::AlertDescription;
 
 use super::protection::{
-    ALERT, APPLICATION_DATA, HANDSHAKE, HEADER, MAX_BODY, Protection, Version, alert_for,
-    ended_by_peer, refused,
+    ALERT, APPLICATION_DATA, HANDSHAKE, HEADER, MAX_BODY, MAX_BODY_TLS13, Protection, Version,
+    ended_by_peer, ending_for, refused,
 };
 
 /// The first buffer: one whole record of the longest kind.
@@ -135,7 +135,11 @@ impl<R> RecordReader<R> {
             ));
         }
         let length = usize::from(u16::from_be_bytes([held[3], held[4]]));
-        if length > MAX_BODY {
+        let most = match self.keys.version() {
+            Version::Tls13 => MAX_BODY_TLS13,
+            Version::Tls12 => MAX_BODY,
+        };
+        if length > most {
             return Err(refused(
                 AlertDescription::RecordOverflow,
                 "the peer sent a record longer than TLS allows",
@@ -146,6 +150,15 @@ impl<R> RecordReader<R> {
 
     /// A record that is not data, opened: its content taken in.
     fn take_in(&mut self, kind: u8, content: &[u8]) -> io::Result<()> {
+        // An alert first: the peer's close_notify or fatal alert is its end
+        // whatever came before it (half a handshake message, a run of
+        // records without data), and a fatal one is not answered.
+        if kind == ALERT {
+            self.alert(content)?;
+            if self.closed {
+                return Ok(());
+            }
+        }
         if kind != HANDSHAKE && !self.handshake.is_empty() {
             return Err(refused(
                 AlertDescription::UnexpectedMessage,
@@ -154,7 +167,12 @@ impl<R> RecordReader<R> {
         }
         self.quiet()?;
         match kind {
-            ALERT => self.alert(content),
+            ALERT => Ok(()),
+            // RFC 8446 5.1, RFC 5246 6.2.1: no handshake record is empty.
+            HANDSHAKE if content.is_empty() => Err(refused(
+                AlertDescription::UnexpectedMessage,
+                "the peer sent an empty handshake record",
+            )),
             HANDSHAKE => self.post_handshake(content),
             other => Err(refused(
                 AlertDescription::UnexpectedMessage,
@@ -476,8 +494,8 @@ impl<R: AsyncRead + Unpin> AsyncRead for RecordReader<R> {
             // The connection is over: every later read says why, and the
             // writer tells the peer, in place of what it would send next.
             this.failed = Some((error.kind(), error.to_string()));
-            if let Some(alert) = alert_for(error) {
-                this.keys.refuse(alert);
+            if let Some(ending) = ending_for(error) {
+                this.keys.end(ending);
             }
         }
         polled

@@ -542,6 +542,12 @@ fn in_memory(
     )
 }
 
+/// Asserts that `answer` is an error that says `what`.
+fn fails_saying(answer: std::io::Result<usize>, what: &str) {
+    let error = answer.expect_err(what);
+    assert!(error.to_string().contains(what), "not {what:?}: {error}");
+}
+
 /// Our client's reader's answer to a record our server seals by hand
 /// (`kind`, `content`), over an in-memory pipe.
 fn answer_to(kind: u8, content: &'static [u8]) -> std::io::Result<usize> {
@@ -595,7 +601,16 @@ fn refused_by_client(
         &mut super::writer::RecordWriter<tokio::io::WriteHalf<tokio::io::DuplexStream>>,
     ) + 'static,
 ) -> [std::io::Result<usize>; 3] {
-    let case = cases()[0];
+    refused_in(cases()[0], hostile)
+}
+
+/// The same in the suite and version of `case`.
+fn refused_in(
+    case: Case,
+    hostile: impl FnOnce(
+        &mut super::writer::RecordWriter<tokio::io::WriteHalf<tokio::io::DuplexStream>>,
+    ) + 'static,
+) -> [std::io::Result<usize>; 3] {
     let (near, far, server_config, client_config) = in_memory(case, 1 << 20);
     on_local(async move {
         let serving = tokio::task::spawn_local(async move {
@@ -650,14 +665,118 @@ fn records_refused_are_answered_with_the_alert_that_says_why() {
 }
 
 #[test]
-fn a_peers_alert_is_not_answered_and_a_clean_end_still_sends_close_notify() {
+fn after_the_peers_fatal_alert_nothing_is_sent_not_even_an_answer() {
     let [read, written, seen] =
         refused_by_client(|writer| writer.seal_raw(ALERT, &[2, 40]).expect("sealed"));
     assert!(read.expect_err("an error").to_string().contains("alert 40"));
-    // Nothing refused, so the write goes out (no one reads it) and the
-    // shutdown sends close_notify: the server reads "abort", not an alert.
-    assert_eq!(written.expect("written"), 5);
-    assert_eq!(seen.expect("the data"), 5);
+    // Neither the write nor close_notify at the shutdown: the server reads
+    // the end of the connection.
+    let written = written.expect_err("nothing written");
+    assert_eq!(written.kind(), std::io::ErrorKind::BrokenPipe, "{written}");
+    fails_saying(seen, "without close_notify");
+}
+
+#[test]
+fn a_peers_end_is_taken_whatever_came_before_it() {
+    // After half a handshake message: the peer's alert, not a record
+    // inside the message, and no answer.
+    let [read, _, seen] = refused_by_client(|writer| {
+        writer
+            .seal_raw(HANDSHAKE, &[4, 0, 0, 9, 1])
+            .expect("sealed");
+        writer.seal_raw(ALERT, &[2, 40]).expect("sealed");
+    });
+    fails_saying(read, "alert 40");
+    fails_saying(seen, "without close_notify");
+    // After as many records without data as a peer may send in a row
+    // (counted from the data before them, after the session tickets): its
+    // alert or close_notify, not one quiet record too many.
+    for (end, answer) in [(&[2, 40][..], "alert 40"), (&[1, 0][..], "the end")] {
+        let mut records = vec![(APPLICATION_DATA, &b"x"[..])];
+        records.extend([(APPLICATION_DATA, &[][..]); 32]);
+        records.push((ALERT, end));
+        let answers = answers_to(records, 2);
+        assert_eq!(answers[0].as_ref().expect("the data"), &1);
+        match &answers[1] {
+            Ok(0) => assert_eq!(answer, "the end"),
+            Ok(read) => panic!("{read} bytes after the quiet records"),
+            Err(error) => assert!(error.to_string().contains(answer), "{error}"),
+        }
+    }
+}
+
+#[test]
+fn a_tls13_record_longer_than_tls13_allows_is_refused_on_its_header() {
+    // 2^14 + 300 bytes of content with a bad tag: too long for TLS 1.3
+    // (2^14 + 256), though not for TLS 1.2, so refused before it is
+    // opened, as an overflow rather than a bad MAC.
+    let [read, _, seen] = refused_by_client(|writer| {
+        writer
+            .seal_raw(APPLICATION_DATA, &[1; 16 * 1024 + 300])
+            .expect("sealed");
+        writer.corrupt_last();
+    });
+    fails_saying(read, "longer than TLS allows");
+    fails_saying(seen, "alert 22 (RecordOverflow)");
+}
+
+#[test]
+fn tls12_records_are_refused_with_the_alert_that_says_why_in_each_suite() {
+    // AES-GCM sends an explicit nonce, ChaCha20-Poly1305 does not.
+    for case in [cases()[3], cases()[5]] {
+        let answer = answers_in(case, vec![(APPLICATION_DATA, &[7; 16 * 1024][..])], 1).remove(0);
+        assert_eq!(answer.expect("2^14 bytes taken"), 100);
+        let [read, written, seen] = refused_in(case, |writer| {
+            writer
+                .seal_raw(APPLICATION_DATA, &[7; 16 * 1024 + 1])
+                .expect("sealed");
+        });
+        fails_saying(read, "longer than 16 KiB");
+        let written = written.expect_err("nothing written after");
+        assert_eq!(written.kind(), std::io::ErrorKind::BrokenPipe);
+        fails_saying(seen, "alert 22 (RecordOverflow)");
+        let [_, _, seen] = refused_in(case, |writer| {
+            writer.seal_raw(APPLICATION_DATA, b"x").expect("sealed");
+            writer.corrupt_last();
+        });
+        fails_saying(seen, "alert 20 (BadRecordMac)");
+    }
+}
+
+#[test]
+fn an_empty_handshake_record_is_refused_in_either_version() {
+    for case in [cases()[0], cases()[3]] {
+        let answer = answers_in(
+            case,
+            vec![(HANDSHAKE, &[][..]), (APPLICATION_DATA, &b"after"[..])],
+            1,
+        )
+        .remove(0);
+        let error = answer.expect_err("refused");
+        assert!(
+            error.to_string().contains("empty handshake record"),
+            "{case:?}: {error}"
+        );
+    }
+}
+
+#[test]
+fn an_end_of_the_connection_without_close_notify_is_not_answered() {
+    let (near, far, server_config, client_config) = in_memory(cases()[0], 1 << 20);
+    let ending = on_local(async move {
+        let serving = tokio::task::spawn_local(async move {
+            drop(server(server_config, far).await.expect("a handshake"));
+        });
+        let mut established = client(client_config, name(), near)
+            .await
+            .expect("a handshake");
+        serving.await.expect("the server");
+        let mut buffer = vec![0; 100];
+        let read = established.reader.read(&mut buffer).await;
+        assert!(read.is_err());
+        established.writer.keys().take_ending()
+    });
+    assert_eq!(ending, None);
 }
 
 #[test]
@@ -717,15 +836,46 @@ fn a_tls12_servers_hello_request_is_declined_by_ignoring_it() {
     assert_eq!(answers[0].as_ref().expect("the data after"), &5);
     // Any other handshake message asks to renegotiate, as does data
     // inside a split request.
-    for records in [
-        vec![(HANDSHAKE, &[1, 0, 0, 0][..])],
-        vec![(HANDSHAKE, &[0, 0][..]), (APPLICATION_DATA, &b"inside"[..])],
+    for (records, says) in [
+        (vec![(HANDSHAKE, &[1, 0, 0, 0][..])], "renegotiate"),
+        (
+            vec![(HANDSHAKE, &[0, 0][..]), (APPLICATION_DATA, &b"inside"[..])],
+            "inside a handshake message",
+        ),
     ] {
         let error = answers_in(tls12, records, 1)
             .remove(0)
             .expect_err("an error");
         assert_eq!(error.kind(), std::io::ErrorKind::InvalidData, "{error}");
+        assert!(error.to_string().contains(says), "{error}");
     }
+}
+
+#[test]
+fn a_tls12_server_takes_no_hello_request() {
+    let (near, far, server_config, client_config) = in_memory(cases()[3], 1 << 20);
+    let (taken, seen) = on_local(async move {
+        let serving = tokio::task::spawn_local(async move {
+            let mut established = server(server_config, far).await.expect("a handshake");
+            let mut buffer = vec![0; 100];
+            let taken = established.reader.read(&mut buffer).await;
+            let _ = established.writer.write(b"x").await;
+            taken
+        });
+        let mut established = client(client_config, name(), near)
+            .await
+            .expect("a handshake");
+        established
+            .writer
+            .seal_raw(HANDSHAKE, &[0; 4])
+            .expect("sealed");
+        established.writer.flush().await.expect("flushed");
+        let mut buffer = vec![0; 100];
+        let seen = established.reader.read(&mut buffer).await;
+        (serving.await.expect("the server"), seen)
+    });
+    fails_saying(taken, "renegotiate");
+    fails_saying(seen, "alert 10 (UnexpectedMessage)");
 }
 
 #[test]

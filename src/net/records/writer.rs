@@ -15,7 +15,7 @@ use tokio::io::AsyncWrite;
 
 use super::keys::Keys;
 use super::protection::{
-    ALERT, APPLICATION_DATA, HANDSHAKE, MAX_CONTENT, Protection, Version, broken,
+    ALERT, APPLICATION_DATA, Ending, HANDSHAKE, MAX_CONTENT, Protection, Version, broken,
 };
 
 /// An alert's level: fatal.
@@ -41,8 +41,9 @@ pub(crate) struct RecordWriter<W> {
     failed: bool,
     /// The socket failed a write: every later call says so.
     broken: Option<(io::ErrorKind, String)>,
-    /// The reader refused the peer's records: nothing more is sealed.
-    refused: bool,
+    /// The reader ended the connection: nothing more is sealed, saying
+    /// why.
+    ended: Option<&'static str>,
 }
 
 impl<W> RecordWriter<W> {
@@ -57,7 +58,7 @@ impl<W> RecordWriter<W> {
             updates: 0,
             failed: false,
             broken: None,
-            refused: false,
+            ended: None,
         }
     }
 
@@ -113,25 +114,32 @@ impl<W> RecordWriter<W> {
         Ok(())
     }
 
-    /// Once the reader has refused the peer's records: the fatal alert
-    /// that says why sealed after what is sealed already (RFC 8446 6.2),
-    /// and nothing sealed after it.
-    fn answer_refusal(&mut self) {
-        let Some(alert) = self.keys.take_refusal() else {
+    /// Once the reader has ended the connection, nothing more is sealed
+    /// (RFC 8446 6.2): after refusing the peer's records, but for the
+    /// fatal alert that says why, sealed after what is sealed already;
+    /// after the peer's own fatal alert, nothing at all, not even
+    /// close_notify.
+    fn follow_the_reader(&mut self) {
+        let Some(ending) = self.keys.take_ending() else {
             return;
         };
-        if !self.failed && !self.closing {
-            let start = self.protection.begin(&mut self.sealed);
-            self.sealed.extend_from_slice(&[FATAL, u8::from(alert)]);
-            if self
-                .protection
-                .seal(&mut self.sealed, start, ALERT)
-                .is_err()
-            {
-                self.sealed.truncate(start);
+        self.ended = Some(match ending {
+            Ending::Alert(alert) => {
+                if !self.failed && !self.closing {
+                    let start = self.protection.begin(&mut self.sealed);
+                    self.sealed.extend_from_slice(&[FATAL, u8::from(alert)]);
+                    if self
+                        .protection
+                        .seal(&mut self.sealed, start, ALERT)
+                        .is_err()
+                    {
+                        self.sealed.truncate(start);
+                    }
+                }
+                "TLS: the connection ended when the peer's records were refused"
             }
-        }
-        self.refused = true;
+            Ending::Silent => "TLS: the peer ended the connection with an alert",
+        });
         self.closing = true;
     }
 
@@ -139,11 +147,8 @@ impl<W> RecordWriter<W> {
     /// an error nothing of this call's is left to be written (its content
     /// would go out in clear), and no later call seals.
     fn seal(&mut self, slices: &[IoSlice<'_>]) -> io::Result<usize> {
-        if self.refused {
-            return Err(io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                "TLS: the connection ended when the peer's records were refused",
-            ));
+        if let Some(why) = self.ended {
+            return Err(io::Error::new(io::ErrorKind::BrokenPipe, why));
         }
         if self.failed {
             return Err(broken("a record could not be sealed earlier"));
@@ -228,7 +233,7 @@ impl<W: AsyncWrite + Unpin> RecordWriter<W> {
         cx: &mut Context<'_>,
         slices: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        self.answer_refusal();
+        self.follow_the_reader();
         ready!(self.poll_written(cx))?;
         let taken = self.seal(slices)?;
         // Start the write now; what the socket does not take yet is
@@ -266,14 +271,14 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for RecordWriter<W> {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        this.answer_refusal();
+        this.follow_the_reader();
         ready!(this.poll_written(cx))?;
         Pin::new(&mut this.socket).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        this.answer_refusal();
+        this.follow_the_reader();
         if !this.closing {
             ready!(this.poll_written(cx))?;
             if !this.failed {
