@@ -3,7 +3,10 @@
 //! ways, aes128-gcm) on loopback; `capexec cp -r` of many small files next
 //! to `cp -r` and `scp -r`; a walk of a huge tree with the server's
 //! memory. scp runs against an sshd of the bench's own on a loopback port
-//! (`ssh.rs`); without sshd its rows are skipped, saying why.
+//! (`ssh.rs`); without sshd its rows are skipped, saying why. An upload
+//! over TLS is shown against its floor too: the local copy with one TLS
+//! hop between its two `cat`s (`hop.rs`, `sealed.rs`), the least any TLS
+//! connection moving the file costs.
 
 use std::error::Error;
 use std::path::Path;
@@ -14,12 +17,14 @@ use capexec::model::{WalkOptions, WriteOptions};
 use futures::StreamExt;
 
 use crate::Plan;
+use crate::hop;
 use crate::report::{Report, RowId, Target};
 use crate::servers::{CAPEXEC, Servers};
 use crate::ssh::Sshd;
 use crate::wall::time_process;
 
 const SECTION: &str = "files";
+const TLS_HOP_FLOOR: &str = "the TLS-hop floor";
 
 pub async fn run(
     plan: &Plan,
@@ -54,6 +59,7 @@ pub async fn run(
     let mut scp_down = Vec::new();
     let (mut net_down, mut net_up) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
     let (mut local_new, mut up_new) = (Vec::new(), Vec::new());
+    let mut hop_new = Vec::new();
     let (mut local_replace, mut up_replace) = (Vec::new(), Vec::new());
     let cat = format!("cat {} | cat > /dev/null", big.display());
     // Uploads write files: each has a local counterpart doing the same to
@@ -91,6 +97,7 @@ pub async fn run(
         for (samples, (_, directory)) in net_up.iter_mut().zip(&networked) {
             samples.push(timed_upload(directory, &big, size, &uploaded).await?);
         }
+        hop_new.push(timed_hop_writing(&big, size, &copy)?);
 
         std::fs::write(&copy, old_content)?;
         local_replace.push(timed_writing(&cat_replacing, &copy)?);
@@ -188,6 +195,25 @@ pub async fn run(
         Some(Target::AtLeastShare(0.6)),
         "",
     );
+    let hop_floor = report.case(
+        SECTION,
+        format!(
+            "`cat FILE | {} | cat > NEW` (same disk, one TLS hop: {TLS_HOP_FLOOR})",
+            hop::Kind::Sealed.shown()
+        ),
+        hop_new,
+        writing,
+        Some(size),
+        None,
+        "",
+    );
+    report.reach(
+        SECTION,
+        format!("60 % of the local copy against {TLS_HOP_FLOOR}, an upload"),
+        0.6,
+        writing.row(),
+        hop_floor,
+    );
     for (samples, (name, _)) in net_up.into_iter().zip(&networked) {
         let tls = *name == "tls";
         let row = report.case(
@@ -199,6 +225,9 @@ pub async fn run(
             tls.then_some(Target::AtLeastShare(0.6)),
             "",
         );
+        if tls {
+            report.relative(row, hop_floor, TLS_HOP_FLOOR);
+        }
         if let (true, Some(scp_up)) = (tls, scp_up) {
             report.also(row, twice_scp(scp_up));
         }
@@ -329,6 +358,28 @@ async fn timed_download(remote: &Directory, size: u64) -> Result<Duration, Box<d
 /// removed and the disk left to settle, untimed.
 fn timed_writing(line: &str, written: &Path) -> Result<Duration, Box<dyn Error>> {
     let took = time_process("sh", &["-c", line], None)?;
+    std::fs::remove_file(written)?;
+    settle_disk();
+    Ok(took)
+}
+
+/// The time of `cat big | <TLS hop> | cat > written`, the floor of an
+/// upload over TLS; the file is then removed and the disk left to settle,
+/// untimed.
+fn timed_hop_writing(big: &Path, size: u64, written: &Path) -> Result<Duration, Box<dyn Error>> {
+    let chains = [
+        vec![vec!["cat".to_string(), big.display().to_string()]],
+        vec![vec![
+            "sh".to_string(),
+            "-c".to_string(),
+            format!("cat > '{}'", written.display()),
+        ]],
+    ];
+    let took = hop::run(&chains, hop::Kind::Sealed)?.took;
+    let arrived = std::fs::metadata(written)?.len();
+    if arrived != size {
+        return Err(format!("through the TLS hop: {arrived} of {size} bytes").into());
+    }
     std::fs::remove_file(written)?;
     settle_disk();
     Ok(took)

@@ -76,6 +76,13 @@ pub struct Report {
 #[derive(Clone, Copy)]
 pub struct Baseline(usize);
 
+impl Baseline {
+    /// The baseline as a row, for a target or a figure relative to it.
+    pub fn row(self) -> RowId {
+        RowId(self.0)
+    }
+}
+
 /// A handle on any row, for a target relative to it.
 #[derive(Clone, Copy)]
 pub struct RowId(usize);
