@@ -354,9 +354,9 @@ async fn pass(
 
 /// A record changed on the way, after the handshake, is refused by the
 /// end that opens it (the AEAD's tag), in each direction: the command's
-/// output never arrives with the flipped bit, the connection ends (the
-/// server telling the client with a bad_record_mac alert), and the server
-/// goes on serving others.
+/// output never arrives with the flipped bit, the connection ends as a lost
+/// one, saying why (the server telling the client with a bad_record_mac
+/// alert), and the server goes on serving others.
 #[test]
 fn a_record_changed_on_the_way_ends_the_connection_in_each_direction() {
     common::run_local(async {
@@ -384,6 +384,18 @@ fn a_record_changed_on_the_way_ends_the_connection_in_each_direction() {
             ),
             Err(error) => assert!(!error.to_string().is_empty()),
         }
+        // The client's calls fail from then on as over a lost connection,
+        // saying why: a resilient client reports it and may reconnect.
+        let error = connection
+            .executor()
+            .environments_request()
+            .send()
+            .promise
+            .await
+            .err()
+            .expect("the connection is over");
+        assert_eq!(error.kind, capnp::ErrorKind::Disconnected, "{error}");
+        assert!(error.extra.contains("bad_record_mac"), "{error}");
 
         // The client's start of a command with a 120 KB argument, a bit
         // flipped 60 KB in: past the handshake and the login.

@@ -70,13 +70,19 @@ pub(crate) struct Protection {
     seq: u64,
 }
 
-/// An error that ends the connection: `InvalidData`, saying what. Met
-/// while reading, it is answered with an `internal_error` alert.
+/// The kind of every error that ends a connection once its handshake is
+/// made: Cap'n Proto takes it for a lost connection (`Disconnected`), as
+/// it takes the end of a TCP connection, so that a client says why it
+/// lost its commands and may reconnect.
+pub(crate) const ENDED: io::ErrorKind = io::ErrorKind::ConnectionAborted;
+
+/// An error that ends the connection ([`ENDED`]), saying what. Met while
+/// reading, it is answered with an `internal_error` alert.
 pub(crate) fn broken(what: impl Into<String>) -> io::Error {
     ended(Some(AlertDescription::InternalError), what)
 }
 
-/// A peer's records refused: `InvalidData`, saying what, answered with
+/// A peer's records refused ([`ENDED`]), saying what, answered with
 /// `alert` (RFC 8446 6.2) before the connection ends.
 pub(crate) fn refused(alert: AlertDescription, what: impl Into<String>) -> io::Error {
     ended(Some(alert), what)
@@ -89,7 +95,7 @@ pub(crate) fn ended_by_peer(what: impl Into<String>) -> io::Error {
 
 fn ended(alert: Option<AlertDescription>, what: impl Into<String>) -> io::Error {
     io::Error::new(
-        io::ErrorKind::InvalidData,
+        ENDED,
         Refusal {
             alert,
             what: format!("TLS: {}", what.into()),

@@ -15,14 +15,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
+use rustls::AlertDescription;
 use tokio::io::{AsyncRead, ReadBuf};
 
 use super::keys::Keys;
-use rustls::AlertDescription;
-
 use super::protection::{
-    ALERT, APPLICATION_DATA, HANDSHAKE, HEADER, MAX_BODY, MAX_BODY_TLS13, Protection, Version,
-    ended_by_peer, ending_for, refused,
+    ALERT, APPLICATION_DATA, ENDED, Ending, HANDSHAKE, HEADER, MAX_BODY, MAX_BODY_TLS13,
+    Protection, Version, ended_by_peer, ending_for, refused,
 };
 
 /// The first buffer: one whole record of the longest kind.
@@ -442,7 +441,7 @@ impl<R> RecordReader<R> {
             }
             if ready!(self.poll_fill(cx))? == 0 {
                 return Poll::Ready(Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
+                    ENDED,
                     if self.start == self.end {
                         "TLS: the peer closed the connection without close_notify"
                     } else {
@@ -495,6 +494,12 @@ impl<R: AsyncRead + Unpin> AsyncRead for RecordReader<R> {
             // writer tells the peer, in place of what it would send next.
             this.failed = Some((error.kind(), error.to_string()));
             if let Some(ending) = ending_for(error) {
+                // The reason goes no further than this end's log: the
+                // RPC system ends as for any lost connection.
+                match ending {
+                    Ending::Alert(_) => tracing::info!(%error, "refused the peer's TLS records"),
+                    Ending::Silent => tracing::info!(%error, "TLS connection ended by the peer"),
+                }
                 this.keys.end(ending);
             }
         }
