@@ -304,10 +304,12 @@ async fn pump(
             let now = Instant::now();
             buffer.extend_from_slice(&chunk[..read]);
             // A direct channel (capexec::net::CHANNEL_MAGIC) is no Cap'n
-            // Proto stream: its bytes go on as they come both ways,
-            // uncounted. (The server answers only after the magic.)
+            // Proto stream, nor is TLS (a ClientHello's record begins 22,
+            // 3): their bytes go on as they come both ways, uncounted.
+            // (The server answers only after the magic or the hello.)
             if direction == Direction::ToServer
-                && buffer.starts_with(&capexec::net::CHANNEL_MAGIC[..4])
+                && (buffer.starts_with(&capexec::net::CHANNEL_MAGIC[..4])
+                    || buffer.starts_with(&[22, 3]))
             {
                 raw.store(true, Ordering::SeqCst);
             }

@@ -417,3 +417,75 @@ fn a_record_changed_on_the_way_ends_the_connection_in_each_direction() {
         assert_eq!(output, Ok(b"over tls\n".to_vec()), "the server serves on");
     });
 }
+
+/// A resilient process over TLS recovers after its connection is cut, as
+/// over TCP: the end of a TLS connection without close_notify is a lost
+/// connection, not a failed call.
+#[test]
+fn a_resilient_process_over_tls_recovers_after_a_cut() {
+    use capexec::client::{Connect, Error, ResilientProcess, Session};
+    use std::time::Duration;
+
+    common::run_local(async {
+        let setup = serve(&["127.0.0.1"], false);
+        let token = setup.server.token.clone().expect("token");
+        let tls = trusting(ServerTrust::Pin(setup.fingerprint.clone()));
+        let dir = TempDir::new("tls-recovery");
+        let proxy =
+            common::proxy::Proxy::in_front_of(&setup.server.address, dir.path(), Duration::ZERO)
+                .await
+                .expect("start the proxy");
+        let address = proxy.address().clone();
+        let connect: Connect = std::rc::Rc::new(move || {
+            let (address, token, tls) = (address.clone(), token.clone(), tls.clone());
+            Box::pin(async move {
+                let connection = net::connect_with(&address, Some(&token), Some(&tls))
+                    .await
+                    .map_err(|error| Error::Connect(error.to_string()))?;
+                Ok(Session::new(
+                    connection.executor(),
+                    Some(Box::new(connection)),
+                ))
+            })
+        });
+        let go = dir.path().join("go");
+        let command = common::sh(&format!(
+            "echo ready; while [ ! -e {go} ]; do sleep 0.01; done; echo after",
+            go = go.display()
+        ));
+        let (process, started) =
+            ResilientProcess::spawn(&command, connect, Duration::from_secs(30))
+                .await
+                .expect("connect");
+        started.await.expect("start");
+        let (mut after, mut text) = (0, String::new());
+        while !text.contains("ready") {
+            let outcome = process
+                .read(after, 0, Duration::from_secs(10))
+                .await
+                .expect("read");
+            after = outcome.next_seq - 1;
+            text.push_str(&String::from_utf8_lossy(&common::output_bytes(
+                &outcome.events,
+                None,
+            )));
+        }
+
+        proxy.cut();
+        std::fs::write(&go, b"").expect("let it go on");
+        proxy.restore();
+        let mut rest = String::new();
+        while !rest.contains("after") {
+            let outcome = process
+                .read(after, 0, Duration::from_secs(30))
+                .await
+                .expect("a read, recovered over TLS");
+            after = outcome.next_seq - 1;
+            rest.push_str(&String::from_utf8_lossy(&common::output_bytes(
+                &outcome.events,
+                None,
+            )));
+        }
+        assert_eq!(rest, "after\n");
+    });
+}
