@@ -175,6 +175,15 @@ impl<W> RecordWriter<W> {
         for slice in slices {
             let mut rest: &[u8] = slice;
             while !rest.is_empty() && taken < BATCH {
+                // A whole record in this slice: sealed straight from it.
+                if record.is_none() && rest.len() >= MAX_CONTENT && BATCH - taken >= MAX_CONTENT {
+                    let (content, after) = rest.split_at(MAX_CONTENT);
+                    self.protection
+                        .seal_from(&mut self.sealed, content, APPLICATION_DATA)?;
+                    rest = after;
+                    taken += MAX_CONTENT;
+                    continue;
+                }
                 let (start, held) = match record {
                     Some(open) => open,
                     None => (self.protection.begin(&mut self.sealed), 0),
