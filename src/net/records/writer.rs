@@ -1,6 +1,7 @@
 //! The sending half: seals what it is given into records of at most 16 KiB
-//! (each copied once into the record and sealed in place, as rustls's
-//! writer does), up to [`BATCH`] at a call, and writes them out before it
+//! (a whole record in one slice sealed straight from it into the outgoing
+//! buffer, in one pass; the rest copied into their record and sealed in
+//! place, as rustls's writer does), up to [`BATCH`] at a call, and writes them out before it
 //! takes more. Sends a KeyUpdate when the peer asked for one and before
 //! its key has sealed as many records as its cipher allows, close_notify
 //! at shutdown, and, once the reader has refused the peer's records, the
