@@ -6,7 +6,10 @@
 //! reader); opened here, a record is decrypted straight from the socket's
 //! buffer into the reader's in one pass, which takes 40 % less of the
 //! receiving end's CPU (docs/PROFILES.md, "Records opened by hand").
-//! Sealing is as rustls's: one copy into the record, sealed in place.
+//! A record whose content lies in one of the writer's slices is sealed
+//! the same way, in one pass from the caller's bytes into the outgoing
+//! buffer; others are copied into their record and sealed in place, as
+//! rustls seals every record.
 //!
 //! rustls still makes the handshake (`handshake`, through its unbuffered
 //! API) and keeps what follows it that is not records: its kernel

@@ -4,7 +4,10 @@
 //! into `&mut [u8]` only, and a `&mut [u8]` over uninitialised bytes is
 //! undefined behaviour in Rust, so this calls aws-lc's
 //! `EVP_AEAD_CTX_open_gather` itself, with a raw pointer: aws-lc writes the
-//! plaintext there and reads none of it.
+//! plaintext there and reads none of it. Sealing the same way
+//! (`EVP_AEAD_CTX_seal_scatter`, out of place): from the caller's bytes
+//! straight into the spare room of the outgoing buffer, one pass where a
+//! copy and a seal in place make two.
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -23,17 +26,17 @@ pub(crate) enum Aead {
     Chacha20Poly1305,
 }
 
-/// One receiving key's aws-lc context.
-pub(crate) struct OpeningKey {
+/// One direction's key as an aws-lc context of its own.
+pub(crate) struct AeadKey {
     context: *mut EVP_AEAD_CTX,
 }
 
 // SAFETY: the context is owned here alone and used through `&self` one
 // call at a time; aws-lc's AEAD contexts may move between threads.
-unsafe impl Send for OpeningKey {}
+unsafe impl Send for AeadKey {}
 
-impl OpeningKey {
-    pub(crate) fn new(aead: Aead, key: &[u8]) -> io::Result<OpeningKey> {
+impl AeadKey {
+    pub(crate) fn new(aead: Aead, key: &[u8]) -> io::Result<AeadKey> {
         // SAFETY: these return pointers to static algorithm tables.
         let algorithm: *const EVP_AEAD = unsafe {
             match aead {
@@ -48,7 +51,7 @@ impl OpeningKey {
         if context.is_null() {
             return Err(broken("the negotiated key does not fit its cipher"));
         }
-        Ok(OpeningKey { context })
+        Ok(AeadKey { context })
     }
 
     /// Opens `ciphertext` with `tag` into the first `ciphertext.len()`
@@ -95,7 +98,56 @@ impl OpeningKey {
     }
 }
 
-impl Drop for OpeningKey {
+impl AeadKey {
+    /// Seals `plaintext` and then `extra` (TLS 1.3's inner content type)
+    /// into the first `plaintext.len() + extra.len() + TAG` bytes of
+    /// `out`, which need not be initialised, in one pass that encrypts
+    /// and copies: how many bytes it wrote.
+    pub(crate) fn seal_into(
+        &self,
+        nonce: &[u8; 12],
+        aad: &[u8],
+        plaintext: &[u8],
+        extra: &[u8],
+        out: &mut [MaybeUninit<u8>],
+    ) -> io::Result<usize> {
+        let length = plaintext.len();
+        let trailer = extra.len() + TAG;
+        if out.len() < length + trailer {
+            return Err(broken("a record larger than the room given to seal it"));
+        }
+        let mut written_trailer = 0;
+        // SAFETY: every pointer is valid for the length passed with it for
+        // the call; `out` (ours, exclusively borrowed) overlaps none of the
+        // inputs; aws-lc writes the ciphertext of `plaintext` to its first
+        // `length` bytes and that of `extra` with the tag after them, at
+        // most `trailer` bytes, and reads none of it.
+        let sealed = unsafe {
+            let out = out.as_mut_ptr().cast::<u8>();
+            aws_lc_sys::EVP_AEAD_CTX_seal_scatter(
+                self.context,
+                out,
+                out.add(length),
+                &mut written_trailer,
+                trailer,
+                nonce.as_ptr(),
+                nonce.len(),
+                plaintext.as_ptr(),
+                length,
+                extra.as_ptr(),
+                extra.len(),
+                aad.as_ptr(),
+                aad.len(),
+            )
+        };
+        if sealed != 1 || written_trailer != trailer {
+            return Err(broken("a record could not be sealed"));
+        }
+        Ok(length + trailer)
+    }
+}
+
+impl Drop for AeadKey {
     fn drop(&mut self) {
         // SAFETY: made by EVP_AEAD_CTX_new, freed once.
         unsafe { EVP_AEAD_CTX_free(self.context) }

@@ -11,7 +11,7 @@ use aws_lc_rs::aead::{AES_128_GCM, AES_256_GCM, Aad, CHACHA20_POLY1305, LessSafe
 use aws_lc_rs::aead::{NONCE_LEN, UnboundKey};
 use rustls::{AlertDescription, ConnectionTrafficSecrets};
 
-use super::opening::{Aead, OpeningKey};
+use super::opening::{Aead, AeadKey};
 
 /// A record's header: type, legacy version, length.
 pub(crate) const HEADER: usize = 5;
@@ -60,8 +60,9 @@ pub(crate) enum Version {
 /// One direction's key, IV and next sequence number.
 pub(crate) struct Protection {
     key: LessSafeKey,
-    /// The same key, to open into memory not initialised yet.
-    opening: OpeningKey,
+    /// The same key, to open into memory not initialised yet and to seal
+    /// out of place.
+    raw: AeadKey,
     iv: [u8; NONCE_LEN],
     /// TLS 1.2's AES-GCM sends the nonce's last 8 bytes before the
     /// ciphertext; TLS 1.2's ChaCha20-Poly1305 and TLS 1.3 derive it.
@@ -161,7 +162,7 @@ impl Protection {
                 ));
             }
         };
-        let opening = OpeningKey::new(aead, key.as_ref())?;
+        let raw = AeadKey::new(aead, key.as_ref())?;
         let key = UnboundKey::new(algorithm, key.as_ref())
             .map_err(|_| broken("the negotiated key does not fit its cipher"))?;
         let iv: [u8; NONCE_LEN] = iv
@@ -170,7 +171,7 @@ impl Protection {
             .map_err(|_| broken("the negotiated IV is not 12 bytes"))?;
         Ok(Protection {
             key: LessSafeKey::new(key),
-            opening,
+            raw,
             iv,
             explicit_nonce: gcm && version == Version::Tls12,
             version,
@@ -220,6 +221,43 @@ impl Protection {
             out.extend_from_slice(&[0; 8]);
         }
         start
+    }
+
+    /// Seals `content` (at most [`MAX_CONTENT`] bytes) as one record of
+    /// type `kind` at the end of `out`, in one pass from `content` into
+    /// `out`'s room: the same record [`Protection::begin`], a copy of
+    /// `content` and [`Protection::seal`] make.
+    pub(crate) fn seal_from(
+        &mut self,
+        out: &mut Vec<u8>,
+        content: &[u8],
+        kind: u8,
+    ) -> io::Result<()> {
+        debug_assert!(content.len() <= MAX_CONTENT);
+        let nonce = self.nonce();
+        let explicit = if self.explicit_nonce { 8 } else { 0 };
+        let (outer, inner_type) = match self.version {
+            Version::Tls13 => (APPLICATION_DATA, &[kind][..]),
+            Version::Tls12 => (kind, &[][..]),
+        };
+        let length = explicit + content.len() + inner_type.len() + TAG;
+        let header = [outer, 3, 3, (length >> 8) as u8, length as u8];
+        out.reserve(HEADER + length);
+        out.extend_from_slice(&header);
+        if self.explicit_nonce {
+            out.extend_from_slice(&nonce[4..]);
+        }
+        let tls12_aad = self.tls12_aad(kind, content.len());
+        let aad = match self.version {
+            Version::Tls13 => &header[..],
+            Version::Tls12 => &tls12_aad[..],
+        };
+        let room = &mut out.spare_capacity_mut()[..length - explicit];
+        let written = self.raw.seal_into(&nonce, aad, content, inner_type, room)?;
+        // SAFETY: `seal_into` initialised the first `written` bytes of the
+        // room, which `reserve` made.
+        unsafe { out.set_len(out.len() + written) };
+        self.next_seq()
     }
 
     /// Seals the record begun at `start` with the content appended since,
@@ -288,7 +326,7 @@ impl Protection {
         let sealed = self.sealed(record)?;
         let (ciphertext, tag) = record[sealed.start..].split_at(sealed.plaintext);
         let opened = self
-            .opening
+            .raw
             .open(&sealed.nonce, sealed.aad(), ciphertext, tag, out)?;
         self.next_seq()?;
         let (kind, content) = self.inner(sealed.outer, opened)?;

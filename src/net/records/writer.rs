@@ -1,6 +1,7 @@
 //! The sending half: seals what it is given into records of at most 16 KiB
-//! (each copied once into the record and sealed in place, as rustls's
-//! writer does), up to [`BATCH`] at a call, and writes them out before it
+//! (a whole record in one slice sealed straight from it into the outgoing
+//! buffer, in one pass; the rest copied into their record and sealed in
+//! place, as rustls's writer does), up to [`BATCH`] at a call, and writes them out before it
 //! takes more. Sends a KeyUpdate when the peer asked for one and before
 //! its key has sealed as many records as its cipher allows, close_notify
 //! at shutdown, and, once the reader has refused the peer's records, the
@@ -175,6 +176,15 @@ impl<W> RecordWriter<W> {
         for slice in slices {
             let mut rest: &[u8] = slice;
             while !rest.is_empty() && taken < BATCH {
+                // A whole record in this slice: sealed straight from it.
+                if record.is_none() && rest.len() >= MAX_CONTENT && BATCH - taken >= MAX_CONTENT {
+                    let (content, after) = rest.split_at(MAX_CONTENT);
+                    self.protection
+                        .seal_from(&mut self.sealed, content, APPLICATION_DATA)?;
+                    rest = after;
+                    taken += MAX_CONTENT;
+                    continue;
+                }
                 let (start, held) = match record {
                     Some(open) => open,
                     None => (self.protection.begin(&mut self.sealed), 0),
