@@ -226,14 +226,17 @@ impl Protection {
     /// Seals `content` (at most [`MAX_CONTENT`] bytes) as one record of
     /// type `kind` at the end of `out`, in one pass from `content` into
     /// `out`'s room: the same record [`Protection::begin`], a copy of
-    /// `content` and [`Protection::seal`] make.
+    /// `content` and [`Protection::seal`] make. On an error `out` may end
+    /// with part of a record: the caller drops what it sealed in the call.
     pub(crate) fn seal_from(
         &mut self,
         out: &mut Vec<u8>,
         content: &[u8],
         kind: u8,
     ) -> io::Result<()> {
-        debug_assert!(content.len() <= MAX_CONTENT);
+        if content.len() > MAX_CONTENT {
+            return Err(broken("a record's content is longer than 16 KiB"));
+        }
         let nonce = self.nonce();
         let explicit = if self.explicit_nonce { 8 } else { 0 };
         let (outer, inner_type) = match self.version {
