@@ -546,9 +546,15 @@ fn in_memory(
     )
 }
 
-/// Asserts that `answer` is an error that says `what`.
+/// Asserts that `answer` is the record layer's end of the connection
+/// (a lost connection to Cap'n Proto), saying `what`.
 fn fails_saying(answer: std::io::Result<usize>, what: &str) {
     let error = answer.expect_err(what);
+    assert_eq!(
+        error.kind(),
+        std::io::ErrorKind::ConnectionAborted,
+        "{what}: {error}"
+    );
     assert!(error.to_string().contains(what), "not {what:?}: {error}");
 }
 
@@ -812,13 +818,7 @@ fn records_no_peer_may_send_end_the_connection() {
         (20, &[1][..], "record of type 20 after the handshake"),
         (0, &[][..], "no content type"),
     ] {
-        let error = answer_to(content_type, content).expect_err("an error");
-        assert_eq!(
-            error.kind(),
-            std::io::ErrorKind::ConnectionAborted,
-            "{says}: {error}"
-        );
-        assert!(error.to_string().contains(says), "{says}: {error}");
+        fails_saying(answer_to(content_type, content), says);
     }
 }
 
@@ -847,15 +847,7 @@ fn a_tls12_servers_hello_request_is_declined_by_ignoring_it() {
             "inside a handshake message",
         ),
     ] {
-        let error = answers_in(tls12, records, 1)
-            .remove(0)
-            .expect_err("an error");
-        assert_eq!(
-            error.kind(),
-            std::io::ErrorKind::ConnectionAborted,
-            "{error}"
-        );
-        assert!(error.to_string().contains(says), "{error}");
+        fails_saying(answers_in(tls12, records, 1).remove(0), says);
     }
 }
 
