@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use capexec::capexec_capnp::executor;
 use capexec::client;
 use capexec::net::DirectRoute;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{
+    AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader,
+};
 
 use crate::Plan;
 use crate::report::{Report, Target};
@@ -73,12 +75,12 @@ fn start_peer() -> Result<u16, Box<dyn Error>> {
 }
 
 /// Sends `up` bytes and reads `down` back, both at once, on `stream`.
-async fn exchange<S: AsyncRead + AsyncWrite>(
-    stream: S,
+async fn exchange(
+    mut read: impl AsyncBufRead + Unpin,
+    mut write: impl AsyncWrite + Unpin,
     up: u64,
     down: u64,
 ) -> Result<(), Box<dyn Error>> {
-    let (mut read, mut write) = tokio::io::split(stream);
     let sending = async {
         // The header goes with the first bytes: two small writes would
         // meet Nagle's algorithm and a delayed ACK on a path without
@@ -97,14 +99,17 @@ async fn exchange<S: AsyncRead + AsyncWrite>(
         write.shutdown().await
     };
     let receiving = async {
-        let mut buffer = vec![0u8; CHUNK];
+        // Where the reader hands its bytes out: a socket's, read into a
+        // buffer of CHUNK; `dial`'s, in their messages.
         let mut answer = Answer::default();
         loop {
-            let n = read.read(&mut buffer).await?;
-            if n == 0 {
+            let bytes = read.fill_buf().await?;
+            if bytes.is_empty() {
                 return Ok::<_, std::io::Error>(answer);
             }
-            answer.take(&buffer[..n]);
+            answer.take(bytes);
+            let n = bytes.len();
+            read.consume(n);
         }
     };
     let ((), answer) = futures::future::try_join(sending, receiving).await?;
@@ -353,8 +358,8 @@ fn relay_each<S: HalfClose>(
 
 async fn relayed(path: &std::path::Path, up: u64, down: u64) -> Result<Duration, Box<dyn Error>> {
     let started = Instant::now();
-    let stream = tokio::net::UnixStream::connect(path).await?;
-    exchange(stream, up, down).await?;
+    let (read, write) = tokio::net::UnixStream::connect(path).await?.into_split();
+    exchange(BufReader::with_capacity(CHUNK, read), write, up, down).await?;
     Ok(started.elapsed())
 }
 
@@ -362,7 +367,8 @@ async fn direct(port: u16, up: u64, down: u64) -> Result<Duration, Box<dyn Error
     let started = Instant::now();
     let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
     stream.set_nodelay(true)?;
-    exchange(stream, up, down).await?;
+    let (read, write) = stream.into_split();
+    exchange(BufReader::with_capacity(CHUNK, read), write, up, down).await?;
     Ok(started.elapsed())
 }
 
@@ -424,7 +430,8 @@ async fn dialled(
     if stream.is_direct() != route.is_some() {
         return Err("the server did not grant a direct channel".into());
     }
-    exchange(stream, up, down).await?;
+    let (read, write) = stream.into_split();
+    exchange(read, write, up, down).await?;
     Ok(started.elapsed())
 }
 

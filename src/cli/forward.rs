@@ -17,7 +17,7 @@ use capexec::client::{self, PortStream};
 use capexec::model::{Address, io_message};
 use capexec::net::DirectRoute;
 use capexec::ports::{PortRules, Socket};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::cli::forward_spec::ForwardSpec;
@@ -446,7 +446,7 @@ async fn splice(socket: Socket, stream: PortStream) -> Result<(), String> {
         Err(stream) => *stream,
     };
     let socket = Rc::new(socket);
-    let (mut from_far, mut to_far) = tokio::io::split(stream);
+    let (mut from_far, mut to_far) = stream.into_split();
     let outgoing = async {
         let mut buffer = vec![0u8; CHUNK_BYTES];
         loop {
@@ -461,19 +461,16 @@ async fn splice(socket: Socket, stream: PortStream) -> Result<(), String> {
         }
     };
     let incoming = async {
-        let mut buffer = vec![0u8; CHUNK_BYTES];
         loop {
-            let read = from_far
-                .read(&mut buffer)
-                .await
-                .map_err(|e| e.to_string())?;
-            if read == 0 {
+            // Written on from where their message brought them; answered
+            // (the far writer's room) once the local socket took them.
+            let bytes = from_far.fill_buf().await.map_err(|e| e.to_string())?;
+            if bytes.is_empty() {
                 return socket.shutdown_write().map_err(|e| io_message(&e));
             }
-            socket
-                .write_all(&buffer[..read])
-                .await
-                .map_err(|e| io_message(&e))?;
+            let read = bytes.len();
+            socket.write_all(bytes).await.map_err(|e| io_message(&e))?;
+            from_far.consume(read);
         }
     };
     let result = futures::future::try_join(outgoing, incoming).await;

@@ -93,7 +93,10 @@ pub use self::events::EventStream;
 pub use self::executor::{environment, environments, info, restrict};
 pub use self::follow::{follow_links, parent_and_name};
 pub use self::handle::ProcessHandle;
-pub use self::ports::{DirectEnds, DirectParts, PortListener, PortStream, dial, dial_via, listen};
+pub use self::ports::{
+    DirectEnds, DirectParts, PortListener, PortReadHalf, PortStream, PortWriteHalf, dial, dial_via,
+    listen,
+};
 pub use self::process::{Pending, PendingWrite, RemoteProcess, restore};
 pub use self::resilient::{
     Connect, MAX_UNANSWERED_WRITES, RecoveryNote, ResilientEvents, ResilientProcess, Session,

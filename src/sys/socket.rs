@@ -121,6 +121,47 @@ impl Socket {
         }
     }
 
+    /// Reads what has arrived into `buf` (0: end of file), or pending
+    /// with `cx` woken once something can be read.
+    pub fn poll_read(
+        &self,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut [u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        loop {
+            std::task::ready!(self.poll_read_ready(cx))?;
+            match self.try_read(buf) {
+                // The readiness was cleared: the next poll registers `cx`.
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
+                other => return std::task::Poll::Ready(other),
+            }
+        }
+    }
+
+    /// Writes what the kernel takes of `buf` now, or pending with `cx`
+    /// woken once it can take some.
+    pub fn poll_write(
+        &self,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        loop {
+            let ready = match self {
+                Socket::Tcp(stream) => stream.poll_write_ready(cx),
+                Socket::Unix(stream) => stream.poll_write_ready(cx),
+            };
+            std::task::ready!(ready)?;
+            let written = match self {
+                Socket::Tcp(stream) => stream.try_write(buf),
+                Socket::Unix(stream) => stream.try_write(buf),
+            };
+            match written {
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
+                other => return std::task::Poll::Ready(other),
+            }
+        }
+    }
+
     /// Writes all of `data`; returns once the kernel has taken it.
     pub async fn write_all(&self, mut data: &[u8]) -> io::Result<()> {
         while !data.is_empty() {

@@ -246,6 +246,24 @@ const FLOOD: usize = 96 << 20;
 /// ends (a few MiB each on loopback) and each hop's window.
 const STALL_BOUND: u64 = 32 << 20;
 
+/// The peer writes `chunk` over and over, [`FLOOD`] bytes in all, then
+/// half-closes; the counter says how much the kernel took so far.
+fn flood_from_peer(
+    mut far: TcpStream,
+    chunk: Vec<u8>,
+) -> (Arc<AtomicU64>, tokio::task::JoinHandle<()>) {
+    let sent = Arc::new(AtomicU64::new(0));
+    let counter = Arc::clone(&sent);
+    let writer = tokio::spawn(async move {
+        while (counter.load(Ordering::SeqCst) as usize) < FLOOD {
+            far.write_all(&chunk).await.expect("peer writes");
+            counter.fetch_add(chunk.len() as u64, Ordering::SeqCst);
+        }
+        far.shutdown().await.expect("peer half-closes");
+    });
+    (sent, writer)
+}
+
 async fn a_slow_reader_holds_the_writer_back(ctx: Ctx) {
     let chunk = Pattern::bytes(3, 64 * 1024);
     let (listener, address) = peer().await;
@@ -297,16 +315,7 @@ async fn a_slow_reader_holds_the_writer_back(ctx: Ctx) {
     let write_half = writer.await.expect("writer");
 
     // Peer to client: the client does not read, so the peer's writes stop.
-    let sent = Arc::new(AtomicU64::new(0));
-    let counter = Arc::clone(&sent);
-    let peer_chunk = chunk.clone();
-    let peer_writer = tokio::spawn(async move {
-        while (counter.load(Ordering::SeqCst) as usize) < FLOOD {
-            far.write_all(&peer_chunk).await.expect("peer writes");
-            counter.fetch_add(peer_chunk.len() as u64, Ordering::SeqCst);
-        }
-        far.shutdown().await.expect("peer half-closes");
-    });
+    let (sent, peer_writer) = flood_from_peer(far, chunk.clone());
     let stalled = wait_until_stalled(&sent).await;
     assert!(
         stalled < STALL_BOUND,
@@ -320,6 +329,113 @@ async fn a_slow_reader_holds_the_writer_back(ctx: Ctx) {
     );
     peer_writer.await.expect("peer writer");
     drop(read_half.unsplit(write_half));
+}
+
+/// Checks `bytes`, which begin at `offset` of a stream of `chunk` over
+/// and over, a piece at a time.
+fn assert_repeats(chunk: &[u8], offset: usize, bytes: &[u8]) {
+    let mut at = 0;
+    while at < bytes.len() {
+        let start = (offset + at) % chunk.len();
+        let take = (chunk.len() - start).min(bytes.len() - at);
+        assert!(
+            bytes[at..at + take] == chunk[start..start + take],
+            "bytes {}..{} differ",
+            offset + at,
+            offset + at + take
+        );
+        at += take;
+    }
+}
+
+/// A reader that looks at what arrived (`fill_buf`) without consuming it
+/// holds the far writer back as one that does not read at all; the same
+/// bytes are handed out until consumed, then everything, in order.
+async fn bytes_handed_out_hold_the_writer_back_until_consumed(ctx: Ctx) {
+    use tokio::io::AsyncBufReadExt;
+    let chunk = Pattern::bytes(4, 64 * 1024);
+    let (listener, address) = peer().await;
+    let stream = dial(&ctx, &address).await;
+    let (far, _) = listener.accept().await.expect("accept");
+    let (mut reading, writing) = stream.into_split();
+    let (sent, peer_writer) = flood_from_peer(far, chunk.clone());
+    let first = reading.fill_buf().await.expect("fill").to_vec();
+    assert!(!first.is_empty());
+    assert_repeats(&chunk, 0, &first);
+    let stalled = wait_until_stalled(&sent).await;
+    assert!(
+        stalled < STALL_BOUND,
+        "the peer got {stalled} bytes out to a client that consumes nothing"
+    );
+    assert_eq!(reading.fill_buf().await.expect("fill again"), &first[..]);
+    // Consumed in pieces that end anywhere in what was handed out.
+    let mut got = 0usize;
+    loop {
+        let bytes = reading.fill_buf().await.expect("fill");
+        if bytes.is_empty() {
+            break;
+        }
+        let take = bytes.len().min(12_345);
+        assert_repeats(&chunk, got, &bytes[..take]);
+        reading.consume(take);
+        got += take;
+    }
+    assert_eq!(got, FLOOD);
+    peer_writer.await.expect("peer writer");
+    drop((reading, writing));
+}
+
+/// The halves of a split stream live on their own: the writing half
+/// still writes and half-closes once the reading half is gone, whose
+/// unread bytes then hold the far writer back; dropping the writing half
+/// too releases the connection, and the peer reads a reset.
+async fn a_dropped_reading_half_leaves_the_writing_half_working(ctx: Ctx) {
+    let (listener, address) = peer().await;
+    let stream = dial(&ctx, &address).await;
+    let (mut far, _) = listener.accept().await.expect("accept");
+    let (mut reading, mut writing) = stream.into_split();
+    far.write_all(b"first").await.expect("peer writes");
+    let mut first = [0u8; 5];
+    reading.read_exact(&mut first).await.expect("read");
+    assert_eq!(&first, b"first");
+    drop(reading);
+    writing.write_all(b"still writing").await.expect("write");
+    writing.shutdown().await.expect("half-close");
+    let mut got = [0u8; 13];
+    far.read_exact(&mut got).await.expect("peer reads");
+    assert_eq!(&got, b"still writing");
+    assert_eq!(
+        far.read(&mut got).await.expect("the end of file"),
+        0,
+        "the client's direction ended"
+    );
+    let (far_read, mut far_write) = far.into_split();
+    let sent = Arc::new(AtomicU64::new(0));
+    let counter = Arc::clone(&sent);
+    let peer_writer = tokio::spawn(async move {
+        let chunk = vec![b'p'; 64 * 1024];
+        loop {
+            if let Err(error) = far_write.write_all(&chunk).await {
+                return error;
+            }
+            counter.fetch_add(chunk.len() as u64, Ordering::SeqCst);
+        }
+    });
+    let stalled = wait_until_stalled(&sent).await;
+    assert!(
+        stalled < STALL_BOUND,
+        "the peer got {stalled} bytes out to a client that reads no more"
+    );
+    drop(writing);
+    let error = peer_writer.await.expect("peer writer");
+    assert!(
+        matches!(
+            error.kind(),
+            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+        ),
+        "the peer's writes fail once the connection is released: {error}"
+    );
+    drop(far_read);
 }
 
 async fn releasing_a_listener_closes_its_socket_and_connections(ctx: Ctx) {
@@ -742,6 +858,8 @@ backend_tests!(
     half_close_is_kept_in_each_direction,
     resets_reach_the_other_end_as_errors,
     a_slow_reader_holds_the_writer_back,
+    bytes_handed_out_hold_the_writer_back_until_consumed,
+    a_dropped_reading_half_leaves_the_writing_half_working,
     releasing_a_listener_closes_its_socket_and_connections,
     unix_sockets_are_dialled_and_listened_on,
     bad_addresses_and_unreachable_ones_are_refused_clearly,
@@ -765,6 +883,8 @@ mod direct {
         half_close_is_kept_in_each_direction,
         resets_reach_the_other_end_as_errors,
         a_slow_reader_holds_the_writer_back,
+        bytes_handed_out_hold_the_writer_back_until_consumed,
+        a_dropped_reading_half_leaves_the_writing_half_working,
         releasing_a_listener_closes_its_socket_and_connections,
         unix_sockets_are_dialled_and_listened_on,
         restricted_executors_allow_only_the_addresses_of_their_rule,
