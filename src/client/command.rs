@@ -244,36 +244,16 @@ impl Command {
     /// Lossless unless another flow was set; if output was evicted all the
     /// same, the result is [`Error::OutputLost`], never truncated output.
     pub async fn output(&self, executor: &executor::Client) -> Result<Output, Error> {
-        let (_process, mut events) = self.start_to_completion(executor).await?;
-        let (mut stdout, mut stderr, mut exit) = (Vec::new(), Vec::new(), None);
-        while let Some(event) = events.next().await {
-            let event = event?;
-            match event.body {
-                EventBody::Output { stream, data } => match stream {
-                    OutputStream::Stdout | OutputStream::Pty => stdout.extend_from_slice(&data),
-                    OutputStream::Stderr => stderr.extend_from_slice(&data),
-                },
-                EventBody::Exited(ended) => exit = Some(ended),
-                EventBody::Closed => break,
-                EventBody::Gap { from_seq } => {
-                    return Err(Error::OutputLost {
-                        from_seq,
-                        to_seq: event.seq,
-                    });
-                }
-            }
-        }
-        Ok(Output {
-            exit: exit.ok_or(Error::EventsEnded)?,
-            stdout,
-            stderr,
-        })
+        let (process, events) = self.start_to_completion(executor).await?;
+        process.explain(collect_output(events).await).await
     }
 
     /// Runs the process to completion, discarding its output.
     pub async fn status(&self, executor: &executor::Client) -> Result<ExitStatus, Error> {
-        let (_process, events) = self.start_to_completion(executor).await?;
-        crate::client::process::exit_from(events).await
+        let (process, events) = self.start_to_completion(executor).await?;
+        process
+            .explain(crate::client::process::exit_from(events).await)
+            .await
     }
 
     /// Starts for `output` and `status`: lossless unless set otherwise;
@@ -294,4 +274,31 @@ impl Command {
         }
         Ok((process, events?))
     }
+}
+
+/// The output and exit of `events`, once they reach `closed`.
+async fn collect_output(mut events: EventStream) -> Result<Output, Error> {
+    let (mut stdout, mut stderr, mut exit) = (Vec::new(), Vec::new(), None);
+    while let Some(event) = events.next().await {
+        let event = event?;
+        match event.body {
+            EventBody::Output { stream, data } => match stream {
+                OutputStream::Stdout | OutputStream::Pty => stdout.extend_from_slice(&data),
+                OutputStream::Stderr => stderr.extend_from_slice(&data),
+            },
+            EventBody::Exited(ended) => exit = Some(ended),
+            EventBody::Closed => break,
+            EventBody::Gap { from_seq } => {
+                return Err(Error::OutputLost {
+                    from_seq,
+                    to_seq: event.seq,
+                });
+            }
+        }
+    }
+    Ok(Output {
+        exit: exit.ok_or(Error::EventsEnded)?,
+        stdout,
+        stderr,
+    })
 }

@@ -247,9 +247,34 @@ impl RemoteProcess {
     /// Waits for the process to close and returns its exit status, discarding
     /// output that was not read.
     pub async fn wait(&self) -> Result<ExitStatus, Error> {
-        exit_from(self.events(0).await?).await
+        let status = exit_from(self.events(0).await?).await;
+        self.explain(status).await
+    }
+
+    /// `result`, with an end of its events before `closed` explained: a
+    /// cheap call on the same capability fails with the connection's own
+    /// reason (closed by the server, lost, silent), which says more than
+    /// the end of a stream. [`Error::EventsEnded`] stays if the call
+    /// succeeds, or says nothing within [`PROBE_WAIT`].
+    pub(crate) async fn explain<T>(&self, result: Result<T, Error>) -> Result<T, Error> {
+        match result {
+            Err(Error::EventsEnded) => Err(self.why_events_ended().await),
+            other => other,
+        }
+    }
+
+    /// Why this capability's events ended early (see [`Self::explain`]).
+    pub(crate) async fn why_events_ended(&self) -> Error {
+        match tokio::time::timeout(PROBE_WAIT, self.info()).await {
+            Ok(Err(error)) if error.is_transport_loss() => error,
+            _ => Error::EventsEnded,
+        }
     }
 }
+
+/// How long a call that asks why events ended may take: a connection that
+/// is gone fails it at once, a silent one is given this long.
+pub(crate) const PROBE_WAIT: Duration = Duration::from_secs(5);
 
 /// The exit status from `events`, once they reach `closed`.
 pub(crate) async fn exit_from(

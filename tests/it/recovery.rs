@@ -286,6 +286,44 @@ async fn a_finished_process_is_restored_with_its_output(ctx: Ctx) {
     common::assert_contiguous(&events);
 }
 
+/// A command run to completion without a resilient handle, whose
+/// connection is cut: `output` and `status` fail with the connection's
+/// own loss (Disconnected), not only with "the events ended".
+async fn a_plain_command_cut_off_fails_with_the_connection_s_loss(ctx: Ctx) {
+    let dir = TempDir::new("plain-cut");
+    let proxy = proxy_for(&ctx, &dir).await;
+    for collect_output in [true, false] {
+        let connection = capexec::net::connect(proxy.address(), ctx.token.as_ref())
+            .await
+            .expect("connect through the proxy");
+        let executor = connection.executor();
+        let started = dir.path().join(format!("started-{collect_output}"));
+        let command = sh(&format!(
+            ": > {started}; exec sleep 600",
+            started = started.display()
+        ));
+        let running = tokio::task::spawn_local(async move {
+            if collect_output {
+                command.output(&executor).await.map(|_| ())
+            } else {
+                command.status(&executor).await.map(|_| ())
+            }
+        });
+        wait_for_file(&started).await;
+        proxy.cut();
+        let error = running
+            .await
+            .expect("task")
+            .expect_err("a cut connection fails the command");
+        assert!(
+            matches!(&error, Error::Rpc(error) if error.kind == capnp::ErrorKind::Disconnected),
+            "output: {collect_output}: {error:?}"
+        );
+        proxy.restore();
+        drop(connection);
+    }
+}
+
 backend_tests!(
     on [unix, tcp, chained]:
     recovers_after_a_transport_disconnect,
@@ -294,6 +332,7 @@ backend_tests!(
     a_recovery_without_answers_gives_up_at_the_grace,
     a_wrong_token_is_a_clear_error,
     a_finished_process_is_restored_with_its_output,
+    a_plain_command_cut_off_fails_with_the_connection_s_loss,
 );
 
 /// The link that breaks is inside the chain (A -> B), not the client's:

@@ -6,7 +6,6 @@
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use futures::future::LocalBoxFuture;
 use futures::{FutureExt, Stream};
@@ -14,9 +13,6 @@ use futures::{FutureExt, Stream};
 use crate::client::resilient::ResilientProcess;
 use crate::client::{Error, EventStream};
 use crate::model::{Event, EventBody};
-
-/// How long to wait for the call that asks why an event stream ended.
-const PROBE_WAIT: Duration = Duration::from_secs(5);
 
 /// The events of a [`ResilientProcess`] in seq order, each exactly once,
 /// across recoveries; ends after `closed`. Read them by batch
@@ -197,18 +193,11 @@ impl Cursor {
         Ok(())
     }
 
-    /// Why a subscription ended early: a cheap call on the same
-    /// capability fails with the connection's own reason (closed by the
-    /// server, lost, silent), which says more than the end of a stream.
+    /// Why a subscription ended early (`RemoteProcess::why_events_ended`),
+    /// if the capability that made it is still the one attached.
     async fn why_events_ended(&self, generation: u64) -> Error {
-        let Ok((process, current)) = self.process.attached() else {
-            return Error::EventsEnded;
-        };
-        if current != generation {
-            return Error::EventsEnded;
-        }
-        match tokio::time::timeout(PROBE_WAIT, process.info()).await {
-            Ok(Err(error)) if error.is_transport_loss() => error,
+        match self.process.attached() {
+            Ok((process, current)) if current == generation => process.why_events_ended().await,
             _ => Error::EventsEnded,
         }
     }
