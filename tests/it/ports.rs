@@ -426,6 +426,10 @@ async fn a_dropped_reading_half_leaves_the_writing_half_working(ctx: Ctx) {
         stalled < STALL_BOUND,
         "the peer got {stalled} bytes out to a client that reads no more"
     );
+    assert!(
+        !peer_writer.is_finished(),
+        "the peer was reset, not held back"
+    );
     drop(writing);
     let error = peer_writer.await.expect("peer writer");
     assert!(

@@ -54,7 +54,7 @@ impl Arrived {
 
     /// Counts `amount` more bytes read; true once all of them are.
     pub(super) fn consume(&mut self, amount: usize) -> bool {
-        self.read = (self.read + amount).min(self.length);
+        self.read = self.read.saturating_add(amount).min(self.length);
         self.read == self.length
     }
 

@@ -12,9 +12,11 @@ use std::cell::{Cell, RefCell};
 use std::io;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::task::{Context, Poll, ready};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker, ready};
 
 use futures::future::LocalBoxFuture;
+use futures::task::{ArcWake, AtomicWaker};
 use tokio::io::{AsyncBufRead, AsyncRead, AsyncWrite, ReadBuf};
 
 use super::inbox::{Arrived, End, Inbox, SharedInbox, poll_end};
@@ -58,11 +60,32 @@ const SMALL_GATHER_BYTES: usize = 64 * 1024;
 /// bytes arrive in the kernel's socket, not in messages of ours).
 const CHANNEL_READ_AHEAD_BYTES: usize = 64 * 1024;
 
+/// Who waits on the answers to this side's writes: the writing half (for
+/// room, a flush, its end) and the reading half, which collects them
+/// while it reads (a local capability takes the next write only once the
+/// last one's answer was polled). The answers are polled with a waker
+/// that wakes both, so halves in two tasks each hear of them.
+#[derive(Default)]
+struct HalvesWaiting {
+    reading: AtomicWaker,
+    writing: AtomicWaker,
+}
+
+impl ArcWake for HalvesWaiting {
+    fn wake_by_ref(halves: &Arc<Self>) {
+        halves.reading.wake();
+        halves.writing.wake();
+    }
+}
+
 /// What a connection's halves share. Dropped with the last of them: the
 /// server then resets the far socket unless both directions ended.
 struct Shared {
     inbox: SharedInbox,
     sender: Rc<PortSender>,
+    /// Who waits on `sender`'s answers, and the waker that wakes them all.
+    waiting: Arc<HalvesWaiting>,
+    answers_waker: Waker,
     /// This side's direction was ended (`shutdown`).
     shut: Cell<bool>,
     info: PortConnectionInfo,
@@ -74,6 +97,20 @@ struct Shared {
 }
 
 impl Shared {
+    /// Polls `poll` (of `sender`'s answers) for the reading half, waking
+    /// `cx` as well as the writing half when they come.
+    fn for_reading<T>(&self, cx: &Context<'_>, poll: impl FnOnce(&mut Context<'_>) -> T) -> T {
+        self.waiting.reading.register(cx.waker());
+        poll(&mut Context::from_waker(&self.answers_waker))
+    }
+
+    /// Polls `poll` (of `sender`'s answers) for the writing half, waking
+    /// `cx` as well as the reading half when they come.
+    fn for_writing<T>(&self, cx: &Context<'_>, poll: impl FnOnce(&mut Context<'_>) -> T) -> T {
+        self.waiting.writing.register(cx.waker());
+        poll(&mut Context::from_waker(&self.answers_waker))
+    }
+
     fn is_direct(&self) -> bool {
         self.channel.borrow().is_some()
     }
@@ -138,8 +175,12 @@ impl ReadAhead {
 }
 
 /// The writing half of a [`PortStream`] ([`PortStream::into_split`]).
-/// `shutdown` ends this side's direction; dropping it (with the reading
-/// half gone too) releases the connection.
+/// `shutdown` ends this side's direction. Dropping it sends what it
+/// gathered but does not end the direction (unlike tokio's `TcpStream`
+/// halves: the end is a call that is answered, which a drop cannot wait
+/// for), so call `shutdown` first where the far peer waits for the end;
+/// once the reading half is gone too, the connection is released, and
+/// reset unless both directions ended.
 pub struct PortWriteHalf {
     shared: Rc<Shared>,
     gathering: Rc<RefCell<Gathering>>,
@@ -156,9 +197,12 @@ impl PortStream {
     ) -> PortStream {
         inbox.borrow_mut().direct = channel.is_some();
         let budget = BUDGET.with(PortBudget::clone);
+        let waiting = Arc::new(HalvesWaiting::default());
         let shared = Rc::new(Shared {
             inbox,
             sender: Rc::new(PortSender::new(to_socket, budget)),
+            answers_waker: futures::task::waker(Arc::clone(&waiting)),
+            waiting,
             shut: Cell::new(false),
             info,
             channel: RefCell::new(channel),
@@ -322,7 +366,9 @@ impl AsyncBufRead for PortReadHalf {
         let this = self.get_mut();
         // Writes waiting on a local capability move on while we read.
         // (A failed write breaks the writing half only: reading goes on.)
-        let _ = this.shared.sender.poll_progress(cx);
+        let _ = this
+            .shared
+            .for_reading(cx, |cx| this.shared.sender.poll_progress(cx));
         if this.shared.is_direct() {
             return this.poll_fill_from_channel(cx);
         }
@@ -346,7 +392,7 @@ impl AsyncBufRead for PortReadHalf {
     fn consume(self: Pin<&mut Self>, amount: usize) {
         let this = self.get_mut();
         if this.shared.is_direct() {
-            this.ahead.start = (this.ahead.start + amount).min(this.ahead.end);
+            this.ahead.start = this.ahead.start.saturating_add(amount).min(this.ahead.end);
             return;
         }
         // Answered as soon as all of it is read: the far writer's room.
@@ -367,7 +413,9 @@ impl AsyncRead for PortReadHalf {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         if this.shared.is_direct() && this.ahead.is_empty() {
-            let _ = this.shared.sender.poll_progress(cx);
+            let _ = this
+                .shared
+                .for_reading(cx, |cx| this.shared.sender.poll_progress(cx));
             return this.poll_read_channel(cx, buf);
         }
         let mut this = Pin::new(this);
@@ -416,7 +464,10 @@ impl PortWriteHalf {
     /// Writes straight into a direct channel.
     fn poll_write_channel(&self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         // A failed `end` or `fail` from far away shows here too.
-        if let Err(error) = self.shared.sender.poll_progress(cx) {
+        let progress = self
+            .shared
+            .for_writing(cx, |cx| self.shared.sender.poll_progress(cx));
+        if let Err(error) = progress {
             return Poll::Ready(Err(io_error(error)));
         }
         let written = match self.shared.channel.borrow().as_ref() {
@@ -427,6 +478,14 @@ impl PortWriteHalf {
             Err(error) => Poll::Ready(Err(self.shared.channel_error(error))),
             other => Poll::Ready(other),
         }
+    }
+}
+
+impl Drop for PortWriteHalf {
+    fn drop(&mut self) {
+        // Written, as far as the writer was told: it goes out, even with
+        // no task left to send it once the writer yields.
+        self.send_gathered();
     }
 }
 
@@ -456,7 +515,7 @@ impl AsyncWrite for PortWriteHalf {
         if this.shared.is_direct() {
             return this.poll_write_channel(cx, buf);
         }
-        let sender = &this.shared.sender;
+        let (shared, sender) = (&this.shared, &this.shared.sender);
         let (gathering, last_asked) = {
             let gathering = this.gathering.borrow();
             (gathering.open.is_some(), gathering.last_asked)
@@ -464,11 +523,11 @@ impl AsyncWrite for PortWriteHalf {
         if gathering {
             // Filling a write needs no room, but a failed earlier write
             // must still end the stream now, not at the next full one.
-            if let Err(error) = sender.poll_progress(cx) {
+            if let Err(error) = shared.for_writing(cx, |cx| sender.poll_progress(cx)) {
                 return Poll::Ready(Err(io_error(error)));
             }
         } else {
-            let room = match sender.poll_room(cx) {
+            let room = match shared.for_writing(cx, |cx| sender.poll_room(cx)) {
                 Poll::Ready(Ok(room)) => room,
                 Poll::Ready(Err(error)) => return Poll::Ready(Err(io_error(error))),
                 Poll::Pending => return Poll::Pending,
@@ -508,7 +567,10 @@ impl AsyncWrite for PortWriteHalf {
             return Poll::Ready(Ok(()));
         }
         self.send_gathered();
-        self.shared.sender.poll_drained(cx).map_err(io_error)
+        let shared = &self.shared;
+        shared
+            .for_writing(cx, |cx| shared.sender.poll_drained(cx))
+            .map_err(io_error)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -528,7 +590,9 @@ impl AsyncWrite for PortWriteHalf {
             let sender = Rc::clone(&this.shared.sender);
             Box::pin(async move { sender.end().await })
         });
-        shutdown.as_mut().poll(cx).map_err(io_error)
+        this.shared
+            .for_writing(cx, |cx| shutdown.as_mut().poll(cx))
+            .map_err(io_error)
     }
 }
 
