@@ -409,28 +409,7 @@ mod tests {
         });
     }
 
-    /// A sink that keeps what it is sent, answering each write at once.
-    #[derive(Default)]
-    struct Collecting(RefCell<Vec<u8>>);
-
-    impl port_sink::Server for Collecting {
-        fn write(
-            self: Rc<Self>,
-            params: port_sink::WriteParams,
-        ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
-            let bytes = params.get().and_then(|params| params.get_bytes());
-            let kept = bytes.map(|bytes| self.0.borrow_mut().extend_from_slice(bytes));
-            std::future::ready(kept)
-        }
-
-        fn end(
-            self: Rc<Self>,
-            _: port_sink::EndParams,
-            _: port_sink::EndResults,
-        ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
-            std::future::ready(Ok(()))
-        }
-    }
+    use super::fixtures::Collecting;
 
     /// Writes of every size, sent, filled in pieces or read, arrive whole
     /// and in order.
@@ -481,7 +460,45 @@ mod tests {
                 expected.extend_from_slice(&piece);
             }
             sender.end().await.expect("ended");
-            assert!(*sink.0.borrow() == expected, "the bytes differ");
+            assert!(*sink.bytes.borrow() == expected, "the bytes differ");
         });
+    }
+}
+
+/// Sinks for the tests of the senders and of what they send into.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use std::cell::{Cell, RefCell};
+    use std::future::Future;
+    use std::rc::Rc;
+
+    use crate::capexec_capnp::port_sink;
+
+    /// A sink that keeps what it is sent, and whether it was ended,
+    /// answering each call at once.
+    #[derive(Default)]
+    pub(crate) struct Collecting {
+        pub(crate) bytes: RefCell<Vec<u8>>,
+        pub(crate) ended: Cell<bool>,
+    }
+
+    impl port_sink::Server for Collecting {
+        fn write(
+            self: Rc<Self>,
+            params: port_sink::WriteParams,
+        ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
+            let bytes = params.get().and_then(|params| params.get_bytes());
+            let kept = bytes.map(|bytes| self.bytes.borrow_mut().extend_from_slice(bytes));
+            std::future::ready(kept)
+        }
+
+        fn end(
+            self: Rc<Self>,
+            _: port_sink::EndParams,
+            _: port_sink::EndResults,
+        ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
+            self.ended.set(true);
+            std::future::ready(Ok(()))
+        }
     }
 }

@@ -2,7 +2,6 @@
 //! own on its `fromSocket` sink: no server in between, so the writes are
 //! exactly the ones a test makes.
 
-use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::rc::Rc;
 use std::time::Duration;
@@ -13,6 +12,7 @@ use super::PortStream;
 use super::inbox::new_inbox;
 use crate::capexec_capnp::{port_connection, port_sink};
 use crate::model::PortConnectionInfo;
+use crate::wire::fixtures::Collecting;
 use crate::wire::{PortBudget, PortSender};
 
 /// A `toSocket` that takes every write and end.
@@ -214,33 +214,6 @@ fn a_writing_task_wakes_for_room_after_the_reading_task_ended() {
             .expect("writer");
         drop(writing);
     });
-}
-
-/// A `toSocket` that keeps what it is sent, and whether it was ended.
-#[derive(Default)]
-struct Collecting {
-    bytes: RefCell<Vec<u8>>,
-    ended: Cell<bool>,
-}
-
-impl port_sink::Server for Collecting {
-    fn write(
-        self: Rc<Self>,
-        params: port_sink::WriteParams,
-    ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
-        let bytes = params.get().and_then(|params| params.get_bytes());
-        let kept = bytes.map(|bytes| self.bytes.borrow_mut().extend_from_slice(bytes));
-        std::future::ready(kept)
-    }
-
-    fn end(
-        self: Rc<Self>,
-        _: port_sink::EndParams,
-        _: port_sink::EndResults,
-    ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
-        self.ended.set(true);
-        std::future::ready(Ok(()))
-    }
 }
 
 /// What `write_all` said was written goes out when the writing half is
