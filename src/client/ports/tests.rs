@@ -245,3 +245,26 @@ fn bytes_written_before_the_writing_half_is_dropped_go_out() {
         drop((reading, from_socket));
     });
 }
+
+/// A caller that says it consumed more than was handed out (`usize::MAX`
+/// at worst) consumes the write at hand and no more: the next write's
+/// bytes come next, none of the first's again.
+#[test]
+fn consuming_more_than_was_handed_out_takes_only_the_write_at_hand() {
+    run_local(async {
+        let (mut stream, far) = stream_and_far_sender();
+        far.send_now(b"first");
+        far.send_now(b"second");
+        assert_eq!(stream.fill_buf().await.expect("fill"), b"first");
+        stream.consume(2);
+        stream.consume(usize::MAX);
+        let far = Rc::new(far);
+        let draining = Rc::clone(&far);
+        let drained = tokio::task::spawn_local(async move {
+            std::future::poll_fn(|cx| draining.poll_drained(cx)).await
+        });
+        assert_eq!(stream.fill_buf().await.expect("fill"), b"second");
+        stream.consume(6);
+        drained.await.expect("drained").expect("both answered");
+    });
+}
