@@ -36,7 +36,7 @@ pub(crate) fn seccomp() -> bool {
                 &errno_action as *const u32,
             )
         } == 0;
-        available && crate::sandbox::seccomp::target_arch().is_some()
+        available && crate::sandbox::seccomp::supported()
     })
 }
 

@@ -27,7 +27,7 @@ const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 #[repr(C)]
 struct SockFprog {
     len: libc::c_ushort,
-    filter: *const seccompiler::sock_filter,
+    filter: *const libc::sock_filter,
 }
 
 /// A [`crate::sandbox::Plan`] as the child applies it: raw descriptors
