@@ -178,102 +178,149 @@ fn reference(denied: Denied) -> Vec<libc::sock_filter> {
     program
 }
 
-/// First arguments that tell the argument checks apart: every single bit
-/// (alone and with AF_UNIX), the families, every namespace flag at once
-/// and every other flag, with and without high bits.
+/// Every constant either program compares a word with, and one each side
+/// of it, with the extremes: a call number and an architecture are only
+/// ever compared with constants, so these reach every outcome there is.
+fn boundaries(programs: &[Vec<libc::sock_filter>]) -> Vec<u32> {
+    let mut values: std::collections::BTreeSet<u32> = programs
+        .iter()
+        .flatten()
+        .flat_map(|f| [f.k.wrapping_sub(1), f.k, f.k.wrapping_add(1)])
+        .collect();
+    values.extend([0, 1, u32::MAX, 0x7fff_ffff, 0x8000_0000]);
+    values.into_iter().collect()
+}
+
+/// First arguments for the calls whose argument is read: every subset of
+/// the bits any argument check reads (the namespace flags, CLONE_NEWTIME's
+/// bit, AF_UNIX), alone and with every other low bit set, under high
+/// halves that no check may read.
 fn telling_arguments() -> Vec<u64> {
-    let mut arguments = vec![
-        0,
-        u64::MAX,
-        0xffff_ffff,
-        0xffff_ffff_0000_0000,
-        0x1_0000_0001,
-        libc::AF_UNIX as u64,
-        libc::AF_INET as u64,
-        libc::AF_INET6 as u64,
-        libc::AF_NETLINK as u64,
-        libc::AF_PACKET as u64,
-        (1 << 32) | libc::AF_UNIX as u64,
-        (1 << 32) | libc::AF_INET as u64,
-        u64::from(CLONE_NAMESPACES),
-        !u64::from(CLONE_NAMESPACES),
-        !u64::from(CLONE_NAMESPACES | CLONE_NEWTIME),
-        u64::from(CLONE_NEWTIME),
-        (libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD) as u64,
-    ];
-    for bit in 0..64 {
-        arguments.push(1 << bit);
-        arguments.push((1 << bit) | libc::AF_UNIX as u64);
+    let read = CLONE_NAMESPACES | CLONE_NEWTIME | libc::AF_UNIX as u32;
+    let bits: Vec<u32> = (0..32).filter(|bit| read & (1 << bit) != 0).collect();
+    let mut lows = Vec::new();
+    for subset in 0u32..(1 << bits.len()) {
+        let low = bits
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| subset & (1 << index) != 0)
+            .fold(0, |low, (_, bit)| low | (1 << bit));
+        lows.extend([low, low | !read]);
     }
-    arguments
+    lows.extend(
+        [
+            libc::AF_INET,
+            libc::AF_INET6,
+            libc::AF_NETLINK,
+            libc::AF_PACKET,
+        ]
+        .map(|f| f as u32),
+    );
+    let highs = [0u64, 1, 0x8000_0000, 0xffff_ffff];
+    lows.iter()
+        .flat_map(|&low| highs.map(|high| (high << 32) | u64::from(low)))
+        .collect()
 }
 
 #[test]
 fn every_filter_does_what_seccompiler_s_did_for_every_call() {
     let native = Arch::native().expect("filters for this processor");
-    let checked_calls = [
+    let variants: Vec<_> = every_variant()
+        .map(|denied| (denied, compile(denied).expect("builds"), reference(denied)))
+        .collect();
+    let programs: Vec<_> = variants
+        .iter()
+        .flat_map(|(_, new, old)| [new.clone(), old.clone()])
+        .collect();
+    let values = boundaries(&programs);
+    let mut calls: Vec<u32> = (0..1100).chain(values.iter().copied()).collect();
+    calls.extend((0..1100).map(|call| call | bpf::X32_SYSCALL_BIT));
+    let arguments = telling_arguments();
+    let read_calls = [
         libc::SYS_socket,
         libc::SYS_socketpair,
         libc::SYS_clone,
         libc::SYS_unshare,
     ]
     .map(|call| call as u32);
-    let arguments = telling_arguments();
-    let mut calls: Vec<u32> = (0..1100).collect();
-    calls.extend((0..1100).map(|call| call | bpf::X32_SYSCALL_BIT));
-    calls.extend([u32::MAX, bpf::X32_SYSCALL_BIT - 1, 0x8000_0000]);
-    // i386's, the native one, none, and aarch64's or x86_64's.
-    let other = if native.audit == bpf::AUDIT_ARCH_X86_64 {
-        0xc000_00b7
-    } else {
-        bpf::AUDIT_ARCH_X86_64
-    };
-    let arches = [native.audit, 0x4000_0003, 0, other];
-    for denied in every_variant() {
-        let expected = reference(denied);
-        let program = compile(denied).expect("builds");
-        let mut compared = 0;
-        for arch in arches {
+    for (denied, program, expected) in &variants {
+        let same = |arch: u32, call: u32, argument: u64| {
+            let data = call_data(arch, call, argument);
+            assert_eq!(
+                run(program, &data).0,
+                run(expected, &data).0,
+                "{denied:?}: arch {arch:#x}, call {call:#x}, first argument {argument:#x}"
+            );
+        };
+        for &arch in &values {
             for &call in &calls {
-                let tried: &[u64] = if checked_calls.contains(&call) {
-                    &arguments
-                } else {
-                    &[0, u64::MAX]
-                };
-                for &argument in tried {
-                    let data = call_data(arch, call, argument);
-                    assert_eq!(
-                        run(&program, &data).0,
-                        run(&expected, &data).0,
-                        "{denied:?}: arch {arch:#x}, call {call}, first argument {argument:#x}"
-                    );
-                    compared += 1;
-                }
+                same(arch, call, 0);
             }
         }
-        assert!(compared > 4 * 2200, "{compared} calls compared");
+        // Every argument for the calls whose argument is read; a few for
+        // the rest, which no check may read.
+        for &call in &calls {
+            let tried: &[u64] = if read_calls.contains(&call) {
+                &arguments
+            } else {
+                &[u64::MAX, 0xffff_ffff, libc::AF_INET as u64]
+            };
+            for &argument in tried {
+                same(native.audit, call, argument);
+            }
+        }
     }
 }
 
 #[test]
 fn a_filter_takes_a_few_steps_to_allow_a_call_whatever_it_denies() {
     let native = Arch::native().expect("filters for this processor");
+    let read_arguments = [
+        (libc::SYS_socket, libc::AF_UNIX as u64),
+        (libc::SYS_socketpair, libc::AF_UNIX as u64),
+        (libc::SYS_clone, libc::SIGCHLD as u64),
+        (libc::SYS_unshare, libc::CLONE_FILES as u64),
+    ];
     for denied in every_variant() {
         let program = compile(denied).expect("builds");
-        let mut most = 0;
-        for call in 0..512 {
-            let (action, steps) = run(&program, &call_data(native.audit, call, 0));
-            if action == libc::SECCOMP_RET_ALLOW {
-                most = most.max(steps);
-            }
-        }
-        // A search over at most 64 calls: the checks, 6 halvings, 3
-        // comparisons and the return. The chain it replaced took up to 97.
+        let plain = (0..1100).map(|call| (call, 0));
+        let read = read_arguments.map(|(call, argument)| (call as u32, argument));
+        let most = plain
+            .chain(read)
+            .map(|(call, argument)| run(&program, &call_data(native.audit, call, argument)))
+            .filter(|(action, _)| *action == libc::SECCOMP_RET_ALLOW)
+            .map(|(_, steps)| steps)
+            .max()
+            .unwrap_or(0);
+        // A search over at most 64 calls: the architecture and x32 checks
+        // (4), 5 halvings, 3 comparisons, an argument check (2) and the
+        // return. The chain it replaced took up to 117.
         assert!(most <= 16, "{denied:?}: {most} steps to allow a call");
         assert!(
             program.len() <= 96,
             "{denied:?}: {} instructions",
             program.len()
+        );
+    }
+}
+
+#[test]
+fn each_variant_has_its_own_program() {
+    for index in 0..Denied::VARIANTS {
+        let denied = Denied::of_index(index);
+        assert_eq!(denied.index(), index);
+        let cached = program(denied).expect("builds");
+        assert_eq!(
+            cached
+                .iter()
+                .map(|f| (f.code, f.jt, f.jf, f.k))
+                .collect::<Vec<_>>(),
+            compile(denied)
+                .expect("builds")
+                .iter()
+                .map(|f| (f.code, f.jt, f.jf, f.k))
+                .collect::<Vec<_>>(),
+            "{denied:?}"
         );
     }
 }
@@ -291,48 +338,198 @@ fn a_rule_list_too_long_for_one_jump_is_refused_not_cut() {
     assert_eq!(action, libc::SECCOMP_RET_ALLOW);
 }
 
-/// The kernel takes every variant, and the child that took it is refused
-/// `io_uring_setup` (every variant denies it) with EPERM; a filter the
-/// kernel refused, or one that allowed it, fails the child.
+/// How a call made in a child under a filter ended.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+enum Outcome {
+    Done,
+    Errno(i32),
+    Killed(i32),
+    /// The filter could not be attached (exit status).
+    NotAttached(i32),
+}
+
+/// Makes the call `attempt` makes in a forked child, under `program`.
+fn in_child(program: &[libc::sock_filter], attempt: fn() -> i64) -> Outcome {
+    let fprog = libc::sock_fprog {
+        len: u16::try_from(program.len()).expect("fits"),
+        filter: program.as_ptr().cast_mut(),
+    };
+    // SAFETY: the child makes raw system calls only, then _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        // SAFETY: raw calls on memory the child's copy still holds.
+        unsafe {
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                libc::_exit(250);
+            }
+            let attach = libc::syscall(
+                libc::SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER,
+                0,
+                &fprog as *const libc::sock_fprog,
+            );
+            if attach != 0 {
+                libc::_exit(251);
+            }
+            let made = attempt();
+            let errno = *libc::__errno_location();
+            libc::_exit(if made >= 0 { 0 } else { errno.clamp(1, 249) });
+        }
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child forked above.
+    let waited = unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert_eq!(waited, pid);
+    if libc::WIFSIGNALED(status) {
+        return Outcome::Killed(libc::WTERMSIG(status));
+    }
+    match libc::WEXITSTATUS(status) {
+        0 => Outcome::Done,
+        code @ 250..=251 => Outcome::NotAttached(code),
+        errno => Outcome::Errno(errno),
+    }
+}
+
+/// An escape tried in a child: its name, the call, how it ends with
+/// everything denied, how with only io_uring denied.
+type Escape = (&'static str, fn() -> i64, Outcome, Outcome);
+
+/// A call with its first two arguments.
+fn call(number: i64, first: u64, second: u64) -> i64 {
+    // SAFETY: every call below passes no pointer the kernel writes through.
+    unsafe { libc::syscall(number, first, second, 0u64, 0u64) }
+}
+
+/// A `clone` whose child exits at once, reaped.
+fn clone_with(flags: u64) -> i64 {
+    let child = call(libc::SYS_clone, flags, 0);
+    if child == 0 {
+        // SAFETY: the new child leaves at once.
+        unsafe { libc::_exit(0) };
+    }
+    if child > 0 {
+        // SAFETY: reaps the child made above.
+        unsafe { libc::waitpid(child as i32, std::ptr::null_mut(), 0) };
+    }
+    child
+}
+
+/// Escapes tried under the real kernel: with everything denied each is
+/// refused by the filter (EPERM where the kernel itself would have said
+/// EINVAL proves the filter answered), what is allowed still works, and
+/// with nothing but io_uring denied the same calls reach the kernel.
 #[test]
-fn the_kernel_attaches_every_filter_and_it_denies() {
+fn the_kernel_attaches_every_filter_and_refuses_the_escapes() {
     assert!(probe::seccomp(), "this kernel has no seccomp filters");
+    const NAMESPACE_AND_FS: u64 = (libc::CLONE_NEWUSER | libc::CLONE_FS | libc::SIGCHLD) as u64;
+    let attempts: [Escape; 9] = [
+        (
+            "getpid",
+            || call(libc::SYS_getpid, 0, 0),
+            Outcome::Done,
+            Outcome::Done,
+        ),
+        (
+            "socket(AF_UNIX)",
+            || {
+                call(
+                    libc::SYS_socket,
+                    libc::AF_UNIX as u64,
+                    libc::SOCK_STREAM as u64,
+                )
+            },
+            Outcome::Done,
+            Outcome::Done,
+        ),
+        (
+            "socket(AF_INET)",
+            || {
+                call(
+                    libc::SYS_socket,
+                    libc::AF_INET as u64,
+                    libc::SOCK_STREAM as u64,
+                )
+            },
+            Outcome::Errno(libc::EPERM),
+            Outcome::Done,
+        ),
+        (
+            "socket(AF_INET | 1 << 32)",
+            || {
+                call(
+                    libc::SYS_socket,
+                    (1 << 32) | libc::AF_INET as u64,
+                    libc::SOCK_DGRAM as u64,
+                )
+            },
+            Outcome::Errno(libc::EPERM),
+            Outcome::Done,
+        ),
+        (
+            "fork",
+            || clone_with(libc::SIGCHLD as u64),
+            Outcome::Done,
+            Outcome::Done,
+        ),
+        (
+            "clone(CLONE_NEWUSER | CLONE_FS)",
+            || clone_with(NAMESPACE_AND_FS),
+            Outcome::Errno(libc::EPERM),
+            Outcome::Errno(libc::EINVAL),
+        ),
+        // CLONE_PARENT is no flag of unshare's: the kernel says EINVAL.
+        (
+            "unshare(CLONE_NEWTIME | CLONE_PARENT)",
+            || {
+                call(
+                    libc::SYS_unshare,
+                    u64::from(CLONE_NEWTIME) | libc::CLONE_PARENT as u64,
+                    0,
+                )
+            },
+            Outcome::Errno(libc::EPERM),
+            Outcome::Errno(libc::EINVAL),
+        ),
+        (
+            "clone3(NULL, 0)",
+            || call(libc::SYS_clone3, 0, 0),
+            Outcome::Errno(libc::ENOSYS),
+            Outcome::Errno(libc::EINVAL),
+        ),
+        (
+            "io_uring_setup(1, NULL)",
+            || call(libc::SYS_io_uring_setup, 1, 0),
+            Outcome::Errno(libc::EPERM),
+            Outcome::Errno(libc::EPERM),
+        ),
+    ];
+    let everything = compile(Denied::of_index(Denied::VARIANTS - 1)).expect("builds");
+    let io_uring_only = compile(Denied::of_index(0)).expect("builds");
+    for (name, attempt, denied, allowed) in attempts {
+        assert_eq!(
+            in_child(&everything, attempt),
+            denied,
+            "{name}, everything denied"
+        );
+        assert_eq!(
+            in_child(&io_uring_only, attempt),
+            allowed,
+            "{name}, io_uring denied"
+        );
+    }
+    #[cfg(target_arch = "x86_64")]
+    for program in [&everything, &io_uring_only] {
+        let x32_getpid = || call(i64::from(39 | bpf::X32_SYSCALL_BIT), 0, 0);
+        assert_eq!(in_child(program, x32_getpid), Outcome::Killed(libc::SIGSYS));
+    }
     for denied in every_variant() {
         let program = compile(denied).expect("builds");
-        let fprog = libc::sock_fprog {
-            len: u16::try_from(program.len()).expect("fits"),
-            filter: program.as_ptr().cast_mut(),
-        };
-        // SAFETY: the child makes raw system calls only, then _exit.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0, "fork");
-        if pid == 0 {
-            // SAFETY: raw calls on memory the child's copy still holds.
-            unsafe {
-                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                    libc::_exit(10);
-                }
-                let attach = libc::syscall(
-                    libc::SYS_seccomp,
-                    libc::SECCOMP_SET_MODE_FILTER,
-                    0,
-                    &fprog as *const libc::sock_fprog,
-                );
-                if attach != 0 {
-                    libc::_exit(11);
-                }
-                let ring = libc::syscall(libc::SYS_io_uring_setup, 1, std::ptr::null_mut::<u8>());
-                let refused = ring == -1 && *libc::__errno_location() == libc::EPERM;
-                libc::_exit(if refused { 0 } else { 12 });
-            }
-        }
-        let mut status = 0;
-        // SAFETY: waits for the child forked above.
-        let waited = unsafe { libc::waitpid(pid, &mut status, 0) };
-        assert_eq!(waited, pid);
-        assert!(
-            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-            "{denied:?}: the child's status {status:#x} (10 no_new_privs, 11 not attached, 12 io_uring allowed)"
+        let io_uring = || call(libc::SYS_io_uring_setup, 1, 0);
+        assert_eq!(
+            in_child(&program, io_uring),
+            Outcome::Errno(libc::EPERM),
+            "{denied:?}"
         );
     }
 }
